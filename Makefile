@@ -1,0 +1,55 @@
+# lmcache-rawblock: set-up, build, tests and the main job.
+# The two README commands are `make demo` (main job) and `make test` (test suite);
+# both install what is missing first (Debian packages with apt-get, Python ones with pip).
+
+PYTHON ?= python3
+APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
+            libxxhash-dev zlib1g-dev fio util-linux
+PYTEST_ARGS ?=
+ASAN_BUILD := build/asan
+
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-all clean
+
+all: build
+
+# Install only what is missing, so a provisioned machine skips apt-get entirely.
+apt-deps:
+	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install:" $$missing; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+py-deps: apt-deps
+	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || $(PYTHON) -m pip install -q 'pytest>=7' numpy
+
+# In-place build of the extension with warnings as errors; pip install -e registers the package once.
+build: py-deps
+	RB_WERROR=1 $(PYTHON) setup.py -q build_ext --inplace
+	@$(PYTHON) -c 'import importlib.metadata as m; m.version("lmcache-rawblock")' 2>/dev/null || \
+	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+
+# Main job: the quick benchmark/demo on a sparse file in a temporary directory.
+demo: build
+	@$(PYTHON) -c 'import tqdm, matplotlib' 2>/dev/null || $(PYTHON) -m pip install -q tqdm matplotlib
+	$(PYTHON) -m lmcache_rawblock bench --suite quick --install-competitors
+
+bench: demo
+
+test: build
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+# Same suite against an ASan + UBSan build of the extension (built out of tree).
+test-asan: py-deps
+	rm -rf $(ASAN_BUILD) && mkdir -p $(ASAN_BUILD)
+	RB_SANITIZE=1 RB_WERROR=1 $(PYTHON) setup.py -q build_ext --build-lib $(ASAN_BUILD) --build-temp $(ASAN_BUILD)/tmp
+	cp lmcache_rawblock/*.py lmcache_rawblock/*.pyi lmcache_rawblock/py.typed $(ASAN_BUILD)/lmcache_rawblock/ 2>/dev/null || true
+	PYTHONPATH=$(ASAN_BUILD) LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  RB_EXPECT_ASAN=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-all: test test-asan
+
+clean:
+	rm -rf build *.egg-info lmcache_rawblock/*.so

@@ -1,0 +1,309 @@
+/*
+ * rb_device.c - open/close, size, admission gate and the synchronous (posix) transfer path.
+ * See rb_device.h for the contract.
+ */
+
+#include "rb_device.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rb_uring.h"
+
+static int is_aligned_ptr(const void *p, size_t a)
+{
+    return a != 0 && ((uintptr_t)p % a) == 0;
+}
+
+void *rb_alloc_aligned(size_t alignment, size_t len, rb_err *err)
+{
+    void *p = NULL;
+    size_t a = alignment < sizeof(void *) ? sizeof(void *) : alignment;
+    int rc = posix_memalign(&p, a, len ? len : 1);
+    if (rc != 0) {
+        rb_err_set(err, RB_ERR_RUNTIME, rc, "posix_memalign failed rc=%d", rc);
+        return NULL;
+    }
+    return p;
+}
+
+int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
+{
+    int flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
+    if (cfg->odirect && !cfg->uring_cmd)
+        flags |= O_DIRECT;
+
+    int fd;
+    do {
+        fd = open(cfg->path, flags);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return rb_err_set(err, RB_ERR_OS, errno, "open failed");
+
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return rb_err_set(err, RB_ERR_OS, e, "fstat failed");
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (S_ISBLK(st.st_mode)) {
+        uint64_t bsz = 0;
+        if (ioctl(fd, BLKGETSIZE64, &bsz) == 0)
+            size = bsz;
+    }
+
+    rb_dev *dev = calloc(1, sizeof(*dev));
+    if (!dev) {
+        close(fd);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    dev->fd = fd;
+    dev->writable = cfg->writable;
+    dev->odirect = (flags & O_DIRECT) != 0;
+    dev->engine = cfg->engine;
+    dev->alignment = cfg->alignment;
+    dev->size = size;
+    pthread_mutex_init(&dev->gate_mu, NULL);
+    pthread_cond_init(&dev->gate_cv, NULL);
+
+    if (cfg->engine == RB_ENGINE_IOURING) {
+        int rc = rb_uring_create(dev, cfg->queue_depth ? cfg->queue_depth : 1, &dev->uring, err);
+        if (rc < 0) {
+            close(fd);
+            pthread_mutex_destroy(&dev->gate_mu);
+            pthread_cond_destroy(&dev->gate_cv);
+            free(dev);
+            return rc;
+        }
+    }
+    *out = dev;
+    return 0;
+}
+
+int rb_dev_enter(rb_dev *dev)
+{
+    atomic_fetch_add(&dev->users, 1);
+    if (atomic_load(&dev->closing)) {
+        rb_dev_leave(dev);
+        return -ESHUTDOWN;
+    }
+    return 0;
+}
+
+void rb_dev_leave(rb_dev *dev)
+{
+    if (atomic_fetch_sub(&dev->users, 1) == 1 && atomic_load(&dev->closing)) {
+        pthread_mutex_lock(&dev->gate_mu);
+        pthread_cond_broadcast(&dev->gate_cv);
+        pthread_mutex_unlock(&dev->gate_mu);
+    }
+}
+
+int rb_dev_close(rb_dev *dev, rb_err *err)
+{
+    pthread_mutex_lock(&dev->gate_mu);
+    atomic_store(&dev->closing, 1);
+    while (atomic_load(&dev->users) > 0)
+        pthread_cond_wait(&dev->gate_cv, &dev->gate_mu);
+    /* gate_mu stays held: a second closer waits here until the first one finished. */
+    int rc = 0;
+    if (!dev->closed) {
+        if (dev->uring) {
+            rb_uring_destroy(dev->uring);
+            dev->uring = NULL;
+        }
+        if (close(dev->fd) != 0 && errno != EINTR) {
+            /* Linux releases the descriptor even when close reports EIO; report it once. */
+            rc = rb_err_set(err, RB_ERR_OS, errno, "close failed");
+        }
+        dev->fd = -1;
+        dev->closed = 1;
+    }
+    pthread_mutex_unlock(&dev->gate_mu);
+    return rc;
+}
+
+void rb_dev_free(rb_dev *dev)
+{
+    if (!dev)
+        return;
+    rb_dev_close(dev, NULL);
+    pthread_mutex_destroy(&dev->gate_mu);
+    pthread_cond_destroy(&dev->gate_cv);
+    free(dev);
+}
+
+int rb_dev_check_direct(const rb_dev *dev, uint64_t offset, size_t total_len, rb_err *err)
+{
+    if (!dev->odirect)
+        return 0;
+    if (dev->alignment == 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "O_DIRECT requires a non-zero alignment");
+    if (offset % dev->alignment)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "O_DIRECT requires aligned offset");
+    if (total_len % dev->alignment)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "O_DIRECT requires aligned total_len");
+    return 0;
+}
+
+int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,
+                 size_t buf_len, size_t payload_len, size_t total_len, rb_err *err)
+{
+    memset(x, 0, sizeof(*x));
+    x->write = write;
+    x->offset = offset;
+    x->buf = buf;
+    x->buf_len = buf_len;
+    x->payload_len = payload_len;
+    x->total_len = total_len;
+    if (payload_len > buf_len) {
+        if (write)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "payload_len exceeds buffer length");
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "output buffer too small: cap=%zu need=%zu",
+                          buf_len, payload_len);
+    }
+    if (total_len < payload_len)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "total_len must be >= payload_len");
+    if (offset > (uint64_t)INT64_MAX || total_len > (uint64_t)INT64_MAX - offset)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "offset + total_len overflows: offset=%llu total_len=%zu",
+                          (unsigned long long)offset, total_len);
+    return rb_dev_check_direct(dev, offset, total_len, err);
+}
+
+/* Build the (at most two) iovecs of the transfer; see the path table in rb_device.h. */
+int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
+{
+    const size_t a = dev->alignment;
+    const size_t pad = x->total_len - x->payload_len;
+    x->want = x->total_len;
+    x->iovcnt = 0;
+
+    if (!dev->odirect || is_aligned_ptr(x->buf, a)) {
+        /* The caller's memory can take (part of) the transfer directly. */
+        size_t direct = x->payload_len;
+        if (dev->odirect) {
+            if (!x->write && x->buf_len >= x->total_len)
+                direct = x->total_len; /* read everything straight into the buffer */
+            else if (pad)
+                direct -= direct % a; /* aligned prefix; the tail is bounced */
+        }
+        if (direct) {
+            x->iov[0].iov_base = x->buf;
+            x->iov[0].iov_len = direct;
+            x->iovcnt = 1;
+        }
+        size_t rest = x->total_len - direct;
+        if (rest) {
+            size_t tail = x->payload_len > direct ? x->payload_len - direct : 0;
+            if (dev->odirect) {
+                x->bounce = rb_alloc_aligned(a, rest, err);
+                if (!x->bounce)
+                    return -ENOMEM;
+                if (x->write) {
+                    memcpy(x->bounce, x->buf + direct, tail);
+                    memset(x->bounce + tail, 0, rest - tail);
+                }
+            } else {
+                /* Buffered: zeros to write, or padding to read and drop. */
+                x->bounce = calloc(1, rest);
+                if (!x->bounce)
+                    return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "bounce allocation failed: %zu bytes", rest);
+            }
+            x->iov[x->iovcnt].iov_base = x->bounce;
+            x->iov[x->iovcnt].iov_len = rest;
+            x->iovcnt++;
+            x->copy_back_off = direct;
+            x->copy_back_len = x->write ? 0 : tail;
+        }
+    } else {
+        /* O_DIRECT with unaligned caller memory: one aligned bounce of the whole transfer. */
+        x->bounce = rb_alloc_aligned(a, x->total_len, err);
+        if (!x->bounce)
+            return -ENOMEM;
+        if (x->write) {
+            memcpy(x->bounce, x->buf, x->payload_len);
+            memset(x->bounce + x->payload_len, 0, pad);
+        }
+        x->iov[0].iov_base = x->bounce;
+        x->iov[0].iov_len = x->total_len;
+        x->iovcnt = 1;
+        x->copy_back_off = 0;
+        x->copy_back_len = x->write ? 0 : x->payload_len;
+    }
+    return 0;
+}
+
+int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
+{
+    while (x->done < x->want) {
+        /* Skip the iovecs (or the part of one) already transferred. */
+        struct iovec iov[2];
+        int n = 0;
+        size_t skip = x->done;
+        for (int i = 0; i < x->iovcnt; i++) {
+            size_t l = x->iov[i].iov_len;
+            if (skip >= l) {
+                skip -= l;
+                continue;
+            }
+            iov[n].iov_base = (uint8_t *)x->iov[i].iov_base + skip;
+            iov[n].iov_len = l - skip;
+            skip = 0;
+            n++;
+        }
+        size_t req = x->want - x->done;
+        off_t off = (off_t)(x->offset + x->done);
+        ssize_t r = x->write ? pwritev(dev->fd, iov, n, off) : preadv(dev->fd, iov, n, off);
+        rb_stats *st = &dev->stats;
+        if (x->write) {
+            RB_STAT_ADD(st, write_attempts, 1);
+            RB_STAT_ADD(st, write_submitted_bytes, req);
+        } else {
+            RB_STAT_ADD(st, read_attempts, 1);
+            RB_STAT_ADD(st, read_submitted_bytes, req);
+        }
+        if (x->bounce) {
+            RB_STAT_ADD(st, bounce_attempts, 1);
+            RB_STAT_ADD(st, bounce_submitted_bytes, req);
+        }
+        if (r < 0) {
+            int e = errno;
+            RB_STAT_ADD(st, failed_attempts, 1);
+            if (e == EINTR)
+                return -EINTR;
+            return rb_err_set(err, RB_ERR_OS, e, x->write ? "pwrite failed" : "pread failed");
+        }
+        if (r == 0) {
+            RB_STAT_ADD(st, failed_attempts, 1);
+            if (x->write)
+                return rb_err_set(err, RB_ERR_RUNTIME, EIO, "pwrite made no progress");
+            return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
+        }
+        RB_STAT_ADD(st, completed_attempts, 1);
+        if (x->write)
+            RB_STAT_ADD(st, write_completed_bytes, r);
+        else
+            RB_STAT_ADD(st, read_completed_bytes, r);
+        if ((size_t)r < req)
+            RB_STAT_ADD(st, short_io_resubmits, 1);
+        x->done += (size_t)r;
+    }
+    if (x->copy_back_len) {
+        memcpy(x->buf + x->copy_back_off, x->bounce, x->copy_back_len);
+        x->copy_back_len = 0;
+    }
+    return 0;
+}
+
+void rb_xfer_release(rb_xfer *x)
+{
+    free(x->bounce);
+    x->bounce = NULL;
+}

@@ -1,0 +1,113 @@
+/*
+ * rb_device.h - one open raw block device (or pre-sized file) and its synchronous I/O.
+ *
+ * Owns: the file descriptor, the cached size, O_DIRECT/alignment rules, the LMCache padding
+ * semantics of a transfer (payload bytes, then zeros up to total_len), bounce buffers for the
+ * synchronous path, the I/O counters, and the admission gate that lets close() wait for calls
+ * still running on other threads. The io_uring engine (rb_uring.h) hangs off the device.
+ *
+ * Lock order: dev->gate_mu is a leaf lock (held only to wait for or signal the last user).
+ */
+#ifndef RB_DEVICE_H
+#define RB_DEVICE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "rb_err.h"
+#include "rb_stats.h"
+
+enum rb_engine_kind { RB_ENGINE_POSIX = 0, RB_ENGINE_IOURING = 1 };
+
+typedef struct rb_dev_config {
+    const char *path;
+    int writable;
+    int odirect;
+    int engine; /* enum rb_engine_kind */
+    int uring_cmd;
+    size_t alignment;
+    unsigned queue_depth; /* io_uring ring size, >= 1 */
+} rb_dev_config;
+
+struct rb_uring;
+
+typedef struct rb_dev {
+    int fd;
+    int writable;
+    int odirect;
+    int engine;
+    size_t alignment;
+    uint64_t size;
+    struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
+    rb_stats stats;
+
+    /* Admission gate: calls running without the GIL hold a "user" reference. */
+    _Atomic long users;
+    _Atomic int closing; /* set once close() has begun; no new users after that */
+    int closed;          /* fd closed; only read/written by the thread that runs close */
+    pthread_mutex_t gate_mu;
+    pthread_cond_t gate_cv;
+} rb_dev;
+
+/* Open path as configured. O_CLOEXEC always; O_DIRECT when cfg->odirect and not uring_cmd;
+ * never O_CREAT. On failure *out is untouched and err says why. */
+int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err);
+
+/* Take / drop a user reference. rb_dev_enter fails with -ESHUTDOWN once close has begun. */
+int rb_dev_enter(rb_dev *dev);
+void rb_dev_leave(rb_dev *dev);
+
+/* Stop admission, wait for running calls, stop the engine, close the fd. Idempotent.
+ * Blocks; call without the GIL. Returns -errno (with err set) if close(2) failed; the
+ * device then stays open so the caller can retry. Safe to call from several threads. */
+int rb_dev_close(rb_dev *dev, rb_err *err);
+
+/* Close if still open, then free. */
+void rb_dev_free(rb_dev *dev);
+
+/*
+ * One synchronous transfer with LMCache's semantics:
+ *   write: payload_len bytes from buf, then zeros up to total_len, at offset.
+ *   read:  total_len bytes are read at offset (EOF before that is an error); the first
+ *          payload_len of them land in buf. Bytes of buf beyond payload_len may be
+ *          overwritten only when the read goes straight into an O_DIRECT-aligned buffer
+ *          that holds total_len bytes (as LMCache's device does).
+ * The plan is at most two iovecs (direct part + bounce) issued with one preadv/pwritev per
+ * attempt. Usage: rb_xfer_init (validates, cheap, needs nothing else) ->
+ * rb_xfer_prepare (allocates/copies; no GIL needed) -> rb_xfer_run until it returns
+ * something other than -EINTR (on -EINTR the caller checks for signals and calls again)
+ * -> rb_xfer_release (always).
+ */
+typedef struct rb_xfer {
+    uint64_t offset;
+    uint8_t *buf;
+    size_t buf_len;
+    size_t payload_len;
+    size_t total_len;
+    int write;
+
+    struct iovec iov[2];
+    int iovcnt;
+    size_t done;     /* bytes of the plan already transferred */
+    size_t want;     /* total bytes of the plan (== total_len) */
+    uint8_t *bounce; /* owned; freed by rb_xfer_release */
+    size_t copy_back_off; /* reads: copy bounce[0..copy_back_len) to buf + copy_back_off */
+    size_t copy_back_len;
+} rb_xfer;
+
+int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,
+                 size_t buf_len, size_t payload_len, size_t total_len, rb_err *err);
+int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err);
+int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err);
+void rb_xfer_release(rb_xfer *x);
+
+/* O_DIRECT checks shared by every path: offset and total_len multiples of alignment. */
+int rb_dev_check_direct(const rb_dev *dev, uint64_t offset, size_t total_len, rb_err *err);
+
+/* Aligned allocation used for every bounce buffer (RuntimeError text on failure). */
+void *rb_alloc_aligned(size_t alignment, size_t len, rb_err *err);
+
+#endif /* RB_DEVICE_H */

@@ -1,0 +1,468 @@
+/*
+ * device.c - the RawBlockDevice heap type: constructor (LMCache's validation order and
+ * messages), synchronous pwrite_from_buffer / pread_into with the GIL released, close,
+ * context manager, stats. io_uring-only methods live in device_uring.c.
+ */
+#include "rbpy.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <structmember.h>
+
+#include "../core/rb_stats.h"
+
+int rbpy_device_check_open(RawBlockDeviceObject *self)
+{
+    if (atomic_load(&self->dev->closing)) {
+        PyErr_SetString(PyExc_RuntimeError, "device is closed");
+        return -1;
+    }
+    return 0;
+}
+
+/* Encode a path (str or os.PathLike) for open(2), rejecting NUL like LMCache's device. */
+static PyObject *encode_path(PyObject *path)
+{
+    PyObject *fs = PyOS_FSPath(path);
+    if (!fs)
+        return NULL;
+    PyObject *bytes;
+    if (PyUnicode_Check(fs)) {
+        bytes = PyUnicode_EncodeFSDefault(fs);
+        Py_DECREF(fs);
+    } else {
+        bytes = fs; /* already bytes */
+    }
+    if (!bytes)
+        return NULL;
+    if ((size_t)PyBytes_GET_SIZE(bytes) != strlen(PyBytes_AS_STRING(bytes))) {
+        Py_DECREF(bytes);
+        PyErr_SetString(PyExc_ValueError, "path contains NUL");
+        return NULL;
+    }
+    return bytes;
+}
+
+static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"path", "writable", "use_odirect", "use_iouring", "use_uring_cmd",
+                             "alignment", "io_engine", "iouring_queue_depth", NULL};
+    PyObject *path;
+    int writable, use_odirect = 0, use_iouring = 0, use_uring_cmd = 0;
+    Py_ssize_t alignment = 4096;
+    PyObject *io_engine = Py_None;
+    long long queue_depth = 256;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Op|pppnOL:RawBlockDevice", kwlist, &path, &writable,
+                                     &use_odirect, &use_iouring, &use_uring_cmd, &alignment, &io_engine,
+                                     &queue_depth))
+        return NULL;
+
+    /* 1. engine selection: a non-empty io_engine wins over use_iouring. */
+    int iouring = use_iouring;
+    if (io_engine != Py_None) {
+        if (!PyUnicode_Check(io_engine)) {
+            PyErr_Format(PyExc_TypeError, "io_engine must be a str or None, got %.100s",
+                         Py_TYPE(io_engine)->tp_name);
+            return NULL;
+        }
+        const char *eng = PyUnicode_AsUTF8(io_engine);
+        if (!eng)
+            return NULL;
+        if (eng[0] != '\0') {
+            if (strcmp(eng, "posix") == 0)
+                iouring = 0;
+            else if (strcmp(eng, "io_uring") == 0)
+                iouring = 1;
+            else {
+                PyErr_Format(PyExc_ValueError, "io_engine must be one of posix, io_uring; got %s", eng);
+                return NULL;
+            }
+        }
+    }
+    if (queue_depth < 1)
+        queue_depth = 1;
+    if (queue_depth > 32768)
+        queue_depth = 32768; /* the kernel's IORING_MAX_ENTRIES */
+    if (alignment < 0) {
+        PyErr_Format(PyExc_ValueError, "alignment must be >= 0, got %zd", alignment);
+        return NULL;
+    }
+    /* 2. passthrough needs io_uring. */
+    if (use_uring_cmd && !iouring) {
+        PyErr_SetString(PyExc_ValueError, "use_uring_cmd requires use_iouring to be enabled");
+        return NULL;
+    }
+    /* 3. path. */
+    PyObject *bpath = encode_path(path);
+    if (!bpath)
+        return NULL;
+
+    rb_dev_config cfg = {
+        .path = PyBytes_AS_STRING(bpath),
+        .writable = writable,
+        .odirect = use_odirect,
+        .engine = iouring ? RB_ENGINE_IOURING : RB_ENGINE_POSIX,
+        .uring_cmd = use_uring_cmd,
+        .alignment = (size_t)alignment,
+        .queue_depth = (unsigned)queue_depth,
+    };
+    if (use_uring_cmd) {
+        struct stat st;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = stat(cfg.path, &st);
+        Py_END_ALLOW_THREADS
+        if (rc != 0) {
+            int e = errno;
+            Py_DECREF(bpath);
+            rb_err err;
+            /* Opening reports a missing path first, as LMCache's device does. */
+            rb_err_set(&err, RB_ERR_OS, e, e == ENOENT ? "open failed" : "stat failed");
+            return rbpy_raise_err(&err);
+        }
+        if (!S_ISCHR(st.st_mode)) {
+            Py_DECREF(bpath);
+            PyErr_SetString(PyExc_ValueError,
+                            "use_uring_cmd requires an NVMe namespace character device (e.g., /dev/ng0n1)");
+            return NULL;
+        }
+        Py_DECREF(bpath);
+        PyErr_SetString(PyExc_RuntimeError,
+                        "use_uring_cmd: NVMe passthrough is not supported by this build of lmcache_rawblock");
+        return NULL;
+    }
+
+    rb_dev *dev = NULL;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_dev_open(&cfg, &dev, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bpath);
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        Py_BEGIN_ALLOW_THREADS
+        rb_dev_free(dev);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    self->dev = dev;
+    self->use_iouring = iouring;
+    self->use_uring_cmd = use_uring_cmd;
+    return (PyObject *)self;
+}
+
+static void device_close_locked_gil(RawBlockDeviceObject *self, rb_err *err, int *rc)
+{
+    rb_dev *dev = self->dev;
+    Py_BEGIN_ALLOW_THREADS
+    *rc = rb_dev_close(dev, err);
+    Py_END_ALLOW_THREADS
+    /* The engine has stopped: nothing references the caller's buffers any more. */
+    rbpy_uring_batches_free(self);
+}
+
+static void device_dealloc(PyObject *op)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyTypeObject *tp = Py_TYPE(op);
+    if (self->weakreflist)
+        PyObject_ClearWeakRefs(op);
+    if (self->dev) {
+        rb_err err;
+        int rc;
+        device_close_locked_gil(self, &err, &rc);
+        rb_dev_free(self->dev);
+        self->dev = NULL;
+    }
+    tp->tp_free(op);
+    Py_DECREF(tp);
+}
+
+static PyObject *device_close(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    device_close_locked_gil(self, &err, &rc);
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *device_enter(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    if (rbpy_device_check_open((RawBlockDeviceObject *)op) < 0)
+        return NULL;
+    return Py_NewRef(op);
+}
+
+static PyObject *device_exit(PyObject *op, PyObject *args)
+{
+    (void)args;
+    PyObject *r = device_close(op, NULL);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *device_size_bytes(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(((RawBlockDeviceObject *)op)->dev->size);
+}
+
+/*
+ * Run one synchronous transfer with the GIL released. EINTR goes back to Python to run
+ * signal handlers (an exception from one aborts the transfer), then the transfer resumes.
+ */
+static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset, Py_buffer *view,
+                          PyObject *payload_obj, PyObject *total_obj)
+{
+    size_t payload, total;
+    int has_payload, has_total;
+    if (rbpy_as_opt_size(payload_obj, "payload_len", &payload, &has_payload) < 0 ||
+        rbpy_as_opt_size(total_obj, "total_len", &total, &has_total) < 0)
+        return NULL;
+    if (!has_payload)
+        payload = (size_t)view->len;
+    if (!has_total)
+        total = payload;
+
+    rb_dev *dev = self->dev;
+    rb_err err;
+    rb_xfer x;
+    if (rb_xfer_init(dev, &x, write, offset, view->buf, (size_t)view->len, payload, total, &err) < 0)
+        return rbpy_raise_err(&err);
+    if (rb_dev_enter(dev) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "device is closed");
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_xfer_prepare(dev, &x, &err);
+    if (rc == 0)
+        rc = rb_xfer_run(dev, &x, &err);
+    Py_END_ALLOW_THREADS
+    while (rc == -EINTR) {
+        if (PyErr_CheckSignals() < 0)
+            break;
+        Py_BEGIN_ALLOW_THREADS
+        rc = rb_xfer_run(dev, &x, &err);
+        Py_END_ALLOW_THREADS
+    }
+    rb_xfer_release(&x);
+    rb_dev_leave(dev);
+    if (rc == -EINTR)
+        return NULL; /* a signal handler raised */
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *device_pwrite_from_buffer(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
+                                           PyObject *kwnames)
+{
+    static const char *const names[] = {"offset", "data", "payload_len", "total_len"};
+    PyObject *a[4];
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_unpack("pwrite_from_buffer", names, 4, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    uint64_t offset;
+    if (rbpy_as_u64(a[0], "offset", &offset) < 0)
+        return NULL;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    PyObject *r = run_sync(self, 1, offset, &view, a[2], a[3]);
+    PyBuffer_Release(&view);
+    return r;
+}
+
+static PyObject *device_pread_into(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"offset", "out", "payload_len", "total_len"};
+    PyObject *a[4];
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_unpack("pread_into", names, 4, 3, args, nargs, kwnames, a) < 0)
+        return NULL;
+    uint64_t offset;
+    if (rbpy_as_u64(a[0], "offset", &offset) < 0)
+        return NULL;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    if (view.readonly) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
+        return NULL;
+    }
+    PyObject *r = run_sync(self, 0, offset, &view, a[2], a[3]);
+    PyBuffer_Release(&view);
+    return r;
+}
+
+static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_stats_snapshot s;
+    rb_stats_read(&((RawBlockDeviceObject *)op)->dev->stats, &s);
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+#define RBPY_PUT(name)                                                                             \
+    do {                                                                                           \
+        PyObject *v = PyLong_FromUnsignedLongLong(s.name);                                         \
+        if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                         \
+            Py_XDECREF(v);                                                                         \
+            Py_DECREF(d);                                                                          \
+            return NULL;                                                                           \
+        }                                                                                          \
+        Py_DECREF(v);                                                                              \
+    } while (0);
+    RB_STATS_FIELDS(RBPY_PUT)
+#undef RBPY_PUT
+    return d;
+}
+
+static PyObject *nvme_unavailable(const char *what)
+{
+    PyErr_Format(PyExc_RuntimeError, "NVMe %s not available (use_uring_cmd not enabled)", what);
+    return NULL;
+}
+
+static PyObject *device_nvme_nsid(PyObject *op, PyObject *unused)
+{
+    (void)op, (void)unused;
+    return nvme_unavailable("namespace ID");
+}
+
+static PyObject *device_nvme_lba_shift(PyObject *op, PyObject *unused)
+{
+    (void)op, (void)unused;
+    return nvme_unavailable("LBA shift");
+}
+
+static PyObject *device_nvme_lba_size(PyObject *op, PyObject *unused)
+{
+    (void)op, (void)unused;
+    return nvme_unavailable("LBA size");
+}
+
+static PyObject *device_fetch_fdp_status(PyObject *op, PyObject *unused)
+{
+    (void)op, (void)unused;
+    PyErr_SetString(PyExc_RuntimeError, "fetch_fdp_status requires use_uring_cmd to be enabled");
+    return NULL;
+}
+
+static PyObject *device_get_closed(PyObject *op, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(atomic_load(&((RawBlockDeviceObject *)op)->dev->closing));
+}
+
+static PyObject *device_get_engine(PyObject *op, void *closure)
+{
+    (void)closure;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    return PyUnicode_FromString(self->use_iouring ? "io_uring" : "posix");
+}
+
+static PyObject *device_get_odirect(PyObject *op, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(((RawBlockDeviceObject *)op)->dev->odirect);
+}
+
+static PyObject *device_get_alignment(PyObject *op, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSize_t(((RawBlockDeviceObject *)op)->dev->alignment);
+}
+
+#define FASTKW(fn) (PyCFunction)(void (*)(void))(fn), METH_FASTCALL | METH_KEYWORDS
+
+static PyMethodDef device_methods[] = {
+    {"size_bytes", device_size_bytes, METH_NOARGS, "Device or file size in bytes (cached at open)."},
+    {"pwrite_from_buffer", FASTKW(device_pwrite_from_buffer),
+     "pwrite_from_buffer(offset, data, payload_len=None, total_len=None)\n--\n\n"
+     "Write payload_len bytes of data at offset, then zeros up to total_len."},
+    {"pread_into", FASTKW(device_pread_into),
+     "pread_into(offset, out, payload_len, total_len=None)\n--\n\n"
+     "Read total_len bytes at offset; the first payload_len land in out."},
+    {"batched_write", FASTKW(rbpy_dev_batched_write),
+     "batched_write(offsets, buffers, total_lens, placement_ids=None, payload_lens=None)\n--\n\n"
+     "Queue writes on the io_uring worker; returns a batch id for wait_iouring()."},
+    {"batched_read", FASTKW(rbpy_dev_batched_read),
+     "batched_read(offsets, buffers, total_lens)\n--\n\n"
+     "Queue reads on the io_uring worker; returns a batch id for wait_iouring()."},
+    {"wait_iouring", FASTKW(rbpy_dev_wait_iouring),
+     "wait_iouring(batch_id)\n--\n\n"
+     "Wait for a batch; returns (per-entry success list, [(index, message), ...])."},
+    {"read_uring", FASTKW(rbpy_dev_read_uring),
+     "read_uring(offset, data, payload_len, total_len=None)\n--\n\nDeprecated single read."},
+    {"write_uring", FASTKW(rbpy_dev_write_uring),
+     "write_uring(offset, data, payload_len, total_len=None, placement_id=None)\n--\n\nSingle write."},
+    {"register_fixed_buffers", FASTKW(rbpy_dev_register_fixed_buffers),
+     "register_fixed_buffers(buffer_ptrs, buffer_sizes)\n--\n\nRegister io_uring fixed buffers."},
+    {"worker_error", rbpy_dev_worker_error, METH_NOARGS, "Terminal io_uring worker error, or None."},
+    {"fixed_buffer_status", rbpy_dev_fixed_buffer_status, METH_NOARGS,
+     "(registered, registered_bytes) of io_uring fixed buffers."},
+    {"io_stats_snapshot", device_io_stats_snapshot, METH_NOARGS, "Lifetime I/O counters as a dict."},
+    {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "NVMe namespace id (use_uring_cmd only)."},
+    {"nvme_lba_shift", device_nvme_lba_shift, METH_NOARGS, "log2 of the LBA size (use_uring_cmd only)."},
+    {"nvme_lba_size", device_nvme_lba_size, METH_NOARGS, "LBA size in bytes (use_uring_cmd only)."},
+    {"fetch_fdp_status", device_fetch_fdp_status, METH_NOARGS,
+     "FDP reclaim unit handle status as [(placement_id, ruh_id)] (use_uring_cmd only)."},
+    {"close", device_close, METH_NOARGS, "Stop the engine and close the device. Idempotent."},
+    {"__enter__", device_enter, METH_NOARGS, NULL},
+    {"__exit__", device_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef device_getset[] = {
+    {"closed", device_get_closed, NULL, "True once close() has begun.", NULL},
+    {"io_engine", device_get_engine, NULL, "\"posix\" or \"io_uring\".", NULL},
+    {"use_odirect", device_get_odirect, NULL, "True when the device was opened with O_DIRECT.", NULL},
+    {"alignment", device_get_alignment, NULL, "O_DIRECT alignment in bytes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef device_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RawBlockDeviceObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot device_slots[] = {
+    {Py_tp_new, device_new},
+    {Py_tp_dealloc, device_dealloc},
+    {Py_tp_methods, device_methods},
+    {Py_tp_getset, device_getset},
+    {Py_tp_members, device_members},
+    {Py_tp_doc,
+     "RawBlockDevice(path, writable, use_odirect=False, use_iouring=False, use_uring_cmd=False, "
+     "alignment=4096, io_engine=None, iouring_queue_depth=256)\n--\n\n"
+     "A raw block device or pre-sized file, drop-in for lmcache_rust_raw_block_io.RawBlockDevice."},
+    {0, NULL},
+};
+
+PyType_Spec rbpy_device_spec = {
+    .name = "lmcache_rawblock._native.RawBlockDevice",
+    .basicsize = sizeof(RawBlockDeviceObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = device_slots,
+};

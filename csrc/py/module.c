@@ -1,0 +1,180 @@
+/*
+ * module.c - the lmcache_rawblock._native module: multi-phase init, module state, the one
+ * place where core errors become Python exceptions, and small argument helpers.
+ */
+#include "rbpy.h"
+
+#include <errno.h>
+#include <string.h>
+
+static struct PyModuleDef rbpy_module;
+
+rbpy_state *rbpy_state_of_type(PyTypeObject *tp)
+{
+    PyObject *mod = PyType_GetModuleByDef(tp, &rbpy_module);
+    return mod ? (rbpy_state *)PyModule_GetState(mod) : NULL;
+}
+
+PyObject *rbpy_raise_err(const rb_err *err)
+{
+    switch (err->kind) {
+    case RB_ERR_OS: {
+        /* OSError(errno, msg): CPython picks the errno subclass (FileNotFoundError, ...). */
+        PyObject *args = Py_BuildValue("(is)", err->errnum, err->msg);
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+        return NULL;
+    }
+    case RB_ERR_VALUE:
+        PyErr_SetString(PyExc_ValueError, err->msg);
+        return NULL;
+    case RB_ERR_NOMEM:
+        return PyErr_NoMemory();
+    case RB_ERR_RUNTIME:
+    default:
+        PyErr_SetString(PyExc_RuntimeError, err->msg[0] ? err->msg : "internal error");
+        return NULL;
+    }
+}
+
+int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required,
+                PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+{
+    for (int i = 0; i < nnames; i++)
+        out[i] = NULL;
+    if (nargs > nnames) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname,
+                     nnames, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
+        const char *s = PyUnicode_AsUTF8(kw);
+        if (!s)
+            return -1;
+        int found = -1;
+        for (int i = 0; i < nnames; i++) {
+            if (strcmp(s, names[i]) == 0) {
+                found = i;
+                break;
+            }
+        }
+        if (found < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname, s);
+            return -1;
+        }
+        if (out[found]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname, s);
+            return -1;
+        }
+        out[found] = args[nargs + k];
+    }
+    for (int i = 0; i < required; i++) {
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname, names[i],
+                         i + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int rbpy_as_u64(PyObject *o, const char *name, uint64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", name, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_OverflowError, "%s must be a non-negative int below 2**64, got %R", name, o);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int rbpy_as_size(PyObject *o, const char *name, size_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", name, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    size_t v = PyLong_AsSize_t(o);
+    if (v == (size_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_OverflowError, "%s must be a non-negative int that fits in size_t, got %R", name, o);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present)
+{
+    if (!o || o == Py_None) {
+        *present = 0;
+        return 0;
+    }
+    *present = 1;
+    return rbpy_as_size(o, name, out);
+}
+
+static int rbpy_exec(PyObject *mod)
+{
+    rbpy_state *st = PyModule_GetState(mod);
+    st->device_type = (PyTypeObject *)PyType_FromModuleAndSpec(mod, &rbpy_device_spec, NULL);
+    if (!st->device_type)
+        return -1;
+    if (PyModule_AddType(mod, st->device_type) < 0)
+        return -1;
+    if (PyModule_AddStringConstant(mod, "__version__", RB_VERSION) < 0)
+        return -1;
+    return 0;
+}
+
+static int rbpy_traverse(PyObject *mod, visitproc visit, void *arg)
+{
+    rbpy_state *st = PyModule_GetState(mod);
+    Py_VISIT(st->device_type);
+    return 0;
+}
+
+static int rbpy_clear(PyObject *mod)
+{
+    rbpy_state *st = PyModule_GetState(mod);
+    Py_CLEAR(st->device_type);
+    return 0;
+}
+
+static void rbpy_free(void *mod)
+{
+    rbpy_clear((PyObject *)mod);
+}
+
+static PyModuleDef_Slot rbpy_slots[] = {
+    {Py_mod_exec, rbpy_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef rbpy_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "lmcache_rawblock._native",
+    .m_doc = "C core of lmcache_rawblock: raw block device I/O for LMCache's raw-block tier.",
+    .m_size = sizeof(rbpy_state),
+    .m_slots = rbpy_slots,
+    .m_traverse = rbpy_traverse,
+    .m_clear = rbpy_clear,
+    .m_free = rbpy_free,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModuleDef_Init(&rbpy_module);
+}

@@ -1,0 +1,66 @@
+/*
+ * rbpy.h - shared declarations of the CPython binding (module state, object layouts,
+ * argument helpers, error mapping). Only csrc/py/ includes Python.h.
+ */
+#ifndef RBPY_H
+#define RBPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "../core/rb_device.h"
+#include "../core/rb_err.h"
+
+typedef struct {
+    PyTypeObject *device_type;
+} rbpy_state;
+
+typedef struct rbpy_uring_batches rbpy_uring_batches;
+
+typedef struct {
+    PyObject_HEAD
+    rb_dev *dev;                 /* owned; freed in dealloc */
+    int use_iouring;
+    int use_uring_cmd;
+    rbpy_uring_batches *batches; /* io_uring batch tracking (device_uring.c), or NULL */
+    PyObject *weakreflist;
+} RawBlockDeviceObject;
+
+/* module.c */
+rbpy_state *rbpy_state_of_type(PyTypeObject *tp);
+/* Raise the Python exception an rb_err describes; returns NULL. */
+PyObject *rbpy_raise_err(const rb_err *err);
+
+/*
+ * Fast-call argument unpacking: fills out[0..nnames) from positional args and keywords.
+ * Slots not given stay NULL. Raises TypeError like CPython for unknown, duplicate or
+ * missing (first `required` names) arguments. Returns 0 or -1.
+ */
+int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required,
+                PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out);
+
+/* Integer conversions naming the parameter in their errors. NULL / None -> dflt / *present=0. */
+int rbpy_as_u64(PyObject *o, const char *name, uint64_t *out);
+int rbpy_as_size(PyObject *o, const char *name, size_t *out);
+int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present);
+
+/* device.c */
+extern PyType_Spec rbpy_device_spec;
+/* Guard for every device method: RuntimeError("device is closed") once closing. */
+int rbpy_device_check_open(RawBlockDeviceObject *self);
+
+/* device_uring.c: io_uring-only methods of RawBlockDevice. */
+PyObject *rbpy_dev_batched_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_dev_batched_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_dev_wait_iouring(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_dev_read_uring(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_dev_write_uring(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_dev_register_fixed_buffers(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_dev_worker_error(PyObject *self, PyObject *unused);
+PyObject *rbpy_dev_fixed_buffer_status(PyObject *self, PyObject *unused);
+/* Called by close() and dealloc with the GIL held, after the engine has stopped:
+ * releases every buffer the batches still hold. */
+void rbpy_uring_batches_free(RawBlockDeviceObject *self);
+
+#endif /* RBPY_H */
