@@ -1,0 +1,44 @@
+"""Drop-in for LMCache's ``lmcache.v1.storage_backend.raw_block`` package, backed by the C
+core in ``lmcache_rawblock._native``."""
+
+from __future__ import annotations
+
+from .config import (
+    DEFAULT_IOURING_QUEUE_DEPTH,
+    RAW_BLOCK_IO_ENGINES,
+    RawBlockCoreConfig,
+    RawBlockPutManyResult,
+    normalize_raw_block_io_engine,
+    normalize_raw_block_placement_ids,
+    round_up,
+    validate_raw_block_io_options,
+)
+from .key_codec import (
+    RawBlockKeyNamespace,
+    RawBlockKeySpec,
+    decode_legacy_key,
+    decode_object_key,
+    encode_legacy_key,
+    encode_object_key,
+    object_key_to_string,
+    slot_identity_from_encoded_key,
+)
+
+__all__ = [
+    "DEFAULT_IOURING_QUEUE_DEPTH",
+    "RAW_BLOCK_IO_ENGINES",
+    "RawBlockCoreConfig",
+    "RawBlockKeyNamespace",
+    "RawBlockKeySpec",
+    "RawBlockPutManyResult",
+    "decode_legacy_key",
+    "decode_object_key",
+    "encode_legacy_key",
+    "encode_object_key",
+    "normalize_raw_block_io_engine",
+    "normalize_raw_block_placement_ids",
+    "object_key_to_string",
+    "round_up",
+    "slot_identity_from_encoded_key",
+    "validate_raw_block_io_options",
+]
