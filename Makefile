@@ -22,7 +22,8 @@ apt-deps:
 	fi
 
 py-deps: apt-deps
-	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || $(PYTHON) -m pip install -q 'pytest>=7' numpy
+	@$(PYTHON) -c 'import pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null || \
+	  $(PYTHON) -m pip install -q 'pytest>=7' numpy lmcache-rust-raw-block-io
 
 # In-place build of the extension with warnings as errors; pip install -e registers the package once.
 build: py-deps

@@ -302,8 +302,10 @@ static PyObject *device_pread_into(PyObject *op, PyObject *const *args, Py_ssize
         return NULL;
     if (rbpy_device_check_open(self) < 0)
         return NULL;
+    /* Ask for writable memory, as LMCache's device does: a read-only exporter raises its own
+     * BufferError. One that hands out a read-only view anyway is refused here. */
     Py_buffer view;
-    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS) < 0)
+    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return NULL;
     if (view.readonly) {
         PyBuffer_Release(&view);
