@@ -7,6 +7,10 @@ APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-
             libxxhash-dev zlib1g-dev fio util-linux
 PYTEST_ARGS ?=
 ASAN_BUILD := build/asan
+# Python itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking
+# is off because CPython keeps interned objects alive at exit by design.
+ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
 .PHONY: all deps apt-deps py-deps build demo bench test test-asan test-all clean
 
@@ -44,11 +48,10 @@ test: build
 # Same suite against an ASan + UBSan build of the extension (built out of tree).
 test-asan: py-deps
 	rm -rf $(ASAN_BUILD) && mkdir -p $(ASAN_BUILD)
+	tar --exclude='*.so' --exclude=__pycache__ -cf - lmcache_rawblock | tar -xf - -C $(ASAN_BUILD)
 	RB_SANITIZE=1 RB_WERROR=1 $(PYTHON) setup.py -q build_ext --build-lib $(ASAN_BUILD) --build-temp $(ASAN_BUILD)/tmp
-	cp lmcache_rawblock/*.py lmcache_rawblock/*.pyi lmcache_rawblock/py.typed $(ASAN_BUILD)/lmcache_rawblock/ 2>/dev/null || true
-	PYTHONPATH=$(ASAN_BUILD) LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  RB_EXPECT_ASAN=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -c 'import lmcache_rawblock._native as m; assert m.__file__.startswith("$(CURDIR)/$(ASAN_BUILD)"), m.__file__'
+	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test-all: test test-asan
 
