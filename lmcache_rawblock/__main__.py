@@ -1,0 +1,208 @@
+"""Command line of lmcache_rawblock: ``python -m lmcache_rawblock bench ...``.
+
+The ``bench`` command measures our RawBlockDevice against the Rust wheel
+(lmcache-rust-raw-block-io) and fio on a scratch file or device and writes a summary
+table, results.json and PNG plots. See ``python -m lmcache_rawblock bench --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+PROG = "python -m lmcache_rawblock"
+DEFAULT_SIZE = "1G"
+PUBLIC_SUITES = ("quick", "full")
+HIDDEN_SUITES = ("smoke",)
+
+
+def _size_arg(text: str) -> int:
+    from lmcache_rawblock.bench.common import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _sizes_arg(text: str) -> list[int]:
+    from lmcache_rawblock.bench.common import parse_size
+
+    out = []
+    for item in text.split(","):
+        try:
+            n = parse_size(item)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if n % 4096:
+            raise argparse.ArgumentTypeError(
+                f"invalid block size {item.strip()!r}: must be a multiple of 4 KiB (O_DIRECT needs aligned sizes)"
+            )
+        out.append(n)
+    return out
+
+
+def _list_arg(allowed: Sequence[str], what: str):
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"empty {what} list {text!r}: choose from {', '.join(allowed)}")
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(repr(b) for b in bad)} in {text!r}: choose from {', '.join(allowed)}"
+            )
+        return list(dict.fromkeys(items))
+
+    return parse
+
+
+def _suite_arg(text: str) -> str:
+    if text in PUBLIC_SUITES or text in HIDDEN_SUITES:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid suite {text!r}: choose from {', '.join(PUBLIC_SUITES)}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected a positive integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be at least 1")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lmcache_rawblock.bench import ENGINES, PART_NAMES
+
+    parser = argparse.ArgumentParser(prog=PROG, description="lmcache_rawblock tools.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    b = sub.add_parser(
+        "bench",
+        help="benchmark RawBlockDevice against the Rust wheel and fio",
+        description=(
+            "Benchmark lmcache_rawblock's RawBlockDevice against lmcache_rust_raw_block_io's "
+            "(interleaved in one process, medians, ratio ours/rust: lower is better) and against "
+            "fio on the same file. Without --device a sparse file in a temporary directory is used "
+            "and removed afterwards."
+        ),
+    )
+    b.add_argument("--device", metavar="PATH",
+                   help="scratch file or block device to benchmark on (its contents are overwritten; "
+                        "refused when blkid finds a file system or partition table, unless --force)")
+    b.add_argument("--size", type=_size_arg, metavar="SIZE",
+                   help=f"size of the temporary sparse file (default {DEFAULT_SIZE}), or how much of "
+                        "--device to use; e.g. 256M, 4G")
+    b.add_argument("--engines", type=_list_arg(ENGINES, "engine"), default=list(ENGINES), metavar="LIST",
+                   help="comma-separated engines: posix (pread_into/pwrite_from_buffer latency), "
+                        "io_uring (batched throughput); default posix,io_uring")
+    b.add_argument("--suite", type=_suite_arg, default="quick", metavar="{quick,full}",
+                   help="quick (default, under 2 minutes) or full (more repeats, depths and fio time)")
+    b.add_argument("--out", default="bench-out", metavar="DIR",
+                   help="directory for results.json and PNG plots (default ./bench-out)")
+    b.add_argument("--install-competitors", action="store_true",
+                   help="pip install missing competitors (lmcache-rust-raw-block-io) first; "
+                        "carries on if that fails")
+    b.add_argument("--force", action="store_true",
+                   help="use --device even if it holds a file system or partition table")
+    b.add_argument("--sizes", type=_sizes_arg, metavar="LIST",
+                   help="override the suite's block sizes, e.g. 4k,1M (multiples of 4 KiB)")
+    b.add_argument("--repeats", type=_positive_int, metavar="N",
+                   help="override the number of interleaved repeat rounds")
+    b.add_argument("--parts", type=_list_arg(PART_NAMES, "part"), default=list(PART_NAMES), metavar="LIST",
+                   help="parts to run: device (sync latency), uring (batched io_uring), limit (fio); "
+                        "default all")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    return parser
+
+
+def _show_path(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _err(msg: str) -> None:
+    print(f"{PROG} bench: error: {msg}", file=sys.stderr)
+
+
+def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from lmcache_rawblock import bench
+    from lmcache_rawblock.bench import common, report
+    from lmcache_rawblock.bench.target import TargetError, open_target
+
+    notes: list[str] = []
+    comps = [common.ours(), common.rust()]
+    if not comps[1].available and args.install_competitors and comps[1].install:
+        print(f"installing competitor: {sys.executable} -m pip install {common.RUST_DIST}", file=sys.stderr)
+        ok, msg = common.install_competitors()
+        notes.append(msg if ok else f"--install-competitors: {msg}; continuing without it")
+        comps[1] = common.rust()
+    elif not comps[1].available and comps[1].install:
+        notes.append(f"rust competitor not installed: add it with `{comps[1].install}` or --install-competitors")
+
+    try:
+        target = open_target(args.device, args.size, force=args.force, default_size=common.parse_size(DEFAULT_SIZE))
+    except TargetError as exc:
+        _err(str(exc))
+        return 2
+    out = os.path.abspath(args.out)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        target.cleanup()
+        _err(f"--out {args.out}: cannot create the directory: {exc.strerror or exc}")
+        return 2
+
+    opts = bench.Options(
+        suite=args.suite,
+        engines=args.engines,
+        parts=args.parts,
+        sizes=args.sizes,
+        repeats=args.repeats,
+        progress=not args.no_progress,
+        argv=argv,
+    )
+    with target:
+        try:
+            results = bench.run(opts, target, comps, notes)
+        except ValueError as exc:
+            _err(f"--size/--sizes: {exc}")
+            return 2
+        except OSError as exc:
+            _err(f"I/O on {target.path} failed: {exc}")
+            return 1
+    report.print_summary(results)
+    written = [report.write_json(results, out)]
+    if not args.no_plots:
+        files, note = report.write_plots(results, out)
+        written += files
+        if note:
+            print(f"note: {note}")
+    print("wrote: " + ", ".join(_show_path(f) for f in written))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv_list)
+    except SystemExit as exc:  # argparse exits on --help and on errors
+        return int(exc.code or 0)
+    if args.command == "bench":
+        try:
+            return cmd_bench(args, [PROG, *argv_list])
+        except KeyboardInterrupt:
+            _err("interrupted")
+            return 130
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

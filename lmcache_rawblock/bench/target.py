@@ -1,0 +1,188 @@
+"""The file or device the benchmark writes to.
+
+Without ``--device`` a sparse file is created in a fresh temporary directory and removed
+afterwards. With ``--device PATH`` the path must exist, be a regular file or a block device,
+and carry no file system or partition table signature (``blkid -p``) unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .common import MiB, fmt_size
+
+BLKGETSIZE64 = 0x80081272
+PREFILL_CHUNK = 4 * MiB
+
+
+class TargetError(Exception):
+    """A --device/--size problem the user must fix; the message names the parameter."""
+
+
+@dataclass
+class Target:
+    path: str
+    kind: str  # "sparse-file" | "file" | "block-device"
+    size: int  # bytes of the target the benchmark may use
+    device_size: int
+    tmpdir: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "size_bytes": self.size,
+            "device_size_bytes": self.device_size,
+            "temporary": self.tmpdir is not None,
+            "notes": list(self.notes),
+        }
+
+    def cleanup(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def _find_blkid() -> str | None:
+    found = shutil.which("blkid")
+    if found:
+        return found
+    for cand in ("/usr/sbin/blkid", "/sbin/blkid"):
+        if os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def find_signature(path: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str | None:
+    """Return what ``blkid -p`` finds on *path* (e.g. ``TYPE=ext4``), or None for nothing.
+
+    Raises TargetError when the probe cannot be made (blkid missing or failing).
+    """
+    blkid = _find_blkid()
+    if blkid is None:
+        raise TargetError(
+            f"--device {path}: cannot check it for a file system or partition table: "
+            "blkid is not installed (apt-get install util-linux); pass --force to skip the check"
+        )
+    try:
+        proc = run([blkid, "-p", "-o", "export", path], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise TargetError(f"--device {path}: blkid -p failed: {exc}; pass --force to skip the check") from exc
+    if proc.returncode == 2:  # nothing identified
+        return None
+    if proc.returncode == 8:  # several signatures: certainly not an empty scratch device
+        return "several conflicting signatures (blkid -p: ambivalent result)"
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout or "").strip()
+        raise TargetError(
+            f"--device {path}: blkid -p exited {proc.returncode}"
+            + (f": {msg}" if msg else "")
+            + "; pass --force to skip the check"
+        )
+    fields = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    for key in ("TYPE", "PTTYPE"):
+        if key in fields:
+            what = f"{key}={fields[key]}"
+            if "USAGE" in fields:
+                what += f" (USAGE={fields['USAGE']})"
+            return what
+    return proc.stdout.strip().replace("\n", " ") or "an unidentified signature"
+
+
+def _block_size(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
+        return struct.unpack("Q", buf)[0]
+    except OSError:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
+
+
+def open_target(device: str | None, size: int | None, force: bool = False, default_size: int = 1 << 30) -> Target:
+    """Validate --device/--size and return the target (creating a sparse file if needed)."""
+    if device is None:
+        want = size or default_size
+        want -= want % 4096
+        if want <= 0:
+            raise TargetError(f"--size {size}: must be at least 4 KiB")
+        tmpdir = tempfile.mkdtemp(prefix="lmcache-rawblock-bench-")
+        path = os.path.join(tmpdir, "bench.img")
+        try:
+            with open(path, "wb") as f:
+                f.truncate(want)
+        except OSError as exc:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise TargetError(f"--size {fmt_size(want)}: cannot create a sparse file in {tmpdir}: {exc}") from exc
+        return Target(path=path, kind="sparse-file", size=want, device_size=want, tmpdir=tmpdir)
+
+    path = os.fspath(device)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise TargetError(f"--device {path}: no such file or device") from None
+    except OSError as exc:
+        raise TargetError(f"--device {path}: cannot stat it: {exc.strerror or exc}") from None
+    if stat.S_ISBLK(st.st_mode):
+        kind = "block-device"
+        dev_size = _block_size(path)
+    elif stat.S_ISREG(st.st_mode):
+        kind = "file"
+        dev_size = st.st_size
+    else:
+        raise TargetError(f"--device {path}: not a regular file or a block device")
+
+    notes: list[str] = []
+    try:
+        sig = find_signature(path)
+    except TargetError:
+        if not force:
+            raise
+        sig = None
+        notes.append("file-system signature check skipped (--force)")
+    if sig is not None:
+        if not force:
+            raise TargetError(
+                f"--device {path}: refusing to use it: blkid -p found {sig}. The benchmark overwrites "
+                "the device and would destroy that data; pass --force to use it anyway"
+            )
+        notes.append(f"--force: overwriting a device with {sig}")
+
+    usable = dev_size if size is None else min(size, dev_size)
+    if size is not None and size > dev_size:
+        notes.append(f"--size {fmt_size(size)} is larger than the device; using {fmt_size(dev_size)}")
+    usable -= usable % 4096
+    if usable <= 0:
+        raise TargetError(f"--device {path}: too small ({dev_size} bytes); need at least 4 KiB")
+    return Target(path=path, kind=kind, size=usable, device_size=dev_size, notes=notes)
+
+
+def prefill(path: str, nbytes: int) -> None:
+    """Write a non-zero pattern over the first *nbytes* so reads hit allocated blocks."""
+    chunk = bytes((i * 131 + 7) & 0xFF for i in range(256)) * (PREFILL_CHUNK // 256)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        off = 0
+        while off < nbytes:
+            n = min(PREFILL_CHUNK, nbytes - off)
+            os.pwrite(fd, chunk[:n], off)
+            off += n
+        os.fsync(fd)
+    finally:
+        os.close(fd)

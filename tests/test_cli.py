@@ -1,0 +1,334 @@
+"""The bench command line: end-to-end smoke run, --device safety checks, argument errors.
+
+No test asserts on timings: the machine is shared, so only shapes and fields are checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmcache_rawblock.__main__ import main
+from lmcache_rawblock.bench import common, device, limit
+from lmcache_rawblock.bench.common import Competitor, parse_size
+
+from conftest import rust_module
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = ["bench", "--suite", "smoke", "--no-progress"]
+
+
+def run_cli(args, capsys):
+    rc = main(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def load(out_dir: Path) -> dict:
+    with open(out_dir / "results.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def sha(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def mkfs_ext4(path: str) -> None:
+    if shutil.which("mkfs.ext4") is None:
+        pytest.skip("mkfs.ext4 is not installed (e2fsprogs), cannot make a file-system signature")
+    if shutil.which("blkid") is None and not os.path.exists("/usr/sbin/blkid") and not os.path.exists("/sbin/blkid"):
+        pytest.skip("blkid is not installed (util-linux)")
+    subprocess.run(["mkfs.ext4", "-q", "-F", path], check=True, capture_output=True)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_smoke_run_writes_results_json(tmp_path, capsys, monkeypatch):
+    created = []
+    real_mkdtemp = __import__("tempfile").mkdtemp
+
+    def spy_mkdtemp(*a, **kw):
+        d = real_mkdtemp(*a, **kw)
+        created.append(d)
+        return d
+
+    monkeypatch.setattr("tempfile.mkdtemp", spy_mkdtemp)
+    out = tmp_path / "out"
+    rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--no-plots"], capsys)
+    assert rc == 0, err
+    res = load(out)
+
+    assert res["schema"] == 1
+    m = res["machine"]
+    for key in ("kernel", "cpu_model", "cores", "memory_bytes", "debian_version", "python", "packages",
+                "command", "timestamp"):
+        assert key in m, key
+    assert m["cores"] >= 1 and m["memory_bytes"] > 0
+    assert m["command"][-1] == "--no-plots" and "--suite" in m["command"]
+    assert m["packages"]["lmcache-rawblock"]
+
+    assert res["settings"]["suite"] == "smoke"
+    assert res["settings"]["sizes"] == [4096]
+    assert res["target"]["kind"] == "sparse-file"
+    assert res["target"]["size_bytes"] == 8 * MiB
+    # The temporary directory of the sparse file is gone afterwards.
+    assert created and not os.path.exists(res["target"]["path"]) and not os.path.exists(created[0])
+
+    rows = res["device"]["results"]
+    assert {(r["op"], r["mode"]) for r in rows} == {
+        (op, mode) for op in device.SYNC_OPS for mode in device.MODES
+    }
+    have_rust = rust_module() is not None
+    assert res["competitors"]["rust"]["available"] is have_rust
+    for r in rows:
+        assert r["size"] == 4096 and r["calls"] >= 1
+        assert r["ours_s"] > 0
+        assert len(r["samples_s"]["ours"]) == 1
+        if have_rust:
+            assert r["rust_s"] > 0
+            assert r["ratio"] == pytest.approx(r["ours_s"] / r["rust_s"])
+        else:
+            assert r["rust_s"] is None and r["ratio"] is None
+
+    uring = res["uring"]
+    if not uring["available"]["ours"]:
+        assert uring["errors"]["ours"].startswith("io_uring engine not available: ")
+        assert "io_uring engine not available" in stdout
+
+    lim = res["limit"]
+    if shutil.which("fio"):
+        assert lim["available"] is True
+        assert {(r["rw"], r["depth"]) for r in lim["results"]} == {
+            (rw, d) for rw in ("read", "write") for d in limit.limit_depths([4])
+        }
+        assert all(r["bw_bytes"] > 0 for r in lim["results"])
+        odirect = [r for r in rows if r["mode"] == "odirect"]
+        assert all(r["fio_bytes_per_s"] > 0 and r["ours_fraction_of_fio"] > 0 for r in odirect)
+    else:
+        assert lim["available"] is False and "fio" in lim["error"]
+
+    # The terminal summary has the table and the ratio convention.
+    assert "pread_into" in stdout and "ours/rust" in stdout
+
+
+def test_smoke_run_writes_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: plots are skipped by design")
+    out = tmp_path / "out"
+    rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "device"], capsys)
+    assert rc == 0, err
+    for name in ("latency_vs_size.png",) + (("ratio.png",) if rust_module() else ()):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_module_entry_point_help():
+    proc = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "bench", "--help"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for opt in ("--device", "--size", "--engines", "--suite", "--out", "--install-competitors"):
+        assert opt in proc.stdout
+    assert "smoke" not in proc.stdout  # the test-only suite stays hidden
+
+
+def test_existing_plain_file_is_used_and_kept(tmp_path, capsys):
+    img = tmp_path / "scratch.img"
+    with open(img, "wb") as f:
+        f.truncate(8 * MiB)
+    out = tmp_path / "out"
+    rc, _, err = run_cli([*SMOKE, "--device", str(img), "--out", str(out), "--parts", "device", "--no-plots"], capsys)
+    assert rc == 0, err
+    res = load(out)
+    assert res["target"]["kind"] == "file" and res["target"]["path"] == str(img)
+    assert res["target"]["temporary"] is False
+    assert img.exists() and img.stat().st_size == 8 * MiB
+
+
+def test_missing_competitor_reported_and_install_failure_tolerated(tmp_path, capsys, monkeypatch):
+    missing = Competitor(name="rust", dist=common.RUST_DIST, module=common.RUST_MODULE,
+                         error="not installed (ImportError: nope)", install=common.RUST_PIP)
+    monkeypatch.setattr(common, "rust", lambda: missing)
+    calls = []
+
+    def failing_install():
+        calls.append(1)
+        return False, "pip exited 1: no network"
+
+    monkeypatch.setattr(common, "install_competitors", failing_install)
+    out = tmp_path / "out"
+    rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "device",
+                               "--install-competitors", "--no-plots"], capsys)
+    assert rc == 0, err
+    assert calls == [1]
+    assert "not installed" in stdout and "pip install lmcache-rust-raw-block-io" in stdout
+    res = load(out)
+    assert res["competitors"]["rust"]["available"] is False
+    assert any("no network" in n for n in res["notes"])
+    assert all(r["rust_s"] is None for r in res["device"]["results"])
+
+
+def test_install_competitors_runs_pip_with_this_python(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: boom")
+
+    ok, msg = common.install_competitors(run=fake_run)
+    assert ok is False and "boom" in msg
+    assert seen["cmd"][:4] == [sys.executable, "-m", "pip", "install"]
+    assert seen["cmd"][-1] == "lmcache-rust-raw-block-io"
+
+
+# --------------------------------------------------------------------------- --device checks
+
+
+def test_missing_device_path_is_refused(tmp_path, capsys):
+    missing = tmp_path / "nope" / "dev.img"
+    rc, _, err = run_cli([*SMOKE, "--device", str(missing), "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2
+    assert str(missing) in err and "no such file" in err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_file_with_filesystem_signature_is_refused(tmp_path, capsys):
+    img = tmp_path / "fs.img"
+    with open(img, "wb") as f:
+        f.truncate(16 * MiB)
+    mkfs_ext4(str(img))
+    before = sha(str(img))
+    rc, _, err = run_cli([*SMOKE, "--device", str(img), "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2
+    assert str(img) in err and "TYPE=ext4" in err and "--force" in err
+    assert sha(str(img)) == before  # nothing was written
+
+
+def test_force_overrides_filesystem_signature(tmp_path, capsys):
+    img = tmp_path / "fs.img"
+    with open(img, "wb") as f:
+        f.truncate(16 * MiB)
+    mkfs_ext4(str(img))
+    out = tmp_path / "out"
+    rc, _, err = run_cli([*SMOKE, "--device", str(img), "--force", "--out", str(out), "--parts", "device",
+                          "--no-plots"], capsys)
+    assert rc == 0, err
+    assert any("TYPE=ext4" in n for n in load(out)["target"]["notes"])
+
+
+def test_block_device_with_filesystem_is_refused(loop_device, tmp_path, capsys):
+    dev = loop_device(16 * MiB)
+    mkfs_ext4(dev)
+    rc, _, err = run_cli([*SMOKE, "--device", dev, "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2
+    assert dev in err and "ext4" in err
+
+
+def test_directory_is_refused(tmp_path, capsys):
+    rc, _, err = run_cli([*SMOKE, "--device", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2 and "not a regular file or a block device" in err
+
+
+# --------------------------------------------------------------------------- argument errors
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "4x", "12kk", "", "1.3k", "4ki"])
+def test_bad_size_is_a_clear_error(value, tmp_path, capsys):
+    rc, _, err = run_cli([*SMOKE, "--size", value, "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2
+    assert "--size" in err and f"invalid size {value!r}" in err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--engines", "posix,spdk"], "unknown engine 'spdk'"),
+        (["--suite", "huge"], "invalid suite 'huge'"),
+        (["--sizes", "4k,1000"], "invalid block size '1000'"),
+        (["--repeats", "0"], "invalid count '0'"),
+        (["--parts", "seeds"], "unknown part 'seeds'"),
+    ],
+)
+def test_bad_arguments_name_parameter_and_value(args, needle, tmp_path, capsys):
+    rc, _, err = run_cli(["bench", *args, "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2
+    assert args[0] in err and needle in err
+
+
+def test_size_too_small_for_block_sizes(tmp_path, capsys):
+    rc, _, err = run_cli([*SMOKE, "--size", "4k", "--sizes", "64k", "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2 and "--size" in err and "no block size fits" in err
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("4096", 4096), ("4k", 4096), ("4K", 4096), ("4KiB", 4096), ("4kb", 4096), ("64K", 65536),
+     ("256M", 256 * MiB), ("1G", 1 << 30), ("4G", 4 << 30), ("1.5G", 3 << 29), ("1T", 1 << 40)],
+)
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_uring_unavailable_is_reported_and_run_continues(tmp_path):
+    class NoUring:
+        def __init__(self, path, writable, **kw):
+            raise RuntimeError("io_uring init failed: engine not supported in this build")
+
+    img = tmp_path / "f.img"
+    with open(img, "wb") as f:
+        f.truncate(4 * MiB)
+    comps = [Competitor(name="ours", dist="x", module="x", cls=NoUring)]
+    res = device.run_uring(str(img), comps, device.SUITES["smoke"], common._NullBar())
+    assert res["available"] == {"ours": False}
+    assert res["errors"]["ours"] == (
+        "io_uring engine not available: RuntimeError: io_uring init failed: engine not supported in this build"
+    )
+    assert res["results"] == []
+
+
+def test_interleaving_alternates_order():
+    assert common.interleaved_order(0, ["ours", "rust"]) == ["ours", "rust"]
+    assert common.interleaved_order(1, ["ours", "rust"]) == ["rust", "ours"]
+
+
+def test_parse_fio_json_skips_leading_warnings():
+    doc = {
+        "fio version": "fio-3.33",
+        "jobs": [{"error": 0, "read": {"bw_bytes": 1048576, "iops": 256.0, "io_bytes": 4096,
+                                       "lat_ns": {"mean": 3000.0}}}],
+    }
+    text = "fio: some warning\n" + json.dumps(doc)
+    got = limit.parse_fio_json(text, "read")
+    assert got["bw_bytes"] == 1048576 and got["iops"] == 256 and got["lat_mean_us"] == 3.0
+    with pytest.raises(ValueError):
+        limit.parse_fio_json("no json here", "read")
+
+
+def test_fraction_of_fio_attached():
+    results = {
+        "limit": {"results": [{"rw": "read", "size": 4096, "depth": 1, "bw_bytes": 100.0},
+                              {"rw": "write", "size": 4096, "depth": 8, "bw_bytes": 400.0}]},
+        "device": {"results": [{"op": "pread_into", "mode": "odirect", "size": 4096,
+                                "ours_bytes_per_s": 50.0, "rust_bytes_per_s": None},
+                               {"op": "pread_into", "mode": "buffered", "size": 4096,
+                                "ours_bytes_per_s": 500.0, "rust_bytes_per_s": None}]},
+        "uring": {"results": [{"op": "batched_write", "size": 4096, "depth": 8,
+                               "ours_bytes_per_s": 300.0, "rust_bytes_per_s": 200.0}]},
+    }
+    limit.attach_fractions(results)
+    d0, d1 = results["device"]["results"]
+    assert d0["ours_fraction_of_fio"] == 0.5 and d0["rust_fraction_of_fio"] is None
+    assert "ours_fraction_of_fio" not in d1  # buffered I/O is not compared with O_DIRECT fio
+    u = results["uring"]["results"][0]
+    assert u["ours_fraction_of_fio"] == 0.75 and u["rust_fraction_of_fio"] == 0.5
