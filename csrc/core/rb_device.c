@@ -240,65 +240,112 @@ int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
     return 0;
 }
 
+/* One preadv2/pwritev2 attempt over what is left of the plan; returns its result (errno kept). */
+static ssize_t xfer_attempt(rb_dev *dev, rb_xfer *x, int flags)
+{
+    /* Skip the iovecs (or the part of one) already transferred. */
+    struct iovec iov[2];
+    int n = 0;
+    size_t skip = x->done;
+    for (int i = 0; i < x->iovcnt; i++) {
+        size_t l = x->iov[i].iov_len;
+        if (skip >= l) {
+            skip -= l;
+            continue;
+        }
+        iov[n].iov_base = (uint8_t *)x->iov[i].iov_base + skip;
+        iov[n].iov_len = l - skip;
+        skip = 0;
+        n++;
+    }
+    off_t off = (off_t)(x->offset + x->done);
+    if (n == 1 && flags == 0)
+        return x->write ? pwrite(dev->fd, iov[0].iov_base, iov[0].iov_len, off)
+                        : pread(dev->fd, iov[0].iov_base, iov[0].iov_len, off);
+    return x->write ? pwritev2(dev->fd, iov, n, off, flags) : preadv2(dev->fd, iov, n, off, flags);
+}
+
+static void xfer_account(rb_dev *dev, rb_xfer *x, size_t req, ssize_t r)
+{
+    rb_stats *st = &dev->stats;
+    if (x->write) {
+        RB_STAT_ADD(st, write_attempts, 1);
+        RB_STAT_ADD(st, write_submitted_bytes, req);
+    } else {
+        RB_STAT_ADD(st, read_attempts, 1);
+        RB_STAT_ADD(st, read_submitted_bytes, req);
+    }
+    if (x->bounce) {
+        RB_STAT_ADD(st, bounce_attempts, 1);
+        RB_STAT_ADD(st, bounce_submitted_bytes, req);
+    }
+    if (r <= 0) {
+        RB_STAT_ADD(st, failed_attempts, 1);
+        return;
+    }
+    RB_STAT_ADD(st, completed_attempts, 1);
+    if (x->write)
+        RB_STAT_ADD(st, write_completed_bytes, r);
+    else
+        RB_STAT_ADD(st, read_completed_bytes, r);
+    if ((size_t)r < req)
+        RB_STAT_ADD(st, short_io_resubmits, 1);
+}
+
+static void xfer_finish(rb_xfer *x)
+{
+    if (x->copy_back_len) {
+        memcpy(x->buf + x->copy_back_off, x->bounce, x->copy_back_len);
+        x->copy_back_len = 0;
+    }
+}
+
+int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
+{
+    if (x->done >= x->want)
+        return 1;
+    if (dev->odirect || atomic_load_explicit(&dev->nowait_unsupported[x->write], memory_order_relaxed))
+        return 0;
+    size_t req = x->want - x->done;
+    ssize_t r = xfer_attempt(dev, x, RWF_NOWAIT);
+    if (r <= 0) {
+        /* EAGAIN (would block), EOF or a real error: the blocking path decides. A file
+         * system without NOWAIT support for this direction (ext4 buffered writes) says so
+         * once; after that the probe is skipped. */
+        if (r < 0 && errno == EOPNOTSUPP)
+            atomic_store_explicit(&dev->nowait_unsupported[x->write], 1, memory_order_relaxed);
+        RB_STAT_ADD(&dev->stats, nowait_misses, 1);
+        return 0;
+    }
+    RB_STAT_ADD(&dev->stats, nowait_hits, 1);
+    xfer_account(dev, x, req, r);
+    x->done += (size_t)r;
+    if (x->done < x->want)
+        return 0;
+    xfer_finish(x);
+    return 1;
+}
+
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
 {
     while (x->done < x->want) {
-        /* Skip the iovecs (or the part of one) already transferred. */
-        struct iovec iov[2];
-        int n = 0;
-        size_t skip = x->done;
-        for (int i = 0; i < x->iovcnt; i++) {
-            size_t l = x->iov[i].iov_len;
-            if (skip >= l) {
-                skip -= l;
-                continue;
-            }
-            iov[n].iov_base = (uint8_t *)x->iov[i].iov_base + skip;
-            iov[n].iov_len = l - skip;
-            skip = 0;
-            n++;
-        }
         size_t req = x->want - x->done;
-        off_t off = (off_t)(x->offset + x->done);
-        ssize_t r = x->write ? pwritev(dev->fd, iov, n, off) : preadv(dev->fd, iov, n, off);
-        rb_stats *st = &dev->stats;
-        if (x->write) {
-            RB_STAT_ADD(st, write_attempts, 1);
-            RB_STAT_ADD(st, write_submitted_bytes, req);
-        } else {
-            RB_STAT_ADD(st, read_attempts, 1);
-            RB_STAT_ADD(st, read_submitted_bytes, req);
-        }
-        if (x->bounce) {
-            RB_STAT_ADD(st, bounce_attempts, 1);
-            RB_STAT_ADD(st, bounce_submitted_bytes, req);
-        }
+        ssize_t r = xfer_attempt(dev, x, 0);
+        int e = errno;
+        xfer_account(dev, x, req, r);
         if (r < 0) {
-            int e = errno;
-            RB_STAT_ADD(st, failed_attempts, 1);
             if (e == EINTR)
                 return -EINTR;
             return rb_err_set(err, RB_ERR_OS, e, x->write ? "pwrite failed" : "pread failed");
         }
         if (r == 0) {
-            RB_STAT_ADD(st, failed_attempts, 1);
             if (x->write)
                 return rb_err_set(err, RB_ERR_RUNTIME, EIO, "pwrite made no progress");
             return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
         }
-        RB_STAT_ADD(st, completed_attempts, 1);
-        if (x->write)
-            RB_STAT_ADD(st, write_completed_bytes, r);
-        else
-            RB_STAT_ADD(st, read_completed_bytes, r);
-        if ((size_t)r < req)
-            RB_STAT_ADD(st, short_io_resubmits, 1);
         x->done += (size_t)r;
     }
-    if (x->copy_back_len) {
-        memcpy(x->buf + x->copy_back_off, x->bounce, x->copy_back_len);
-        x->copy_back_len = 0;
-    }
+    xfer_finish(x);
     return 0;
 }
 

@@ -43,6 +43,7 @@ typedef struct rb_dev {
     uint64_t size;
     struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
     rb_stats stats;
+    _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
 
     /* Admission gate: calls running without the GIL hold a "user" reference. */
     _Atomic long users;
@@ -102,6 +103,15 @@ int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void
                  size_t buf_len, size_t payload_len, size_t total_len, rb_err *err);
 int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err);
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err);
+/* Buffered devices only: one non-blocking attempt (RWF_NOWAIT) that the page cache serves
+ * without sleeping. Returns 1 when the transfer is complete, 0 otherwise (progress kept;
+ * finish with rb_xfer_run). Never reports an error: the blocking path does. Cheap enough to
+ * run while holding the GIL for small transfers (see RB_NOWAIT_MAX). */
+int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x);
+
+/* Largest transfer the binding tries with RWF_NOWAIT before releasing the GIL: a page-cache
+ * copy of this size takes about a microsecond, far below the interpreter's switch interval. */
+#define RB_NOWAIT_MAX (16u * 1024u)
 void rb_xfer_release(rb_xfer *x);
 
 /* O_DIRECT checks shared by every path: offset and total_len multiples of alignment. */

@@ -32,7 +32,9 @@
     X(write_completed_bytes)                                                                       \
     X(short_io_resubmits)                                                                          \
     X(max_batch_size)                                                                              \
-    X(batches_submitted)
+    X(batches_submitted)                                                                           \
+    X(nowait_hits)                                                                                 \
+    X(nowait_misses)
 
 typedef struct rb_stats {
 #define RB_STATS_ATOMIC(name) _Atomic uint64_t name;

@@ -248,11 +248,23 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
         return NULL;
     }
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_xfer_prepare(dev, &x, &err);
-    if (rc == 0)
-        rc = rb_xfer_run(dev, &x, &err);
-    Py_END_ALLOW_THREADS
+    if (!dev->odirect && total <= RB_NOWAIT_MAX) {
+        /* Small buffered transfer: the page cache usually serves it without sleeping, which
+         * costs less than handing the GIL over twice. Only if it would block do we release
+         * the GIL and wait. */
+        rc = rb_xfer_prepare(dev, &x, &err);
+        if (rc == 0 && !rb_xfer_try_nowait(dev, &x)) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = rb_xfer_run(dev, &x, &err);
+            Py_END_ALLOW_THREADS
+        }
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rb_xfer_prepare(dev, &x, &err);
+        if (rc == 0)
+            rc = rb_xfer_run(dev, &x, &err);
+        Py_END_ALLOW_THREADS
+    }
     while (rc == -EINTR) {
         if (PyErr_CheckSignals() < 0)
             break;
