@@ -438,3 +438,42 @@ def test_dealloc_without_close_releases_fd(sparse_file):
     assert open_fds() == 1
     del dev
     assert open_fds() == 0
+
+
+# --------------------------------------------------------------------------- RWF_NOWAIT fast path
+
+
+def test_small_buffered_reads_hit_the_page_cache_without_blocking(sparse_file):
+    path = sparse_file()
+    with RawBlockDevice(path, True) as dev:
+        dev.pwrite_from_buffer(0, b"q" * 4096)
+        out = bytearray(4096)
+        dev.pread_into(0, out, 4096)
+        st = dev.io_stats_snapshot()
+    assert out == b"q" * 4096
+    assert st["nowait_hits"] >= 1, "a cached 4 KiB read is served by the RWF_NOWAIT attempt"
+
+
+def test_small_buffered_read_that_would_block_falls_back(sparse_file):
+    path = sparse_file()
+    data = pattern(8192, seed=9)
+    with open(path, "r+b") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # evict: the next read must block
+    with RawBlockDevice(path, False) as dev:
+        out = bytearray(8192)
+        dev.pread_into(0, out, 8192)
+        st = dev.io_stats_snapshot()
+    assert bytes(out) == data
+    assert st["nowait_misses"] >= 1 and st["completed_attempts"] >= 1
+
+
+def test_large_and_odirect_transfers_never_probe(sparse_file):
+    with RawBlockDevice(sparse_file(), True) as dev:
+        dev.pread_into(0, bytearray(64 * KiB), 64 * KiB)
+        assert dev.io_stats_snapshot()["nowait_hits"] + dev.io_stats_snapshot()["nowait_misses"] == 0
+    with RawBlockDevice(sparse_file(name="b.img"), True, use_odirect=True) as dev:
+        dev.pread_into(0, aligned_buffer(4096), 4096)
+        assert dev.io_stats_snapshot()["nowait_hits"] + dev.io_stats_snapshot()["nowait_misses"] == 0
