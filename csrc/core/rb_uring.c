@@ -1,17 +1,940 @@
-/* rb_uring.c - placeholder until the io_uring engine lands. */
+/*
+ * rb_uring.c - the io_uring engine: worker thread, submission FIFO, batches, fixed buffers.
+ * Contract, lifetimes and lock order: rb_uring.h.
+ *
+ * The worker owns the ring outright (it creates it, is its only submitter and reaper, and
+ * tears it down), so the ring can be SINGLE_ISSUER + DEFER_TASKRUN where the kernel allows.
+ * It sleeps only inside io_uring_enter(GETEVENTS): producers wake it through an eventfd that
+ * a multishot POLL_ADD on the ring watches, so new work and I/O completions arrive as CQEs
+ * in one place. At most `depth` requests are in the kernel at once; the rest wait in the
+ * software FIFO (counted as queue-full events).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "rb_uring.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <liburing.h>
+
+#include "rb_device.h"
+#include "rb_stats.h"
+
+#define POLL_TAG ((uint64_t)1)          /* user_data of the eventfd poll; requests use pointers */
+#define MAX_ATTEMPT ((size_t)1 << 30)   /* one SQE moves at most 1 GiB (sqe->len is 32 bits) */
+#define MAX_FIXED 65536u
+#define MAX_FIXED_SIZE ((uint64_t)1 << 30)
+
+struct fixed_region {
+    uintptr_t start, end;
+    unsigned idx;
+};
+
+/* A request to the worker to do something with the ring on the caller's behalf. */
+struct rb_ctl {
+    const struct iovec *iov;
+    unsigned n;
+    struct fixed_region *regions; /* sorted; ownership passes to the worker on success */
+    int rc;
+    _Atomic int done;
+};
+
+struct rb_uring {
+    struct rb_dev *dev;
+    int fd;
+    unsigned depth;
+    int efd;
+    pthread_t thread;
+
+    /* start-up handshake: 0 pending, 1 ok, -1 failed (init_err says why) */
+    _Atomic uint32_t init_state;
+    rb_err init_err;
+
+    /* q_mu protects: */
+    pthread_mutex_t q_mu;
+    rb_req *qhead, *qtail;
+    size_t qcount;
+    int stopping;
+    struct rb_ctl *ctl;
+
+    _Atomic int stopped;          /* mirror of stopping for lock-free checks */
+    _Atomic uint32_t done_gen;    /* futex: bumped after completions that finished a batch/ctl */
+    _Atomic int waiters;
+
+    pthread_mutex_t reg_mu;
+    _Atomic int fixed_registered;
+    _Atomic uint64_t fixed_bytes;
+
+    pthread_mutex_t err_mu;
+    char fatal[256];
+    _Atomic int has_fatal;
+
+    /* Worker-private from here on. */
+    struct io_uring ring;
+    int fixed_file;            /* device fd registered as file 0 */
+    int poll_armed;
+    int no_submit;             /* fatal submit error: only reap from now on */
+    unsigned inflight;         /* requests with an SQE prepared and no CQE yet */
+    rb_req **sq_fifo;          /* prepared, not yet accepted by the kernel (for stats) */
+    unsigned sq_cap, sq_head, sq_count;
+    rb_req *retry_head, *retry_tail; /* remainders of short transfers, resubmitted first */
+    struct fixed_region *regions;
+    unsigned nregions;
+    int batch_finished;        /* this round finished a batch or a ctl: wake waiters */
+};
+
+/* ------------------------------------------------------------------ small helpers */
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void wake_worker(struct rb_uring *u)
+{
+    uint64_t one = 1;
+    ssize_t r;
+    do {
+        r = write(u->efd, &one, sizeof(one));
+    } while (r < 0 && errno == EINTR);
+    /* EAGAIN means the counter is saturated: the worker is being woken anyway. */
+}
+
+/* Publish "something finished" to waiters (worker side). */
+static void publish_done(struct rb_uring *u)
+{
+    atomic_fetch_add(&u->done_gen, 1);
+    if (atomic_load(&u->waiters) > 0)
+        futex_wake_all(&u->done_gen);
+}
+
+static int is_aligned_ptr(const void *p, size_t a)
+{
+    return a == 0 || ((uintptr_t)p % a) == 0;
+}
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    if (n == 0)
+        return 1;
+    return p[0] == 0 && memcmp(p, p + 1, n - 1) == 0;
+}
+
+static void fmt_os_error(char *buf, size_t len, const char *what, int e)
+{
+    char tmp[128];
+    const char *s = strerror_r(e, tmp, sizeof(tmp)); /* GNU variant */
+    snprintf(buf, len, "%s: %s (os error %d)", what, s, e);
+}
+
+/* ------------------------------------------------------------------ batches */
+
+rb_batch *rb_batch_new(uint32_t n, size_t user_bytes)
+{
+    size_t head = sizeof(rb_batch) + (size_t)n * sizeof(rb_req);
+    head = (head + 15) & ~(size_t)15;
+    rb_batch *b = calloc(1, head + user_bytes);
+    if (!b)
+        return NULL;
+    b->n = n;
+    b->user = user_bytes ? (uint8_t *)b + head : NULL;
+    for (uint32_t i = 0; i < n; i++)
+        b->reqs[i].batch = b;
+    return b;
+}
+
+void rb_batch_free(rb_batch *b)
+{
+    if (!b)
+        return;
+    free(b->arena);
+    free(b);
+}
+
+int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t offset, void *buf,
+                 size_t buf_len, size_t payload_len, size_t total_len, size_t read_copy_len, rb_err *err)
+{
+    rb_req *r = &b->reqs[i];
+    if (op == RB_REQ_WRITE) {
+        if (total_len < payload_len)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "total_len must be >= payload_len");
+        if (buf_len < payload_len)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "input buffer too small: cap=%zu need=%zu", buf_len,
+                              payload_len);
+    }
+    if (offset > (uint64_t)INT64_MAX || total_len > (uint64_t)INT64_MAX - offset)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "offset + total_len overflows: offset=%llu total_len=%zu",
+                          (unsigned long long)offset, total_len);
+    int rc = rb_dev_check_direct(u->dev, offset, total_len, err);
+    if (rc < 0)
+        return rc;
+    r->op = (uint8_t)op;
+    r->ubuf = buf;
+    r->ubuf_len = buf_len;
+    r->payload_len = op == RB_REQ_WRITE ? payload_len : total_len;
+    r->total_len = total_len;
+    r->cur_off = offset;
+    if (op == RB_REQ_READ)
+        r->copy_len = read_copy_len == (size_t)-1 ? (buf_len < total_len ? buf_len : total_len) : read_copy_len;
+    return 0;
+}
+
+int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
+{
+    const rb_dev *dev = u->dev;
+    size_t a = dev->alignment ? dev->alignment : 64;
+    size_t arena = 0;
+    /* Pass 1: which requests bounce, and where their slice starts (stored as an offset). */
+    for (uint32_t i = 0; i < b->n; i++) {
+        rb_req *r = &b->reqs[i];
+        int need;
+        if (r->total_len == 0) {
+            need = 0;
+        } else if (r->op == RB_REQ_WRITE) {
+            need = (dev->odirect && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len ||
+                   (r->total_len > r->payload_len &&
+                    !all_zero(r->ubuf + r->payload_len, r->total_len - r->payload_len));
+        } else {
+            need = (dev->odirect && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len;
+        }
+        if (need) {
+            r->bounce = (uint8_t *)(uintptr_t)(arena + 1); /* offset + 1; 0 means "no bounce" */
+            size_t slice = (r->total_len + a - 1) / a * a;
+            if (slice < r->total_len || arena + slice < arena)
+                return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "bounce buffer size overflows");
+            arena += slice;
+        } else {
+            r->bounce = NULL;
+        }
+    }
+    if (arena) {
+        b->arena = rb_alloc_aligned(a, arena, err);
+        if (!b->arena)
+            return -ENOMEM;
+        b->arena_len = arena;
+    }
+    /* Pass 2: fill the bounces, set up the first attempt. */
+    for (uint32_t i = 0; i < b->n; i++) {
+        rb_req *r = &b->reqs[i];
+        if (r->bounce) {
+            r->bounce = b->arena + ((uintptr_t)r->bounce - 1);
+            if (r->op == RB_REQ_WRITE) {
+                memcpy(r->bounce, r->ubuf, r->payload_len);
+                memset(r->bounce + r->payload_len, 0, r->total_len - r->payload_len);
+            }
+            r->cur_buf = r->bounce;
+        } else {
+            r->cur_buf = r->ubuf;
+        }
+        r->cur_len = r->total_len;
+        r->status = RB_REQ_PENDING;
+    }
+    return 0;
+}
+
+int rb_batch_result(const rb_batch *b, uint32_t i, rb_err *err)
+{
+    const rb_req *r = &b->reqs[i];
+    switch (r->status) {
+    case RB_REQ_OK:
+        return 0;
+    case RB_REQ_EIO:
+        return rb_err_set(err, RB_ERR_OS, r->errnum, "io_uring I/O error");
+    case RB_REQ_EOF:
+        return rb_err_set(err, RB_ERR_RUNTIME, EIO, "Unexpected short I/O: internal error");
+    case RB_REQ_SHUTDOWN:
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker shutting down");
+    case RB_REQ_REFUSED:
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
+    case RB_REQ_NOT_SUBMITTED:
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped before submission");
+    case RB_REQ_SHORT_SHUTDOWN:
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN,
+                          "io_uring worker shutting down: short I/O during shutdown");
+    default:
+        return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "io_uring request not completed");
+    }
+}
+
+/* ------------------------------------------------------------------ producer side */
+
+int rb_uring_submit(struct rb_uring *u, rb_batch *b)
+{
+    uint32_t n = b->n;
+    if (n == 0)
+        return 0;
+    for (uint32_t i = 0; i + 1 < n; i++)
+        b->reqs[i].next = &b->reqs[i + 1];
+    b->reqs[n - 1].next = NULL;
+    atomic_store_explicit(&b->pending, n, memory_order_relaxed);
+
+    rb_stats *st = &u->dev->stats;
+    pthread_mutex_lock(&u->q_mu);
+    if (u->stopping) {
+        pthread_mutex_unlock(&u->q_mu);
+        for (uint32_t i = 0; i < n; i++)
+            b->reqs[i].status = RB_REQ_REFUSED;
+        atomic_store_explicit(&b->pending, 0, memory_order_release);
+        return -ESHUTDOWN;
+    }
+    int was_empty = u->qcount == 0;
+    if (u->qtail)
+        u->qtail->next = &b->reqs[0];
+    else
+        u->qhead = &b->reqs[0];
+    u->qtail = &b->reqs[n - 1];
+    u->qcount += n;
+    /* Counters move under q_mu so the worker can never take them below zero. */
+    uint64_t out = RB_STAT_ADD(st, outstanding_requests, n) + n;
+    uint64_t q = RB_STAT_ADD(st, queued_requests, n) + n;
+    pthread_mutex_unlock(&u->q_mu);
+
+    rb_stat_max(&st->peak_outstanding_requests, out);
+    rb_stat_max(&st->peak_queued_requests, q);
+    rb_stat_max(&st->max_batch_size, n);
+    RB_STAT_ADD(st, batches_submitted, 1);
+    /* A non-empty queue means the worker has work it could not place yet (ring full), so it
+     * will look again after its next completion: no wake-up needed. */
+    if (was_empty)
+        wake_worker(u);
+    return 0;
+}
+
+typedef int (*rb_pred)(void *);
+
+static void wait_until(struct rb_uring *u, rb_pred pred, void *arg)
+{
+    if (pred(arg))
+        return;
+    atomic_fetch_add(&u->waiters, 1);
+    for (;;) {
+        uint32_t g = atomic_load(&u->done_gen);
+        if (pred(arg))
+            break;
+        futex_wait(&u->done_gen, g);
+    }
+    atomic_fetch_sub(&u->waiters, 1);
+}
+
+static int batch_pred(void *arg)
+{
+    return rb_batch_done(arg);
+}
+
+void rb_uring_wait(struct rb_uring *u, rb_batch *b)
+{
+    wait_until(u, batch_pred, b);
+}
+
+int rb_uring_stopped(struct rb_uring *u)
+{
+    return atomic_load(&u->stopped);
+}
+
+int rb_uring_worker_error(struct rb_uring *u, char *buf, size_t len)
+{
+    if (!atomic_load(&u->has_fatal))
+        return 0;
+    pthread_mutex_lock(&u->err_mu);
+    snprintf(buf, len, "%s", u->fatal);
+    pthread_mutex_unlock(&u->err_mu);
+    return 1;
+}
+
+void rb_uring_fixed_status(struct rb_uring *u, int *registered, uint64_t *bytes)
+{
+    *registered = atomic_load(&u->fixed_registered);
+    *bytes = *registered ? atomic_load(&u->fixed_bytes) : 0;
+}
+
+static int cmp_region(const void *pa, const void *pb)
+{
+    const struct fixed_region *a = pa, *b = pb;
+    return a->start < b->start ? -1 : a->start > b->start ? 1 : 0;
+}
+
+static int ctl_pred(void *arg)
+{
+    return atomic_load(&((struct rb_ctl *)arg)->done);
+}
+
+int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n,
+                              rb_err *err)
+{
+    if (n == 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "at least one buffer must be provided");
+    if (n > MAX_FIXED)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "too many fixed buffers: %zu exceeds the u16 index space", n);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ptrs[i] == 0)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer %zu has a null pointer", i);
+        if (sizes[i] == 0)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer %zu has zero size", i);
+        if (sizes[i] > MAX_FIXED_SIZE)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer %zu size %llu exceeds the 1 GiB limit", i,
+                              (unsigned long long)sizes[i]);
+        if (ptrs[i] > UINTPTR_MAX - sizes[i])
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer %zu range overflows the address space", i);
+        total += sizes[i];
+    }
+    struct fixed_region *regs = malloc(n * sizeof(*regs));
+    struct iovec *iov = malloc(n * sizeof(*iov));
+    if (!regs || !iov) {
+        free(regs);
+        free(iov);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        regs[i].start = (uintptr_t)ptrs[i];
+        regs[i].end = (uintptr_t)(ptrs[i] + sizes[i]);
+        regs[i].idx = (unsigned)i;
+        iov[i].iov_base = (void *)(uintptr_t)ptrs[i];
+        iov[i].iov_len = (size_t)sizes[i];
+    }
+    qsort(regs, n, sizeof(*regs), cmp_region);
+    for (size_t i = 1; i < n; i++) {
+        if (regs[i].start < regs[i - 1].end) {
+            rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer regions overlap: [0x%lx, 0x%lx) and [0x%lx, 0x%lx)",
+                       (unsigned long)regs[i - 1].start, (unsigned long)regs[i - 1].end,
+                       (unsigned long)regs[i].start, (unsigned long)regs[i].end);
+            free(regs);
+            free(iov);
+            return -EINVAL;
+        }
+    }
+
+    int rc = 0;
+    pthread_mutex_lock(&u->reg_mu);
+    if (atomic_load(&u->fixed_registered)) {
+        rc = rb_err_set(err, RB_ERR_RUNTIME, EBUSY, "fixed buffers are already registered");
+        goto out;
+    }
+    struct rb_ctl ctl = {.iov = iov, .n = (unsigned)n, .regions = regs};
+    atomic_init(&ctl.done, 0);
+    pthread_mutex_lock(&u->q_mu);
+    if (u->stopping) {
+        pthread_mutex_unlock(&u->q_mu);
+        rc = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
+        goto out;
+    }
+    u->ctl = &ctl;
+    pthread_mutex_unlock(&u->q_mu);
+    wake_worker(u);
+    wait_until(u, ctl_pred, &ctl);
+    if (ctl.rc < 0) {
+        char msg[200];
+        fmt_os_error(msg, sizeof(msg), "register_buffers failed", -ctl.rc);
+        rc = rb_err_set(err, RB_ERR_RUNTIME, -ctl.rc, "%s", msg);
+        goto out;
+    }
+    regs = NULL; /* the worker owns them now */
+    atomic_store(&u->fixed_bytes, total);
+    atomic_store(&u->fixed_registered, 1);
+out:
+    pthread_mutex_unlock(&u->reg_mu);
+    free(regs);
+    free(iov);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ worker */
+
+/* Terminal state for r. Nothing of r or its batch may be touched after this returns. */
+static void finish(struct rb_uring *u, rb_req *r, int status, int errnum)
+{
+    rb_batch *b = r->batch;
+    r->status = (uint8_t)status;
+    r->errnum = errnum;
+    RB_STAT_SUB(&u->dev->stats, outstanding_requests, 1);
+    if (atomic_fetch_sub_explicit(&b->pending, 1, memory_order_acq_rel) == 1)
+        u->batch_finished = 1;
+}
+
+static void fail_list(struct rb_uring *u, rb_req *r, int status)
+{
+    while (r) {
+        rb_req *next = r->next;
+        finish(u, r, status, 0);
+        r = next;
+    }
+}
+
+static int lookup_fixed(const struct rb_uring *u, const uint8_t *p, size_t len)
+{
+    unsigned lo = 0, hi = u->nregions;
+    uintptr_t s = (uintptr_t)p;
+    while (lo < hi) { /* first region with start > s */
+        unsigned mid = (lo + hi) / 2;
+        if (u->regions[mid].start <= s)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    const struct fixed_region *r = &u->regions[lo - 1];
+    if (s + len < s || s + len > r->end)
+        return -1;
+    return (int)r->idx;
+}
+
+static void prep_req(struct rb_uring *u, rb_req *r)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring); /* room is guaranteed by the caller */
+    size_t len = r->cur_len < MAX_ATTEMPT ? r->cur_len : MAX_ATTEMPT;
+    int idx = (!r->bounce && u->nregions && len) ? lookup_fixed(u, r->cur_buf, len) : -1;
+    int fd = u->fixed_file ? 0 : u->fd;
+    if (r->op == RB_REQ_READ) {
+        if (idx >= 0)
+            io_uring_prep_read_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
+        else
+            io_uring_prep_read(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
+    } else {
+        if (idx >= 0)
+            io_uring_prep_write_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
+        else
+            io_uring_prep_write(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
+    }
+    if (u->fixed_file)
+        sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data(sqe, r);
+    r->att_len = len;
+    r->att_fixed = idx >= 0;
+    u->sq_fifo[(u->sq_head + u->sq_count) % u->sq_cap] = r;
+    u->sq_count++;
+    u->inflight++;
+}
+
+/* The kernel accepted the first n prepared SQEs: they are attempts now. */
+static void account_accepted(struct rb_uring *u, unsigned n)
+{
+    rb_stats *st = &u->dev->stats;
+    uint64_t rd = 0, rdb = 0, wr = 0, wrb = 0, bo = 0, bob = 0, fx = 0, fxb = 0;
+    for (unsigned i = 0; i < n && u->sq_count; i++) {
+        rb_req *r = u->sq_fifo[u->sq_head];
+        u->sq_head = (u->sq_head + 1) % u->sq_cap;
+        u->sq_count--;
+        if (r->op == RB_REQ_READ) {
+            rd++;
+            rdb += r->att_len;
+        } else {
+            wr++;
+            wrb += r->att_len;
+        }
+        if (r->bounce) {
+            bo++;
+            bob += r->att_len;
+        }
+        if (r->att_fixed) {
+            fx++;
+            fxb += r->att_len;
+        }
+    }
+    if (rd) {
+        RB_STAT_ADD(st, read_attempts, rd);
+        RB_STAT_ADD(st, read_submitted_bytes, rdb);
+    }
+    if (wr) {
+        RB_STAT_ADD(st, write_attempts, wr);
+        RB_STAT_ADD(st, write_submitted_bytes, wrb);
+    }
+    if (bo) {
+        RB_STAT_ADD(st, bounce_attempts, bo);
+        RB_STAT_ADD(st, bounce_submitted_bytes, bob);
+    }
+    if (fx) {
+        RB_STAT_ADD(st, fixed_buffer_attempts, fx);
+        RB_STAT_ADD(st, fixed_buffer_submitted_bytes, fxb);
+    }
+}
+
+static void arm_poll(struct rb_uring *u)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    if (!sqe)
+        return;
+    io_uring_prep_poll_multishot(sqe, u->efd, POLLIN);
+    io_uring_sqe_set_data64(sqe, POLL_TAG);
+    u->poll_armed = 1;
+}
+
+static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint64_t *cnt)
+{
+    uint64_t ud = io_uring_cqe_get_data64(cqe);
+    if (ud == POLL_TAG) {
+        uint64_t v;
+        while (read(u->efd, &v, sizeof(v)) < 0 && errno == EINTR)
+            ;
+        if (!(cqe->flags & IORING_CQE_F_MORE))
+            u->poll_armed = 0;
+        return;
+    }
+    rb_req *r = (rb_req *)(uintptr_t)ud;
+    int res = cqe->res;
+    u->inflight--;
+    if (res > 0 || (res == 0 && r->att_len == 0)) {
+        cnt[0]++; /* completed */
+        if (r->op == RB_REQ_READ)
+            cnt[2] += (uint64_t)res;
+        else
+            cnt[3] += (uint64_t)res;
+    } else {
+        cnt[1]++; /* failed */
+    }
+    if (res < 0) {
+        finish(u, r, RB_REQ_EIO, -res);
+        return;
+    }
+    if (res == 0 && r->att_len > 0) {
+        finish(u, r, RB_REQ_EOF, EIO);
+        return;
+    }
+    r->cur_off += (uint64_t)res;
+    r->cur_buf += res;
+    r->cur_len -= (size_t)res;
+    if (r->cur_len == 0) {
+        if (r->op == RB_REQ_READ && r->bounce && r->copy_len)
+            memcpy(r->ubuf, r->bounce, r->copy_len);
+        finish(u, r, RB_REQ_OK, 0);
+        return;
+    }
+    if ((size_t)res < r->att_len)
+        cnt[4]++; /* short transfer */
+    if (u->no_submit) {
+        finish(u, r, RB_REQ_SHORT_SHUTDOWN, 0);
+        return;
+    }
+    r->next = NULL;
+    if (u->retry_tail)
+        u->retry_tail->next = r;
+    else
+        u->retry_head = r;
+    u->retry_tail = r;
+}
+
+static void reap(struct rb_uring *u)
+{
+    unsigned head, seen = 0;
+    struct io_uring_cqe *cqe;
+    uint64_t cnt[5] = {0, 0, 0, 0, 0};
+    io_uring_for_each_cqe(&u->ring, head, cqe)
+    {
+        handle_cqe(u, cqe, cnt);
+        seen++;
+    }
+    if (!seen)
+        return;
+    io_uring_cq_advance(&u->ring, seen);
+    rb_stats *st = &u->dev->stats;
+    if (cnt[0])
+        RB_STAT_ADD(st, completed_attempts, cnt[0]);
+    if (cnt[1])
+        RB_STAT_ADD(st, failed_attempts, cnt[1]);
+    if (cnt[2])
+        RB_STAT_ADD(st, read_completed_bytes, cnt[2]);
+    if (cnt[3])
+        RB_STAT_ADD(st, write_completed_bytes, cnt[3]);
+    if (cnt[4])
+        RB_STAT_ADD(st, short_io_resubmits, cnt[4]);
+}
+
+static void do_ctl(struct rb_uring *u, struct rb_ctl *c)
+{
+    int rc;
+    if (u->no_submit)
+        rc = -ESHUTDOWN;
+    else
+        rc = io_uring_register_buffers(&u->ring, c->iov, c->n);
+    if (rc == 0) {
+        free(u->regions);
+        u->regions = c->regions;
+        u->nregions = c->n;
+    }
+    c->rc = rc;
+    atomic_store(&c->done, 1);
+    u->batch_finished = 1;
+}
+
+static void set_fatal(struct rb_uring *u, int e)
+{
+    pthread_mutex_lock(&u->err_mu);
+    fmt_os_error(u->fatal, sizeof(u->fatal), "io_uring submit failed", e);
+    pthread_mutex_unlock(&u->err_mu);
+    atomic_store(&u->has_fatal, 1);
+    pthread_mutex_lock(&u->q_mu);
+    u->stopping = 1;
+    atomic_store(&u->stopped, 1);
+    pthread_mutex_unlock(&u->q_mu);
+    u->no_submit = 1;
+    /* Prepared SQEs the kernel did not take will never run. */
+    while (u->sq_count) {
+        rb_req *r = u->sq_fifo[u->sq_head];
+        u->sq_head = (u->sq_head + 1) % u->sq_cap;
+        u->sq_count--;
+        u->inflight--;
+        finish(u, r, RB_REQ_NOT_SUBMITTED, 0);
+    }
+}
+
+static int setup_ring(struct rb_uring *u, rb_err *err)
+{
+    static const unsigned flag_sets[] = {
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+        IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+        0,
+    };
+    const char *env = getenv("RB_URING_SETUP");
+    size_t first = 0;
+    if (env && env[0] >= '0' && env[0] <= '2')
+        first = (size_t)(env[0] - '0'); /* benchmark/debug knob: start lower in the list */
+    int rc = -EINVAL;
+    for (size_t i = first; i < sizeof(flag_sets) / sizeof(flag_sets[0]); i++) {
+        struct io_uring_params p;
+        memset(&p, 0, sizeof(p));
+        p.flags = flag_sets[i];
+        rc = io_uring_queue_init_params(u->depth + 1, &u->ring, &p);
+        if (rc == 0)
+            break;
+        if (rc != -EINVAL)
+            break; /* ENOMEM, EPERM, ENOSYS...: fewer flags will not help */
+    }
+    if (rc < 0) {
+        char msg[200];
+        fmt_os_error(msg, sizeof(msg), "io_uring init failed", -rc);
+        return rb_err_set(err, RB_ERR_RUNTIME, -rc, "%s", msg);
+    }
+    u->fixed_file = io_uring_register_files(&u->ring, &u->fd, 1) == 0;
+    (void)io_uring_register_ring_fd(&u->ring);
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    struct rb_uring *u = arg;
+    pthread_setname_np(pthread_self(), "rb-uring");
+    rb_err_clear(&u->init_err);
+    if (setup_ring(u, &u->init_err) < 0) {
+        atomic_store(&u->init_state, (uint32_t)-1);
+        futex_wake_all(&u->init_state);
+        return NULL;
+    }
+    atomic_store(&u->init_state, 1);
+    futex_wake_all(&u->init_state);
+
+    rb_stats *st = &u->dev->stats;
+    for (;;) {
+        reap(u);
+
+        /* Take work: short-transfer remainders first, then the FIFO, up to depth in flight. */
+        unsigned room = u->depth - u->inflight;
+        while (room && u->retry_head && !u->no_submit) {
+            rb_req *r = u->retry_head;
+            u->retry_head = r->next;
+            if (!u->retry_head)
+                u->retry_tail = NULL;
+            prep_req(u, r);
+            room--;
+        }
+        rb_req *take = NULL, *shutdown = NULL;
+        struct rb_ctl *ctl;
+        size_t ntake = 0;
+        int stopping, starved = 0;
+        pthread_mutex_lock(&u->q_mu);
+        stopping = u->stopping;
+        ctl = u->ctl;
+        u->ctl = NULL;
+        if (stopping) {
+            shutdown = u->qhead;
+            ntake = u->qcount;
+            u->qhead = u->qtail = NULL;
+            u->qcount = 0;
+        } else if (u->qcount) {
+            take = u->qhead;
+            rb_req *last = NULL, *r = u->qhead;
+            while (r && ntake < room) {
+                last = r;
+                r = r->next;
+                ntake++;
+            }
+            if (ntake) {
+                u->qhead = r;
+                if (!r)
+                    u->qtail = NULL;
+                last->next = NULL;
+                u->qcount -= ntake;
+            } else {
+                take = NULL;
+            }
+            starved = u->qcount > 0;
+        }
+        if (ntake)
+            RB_STAT_SUB(st, queued_requests, ntake);
+        pthread_mutex_unlock(&u->q_mu);
+
+        if (starved)
+            RB_STAT_ADD(st, queue_full_events, 1);
+        if (ctl)
+            do_ctl(u, ctl);
+        if (shutdown)
+            fail_list(u, shutdown, RB_REQ_SHUTDOWN);
+        if (stopping && u->retry_head && u->no_submit) {
+            fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
+            u->retry_head = u->retry_tail = NULL;
+        }
+        for (rb_req *r = take; r;) {
+            rb_req *next = r->next;
+            prep_req(u, r);
+            r = next;
+        }
+        if (u->batch_finished) {
+            u->batch_finished = 0;
+            publish_done(u);
+        }
+
+        if (stopping && u->inflight == 0 && !u->retry_head)
+            break;
+
+        if (u->no_submit) {
+            struct io_uring_cqe *cqe;
+            int rc = io_uring_wait_cqe(&u->ring, &cqe);
+            if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
+                /* Cannot even reap: nothing more can be learned from the kernel. Closing the
+                 * ring (below) waits for the kernel to let go of the buffers. */
+                break;
+            }
+            continue;
+        }
+        if (!u->poll_armed && !stopping)
+            arm_poll(u);
+        int rc = io_uring_submit_and_wait(&u->ring, 1);
+        if (rc >= 0) {
+            account_accepted(u, (unsigned)rc);
+        } else if (rc == -EINTR) {
+            continue;
+        } else if (rc == -EAGAIN || rc == -EBUSY) {
+            RB_STAT_ADD(st, queue_full_events, 1);
+            if (u->inflight > u->sq_count) {
+                struct io_uring_cqe *cqe;
+                io_uring_wait_cqe(&u->ring, &cqe);
+            } else {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+            }
+        } else {
+            set_fatal(u, -rc);
+        }
+    }
+    /* Any batch finished by the last round has been published above. */
+    io_uring_queue_exit(&u->ring);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+
+static int init_pred(void *arg)
+{
+    return atomic_load((_Atomic uint32_t *)arg) != 0;
+}
 
 int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, rb_err *err)
 {
-    (void)dev;
-    (void)depth;
-    (void)out;
-    return rb_err_set(err, RB_ERR_RUNTIME, ENOSYS, "io_uring init failed: engine not supported in this build");
+    struct rb_uring *u = calloc(1, sizeof(*u));
+    if (!u)
+        return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "io_uring init failed: out of memory");
+    u->dev = dev;
+    u->fd = dev->fd;
+    u->depth = depth ? depth : 1;
+    if (u->depth > 32767)
+        u->depth = 32767; /* the ring gets depth + 1 entries (one for the wake-up poll) */
+    u->sq_cap = u->depth;
+    u->sq_fifo = calloc(u->sq_cap, sizeof(*u->sq_fifo));
+    if (!u->sq_fifo) {
+        free(u);
+        return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "io_uring init failed: out of memory");
+    }
+    u->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (u->efd < 0) {
+        int e = errno;
+        free(u->sq_fifo);
+        free(u);
+        char msg[200];
+        fmt_os_error(msg, sizeof(msg), "io_uring init failed: eventfd", e);
+        return rb_err_set(err, RB_ERR_RUNTIME, e, "%s", msg);
+    }
+    pthread_mutex_init(&u->q_mu, NULL);
+    pthread_mutex_init(&u->reg_mu, NULL);
+    pthread_mutex_init(&u->err_mu, NULL);
+
+    /* The worker never handles signals: Python's handlers run on the main thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(&u->thread, NULL, worker_main, u);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        close(u->efd);
+        pthread_mutex_destroy(&u->q_mu);
+        pthread_mutex_destroy(&u->reg_mu);
+        pthread_mutex_destroy(&u->err_mu);
+        free(u->sq_fifo);
+        free(u);
+        char msg[200];
+        fmt_os_error(msg, sizeof(msg), "io_uring init failed: worker thread", rc);
+        return rb_err_set(err, RB_ERR_RUNTIME, rc, "%s", msg);
+    }
+    while (!init_pred(&u->init_state))
+        futex_wait(&u->init_state, 0);
+    if (atomic_load(&u->init_state) != 1) {
+        pthread_join(u->thread, NULL);
+        if (err)
+            *err = u->init_err;
+        int e = u->init_err.errnum ? u->init_err.errnum : EINVAL;
+        close(u->efd);
+        pthread_mutex_destroy(&u->q_mu);
+        pthread_mutex_destroy(&u->reg_mu);
+        pthread_mutex_destroy(&u->err_mu);
+        free(u->sq_fifo);
+        free(u);
+        return -e;
+    }
+    *out = u;
+    return 0;
 }
 
 void rb_uring_destroy(struct rb_uring *u)
 {
-    (void)u;
+    if (!u)
+        return;
+    pthread_mutex_lock(&u->q_mu);
+    u->stopping = 1;
+    atomic_store(&u->stopped, 1);
+    pthread_mutex_unlock(&u->q_mu);
+    wake_worker(u);
+    pthread_join(u->thread, NULL);
+    close(u->efd);
+    pthread_mutex_destroy(&u->q_mu);
+    pthread_mutex_destroy(&u->reg_mu);
+    pthread_mutex_destroy(&u->err_mu);
+    free(u->regions);
+    free(u->sq_fifo);
+    free(u);
 }

@@ -1,8 +1,153 @@
 /*
- * device_uring.c - io_uring-only methods of RawBlockDevice.
- * (Until the io_uring engine lands, a device never has io_uring enabled.)
+ * device_uring.c - io_uring-only methods of RawBlockDevice: batched_write, batched_read,
+ * wait_iouring, read_uring, write_uring, register_fixed_buffers, worker_error,
+ * fixed_buffer_status; and the per-device table of batches not yet waited on.
+ *
+ * Buffer lifetime: every Py_buffer view of a batch is held (in the batch's trailing space)
+ * until wait_iouring collects the batch or close()/dealloc frees the table, always with the
+ * GIL held. The core engine (csrc/core/rb_uring.c) sees only raw pointers.
+ *
+ * Concurrency: the batch table and the id counter are touched only with the GIL held.
+ * Every call that uses the engine without the GIL holds a device user reference
+ * (rb_dev_enter/leave), so close() waits for it and the engine outlives it.
  */
 #include "rbpy.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "../core/rb_uring.h"
+
+struct rbpy_slot {
+    uint64_t id; /* 0 = empty */
+    rb_batch *b;
+};
+
+struct rbpy_uring_batches {
+    uint64_t next_id;
+    size_t cap; /* power of two */
+    size_t count;
+    struct rbpy_slot *slots;
+};
+
+/* Binding data in the batch's trailing space. */
+typedef struct {
+    Py_ssize_t nviews;
+    Py_buffer views[];
+} batch_ext;
+
+static const char DEPRECATED_READ_URING[] =
+    "RawBlockDevice.read_uring() is deprecated; use batched_read() followed by wait_iouring() instead.";
+
+/* ------------------------------------------------------------------ batch table */
+
+static size_t slot_of(uint64_t id, size_t cap)
+{
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdULL;
+    id ^= id >> 33;
+    return (size_t)id & (cap - 1);
+}
+
+static rbpy_uring_batches *table_get(RawBlockDeviceObject *self)
+{
+    if (!self->batches) {
+        self->batches = PyMem_Calloc(1, sizeof(rbpy_uring_batches));
+        if (!self->batches) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        self->batches->next_id = 1;
+    }
+    return self->batches;
+}
+
+static void table_put_raw(rbpy_uring_batches *t, uint64_t id, rb_batch *b)
+{
+    size_t i = slot_of(id, t->cap);
+    while (t->slots[i].id)
+        i = (i + 1) & (t->cap - 1);
+    t->slots[i].id = id;
+    t->slots[i].b = b;
+    t->count++;
+}
+
+/* Make room for one more entry (load factor <= 1/2). */
+static int table_reserve(rbpy_uring_batches *t)
+{
+    if (t->cap && (t->count + 1) * 2 <= t->cap)
+        return 0;
+    size_t ncap = t->cap ? t->cap * 2 : 16;
+    struct rbpy_slot *old = t->slots;
+    size_t ocap = t->cap;
+    struct rbpy_slot *ns = PyMem_Calloc(ncap, sizeof(*ns));
+    if (!ns) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->slots = ns;
+    t->cap = ncap;
+    t->count = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].id)
+            table_put_raw(t, old[i].id, old[i].b);
+    PyMem_Free(old);
+    return 0;
+}
+
+static rb_batch *table_take(rbpy_uring_batches *t, uint64_t id)
+{
+    if (!t || !t->cap || id == 0)
+        return NULL;
+    size_t i = slot_of(id, t->cap);
+    while (t->slots[i].id && t->slots[i].id != id)
+        i = (i + 1) & (t->cap - 1);
+    if (!t->slots[i].id)
+        return NULL;
+    rb_batch *b = t->slots[i].b;
+    /* Backward-shift deletion keeps probe sequences intact without tombstones. */
+    size_t hole = i;
+    for (size_t j = (i + 1) & (t->cap - 1); t->slots[j].id; j = (j + 1) & (t->cap - 1)) {
+        size_t home = slot_of(t->slots[j].id, t->cap);
+        /* j may move to hole if home is not cyclically within (hole, j]. */
+        int in_range = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!in_range) {
+            t->slots[hole] = t->slots[j];
+            hole = j;
+        }
+    }
+    t->slots[hole].id = 0;
+    t->slots[hole].b = NULL;
+    t->count--;
+    return b;
+}
+
+/* Release the views a batch holds and free it. GIL held; the batch must be complete. */
+static void batch_release(rb_batch *b)
+{
+    if (!b)
+        return;
+    batch_ext *ext = b->user;
+    if (ext)
+        for (Py_ssize_t i = 0; i < ext->nviews; i++)
+            PyBuffer_Release(&ext->views[i]);
+    rb_batch_free(b);
+}
+
+void rbpy_uring_batches_free(RawBlockDeviceObject *self)
+{
+    rbpy_uring_batches *t = self->batches;
+    if (!t)
+        return;
+    self->batches = NULL;
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->slots[i].id)
+            batch_release(t->slots[i].b);
+    PyMem_Free(t->slots);
+    PyMem_Free(t);
+}
+
+/* ------------------------------------------------------------------ argument helpers */
 
 static PyObject *not_enabled(void)
 {
@@ -10,40 +155,612 @@ static PyObject *not_enabled(void)
     return NULL;
 }
 
-#define RBPY_URING_ONLY(fn)                                                                        \
-    PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)     \
-    {                                                                                              \
-        (void)args, (void)nargs, (void)kwnames;                                                    \
-        if (rbpy_device_check_open((RawBlockDeviceObject *)self) < 0)                              \
-            return NULL;                                                                           \
-        return not_enabled();                                                                      \
-    }
-
-RBPY_URING_ONLY(rbpy_dev_batched_write)
-RBPY_URING_ONLY(rbpy_dev_batched_read)
-RBPY_URING_ONLY(rbpy_dev_read_uring)
-RBPY_URING_ONLY(rbpy_dev_write_uring)
-RBPY_URING_ONLY(rbpy_dev_register_fixed_buffers)
-
-PyObject *rbpy_dev_wait_iouring(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *closed_error(void)
 {
-    (void)self, (void)args, (void)nargs, (void)kwnames;
-    return Py_BuildValue("([][])");
+    PyErr_SetString(PyExc_RuntimeError, "device is closed");
+    return NULL;
 }
 
-PyObject *rbpy_dev_worker_error(PyObject *self, PyObject *unused)
+/* A list/tuple/sequence as a PySequence_Fast object (new reference). */
+static PyObject *as_seq(PyObject *o, const char *name)
 {
-    (void)self, (void)unused;
+    if (PyUnicode_Check(o) || PyBytes_Check(o) || PyByteArray_Check(o) || !PySequence_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "argument '%s': '%.100s' object cannot be converted to 'Sequence'", name,
+                     Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return PySequence_Fast(o, "expected a sequence");
+}
+
+/* One unsigned integer item: PyO3-style TypeError text, CPython's OverflowError texts. */
+static int item_u64(PyObject *o, const char *name, uint64_t *out)
+{
+    PyObject *idx;
+    if (PyLong_Check(o)) {
+        idx = Py_NewRef(o);
+    } else if (PyIndex_Check(o)) {
+        idx = PyNumber_Index(o);
+        if (!idx)
+            return -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "argument '%s': '%.100s' object cannot be interpreted as an integer", name,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+    Py_DECREF(idx);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int item_size(PyObject *o, const char *name, size_t *out)
+{
+    uint64_t v;
+    if (item_u64(o, name, &v) < 0)
+        return -1;
+    if (v > SIZE_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+        return -1;
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+/* placement id: None or 1..=65535 (validated, then ignored: no NVMe passthrough here). */
+static int check_placement(PyObject *o, const char *argname)
+{
+    if (o == Py_None)
+        return 0;
+    if (!PyLong_Check(o) && !PyIndex_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "argument '%s': '%.100s' object cannot be interpreted as an integer", argname,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    PyObject *idx = PyNumber_Index(o);
+    if (!idx)
+        return -1;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    Py_DECREF(idx);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (!overflow && v == 0) {
+        PyErr_SetString(PyExc_ValueError, "placement_id must not be 0; use None to omit the FDP directive");
+        return -1;
+    }
+    if (overflow || v < 1 || v > 65535) {
+        PyErr_SetString(PyExc_ValueError, "placement_id must be in range 1..=65535");
+        return -1;
+    }
+    return 0;
+}
+
+/* "<ExcType>: <str(exc)>" of the exception an rb_err describes. */
+static PyObject *err_text(const rb_err *err)
+{
+    if (err->kind == RB_ERR_OS) {
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "is", err->errnum, err->msg);
+        if (!exc)
+            return NULL;
+        PyObject *s = PyUnicode_FromFormat("%s: %S", Py_TYPE(exc)->tp_name, exc);
+        Py_DECREF(exc);
+        return s;
+    }
+    const char *tn = err->kind == RB_ERR_VALUE ? "ValueError" : err->kind == RB_ERR_NOMEM ? "MemoryError" : "RuntimeError";
+    return PyUnicode_FromFormat("%s: %s", tn, err->msg);
+}
+
+static rb_batch *new_batch(Py_ssize_t n)
+{
+    if ((size_t)n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many operations in one batch");
+        return NULL;
+    }
+    rb_batch *b = rb_batch_new((uint32_t)n, sizeof(batch_ext) + (size_t)n * sizeof(Py_buffer));
+    if (!b)
+        PyErr_NoMemory();
+    return b;
+}
+
+/* ------------------------------------------------------------------ batched I/O */
+
+/*
+ * Shared tail of batched_write/batched_read: prepare (bounce copies) and queue without the
+ * GIL, then record the batch under a fresh id. Takes ownership of b (and of the device user
+ * reference the caller took). Returns the id as a Python int or NULL.
+ */
+static PyObject *queue_batch(RawBlockDeviceObject *self, rb_batch *b)
+{
+    rb_dev *dev = self->dev;
+    struct rb_uring *u = dev->uring;
+    rbpy_uring_batches *t = table_get(self);
+    if (!t || table_reserve(t) < 0) {
+        batch_release(b);
+        rb_dev_leave(dev);
+        return NULL;
+    }
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_batch_prepare(u, b, &err);
+    if (rc == 0)
+        (void)rb_uring_submit(u, b); /* refused: every entry reports "io_uring worker stopped" */
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        batch_release(b);
+        rb_dev_leave(dev);
+        return rbpy_raise_err(&err);
+    }
+    uint64_t id = t->next_id++;
+    table_put_raw(t, id, b);
+    rb_dev_leave(dev);
+    return PyLong_FromUnsignedLongLong(id);
+}
+
+/* Common entry checks; on success the caller holds a device user reference. */
+static int enter_uring(RawBlockDeviceObject *self)
+{
+    if (rbpy_device_check_open(self) < 0)
+        return -1;
+    if (!self->use_iouring) {
+        not_enabled();
+        return -1;
+    }
+    if (rb_dev_enter(self->dev) < 0) {
+        closed_error();
+        return -1;
+    }
+    if (rb_uring_stopped(self->dev->uring)) {
+        rb_dev_leave(self->dev);
+        PyErr_SetString(PyExc_RuntimeError, "io_uring worker stopped");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *fresh_id(RawBlockDeviceObject *self)
+{
+    rbpy_uring_batches *t = table_get(self);
+    if (!t)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(t->next_id++);
+}
+
+PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"offsets", "buffers", "total_lens", "placement_ids", "payload_lens"};
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyObject *a[5];
+    if (rbpy_unpack("batched_write", names, 5, 3, args, nargs, kwnames, a) < 0)
+        return NULL;
+    PyObject *offs = NULL, *bufs = NULL, *tots = NULL, *pids = NULL, *pays = NULL, *ret = NULL;
+    rb_batch *b = NULL;
+    int entered = 0;
+    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) ||
+        !(tots = as_seq(a[2], "total_lens")))
+        goto done;
+    if (a[3] && a[3] != Py_None && !(pids = as_seq(a[3], "placement_ids")))
+        goto done;
+    if (a[4] && a[4] != Py_None && !(pays = as_seq(a[4], "payload_lens")))
+        goto done;
+    if (enter_uring(self) < 0)
+        goto done;
+    entered = 1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(offs);
+    if (PySequence_Fast_GET_SIZE(bufs) != n || PySequence_Fast_GET_SIZE(tots) != n) {
+        PyErr_SetString(PyExc_ValueError, "All vectors must have same length");
+        goto done;
+    }
+    if (pids) {
+        if (PySequence_Fast_GET_SIZE(pids) != n) {
+            PyErr_SetString(PyExc_ValueError, "placement_ids must have same length as offsets");
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (check_placement(PySequence_Fast_GET_ITEM(pids, i), "placement_ids") < 0)
+                goto done;
+    }
+    if (pays && PySequence_Fast_GET_SIZE(pays) != n) {
+        PyErr_SetString(PyExc_ValueError, "payload_lens must have same length as offsets");
+        goto done;
+    }
+    if (n == 0) {
+        ret = fresh_id(self);
+        goto done;
+    }
+    if (!(b = new_batch(n)))
+        goto done;
+    /* Numbers first, checked before any buffer is touched (as LMCache does). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_req *r = &b->reqs[i];
+        if (item_u64(PySequence_Fast_GET_ITEM(offs, i), "offsets", &r->cur_off) < 0 ||
+            item_size(PySequence_Fast_GET_ITEM(tots, i), "total_lens", &r->total_len) < 0)
+            goto done;
+        r->payload_len = r->total_len;
+        if (pays && item_size(PySequence_Fast_GET_ITEM(pays, i), "payload_lens", &r->payload_len) < 0)
+            goto done;
+    }
+    rb_err err;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_req *r = &b->reqs[i];
+        if (r->payload_len > r->total_len) {
+            PyErr_SetString(PyExc_ValueError, "total_len must be >= payload_len");
+            goto done;
+        }
+        if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0) {
+            rbpy_raise_err(&err);
+            goto done;
+        }
+    }
+    batch_ext *ext = b->user;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_req *r = &b->reqs[i];
+        Py_buffer *v = &ext->views[i];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), v, PyBUF_ANY_CONTIGUOUS) < 0)
+            goto done;
+        ext->nviews++;
+        if (v->buf == NULL && v->len > 0) {
+            PyErr_SetString(PyExc_ValueError, "null buffer pointer");
+            goto done;
+        }
+        if (rb_batch_set(self->dev->uring, b, (uint32_t)i, RB_REQ_WRITE, r->cur_off, v->buf, (size_t)v->len,
+                         r->payload_len, r->total_len, 0, &err) < 0) {
+            rbpy_raise_err(&err);
+            goto done;
+        }
+    }
+    ret = queue_batch(self, b); /* owns b and the user reference */
+    b = NULL;
+    entered = 0;
+done:
+    if (b)
+        batch_release(b);
+    if (entered)
+        rb_dev_leave(self->dev);
+    Py_XDECREF(offs);
+    Py_XDECREF(bufs);
+    Py_XDECREF(tots);
+    Py_XDECREF(pids);
+    Py_XDECREF(pays);
+    return ret;
+}
+
+PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"offsets", "buffers", "total_lens"};
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyObject *a[3];
+    if (rbpy_unpack("batched_read", names, 3, 3, args, nargs, kwnames, a) < 0)
+        return NULL;
+    PyObject *offs = NULL, *bufs = NULL, *tots = NULL, *ret = NULL;
+    rb_batch *b = NULL;
+    int entered = 0;
+    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) ||
+        !(tots = as_seq(a[2], "total_lens")))
+        goto done;
+    if (enter_uring(self) < 0)
+        goto done;
+    entered = 1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(offs);
+    if (PySequence_Fast_GET_SIZE(bufs) != n || PySequence_Fast_GET_SIZE(tots) != n) {
+        PyErr_SetString(PyExc_ValueError, "All vectors must have same length");
+        goto done;
+    }
+    if (n == 0) {
+        ret = fresh_id(self);
+        goto done;
+    }
+    if (!(b = new_batch(n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_req *r = &b->reqs[i];
+        if (item_u64(PySequence_Fast_GET_ITEM(offs, i), "offsets", &r->cur_off) < 0 ||
+            item_size(PySequence_Fast_GET_ITEM(tots, i), "total_lens", &r->total_len) < 0)
+            goto done;
+    }
+    batch_ext *ext = b->user;
+    rb_err err;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer *v = &ext->views[i];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), v, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0)
+            goto done;
+        ext->nviews++;
+        if (v->readonly) {
+            PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
+            goto done;
+        }
+        if (v->buf == NULL && v->len > 0) {
+            PyErr_SetString(PyExc_ValueError, "null buffer pointer");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_req *r = &b->reqs[i];
+        Py_buffer *v = &ext->views[i];
+        if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0) {
+            rbpy_raise_err(&err);
+            goto done;
+        }
+        if (v->len == 0 && r->total_len > 0) {
+            PyErr_Format(PyExc_ValueError, "output buffer too small: cap=0 need=%zu", r->total_len);
+            goto done;
+        }
+        if (rb_batch_set(self->dev->uring, b, (uint32_t)i, RB_REQ_READ, r->cur_off, v->buf, (size_t)v->len,
+                         r->total_len, r->total_len, (size_t)-1, &err) < 0) {
+            rbpy_raise_err(&err);
+            goto done;
+        }
+    }
+    ret = queue_batch(self, b);
+    b = NULL;
+    entered = 0;
+done:
+    if (b)
+        batch_release(b);
+    if (entered)
+        rb_dev_leave(self->dev);
+    Py_XDECREF(offs);
+    Py_XDECREF(bufs);
+    Py_XDECREF(tots);
+    return ret;
+}
+
+PyObject *rbpy_dev_wait_iouring(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"batch_id"};
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyObject *a[1];
+    if (rbpy_unpack("wait_iouring", names, 1, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    uint64_t id;
+    if (item_u64(a[0], "batch_id", &id) < 0)
+        return NULL;
+    rb_dev *dev = self->dev;
+    if (!self->use_iouring || !self->batches || rb_dev_enter(dev) < 0)
+        return Py_BuildValue("([][])");
+    rb_batch *b = table_take(self->batches, id);
+    if (!b) {
+        rb_dev_leave(dev);
+        return Py_BuildValue("([][])");
+    }
+    if (!rb_batch_done(b)) {
+        Py_BEGIN_ALLOW_THREADS
+        rb_uring_wait(dev->uring, b);
+        Py_END_ALLOW_THREADS
+    }
+    rb_dev_leave(dev);
+
+    PyObject *ok = PyList_New(b->n), *errs = PyList_New(0), *ret = NULL;
+    if (!ok || !errs)
+        goto done;
+    for (uint32_t i = 0; i < b->n; i++) {
+        rb_err err;
+        int rc = rb_batch_result(b, i, &err);
+        PyList_SET_ITEM(ok, i, Py_NewRef(rc == 0 ? Py_True : Py_False));
+        if (rc == 0)
+            continue;
+        PyObject *msg = err_text(&err);
+        PyObject *item = msg ? Py_BuildValue("(IN)", i, msg) : NULL;
+        if (!item || PyList_Append(errs, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    ret = PyTuple_Pack(2, ok, errs);
+done:
+    Py_XDECREF(ok);
+    Py_XDECREF(errs);
+    batch_release(b);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ single synchronous ops */
+
+/* Run a one-request batch through the worker; GIL released only while waiting. */
+static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t offset, Py_buffer *v, size_t payload,
+                            size_t total)
+{
+    rb_dev *dev = self->dev;
+    rb_err err;
+    rb_err_clear(&err);
+    rb_batch *b = rb_batch_new(1, 0);
+    if (!b)
+        return PyErr_NoMemory();
+    int rc = rb_batch_set(dev->uring, b, 0, opcode, offset, v->buf, (size_t)v->len, payload, total,
+                          payload, &err);
+    if (rc == 0)
+        rc = rb_batch_prepare(dev->uring, b, &err);
+    if (rc < 0) {
+        rb_batch_free(b);
+        return rbpy_raise_err(&err);
+    }
+    if (rb_uring_submit(dev->uring, b) == 0 && !rb_batch_done(b)) {
+        Py_BEGIN_ALLOW_THREADS
+        rb_uring_wait(dev->uring, b);
+        Py_END_ALLOW_THREADS
+    }
+    rc = rb_batch_result(b, 0, &err);
+    rb_batch_free(b);
+    if (rc < 0)
+        return rbpy_raise_err(&err);
     Py_RETURN_NONE;
 }
 
-PyObject *rbpy_dev_fixed_buffer_status(PyObject *self, PyObject *unused)
+PyObject *rbpy_dev_read_uring(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    (void)self, (void)unused;
-    return Py_BuildValue("(Oi)", Py_False, 0);
+    static const char *const names[] = {"offset", "data", "payload_len", "total_len"};
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyObject *a[4];
+    if (rbpy_unpack("read_uring", names, 4, 3, args, nargs, kwnames, a) < 0)
+        return NULL;
+    if (PyErr_WarnEx(PyExc_DeprecationWarning, DEPRECATED_READ_URING, 1) < 0)
+        return NULL;
+    uint64_t offset;
+    size_t payload, total;
+    int has_total = 0;
+    if (item_u64(a[0], "offset", &offset) < 0 || item_size(a[2], "payload_len", &payload) < 0)
+        return NULL;
+    if (a[3] && a[3] != Py_None) {
+        if (item_size(a[3], "total_len", &total) < 0)
+            return NULL;
+        has_total = 1;
+    }
+    if (enter_uring(self) < 0)
+        return NULL;
+    PyObject *ret = NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(a[1], &v, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0) {
+        rb_dev_leave(self->dev);
+        return NULL;
+    }
+    if (!has_total)
+        total = payload;
+    rb_err err;
+    if (v.readonly)
+        PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
+    else if (v.buf == NULL && v.len > 0)
+        PyErr_SetString(PyExc_ValueError, "null buffer pointer");
+    else if ((size_t)v.len < payload)
+        PyErr_Format(PyExc_ValueError, "output buffer too small: cap=%zd need=%zu", v.len, payload);
+    else if (total < payload)
+        PyErr_SetString(PyExc_ValueError, "total_len must be >= payload_len");
+    else if (rb_dev_check_direct(self->dev, offset, total, &err) < 0)
+        rbpy_raise_err(&err);
+    else
+        ret = run_single(self, RB_REQ_READ, offset, &v, payload, total);
+    PyBuffer_Release(&v);
+    rb_dev_leave(self->dev);
+    return ret;
 }
 
-void rbpy_uring_batches_free(RawBlockDeviceObject *self)
+PyObject *rbpy_dev_write_uring(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    (void)self;
+    static const char *const names[] = {"offset", "data", "payload_len", "total_len", "placement_id"};
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyObject *a[5];
+    if (rbpy_unpack("write_uring", names, 5, 3, args, nargs, kwnames, a) < 0)
+        return NULL;
+    uint64_t offset;
+    size_t payload, total;
+    int has_total = 0;
+    if (item_u64(a[0], "offset", &offset) < 0 || item_size(a[2], "payload_len", &payload) < 0)
+        return NULL;
+    if (a[3] && a[3] != Py_None) {
+        if (item_size(a[3], "total_len", &total) < 0)
+            return NULL;
+        has_total = 1;
+    }
+    if (enter_uring(self) < 0)
+        return NULL;
+    PyObject *ret = NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(a[1], &v, PyBUF_ANY_CONTIGUOUS) < 0) {
+        rb_dev_leave(self->dev);
+        return NULL;
+    }
+    if (!has_total)
+        total = payload;
+    rb_err err;
+    if (v.buf == NULL && v.len > 0)
+        PyErr_SetString(PyExc_ValueError, "null buffer pointer");
+    else if ((size_t)v.len < payload)
+        PyErr_Format(PyExc_ValueError, "input buffer too small: cap=%zd need=%zu", v.len, payload);
+    else if (total < payload)
+        PyErr_SetString(PyExc_ValueError, "total_len must be >= payload_len");
+    else if (a[4] && check_placement(a[4], "placement_id") < 0)
+        ;
+    else if (rb_dev_check_direct(self->dev, offset, total, &err) < 0)
+        rbpy_raise_err(&err);
+    else
+        ret = run_single(self, RB_REQ_WRITE, offset, &v, payload, total);
+    PyBuffer_Release(&v);
+    rb_dev_leave(self->dev);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ fixed buffers, status */
+
+PyObject *rbpy_dev_register_fixed_buffers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"buffer_ptrs", "buffer_sizes"};
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    PyObject *a[2];
+    if (rbpy_unpack("register_fixed_buffers", names, 2, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    PyObject *ps = NULL, *ss = NULL, *ret = NULL;
+    uint64_t *ptrs = NULL, *sizes = NULL;
+    if (!(ps = as_seq(a[0], "buffer_ptrs")) || !(ss = as_seq(a[1], "buffer_sizes")))
+        goto done;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(ps), ns = PySequence_Fast_GET_SIZE(ss);
+    ptrs = PyMem_Malloc((size_t)(np ? np : 1) * sizeof(uint64_t));
+    sizes = PyMem_Malloc((size_t)(ns ? ns : 1) * sizeof(uint64_t));
+    if (!ptrs || !sizes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < np; i++)
+        if (item_u64(PySequence_Fast_GET_ITEM(ps, i), "buffer_ptrs", &ptrs[i]) < 0)
+            goto done;
+    for (Py_ssize_t i = 0; i < ns; i++)
+        if (item_u64(PySequence_Fast_GET_ITEM(ss, i), "buffer_sizes", &sizes[i]) < 0)
+            goto done;
+    if (np != ns) {
+        PyErr_SetString(PyExc_ValueError, "buffer_ptrs and buffer_sizes must have same length");
+        goto done;
+    }
+    if (np == 0) {
+        PyErr_SetString(PyExc_ValueError, "at least one buffer must be provided");
+        goto done;
+    }
+    if (enter_uring(self) < 0)
+        goto done;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_uring_register_buffers(self->dev->uring, ptrs, sizes, (size_t)np, &err);
+    Py_END_ALLOW_THREADS
+    rb_dev_leave(self->dev);
+    if (rc < 0)
+        rbpy_raise_err(&err);
+    else
+        ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(ptrs);
+    PyMem_Free(sizes);
+    Py_XDECREF(ps);
+    Py_XDECREF(ss);
+    return ret;
+}
+
+PyObject *rbpy_dev_worker_error(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (!self->use_iouring || rb_dev_enter(self->dev) < 0)
+        Py_RETURN_NONE;
+    char msg[256];
+    int has = self->dev->uring && rb_uring_worker_error(self->dev->uring, msg, sizeof(msg));
+    rb_dev_leave(self->dev);
+    if (!has)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(msg);
+}
+
+PyObject *rbpy_dev_fixed_buffer_status(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    int reg = 0;
+    uint64_t bytes = 0;
+    if (self->use_iouring && rb_dev_enter(self->dev) == 0) {
+        if (self->dev->uring)
+            rb_uring_fixed_status(self->dev->uring, &reg, &bytes);
+        rb_dev_leave(self->dev);
+    }
+    return Py_BuildValue("(OK)", reg ? Py_True : Py_False, (unsigned long long)bytes);
 }

@@ -1,0 +1,709 @@
+"""io_uring engine of RawBlockDevice: batched I/O, queue pressure, per-entry errors, fixed
+buffers, counters, threads, close/dealloc while busy, GIL release, and LMCache's error texts.
+
+Every test runs against a temporary file. O_DIRECT cases skip (with the reason) where the
+file system refuses O_DIRECT; everything else needs a kernel with io_uring.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+
+from lmcache_rawblock import RawBlockDevice
+
+np = pytest.importorskip("numpy", reason="numpy gives stable, registrable buffer addresses")
+
+KiB = 1024
+MiB = 1024 * KiB
+FILE_SIZE = 8 * MiB
+DEPRECATION_TEXT = (
+    "RawBlockDevice.read_uring() is deprecated; use batched_read() followed by wait_iouring() instead."
+)
+
+
+def pattern(offset: int, n: int) -> bytes:
+    """Deterministic, position-dependent bytes: every 4 KiB block differs."""
+    out = bytearray(n)
+    for blk in range(0, n, 4096):
+        tag = ((offset + blk) // 4096 * 2654435761) & 0xFFFFFFFF
+        chunk = tag.to_bytes(4, "little") * 1024
+        out[blk : blk + 4096] = chunk[: min(4096, n - blk)]
+    return bytes(out)
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "dev.bin"
+    with open(path, "wb") as f:
+        f.write(pattern(0, FILE_SIZE))
+    return str(path)
+
+
+def open_dev(path, writable=True, odirect=False, depth=64, **kw):
+    try:
+        return RawBlockDevice(
+            path, writable, use_odirect=odirect, io_engine="io_uring", iouring_queue_depth=depth, **kw
+        )
+    except OSError as e:
+        if odirect and e.errno == errno.EINVAL:
+            pytest.skip(f"file system refuses O_DIRECT: {e}")
+        raise
+    except RuntimeError as e:
+        if "io_uring init failed" in str(e):
+            pytest.skip(f"io_uring unavailable: {e}")
+        raise
+
+
+def unaligned_buffer(n: int, shift: int = 1) -> memoryview:
+    """A writable view whose address is off a 4 KiB boundary by `shift` bytes."""
+    raw = bytearray(n + 8192)
+    addr = np.frombuffer(raw, dtype=np.uint8).ctypes.data
+    start = (4096 - addr % 4096) % 4096 + shift
+    return memoryview(raw)[start : start + n]
+
+
+def aligned_array(n: int, align: int = 4096, shift: int = 0):
+    """A numpy uint8 array of n bytes whose address is `shift` bytes past an `align` boundary."""
+    raw = np.empty(n + 2 * align, dtype=np.uint8)
+    start = (align - raw.ctypes.data % align) % align + shift
+    return raw[start : start + n]
+
+
+def uring_threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return [n for n in names if n == "rb-uring"]
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_round_trip_and_worker_thread(data_file):
+    gc.collect()  # devices other tests left for the collector
+    before = len(uring_threads())
+    dev = open_dev(data_file, depth=8)
+    assert len(uring_threads()) == before + 1, "one worker thread named rb-uring per device"
+    payload = b"hello io_uring" * 100
+    bid = dev.batched_write([4096], [payload], [len(payload)])
+    assert isinstance(bid, int) and bid >= 1
+    assert dev.wait_iouring(bid) == ([True], [])
+    out = bytearray(len(payload))
+    assert dev.wait_iouring(dev.batched_read([4096], [out], [len(payload)])) == ([True], [])
+    assert bytes(out) == payload
+    assert dev.worker_error() is None
+    dev.close()
+    assert len(uring_threads()) == before, "close() joins the worker"
+
+
+def test_batch_ids_and_unknown_ids(data_file):
+    dev = open_dev(data_file, depth=4)
+    a = dev.batched_write([], [], [])
+    b = dev.batched_read([0], [bytearray(16)], [16])
+    c = dev.batched_read([], [], [])
+    assert a < b < c, "ids increase and are shared by reads and writes"
+    assert dev.wait_iouring(a) == ([], []), "empty batch"
+    assert dev.wait_iouring(b) == ([True], [])
+    assert dev.wait_iouring(b) == ([], []), "already waited"
+    assert dev.wait_iouring(987654321) == ([], []), "unknown"
+    assert dev.wait_iouring(batch_id=0) == ([], [])
+    with pytest.raises(OverflowError, match="can't convert negative int to unsigned"):
+        dev.wait_iouring(-1)
+    dev.close()
+
+
+def test_posix_device_refuses_uring_methods(data_file):
+    dev = RawBlockDevice(data_file, True)
+    for call in (
+        lambda: dev.batched_write([0], [b"a"], [1]),
+        lambda: dev.batched_read([0], [bytearray(1)], [1]),
+        lambda: dev.write_uring(0, b"a", 1),
+        lambda: dev.register_fixed_buffers([1], [1]),
+    ):
+        with pytest.raises(RuntimeError, match="^io_uring not enabled$"):
+            call()
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(RuntimeError, match="^io_uring not enabled$"):
+            dev.read_uring(0, bytearray(1), 1)
+    assert dev.wait_iouring(1) == ([], [])
+    assert dev.worker_error() is None
+    assert dev.fixed_buffer_status() == (False, 0)
+    dev.close()
+
+
+def test_legacy_use_iouring_flag(data_file):
+    dev = RawBlockDevice(data_file, True, use_iouring=True, iouring_queue_depth=2)
+    assert dev.wait_iouring(dev.batched_read([0], [bytearray(8)], [8])) == ([True], [])
+    dev.close()
+
+
+# --------------------------------------------------------------------------- queue pressure
+
+
+@pytest.mark.parametrize("odirect", [False, True], ids=["buffered", "odirect"])
+@pytest.mark.parametrize("depth", [1, 2, 4, 64])
+def test_queue_pressure(data_file, depth, odirect):
+    dev = open_dev(data_file, odirect=odirect, depth=depth)
+    n = depth * 16
+    for rep in range(3):
+        offsets = [((i * 7 + rep) % (FILE_SIZE // 4096)) * 4096 for i in range(n)]
+        # mix of plain bytearrays (address chosen by the allocator) and deliberately unaligned views
+        bufs = [bytearray(4096) if i % 2 else unaligned_buffer(4096, shift=1 + i % 7) for i in range(n)]
+        ok, errs = dev.wait_iouring(dev.batched_read(offsets, bufs, [4096] * n))
+        assert errs == []
+        assert ok == [True] * n
+        for off, buf in zip(offsets, bufs):
+            assert bytes(buf) == pattern(off, 4096)
+    st = dev.io_stats_snapshot()
+    assert st["read_attempts"] >= 3 * n
+    assert st["outstanding_requests"] == 0 and st["queued_requests"] == 0
+    assert st["peak_outstanding_requests"] >= n
+    assert st["max_batch_size"] == n
+    if depth < n:
+        assert st["queue_full_events"] > 0, "a batch larger than the ring waits in the software queue"
+    if odirect:
+        assert st["bounce_attempts"] > 0, "unaligned buffers under O_DIRECT go through bounce buffers"
+    dev.close()
+
+
+@pytest.mark.parametrize("odirect", [False, True], ids=["buffered", "odirect"])
+def test_write_pressure_round_trip(data_file, odirect):
+    dev = open_dev(data_file, odirect=odirect, depth=2)
+    n = 64
+    offsets = [i * 8192 for i in range(n)]
+    srcs = [bytes([i]) * 4096 for i in range(n)]
+    ok, errs = dev.wait_iouring(dev.batched_write(offsets, srcs, [4096] * n))
+    assert (ok, errs) == ([True] * n, [])
+    outs = [unaligned_buffer(4096, 3) for _ in range(n)]
+    assert dev.wait_iouring(dev.batched_read(offsets, outs, [4096] * n)) == ([True] * n, [])
+    assert [bytes(o) for o in outs] == srcs
+    dev.close()
+
+
+# --------------------------------------------------------------------------- per-entry errors
+
+
+def test_mixed_batch_read_past_eof(data_file):
+    dev = open_dev(data_file, depth=4)
+    bufs = [bytearray(4096) for _ in range(5)]
+    offsets = [0, FILE_SIZE, 8192, FILE_SIZE - 2048, 4096]
+    ok, errs = dev.wait_iouring(dev.batched_read(offsets, bufs, [4096] * 5))
+    assert ok == [True, False, True, False, True]
+    assert errs == [
+        (1, "RuntimeError: Unexpected short I/O: internal error"),
+        (3, "RuntimeError: Unexpected short I/O: internal error"),
+    ]
+    for i in (0, 2, 4):
+        assert bytes(bufs[i]) == pattern(offsets[i], 4096)
+    st = dev.io_stats_snapshot()
+    assert st["short_io_resubmits"] >= 1, "the read straddling EOF was short, then resubmitted"
+    assert st["failed_attempts"] >= 2
+    dev.close()
+
+
+def test_mixed_batch_write_on_read_only_device(data_file):
+    dev = open_dev(data_file, writable=False, depth=4)
+    ok, errs = dev.wait_iouring(dev.batched_write([0, 4096], [b"x" * 4096, b"y" * 4096], [4096, 4096]))
+    assert ok == [False, False]
+    assert errs == [(0, "OSError: [Errno 9] io_uring I/O error"), (1, "OSError: [Errno 9] io_uring I/O error")]
+    # reads on the same ring are unaffected
+    out = bytearray(4096)
+    assert dev.wait_iouring(dev.batched_read([4096], [out], [4096])) == ([True], [])
+    assert bytes(out) == pattern(4096, 4096)
+    with pytest.raises(OSError, match=r"\[Errno 9\] io_uring I/O error") as ei:
+        dev.write_uring(0, b"z" * 16, 16)
+    assert ei.value.errno == errno.EBADF
+    dev.close()
+
+
+def test_mixed_batch_misaligned_odirect(data_file):
+    # alignment=256 passes our validation, but the file system needs >= 512: the kernel says EINVAL
+    dev = open_dev(data_file, odirect=True, depth=4, alignment=256)
+    good = [aligned_array(4096) for _ in range(2)]
+    bad_view = aligned_array(4096)  # aligned buffer, but offset 256 is not a multiple of 512
+    ok, errs = dev.wait_iouring(dev.batched_read([0, 256, 8192], [good[0], bad_view, good[1]], [4096, 4096, 4096]))
+    assert ok == [True, False, True]
+    assert errs == [(1, "OSError: [Errno 22] io_uring I/O error")]
+    assert good[0].tobytes() == pattern(0, 4096) and good[1].tobytes() == pattern(8192, 4096)
+    dev.close()
+
+
+# --------------------------------------------------------------------------- padding, placement
+
+
+def test_payload_lens_zero_padding(data_file):
+    dev = open_dev(data_file, depth=4)
+    src_full = bytearray(b"P" * 100 + b"\xee" * 3996)  # garbage after the payload: must not reach disk
+    src_short = b"Q" * 50  # shorter than total_len: bounced and padded
+    src_clean = bytearray(b"R" * 10 + b"\0" * 4086)  # padding already zero: written directly
+    before = bytes(src_full)
+    ok, errs = dev.wait_iouring(
+        dev.batched_write([0, 4096, 8192], [src_full, src_short, src_clean], [4096] * 3, None, [100, 50, 10])
+    )
+    assert (ok, errs) == ([True] * 3, [])
+    assert bytes(src_full) == before, "the source is never modified"
+    with open(data_file, "rb") as f:
+        disk = f.read(3 * 4096)
+    assert disk[:4096] == b"P" * 100 + b"\0" * 3996
+    assert disk[4096:8192] == b"Q" * 50 + b"\0" * 4046
+    assert disk[8192:12288] == b"R" * 10 + b"\0" * 4086
+    st = dev.io_stats_snapshot()
+    assert st["bounce_attempts"] == 2, "dirty padding and the short buffer bounce; the clean one does not"
+    # keyword form and write_uring padding
+    dev.write_uring(12288, b"S" * 7, 7, 4096, None)
+    with open(data_file, "rb") as f:
+        f.seek(12288)
+        assert f.read(4096) == b"S" * 7 + b"\0" * 4089
+    dev.close()
+
+
+def test_short_read_buffer_bounces(data_file):
+    dev = open_dev(data_file, depth=2)
+    small = bytearray(100)
+    assert dev.wait_iouring(dev.batched_read([4096], [small], [4096])) == ([True], [])
+    assert bytes(small) == pattern(4096, 4096)[:100]
+    dev.close()
+
+
+def test_placement_ids_validation(data_file):
+    dev = open_dev(data_file, depth=2)
+    args = ([0], [b"a"], [1])
+    with pytest.raises(ValueError, match="^placement_ids must have same length as offsets$"):
+        dev.batched_write(*args, [None, None])
+    with pytest.raises(ValueError, match="^placement_id must not be 0; use None to omit the FDP directive$"):
+        dev.batched_write(*args, [0])
+    for bad in (-1, 65536, 2**70):
+        with pytest.raises(ValueError, match=r"^placement_id must be in range 1\.\.=65535$"):
+            dev.batched_write(*args, [bad])
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+        dev.batched_write(*args, ["x"])
+    # valid ids are accepted (and ignored: no NVMe passthrough on a file)
+    assert dev.wait_iouring(dev.batched_write([0, 1], [b"a", b"b"], [1, 1], [None, 65535])) == ([True, True], [])
+    assert dev.wait_iouring(dev.batched_write(*args, placement_ids=[1])) == ([True], [])
+    with pytest.raises(ValueError, match="^placement_id must not be 0"):
+        dev.write_uring(0, b"a", 1, 1, 0)
+    with pytest.raises(ValueError, match="^placement_id must be in range"):
+        dev.write_uring(0, b"a", 1, None, 70000)
+    dev.write_uring(0, b"a", 1, None, 7)
+    dev.close()
+
+
+# --------------------------------------------------------------------------- error texts
+
+
+def test_batched_write_error_texts(data_file):
+    dev = open_dev(data_file, depth=2)
+    with pytest.raises(ValueError, match="^All vectors must have same length$"):
+        dev.batched_write([0], [b"a", b"b"], [1])
+    with pytest.raises(ValueError, match="^All vectors must have same length$"):
+        dev.batched_write([0], [b"a"], [1, 1])
+    with pytest.raises(ValueError, match="^payload_lens must have same length as offsets$"):
+        dev.batched_write([0], [b"a"], [1], None, [1, 2])
+    with pytest.raises(ValueError, match="^total_len must be >= payload_len$"):
+        dev.batched_write([0], [b"ab"], [1], None, [2])
+    with pytest.raises(ValueError, match="^input buffer too small: cap=1 need=4$"):
+        dev.batched_write([0], [b"a"], [4])
+    with pytest.raises(TypeError, match="a bytes-like object is required, not 'int'"):
+        dev.batched_write([0], [5], [1])
+    with pytest.raises(OverflowError, match="can't convert negative int to unsigned"):
+        dev.batched_write([-1], [b"a"], [1])
+    with pytest.raises(TypeError, match="argument 'offsets': 'list_iterator' object cannot be converted to 'Sequence'"):
+        dev.batched_write(iter([0]), [b"a"], [1])
+    with pytest.raises(BufferError):
+        dev.batched_write([0], [memoryview(bytearray(8))[::2]], [4])
+    # a tuple is a sequence too
+    assert dev.wait_iouring(dev.batched_write((0,), (b"a",), (1,))) == ([True], [])
+    dev.close()
+
+
+def test_batched_read_error_texts(data_file):
+    dev = open_dev(data_file, depth=2)
+    with pytest.raises(ValueError, match="^All vectors must have same length$"):
+        dev.batched_read([0], [bytearray(4)], [4, 4])
+    with pytest.raises(BufferError):
+        dev.batched_read([0], [b"abcd"], [4])
+    with pytest.raises(ValueError, match="^output buffer too small: cap=0 need=4$"):
+        dev.batched_read([0], [bytearray(0)], [4])
+    dev.close()
+
+
+def test_odirect_alignment_texts(data_file):
+    dev = open_dev(data_file, odirect=True, depth=2)
+    with pytest.raises(ValueError, match="^O_DIRECT requires aligned offset$"):
+        dev.batched_write([1], [b"a"], [4096])
+    with pytest.raises(ValueError, match="^O_DIRECT requires aligned total_len$"):
+        dev.batched_write([0], [b"a"], [100])
+    with pytest.raises(ValueError, match="^O_DIRECT requires aligned offset$"):
+        dev.batched_read([1], [bytearray(4096)], [4096])
+    with pytest.raises(ValueError, match="^O_DIRECT requires aligned total_len$"):
+        dev.batched_read([0], [bytearray(4096)], [100])
+    with pytest.raises(ValueError, match="^O_DIRECT requires aligned offset$"):
+        dev.write_uring(1, b"a" * 4096, 4096)
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(ValueError, match="^O_DIRECT requires aligned offset$"):
+            dev.read_uring(1, bytearray(4096), 4096)
+    dev.close()
+
+
+def test_single_op_texts(data_file):
+    dev = open_dev(data_file, depth=2)
+    with pytest.warns(DeprecationWarning) as rec:
+        dev.read_uring(0, bytearray(4), 4)
+    assert [str(w.message) for w in rec] == [DEPRECATION_TEXT]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DeprecationWarning, match="read_uring"):
+            dev.read_uring(0, bytearray(4), 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="^output buffer too small: cap=4 need=8$"):
+            dev.read_uring(0, bytearray(4), 8)
+        with pytest.raises(ValueError, match="^total_len must be >= payload_len$"):
+            dev.read_uring(0, bytearray(8), 8, 4)
+        with pytest.raises(BufferError):
+            dev.read_uring(0, b"1234", 4)
+        with pytest.raises(RuntimeError, match="^Unexpected short I/O: internal error$"):
+            dev.read_uring(FILE_SIZE, bytearray(4), 4)
+        buf = bytearray(8)
+        dev.read_uring(offset=4096, data=buf, payload_len=8, total_len=None)
+        assert bytes(buf) == pattern(4096, 8)
+        short = bytearray(8)
+        dev.read_uring(4096, short, 8, 4096)  # bounced: only payload_len bytes come back
+        assert bytes(short) == pattern(4096, 8)
+    with pytest.raises(ValueError, match="^input buffer too small: cap=4 need=8$"):
+        dev.write_uring(0, b"abcd", 8)
+    with pytest.raises(ValueError, match="^total_len must be >= payload_len$"):
+        dev.write_uring(0, b"abcd", 4, 2)
+    dev.write_uring(offset=0, data=b"abcd", payload_len=4, total_len=8, placement_id=None)
+    with open(data_file, "rb") as f:
+        assert f.read(8) == b"abcd\0\0\0\0"
+    dev.close()
+
+
+def test_closed_device_texts(data_file):
+    dev = open_dev(data_file, depth=2)
+    dev.close()
+    dev.close()  # idempotent
+    for call in (
+        lambda: dev.batched_write([0], [b"a"], [1]),
+        lambda: dev.batched_read([0], [bytearray(1)], [1]),
+        lambda: dev.write_uring(0, b"a", 1),
+        lambda: dev.register_fixed_buffers([1], [1]),
+    ):
+        with pytest.raises(RuntimeError, match="^device is closed$"):
+            call()
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(RuntimeError, match="^device is closed$"):
+            dev.read_uring(0, bytearray(1), 1)
+    assert dev.wait_iouring(1) == ([], [])
+    assert dev.worker_error() is None
+    assert dev.fixed_buffer_status() == (False, 0)
+
+
+# --------------------------------------------------------------------------- fixed buffers
+
+
+def test_fixed_buffers_used_for_contained_ranges(data_file):
+    dev = open_dev(data_file, depth=8)
+    arena = np.zeros(1 * MiB, dtype=np.uint8)
+    other = np.zeros(64 * KiB, dtype=np.uint8)
+    assert dev.fixed_buffer_status() == (False, 0)
+    dev.register_fixed_buffers([arena.ctypes.data, other.ctypes.data], [arena.nbytes, other.nbytes])
+    assert dev.fixed_buffer_status() == (True, arena.nbytes + other.nbytes)
+    st0 = dev.io_stats_snapshot()
+
+    # writes from sub-ranges of the arena (not only its start), then reads back into others
+    n = 32
+    for i in range(n):
+        arena[i * 4096 : (i + 1) * 4096] = i + 1
+    views = [arena[i * 4096 : (i + 1) * 4096] for i in range(n)]
+    offsets = [(100 + i) * 4096 for i in range(n)]
+    assert dev.wait_iouring(dev.batched_write(offsets, views, [4096] * n)) == ([True] * n, [])
+    st1 = dev.io_stats_snapshot()
+    assert st1["fixed_buffer_attempts"] - st0["fixed_buffer_attempts"] == n
+    assert st1["fixed_buffer_submitted_bytes"] - st0["fixed_buffer_submitted_bytes"] == n * 4096
+
+    dst = [arena[512 * KiB + i * 4096 : 512 * KiB + (i + 1) * 4096] for i in range(n)]
+    assert dev.wait_iouring(dev.batched_read(offsets, dst, [4096] * n)) == ([True] * n, [])
+    for i in range(n):
+        assert (dst[i] == i + 1).all()
+    st2 = dev.io_stats_snapshot()
+    assert st2["fixed_buffer_attempts"] - st1["fixed_buffer_attempts"] == n
+
+    # a buffer outside every registered region, and one straddling the end, are not fixed
+    loose = np.zeros(4096, dtype=np.uint8)
+    straddle = other[-2048:]
+    assert dev.wait_iouring(dev.batched_read([0], [loose], [4096])) == ([True], [])
+    assert dev.wait_iouring(dev.batched_read([0], [bytearray(4096)], [4096])) == ([True], [])
+    assert dev.wait_iouring(dev.batched_read([0], [straddle], [2048])) == ([True], [])
+    assert dev.io_stats_snapshot()["fixed_buffer_attempts"] == st2["fixed_buffer_attempts"] + 1
+    assert loose.tobytes() == pattern(0, 4096)
+    dev.close()
+
+
+@pytest.mark.parametrize("odirect", [False, True], ids=["buffered", "odirect"])
+def test_fixed_buffers_odirect_mmap(data_file, odirect):
+    import mmap
+
+    dev = open_dev(data_file, odirect=odirect, depth=4)
+    region = mmap.mmap(-1, 256 * KiB)
+    addr = np.frombuffer(region, dtype=np.uint8).ctypes.data
+    dev.register_fixed_buffers([addr], [len(region)])
+    arr = np.frombuffer(region, dtype=np.uint8)
+    views = [arr[i * 8192 : i * 8192 + 4096] for i in range(16)]
+    assert dev.wait_iouring(dev.batched_read([i * 4096 for i in range(16)], views, [4096] * 16)) == ([True] * 16, [])
+    for i, v in enumerate(views):
+        assert v.tobytes() == pattern(i * 4096, 4096)
+    assert dev.io_stats_snapshot()["fixed_buffer_attempts"] == 16
+    del views, arr, v
+    dev.close()
+    region.close()  # raises BufferError if any view of the region were still held
+
+
+def test_register_fixed_buffers_validation(data_file):
+    dev = open_dev(data_file, depth=2)
+    a = np.zeros(64 * KiB, dtype=np.uint8)
+    p = a.ctypes.data
+    cases = [
+        (([1], [1, 2]), ValueError, "^buffer_ptrs and buffer_sizes must have same length$"),
+        (([], []), ValueError, "^at least one buffer must be provided$"),
+        (([0], [4096]), ValueError, "^fixed buffer 0 has a null pointer$"),
+        (([p, p + 8192], [4096, 0]), ValueError, "^fixed buffer 1 has zero size$"),
+        (([p], [1 << 40]), ValueError, "^fixed buffer 0 size 1099511627776 exceeds the 1 GiB limit$"),
+        (([p, p + 4096], [8192, 4096]), ValueError, r"^fixed buffer regions overlap: \[0x[0-9a-f]+, 0x[0-9a-f]+\) and"),
+        (([p] * 70000, [1] * 70000), ValueError, "^too many fixed buffers: 70000 exceeds the u16 index space$"),
+        ((["x"], [1]), TypeError, "argument 'buffer_ptrs': 'str' object cannot be interpreted as an integer"),
+        (([-1], [1]), OverflowError, "can't convert negative int to unsigned"),
+    ]
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            dev.register_fixed_buffers(*args)
+        assert dev.fixed_buffer_status() == (False, 0), "a failed registration leaves no state behind"
+    dev.register_fixed_buffers((p,), (4096,))
+    assert dev.fixed_buffer_status() == (True, 4096)
+    # a second registration is rejected before anything changes, even a valid one
+    with pytest.raises(RuntimeError, match="^fixed buffers are already registered$"):
+        dev.register_fixed_buffers([p + 8192], [8192])
+    assert dev.fixed_buffer_status() == (True, 4096)
+    # the old registration is still the one in use
+    st0 = dev.io_stats_snapshot()["fixed_buffer_attempts"]
+    assert dev.wait_iouring(dev.batched_read([0], [a[:4096]], [4096])) == ([True], [])
+    assert dev.wait_iouring(dev.batched_read([0], [a[8192 : 8192 + 4096]], [4096])) == ([True], [])
+    assert dev.io_stats_snapshot()["fixed_buffer_attempts"] == st0 + 1
+    dev.close()
+
+
+def test_register_kernel_refusal_text(data_file):
+    dev = open_dev(data_file, depth=2)
+    # an address range with no mapping behind it: the kernel cannot pin it
+    with pytest.raises(RuntimeError, match=r"^register_buffers failed: Bad address \(os error 14\)$"):
+        dev.register_fixed_buffers([4096], [4096])
+    assert dev.fixed_buffer_status() == (False, 0)
+    dev.close()
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def test_stats_counters(data_file):
+    dev = open_dev(data_file, depth=4)
+    n = 40
+    dev.wait_iouring(dev.batched_write([i * 4096 for i in range(n)], [b"w" * 4096] * n, [4096] * n))
+    dev.wait_iouring(dev.batched_read([i * 4096 for i in range(n)], [bytearray(4096) for _ in range(n)], [4096] * n))
+    st = dev.io_stats_snapshot()
+    assert st["write_attempts"] == n and st["write_submitted_bytes"] == n * 4096
+    assert st["read_attempts"] == n and st["read_submitted_bytes"] == n * 4096
+    assert st["write_completed_bytes"] == n * 4096 and st["read_completed_bytes"] == n * 4096
+    assert st["completed_attempts"] == 2 * n and st["failed_attempts"] == 0
+    assert st["outstanding_requests"] == 0 and st["queued_requests"] == 0
+    assert st["peak_outstanding_requests"] >= n and st["peak_queued_requests"] >= n - 4
+    assert st["batches_submitted"] == 2 and st["max_batch_size"] == n
+    assert st["queue_full_events"] > 0
+    assert st["bounce_attempts"] == 0 and st["fixed_buffer_attempts"] == 0
+    dev.close()
+
+
+# --------------------------------------------------------------------------- threads, GIL, lifetime
+
+
+def test_four_threads_submit_and_wait(data_file):
+    dev = open_dev(data_file, depth=8)
+    failures = []
+
+    def worker(t):
+        try:
+            base = t * 1 * MiB
+            for rep in range(10):
+                n = 32
+                offs = [base + i * 4096 for i in range(n)]
+                srcs = [bytes([(t * 16 + rep + i) % 251]) * 4096 for i in range(n)]
+                ok, errs = dev.wait_iouring(dev.batched_write(offs, srcs, [4096] * n))
+                assert (ok, errs) == ([True] * n, [])
+                outs = [unaligned_buffer(4096, 1 + t) for _ in range(n)]
+                ok, errs = dev.wait_iouring(dev.batched_read(offs, outs, [4096] * n))
+                assert (ok, errs) == ([True] * n, [])
+                assert [bytes(o) for o in outs] == srcs
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append((t, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert failures == []
+    assert dev.io_stats_snapshot()["outstanding_requests"] == 0
+    dev.close()
+
+
+def test_wait_from_another_thread(data_file):
+    dev = open_dev(data_file, depth=2)
+    out = bytearray(4096 * 8)
+    views = [memoryview(out)[i * 4096 : (i + 1) * 4096] for i in range(8)]
+    bid = dev.batched_read([i * 4096 for i in range(8)], views, [4096] * 8)
+    res = []
+    th = threading.Thread(target=lambda: res.append(dev.wait_iouring(bid)))
+    th.start()
+    th.join()
+    assert res == [([True] * 8, [])]
+    assert bytes(out) == pattern(0, 4096 * 8)
+    dev.close()
+
+
+def test_views_held_until_wait(data_file):
+    dev = open_dev(data_file, depth=1)
+    bufs = [bytearray(4096) for _ in range(16)]
+    bid = dev.batched_read([i * 4096 for i in range(16)], bufs, [4096] * 16)
+    with pytest.raises(BufferError):
+        bufs[-1].extend(b"x")  # exported: cannot be resized while the batch may still write into it
+    dev.wait_iouring(bid)
+    bufs[-1].extend(b"x")  # released by wait_iouring
+    assert len(bufs[-1]) == 4097
+    # close releases the views of batches nobody waited for
+    bufs2 = [bytearray(4096) for _ in range(4)]
+    dev.batched_read([0, 4096, 8192, 12288], bufs2, [4096] * 4)
+    dev.close()
+    bufs2[0].extend(b"x")
+
+
+def test_gil_released_during_wait(data_file):
+    dev = open_dev(data_file, odirect=True, depth=1)
+    n = 1500
+    bufs = [np.empty(4096, dtype=np.uint8) for _ in range(n)]
+    counter = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            counter[0] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    th = threading.Thread(target=spin)
+    th.start()
+    try:
+        bid = dev.batched_read([(i % 2000) * 4096 for i in range(n)], bufs, [4096] * n)
+        c0 = counter[0]
+        t0 = time.perf_counter()
+        ok, errs = dev.wait_iouring(bid)
+        waited = time.perf_counter() - t0
+        c1 = counter[0]
+    finally:
+        stop.set()
+        th.join()
+        sys.setswitchinterval(old)
+    assert (ok, errs) == ([True] * n, [])
+    if waited < 0.01:
+        pytest.skip(f"batch finished too fast to observe ({waited * 1e3:.1f} ms)")
+    assert c1 - c0 > 1000, f"the other thread made no progress during a {waited * 1e3:.0f} ms wait"
+    dev.close()
+
+
+def test_close_while_batches_in_flight(data_file):
+    dev = open_dev(data_file, depth=1)
+    pending = []
+    for rep in range(20):
+        bufs = [bytearray(4096) for _ in range(64)]
+        pending.append((dev.batched_read([i * 4096 for i in range(64)], bufs, [4096] * 64), bufs))
+    dev.close()
+    for bid, bufs in pending:
+        assert dev.wait_iouring(bid) == ([], [])  # tracking was released by close
+        bufs[0].extend(b"x")  # and so were the views
+    assert dev.io_stats_snapshot()["outstanding_requests"] == 0
+
+
+def test_close_from_other_thread_while_waiting(data_file):
+    dev = open_dev(data_file, odirect=True, depth=1)
+    n = 400
+    bufs = [np.empty(4096, dtype=np.uint8) for _ in range(n)]
+    bid = dev.batched_read([i * 4096 for i in range(n)], bufs, [4096] * n)
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(dev.wait_iouring(bid)))
+    waiter.start()
+    time.sleep(0.002)
+    closers = [threading.Thread(target=dev.close) for _ in range(3)]
+    for c in closers:
+        c.start()
+    for c in closers:
+        c.join(timeout=30)
+        assert not c.is_alive(), "close() must not deadlock"
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    ok, errs = result[0]
+    # the waiter either got the full result (close waited for it) or nothing (close came first)
+    assert (ok, errs) in (([True] * n, []), ([], []))
+    assert dev.closed
+
+
+def test_shutdown_fails_queued_requests_cleanly(data_file):
+    # Batches queued behind a depth-1 ring when close() starts end as
+    # "io_uring worker shutting down"; a concurrent waiter sees them as per-entry errors.
+    dev = open_dev(data_file, odirect=True, depth=1)
+    n = 2000
+    bufs = [np.empty(4096, dtype=np.uint8) for _ in range(n)]
+    bid = dev.batched_read([(i % 2000) * 4096 for i in range(n)], bufs, [4096] * n)
+    bid2 = dev.batched_read([0] * 8, [np.empty(4096, dtype=np.uint8) for _ in range(8)], [4096] * 8)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(dev.wait_iouring(bid2)))
+    waiter.start()
+    waiter.join()
+    assert got == [([True] * 8, [])]
+    dev.close()
+    assert dev.wait_iouring(bid) == ([], [])
+
+
+def test_dealloc_without_close(data_file):
+    gc.collect()
+    before = len(uring_threads())
+    bufs = [bytearray(4096) for _ in range(128)]
+    dev = open_dev(data_file, depth=2)
+    dev.batched_read([i * 4096 for i in range(128)], bufs, [4096] * 128)
+    dev.batched_write([i * 4096 for i in range(128, 256)], [b"z" * 4096] * 128, [4096] * 128)
+    del dev
+    gc.collect()
+    assert len(uring_threads()) == before, "dealloc stops and joins the worker"
+    bufs[0].extend(b"x")  # views released by dealloc
+    with open(data_file, "rb") as f:
+        f.seek(200 * 4096)
+        block = f.read(4096)
+    assert block in (b"z" * 4096, pattern(200 * 4096, 4096)), "each write either ran fully or not at all"
+
+
+def test_many_devices_and_rapid_close(data_file):
+    for depth in (1, 3, 32):
+        for _ in range(10):
+            dev = open_dev(data_file, depth=depth)
+            dev.batched_read([0, 4096], [bytearray(4096), bytearray(4096)], [4096, 4096])
+            dev.close()
