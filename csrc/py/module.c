@@ -134,6 +134,11 @@ static int rbpy_exec(PyObject *mod)
         return -1;
     if (PyModule_AddType(mod, st->device_type) < 0)
         return -1;
+    st->core_type = (PyTypeObject *)PyType_FromModuleAndSpec(mod, &rbpy_core_spec, NULL);
+    if (!st->core_type)
+        return -1;
+    if (PyModule_AddType(mod, st->core_type) < 0)
+        return -1;
     if (PyModule_AddStringConstant(mod, "__version__", RB_VERSION) < 0)
         return -1;
     return 0;

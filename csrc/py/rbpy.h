@@ -14,6 +14,7 @@
 
 typedef struct {
     PyTypeObject *device_type;
+    PyTypeObject *core_type; /* _native.Core (core.c) */
 } rbpy_state;
 
 typedef struct rbpy_uring_batches rbpy_uring_batches;
@@ -62,5 +63,8 @@ PyObject *rbpy_dev_fixed_buffer_status(PyObject *self, PyObject *unused);
 /* Called by close() and dealloc with the GIL held, after the engine has stopped:
  * releases every buffer the batches still hold. */
 void rbpy_uring_batches_free(RawBlockDeviceObject *self);
+
+/* core.c: the native raw-block core type (_native.Core). */
+extern PyType_Spec rbpy_core_spec;
 
 #endif /* RBPY_H */

@@ -13,6 +13,7 @@ from .config import (
     round_up,
     validate_raw_block_io_options,
 )
+from .core import NativeQuiescence, RawBlockCloseOutcome, RawBlockCore
 from .key_codec import (
     RawBlockKeyNamespace,
     RawBlockKeySpec,
@@ -26,7 +27,10 @@ from .key_codec import (
 
 __all__ = [
     "DEFAULT_IOURING_QUEUE_DEPTH",
+    "NativeQuiescence",
     "RAW_BLOCK_IO_ENGINES",
+    "RawBlockCloseOutcome",
+    "RawBlockCore",
     "RawBlockCoreConfig",
     "RawBlockKeyNamespace",
     "RawBlockKeySpec",

@@ -1,0 +1,768 @@
+/*
+ * rb_core.c - core lifecycle (open, layout, close) and the index operations: put, load,
+ * exists, metadata queries, locks, delete. Checkpoint/recovery live in rb_core_ckpt.c.
+ */
+#include "rb_core_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "rb_core_ident.h"
+
+uint64_t rb_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- device transfers ------------------------------------------------------------------ */
+
+static int take_fault(_Atomic int64_t *ctr)
+{
+    int64_t v = atomic_load(ctr);
+    while (v > 0) {
+        if (atomic_compare_exchange_weak(ctr, &v, v - 1))
+            return v == 1;
+    }
+    return 0;
+}
+
+static int dev_xfer(rb_core *c, int write, uint64_t off, void *buf, size_t buf_len, size_t payload_len,
+                    size_t total_len, int data, rb_err *err)
+{
+    if (data && take_fault(write ? &c->fault_write : &c->fault_read))
+        return rb_err_set(err, RB_ERR_OS, EIO, write ? "pwrite failed (injected)" : "pread failed (injected)");
+    if (rb_dev_enter(c->dev) < 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "device is closed");
+    rb_xfer x;
+    int rc = rb_xfer_init(c->dev, &x, write, off, buf, buf_len, payload_len, total_len, err);
+    if (rc == 0)
+        rc = rb_xfer_prepare(c->dev, &x, err);
+    if (rc == 0) {
+        do {
+            rc = rb_xfer_run(c->dev, &x, err);
+        } while (rc == -EINTR);
+    }
+    rb_xfer_release(&x);
+    rb_dev_leave(c->dev);
+    return rc;
+}
+
+int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
+                      size_t total_len, int data, rb_err *err)
+{
+    return dev_xfer(c, 1, off, (void *)buf, buf_len, payload_len, total_len, data, err);
+}
+
+int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t payload_len, size_t total_len,
+                     int data, rb_err *err)
+{
+    return dev_xfer(c, 0, off, buf, buf_len, payload_len, total_len, data, err);
+}
+
+void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown)
+{
+    atomic_store(kind == RB_FAULT_WRITE ? &c->fault_write : &c->fault_read, countdown);
+}
+
+void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)
+{
+    atomic_store(&c->ckpt_delay_ms, ms);
+}
+
+/* ---- metadata classes ------------------------------------------------------------------ */
+
+static void class_free(rb_class *k)
+{
+    if (!k)
+        return;
+    free(k->dtype);
+    free(k->fmt);
+    free(k->dims);
+    free(k->json);
+    free(k);
+}
+
+static char *dupn(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
+
+uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m)
+{
+    rb_buf b = {0};
+    rb_buf_puts(&b, "\"shape\":");
+    if (m->ndim < 0) {
+        rb_buf_puts(&b, "null");
+    } else {
+        rb_buf_puts(&b, "[");
+        for (int64_t i = 0; i < m->ndim; i++) {
+            if (i)
+                rb_buf_puts(&b, ",");
+            rb_buf_i64(&b, m->dims[i]);
+        }
+        rb_buf_puts(&b, "]");
+    }
+    rb_buf_puts(&b, ",\"dtype\":");
+    if (m->dtype)
+        rb_buf_json_str(&b, m->dtype, m->dtype_len);
+    else
+        rb_buf_puts(&b, "null");
+    rb_buf_puts(&b, ",\"fmt\":");
+    if (m->fmt)
+        rb_buf_json_str(&b, m->fmt, m->fmt_len);
+    else
+        rb_buf_puts(&b, "null");
+    if (b.oom) {
+        rb_buf_free(&b);
+        return UINT32_MAX;
+    }
+    uint32_t h = rb_idx_hash(b.data, b.len);
+    uint32_t p = rb_idx_find(&c->classes, b.data, b.len, h);
+    if (p != UINT32_MAX) {
+        rb_buf_free(&b);
+        return c->classes.ents[p].slot;
+    }
+    if (c->n_cls == c->cap_cls) {
+        uint32_t nc = c->cap_cls ? c->cap_cls * 2 : 16;
+        rb_class **n = realloc(c->cls, (size_t)nc * sizeof(*n));
+        if (!n) {
+            rb_buf_free(&b);
+            return UINT32_MAX;
+        }
+        c->cls = n;
+        c->cap_cls = nc;
+    }
+    rb_class *k = calloc(1, sizeof(*k));
+    if (!k)
+        goto oom;
+    k->ndim = m->ndim;
+    if (m->dtype && !(k->dtype = dupn(m->dtype, m->dtype_len)))
+        goto oom;
+    if (m->fmt && !(k->fmt = dupn(m->fmt, m->fmt_len)))
+        goto oom;
+    if (m->ndim > 0) {
+        k->dims = malloc((size_t)m->ndim * sizeof(int64_t));
+        if (!k->dims)
+            goto oom;
+        memcpy(k->dims, m->dims, (size_t)m->ndim * sizeof(int64_t));
+    }
+    k->json = dupn(b.data, b.len);
+    if (!k->json)
+        goto oom;
+    k->json_len = b.len;
+    p = rb_idx_insert(&c->classes, b.data, b.len, h, NULL, -1);
+    if (p == UINT32_MAX)
+        goto oom;
+    c->classes.ents[p].slot = c->n_cls;
+    c->cls[c->n_cls] = k;
+    rb_buf_free(&b);
+    return c->n_cls++;
+oom:
+    class_free(k);
+    rb_buf_free(&b);
+    return UINT32_MAX;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
+{
+    rb_slots_release(&c->slots, slot);
+}
+
+int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
+{
+    rb_core *c = calloc(1, sizeof(*c));
+    if (!c)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    c->cfg = *cfg;
+    c->path = strdup(cfg->device_path);
+    if (!c->path) {
+        free(c);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    c->cfg.device_path = c->path;
+    if (c->cfg.recovery_threads == 0)
+        c->cfg.recovery_threads = 8;
+    c->good_container = -1;
+    pthread_mutex_init(&c->ckpt_mu, NULL);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->idle_cv, NULL);
+    pthread_mutex_init(&c->thr_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->thr_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    rb_idx_init(&c->index);
+    rb_idx_init(&c->inflight);
+    rb_idx_init(&c->classes);
+    c->last_io_ns = rb_now_ns();
+
+    rb_dev_config dc = {
+        .path = cfg->device_path,
+        .writable = 1,
+        .odirect = cfg->use_odirect,
+        .engine = cfg->engine,
+        .uring_cmd = cfg->use_uring_cmd,
+        .alignment = (size_t)cfg->block_align,
+        .queue_depth = cfg->queue_depth,
+    };
+    int rc = rb_dev_open(&dc, &c->dev, err);
+    if (rc < 0)
+        goto fail;
+
+    /* Layout (LMCache's geometry, no superblock). */
+    uint64_t size = c->dev->size;
+    c->capacity = (cfg->capacity_bytes > 0 && cfg->capacity_bytes < size) ? cfg->capacity_bytes : size;
+    if (cfg->meta_total_bytes >= c->capacity) {
+        rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC, "metadata region exceeds usable device capacity");
+        goto fail;
+    }
+    c->data_base = cfg->meta_total_bytes;
+    uint64_t ms = (c->capacity - c->data_base) / cfg->slot_bytes;
+    if (ms == 0) {
+        rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC, "raw block capacity too small for slot size after metadata");
+        goto fail;
+    }
+    if (ms > UINT32_MAX - 1) {
+        rc = rb_err_set(err, RB_ERR_VALUE, EINVAL, "too many slots (%llu); use a larger slot_bytes",
+                        (unsigned long long)ms);
+        goto fail;
+    }
+    c->max_slots = (uint32_t)ms;
+    c->container_bytes = (cfg->meta_total_bytes / 2) / cfg->block_align * cfg->block_align;
+    c->payload_cap = c->container_bytes - cfg->block_align;
+    c->slot_cap = cfg->slot_bytes - cfg->header_bytes;
+    rc = rb_slots_init(&c->slots, c->max_slots, cfg->affinity);
+    if (rc < 0) {
+        rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto fail;
+    }
+    rc = rb_core_recover(c, err);
+    if (rc < 0)
+        goto fail;
+    if (cfg->enable_periodic) {
+        rc = rb_core_start_thread(c, err);
+        if (rc < 0)
+            goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    rb_core_free(c);
+    return rc;
+}
+
+void rb_core_close(rb_core *c, rb_close_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    pthread_mutex_lock(&c->mu);
+    if (c->closed) {
+        pthread_mutex_unlock(&c->mu);
+        res->repeat = 1;
+        return;
+    }
+    c->closed = 1;
+    pthread_mutex_unlock(&c->mu);
+
+    rb_core_stop_thread(c);
+
+    /* Our I/O is synchronous and bounded: wait for calls already admitted to finish, so the
+     * final checkpoint covers their commits and no caller is left inside the device. */
+    pthread_mutex_lock(&c->mu);
+    while (c->inflight_io > 0 || c->inflight.n_live > 0)
+        pthread_cond_wait(&c->idle_cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+
+    int rc = rb_core_checkpoint(c, 1, &res->ckpt_err);
+    if (rc > 0)
+        res->final_written = 1;
+    else if (rc < 0)
+        res->ckpt_failed = 1;
+    if (c->dev && rb_dev_close(c->dev, &res->dev_err) < 0)
+        res->dev_close_failed = 1;
+}
+
+void rb_core_free(rb_core *c)
+{
+    if (!c)
+        return;
+    rb_core_stop_thread(c);
+    if (c->dev)
+        rb_dev_free(c->dev);
+    rb_idx_free(&c->index);
+    rb_idx_free(&c->inflight);
+    rb_idx_free(&c->classes);
+    for (uint32_t i = 0; i < c->n_cls; i++)
+        class_free(c->cls[i]);
+    free(c->cls);
+    rb_slots_free(&c->slots);
+    pthread_mutex_destroy(&c->ckpt_mu);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->idle_cv);
+    pthread_mutex_destroy(&c->thr_mu);
+    pthread_cond_destroy(&c->thr_cv);
+    free(c->path);
+    free(c);
+}
+
+/* ---- put ------------------------------------------------------------------------------- */
+
+static void io_begin_locked(rb_core *c, uint64_t n)
+{
+    c->inflight_io += n;
+}
+
+static void io_end_locked(rb_core *c, uint64_t n)
+{
+    c->inflight_io -= n;
+    c->last_io_ns = rb_now_ns();
+    if (c->inflight_io == 0)
+        pthread_cond_broadcast(&c->idle_cv);
+}
+
+/* Reserve a slot for item under mu. Returns 1 (already indexed: result True), 0 (failed:
+ * result False) or 2 (reserved: *slot set, in-flight record inserted). */
+static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot)
+{
+    uint32_t h = rb_idx_hash(it->key, it->key_len);
+    if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX)
+        return 1;
+    if (rb_idx_find(&c->inflight, it->key, it->key_len, h) != UINT32_MAX)
+        return 0;
+    if (it->len > c->slot_cap || rb_xfer_len(c, it->len) > c->slot_cap)
+        return 0; /* payload does not fit the slot */
+    uint32_t cls = rb_core_intern_class(c, &it->meta);
+    if (cls == UINT32_MAX)
+        return 0;
+    uint32_t s = rb_slots_alloc(&c->slots, it->pid);
+    if (s == RB_SLOT_NONE)
+        return 0; /* no free slot available */
+    uint32_t p = rb_idx_insert(&c->inflight, it->key, it->key_len, h, it->meta.pos, it->meta.npos);
+    if (p == UINT32_MAX) {
+        rb_slots_release(&c->slots, s);
+        return 0;
+    }
+    rb_ent *e = &c->inflight.ents[p];
+    e->slot = s;
+    e->cls = cls;
+    e->size = it->len;
+    e->pid = it->pid;
+    *slot = s;
+    return 2;
+}
+
+/* Commit (ok) or roll back the reservation of item under mu. Returns the result. */
+static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum)
+{
+    uint32_t h = rb_idx_hash(it->key, it->key_len);
+    uint32_t p = rb_idx_find(&c->inflight, it->key, it->key_len, h);
+    if (p == UINT32_MAX)
+        return 0;
+    rb_ent r = c->inflight.ents[p];
+    int result = 0;
+    if (ok && !(r.flags & RB_ENT_CANCELED)) {
+        if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX) {
+            /* A state applied meanwhile already holds this key: keep that entry. */
+            rb_slots_release(&c->slots, r.slot);
+            result = 1;
+        } else {
+            uint32_t q = rb_idx_insert(&c->index, it->key, it->key_len, h, rb_ent_pos(&r), rb_ent_npos(&r));
+            if (q != UINT32_MAX) {
+                rb_ent *e = &c->index.ents[q];
+                e->slot = r.slot;
+                e->size = r.size;
+                e->cls = r.cls;
+                if (c->cfg.verify_payload_checksum) {
+                    e->checksum = sum;
+                    e->flags |= RB_ENT_HAS_SUM;
+                }
+                result = 2;
+            } else {
+                rb_slots_release(&c->slots, r.slot);
+            }
+        }
+    } else {
+        rb_slots_release(&c->slots, r.slot);
+    }
+    c->dirty_total++;
+    p = rb_idx_find(&c->inflight, it->key, it->key_len, h);
+    rb_idx_remove_at(&c->inflight, p);
+    if (c->inflight.n_live == 0)
+        pthread_cond_broadcast(&c->idle_cv);
+    return result;
+}
+
+static int write_slot(rb_core *c, const rb_put_item *it, uint32_t slot, uint8_t *hdr, uint64_t *sum, rb_err *err)
+{
+    uint64_t off = rb_slot_offset(c, slot);
+    int has_sum = c->cfg.verify_payload_checksum;
+    *sum = has_sum ? XXH3_64bits(it->buf, it->len) : 0;
+    rb_slot_header_encode(hdr, c->cfg.header_bytes, it->identity, it->len, has_sum, *sum);
+    int rc = rb_core_dev_write(c, off, hdr, c->cfg.header_bytes, c->cfg.header_bytes, c->cfg.header_bytes, 1, err);
+    if (rc < 0)
+        return rc;
+    return rb_core_dev_write(c, off + c->cfg.header_bytes, it->buf, it->len, it->len, rb_xfer_len(c, it->len), 1,
+                             err);
+}
+
+int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
+                     size_t *n_stored, rb_err *err)
+{
+    *n_stored = 0;
+    memset(results, 0, n);
+    uint8_t *hdr = rb_alloc_aligned(c->cfg.block_align, c->cfg.header_bytes, err);
+    if (!hdr)
+        return -ENOMEM;
+    /* posix path (LMCache's sequential path): reserve, write header then payload, commit. */
+    for (size_t i = 0; i < n; i++) {
+        const rb_put_item *it = &items[i];
+        uint32_t slot;
+        pthread_mutex_lock(&c->mu);
+        if (c->closed) {
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+        int r = reserve_locked(c, it, &slot);
+        if (r != 2) {
+            pthread_mutex_unlock(&c->mu);
+            results[i] = (uint8_t)r;
+            continue;
+        }
+        io_begin_locked(c, 1);
+        pthread_mutex_unlock(&c->mu);
+
+        rb_err werr;
+        uint64_t sum = 0;
+        int ok = write_slot(c, it, slot, hdr, &sum, &werr) == 0;
+
+        pthread_mutex_lock(&c->mu);
+        io_end_locked(c, 1);
+        int res = commit_locked(c, it, ok, sum);
+        pthread_mutex_unlock(&c->mu);
+        results[i] = res != 0;
+        if (res == 2)
+            stored[(*n_stored)++] = (uint32_t)i;
+    }
+    free(hdr);
+    return 0;
+}
+
+/* ---- load ------------------------------------------------------------------------------ */
+
+int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
+{
+    typedef struct {
+        uint32_t slot;
+        uint64_t size, sum;
+        int has_sum;
+    } snap;
+    snap *s = calloc(n ? n : 1, sizeof(*s));
+    if (!s)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        items[i].ok = 0;
+        items[i].npos = -1;
+        items[i].pos = NULL;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (c->closed) {
+        pthread_mutex_unlock(&c->mu);
+        free(s);
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore cannot admit reads after shutdown");
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t p = rb_idx_find(&c->index, items[i].key, items[i].key_len,
+                                 rb_idx_hash(items[i].key, items[i].key_len));
+        if (p == UINT32_MAX) {
+            s[i].slot = RB_SLOT_NONE;
+            continue;
+        }
+        const rb_ent *e = &c->index.ents[p];
+        s[i].slot = e->slot;
+        s[i].size = e->size;
+        s[i].sum = e->checksum;
+        s[i].has_sum = (e->flags & RB_ENT_HAS_SUM) != 0;
+        int64_t np = rb_ent_npos(e);
+        items[i].npos = np;
+        if (np > 0) {
+            items[i].pos = malloc((size_t)np * sizeof(int64_t));
+            if (items[i].pos)
+                memcpy(items[i].pos, rb_ent_pos(e), (size_t)np * sizeof(int64_t));
+            else
+                items[i].npos = -2; /* out of memory: reported as a failed key */
+        }
+    }
+    io_begin_locked(c, 1);
+    pthread_mutex_unlock(&c->mu);
+
+    uint64_t sum_fail = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i].slot == RB_SLOT_NONE || items[i].npos == -2)
+            continue;
+        size_t len = s[i].size;
+        if (items[i].buf_len < len)
+            continue; /* destination shorter than the payload: load failed for this key */
+        size_t blen = c->cfg.enable_zero_copy ? items[i].buf_len : len;
+        rb_err rerr;
+        uint64_t off = rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes;
+        if (rb_core_dev_read(c, off, items[i].buf, blen, len, rb_xfer_len(c, len), 1, &rerr) < 0)
+            continue;
+        if (c->cfg.verify_payload_checksum && s[i].has_sum && XXH3_64bits(items[i].buf, len) != s[i].sum) {
+            sum_fail++;
+            continue;
+        }
+        items[i].ok = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!items[i].ok) {
+            free(items[i].pos);
+            items[i].pos = NULL;
+            items[i].npos = -1;
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    c->checksum_failures += sum_fail;
+    io_end_locked(c, 1);
+    pthread_mutex_unlock(&c->mu);
+    free(s);
+    return 0;
+}
+
+/* ---- queries and locks ----------------------------------------------------------------- */
+
+static uint32_t find_locked(rb_core *c, const char *k, size_t l)
+{
+    return rb_idx_find(&c->index, k, l, rb_idx_hash(k, l));
+}
+
+static void lock_ent_locked(rb_core *c, rb_ent *e)
+{
+    if (e->refcnt++ == 0)
+        c->locked_keys++;
+}
+
+void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
+                         uint8_t *results)
+{
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t p = find_locked(c, keys[i], lens[i]);
+        results[i] = p != UINT32_MAX;
+        if (lock && results[i])
+            lock_ent_locked(c, &c->index.ents[p]);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int rb_core_exists_inflight(rb_core *c, const char *key, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    int r = rb_idx_find(&c->inflight, key, len, rb_idx_hash(key, len)) != UINT32_MAX;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+static void fill_meta_locked(rb_core *c, const rb_ent *e, rb_meta_out *o)
+{
+    const rb_class *k = c->cls[e->cls];
+    o->found = 1;
+    o->offset = rb_slot_offset(c, e->slot);
+    o->size = e->size;
+    o->dtype = k->dtype;
+    o->fmt = k->fmt;
+    o->ndim = k->ndim;
+    o->dims = k->dims;
+    o->npos = rb_ent_npos(e);
+    o->pos = NULL;
+    if (o->npos > 0) {
+        o->pos = malloc((size_t)o->npos * sizeof(int64_t));
+        if (o->pos)
+            memcpy(o->pos, rb_ent_pos(e), (size_t)o->npos * sizeof(int64_t));
+        else
+            o->npos = -1;
+    }
+}
+
+void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n,
+                               rb_meta_out *out)
+{
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof(out[i]));
+        uint32_t p = find_locked(c, keys[i], lens[i]);
+        if (p != UINT32_MAX)
+            fill_meta_locked(c, &c->index.ents[p], &out[i]);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+size_t rb_core_get_metadata_prefix(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
+                                   const uint8_t *skip, rb_meta_out *out)
+{
+    size_t i;
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof(out[i]));
+        uint32_t p = find_locked(c, keys[i], lens[i]);
+        if (p == UINT32_MAX)
+            break;
+        fill_meta_locked(c, &c->index.ents[p], &out[i]);
+        if (lock && !(skip && skip[i]))
+            lock_ent_locked(c, &c->index.ents[p]);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return i;
+}
+
+void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t p = find_locked(c, keys[i], lens[i]);
+        if (p == UINT32_MAX)
+            continue;
+        rb_ent *e = &c->index.ents[p];
+        if (e->refcnt > 0 && --e->refcnt == 0)
+            c->locked_keys--;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
+                         uint8_t *results)
+{
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = rb_idx_hash(keys[i], lens[i]);
+        uint32_t p = rb_idx_find(&c->index, keys[i], lens[i], h);
+        if (p != UINT32_MAX && c->index.ents[p].refcnt > 0 && !force) {
+            results[i] = 0;
+            continue;
+        }
+        int was = 0;
+        if (p != UINT32_MAX) {
+            rb_ent *e = &c->index.ents[p];
+            if (e->refcnt > 0)
+                c->locked_keys--;
+            uint32_t slot = e->slot;
+            rb_idx_remove_at(&c->index, p);
+            rb_slots_release(&c->slots, slot);
+            c->dirty_total++;
+            was = 1;
+        }
+        uint32_t q = rb_idx_find(&c->inflight, keys[i], lens[i], h);
+        if (q != UINT32_MAX) {
+            c->inflight.ents[q].flags |= RB_ENT_CANCELED;
+            was = 1;
+        }
+        results[i] = (uint8_t)was;
+    }
+    rb_idx_maybe_compact(&c->index);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    uint32_t p = find_locked(c, key, len);
+    int64_t r = p == UINT32_MAX ? -1 : (int64_t)rb_slot_offset(c, c->index.ents[p].slot);
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+uint32_t rb_core_lock_refcount(rb_core *c, const char *key, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    uint32_t p = find_locked(c, key, len);
+    uint32_t r = p == UINT32_MAX ? 0 : c->index.ents[p].refcnt;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys_out, size_t **lens_out)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->index.n_live < max ? c->index.n_live : max;
+    char **keys = calloc(n ? n : 1, sizeof(char *));
+    size_t *lens = calloc(n ? n : 1, sizeof(size_t));
+    size_t k = 0;
+    if (!keys || !lens)
+        goto oom;
+    for (uint32_t p = c->index.first_live; p < c->index.n_ents && k < n; p++) {
+        const rb_ent *e = &c->index.ents[p];
+        if (e->flags & RB_ENT_DEAD) {
+            if (k == 0)
+                c->index.first_live = p + 1;
+            continue;
+        }
+        keys[k] = dupn(rb_ent_key(e), e->key_len);
+        if (!keys[k])
+            goto oom;
+        lens[k++] = e->key_len;
+    }
+    pthread_mutex_unlock(&c->mu);
+    *keys_out = keys;
+    *lens_out = lens;
+    return (int64_t)k;
+oom:
+    pthread_mutex_unlock(&c->mu);
+    if (keys)
+        for (size_t i = 0; i < k; i++)
+            free(keys[i]);
+    free(keys);
+    free(lens);
+    return -ENOMEM;
+}
+
+void rb_core_status_get(rb_core *c, rb_core_status *st)
+{
+    memset(st, 0, sizeof(*st));
+    pthread_mutex_lock(&c->mu);
+    st->capacity_bytes = c->capacity;
+    st->data_base = c->data_base;
+    st->container_bytes = c->container_bytes;
+    st->max_slots = c->max_slots;
+    st->next_slot = c->slots.next_slot;
+    st->free_slots = c->slots.n_free;
+    st->indexed = c->index.n_live;
+    st->inflight_keys = c->inflight.n_live;
+    st->locked_keys = c->locked_keys;
+    st->inflight_io = c->inflight_io;
+    st->meta_seq = c->meta_seq;
+    st->dirty_total = c->dirty_total;
+    st->persisted = c->persisted;
+    st->affinity_hits = c->slots.affinity_hits;
+    st->affinity_fallbacks = c->slots.affinity_fallbacks;
+    st->ckpt_written = c->ckpt_written;
+    st->ckpt_failures = c->ckpt_failures;
+    st->ckpt_too_large = c->ckpt_too_large;
+    st->checksum_failures = c->checksum_failures;
+    st->recovery_dropped = c->recovery_dropped;
+    st->recovery_entries_loaded = c->recovery_entries_loaded;
+    st->recovery_loaded = c->recovery_loaded;
+    st->closed = c->closed;
+    memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);
+    pthread_mutex_unlock(&c->mu);
+    if (c->dev)
+        rb_stats_read(&c->dev->stats, &st->io);
+}
+
+size_t rb_core_mem_bytes(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t b = rb_idx_mem_bytes(&c->index) + rb_idx_mem_bytes(&c->inflight) + rb_slots_mem_bytes(&c->slots);
+    pthread_mutex_unlock(&c->mu);
+    return b;
+}

@@ -1,0 +1,150 @@
+/*
+ * rb_core.h - the raw-block core: LMCache's RawBlockCore in C (index, slots, pinning,
+ * batched put/load/delete, checkpoint and recovery, format v1).
+ *
+ * Everything here is plain C data: keys are UTF-8 bytes, metadata is dtype/fmt names, a
+ * shape and cached positions. Every function may block on device I/O and is meant to be
+ * called without the GIL.
+ *
+ * Locks (lock order: ckpt_mu -> mu -> thr_mu; the device's gate_mu is a leaf):
+ *   ckpt_mu  one checkpoint writer at a time (held across the checkpoint's device writes);
+ *   mu       the core mutex: index, in-flight table, slots, counters. Never held across
+ *            device I/O; the checkpoint JSON is serialised under it (O(index), no I/O);
+ *   thr_mu   the periodic thread's stop flag and wake-up condition.
+ */
+#ifndef RB_CORE_H
+#define RB_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rb_err.h"
+#include "rb_stats.h"
+
+typedef struct rb_core rb_core;
+
+typedef struct rb_core_cfg {
+    const char *device_path;
+    uint64_t capacity_bytes; /* 0 = whole device */
+    uint64_t block_align, header_bytes, slot_bytes, meta_total_bytes;
+    int use_odirect, enable_zero_copy;
+    uint8_t meta_magic[8];
+    uint32_t meta_version;
+    uint32_t checkpoint_interval_sec; /* >= 1 */
+    uint32_t idle_quiet_ms;
+    int enable_periodic, verify_on_load, load_on_init;
+    int engine; /* enum rb_engine_kind */
+    uint32_t queue_depth;
+    int use_uring_cmd;
+    int ckpt_pid; /* 0 = none */
+    int affinity;
+    int verify_payload_checksum;
+    int key_namespace; /* enum rb_key_namespace */
+    uint32_t recovery_threads; /* posix header readers, >= 1 */
+} rb_core_cfg;
+
+/* Metadata of one entry as the binding passes it in and gets it back. */
+typedef struct rb_meta_in {
+    const char *dtype; /* NULL = null */
+    size_t dtype_len;
+    const char *fmt;
+    size_t fmt_len;
+    int64_t ndim; /* -1 = shape null */
+    const int64_t *dims;
+    int64_t npos; /* -1 = cached_positions null */
+    const int64_t *pos;
+} rb_meta_in;
+
+typedef struct rb_put_item {
+    const char *key;
+    size_t key_len;
+    uint64_t identity;
+    const uint8_t *buf;
+    size_t len;
+    uint16_t pid; /* 0 = no placement directive */
+    rb_meta_in meta;
+} rb_put_item;
+
+typedef struct rb_load_item {
+    const char *key;
+    size_t key_len;
+    uint8_t *buf;
+    size_t buf_len;
+    /* out */
+    int ok;
+    int64_t npos; /* -1 = null; else pos is malloc'd (caller frees) */
+    int64_t *pos;
+} rb_load_item;
+
+typedef struct rb_meta_out {
+    int found;
+    uint64_t offset, size;
+    const char *dtype, *fmt; /* interned: valid until rb_core_free; NULL = null */
+    int64_t ndim;            /* -1 = null */
+    const int64_t *dims;     /* interned */
+    int64_t npos;            /* -1 = null; pos malloc'd (caller frees) */
+    int64_t *pos;
+} rb_meta_out;
+
+typedef struct rb_core_status {
+    uint64_t capacity_bytes, data_base, container_bytes, max_slots, next_slot, free_slots;
+    uint64_t indexed, inflight_keys, locked_keys, inflight_io;
+    uint64_t meta_seq, dirty_total, persisted;
+    uint64_t affinity_hits, affinity_fallbacks;
+    uint64_t ckpt_written, ckpt_failures, ckpt_too_large, checksum_failures;
+    uint64_t recovery_dropped, recovery_entries_loaded;
+    int recovery_loaded, closed;
+    char ckpt_error[256];
+    rb_stats_snapshot io;
+} rb_core_status;
+
+typedef struct rb_close_result {
+    int repeat;          /* this was not the first close */
+    int final_written;   /* the final checkpoint was written */
+    int ckpt_failed;     /* the final checkpoint raised */
+    int dev_close_failed;
+    rb_err ckpt_err, dev_err;
+} rb_close_result;
+
+int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err);
+void rb_core_close(rb_core *c, rb_close_result *res);
+void rb_core_free(rb_core *c);
+
+/* results[i] = 1/0; stored[] receives item indices committed by this call, in commit order;
+ * *n_stored their count. Fails (-errno) only for whole-call errors. */
+int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
+                     size_t *n_stored, rb_err *err);
+/* -ESHUTDOWN with RuntimeError text after close. */
+int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err);
+void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
+                         uint8_t *results);
+int rb_core_exists_inflight(rb_core *c, const char *key, size_t len);
+void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n,
+                               rb_meta_out *out);
+/* Returns the length of the prefix of hits (out[0..ret) filled). skip may be NULL. */
+size_t rb_core_get_metadata_prefix(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
+                                   const uint8_t *skip, rb_meta_out *out);
+void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n);
+void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
+                         uint8_t *results);
+/* -1 when absent. */
+int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len);
+uint32_t rb_core_lock_refcount(rb_core *c, const char *key, size_t len);
+/* Copies of the indexed keys in insertion order (malloc'd array of malloc'd NUL-terminated
+ * strings). Returns the count, or -ENOMEM. max = 1 gives the first key. */
+int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys, size_t **lens);
+
+/* 1 = written, 0 = nothing to do (not dirty / not idle), <0 = error (err filled). */
+int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
+/* Apply a state v1 JSON document: 1 applied, 0 rejected (reason in err->msg), <0 error. */
+int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err);
+void rb_core_status_get(rb_core *c, rb_core_status *st);
+size_t rb_core_mem_bytes(rb_core *c);
+
+/* Test hooks: fail the countdown-th next data write/read (1 = the next one) with EIO;
+ * delay each checkpoint writer between choosing its sequence number and writing. */
+enum { RB_FAULT_WRITE = 0, RB_FAULT_READ = 1 };
+void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown);
+void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms);
+
+#endif /* RB_CORE_H */

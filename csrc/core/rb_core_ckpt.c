@@ -1,0 +1,626 @@
+/*
+ * rb_core_ckpt.c - checkpoint writer (state v1 JSON into the two mirrored containers),
+ * recovery (newest valid container, layout checks, free-list rebuild, slot-header
+ * validation with parallel readers) and the periodic checkpoint thread.
+ */
+#include "rb_core_int.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rb_core_ident.h"
+
+/* ---- writer ---------------------------------------------------------------------------- */
+
+static int encode_state_locked(rb_core *c, rb_buf *b)
+{
+    const rb_core_cfg *g = &c->cfg;
+    rb_buf_puts(b, "{\"version\":1,\"device_path\":");
+    rb_buf_json_str(b, c->path, strlen(c->path));
+    rb_buf_puts(b, ",\"capacity_bytes\":");
+    rb_buf_u64(b, c->capacity);
+    rb_buf_puts(b, ",\"block_align\":");
+    rb_buf_u64(b, g->block_align);
+    rb_buf_puts(b, ",\"header_bytes\":");
+    rb_buf_u64(b, g->header_bytes);
+    rb_buf_puts(b, ",\"slot_bytes\":");
+    rb_buf_u64(b, g->slot_bytes);
+    rb_buf_puts(b, ",\"meta_total_bytes\":");
+    rb_buf_u64(b, g->meta_total_bytes);
+    rb_buf_puts(b, ",\"meta_magic\":");
+    rb_buf_json_str(b, (const char *)g->meta_magic, 8);
+    rb_buf_puts(b, ",\"meta_version\":");
+    rb_buf_u64(b, g->meta_version);
+    rb_buf_puts(b, ",\"data_base_offset\":");
+    rb_buf_u64(b, c->data_base);
+    rb_buf_puts(b, ",\"next_slot\":");
+    rb_buf_u64(b, c->slots.next_slot);
+    rb_buf_puts(b, ",\"entries\":{");
+    int first = 1;
+    for (uint32_t p = 0; p < c->index.n_ents; p++) {
+        const rb_ent *e = &c->index.ents[p];
+        if (e->flags & RB_ENT_DEAD)
+            continue;
+        if (!first)
+            rb_buf_puts(b, ",");
+        first = 0;
+        rb_buf_json_str(b, rb_ent_key(e), e->key_len);
+        rb_buf_puts(b, ":{\"offset\":");
+        rb_buf_u64(b, rb_slot_offset(c, e->slot));
+        rb_buf_puts(b, ",\"size\":");
+        rb_buf_u64(b, e->size);
+        rb_buf_puts(b, ",");
+        const rb_class *k = c->cls[e->cls];
+        rb_buf_put(b, k->json, k->json_len);
+        rb_buf_puts(b, ",\"cached_positions\":");
+        int64_t np = rb_ent_npos(e);
+        if (np < 0) {
+            rb_buf_puts(b, "null");
+        } else {
+            rb_buf_puts(b, "[");
+            const int64_t *pos = rb_ent_pos(e);
+            for (int64_t i = 0; i < np; i++) {
+                if (i)
+                    rb_buf_puts(b, ",");
+                rb_buf_i64(b, pos[i]);
+            }
+            rb_buf_puts(b, "]");
+        }
+        rb_buf_puts(b, "}");
+    }
+    rb_buf_puts(b, "}}");
+    return b->oom ? -ENOMEM : 0;
+}
+
+static void set_ckpt_error(rb_core *c, const rb_err *err)
+{
+    pthread_mutex_lock(&c->mu);
+    c->ckpt_failures++;
+    snprintf(c->ckpt_error, sizeof c->ckpt_error, "%s", err->msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
+{
+    pthread_mutex_lock(&c->ckpt_mu);
+    pthread_mutex_lock(&c->mu);
+    int dirty = c->dirty_total > c->persisted;
+    int idle = c->inflight_io == 0 &&
+               rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.idle_quiet_ms * 1000000ull;
+    if (!dirty || (!force && !idle)) {
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->ckpt_mu);
+        return 0;
+    }
+    if (c->dev == NULL || rb_dev_enter(c->dev) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->ckpt_mu);
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+    }
+    rb_dev_leave(c->dev);
+    rb_buf b = {0};
+    int rc = encode_state_locked(c, &b);
+    uint64_t dirty_snap = c->dirty_total;
+    uint64_t seq = c->meta_seq + 1;
+    /* Never overwrite the container that holds the newest checkpoint we trust. */
+    if (c->good_container >= 0 && (int)((seq - 1) % 2) == c->good_container)
+        seq++;
+    pthread_mutex_unlock(&c->mu);
+    if (rc < 0) {
+        rb_buf_free(&b);
+        pthread_mutex_unlock(&c->ckpt_mu);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory serialising the checkpoint");
+    }
+    if (b.len > c->payload_cap) {
+        rc = rb_err_set(err, RB_ERR_RUNTIME, EFBIG,
+                        "metadata payload too large (%zu > %llu), checkpoint not written", b.len,
+                        (unsigned long long)c->payload_cap);
+        rb_buf_free(&b);
+        pthread_mutex_lock(&c->mu);
+        c->ckpt_too_large++;
+        pthread_mutex_unlock(&c->mu);
+        set_ckpt_error(c, err);
+        pthread_mutex_unlock(&c->ckpt_mu);
+        return rc;
+    }
+    uint32_t delay = atomic_load(&c->ckpt_delay_ms);
+    if (delay)
+        usleep(delay * 1000u);
+
+    const uint64_t ba = c->cfg.block_align;
+    uint64_t padded = rb_round_up(b.len, ba);
+    uint8_t *payload = rb_alloc_aligned(ba, padded, err);
+    uint8_t *hdr = rb_alloc_aligned(ba, ba, err);
+    if (!payload || !hdr) {
+        free(payload);
+        free(hdr);
+        rb_buf_free(&b);
+        pthread_mutex_unlock(&c->ckpt_mu);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    memcpy(payload, b.data, b.len);
+    memset(payload + b.len, 0, padded - b.len);
+    memset(hdr, 0, ba);
+    rb_ckpt_header h;
+    memcpy(h.magic, c->cfg.meta_magic, 8);
+    h.version = c->cfg.meta_version;
+    h.seq = seq;
+    h.payload_len = b.len;
+    h.crc = rb_crc32(b.data, b.len);
+    rb_ckpt_header_encode(&h, hdr);
+    int target = (int)((seq - 1) % 2);
+    uint64_t base = (uint64_t)target * c->container_bytes;
+    /* Payload first; the header only after the payload completed. */
+    rc = rb_core_dev_write(c, base + ba, payload, padded, padded, padded, 0, err);
+    if (rc == 0)
+        rc = rb_core_dev_write(c, base, hdr, ba, ba, ba, 0, err);
+    free(payload);
+    free(hdr);
+    rb_buf_free(&b);
+    if (rc < 0) {
+        set_ckpt_error(c, err);
+        pthread_mutex_unlock(&c->ckpt_mu);
+        return rc;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->meta_seq = seq;
+    c->good_container = target;
+    if (dirty_snap > c->persisted)
+        c->persisted = dirty_snap;
+    c->ckpt_written++;
+    c->ckpt_error[0] = 0;
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->ckpt_mu);
+    return 1;
+}
+
+/* ---- apply + validation ---------------------------------------------------------------- */
+
+typedef struct vitem {
+    char *key;
+    size_t key_len;
+    uint32_t slot;
+    uint64_t size;
+    /* results */
+    int hdr_ok, has_sum;
+    uint64_t identity, len, sum;
+} vitem;
+
+typedef struct vjob {
+    rb_core *c;
+    vitem *items;
+    size_t lo, hi;
+} vjob;
+
+static void read_header_into(rb_core *c, vitem *v, uint8_t *buf)
+{
+    rb_err e;
+    uint64_t hb = c->cfg.header_bytes;
+    v->hdr_ok = 0;
+    if (rb_core_dev_read(c, rb_slot_offset(c, v->slot), buf, hb, hb, hb, 0, &e) < 0)
+        return;
+    if (rb_slot_header_decode(buf, hb, &v->identity, &v->len, &v->has_sum, &v->sum) == 0)
+        v->hdr_ok = 1;
+}
+
+static void *vjob_run(void *arg)
+{
+    vjob *j = arg;
+    rb_err e;
+    uint8_t *buf = rb_alloc_aligned(j->c->cfg.block_align, j->c->cfg.header_bytes, &e);
+    if (!buf)
+        return NULL; /* hdr_ok stays 0: those entries are dropped */
+    for (size_t i = j->lo; i < j->hi; i++)
+        read_header_into(j->c, &j->items[i], buf);
+    free(buf);
+    return NULL;
+}
+
+/* Read the headers of items[0..n) with up to recovery_threads parallel readers. */
+static void read_headers_parallel(rb_core *c, vitem *items, size_t n)
+{
+    size_t workers = c->cfg.recovery_threads;
+    if (workers > n)
+        workers = n;
+    if (workers <= 1) {
+        vjob j = {c, items, 0, n};
+        vjob_run(&j);
+        return;
+    }
+    size_t per = (n + workers - 1) / workers;
+    vjob jobs[64];
+    pthread_t th[64];
+    int started[64] = {0};
+    if (workers > 64)
+        workers = 64;
+    per = (n + workers - 1) / workers;
+    for (size_t w = 0; w < workers; w++) {
+        size_t lo = w * per, hi = lo + per > n ? n : lo + per;
+        jobs[w] = (vjob){c, items, lo, hi};
+        if (lo >= hi)
+            continue;
+        if (pthread_create(&th[w], NULL, vjob_run, &jobs[w]) == 0)
+            started[w] = 1;
+        else
+            vjob_run(&jobs[w]);
+    }
+    for (size_t w = 0; w < workers; w++)
+        if (started[w])
+            pthread_join(th[w], NULL);
+}
+
+static int validate_entries(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->index.n_live;
+    vitem *items = calloc(n ? n : 1, sizeof(*items));
+    size_t k = 0;
+    if (!items) {
+        pthread_mutex_unlock(&c->mu);
+        return -ENOMEM;
+    }
+    for (uint32_t p = 0; p < c->index.n_ents; p++) {
+        const rb_ent *e = &c->index.ents[p];
+        if (e->flags & RB_ENT_DEAD)
+            continue;
+        items[k].key = malloc(e->key_len + 1);
+        if (!items[k].key)
+            break;
+        memcpy(items[k].key, rb_ent_key(e), e->key_len + 1);
+        items[k].key_len = e->key_len;
+        items[k].slot = e->slot;
+        items[k].size = e->size;
+        k++;
+    }
+    if (k)
+        c->inflight_io++;
+    pthread_mutex_unlock(&c->mu);
+
+    read_headers_parallel(c, items, k);
+
+    uint64_t dropped = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < k; i++) {
+        vitem *v = &items[i];
+        uint64_t want;
+        int bad = !v->hdr_ok || rb_key_identity(c->cfg.key_namespace, v->key, v->key_len, &want) < 0 ||
+                  want != v->identity || v->len != v->size;
+        uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
+        if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
+            continue; /* changed meanwhile */
+        rb_ent *e = &c->index.ents[p];
+        if (bad) {
+            if (e->refcnt > 0)
+                c->locked_keys--;
+            rb_idx_remove_at(&c->index, p);
+            rb_slots_release(&c->slots, v->slot);
+            dropped++;
+        } else if (v->has_sum) {
+            e->checksum = v->sum;
+            e->flags |= RB_ENT_HAS_SUM;
+        }
+    }
+    if (dropped) {
+        c->dirty_total++;
+        c->recovery_dropped += dropped;
+    }
+    if (k)
+        c->inflight_io--;
+    c->last_io_ns = rb_now_ns();
+    if (c->inflight_io == 0)
+        pthread_cond_broadcast(&c->idle_cv);
+    rb_idx_maybe_compact(&c->index);
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < k; i++)
+        free(items[i].key);
+    free(items);
+    return 0;
+}
+
+/* Compare an optional integer field; absent counts as equal. */
+static int field_matches(struct json_object *st, const char *name, uint64_t want)
+{
+    struct json_object *o;
+    if (!json_object_object_get_ex(st, name, &o))
+        return 1;
+    int64_t v;
+    return rb_json_as_i64(o, &v) == 0 && v >= 0 && (uint64_t)v == want;
+}
+
+static int64_t *json_int_list(struct json_object *o, int64_t *n, int *bad)
+{
+    *bad = 0;
+    *n = -1;
+    if (!o || json_object_get_type(o) == json_type_null)
+        return NULL;
+    if (json_object_get_type(o) != json_type_array) {
+        *bad = 1;
+        return NULL;
+    }
+    size_t len = json_object_array_length(o);
+    int64_t *v = malloc((len ? len : 1) * sizeof(int64_t));
+    if (!v) {
+        *bad = 1;
+        return NULL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (rb_json_as_i64(json_object_array_get_idx(o, i), &v[i]) < 0) {
+            free(v);
+            *bad = 1;
+            return NULL;
+        }
+    }
+    *n = (int64_t)len;
+    return v;
+}
+
+static const char *json_opt_str(struct json_object *o, size_t *len)
+{
+    if (!o || json_object_get_type(o) != json_type_string)
+        return NULL; /* null (or a non-string, stored as null) */
+    *len = (size_t)json_object_get_string_len(o);
+    return json_object_get_string(o);
+}
+
+/* 1 applied, 0 rejected (reason in err->msg), <0 error. Runs without any core lock held. */
+static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
+{
+    struct json_object *o;
+    if (!st || json_object_get_type(st) != json_type_object) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata is not an object");
+        return 0;
+    }
+    int64_t ver;
+    if (!json_object_object_get_ex(st, "version", &o) || rb_json_as_i64(o, &ver) < 0 || ver != 1) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata version unsupported; ignoring metadata");
+        return 0;
+    }
+    if (json_object_object_get_ex(st, "device_path", &o) && json_object_get_type(o) == json_type_string &&
+        json_object_get_string_len(o) > 0 && strcmp(json_object_get_string(o), c->path) != 0) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata device_path mismatch; ignoring metadata");
+        return 0;
+    }
+    static const char *const fields[] = {"block_align", "header_bytes", "slot_bytes", "meta_total_bytes"};
+    const uint64_t want[] = {c->cfg.block_align, c->cfg.header_bytes, c->cfg.slot_bytes, c->cfg.meta_total_bytes};
+    for (int i = 0; i < 4; i++) {
+        if (!field_matches(st, fields[i], want[i])) {
+            rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata %s mismatch; ignoring metadata", fields[i]);
+            return 0;
+        }
+    }
+    if (json_object_object_get_ex(st, "meta_magic", &o) &&
+        (json_object_get_type(o) != json_type_string || json_object_get_string_len(o) != 8 ||
+         memcmp(json_object_get_string(o), c->cfg.meta_magic, 8) != 0)) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_magic mismatch; ignoring metadata");
+        return 0;
+    }
+    if (!field_matches(st, "meta_version", c->cfg.meta_version)) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_version mismatch; ignoring metadata");
+        return 0;
+    }
+    int64_t next_slot;
+    if (!json_object_object_get_ex(st, "next_slot", &o) || rb_json_as_i64(o, &next_slot) < 0 || next_slot < 0 ||
+        (uint64_t)next_slot > c->max_slots) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata next_slot invalid; ignoring metadata");
+        return 0;
+    }
+    struct json_object *entries = NULL;
+    json_object_object_get_ex(st, "entries", &entries);
+    if (entries && json_object_get_type(entries) != json_type_object)
+        entries = NULL;
+
+    uint8_t *used = calloc((size_t)next_slot + 1, 1);
+    if (!used)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    pthread_mutex_lock(&c->mu);
+    rb_idx_clear(&c->index);
+    c->locked_keys = 0;
+    if (rb_slots_reset(&c->slots, (uint32_t)next_slot) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        free(used);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    /* Slots reserved by puts in flight stay reserved. */
+    for (uint32_t p = 0; p < c->inflight.n_ents; p++)
+        if (!(c->inflight.ents[p].flags & RB_ENT_DEAD) && c->inflight.ents[p].slot < (uint64_t)next_slot)
+            used[c->inflight.ents[p].slot] = 1;
+    uint64_t loaded = 0;
+    int oom = 0;
+    if (entries) {
+        json_object_object_foreach(entries, key, val)
+        {
+            if (!val || json_object_get_type(val) != json_type_object)
+                continue;
+            struct json_object *fo, *fs;
+            int64_t off, size;
+            if (!json_object_object_get_ex(val, "offset", &fo) || rb_json_as_i64(fo, &off) < 0)
+                continue;
+            if (!json_object_object_get_ex(val, "size", &fs) || rb_json_as_i64(fs, &size) < 0)
+                continue;
+            if (off < 0 || (uint64_t)off < c->data_base || ((uint64_t)off - c->data_base) % c->cfg.slot_bytes)
+                continue;
+            uint64_t slot = ((uint64_t)off - c->data_base) / c->cfg.slot_bytes;
+            if (slot >= c->max_slots || size <= 0 || (uint64_t)size > c->slot_cap)
+                continue;
+            /* Ours (LMCache keeps these): a slot never handed out, or one already claimed. */
+            if (slot >= (uint64_t)next_slot || used[slot])
+                continue;
+            size_t klen = strlen(key);
+            uint32_t h = rb_idx_hash(key, klen);
+            if (rb_idx_find(&c->index, key, klen, h) != UINT32_MAX)
+                continue;
+            struct json_object *jo;
+            int bad_shape, bad_pos;
+            int64_t ndim, npos;
+            int64_t *dims = json_int_list(json_object_object_get_ex(val, "shape", &jo) ? jo : NULL, &ndim, &bad_shape);
+            int64_t *pos =
+                json_int_list(json_object_object_get_ex(val, "cached_positions", &jo) ? jo : NULL, &npos, &bad_pos);
+            rb_meta_in m = {0};
+            m.ndim = bad_shape ? -1 : ndim;
+            m.dims = dims;
+            m.npos = bad_pos ? -1 : npos;
+            m.pos = pos;
+            m.dtype = json_opt_str(json_object_object_get_ex(val, "dtype", &jo) ? jo : NULL, &m.dtype_len);
+            m.fmt = json_opt_str(json_object_object_get_ex(val, "fmt", &jo) ? jo : NULL, &m.fmt_len);
+            uint32_t cls = rb_core_intern_class(c, &m);
+            uint32_t p = cls == UINT32_MAX ? UINT32_MAX : rb_idx_insert(&c->index, key, klen, h, m.pos, m.npos);
+            free(dims);
+            free(pos);
+            if (p == UINT32_MAX) {
+                oom = 1;
+                break;
+            }
+            rb_ent *e = &c->index.ents[p];
+            e->slot = (uint32_t)slot;
+            e->size = (uint64_t)size;
+            e->cls = cls;
+            used[slot] = 1;
+            loaded++;
+        }
+    }
+    for (uint32_t s = 0; s < (uint32_t)next_slot; s++)
+        if (!used[s])
+            rb_slots_release(&c->slots, s);
+    c->dirty_total = 0;
+    c->persisted = 0;
+    c->recovery_entries_loaded = loaded;
+    pthread_mutex_unlock(&c->mu);
+    free(used);
+    if (oom)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
+    if (c->cfg.verify_on_load || c->cfg.verify_payload_checksum) {
+        if (validate_entries(c) < 0)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
+    }
+    return 1;
+}
+
+int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err)
+{
+    struct json_object *st = rb_json_parse(json, len);
+    if (!st) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata payload is not valid JSON");
+        return 0;
+    }
+    int rc = apply_state(c, st, err);
+    json_object_put(st);
+    return rc;
+}
+
+/* ---- recovery at open ------------------------------------------------------------------ */
+
+int rb_core_recover(rb_core *c, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align;
+    uint8_t *hb = rb_alloc_aligned(ba, ba, err);
+    if (!hb)
+        return -ENOMEM;
+    uint64_t max_hdr_seq = 0;
+    int best = -1;
+    uint64_t best_seq = 0;
+    uint8_t *best_payload = NULL;
+    uint64_t best_len = 0;
+    for (int k = 0; k < 2; k++) {
+        uint64_t base = (uint64_t)k * c->container_bytes;
+        rb_err e;
+        if (rb_core_dev_read(c, base, hb, ba, ba, ba, 0, &e) < 0)
+            continue;
+        rb_ckpt_header h;
+        rb_ckpt_header_decode(hb, &h);
+        if (memcmp(h.magic, c->cfg.meta_magic, 8) != 0 || h.version != c->cfg.meta_version || h.payload_len == 0 ||
+            h.payload_len > c->payload_cap)
+            continue;
+        if (h.seq > max_hdr_seq)
+            max_hdr_seq = h.seq;
+        if (!c->cfg.load_on_init)
+            continue;
+        if (best >= 0 && h.seq <= best_seq)
+            continue;
+        uint64_t padded = rb_round_up(h.payload_len, ba);
+        uint8_t *p = rb_alloc_aligned(ba, padded, err);
+        if (!p) {
+            free(hb);
+            free(best_payload);
+            return -ENOMEM;
+        }
+        if (rb_core_dev_read(c, base + ba, p, padded, padded, padded, 0, &e) < 0 ||
+            rb_crc32(p, h.payload_len) != h.crc) {
+            free(p);
+            continue;
+        }
+        free(best_payload);
+        best_payload = p;
+        best_len = h.payload_len;
+        best = k;
+        best_seq = h.seq;
+    }
+    free(hb);
+    /* Resume the sequence from the newest valid header, whatever happens to its payload. */
+    c->meta_seq = max_hdr_seq;
+    if (best < 0)
+        return 0;
+    rb_err why;
+    rb_err_clear(&why);
+    int rc = rb_core_apply_state_json(c, (const char *)best_payload, best_len, &why);
+    free(best_payload);
+    if (rc < 0) {
+        *err = why;
+        return rc;
+    }
+    if (rc > 0) {
+        c->recovery_loaded = 1;
+        c->good_container = best;
+    } else {
+        snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata payload rejected by checks: %.200s", why.msg);
+    }
+    return 0;
+}
+
+/* ---- periodic thread ------------------------------------------------------------------- */
+
+static void *ckpt_thread(void *arg)
+{
+    rb_core *c = arg;
+    pthread_mutex_lock(&c->thr_mu);
+    while (!c->thr_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += c->cfg.checkpoint_interval_sec ? c->cfg.checkpoint_interval_sec : 1;
+        while (!c->thr_stop && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
+            ;
+        if (c->thr_stop)
+            break;
+        pthread_mutex_unlock(&c->thr_mu);
+        rb_err e;
+        rb_core_checkpoint(c, 0, &e); /* failures are recorded in the status */
+        pthread_mutex_lock(&c->thr_mu);
+    }
+    pthread_mutex_unlock(&c->thr_mu);
+    return NULL;
+}
+
+int rb_core_start_thread(rb_core *c, rb_err *err)
+{
+    int rc = pthread_create(&c->thr, NULL, ckpt_thread, c);
+    if (rc != 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, rc, "cannot start the checkpoint thread");
+    c->thr_started = 1;
+    return 0;
+}
+
+void rb_core_stop_thread(rb_core *c)
+{
+    if (!c->thr_started)
+        return;
+    pthread_mutex_lock(&c->thr_mu);
+    c->thr_stop = 1;
+    pthread_cond_broadcast(&c->thr_cv);
+    pthread_mutex_unlock(&c->thr_mu);
+    pthread_join(c->thr, NULL);
+    c->thr_started = 0;
+}

@@ -1,0 +1,22 @@
+/*
+ * rb_core_ident.h - the u64 slot identity of an encoded key (LMCache's key codec, in C).
+ *
+ * Owns: BLAKE2b (RFC 7693, unkeyed, 8-byte digest; no library among the project's
+ * dependencies offers a BLAKE2b with a digest length parameter) and the legacy-key parse
+ * (4th '@' field = chunk hash in hex, possibly negative, masked to 64 bits).
+ */
+#ifndef RB_CORE_IDENT_H
+#define RB_CORE_IDENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum rb_key_namespace { RB_NS_LEGACY = 0, RB_NS_OBJECT = 1 };
+
+/* BLAKE2b with digest_size = outlen (1..64), no key. */
+void rb_blake2b(uint8_t *out, size_t outlen, const void *in, size_t inlen);
+
+/* Identity of key in namespace ns. 0 on success, -EINVAL if a legacy key does not parse. */
+int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out);
+
+#endif /* RB_CORE_IDENT_H */

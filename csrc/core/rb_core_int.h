@@ -1,0 +1,89 @@
+/*
+ * rb_core_int.h - the rb_core structure and helpers shared by rb_core.c (operations) and
+ * rb_core_ckpt.c (checkpoint, recovery, periodic thread). Lock order: see rb_core.h.
+ */
+#ifndef RB_CORE_INT_H
+#define RB_CORE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "rb_ckpt.h"
+#include "rb_core.h"
+#include "rb_device.h"
+#include "rb_idx.h"
+#include "rb_slots.h"
+
+/* Interned (shape, dtype, fmt) of entries; "json" is the entry fragment
+ * "shape":...,"dtype":...,"fmt":... written verbatim into checkpoints. */
+typedef struct rb_class {
+    char *dtype, *fmt;
+    int64_t ndim;
+    int64_t *dims;
+    char *json;
+    size_t json_len;
+} rb_class;
+
+struct rb_core {
+    rb_core_cfg cfg;
+    char *path;
+    rb_dev *dev;
+    uint64_t capacity, data_base, container_bytes, payload_cap, slot_cap;
+    uint32_t max_slots;
+
+    pthread_mutex_t ckpt_mu;
+    pthread_mutex_t mu;
+    pthread_cond_t idle_cv; /* with mu: inflight_io or in-flight keys dropped */
+    rb_idx index, inflight, classes;
+    rb_class **cls;
+    uint32_t n_cls, cap_cls;
+    rb_slots slots;
+    uint64_t dirty_total, persisted, meta_seq;
+    int good_container; /* container holding the newest checkpoint we trust, or -1 */
+    uint64_t inflight_io;
+    uint64_t last_io_ns;
+    uint64_t locked_keys;
+    int closed;
+    uint64_t ckpt_written, ckpt_failures, ckpt_too_large, checksum_failures;
+    uint64_t recovery_dropped, recovery_entries_loaded;
+    int recovery_loaded;
+    char ckpt_error[256];
+
+    pthread_mutex_t thr_mu;
+    pthread_cond_t thr_cv;
+    pthread_t thr;
+    int thr_started, thr_stop;
+
+    _Atomic int64_t fault_write, fault_read;
+    _Atomic uint32_t ckpt_delay_ms;
+};
+
+uint64_t rb_now_ns(void);
+static inline uint64_t rb_round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+static inline uint64_t rb_slot_offset(const rb_core *c, uint32_t slot)
+{
+    return c->data_base + (uint64_t)slot * c->cfg.slot_bytes;
+}
+/* Transfer length on the device for a payload (padded when O_DIRECT). */
+static inline uint64_t rb_xfer_len(const rb_core *c, uint64_t len)
+{
+    return c->dev->odirect ? rb_round_up(len, c->cfg.block_align) : len;
+}
+/* Synchronous device transfers (EINTR retried), honouring the test fault hooks. */
+int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
+                      size_t total_len, int data, rb_err *err);
+int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t payload_len, size_t total_len,
+                     int data, rb_err *err);
+/* Intern a metadata class under mu. Returns the id or UINT32_MAX (ENOMEM). */
+uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m);
+/* Release a slot under mu. */
+void rb_core_free_slot_locked(rb_core *c, uint32_t slot);
+/* rb_core_ckpt.c */
+int rb_core_recover(rb_core *c, rb_err *err);
+int rb_core_start_thread(rb_core *c, rb_err *err);
+void rb_core_stop_thread(rb_core *c);
+
+#endif /* RB_CORE_INT_H */

@@ -1,0 +1,198 @@
+/*
+ * rb_idx.c - insertion-ordered open-addressing hash index (see rb_idx.h).
+ */
+#include "rb_idx.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+void rb_idx_init(rb_idx *ix)
+{
+    memset(ix, 0, sizeof(*ix));
+}
+
+void rb_idx_clear(rb_idx *ix)
+{
+    for (uint32_t i = 0; i < ix->n_ents; i++)
+        if (!(ix->ents[i].flags & RB_ENT_DEAD))
+            free(ix->ents[i].blob);
+    free(ix->ents);
+    free(ix->table);
+    rb_idx_init(ix);
+}
+
+void rb_idx_free(rb_idx *ix)
+{
+    rb_idx_clear(ix);
+}
+
+uint32_t rb_idx_hash(const char *key, size_t len)
+{
+    uint64_t h = XXH3_64bits(key, len);
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static int key_eq(const rb_ent *e, const char *key, size_t len, uint32_t hash)
+{
+    return e->hash == hash && e->key_len == len && memcmp(rb_ent_key(e), key, len) == 0;
+}
+
+uint32_t rb_idx_find(const rb_idx *ix, const char *key, size_t len, uint32_t hash)
+{
+    if (!ix->table)
+        return UINT32_MAX;
+    for (uint32_t i = hash & ix->table_mask;; i = (i + 1) & ix->table_mask) {
+        uint32_t v = ix->table[i];
+        if (v == 0)
+            return UINT32_MAX;
+        if (key_eq(&ix->ents[v - 1], key, len, hash))
+            return v - 1;
+    }
+}
+
+static int rebuild_table(rb_idx *ix, uint32_t size)
+{
+    uint32_t *t = calloc(size, sizeof(uint32_t));
+    if (!t)
+        return -ENOMEM;
+    uint32_t mask = size - 1;
+    for (uint32_t p = 0; p < ix->n_ents; p++) {
+        if (ix->ents[p].flags & RB_ENT_DEAD)
+            continue;
+        uint32_t i = ix->ents[p].hash & mask;
+        while (t[i])
+            i = (i + 1) & mask;
+        t[i] = p + 1;
+    }
+    free(ix->table);
+    ix->table = t;
+    ix->table_mask = mask;
+    return 0;
+}
+
+int rb_idx_maybe_compact(rb_idx *ix)
+{
+    uint32_t dead = ix->n_ents - ix->n_live;
+    if (dead < 64 || dead < ix->n_live)
+        return 0;
+    uint32_t w = 0;
+    for (uint32_t r = 0; r < ix->n_ents; r++) {
+        if (ix->ents[r].flags & RB_ENT_DEAD)
+            continue;
+        if (w != r)
+            ix->ents[w] = ix->ents[r];
+        w++;
+    }
+    ix->n_ents = w;
+    ix->first_live = 0;
+    /* Shrink the array when it is mostly empty. */
+    if (ix->cap_ents > 64 && w < ix->cap_ents / 4) {
+        uint32_t nc = ix->cap_ents / 2;
+        rb_ent *ne = realloc(ix->ents, (size_t)nc * sizeof(rb_ent));
+        if (ne) {
+            ix->ents = ne;
+            ix->cap_ents = nc;
+        }
+    }
+    uint32_t size = ix->table_mask + 1;
+    while (size > 16 && (uint64_t)ix->n_live * 8 < size)
+        size /= 2;
+    return rebuild_table(ix, size);
+}
+
+uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos,
+                       int64_t npos)
+{
+    if (len > UINT32_MAX - 64 || ix->n_ents == UINT32_MAX - 1)
+        return UINT32_MAX;
+    /* Keep the load factor of the table at most 1/2 (counting dead records' slots too, since
+     * their table entries were removed, only live ones count). */
+    uint32_t tsize = ix->table ? ix->table_mask + 1 : 0;
+    if ((uint64_t)(ix->n_live + 1) * 2 > tsize) {
+        uint32_t ns = tsize ? tsize * 2 : 16;
+        if (rebuild_table(ix, ns) < 0)
+            return UINT32_MAX;
+    }
+    if (ix->n_ents == ix->cap_ents) {
+        if (rb_idx_maybe_compact(ix) < 0)
+            return UINT32_MAX;
+        if (ix->n_ents == ix->cap_ents) {
+            uint32_t nc = ix->cap_ents ? ix->cap_ents + ix->cap_ents / 2 : 16;
+            rb_ent *ne = realloc(ix->ents, (size_t)nc * sizeof(rb_ent));
+            if (!ne)
+                return UINT32_MAX;
+            ix->ents = ne;
+            ix->cap_ents = nc;
+        }
+    }
+    size_t np = npos > 0 ? (size_t)npos : 0;
+    uint8_t *blob = malloc(8 + np * 8 + len + 1);
+    if (!blob)
+        return UINT32_MAX;
+    memcpy(blob, &npos, 8);
+    if (np)
+        memcpy(blob + 8, pos, np * 8);
+    memcpy(blob + 8 + np * 8, key, len);
+    blob[8 + np * 8 + len] = 0;
+
+    uint32_t p = ix->n_ents++;
+    rb_ent *e = &ix->ents[p];
+    memset(e, 0, sizeof(*e));
+    e->blob = blob;
+    e->hash = hash;
+    e->key_len = (uint32_t)len;
+    uint32_t i = hash & ix->table_mask;
+    while (ix->table[i])
+        i = (i + 1) & ix->table_mask;
+    ix->table[i] = p + 1;
+    ix->n_live++;
+    return p;
+}
+
+void rb_idx_remove_at(rb_idx *ix, uint32_t pos)
+{
+    rb_ent *e = &ix->ents[pos];
+    uint32_t mask = ix->table_mask;
+    uint32_t i = e->hash & mask;
+    while (ix->table[i] != pos + 1)
+        i = (i + 1) & mask;
+    /* Backward-shift deletion keeps probe chains intact without tombstones. */
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        uint32_t v = ix->table[j];
+        if (v == 0)
+            break;
+        uint32_t home = ix->ents[v - 1].hash & mask;
+        /* Move v back to i if i lies cyclically in [home, j). */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            ix->table[i] = v;
+            i = j;
+        }
+    }
+    ix->table[i] = 0;
+    free(e->blob);
+    e->blob = NULL;
+    e->flags = RB_ENT_DEAD;
+    ix->n_live--;
+    if (ix->n_live == 0) {
+        /* Everything gone: start over so the array does not keep growing. */
+        ix->n_ents = 0;
+        ix->first_live = 0;
+    }
+}
+
+size_t rb_idx_mem_bytes(const rb_idx *ix)
+{
+    size_t b = (size_t)ix->cap_ents * sizeof(rb_ent) + (ix->table ? ((size_t)ix->table_mask + 1) * 4 : 0);
+    for (uint32_t p = 0; p < ix->n_ents; p++) {
+        const rb_ent *e = &ix->ents[p];
+        if (e->flags & RB_ENT_DEAD)
+            continue;
+        int64_t np = rb_ent_npos(e);
+        b += 8 + (np > 0 ? (size_t)np * 8 : 0) + e->key_len + 1;
+    }
+    return b;
+}

@@ -1,0 +1,939 @@
+/*
+ * core.c - the _native.Core heap type: a thin binding over csrc/core/rb_core.h. Converts
+ * arguments to plain C arrays (keys as UTF-8, buffers as Py_buffer), releases the GIL
+ * around every call into the core that does I/O or O(N) work, and builds the results.
+ * The Python facade lmcache_rawblock.raw_block.core.RawBlockCore gives it LMCache's API.
+ */
+#include "rbpy.h"
+
+#include <errno.h>
+#include <string.h>
+#include <structmember.h>
+
+#include "../core/rb_core.h"
+#include "../core/rb_core_ident.h"
+
+typedef struct {
+    PyObject_HEAD
+    rb_core *core;
+    int closed;
+    PyObject *close_result; /* dict returned by the first close() */
+    PyObject *weakreflist;
+} CoreObject;
+
+/* Above this many keys exists_many/unlock_many/delete_many release the GIL. */
+#define RBPY_NOGIL_KEYS 64
+
+/* ---- argument helpers ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject *tuple; /* owns the key objects */
+    const char **keys;
+    size_t *lens;
+    Py_ssize_t n;
+} keyvec;
+
+static void keyvec_free(keyvec *kv)
+{
+    PyMem_Free(kv->keys);
+    PyMem_Free(kv->lens);
+    Py_XDECREF(kv->tuple);
+    memset(kv, 0, sizeof(*kv));
+}
+
+static int keyvec_from(PyObject *seq, keyvec *kv)
+{
+    memset(kv, 0, sizeof(*kv));
+    kv->tuple = PySequence_Tuple(seq);
+    if (!kv->tuple)
+        return -1;
+    kv->n = PyTuple_GET_SIZE(kv->tuple);
+    kv->keys = PyMem_Calloc(kv->n ? kv->n : 1, sizeof(char *));
+    kv->lens = PyMem_Calloc(kv->n ? kv->n : 1, sizeof(size_t));
+    if (!kv->keys || !kv->lens) {
+        keyvec_free(kv);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < kv->n; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kv->tuple, i);
+        if (!PyUnicode_Check(k)) {
+            PyErr_Format(PyExc_TypeError, "encoded keys must be str, got %.100s", Py_TYPE(k)->tp_name);
+            keyvec_free(kv);
+            return -1;
+        }
+        Py_ssize_t l;
+        kv->keys[i] = PyUnicode_AsUTF8AndSize(k, &l);
+        if (!kv->keys[i]) {
+            keyvec_free(kv);
+            return -1;
+        }
+        kv->lens[i] = (size_t)l;
+    }
+    return 0;
+}
+
+static PyObject *bool_list(const uint8_t *r, Py_ssize_t n)
+{
+    PyObject *l = PyList_New(n);
+    if (!l)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyList_SET_ITEM(l, i, Py_NewRef(r[i] ? Py_True : Py_False));
+    return l;
+}
+
+static PyObject *i64_list(const int64_t *v, int64_t n)
+{
+    if (n < 0)
+        Py_RETURN_NONE;
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l)
+        return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    return l;
+}
+
+/* None or a sequence of ints -> malloc'd int64 array; *n = -1 for None. */
+static int i64_array(PyObject *o, const char *what, int64_t **out, int64_t *n)
+{
+    *out = NULL;
+    *n = -1;
+    if (!o || o == Py_None)
+        return 0;
+    PyObject *t = PySequence_Fast(o, what);
+    if (!t)
+        return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(t);
+    int64_t *v = PyMem_Malloc((len ? len : 1) * sizeof(int64_t));
+    if (!v) {
+        Py_DECREF(t);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(t, i));
+        if (x == -1 && PyErr_Occurred()) {
+            PyMem_Free(v);
+            Py_DECREF(t);
+            return -1;
+        }
+        v[i] = x;
+    }
+    Py_DECREF(t);
+    *out = v;
+    *n = len;
+    return 0;
+}
+
+static const char *opt_str(PyObject *o, size_t *len)
+{
+    if (!o || o == Py_None) {
+        *len = 0;
+        return NULL;
+    }
+    Py_ssize_t l;
+    const char *s = PyUnicode_AsUTF8AndSize(o, &l);
+    *len = (size_t)l;
+    return s;
+}
+
+static rb_core *core_of(PyObject *op)
+{
+    return ((CoreObject *)op)->core;
+}
+
+/* ---- constructor / lifetime ------------------------------------------------------------ */
+
+static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"device_path", "capacity_bytes", "block_align", "header_bytes", "slot_bytes",
+                             "use_odirect", "enable_zero_copy", "meta_total_bytes", "meta_magic",
+                             "meta_version", "checkpoint_interval_sec", "idle_quiet_ms", "enable_periodic",
+                             "verify_on_load", "load_on_init", "io_engine", "iouring_queue_depth",
+                             "use_uring_cmd", "checkpoint_placement_id", "slot_affinity",
+                             "verify_payload_checksum", "key_namespace", "recovery_threads", NULL};
+    PyObject *path;
+    unsigned long long capacity, block_align, header_bytes, slot_bytes, meta_total;
+    int odirect, zero_copy, periodic, verify, load, uring_cmd = 0, affinity = 0, checksum = 0;
+    Py_buffer magic;
+    unsigned int meta_version, interval, idle_ms, depth = 256, threads = 8;
+    int ckpt_pid = 0;
+    const char *engine = "posix", *ns = "object";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&KKKKppKy*IIIppp|sIpippsI:Core", kwlist, PyUnicode_FSConverter,
+                                     &path, &capacity, &block_align, &header_bytes, &slot_bytes, &odirect,
+                                     &zero_copy, &meta_total, &magic, &meta_version, &interval, &idle_ms,
+                                     &periodic, &verify, &load, &engine, &depth, &uring_cmd, &ckpt_pid, &affinity,
+                                     &checksum, &ns, &threads))
+        return NULL;
+    rb_core_cfg cfg = {0};
+    int bad = 0;
+    if (magic.len != 8) {
+        PyErr_SetString(PyExc_ValueError, "meta_magic must be exactly 8 bytes");
+        bad = 1;
+    } else {
+        memcpy(cfg.meta_magic, magic.buf, 8);
+    }
+    PyBuffer_Release(&magic);
+    if (!bad && strcmp(ns, "legacy") != 0 && strcmp(ns, "object") != 0) {
+        PyErr_Format(PyExc_ValueError, "Unsupported raw-block key namespace: '%s'", ns);
+        bad = 1;
+    }
+    if (!bad && strcmp(engine, "posix") != 0 && strcmp(engine, "io_uring") != 0) {
+        PyErr_SetString(PyExc_ValueError, "io_engine must be one of: io_uring, posix");
+        bad = 1;
+    }
+    if (!bad && (block_align == 0 || (block_align & (block_align - 1)) || header_bytes < 24 ||
+                 header_bytes % block_align || slot_bytes <= header_bytes || slot_bytes % block_align ||
+                 meta_total <= block_align || meta_total % block_align ||
+                 (meta_total / 2) / block_align * block_align <= block_align)) {
+        PyErr_SetString(PyExc_ValueError, "invalid raw-block geometry");
+        bad = 1;
+    }
+    if (bad) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    cfg.device_path = PyBytes_AS_STRING(path);
+    cfg.capacity_bytes = capacity;
+    cfg.block_align = block_align;
+    cfg.header_bytes = header_bytes;
+    cfg.slot_bytes = slot_bytes;
+    cfg.meta_total_bytes = meta_total;
+    cfg.use_odirect = odirect;
+    cfg.enable_zero_copy = zero_copy;
+    cfg.meta_version = meta_version;
+    cfg.checkpoint_interval_sec = interval ? interval : 1;
+    cfg.idle_quiet_ms = idle_ms;
+    cfg.enable_periodic = periodic;
+    cfg.verify_on_load = verify;
+    cfg.load_on_init = load;
+    cfg.engine = strcmp(engine, "io_uring") == 0 ? RB_ENGINE_IOURING : RB_ENGINE_POSIX;
+    cfg.queue_depth = depth ? depth : 1;
+    cfg.use_uring_cmd = uring_cmd;
+    cfg.ckpt_pid = ckpt_pid;
+    cfg.affinity = affinity;
+    cfg.verify_payload_checksum = checksum;
+    cfg.key_namespace = strcmp(ns, "legacy") == 0 ? RB_NS_LEGACY : RB_NS_OBJECT;
+    cfg.recovery_threads = threads ? threads : 1;
+
+    rb_core *core = NULL;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_open(&cfg, &core, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    CoreObject *self = (CoreObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        rb_close_result res;
+        Py_BEGIN_ALLOW_THREADS
+        rb_core_close(core, &res);
+        rb_core_free(core);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    self->core = core;
+    return (PyObject *)self;
+}
+
+static PyObject *do_close(CoreObject *self)
+{
+    rb_close_result res;
+    Py_BEGIN_ALLOW_THREADS
+    rb_core_close(self->core, &res);
+    Py_END_ALLOW_THREADS
+    self->closed = 1;
+    if (res.repeat) {
+        PyObject *d = self->close_result ? PyDict_Copy(self->close_result) : PyDict_New();
+        if (d && PyDict_SetItemString(d, "repeat", Py_True) < 0)
+            Py_CLEAR(d);
+        return d;
+    }
+    PyObject *d = Py_BuildValue("{s:O,s:O,s:z,s:z}", "repeat", Py_False, "final_checkpoint_written",
+                                res.final_written ? Py_True : Py_False, "checkpoint_error",
+                                res.ckpt_failed ? res.ckpt_err.msg : NULL, "device_close_error",
+                                res.dev_close_failed ? res.dev_err.msg : NULL);
+    if (d && !self->close_result)
+        self->close_result = Py_NewRef(d);
+    return d;
+}
+
+static void core_dealloc(PyObject *op)
+{
+    CoreObject *self = (CoreObject *)op;
+    PyTypeObject *tp = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    if (self->weakreflist)
+        PyObject_ClearWeakRefs(op);
+    if (self->core) {
+        rb_core *core = self->core;
+        self->core = NULL;
+        rb_close_result res;
+        Py_BEGIN_ALLOW_THREADS
+        rb_core_close(core, &res);
+        rb_core_free(core);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(self->close_result);
+    tp->tp_free(op);
+    Py_DECREF(tp);
+}
+
+static int core_traverse(PyObject *op, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(((CoreObject *)op)->close_result);
+    return 0;
+}
+
+static PyObject *core_close(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    return do_close((CoreObject *)op);
+}
+
+/* ---- put / load ------------------------------------------------------------------------ */
+
+static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "identities", "buffers", "placement_ids", "metas"};
+    PyObject *a[5];
+    if (rbpy_unpack("put_many", names, 5, 5, args, nargs, kwnames, a) < 0)
+        return NULL;
+    keyvec kv;
+    if (keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    PyObject *ids = NULL, *bufs = NULL, *pids = NULL, *metas = NULL, *ret = NULL;
+    Py_ssize_t n = kv.n, nviews = 0;
+    rb_put_item *items = NULL;
+    Py_buffer *views = NULL;
+    uint8_t *results = NULL;
+    uint32_t *stored = NULL;
+    size_t n_stored = 0;
+    ids = PySequence_Fast(a[1], "identities must be a sequence");
+    bufs = PySequence_Fast(a[2], "buffers must be a sequence");
+    pids = PySequence_Fast(a[3], "placement_ids must be a sequence");
+    metas = PySequence_Fast(a[4], "metas must be a sequence");
+    if (!ids || !bufs || !pids || !metas)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(ids) != n || PySequence_Fast_GET_SIZE(bufs) != n ||
+        PySequence_Fast_GET_SIZE(pids) != n || PySequence_Fast_GET_SIZE(metas) != n) {
+        PyErr_SetString(PyExc_ValueError, "put_many arguments must have equal lengths");
+        goto done;
+    }
+    items = PyMem_Calloc(n ? n : 1, sizeof(*items));
+    views = PyMem_Calloc(n ? n : 1, sizeof(*views));
+    results = PyMem_Calloc(n ? n : 1, 1);
+    stored = PyMem_Calloc(n ? n : 1, sizeof(uint32_t));
+    if (!items || !views || !results || !stored) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_put_item *it = &items[i];
+        it->key = kv.keys[i];
+        it->key_len = kv.lens[i];
+        it->meta.ndim = it->meta.npos = -1;
+        if (rbpy_as_u64(PySequence_Fast_GET_ITEM(ids, i), "slot_identity", &it->identity) < 0)
+            goto done;
+        PyObject *pid = PySequence_Fast_GET_ITEM(pids, i);
+        if (pid != Py_None) {
+            long v = PyLong_AsLong(pid);
+            if (v == -1 && PyErr_Occurred())
+                goto done;
+            if (v < 1 || v > 65535) {
+                PyErr_SetString(PyExc_ValueError, "placement_ids must contain placement identifiers in range 1..=65535 or None");
+                goto done;
+            }
+            it->pid = (uint16_t)v;
+        }
+        PyObject *m = PySequence_Fast_GET_ITEM(metas, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 4) {
+            PyErr_SetString(PyExc_TypeError, "metas items must be (dtype, fmt, shape, cached_positions) tuples");
+            goto done;
+        }
+        it->meta.dtype = opt_str(PyTuple_GET_ITEM(m, 0), &it->meta.dtype_len);
+        it->meta.fmt = opt_str(PyTuple_GET_ITEM(m, 1), &it->meta.fmt_len);
+        if (PyErr_Occurred())
+            goto done;
+        int64_t *dims, *pos;
+        if (i64_array(PyTuple_GET_ITEM(m, 2), "shape must be a sequence of ints", &dims, &it->meta.ndim) < 0)
+            goto done;
+        it->meta.dims = dims;
+        if (i64_array(PyTuple_GET_ITEM(m, 3), "cached_positions must be a sequence of ints", &pos,
+                      &it->meta.npos) < 0)
+            goto done;
+        it->meta.pos = pos;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), &views[i], PyBUF_SIMPLE) < 0)
+            goto done;
+        nviews = i + 1;
+        it->buf = views[i].buf;
+        it->len = (size_t)views[i].len;
+    }
+    {
+        rb_err err;
+        rb_err_clear(&err);
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_put_many(core_of(op), items, (size_t)n, results, stored, &n_stored, &err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            rbpy_raise_err(&err);
+            goto done;
+        }
+    }
+    {
+        PyObject *rl = bool_list(results, n);
+        PyObject *sl = rl ? PyList_New((Py_ssize_t)n_stored) : NULL;
+        if (sl)
+            for (size_t i = 0; i < n_stored; i++)
+                PyList_SET_ITEM(sl, (Py_ssize_t)i, PyLong_FromUnsignedLong(stored[i]));
+        if (rl && sl)
+            ret = PyTuple_Pack(2, rl, sl);
+        Py_XDECREF(rl);
+        Py_XDECREF(sl);
+    }
+done:
+    if (items) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyMem_Free((void *)items[i].meta.dims);
+            PyMem_Free((void *)items[i].meta.pos);
+        }
+    }
+    for (Py_ssize_t i = 0; i < nviews; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(items);
+    PyMem_Free(views);
+    PyMem_Free(results);
+    PyMem_Free(stored);
+    Py_XDECREF(ids);
+    Py_XDECREF(bufs);
+    Py_XDECREF(pids);
+    Py_XDECREF(metas);
+    keyvec_free(&kv);
+    return ret;
+}
+
+static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "buffers"};
+    PyObject *a[2];
+    if (rbpy_unpack("load_many_into", names, 2, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    keyvec kv;
+    if (keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    Py_ssize_t n = kv.n, nviews = 0;
+    PyObject *bufs = PySequence_Fast(a[1], "buffers must be a sequence"), *ret = NULL;
+    rb_load_item *items = NULL;
+    Py_buffer *views = NULL;
+    if (!bufs)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(bufs) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys and buffers must have equal lengths");
+        goto done;
+    }
+    items = PyMem_Calloc(n ? n : 1, sizeof(*items));
+    views = PyMem_Calloc(n ? n : 1, sizeof(*views));
+    if (!items || !views) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), &views[i], PyBUF_WRITABLE) < 0)
+            goto done;
+        nviews = i + 1;
+        items[i].key = kv.keys[i];
+        items[i].key_len = kv.lens[i];
+        items[i].buf = views[i].buf;
+        items[i].buf_len = (size_t)views[i].len;
+    }
+    {
+        rb_err err;
+        rb_err_clear(&err);
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_load_many(core_of(op), items, (size_t)n, &err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            rbpy_raise_err(&err);
+            goto done;
+        }
+    }
+    {
+        PyObject *rl = PyList_New(n), *pl = PyList_New(n);
+        for (Py_ssize_t i = 0; rl && pl && i < n; i++) {
+            PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
+            PyObject *p = items[i].ok ? i64_list(items[i].pos, items[i].npos) : Py_NewRef(Py_None);
+            if (!p) {
+                Py_CLEAR(rl);
+                break;
+            }
+            PyList_SET_ITEM(pl, i, p);
+        }
+        if (rl && pl)
+            ret = PyTuple_Pack(2, rl, pl);
+        Py_XDECREF(rl);
+        Py_XDECREF(pl);
+        for (Py_ssize_t i = 0; i < n; i++)
+            free(items[i].pos);
+    }
+done:
+    for (Py_ssize_t i = 0; i < nviews; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(items);
+    PyMem_Free(views);
+    Py_XDECREF(bufs);
+    keyvec_free(&kv);
+    return ret;
+}
+
+/* ---- index queries --------------------------------------------------------------------- */
+
+static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "lock"};
+    PyObject *a[2];
+    if (rbpy_unpack("exists_many", names, 2, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int lock = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (lock < 0)
+        return NULL;
+    keyvec kv;
+    if (keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    uint8_t *r = PyMem_Calloc(kv.n ? kv.n : 1, 1);
+    PyObject *ret = NULL;
+    if (!r) {
+        PyErr_NoMemory();
+    } else {
+        if (kv.n > RBPY_NOGIL_KEYS) {
+            Py_BEGIN_ALLOW_THREADS
+            rb_core_exists_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, r);
+            Py_END_ALLOW_THREADS
+        } else {
+            rb_core_exists_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, r);
+        }
+        ret = bool_list(r, kv.n);
+    }
+    PyMem_Free(r);
+    keyvec_free(&kv);
+    return ret;
+}
+
+static PyObject *core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "force"};
+    PyObject *a[2];
+    if (rbpy_unpack("delete_many", names, 2, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int force = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (force < 0)
+        return NULL;
+    keyvec kv;
+    if (keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    uint8_t *r = PyMem_Calloc(kv.n ? kv.n : 1, 1);
+    PyObject *ret = NULL;
+    if (!r) {
+        PyErr_NoMemory();
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rb_core_delete_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, force, r);
+        Py_END_ALLOW_THREADS
+        ret = bool_list(r, kv.n);
+    }
+    PyMem_Free(r);
+    keyvec_free(&kv);
+    return ret;
+}
+
+static PyObject *core_unlock_many(PyObject *op, PyObject *keys)
+{
+    keyvec kv;
+    if (keyvec_from(keys, &kv) < 0)
+        return NULL;
+    if (kv.n > RBPY_NOGIL_KEYS) {
+        Py_BEGIN_ALLOW_THREADS
+        rb_core_unlock_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n);
+        Py_END_ALLOW_THREADS
+    } else {
+        rb_core_unlock_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n);
+    }
+    keyvec_free(&kv);
+    Py_RETURN_NONE;
+}
+
+static PyObject *meta_tuple(const rb_meta_out *m)
+{
+    PyObject *shape;
+    if (m->ndim < 0) {
+        shape = Py_NewRef(Py_None);
+    } else {
+        shape = PyTuple_New((Py_ssize_t)m->ndim);
+        for (int64_t i = 0; shape && i < m->ndim; i++) {
+            PyObject *x = PyLong_FromLongLong(m->dims[i]);
+            if (!x) {
+                Py_CLEAR(shape);
+                break;
+            }
+            PyTuple_SET_ITEM(shape, (Py_ssize_t)i, x);
+        }
+    }
+    PyObject *pos = shape ? i64_list(m->pos, m->npos) : NULL;
+    PyObject *t = NULL;
+    if (shape && pos)
+        t = Py_BuildValue("(KKOzzO)", (unsigned long long)m->offset, (unsigned long long)m->size, shape, m->dtype,
+                          m->fmt, pos);
+    Py_XDECREF(shape);
+    Py_XDECREF(pos);
+    return t;
+}
+
+static PyObject *meta_list(rb_meta_out *out, Py_ssize_t n, Py_ssize_t upto, int none_for_missing)
+{
+    PyObject *l = PyList_New(none_for_missing ? n : upto);
+    for (Py_ssize_t i = 0; l && i < (none_for_missing ? n : upto); i++) {
+        PyObject *t = out[i].found ? meta_tuple(&out[i]) : Py_NewRef(Py_None);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, t);
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        free(out[i].pos);
+    return l;
+}
+
+static PyObject *core_get_metadata_many(PyObject *op, PyObject *keys)
+{
+    keyvec kv;
+    if (keyvec_from(keys, &kv) < 0)
+        return NULL;
+    rb_meta_out *out = PyMem_Calloc(kv.n ? kv.n : 1, sizeof(*out));
+    PyObject *ret = NULL;
+    if (!out) {
+        PyErr_NoMemory();
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rb_core_get_metadata_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, out);
+        Py_END_ALLOW_THREADS
+        ret = meta_list(out, kv.n, kv.n, 1);
+    }
+    PyMem_Free(out);
+    keyvec_free(&kv);
+    return ret;
+}
+
+static PyObject *core_get_metadata_prefix(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
+                                          PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "lock", "skip"};
+    PyObject *a[3];
+    if (rbpy_unpack("get_metadata_prefix", names, 3, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int lock = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (lock < 0)
+        return NULL;
+    keyvec kv;
+    if (keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    PyObject *ret = NULL;
+    rb_meta_out *out = PyMem_Calloc(kv.n ? kv.n : 1, sizeof(*out));
+    uint8_t *skip = PyMem_Calloc(kv.n ? kv.n : 1, 1);
+    if (!out || !skip) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (a[2] && a[2] != Py_None) {
+        for (Py_ssize_t i = 0; i < kv.n; i++) {
+            int r = PySequence_Contains(a[2], PyTuple_GET_ITEM(kv.tuple, i));
+            if (r < 0)
+                goto done;
+            skip[i] = (uint8_t)r;
+        }
+    }
+    size_t m;
+    Py_BEGIN_ALLOW_THREADS
+    m = rb_core_get_metadata_prefix(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, skip, out);
+    Py_END_ALLOW_THREADS
+    ret = meta_list(out, (Py_ssize_t)m, (Py_ssize_t)m, 0);
+done:
+    PyMem_Free(out);
+    PyMem_Free(skip);
+    keyvec_free(&kv);
+    return ret;
+}
+
+static int one_key(PyObject *k, const char **s, size_t *len)
+{
+    if (!PyUnicode_Check(k)) {
+        PyErr_Format(PyExc_TypeError, "encoded key must be str, got %.100s", Py_TYPE(k)->tp_name);
+        return -1;
+    }
+    Py_ssize_t l;
+    *s = PyUnicode_AsUTF8AndSize(k, &l);
+    *len = (size_t)l;
+    return *s ? 0 : -1;
+}
+
+static PyObject *core_exists_inflight(PyObject *op, PyObject *key)
+{
+    const char *s;
+    size_t l;
+    if (one_key(key, &s, &l) < 0)
+        return NULL;
+    return PyBool_FromLong(rb_core_exists_inflight(core_of(op), s, l));
+}
+
+static PyObject *core_entry_offset(PyObject *op, PyObject *key)
+{
+    const char *s;
+    size_t l;
+    if (one_key(key, &s, &l) < 0)
+        return NULL;
+    int64_t off = rb_core_entry_offset(core_of(op), s, l);
+    if (off < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(off);
+}
+
+static PyObject *core_lock_refcount(PyObject *op, PyObject *key)
+{
+    const char *s;
+    size_t l;
+    if (one_key(key, &s, &l) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLong(rb_core_lock_refcount(core_of(op), s, l));
+}
+
+static PyObject *core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"limit"};
+    PyObject *a[1];
+    if (rbpy_unpack("snapshot_keys", names, 1, 0, args, nargs, kwnames, a) < 0)
+        return NULL;
+    size_t limit = SIZE_MAX;
+    int present;
+    if (rbpy_as_opt_size(a[0], "limit", &limit, &present) < 0)
+        return NULL;
+    if (!present)
+        limit = SIZE_MAX;
+    char **keys = NULL;
+    size_t *lens = NULL;
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = rb_core_snapshot_keys(core_of(op), limit, &keys, &lens);
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        if (l) {
+            PyObject *s = PyUnicode_DecodeUTF8(keys[i], (Py_ssize_t)lens[i], "surrogatepass");
+            if (!s)
+                Py_CLEAR(l);
+            else
+                PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+        }
+        free(keys[i]);
+    }
+    free(keys);
+    free(lens);
+    return l;
+}
+
+/* ---- checkpoint / state ---------------------------------------------------------------- */
+
+static PyObject *core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"force"};
+    PyObject *a[1];
+    if (rbpy_unpack("checkpoint_now", names, 1, 0, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int force = a[0] ? PyObject_IsTrue(a[0]) : 1;
+    if (force < 0)
+        return NULL;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_checkpoint(core_of(op), force, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    return PyBool_FromLong(rc > 0);
+}
+
+static PyObject *core_apply_state_json(PyObject *op, PyObject *arg)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_apply_state_json(core_of(op), b.buf, (size_t)b.len, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    return Py_BuildValue("(Os)", rc > 0 ? Py_True : Py_False, rc > 0 ? "" : err.msg);
+}
+
+static PyObject *core_status(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core_status st;
+    rb_core_status_get(core_of(op), &st);
+    PyObject *io = PyDict_New();
+    if (!io)
+        return NULL;
+#define RBPY_IO(name)                                                                              \
+    do {                                                                                           \
+        PyObject *v = PyLong_FromUnsignedLongLong(st.io.name);                                     \
+        if (!v || PyDict_SetItemString(io, #name, v) < 0) {                                        \
+            Py_XDECREF(v);                                                                         \
+            Py_DECREF(io);                                                                         \
+            return NULL;                                                                           \
+        }                                                                                          \
+        Py_DECREF(v);                                                                              \
+    } while (0);
+    RB_STATS_FIELDS(RBPY_IO)
+#undef RBPY_IO
+    PyObject *d = Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:s,s:N}",
+        "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes",
+        st.container_bytes, "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count",
+        st.free_slots, "indexed_key_count", st.indexed, "inflight_key_count", st.inflight_keys,
+        "locked_key_count", st.locked_keys, "inflight_io_count", st.inflight_io, "metadata_seq", st.meta_seq,
+        "metadata_dirty_total", st.dirty_total, "metadata_persisted", st.persisted,
+        "fdp_slot_affinity_hit_count", st.affinity_hits, "fdp_slot_affinity_fallback_count",
+        st.affinity_fallbacks, "checkpoints_written", st.ckpt_written, "checkpoint_failures", st.ckpt_failures,
+        "checkpoint_too_large_count", st.ckpt_too_large, "payload_checksum_failures", st.checksum_failures,
+        "recovery_dropped_entries", st.recovery_dropped, "recovery_loaded_entries", st.recovery_entries_loaded,
+        "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed", st.closed ? Py_True : Py_False,
+        "checkpoint_last_error", st.ckpt_error, "io", io);
+    return d;
+}
+
+static PyObject *core_mem_bytes(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromSize_t(rb_core_mem_bytes(core_of(op)));
+}
+
+static PyObject *core_inject_fault(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"kind", "countdown"};
+    PyObject *a[2];
+    if (rbpy_unpack("_inject_fault", names, 2, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    const char *kind = PyUnicode_Check(a[0]) ? PyUnicode_AsUTF8(a[0]) : NULL;
+    if (!kind || (strcmp(kind, "write") != 0 && strcmp(kind, "read") != 0)) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 'write' or 'read'");
+        return NULL;
+    }
+    long long n = PyLong_AsLongLong(a[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    rb_core_inject_fault(core_of(op), strcmp(kind, "write") == 0 ? RB_FAULT_WRITE : RB_FAULT_READ, n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
+{
+    unsigned long ms = PyLong_AsUnsignedLong(arg);
+    if (ms == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    rb_core_set_ckpt_delay_ms(core_of(op), (uint32_t)ms);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_identity(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    (void)mod;
+    static const char *const names[] = {"key", "namespace"};
+    PyObject *a[2];
+    if (rbpy_unpack("_key_identity", names, 2, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    const char *s;
+    size_t l;
+    if (one_key(a[0], &s, &l) < 0)
+        return NULL;
+    const char *ns = PyUnicode_Check(a[1]) ? PyUnicode_AsUTF8(a[1]) : "";
+    uint64_t v;
+    if (rb_key_identity(strcmp(ns, "legacy") == 0 ? RB_NS_LEGACY : RB_NS_OBJECT, s, l, &v) < 0) {
+        PyErr_SetString(PyExc_ValueError, "key does not parse as a legacy key");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyMethodDef core_methods[] = {
+    {"put_many", (PyCFunction)(void (*)(void))core_put_many, METH_FASTCALL | METH_KEYWORDS,
+     "put_many(keys, identities, buffers, placement_ids, metas) -> (results, stored_indices)"},
+    {"load_many_into", (PyCFunction)(void (*)(void))core_load_many, METH_FASTCALL | METH_KEYWORDS,
+     "load_many_into(keys, buffers) -> (results, cached_positions)"},
+    {"exists_many", (PyCFunction)(void (*)(void))core_exists_many, METH_FASTCALL | METH_KEYWORDS,
+     "exists_many(keys, lock=False) -> list[bool]"},
+    {"delete_many", (PyCFunction)(void (*)(void))core_delete_many, METH_FASTCALL | METH_KEYWORDS,
+     "delete_many(keys, force=False) -> list[bool]"},
+    {"unlock_many", core_unlock_many, METH_O, "unlock_many(keys)"},
+    {"get_metadata_many", core_get_metadata_many, METH_O,
+     "get_metadata_many(keys) -> list[(offset, size, shape, dtype, fmt, cached_positions) | None]"},
+    {"get_metadata_prefix", (PyCFunction)(void (*)(void))core_get_metadata_prefix, METH_FASTCALL | METH_KEYWORDS,
+     "get_metadata_prefix(keys, lock=False, skip=None) -> list[tuple]"},
+    {"exists_inflight", core_exists_inflight, METH_O, "exists_inflight(key) -> bool"},
+    {"entry_offset", core_entry_offset, METH_O, "entry_offset(key) -> int | None"},
+    {"lock_refcount", core_lock_refcount, METH_O, "lock_refcount(key) -> int"},
+    {"snapshot_keys", (PyCFunction)(void (*)(void))core_snapshot_keys, METH_FASTCALL | METH_KEYWORDS,
+     "snapshot_keys(limit=None) -> list[str] in insertion order"},
+    {"checkpoint_now", (PyCFunction)(void (*)(void))core_checkpoint_now, METH_FASTCALL | METH_KEYWORDS,
+     "checkpoint_now(force=True) -> bool (written)"},
+    {"apply_state_json", core_apply_state_json, METH_O, "apply_state_json(bytes) -> (applied, reason)"},
+    {"status", core_status, METH_NOARGS, "status() -> dict"},
+    {"mem_bytes", core_mem_bytes, METH_NOARGS, "bytes allocated by the index and slot allocator"},
+    {"close", core_close, METH_NOARGS, "close() -> dict"},
+    {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
+     "test hook: _inject_fault('write'|'read', countdown)"},
+    {"_set_checkpoint_delay_ms", core_set_ckpt_delay, METH_O, "test hook: delay each checkpoint writer"},
+    {"_key_identity", (PyCFunction)(void (*)(void))core_identity, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
+     "test hook: the C slot identity of an encoded key"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef core_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(CoreObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot core_slots[] = {
+    {Py_tp_new, core_new},
+    {Py_tp_dealloc, core_dealloc},
+    {Py_tp_traverse, core_traverse},
+    {Py_tp_methods, core_methods},
+    {Py_tp_members, core_members},
+    {Py_tp_doc, "Native raw-block core (index, slots, checkpoints, I/O). Use lmcache_rawblock.RawBlockCore."},
+    {0, NULL},
+};
+
+PyType_Spec rbpy_core_spec = {
+    .name = "lmcache_rawblock._native.Core",
+    .basicsize = sizeof(CoreObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = core_slots,
+};

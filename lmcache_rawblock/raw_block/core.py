@@ -1,0 +1,337 @@
+"""``RawBlockCore``: LMCache's raw-block core API over the C core ``_native.Core``.
+
+Everything stateful (index, slots, lock refcounts, in-flight table, checkpoints, recovery,
+device I/O) lives in C; this facade converts LMCache objects (RawBlockKeySpec, MemoryObj,
+DiskCacheMetadata) to plain arguments and back, and logs like LMCache's core.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from .. import _native
+from ._lmcache import (
+    DiskCacheMetadata,
+    dtype_to_short_name,
+    memory_format_from_name,
+    memory_format_name,
+    positions_from_list,
+    positions_to_list,
+    short_name_to_dtype,
+)
+from .config import (
+    RawBlockCoreConfig,
+    RawBlockPutManyResult,
+    normalize_raw_block_placement_ids,
+    resolve_config,
+)
+from .key_codec import RawBlockKeySpec
+
+logger = logging.getLogger("lmcache.v1.storage_backend.raw_block.core")
+
+_NAMESPACES = ("legacy", "object")
+
+
+class NativeQuiescence(str, enum.Enum):
+    PROVEN = "proven"
+    RETAINED = "retained"
+    NOT_ATTEMPTED = "not_attempted"
+
+
+@dataclass(frozen=True)
+class RawBlockCloseOutcome:
+    quiescence: NativeQuiescence
+    poisoned: bool
+    reason: str = ""
+    quarantined_slots: int = 0
+    final_checkpoint_written: bool = False
+
+    @property
+    def final_checkpoint_is_vouched_for(self) -> bool:
+        return self.final_checkpoint_written and self.quiescence is NativeQuiescence.PROVEN
+
+    @property
+    def may_release_backing_resources(self) -> bool:
+        return self.quiescence is NativeQuiescence.PROVEN and not self.poisoned
+
+
+def _shape_of(meta: Any) -> list[int] | None:
+    shape = getattr(meta, "shape", None)
+    return None if shape is None else [int(d) for d in shape]
+
+
+class RawBlockCore:
+    """One raw block device (or pre-sized file) used as a slot store with an on-device index."""
+
+    def __init__(self, config: RawBlockCoreConfig, *, key_namespace: str) -> None:
+        if key_namespace not in _NAMESPACES:
+            raise ValueError(f"Unsupported raw-block key namespace: {key_namespace!r}")
+        self.config = config
+        self.key_namespace = key_namespace
+        cfg = resolve_config(config, logger=logger)
+        self._cfg = cfg
+        self.device_path = cfg.device_path
+        self.block_align = cfg.block_align
+        self.header_bytes = cfg.header_bytes
+        self.slot_bytes = cfg.slot_bytes
+        self.meta_total_bytes = cfg.meta_total_bytes
+        self.io_engine = cfg.io_engine
+        self._closed = False
+        self._close_outcome: RawBlockCloseOutcome | None = None
+        self._native = _native.Core(
+            device_path=cfg.device_path,
+            capacity_bytes=max(0, cfg.capacity_bytes),
+            block_align=cfg.block_align,
+            header_bytes=cfg.header_bytes,
+            slot_bytes=cfg.slot_bytes,
+            use_odirect=cfg.use_odirect,
+            enable_zero_copy=cfg.enable_zero_copy,
+            meta_total_bytes=cfg.meta_total_bytes,
+            meta_magic=cfg.meta_magic,
+            meta_version=cfg.meta_version,
+            checkpoint_interval_sec=cfg.meta_checkpoint_interval_sec,
+            idle_quiet_ms=cfg.meta_idle_quiet_ms,
+            enable_periodic=cfg.meta_enable_periodic,
+            verify_on_load=cfg.meta_verify_on_load,
+            load_on_init=cfg.load_checkpoint_on_init,
+            io_engine=cfg.io_engine,
+            iouring_queue_depth=cfg.iouring_queue_depth,
+            use_uring_cmd=cfg.use_uring_cmd,
+            checkpoint_placement_id=cfg.meta_checkpoint_placement_id or 0,
+            slot_affinity=cfg.fdp_slot_affinity_enabled,
+            verify_payload_checksum=cfg.verify_payload_checksum,
+            key_namespace=key_namespace,
+        )
+        st = self._native.status()
+        self.capacity_bytes = st["capacity_bytes"]
+        self._max_slots = st["max_slots"]
+        self._data_base = st["data_base_offset"]
+        self._container_bytes = st["container_bytes"]
+        if not cfg.load_checkpoint_on_init:
+            logger.info("RawBlockCore skipping checkpoint load (load_checkpoint_on_init=False)")
+        elif st["recovery_loaded"]:
+            logger.info("RawBlockCore loaded checkpoint (entries=%d next_slot=%d seq=%d device=%s)",
+                        st["indexed_key_count"], st["next_slot"], st["metadata_seq"], self.device_path)
+            if st["recovery_dropped_entries"]:
+                logger.warning("RawBlockCore dropped %d stale metadata entries after slot-header validation",
+                               st["recovery_dropped_entries"])
+        elif st["checkpoint_last_error"]:
+            logger.warning("RawBlockCore %s", st["checkpoint_last_error"])
+        else:
+            logger.info("RawBlockCore: no valid on-device metadata checkpoint found (device=%s)", self.device_path)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _meta_from_tuple(self, key: str, t: tuple) -> Any:
+        offset, size, shape, dtype, fmt, pos = t
+        dt = short_name_to_dtype(dtype) if dtype is not None else None
+        if dt is None and self.key_namespace == "legacy":
+            parts = key.split("@")
+            if len(parts) >= 5:
+                dt = short_name_to_dtype(parts[4])
+        return DiskCacheMetadata(path=f"{self.device_path}@{offset}", size=size, shape=shape, dtype=dt,
+                                 fmt=memory_format_from_name(fmt), cached_positions=positions_from_list(pos),
+                                 pin_count=0)
+
+    # ---- index queries ------------------------------------------------------------------
+
+    def contains_key(self, encoded_key: str, *, lock: bool = False) -> bool:
+        return self.exists_many([encoded_key], lock=lock)[0]
+
+    def exists_many(self, encoded_keys: Sequence[str], *, lock: bool = False) -> list[bool]:
+        return self._native.exists_many(list(encoded_keys), bool(lock))
+
+    def exists_inflight(self, encoded_key: str) -> bool:
+        return self._native.exists_inflight(encoded_key)
+
+    def get_metadata_many(self, encoded_keys: Sequence[str]) -> list[Any]:
+        keys = list(encoded_keys)
+        return [None if t is None else self._meta_from_tuple(k, t)
+                for k, t in zip(keys, self._native.get_metadata_many(keys))]
+
+    def get_metadata_prefix(self, encoded_keys: Sequence[str], *, lock: bool = False,
+                            skip_locked: Iterable[str] | None = None) -> list[Any]:
+        keys = list(encoded_keys)
+        skip = set(skip_locked) if skip_locked else None
+        found = self._native.get_metadata_prefix(keys, bool(lock), skip)
+        return [self._meta_from_tuple(k, t) for k, t in zip(keys, found)]
+
+    def unlock_many(self, encoded_keys: Sequence[str]) -> None:
+        self._native.unlock_many(list(encoded_keys))
+
+    def first_encoded_key(self) -> str | None:
+        keys = self._native.snapshot_keys(1)
+        return keys[0] if keys else None
+
+    def lock_refcount(self, encoded_key: str) -> int:
+        return self._native.lock_refcount(encoded_key)
+
+    def inflight_io_count(self) -> int:
+        return self._native.status()["inflight_io_count"]
+
+    def indexed_key_count(self) -> int:
+        return self._native.status()["indexed_key_count"]
+
+    def snapshot_indexed_keys(self) -> list[str]:
+        return self._native.snapshot_keys()
+
+    def entry_offset(self, encoded_key: str) -> int | None:
+        return self._native.entry_offset(encoded_key)
+
+    def metadata_container_offsets(self) -> list[int]:
+        return [0, self._container_bytes]
+
+    def data_base_offset(self) -> int:
+        return self._data_base
+
+    def usage(self) -> tuple[float, float]:
+        st = self._native.status()
+        if not st["max_slots"]:
+            return (-1.0, -1.0)
+        used = (st["indexed_key_count"] + st["inflight_key_count"]) / st["max_slots"]
+        return (used, used)
+
+    def report_status(self) -> dict:
+        st = self._native.status()
+        cfg = self._cfg
+        return {
+            "is_healthy": not st["closed"],
+            "poisoned": False,
+            "quarantined_slot_count": 0,
+            "worker_error": None,
+            "type": "RawBlockCore",
+            "key_namespace": self.key_namespace,
+            "device_path": self.device_path,
+            "block_align": cfg.block_align,
+            "header_bytes": cfg.header_bytes,
+            "slot_bytes": cfg.slot_bytes,
+            "meta_total_bytes": cfg.meta_total_bytes,
+            "usable_capacity_bytes": st["max_slots"] * cfg.slot_bytes,
+            "indexed_key_count": st["indexed_key_count"],
+            "inflight_key_count": st["inflight_key_count"],
+            "locked_key_count": st["locked_key_count"],
+            "free_slot_count": st["free_slot_count"],
+            "next_slot": st["next_slot"],
+            "max_slots": st["max_slots"],
+            "metadata_seq": st["metadata_seq"],
+            "metadata_dirty_total": st["metadata_dirty_total"],
+            "metadata_persisted": st["metadata_persisted"],
+            "inflight_io_count": st["inflight_io_count"],
+            "use_odirect": cfg.use_odirect,
+            "enable_zero_copy": cfg.enable_zero_copy,
+            "io_engine": cfg.io_engine,
+            "iouring_queue_depth": cfg.iouring_queue_depth,
+            "use_uring_cmd": cfg.use_uring_cmd,
+            "fdp_slot_affinity_enabled": cfg.fdp_slot_affinity_enabled,
+            "fdp_slot_affinity_hit_count": st["fdp_slot_affinity_hit_count"],
+            "fdp_slot_affinity_fallback_count": st["fdp_slot_affinity_fallback_count"],
+            # ours
+            "verify_payload_checksum": cfg.verify_payload_checksum,
+            "payload_checksum_failures": st["payload_checksum_failures"],
+            "checkpoints_written": st["checkpoints_written"],
+            "checkpoint_failures": st["checkpoint_failures"],
+            "checkpoint_too_large_count": st["checkpoint_too_large_count"],
+            "checkpoint_last_error": st["checkpoint_last_error"] or None,
+            "recovery_dropped_entries": st["recovery_dropped_entries"],
+            "rust_io": st["io"],
+        }
+
+    # ---- mutation / I/O -----------------------------------------------------------------
+
+    def put_many(self, keys: Sequence[RawBlockKeySpec], objs: Sequence[Any],
+                 placement_ids: Sequence[int | None] | None = None) -> RawBlockPutManyResult:
+        if not keys or not objs:
+            raise ValueError("keys and objs must be non-empty")
+        if len(keys) != len(objs):
+            raise ValueError("keys and objs must have the same length")
+        pids = normalize_raw_block_placement_ids(placement_ids, len(keys))
+        enc = [k.encoded for k in keys]
+        metas = []
+        bufs = []
+        for obj in objs:
+            m = getattr(obj, "metadata", None)
+            metas.append((dtype_to_short_name(getattr(m, "dtype", None)), memory_format_name(getattr(m, "fmt", None)),
+                          _shape_of(m), positions_to_list(getattr(m, "cached_positions", None))))
+            bufs.append(obj.byte_array)
+        results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], bufs, pids, metas)
+        return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored])
+
+    def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any]) -> list[bool]:
+        if not encoded_keys or not objs:
+            raise ValueError("encoded_keys and objs must be non-empty")
+        if len(encoded_keys) != len(objs):
+            raise ValueError("encoded_keys and objs must have the same length")
+        results, positions = self._native.load_many_into(list(encoded_keys), [o.byte_array for o in objs])
+        for ok, obj, pos in zip(results, objs, positions):
+            if ok and getattr(obj, "metadata", None) is not None:
+                obj.metadata.cached_positions = positions_from_list(pos)
+        return results
+
+    def delete_many(self, encoded_keys: Sequence[str], *, force: bool = False) -> list[bool]:
+        return self._native.delete_many(list(encoded_keys), bool(force))
+
+    def checkpoint_now(self) -> None:
+        self._native.checkpoint_now(True)
+
+    def apply_loaded_state(self, data: Any) -> bool:
+        if not isinstance(data, dict):
+            return False
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True, default=str).encode("ascii")
+        applied, reason = self._native.apply_state_json(payload)
+        if not applied:
+            logger.warning("%s", reason)
+        else:
+            dropped = self._native.status()["recovery_dropped_entries"]
+            if dropped:
+                logger.warning("RawBlockCore dropped %d stale metadata entries after slot-header validation",
+                               dropped)
+        return applied
+
+    # ---- device / engine ----------------------------------------------------------------
+
+    def raw_device(self) -> Any:
+        """The device is owned by the C core; there is no Python device object to hand out."""
+        return None
+
+    def register_fixed_buffers_from_allocator(self, memory_allocator: Any) -> None:
+        if self.io_engine != "io_uring":
+            return
+        getter = getattr(memory_allocator, "get_paged_buffers", None)
+        if not callable(getter):
+            logger.warning("allocator does not expose paged buffers; io_uring fixed-buffer zero-copy is disabled")
+            return
+        logger.warning("RawBlockCore: io_uring fixed buffers are not supported by this build yet")
+
+    def fetch_fdp_status(self) -> list[tuple[int, int]]:
+        raise RuntimeError("fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true")
+
+    def is_poisoned(self) -> bool:
+        return False
+
+    def raise_if_failed(self) -> None:
+        return None
+
+    def close(self) -> RawBlockCloseOutcome:
+        if self._close_outcome is not None:
+            return self._close_outcome
+        res = self._native.close()
+        if res.get("repeat"):
+            return self._close_outcome or RawBlockCloseOutcome(
+                NativeQuiescence.NOT_ATTEMPTED, False, "a close was already in progress or complete")
+        if res["checkpoint_error"]:
+            logger.warning("RawBlockCore final checkpoint failed: %s", res["checkpoint_error"])
+        if res["device_close_error"]:
+            logger.warning("RawBlockCore device close failed: %s", res["device_close_error"])
+            outcome = RawBlockCloseOutcome(NativeQuiescence.RETAINED, True,
+                                           f"the native close was refused: {res['device_close_error']}",
+                                           final_checkpoint_written=res["final_checkpoint_written"])
+        else:
+            outcome = RawBlockCloseOutcome(NativeQuiescence.PROVEN, False, "the native engine closed",
+                                           final_checkpoint_written=res["final_checkpoint_written"])
+        self._closed = True
+        self._close_outcome = outcome
+        return outcome
