@@ -135,6 +135,10 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from lmcache_rawblock.bench import common, report
     from lmcache_rawblock.bench.target import TargetError, open_target
 
+    if not bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts)):
+        _err(f"--engines {','.join(args.engines)} with --parts {','.join(args.parts)}: nothing to run "
+             "(device needs the posix engine, uring the io_uring engine)")
+        return 2
     notes: list[str] = []
     comps = [common.ours(), common.rust()]
     if not comps[1].available and args.install_competitors and comps[1].install:

@@ -255,6 +255,7 @@ def test_bad_size_is_a_clear_error(value, tmp_path, capsys):
         (["--sizes", "4k,1000"], "invalid block size '1000'"),
         (["--repeats", "0"], "invalid count '0'"),
         (["--parts", "seeds"], "unknown part 'seeds'"),
+        (["--engines", "io_uring", "--parts", "device"], "nothing to run"),
     ],
 )
 def test_bad_arguments_name_parameter_and_value(args, needle, tmp_path, capsys):

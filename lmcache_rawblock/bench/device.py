@@ -23,6 +23,7 @@ from .common import (
     ratio,
     spread,
 )
+from .target import settle
 
 SYNC_OPS = ("pread_into", "pwrite_from_buffer")
 MODES = ("buffered", "odirect")
@@ -146,6 +147,8 @@ def run_sync(path: str, comps: list[Competitor], s: SuiteSettings, bar: Any) -> 
     rows: list[dict] = []
     errors: dict[str, str] = {}
     for mode in s.modes:
+        if mode == "odirect":
+            settle(path, s.region)
         devs: dict[str, Any] = {}
         for c in comps:
             dev, err = _open(c, path, use_odirect=(mode == "odirect"))
@@ -220,6 +223,7 @@ def _measure_sync(devs: dict[str, Any], op: str, mode: str, size: int, buf: Any,
 def run_uring(path: str, comps: list[Competitor], s: SuiteSettings, bar: Any) -> dict:
     """Batched O_DIRECT throughput with the io_uring engine (batched_* + wait_iouring)."""
     comps = [c for c in comps if c.available]
+    settle(path, s.region)
     depth_max = max(s.uring_depths)
     devs: dict[str, Any] = {}
     errors: dict[str, str] = {}
@@ -272,7 +276,7 @@ def _measure_batched(devs: dict[str, Any], op: str, size: int, depth: int, bufs:
         return out
 
     per = min(run(first, next_batches(2)), run(first, next_batches(2))) / 2
-    count = max(2, min(s.max_calls, math.ceil(s.target_batch_s * 2 / per) if per > 0 else 2))
+    count = max(1, min(s.max_calls, math.ceil(s.target_batch_s * 2 / per) if per > 0 else 1))
     for name in names:
         run(name, next_batches(2))
     samples: dict[str, list[float]] = {n: [] for n in names}

@@ -14,6 +14,7 @@ import subprocess
 from typing import Any, Callable
 
 from .common import fmt_size
+from .target import settle
 
 FIO_RW = {"read": "read", "write": "write"}
 # Which fio direction bounds which of our operations.
@@ -81,6 +82,7 @@ def run_limit(
         return {"available": False, "error": "fio not installed (apt-get install fio)", "results": []}
     rows: list[dict] = []
     errors: list[str] = []
+    settle(path, region)
     for size in sizes:
         for depth in depths:
             for rw in ("write", "read"):

@@ -106,7 +106,8 @@ def print_summary(results: dict, file: IO[str] | None = None) -> None:
         if not limit.get("available"):
             p(f"limit (fio): {limit.get('error')}")
         else:
-            p("limit: fio --ioengine=io_uring --direct=1, sequential, same file/region/block sizes")
+            p("limit: fio --ioengine=io_uring --direct=1, sequential, same file/region/block sizes "
+              "(run after the other parts, not interleaved: compare fractions with care)")
             for e in limit.get("errors", []):
                 p(f"  {e}")
             rows = [[r["rw"], fmt_size(r["size"]), str(r["depth"]), fmt_rate(r["bw_bytes"]),
@@ -115,7 +116,7 @@ def print_summary(results: dict, file: IO[str] | None = None) -> None:
             if rows:
                 p(table(["rw", "size", "depth", "bandwidth", "IOPS", "lat µs"], rows,
                         [False, True, True, True, True, True]))
-    if any(" ~" in r[6] for r in device_rows(device or {})):
+    if any(" ~" in r[6] for r in device_rows(device or {})) or any(" ~" in r[5] for r in uring_rows(uring or {})):
         p("")
         p(f"~ marks cells whose rounds spread by more than {NOISY:.0%} (IQR/median): rerun for firmer figures")
     p("")

@@ -186,3 +186,21 @@ def prefill(path: str, nbytes: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def settle(path: str, nbytes: int) -> None:
+    """Flush dirty pages of the region and drop it from the page cache.
+
+    Called before O_DIRECT measurements and fio: an O_DIRECT write over dirty cached pages
+    makes the kernel write those pages back first, which would charge one suite's buffered
+    writes to the next suite's figures.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+        try:
+            os.posix_fadvise(fd, 0, nbytes, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
