@@ -1,0 +1,120 @@
+/*
+ * test_core_ds.c - C-level tests of the core's data structures (no Python): the ordered
+ * hash index (insert/find/remove/compaction under churn), the slot allocator (LIFO,
+ * high-water mark, affinity pools) and BLAKE2b against RFC 7693's test vector.
+ * Build/run: see tests/c/README (cc ... && ./test_core_ds); exit 0 = pass.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rb_core_ident.h"
+#include "rb_idx.h"
+#include "rb_slots.h"
+
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        if (!(x)) {                                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #x);                 \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void test_idx(void)
+{
+    rb_idx ix;
+    rb_idx_init(&ix);
+    char k[32];
+    enum { N = 20000 };
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(k, sizeof k, "key-%d", i);
+        int64_t pos[2] = {i, -i};
+        uint32_t p = rb_idx_insert(&ix, k, (size_t)n, rb_idx_hash(k, (size_t)n), pos, i % 3 ? 2 : -1);
+        CHECK(p != UINT32_MAX);
+        ix.ents[p].slot = (uint32_t)i;
+    }
+    CHECK(ix.n_live == N);
+    for (int i = 0; i < N; i += 2) { /* delete the even keys */
+        int n = snprintf(k, sizeof k, "key-%d", i);
+        uint32_t p = rb_idx_find(&ix, k, (size_t)n, rb_idx_hash(k, (size_t)n));
+        CHECK(p != UINT32_MAX && ix.ents[p].slot == (uint32_t)i);
+        rb_idx_remove_at(&ix, p);
+    }
+    CHECK(rb_idx_maybe_compact(&ix) == 0);
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(k, sizeof k, "key-%d", i);
+        uint32_t p = rb_idx_find(&ix, k, (size_t)n, rb_idx_hash(k, (size_t)n));
+        if (i % 2 == 0) {
+            CHECK(p == UINT32_MAX);
+        } else {
+            CHECK(p != UINT32_MAX && ix.ents[p].slot == (uint32_t)i);
+            CHECK(strcmp(rb_ent_key(&ix.ents[p]), k) == 0);
+            if (i % 3) {
+                CHECK(rb_ent_npos(&ix.ents[p]) == 2 && rb_ent_pos(&ix.ents[p])[0] == i);
+            } else {
+                CHECK(rb_ent_npos(&ix.ents[p]) == -1);
+            }
+        }
+    }
+    /* insertion order survives compaction */
+    int last = -1;
+    for (uint32_t p = 0; p < ix.n_ents; p++) {
+        if (ix.ents[p].flags & RB_ENT_DEAD)
+            continue;
+        CHECK((int)ix.ents[p].slot > last);
+        last = (int)ix.ents[p].slot;
+    }
+    rb_idx_free(&ix);
+}
+
+static void test_slots(void)
+{
+    rb_slots s;
+    CHECK(rb_slots_init(&s, 4, 0) == 0);
+    CHECK(rb_slots_reset(&s, 0) == 0);
+    for (uint32_t i = 0; i < 4; i++)
+        CHECK(rb_slots_alloc(&s, 0) == i);
+    CHECK(rb_slots_alloc(&s, 0) == RB_SLOT_NONE);
+    rb_slots_release(&s, 1);
+    rb_slots_release(&s, 3);
+    rb_slots_release(&s, 3); /* duplicate ignored */
+    rb_slots_release(&s, 9); /* out of range ignored */
+    CHECK(s.n_free == 2);
+    CHECK(rb_slots_alloc(&s, 0) == 3); /* LIFO */
+    CHECK(rb_slots_alloc(&s, 0) == 1);
+    rb_slots_free(&s);
+
+    CHECK(rb_slots_init(&s, 8, 1) == 0);
+    CHECK(rb_slots_reset(&s, 0) == 0);
+    uint32_t a = rb_slots_alloc(&s, 1), b = rb_slots_alloc(&s, 7), c = rb_slots_alloc(&s, 0);
+    rb_slots_release(&s, a);
+    rb_slots_release(&s, b);
+    rb_slots_release(&s, c);
+    CHECK(rb_slots_alloc(&s, 1) == a && s.affinity_hits == 1);
+    CHECK(rb_slots_alloc(&s, 9) == c && s.affinity_fallbacks == 1); /* most recently freed */
+    CHECK(rb_slots_alloc(&s, 7) == b && s.affinity_hits == 2);
+    rb_slots_free(&s);
+}
+
+static void test_blake2b(void)
+{
+    /* RFC 7693 Appendix A: BLAKE2b-512("abc") */
+    static const uint8_t want[8] = {0xBA, 0x80, 0xA5, 0x3F, 0x98, 0x1C, 0x4D, 0x0D};
+    uint8_t out[64];
+    rb_blake2b(out, 64, "abc", 3);
+    CHECK(memcmp(out, want, 8) == 0);
+    uint64_t id;
+    CHECK(rb_key_identity(RB_NS_LEGACY, "m@1@0@ff@half", 13, &id) == 0 && id == 255);
+    CHECK(rb_key_identity(RB_NS_LEGACY, "m@1@0@zz@half", 13, &id) < 0);
+    CHECK(rb_key_identity(RB_NS_LEGACY, "m@1@0@ff", 8, &id) < 0);
+}
+
+int main(void)
+{
+    test_idx();
+    test_slots();
+    test_blake2b();
+    puts("test_core_ds: ok");
+    return 0;
+}
