@@ -12,7 +12,7 @@ ASAN_BUILD := build/asan
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-all clean
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache lmcache-venv test-all clean
 
 all: build
 
@@ -53,7 +53,28 @@ test-asan: py-deps
 	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -c 'import lmcache_rawblock._native as m; assert m.__file__.startswith("$(CURDIR)/$(ASAN_BUILD)"), m.__file__'
 	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-test-all: test test-asan
+# C-level tests of the pure-C core (no Python), under ASan + UBSan.
+test-c: apt-deps
+	mkdir -p build
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
+	  -Icsrc/core tests/c/test_core_ds.c csrc/core/rb_idx.c csrc/core/rb_slots.c csrc/core/rb_core_ident.c \
+	  -lxxhash -o build/test_core_ds
+	build/test_core_ds
+
+# Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in its own
+# virtual environment, so the default run stays lean. The in-place extension is imported from
+# the checkout (same CPython ABI).
+LMC_VENV := .venv-lmcache
+lmcache-venv:
+	@test -x $(LMC_VENV)/bin/python || $(PYTHON) -m venv $(LMC_VENV)
+	@$(LMC_VENV)/bin/python -c 'import torch, lmcache, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null || { \
+	  $(LMC_VENV)/bin/python -m pip install -q torch==2.13.0 && \
+	  $(LMC_VENV)/bin/python -m pip install -q lmcache lmcache-rust-raw-block-io pytest numpy; }
+
+test-lmcache: build lmcache-venv
+	$(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -m lmcache $(PYTEST_ARGS)
+
+test-all: test test-asan test-c test-lmcache
 
 clean:
 	rm -rf build *.egg-info lmcache_rawblock/*.so

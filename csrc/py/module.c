@@ -148,6 +148,7 @@ static int rbpy_traverse(PyObject *mod, visitproc visit, void *arg)
 {
     rbpy_state *st = PyModule_GetState(mod);
     Py_VISIT(st->device_type);
+    Py_VISIT(st->core_type);
     return 0;
 }
 
@@ -155,6 +156,7 @@ static int rbpy_clear(PyObject *mod)
 {
     rbpy_state *st = PyModule_GetState(mod);
     Py_CLEAR(st->device_type);
+    Py_CLEAR(st->core_type);
     return 0;
 }
 
