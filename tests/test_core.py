@@ -423,3 +423,48 @@ def test_checkpoint_lists_only_committed_entries(dev, core):
     assert list(state["entries"]) == [okey(1).encoded, okey(2).encoded]
     assert len(read_containers(dev)) == 1
     assert DEV_SIZE == state["capacity_bytes"]
+
+
+# ---- load_many_into(raise_on_error=...) --------------------------------------------------
+
+def _three_keys(core):
+    keys = [okey(i) for i in range(3)]
+    core.put_many(keys, [Obj(payload(i, 300)) for i in range(3)])
+    return [k.encoded for k in keys]
+
+
+def test_load_error_is_logged_and_false_by_default(core, caplog):
+    enc = _three_keys(core)
+    core._native._inject_fault("read", 2)
+    outs = [Obj(300) for _ in enc]
+    with caplog.at_level("ERROR", logger="lmcache.v1.storage_backend.raw_block.core"):
+        assert core.load_many_into(enc, outs) == [True, False, True]
+    recs = [r for r in caplog.records if r.name == "lmcache.v1.storage_backend.raw_block.core"]
+    assert len(recs) == 1 and enc[1] in recs[0].getMessage()
+    assert outs[2].bytes() == payload(2, 300)
+
+
+def test_load_raise_on_error_raises_first_error_after_the_batch(core):
+    enc = _three_keys(core)
+    core._native._inject_fault("read", 2)
+    outs = [Obj(300) for _ in enc]
+    with pytest.raises(OSError) as ei:
+        core.load_many_into(enc, outs, raise_on_error=True)
+    assert ei.value.errno == 5  # EIO, as the device raises it
+    # the batch finished (the third key was read) and the accounting is back to zero
+    assert outs[2].bytes() == payload(2, 300) and outs[0].bytes() == payload(0, 300)
+    st = core.report_status()
+    assert st["inflight_io_count"] == 0 and st["inflight_key_count"] == 0
+    assert core.load_many_into(enc, [Obj(300) for _ in enc], raise_on_error=True) == [True] * 3
+
+
+def test_load_raise_on_error_ignores_misses(core):
+    enc = _three_keys(core)
+    assert core.load_many_into([enc[0], okey(99).encoded], [Obj(300), Obj(300)], raise_on_error=True) == [True, False]
+
+
+def test_load_raise_on_error_short_destination(core):
+    enc = _three_keys(core)
+    with pytest.raises(ValueError, match="too small"):
+        core.load_many_into([enc[0]], [Obj(10)], raise_on_error=True)
+    assert core.inflight_io_count() == 0

@@ -473,6 +473,8 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         items[i].ok = 0;
+        items[i].status = 0;
+        rb_err_clear(&items[i].err);
         items[i].npos = -1;
         items[i].pos = NULL;
     }
@@ -509,21 +511,33 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
 
     uint64_t sum_fail = 0;
     for (size_t i = 0; i < n; i++) {
-        if (s[i].slot == RB_SLOT_NONE || items[i].npos == -2)
+        rb_load_item *it = &items[i];
+        if (s[i].slot == RB_SLOT_NONE)
             continue;
-        size_t len = s[i].size;
-        if (items[i].buf_len < len)
-            continue; /* destination shorter than the payload: load failed for this key */
-        size_t blen = c->cfg.enable_zero_copy ? items[i].buf_len : len;
-        rb_err rerr;
-        uint64_t off = rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes;
-        if (rb_core_dev_read(c, off, items[i].buf, blen, len, rb_xfer_len(c, len), 1, &rerr) < 0)
-            continue;
-        if (c->cfg.verify_payload_checksum && s[i].has_sum && XXH3_64bits(items[i].buf, len) != s[i].sum) {
-            sum_fail++;
+        if (it->npos == -2) {
+            it->status = rb_err_set(&it->err, RB_ERR_NOMEM, ENOMEM, "out of memory");
             continue;
         }
-        items[i].ok = 1;
+        size_t len = s[i].size;
+        if (it->buf_len < len) {
+            it->status = rb_err_set(&it->err, RB_ERR_VALUE, EINVAL,
+                                    "output buffer too small: cap=%zu need=%zu", it->buf_len, len);
+            continue;
+        }
+        size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
+        uint64_t off = rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes;
+        int rc = rb_core_dev_read(c, off, it->buf, blen, len, rb_xfer_len(c, len), 1, &it->err);
+        if (rc < 0) {
+            it->status = rc;
+            continue;
+        }
+        if (c->cfg.verify_payload_checksum && s[i].has_sum && XXH3_64bits(it->buf, len) != s[i].sum) {
+            sum_fail++;
+            it->status = rb_err_set(&it->err, RB_ERR_OS, EBADMSG, "payload checksum mismatch at offset %llu",
+                                    (unsigned long long)off);
+            continue;
+        }
+        it->ok = 1;
     }
     for (size_t i = 0; i < n; i++) {
         if (!items[i].ok) {

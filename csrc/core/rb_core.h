@@ -72,6 +72,8 @@ typedef struct rb_load_item {
     size_t buf_len;
     /* out */
     int ok;
+    int status;   /* 0 = loaded or not indexed; <0 = -errno of this key's failure (err says why) */
+    rb_err err;   /* filled when status < 0 */
     int64_t npos; /* -1 = null; else pos is malloc'd (caller frees) */
     int64_t *pos;
 } rb_load_item;
@@ -114,7 +116,10 @@ void rb_core_free(rb_core *c);
  * *n_stored their count. Fails (-errno) only for whole-call errors. */
 int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
                      size_t *n_stored, rb_err *err);
-/* -ESHUTDOWN with RuntimeError text after close. */
+/* Per key: ok = 1 when loaded; a miss is ok = 0, status = 0; a failed read, a short
+ * destination or a checksum mismatch is ok = 0, status < 0 with err filled (the exception the
+ * device would raise). Every read of the call has ended and the in-flight I/O count is back
+ * when this returns. -ESHUTDOWN with RuntimeError text after close. */
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err);
 void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
                          uint8_t *results);

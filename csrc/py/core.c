@@ -145,6 +145,20 @@ static const char *opt_str(PyObject *o, size_t *len)
     return s;
 }
 
+/* The exception object an rb_err describes (not raised), or NULL with an error set. */
+static PyObject *err_object(const rb_err *err)
+{
+    PyObject *type, *value, *tb;
+    rbpy_raise_err(err);
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && tb)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+}
+
 static rb_core *core_of(PyObject *op)
 {
     return ((CoreObject *)op)->core;
@@ -472,20 +486,25 @@ static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t 
         }
     }
     {
-        PyObject *rl = PyList_New(n), *pl = PyList_New(n);
-        for (Py_ssize_t i = 0; rl && pl && i < n; i++) {
+        PyObject *rl = PyList_New(n), *pl = PyList_New(n), *el = PyList_New(n);
+        for (Py_ssize_t i = 0; rl && pl && el && i < n; i++) {
             PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
             PyObject *p = items[i].ok ? i64_list(items[i].pos, items[i].npos) : Py_NewRef(Py_None);
-            if (!p) {
+            PyObject *e = items[i].status < 0 ? err_object(&items[i].err) : Py_NewRef(Py_None);
+            if (!p || !e) {
+                Py_XDECREF(p);
+                Py_XDECREF(e);
                 Py_CLEAR(rl);
                 break;
             }
             PyList_SET_ITEM(pl, i, p);
+            PyList_SET_ITEM(el, i, e);
         }
-        if (rl && pl)
-            ret = PyTuple_Pack(2, rl, pl);
+        if (rl && pl && el)
+            ret = PyTuple_Pack(3, rl, pl, el);
         Py_XDECREF(rl);
         Py_XDECREF(pl);
+        Py_XDECREF(el);
         for (Py_ssize_t i = 0; i < n; i++)
             free(items[i].pos);
     }
@@ -887,7 +906,7 @@ static PyMethodDef core_methods[] = {
     {"put_many", (PyCFunction)(void (*)(void))core_put_many, METH_FASTCALL | METH_KEYWORDS,
      "put_many(keys, identities, buffers, placement_ids, metas) -> (results, stored_indices)"},
     {"load_many_into", (PyCFunction)(void (*)(void))core_load_many, METH_FASTCALL | METH_KEYWORDS,
-     "load_many_into(keys, buffers) -> (results, cached_positions)"},
+     "load_many_into(keys, buffers) -> (results, cached_positions, errors: exception or None per key)"},
     {"exists_many", (PyCFunction)(void (*)(void))core_exists_many, METH_FASTCALL | METH_KEYWORDS,
      "exists_many(keys, lock=False) -> list[bool]"},
     {"delete_many", (PyCFunction)(void (*)(void))core_delete_many, METH_FASTCALL | METH_KEYWORDS,

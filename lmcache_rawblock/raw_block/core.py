@@ -260,15 +260,34 @@ class RawBlockCore:
         results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], bufs, pids, metas)
         return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored])
 
-    def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any]) -> list[bool]:
+    def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any], *,
+                       raise_on_error: bool = False) -> list[bool]:
+        """Read each indexed key's payload into objs[i].byte_array; misses are False.
+
+        Every read of the call finishes before this returns. A key whose read failed is False
+        and logged; with ``raise_on_error`` the first such error (in key order) is raised
+        instead, once the whole batch has finished (OSError(errno, ...) as the device raises it).
+        """
         if not encoded_keys or not objs:
             raise ValueError("encoded_keys and objs must be non-empty")
         if len(encoded_keys) != len(objs):
             raise ValueError("encoded_keys and objs must have the same length")
-        results, positions = self._native.load_many_into(list(encoded_keys), [o.byte_array for o in objs])
+        keys = list(encoded_keys)
+        results, positions, errors = self._native.load_many_into(keys, [o.byte_array for o in objs])
         for ok, obj, pos in zip(results, objs, positions):
             if ok and getattr(obj, "metadata", None) is not None:
                 obj.metadata.cached_positions = positions_from_list(pos)
+        first: BaseException | None = None
+        for key, exc in zip(keys, errors):
+            if exc is None:
+                continue
+            if raise_on_error:
+                if first is None:
+                    first = exc
+            else:
+                logger.error("RawBlockCore load failed for %s: %s", key, exc)
+        if first is not None:
+            raise first
         return results
 
     def delete_many(self, encoded_keys: Sequence[str], *, force: bool = False) -> list[bool]:
