@@ -32,7 +32,7 @@ py-deps: apt-deps
 # In-place build of the extension with warnings as errors; pip install -e registers the package once.
 build: py-deps
 	RB_WERROR=1 $(PYTHON) setup.py -q build_ext --inplace
-	@$(PYTHON) -c 'import importlib.metadata as m; m.version("lmcache-rawblock")' 2>/dev/null || \
+	@(cd / && $(PYTHON) -c 'import lmcache_rawblock, os, sys; sys.exit(os.path.dirname(lmcache_rawblock.__file__) != "$(CURDIR)/lmcache_rawblock")') 2>/dev/null || \
 	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
 # Main job: the quick benchmark/demo on a sparse file in a temporary directory.

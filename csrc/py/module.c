@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <xxhash.h>
 
 static struct PyModuleDef rbpy_module;
 
@@ -126,6 +127,30 @@ int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present)
     return rbpy_as_size(o, name, out);
 }
 
+/* xxh3_64(data) -> int: the payload checksum stored in slot headers (for offline verify). */
+static PyObject *rbpy_xxh3_64(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    XXH64_hash_t h;
+    if (view.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        h = XXH3_64bits(view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        h = XXH3_64bits(view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyMethodDef rbpy_functions[] = {
+    {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int rbpy_exec(PyObject *mod)
 {
     rbpy_state *st = PyModule_GetState(mod);
@@ -176,6 +201,7 @@ static struct PyModuleDef rbpy_module = {
     .m_doc = "C core of lmcache_rawblock: raw block device I/O for LMCache's raw-block tier.",
     .m_size = sizeof(rbpy_state),
     .m_slots = rbpy_slots,
+    .m_methods = rbpy_functions,
     .m_traverse = rbpy_traverse,
     .m_clear = rbpy_clear,
     .m_free = rbpy_free,
