@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "rb_core_ident.h"
+#include "rb_uring.h"
 
 uint64_t rb_now_ns(void)
 {
@@ -66,7 +67,113 @@ int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t
 
 void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown)
 {
-    atomic_store(kind == RB_FAULT_WRITE ? &c->fault_write : &c->fault_read, countdown);
+    _Atomic int64_t *ctr = kind == RB_FAULT_WRITE    ? &c->fault_write
+                           : kind == RB_FAULT_READ   ? &c->fault_read
+                           : kind == RB_FAULT_SUBMIT ? &c->fault_submit
+                                                     : &c->fault_prep;
+    atomic_store(ctr, countdown);
+}
+
+/* ---- io_uring batches ------------------------------------------------------------------ */
+
+int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, rb_err *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        ops[i].rc = 0;
+        rb_err_clear(&ops[i].err);
+    }
+    if (n == 0)
+        return 0;
+    if (per == 0 || per > n)
+        per = n;
+    size_t nb = (n + per - 1) / per;
+    rb_batch **bs = calloc(nb, sizeof(*bs));
+    uint32_t *map = malloc(n * sizeof(uint32_t)); /* request (lo + j) of batch k -> op index */
+    int ret = 0;
+    if (!bs || !map) {
+        ret = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto fail_all;
+    }
+    if (rb_dev_enter(c->dev) < 0) {
+        ret = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "device is closed");
+        goto fail_all;
+    }
+    struct rb_uring *u = c->dev->uring;
+    size_t submitted = 0;
+    for (size_t k = 0; k < nb; k++) {
+        size_t lo = k * per, hi = lo + per < n ? lo + per : n;
+        rb_batch *b = rb_batch_new((uint32_t)(hi - lo), 0);
+        int rc = 0;
+        if (!b) {
+            rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        } else {
+            uint32_t j = 0;
+            for (size_t i = lo; i < hi; i++) {
+                rb_uop *o = &ops[i];
+                if (data && take_fault(o->write ? &c->fault_write : &c->fault_read)) {
+                    o->rc = rb_err_set(&o->err, RB_ERR_OS, EIO, "io_uring I/O error (injected)");
+                    continue;
+                }
+                int r = rb_batch_set(u, b, j, o->write ? RB_REQ_WRITE : RB_REQ_READ, o->off, o->buf, o->buf_len,
+                                     o->payload_len, o->total_len, o->copy_len, &o->err);
+                if (r < 0) {
+                    o->rc = r;
+                    continue;
+                }
+                map[lo + j++] = (uint32_t)i;
+            }
+            /* Requests that never reach the engine are left out of the batch: shrink it to
+             * the ones described (the tail entries were never set). */
+            b->n = j;
+            bs[k] = b;
+            if (j && data && take_fault(&c->fault_submit))
+                rc = rb_err_set(err, RB_ERR_RUNTIME, EIO, "io_uring batch submission failed (injected)");
+            if (rc == 0 && j)
+                rc = rb_batch_prepare(u, b, err);
+            if (rc == 0 && j && rb_uring_submit(u, b) < 0)
+                rc = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
+        }
+        if (rc < 0) {
+            for (size_t i = lo; i < n; i++) {
+                if (ops[i].rc == 0) {
+                    ops[i].rc = rc;
+                    ops[i].err = *err;
+                }
+            }
+            rb_batch_free(b);
+            bs[k] = NULL;
+            ret = rc;
+            break;
+        }
+        submitted = k + 1;
+    }
+    for (size_t k = 0; k < submitted; k++) {
+        rb_batch *b = bs[k];
+        if (!b->n) {
+            rb_batch_free(b);
+            continue;
+        }
+        rb_uring_wait(u, b);
+        for (uint32_t j = 0; j < b->n; j++) {
+            rb_uop *o = &ops[map[k * per + j]];
+            int r = rb_batch_result(b, j, &o->err);
+            if (r < 0)
+                o->rc = r;
+        }
+        rb_batch_free(b);
+    }
+    rb_dev_leave(c->dev);
+    free(bs);
+    free(map);
+    return ret;
+fail_all:
+    for (size_t i = 0; i < n; i++) {
+        ops[i].rc = ret;
+        ops[i].err = *err;
+    }
+    free(bs);
+    free(map);
+    return ret;
 }
 
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)
@@ -417,11 +524,172 @@ static int write_slot(rb_core *c, const rb_put_item *it, uint32_t slot, uint8_t 
                              err);
 }
 
+/*
+ * io_uring put path, one chunk of at most RB_PUT_CHUNK unique keys (uniq[0..m) are item
+ * indices):
+ *   1. under mu, no I/O: reserve a slot for every key (indexed -> True; in flight elsewhere,
+ *      oversize or no free slot -> False, isolated to that key);
+ *   2. no lock: prepare each reserved key (checksum, header encode); a preparation failure is
+ *      isolated to that key, which gets nothing queued;
+ *   3. every payload in one batch; only when all of them completed, every header in a second
+ *      batch (a header never reaches the device before its payload);
+ *   4. under mu: all-or-nothing commit of the prepared keys (any submission or completion
+ *      failure rolls every reservation of the chunk back).
+ */
+#define RB_PUT_CHUNK 64
+
+typedef struct put_scratch {
+    uint8_t *hdrs; /* RB_PUT_CHUNK aligned header blocks */
+    rb_uop ops[RB_PUT_CHUNK];
+    uint32_t plan[RB_PUT_CHUNK];
+    uint32_t slot[RB_PUT_CHUNK];
+    uint64_t sum[RB_PUT_CHUNK];
+    uint8_t prepared[RB_PUT_CHUNK];
+} put_scratch;
+
+static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t *uniq, size_t m, uint8_t *results,
+                           uint32_t *stored, size_t *n_stored, put_scratch *w, rb_err *err)
+{
+    const uint64_t hb = c->cfg.header_bytes;
+    size_t np = 0;
+    int closed = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t q = 0; q < m; q++) {
+        const rb_put_item *it = &items[uniq[q]];
+        if (c->closed) {
+            closed = 1;
+            break;
+        }
+        uint32_t slot;
+        int r = reserve_locked(c, it, &slot);
+        if (r != 2) {
+            results[uniq[q]] = (uint8_t)r;
+            continue;
+        }
+        w->plan[np] = uniq[q];
+        w->slot[np++] = slot;
+    }
+    if (np)
+        io_begin_locked(c, np);
+    pthread_mutex_unlock(&c->mu);
+    if (!np)
+        return closed;
+
+    size_t nops = 0;
+    for (size_t p = 0; p < np; p++) {
+        const rb_put_item *it = &items[w->plan[p]];
+        w->prepared[p] = 0;
+        if (take_fault(&c->fault_prep))
+            continue; /* batch buffer preparation failed: nothing queued for this key */
+        int has_sum = c->cfg.verify_payload_checksum;
+        w->sum[p] = has_sum ? XXH3_64bits(it->buf, it->len) : 0;
+        rb_slot_header_encode(w->hdrs + p * hb, hb, it->identity, it->len, has_sum, w->sum[p]);
+        w->prepared[p] = 1;
+        rb_uop *o = &w->ops[nops++];
+        o->off = rb_slot_offset(c, w->slot[p]) + hb;
+        o->buf = (void *)it->buf;
+        o->buf_len = it->len;
+        o->payload_len = it->len;
+        o->total_len = rb_xfer_len(c, it->len);
+        o->copy_len = (size_t)-1;
+        o->write = 1;
+    }
+    int ok = 1;
+    if (nops) {
+        ok = rb_core_uring_ops(c, w->ops, nops, 0, 1, err) == 0;
+        for (size_t i = 0; ok && i < nops; i++)
+            ok = w->ops[i].rc == 0;
+        if (ok) {
+            nops = 0;
+            for (size_t p = 0; p < np; p++) {
+                if (!w->prepared[p])
+                    continue;
+                rb_uop *o = &w->ops[nops++];
+                o->off = rb_slot_offset(c, w->slot[p]);
+                o->buf = w->hdrs + p * hb;
+                o->buf_len = o->payload_len = o->total_len = hb;
+                o->copy_len = (size_t)-1;
+                o->write = 1;
+            }
+            ok = rb_core_uring_ops(c, w->ops, nops, 0, 1, err) == 0;
+            for (size_t i = 0; ok && i < nops; i++)
+                ok = w->ops[i].rc == 0;
+        }
+    }
+
+    pthread_mutex_lock(&c->mu);
+    io_end_locked(c, np);
+    for (size_t p = 0; p < np; p++) {
+        uint32_t i = w->plan[p];
+        int res = commit_locked(c, &items[i], ok && w->prepared[p], w->sum[p]);
+        results[i] = res != 0;
+        if (res == 2)
+            stored[(*n_stored)++] = i;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return closed;
+}
+
+static int put_many_uring(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
+                          size_t *n_stored, rb_err *err)
+{
+    put_scratch *w = calloc(1, sizeof(*w));
+    uint32_t *uniq = malloc(n * sizeof(uint32_t));
+    uint32_t *first = malloc(n * sizeof(uint32_t)); /* item -> index of its first occurrence */
+    rb_idx seen;
+    rb_idx_init(&seen);
+    int rc = 0;
+    if (w)
+        w->hdrs = rb_alloc_aligned(c->cfg.block_align, RB_PUT_CHUNK * c->cfg.header_bytes, err);
+    if (!w || !w->hdrs || !uniq || !first) {
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = rb_idx_hash(items[i].key, items[i].key_len);
+        uint32_t p = n > 1 ? rb_idx_find(&seen, items[i].key, items[i].key_len, h) : UINT32_MAX;
+        if (p != UINT32_MAX) {
+            first[i] = seen.ents[p].slot;
+            continue;
+        }
+        if (n > 1) {
+            p = rb_idx_insert(&seen, items[i].key, items[i].key_len, h, NULL, -1);
+            if (p == UINT32_MAX) {
+                rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+                goto out;
+            }
+            seen.ents[p].slot = (uint32_t)i;
+        }
+        first[i] = (uint32_t)i;
+        uniq[m++] = (uint32_t)i;
+    }
+    for (size_t lo = 0; lo < m; lo += RB_PUT_CHUNK) {
+        size_t cnt = m - lo < RB_PUT_CHUNK ? m - lo : RB_PUT_CHUNK;
+        rb_err cerr;
+        if (put_chunk_uring(c, items, uniq + lo, cnt, results, stored, n_stored, w, &cerr))
+            break; /* closed: the remaining keys stay False */
+    }
+    for (size_t i = 0; i < n; i++)
+        if (first[i] != i)
+            results[i] = results[first[i]];
+out:
+    rb_idx_free(&seen);
+    if (w)
+        free(w->hdrs);
+    free(w);
+    free(uniq);
+    free(first);
+    return rc;
+}
+
 int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
                      size_t *n_stored, rb_err *err)
 {
     *n_stored = 0;
     memset(results, 0, n);
+    if (rb_core_uses_uring(c))
+        return put_many_uring(c, items, n, results, stored, n_stored, err);
     uint8_t *hdr = rb_alloc_aligned(c->cfg.block_align, c->cfg.header_bytes, err);
     if (!hdr)
         return -ENOMEM;

@@ -146,9 +146,12 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
 void rb_core_status_get(rb_core *c, rb_core_status *st);
 size_t rb_core_mem_bytes(rb_core *c);
 
-/* Test hooks: fail the countdown-th next data write/read (1 = the next one) with EIO;
- * delay each checkpoint writer between choosing its sequence number and writing. */
-enum { RB_FAULT_WRITE = 0, RB_FAULT_READ = 1 };
+/* Test hooks: fail the countdown-th next data write/read (1 = the next one) with EIO (on
+ * io_uring: that request reports a completion failure and is never queued); SUBMIT fails the
+ * countdown-th io_uring batch submission of put/load; PREP fails the preparation of the
+ * countdown-th key of an io_uring put. Delay each checkpoint writer between choosing its
+ * sequence number and writing. */
+enum { RB_FAULT_WRITE = 0, RB_FAULT_READ = 1, RB_FAULT_SUBMIT = 2, RB_FAULT_PREP = 3 };
 void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown);
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms);
 

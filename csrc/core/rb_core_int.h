@@ -54,7 +54,7 @@ struct rb_core {
     pthread_t thr;
     int thr_started, thr_stop;
 
-    _Atomic int64_t fault_write, fault_read;
+    _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep;
     _Atomic uint32_t ckpt_delay_ms;
 };
 
@@ -77,6 +77,26 @@ int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len,
                       size_t total_len, int data, rb_err *err);
 int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t payload_len, size_t total_len,
                      int data, rb_err *err);
+/* One transfer of an io_uring batch run by rb_core_uring_ops. */
+typedef struct rb_uop {
+    uint64_t off;
+    void *buf;
+    size_t buf_len, payload_len, total_len;
+    size_t copy_len; /* reads: bytes copied back after a bounced read */
+    int write;
+    int rc;     /* out: 0 done, <0 failed (err) */
+    rb_err err; /* out */
+} rb_uop;
+
+/* Run ops through the device's io_uring engine: batches of at most per_batch requests (0 = one
+ * batch), all submitted before the first wait, every submitted batch waited for. Honours the
+ * data fault hooks when data is set. Returns 0, or <0 (err) when a submission failed; each
+ * op's rc says how it ended either way. No core lock may be held. */
+int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per_batch, int data, rb_err *err);
+static inline int rb_core_uses_uring(const rb_core *c)
+{
+    return c->cfg.engine == RB_ENGINE_IOURING && c->dev && c->dev->uring;
+}
 /* Intern a metadata class under mu. Returns the id or UINT32_MAX (ENOMEM). */
 uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m);
 /* Release a slot under mu. */

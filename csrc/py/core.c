@@ -862,14 +862,19 @@ static PyObject *core_inject_fault(PyObject *op, PyObject *const *args, Py_ssize
     if (rbpy_unpack("_inject_fault", names, 2, 2, args, nargs, kwnames, a) < 0)
         return NULL;
     const char *kind = PyUnicode_Check(a[0]) ? PyUnicode_AsUTF8(a[0]) : NULL;
-    if (!kind || (strcmp(kind, "write") != 0 && strcmp(kind, "read") != 0)) {
-        PyErr_SetString(PyExc_ValueError, "kind must be 'write' or 'read'");
+    static const char *const kinds[] = {"write", "read", "submit", "prep"};
+    int k = -1;
+    for (int i = 0; kind && i < 4; i++)
+        if (strcmp(kind, kinds[i]) == 0)
+            k = i;
+    if (k < 0) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 'write', 'read', 'submit' or 'prep'");
         return NULL;
     }
     long long n = PyLong_AsLongLong(a[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
-    rb_core_inject_fault(core_of(op), strcmp(kind, "write") == 0 ? RB_FAULT_WRITE : RB_FAULT_READ, n);
+    rb_core_inject_fault(core_of(op), k, n);
     Py_RETURN_NONE;
 }
 
@@ -928,7 +933,7 @@ static PyMethodDef core_methods[] = {
     {"mem_bytes", core_mem_bytes, METH_NOARGS, "bytes allocated by the index and slot allocator"},
     {"close", core_close, METH_NOARGS, "close() -> dict"},
     {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
-     "test hook: _inject_fault('write'|'read', countdown)"},
+     "test hook: _inject_fault('write'|'read'|'submit'|'prep', countdown)"},
     {"_set_checkpoint_delay_ms", core_set_ckpt_delay, METH_O, "test hook: delay each checkpoint writer"},
     {"_key_identity", (PyCFunction)(void (*)(void))core_identity, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
      "test hook: the C slot identity of an encoded key"},

@@ -1,0 +1,248 @@
+"""RawBlockCore on io_engine="io_uring": the batched put path (reference §4.3 and §8 items
+8-19, with the header-after-payload hazard fix), batched loads, checkpoint writes and
+recovery header validation through the io_uring engine. Faults come from the core's own
+hooks (_native.Core._inject_fault); batch shapes from the device counters (rust_io)."""
+
+import os
+import struct
+
+import pytest
+
+from core_helpers import HEADER, META, SLOT, Obj, make_core, make_device, okey, payload, read_slot
+
+
+def ucore(dev, **kw):
+    kw.setdefault("io_engine", "io_uring")
+    kw.setdefault("iouring_queue_depth", 8)
+    return make_core(dev, **kw)
+
+
+@pytest.fixture
+def dev(tmp_path):
+    return make_device(tmp_path)
+
+
+@pytest.fixture
+def core(dev):
+    c = ucore(dev)
+    yield c
+    c.close()
+
+
+def io(core):
+    return dict(core.report_status()["rust_io"])
+
+
+def delta(before, after, *names):
+    return tuple(after[n] - before[n] for n in names)
+
+
+def available(core):
+    st = core.report_status()
+    return st["free_slot_count"] + st["max_slots"] - st["next_slot"]
+
+
+def slot_magic(dev, slot):
+    with open(dev, "rb") as f:
+        f.seek(META + slot * SLOT)
+        return f.read(8)
+
+
+def test_put_many_one_payload_batch_then_one_header_batch(core):
+    keys = [okey(i) for i in range(10)]
+    b = io(core)
+    r = core.put_many(keys, [Obj(payload(i, 1000 + i)) for i in range(10)])
+    a = io(core)
+    assert r.results == [True] * 10 and r.stored_keys == [k.encoded for k in keys]
+    # one submission of the 10 payloads, then one of the 10 headers
+    assert delta(b, a, "batches_submitted", "write_attempts") == (2, 20)
+    assert a["max_batch_size"] >= 10
+
+
+def test_put_many_round_trip_odd_sizes(core):
+    sizes = [1, 17, 4095, 4096, 4097, 60000, SLOT - HEADER]
+    keys = [okey(i) for i in range(len(sizes))]
+    objs = [Obj(payload(i, n)) for i, n in enumerate(sizes)]
+    assert core.put_many(keys, objs).results == [True] * len(sizes)
+    outs = [Obj(n) for n in sizes]
+    assert core.load_many_into([k.encoded for k in keys], outs) == [True] * len(sizes)
+    assert [o.bytes() for o in outs] == [o.bytes() for o in objs]
+    for i, k in enumerate(keys):
+        magic, ident, plen, _, _ = read_slot(core.device_path, core.entry_offset(k.encoded))
+        assert (magic, ident, plen) == (b"LMCBLK01", k.slot_identity, sizes[i])
+
+
+def test_put_many_chunks_large_batches(dev):
+    c = ucore(dev)
+    keys = [okey(i) for i in range(70)]
+    objs = [Obj(payload(i, 100)) for i in range(70)]
+    b = io(c)
+    r = c.put_many(keys + [keys[3]], objs + [Obj(b"other")])
+    a = io(c)
+    assert r.results == [True] * 71
+    assert r.stored_keys == [k.encoded for k in keys]
+    # chunks of 64 and 6 unique keys, each: payload batch + header batch
+    assert delta(b, a, "batches_submitted", "write_attempts") == (4, 140)
+    c.close()
+    c = ucore(dev)
+    try:
+        outs = [Obj(100) for _ in keys]
+        assert c.load_many_into([k.encoded for k in keys], outs) == [True] * 70
+        assert [o.bytes() for o in outs] == [o.bytes() for o in objs]
+    finally:
+        c.close()
+
+
+def test_put_many_skips_already_indexed(core):
+    old = [okey(i) for i in range(5)]
+    new = [okey(i) for i in range(5, 10)]
+    core.put_many(old, [Obj(10) for _ in old])
+    b = io(core)
+    r = core.put_many(old + new, [Obj(10) for _ in range(10)])
+    assert r.results == [True] * 10 and r.stored_keys == [k.encoded for k in new]
+    assert delta(b, io(core), "write_attempts") == (10,)
+
+
+def test_put_many_rolls_back_on_submission_failure(core):
+    keys = [okey(i) for i in range(6)]
+    before = available(core)
+    b = io(core)
+    core._native._inject_fault("submit", 1)
+    r = core.put_many(keys, [Obj(100) for _ in keys])
+    assert r.results == [False] * 6 and r.stored_keys == []
+    st = core.report_status()
+    assert st["inflight_key_count"] == 0 and st["inflight_io_count"] == 0 and st["indexed_key_count"] == 0
+    assert available(core) == before
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (0, 0)
+    # and the core is healthy afterwards
+    assert core.put_many(keys, [Obj(100) for _ in keys]).results == [True] * 6
+
+
+def test_put_many_header_submission_failure_leaves_no_header(core, dev):
+    keys = [okey(i) for i in range(4)]
+    b = io(core)
+    core._native._inject_fault("submit", 2)  # the header batch
+    assert core.put_many(keys, [Obj(100) for _ in keys]).results == [False] * 4
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (1, 4)  # payloads only
+    assert [slot_magic(dev, s) for s in range(4)] == [bytes(8)] * 4
+    assert core.report_status()["indexed_key_count"] == 0 and available(core) == 2032
+
+
+def test_put_many_partial_slot_exhaustion(tmp_path):
+    dev = make_device(tmp_path)
+    c = ucore(dev, capacity_bytes=META + 3 * SLOT)
+    try:
+        assert c.report_status()["max_slots"] == 3
+        keys = [okey(i) for i in range(5)]
+        b = io(c)
+        r = c.put_many(keys, [Obj(100) for _ in keys])
+        assert r.results == [True, True, True, False, False]
+        assert delta(b, io(c), "batches_submitted", "write_attempts") == (2, 6)
+        assert available(c) == 0
+    finally:
+        c.close()
+
+
+def test_put_many_duplicate_keys_in_batch(core):
+    k = okey(1)
+    b = io(core)
+    r = core.put_many([k, k], [Obj(b"first" * 10), Obj(b"other" * 10)])
+    assert r.results == [True, True] and r.stored_keys == [k.encoded]
+    assert delta(b, io(core), "write_attempts") == (2,)
+    out = Obj(50)
+    assert core.load_many_into([k.encoded], [out]) == [True] and out.bytes() == b"first" * 10
+
+
+def test_put_many_oversize_key_isolated(core):
+    keys = [okey(i) for i in range(5)]
+    objs = [Obj(100), Obj(100), Obj(SLOT), Obj(100), Obj(100)]
+    b = io(core)
+    r = core.put_many(keys, objs)
+    assert r.results == [True, True, False, True, True]
+    assert r.stored_keys == [k.encoded for i, k in enumerate(keys) if i != 2]
+    assert delta(b, io(core), "write_attempts") == (8,)
+
+
+def test_put_many_prep_failure_leaves_no_orphan_and_slot_is_reused(core, dev):
+    keys = [okey(i) for i in range(3)]
+    b = io(core)
+    core._native._inject_fault("prep", 2)
+    r = core.put_many(keys, [Obj(payload(i, 100)) for i in range(3)])
+    assert r.results == [True, False, True]
+    assert delta(b, io(core), "write_attempts") == (4,)
+    # nothing was written to the failed key's slot (1)
+    with open(dev, "rb") as f:
+        f.seek(META + SLOT)
+        assert f.read(SLOT) == bytes(SLOT)
+    assert core.report_status()["inflight_key_count"] == 0
+    k = okey(10)
+    assert core.put_many([k], [Obj(100)]).results == [True]
+    assert core.entry_offset(k.encoded) == META + SLOT
+
+
+@pytest.mark.parametrize("failing", [2, 5])
+def test_put_many_payload_completion_failure_rolls_back_and_writes_no_header(core, dev, failing):
+    # Five keys: writes 1-5 are the payloads. A failed payload means no header is ever
+    # written for any key of the chunk (LMCache queues header and payload unordered).
+    keys = [okey(i) for i in range(5)]
+    b = io(core)
+    core._native._inject_fault("write", failing)
+    r = core.put_many(keys, [Obj(payload(i, 100)) for i in range(5)])
+    assert r.results == [False] * 5 and r.stored_keys == []
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (1, 4)
+    assert [slot_magic(dev, s) for s in range(5)] == [bytes(8)] * 5
+    st = core.report_status()
+    assert st["indexed_key_count"] == 0 and st["inflight_key_count"] == 0 and st["inflight_io_count"] == 0
+    assert available(core) == 2032
+
+
+def test_put_many_header_completion_failure_rolls_back(core):
+    keys = [okey(i) for i in range(5)]
+    b = io(core)
+    core._native._inject_fault("write", 7)  # the second header
+    r = core.put_many(keys, [Obj(100) for _ in keys])
+    assert r.results == [False] * 5
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (2, 9)
+    assert core.report_status()["indexed_key_count"] == 0 and available(core) == 2032
+
+
+def test_put_many_failure_of_a_later_chunk_keeps_earlier_chunks(core):
+    keys = [okey(i) for i in range(70)]
+    core._native._inject_fault("submit", 3)  # payload batch of the second chunk
+    r = core.put_many(keys, [Obj(10) for _ in keys])
+    assert r.results == [True] * 64 + [False] * 6
+    assert core.report_status()["indexed_key_count"] == 64
+
+
+def test_put_many_placement_ids_drive_slot_affinity(dev):
+    c = ucore(dev, fdp_slot_affinity_enabled=True)
+    try:
+        a, b, k = okey(1), okey(2), okey(3)
+        assert c.put_many([a, b], [Obj(10), Obj(10)], placement_ids=[1, 7]).results == [True, True]
+        slot_a = c.entry_offset(a.encoded)
+        c.delete_many([a.encoded, b.encoded])
+        assert c.put_many([k, okey(4)], [Obj(10), Obj(10)], placement_ids=[1, None]).results == [True, True]
+        assert c.entry_offset(k.encoded) == slot_a
+        assert c.report_status()["fdp_slot_affinity_hit_count"] == 1
+    finally:
+        c.close()
+
+
+def test_put_many_after_close_is_false(dev):
+    c = ucore(dev)
+    c.close()
+    assert c.put_many([okey(1), okey(2)], [Obj(10), Obj(10)]).results == [False, False]
+
+
+def test_put_many_uring_with_checksum_round_trip(dev):
+    c = ucore(dev, verify_payload_checksum=True)
+    keys = [okey(i) for i in range(3)]
+    c.put_many(keys, [Obj(payload(i, 5000)) for i in range(3)])
+    c.close()
+    c = ucore(dev, verify_payload_checksum=True)
+    try:
+        outs = [Obj(5000) for _ in keys]
+        assert c.load_many_into([k.encoded for k in keys], outs) == [True] * 3
+        assert [o.bytes() for o in outs] == [payload(i, 5000) for i in range(3)]
+    finally:
+        c.close()
