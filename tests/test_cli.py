@@ -333,3 +333,24 @@ def test_fraction_of_fio_attached():
     assert "ours_fraction_of_fio" not in d1  # buffered I/O is not compared with O_DIRECT fio
     u = results["uring"]["results"][0]
     assert u["ours_fraction_of_fio"] == 0.75 and u["rust_fraction_of_fio"] == 0.5
+
+
+def test_fio_limit_keeps_best_pass(tmp_path, monkeypatch):
+    img = tmp_path / "f.img"
+    with open(img, "wb") as f:
+        f.truncate(4 * MiB)
+    monkeypatch.setattr(limit.shutil, "which", lambda name: "/usr/bin/fio")
+    calls = []
+
+    def fake_fio(cmd, **kw):
+        rw = next(a for a in cmd if a.startswith("--rw=")).split("=")[1]
+        calls.append((rw, len(calls)))
+        bw = 1000.0 * (len(calls))  # later calls are faster
+        doc = {"jobs": [{"error": 0, rw: {"bw_bytes": bw, "iops": 1.0, "lat_ns": {"mean": 1000.0}}}]}
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(doc), "")
+
+    res = limit.run_limit(str(img), [4096], [1], 4 * MiB, None, common._NullBar(), run=fake_fio, passes=2)
+    assert [rw for rw, _ in calls] == ["write", "read", "read", "write"]  # second pass runs backwards
+    by_rw = {r["rw"]: r for r in res["results"]}
+    assert by_rw["write"]["bw_bytes"] == 4000.0 and by_rw["write"]["passes_bw_bytes"] == [1000.0, 4000.0]
+    assert by_rw["read"]["bw_bytes"] == 3000.0

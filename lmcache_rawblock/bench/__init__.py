@@ -83,14 +83,15 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
     steps = {
         "device": device.sync_steps(s),
         "uring": device.uring_steps(s),
-        "limit": limit.limit_steps(s.sizes, limit.limit_depths(s.uring_depths)),
+        "limit": limit.limit_steps(s.sizes, limit.limit_depths(s.uring_depths), s.fio_passes),
     }
     prefill(target.path, s.region)
     runners: dict[str, Callable[[Any], dict]] = {
         "device": lambda bar: device.run_sync(target.path, comps, s, bar),
         "uring": lambda bar: device.run_uring(target.path, comps, s, bar),
         "limit": lambda bar: limit.run_limit(
-            target.path, s.sizes, limit.limit_depths(s.uring_depths), s.region, s.fio_runtime_s, bar
+            target.path, s.sizes, limit.limit_depths(s.uring_depths), s.region, s.fio_runtime_s, bar,
+            passes=s.fio_passes,
         ),
     }
     total = sum(steps[p] for p in parts)
