@@ -77,6 +77,21 @@ static int encode_state_locked(rb_core *c, rb_buf *b)
     return b->oom ? -ENOMEM : 0;
 }
 
+/* One metadata write, through the io_uring engine when the core uses it. */
+static int meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    if (!rb_core_uses_uring(c))
+        return rb_core_dev_write(c, off, buf, len, len, len, 0, err);
+    rb_uop o = {.off = off, .buf = buf, .buf_len = len, .payload_len = len, .total_len = len,
+                .copy_len = (size_t)-1, .write = 1};
+    int rc = rb_core_uring_ops(c, &o, 1, 0, 0, err);
+    if (rc == 0 && o.rc < 0) {
+        *err = o.err;
+        rc = o.rc;
+    }
+    return rc;
+}
+
 static void set_ckpt_error(rb_core *c, const rb_err *err)
 {
     pthread_mutex_lock(&c->mu);
@@ -156,9 +171,9 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
     int target = (int)((seq - 1) % 2);
     uint64_t base = (uint64_t)target * c->container_bytes;
     /* Payload first; the header only after the payload completed. */
-    rc = rb_core_dev_write(c, base + ba, payload, padded, padded, padded, 0, err);
+    rc = meta_write(c, base + ba, payload, padded, err);
     if (rc == 0)
-        rc = rb_core_dev_write(c, base, hdr, ba, ba, ba, 0, err);
+        rc = meta_write(c, base, hdr, ba, err);
     free(payload);
     free(hdr);
     rb_buf_free(&b);
