@@ -118,7 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "default all")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    _add_tool_commands(sub)
     return parser
+
+
+def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
+    """inspect / verify: read-only checks of a device written by LMCache (lmcache_rawblock.tools)."""
+    try:
+        from lmcache_rawblock import tools
+    except ImportError:
+        return
+    if not hasattr(tools, "add_arguments"):
+        return
+    for name, verify, helptext in (
+        ("inspect", False, "show the checkpoint geometry and a sample of entries (read-only)"),
+        ("verify", True, "check every entry's header and payload checksum (read-only)"),
+    ):
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        tools.add_arguments(p, verify)
 
 
 def _show_path(path: str) -> str:
@@ -204,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             _err("interrupted")
             return 130
+    if args.command in ("inspect", "verify"):
+        from lmcache_rawblock import tools
+
+        return tools.main_inspect(args) if args.command == "inspect" else tools.main_verify(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 
