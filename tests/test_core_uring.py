@@ -390,3 +390,68 @@ def test_recovery_validation_uring_batches(tmp_path):
         assert st["rust_io"]["batches_submitted"] == 3
     finally:
         c.close()
+
+
+# ---- fixed buffers -----------------------------------------------------------------------
+
+class _View:
+    def __init__(self, mv):
+        self.byte_array = mv
+        self.metadata = None
+
+
+class _TensorLike:
+    def __init__(self, arr):
+        self._arr = arr
+        self.nbytes = arr.nbytes
+
+    def data_ptr(self):
+        return self._arr.ctypes.data
+
+
+class _Alloc:
+    def __init__(self, bufs):
+        self._bufs = bufs
+
+    def get_paged_buffers(self):
+        return self._bufs
+
+
+def test_register_fixed_buffers_from_allocator(core, caplog):
+    np = pytest.importorskip("numpy")
+    a = np.zeros(1 << 20, dtype=np.uint8)
+    b = np.zeros(1 << 20, dtype=np.uint8)
+    with caplog.at_level("INFO", logger="lmcache.v1.storage_backend.raw_block.core"):
+        core.register_fixed_buffers_from_allocator(_Alloc([_TensorLike(a), b]))
+    assert any("registered 2 io_uring fixed buffers" in r.getMessage() for r in caplog.records)
+    a[:5000] = np.frombuffer(payload(1, 5000), dtype=np.uint8)
+    k = okey(1)
+    before = io(core)
+    assert core.put_many([k], [_View(memoryview(a)[:5000])]).results == [True]
+    assert core.load_many_into([k.encoded], [_View(memoryview(b)[8192:8192 + 5000])]) == [True]
+    assert bytes(b[8192:8192 + 5000]) == payload(1, 5000)
+    # the payload write and the read used the registered buffers (the header is ours)
+    assert delta(before, io(core), "fixed_buffer_attempts") == (2,)
+    # registering again (overlapping) fails and raises
+    with pytest.raises(Exception):
+        core.register_fixed_buffers_from_allocator(_Alloc([b]))
+
+
+def test_register_fixed_buffers_noop_and_warnings(dev, caplog):
+    c = make_core(dev)  # posix: no-op
+    try:
+        c.register_fixed_buffers_from_allocator(object())
+    finally:
+        c.close()
+    c = ucore(dev)
+    try:
+        with caplog.at_level("WARNING", logger="lmcache.v1.storage_backend.raw_block.core"):
+            c.register_fixed_buffers_from_allocator(object())
+            c.register_fixed_buffers_from_allocator(_Alloc([]))
+        msgs = [r.getMessage() for r in caplog.records]
+        assert any("does not expose paged buffers" in m for m in msgs)
+        assert any("no paged buffers" in m for m in msgs)
+        with pytest.raises(ValueError):
+            c.register_fixed_buffers_from_allocator(_Alloc([bytes(4096)]))  # read-only
+    finally:
+        c.close()

@@ -76,6 +76,17 @@ void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown)
 
 /* ---- io_uring batches ------------------------------------------------------------------ */
 
+int rb_core_register_buffers(rb_core *c, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err)
+{
+    if (!rb_core_uses_uring(c))
+        return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "fixed buffers require io_engine='io_uring'");
+    if (rb_dev_enter(c->dev) < 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+    int rc = rb_uring_register_buffers(c->dev->uring, ptrs, sizes, n, err);
+    rb_dev_leave(c->dev);
+    return rc;
+}
+
 int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, rb_err *err)
 {
     for (size_t i = 0; i < n; i++) {

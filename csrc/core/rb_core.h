@@ -146,6 +146,11 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
 void rb_core_status_get(rb_core *c, rb_core_status *st);
 size_t rb_core_mem_bytes(rb_core *c);
 
+/* Register fixed buffers with the io_uring engine (IORING_REGISTER_BUFFERS); later transfers
+ * whose memory lies inside one use the fixed-buffer opcodes. RuntimeError unless the core runs
+ * on io_uring; the engine's validation errors otherwise (nothing registered on failure). */
+int rb_core_register_buffers(rb_core *c, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err);
+
 /* Test hooks: fail the countdown-th next data write/read (1 = the next one) with EIO (on
  * io_uring: that request reports a completion failure and is never queued); SUBMIT fails the
  * countdown-th io_uring batch submission of put/load; PREP fails the preparation of the

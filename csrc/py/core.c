@@ -849,6 +849,52 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     return d;
 }
 
+static PyObject *core_register_buffers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"ptrs", "sizes"};
+    PyObject *a[2];
+    if (rbpy_unpack("register_buffers", names, 2, 2, args, nargs, kwnames, a) < 0)
+        return NULL;
+    PyObject *pl = PySequence_Fast(a[0], "ptrs must be a sequence");
+    PyObject *sl = pl ? PySequence_Fast(a[1], "sizes must be a sequence") : NULL;
+    uint64_t *ptrs = NULL, *sizes = NULL;
+    PyObject *ret = NULL;
+    if (!pl || !sl)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(pl);
+    if (PySequence_Fast_GET_SIZE(sl) != n) {
+        PyErr_SetString(PyExc_ValueError, "ptrs and sizes must have the same length");
+        goto done;
+    }
+    ptrs = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
+    sizes = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
+    if (!ptrs || !sizes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (rbpy_as_u64(PySequence_Fast_GET_ITEM(pl, i), "ptr", &ptrs[i]) < 0 ||
+            rbpy_as_u64(PySequence_Fast_GET_ITEM(sl, i), "size", &sizes[i]) < 0)
+            goto done;
+    }
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_register_buffers(core_of(op), ptrs, sizes, (size_t)n, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        rbpy_raise_err(&err);
+    else
+        ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(ptrs);
+    PyMem_Free(sizes);
+    Py_XDECREF(pl);
+    Py_XDECREF(sl);
+    return ret;
+}
+
 static PyObject *core_mem_bytes(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -930,6 +976,8 @@ static PyMethodDef core_methods[] = {
      "checkpoint_now(force=True) -> bool (written)"},
     {"apply_state_json", core_apply_state_json, METH_O, "apply_state_json(bytes) -> (applied, reason)"},
     {"status", core_status, METH_NOARGS, "status() -> dict"},
+    {"register_buffers", (PyCFunction)(void (*)(void))core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
+     "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
     {"mem_bytes", core_mem_bytes, METH_NOARGS, "bytes allocated by the index and slot allocator"},
     {"close", core_close, METH_NOARGS, "close() -> dict"},
     {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,

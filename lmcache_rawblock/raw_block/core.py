@@ -59,6 +59,27 @@ class RawBlockCloseOutcome:
         return self.quiescence is NativeQuiescence.PROVEN and not self.poisoned
 
 
+def _buffer_address(buf: Any) -> tuple[int, int]:
+    """(address, size in bytes) of a tensor or of a writable buffer-protocol object."""
+    data_ptr = getattr(buf, "data_ptr", None)
+    if callable(data_ptr):
+        nbytes = getattr(buf, "nbytes", None)
+        if nbytes is None:
+            nbytes = buf.numel() * buf.element_size()
+        return int(data_ptr()), int(nbytes)
+    import ctypes
+
+    mv = memoryview(buf)
+    if mv.readonly:
+        raise ValueError("fixed buffers must be writable")
+    if not mv.c_contiguous:
+        raise ValueError("fixed buffers must be contiguous")
+    size = mv.nbytes
+    if size == 0:
+        raise ValueError("fixed buffers must not be empty")
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv.cast("B"))), size
+
+
 def _shape_of(meta: Any) -> list[int] | None:
     shape = getattr(meta, "shape", None)
     return None if shape is None else [int(d) for d in shape]
@@ -317,13 +338,32 @@ class RawBlockCore:
         return None
 
     def register_fixed_buffers_from_allocator(self, memory_allocator: Any) -> None:
+        """Register the allocator's paged buffers as io_uring fixed buffers (io_uring only).
+
+        Buffers are tensors (``data_ptr()`` and ``nbytes`` / ``numel() * element_size()``) or
+        writable objects with the buffer protocol. Registration failures raise; the plugin
+        catches them and warns.
+        """
         if self.io_engine != "io_uring":
             return
         getter = getattr(memory_allocator, "get_paged_buffers", None)
         if not callable(getter):
             logger.warning("allocator does not expose paged buffers; io_uring fixed-buffer zero-copy is disabled")
             return
-        logger.warning("RawBlockCore: io_uring fixed buffers are not supported by this build yet")
+        buffers = list(getter() or [])
+        if not buffers:
+            logger.warning("allocator returned no paged buffers; io_uring fixed-buffer zero-copy is disabled")
+            return
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        for buf in buffers:
+            ptr, size = _buffer_address(buf)
+            ptrs.append(ptr)
+            sizes.append(size)
+        self._native.register_buffers(ptrs, sizes)
+        # The engine uses the memory directly: keep the objects alive as long as the core.
+        self._fixed_buffers = buffers
+        logger.info("RawBlockCore registered %d io_uring fixed buffers (%d bytes)", len(ptrs), sum(sizes))
 
     def fetch_fdp_status(self) -> list[tuple[int, int]]:
         raise RuntimeError("fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true")
