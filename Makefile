@@ -4,7 +4,7 @@
 
 PYTHON ?= python3
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
-            libxxhash-dev zlib1g-dev fio util-linux
+            libxxhash-dev zlib1g-dev fio util-linux fdisk e2fsprogs
 PYTEST_ARGS ?=
 ASAN_BUILD := build/asan
 # Python itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking

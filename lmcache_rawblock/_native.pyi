@@ -9,6 +9,7 @@ from typing_extensions import Buffer, Self
 __version__: str
 
 def xxh3_64(data: Buffer, /) -> int: ...
+def probe_foreign(path: str | PathLike[str], /) -> str | None: ...
 
 class RawBlockDevice:
     """A raw block device or pre-sized file; drop-in for lmcache_rust_raw_block_io.RawBlockDevice."""

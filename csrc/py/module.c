@@ -8,6 +8,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "../core/rb_probe.h"
+
 static struct PyModuleDef rbpy_module;
 
 rbpy_state *rbpy_state_of_type(PyTypeObject *tp)
@@ -146,7 +148,32 @@ static PyObject *rbpy_xxh3_64(PyObject *mod, PyObject *arg)
     return PyLong_FromUnsignedLongLong(h);
 }
 
+/* probe_foreign(path) -> str | None: what libblkid finds on path (file system, partition table). */
+static PyObject *rbpy_probe_foreign(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    PyObject *bytes = NULL;
+    if (!PyUnicode_FSConverter(arg, &bytes))
+        return NULL;
+    char what[128];
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_probe_foreign(PyBytes_AS_STRING(bytes), what, sizeof(what), &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bytes);
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    if (rc == 0)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(what);
+}
+
 static PyMethodDef rbpy_functions[] = {
+    {"probe_foreign", rbpy_probe_foreign, METH_O,
+     "probe_foreign(path) -> str | None: a description of the file system or partition table that "
+     "libblkid finds on path, or None."},
     {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},
     {NULL, NULL, 0, NULL},
 };
