@@ -373,7 +373,9 @@ class RustRawBlockBackend(StoragePluginInterface):
         result = self._core.put_many(specs, objs)
         results = list(result.results)
         stored = list(result.stored_keys)
-        if self.eviction_policy == "lru" and not all(results):
+        # Evict only when the device is out of slots: a put that failed for another reason
+        # (an I/O error) must not cost other keys their place.
+        if self.eviction_policy == "lru" and not all(results) and self._core.usage()[0] >= 1.0:
             failed = [i for i, ok in enumerate(results) if not ok]
             batch_keys = {s.encoded for s in specs}
             if self._evict_lru(len(failed), protect=batch_keys):

@@ -324,6 +324,16 @@ def test_lru_never_evicts_pinned(make_backend):
     assert not errors and not be.contains(make_key(2)) and be.contains(make_key(1))
 
 
+def test_lru_does_not_evict_on_io_errors(make_backend):
+    be = make_backend(eviction_policy="lru")  # plenty of free slots
+    put(be, [make_key(1), make_key(2)], [make_obj(1), make_obj(2)])
+    be._core._native._inject_fault("write", 1)
+    futs = be.batched_submit_put_task([make_key(3)], [make_obj(3)])
+    with pytest.raises(RuntimeError, match="Failed to persist"):
+        futs[0].result(30)
+    assert be.contains(make_key(1)) and be.contains(make_key(2)), "an I/O error evicts nothing"
+
+
 def test_bad_eviction_policy(make_backend):
     with pytest.raises(ValueError, match=r"rust_raw_block.eviction_policy'\] must be one of none, lru; got 'fifo'"):
         make_backend(eviction_policy="fifo")
