@@ -70,6 +70,10 @@ class FakeLocalCPUBackend:
         self.fail_allocations = False
 
     def allocate(self, shape, dtype, fmt=None, eviction=True, busy_loop=True):
+        # LMCache's allocate() reads a plain tuple as a *list of shapes*: a single shape must
+        # come as a torch.Size (or a list).
+        assert not (isinstance(shape, tuple) and type(shape).__name__ != "Size"), f"shape {shape!r} is a tuple"
+        assert all(isinstance(d, int) for d in shape), f"shape {shape!r} must hold ints"
         if self.fail_allocations:
             return None
         obj = FakeMemoryObj(shape, dtype, fmt)

@@ -76,7 +76,7 @@ _TORCH_ATTR_TO_SHORT = {
     "int32": "int32",
     "int64": "int64",
     "bool": "bool",
-    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3fn",
     "float8_e4m3fnuz": "fp8_e4m3fnuz",
     "float8_e5m2": "fp8_e5m2",
     "float8_e5m2fnuz": "fp8_e5m2fnuz",
@@ -219,6 +219,17 @@ def memory_format_name(fmt: Any) -> str | None:
     if isinstance(fmt, str):
         return fmt
     return getattr(fmt, "name", str(fmt))
+
+
+def shape_from_list(shape: Any) -> Any:
+    """A stored shape as LMCache hands it to allocators: ``torch.Size`` (a list without torch).
+
+    A plain tuple would not do: ``LocalCPUBackend.allocate`` reads a tuple as a list of shapes.
+    """
+    if shape is None:
+        return None
+    dims = [int(d) for d in shape]
+    return torch.Size(dims) if torch is not None else dims
 
 
 def positions_from_list(pos: list[int] | None) -> Any:

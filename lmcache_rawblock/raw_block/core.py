@@ -20,6 +20,7 @@ from ._lmcache import (
     memory_format_from_name,
     memory_format_name,
     positions_from_list,
+    shape_from_list,
     positions_to_list,
     short_name_to_dtype,
 )
@@ -154,7 +155,8 @@ class RawBlockCore:
             parts = key.split("@")
             if len(parts) >= 5:
                 dt = short_name_to_dtype(parts[4])
-        return DiskCacheMetadata(path=f"{self.device_path}@{offset}", size=size, shape=shape, dtype=dt,
+        return DiskCacheMetadata(path=f"{self.device_path}@{offset}", size=size, shape=shape_from_list(shape),
+                                 dtype=dt,
                                  fmt=memory_format_from_name(fmt), cached_positions=positions_from_list(pos),
                                  pin_count=0)
 
