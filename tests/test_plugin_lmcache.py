@@ -66,24 +66,25 @@ LMC_MODULE = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
 # the sizes a CPU-only test needs (chunk_size, max_local_cpu_size) around them.
 README_DEVICE = "/dev/nvme0n1"
 
-README_YAML = """\
-storage_plugins: ["raw_block"]
-extra_config:
-  storage_plugin.raw_block.module_path: lmcache_rawblock.plugin
-  storage_plugin.raw_block.class_name: RustRawBlockBackend
-  rust_raw_block.device_path: /dev/nvme0n1
-  rust_raw_block.use_odirect: true
-"""
+def _readme_examples() -> tuple[str, dict[str, str]]:
+    """The YAML and the environment-variable examples of README.md's plugin section, as
+    written there: these tests keep the README true."""
+    import re
+    import shlex
 
-README_ENV = {
-    "LMCACHE_STORAGE_PLUGINS": "raw_block",
-    "LMCACHE_EXTRA_CONFIG": (
-        '{"storage_plugin.raw_block.module_path": "lmcache_rawblock.plugin", '
-        '"storage_plugin.raw_block.class_name": "RustRawBlockBackend", '
-        '"rust_raw_block.device_path": "/dev/nvme0n1", '
-        '"rust_raw_block.use_odirect": true}'
-    ),
-}
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("### As LMCache's raw-block storage plugin"):]
+    yaml_block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    sh_block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    env = {}
+    for tok in shlex.split(sh_block):
+        if tok != "export" and "=" in tok:
+            name, _, value = tok.partition("=")
+            env[name] = value
+    return yaml_block, env
+
+
+README_YAML, README_ENV = _readme_examples()
 # ---------------------------------------------------------------------------------------
 
 
@@ -399,7 +400,8 @@ def test_readme_yaml_config(tmp_path, stacks):
     dev = sparse(tmp_path / "nvme.img", 256 * MiB)  # the default 128 MiB metadata region fits
     if not _odirect_ok(dev):
         pytest.skip(f"O_DIRECT is not supported on {tmp_path}")
-    text = f"chunk_size: {CHUNK}\nmax_local_cpu_size: 0.05\nlocal_cpu: false\n" + README_YAML
+    # The test's small sizes come last, so they win over the README's production values.
+    text = README_YAML + f"chunk_size: {CHUNK}\nmax_local_cpu_size: 0.05\nlocal_cpu: false\n"
     yaml_path = tmp_path / "lmcache.yaml"
     yaml_path.write_text(text.replace(README_DEVICE, dev))
     cfg = LMCacheEngineConfig.from_file(str(yaml_path))
