@@ -455,3 +455,19 @@ def test_register_fixed_buffers_noop_and_warnings(dev, caplog):
             c.register_fixed_buffers_from_allocator(_Alloc([bytes(4096)]))  # read-only
     finally:
         c.close()
+
+
+def test_revalidate_hook_sequential_and_batched_agree(tmp_path):
+    dev = make_device(tmp_path)
+    c = ucore(dev, iouring_queue_depth=4)
+    try:
+        keys = [okey(i) for i in range(11)]
+        c.put_many(keys, [Obj(10) for _ in keys])
+        assert c._native._revalidate(False) == 0 and c._native._revalidate(True) == 0
+        _patch(dev, c.entry_offset(keys[4].encoded), b"XXXXXXXX")
+        assert c._native._revalidate(False) == 1
+        assert c.exists_many([keys[4].encoded]) == [False] and c.indexed_key_count() == 10
+        _patch(dev, c.entry_offset(keys[6].encoded), b"XXXXXXXX")
+        assert c._native._revalidate(True) == 1 and c.indexed_key_count() == 9
+    finally:
+        c.close()

@@ -151,6 +151,11 @@ size_t rb_core_mem_bytes(rb_core *c);
  * on io_uring; the engine's validation errors otherwise (nothing registered on failure). */
 int rb_core_register_buffers(rb_core *c, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err);
 
+/* Benchmark/test hook: validate every indexed entry's slot header now, as recovery does
+ * (sequential = one pread per header on this thread, else the configured reader: io_uring
+ * batches or the parallel posix readers). *dropped = entries dropped. 0 or -ENOMEM. */
+int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped);
+
 /* Test hooks: fail the countdown-th next data write/read (1 = the next one) with EIO (on
  * io_uring: that request reports a completion failure and is never queued); SUBMIT fails the
  * countdown-th io_uring batch submission of put/load; PREP fails the preparation of the

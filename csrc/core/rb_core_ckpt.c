@@ -276,7 +276,7 @@ static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
 
 /*
  * io_uring: one batched read per iouring_queue_depth headers (up to a few batches in flight
- * at once, bounded to about 16 MiB of header buffers). A header whose read failed is read
+ * at once, bounded to about 4 MiB of pre-faulted header buffers). A header whose read failed is read
  * again alone with a synchronous pread; a failed submission means every header of it is.
  * The verdicts are therefore the ones the posix readers reach.
  */
@@ -284,11 +284,11 @@ static void read_headers_uring(rb_core *c, vitem *items, size_t n)
 {
     const size_t hb = c->cfg.header_bytes;
     size_t qd = c->cfg.queue_depth ? c->cfg.queue_depth : 1;
-    size_t per_group = (16u << 20) / hb / qd;
+    size_t per_group = (4u << 20) / hb / qd;
     if (per_group < 1)
         per_group = 1;
-    if (per_group > 8)
-        per_group = 8;
+    if (per_group > 2)
+        per_group = 2;
     size_t group = qd * per_group;
     if (group > n)
         group = n;
@@ -301,6 +301,9 @@ static void read_headers_uring(rb_core *c, vitem *items, size_t n)
         read_headers_parallel(c, items, n);
         return;
     }
+    /* Touch the buffer once: a buffered read into a page not yet faulted in cannot complete
+     * inline and is handed to an io-wq kernel thread (several times slower per header). */
+    memset(buf, 0, group * hb);
     uint8_t *one = buf; /* retries reuse the first header buffer once the group is decoded */
     for (size_t lo = 0; lo < n; lo += group) {
         size_t cnt = n - lo < group ? n - lo : group;
@@ -323,7 +326,7 @@ static void read_headers_uring(rb_core *c, vitem *items, size_t n)
     free(ops);
 }
 
-static int validate_entries(rb_core *c)
+static int validate_entries(rb_core *c, int sequential)
 {
     pthread_mutex_lock(&c->mu);
     size_t n = c->index.n_live;
@@ -350,10 +353,14 @@ static int validate_entries(rb_core *c)
         c->inflight_io++;
     pthread_mutex_unlock(&c->mu);
 
-    if (rb_core_uses_uring(c) && k > 1)
+    if (sequential) {
+        vjob j = {c, items, 0, k};
+        vjob_run(&j);
+    } else if (rb_core_uses_uring(c) && k > 1) {
         read_headers_uring(c, items, k);
-    else
+    } else {
         read_headers_parallel(c, items, k);
+    }
 
     uint64_t dropped = 0;
     pthread_mutex_lock(&c->mu);
@@ -392,6 +399,18 @@ static int validate_entries(rb_core *c)
         free(items[i].key);
     free(items);
     return 0;
+}
+
+int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t before = c->recovery_dropped;
+    pthread_mutex_unlock(&c->mu);
+    int rc = validate_entries(c, sequential);
+    pthread_mutex_lock(&c->mu);
+    *dropped = c->recovery_dropped - before;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 /* Compare an optional integer field; absent counts as equal. */
@@ -566,7 +585,7 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
     if (oom)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
     if (c->cfg.verify_on_load || c->cfg.verify_payload_checksum) {
-        if (validate_entries(c) < 0)
+        if (validate_entries(c, 0) < 0)
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
     }
     return 1;

@@ -895,6 +895,21 @@ done:
     return ret;
 }
 
+static PyObject *core_revalidate(PyObject *op, PyObject *arg)
+{
+    int seq = PyObject_IsTrue(arg);
+    if (seq < 0)
+        return NULL;
+    uint64_t dropped = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_revalidate(core_of(op), seq, &dropped);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_NoMemory();
+    return PyLong_FromUnsignedLongLong(dropped);
+}
+
 static PyObject *core_mem_bytes(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -978,6 +993,8 @@ static PyMethodDef core_methods[] = {
     {"status", core_status, METH_NOARGS, "status() -> dict"},
     {"register_buffers", (PyCFunction)(void (*)(void))core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
+    {"_revalidate", core_revalidate, METH_O,
+     "benchmark hook: _revalidate(sequential) -> dropped; re-read and check every slot header"},
     {"mem_bytes", core_mem_bytes, METH_NOARGS, "bytes allocated by the index and slot allocator"},
     {"close", core_close, METH_NOARGS, "close() -> dict"},
     {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
