@@ -310,31 +310,32 @@ def format_verify(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main_inspect(args: Any) -> int:
+def _run_cli(args: Any, work: Any) -> tuple[int, Any]:
+    """Run work(); map the two expected failures to exit code 2 with a one-line message."""
     try:
-        info = inspect_device(args.device, sample=args.sample, block_align=args.block_align,
-                              meta_total_bytes=args.meta_total_bytes)
+        return 0, work()
     except NotARawBlockDevice as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
     except OSError as e:
         print(f"error: cannot open {args.device}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    print(json.dumps(info, indent=2) if args.json else format_inspect(info))
-    return 0
+    return 2, None
+
+
+def main_inspect(args: Any) -> int:
+    rc, info = _run_cli(args, lambda: inspect_device(args.device, sample=args.sample, block_align=args.block_align,
+                                                     meta_total_bytes=args.meta_total_bytes))
+    if rc == 0:
+        print(json.dumps(info, indent=2) if args.json else format_inspect(info))
+    return rc
 
 
 def main_verify(args: Any) -> int:
-    try:
-        res = verify_device(args.device, checksums=not args.no_checksums,
-                            progress=not args.json and os.isatty(2), block_align=args.block_align,
-                            meta_total_bytes=args.meta_total_bytes)
-    except NotARawBlockDevice as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: cannot open {args.device}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    rc, res = _run_cli(args, lambda: verify_device(args.device, checksums=not args.no_checksums,
+                                                   progress=not args.json and os.isatty(2),
+                                                   block_align=args.block_align,
+                                                   meta_total_bytes=args.meta_total_bytes))
+    if rc:
+        return rc
     print(json.dumps(res, indent=2) if args.json else format_verify(res))
     return 1 if res["mismatch_count"] else 0
 

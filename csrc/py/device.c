@@ -281,52 +281,48 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
     Py_RETURN_NONE;
 }
 
-static PyObject *device_pwrite_from_buffer(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
-                                           PyObject *kwnames)
+/*
+ * Shared front end of pwrite_from_buffer (names[1] == "data", payload_len optional) and
+ * pread_into (names[1] == "out", payload_len required, writable memory).
+ */
+static PyObject *sync_method(PyObject *op, int write, const char *fname, const char *const names[4],
+                             PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"offset", "data", "payload_len", "total_len"};
     PyObject *a[4];
     RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
-    if (rbpy_unpack("pwrite_from_buffer", names, 4, 2, args, nargs, kwnames, a) < 0)
+    if (rbpy_unpack(fname, names, 4, write ? 2 : 3, args, nargs, kwnames, a) < 0)
         return NULL;
     uint64_t offset;
     if (rbpy_as_u64(a[0], "offset", &offset) < 0)
         return NULL;
     if (rbpy_device_check_open(self) < 0)
         return NULL;
+    /* Reads ask for writable memory, as LMCache's device does: a read-only exporter raises
+     * its own BufferError. One that hands out a read-only view anyway is refused here. */
     Py_buffer view;
-    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS) < 0)
+    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS | (write ? 0 : PyBUF_WRITABLE)) < 0)
         return NULL;
-    PyObject *r = run_sync(self, 1, offset, &view, a[2], a[3]);
+    if (!write && view.readonly) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
+        return NULL;
+    }
+    PyObject *r = run_sync(self, write, offset, &view, a[2], a[3]);
     PyBuffer_Release(&view);
     return r;
+}
+
+static PyObject *device_pwrite_from_buffer(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
+                                           PyObject *kwnames)
+{
+    static const char *const names[] = {"offset", "data", "payload_len", "total_len"};
+    return sync_method(op, 1, "pwrite_from_buffer", names, args, nargs, kwnames);
 }
 
 static PyObject *device_pread_into(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"offset", "out", "payload_len", "total_len"};
-    PyObject *a[4];
-    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
-    if (rbpy_unpack("pread_into", names, 4, 3, args, nargs, kwnames, a) < 0)
-        return NULL;
-    uint64_t offset;
-    if (rbpy_as_u64(a[0], "offset", &offset) < 0)
-        return NULL;
-    if (rbpy_device_check_open(self) < 0)
-        return NULL;
-    /* Ask for writable memory, as LMCache's device does: a read-only exporter raises its own
-     * BufferError. One that hands out a read-only view anyway is refused here. */
-    Py_buffer view;
-    if (PyObject_GetBuffer(a[1], &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (view.readonly) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
-        return NULL;
-    }
-    PyObject *r = run_sync(self, 0, offset, &view, a[2], a[3]);
-    PyBuffer_Release(&view);
-    return r;
+    return sync_method(op, 0, "pread_into", names, args, nargs, kwnames);
 }
 
 static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
