@@ -1,7 +1,8 @@
 """Command line of lmcache_rawblock: ``python -m lmcache_rawblock bench ...``.
 
 The ``bench`` command measures our RawBlockDevice against the Rust wheel
-(lmcache-rust-raw-block-io) and fio on a scratch file or device and writes a summary
+(lmcache-rust-raw-block-io) and fio on a scratch file or device, our RawBlockCore against
+LMCache's, and the seed tables (batched_remove, recovery validation); it writes a summary
 table, results.json and PNG plots. See ``python -m lmcache_rawblock bench --help``.
 """
 
@@ -76,7 +77,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lmcache_rawblock.bench import ENGINES, PART_NAMES
+    from lmcache_rawblock.bench import DEFAULT_ENGINES, ENGINES, PART_NAMES
 
     parser = argparse.ArgumentParser(prog=PROG, description="lmcache_rawblock tools.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -87,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Benchmark lmcache_rawblock's RawBlockDevice against lmcache_rust_raw_block_io's "
             "(interleaved in one process, medians, ratio ours/rust: lower is better) and against "
-            "fio on the same file. Without --device a sparse file in a temporary directory is used "
-            "and removed afterwards."
+            "fio on the same file; our RawBlockCore against LMCache's (core); the batched_remove and "
+            "recovery-validation seed tables (seeds). Without --device a sparse file in a temporary "
+            "directory is used and removed afterwards; core and seeds always use sparse files of their own."
         ),
     )
     b.add_argument("--device", metavar="PATH",
@@ -97,16 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--size", type=_size_arg, metavar="SIZE",
                    help=f"size of the temporary sparse file (default {DEFAULT_SIZE}), or how much of "
                         "--device to use; e.g. 256M, 4G")
-    b.add_argument("--engines", type=_list_arg(ENGINES, "engine"), default=list(ENGINES), metavar="LIST",
+    b.add_argument("--engines", type=_list_arg(ENGINES, "engine"), default=list(DEFAULT_ENGINES), metavar="LIST",
                    help="comma-separated engines: posix (pread_into/pwrite_from_buffer latency), "
-                        "io_uring (batched throughput); default posix,io_uring")
+                        "io_uring (batched throughput), uring_cmd (NVMe passthrough: reported, not measured "
+                        "on files); default posix,io_uring")
     b.add_argument("--suite", type=_suite_arg, default="quick", metavar="{quick,full}",
-                   help="quick (default, under 2 minutes) or full (more repeats, depths and fio time)")
+                   help="quick (default, a few minutes; core at 1k entries, reduced seed grids) or full "
+                        "(core at 1k/10k/100k, the full seed grids, more repeats, depths and fio time)")
     b.add_argument("--out", default="bench-out", metavar="DIR",
                    help="directory for results.json and PNG plots (default ./bench-out)")
     b.add_argument("--install-competitors", action="store_true",
-                   help="pip install missing competitors (lmcache-rust-raw-block-io) first; "
-                        "carries on if that fails")
+                   help="pip install missing competitors first: lmcache-rust-raw-block-io into this "
+                        "Python; for core/seeds torch==2.13.0 then lmcache into a separate directory "
+                        "(LMCACHE_RAWBLOCK_COMPETITORS, default ~/.cache/lmcache-rawblock/...); carries on "
+                        "if that fails")
     b.add_argument("--force", action="store_true",
                    help="use --device even if it holds a file system or partition table")
     b.add_argument("--sizes", type=_sizes_arg, metavar="LIST",
@@ -114,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive_int, metavar="N",
                    help="override the number of interleaved repeat rounds")
     b.add_argument("--parts", type=_list_arg(PART_NAMES, "part"), default=list(PART_NAMES), metavar="LIST",
-                   help="parts to run: device (sync latency), uring (batched io_uring), limit (fio); "
-                        "default all")
+                   help="parts to run: device (sync latency), uring (batched io_uring), limit (fio), "
+                        "core (RawBlockCore vs LMCache's), seeds (batched_remove, recovery tables); default all")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)
@@ -154,9 +160,10 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     if not bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts)):
         _err(f"--engines {','.join(args.engines)} with --parts {','.join(args.parts)}: nothing to run "
-             "(device needs the posix engine, uring the io_uring engine)")
+             "(device needs the posix engine, uring the io_uring engine, core posix or io_uring)")
         return 2
     notes: list[str] = []
+    core_comps = _core_competitors(args, notes)
     comps = [common.ours(), common.rust()]
     if not comps[1].available and args.install_competitors and comps[1].install:
         print(f"installing competitor: {sys.executable} -m pip install {common.RUST_DIST}", file=sys.stderr)
@@ -190,7 +197,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     )
     with target:
         try:
-            results = bench.run(opts, target, comps, notes)
+            results = bench.run(opts, target, comps, notes, core_comps=core_comps)
         except ValueError as exc:
             _err(f"--size/--sizes: {exc}")
             return 2
@@ -206,6 +213,29 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"note: {note}")
     print("wrote: " + ", ".join(_show_path(f) for f in written))
     return 0
+
+
+def _core_competitors(args: argparse.Namespace, notes: list[str]) -> list | None:
+    """Our core and LMCache's for the core/seeds parts (None when neither part runs)."""
+    from lmcache_rawblock import bench
+    from lmcache_rawblock.bench import core
+
+    planned = bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts))
+    if "core" not in planned and "seeds" not in planned:
+        return None
+    core.activate_competitor_dir()
+    lmc = core.lmcache_core()
+    if not lmc.available and args.install_competitors:
+        print(f"installing competitor: torch==2.13.0 then lmcache into {core.competitor_dir()} "
+              "(large; a few minutes)", file=sys.stderr)
+        ok, msg = core.install_lmcache()
+        notes.append(msg if ok else f"--install-competitors: {msg}; continuing without LMCache")
+        lmc = core.lmcache_core()
+        if ok and not lmc.available:
+            notes.append(f"lmcache installed but not importable: {lmc.error}")
+    elif not lmc.available:
+        notes.append(f"lmcache competitor {lmc.error}: add it with `{lmc.install}` or --install-competitors")
+    return [core.ours_core(), lmc]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -254,7 +254,7 @@ def test_bad_size_is_a_clear_error(value, tmp_path, capsys):
         (["--suite", "huge"], "invalid suite 'huge'"),
         (["--sizes", "4k,1000"], "invalid block size '1000'"),
         (["--repeats", "0"], "invalid count '0'"),
-        (["--parts", "seeds"], "unknown part 'seeds'"),
+        (["--parts", "bogus"], "unknown part 'bogus'"),
         (["--engines", "io_uring", "--parts", "device"], "nothing to run"),
     ],
 )

@@ -116,11 +116,132 @@ def print_summary(results: dict, file: IO[str] | None = None) -> None:
             if rows:
                 p(table(["rw", "size", "depth", "bandwidth", "IOPS", "lat µs"], rows,
                         [False, True, True, True, True, True]))
+    core = results.get("core")
+    if core is not None:
+        p("")
+        print_core(core, p)
+    seeds = results.get("seeds")
+    if seeds is not None:
+        p("")
+        print_seeds(seeds, p)
+    trows = targets(results)
+    if trows:
+        p("")
+        p("Targets of the issues measured in this run:")
+        p(table(["issue", "target", "measured", "met?", "where"],
+                [[t["issue"], t["target"], t["measured"], t["met"], t["where"]] for t in trows]))
     if any(" ~" in r[6] for r in device_rows(device or {})) or any(" ~" in r[5] for r in uring_rows(uring or {})):
         p("")
         p(f"~ marks cells whose rounds spread by more than {NOISY:.0%} (IQR/median): rerun for firmer figures")
     p("")
     p(f"elapsed: {results.get('elapsed_s', 0):.1f} s")
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _t(sec: float | None) -> str:
+    if sec is None:
+        return "-"
+    if sec < 1e-3:
+        return f"{sec * 1e6:.1f} µs"
+    if sec < 1:
+        return f"{sec * 1e3:.2f} ms"
+    return f"{sec:.2f} s"
+
+
+def print_core(core: dict, p: Any) -> None:
+    comps = core.get("competitors", [])
+    p("Core suite: RawBlockCore, ours vs LMCache's (" + ("both" if "lmcache" in comps else "LMCache not installed")
+      + f"), median of {core['settings']['repeats']} interleaved rounds; speed-up = LMCache time / our time, "
+      "higher is better")
+    for k, v in core.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    rows = [[r["op"], f"{r['entries']:,}", r["engine"], _t(r["ours_s"]), _t(r["lmcache_s"]),
+             _t(r["ours_per_key_s"]), _x(r["speedup"])] for r in core.get("rows", [])]
+    if rows:
+        p(table(["op", "entries", "engine", "ours", "LMCache", "ours/key", "speed-up"], rows,
+                [False, True, False, True, True, True, True]))
+    for ix in core.get("index", []):
+        if ix.get("bytes_per_entry_without_keys") is not None:
+            p(f"index memory ({ix['engine']}, {ix['entries']:,} entries): "
+              f"{ix['bytes_per_entry_without_keys']:.1f} bytes/entry + key bytes")
+    cpu = [[r["op"], r["engine"], _t(r["ours_cpu_per_key_s"]), _t(r["lmcache_cpu_per_key_s"]), _x(r["speedup"])]
+           for r in core.get("cpu", [])]
+    if cpu:
+        p("per-key CPU (process_time), 64 x 64 KiB:")
+        p(table(["op", "engine", "ours/key", "LMCache/key", "speed-up"], cpu, [False, False, True, True, True]))
+
+
+def print_seeds(seeds: dict, p: Any) -> None:
+    for k, v in seeds.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    rem = seeds.get("remove", [])
+    if rem:
+        p("Seed: batched_remove(keys), base-class fan-out vs the backend's override "
+          "(speed-up = fan-out / override time)")
+        p(table(["backend", "N", "fan-out", "override", "speed-up"],
+                [[r["backend"], f"{r['n']:,}", _t(r["fanout_s"]), _t(r["override_s"]), _x(r["speedup"])]
+                 for r in rem], [False, True, True, True, True]))
+    rec = seeds.get("recovery", [])
+    if rec:
+        p("")
+        p("Seed: recovery slot-header validation, sequential vs batched (speed-up = sequential / batched)")
+        rows = []
+        for r in rec:
+            t = r["times_s"]
+            rows.append([r["mode"], f"{r['slots']:,}", _t(t.get("ours sequential")), _t(t.get("ours batched")),
+                         _x(r.get("ours_speedup")), _t(t.get("lmcache sequential")), _t(t.get("lmcache batched")),
+                         _x(r.get("lmcache_speedup")), _x(r.get("ours_batched_vs_lmcache_sequential")),
+                         "yes" if r.get("drops_agree") else "NO"])
+        p(table(["medium", "slots", "ours seq", "ours batched", "ours", "LMCache seq", "LMCache batched", "LMCache",
+                 "ours b. vs LMC seq", "same drops"], rows,
+                [False, True, True, True, True, True, True, True, True, False]))
+
+
+def _met(v: float | None, goal: float, higher: bool) -> str:
+    if v is None:
+        return "not measured"
+    return "met" if (v >= goal if higher else v <= goal) else "not met"
+
+
+def targets(results: dict) -> list[dict]:
+    """Issue targets that this run measured: issue, target, measured, ratio, met, where."""
+    out: list[dict] = []
+
+    def add(issue: str, target: str, ratio: float | None, goal: float, higher: bool, where: str,
+            measured: str | None = None) -> None:
+        out.append({"issue": issue, "target": target, "ratio": ratio, "goal": goal, "higher_is_better": higher,
+                    "measured": measured or _x(ratio), "met": _met(ratio, goal, higher), "where": where})
+
+    for r in (results.get("device") or {}).get("results", []):
+        if r["size"] in (4096, 1 << 20) and r.get("ratio") is not None:
+            goal = 0.8 if r["size"] == 4096 else 1.0
+            add("2", f"{r['op']} {r['mode']} {fmt_size(r['size'])}: ours/Rust ≤ {goal}x", r["ratio"], goal, False,
+                "device")
+    core = results.get("core") or {}
+    for r in core.get("rows", []):
+        if r["op"] == "delete_many" and r["entries"] == 10000:
+            add("4", f"delete_many 10000 ({r['engine']}): ≥ 30x faster than LMCache", r["speedup"], 30, True, "core")
+        if r["op"] == "open_recovery" and r["entries"] == 100000:
+            add("4", f"open/recovery 100k ({r['engine']}): ≥ 10x faster than LMCache", r["speedup"], 10, True, "core")
+    for ix in core.get("index", []):
+        v = ix.get("bytes_per_entry_without_keys")
+        if v is not None and ix["entries"] == max(i["entries"] for i in core["index"]):
+            add("4", f"index memory ({ix['engine']}, {ix['entries']:,} entries): ≤ 150 B/entry + keys", v, 150,
+                False, "core", measured=f"{v:.1f} B/entry")
+    for r in core.get("cpu", []):
+        add("4", f"per-key CPU {r['op']} 64x64KiB ({r['engine']}): ≥ 5x lower than LMCache", r["speedup"], 5, True,
+            "core")
+    seeds = results.get("seeds") or {}
+    for r in seeds.get("recovery", []):
+        add("4", f"recovery validation {r['slots']} slots ({r['mode']}): batched ≥ 8x sequential (ours)",
+            r.get("ours_speedup"), 8, True, "seeds")
+    for r in seeds.get("remove", []):
+        if r["backend"] == "ours" and r["n"] == 1000:
+            add("5", "batched_remove N=1000: override ≥ 10x the fan-out (ours)", r["speedup"], 10, True, "seeds")
+    return out
 
 
 def _clean(obj: Any) -> Any:
@@ -164,7 +285,66 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
     urows = (results.get("uring") or {}).get("results", [])
     if urows:
         files.append(_plot_uring(plt, urows, out_dir))
+    crows = (results.get("core") or {}).get("rows", [])
+    if crows:
+        files.append(_plot_core(plt, crows, out_dir))
+    bars = _speedup_bars(results)
+    if bars:
+        files.append(_plot_speedups(plt, bars, out_dir))
     return files, None
+
+
+def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
+    ops = [op for op in dict.fromkeys(r["op"] for r in rows)]
+    fig, axes = plt.subplots(1, len(ops), figsize=(3.6 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        for engine, style in (("posix", "-"), ("io_uring", "--")):
+            sel = sorted((r for r in rows if r["op"] == op and r["engine"] == engine), key=lambda r: r["entries"])
+            if not sel:
+                continue
+            xs = [r["entries"] for r in sel]
+            for impl, marker in (("ours", "o"), ("lmcache", "s")):
+                ys = [(r[f"{impl}_s"] or float("nan")) * 1e3 for r in sel]
+                if not all(math.isnan(y) for y in ys):
+                    ax.plot(xs, ys, style, marker=marker, label=f"{impl} {engine}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("entries")
+        ax.set_ylabel("ms per call (median)")
+        ax.set_title(op, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("RawBlockCore: latency vs index size (lower is better)")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "core_latency_vs_entries.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _speedup_bars(results: dict) -> list[tuple[str, float, float]]:
+    """(label, speed-up, target) for every target row measured as a speed-up."""
+    return [(f"#{t['issue']} {t['target'].split(':')[0]}", t["ratio"], t["goal"])
+            for t in targets(results) if t["higher_is_better"] and t["ratio"] is not None]
+
+
+def _plot_speedups(plt: Any, bars: list[tuple[str, float, float]], out_dir: str) -> str:
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(bars) + 2), 4.8))
+    vals = [b[1] for b in bars]
+    ax.bar(range(len(bars)), vals, color=["tab:green" if v >= g else "tab:red" for _, v, g in bars])
+    ax.scatter(range(len(bars)), [b[2] for b in bars], marker="_", s=400, color="black", label="target", zorder=3)
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b[0] for b in bars], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("speed-up (higher is better)")
+    ax.set_title("Measured speed-ups against the issues' targets")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "ratio_targets.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _plot_latency(plt: Any, rows: list[dict], out_dir: str) -> str:
