@@ -354,3 +354,102 @@ def test_fio_limit_keeps_best_pass(tmp_path, monkeypatch):
     by_rw = {r["rw"]: r for r in res["results"]}
     assert by_rw["write"]["bw_bytes"] == 4000.0 and by_rw["write"]["passes_bw_bytes"] == [1000.0, 4000.0]
     assert by_rw["read"]["bw_bytes"] == 3000.0
+
+
+# --------------------------------------------------------------------------- core and seeds parts
+
+
+def _no_lmcache(monkeypatch):
+    from lmcache_rawblock.bench import core
+
+    missing = Competitor(name="lmcache", dist="lmcache", module=core.LMCACHE_MODULE, error="not installed",
+                         install=core.LMCACHE_PIP)
+    monkeypatch.setattr(core, "lmcache_core", lambda: missing)
+    monkeypatch.setattr(core, "activate_competitor_dir", lambda path=None: False)
+    return core
+
+
+def test_core_and_seeds_smoke_without_lmcache(tmp_path, capsys, monkeypatch):
+    _no_lmcache(monkeypatch)
+    out = tmp_path / "out"
+    rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,seeds", "--no-plots"],
+                              capsys)
+    assert rc == 0, err
+    res = load(out)
+    assert res["settings"]["parts"] == ["core", "seeds"]
+    assert "device" not in res and "uring" not in res
+    lmc = res["competitors"]["lmcache"]
+    assert lmc["available"] is False and lmc["install"] == "pip install torch==2.13.0 && pip install lmcache"
+    assert "pip install torch==2.13.0 && pip install lmcache" in stdout
+    core = res["core"]
+    assert [r["op"] for r in core["rows"]] == ["put_many", "exists_many", "load_many_into", "checkpoint",
+                                               "open_recovery", "delete_many"]
+    assert all(r["ours_s"] > 0 and r["lmcache_s"] is None and r["speedup"] is None for r in core["rows"])
+    assert core["index"][0]["bytes_per_entry_without_keys"] > 0
+    assert {r["op"] for r in core["cpu"]} == {"put_many", "load_many_into"}
+    assert core["errors"] == {}
+    seeds = res["seeds"]
+    assert [(r["backend"], r["n"]) for r in seeds["remove"]] == [("ours", 10)]
+    assert seeds["remove"][0]["fanout_s"] > 0 and seeds["remove"][0]["override_s"] > 0
+    rec = seeds["recovery"][0]
+    assert rec["slots"] == 100 and rec["drops_agree"] is True
+    assert rec["drops"] == {"ours sequential": 2, "ours batched": 2}
+    assert seeds["errors"] == {}
+    # The summary names the targets this run measured.
+    assert "Targets of the issues" in stdout and "batched_remove N=1000" not in stdout
+    assert "recovery validation 100 slots" in stdout
+
+
+def test_install_competitors_installs_lmcache_only_for_core_parts(tmp_path, capsys, monkeypatch):
+    core = _no_lmcache(monkeypatch)
+    calls = []
+    monkeypatch.setattr(core, "install_lmcache", lambda: calls.append(1) or (False, "pip exited 1: offline"))
+    out = tmp_path / "out"
+    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "device",
+                          "--install-competitors", "--no-plots"], capsys)
+    assert rc == 0, err
+    assert calls == []
+    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "seeds",
+                          "--install-competitors", "--no-plots"], capsys)
+    assert rc == 0, err
+    assert calls == [1]
+    assert any("offline" in n and "continuing without LMCache" in n for n in load(out)["notes"])
+
+
+def test_install_lmcache_commands_torch_first_into_separate_dir(tmp_path):
+    from lmcache_rawblock.bench import core
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    ok, msg = core.install_lmcache(run=fake_run, target=str(tmp_path / "comp"))
+    assert ok, msg
+    assert [c[-1] for c in seen] == ["torch==2.13.0", "lmcache"]
+    for c in seen:
+        assert c[:4] == [sys.executable, "-m", "pip", "install"]
+        assert c[c.index("--target") + 1] == str(tmp_path / "comp")
+    seen.clear()
+    ok, msg = core.install_lmcache(run=lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(
+        cmd, 1, "", "ERROR: no torch"), target=str(tmp_path / "c2"))
+    assert not ok and "no torch" in msg and len(seen) == 1  # lmcache is not tried without torch
+
+
+def test_uring_cmd_engine_is_reported_not_measured(tmp_path, capsys, monkeypatch):
+    _no_lmcache(monkeypatch)
+    out = tmp_path / "out"
+    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "device",
+                          "--engines", "posix,uring_cmd", "--no-plots"], capsys)
+    assert rc == 0, err
+    assert any(n.startswith("uring_cmd: not measured") for n in load(out)["notes"])
+
+
+def test_core_plots_written(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: plots are skipped by design")
+    _no_lmcache(monkeypatch)
+    out = tmp_path / "out"
+    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,seeds"], capsys)
+    assert rc == 0, err
+    assert (out / "core_latency_vs_entries.png").read_bytes()[:4] == b"\x89PNG"

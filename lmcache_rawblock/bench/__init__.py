@@ -8,6 +8,7 @@ batched_remove and recovery-validation tables), the last two on sparse files of 
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -157,11 +158,15 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
     if ss:
         steps["seeds"] = seeds_suite.steps(ss)
     total = sum(steps[p] for p in parts)
+    if cs or ss:
+        logging.disable(logging.WARNING)  # LMCache and the cores log every open at INFO/WARNING
     try:
         with common.progress(total, f"bench {opts.suite}", enabled=opts.progress) as bar:
             for p in parts:
                 results[p] = runners[p](bar)
     finally:
+        if cs or ss:
+            logging.disable(logging.NOTSET)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     limit.attach_fractions(results)
