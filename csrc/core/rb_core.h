@@ -143,6 +143,9 @@ int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys, size_t **len
 int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
 /* Apply a state v1 JSON document: 1 applied, 0 rejected (reason in err->msg), <0 error. */
 int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err);
+/* Same; generic = 1 skips the plain-form reader (rb_core_fastjson.c) and always uses json-c
+ * (test hook: both readers must apply a document identically). */
+int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err);
 void rb_core_status_get(rb_core *c, rb_core_status *st);
 size_t rb_core_mem_bytes(rb_core *c);
 

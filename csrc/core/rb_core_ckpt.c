@@ -413,16 +413,6 @@ int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped)
     return rc;
 }
 
-/* Compare an optional integer field; absent counts as equal. */
-static int field_matches(struct json_object *st, const char *name, uint64_t want)
-{
-    struct json_object *o;
-    if (!json_object_object_get_ex(st, name, &o))
-        return 1;
-    int64_t v;
-    return rb_json_as_i64(o, &v) == 0 && v >= 0 && (uint64_t)v == want;
-}
-
 static int64_t *json_int_list(struct json_object *o, int64_t *n, int *bad)
 {
     *bad = 0;
@@ -458,53 +448,66 @@ static const char *json_opt_str(struct json_object *o, size_t *len)
     return json_object_get_string(o);
 }
 
-/* 1 applied, 0 rejected (reason in err->msg), <0 error. Runs without any core lock held. */
-static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
+/*
+ * A checkpoint's top-level fields, from either reader. Integer fields: st 0 absent, 1 an
+ * integer (val), 2 present but not convertible. Strings: str_st 0 absent, 1 a string, 2 other.
+ */
+typedef struct top_view {
+    uint8_t st[RB_FTOP_N];
+    int64_t val[RB_FTOP_N];
+    uint8_t str_st[RB_FTOP_N];
+    const char *str[RB_FTOP_N];
+    size_t str_len[RB_FTOP_N];
+} top_view;
+
+static int top_matches(const top_view *t, int f, uint64_t want)
 {
-    struct json_object *o;
-    if (!st || json_object_get_type(st) != json_type_object) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata is not an object");
-        return 0;
-    }
-    int64_t ver;
-    if (!json_object_object_get_ex(st, "version", &o) || rb_json_as_i64(o, &ver) < 0 || ver != 1) {
+    return t->st[f] == 0 || (t->st[f] == 1 && t->val[f] >= 0 && (uint64_t)t->val[f] == want);
+}
+
+/* 1 acceptable (next_slot set), 0 rejected (err says why). */
+static int check_top(rb_core *c, const top_view *t, int64_t *next_slot, rb_err *err)
+{
+    if (t->st[RB_FTOP_VERSION] != 1 || t->val[RB_FTOP_VERSION] != 1) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata version unsupported; ignoring metadata");
         return 0;
     }
-    if (json_object_object_get_ex(st, "device_path", &o) && json_object_get_type(o) == json_type_string &&
-        json_object_get_string_len(o) > 0 && strcmp(json_object_get_string(o), c->path) != 0) {
+    if (t->str_st[RB_FTOP_DEVICE_PATH] == 1 && t->str_len[RB_FTOP_DEVICE_PATH] > 0 &&
+        strcmp(t->str[RB_FTOP_DEVICE_PATH], c->path) != 0) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata device_path mismatch; ignoring metadata");
         return 0;
     }
-    static const char *const fields[] = {"block_align", "header_bytes", "slot_bytes", "meta_total_bytes"};
+    static const int fields[] = {RB_FTOP_BLOCK_ALIGN, RB_FTOP_HEADER_BYTES, RB_FTOP_SLOT_BYTES, RB_FTOP_META_TOTAL};
     const uint64_t want[] = {c->cfg.block_align, c->cfg.header_bytes, c->cfg.slot_bytes, c->cfg.meta_total_bytes};
     for (int i = 0; i < 4; i++) {
-        if (!field_matches(st, fields[i], want[i])) {
-            rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata %s mismatch; ignoring metadata", fields[i]);
+        if (!top_matches(t, fields[i], want[i])) {
+            rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata %s mismatch; ignoring metadata",
+                       rb_ftop_names[fields[i]]);
             return 0;
         }
     }
-    if (json_object_object_get_ex(st, "meta_magic", &o) &&
-        (json_object_get_type(o) != json_type_string || json_object_get_string_len(o) != 8 ||
-         memcmp(json_object_get_string(o), c->cfg.meta_magic, 8) != 0)) {
+    if (t->str_st[RB_FTOP_META_MAGIC] &&
+        (t->str_st[RB_FTOP_META_MAGIC] != 1 || t->str_len[RB_FTOP_META_MAGIC] != 8 ||
+         memcmp(t->str[RB_FTOP_META_MAGIC], c->cfg.meta_magic, 8) != 0)) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_magic mismatch; ignoring metadata");
         return 0;
     }
-    if (!field_matches(st, "meta_version", c->cfg.meta_version)) {
+    if (!top_matches(t, RB_FTOP_META_VERSION, c->cfg.meta_version)) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_version mismatch; ignoring metadata");
         return 0;
     }
-    int64_t next_slot;
-    if (!json_object_object_get_ex(st, "next_slot", &o) || rb_json_as_i64(o, &next_slot) < 0 || next_slot < 0 ||
-        (uint64_t)next_slot > c->max_slots) {
+    int64_t ns = t->val[RB_FTOP_NEXT_SLOT];
+    if (t->st[RB_FTOP_NEXT_SLOT] != 1 || ns < 0 || (uint64_t)ns > c->max_slots) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata next_slot invalid; ignoring metadata");
         return 0;
     }
-    struct json_object *entries = NULL;
-    json_object_object_get_ex(st, "entries", &entries);
-    if (entries && json_object_get_type(entries) != json_type_object)
-        entries = NULL;
+    *next_slot = ns;
+    return 1;
+}
 
+/* Clear the index and slots for a new state (takes mu; returns with it held on success). */
+static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err *err)
+{
     uint8_t *used = calloc((size_t)next_slot + 1, 1);
     if (!used)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
@@ -520,6 +523,101 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
     for (uint32_t p = 0; p < c->inflight.n_ents; p++)
         if (!(c->inflight.ents[p].flags & RB_ENT_DEAD) && c->inflight.ents[p].slot < (uint64_t)next_slot)
             used[c->inflight.ents[p].slot] = 1;
+    *used_out = used;
+    return 0;
+}
+
+/* The slot an entry takes, or -1 when it is skipped: LMCache's offset/size rules, plus ours
+ * (a slot never handed out, or one already claimed). mu held. */
+static int64_t entry_slot(const rb_core *c, const uint8_t *used, int64_t next_slot, int has_off, int64_t off,
+                          int has_size, int64_t size)
+{
+    if (!has_off || !has_size)
+        return -1;
+    if (off < 0 || (uint64_t)off < c->data_base || ((uint64_t)off - c->data_base) % c->cfg.slot_bytes)
+        return -1;
+    uint64_t slot = ((uint64_t)off - c->data_base) / c->cfg.slot_bytes;
+    if (slot >= c->max_slots || size <= 0 || (uint64_t)size > c->slot_cap)
+        return -1;
+    if (slot >= (uint64_t)next_slot || used[slot])
+        return -1;
+    return (int64_t)slot;
+}
+
+/* Add one entry (mu held). 0, or -1 when out of memory. */
+static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen, uint32_t h, uint32_t slot,
+                        int64_t size, uint32_t cls, const int64_t *pos, int64_t npos)
+{
+    uint32_t p = cls == UINT32_MAX ? UINT32_MAX : rb_idx_insert(&c->index, key, klen, h, pos, npos);
+    if (p == UINT32_MAX)
+        return -1;
+    rb_ent *e = &c->index.ents[p];
+    e->slot = slot;
+    e->size = (uint64_t)size;
+    e->cls = cls;
+    used[slot] = 1;
+    return 0;
+}
+
+/* Free the unclaimed slots, reset the dirty state, drop mu; then validate if configured. */
+static int apply_end(rb_core *c, uint8_t *used, int64_t next_slot, uint64_t loaded, int oom, rb_err *err)
+{
+    for (uint32_t s = 0; s < (uint32_t)next_slot; s++)
+        if (!used[s])
+            rb_slots_release(&c->slots, s);
+    c->dirty_total = 0;
+    c->persisted = 0;
+    c->recovery_entries_loaded = loaded;
+    pthread_mutex_unlock(&c->mu);
+    free(used);
+    if (oom)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
+    if (c->cfg.verify_on_load || c->cfg.verify_payload_checksum) {
+        if (validate_entries(c, 0) < 0)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
+    }
+    return 1;
+}
+
+static void json_top_view(struct json_object *st, top_view *t)
+{
+    memset(t, 0, sizeof(*t));
+    for (int f = 0; f < RB_FTOP_N; f++) {
+        struct json_object *o;
+        if (f == RB_FTOP_ENTRIES || !json_object_object_get_ex(st, rb_ftop_names[f], &o))
+            continue;
+        t->st[f] = rb_json_as_i64(o, &t->val[f]) == 0 ? 1 : 2;
+        if (json_object_get_type(o) == json_type_string) {
+            t->str_st[f] = 1;
+            t->str[f] = json_object_get_string(o);
+            t->str_len[f] = (size_t)json_object_get_string_len(o);
+        } else {
+            t->str_st[f] = 2;
+        }
+    }
+}
+
+/* 1 applied, 0 rejected (reason in err->msg), <0 error. Runs without any core lock held. */
+static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
+{
+    if (!st || json_object_get_type(st) != json_type_object) {
+        rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata is not an object");
+        return 0;
+    }
+    top_view t;
+    json_top_view(st, &t);
+    int64_t next_slot;
+    if (!check_top(c, &t, &next_slot, err))
+        return 0;
+    struct json_object *entries = NULL;
+    json_object_object_get_ex(st, "entries", &entries);
+    if (entries && json_object_get_type(entries) != json_type_object)
+        entries = NULL;
+
+    uint8_t *used;
+    int rc = apply_begin(c, next_slot, &used, err);
+    if (rc < 0)
+        return rc;
     uint64_t loaded = 0;
     int oom = 0;
     if (entries) {
@@ -528,18 +626,11 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             if (!val || json_object_get_type(val) != json_type_object)
                 continue;
             struct json_object *fo, *fs;
-            int64_t off, size;
-            if (!json_object_object_get_ex(val, "offset", &fo) || rb_json_as_i64(fo, &off) < 0)
-                continue;
-            if (!json_object_object_get_ex(val, "size", &fs) || rb_json_as_i64(fs, &size) < 0)
-                continue;
-            if (off < 0 || (uint64_t)off < c->data_base || ((uint64_t)off - c->data_base) % c->cfg.slot_bytes)
-                continue;
-            uint64_t slot = ((uint64_t)off - c->data_base) / c->cfg.slot_bytes;
-            if (slot >= c->max_slots || size <= 0 || (uint64_t)size > c->slot_cap)
-                continue;
-            /* Ours (LMCache keeps these): a slot never handed out, or one already claimed. */
-            if (slot >= (uint64_t)next_slot || used[slot])
+            int64_t off = 0, size = 0;
+            int has_off = json_object_object_get_ex(val, "offset", &fo) && rb_json_as_i64(fo, &off) == 0;
+            int has_size = json_object_object_get_ex(val, "size", &fs) && rb_json_as_i64(fs, &size) == 0;
+            int64_t slot = entry_slot(c, used, next_slot, has_off, off, has_size, size);
+            if (slot < 0)
                 continue;
             size_t klen = strlen(key);
             uint32_t h = rb_idx_hash(key, klen);
@@ -559,40 +650,111 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             m.dtype = json_opt_str(json_object_object_get_ex(val, "dtype", &jo) ? jo : NULL, &m.dtype_len);
             m.fmt = json_opt_str(json_object_object_get_ex(val, "fmt", &jo) ? jo : NULL, &m.fmt_len);
             uint32_t cls = rb_core_intern_class(c, &m);
-            uint32_t p = cls == UINT32_MAX ? UINT32_MAX : rb_idx_insert(&c->index, key, klen, h, m.pos, m.npos);
+            int r = insert_entry(c, used, key, klen, h, (uint32_t)slot, size, cls, m.pos, m.npos);
             free(dims);
             free(pos);
-            if (p == UINT32_MAX) {
+            if (r < 0) {
                 oom = 1;
                 break;
             }
-            rb_ent *e = &c->index.ents[p];
-            e->slot = (uint32_t)slot;
-            e->size = (uint64_t)size;
-            e->cls = cls;
-            used[slot] = 1;
             loaded++;
         }
     }
-    for (uint32_t s = 0; s < (uint32_t)next_slot; s++)
-        if (!used[s])
-            rb_slots_release(&c->slots, s);
-    c->dirty_total = 0;
-    c->persisted = 0;
-    c->recovery_entries_loaded = loaded;
-    pthread_mutex_unlock(&c->mu);
-    free(used);
-    if (oom)
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
-    if (c->cfg.verify_on_load || c->cfg.verify_payload_checksum) {
-        if (validate_entries(c, 0) < 0)
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
-    }
-    return 1;
+    return apply_end(c, used, next_slot, loaded, oom, err);
 }
 
-int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err)
+static int same_class(const rb_fstate *fs, const rb_fent *a, const rb_fent *b)
 {
+    return a->ndim == b->ndim &&
+           (a->ndim <= 0 || memcmp(fs->pool + a->dims_at, fs->pool + b->dims_at, (size_t)a->ndim * 8) == 0) &&
+           !a->dtype == !b->dtype && a->dtype_len == b->dtype_len &&
+           (!a->dtype || memcmp(a->dtype, b->dtype, a->dtype_len) == 0) && !a->fmt == !b->fmt &&
+           a->fmt_len == b->fmt_len && (!a->fmt || memcmp(a->fmt, b->fmt, a->fmt_len) == 0);
+}
+
+/* apply_state for a document read by rb_fstate_parse: same checks, same rules, same order. */
+static int apply_fstate(rb_core *c, const rb_fstate *fs, rb_err *err)
+{
+    top_view t;
+    memset(&t, 0, sizeof(t));
+    char path_buf[4096];
+    for (int f = 0; f < RB_FTOP_N; f++) {
+        if (f == RB_FTOP_ENTRIES || !fs->has[f])
+            continue;
+        if (f == RB_FTOP_DEVICE_PATH || f == RB_FTOP_META_MAGIC) {
+            t.str_st[f] = 1;
+            t.str[f] = fs->str[f];
+            t.str_len[f] = fs->str_len[f];
+        } else {
+            t.st[f] = 1;
+            t.val[f] = fs->num[f];
+            t.str_st[f] = 2;
+        }
+    }
+    /* check_top compares the device path as a C string. */
+    if (t.str_st[RB_FTOP_DEVICE_PATH] == 1) {
+        size_t n = t.str_len[RB_FTOP_DEVICE_PATH];
+        if (n >= sizeof path_buf)
+            n = sizeof path_buf - 1; /* longer than PATH_MAX: cannot equal c->path either */
+        memcpy(path_buf, t.str[RB_FTOP_DEVICE_PATH], n);
+        path_buf[n] = 0;
+        t.str[RB_FTOP_DEVICE_PATH] = path_buf;
+    }
+    int64_t next_slot;
+    if (!check_top(c, &t, &next_slot, err))
+        return 0;
+    uint8_t *used;
+    int rc = apply_begin(c, next_slot, &used, err);
+    if (rc < 0)
+        return rc;
+    uint64_t loaded = 0;
+    int oom = 0;
+    const rb_fent *prev = NULL; /* last interned entry: consecutive entries mostly share a class */
+    uint32_t prev_cls = UINT32_MAX;
+    for (size_t i = 0; i < fs->n; i++) {
+        const rb_fent *e = &fs->ents[i];
+        int64_t slot = entry_slot(c, used, next_slot, e->has_off, e->off, e->has_size, e->size);
+        if (slot < 0)
+            continue; /* keys are distinct (rb_fstate_parse): no index lookup needed */
+        uint32_t cls;
+        if (prev && same_class(fs, prev, e)) {
+            cls = prev_cls;
+        } else {
+            rb_meta_in m = {0};
+            m.ndim = e->ndim;
+            m.dims = e->ndim > 0 ? fs->pool + e->dims_at : NULL;
+            m.dtype = e->dtype;
+            m.dtype_len = e->dtype_len;
+            m.fmt = e->fmt;
+            m.fmt_len = e->fmt_len;
+            m.npos = e->npos;
+            cls = rb_core_intern_class(c, &m);
+            prev = cls == UINT32_MAX ? NULL : e;
+            prev_cls = cls;
+        }
+        if (insert_entry(c, used, e->key, e->klen, e->hash, (uint32_t)slot, e->size, cls,
+                         e->npos > 0 ? fs->pool + e->pos_at : NULL, e->npos) < 0) {
+            oom = 1;
+            break;
+        }
+        loaded++;
+    }
+    return apply_end(c, used, next_slot, loaded, oom, err);
+}
+
+int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err)
+{
+    if (!generic) {
+        rb_fstate fs;
+        int rc = rb_fstate_parse(json, len, &fs);
+        if (rc < 0)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory reading metadata");
+        if (rc > 0) {
+            rc = apply_fstate(c, &fs, err);
+            rb_fstate_free(&fs);
+            return rc;
+        }
+    }
     struct json_object *st = rb_json_parse(json, len);
     if (!st) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata payload is not valid JSON");
@@ -601,6 +763,11 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
     int rc = apply_state(c, st, err);
     json_object_put(st);
     return rc;
+}
+
+int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err)
+{
+    return rb_core_apply_state_json_ex(c, json, len, 0, err);
 }
 
 /* ---- recovery at open ------------------------------------------------------------------ */

@@ -101,6 +101,34 @@ static inline int rb_core_uses_uring(const rb_core *c)
 uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m);
 /* Release a slot under mu. */
 void rb_core_free_slot_locked(rb_core *c, uint32_t slot);
+/* rb_core_fastjson.c: the plain form of a state v1 document, read without json-c. */
+enum {
+    RB_FTOP_VERSION, RB_FTOP_DEVICE_PATH, RB_FTOP_CAPACITY, RB_FTOP_BLOCK_ALIGN, RB_FTOP_HEADER_BYTES,
+    RB_FTOP_SLOT_BYTES, RB_FTOP_META_TOTAL, RB_FTOP_META_MAGIC, RB_FTOP_META_VERSION, RB_FTOP_DATA_BASE,
+    RB_FTOP_NEXT_SLOT, RB_FTOP_ENTRIES, RB_FTOP_N
+};
+extern const char *const rb_ftop_names[RB_FTOP_N];
+typedef struct rb_fent {
+    const char *key; /* into the document, not NUL-terminated */
+    const char *dtype, *fmt; /* NULL = null or absent */
+    int64_t off, size;
+    int64_t ndim, npos; /* -1 = null or absent */
+    uint32_t klen, hash, dims_at, pos_at, dtype_len, fmt_len;
+    uint8_t has_off, has_size;
+} rb_fent;
+typedef struct rb_fstate {
+    uint8_t has[RB_FTOP_N];
+    int64_t num[RB_FTOP_N];
+    const char *str[RB_FTOP_N];
+    size_t str_len[RB_FTOP_N];
+    rb_fent *ents;
+    size_t n, cap;
+    int64_t *pool; /* shapes and positions */
+    size_t npool, cap_pool;
+} rb_fstate;
+/* 1 parsed (every entry key distinct), 0 outside the plain form (use json-c), -ENOMEM. */
+int rb_fstate_parse(const char *buf, size_t len, rb_fstate *st);
+void rb_fstate_free(rb_fstate *st);
 /* rb_core_ckpt.c */
 int rb_core_recover(rb_core *c, rb_err *err);
 int rb_core_start_thread(rb_core *c, rb_err *err);

@@ -796,7 +796,7 @@ static PyObject *core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssi
     return PyBool_FromLong(rc > 0);
 }
 
-static PyObject *core_apply_state_json(PyObject *op, PyObject *arg)
+static PyObject *apply_state_json(PyObject *op, PyObject *arg, int generic)
 {
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
@@ -805,12 +805,22 @@ static PyObject *core_apply_state_json(PyObject *op, PyObject *arg)
     rb_err_clear(&err);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_apply_state_json(core_of(op), b.buf, (size_t)b.len, &err);
+    rc = rb_core_apply_state_json_ex(core_of(op), b.buf, (size_t)b.len, generic, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
     if (rc < 0)
         return rbpy_raise_err(&err);
     return Py_BuildValue("(Os)", rc > 0 ? Py_True : Py_False, rc > 0 ? "" : err.msg);
+}
+
+static PyObject *core_apply_state_json(PyObject *op, PyObject *arg)
+{
+    return apply_state_json(op, arg, 0);
+}
+
+static PyObject *core_apply_state_json_generic(PyObject *op, PyObject *arg)
+{
+    return apply_state_json(op, arg, 1);
 }
 
 static PyObject *core_status(PyObject *op, PyObject *unused)
@@ -990,6 +1000,8 @@ static PyMethodDef core_methods[] = {
     {"checkpoint_now", (PyCFunction)(void (*)(void))core_checkpoint_now, METH_FASTCALL | METH_KEYWORDS,
      "checkpoint_now(force=True) -> bool (written)"},
     {"apply_state_json", core_apply_state_json, METH_O, "apply_state_json(bytes) -> (applied, reason)"},
+    {"_apply_state_json_generic", core_apply_state_json_generic, METH_O,
+     "test hook: apply_state_json through json-c only (no plain-form reader)"},
     {"status", core_status, METH_NOARGS, "status() -> dict"},
     {"register_buffers", (PyCFunction)(void (*)(void))core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
