@@ -998,7 +998,7 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
             c->dirty_total++;
             was = 1;
         }
-        uint32_t q = rb_idx_find(&c->inflight, keys[i], lens[i], h);
+        uint32_t q = c->inflight.n_live ? rb_idx_find(&c->inflight, keys[i], lens[i], h) : UINT32_MAX;
         if (q != UINT32_MAX) {
             c->inflight.ents[q].flags |= RB_ENT_CANCELED;
             was = 1;

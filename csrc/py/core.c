@@ -27,20 +27,21 @@ typedef struct {
 /* ---- argument helpers ------------------------------------------------------------------ */
 
 typedef struct {
-    PyObject *tuple; /* owns the key objects */
+    PyObject *tuple; /* owns the key objects (the list or tuple itself when one was passed) */
     const char **keys;
-    size_t *lens;
+    size_t *lens;    /* inside the keys allocation */
     Py_ssize_t n;
 } keyvec;
 
 static void keyvec_free(keyvec *kv)
 {
     PyMem_Free(kv->keys);
-    PyMem_Free(kv->lens);
     Py_XDECREF(kv->tuple);
     memset(kv, 0, sizeof(*kv));
 }
 
+/* The keys are snapshotted into a tuple (the C side may run without the GIL while another
+ * thread mutates the caller's list); ASCII str keys are used in place, without the UTF-8 call. */
 static int keyvec_from(PyObject *seq, keyvec *kv)
 {
     memset(kv, 0, sizeof(*kv));
@@ -48,19 +49,26 @@ static int keyvec_from(PyObject *seq, keyvec *kv)
     if (!kv->tuple)
         return -1;
     kv->n = PyTuple_GET_SIZE(kv->tuple);
-    kv->keys = PyMem_Calloc(kv->n ? kv->n : 1, sizeof(char *));
-    kv->lens = PyMem_Calloc(kv->n ? kv->n : 1, sizeof(size_t));
-    if (!kv->keys || !kv->lens) {
+    size_t n = kv->n ? (size_t)kv->n : 1;
+    kv->keys = PyMem_Malloc(n * (sizeof(char *) + sizeof(size_t)));
+    if (!kv->keys) {
         keyvec_free(kv);
         PyErr_NoMemory();
         return -1;
     }
+    kv->lens = (size_t *)(kv->keys + n);
+    PyObject **items = &PyTuple_GET_ITEM(kv->tuple, 0);
     for (Py_ssize_t i = 0; i < kv->n; i++) {
-        PyObject *k = PyTuple_GET_ITEM(kv->tuple, i);
+        PyObject *k = items[i];
         if (!PyUnicode_Check(k)) {
             PyErr_Format(PyExc_TypeError, "encoded keys must be str, got %.100s", Py_TYPE(k)->tp_name);
             keyvec_free(kv);
             return -1;
+        }
+        if (PyUnicode_IS_COMPACT_ASCII(k)) {
+            kv->keys[i] = (const char *)PyUnicode_DATA(k);
+            kv->lens[i] = (size_t)PyUnicode_GET_LENGTH(k);
+            continue;
         }
         Py_ssize_t l;
         kv->keys[i] = PyUnicode_AsUTF8AndSize(k, &l);
@@ -568,9 +576,13 @@ static PyObject *core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_
     if (!r) {
         PyErr_NoMemory();
     } else {
-        Py_BEGIN_ALLOW_THREADS
-        rb_core_delete_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, force, r);
-        Py_END_ALLOW_THREADS
+        if (kv.n > RBPY_NOGIL_KEYS) {
+            Py_BEGIN_ALLOW_THREADS
+            rb_core_delete_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, force, r);
+            Py_END_ALLOW_THREADS
+        } else {
+            rb_core_delete_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, force, r);
+        }
         ret = bool_list(r, kv.n);
     }
     PyMem_Free(r);

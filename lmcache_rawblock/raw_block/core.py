@@ -314,7 +314,9 @@ class RawBlockCore:
         return results
 
     def delete_many(self, encoded_keys: Sequence[str], *, force: bool = False) -> list[bool]:
-        return self._native.delete_many(list(encoded_keys), bool(force))
+        # a list or tuple goes to C as is (it copies the keys into a tuple itself)
+        keys = encoded_keys if type(encoded_keys) in (list, tuple) else list(encoded_keys)
+        return self._native.delete_many(keys, bool(force))
 
     def checkpoint_now(self) -> None:
         self._native.checkpoint_now(True)
