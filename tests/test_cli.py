@@ -26,6 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE = ["bench", "--suite", "smoke", "--no-progress"]
 
 
+@pytest.fixture(autouse=True)
+def _no_competitor_dir(tmp_path, monkeypatch):
+    """A bench run in these tests must not pull LMCache (installed by --install-competitors
+    into a directory of its own) into the test process."""
+    monkeypatch.setenv("LMCACHE_RAWBLOCK_COMPETITORS", str(tmp_path / "no-competitors"))
+
+
 def run_cli(args, capsys):
     rc = main(args)
     out, err = capsys.readouterr()
