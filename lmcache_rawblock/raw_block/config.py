@@ -96,6 +96,8 @@ class RawBlockCoreConfig:
 
     ``verify_payload_checksum`` is ours (default off): an xxh3-64 of each payload is kept in
     slot-header bytes LMCache does not read, and a load whose bytes fail it is a miss.
+    ``allow_foreign_device`` is ours (default off): without it a device on which libblkid finds
+    a file system, RAID/LVM member or partition table is refused instead of overwritten.
     """
 
     device_path: str
@@ -120,6 +122,7 @@ class RawBlockCoreConfig:
     meta_checkpoint_placement_id: PlacementId = None
     fdp_slot_affinity_enabled: bool = False
     verify_payload_checksum: bool = False
+    allow_foreign_device: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class ResolvedConfig:
     meta_checkpoint_placement_id: PlacementId
     fdp_slot_affinity_enabled: bool
     verify_payload_checksum: bool
+    allow_foreign_device: bool
     container_bytes: int
 
 
@@ -248,6 +252,7 @@ def resolve_config(config: RawBlockCoreConfig, *, logger=None) -> ResolvedConfig
         meta_checkpoint_placement_id=ckpt_pid,
         fdp_slot_affinity_enabled=bool(config.fdp_slot_affinity_enabled),
         verify_payload_checksum=bool(config.verify_payload_checksum),
+        allow_foreign_device=bool(config.allow_foreign_device),
         container_bytes=container,
     )
 

@@ -86,6 +86,20 @@ def _shape_of(meta: Any) -> list[int] | None:
     return None if shape is None else [int(d) for d in shape]
 
 
+def _refuse_foreign_device(path: str) -> None:
+    """Refuse a device that holds someone else's data (a file system, a RAID/LVM member, a
+    partition table): the core would overwrite it from the first checkpoint on."""
+    try:
+        what = _native.probe_foreign(path)
+    except OSError:
+        return  # opening the device reports a missing or unreadable path with its own error
+    if what:
+        raise ValueError(
+            f"device_path {path!r} holds a {what} (found by libblkid); refusing to overwrite a device "
+            f"that is not a raw-block cache. Wipe it first (wipefs -a {path}) or set "
+            f"allow_foreign_device=True (rust_raw_block.allow_foreign_device: true)")
+
+
 class RawBlockCore:
     """One raw block device (or pre-sized file) used as a slot store with an on-device index."""
 
@@ -104,6 +118,8 @@ class RawBlockCore:
         self.io_engine = cfg.io_engine
         self._closed = False
         self._close_outcome: RawBlockCloseOutcome | None = None
+        if not cfg.allow_foreign_device:
+            _refuse_foreign_device(cfg.device_path)
         self._native = _native.Core(
             device_path=cfg.device_path,
             capacity_bytes=max(0, cfg.capacity_bytes),
