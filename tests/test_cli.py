@@ -52,8 +52,6 @@ def sha(path: str) -> str:
 def mkfs_ext4(path: str) -> None:
     if shutil.which("mkfs.ext4") is None:
         pytest.skip("mkfs.ext4 is not installed (e2fsprogs), cannot make a file-system signature")
-    if shutil.which("blkid") is None and not os.path.exists("/usr/sbin/blkid") and not os.path.exists("/sbin/blkid"):
-        pytest.skip("blkid is not installed (util-linux)")
     subprocess.run(["mkfs.ext4", "-q", "-F", path], check=True, capture_output=True)
 
 
@@ -215,7 +213,7 @@ def test_file_with_filesystem_signature_is_refused(tmp_path, capsys):
     before = sha(str(img))
     rc, _, err = run_cli([*SMOKE, "--device", str(img), "--out", str(tmp_path / "out")], capsys)
     assert rc == 2
-    assert str(img) in err and "TYPE=ext4" in err and "--force" in err
+    assert str(img) in err and "ext4 file system" in err and "--force" in err
     assert sha(str(img)) == before  # nothing was written
 
 
@@ -228,7 +226,7 @@ def test_force_overrides_filesystem_signature(tmp_path, capsys):
     rc, _, err = run_cli([*SMOKE, "--device", str(img), "--force", "--out", str(out), "--parts", "device",
                           "--no-plots"], capsys)
     assert rc == 0, err
-    assert any("TYPE=ext4" in n for n in load(out)["target"]["notes"])
+    assert any("ext4 file system" in n for n in load(out)["target"]["notes"])
 
 
 def test_block_device_with_filesystem_is_refused(loop_device, tmp_path, capsys):

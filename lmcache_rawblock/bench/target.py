@@ -2,7 +2,8 @@
 
 Without ``--device`` a sparse file is created in a fresh temporary directory and removed
 afterwards. With ``--device PATH`` the path must exist, be a regular file or a block device,
-and carry no file system or partition table signature (``blkid -p``) unless ``--force``.
+and carry no file system or partition table signature (libblkid, the probe RawBlockCore uses)
+unless ``--force``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import os
 import shutil
 import stat
 import struct
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .common import MiB, fmt_size
 
@@ -58,50 +57,19 @@ class Target:
         self.cleanup()
 
 
-def _find_blkid() -> str | None:
-    found = shutil.which("blkid")
-    if found:
-        return found
-    for cand in ("/usr/sbin/blkid", "/sbin/blkid"):
-        if os.access(cand, os.X_OK):
-            return cand
-    return None
+def find_signature(path: str) -> str | None:
+    """What libblkid finds on *path* (e.g. "ext4 file system", "gpt partition table"), or None.
 
-
-def find_signature(path: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str | None:
-    """Return what ``blkid -p`` finds on *path* (e.g. ``TYPE=ext4``), or None for nothing.
-
-    Raises TargetError when the probe cannot be made (blkid missing or failing).
+    The same probe RawBlockCore runs before it writes to a device. Raises TargetError when
+    the probe cannot be made.
     """
-    blkid = _find_blkid()
-    if blkid is None:
-        raise TargetError(
-            f"--device {path}: cannot check it for a file system or partition table: "
-            "blkid is not installed (apt-get install util-linux); pass --force to skip the check"
-        )
+    from .._native import probe_foreign
+
     try:
-        proc = run([blkid, "-p", "-o", "export", path], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise TargetError(f"--device {path}: blkid -p failed: {exc}; pass --force to skip the check") from exc
-    if proc.returncode == 2:  # nothing identified
-        return None
-    if proc.returncode == 8:  # several signatures: certainly not an empty scratch device
-        return "several conflicting signatures (blkid -p: ambivalent result)"
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout or "").strip()
-        raise TargetError(
-            f"--device {path}: blkid -p exited {proc.returncode}"
-            + (f": {msg}" if msg else "")
-            + "; pass --force to skip the check"
-        )
-    fields = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    for key in ("TYPE", "PTTYPE"):
-        if key in fields:
-            what = f"{key}={fields[key]}"
-            if "USAGE" in fields:
-                what += f" (USAGE={fields['USAGE']})"
-            return what
-    return proc.stdout.strip().replace("\n", " ") or "an unidentified signature"
+        return probe_foreign(path)
+    except OSError as exc:
+        raise TargetError(f"--device {path}: cannot check it for a file system or partition table: "
+                          f"{exc.strerror or exc}; pass --force to skip the check") from exc
 
 
 def _block_size(path: str) -> int:
