@@ -1,14 +1,15 @@
 """LMCache hazards fixed by the C core (format unchanged), each with a test that fails on
 LMCache's behaviour and passes on ours; plus the periodic checkpoint thread and idle rule."""
 
+import os
 import threading
 import time
 
 import pytest
 
 from core_helpers import (
-    META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, read_containers, read_slot,
-    write_container, write_slot,
+    BLOCK, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
+    read_containers, read_slot, write_container, write_slot,
 )
 
 
@@ -169,5 +170,231 @@ def test_periodic_checkpoint_respects_idle_rule(tmp_path):
         assert c.report_status()["metadata_seq"] == 0  # not idle for 60 s: no periodic checkpoint
         c.checkpoint_now()  # forced
         assert c.report_status()["metadata_seq"] == 1
+    finally:
+        c.close()
+
+
+# ---- slot reuse after the last checkpoint, meta_verify_on_load=False (§2.7 hazard 3, §9.4) ----
+#
+# Records recovered without header validation carry an "unverified" mark; the first load of
+# one reads its slot header with the payload (posix: one read of header + payload into a
+# scratch buffer; io_uring: a header read in the payload's batch) and judges it before the
+# key counts as loaded. A mismatch is a miss and drops the record as recovery would.
+
+def _odirect_ok(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]
+ENGINE_IDS = ["posix", "io_uring", "posix-odirect", "io_uring-odirect"]
+
+
+def _fast(dev, engine, odirect, **kw):
+    if odirect and not _odirect_ok(dev):
+        pytest.skip("the temporary directory's file system refuses O_DIRECT")
+    return make_core(dev, io_engine=engine, use_odirect=odirect, meta_verify_on_load=False, **kw)
+
+
+def _meta_region(dev):
+    with open(dev, "rb") as f:
+        return f.read(META)
+
+
+def _crash(dev, meta_region):
+    """The device as a crash leaves it: slots as written, metadata as of the last checkpoint."""
+    with open(dev, "r+b") as f:
+        f.write(meta_region)
+
+
+def _io(c):
+    io = c.report_status()["rust_io"]
+    return io["read_attempts"], io["read_submitted_bytes"]
+
+
+@pytest.mark.parametrize("engine,odirect", ENGINES, ids=ENGINE_IDS)
+def test_slot_reuse_with_verification_off_is_a_miss(tmp_path, engine, odirect):
+    dev = make_device(tmp_path)
+    k0, k1, k2 = okey(10), okey(1), okey(2)
+    n = 5000  # K1 and K2 have the same length: only the identity tells them apart
+    w = make_core(dev, io_engine=engine)
+    w.put_many([k0, k1], [Obj(payload(0, n)), Obj(payload(1, n))])
+    slot_k1 = w.entry_offset(k1.encoded)
+    w.checkpoint_now()  # lists k0 and k1
+    ckpt = _meta_region(dev)
+    w.delete_many([k1.encoded])
+    w.put_many([k2], [Obj(payload(2, n))])
+    assert w.entry_offset(k2.encoded) == slot_k1  # K1's slot reused by K2
+    out = Obj(n)
+    assert w.load_many_into([k2.encoded], [out]) == [True] and out.bytes() == payload(2, n)
+    w._native.close()
+    _crash(dev, ckpt)
+
+    c = _fast(dev, engine, odirect)
+    try:
+        st = c.report_status()
+        # fast start-up: nothing judged at open, both records indexed and marked
+        assert st["recovery_dropped_entries"] == 0 and st["unverified_entry_count"] == 2
+        assert c.exists_many([k0.encoded, k1.encoded, k2.encoded]) == [True, True, False]
+        free_before = st["free_slot_count"]
+        outs = [Obj(b"\xee" * n), Obj(b"\xee" * n)]
+        # LMCache: [True, True] with K2's bytes in outs[0]
+        assert c.load_many_into([k1.encoded, k0.encoded], outs) == [False, True]
+        assert payload(2, n)[:64] not in outs[0].bytes()  # K2's bytes never handed out as K1's
+        assert outs[1].bytes() == payload(0, n)
+        st = c.report_status()
+        assert st["recovery_dropped_entries"] == 1 and st["load_dropped_entries"] == 1
+        assert st["load_verified_entries"] == 1 and st["unverified_entry_count"] == 0
+        assert st["free_slot_count"] == free_before + 1
+        assert st["metadata_dirty_total"] > st["metadata_persisted"]
+        assert c.exists_many([k1.encoded]) == [False]
+        assert c.load_many_into([k1.encoded], [Obj(n)]) == [False]
+        # K2's slot is untouched on the device; K2 (never checkpointed) loads once put again
+        assert read_slot(dev, slot_k1)[1:3] == (k2.slot_identity, n)
+        assert read_slot(dev, slot_k1)[4] == payload(2, n)
+        assert c.put_many([k2], [Obj(payload(2, n))]).results == [True]
+        out = Obj(n)
+        assert c.load_many_into([k2.encoded], [out]) == [True] and out.bytes() == payload(2, n)
+    finally:
+        c.close()
+    # the drop reached the checkpoint: K1 stays gone after the next restart
+    c = _fast(dev, engine, odirect)
+    try:
+        assert c.exists_many([k0.encoded, k1.encoded, k2.encoded]) == [True, False, True]
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("engine,odirect", ENGINES, ids=ENGINE_IDS)
+def test_unverified_entry_is_checked_once(tmp_path, engine, odirect):
+    dev = make_device(tmp_path)
+    k = okey(3)
+    n = 3000
+    w = make_core(dev)
+    w.put_many([k], [Obj(payload(3, n))])
+    w.close()
+    c = _fast(dev, engine, odirect)
+    try:
+        assert c.report_status()["unverified_entry_count"] == 1
+        a0, b0 = _io(c)
+        out = Obj(n)
+        assert c.load_many_into([k.encoded], [out]) == [True] and out.bytes() == payload(3, n)
+        a1, b1 = _io(c)
+        st = c.report_status()
+        assert st["unverified_entry_count"] == 0 and st["load_verified_entries"] == 1
+        assert st["load_dropped_entries"] == 0 and st["metadata_dirty_total"] == st["metadata_persisted"]
+        xfer = -(-n // BLOCK) * BLOCK if odirect else n
+        hdr = HEADER if (engine == "posix" or odirect) else 64
+        if engine == "posix":
+            assert (a1 - a0, b1 - b0) == (1, HEADER + xfer)  # one read: header + payload
+        else:
+            assert (a1 - a0, b1 - b0) == (2, hdr + xfer)  # header read in the payload's batch
+        out = Obj(n)
+        assert c.load_many_into([k.encoded], [out]) == [True] and out.bytes() == payload(3, n)
+        a2, b2 = _io(c)
+        assert (a2 - a1, b2 - b1) == (1, xfer)  # verified now: the payload read only
+        assert c.report_status()["load_verified_entries"] == 1
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("engine,odirect", ENGINES, ids=ENGINE_IDS)
+def test_unverified_entry_with_torn_header_is_a_miss(tmp_path, engine, odirect):
+    dev = make_device(tmp_path)
+    k = okey(4)
+    n = 700
+    w = make_core(dev)
+    w.put_many([k], [Obj(payload(4, n))])
+    off = w.entry_offset(k.encoded)
+    w.close()
+    with open(dev, "r+b") as f:  # magic gone, rest of the header and the payload intact
+        f.seek(off)
+        f.write(b"\0" * 8)
+    c = _fast(dev, engine, odirect)
+    try:
+        assert c.exists_many([k.encoded]) == [True]
+        out = Obj(b"\xee" * n)
+        assert c.load_many_into([k.encoded], [out], raise_on_error=True) == [False]  # a miss, not an error
+        assert payload(4, n)[:64] not in out.bytes()
+        st = c.report_status()
+        assert st["load_dropped_entries"] == 1 and st["recovery_dropped_entries"] == 1
+        assert c.exists_many([k.encoded]) == [False]
+    finally:
+        c.close()
+
+
+def test_unverified_entry_checksum_record_is_checked(tmp_path):
+    # Hazard 5 with verification off: a header with our checksum record over a stale payload.
+    dev = make_device(tmp_path)
+    k = okey(5)
+    w = make_core(dev, verify_payload_checksum=True)
+    w.put_many([k], [Obj(b"B" * 300)])
+    w.close()
+    with open(dev, "r+b") as f:
+        f.seek(META + HEADER)
+        f.write(b"C" * 300)
+    ckpt = _meta_region(dev)
+    for engine in ("posix", "io_uring"):
+        _crash(dev, ckpt)  # each engine starts from the same checkpoint
+        c = _fast(dev, engine, False)
+        try:
+            assert c.load_many_into([k.encoded], [Obj(300)]) == [False]  # LMCache: True, b"C" * 300
+            st = c.report_status()
+            assert st["load_dropped_entries"] == 1 and st["payload_checksum_failures"] == 1
+        finally:
+            c.close()
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_unverified_header_read_failure_keeps_the_entry(tmp_path, engine):
+    dev = make_device(tmp_path)
+    k = okey(6)
+    w = make_core(dev)
+    w.put_many([k], [Obj(payload(6, 100))])
+    w.close()
+    c = _fast(dev, engine, False)
+    try:
+        c._native._inject_fault("read", 1)  # the first data read: the header (with the payload on posix)
+        with pytest.raises(OSError):
+            c.load_many_into([k.encoded], [Obj(100)], raise_on_error=True)
+        st = c.report_status()
+        assert st["unverified_entry_count"] == 1 and st["load_dropped_entries"] == 0  # unreadable != invalid
+        out = Obj(100)
+        assert c.load_many_into([k.encoded], [out]) == [True] and out.bytes() == payload(6, 100)
+        assert c.report_status()["unverified_entry_count"] == 0
+    finally:
+        c.close()
+
+
+def test_verified_and_fresh_entries_pay_nothing(tmp_path):
+    dev = make_device(tmp_path)
+    k, f = okey(7), okey(8)
+    w = make_core(dev)
+    w.put_many([k], [Obj(payload(7, 100))])
+    w.close()
+    c = make_core(dev)  # meta_verify_on_load=True: judged at open
+    try:
+        assert c.report_status()["unverified_entry_count"] == 0
+        c.put_many([f], [Obj(payload(8, 100))])
+        a0, b0 = _io(c)
+        assert c.load_many_into([k.encoded, f.encoded], [Obj(100), Obj(100)]) == [True, True]
+        assert _io(c) == (a0 + 2, b0 + 200)
+    finally:
+        c.close()
+    c = _fast(dev, "posix", False)  # verification off: records written in this process are not marked
+    try:
+        assert c.report_status()["unverified_entry_count"] == 2
+        g = okey(9)
+        c.put_many([g], [Obj(payload(9, 100))])
+        assert c.report_status()["unverified_entry_count"] == 2
+        a0, b0 = _io(c)
+        assert c.load_many_into([g.encoded], [Obj(100)]) == [True]
+        assert _io(c) == (a0 + 1, b0 + 100)
+        c.delete_many([k.encoded])
+        assert c.report_status()["unverified_entry_count"] == 1
     finally:
         c.close()

@@ -260,3 +260,55 @@ def test_inspect_and_verify_a_device_written_by_lmcache(tmp_path, alloc, namespa
         f.write((12345).to_bytes(8, "little"))
     res = tools.verify_device(dev)
     assert res["ok"] == 9 and res["mismatches"][0]["key"] == entry["key"]
+
+
+@pytest.mark.parametrize("writer_engine", ["posix", "io_uring"])
+@pytest.mark.parametrize("namespace", ["object", "legacy"])
+def test_lmcache_device_opens_fast_and_slot_reuse_is_a_miss(tmp_path, alloc, writer_engine, namespace):
+    """A device written by LMCache's core, opened with meta_verify_on_load=False: every entry
+    loads (judged by its first load), and a slot LMCache reused after its last checkpoint
+    serves the other key's bytes from LMCache's core but is a miss in ours (§2.7 hazard 3)."""
+    dev = make_device(tmp_path)
+    keys = _object_keys(13) if namespace == "object" else _legacy_keys(13)
+    objs = _objects(alloc, 13, seed=2)
+    k1, k2 = keys[0], keys[12]
+    o1, o2 = objs[0], objs[4]  # same shape/dtype/fmt: equal payload lengths
+    w = theirs(dev, namespace, io_engine=writer_engine)
+    assert w.put_many(keys[:12], objs[:12]).results == [True] * 12
+    w.checkpoint_now()
+    with open(dev, "rb") as f:
+        ckpt = f.read(META)
+    slot = w.entry_offset(k1.encoded)
+    w.delete_many([k1.encoded])
+    assert w.put_many([k2], [o2]).results == [True]
+    assert w.entry_offset(k2.encoded) == slot
+    w.close()
+    with open(dev, "r+b") as f:  # crash: the metadata region as of the last checkpoint
+        f.write(ckpt)
+    rest = list(zip(keys[1:12], objs[1:12]))
+
+    lmc = theirs(dev, namespace, meta_verify_on_load=False)
+    try:
+        out = _blank_like(alloc, [o1])
+        assert lmc.load_many_into([k1.encoded], out) == [True]  # LMCache: K2's bytes as K1's
+        assert _bytes(out[0]) == _bytes(o2)
+    finally:
+        lmc.close()
+    with open(dev, "r+b") as f:
+        f.write(ckpt)
+
+    for engine in ("posix", "io_uring"):
+        r = ours(dev, namespace, io_engine=engine, meta_verify_on_load=False)
+        try:
+            assert r.report_status()["unverified_entry_count"] == 12
+            outs = _blank_like(alloc, [o1] + [o for _, o in rest])
+            got = r.load_many_into([k1.encoded] + [k.encoded for k, _ in rest], outs)
+            assert got == [False] + [True] * 11
+            assert _bytes(outs[0]) != _bytes(o2)
+            assert [_bytes(o) for o in outs[1:]] == [_bytes(o) for _, o in rest]
+            st = r.report_status()
+            assert (st["load_dropped_entries"], st["load_verified_entries"], st["unverified_entry_count"]) == (1, 11, 0)
+        finally:
+            r._native.close()
+        with open(dev, "r+b") as f:
+            f.write(ckpt)

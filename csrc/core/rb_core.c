@@ -298,6 +298,25 @@ void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
     rb_slots_release(&c->slots, slot);
 }
 
+int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, uint64_t size, uint64_t identity,
+                           uint64_t len)
+{
+    uint64_t want;
+    return rb_key_identity(c->cfg.key_namespace, key, key_len, &want) == 0 && want == identity && len == size;
+}
+
+void rb_core_drop_locked(rb_core *c, uint32_t p)
+{
+    rb_ent *e = &c->index.ents[p];
+    uint32_t slot = e->slot;
+    if (e->refcnt > 0)
+        c->locked_keys--;
+    if (e->flags & RB_ENT_UNVERIFIED)
+        c->n_unverified--;
+    rb_idx_remove_at(&c->index, p);
+    rb_slots_release(&c->slots, slot);
+}
+
 int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
 {
     rb_core *c = calloc(1, sizeof(*c));
@@ -740,12 +759,45 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
 
 /* ---- load ------------------------------------------------------------------------------ */
 
+/*
+ * Records recovered without slot-header validation (RB_ENT_UNVERIFIED, meta_verify_on_load=
+ * False) are judged by their first load, before the payload counts as loaded:
+ *   posix:    one read of header + payload (one contiguous extent of the slot, aligned for
+ *             O_DIRECT) into a scratch buffer; the payload is copied to the caller only when
+ *             the header matches, so a rejected slot never touches the caller's buffer;
+ *   io_uring: a header read (rb_header_read_len bytes) queued next to the payload read in
+ *             the same batch; the key counts as loaded only when both completed and the
+ *             header matches; a rejected payload already in the caller's buffer is zeroed.
+ * Recovery's rule (magic, identity of the key in its namespace, payload length), plus our
+ * checksum record over the payload when the header carries one. A mismatch is a miss (no
+ * error) and drops the record as recovery would; a failed header read is a failed key and
+ * keeps the record unverified. Verified records (and every record written by this process)
+ * take the plain path.
+ */
+enum { LV_NONE = 0, LV_GOOD, LV_BAD };
+
+static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, const uint8_t *hdr, size_t hdr_len,
+                      const uint8_t *payload, uint64_t *sum_fail)
+{
+    uint64_t ident, len, sum;
+    int has_sum;
+    if (rb_slot_header_decode(hdr, hdr_len, &ident, &len, &has_sum, &sum) < 0 ||
+        !rb_core_header_matches(c, it->key, it->key_len, size, ident, len))
+        return LV_BAD;
+    if (has_sum && XXH3_64bits(payload, size) != sum) {
+        (*sum_fail)++;
+        return LV_BAD;
+    }
+    return LV_GOOD;
+}
+
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
 {
     typedef struct {
         uint32_t slot;
+        uint32_t pop, hop; /* io_uring: op index of the payload / header read */
         uint64_t size, sum;
-        int has_sum;
+        uint8_t has_sum, unverified, verdict;
     } snap;
     snap *s = calloc(n ? n : 1, sizeof(*s));
     if (!s)
@@ -757,6 +809,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
         items[i].npos = -1;
         items[i].pos = NULL;
     }
+    size_t n_unv = 0;
     pthread_mutex_lock(&c->mu);
     if (c->closed) {
         pthread_mutex_unlock(&c->mu);
@@ -775,6 +828,8 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
         s[i].size = e->size;
         s[i].sum = e->checksum;
         s[i].has_sum = (e->flags & RB_ENT_HAS_SUM) != 0;
+        s[i].unverified = (e->flags & RB_ENT_UNVERIFIED) != 0;
+        n_unv += s[i].unverified;
         int64_t np = rb_ent_npos(e);
         items[i].npos = np;
         if (np > 0) {
@@ -789,15 +844,19 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     pthread_mutex_unlock(&c->mu);
 
     uint64_t sum_fail = 0;
+    const uint64_t hb = c->cfg.header_bytes;
     int uring = rb_core_uses_uring(c);
-    rb_uop *ops = uring ? calloc(n ? n : 1, sizeof(*ops)) : NULL;
-    uint32_t *opi = uring ? calloc(n ? n : 1, sizeof(*opi)) : NULL;
-    size_t nops = 0;
-    if (uring && (!ops || !opi)) {
+    size_t hl = uring ? rb_header_read_len(c) : 0;
+    rb_uop *ops = uring ? calloc(n + n_unv ? n + n_unv : 1, sizeof(*ops)) : NULL;
+    /* io_uring: n_unv headers of hl bytes; posix: header + payload of one record at a time */
+    rb_err verr;
+    uint8_t *vbuf = uring && n_unv ? rb_alloc_aligned(c->cfg.block_align, n_unv * hl, &verr) : NULL;
+    size_t vcap = 0, nops = 0, nhdr = 0;
+    if (uring && (!ops || (n_unv && !vbuf))) {
         free(ops);
-        free(opi);
+        free(vbuf);
         ops = NULL;
-        opi = NULL;
+        vbuf = NULL;
         uring = 0; /* out of memory for the batch: fall back to one read at a time */
     }
     for (size_t i = 0; i < n; i++) {
@@ -815,10 +874,19 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
             continue;
         }
         size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
-        uint64_t off = rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes;
+        uint64_t soff = rb_slot_offset(c, s[i].slot);
+        uint64_t off = soff + hb;
         if (uring) {
             /* Batched: reads of at most queue-depth requests per batch, bounced by the engine
              * when the destination is unaligned for O_DIRECT or shorter than the transfer. */
+            if (s[i].unverified) {
+                rb_uop *h = &ops[nops];
+                h->off = soff;
+                h->buf = vbuf + nhdr++ * hl;
+                h->buf_len = h->payload_len = h->total_len = h->copy_len = hl;
+                h->write = 0;
+                s[i].hop = (uint32_t)nops++;
+            }
             rb_uop *o = &ops[nops];
             o->off = off;
             o->buf = it->buf;
@@ -827,7 +895,31 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
             o->total_len = rb_xfer_len(c, len);
             o->copy_len = len;
             o->write = 0;
-            opi[nops++] = (uint32_t)i;
+            s[i].pop = (uint32_t)nops++;
+            continue;
+        }
+        if (s[i].unverified) {
+            size_t tot = hb + rb_xfer_len(c, len);
+            if (tot > vcap) {
+                free(vbuf);
+                vcap = 0;
+                vbuf = rb_alloc_aligned(c->cfg.block_align, tot, &it->err);
+                if (!vbuf) {
+                    it->status = -ENOMEM;
+                    continue;
+                }
+                vcap = tot;
+            }
+            int rc = rb_core_dev_read(c, soff, vbuf, tot, tot, tot, 1, &it->err);
+            if (rc < 0) {
+                it->status = rc;
+                continue;
+            }
+            s[i].verdict = (uint8_t)judge_slot(c, it, len, vbuf, hb, vbuf + hb, &sum_fail);
+            if (s[i].verdict == LV_BAD)
+                continue;
+            memcpy(it->buf, vbuf + hb, len);
+            it->ok = 1;
             continue;
         }
         int rc = rb_core_dev_read(c, off, it->buf, blen, len, rb_xfer_len(c, len), 1, &it->err);
@@ -840,18 +932,30 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     if (nops) {
         rb_err berr;
         (void)rb_core_uring_ops(c, ops, nops, c->cfg.queue_depth, 1, &berr); /* per-op results */
-        for (size_t j = 0; j < nops; j++) {
-            rb_load_item *it = &items[opi[j]];
-            if (ops[j].rc < 0) {
-                it->status = ops[j].rc;
-                it->err = ops[j].err;
+        for (size_t i = 0; i < n; i++) {
+            rb_load_item *it = &items[i];
+            if (s[i].slot == RB_SLOT_NONE || it->status < 0)
+                continue;
+            const rb_uop *h = s[i].unverified ? &ops[s[i].hop] : NULL, *o = &ops[s[i].pop];
+            if (h && h->rc < 0) {
+                it->status = h->rc;
+                it->err = h->err;
+            } else if (o->rc < 0) {
+                it->status = o->rc;
+                it->err = o->err;
+            } else if (h) {
+                s[i].verdict = (uint8_t)judge_slot(c, it, s[i].size, h->buf, hl, it->buf, &sum_fail);
+                if (s[i].verdict == LV_BAD) /* not ours: leave no foreign bytes behind */
+                    memset(it->buf, 0, o->buf_len < o->total_len ? o->payload_len : o->total_len);
+                else
+                    it->ok = 1;
             } else {
                 it->ok = 1;
             }
         }
     }
     free(ops);
-    free(opi);
+    free(vbuf);
     for (size_t i = 0; i < n; i++) {
         rb_load_item *it = &items[i];
         if (it->ok && c->cfg.verify_payload_checksum && s[i].has_sum && XXH3_64bits(it->buf, s[i].size) != s[i].sum) {
@@ -870,6 +974,36 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     }
     pthread_mutex_lock(&c->mu);
     c->checksum_failures += sum_fail;
+    if (n_unv) {
+        /* Settle the judged records, unless they changed meanwhile (deleted, re-put, judged
+         * by a concurrent load or a state applied since the snapshot). */
+        uint64_t dropped = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (s[i].verdict == LV_NONE)
+                continue;
+            rb_load_item *it = &items[i];
+            uint32_t p = rb_idx_find(&c->index, it->key, it->key_len, rb_idx_hash(it->key, it->key_len));
+            if (p == UINT32_MAX)
+                continue;
+            rb_ent *e = &c->index.ents[p];
+            if (e->slot != s[i].slot || !(e->flags & RB_ENT_UNVERIFIED))
+                continue;
+            if (s[i].verdict == LV_GOOD) {
+                e->flags &= (uint16_t)~RB_ENT_UNVERIFIED;
+                c->n_unverified--;
+                c->deferred_verified++;
+            } else {
+                rb_core_drop_locked(c, p);
+                dropped++;
+            }
+        }
+        if (dropped) {
+            c->dirty_total++;
+            c->recovery_dropped += dropped;
+            c->deferred_dropped += dropped;
+            rb_idx_maybe_compact(&c->index);
+        }
+    }
     io_end_locked(c, 1);
     pthread_mutex_unlock(&c->mu);
     free(s);
@@ -989,12 +1123,7 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
         }
         int was = 0;
         if (p != UINT32_MAX) {
-            rb_ent *e = &c->index.ents[p];
-            if (e->refcnt > 0)
-                c->locked_keys--;
-            uint32_t slot = e->slot;
-            rb_idx_remove_at(&c->index, p);
-            rb_slots_release(&c->slots, slot);
+            rb_core_drop_locked(c, p);
             c->dirty_total++;
             was = 1;
         }
@@ -1087,6 +1216,9 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->checksum_failures = c->checksum_failures;
     st->recovery_dropped = c->recovery_dropped;
     st->recovery_entries_loaded = c->recovery_entries_loaded;
+    st->unverified = c->n_unverified;
+    st->deferred_verified = c->deferred_verified;
+    st->deferred_dropped = c->deferred_dropped;
     st->recovery_loaded = c->recovery_loaded;
     st->closed = c->closed;
     memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);

@@ -95,6 +95,7 @@ typedef struct rb_core_status {
     uint64_t affinity_hits, affinity_fallbacks;
     uint64_t ckpt_written, ckpt_failures, ckpt_too_large, checksum_failures;
     uint64_t recovery_dropped, recovery_entries_loaded;
+    uint64_t unverified, deferred_verified, deferred_dropped;
     int recovery_loaded, closed;
     char ckpt_error[256];
     rb_stats_snapshot io;
@@ -118,8 +119,11 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
                      size_t *n_stored, rb_err *err);
 /* Per key: ok = 1 when loaded; a miss is ok = 0, status = 0; a failed read, a short
  * destination or a checksum mismatch is ok = 0, status < 0 with err filled (the exception the
- * device would raise). Every read of the call has ended and the in-flight I/O count is back
- * when this returns. -ESHUTDOWN with RuntimeError text after close. */
+ * device would raise). A record recovered without header validation is judged by its first
+ * load (header read with the payload): a header that is not the key's is a miss and drops
+ * the record (recovery_dropped, deferred_dropped). Every read of the call has ended and the
+ * in-flight I/O count is back when this returns. -ESHUTDOWN with RuntimeError text after
+ * close. */
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err);
 void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
                          uint8_t *results);

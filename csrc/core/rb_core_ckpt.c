@@ -13,7 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rb_core_ident.h"
 
 /* ---- writer ---------------------------------------------------------------------------- */
 
@@ -212,28 +211,10 @@ typedef struct vjob {
     size_t lo, hi;
 } vjob;
 
-/*
- * Bytes of a slot header read to judge it. Validation needs the first RB_SUM_END (40) bytes
- * (magic, identity, length, checksum record); the rest of header_bytes is padding. Buffered
- * devices read one 64-byte line (a buffered 4 KiB read is a 4 KiB copy: ~1.7 us of the ~2 us
- * per header on the page cache). O_DIRECT devices keep the whole header: our O_DIRECT rule is
- * block_align-sized transfers, and on this path the request latency, not its size, dominates.
- * Same verdicts: every indexed slot lies wholly inside the device size checked at open
- * (slot < max_slots), so a prefix read succeeds exactly when the whole-header read does, and
- * the decoder looks at nothing past RB_SUM_END. (Only an I/O error confined to the unread
- * padding would now keep an entry the full read dropped; its payload is elsewhere.)
- */
-#define RB_HDR_PROBE 64u
-static size_t header_read_len(const rb_core *c)
-{
-    size_t hb = c->cfg.header_bytes;
-    return c->dev->odirect || hb < RB_HDR_PROBE ? hb : RB_HDR_PROBE;
-}
-
 static void read_header_into(rb_core *c, vitem *v, uint8_t *buf)
 {
     rb_err e;
-    size_t n = header_read_len(c);
+    size_t n = rb_header_read_len(c);
     v->hdr_ok = 0;
     if (rb_core_dev_read(c, rb_slot_offset(c, v->slot), buf, n, n, n, 0, &e) < 0)
         return;
@@ -289,7 +270,7 @@ static void read_headers_parallel(rb_core *c, vitem *items, size_t n)
 
 static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
 {
-    v->hdr_ok = rb_slot_header_decode(buf, header_read_len(c), &v->identity, &v->len, &v->has_sum, &v->sum) == 0;
+    v->hdr_ok = rb_slot_header_decode(buf, rb_header_read_len(c), &v->identity, &v->len, &v->has_sum, &v->sum) == 0;
 }
 
 /*
@@ -300,7 +281,7 @@ static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
  */
 static void read_headers_uring(rb_core *c, vitem *items, size_t n)
 {
-    const size_t hb = header_read_len(c); /* stride and read length of one header */
+    const size_t hb = rb_header_read_len(c); /* stride and read length of one header */
     size_t qd = c->cfg.queue_depth ? c->cfg.queue_depth : 1;
     size_t per_group = (4u << 20) / hb / qd;
     if (per_group < 1)
@@ -384,20 +365,21 @@ static int validate_entries(rb_core *c, int sequential)
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < k; i++) {
         vitem *v = &items[i];
-        uint64_t want;
-        int bad = !v->hdr_ok || rb_key_identity(c->cfg.key_namespace, v->key, v->key_len, &want) < 0 ||
-                  want != v->identity || v->len != v->size;
+        int bad = !v->hdr_ok || !rb_core_header_matches(c, v->key, v->key_len, v->size, v->identity, v->len);
         uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
         if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
             continue; /* changed meanwhile */
         rb_ent *e = &c->index.ents[p];
         if (bad) {
-            if (e->refcnt > 0)
-                c->locked_keys--;
-            rb_idx_remove_at(&c->index, p);
-            rb_slots_release(&c->slots, v->slot);
+            rb_core_drop_locked(c, p);
             dropped++;
-        } else if (v->has_sum) {
+            continue;
+        }
+        if (e->flags & RB_ENT_UNVERIFIED) {
+            e->flags &= (uint16_t)~RB_ENT_UNVERIFIED;
+            c->n_unverified--;
+        }
+        if (v->has_sum) {
             e->checksum = v->sum;
             e->flags |= RB_ENT_HAS_SUM;
         }
@@ -532,6 +514,7 @@ static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err
     pthread_mutex_lock(&c->mu);
     rb_idx_clear(&c->index);
     c->locked_keys = 0;
+    c->n_unverified = 0;
     if (rb_slots_reset(&c->slots, (uint32_t)next_slot) < 0) {
         pthread_mutex_unlock(&c->mu);
         free(used);
@@ -573,6 +556,9 @@ static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen,
     e->slot = slot;
     e->size = (uint64_t)size;
     e->cls = cls;
+    /* Judged by validate_entries right after (verify_on_load), else by its first load. */
+    e->flags |= RB_ENT_UNVERIFIED;
+    c->n_unverified++;
     used[slot] = 1;
     return 0;
 }

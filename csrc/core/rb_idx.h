@@ -18,6 +18,10 @@
 #define RB_ENT_DEAD 0x1u     /* hole in the array (deleted, awaiting compaction) */
 #define RB_ENT_HAS_SUM 0x2u  /* checksum holds the payload's xxh3-64 */
 #define RB_ENT_CANCELED 0x4u /* in-flight record whose key was deleted meanwhile */
+/* Index record recovered from a checkpoint without slot-header validation
+ * (meta_verify_on_load=False): its first load reads and judges the slot header before the
+ * payload counts as loaded, then clears the mark (or drops the record). */
+#define RB_ENT_UNVERIFIED 0x8u
 
 /* Blob layout: [int64 npos][npos x int64 positions][key bytes][NUL]; npos < 0 = null. */
 typedef struct rb_ent {

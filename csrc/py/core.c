@@ -172,6 +172,11 @@ static rb_core *core_of(PyObject *op)
     return ((CoreObject *)op)->core;
 }
 
+rb_core *rbpy_core_ptr(PyObject *op)
+{
+    return core_of(op);
+}
+
 /* ---- constructor / lifetime ------------------------------------------------------------ */
 
 static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -856,7 +861,8 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     RB_STATS_FIELDS(RBPY_IO)
 #undef RBPY_IO
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:s,s:N}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:s,"
+        "s:N}",
         "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes",
         st.container_bytes, "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count",
         st.free_slots, "indexed_key_count", st.indexed, "inflight_key_count", st.inflight_keys,
@@ -866,6 +872,8 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         st.affinity_fallbacks, "checkpoints_written", st.ckpt_written, "checkpoint_failures", st.ckpt_failures,
         "checkpoint_too_large_count", st.ckpt_too_large, "payload_checksum_failures", st.checksum_failures,
         "recovery_dropped_entries", st.recovery_dropped, "recovery_loaded_entries", st.recovery_entries_loaded,
+        "unverified_entry_count", st.unverified, "load_verified_entries", st.deferred_verified,
+        "load_dropped_entries", st.deferred_dropped,
         "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed", st.closed ? Py_True : Py_False,
         "checkpoint_last_error", st.ckpt_error, "io", io);
     return d;

@@ -276,6 +276,10 @@ class RawBlockCore:
             "checkpoint_too_large_count": st["checkpoint_too_large_count"],
             "checkpoint_last_error": st["checkpoint_last_error"] or None,
             "recovery_dropped_entries": st["recovery_dropped_entries"],
+            # meta_verify_on_load=False: records whose slot header is judged by their first load
+            "unverified_entry_count": st["unverified_entry_count"],
+            "load_verified_entries": st["load_verified_entries"],
+            "load_dropped_entries": st["load_dropped_entries"],
             "rust_io": st["io"],
         }
 
