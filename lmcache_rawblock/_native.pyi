@@ -1,6 +1,6 @@
 """Type stubs for the C extension lmcache_rawblock._native."""
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from os import PathLike
 from types import TracebackType
 
@@ -10,6 +10,12 @@ __version__: str
 
 def xxh3_64(data: Buffer, /) -> int: ...
 def probe_foreign(path: str | PathLike[str], /) -> str | None: ...
+def encode_legacy_keys(keys: Iterable[object], /) -> list[str]:
+    """``[k if isinstance(k, str) else k.to_string() for k in keys]``; LMCache's
+    CacheEngineKey / LayerCacheEngineKey are encoded in C (anything else calls to_string())."""
+def delete_legacy_keys(core: object, keys: Iterable[object], force: bool = False) -> int:
+    """``core`` is a ``_native.Core``: ``core.delete_many(encode_legacy_keys(keys), force).count(True)``
+    without creating the str objects."""
 
 class RawBlockDevice:
     """A raw block device or pre-sized file; drop-in for lmcache_rust_raw_block_io.RawBlockDevice."""

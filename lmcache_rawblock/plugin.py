@@ -27,8 +27,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from itertools import compress
 from typing import Any
 
+from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
     DEFAULT_IOURING_QUEUE_DEPTH,
@@ -428,20 +430,25 @@ class RustRawBlockBackend(StoragePluginInterface):
         return removed
 
     def batched_remove(self, keys: Any, force: bool = True) -> int:
-        """Remove many keys with one pin-lock section and one native ``delete_many`` call."""
-        keys = list(keys)
-        if not keys:
+        """Remove many keys with one pin-lock section and one native ``delete_many`` call.
+
+        Keys are encoded in C (``encode_legacy_keys``: LMCache's ``CacheEngineKey.to_string()``
+        layout; ``to_string()`` itself for any other key object). No per-key Python work unless
+        a key is pinned (pins to drop) or the policy is LRU (entries to forget).
+        """
+        encoded = encode_legacy_keys(keys)
+        if not encoded:
             return 0
-        encoded = [self._encode(k) for k in keys]
         with self._pin_lock:
             results = self._core.delete_many(encoded, force=force)
-            removed = [enc for enc, ok in zip(encoded, results) if ok]
-            self._pinned_keys.difference_update(removed)
-        self._lru_forget(removed)
-        return len(removed)
+            if self._pinned_keys:
+                self._pinned_keys.difference_update(compress(encoded, results))
+        if self.eviction_policy == "lru":
+            self._lru_forget(list(compress(encoded, results)))
+        return results.count(True)
 
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
-        encoded = [self._encode(k) for k in keys]
+        encoded = encode_legacy_keys(keys)
         hits = 0
         for ok in self._core.exists_many(encoded, lock=False):
             if not ok:
@@ -526,10 +533,14 @@ class RustRawBlockBackend(StoragePluginInterface):
     # ---- gets ---------------------------------------------------------------------------
 
     def _batched_get_prefix(self, keys: list) -> list:
-        encoded = [self._encode(k) for k in keys]
+        encoded = encode_legacy_keys(keys)
         with self._pin_lock:
-            metas = self._core.get_metadata_prefix(encoded, lock=True, skip_locked=set(self._pinned_keys))
-            locked = [enc for enc in encoded[: len(metas)] if enc not in self._pinned_keys]
+            pinned = self._pinned_keys
+            metas = self._core.get_metadata_prefix(encoded, lock=True, skip_locked=pinned or None)
+            if pinned:
+                locked = [enc for enc in encoded[: len(metas)] if enc not in pinned]
+            else:
+                locked = encoded[: len(metas)]
         allocated: list = []
         try:
             for meta in metas:

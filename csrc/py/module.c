@@ -171,6 +171,12 @@ static PyObject *rbpy_probe_foreign(PyObject *mod, PyObject *arg)
 }
 
 static PyMethodDef rbpy_functions[] = {
+    {"encode_legacy_keys", rbpy_encode_legacy_keys, METH_O,
+     "encode_legacy_keys(keys) -> list[str]: `k if isinstance(k, str) else k.to_string()` for every key, "
+     "LMCache's CacheEngineKey / LayerCacheEngineKey encoded in C (anything else through to_string())."},
+    {"delete_legacy_keys", (PyCFunction)(void (*)(void))rbpy_delete_legacy_keys, METH_FASTCALL | METH_KEYWORDS,
+     "delete_legacy_keys(core, keys, force=False) -> int: core.delete_many(encode_legacy_keys(keys), force)"
+     ".count(True), without creating the encoded str objects."},
     {"probe_foreign", rbpy_probe_foreign, METH_O,
      "probe_foreign(path) -> str | None: a description of the file system or partition table that "
      "libblkid finds on path, or None."},

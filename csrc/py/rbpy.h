@@ -67,4 +67,12 @@ void rbpy_uring_batches_free(RawBlockDeviceObject *self);
 /* core.c: the native raw-block core type (_native.Core). */
 extern PyType_Spec rbpy_core_spec;
 
+/* The rb_core of a _native.Core (the caller has checked the type). */
+struct rb_core *rbpy_core_ptr(PyObject *core);
+
+/* keys.c: encode_legacy_keys(keys) -> list[str], LMCache's CacheEngineKey.to_string() in C;
+ * delete_legacy_keys(core, keys, force=False) -> int, the same keys deleted without str objects. */
+PyObject *rbpy_encode_legacy_keys(PyObject *mod, PyObject *keys);
+PyObject *rbpy_delete_legacy_keys(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
 #endif /* RBPY_H */
