@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
-from ._native import encode_legacy_keys
+from ._native import delete_legacy_keys, encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
     DEFAULT_IOURING_QUEUE_DEPTH,
@@ -430,16 +430,23 @@ class RustRawBlockBackend(StoragePluginInterface):
         return removed
 
     def batched_remove(self, keys: Any, force: bool = True) -> int:
-        """Remove many keys with one pin-lock section and one native ``delete_many`` call.
+        """Remove many keys with one pin-lock section and one native delete of all of them.
 
-        Keys are encoded in C (``encode_legacy_keys``: LMCache's ``CacheEngineKey.to_string()``
-        layout; ``to_string()`` itself for any other key object). No per-key Python work unless
-        a key is pinned (pins to drop) or the policy is LRU (entries to forget).
+        Keys are encoded in C (LMCache's ``CacheEngineKey.to_string()`` layout; ``to_string()``
+        itself for any other key object). When nothing is pinned and the policy is not LRU, the
+        encoding and the core's delete happen in one native call; otherwise the encoded keys are
+        kept to drop the removed ones from the pinned set / LRU list.
         """
-        encoded = encode_legacy_keys(keys)
-        if not encoded:
+        if not isinstance(keys, (list, tuple)):
+            keys = list(keys)
+        if not keys:
             return 0
         with self._pin_lock:
+            if not self._pinned_keys and self.eviction_policy != "lru":
+                # Nothing to reconcile afterwards: encode into one C buffer and delete in the
+                # same native call (no str objects, GIL released for the whole batch).
+                return delete_legacy_keys(self._core._native, keys, force)
+            encoded = encode_legacy_keys(keys)
             results = self._core.delete_many(encoded, force=force)
             if self._pinned_keys:
                 self._pinned_keys.difference_update(compress(encoded, results))
