@@ -72,7 +72,7 @@ SUITES: dict[str, SuiteSettings] = {
     ),
     "quick": SuiteSettings(
         name="quick", sizes=list(DEFAULT_SIZES), repeats=7, target_batch_s=0.01, min_calls=3,
-        max_calls=20000, region=128 * MiB, uring_depths=[32], fio_runtime_s=1.0,
+        max_calls=20000, region=128 * MiB, uring_depths=[32], fio_runtime_s=0.5, fio_passes=1,
     ),
     "full": SuiteSettings(
         name="full", sizes=list(DEFAULT_SIZES), repeats=15, target_batch_s=0.04, min_calls=5,

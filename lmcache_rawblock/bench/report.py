@@ -107,7 +107,8 @@ def print_summary(results: dict, file: IO[str] | None = None) -> None:
             p(f"limit (fio): {limit.get('error')}")
         else:
             p("limit: fio --ioengine=io_uring --direct=1, sequential, same file/region/block sizes "
-              f"(best of {limit.get('passes', 1)} passes, run after the other parts: fractions are indicative)")
+              f"({'best of ' + str(limit['passes']) + ' passes' if limit.get('passes', 1) > 1 else 'one pass'}, "
+              "run after the other parts: fractions are indicative)")
             for e in limit.get("errors", []):
                 p(f"  {e}")
             rows = [[r["rw"], fmt_size(r["size"]), str(r["depth"]), fmt_rate(r["bw_bytes"]),
