@@ -533,14 +533,19 @@ done:
 
 /* ---- index queries --------------------------------------------------------------------- */
 
-static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* exists_many(keys, lock=False) and delete_many(keys, force=False): a key list and one flag
+ * in, one bool per key out; the GIL is released for more than RBPY_NOGIL_KEYS keys. */
+typedef void (*keys_flag_fn)(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int flag,
+                             uint8_t *results);
+
+static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *const names[2], keys_flag_fn fn,
+                                PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"keys", "lock"};
     PyObject *a[2];
-    if (rbpy_unpack("exists_many", names, 2, 1, args, nargs, kwnames, a) < 0)
+    if (rbpy_unpack(fname, names, 2, 1, args, nargs, kwnames, a) < 0)
         return NULL;
-    int lock = a[1] ? PyObject_IsTrue(a[1]) : 0;
-    if (lock < 0)
+    int flag = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (flag < 0)
         return NULL;
     keyvec kv;
     if (keyvec_from(a[0], &kv) < 0)
@@ -552,10 +557,10 @@ static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_
     } else {
         if (kv.n > RBPY_NOGIL_KEYS) {
             Py_BEGIN_ALLOW_THREADS
-            rb_core_exists_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, r);
+            fn(core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
             Py_END_ALLOW_THREADS
         } else {
-            rb_core_exists_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, r);
+            fn(core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
         }
         ret = bool_list(r, kv.n);
     }
@@ -564,35 +569,16 @@ static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_
     return ret;
 }
 
+static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "lock"};
+    return keys_flag_call(op, "exists_many", names, rb_core_exists_many, args, nargs, kwnames);
+}
+
 static PyObject *core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "force"};
-    PyObject *a[2];
-    if (rbpy_unpack("delete_many", names, 2, 1, args, nargs, kwnames, a) < 0)
-        return NULL;
-    int force = a[1] ? PyObject_IsTrue(a[1]) : 0;
-    if (force < 0)
-        return NULL;
-    keyvec kv;
-    if (keyvec_from(a[0], &kv) < 0)
-        return NULL;
-    uint8_t *r = PyMem_Calloc(kv.n ? kv.n : 1, 1);
-    PyObject *ret = NULL;
-    if (!r) {
-        PyErr_NoMemory();
-    } else {
-        if (kv.n > RBPY_NOGIL_KEYS) {
-            Py_BEGIN_ALLOW_THREADS
-            rb_core_delete_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, force, r);
-            Py_END_ALLOW_THREADS
-        } else {
-            rb_core_delete_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, force, r);
-        }
-        ret = bool_list(r, kv.n);
-    }
-    PyMem_Free(r);
-    keyvec_free(&kv);
-    return ret;
+    return keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
 }
 
 static PyObject *core_unlock_many(PyObject *op, PyObject *keys)
