@@ -158,11 +158,17 @@ def from_core_md(text: str, source: str) -> list[dict]:
                 out.append(row("4", f"open/recovery 100k entries ({r[0]}): ≥ 10x faster than LMCache's",
                                f"{_x(v)} ({r[1]} vs {r[2]} s)", v, 10, True, source, cmd))
         elif head[:2] == ["engine", "op"] and "lmcache / ours" in joined:
-            c = _col(head, "lmcache / ours")
+            if "medium" in head:  # engine | op | medium | ours CPU | LMCache CPU | ratio | met? | wall ...
+                c, o, lm = _col(head, "lmcache / ours", "cpu"), _col(head, "ours cpu"), _col(head, "lmcache cpu")
+                m, w = head.index("medium"), _col(head, "lmcache / ours", "wall")
+            else:  # the older form: engine | op | ours | LMCache core | ratio | met?
+                c, o, lm, m, w = _col(head, "lmcache / ours"), 2, 3, None, None
             for r in body:
                 v = _num(r[c])
-                out.append(row("4", f"per-key CPU {r[1]} 64x64KiB ({r[0]}): ≥ 5x lower than LMCache's",
-                               f"{_x(v)} ({r[2]} vs {r[3]} µs/key)", v, 5, True, source, cmd))
+                where = r[0] if m is None else f"{r[0]}, {r[m]}"
+                wall = "" if w is None else f"; wall {_x(_num(r[w]))}"
+                out.append(row("4", f"per-key CPU {r[1]} 64x64KiB ({where}): ≥ 5x lower than LMCache's",
+                               f"{_x(v)} ({r[o]} vs {r[lm]} µs/key CPU{wall})", v, 5, True, source, cmd))
     m = re.search(r"\*\*([\d.]+) bytes/entry\*\*", text)
     if m:
         v = float(m.group(1))

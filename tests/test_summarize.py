@@ -48,6 +48,20 @@ Command: `.venv/bin/python benchmarks/bench_core.py --reps 3`
 | posix | 0.810 | 2.459 | 3.0× | no |
 
 Index memory: **160.5 bytes/entry** (target ≤ 150 + key bytes: not met).
+
+## Per-key CPU cost, 64 × 64 KiB
+
+| engine | op | medium | ours CPU | LMCache CPU | LMCache / ours CPU (target ≥ 5×) | met? | ours wall | LMCache wall | LMCache / ours wall |
+|---|---|---|---|---|---|---|---|---|---|
+| posix | put | page cache | 20.0 | 44.0 | 2.2× | no | 21.0 | 40.0 | 1.9× |
+| io_uring | load | O_DIRECT | 10.0 | 60.0 | 6.0× | yes | 70.0 | 77.0 | 1.1× |
+"""
+
+CPU_MD_OLD = """Command: `python benchmarks/bench_core.py`
+
+| engine | op | ours | LMCache core | LMCache / ours (target ≥ 5×) | met? |
+|---|---|---|---|---|---|
+| posix | put | 20.6 | 45.0 | 2.2× | no |
 """
 
 PLUGIN_MD = """# Plugin
@@ -128,6 +142,18 @@ def test_collect_judges_each_source(tree):
     rem = by_target(rows, "override ≥ 10x", "plugin.md")
     assert rem["ratio"] == 11.3 and rem["met"] == "met"  # the ours row, not LMCache's 1.38x
     assert [r["issue"] for r in rows] == sorted((r["issue"] for r in rows), key=int)
+
+
+def test_per_key_cpu_rows_name_the_medium_and_carry_wall():
+    rows = summarize.from_core_md(CORE_MD, "core.md")
+    pc = by_target(rows, "per-key CPU put 64x64KiB (posix, page cache)")
+    assert pc["ratio"] == 2.2 and pc["met"] == "not met"
+    assert pc["measured"] == "2.20x (20.0 vs 44.0 µs/key CPU; wall 1.90x)"
+    od = by_target(rows, "per-key CPU load 64x64KiB (io_uring, O_DIRECT)")
+    assert od["ratio"] == 6.0 and od["met"] == "met"
+    # the older table without medium and wall columns still reads
+    old = by_target(summarize.from_core_md(CPU_MD_OLD, "core.md"), "per-key CPU put 64x64KiB (posix)")
+    assert old["ratio"] == 2.2 and old["measured"] == "2.20x (20.6 vs 45.0 µs/key CPU)"
 
 
 def test_cli_snapshot_rows_carry_competitor_and_skip_unmeasured(tree):
