@@ -27,6 +27,7 @@ struct rbpy_uring_batches {
     uint64_t next_id;
     size_t cap; /* power of two */
     size_t count;
+    size_t reserved; /* slots promised by table_reserve to callers not yet in table_put_raw */
     struct rbpy_slot *slots;
 };
 
@@ -72,11 +73,21 @@ static void table_put_raw(rbpy_uring_batches *t, uint64_t id, rb_batch *b)
     t->count++;
 }
 
-/* Make room for one more entry (load factor <= 1/2). */
+/* Insert an entry whose slot table_reserve promised (the GIL may have been released since). */
+static void table_put_reserved(rbpy_uring_batches *t, uint64_t id, rb_batch *b)
+{
+    t->reserved--;
+    table_put_raw(t, id, b);
+}
+
+/* Make room for one more entry (load factor <= 1/2), counting the entries other callers
+ * reserved and will insert after releasing and re-taking the GIL. */
 static int table_reserve(rbpy_uring_batches *t)
 {
-    if (t->cap && (t->count + 1) * 2 <= t->cap)
+    if (t->cap && (t->count + t->reserved + 1) * 2 <= t->cap) {
+        t->reserved++;
         return 0;
+    }
     size_t ncap = t->cap ? t->cap * 2 : 16;
     struct rbpy_slot *old = t->slots;
     size_t ocap = t->cap;
@@ -92,6 +103,7 @@ static int table_reserve(rbpy_uring_batches *t)
         if (old[i].id)
             table_put_raw(t, old[i].id, old[i].b);
     PyMem_Free(old);
+    t->reserved++;
     return 0;
 }
 
@@ -290,12 +302,13 @@ static PyObject *queue_batch(RawBlockDeviceObject *self, rb_batch *b)
         (void)rb_uring_submit(u, b); /* refused: every entry reports "io_uring worker stopped" */
     Py_END_ALLOW_THREADS
     if (rc < 0) {
+        t->reserved--;
         batch_release(b);
         rb_dev_leave(dev);
         return rbpy_raise_err(&err);
     }
     uint64_t id = t->next_id++;
-    table_put_raw(t, id, b);
+    table_put_reserved(t, id, b);
     rb_dev_leave(dev);
     return PyLong_FromUnsignedLongLong(id);
 }
