@@ -66,3 +66,33 @@ def test_batch_table_survives_many_threads_queueing_at_once(tmp_path):
     for _ in range(2):
         r = run_child(code, timeout=30)
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("method", ["batched_write", "batched_read"])
+def test_close_from_index_callback_does_not_deadlock(tmp_path, method):
+    """batched_write/batched_read took the device user reference (rb_dev_enter) before
+    converting offsets/total_lens with __index__. Python code run there that closes the
+    device (directly or from a finaliser) waited in rb_dev_close for its own thread's
+    reference to go away: a self-deadlock. Now the reference is taken after every number is
+    converted; the call reports the closed device instead."""
+    path = tmp_path / "dev.bin"
+    with open(path, "wb") as f:
+        f.truncate(1 << 20)
+    code = f"""
+        from lmcache_rawblock import RawBlockDevice
+        dev = RawBlockDevice({str(path)!r}, True, io_engine="io_uring", iouring_queue_depth=8)
+        class Evil:
+            def __index__(self):
+                dev.close()
+                return 0
+        try:
+            dev.{method}([Evil()], [bytearray(4096)], [4096])
+        except RuntimeError as e:
+            print(e)
+        else:
+            print("no error")
+        assert dev.closed
+    """
+    r = run_child(code, timeout=20)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "device is closed"

@@ -359,9 +359,11 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
         goto done;
     if (a[4] && a[4] != Py_None && !(pays = as_seq(a[4], "payload_lens")))
         goto done;
+    /* Entry checks first (their errors come first); the user reference only once no more
+     * Python code (__index__) runs: code there that closes the device would wait for it. */
     if (enter_uring(self) < 0)
         goto done;
-    entered = 1;
+    rb_dev_leave(self->dev);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(offs);
     if (PySequence_Fast_GET_SIZE(bufs) != n || PySequence_Fast_GET_SIZE(tots) != n) {
         PyErr_SetString(PyExc_ValueError, "All vectors must have same length");
@@ -408,6 +410,9 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             goto done;
         }
     }
+    if (enter_uring(self) < 0)
+        goto done;
+    entered = 1;
     batch_ext *ext = b->user;
     for (Py_ssize_t i = 0; i < n; i++) {
         rb_req *r = &b->reqs[i];
@@ -454,9 +459,11 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
     if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) ||
         !(tots = as_seq(a[2], "total_lens")))
         goto done;
+    /* Entry checks first (their errors come first); the user reference only once no more
+     * Python code (__index__) runs: code there that closes the device would wait for it. */
     if (enter_uring(self) < 0)
         goto done;
-    entered = 1;
+    rb_dev_leave(self->dev);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(offs);
     if (PySequence_Fast_GET_SIZE(bufs) != n || PySequence_Fast_GET_SIZE(tots) != n) {
         PyErr_SetString(PyExc_ValueError, "All vectors must have same length");
@@ -474,6 +481,9 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
             item_size(PySequence_Fast_GET_ITEM(tots, i), "total_lens", &r->total_len) < 0)
             goto done;
     }
+    if (enter_uring(self) < 0)
+        goto done;
+    entered = 1;
     batch_ext *ext = b->user;
     rb_err err;
     for (Py_ssize_t i = 0; i < n; i++) {
