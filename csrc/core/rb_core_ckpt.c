@@ -508,21 +508,29 @@ static int check_top(rb_core *c, const top_view *t, int64_t *next_slot, rb_err *
 /* Clear the index and slots for a new state (takes mu; returns with it held on success). */
 static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err *err)
 {
-    uint8_t *used = calloc((size_t)next_slot + 1, 1);
-    if (!used)
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     pthread_mutex_lock(&c->mu);
+    /* Slots reserved by puts in flight stay reserved, also those at or beyond the state's
+     * next_slot: the allocator's next_slot moves past them, or it would hand them out again
+     * while the put still commits its key there. */
+    int64_t top = next_slot;
+    for (uint32_t p = 0; p < c->inflight.n_ents; p++)
+        if (!(c->inflight.ents[p].flags & RB_ENT_DEAD) && c->inflight.ents[p].slot >= (uint64_t)top)
+            top = (int64_t)c->inflight.ents[p].slot + 1;
+    uint8_t *used = calloc((size_t)top + 1, 1);
+    if (!used) {
+        pthread_mutex_unlock(&c->mu);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
     rb_idx_clear(&c->index);
     c->locked_keys = 0;
     c->n_unverified = 0;
-    if (rb_slots_reset(&c->slots, (uint32_t)next_slot) < 0) {
+    if (rb_slots_reset(&c->slots, (uint32_t)top) < 0) {
         pthread_mutex_unlock(&c->mu);
         free(used);
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     }
-    /* Slots reserved by puts in flight stay reserved. */
     for (uint32_t p = 0; p < c->inflight.n_ents; p++)
-        if (!(c->inflight.ents[p].flags & RB_ENT_DEAD) && c->inflight.ents[p].slot < (uint64_t)next_slot)
+        if (!(c->inflight.ents[p].flags & RB_ENT_DEAD))
             used[c->inflight.ents[p].slot] = 1;
     *used_out = used;
     return 0;
@@ -564,9 +572,9 @@ static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen,
 }
 
 /* Free the unclaimed slots, reset the dirty state, drop mu; then validate if configured. */
-static int apply_end(rb_core *c, uint8_t *used, int64_t next_slot, uint64_t loaded, int oom, rb_err *err)
+static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, int oom, rb_err *err)
 {
-    for (uint32_t s = 0; s < (uint32_t)next_slot; s++)
+    for (uint32_t s = 0; s < c->slots.next_slot; s++) /* the state's, or past the in-flight slots */
         if (!used[s])
             rb_slots_release(&c->slots, s);
     c->dirty_total = 0;
@@ -664,7 +672,7 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             loaded++;
         }
     }
-    return apply_end(c, used, next_slot, loaded, oom, err);
+    return apply_end(c, used, loaded, oom, err);
 }
 
 static int same_class(const rb_fstate *fs, const rb_fent *a, const rb_fent *b)
@@ -743,7 +751,7 @@ static int apply_fstate(rb_core *c, const rb_fstate *fs, rb_err *err)
         }
         loaded++;
     }
-    return apply_end(c, used, next_slot, loaded, oom, err);
+    return apply_end(c, used, loaded, oom, err);
 }
 
 int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err)
