@@ -135,3 +135,46 @@ def test_state_applied_during_put_keeps_the_inflight_slot_reserved(tmp_path):
         finally:
             c.close()
     pytest.skip("never caught the put in flight")
+
+
+def test_put_many_metas_list_mutated_during_put(tmp_path):
+    """put_many kept the dtype/fmt strings borrowed from the caller's metas *list* (PySequence_Fast
+    returns the list itself) while the core ran without the GIL. Another thread replacing a
+    list item freed the tuple and its strings; the core then interned freed memory as the
+    key's dtype (heap-use-after-free under ASan; garbage metadata otherwise). Now a list is
+    copied to a tuple, which keeps every item alive for the call."""
+    code = """
+        import sys, threading, tempfile, pathlib
+        sys.path.insert(0, %r)
+        from core_helpers import HEADER, META, MiB, make_core, make_device, okey
+        d = pathlib.Path(tempfile.mkdtemp())
+        SL = 64 * MiB
+        path = make_device(d, size=META + 4 * SL)
+        c = make_core(path, slot_bytes=SL)
+        n = c._native
+        k0, k1 = okey(1).encoded, okey(2).encoded
+        big = bytearray(SL - HEADER)
+        dt = "".join(chr(97 + (i %% 26)) for i in range(4000))  # malloc-backed, owned by the tuple only
+        metas = [("uint8", "BINARY", None, None), (dt, "BINARY", None, None)]
+        del dt
+        def put():
+            n.put_many([k0, k1], [1, 2], [big, bytearray(10)], [None, None], metas)
+        t = threading.Thread(target=put)
+        t.start()
+        seen = False
+        while t.is_alive() and not seen:
+            seen = n.exists_inflight(k0)
+        metas[1] = None  # the second key is reserved (and its dtype read) after the first's write
+        junk = ["Z" * (3999 + (i > -1)) for i in range(50)]
+        t.join()
+        (_, _, _, dtype) = n.get_metadata_many([k1])[0][:4]
+        print("seen" if seen else "missed", dtype == "".join(chr(97 + (i %% 26)) for i in range(4000)))
+        c.close()
+    """ % (os.path.dirname(os.path.abspath(__file__)),)
+    for _ in range(5):
+        r = run_child(code, timeout=60)
+        assert r.returncode == 0, r.stderr[-3000:]
+        if r.stdout.split()[0] == "seen":
+            assert r.stdout.split()[1] == "True", r.stdout
+            return
+    pytest.skip("never caught the put in flight")

@@ -354,6 +354,14 @@ static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t n
     metas = PySequence_Fast(a[4], "metas must be a sequence");
     if (!ids || !bufs || !pids || !metas)
         goto done;
+    if (PyList_Check(metas)) {
+        /* dtype/fmt are borrowed from the meta tuples while the core runs without the GIL: a
+         * tuple copy keeps them alive if another thread changes the caller's list meanwhile. */
+        PyObject *t = PyList_AsTuple(metas);
+        Py_SETREF(metas, t);
+        if (!metas)
+            goto done;
+    }
     if (PySequence_Fast_GET_SIZE(ids) != n || PySequence_Fast_GET_SIZE(bufs) != n ||
         PySequence_Fast_GET_SIZE(pids) != n || PySequence_Fast_GET_SIZE(metas) != n) {
         PyErr_SetString(PyExc_ValueError, "put_many arguments must have equal lengths");
