@@ -178,3 +178,45 @@ def test_put_many_metas_list_mutated_during_put(tmp_path):
             assert r.stdout.split()[1] == "True", r.stdout
             return
     pytest.skip("never caught the put in flight")
+
+
+def test_revalidation_does_not_stamp_an_old_checksum_on_a_reput_key(tmp_path):
+    """validate_entries (recovery validation after apply_state, the _revalidate hook) reads
+    slot headers without the lock and then applied each verdict to the key's record if it
+    still had the same slot. A key deleted and put again meanwhile gets the same slot back
+    (LIFO reuse), so the old header's checksum was stamped on the new record and the new,
+    valid payload failed every load with "payload checksum mismatch". Now a record whose
+    size, checksum or verification flags changed since the snapshot is left alone."""
+    import threading
+
+    from core_helpers import META, Obj, make_core, make_device, okey
+
+    path = make_device(tmp_path, size=META + 30000 * 8192)
+    c = make_core(path, slot_bytes=8192, verify_payload_checksum=True)
+    try:
+        n = c._native
+        k = okey(0)
+        c.put_many([k], [Obj(b"A" * 100)])
+        others = [okey(i) for i in range(1, 20000)]  # the sequential reader reads k's header first
+        c.put_many(others, [Obj(b"x" * 10) for _ in others])
+        off = c.entry_offset(k.encoded)
+        for _ in range(5):
+            th = threading.Thread(target=lambda: n._revalidate(True))
+            th.start()
+            while n.status()["inflight_io_count"] == 0 and th.is_alive():
+                pass
+            c.delete_many([k.encoded])
+            c.put_many([k], [Obj(b"B" * 100)])
+            raced = th.is_alive()
+            th.join()
+            assert c.entry_offset(k.encoded) == off
+            out = Obj(100)
+            assert c.load_many_into([k.encoded], [out]) == [True]
+            assert out.bytes() == b"B" * 100
+            if raced:
+                return
+            c.delete_many([k.encoded])
+            c.put_many([k], [Obj(b"A" * 100)])
+        pytest.skip("revalidation finished before the re-put")
+    finally:
+        c.close()

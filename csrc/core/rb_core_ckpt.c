@@ -200,6 +200,8 @@ typedef struct vitem {
     size_t key_len;
     uint32_t slot;
     uint64_t size;
+    uint64_t checksum; /* the record's checksum and flags at the snapshot */
+    uint16_t flags;
     /* results */
     int hdr_ok, has_sum;
     uint64_t identity, len, sum;
@@ -346,6 +348,8 @@ static int validate_entries(rb_core *c, int sequential)
         items[k].key_len = e->key_len;
         items[k].slot = e->slot;
         items[k].size = e->size;
+        items[k].checksum = e->checksum;
+        items[k].flags = e->flags;
         k++;
     }
     if (k)
@@ -370,6 +374,11 @@ static int validate_entries(rb_core *c, int sequential)
         if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
             continue; /* changed meanwhile */
         rb_ent *e = &c->index.ents[p];
+        /* Deleted and put again (LIFO slot reuse gives it the same slot), or judged by a
+         * load: the header read above may be the old record's. */
+        if (e->size != v->size || e->checksum != v->checksum ||
+            ((e->flags ^ v->flags) & (RB_ENT_HAS_SUM | RB_ENT_UNVERIFIED)))
+            continue;
         if (bad) {
             rb_core_drop_locked(c, p);
             dropped++;
