@@ -342,6 +342,22 @@ static PyObject *fresh_id(RawBlockDeviceObject *self)
     return PyLong_FromUnsignedLongLong(t->next_id++);
 }
 
+/* Offsets, total lengths and (writes) payload lengths of every request, in entry order:
+ * payload_len defaults to total_len. */
+static int batch_numbers(rb_batch *b, PyObject *offs, PyObject *tots, PyObject *pays)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        rb_req *r = &b->reqs[i];
+        if (item_u64(PySequence_Fast_GET_ITEM(offs, i), "offsets", &r->cur_off) < 0 ||
+            item_size(PySequence_Fast_GET_ITEM(tots, i), "total_lens", &r->total_len) < 0)
+            return -1;
+        r->payload_len = r->total_len;
+        if (pays && item_size(PySequence_Fast_GET_ITEM(pays, i), "payload_lens", &r->payload_len) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"offsets", "buffers", "total_lens", "placement_ids", "payload_lens"};
@@ -389,15 +405,8 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
     if (!(b = new_batch(n)))
         goto done;
     /* Numbers first, checked before any buffer is touched (as LMCache does). */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        rb_req *r = &b->reqs[i];
-        if (item_u64(PySequence_Fast_GET_ITEM(offs, i), "offsets", &r->cur_off) < 0 ||
-            item_size(PySequence_Fast_GET_ITEM(tots, i), "total_lens", &r->total_len) < 0)
-            goto done;
-        r->payload_len = r->total_len;
-        if (pays && item_size(PySequence_Fast_GET_ITEM(pays, i), "payload_lens", &r->payload_len) < 0)
-            goto done;
-    }
+    if (batch_numbers(b, offs, tots, pays) < 0)
+        goto done;
     rb_err err;
     for (Py_ssize_t i = 0; i < n; i++) {
         rb_req *r = &b->reqs[i];
@@ -475,12 +484,8 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
     }
     if (!(b = new_batch(n)))
         goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        rb_req *r = &b->reqs[i];
-        if (item_u64(PySequence_Fast_GET_ITEM(offs, i), "offsets", &r->cur_off) < 0 ||
-            item_size(PySequence_Fast_GET_ITEM(tots, i), "total_lens", &r->total_len) < 0)
-            goto done;
-    }
+    if (batch_numbers(b, offs, tots, NULL) < 0)
+        goto done;
     if (enter_uring(self) < 0)
         goto done;
     entered = 1;
