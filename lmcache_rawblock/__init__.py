@@ -11,53 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import raw_block as _raw_block
 from ._native import RawBlockDevice, __version__
-from .raw_block import (
-    DEFAULT_IOURING_QUEUE_DEPTH,
-    RAW_BLOCK_IO_ENGINES,
-    NativeQuiescence,
-    RawBlockCloseOutcome,
-    RawBlockCore,
-    RawBlockCoreConfig,
-    RawBlockKeyNamespace,
-    RawBlockKeySpec,
-    RawBlockPutManyResult,
-    decode_legacy_key,
-    decode_object_key,
-    encode_legacy_key,
-    encode_object_key,
-    normalize_raw_block_io_engine,
-    normalize_raw_block_placement_ids,
-    object_key_to_string,
-    round_up,
-    slot_identity_from_encoded_key,
-    validate_raw_block_io_options,
-)
+from .raw_block import *  # noqa: F403  (the raw_block package's __all__: LMCache's API)
 
-__all__ = [
-    "DEFAULT_IOURING_QUEUE_DEPTH",
-    "NativeQuiescence",
-    "RAW_BLOCK_IO_ENGINES",
-    "RawBlockCloseOutcome",
-    "RawBlockCore",
-    "RawBlockCoreConfig",
-    "RawBlockDevice",
-    "RawBlockKeyNamespace",
-    "RawBlockKeySpec",
-    "RawBlockPutManyResult",
-    "RustRawBlockBackend",
-    "__version__",
-    "decode_legacy_key",
-    "decode_object_key",
-    "encode_legacy_key",
-    "encode_object_key",
-    "normalize_raw_block_io_engine",
-    "normalize_raw_block_placement_ids",
-    "object_key_to_string",
-    "round_up",
-    "slot_identity_from_encoded_key",
-    "validate_raw_block_io_options",
-]
+__all__ = ["RawBlockDevice", "RustRawBlockBackend", "__version__", *_raw_block.__all__]
 
 
 def __getattr__(name: str) -> Any:
