@@ -16,6 +16,8 @@ def encode_legacy_keys(keys: Iterable[object], /) -> list[str]:
 def delete_legacy_keys(core: object, keys: Iterable[object], force: bool = False) -> int:
     """``core`` is a ``_native.Core``: ``core.delete_many(encode_legacy_keys(keys), force).count(True)``
     without creating the str objects."""
+def _forget_key_plans() -> None:
+    """Drop the cached key-encoding plans (tests: the next call re-checks against to_string())."""
 
 class RawBlockDevice:
     """A raw block device or pre-sized file; drop-in for lmcache_rust_raw_block_io.RawBlockDevice."""

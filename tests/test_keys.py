@@ -6,8 +6,9 @@ The C fast path only applies to classes named ``lmcache.utils.CacheEngineKey`` /
 here under the module name ``lmcache.utils`` (their ``to_string`` written from the documented
 format, see ``_FAKE_SOURCE``); the tests marked ``lmcache`` (``make test-lmcache``) compare
 against the real classes. Whether the fast path ran is observed by counting ``to_string``
-calls with ``sys.setprofile``: the fast path calls it once per call and key shape (its check),
-the fallback once per key.
+calls with ``sys.setprofile``: the fast path calls it once per class and key shape (its check,
+remembered across calls until the class changes or ``_native._forget_key_plans()``), the
+fallback once per key.
 """
 
 from __future__ import annotations
@@ -173,19 +174,64 @@ def test_fake_lmcache_keys_without_slots_random(seed):
 
 
 def test_fast_path_is_taken_for_lmcache_shaped_keys():
+    _native._forget_key_plans()
     keys = [FakeKey("m", 1, 0, i, "bfloat16") for i in range(50)]
     with CountToString() as c:
         got = _native.encode_legacy_keys(keys)
     assert got == expected(keys)
     assert c.n == 1, "one to_string() to check the first key, none for the others"
-    # each (type, hash kind, tags or not) combination is checked once per call
+    # each (type, hash kind, tags or not) combination is checked once: here the three new ones
     mixed = keys + [FakeKey("m", 1, 0, b"\x01\x02", "half"),
                     FakeKey("m", 1, 0, 5, "half", {"lmcache.tag.a": "b"}),
                     FakeLayerKey("m", 1, 0, 5, "half", layer_id=3)] * 3
     with CountToString() as c:
         got = _native.encode_legacy_keys(mixed)
     assert got == expected(mixed)
+    assert c.n == 3
+    # later calls reuse the checked plans
+    want = expected(mixed)
+    with CountToString() as c:
+        got = _native.encode_legacy_keys(mixed)
+    assert got == want
+    assert c.n == 0
+    _native._forget_key_plans()
+    with CountToString() as c:
+        got = _native.encode_legacy_keys(mixed)
+    assert got == want
     assert c.n == 4
+
+
+def test_cached_plan_is_rechecked_when_the_class_changes():
+    """A plan is reused only while the class (its version tag) and to_string's code are the
+    ones it was checked against."""
+    ns = {"__name__": "lmcache.utils"}
+    exec(compile(_FAKE_SOURCE.replace("SLOTS", "True"), "<own lmcache.utils>", "exec", dont_inherit=True), ns)
+    K = ns["CacheEngineKey"]
+    keys = [K("m", 1, 0, i, "half") for i in range(4)]
+    want = expected(keys)
+    with CountToString() as c:
+        got = [_native.encode_legacy_keys(keys), _native.encode_legacy_keys(keys)]
+    assert got == [want, want]
+    assert c.n == 1
+    K.unrelated = 1  # any change to the class invalidates its version tag
+    with CountToString() as c:
+        got = _native.encode_legacy_keys(keys)
+    assert got == want
+    assert c.n == 1
+    # same function object, different code: re-checked, the mismatch is found and warned
+    alt = {"__name__": "lmcache.utils"}
+    exec(compile(_FAKE_SOURCE.replace("SLOTS", "True").replace('"@".join([', '"#".join(['),
+                 "<alt lmcache.utils>", "exec", dont_inherit=True), alt)
+    K.to_string.__code__ = alt["CacheEngineKey"].to_string.__code__
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = _native.encode_legacy_keys(keys)
+    assert got == [f"m#1#0#{i:x}#half" for i in range(4)]
+    assert any(issubclass(x.category, RuntimeWarning) for x in w)
+    with CountToString() as c:
+        got = _native.encode_legacy_keys(keys)
+    assert got == [f"m#1#0#{i:x}#half" for i in range(4)]
+    assert c.n == 4, "the class now stays on to_string()"
 
 
 def test_known_values():
@@ -442,6 +488,7 @@ def test_real_lmcache_every_dtype_and_shape_takes_the_fast_path(lmc):
             for h in (0x1234, -5, 2**64 + 3, b"\x01\xfe"):
                 for cfg in (None, {"lmcache.tag.user": "alice", "lmcache.tag.é": "@%"}):
                     keys = [cls("model/é@x", 4, 2, h, dtype, cfg, **extra) for _ in range(3)]
+                    _native._forget_key_plans()
                     with CountToString() as c:
                         got = _native.encode_legacy_keys(keys)
                     assert c.n == 1, (dtype, cls, h, cfg)

@@ -1023,17 +1023,38 @@ static void lock_ent_locked(rb_core *c, rb_ent *e)
         c->locked_keys++;
 }
 
+/*
+ * Batched lookups and deletes hash every key before taking the mutex (no shared state
+ * involved), so the lock is held only for the index work itself. Without memory for the
+ * hashes they hash inline.
+ */
+#define HASH_STACK 256
+
+static uint32_t *batch_hashes(const char *const *keys, const size_t *lens, size_t n, uint32_t *stack)
+{
+    uint32_t *h = n <= HASH_STACK ? stack : malloc(n * sizeof(uint32_t));
+    if (h)
+        for (size_t i = 0; i < n; i++)
+            h[i] = rb_idx_hash(keys[i], lens[i]);
+    return h;
+}
+
 void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
                          uint8_t *results)
 {
+    uint32_t stack[HASH_STACK];
+    uint32_t *hs = batch_hashes(keys, lens, n, stack);
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
-        uint32_t p = find_locked(c, keys[i], lens[i]);
+        uint32_t h = hs ? hs[i] : rb_idx_hash(keys[i], lens[i]);
+        uint32_t p = rb_idx_find(&c->index, keys[i], lens[i], h);
         results[i] = p != UINT32_MAX;
         if (lock && results[i])
             lock_ent_locked(c, &c->index.ents[p]);
     }
     pthread_mutex_unlock(&c->mu);
+    if (hs != stack)
+        free(hs);
 }
 
 int rb_core_exists_inflight(rb_core *c, const char *key, size_t len)
@@ -1113,9 +1134,11 @@ void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
                          uint8_t *results)
 {
+    uint32_t stack[HASH_STACK];
+    uint32_t *hs = batch_hashes(keys, lens, n, stack);
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
-        uint32_t h = rb_idx_hash(keys[i], lens[i]);
+        uint32_t h = hs ? hs[i] : rb_idx_hash(keys[i], lens[i]);
         uint32_t p = rb_idx_find(&c->index, keys[i], lens[i], h);
         if (p != UINT32_MAX && c->index.ents[p].refcnt > 0 && !force) {
             results[i] = 0;
@@ -1136,6 +1159,8 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     }
     rb_idx_maybe_compact(&c->index);
     pthread_mutex_unlock(&c->mu);
+    if (hs != stack)
+        free(hs);
 }
 
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len)

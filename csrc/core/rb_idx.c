@@ -8,6 +8,95 @@
 #include <string.h>
 #include <xxhash.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define SLAB_BYTES (64u * 1024u)
+#define SLAB_HDR 16u /* next-slab pointer, padded to keep chunks 16-byte aligned */
+
+static size_t blob_bytes(size_t key_len, int64_t npos)
+{
+    return 8 + (npos > 0 ? (size_t)npos * 8 : 0) + key_len + 1;
+}
+
+static void *pool_alloc(rb_pool *pl, size_t n)
+{
+    if (n > RB_POOL_MAX)
+        return malloc(n);
+    unsigned k = (unsigned)((n + RB_POOL_STEP - 1) / RB_POOL_STEP) - 1;
+    size_t sz = (size_t)(k + 1) * RB_POOL_STEP;
+    void *p = pl->free[k];
+    if (p) {
+        UNPOISON(p, sz);
+        pl->free[k] = *(void **)p;
+        return p;
+    }
+    if (pl->left < sz) {
+        char *slab = malloc(SLAB_BYTES);
+        if (!slab)
+            return NULL;
+        *(void **)slab = pl->slabs;
+        pl->slabs = slab;
+        pl->slab_bytes += SLAB_BYTES;
+        /* The unused tail of the previous slab is simply abandoned (< RB_POOL_MAX bytes). */
+        pl->cur = slab + SLAB_HDR;
+        pl->left = SLAB_BYTES - SLAB_HDR;
+        POISON(pl->cur, pl->left);
+    }
+    p = pl->cur;
+    pl->cur += sz;
+    pl->left -= sz;
+    UNPOISON(p, sz);
+    return p;
+}
+
+static void pool_free(rb_pool *pl, void *p, size_t n)
+{
+    if (n > RB_POOL_MAX) {
+        free(p);
+        return;
+    }
+    unsigned k = (unsigned)((n + RB_POOL_STEP - 1) / RB_POOL_STEP) - 1;
+    *(void **)p = pl->free[k];
+    pl->free[k] = p;
+    POISON((char *)p + sizeof(void *), (size_t)(k + 1) * RB_POOL_STEP - sizeof(void *));
+}
+
+/* Every slab back to the system, except the newest one when keep_one (no live pool blob may
+ * remain): an index that keeps emptying and refilling, like the in-flight table, then does not
+ * allocate a slab per use. */
+static void pool_release(rb_pool *pl, int keep_one)
+{
+    char *kept = keep_one ? pl->slabs : NULL;
+    for (void *s = kept ? *(void **)kept : pl->slabs; s;) {
+        void *next = *(void **)s;
+        UNPOISON(s, SLAB_BYTES);
+        free(s);
+        s = next;
+    }
+    memset(pl, 0, sizeof(*pl));
+    if (kept) {
+        *(void **)kept = NULL;
+        pl->slabs = kept;
+        pl->slab_bytes = SLAB_BYTES;
+        pl->cur = kept + SLAB_HDR;
+        pl->left = SLAB_BYTES - SLAB_HDR;
+        POISON(pl->cur, pl->left);
+    }
+}
+
+static void free_blob(rb_idx *ix, rb_ent *e)
+{
+    pool_free(&ix->pool, e->blob, blob_bytes(e->key_len, rb_ent_npos(e)));
+    e->blob = NULL;
+}
+
 void rb_idx_init(rb_idx *ix)
 {
     memset(ix, 0, sizeof(*ix));
@@ -17,9 +106,10 @@ void rb_idx_clear(rb_idx *ix)
 {
     for (uint32_t i = 0; i < ix->n_ents; i++)
         if (!(ix->ents[i].flags & RB_ENT_DEAD))
-            free(ix->ents[i].blob);
+            free_blob(ix, &ix->ents[i]);
     free(ix->ents);
     free(ix->table);
+    pool_release(&ix->pool, 0);
     rb_idx_init(ix);
 }
 
@@ -128,7 +218,7 @@ uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, c
         }
     }
     size_t np = npos > 0 ? (size_t)npos : 0;
-    uint8_t *blob = malloc(8 + np * 8 + len + 1);
+    uint8_t *blob = pool_alloc(&ix->pool, blob_bytes(len, npos));
     if (!blob)
         return UINT32_MAX;
     memcpy(blob, &npos, 8);
@@ -173,26 +263,29 @@ void rb_idx_remove_at(rb_idx *ix, uint32_t pos)
         }
     }
     ix->table[i] = 0;
-    free(e->blob);
-    e->blob = NULL;
+    free_blob(ix, e);
     e->flags = RB_ENT_DEAD;
     ix->n_live--;
     if (ix->n_live == 0) {
-        /* Everything gone: start over so the array does not keep growing. */
+        /* Everything gone: start over so the array does not keep growing, and hand the
+         * blob slabs back but one (large, malloc'd blobs were freed one by one). */
         ix->n_ents = 0;
         ix->first_live = 0;
+        pool_release(&ix->pool, 1);
     }
 }
 
 size_t rb_idx_mem_bytes(const rb_idx *ix)
 {
     size_t b = (size_t)ix->cap_ents * sizeof(rb_ent) + (ix->table ? ((size_t)ix->table_mask + 1) * 4 : 0);
+    b += ix->pool.slab_bytes;
     for (uint32_t p = 0; p < ix->n_ents; p++) {
         const rb_ent *e = &ix->ents[p];
         if (e->flags & RB_ENT_DEAD)
             continue;
-        int64_t np = rb_ent_npos(e);
-        b += 8 + (np > 0 ? (size_t)np * 8 : 0) + e->key_len + 1;
+        size_t n = blob_bytes(e->key_len, rb_ent_npos(e));
+        if (n > RB_POOL_MAX)
+            b += n;
     }
     return b;
 }

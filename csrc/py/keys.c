@@ -13,10 +13,17 @@
  *     exact str.
  * Then the key is `model@world@worker@<hash hex>@<dtype>[@layer][@k%v...]` with the hash as
  * `bytes.hex()` or `format(int, "x")` - the layout of LMCache 0.5.x's to_string().
- * In every call, the first fast-encoded key of each (type, hash kind, tags or not) combination
- * is also encoded by to_string() and compared: on a mismatch (a future LMCache that changed the
- * layout) the rest of the call uses to_string() for that type and a RuntimeWarning is issued.
- * Slots dataclass fields are read through their member offsets (validated per call).
+ * The first fast-encoded key of each (type, hash kind, tags or not) combination is also encoded
+ * by to_string() and compared: on a mismatch (a future LMCache that changed the layout) that
+ * type uses to_string() from then on and a RuntimeWarning is issued.
+ * Slots dataclass fields are read through their member offsets.
+ *
+ * Plans (the per-type decision, member offsets and verified combinations) are kept in the
+ * module state across calls, keyed by the type, its version tag (which changes whenever the
+ * class or a base is modified, e.g. to_string reassigned) and the identity of to_string's code
+ * object. Building and verifying a plan costs a few microseconds warm but tens of them when the
+ * interpreter comes in cold (e.g. right after a full garbage collection), which was a fifth of
+ * a 1000-key batch_remove; with the cache a call only pays for that once per class.
  */
 #include "rbpy.h"
 
@@ -36,6 +43,7 @@ typedef struct {
     int fast;                  /* 0: to_string() for this type */
     int layer;                 /* LayerCacheEngineKey: layer_id after the dtype */
     int verified;              /* bit (hash is bytes) * 2 + (has tags): checked against to_string() */
+    int direct;                /* every field is a slot member: encode_direct() may be tried */
     Py_ssize_t off[F_COUNT];   /* member offset, or -1: generic getattr */
 } key_plan;
 
@@ -172,15 +180,13 @@ static int kbuf_put_str(kbuf *b, PyObject *s)
     return kbuf_put(b, u, (size_t)n) < 0 ? -1 : 1;
 }
 
-/* Exact int in int64 range -> decimal. 1 / 0 (not handled here) / -1. */
-static int kbuf_put_dec(kbuf *b, PyObject *o)
+/* Decimal digits of v at d; returns the end. */
+static inline char *put_dec(char *d, long long v)
 {
-    long long v;
-    int rc = small_int(o, &v);
-    if (rc <= 0)
-        return rc;
-    if (v >= 0 && v < 10)
-        return kbuf_putc(b, (char)('0' + v)) < 0 ? -1 : 1;
+    if (v >= 0 && v < 10) {
+        *d = (char)('0' + v);
+        return d + 1;
+    }
     char tmp[24];
     char *e = tmp + sizeof(tmp), *q = e;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
@@ -190,7 +196,21 @@ static int kbuf_put_dec(kbuf *b, PyObject *o)
     } while (u);
     if (v < 0)
         *--q = '-';
-    return kbuf_put(b, q, (size_t)(e - q)) < 0 ? -1 : 1;
+    memcpy(d, q, (size_t)(e - q));
+    return d + (e - q);
+}
+
+/* Exact int in int64 range -> decimal. 1 / 0 (not handled here) / -1. */
+static int kbuf_put_dec(kbuf *b, PyObject *o)
+{
+    long long v;
+    int rc = small_int(o, &v);
+    if (rc <= 0)
+        return rc;
+    if (kbuf_reserve(b, 21) < 0)
+        return -1;
+    b->len = (size_t)(put_dec(b->p + b->len, v) - b->p);
+    return 1;
 }
 
 static const char hexdig[] = "0123456789abcdef";
@@ -219,6 +239,19 @@ static inline void hex16(char *dst, uint64_t u)
     uint64_t hi = hex8((uint32_t)(u >> 32)), lo = hex8((uint32_t)u);
     memcpy(dst, &hi, 8);
     memcpy(dst + 8, &lo, 8);
+}
+
+/* v as format(v, "x") at d (at most 17 bytes); returns the end. */
+static inline char *put_hex(char *d, long long v)
+{
+    uint64_t u = v < 0 ? 0ULL - (uint64_t)v : (uint64_t)v;
+    if (v < 0)
+        *d++ = '-';
+    char tmp[16];
+    hex16(tmp, u);
+    size_t nd = u ? (size_t)(67 - __builtin_clzll(u)) / 4 : 1;
+    copy_short(d, tmp + 16 - nd, nd);
+    return d + nd;
 }
 
 /* chunk_hash: exact bytes -> bytes.hex(); exact int -> format(h, "x"). Sets *is_bytes. */
@@ -269,17 +302,9 @@ static int kbuf_put_hash(kbuf *b, PyObject *o, int *is_bytes)
         Py_DECREF(h);
         return rc;
     }
-    uint64_t u = v < 0 ? 0ULL - (uint64_t)v : (uint64_t)v;
     if (kbuf_reserve(b, 17) < 0)
         return -1;
-    char *d = b->p + b->len;
-    if (v < 0)
-        *d++ = '-';
-    char tmp[16];
-    hex16(tmp, u);
-    size_t nd = u ? (size_t)(67 - __builtin_clzll(u)) / 4 : 1;
-    copy_short(d, tmp + 16 - nd, nd);
-    b->len = (size_t)(d + nd - b->p);
+    b->len = (size_t)(put_hex(b->p + b->len, v) - b->p);
     return 1;
 }
 
@@ -296,9 +321,11 @@ static int str_is(PyObject *o, const char *s)
     return strcmp(u, s) == 0;
 }
 
-/* Decide how keys of type tp are encoded in this call. Returns 0 or -1 (error set). */
-static int plan_build(key_plan *pl, PyTypeObject *tp)
+/* Decide how keys of type tp are encoded. *fn_out: the class's own to_string function (new
+ * reference) when the plan is fast, else NULL. Returns 0 or -1 (error set). */
+static int plan_build(key_plan *pl, PyTypeObject *tp, PyObject **fn_out)
 {
+    *fn_out = NULL;
     memset(pl, 0, sizeof(*pl));
     pl->tp = tp;
     for (int i = 0; i < F_COUNT; i++)
@@ -339,9 +366,11 @@ static int plan_build(key_plan *pl, PyTypeObject *tp)
         snprintf(want, sizeof(want), "%s.to_string", cls);
         own = str_is(fq, want) && str_is(fm, "lmcache.utils");
     }
-    Py_DECREF(fn);
-    if (!own)
+    if (!own) {
+        Py_DECREF(fn);
         return 0;
+    }
+    *fn_out = fn;
     pl->layer = cls[0] == 'L';
     int nfields = pl->layer ? F_COUNT : F_LAYER;
     for (int i = 0; i < nfields; i++) {
@@ -358,11 +387,16 @@ static int plan_build(key_plan *pl, PyTypeObject *tp)
         } else if (PyObject_HasAttrString(d, "__get__")) {
             /* A property or other descriptor we do not know: stay on to_string(). */
             Py_DECREF(d);
+            Py_CLEAR(*fn_out);
             return 0;
         }
         Py_DECREF(d);
     }
     pl->fast = 1;
+    pl->direct = 1;
+    for (int i = 0; i < nfields; i++)
+        if (pl->off[i] < 0)
+            pl->direct = 0;
     return 0;
 }
 
@@ -446,6 +480,58 @@ out:
     return rc;
 }
 
+/*
+ * The common shape in one pass: every field a slot, ASCII model and dtype, int fields within
+ * 64 bits, an int chunk_hash, no tags (None or ()). Fields are read borrowed - nothing here
+ * can run Python code - and the key is written after a single reservation. Returns 1 encoded
+ * (*combo set), 0 for any other shape (nothing appended; encode_fast() decides), -1 error.
+ */
+static int encode_direct(const key_plan *pl, PyObject *key, kbuf *b, int *combo)
+{
+    const char *base = (const char *)key;
+#define FIELD(i) (*(PyObject *const *)(base + pl->off[i]))
+    PyObject *model = FIELD(F_MODEL), *world = FIELD(F_WORLD), *worker = FIELD(F_WORKER);
+    PyObject *hash = FIELD(F_HASH), *dtype = FIELD(F_DTYPE), *tags = FIELD(F_TAGS);
+    PyObject *layer = pl->layer ? FIELD(F_LAYER) : NULL;
+#undef FIELD
+    if (!model || !world || !worker || !hash || !dtype || !tags || (pl->layer && !layer))
+        return 0;
+    if (tags != Py_None && !(PyTuple_CheckExact(tags) && PyTuple_GET_SIZE(tags) == 0))
+        return 0;
+    if (!PyUnicode_CheckExact(model) || !PyUnicode_IS_COMPACT_ASCII(model) || !PyUnicode_CheckExact(dtype) ||
+        !PyUnicode_IS_COMPACT_ASCII(dtype))
+        return 0;
+    long long w, k, h, l = 0;
+    int rc;
+    if ((rc = small_int(world, &w)) <= 0 || (rc = small_int(worker, &k)) <= 0 ||
+        (rc = small_int(hash, &h)) <= 0 || (layer && (rc = small_int(layer, &l)) <= 0))
+        return rc;
+    size_t ml = (size_t)PyUnicode_GET_LENGTH(model), dl = (size_t)PyUnicode_GET_LENGTH(dtype);
+    /* model @ int @ int @ -hex16 @ dtype [@ int] */
+    if (kbuf_reserve(b, ml + dl + 3 * 21 + 17 + 5) < 0)
+        return -1;
+    char *d = b->p + b->len;
+    copy_short(d, (const char *)PyUnicode_DATA(model), ml);
+    d += ml;
+    *d++ = '@';
+    d = put_dec(d, w);
+    *d++ = '@';
+    d = put_dec(d, k);
+    *d++ = '@';
+    d = put_hex(d, h);
+    *d++ = '@';
+    copy_short(d, (const char *)PyUnicode_DATA(dtype), dl);
+    d += dl;
+    if (layer) {
+        *d++ = '@';
+        d = put_dec(d, l);
+    }
+    b->len = (size_t)(d - b->p);
+    b->ascii = 1;
+    *combo = 1; /* int hash, no tags */
+    return 1;
+}
+
 /* str of the UTF-8 bytes b->p[start:] (b->ascii: they are ASCII). */
 static PyObject *kbuf_to_str(const kbuf *b, size_t start)
 {
@@ -458,18 +544,137 @@ static PyObject *kbuf_to_str(const kbuf *b, size_t start)
     return s;
 }
 
+/* ---- plans kept across calls (module state) -------------------------------------------- */
+
 typedef struct {
-    key_plan plans[PLAN_SLOTS];
+    PyTypeObject *tp; /* strong reference, NULL = free entry */
+    PyObject *fn;     /* strong: the to_string function the plan was built against, or NULL */
+    PyObject *code;   /* fn's code object when built (identity only) */
+    unsigned int version;
+    key_plan plan;
+} cached_plan;
+
+struct rbpy_keyplans {
+    cached_plan ent[PLAN_SLOTS];
+    int next; /* round-robin victim */
+};
+
+/* The type's current version tag, or 0 when it has none (then nothing is cached). */
+static unsigned int type_version(PyTypeObject *tp)
+{
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
+        return tp->tp_version_tag;
+#endif
+    (void)tp;
+    return 0;
+}
+
+static PyObject *fn_code(PyObject *fn)
+{
+    return fn && PyFunction_Check(fn) ? PyFunction_GET_CODE(fn) : NULL;
+}
+
+static void cached_plan_clear(cached_plan *e)
+{
+    Py_CLEAR(e->tp);
+    Py_CLEAR(e->fn);
+    e->code = NULL;
+}
+
+int rbpy_keyplans_traverse(rbpy_state *st, visitproc visit, void *arg)
+{
+    if (!st->keyplans)
+        return 0;
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        Py_VISIT(st->keyplans->ent[i].tp);
+        Py_VISIT(st->keyplans->ent[i].fn);
+    }
+    return 0;
+}
+
+void rbpy_keyplans_clear(rbpy_state *st)
+{
+    rbpy_keyplans *kp = st->keyplans;
+    if (!kp)
+        return;
+    st->keyplans = NULL;
+    for (int i = 0; i < PLAN_SLOTS; i++)
+        cached_plan_clear(&kp->ent[i]);
+    PyMem_Free(kp);
+}
+
+PyObject *rbpy_forget_key_plans(PyObject *mod, PyObject *unused)
+{
+    (void)unused;
+    rbpy_keyplans_clear(PyModule_GetState(mod));
+    Py_RETURN_NONE;
+}
+
+/* The cached plan for tp if it is still valid, else NULL (stale entries are dropped). */
+static cached_plan *cache_find(rbpy_state *st, PyTypeObject *tp)
+{
+    if (!st || !st->keyplans)
+        return NULL;
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        cached_plan *e = &st->keyplans->ent[i];
+        if (e->tp != tp)
+            continue;
+        unsigned int v = type_version(tp);
+        if (v && v == e->version && fn_code(e->fn) == e->code)
+            return e;
+        cached_plan_clear(e);
+        return NULL;
+    }
+    return NULL;
+}
+
+/* Remember pl (built against fn, borrowed) for later calls; failures just skip the cache. */
+static void cache_store(rbpy_state *st, const key_plan *pl, PyObject *fn)
+{
+    unsigned int v = type_version(pl->tp);
+    if (!st || !v)
+        return;
+    if (!st->keyplans) {
+        st->keyplans = PyMem_Calloc(1, sizeof(rbpy_keyplans));
+        if (!st->keyplans)
+            return;
+    }
+    cached_plan *e = cache_find(st, pl->tp);
+    if (!e) {
+        rbpy_keyplans *kp = st->keyplans;
+        for (int i = 0; i < PLAN_SLOTS && !e; i++)
+            if (!kp->ent[i].tp)
+                e = &kp->ent[i];
+        if (!e) {
+            e = &kp->ent[kp->next];
+            kp->next = (kp->next + 1) % PLAN_SLOTS;
+        }
+        cached_plan_clear(e);
+        e->tp = (PyTypeObject *)Py_NewRef((PyObject *)pl->tp);
+        e->fn = Py_XNewRef(fn);
+        e->code = fn_code(fn);
+        e->version = v;
+    }
+    e->plan = *pl;
+}
+
+/* ---- per-call encoding context ------------------------------------------------------------ */
+
+typedef struct {
+    key_plan plans[PLAN_SLOTS]; /* private copies: Python code run meanwhile cannot touch them */
     int nplans;
     int last;
+    rbpy_state *st;
     PyObject *to_string; /* the method name, made on first use */
     kbuf buf;
 } enc_ctx;
 
-static void enc_ctx_init(enc_ctx *c)
+static void enc_ctx_init(enc_ctx *c, rbpy_state *st)
 {
     c->nplans = 0;
     c->last = -1;
+    c->st = st;
     c->to_string = NULL;
     kbuf_init(&c->buf);
 }
@@ -522,12 +727,29 @@ static key_plan *enc_plan(enc_ctx *c, PyTypeObject *tp)
         }
     }
     int i = c->nplans < PLAN_SLOTS ? c->nplans++ : PLAN_SLOTS - 1;
-    if (plan_build(&c->plans[i], tp) < 0) {
-        c->plans[i].tp = NULL;
-        return NULL;
+    cached_plan *e = cache_find(c->st, tp);
+    if (e) {
+        c->plans[i] = e->plan;
+    } else {
+        PyObject *fn;
+        if (plan_build(&c->plans[i], tp, &fn) < 0) {
+            c->plans[i].tp = NULL;
+            return NULL;
+        }
+        cache_store(c->st, &c->plans[i], fn);
+        Py_XDECREF(fn);
     }
     c->last = i;
     return &c->plans[i];
+}
+
+/* A verification changed pl: record it for later calls too (only while the cached plan is the
+ * same one, i.e. the class did not change while to_string() ran). */
+static void enc_plan_update(enc_ctx *c, const key_plan *pl)
+{
+    cached_plan *e = cache_find(c->st, pl->tp);
+    if (e && e->plan.fast && e->plan.direct == pl->direct)
+        e->plan = *pl;
 }
 
 /*
@@ -548,7 +770,9 @@ static int enc_one(enc_ctx *c, PyObject *key, PyObject **str_out)
     if (pl->fast) {
         int combo = 0;
         size_t start = c->buf.len;
-        int rc = encode_fast(pl, key, &c->buf, &combo);
+        int rc = pl->direct ? encode_direct(pl, key, &c->buf, &combo) : 0;
+        if (rc == 0)
+            rc = encode_fast(pl, key, &c->buf, &combo);
         if (rc < 0)
             return -1;
         if (rc > 0) {
@@ -567,8 +791,10 @@ static int enc_one(enc_ctx *c, PyObject *key, PyObject **str_out)
             Py_DECREF(fast);
             if (same) {
                 pl->verified |= combo;
+                enc_plan_update(c, pl);
             } else {
                 pl->fast = 0;
+                enc_plan_update(c, pl);
                 if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                                      "encode_legacy_keys: %.100s.to_string() gave %R, the native "
                                      "encoding differs; using to_string() for this type",
@@ -587,7 +813,6 @@ static int enc_one(enc_ctx *c, PyObject *key, PyObject **str_out)
 
 PyObject *rbpy_encode_legacy_keys(PyObject *mod, PyObject *keys)
 {
-    (void)mod;
     /* A tuple snapshot: to_string() may run Python code that mutates a caller's list. */
     PyObject *t = PySequence_Tuple(keys);
     if (!t)
@@ -599,7 +824,7 @@ PyObject *rbpy_encode_legacy_keys(PyObject *mod, PyObject *keys)
         return NULL;
     }
     enc_ctx c;
-    enc_ctx_init(&c);
+    enc_ctx_init(&c, PyModule_GetState(mod));
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *s;
         c.buf.len = 0;
@@ -650,7 +875,7 @@ PyObject *rbpy_delete_legacy_keys(PyObject *mod, PyObject *const *args, Py_ssize
     uint8_t *res = (uint8_t *)(lens + nn);
     PyObject *ret = NULL;
     enc_ctx c;
-    enc_ctx_init(&c);
+    enc_ctx_init(&c, st);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *s;
         offs[i] = c.buf.len;

@@ -177,6 +177,9 @@ static PyMethodDef rbpy_functions[] = {
     {"delete_legacy_keys", (PyCFunction)(void (*)(void))rbpy_delete_legacy_keys, METH_FASTCALL | METH_KEYWORDS,
      "delete_legacy_keys(core, keys, force=False) -> int: core.delete_many(encode_legacy_keys(keys), force)"
      ".count(True), without creating the encoded str objects."},
+    {"_forget_key_plans", rbpy_forget_key_plans, METH_NOARGS,
+     "_forget_key_plans() -> None: drop the cached key-encoding plans, so the next call checks "
+     "each key shape against to_string() again (for tests)."},
     {"probe_foreign", rbpy_probe_foreign, METH_O,
      "probe_foreign(path) -> str | None: a description of the file system or partition table that "
      "libblkid finds on path, or None."},
@@ -207,7 +210,7 @@ static int rbpy_traverse(PyObject *mod, visitproc visit, void *arg)
     rbpy_state *st = PyModule_GetState(mod);
     Py_VISIT(st->device_type);
     Py_VISIT(st->core_type);
-    return 0;
+    return rbpy_keyplans_traverse(st, visit, arg);
 }
 
 static int rbpy_clear(PyObject *mod)
@@ -215,6 +218,7 @@ static int rbpy_clear(PyObject *mod)
     rbpy_state *st = PyModule_GetState(mod);
     Py_CLEAR(st->device_type);
     Py_CLEAR(st->core_type);
+    rbpy_keyplans_clear(st);
     return 0;
 }
 

@@ -12,9 +12,12 @@
 #include "../core/rb_device.h"
 #include "../core/rb_err.h"
 
+typedef struct rbpy_keyplans rbpy_keyplans;
+
 typedef struct {
     PyTypeObject *device_type;
     PyTypeObject *core_type; /* _native.Core (core.c) */
+    rbpy_keyplans *keyplans; /* key encoding plans kept across calls (keys.c), or NULL */
 } rbpy_state;
 
 typedef struct rbpy_uring_batches rbpy_uring_batches;
@@ -74,5 +77,9 @@ struct rb_core *rbpy_core_ptr(PyObject *core);
  * delete_legacy_keys(core, keys, force=False) -> int, the same keys deleted without str objects. */
 PyObject *rbpy_encode_legacy_keys(PyObject *mod, PyObject *keys);
 PyObject *rbpy_delete_legacy_keys(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *rbpy_forget_key_plans(PyObject *mod, PyObject *unused);
+/* Module traverse / clear of the plan cache. */
+int rbpy_keyplans_traverse(rbpy_state *st, visitproc visit, void *arg);
+void rbpy_keyplans_clear(rbpy_state *st);
 
 #endif /* RBPY_H */
