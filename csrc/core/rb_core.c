@@ -89,6 +89,17 @@ int rb_core_register_buffers(rb_core *c, const uint64_t *ptrs, const uint64_t *s
 
 int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, rb_err *err)
 {
+    rb_uops_run r;
+    int ret = rb_core_uring_ops_begin(c, &r, ops, n, per, data, err);
+    rb_core_uring_ops_finish(&r);
+    return ret;
+}
+
+int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, size_t per, int data, rb_err *err)
+{
+    memset(r, 0, sizeof(*r));
+    r->c = c;
+    r->ops = ops;
     for (size_t i = 0; i < n; i++) {
         ops[i].rc = 0;
         rb_err_clear(&ops[i].err);
@@ -97,6 +108,7 @@ int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, r
         return 0;
     if (per == 0 || per > n)
         per = n;
+    r->per = per;
     size_t nb = (n + per - 1) / per;
     rb_batch **bs = calloc(nb, sizeof(*bs));
     uint32_t *map = malloc(n * sizeof(uint32_t)); /* request (lo + j) of batch k -> op index */
@@ -109,8 +121,10 @@ int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, r
         ret = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "device is closed");
         goto fail_all;
     }
+    r->entered = 1;
+    r->bs = bs;
+    r->map = map;
     struct rb_uring *u = c->dev->uring;
-    size_t submitted = 0;
     for (size_t k = 0; k < nb; k++) {
         size_t lo = k * per, hi = lo + per < n ? lo + per : n;
         rb_batch *b = rb_batch_new((uint32_t)(hi - lo), 0);
@@ -125,10 +139,10 @@ int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, r
                     o->rc = rb_err_set(&o->err, RB_ERR_OS, EIO, "io_uring I/O error (injected)");
                     continue;
                 }
-                int r = rb_batch_set(u, b, j, o->write ? RB_REQ_WRITE : RB_REQ_READ, o->off, o->buf, o->buf_len,
-                                     o->payload_len, o->total_len, o->copy_len, &o->err);
-                if (r < 0) {
-                    o->rc = r;
+                int rr = rb_batch_set(u, b, j, o->write ? RB_REQ_WRITE : RB_REQ_READ, o->off, o->buf, o->buf_len,
+                                      o->payload_len, o->total_len, o->copy_len, &o->err);
+                if (rr < 0) {
+                    o->rc = rr;
                     continue;
                 }
                 map[lo + j++] = (uint32_t)i;
@@ -156,26 +170,8 @@ int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per, int data, r
             ret = rc;
             break;
         }
-        submitted = k + 1;
+        r->submitted = k + 1;
     }
-    for (size_t k = 0; k < submitted; k++) {
-        rb_batch *b = bs[k];
-        if (!b->n) {
-            rb_batch_free(b);
-            continue;
-        }
-        rb_uring_wait(u, b);
-        for (uint32_t j = 0; j < b->n; j++) {
-            rb_uop *o = &ops[map[k * per + j]];
-            int r = rb_batch_result(b, j, &o->err);
-            if (r < 0)
-                o->rc = r;
-        }
-        rb_batch_free(b);
-    }
-    rb_dev_leave(c->dev);
-    free(bs);
-    free(map);
     return ret;
 fail_all:
     for (size_t i = 0; i < n; i++) {
@@ -185,6 +181,32 @@ fail_all:
     free(bs);
     free(map);
     return ret;
+}
+
+void rb_core_uring_ops_finish(rb_uops_run *r)
+{
+    if (!r->entered)
+        return;
+    struct rb_uring *u = r->c->dev->uring;
+    for (size_t k = 0; k < r->submitted; k++) {
+        rb_batch *b = r->bs[k];
+        if (!b->n) {
+            rb_batch_free(b);
+            continue;
+        }
+        rb_uring_wait(u, b);
+        for (uint32_t j = 0; j < b->n; j++) {
+            rb_uop *o = &r->ops[r->map[k * r->per + j]];
+            int rr = rb_batch_result(b, j, &o->err);
+            if (rr < 0)
+                o->rc = rr;
+        }
+        rb_batch_free(b);
+    }
+    rb_dev_leave(r->c->dev);
+    free(r->bs);
+    free(r->map);
+    r->entered = 0;
 }
 
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)

@@ -4,6 +4,7 @@
  * validation with parallel readers) and the periodic checkpoint thread.
  */
 #include "rb_core_int.h"
+#include "rb_core_ident.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -205,6 +206,10 @@ typedef struct vitem {
     /* results */
     int hdr_ok, has_sum;
     uint64_t identity, len, sum;
+    /* the identity the key's header must carry, computed off the core mutex (want_state: 0 not
+     * yet, 1 computed, -1 the key has none, i.e. the entry is bad) */
+    int want_state;
+    uint64_t want;
 } vitem;
 
 typedef struct vjob {
@@ -224,16 +229,28 @@ static void read_header_into(rb_core *c, vitem *v, uint8_t *buf)
         v->hdr_ok = 1;
 }
 
+/* The key identity items[lo..hi) expect (BLAKE2b of the key: about as costly as reading a
+ * cached header, so the readers compute it beside their I/O rather than the judge after it). */
+static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi)
+{
+    for (size_t i = lo; i < hi; i++) {
+        vitem *v = &items[i];
+        if (v->want_state == 0)
+            v->want_state = rb_key_identity(c->cfg.key_namespace, v->key, v->key_len, &v->want) == 0 ? 1 : -1;
+    }
+}
+
 static void *vjob_run(void *arg)
 {
     vjob *j = arg;
     rb_err e;
     uint8_t *buf = rb_alloc_aligned(j->c->cfg.block_align, j->c->cfg.header_bytes, &e);
-    if (!buf)
-        return NULL; /* hdr_ok stays 0: those entries are dropped */
-    for (size_t i = j->lo; i < j->hi; i++)
-        read_header_into(j->c, &j->items[i], buf);
-    free(buf);
+    if (buf) {
+        for (size_t i = j->lo; i < j->hi; i++)
+            read_header_into(j->c, &j->items[i], buf);
+        free(buf);
+    } /* else hdr_ok stays 0: those entries are dropped */
+    want_identities(j->c, j->items, j->lo, j->hi);
     return NULL;
 }
 
@@ -276,54 +293,71 @@ static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
 }
 
 /*
- * io_uring: one batched read per iouring_queue_depth headers (up to a few batches in flight
- * at once, bounded to about 4 MiB of pre-faulted header buffers). A header whose read failed is read
- * again alone with a synchronous pread; a failed submission means every header of it is.
- * The verdicts are therefore the ones the posix readers reach.
+ * io_uring: the headers are read in groups of batches of iouring_queue_depth reads, two groups
+ * in flight: while the engine reads group g+1, the calling thread computes the identities group
+ * g's keys expect and decodes group g's headers, so the hashing and the reads run on both cores
+ * and the engine never waits for the judge. A header whose read failed is read again alone with
+ * a synchronous pread; a failed submission means every header of it is. The verdicts are
+ * therefore the ones the posix readers reach.
  */
 static void read_headers_uring(rb_core *c, vitem *items, size_t n)
 {
     const size_t hb = rb_header_read_len(c); /* stride and read length of one header */
     size_t qd = c->cfg.queue_depth ? c->cfg.queue_depth : 1;
-    size_t per_group = (4u << 20) / hb / qd;
-    if (per_group < 1)
-        per_group = 1;
-    if (per_group > 2)
-        per_group = 2;
-    size_t group = qd * per_group;
+    /* At least 256 headers per group (several batches when the queue depth is small), at most
+     * 2 MiB of buffer per group. */
+    size_t group = qd < 256 ? (256 + qd - 1) / qd * qd : qd;
+    size_t cap = ((size_t)2 << 20) / hb;
+    if (group > cap)
+        group = cap ? cap : 1;
     if (group > n)
         group = n;
     rb_err e;
-    uint8_t *buf = rb_alloc_aligned(c->cfg.block_align, group * hb, &e);
-    rb_uop *ops = calloc(group, sizeof(*ops));
-    if (!buf || !ops) {
+    uint8_t *buf = rb_alloc_aligned(c->cfg.block_align, 2 * group * hb, &e);
+    uint8_t *one = rb_alloc_aligned(c->cfg.block_align, hb, &e);
+    rb_uop *ops = calloc(2 * group, sizeof(*ops));
+    if (!buf || !one || !ops) {
         free(buf);
+        free(one);
         free(ops);
         read_headers_parallel(c, items, n);
         return;
     }
     /* Touch the buffer once: a buffered read into a page not yet faulted in cannot complete
      * inline and is handed to an io-wq kernel thread (several times slower per header). */
-    memset(buf, 0, group * hb);
-    uint8_t *one = buf; /* retries reuse the first header buffer once the group is decoded */
-    for (size_t lo = 0; lo < n; lo += group) {
-        size_t cnt = n - lo < group ? n - lo : group;
-        for (size_t j = 0; j < cnt; j++) {
-            rb_uop *o = &ops[j];
-            o->off = rb_slot_offset(c, items[lo + j].slot);
-            o->buf = buf + j * hb;
-            o->buf_len = o->payload_len = o->total_len = o->copy_len = hb;
-            o->write = 0;
+    memset(buf, 0, 2 * group * hb);
+    size_t ngroups = (n + group - 1) / group;
+    rb_uops_run run[2];
+    for (size_t g = 0; g <= ngroups; g++) {
+        /* submit group g (half g & 1), then finish group g - 1 (the other half) */
+        if (g < ngroups) {
+            size_t lo = g * group, cnt = n - lo < group ? n - lo : group;
+            rb_uop *o = ops + (g & 1) * group;
+            uint8_t *b = buf + (g & 1) * group * hb;
+            for (size_t j = 0; j < cnt; j++) {
+                o[j].off = rb_slot_offset(c, items[lo + j].slot);
+                o[j].buf = b + j * hb;
+                o[j].buf_len = o[j].payload_len = o[j].total_len = o[j].copy_len = hb;
+                o[j].write = 0;
+            }
+            (void)rb_core_uring_ops_begin(c, &run[g & 1], o, cnt, qd, 0, &e);
         }
-        (void)rb_core_uring_ops(c, ops, cnt, qd, 0, &e);
-        for (size_t j = 0; j < cnt; j++)
-            if (ops[j].rc == 0)
-                decode_header_into(c, &items[lo + j], buf + j * hb);
-        for (size_t j = 0; j < cnt; j++)
-            if (ops[j].rc < 0)
+        if (g == 0)
+            continue;
+        size_t p = g - 1, lo = p * group, cnt = n - lo < group ? n - lo : group;
+        rb_uop *o = ops + (p & 1) * group;
+        uint8_t *b = buf + (p & 1) * group * hb;
+        want_identities(c, items, lo, lo + cnt);
+        rb_core_uring_ops_finish(&run[p & 1]);
+        for (size_t j = 0; j < cnt; j++) {
+            if (o[j].rc == 0)
+                decode_header_into(c, &items[lo + j], b + j * hb);
+            else
                 read_header_into(c, &items[lo + j], one);
+        }
     }
     free(buf);
+    free(one);
     free(ops);
 }
 
@@ -365,11 +399,12 @@ static int validate_entries(rb_core *c, int sequential)
         read_headers_parallel(c, items, k);
     }
 
+    want_identities(c, items, 0, k); /* whatever a failed path left out */
     uint64_t dropped = 0;
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < k; i++) {
         vitem *v = &items[i];
-        int bad = !v->hdr_ok || !rb_core_header_matches(c, v->key, v->key_len, v->size, v->identity, v->len);
+        int bad = !v->hdr_ok || v->want_state != 1 || v->want != v->identity || v->len != v->size;
         uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
         if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
             continue; /* changed meanwhile */

@@ -96,6 +96,20 @@ typedef struct rb_uop {
  * data fault hooks when data is set. Returns 0, or <0 (err) when a submission failed; each
  * op's rc says how it ended either way. No core lock may be held. */
 int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per_batch, int data, rb_err *err);
+/* The same in two halves, so a caller can keep several runs in flight (pipelining): begin
+ * submits (its return value and the ops' rc as in rb_core_uring_ops so far), finish waits and
+ * fills in the results. Every begin must be followed by exactly one finish. */
+typedef struct rb_uops_run {
+    rb_core *c;
+    rb_uop *ops;
+    struct rb_batch **bs;
+    uint32_t *map;
+    size_t per, submitted;
+    int entered;
+} rb_uops_run;
+int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, size_t per_batch, int data,
+                            rb_err *err);
+void rb_core_uring_ops_finish(rb_uops_run *r);
 static inline int rb_core_uses_uring(const rb_core *c)
 {
     return c->cfg.engine == RB_ENGINE_IOURING && c->dev && c->dev->uring;
