@@ -327,16 +327,21 @@ int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, ui
     return rb_key_identity(c->cfg.key_namespace, key, key_len, &want) == 0 && want == identity && len == size;
 }
 
-void rb_core_drop_locked(rb_core *c, uint32_t p)
+/* Account for the record at p leaving the index and free its slot (the caller removes it). */
+static inline void drop_accounting_locked(rb_core *c, uint32_t p)
 {
     rb_ent *e = &c->index.ents[p];
-    uint32_t slot = e->slot;
     if (e->refcnt > 0)
         c->locked_keys--;
     if (e->flags & RB_ENT_UNVERIFIED)
         c->n_unverified--;
+    rb_slots_release(&c->slots, e->slot);
+}
+
+void rb_core_drop_locked(rb_core *c, uint32_t p)
+{
+    drop_accounting_locked(c, p);
     rb_idx_remove_at(&c->index, p);
-    rb_slots_release(&c->slots, slot);
 }
 
 int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
@@ -1161,14 +1166,16 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
         uint32_t h = hs ? hs[i] : rb_idx_hash(keys[i], lens[i]);
-        uint32_t p = rb_idx_find(&c->index, keys[i], lens[i], h);
+        uint32_t tslot;
+        uint32_t p = rb_idx_find_slot(&c->index, keys[i], lens[i], h, &tslot);
         if (p != UINT32_MAX && c->index.ents[p].refcnt > 0 && !force) {
             results[i] = 0;
             continue;
         }
         int was = 0;
         if (p != UINT32_MAX) {
-            rb_core_drop_locked(c, p);
+            drop_accounting_locked(c, p);
+            rb_idx_remove_slot(&c->index, tslot);
             c->dirty_total++;
             was = 1;
         }

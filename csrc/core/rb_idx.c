@@ -129,7 +129,7 @@ static int key_eq(const rb_ent *e, const char *key, size_t len, uint32_t hash)
     return e->hash == hash && e->key_len == len && memcmp(rb_ent_key(e), key, len) == 0;
 }
 
-uint32_t rb_idx_find(const rb_idx *ix, const char *key, size_t len, uint32_t hash)
+uint32_t rb_idx_find_slot(const rb_idx *ix, const char *key, size_t len, uint32_t hash, uint32_t *tslot)
 {
     if (!ix->table)
         return UINT32_MAX;
@@ -137,9 +137,17 @@ uint32_t rb_idx_find(const rb_idx *ix, const char *key, size_t len, uint32_t has
         uint32_t v = ix->table[i];
         if (v == 0)
             return UINT32_MAX;
-        if (key_eq(&ix->ents[v - 1], key, len, hash))
+        if (key_eq(&ix->ents[v - 1], key, len, hash)) {
+            *tslot = i;
             return v - 1;
+        }
     }
+}
+
+uint32_t rb_idx_find(const rb_idx *ix, const char *key, size_t len, uint32_t hash)
+{
+    uint32_t tslot;
+    return rb_idx_find_slot(ix, key, len, hash, &tslot);
 }
 
 static int rebuild_table(rb_idx *ix, uint32_t size)
@@ -243,11 +251,17 @@ uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, c
 
 void rb_idx_remove_at(rb_idx *ix, uint32_t pos)
 {
-    rb_ent *e = &ix->ents[pos];
     uint32_t mask = ix->table_mask;
-    uint32_t i = e->hash & mask;
+    uint32_t i = ix->ents[pos].hash & mask;
     while (ix->table[i] != pos + 1)
         i = (i + 1) & mask;
+    rb_idx_remove_slot(ix, i);
+}
+
+void rb_idx_remove_slot(rb_idx *ix, uint32_t i)
+{
+    uint32_t mask = ix->table_mask;
+    rb_ent *e = &ix->ents[ix->table[i] - 1];
     /* Backward-shift deletion keeps probe chains intact without tombstones. */
     uint32_t j = i;
     for (;;) {

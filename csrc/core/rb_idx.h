@@ -83,6 +83,10 @@ uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, c
                        int64_t npos);
 /* Delete the live record at pos (frees its blob). */
 void rb_idx_remove_at(rb_idx *ix, uint32_t pos);
+/* rb_idx_find that also gives the table slot holding the record, and the removal by that slot:
+ * a lookup followed by a delete probes the table once. */
+uint32_t rb_idx_find_slot(const rb_idx *ix, const char *key, size_t len, uint32_t hash, uint32_t *tslot);
+void rb_idx_remove_slot(rb_idx *ix, uint32_t tslot);
 /* Compact the array when holes dominate; positions change. Returns 0 or -ENOMEM. */
 int rb_idx_maybe_compact(rb_idx *ix);
 
