@@ -17,8 +17,17 @@
 #define UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
-#define SLAB_BYTES (64u * 1024u)
-#define SLAB_HDR 16u /* next-slab pointer, padded to keep chunks 16-byte aligned */
+/* Slabs start small and double (each new one as large as all before it) up to SLAB_MAX, so a
+ * small index - the in-flight table, the metadata classes, a cache of a few entries - holds
+ * about what it uses. */
+#define SLAB_MIN 1024u
+#define SLAB_MAX (64u * 1024u)
+#define SLAB_HDR 16u /* next-slab pointer and the slab's size: keeps chunks 16-byte aligned */
+
+static size_t slab_size(const void *slab)
+{
+    return *(const size_t *)((const char *)slab + sizeof(void *));
+}
 
 static size_t blob_bytes(size_t key_len, int64_t npos)
 {
@@ -38,15 +47,17 @@ static void *pool_alloc(rb_pool *pl, size_t n)
         return p;
     }
     if (pl->left < sz) {
-        char *slab = malloc(SLAB_BYTES);
+        size_t bytes = pl->slab_bytes < SLAB_MIN ? SLAB_MIN : pl->slab_bytes > SLAB_MAX ? SLAB_MAX : pl->slab_bytes;
+        char *slab = malloc(bytes);
         if (!slab)
             return NULL;
         *(void **)slab = pl->slabs;
+        *(size_t *)(slab + sizeof(void *)) = bytes;
         pl->slabs = slab;
-        pl->slab_bytes += SLAB_BYTES;
+        pl->slab_bytes += bytes;
         /* The unused tail of the previous slab is simply abandoned (< RB_POOL_MAX bytes). */
         pl->cur = slab + SLAB_HDR;
-        pl->left = SLAB_BYTES - SLAB_HDR;
+        pl->left = bytes - SLAB_HDR;
         POISON(pl->cur, pl->left);
     }
     p = pl->cur;
@@ -76,7 +87,7 @@ static void pool_release(rb_pool *pl, int keep_one)
     char *kept = keep_one ? pl->slabs : NULL;
     for (void *s = kept ? *(void **)kept : pl->slabs; s;) {
         void *next = *(void **)s;
-        UNPOISON(s, SLAB_BYTES);
+        UNPOISON(s, slab_size(s));
         free(s);
         s = next;
     }
@@ -84,9 +95,9 @@ static void pool_release(rb_pool *pl, int keep_one)
     if (kept) {
         *(void **)kept = NULL;
         pl->slabs = kept;
-        pl->slab_bytes = SLAB_BYTES;
+        pl->slab_bytes = slab_size(kept);
         pl->cur = kept + SLAB_HDR;
-        pl->left = SLAB_BYTES - SLAB_HDR;
+        pl->left = pl->slab_bytes - SLAB_HDR;
         POISON(pl->cur, pl->left);
     }
 }

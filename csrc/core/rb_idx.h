@@ -39,12 +39,13 @@ typedef struct rb_ent {
 } rb_ent;
 
 /*
- * Blob pool: size classes in RB_POOL_STEP steps up to RB_POOL_MAX, carved from slabs and
- * recycled through per-class intrusive free lists. A key's blob is allocated and freed with a
- * few instructions instead of a malloc/free pair (which, for a batch delete, cost more than the
- * index work itself), and blobs allocated together sit together. Slabs go back to the system
- * when the index empties and on rb_idx_clear(). Under AddressSanitizer free chunks are
- * poisoned, so a use after free is still reported.
+ * Blob pool: size classes in RB_POOL_STEP steps up to RB_POOL_MAX, carved from slabs (1 KiB,
+ * doubling up to 64 KiB) and recycled through per-class intrusive free lists. A key's blob is
+ * allocated and freed with a few instructions instead of a malloc/free pair (which, for a batch
+ * delete, cost more than the index work itself), and blobs allocated together sit together.
+ * Slabs go back to the system when the index empties (all but the newest) and on
+ * rb_idx_clear(). Under AddressSanitizer free chunks are poisoned, so a use after free is
+ * still reported.
  */
 #define RB_POOL_STEP 16u
 #define RB_POOL_MAX 256u
