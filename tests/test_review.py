@@ -186,7 +186,9 @@ def test_revalidation_does_not_stamp_an_old_checksum_on_a_reput_key(tmp_path):
     still had the same slot. A key deleted and put again meanwhile gets the same slot back
     (LIFO reuse), so the old header's checksum was stamped on the new record and the new,
     valid payload failed every load with "payload checksum mismatch". Now a record whose
-    size, checksum or verification flags changed since the snapshot is left alone."""
+    size, checksum or verification flags changed since the snapshot is left alone. Since the
+    slot quarantine, a slot freed while a reader is in flight is not handed out again until the
+    reader ends, so the re-put key now lands elsewhere while the revalidation runs."""
     import threading
 
     from core_helpers import META, Obj, make_core, make_device, okey
@@ -208,8 +210,10 @@ def test_revalidation_does_not_stamp_an_old_checksum_on_a_reput_key(tmp_path):
             c.delete_many([k.encoded])
             c.put_many([k], [Obj(b"B" * 100)])
             raced = th.is_alive()
+            new_off = c.entry_offset(k.encoded)
             th.join()
-            assert c.entry_offset(k.encoded) == off
+            if raced:
+                assert new_off != off, "a slot freed during the revalidation was reused at once"
             out = Obj(100)
             assert c.load_many_into([k.encoded], [out]) == [True]
             assert out.bytes() == b"B" * 100
@@ -218,5 +222,89 @@ def test_revalidation_does_not_stamp_an_old_checksum_on_a_reput_key(tmp_path):
             c.delete_many([k.encoded])
             c.put_many([k], [Obj(b"A" * 100)])
         pytest.skip("revalidation finished before the re-put")
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_load_never_returns_the_bytes_of_a_key_put_into_its_slot_meanwhile(tmp_path, engine):
+    """A load snapshots a key's slot under the core lock and reads it after dropping it. A
+    forced delete of that key plus a put of another key in between used to hand the same slot
+    (LIFO reuse) to the new key, and the load returned the new key's bytes as the old key's
+    (with ok=True). Freed slots now wait in quarantine until the readers in flight end."""
+    import threading
+
+    from core_helpers import META, Obj, make_core, make_device, okey
+
+    c = make_core(make_device(tmp_path, size=META + 64 * 8192), slot_bytes=8192, io_engine=engine)
+    try:
+        k, k2, k3 = okey(0), okey(1), okey(2)
+        c.put_many([k], [Obj(b"A" * 100)])
+        off = c.entry_offset(k.encoded)
+        c._native._set_load_delay_ms(300)
+        out, res = Obj(100), {}
+        th = threading.Thread(target=lambda: res.update(r=c.load_many_into([k.encoded], [out])))
+        th.start()
+        while c._native.status()["inflight_io_count"] == 0 and th.is_alive():
+            pass
+        assert th.is_alive(), "the load ended before the delete"
+        assert c.delete_many([k.encoded], force=True) == [True]
+        assert c.put_many([k2], [Obj(b"B" * 100)]).results == [True]
+        assert c.entry_offset(k2.encoded) != off, "the slot of a key being read was reused"
+        th.join()
+        c._native._set_load_delay_ms(0)
+        if res["r"] == [True]:
+            assert out.bytes() == b"A" * 100
+        # once the load has ended the slot is free again (LIFO: the next put takes it)
+        assert c.put_many([k3], [Obj(b"C" * 100)]).results == [True]
+        assert c.entry_offset(k3.encoded) == off
+        back = Obj(100)
+        assert c.load_many_into([k2.encoded], [back]) == [True] and back.bytes() == b"B" * 100
+    finally:
+        c.close()
+
+
+def test_quarantine_generations_release_slots_while_readers_overlap(tmp_path):
+    """Readers that keep overlapping (never zero in flight) must not keep freed slots out of use
+    for ever: a slot freed while reader 1 runs comes back once reader 1 has ended, even though
+    reader 2 (started later) is still running."""
+    import threading
+
+    from core_helpers import META, Obj, make_core, make_device, okey
+
+    c = make_core(make_device(tmp_path, size=META + 64 * 8192), slot_bytes=8192)
+    try:
+        keys = [okey(i) for i in range(4)]
+        c.put_many(keys, [Obj(bytes([65 + i]) * 64) for i in range(4)])
+        offs = {k.encoded: c.entry_offset(k.encoded) for k in keys}
+
+        def load(k, delay, out):
+            out.append(c.load_many_into([k.encoded], [Obj(64)]))
+
+        def inflight():
+            return c._native.status()["inflight_io_count"]
+
+        r1 = []
+        c._native._set_load_delay_ms(400)
+        t1 = threading.Thread(target=load, args=(keys[0], 400, r1))
+        t1.start()
+        while inflight() == 0:
+            pass
+        assert c.delete_many([keys[1].encoded], force=True) == [True]  # freed during reader 1
+        c._native._set_load_delay_ms(1500)
+        r2 = []
+        t2 = threading.Thread(target=load, args=(keys[2], 1500, r2))
+        t2.start()
+        while inflight() < 2:
+            pass
+        t1.join()
+        assert t2.is_alive()
+        # reader 1 is done; reader 2 began after the free, so it cannot hold keys[1]'s slot
+        new = okey(10)
+        assert c.put_many([new], [Obj(b"N" * 64)]).results == [True]
+        assert c.entry_offset(new.encoded) == offs[keys[1].encoded]
+        t2.join()
+        c._native._set_load_delay_ms(0)
+        assert r1 == [[True]] and r2 == [[True]]
     finally:
         c.close()

@@ -214,6 +214,11 @@ void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)
     atomic_store(&c->ckpt_delay_ms, ms);
 }
 
+void rb_core_set_load_delay_ms(rb_core *c, uint32_t ms)
+{
+    atomic_store(&c->load_delay_ms, ms);
+}
+
 /* ---- metadata classes ------------------------------------------------------------------ */
 
 static void class_free(rb_class *k)
@@ -315,9 +320,63 @@ oom:
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
 
+static void quarantine_advance_locked(rb_core *c);
+
 void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
 {
-    rb_slots_release(&c->slots, slot);
+    if (c->rd_active[0] + c->rd_active[1] == 0) {
+        rb_slots_release(&c->slots, slot);
+        return;
+    }
+    unsigned g = (unsigned)(c->rd_gen & 1);
+    if (c->rd_npend[g] == c->rd_cap[g]) {
+        size_t nc = c->rd_cap[g] ? c->rd_cap[g] * 2 : 64;
+        uint32_t *np = realloc(c->rd_pend[g], nc * sizeof(uint32_t));
+        if (!np)
+            return; /* kept out of use (see rb_core_int.h) */
+        c->rd_pend[g] = np;
+        c->rd_cap[g] = nc;
+    }
+    c->rd_pend[g][c->rd_npend[g]++] = slot;
+    c->rd_quarantined++;
+    /* Start a new generation now if the previous one has no readers left, so readers that
+     * begin after this free do not hold the slot back. */
+    quarantine_advance_locked(c);
+}
+
+uint64_t rb_core_reader_begin_locked(rb_core *c)
+{
+    c->rd_active[c->rd_gen & 1]++;
+    return c->rd_gen;
+}
+
+/* Release what no reader can hold any more, advancing the generation as far as possible. */
+static void quarantine_advance_locked(rb_core *c)
+{
+    for (;;) {
+        unsigned cur = (unsigned)(c->rd_gen & 1), prev = cur ^ 1u;
+        if (c->rd_active[prev])
+            return; /* readers of the previous generation may hold any slot freed since */
+        for (size_t i = 0; i < c->rd_npend[prev]; i++)
+            rb_slots_release(&c->slots, c->rd_pend[prev][i]);
+        c->rd_npend[prev] = 0;
+        if (c->rd_npend[cur] == 0)
+            return;
+        /* Age the current generation: new readers start in the next one, and the slots freed
+         * so far are released once the current readers are gone. */
+        c->rd_gen++;
+    }
+}
+
+void rb_core_reader_end_locked(rb_core *c, uint64_t gen)
+{
+    c->rd_active[gen & 1]--;
+    quarantine_advance_locked(c);
+}
+
+void rb_core_quarantine_reset_locked(rb_core *c)
+{
+    c->rd_npend[0] = c->rd_npend[1] = 0;
 }
 
 int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, uint64_t size, uint64_t identity,
@@ -335,7 +394,7 @@ static inline void drop_accounting_locked(rb_core *c, uint32_t p)
         c->locked_keys--;
     if (e->flags & RB_ENT_UNVERIFIED)
         c->n_unverified--;
-    rb_slots_release(&c->slots, e->slot);
+    rb_core_free_slot_locked(c, e->slot);
 }
 
 void rb_core_drop_locked(rb_core *c, uint32_t p)
@@ -472,6 +531,8 @@ void rb_core_free(rb_core *c)
         class_free(c->cls[i]);
     free(c->cls);
     rb_slots_free(&c->slots);
+    free(c->rd_pend[0]);
+    free(c->rd_pend[1]);
     pthread_mutex_destroy(&c->ckpt_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->idle_cv);
@@ -868,7 +929,13 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
         }
     }
     io_begin_locked(c, 1);
+    uint64_t rd_gen = rb_core_reader_begin_locked(c);
     pthread_mutex_unlock(&c->mu);
+    uint32_t delay = atomic_load(&c->load_delay_ms);
+    if (delay) {
+        struct timespec ts = {(time_t)(delay / 1000), (long)(delay % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 
     uint64_t sum_fail = 0;
     const uint64_t hb = c->cfg.header_bytes;
@@ -1031,6 +1098,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
             rb_idx_maybe_compact(&c->index);
         }
     }
+    rb_core_reader_end_locked(c, rd_gen);
     io_end_locked(c, 1);
     pthread_mutex_unlock(&c->mu);
     free(s);

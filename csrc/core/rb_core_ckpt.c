@@ -388,6 +388,7 @@ static int validate_entries(rb_core *c, int sequential)
     }
     if (k)
         c->inflight_io++;
+    uint64_t rd_gen = rb_core_reader_begin_locked(c);
     pthread_mutex_unlock(&c->mu);
 
     if (sequential) {
@@ -434,6 +435,7 @@ static int validate_entries(rb_core *c, int sequential)
     }
     if (k)
         c->inflight_io--;
+    rb_core_reader_end_locked(c, rd_gen);
     c->last_io_ns = rb_now_ns();
     if (c->inflight_io == 0)
         pthread_cond_broadcast(&c->idle_cv);
@@ -568,6 +570,9 @@ static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err
     rb_idx_clear(&c->index);
     c->locked_keys = 0;
     c->n_unverified = 0;
+    /* The allocator is rebuilt from the new state: a quarantined slot is either claimed by it or
+     * freed again by apply_end (and quarantined anew if readers are still in flight). */
+    rb_core_quarantine_reset_locked(c);
     if (rb_slots_reset(&c->slots, (uint32_t)top) < 0) {
         pthread_mutex_unlock(&c->mu);
         free(used);
@@ -620,7 +625,7 @@ static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, int oom, rb_err
 {
     for (uint32_t s = 0; s < c->slots.next_slot; s++) /* the state's, or past the in-flight slots */
         if (!used[s])
-            rb_slots_release(&c->slots, s);
+            rb_core_free_slot_locked(c, s); /* quarantined while readers of the old state run */
     c->dirty_total = 0;
     c->persisted = 0;
     c->recovery_entries_loaded = loaded;

@@ -57,8 +57,17 @@ struct rb_core {
     pthread_t thr;
     int thr_started, thr_stop;
 
+    /* Slot quarantine (rb_core_reader_begin/end below): readers in flight per generation,
+     * and the slots freed meanwhile, per generation, that nobody may reuse yet. */
+    uint64_t rd_gen;
+    uint32_t rd_active[2];
+    uint32_t *rd_pend[2];
+    size_t rd_npend[2], rd_cap[2];
+    uint64_t rd_quarantined; /* slots that ever waited (a statistic for tests) */
+
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep;
     _Atomic uint32_t ckpt_delay_ms;
+    _Atomic uint32_t load_delay_ms; /* test hook: pause loads between snapshot and reads */
 };
 
 uint64_t rb_now_ns(void);
@@ -140,8 +149,21 @@ int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, ui
 void rb_core_drop_locked(rb_core *c, uint32_t p);
 /* Intern a metadata class under mu. Returns the id or UINT32_MAX (ENOMEM). */
 uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m);
-/* Release a slot under mu. */
+/*
+ * Release a slot under mu. A reader (a load, a header validation) snapshots an entry's slot
+ * under mu and reads it after dropping mu; if the entry is deleted meanwhile and a put takes
+ * the slot, the reader would get another key's bytes as its own. So while readers are in
+ * flight a freed slot waits in quarantine, by generation: slots freed during generation G
+ * return to the free list once every reader that began in G or earlier has ended. With no
+ * reader in flight a slot is released at once. If the quarantine cannot grow (out of memory)
+ * the slot is kept out of use until the next recovery rather than risk the race.
+ */
 void rb_core_free_slot_locked(rb_core *c, uint32_t slot);
+/* A reader begins (under mu, with its snapshot): returns its generation for reader_end. */
+uint64_t rb_core_reader_begin_locked(rb_core *c);
+void rb_core_reader_end_locked(rb_core *c, uint64_t gen);
+/* Forget the quarantined slots (a new state replaces the slot allocator's contents). */
+void rb_core_quarantine_reset_locked(rb_core *c);
 /* rb_core_fastjson.c: the plain form of a state v1 document, read without json-c. */
 enum {
     RB_FTOP_VERSION, RB_FTOP_DEVICE_PATH, RB_FTOP_CAPACITY, RB_FTOP_BLOCK_ALIGN, RB_FTOP_HEADER_BYTES,

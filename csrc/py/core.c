@@ -972,6 +972,15 @@ static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *core_set_load_delay(PyObject *op, PyObject *arg)
+{
+    unsigned long ms = PyLong_AsUnsignedLong(arg);
+    if (ms == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    rb_core_set_load_delay_ms(core_of(op), (uint32_t)ms);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_identity(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     (void)mod;
@@ -1026,6 +1035,8 @@ static PyMethodDef core_methods[] = {
     {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
      "test hook: _inject_fault('write'|'read'|'submit'|'prep', countdown)"},
     {"_set_checkpoint_delay_ms", core_set_ckpt_delay, METH_O, "test hook: delay each checkpoint writer"},
+    {"_set_load_delay_ms", core_set_load_delay, METH_O,
+     "test hook: pause each load between its index snapshot and its reads"},
     {"_key_identity", (PyCFunction)(void (*)(void))core_identity, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
      "test hook: the C slot identity of an encoded key"},
     {NULL, NULL, 0, NULL},
