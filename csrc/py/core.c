@@ -431,9 +431,13 @@ static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t n
     {
         PyObject *rl = bool_list(results, n);
         PyObject *sl = rl ? PyList_New((Py_ssize_t)n_stored) : NULL;
-        if (sl)
-            for (size_t i = 0; i < n_stored; i++)
-                PyList_SET_ITEM(sl, (Py_ssize_t)i, PyLong_FromUnsignedLong(stored[i]));
+        for (size_t i = 0; sl && i < n_stored; i++) {
+            PyObject *x = PyLong_FromUnsignedLong(stored[i]);
+            if (!x)
+                Py_CLEAR(sl); /* a list with NULL items is never handed out */
+            else
+                PyList_SET_ITEM(sl, (Py_ssize_t)i, x);
+        }
         if (rl && sl)
             ret = PyTuple_Pack(2, rl, sl);
         Py_XDECREF(rl);
