@@ -967,22 +967,24 @@ static PyObject *core_inject_fault(PyObject *op, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
+/* Test hooks that pause a core operation for arg milliseconds. */
+static PyObject *set_delay(PyObject *op, PyObject *arg, void (*set)(rb_core *, uint32_t))
 {
     unsigned long ms = PyLong_AsUnsignedLong(arg);
     if (ms == (unsigned long)-1 && PyErr_Occurred())
         return NULL;
-    rb_core_set_ckpt_delay_ms(core_of(op), (uint32_t)ms);
+    set(core_of(op), (uint32_t)ms);
     Py_RETURN_NONE;
+}
+
+static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
+{
+    return set_delay(op, arg, rb_core_set_ckpt_delay_ms);
 }
 
 static PyObject *core_set_load_delay(PyObject *op, PyObject *arg)
 {
-    unsigned long ms = PyLong_AsUnsignedLong(arg);
-    if (ms == (unsigned long)-1 && PyErr_Occurred())
-        return NULL;
-    rb_core_set_load_delay_ms(core_of(op), (uint32_t)ms);
-    Py_RETURN_NONE;
+    return set_delay(op, arg, rb_core_set_load_delay_ms);
 }
 
 static PyObject *core_identity(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
