@@ -424,12 +424,14 @@ def activate_competitor_dir(path: str | None = None) -> bool:
 def install_commands(target: str) -> list[list[str]]:
     import sys
 
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--target", target]
-    return [[*pip, "torch==2.13.0"], [*pip, "lmcache"]]
+    # One command: with --target pip does not see what an earlier command put there, so a second
+    # `pip install lmcache` would resolve torch afresh and fetch a multi-GB CUDA build beside the
+    # CPU one (5.8 GB seen). Listed together, the resolver keeps torch at the CPU 2.13.0.
+    return [[sys.executable, "-m", "pip", "install", "-q", "--target", target, "torch==2.13.0", "lmcache"]]
 
 
 def install_lmcache(run: Callable[..., Any] | None = None, target: str | None = None) -> tuple[bool, str]:
-    """torch (the local CPU wheel) then lmcache, into ``competitor_dir()``. Never raises."""
+    """torch (the local CPU wheel) and lmcache, into ``competitor_dir()``. Never raises."""
     import subprocess
 
     run = run or subprocess.run
