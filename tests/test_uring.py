@@ -707,3 +707,49 @@ def test_many_devices_and_rapid_close(data_file):
             dev = open_dev(data_file, depth=depth)
             dev.batched_read([0, 4096], [bytearray(4096), bytearray(4096)], [4096, 4096])
             dev.close()
+
+
+# --------------------------------------------------------------------------- hard engine failures
+
+
+def _wait_in_thread(dev, bid, timeout=10.0):
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=dev.wait_iouring(bid)), daemon=True)
+    th.start()
+    th.join(timeout)
+    assert not th.is_alive(), "wait_iouring hung: a request was never finished"
+    return out["r"]
+
+
+def test_submit_failure_then_lost_completions_fail_every_request(data_file):
+    """The kernel took a batch, then io_uring_enter failed hard and no completion could be
+    reaped any more (test hooks 1 and 2). The worker used to leave the loop with those requests
+    never finished, so wait_iouring and close() waited for ever; now every one of them fails with
+    the reap error, later submissions are refused, and close() returns."""
+    dev = open_dev(data_file, depth=16)
+    dev._inject_engine_fault(1 | 2)
+    bufs = [bytearray(4096) for _ in range(8)]
+    ok, errs = _wait_in_thread(dev, dev.batched_read([i * 4096 for i in range(8)], bufs, [4096] * 8))
+    assert ok == [False] * 8
+    assert [i for i, _ in errs] == list(range(8))
+    assert all("io_uring I/O error" in e and f"[Errno {errno.EFAULT}]" in e for _, e in errs), errs
+    assert "io_uring submit failed" in (dev.worker_error() or "")
+    with pytest.raises(RuntimeError, match="io_uring worker stopped"):
+        dev.wait_iouring(dev.batched_read([0], [bytearray(4096)], [4096]))
+    th = threading.Thread(target=dev.close, daemon=True)
+    th.start()
+    th.join(10)
+    assert not th.is_alive(), "close() hung"
+
+
+def test_submit_failure_alone_still_delivers_what_the_kernel_completed(data_file):
+    """Only the submission fails (hook 1): the requests the kernel took complete and are reaped
+    as usual, the engine stops admitting new work."""
+    dev = open_dev(data_file, depth=16)
+    dev._inject_engine_fault(1)
+    bufs = [bytearray(4096) for _ in range(4)]
+    ok, errs = _wait_in_thread(dev, dev.batched_read([i * 4096 for i in range(4)], bufs, [4096] * 4))
+    assert ok == [True] * 4 and errs == []
+    assert all(bytes(b) == pattern(i * 4096, 4096) for i, b in enumerate(bufs))
+    assert "io_uring submit failed" in (dev.worker_error() or "")
+    dev.close()

@@ -91,6 +91,8 @@ struct rb_uring {
     rb_req **sq_fifo;          /* prepared, not yet accepted by the kernel (for stats) */
     unsigned sq_cap, sq_head, sq_count;
     rb_req *retry_head, *retry_tail; /* remainders of short transfers, resubmitted first */
+    rb_req *kern;              /* accepted by the kernel, CQE not reaped (kprev/knext list) */
+    _Atomic int fault;         /* RB_URING_FAULT_* test hooks, consumed by the worker */
     struct fixed_region *regions;
     unsigned nregions;
     int batch_finished;        /* this round finished a batch or a ctl: wake waiters */
@@ -533,6 +535,11 @@ static void account_accepted(struct rb_uring *u, unsigned n)
         rb_req *r = u->sq_fifo[u->sq_head];
         u->sq_head = (u->sq_head + 1) % u->sq_cap;
         u->sq_count--;
+        r->kprev = NULL;
+        r->knext = u->kern;
+        if (u->kern)
+            u->kern->kprev = r;
+        u->kern = r;
         if (r->op == RB_REQ_READ) {
             rd++;
             rdb += r->att_len;
@@ -591,6 +598,12 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
     rb_req *r = (rb_req *)(uintptr_t)ud;
     int res = cqe->res;
     u->inflight--;
+    if (r->kprev)
+        r->kprev->knext = r->knext;
+    else
+        u->kern = r->knext;
+    if (r->knext)
+        r->knext->kprev = r->kprev;
     if (res > 0 || (res == 0 && r->att_len == 0)) {
         cnt[0]++; /* completed */
         if (r->op == RB_REQ_READ)
@@ -633,6 +646,8 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
 
 static void reap(struct rb_uring *u)
 {
+    if (u->no_submit && (atomic_load(&u->fault) & RB_URING_FAULT_REAP))
+        return; /* test hook: completions cannot be reaped */
     unsigned head, seen = 0;
     struct io_uring_cqe *cqe;
     uint64_t cnt[5] = {0, 0, 0, 0, 0};
@@ -741,6 +756,7 @@ static void *worker_main(void *arg)
     futex_wake_all(&u->init_state);
 
     rb_stats *st = &u->dev->stats;
+    int lost_errno = 0; /* set when the loop ends with completions it could not reap */
     for (;;) {
         reap(u);
 
@@ -816,16 +832,25 @@ static void *worker_main(void *arg)
         if (u->no_submit) {
             struct io_uring_cqe *cqe;
             int rc = io_uring_wait_cqe(&u->ring, &cqe);
+            if (atomic_load(&u->fault) & RB_URING_FAULT_REAP)
+                rc = -EFAULT;
             if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
                 /* Cannot even reap: nothing more can be learned from the kernel. Closing the
-                 * ring (below) waits for the kernel to let go of the buffers. */
+                 * ring (below) waits for the kernel to let go of the buffers; then every
+                 * request it held is failed, so no waiter is left hanging. */
+                lost_errno = -rc;
                 break;
             }
             continue;
         }
         if (!u->poll_armed && !stopping)
             arm_poll(u);
+        unsigned had_reqs = u->sq_count;
         int rc = io_uring_submit_and_wait(&u->ring, 1);
+        if (rc >= 0 && had_reqs && (atomic_fetch_and(&u->fault, ~RB_URING_FAULT_SUBMIT) & RB_URING_FAULT_SUBMIT)) {
+            account_accepted(u, (unsigned)rc); /* the kernel has them; we pretend not to know */
+            rc = -EFAULT;
+        }
         if (rc >= 0) {
             account_accepted(u, (unsigned)rc);
         } else if (rc == -EINTR) {
@@ -843,9 +868,37 @@ static void *worker_main(void *arg)
             set_fatal(u, -rc);
         }
     }
-    /* Any batch finished by the last round has been published above. */
-    io_uring_queue_exit(&u->ring);
+    io_uring_queue_exit(&u->ring); /* the kernel is done with every request after this */
+    if (lost_errno) {
+        /* Left the loop without their completions: fail what the kernel had, what waited for
+         * a resubmission and what was still queued, so every batch ends. */
+        for (rb_req *r = u->kern; r;) {
+            rb_req *next = r->knext;
+            u->inflight--;
+            finish(u, r, RB_REQ_EIO, lost_errno);
+            r = next;
+        }
+        u->kern = NULL;
+        fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
+        u->retry_head = u->retry_tail = NULL;
+        pthread_mutex_lock(&u->q_mu);
+        rb_req *queued = u->qhead;
+        size_t nq = u->qcount;
+        u->qhead = u->qtail = NULL;
+        u->qcount = 0;
+        pthread_mutex_unlock(&u->q_mu);
+        if (nq)
+            RB_STAT_SUB(&u->dev->stats, queued_requests, nq);
+        fail_list(u, queued, RB_REQ_SHUTDOWN);
+    }
+    /* Any batch finished before the last round has been published in the loop. */
+    publish_done(u);
     return NULL;
+}
+
+void rb_uring_inject_fault(struct rb_uring *u, int kinds)
+{
+    atomic_fetch_or(&u->fault, kinds);
 }
 
 /* ------------------------------------------------------------------ create / destroy */

@@ -60,6 +60,7 @@ enum rb_req_status {
 
 typedef struct rb_req {
     struct rb_req *next;   /* FIFO / worker retry list link */
+    struct rb_req *kprev, *knext; /* worker: accepted by the kernel, completion not reaped yet */
     struct rb_batch *batch;
     uint8_t *ubuf;         /* caller memory */
     size_t ubuf_len;
@@ -145,6 +146,11 @@ void rb_uring_fixed_status(struct rb_uring *u, int *registered, uint64_t *bytes)
 
 /* 1 once the engine refuses new work (close started or the worker hit a fatal error). */
 int rb_uring_stopped(struct rb_uring *u);
+/* Test hooks: make the worker's next kernel submission report a hard failure after the kernel
+ * took the SQEs (RB_URING_FAULT_SUBMIT), and, once submissions have failed, every attempt to
+ * reap completions fail too (RB_URING_FAULT_REAP). */
+enum { RB_URING_FAULT_SUBMIT = 1, RB_URING_FAULT_REAP = 2 };
+void rb_uring_inject_fault(struct rb_uring *u, int kinds);
 
 /* Copy the worker's fatal error message into buf; returns 1 if there is one, else 0. */
 int rb_uring_worker_error(struct rb_uring *u, char *buf, size_t len);

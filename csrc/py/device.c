@@ -430,6 +430,9 @@ static PyMethodDef device_methods[] = {
     {"register_fixed_buffers", FASTKW(rbpy_dev_register_fixed_buffers),
      "register_fixed_buffers(buffer_ptrs, buffer_sizes)\n--\n\nRegister io_uring fixed buffers."},
     {"worker_error", rbpy_dev_worker_error, METH_NOARGS, "Terminal io_uring worker error, or None."},
+    {"_inject_engine_fault", rbpy_dev_inject_engine_fault, METH_O,
+     "test hook: 1 = the next kernel submission reports a hard failure after the kernel took the "
+     "requests, 2 = the worker's next reap fails"},
     {"fixed_buffer_status", rbpy_dev_fixed_buffer_status, METH_NOARGS,
      "(registered, registered_bytes) of io_uring fixed buffers."},
     {"io_stats_snapshot", device_io_stats_snapshot, METH_NOARGS, "Lifetime I/O counters as a dict."},

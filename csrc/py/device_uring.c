@@ -792,3 +792,20 @@ PyObject *rbpy_dev_fixed_buffer_status(PyObject *op, PyObject *unused)
     }
     return Py_BuildValue("(OK)", reg ? Py_True : Py_False, (unsigned long long)bytes);
 }
+
+/* _inject_engine_fault(kinds): test hook, RB_URING_FAULT_* bits (1 submit, 2 reap). */
+PyObject *rbpy_dev_inject_engine_fault(PyObject *op, PyObject *arg)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    long kinds = PyLong_AsLong(arg);
+    if (kinds == -1 && PyErr_Occurred())
+        return NULL;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    if (!self->dev->uring) {
+        PyErr_SetString(PyExc_RuntimeError, "no io_uring engine");
+        return NULL;
+    }
+    rb_uring_inject_fault(self->dev->uring, (int)kinds);
+    Py_RETURN_NONE;
+}

@@ -63,6 +63,7 @@ PyObject *rbpy_dev_write_uring(PyObject *self, PyObject *const *args, Py_ssize_t
 PyObject *rbpy_dev_register_fixed_buffers(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *rbpy_dev_worker_error(PyObject *self, PyObject *unused);
 PyObject *rbpy_dev_fixed_buffer_status(PyObject *self, PyObject *unused);
+PyObject *rbpy_dev_inject_engine_fault(PyObject *self, PyObject *arg);
 /* Called by close() and dealloc with the GIL held, after the engine has stopped:
  * releases every buffer the batches still hold. */
 void rbpy_uring_batches_free(RawBlockDeviceObject *self);
