@@ -2,9 +2,19 @@
 # The two README commands are `make demo` (main job) and `make test` (test suite);
 # both install what is missing first (Debian packages with apt-get, Python ones with pip).
 
-PYTHON ?= python3
+# Debian's own python3 is "externally managed" (PEP 668: /usr/lib/python3.X/EXTERNALLY-MANAGED,
+# Debian 12 and 13): pip refuses to install into it. With that interpreter the Python packages go
+# into a project virtualenv, .venv; a python pip may install into (pyenv, a venv) is used as is.
+SYS_PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+EXTERNALLY_MANAGED := $(shell $(SYS_PYTHON) -c 'import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' 2>/dev/null && echo 1)
+ifeq ($(EXTERNALLY_MANAGED),1)
+PYTHON ?= $(VENV)/bin/python
+else
+PYTHON ?= $(SYS_PYTHON)
+endif
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
-            libxxhash-dev zlib1g-dev fio util-linux fdisk e2fsprogs
+            libxxhash-dev zlib1g-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
 PYTEST_ARGS ?=
 ASAN_BUILD := build/asan
 # Python itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking
@@ -25,9 +35,11 @@ apt-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# setuptools too: setup.py imports it, and Python 3.12+ venvs (and Debian 13's python3) lack it.
 py-deps: apt-deps
-	@$(PYTHON) -c 'import pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null || \
-	  $(PYTHON) -m pip install -q 'pytest>=7' numpy lmcache-rust-raw-block-io
+	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ] && [ ! -x "$(PYTHON)" ]; then $(SYS_PYTHON) -m venv $(VENV); fi
+	@$(PYTHON) -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null || \
+	  $(PYTHON) -m pip install -q setuptools 'pytest>=7' numpy lmcache-rust-raw-block-io
 
 # In-place build of the extension with warnings as errors; pip install -e registers the package once.
 build: py-deps

@@ -559,10 +559,16 @@ struct rbpy_keyplans {
     int next; /* round-robin victim */
 };
 
-/* The type's current version tag, or 0 when it has none (then nothing is cached). */
+/* The type's current version tag, or 0 when it has none (then nothing is cached).
+ * 3.12+: PyUnstable_Type_AssignVersionTag() gives the type a tag if it has none and says whether
+ * tp_version_tag is valid; Python 3.13 no longer sets Py_TPFLAGS_VALID_VERSION_TAG (a nonzero
+ * tp_version_tag is what marks it valid), so testing the flag there disabled the cache. */
 static unsigned int type_version(PyTypeObject *tp)
 {
-#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Type_AssignVersionTag(tp))
+        return tp->tp_version_tag;
+#elif defined(Py_TPFLAGS_VALID_VERSION_TAG)
     if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
         return tp->tp_version_tag;
 #endif
