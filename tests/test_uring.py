@@ -753,3 +753,44 @@ def test_submit_failure_alone_still_delivers_what_the_kernel_completed(data_file
     assert all(bytes(b) == pattern(i * 4096, 4096) for i, b in enumerate(bufs))
     assert "io_uring submit failed" in (dev.worker_error() or "")
     dev.close()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
+                                                        "needs Python 3.12+")
+@pytest.mark.parametrize("call", ["batched_read", "batched_write", "read_uring", "write_uring"])
+def test_buffer_code_that_closes_the_device_does_not_deadlock(data_file, call):
+    """Buffers are taken before the call is admitted: a __buffer__ that closes the device would
+    otherwise wait in close() for the very call that is running it."""
+    dev = open_dev(data_file, depth=8)
+
+    class Closing:
+        def __init__(self):
+            self.mem = bytearray(4096)
+
+        def __buffer__(self, flags):
+            dev.close()
+            return memoryview(self.mem)
+
+    out = {}
+
+    def run():
+        obj = Closing()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                if call == "batched_read":
+                    dev.wait_iouring(dev.batched_read([0], [obj], [4096]))
+                elif call == "batched_write":
+                    dev.wait_iouring(dev.batched_write([0], [obj], [4096]))
+                elif call == "read_uring":
+                    dev.read_uring(0, obj, 4096)
+                else:
+                    dev.write_uring(0, obj, 4096)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            out["exc"] = e
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(10)
+    assert not th.is_alive(), f"{call}: deadlock between __buffer__ and close()"
+    assert isinstance(out.get("exc"), RuntimeError), out

@@ -419,12 +419,9 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             goto done;
         }
     }
-    if (enter_uring(self) < 0)
-        goto done;
-    entered = 1;
+    /* Buffers before the user reference (see read_uring). */
     batch_ext *ext = b->user;
     for (Py_ssize_t i = 0; i < n; i++) {
-        rb_req *r = &b->reqs[i];
         Py_buffer *v = &ext->views[i];
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), v, PyBUF_ANY_CONTIGUOUS) < 0)
             goto done;
@@ -433,6 +430,13 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             PyErr_SetString(PyExc_ValueError, "null buffer pointer");
             goto done;
         }
+    }
+    if (enter_uring(self) < 0)
+        goto done;
+    entered = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_req *r = &b->reqs[i];
+        Py_buffer *v = &ext->views[i];
         if (rb_batch_set(self->dev->uring, b, (uint32_t)i, RB_REQ_WRITE, r->cur_off, v->buf, (size_t)v->len,
                          r->payload_len, r->total_len, 0, &err) < 0) {
             rbpy_raise_err(&err);
@@ -486,9 +490,7 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
         goto done;
     if (batch_numbers(b, offs, tots, NULL) < 0)
         goto done;
-    if (enter_uring(self) < 0)
-        goto done;
-    entered = 1;
+    /* Buffers before the user reference (see read_uring). */
     batch_ext *ext = b->user;
     rb_err err;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -505,6 +507,9 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
             goto done;
         }
     }
+    if (enter_uring(self) < 0)
+        goto done;
+    entered = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         rb_req *r = &b->reqs[i];
         Py_buffer *v = &ext->views[i];
@@ -628,7 +633,7 @@ PyObject *rbpy_dev_read_uring(PyObject *op, PyObject *const *args, Py_ssize_t na
     if (PyErr_WarnEx(PyExc_DeprecationWarning, DEPRECATED_READ_URING, 1) < 0)
         return NULL;
     uint64_t offset;
-    size_t payload, total;
+    size_t payload, total = 0;
     int has_total = 0;
     if (item_u64(a[0], "offset", &offset) < 0 || item_size(a[2], "payload_len", &payload) < 0)
         return NULL;
@@ -637,12 +642,18 @@ PyObject *rbpy_dev_read_uring(PyObject *op, PyObject *const *args, Py_ssize_t na
             return NULL;
         has_total = 1;
     }
+    /* Entry checks first (their errors come first), the buffer next, the user reference last:
+     * from Python 3.12 a buffer can be a Python class (__buffer__), whose code could close the
+     * device, and close() waits for every admitted call. */
     if (enter_uring(self) < 0)
         return NULL;
+    rb_dev_leave(self->dev);
     PyObject *ret = NULL;
     Py_buffer v;
-    if (PyObject_GetBuffer(a[1], &v, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0) {
-        rb_dev_leave(self->dev);
+    if (PyObject_GetBuffer(a[1], &v, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    if (enter_uring(self) < 0) {
+        PyBuffer_Release(&v);
         return NULL;
     }
     if (!has_total)
@@ -673,7 +684,7 @@ PyObject *rbpy_dev_write_uring(PyObject *op, PyObject *const *args, Py_ssize_t n
     if (rbpy_unpack("write_uring", names, 5, 3, args, nargs, kwnames, a) < 0)
         return NULL;
     uint64_t offset;
-    size_t payload, total;
+    size_t payload, total = 0;
     int has_total = 0;
     if (item_u64(a[0], "offset", &offset) < 0 || item_size(a[2], "payload_len", &payload) < 0)
         return NULL;
@@ -682,12 +693,18 @@ PyObject *rbpy_dev_write_uring(PyObject *op, PyObject *const *args, Py_ssize_t n
             return NULL;
         has_total = 1;
     }
+    /* Entry checks first (their errors come first), the buffer next, the user reference last:
+     * from Python 3.12 a buffer can be a Python class (__buffer__), whose code could close the
+     * device, and close() waits for every admitted call. */
     if (enter_uring(self) < 0)
         return NULL;
+    rb_dev_leave(self->dev);
     PyObject *ret = NULL;
     Py_buffer v;
-    if (PyObject_GetBuffer(a[1], &v, PyBUF_ANY_CONTIGUOUS) < 0) {
-        rb_dev_leave(self->dev);
+    if (PyObject_GetBuffer(a[1], &v, PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    if (enter_uring(self) < 0) {
+        PyBuffer_Release(&v);
         return NULL;
     }
     if (!has_total)
