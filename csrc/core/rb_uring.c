@@ -540,6 +540,7 @@ static void account_accepted(struct rb_uring *u, unsigned n)
         if (u->kern)
             u->kern->kprev = r;
         u->kern = r;
+        r->in_kern = 1;
         if (r->op == RB_REQ_READ) {
             rd++;
             rdb += r->att_len;
@@ -598,12 +599,15 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
     rb_req *r = (rb_req *)(uintptr_t)ud;
     int res = cqe->res;
     u->inflight--;
-    if (r->kprev)
-        r->kprev->knext = r->knext;
-    else
-        u->kern = r->knext;
-    if (r->knext)
-        r->knext->kprev = r->kprev;
+    if (r->in_kern) {
+        if (r->kprev)
+            r->kprev->knext = r->knext;
+        else
+            u->kern = r->knext;
+        if (r->knext)
+            r->knext->kprev = r->kprev;
+        r->in_kern = 0;
+    }
     if (res > 0 || (res == 0 && r->att_len == 0)) {
         cnt[0]++; /* completed */
         if (r->op == RB_REQ_READ)

@@ -77,6 +77,7 @@ typedef struct rb_req {
     uint8_t op;     /* enum rb_req_op */
     uint8_t status; /* enum rb_req_status; written by the worker before the batch count drops */
     uint8_t att_fixed; /* the attempt in flight uses a registered (fixed) buffer */
+    uint8_t in_kern;   /* linked on the worker's kprev/knext list */
 } rb_req;
 
 typedef struct rb_batch {
