@@ -515,3 +515,17 @@ def test_real_lmcache_from_string_round_trip(lmc):
     keys = [lmc.CacheEngineKey("m", 2, 1, 2**63 + i, torch.float8_e4m3fn, {"lmcache.tag.t": "v"}) for i in range(20)]
     for enc in _native.encode_legacy_keys(keys):
         assert lmc.CacheEngineKey.from_string(enc).to_string() == enc
+
+
+def test_unsigned_64_bit_hashes_take_the_fast_path():
+    """vLLM's sha256_cbor_64bit hashes are unsigned 64-bit ints: half of them do not fit a C
+    long long. They are encoded in C all the same (to_string() only for the one check)."""
+    _native._forget_key_plans()
+    hashes = [2**63, 2**64 - 1, 2**63 + 12345, 2**63 - 1, -2**63, 0, -1, 0xDEADBEEFCAFEBABE]
+    keys = [FakeKey("m", 1, 0, h, "bfloat16") for h in hashes] * 3
+    want = expected(keys)
+    with CountToString() as c:
+        got = _native.encode_legacy_keys(keys)
+    assert got == want
+    assert c.n == 1
+    assert check([FakeKey("m", 1, 0, 2**64, "half"), FakeKey("m", 1, 0, -2**63 - 1, "half")])  # general path

@@ -242,10 +242,38 @@ static inline void hex16(char *dst, uint64_t u)
 }
 
 /* v as format(v, "x") at d (at most 17 bytes); returns the end. */
-static inline char *put_hex(char *d, long long v)
+/* Exact int o whose magnitude fits in 64 bits -> *neg, *mag: 1; 0 when it does not fit (or is
+ * not an exact int); -1 on error. Covers the unsigned 64-bit chunk hashes vLLM's
+ * sha256_cbor_64bit produces, half of which do not fit a long long. */
+static int int_mag64(PyObject *o, int *neg, uint64_t *mag)
 {
-    uint64_t u = v < 0 ? 0ULL - (uint64_t)v : (uint64_t)v;
-    if (v < 0)
+    long long v;
+    int rc = small_int(o, &v);
+    if (rc < 0)
+        return -1;
+    if (rc > 0) {
+        *neg = v < 0;
+        *mag = v < 0 ? 0ULL - (uint64_t)v : (uint64_t)v;
+        return 1;
+    }
+    if (!PyLong_CheckExact(o))
+        return 0;
+    unsigned long long u = PyLong_AsUnsignedLongLong(o); /* non-negative, < 2**64, else raises */
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear(); /* negative below -2**63, or 2**64 and up: the general path */
+        return 0;
+    }
+    *neg = 0;
+    *mag = u;
+    return 1;
+}
+
+/* neg/mag as format(v, "x") at d (at most 17 bytes); returns the end. */
+static inline char *put_hex(char *d, int neg, uint64_t u)
+{
+    if (neg)
         *d++ = '-';
     char tmp[16];
     hex16(tmp, u);
@@ -274,8 +302,9 @@ static int kbuf_put_hash(kbuf *b, PyObject *o, int *is_bytes)
     if (!PyLong_CheckExact(o))
         return 0;
     *is_bytes = 0;
-    long long v;
-    int fits = small_int(o, &v);
+    int neg;
+    uint64_t mag;
+    int fits = int_mag64(o, &neg, &mag);
     if (fits < 0)
         return -1;
     if (!fits) {
@@ -287,13 +316,13 @@ static int kbuf_put_hash(kbuf *b, PyObject *o, int *is_bytes)
         const char *s = PyUnicode_AsUTF8AndSize(h, &n);
         int rc = -1;
         if (s) {
-            int neg = s[0] == '-';
-            if (n >= 2 + neg && s[neg] == '0' && s[neg + 1] == 'x') {
+            int minus = s[0] == '-';
+            if (n >= 2 + minus && s[minus] == '0' && s[minus + 1] == 'x') {
                 rc = 0;
-                if (neg)
+                if (minus)
                     rc = kbuf_put(b, "-", 1);
                 if (rc == 0)
-                    rc = kbuf_put(b, s + neg + 2, (size_t)(n - neg - 2));
+                    rc = kbuf_put(b, s + minus + 2, (size_t)(n - minus - 2));
                 rc = rc < 0 ? -1 : 1;
             } else {
                 rc = 0; /* unexpected form: let to_string() decide */
@@ -304,7 +333,7 @@ static int kbuf_put_hash(kbuf *b, PyObject *o, int *is_bytes)
     }
     if (kbuf_reserve(b, 17) < 0)
         return -1;
-    b->len = (size_t)(put_hex(b->p + b->len, v) - b->p);
+    b->len = (size_t)(put_hex(b->p + b->len, neg, mag) - b->p);
     return 1;
 }
 
@@ -501,10 +530,11 @@ static int encode_direct(const key_plan *pl, PyObject *key, kbuf *b, int *combo)
     if (!PyUnicode_CheckExact(model) || !PyUnicode_IS_COMPACT_ASCII(model) || !PyUnicode_CheckExact(dtype) ||
         !PyUnicode_IS_COMPACT_ASCII(dtype))
         return 0;
-    long long w, k, h, l = 0;
-    int rc;
+    long long w, k, l = 0;
+    uint64_t h;
+    int rc, hneg;
     if ((rc = small_int(world, &w)) <= 0 || (rc = small_int(worker, &k)) <= 0 ||
-        (rc = small_int(hash, &h)) <= 0 || (layer && (rc = small_int(layer, &l)) <= 0))
+        (rc = int_mag64(hash, &hneg, &h)) <= 0 || (layer && (rc = small_int(layer, &l)) <= 0))
         return rc;
     size_t ml = (size_t)PyUnicode_GET_LENGTH(model), dl = (size_t)PyUnicode_GET_LENGTH(dtype);
     /* model @ int @ int @ -hex16 @ dtype [@ int] */
@@ -518,7 +548,7 @@ static int encode_direct(const key_plan *pl, PyObject *key, kbuf *b, int *combo)
     *d++ = '@';
     d = put_dec(d, k);
     *d++ = '@';
-    d = put_hex(d, h);
+    d = put_hex(d, hneg, h);
     *d++ = '@';
     copy_short(d, (const char *)PyUnicode_DATA(dtype), dl);
     d += dl;
