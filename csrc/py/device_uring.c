@@ -358,6 +358,33 @@ static int batch_numbers(rb_batch *b, PyObject *offs, PyObject *tots, PyObject *
     return 0;
 }
 
+/*
+ * Take the n buffers of a batch (writable ones for reads), then the user reference. Buffers come
+ * first: from Python 3.12 a buffer can be a Python class (__buffer__), whose code could close the
+ * device, and close() waits for every admitted call. Returns 0 entered, -1 with an exception
+ * (views taken so far stay in the batch for its release).
+ */
+static int take_views(RawBlockDeviceObject *self, rb_batch *b, PyObject *bufs, Py_ssize_t n, int writable)
+{
+    batch_ext *ext = b->user;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer *v = &ext->views[i];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), v,
+                               (writable ? PyBUF_WRITABLE : 0) | PyBUF_ANY_CONTIGUOUS) < 0)
+            return -1;
+        ext->nviews++;
+        if (writable && v->readonly) {
+            PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
+            return -1;
+        }
+        if (v->buf == NULL && v->len > 0) {
+            PyErr_SetString(PyExc_ValueError, "null buffer pointer");
+            return -1;
+        }
+    }
+    return enter_uring(self);
+}
+
 PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"offsets", "buffers", "total_lens", "placement_ids", "payload_lens"};
@@ -419,19 +446,8 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             goto done;
         }
     }
-    /* Buffers before the user reference (see read_uring). */
     batch_ext *ext = b->user;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_buffer *v = &ext->views[i];
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), v, PyBUF_ANY_CONTIGUOUS) < 0)
-            goto done;
-        ext->nviews++;
-        if (v->buf == NULL && v->len > 0) {
-            PyErr_SetString(PyExc_ValueError, "null buffer pointer");
-            goto done;
-        }
-    }
-    if (enter_uring(self) < 0)
+    if (take_views(self, b, bufs, n, 0) < 0)
         goto done;
     entered = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -490,24 +506,9 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
         goto done;
     if (batch_numbers(b, offs, tots, NULL) < 0)
         goto done;
-    /* Buffers before the user reference (see read_uring). */
     batch_ext *ext = b->user;
     rb_err err;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_buffer *v = &ext->views[i];
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bufs, i), v, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0)
-            goto done;
-        ext->nviews++;
-        if (v->readonly) {
-            PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
-            goto done;
-        }
-        if (v->buf == NULL && v->len > 0) {
-            PyErr_SetString(PyExc_ValueError, "null buffer pointer");
-            goto done;
-        }
-    }
-    if (enter_uring(self) < 0)
+    if (take_views(self, b, bufs, n, 1) < 0)
         goto done;
     entered = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
