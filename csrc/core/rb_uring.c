@@ -872,10 +872,23 @@ static void *worker_main(void *arg)
             set_fatal(u, -rc);
         }
     }
-    io_uring_queue_exit(&u->ring); /* the kernel is done with every request after this */
     if (lost_errno) {
-        /* Left the loop without their completions: fail what the kernel had, what waited for
-         * a resubmission and what was still queued, so every batch ends. */
+        /* Left the loop without their completions. Before anything may end, the kernel must be
+         * done with the requests' buffers (a read in flight could still write into memory its
+         * owner frees once told the request failed): cancel everything synchronously, which
+         * returns once no request is left. Closing the ring alone would not wait. */
+        struct io_uring_sync_cancel_reg reg;
+        memset(&reg, 0, sizeof(reg));
+        reg.flags = IORING_ASYNC_CANCEL_ANY | IORING_ASYNC_CANCEL_ALL;
+        reg.timeout.tv_sec = 30;
+        int crc = io_uring_register_sync_cancel(&u->ring, &reg);
+        if (crc < 0 && crc != -ENOENT)
+            lost_errno = 0; /* cannot prove it: leave them unfinished rather than risk the memory */
+    }
+    io_uring_queue_exit(&u->ring);
+    if (lost_errno) {
+        /* The kernel holds nothing any more: fail what it had, what waited for a resubmission
+         * and what was still queued, so every batch ends. */
         for (rb_req *r = u->kern; r;) {
             rb_req *next = r->knext;
             u->inflight--;
