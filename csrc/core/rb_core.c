@@ -322,12 +322,8 @@ oom:
 
 static void quarantine_advance_locked(rb_core *c);
 
-void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
+void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot)
 {
-    if (c->rd_active[0] + c->rd_active[1] == 0) {
-        rb_slots_release(&c->slots, slot);
-        return;
-    }
     unsigned g = (unsigned)(c->rd_gen & 1);
     if (c->rd_npend[g] == c->rd_cap[g]) {
         size_t nc = c->rd_cap[g] ? c->rd_cap[g] * 2 : 64;

@@ -158,7 +158,14 @@ uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m);
  * reader in flight a slot is released at once. If the quarantine cannot grow (out of memory)
  * the slot is kept out of use until the next recovery rather than risk the race.
  */
-void rb_core_free_slot_locked(rb_core *c, uint32_t slot);
+void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot);
+static inline void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
+{
+    if (c->rd_active[0] + c->rd_active[1] == 0)
+        rb_slots_release(&c->slots, slot); /* no reader in flight: free at once */
+    else
+        rb_core_quarantine_slot_locked(c, slot);
+}
 /* A reader begins (under mu, with its snapshot): returns its generation for reader_end. */
 uint64_t rb_core_reader_begin_locked(rb_core *c);
 void rb_core_reader_end_locked(rb_core *c, uint64_t gen);
