@@ -624,6 +624,32 @@ static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t off
     Py_RETURN_NONE;
 }
 
+/*
+ * read_uring / write_uring: offset, payload_len and total_len (default payload_len) from
+ * args[0], [2], [3]; then the entry checks (their errors come first), the buffer args[1], and
+ * the user reference last, as in take_views. Returns 0 with *v held and the call entered, or
+ * -1 with an exception.
+ */
+static int single_begin(RawBlockDeviceObject *self, PyObject *const *a, int flags, uint64_t *offset,
+                        size_t *payload, size_t *total, Py_buffer *v)
+{
+    if (item_u64(a[0], "offset", offset) < 0 || item_size(a[2], "payload_len", payload) < 0)
+        return -1;
+    *total = *payload;
+    if (a[3] && a[3] != Py_None && item_size(a[3], "total_len", total) < 0)
+        return -1;
+    if (enter_uring(self) < 0)
+        return -1;
+    rb_dev_leave(self->dev);
+    if (PyObject_GetBuffer(a[1], v, flags | PyBUF_ANY_CONTIGUOUS) < 0)
+        return -1;
+    if (enter_uring(self) < 0) {
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *rbpy_dev_read_uring(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"offset", "data", "payload_len", "total_len"};
@@ -634,31 +660,11 @@ PyObject *rbpy_dev_read_uring(PyObject *op, PyObject *const *args, Py_ssize_t na
     if (PyErr_WarnEx(PyExc_DeprecationWarning, DEPRECATED_READ_URING, 1) < 0)
         return NULL;
     uint64_t offset;
-    size_t payload, total = 0;
-    int has_total = 0;
-    if (item_u64(a[0], "offset", &offset) < 0 || item_size(a[2], "payload_len", &payload) < 0)
-        return NULL;
-    if (a[3] && a[3] != Py_None) {
-        if (item_size(a[3], "total_len", &total) < 0)
-            return NULL;
-        has_total = 1;
-    }
-    /* Entry checks first (their errors come first), the buffer next, the user reference last:
-     * from Python 3.12 a buffer can be a Python class (__buffer__), whose code could close the
-     * device, and close() waits for every admitted call. */
-    if (enter_uring(self) < 0)
-        return NULL;
-    rb_dev_leave(self->dev);
-    PyObject *ret = NULL;
+    size_t payload, total;
     Py_buffer v;
-    if (PyObject_GetBuffer(a[1], &v, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0)
+    if (single_begin(self, a, PyBUF_WRITABLE, &offset, &payload, &total, &v) < 0)
         return NULL;
-    if (enter_uring(self) < 0) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    if (!has_total)
-        total = payload;
+    PyObject *ret = NULL;
     rb_err err;
     if (v.readonly)
         PyErr_SetString(PyExc_ValueError, "output buffer is readonly");
@@ -685,31 +691,11 @@ PyObject *rbpy_dev_write_uring(PyObject *op, PyObject *const *args, Py_ssize_t n
     if (rbpy_unpack("write_uring", names, 5, 3, args, nargs, kwnames, a) < 0)
         return NULL;
     uint64_t offset;
-    size_t payload, total = 0;
-    int has_total = 0;
-    if (item_u64(a[0], "offset", &offset) < 0 || item_size(a[2], "payload_len", &payload) < 0)
-        return NULL;
-    if (a[3] && a[3] != Py_None) {
-        if (item_size(a[3], "total_len", &total) < 0)
-            return NULL;
-        has_total = 1;
-    }
-    /* Entry checks first (their errors come first), the buffer next, the user reference last:
-     * from Python 3.12 a buffer can be a Python class (__buffer__), whose code could close the
-     * device, and close() waits for every admitted call. */
-    if (enter_uring(self) < 0)
-        return NULL;
-    rb_dev_leave(self->dev);
-    PyObject *ret = NULL;
+    size_t payload, total;
     Py_buffer v;
-    if (PyObject_GetBuffer(a[1], &v, PyBUF_ANY_CONTIGUOUS) < 0)
+    if (single_begin(self, a, 0, &offset, &payload, &total, &v) < 0)
         return NULL;
-    if (enter_uring(self) < 0) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    if (!has_total)
-        total = payload;
+    PyObject *ret = NULL;
     rb_err err;
     if (v.buf == NULL && v.len > 0)
         PyErr_SetString(PyExc_ValueError, "null buffer pointer");
