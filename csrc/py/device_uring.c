@@ -804,12 +804,9 @@ PyObject *rbpy_dev_inject_engine_fault(PyObject *op, PyObject *arg)
     long kinds = PyLong_AsLong(arg);
     if (kinds == -1 && PyErr_Occurred())
         return NULL;
-    if (rbpy_device_check_open(self) < 0)
+    if (enter_uring(self) < 0)
         return NULL;
-    if (!self->dev->uring) {
-        PyErr_SetString(PyExc_RuntimeError, "no io_uring engine");
-        return NULL;
-    }
     rb_uring_inject_fault(self->dev->uring, (int)kinds);
+    rb_dev_leave(self->dev);
     Py_RETURN_NONE;
 }
