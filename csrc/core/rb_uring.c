@@ -746,6 +746,16 @@ static int setup_ring(struct rb_uring *u, rb_err *err)
     return 0;
 }
 
+/* Empty the submission queue (q_mu held): its list, and *n = how many it held. */
+static rb_req *take_all_queued_locked(struct rb_uring *u, size_t *n)
+{
+    rb_req *all = u->qhead;
+    *n = u->qcount;
+    u->qhead = u->qtail = NULL;
+    u->qcount = 0;
+    return all;
+}
+
 static void *worker_main(void *arg)
 {
     struct rb_uring *u = arg;
@@ -783,10 +793,7 @@ static void *worker_main(void *arg)
         ctl = u->ctl;
         u->ctl = NULL;
         if (stopping) {
-            shutdown = u->qhead;
-            ntake = u->qcount;
-            u->qhead = u->qtail = NULL;
-            u->qcount = 0;
+            shutdown = take_all_queued_locked(u, &ntake);
         } else if (u->qcount) {
             take = u->qhead;
             rb_req *last = NULL, *r = u->qhead;
@@ -898,11 +905,9 @@ static void *worker_main(void *arg)
         u->kern = NULL;
         fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
         u->retry_head = u->retry_tail = NULL;
+        size_t nq;
         pthread_mutex_lock(&u->q_mu);
-        rb_req *queued = u->qhead;
-        size_t nq = u->qcount;
-        u->qhead = u->qtail = NULL;
-        u->qcount = 0;
+        rb_req *queued = take_all_queued_locked(u, &nq);
         pthread_mutex_unlock(&u->q_mu);
         if (nq)
             RB_STAT_SUB(&u->dev->stats, queued_requests, nq);
