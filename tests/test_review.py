@@ -278,7 +278,7 @@ def test_quarantine_generations_release_slots_while_readers_overlap(tmp_path):
         c.put_many(keys, [Obj(bytes([65 + i]) * 64) for i in range(4)])
         offs = {k.encoded: c.entry_offset(k.encoded) for k in keys}
 
-        def load(k, delay, out):
+        def load(k, out):
             out.append(c.load_many_into([k.encoded], [Obj(64)]))
 
         def inflight():
@@ -286,14 +286,14 @@ def test_quarantine_generations_release_slots_while_readers_overlap(tmp_path):
 
         r1 = []
         c._native._set_load_delay_ms(400)
-        t1 = threading.Thread(target=load, args=(keys[0], 400, r1))
+        t1 = threading.Thread(target=load, args=(keys[0], r1))
         t1.start()
         while inflight() == 0:
             pass
         assert c.delete_many([keys[1].encoded], force=True) == [True]  # freed during reader 1
         c._native._set_load_delay_ms(1500)
         r2 = []
-        t2 = threading.Thread(target=load, args=(keys[2], 1500, r2))
+        t2 = threading.Thread(target=load, args=(keys[2], r2))
         t2.start()
         while inflight() < 2:
             pass
