@@ -312,3 +312,30 @@ def test_lmcache_device_opens_fast_and_slot_reuse_is_a_miss(tmp_path, alloc, wri
             r._native.close()
         with open(dev, "r+b") as f:
             f.write(ckpt)
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_tensor_memory_objs_are_read_without_byte_array(tmp_path, alloc, engine, monkeypatch):
+    # The C side reads LMCache's TensorMemoryObj through raw_data.data_ptr() / get_size():
+    # with byte_array broken, put and load still move exactly get_size() bytes.
+    import lmcache.v1.memory_management as mm
+
+    dev = make_device(tmp_path)
+    c = ours(dev, io_engine=engine)
+    keys = _object_keys(4, model="fastpath")
+    objs = _objects(alloc, 4, seed=5)
+    assert all(type(o) is mm.TensorMemoryObj for o in objs)
+    want = [_bytes(o) for o in objs]
+    outs = _blank_like(alloc, objs)
+
+    def broken(*a, **k):
+        raise AssertionError("byte_array was used")
+
+    monkeypatch.setattr(mm.ctypes, "cast", broken)
+    try:
+        assert c.put_many(keys, objs).results == [True] * 4
+        assert c.load_many_into([k.encoded for k in keys], outs, raise_on_error=True) == [True] * 4
+    finally:
+        monkeypatch.undo()
+        c.close()
+    assert [_bytes(o) for o in outs] == want

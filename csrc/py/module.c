@@ -170,7 +170,34 @@ static PyObject *rbpy_probe_foreign(PyObject *mod, PyObject *arg)
     return PyUnicode_FromString(what);
 }
 
+/* _set_memobj_type(cls): payload objects of exactly this class (LMCache's TensorMemoryObj)
+ * are read as raw_data.data_ptr() / get_size() bytes, which is what its byte_array exposes,
+ * without building the ctypes memoryview (about 3 us per object). The class's byte_array
+ * property is remembered: if it is replaced later, objects go through byte_array again. */
+static PyObject *rbpy_set_memobj_type(PyObject *mod, PyObject *cls)
+{
+    rbpy_state *st = PyModule_GetState(mod);
+    if (cls == Py_None) {
+        Py_CLEAR(st->memobj_type);
+        Py_CLEAR(st->memobj_descr);
+        Py_RETURN_NONE;
+    }
+    if (!PyType_Check(cls)) {
+        PyErr_Format(PyExc_TypeError, "_set_memobj_type expects a class or None, got %.100s", Py_TYPE(cls)->tp_name);
+        return NULL;
+    }
+    PyObject *descr = PyObject_GetAttr(cls, st->names[RBPY_NAME_BYTE_ARRAY]);
+    if (!descr)
+        return NULL;
+    Py_XSETREF(st->memobj_type, Py_NewRef(cls));
+    Py_XSETREF(st->memobj_descr, descr);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef rbpy_functions[] = {
+    {"_set_memobj_type", rbpy_set_memobj_type, METH_O,
+     "_set_memobj_type(cls | None) -> None: read payloads of exactly this MemoryObj class through "
+     "raw_data.data_ptr() and get_size() (what its byte_array exposes) instead of byte_array."},
     {"encode_legacy_keys", rbpy_encode_legacy_keys, METH_O,
      "encode_legacy_keys(keys) -> list[str]: `k if isinstance(k, str) else k.to_string()` for every key, "
      "LMCache's CacheEngineKey / LayerCacheEngineKey encoded in C (anything else through to_string())."},
@@ -190,6 +217,11 @@ static PyMethodDef rbpy_functions[] = {
 static int rbpy_exec(PyObject *mod)
 {
     rbpy_state *st = PyModule_GetState(mod);
+    static const char *const names[RBPY_N_NAMES] = {"raw_data", "is_cpu",   "is_contiguous", "nbytes",
+                                                     "data_ptr", "get_size", "byte_array"};
+    for (int i = 0; i < RBPY_N_NAMES; i++)
+        if (!(st->names[i] = PyUnicode_InternFromString(names[i])))
+            return -1;
     st->device_type = (PyTypeObject *)PyType_FromModuleAndSpec(mod, &rbpy_device_spec, NULL);
     if (!st->device_type)
         return -1;
@@ -210,6 +242,10 @@ static int rbpy_traverse(PyObject *mod, visitproc visit, void *arg)
     rbpy_state *st = PyModule_GetState(mod);
     Py_VISIT(st->device_type);
     Py_VISIT(st->core_type);
+    Py_VISIT(st->memobj_type);
+    Py_VISIT(st->memobj_descr);
+    for (int i = 0; i < RBPY_N_NAMES; i++)
+        Py_VISIT(st->names[i]);
     return rbpy_keyplans_traverse(st, visit, arg);
 }
 
@@ -218,6 +254,10 @@ static int rbpy_clear(PyObject *mod)
     rbpy_state *st = PyModule_GetState(mod);
     Py_CLEAR(st->device_type);
     Py_CLEAR(st->core_type);
+    Py_CLEAR(st->memobj_type);
+    Py_CLEAR(st->memobj_descr);
+    for (int i = 0; i < RBPY_N_NAMES; i++)
+        Py_CLEAR(st->names[i]);
     rbpy_keyplans_clear(st);
     return 0;
 }

@@ -14,10 +14,20 @@
 
 typedef struct rbpy_keyplans rbpy_keyplans;
 
+/* Attribute names looked up per payload object, interned once per module (module.c). */
+enum { RBPY_NAME_RAW_DATA, RBPY_NAME_IS_CPU, RBPY_NAME_IS_CONTIGUOUS, RBPY_NAME_NBYTES, RBPY_NAME_DATA_PTR,
+       RBPY_NAME_GET_SIZE, RBPY_NAME_BYTE_ARRAY, RBPY_N_NAMES };
+
 typedef struct {
     PyTypeObject *device_type;
     PyTypeObject *core_type; /* _native.Core (core.c) */
     rbpy_keyplans *keyplans; /* key encoding plans kept across calls (keys.c), or NULL */
+    /* LMCache's TensorMemoryObj and its byte_array property as registered by the facade
+     * (_native._set_memobj_type), or NULL: payload objects of exactly this type are read
+     * through raw_data.data_ptr() and get_size() instead of byte_array (core.c). */
+    PyObject *memobj_type;
+    PyObject *memobj_descr;
+    PyObject *names[RBPY_N_NAMES]; /* interned attribute names (rbpy_name) */
 } rbpy_state;
 
 typedef struct rbpy_uring_batches rbpy_uring_batches;

@@ -42,6 +42,17 @@ try:  # pragma: no cover - depends on the environment
 except Exception:  # noqa: BLE001
     HAVE_LMCACHE = False
 
+try:  # pragma: no cover - depends on the environment
+    from lmcache.v1.memory_management import TensorMemoryObj  # type: ignore
+except Exception:  # noqa: BLE001
+    TensorMemoryObj = None  # type: ignore[assignment,misc]
+if TensorMemoryObj is not None:
+    # Payloads of this class are read by the C core from raw_data.data_ptr() / get_size(),
+    # the bytes its byte_array exposes, without building a ctypes memoryview per object.
+    from .. import _native
+
+    _native._set_memobj_type(TensorMemoryObj)
+
 # LMCache's short dtype names (the strings written into checkpoints and legacy keys).
 _SHORT_TO_TORCH_ATTR = {
     "half": "float16",

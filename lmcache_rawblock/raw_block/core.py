@@ -81,9 +81,33 @@ def _buffer_address(buf: Any) -> tuple[int, int]:
     return ctypes.addressof(ctypes.c_char.from_buffer(mv.cast("B"))), size
 
 
-def _shape_of(meta: Any) -> list[int] | None:
+def _shape_of(meta: Any) -> Any:
     shape = getattr(meta, "shape", None)
-    return None if shape is None else [int(d) for d in shape]
+    if shape is None or isinstance(shape, tuple):  # torch.Size is a tuple of ints
+        return shape
+    return [int(d) for d in shape]
+
+
+# (dtype, fmt) -> their checkpoint names: the conversions cost more than the rest of a key's
+# put preparation; a process sees a handful of distinct pairs.
+_META_NAMES: dict[tuple[Any, Any], tuple[str | None, str | None]] = {}
+
+
+def _meta_of(obj: Any) -> tuple[Any, Any, Any, Any]:
+    """(dtype name, format name, shape, cached positions) of a MemoryObj for the C core."""
+    m = getattr(obj, "metadata", None)
+    dtype, fmt = getattr(m, "dtype", None), getattr(m, "fmt", None)
+    try:
+        names = _META_NAMES[(dtype, fmt)]
+    except (KeyError, TypeError):  # TypeError: an unhashable stand-in, converted each time
+        names = (dtype_to_short_name(dtype), memory_format_name(fmt))
+        if len(_META_NAMES) < 256:
+            try:
+                _META_NAMES[(dtype, fmt)] = names
+            except TypeError:
+                pass
+    pos = getattr(m, "cached_positions", None)
+    return names[0], names[1], _shape_of(m), None if pos is None else positions_to_list(pos)
 
 
 def _refuse_foreign_device(path: str) -> None:
@@ -293,14 +317,10 @@ class RawBlockCore:
             raise ValueError("keys and objs must have the same length")
         pids = normalize_raw_block_placement_ids(placement_ids, len(keys))
         enc = [k.encoded for k in keys]
-        metas = []
-        bufs = []
-        for obj in objs:
-            m = getattr(obj, "metadata", None)
-            metas.append((dtype_to_short_name(getattr(m, "dtype", None)), memory_format_name(getattr(m, "fmt", None)),
-                          _shape_of(m), positions_to_list(getattr(m, "cached_positions", None))))
-            bufs.append(obj.byte_array)
-        results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], bufs, pids, metas)
+        metas = [_meta_of(obj) for obj in objs]
+        # The C side reads each payload itself: LMCache's TensorMemoryObj through raw_data
+        # (registered in _lmcache), anything else through the buffer protocol or byte_array.
+        results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs), pids, metas)
         return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored])
 
     def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any], *,
@@ -316,7 +336,7 @@ class RawBlockCore:
         if len(encoded_keys) != len(objs):
             raise ValueError("encoded_keys and objs must have the same length")
         keys = list(encoded_keys)
-        results, positions, errors = self._native.load_many_into(keys, [o.byte_array for o in objs])
+        results, positions, errors = self._native.load_many_into(keys, list(objs))
         for ok, obj, pos in zip(results, objs, positions):
             if ok and getattr(obj, "metadata", None) is not None:
                 obj.metadata.cached_positions = positions_from_list(pos)
