@@ -18,7 +18,10 @@ report gives medians and ratios (never single runs). Parts:
             memory per entry (Core.mem_bytes()).
   cpu       per-key CPU time (time.process_time, all threads) and wall time of put_many /
             load_many_into, 64 x 64 KiB: page cache, and O_DIRECT (block_align 4096, zero copy,
-            4096-aligned MemoryObjs on both sides); posix and io_uring engines.
+            4096-aligned MemoryObjs on both sides), posix and io_uring engines; and io_uring
+            with the MemoryObjs in buffers both cores register. Beside each row the kernel
+            floor: benchmarks/io_floor.c (compiled with cc -luring) doing the same transfers
+            from a bare C loop on the same file.
 """
 
 from __future__ import annotations
@@ -324,19 +327,40 @@ def bench_open(out, reps, workdir):
 
 # ---- per-key CPU cost ----------------------------------------------------------------------
 
-def aligned_memobj(data: bytes | int, align: int = BLOCK):
+def aligned_memobj(data: bytes | int, align: int = BLOCK, base=None):
     """A TensorMemoryObj (BINARY, uint8) of n bytes whose first byte is align-aligned (what O_DIRECT
-    zero copy needs; LMCache's own allocators page-align the same way: over-allocate, slice)."""
+    zero copy needs; LMCache's own allocators page-align the same way: over-allocate, slice).
+    With base (an aligned uint8 tensor slice of n bytes), the object views that memory."""
     n = data if isinstance(data, int) else len(data)
-    base = torch.zeros(n + align, dtype=torch.uint8)
-    off = -base.data_ptr() % align
-    t = base[off:off + n]
+    if base is None:
+        base = torch.zeros(n + align, dtype=torch.uint8)
+        off = -base.data_ptr() % align
+        t = base[off:off + n]
+    else:
+        t = base
     if not isinstance(data, int):
         t.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     assert t.data_ptr() % align == 0
     md = MemoryObjMetadata(shape=torch.Size([n]), dtype=torch.uint8, address=0, phy_size=n, ref_count=1,
                            fmt=MemoryFormat.BINARY)
     return TensorMemoryObj(raw_data=t, metadata=md, parent_allocator=None)  # t keeps base's storage alive
+
+
+class PagedArena:
+    """One aligned tensor carved into n payload-sized MemoryObjs; get_paged_buffers() is what
+    register_fixed_buffers_from_allocator registers (as LMCache's paged CPU allocator does)."""
+
+    def __init__(self, n, size, align=BLOCK):
+        raw = torch.zeros(n * size + align, dtype=torch.uint8)
+        off = -raw.data_ptr() % align
+        self.buf = raw[off:off + n * size]
+        self.size = size
+
+    def get_paged_buffers(self):
+        return [self.buf]
+
+    def obj(self, i, data):
+        return aligned_memobj(data, base=self.buf[i * self.size:(i + 1) * self.size])
 
 
 def written(path):
@@ -350,8 +374,30 @@ def written(path):
     return path
 
 
-CPU_MEDIA = (("page cache", dict(use_odirect=False, enable_zero_copy=False)),
-             ("O_DIRECT", dict(use_odirect=True, enable_zero_copy=True)))
+def build_floor(workdir):
+    """Compile benchmarks/io_floor.c; (path, None) or (None, why not)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "io_floor.c")
+    exe = os.path.join(workdir, "io_floor")
+    cc = os.environ.get("CC", "cc")
+    r = subprocess.run([cc, "-O2", "-o", exe, src, "-luring"], capture_output=True, text=True)
+    return (exe, None) if r.returncode == 0 else (None, (r.stderr.strip().splitlines() or ["cc failed"])[-1])
+
+
+def run_floor(exe, path, odirect, rounds=40):
+    """{(engine, op, fixed): median CPU us per key} from io_floor on path."""
+    r = subprocess.run([exe, path, "1" if odirect else "0", str(rounds)], capture_output=True, text=True,
+                       check=True)
+    out = {}
+    for line in r.stdout.splitlines():
+        engine, op, fixed, med, _mean = line.split()
+        out[(engine, op, fixed == "fixed=1")] = float(med)
+    return out
+
+
+# (label, core options, io_uring fixed buffers registered on both sides)
+CPU_MEDIA = (("page cache", dict(use_odirect=False, enable_zero_copy=False), False),
+             ("O_DIRECT", dict(use_odirect=True, enable_zero_copy=True), False),
+             ("O_DIRECT, registered buffers", dict(use_odirect=True, enable_zero_copy=True), True))
 
 
 def bench_cpu(out, reps, workdir):
@@ -360,20 +406,30 @@ def bench_cpu(out, reps, workdir):
     Page cache: buffered file I/O (the kernel copies every 64 KiB through the page cache).
     O_DIRECT: the same file opened with O_DIRECT (block_align 4096), both cores with
     enable_zero_copy and 4096-aligned MemoryObjs, so both do direct I/O from/to the caller's
-    memory without a bounce buffer and per-key software cost is what remains."""
+    memory without a bounce buffer and per-key software cost is what remains.
+    Registered buffers (io_uring only): the MemoryObjs live in one arena that both cores
+    register with register_fixed_buffers_from_allocator, as LMCache's plugin does with its
+    allocator, so payload transfers are READ_FIXED / WRITE_FIXED (no page pinning per I/O).
+    Beside each row: the kernel floor, io_floor.c's CPU per key for the same transfers from
+    a bare C loop on the same file."""
     nkeys, size = 64, 64 * 1024
     slot = size + BLOCK
     rows = []
-    for medium, mkw in CPU_MEDIA:
-        for engine in ("posix", "io_uring"):
+    floor_exe, floor_why = build_floor(workdir)
+    for medium, mkw, fixed in CPU_MEDIA:
+        for engine in (("io_uring",) if fixed else ("posix", "io_uring")):
             path = sparse(os.path.join(workdir, f"cpu-{engine}.img"), MiB + (nkeys + 1) * slot)
             if mkw["use_odirect"]:
                 written(path)  # no holes: direct writes do not allocate extents, as on a device
             kw = dict(slot_bytes=slot, io_engine=engine, meta_verify_on_load=False, **mkw)
             o = ours(path, **kw)
             t = theirs(path, **kw)
-            objs = [aligned_memobj(os.urandom(size)) for _ in range(nkeys)]
-            dst = [aligned_memobj(size) for _ in range(nkeys)]
+            arena = PagedArena(2 * nkeys, size)
+            objs = [arena.obj(i, os.urandom(size)) for i in range(nkeys)]
+            dst = [arena.obj(nkeys + i, size) for i in range(nkeys)]
+            if fixed:
+                o.register_fixed_buffers_from_allocator(arena)
+                t.register_fixed_buffers_from_allocator(arena)
             res = {f"{w} {c} {op}": [] for w in ("cpu", "wall") for c in ("ours", "lmcache")
                    for op in ("put", "load")}
             for r in range(reps):
@@ -397,13 +453,19 @@ def bench_cpu(out, reps, workdir):
                     res[f"cpu {name} load"].append((p2 - p1) / nkeys)
                     res[f"wall {name} put"].append((w1 - w0) / nkeys)
                     res[f"wall {name} load"].append((w2 - w1) / nkeys)
+            if fixed and o.report_status()["rust_io"]["fixed_buffer_attempts"] == 0:
+                raise AssertionError("registered buffers were not used by our core")
             o.close()
             t.close()
+            floor = run_floor(floor_exe, path, mkw["use_odirect"]) if floor_exe else {}
             os.unlink(path)
             m = {k: med(v) for k, v in res.items()}
+            for op in ("put", "load"):
+                m[f"floor {op}"] = floor.get((engine, op, fixed))
             rows.append((medium, engine, m))
-            print(f"cpu {medium} {engine}: " + " ".join(f"{k}={v * 1e6:.1f}us/key" for k, v in m.items()),
-                  flush=True)
+            print(f"cpu {medium} {engine}: " + " ".join(f"{k}={v * 1e6:.1f}us/key" for k, v in m.items()
+                                                       if not k.startswith("floor"))
+                  + f" floor={floor.get((engine, 'put', fixed))}/{floor.get((engine, 'load', fixed))}", flush=True)
     out.append("## Per-key CPU cost, 64 × 64 KiB\n")
     out.append("Median per key of one `put_many` / `load_many_into` of 64 keys × 64 KiB, µs per key: "
                "**CPU** = `time.process_time()` (all threads of the process, so our io_uring worker and "
@@ -412,16 +474,28 @@ def bench_cpu(out, reps, workdir):
                "interleaved round by round, on a sparse file on ext4. `page cache`: buffered I/O, "
                "`enable_zero_copy` off. `O_DIRECT`: `use_odirect=True`, `block_align=4096`, "
                "`enable_zero_copy=True` and 4096-aligned MemoryObjs (TensorMemoryObj over an aligned "
-               "torch buffer) on both sides, so neither side bounces.\n")
+               "torch buffer) on both sides, so neither side bounces. `registered buffers`: the same, "
+               "with the MemoryObjs in one arena both cores register through "
+               "`register_fixed_buffers_from_allocator` (io_uring only). **Kernel floor**: CPU per key of "
+               "the same transfers (a put = payload + header write) from a bare C loop "
+               "(`benchmarks/io_floor.c`: pread/pwrite, or one io_uring submission per 64 keys) on the same "
+               "file; no implementation can go below it, so `LMCache / floor` is the best ratio this "
+               "machine allows.\n")
+    if not floor_exe:
+        out.append(f"Kernel floor not measured: io_floor.c did not compile ({floor_why}).\n")
     out.append("| engine | op | medium | ours CPU | LMCache CPU | LMCache / ours CPU (target ≥ 5×) | met? | "
-               "ours wall | LMCache wall | LMCache / ours wall |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+               "kernel floor | LMCache / floor (best possible) | ours wall | LMCache wall | LMCache / ours wall |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for medium, engine, m in rows:
         for op in ("put", "load"):
             r = m[f"cpu lmcache {op}"] / m[f"cpu ours {op}"]
             rw = m[f"wall lmcache {op}"] / m[f"wall ours {op}"]
+            fl = m[f"floor {op}"]
+            fl_s = f"{fl:.1f}" if fl else "–"
+            best = f"{m[f'cpu lmcache {op}'] * 1e6 / fl:.1f}×" if fl else "–"
             out.append(f"| {engine} | {op} | {medium} | {m['cpu ours ' + op] * 1e6:.1f} | "
                        f"{m['cpu lmcache ' + op] * 1e6:.1f} | {r:.1f}× | {'yes' if r >= 5 else 'no'} | "
+                       f"{fl_s} | {best} | "
                        f"{m['wall ours ' + op] * 1e6:.1f} | {m['wall lmcache ' + op] * 1e6:.1f} | {rw:.1f}× |")
     out.append("")
 

@@ -163,12 +163,18 @@ def from_core_md(text: str, source: str) -> list[dict]:
                 m, w = head.index("medium"), _col(head, "lmcache / ours", "wall")
             else:  # the older form: engine | op | ours | LMCache core | ratio | met?
                 c, o, lm, m, w = _col(head, "lmcache / ours"), 2, 3, None, None
+            # newer form: the kernel floor of the same transfers and LMCache / floor beside it
+            fl = next((i for i, h in enumerate(head) if "kernel floor" in h.lower()), None)
+            best = next((i for i, h in enumerate(head) if "lmcache / floor" in h.lower()), None)
             for r in body:
                 v = _num(r[c])
                 where = r[0] if m is None else f"{r[0]}, {r[m]}"
                 wall = "" if w is None else f"; wall {_x(_num(r[w]))}"
+                floor = ""
+                if fl is not None and best is not None and _num(r[fl]) is not None:
+                    floor = f"; kernel floor {r[fl]} µs, best possible {r[best]}"
                 out.append(row("4", f"per-key CPU {r[1]} 64x64KiB ({where}): ≥ 5x lower than LMCache's",
-                               f"{_x(v)} ({r[o]} vs {r[lm]} µs/key CPU{wall})", v, 5, True, source, cmd))
+                               f"{_x(v)} ({r[o]} vs {r[lm]} µs/key CPU{wall}{floor})", v, 5, True, source, cmd))
     m = re.search(r"\*\*([\d.]+) bytes/entry\*\*", text)
     if m:
         v = float(m.group(1))

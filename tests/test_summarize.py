@@ -222,3 +222,24 @@ def test_readme_without_section_or_with_one_marker_is_refused():
 def test_md_tables_parses_pipes_and_bold():
     tables = summarize.md_tables("x\n| a | b |\n|---|--:|\n| **1.5x** | 2 |\n\ny")
     assert tables == [(["a", "b"], [["1.5x", "2"]])]
+
+
+CPU_MD_FLOOR = """# x
+
+Command: `python benchmarks/bench_core.py --parts cpu`
+
+| engine | op | medium | ours CPU | LMCache CPU | LMCache / ours CPU (target ≥ 5×) | met? | kernel floor | LMCache / floor (best possible) | ours wall | LMCache wall | LMCache / ours wall |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+| posix | load | page cache | 12.5 | 18.1 | 1.5× | no | 8.2 | 2.2× | 12.5 | 18.1 | 1.5× |
+| io_uring | load | O_DIRECT | 13.4 | 30.8 | 2.3× | no | – | – | 68.1 | 77.8 | 1.1× |
+"""
+
+
+def test_per_key_cpu_rows_carry_the_kernel_floor_when_measured():
+    rows = summarize.from_core_md(CPU_MD_FLOOR, "core.md")
+    pc = by_target(rows, "per-key CPU load 64x64KiB (posix, page cache)")
+    assert pc["ratio"] == 1.5 and pc["met"] == "not met"
+    assert pc["measured"] == ("1.50x (12.5 vs 18.1 µs/key CPU; wall 1.50x; kernel floor 8.2 µs, "
+                              "best possible 2.2×)")
+    od = by_target(rows, "per-key CPU load 64x64KiB (io_uring, O_DIRECT)")
+    assert od["measured"] == "2.30x (13.4 vs 30.8 µs/key CPU; wall 1.10x)"  # floor not measured: left out
