@@ -100,7 +100,7 @@ typedef struct {
 /* The registered class, if its byte_array is still the one registered (checked per call). */
 static PyTypeObject *memobj_fast_type(rbpy_state *st)
 {
-    if (!st->memobj_type)
+    if (!st || !st->memobj_type)
         return NULL;
     PyObject *d = PyObject_GetAttr(st->memobj_type, st->names[RBPY_NAME_BYTE_ARRAY]);
     if (!d) {
