@@ -175,3 +175,11 @@ def test_buffer_protocol_objects_still_work(core):
 def test_set_memobj_type_rejects_non_classes():
     with pytest.raises(TypeError, match="_set_memobj_type expects a class or None, got int"):
         _native._set_memobj_type(3)
+
+
+def test_shape_of_any_sequence_is_converted_with_int(core):
+    # Only torch.Size goes to C as it is; other shapes keep int() per dimension.
+    k = okey(40)
+    src = Obj(payload(40, 600), shape=(2.0, "300"))
+    assert core.put_many([k], [src]).results == [True]
+    assert tuple(core.get_metadata_many([k.encoded])[0].shape) == (2, 300)

@@ -23,6 +23,7 @@ from ._lmcache import (
     shape_from_list,
     positions_to_list,
     short_name_to_dtype,
+    torch,
 )
 from .config import (
     RawBlockCoreConfig,
@@ -81,9 +82,14 @@ def _buffer_address(buf: Any) -> tuple[int, int]:
     return ctypes.addressof(ctypes.c_char.from_buffer(mv.cast("B"))), size
 
 
+# torch.Size holds Python ints only, so the C side can read it as it is; any other sequence
+# goes through int() per dimension.
+_TORCH_SIZE = torch.Size if torch is not None else None
+
+
 def _shape_of(meta: Any) -> Any:
     shape = getattr(meta, "shape", None)
-    if shape is None or isinstance(shape, tuple):  # torch.Size is a tuple of ints
+    if shape is None or type(shape) is _TORCH_SIZE:
         return shape
     return [int(d) for d in shape]
 
