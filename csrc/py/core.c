@@ -111,9 +111,15 @@ static PyTypeObject *memobj_fast_type(rbpy_state *st)
     return d == st->memobj_descr ? (PyTypeObject *)st->memobj_type : NULL;
 }
 
+/* o.<name>, or o.<name>() when call (name: RBPY_NAME_*). */
+static PyObject *attr_value(rbpy_state *st, PyObject *o, int name, int call)
+{
+    return call ? PyObject_CallMethodNoArgs(o, st->names[name]) : PyObject_GetAttr(o, st->names[name]);
+}
+
 static int attr_true(rbpy_state *st, PyObject *o, int name, int call)
 {
-    PyObject *v = call ? PyObject_CallMethodNoArgs(o, st->names[name]) : PyObject_GetAttr(o, st->names[name]);
+    PyObject *v = attr_value(st, o, name, call);
     if (!v)
         return -1;
     int r = PyObject_IsTrue(v);
@@ -123,7 +129,7 @@ static int attr_true(rbpy_state *st, PyObject *o, int name, int call)
 
 static int attr_u64(rbpy_state *st, PyObject *o, int name, int call, unsigned long long *out)
 {
-    PyObject *v = call ? PyObject_CallMethodNoArgs(o, st->names[name]) : PyObject_GetAttr(o, st->names[name]);
+    PyObject *v = attr_value(st, o, name, call);
     if (!v)
         return -1;
     *out = PyLong_AsUnsignedLongLong(v);

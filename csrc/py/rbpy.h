@@ -27,7 +27,7 @@ typedef struct {
      * through raw_data.data_ptr() and get_size() instead of byte_array (core.c). */
     PyObject *memobj_type;
     PyObject *memobj_descr;
-    PyObject *names[RBPY_N_NAMES]; /* interned attribute names (rbpy_name) */
+    PyObject *names[RBPY_N_NAMES]; /* interned attribute names, indexed by RBPY_NAME_* */
 } rbpy_state;
 
 typedef struct rbpy_uring_batches rbpy_uring_batches;
