@@ -130,6 +130,16 @@ int rb_dev_close(rb_dev *dev, rb_err *err)
     return rc;
 }
 
+int rb_dev_flush(rb_dev *dev, rb_err *err)
+{
+    for (;;) {
+        if (fdatasync(dev->fd) == 0)
+            return 0;
+        if (errno != EINTR)
+            return rb_err_set(err, RB_ERR_OS, errno, "fdatasync failed");
+    }
+}
+
 void rb_dev_free(rb_dev *dev)
 {
     if (!dev)

@@ -66,6 +66,11 @@ void rb_dev_leave(rb_dev *dev);
  * device then stays open so the caller can retry. Safe to call from several threads. */
 int rb_dev_close(rb_dev *dev, rb_err *err);
 
+/* Make every write that completed before the call durable: fdatasync(2), which on a block
+ * device also flushes the drive's volatile write cache (a FLUSH command). Retried on EINTR.
+ * Returns 0 or -errno with err set ("fdatasync failed"). Blocks; call without the GIL. */
+int rb_dev_flush(rb_dev *dev, rb_err *err);
+
 /* Close if still open, then free. */
 void rb_dev_free(rb_dev *dev);
 
