@@ -86,9 +86,9 @@ static int keyvec_from(PyObject *seq, keyvec *kv)
 /*
  * One payload of put_many / load_many_into: an object with the buffer protocol; a MemoryObj
  * of the class the facade registered (LMCache's TensorMemoryObj): the get_size() bytes at
- * raw_data.data_ptr(), which is exactly what its byte_array exposes, without building that
- * ctypes memoryview (about 3 us per object, as much as the whole native load of a 64 KiB
- * payload); or any other object with a byte_array.
+ * raw_data.data_ptr() (inside the tensor's storage), which is exactly what its byte_array
+ * exposes, without building that ctypes memoryview (about 3 us per object, as much as the
+ * whole native load of a 64 KiB payload); or any other object with a byte_array.
  */
 typedef struct {
     void *buf;
@@ -137,6 +137,54 @@ static int attr_u64(rbpy_state *st, PyObject *o, int name, int call, unsigned lo
     return *out == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* (result of t.<meth>()) as an unsigned 64-bit integer; -1 with an exception on failure. */
+static int call_u64(PyObject *t, const char *meth, unsigned long long *out)
+{
+    PyObject *v = PyObject_CallMethod(t, meth, NULL);
+    if (!v)
+        return -1;
+    *out = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    return *out == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/*
+ * get_size() is larger than raw_data's own view. LMCache's allocators hand such objects out:
+ * a page of the paged allocator (io_uring) narrowed to a partial chunk keeps get_size() at
+ * the whole page, and byte_array exposes that page. Those bytes are LMCache's payload, so they
+ * are used as long as they lie inside the memory the tensor's storage owns (the allocator's
+ * buffer); anything reaching past it is refused. Only partial chunks take this path.
+ */
+static int memobj_check_storage(PyObject *raw, Py_ssize_t i, unsigned long long ptr, unsigned long long size,
+                                unsigned long long nbytes)
+{
+    unsigned long long sptr = 0, snbytes = 0;
+    PyObject *storage = PyObject_CallMethod(raw, "untyped_storage", NULL);
+    if (!storage) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear(); /* no storage to check against: only raw_data's own bytes are known */
+        PyErr_Format(PyExc_ValueError, "payload %zd: get_size() = %llu exceeds raw_data's %llu bytes", i, size,
+                     nbytes);
+        return -1;
+    }
+    int rc = call_u64(storage, "data_ptr", &sptr);
+    if (rc == 0)
+        rc = call_u64(storage, "nbytes", &snbytes);
+    Py_DECREF(storage);
+    if (rc < 0)
+        return -1;
+    if (ptr < sptr || ptr - sptr > snbytes || size > snbytes - (ptr - sptr)) {
+        PyErr_Format(PyExc_ValueError,
+                     "payload %zd: get_size() = %llu exceeds raw_data's %llu bytes and reaches past its storage "
+                     "(%llu bytes, the view starting %lld bytes into it); byte_array would expose memory the "
+                     "tensor does not own",
+                     i, size, nbytes, snbytes, (long long)(ptr - sptr));
+        return -1;
+    }
+    return 0;
+}
+
 static int memobj_payload(rbpy_state *st, PyObject *o, Py_ssize_t i, payload *p)
 {
     PyObject *raw = PyObject_GetAttr(o, st->names[RBPY_NAME_RAW_DATA]);
@@ -153,11 +201,8 @@ static int memobj_payload(rbpy_state *st, PyObject *o, Py_ssize_t i, payload *p)
     if (attr_u64(st, raw, RBPY_NAME_NBYTES, 0, &nbytes) < 0 || attr_u64(st, raw, RBPY_NAME_DATA_PTR, 1, &ptr) < 0 ||
         attr_u64(st, o, RBPY_NAME_GET_SIZE, 1, &size) < 0)
         goto fail;
-    if (size > nbytes) {
-        PyErr_Format(PyExc_ValueError, "payload %zd: get_size() = %llu exceeds raw_data's %llu bytes", i, size,
-                     nbytes);
+    if (size > nbytes && memobj_check_storage(raw, i, ptr, size, nbytes) < 0)
         goto fail;
-    }
     if (size && !ptr) {
         PyErr_Format(PyExc_ValueError, "payload %zd: raw_data has a null data pointer", i);
         goto fail;
@@ -988,9 +1033,11 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     } while (0);
     RB_STATS_FIELDS(RBPY_IO)
 #undef RBPY_IO
+    static const char *const outcomes[] = {"blank", "skipped", "loaded", "fallback", "rejected", "unreadable"};
+    const char *outcome = st.recovery_outcome >= 0 && st.recovery_outcome < 6 ? outcomes[st.recovery_outcome] : "?";
     PyObject *d = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:s,"
-        "s:N}",
+        "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:N}",
         "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes",
         st.container_bytes, "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count",
         st.free_slots, "indexed_key_count", st.indexed, "inflight_key_count", st.inflight_keys,
@@ -1003,7 +1050,10 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         "unverified_entry_count", st.unverified, "load_verified_entries", st.deferred_verified,
         "load_dropped_entries", st.deferred_dropped,
         "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed", st.closed ? Py_True : Py_False,
-        "checkpoint_last_error", st.ckpt_error, "io", io);
+        "checkpoint_last_error", st.ckpt_error, "recovery_outcome", outcome, "recovery_seq", st.recovery_seq,
+        "recovery_rejected_seq", st.recovery_rejected_seq, "recovery_lost_entries", (long long)st.recovery_lost,
+        "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total", st.held_total,
+        "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped, "io", io);
     return d;
 }
 
