@@ -22,7 +22,7 @@ ASAN_BUILD := build/asan
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache lmcache-venv test-all clean
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache lmcache-venv test-all test-reliability test-killloop-long clean
 
 all: build
 
@@ -77,6 +77,15 @@ test-c: apt-deps
 	  -Icsrc/core tests/c/test_core_ds.c csrc/core/rb_idx.c csrc/core/rb_slots.c csrc/core/rb_core_ident.c \
 	  -lxxhash -o build/test_core_ds
 	build/test_core_ds
+
+# Crash harnesses (tests/RELIABILITY.md): SIGKILL loop over the 16 engine/O_DIRECT/checksum/
+# verification configurations (20 cycles each) and crash-state enumeration of a recorded workload.
+test-reliability: build
+	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/test_killloop.py tests/test_crash_states.py) $(PYTEST_ARGS)
+
+# The long kill loop: 313 cycles per configuration (5,008 in all), at low priority.
+test-killloop-long: build
+	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/test_killloop.py $(PYTEST_ARGS)
 
 # Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in its own
 # virtual environment, so the default run stays lean. The in-place extension is imported from

@@ -1,0 +1,142 @@
+"""Shared pieces of the crash harnesses: a small geometry that makes slot reuse frequent,
+self-describing payloads, the key universe, and opening a RawBlockCore on a device file."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig, encode_object_key
+from lmcache_rawblock.raw_block._lmcache import ObjectKey
+
+BLOCK = 4096
+HEADER = 4096
+SLOT = 16 * 1024
+META = 128 * 1024               # two 64 KiB checkpoint containers
+MAX_PAYLOAD = SLOT - HEADER     # 12 KiB
+MIN_PAYLOAD = 64
+PAYLOAD_TAG = struct.Struct("<QQ")  # (key id, version) at the start of every payload
+
+
+@dataclass(frozen=True)
+class Config:
+    engine: str            # "posix" | "io_uring"
+    odirect: bool
+    checksum: bool         # verify_payload_checksum
+    verify_on_load: bool   # meta_verify_on_load
+
+    @property
+    def name(self) -> str:
+        return "/".join([self.engine, "odirect" if self.odirect else "buffered",
+                         "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify"])
+
+
+ALL_CONFIGS = [Config(e, d, s, v) for e, d, s, v in itertools.product(
+    ("posix", "io_uring"), (False, True), (False, True), (True, False))]
+
+
+def config_by_name(name: str) -> Config:
+    for c in ALL_CONFIGS:
+        if c.name == name:
+            return c
+    raise ValueError(f"unknown configuration {name!r}; known: {', '.join(c.name for c in ALL_CONFIGS)}")
+
+
+def device_size(nslots: int) -> int:
+    return META + nslots * SLOT
+
+
+def make_device(path: str, nslots: int) -> str:
+    with open(path, "wb") as f:
+        f.truncate(device_size(nslots))
+    return path
+
+
+def open_core(path: str, cfg: Config, *, load: bool = True) -> RawBlockCore:
+    conf = RawBlockCoreConfig(
+        device_path=path, capacity_bytes=0, block_align=BLOCK, header_bytes=HEADER, slot_bytes=SLOT,
+        use_odirect=cfg.odirect, enable_zero_copy=False, meta_total_bytes=META, meta_magic=b"LMCIDX01",
+        meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
+        meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
+        iouring_queue_depth=16, verify_payload_checksum=cfg.checksum)
+    return RawBlockCore(conf, key_namespace="object")
+
+
+_KEYS: dict[int, Any] = {}
+
+
+def key(i: int):
+    """RawBlockKeySpec of key id i (cached)."""
+    k = _KEYS.get(i)
+    if k is None:
+        k = _KEYS[i] = encode_object_key(ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name="crash", kv_rank=0))
+    return k
+
+
+def payload(kid: int, version: int, length: int) -> bytes:
+    """Bytes of (key id, version): a tag naming both, then pseudo-random bytes from them, so a
+    payload of another key, another version or a mix of two is recognised."""
+    body = random.Random((kid << 40) ^ version).randbytes(length - PAYLOAD_TAG.size)
+    return PAYLOAD_TAG.pack(kid, version) + body
+
+
+def payload_tag(data: bytes) -> tuple[int, int]:
+    return PAYLOAD_TAG.unpack_from(data) if len(data) >= PAYLOAD_TAG.size else (-1, -1)
+
+
+class Obj:
+    """Minimal MemoryObj: a writable byte_array and a metadata record."""
+
+    class _Meta:
+        def __init__(self, n: int):
+            self.shape = (n,)
+            self.dtype = "uint8"
+            self.fmt = "BINARY"
+            self.cached_positions = None
+
+    def __init__(self, data: bytes | int):
+        self._buf = bytearray(data)
+        self.byte_array = memoryview(self._buf)
+        self.metadata = Obj._Meta(len(self._buf))
+
+    def bytes(self, n: int) -> bytes:
+        return bytes(self._buf[:n])
+
+
+def verify_served(core: RawBlockCore, versions: dict[int, dict[int, int]], kids) -> dict:
+    """Load every key in kids the core says it holds and judge its bytes against versions
+    (key id -> {version: length} of every put ever attempted for it).
+
+    Returns {"served": {kid: version}, "wrong": [(kid, description)], "unloadable": [kid]}."""
+    kids = list(kids)
+    enc = [key(k).encoded for k in kids]
+    held = [k for k, e in zip(kids, core.exists_many(enc)) if e]
+    out = {"served": {}, "wrong": [], "unloadable": []}
+    if not held:
+        return out
+    henc = [key(k).encoded for k in held]
+    metas = core.get_metadata_many(henc)
+    objs = [Obj(MAX_PAYLOAD) for _ in held]
+    ok = core.load_many_into(henc, objs)
+    for kid, m, o, good in zip(held, metas, objs, ok):
+        if not good:
+            out["unloadable"].append(kid)
+            continue
+        size = m.size if m is not None else -1
+        data = o.bytes(size) if size > 0 else b""
+        tk, tv = payload_tag(data)
+        known = versions.get(kid, {})
+        if tk != kid:
+            out["wrong"].append((kid, f"{size} bytes tagged as key {tk} version {tv}"))
+        elif tv not in known:
+            out["wrong"].append((kid, f"tagged with version {tv}, never put for this key"))
+        elif known[tv] != size:
+            out["wrong"].append((kid, f"version {tv} was {known[tv]} bytes, served {size}"))
+        elif data != payload(kid, tv, size):
+            out["wrong"].append((kid, f"version {tv}: {size} bytes differ from what was put (torn or mixed)"))
+        else:
+            out["served"][kid] = tv
+    return out

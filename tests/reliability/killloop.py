@@ -1,0 +1,278 @@
+"""Kill loop: a writer process doing random put_many / delete_many / checkpoint_now on a small
+device is killed with SIGKILL at a random moment; a checker reopens the device and holds every
+load to the promise:
+
+  * a served key returns exactly the bytes of one of the puts attempted for it (payloads name
+    their key and version, so another key's bytes, another version's length or a torn mix
+    are all caught), or it is a miss;
+  * a key is durable once a checkpoint_now() that included it returned; it stays durable until
+    a delete of it is attempted. Every durable key must be served after the crash. Keys put
+    after the last acknowledged checkpoint may be missing; keys deleted after it may come
+    back (with their own bytes). A durable key that is missing counts as "reported" when the
+    core's counters (recovery_dropped_entries, load_dropped_entries,
+    payload_checksum_failures) account for it, else as silently lost.
+
+The writer logs each operation before starting it (intent) and after it returned (result)
+with an unbuffered write(2) - what reached the kernel survives SIGKILL, so the log is exact
+(RB_KILLLOOP_FSYNC=1 adds an fsync per record). Cycles continue on the same device: the next
+writer opens what the checker recovered (the checker's close writes a final checkpoint, so
+every key it served is durable for the next cycle).
+
+Run: python3 tests/reliability/killloop.py [--cycles N] [--config NAME ...] [--rng-seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import select
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from reliability.common import (ALL_CONFIGS, MAX_PAYLOAD, MIN_PAYLOAD, Config, Obj, config_by_name, key,
+                                    make_device, open_core, payload, verify_served)
+else:
+    from .common import (ALL_CONFIGS, MAX_PAYLOAD, MIN_PAYLOAD, Config, Obj, config_by_name, key, make_device,
+                         open_core, payload, verify_served)
+
+NSLOTS = 12        # few slots: LIFO reuse of a just-freed slot is the common case
+NKEYS = 30
+MAX_KILL_MS = 300.0
+VERSIONS_PER_CYCLE = 1_000_000
+
+
+@dataclass
+class Stats:
+    config: str
+    cycles: int = 0
+    ops: int = 0               # acknowledged writer operations
+    keys_checked: int = 0      # served keys whose bytes were verified
+    wrong_bytes: int = 0
+    lost_silent: int = 0       # durable keys missing with nothing in the core's counters
+    lost_reported: int = 0     # durable keys missing, accounted for by the core's counters
+    recovery_dropped: int = 0  # stale checkpoint entries dropped by header validation (expected)
+    load_failed: int = 0       # indexed keys whose load failed (e.g. payload checksum caught bad bytes)
+    failures: list[str] = field(default_factory=list)
+
+    def row(self) -> str:
+        return (f"{self.config:34s} cycles={self.cycles:5d} ops={self.ops:7d} keys_checked={self.keys_checked:7d} "
+                f"wrong_bytes={self.wrong_bytes} lost_durable={self.lost_silent} lost_reported={self.lost_reported} "
+                f"stale_dropped={self.recovery_dropped} load_failed={self.load_failed}")
+
+
+# ---- writer (child process) --------------------------------------------------------------
+
+def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, live: set[int], v0: int) -> None:
+    do_sync = os.environ.get("RB_KILLLOOP_FSYNC") == "1"
+
+    def log(line: str) -> None:
+        os.write(logfd, line.encode() + b"\n")
+        if do_sync:
+            os.fsync(logfd)
+
+    core = open_core(path, cfg)
+    os.write(ready_fd, b"r")
+    rng = random.Random(rng_seed)
+    ver = v0
+    while True:
+        r = rng.random()
+        if r < 0.5:
+            free = [k for k in range(NKEYS) if k not in live]
+            if not free:
+                continue
+            kids = rng.sample(free, min(len(free), rng.randint(1, 4)))
+            items = []
+            for k in kids:
+                ver += 1
+                items.append((k, ver, rng.randint(MIN_PAYLOAD, MAX_PAYLOAD)))
+            objs = [Obj(payload(k, v, n)) for k, v, n in items]
+            log("P " + " ".join(f"{k}:{v}:{n}" for k, v, n in items))
+            res = core.put_many([key(k) for k in kids], objs)
+            log("p " + " ".join("1" if x else "0" for x in res.results))
+            live.update(k for k, x in zip(kids, res.results) if x)
+        elif r < 0.85:
+            pool = sorted(live)
+            if not pool:
+                continue
+            kids = rng.sample(pool, min(len(pool), rng.randint(1, 3)))
+            if rng.random() < 0.1:
+                kids.append(rng.randrange(NKEYS))  # sometimes a key that may not be there
+            kids = list(dict.fromkeys(kids))
+            log("D " + " ".join(map(str, kids)))
+            res = core.delete_many([key(k).encoded for k in kids])
+            log("d " + " ".join("1" if x else "0" for x in res))
+            live.difference_update(k for k, x in zip(kids, res) if x)
+        else:
+            log("C")
+            core.checkpoint_now()
+            log("c")
+
+
+def _child(path, cfg, logfd, ready_fd, rng_seed, live, v0) -> None:
+    code = 0
+    try:
+        _writer(path, cfg, logfd, ready_fd, rng_seed, live, v0)
+    except BaseException:
+        try:
+            os.write(logfd, b"E " + traceback.format_exc().replace("\n", " | ").encode() + b"\n")
+        finally:
+            code = 3
+    os._exit(code)
+
+
+# ---- log replay --------------------------------------------------------------------------
+
+def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, int]]) -> tuple[set[int], int, str]:
+    """Apply one writer's log to the set of durable keys; record attempted versions.
+
+    Returns (durable keys now, acknowledged operations, writer error or "")."""
+    live = set(durable)
+    durable = set(durable)
+    acked = 0
+    pending: tuple[str, list] | None = None
+    err = ""
+    for ln in lines:
+        tag, _, rest = ln.partition(" ")
+        if tag == "P":
+            items = [tuple(map(int, t.split(":"))) for t in rest.split()]
+            for k, v, n in items:
+                versions.setdefault(k, {})[v] = n
+            pending = ("P", items)
+        elif tag == "p":
+            for (k, _v, _n), x in zip(pending[1], rest.split()):
+                if x == "1":
+                    live.add(k)
+            pending, acked = None, acked + 1
+        elif tag == "D":
+            kids = list(map(int, rest.split()))
+            durable.difference_update(kids)   # attempted: the delete may or may not have happened
+            pending = ("D", kids)
+        elif tag == "d":
+            for k, x in zip(pending[1], rest.split()):
+                if x == "1":
+                    live.discard(k)
+            pending, acked = None, acked + 1
+        elif tag == "C":
+            pending = ("C", [])
+        elif tag == "c":
+            durable = set(live)
+            pending, acked = None, acked + 1
+        elif tag == "E":
+            err = rest
+    return durable, acked, err
+
+
+# ---- one configuration -------------------------------------------------------------------
+
+def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kill_ms: float = MAX_KILL_MS,
+               verbose: bool = False) -> Stats:
+    st = Stats(cfg.name)
+    logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
+    rng = random.Random(f"{rng_seed}/{cfg.name}")
+    path = make_device(os.path.join(workdir, cfg.name.replace("/", "-") + ".img"), NSLOTS)
+    logpath = path + ".log"
+    versions: dict[int, dict[int, int]] = {}
+    durable: set[int] = set()
+    for cyc in range(cycles):
+        logfd = os.open(logpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        rfd, wfd = os.pipe()
+        child_seed = rng.getrandbits(64)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            _child(path, cfg, logfd, wfd, child_seed, set(durable), (cyc + 1) * VERSIONS_PER_CYCLE)
+        os.close(wfd)
+        os.close(logfd)
+        ready = select.select([rfd], [], [], 60)[0] and os.read(rfd, 1) == b"r"
+        os.close(rfd)
+        if ready:
+            time.sleep(rng.uniform(0, max_kill_ms) / 1000.0)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(pid, 0)
+        with open(logpath) as f:
+            lines = f.read().splitlines()
+        durable_now, acked, err = replay(lines, durable, versions)
+        st.ops += acked
+        if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+            st.failures.append(f"cycle {cyc}: writer ended by itself (status {status}): {err or 'no error logged'}")
+            break
+        # checker: a fresh core recovers the device
+        core = open_core(path, cfg)
+        try:
+            res = verify_served(core, versions, range(NKEYS))
+            s = core.report_status()
+        finally:
+            core.close()
+        st.recovery_dropped += s["recovery_dropped_entries"] + s["load_dropped_entries"]
+        st.load_failed += len(res["unloadable"])
+        st.cycles += 1
+        st.keys_checked += len(res["served"]) + len(res["wrong"])
+        for kid, what in res["wrong"]:
+            st.wrong_bytes += 1
+            st.failures.append(f"cycle {cyc}: key {kid} served wrong bytes: {what}")
+        missing = sorted(k for k in durable_now if k not in res["served"])
+        if missing:
+            counted = s["recovery_dropped_entries"] + s["load_dropped_entries"] + s["payload_checksum_failures"]
+            rep = min(len(missing), counted)
+            st.lost_reported += rep
+            st.lost_silent += len(missing) - rep
+            st.failures.append(f"cycle {cyc}: durable keys missing after recovery: {missing} "
+                               f"(core counters account for {rep})")
+        if verbose:
+            print(f"  cycle {cyc}: ops={acked} served={len(res['served'])} durable={len(durable_now)} "
+                  f"wrong={len(res['wrong'])} missing={len(missing)}", flush=True)
+        # What the checker served is the next writer's starting (durable) state.
+        durable = set(res["served"])
+    return st
+
+
+def run(configs: list[Config], cycles_per_config: int, rng_seed: int, workdir: str | None = None,
+        verbose: bool = False) -> list[Stats]:
+    with tempfile.TemporaryDirectory(prefix="rb-killloop-", dir=workdir) as d:
+        return [run_config(c, cycles_per_config, rng_seed, d, verbose=verbose) for c in configs]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cycles", type=int, default=int(os.environ.get("RB_KILLLOOP_CYCLES", "20")),
+                    help="kill cycles per configuration")
+    ap.add_argument("--config", action="append", help="configuration name (repeatable); default: all 16")
+    ap.add_argument("--rng-seed", type=int, default=int(os.environ.get("RB_KILLLOOP_RNG_SEED", "1")))
+    ap.add_argument("--workdir", default=None, help="directory for device files (default: $TMPDIR)")
+    ap.add_argument("--show", type=int, default=5, help="failures listed per configuration")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    configs = [config_by_name(n) for n in a.config] if a.config else ALL_CONFIGS
+    t0 = time.monotonic()
+    bad = False
+    tot = Stats("total")
+    with tempfile.TemporaryDirectory(prefix="rb-killloop-", dir=a.workdir) as d:
+        for c in configs:
+            s = run_config(c, a.cycles, a.rng_seed, d, verbose=a.verbose)
+            print(s.row(), flush=True)
+            for f in s.failures[:a.show]:
+                print("    " + f, flush=True)
+            bad |= bool(s.wrong_bytes or s.lost_silent or s.lost_reported or s.failures)
+            for n in ("cycles", "ops", "keys_checked", "wrong_bytes", "lost_silent", "lost_reported",
+                      "recovery_dropped", "load_failed"):
+                setattr(tot, n, getattr(tot, n) + getattr(s, n))
+    print(tot.row())
+    print(f"elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
