@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "rb_uring.h"
+#include "rb_wlog.h"
 
 static int is_aligned_ptr(const void *p, size_t a)
 {
@@ -132,9 +133,13 @@ int rb_dev_close(rb_dev *dev, rb_err *err)
 
 int rb_dev_flush(rb_dev *dev, rb_err *err)
 {
+    uint64_t wlog_barrier = RB_WLOG_ENABLED() ? rb_wlog_flush_begin() : 0;
     for (;;) {
-        if (fdatasync(dev->fd) == 0)
+        if (fdatasync(dev->fd) == 0) {
+            if (RB_WLOG_ENABLED())
+                rb_wlog_flush_done(dev->fd, wlog_barrier);
             return 0;
+        }
         if (errno != EINTR)
             return rb_err_set(err, RB_ERR_OS, errno, "fdatasync failed");
     }
@@ -329,6 +334,8 @@ int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
     }
     RB_STAT_ADD(&dev->stats, nowait_hits, 1);
     xfer_account(dev, x, req, r);
+    if (RB_WLOG_ENABLED() && x->write)
+        rb_wlog_writev(dev->fd, x->offset + x->done, x->iov, x->iovcnt, x->done, (size_t)r);
     x->done += (size_t)r;
     if (x->done < x->want)
         return 0;
@@ -353,6 +360,8 @@ int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
                 return rb_err_set(err, RB_ERR_RUNTIME, EIO, "pwrite made no progress");
             return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
         }
+        if (RB_WLOG_ENABLED() && x->write)
+            rb_wlog_writev(dev->fd, x->offset + x->done, x->iov, x->iovcnt, x->done, (size_t)r);
         x->done += (size_t)r;
     }
     xfer_finish(x);

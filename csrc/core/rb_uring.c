@@ -32,6 +32,7 @@
 
 #include "rb_device.h"
 #include "rb_stats.h"
+#include "rb_wlog.h"
 
 #define POLL_TAG ((uint64_t)1)          /* user_data of the eventfd poll; requests use pointers */
 #define MAX_ATTEMPT ((size_t)1 << 30)   /* one SQE moves at most 1 GiB (sqe->len is 32 bits) */
@@ -625,6 +626,8 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         finish(u, r, RB_REQ_EOF, EIO);
         return;
     }
+    if (RB_WLOG_ENABLED() && r->op == RB_REQ_WRITE && res > 0)
+        rb_wlog_write(u->fd, r->cur_off, r->cur_buf, (size_t)res);
     r->cur_off += (uint64_t)res;
     r->cur_buf += res;
     r->cur_len -= (size_t)res;

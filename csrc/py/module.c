@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "../core/rb_probe.h"
+#include "../core/rb_wlog.h"
 
 static struct PyModuleDef rbpy_module;
 
@@ -194,6 +195,23 @@ static PyObject *rbpy_set_memobj_type(PyObject *mod, PyObject *cls)
     Py_RETURN_NONE;
 }
 
+/* _set_write_log(path | None): test hook, record every device write and flush of the process
+ * to path (rb_wlog.h), or stop recording. */
+static PyObject *rbpy_set_write_log(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    PyObject *bytes = NULL;
+    if (arg != Py_None && !PyUnicode_FSConverter(arg, &bytes))
+        return NULL;
+    int rc = rb_wlog_set(bytes ? PyBytes_AS_STRING(bytes) : NULL);
+    Py_XDECREF(bytes);
+    if (rc < 0) {
+        errno = -rc;
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef rbpy_functions[] = {
     {"_set_memobj_type", rbpy_set_memobj_type, METH_O,
      "_set_memobj_type(cls | None) -> None: read payloads of exactly this MemoryObj class through "
@@ -210,6 +228,8 @@ static PyMethodDef rbpy_functions[] = {
     {"probe_foreign", rbpy_probe_foreign, METH_O,
      "probe_foreign(path) -> str | None: a description of the file system or partition table that "
      "libblkid finds on path, or None."},
+    {"_set_write_log", rbpy_set_write_log, METH_O,
+     "test hook: _set_write_log(path | None) records every device write and flush to path"},
     {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},
     {NULL, NULL, 0, NULL},
 };
