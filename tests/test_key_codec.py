@@ -20,12 +20,13 @@ def _ok(h=b"\x01\x02", model="m", rank=0, salt=""):
 
 
 def test_object_key_string_format():
-    assert object_key_to_string(_ok(b"\xab\xcd", "org/model", 3)) == "org%2Fmodel@0x00000003@abcd"
-    assert object_key_to_string(_ok(b"\x00", "m", 0x1234, "s1")) == "m@0x00001234@00@s1"
+    # LMCache 0.5.6: model@rank@object_group_id@chunk[@salt]
+    assert object_key_to_string(_ok(b"\xab\xcd", "org/model", 3)) == "org%2Fmodel@0x00000003@0@abcd"
+    assert object_key_to_string(_ok(b"\x00", "m", 0x1234, "s1")) == "m@0x00001234@0@00@s1"
     # wider than 8 hex digits when the rank needs it
-    assert object_key_to_string(_ok(b"\x00", "m", 0x1_0000_0000)) == "m@0x100000000@00"
+    assert object_key_to_string(_ok(b"\x00", "m", 0x1_0000_0000)) == "m@0x100000000@0@00"
     # '@' in a model name is escaped, '-' kept
-    assert object_key_to_string(_ok(b"\x00", "a@b-c", 0)) == "a%40b-c@0x00000000@00"
+    assert object_key_to_string(_ok(b"\x00", "a@b-c", 0)) == "a%40b-c@0x00000000@0@00"
 
 
 @pytest.mark.parametrize("model", ["model-SEP-name", "org/sub/model", "plain", "ünï"])
@@ -46,7 +47,7 @@ def test_object_slot_identity_is_blake2b64_le():
     assert slot_identity_from_encoded_key(spec.encoded, "object") == want
 
 
-@pytest.mark.parametrize("bad", ["a@b", "a@b@c@d@e", "nosep"])
+@pytest.mark.parametrize("bad", ["a@b", "a@b@c@d@e@f", "nosep"])
 def test_decode_object_key_rejects_bad_part_counts(bad):
     with pytest.raises(ValueError, match="Invalid raw-block ObjectKey encoding"):
         decode_object_key(bad)

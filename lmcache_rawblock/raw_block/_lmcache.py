@@ -5,7 +5,8 @@ When ``lmcache`` (and torch) are importable, the real classes are used: ``Object
 ``MemoryFormat`` and torch dtypes. Otherwise this module provides small equivalents with
 the same field names, so the core works (and is tested) without LMCache:
 
-* ``ObjectKey(chunk_hash: bytes, model_name: str, kv_rank: int, cache_salt: str = "")``
+* ``ObjectKey(chunk_hash: bytes, model_name: str, kv_rank: int, object_group_id: int = 0,
+  cache_salt: str = "")`` (the fields of LMCache 0.5.6's)
 * ``CacheEngineKey(model_name, world_size, worker_id, chunk_hash: int, dtype, request_configs)``
   with ``to_string()`` = ``model@world@worker@<hex hash>@<dtype>[@k%v...]``; ``dtype`` is
   the LMCache short dtype name (a ``str``) when torch is absent.
@@ -113,6 +114,7 @@ if not HAVE_LMCACHE:
         chunk_hash: bytes
         model_name: str
         kv_rank: int
+        object_group_id: int = 0
         cache_salt: str = ""
 
     @dataclass
