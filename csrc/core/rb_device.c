@@ -34,15 +34,48 @@ void *rb_alloc_aligned(size_t alignment, size_t len, rb_err *err)
     return p;
 }
 
+static const char *mode_name(unsigned mode)
+{
+    if (S_ISFIFO(mode))
+        return "a FIFO (named pipe)";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISLNK(mode))
+        return "a symbolic link";
+    return "neither a regular file nor a device";
+}
+
+int rb_dev_check_mode(const char *path, unsigned mode, rb_err *err)
+{
+    if (S_ISREG(mode) || S_ISBLK(mode) || S_ISCHR(mode))
+        return 0;
+    return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                      "device path '%s' is %s; a raw-block device must be a regular file or a block or "
+                      "character device", path, mode_name(mode));
+}
+
+int rb_dev_check_path(const char *path, rb_err *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0; /* open reports a missing or unreadable path with its own error */
+    return rb_dev_check_mode(path, (unsigned)st.st_mode, err);
+}
+
 int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
 {
     int flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
     if (cfg->odirect && !cfg->uring_cmd)
         flags |= O_DIRECT;
 
+    int rc0 = rb_dev_check_path(cfg->path, err);
+    if (rc0 < 0)
+        return rc0;
     int fd;
     do {
-        fd = open(cfg->path, flags);
+        fd = open(cfg->path, flags | O_NONBLOCK);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0)
         return rb_err_set(err, RB_ERR_OS, errno, "open failed");
@@ -53,11 +86,26 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
         close(fd);
         return rb_err_set(err, RB_ERR_OS, e, "fstat failed");
     }
+    rc0 = rb_dev_check_mode(cfg->path, (unsigned)st.st_mode, err);
+    if (rc0 < 0) {
+        close(fd);
+        return rc0;
+    }
+    /* O_NONBLOCK only guarded the open; I/O on the device blocks as usual. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return rb_err_set(err, RB_ERR_OS, e, "fcntl failed");
+    }
     uint64_t size = (uint64_t)st.st_size;
+    int size_known = S_ISREG(st.st_mode);
     if (S_ISBLK(st.st_mode)) {
         uint64_t bsz = 0;
-        if (ioctl(fd, BLKGETSIZE64, &bsz) == 0)
+        if (ioctl(fd, BLKGETSIZE64, &bsz) == 0) {
             size = bsz;
+            size_known = 1;
+        }
     }
 
     rb_dev *dev = calloc(1, sizeof(*dev));
@@ -71,6 +119,8 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     dev->engine = cfg->engine;
     dev->alignment = cfg->alignment;
     dev->size = size;
+    dev->size_known = size_known;
+    dev->is_blk = S_ISBLK(st.st_mode);
     pthread_mutex_init(&dev->gate_mu, NULL);
     pthread_cond_init(&dev->gate_cv, NULL);
 
@@ -168,6 +218,35 @@ int rb_dev_check_direct(const rb_dev *dev, uint64_t offset, size_t total_len, rb
     return 0;
 }
 
+int rb_dev_check_range(const rb_dev *dev, int write, uint64_t offset, size_t total_len, rb_err *err)
+{
+    if (!dev->size_known)
+        return 0;
+    uint64_t size = dev->size;
+    if (offset <= size && total_len <= size - offset)
+        return 0;
+    /* Past the size cached at open: look again (cold path), a file may have grown. */
+    uint64_t now = 0;
+    if (dev->is_blk) {
+        if (ioctl(dev->fd, BLKGETSIZE64, &now) != 0)
+            now = 0;
+    } else {
+        struct stat st;
+        if (fstat(dev->fd, &st) == 0 && st.st_size > 0)
+            now = (uint64_t)st.st_size;
+    }
+    if (now > size)
+        size = now;
+    if (offset <= size && total_len <= size - offset)
+        return 0;
+    if (write)
+        return rb_err_set(err, RB_ERR_OS, ENOSPC,
+                          "write beyond the end of the device: offset=%llu + total_len=%zu > device size %llu",
+                          (unsigned long long)offset, total_len, (unsigned long long)size);
+    /* LMCache's exact text (its callers and tests match on it). */
+    return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
+}
+
 int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,
                  size_t buf_len, size_t payload_len, size_t total_len, rb_err *err)
 {
@@ -189,7 +268,10 @@ int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void
     if (offset > (uint64_t)INT64_MAX || total_len > (uint64_t)INT64_MAX - offset)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "offset + total_len overflows: offset=%llu total_len=%zu",
                           (unsigned long long)offset, total_len);
-    return rb_dev_check_direct(dev, offset, total_len, err);
+    int rc = rb_dev_check_direct(dev, offset, total_len, err);
+    if (rc < 0)
+        return rc;
+    return rb_dev_check_range(dev, write, offset, total_len, err);
 }
 
 /* Build the (at most two) iovecs of the transfer; see the path table in rb_device.h. */

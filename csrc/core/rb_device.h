@@ -41,6 +41,8 @@ typedef struct rb_dev {
     int engine;
     size_t alignment;
     uint64_t size;
+    int size_known; /* regular file or block device: I/O beyond size is refused */
+    int is_blk;     /* block device (size from BLKGETSIZE64) */
     struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
     rb_stats stats;
     _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
@@ -54,8 +56,26 @@ typedef struct rb_dev {
 } rb_dev;
 
 /* Open path as configured. O_CLOEXEC always; O_DIRECT when cfg->odirect and not uring_cmd;
- * never O_CREAT. On failure *out is untouched and err says why. */
+ * never O_CREAT. Only a regular file or a block/character device is accepted: the path is
+ * checked with stat(2) before open (a FIFO would block open forever) and the descriptor
+ * again with fstat(2) after it (the path may have been replaced in between; the open itself
+ * uses O_NONBLOCK, cleared afterwards, so that race cannot block either). On failure *out is
+ * untouched and err says why. */
 int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err);
+
+/* The file-type rule of rb_dev_open on its own: 0 when path is a regular file or a block or
+ * character device, or cannot be stat'ed (opening it then reports why); otherwise a
+ * RB_ERR_VALUE naming the path and what it is (FIFO, socket, directory). */
+int rb_dev_check_path(const char *path, rb_err *err);
+int rb_dev_check_mode(const char *path, unsigned mode, rb_err *err);
+
+/* Range rule shared by every path (posix and io_uring): on a device whose size is known
+ * (regular file, block device), offset + total_len must not pass its end. Writes beyond it
+ * fail with OSError(ENOSPC) - what a block device gives LMCache's device, where a file would
+ * silently grow; reads with RuntimeError("unexpected EOF"), LMCache's text for a short read.
+ * Checked before any buffer is allocated. The size is cached at open; only when a request
+ * passes it is the current size looked up again (a file grown since then takes the I/O). */
+int rb_dev_check_range(const rb_dev *dev, int write, uint64_t offset, size_t total_len, rb_err *err);
 
 /* Take / drop a user reference. rb_dev_enter fails with -ESHUTDOWN once close has begun. */
 int rb_dev_enter(rb_dev *dev);

@@ -189,6 +189,10 @@ int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t o
     int rc = rb_dev_check_direct(u->dev, offset, total_len, err);
     if (rc < 0)
         return rc;
+    /* Writes past the end of the device are refused (a file would grow). Reads keep
+     * LMCache's per-entry result: a short read at the end fails that entry alone. */
+    if (op == RB_REQ_WRITE && (rc = rb_dev_check_range(u->dev, 1, offset, total_len, err)) < 0)
+        return rc;
     r->op = (uint8_t)op;
     r->ubuf = buf;
     r->ubuf_len = buf_len;

@@ -441,7 +441,10 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             PyErr_SetString(PyExc_ValueError, "total_len must be >= payload_len");
             goto done;
         }
-        if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0) {
+        /* A write past the end of the device is refused for the whole batch before any
+         * buffer is touched (a file would grow; see rb_dev_check_range). */
+        if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0 ||
+            rb_dev_check_range(self->dev, 1, r->cur_off, r->total_len, &err) < 0) {
             rbpy_raise_err(&err);
             goto done;
         }
