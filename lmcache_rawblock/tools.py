@@ -31,8 +31,94 @@ CANDIDATE_ALIGNS = (4096, 512, 1024, 2048, 8192, 16384, 65536)
 DEFAULT_META_TOTALS = (128 << 20, 256 << 20, 64 << 20, 32 << 20, 16 << 20, 8 << 20, 4 << 20, 2 << 20, 1 << 20)
 
 
+U63 = 1 << 63  # offsets and lengths are signed 64-bit on the device side
+MAX_CONTAINER_PAYLOAD = 1 << 30  # larger payload_len fields are damage (override: --meta-total-bytes)
+MAX_HEADER_BYTES = 16 << 20  # a slot header the tool will read per entry
+ENTRY_INT_FIELDS = ("offset", "size")
+ENTRY_STR_FIELDS = ("dtype", "fmt")
+ENTRY_LIST_FIELDS = ("shape", "cached_positions")
+
+
 class NotARawBlockDevice(Exception):
-    """The device holds no valid LMCache raw-block checkpoint."""
+    """The device holds no valid LMCache raw-block checkpoint, or cannot be opened as a device."""
+
+
+class BadCheckpoint(ValueError):
+    """A CRC-valid checkpoint whose JSON does not have the v1 state's types and ranges."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(where: str, v: Any, lo: int = 0, hi: int = U63) -> int:
+    if not _is_int(v):
+        raise BadCheckpoint(f"{where} must be an integer, got {type(v).__name__} {_short(v)}")
+    if not lo <= v < hi:
+        raise BadCheckpoint(f"{where} = {_short(v)} is out of range [{lo}, {hi})")
+    return v
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def check_state(st: Any) -> dict:
+    """Check every field of a decoded state v1 checkpoint for type and range (the fields the
+    tools use or print); return it, or raise BadCheckpoint naming the first bad field.
+    Missing geometry fields are allowed (LMCache treats them as unchanged); present ones
+    must be sane, so nothing downstream can divide by zero, allocate without bound or
+    print a traceback."""
+    if not isinstance(st, dict):
+        raise BadCheckpoint(f"the checkpoint is a JSON {type(st).__name__}, not an object")
+    if "version" not in st:
+        raise BadCheckpoint("version is missing")
+    if _check_int("version", st["version"], 0) != 1:
+        raise BadCheckpoint(f"version = {st['version']} is not the supported state version 1")
+    for k in ("capacity_bytes", "data_base_offset", "next_slot", "meta_version"):
+        if st.get(k) is not None:
+            _check_int(k, st[k])
+    if st.get("block_align") is not None:
+        a = _check_int("block_align", st["block_align"], 1, 1 << 30)
+        if a & (a - 1):
+            raise BadCheckpoint(f"block_align = {a} is not a power of two")
+    if st.get("header_bytes") is not None:
+        _check_int("header_bytes", st["header_bytes"], 24, MAX_HEADER_BYTES + 1)
+    if st.get("slot_bytes") is not None:
+        sb = _check_int("slot_bytes", st["slot_bytes"], 25)
+        if st.get("header_bytes") is not None and sb <= st["header_bytes"]:
+            raise BadCheckpoint(f"slot_bytes = {sb} is not larger than header_bytes = {st['header_bytes']}")
+    if st.get("meta_total_bytes") is not None:
+        _check_int("meta_total_bytes", st["meta_total_bytes"], 2)
+    for k in ("device_path", "meta_magic"):
+        if st.get(k) is not None and not isinstance(st[k], str):
+            raise BadCheckpoint(f"{k} must be a string, got {type(st[k]).__name__} {_short(st[k])}")
+    entries = st.get("entries")
+    if entries is None:
+        return st
+    if not isinstance(entries, dict):
+        raise BadCheckpoint(f"entries must be an object (key -> entry), got {type(entries).__name__}")
+    for key, e in entries.items():
+        where = f"entry {_short(key)}"
+        if not isinstance(e, dict):
+            raise BadCheckpoint(f"{where} must be an object, got {type(e).__name__} {_short(e)}")
+        for f in ENTRY_INT_FIELDS:
+            if f not in e:
+                raise BadCheckpoint(f"{where}: {f} is missing")
+            _check_int(f"{where}: {f}", e[f])
+        for f in ENTRY_STR_FIELDS:
+            if e.get(f) is not None and not isinstance(e[f], str):
+                raise BadCheckpoint(f"{where}: {f} must be a string or null, got {type(e[f]).__name__}")
+        for f in ENTRY_LIST_FIELDS:
+            v = e.get(f)
+            if v is None:
+                continue
+            if not isinstance(v, list):
+                raise BadCheckpoint(f"{where}: {f} must be a list of integers or null, got {type(v).__name__}")
+            for x in v:
+                _check_int(f"{where}: {f} element", x, -U63)
+    return st
 
 
 @dataclass
@@ -53,7 +139,7 @@ class Container:
             "index": self.index, "offset": self.offset, "magic": self.magic.decode("ascii", "replace"),
             "version": self.version, "seq": self.seq, "payload_len": self.payload_len,
             "crc32": f"{self.crc:08x}", "crc_ok": self.crc_ok,
-            "entries": len(self.state.get("entries", {})) if self.state else None, "error": self.error,
+            "entries": len(self.state.get("entries") or {}) if self.state else None, "error": self.error,
         }
 
 
@@ -84,7 +170,7 @@ def _read(dev: RawBlockDevice, offset: int, n: int) -> bytes | None:
 
 
 def _parse_container(dev: RawBlockDevice, index: int, offset: int, align: int,
-                     magic: bytes | None) -> Container | None:
+                     magic: bytes | None, max_payload: int = MAX_CONTAINER_PAYLOAD) -> Container | None:
     raw = _read(dev, offset, CONTAINER_HEADER.size)
     if raw is None:
         return None
@@ -92,6 +178,9 @@ def _parse_container(dev: RawBlockDevice, index: int, offset: int, align: int,
     if (magic is not None and m != magic) or (magic is None and not m.startswith(b"LMC")) or plen == 0:
         return None
     c = Container(index, offset, m, version, seq, plen, crc, False)
+    if plen > max_payload or offset + align + plen > dev.size_bytes():
+        c.error = f"payload_len {plen} does not fit the metadata region"
+        return c
     payload = _read(dev, offset + align, plen)
     if payload is None:
         c.error = "payload unreadable"
@@ -101,22 +190,39 @@ def _parse_container(dev: RawBlockDevice, index: int, offset: int, align: int,
         c.error = "CRC mismatch"
         return c
     try:
-        c.state = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        c.state = check_state(json.loads(payload.decode("utf-8")))
+    except BadCheckpoint as e:
+        c.error = f"checkpoint JSON is not a valid state: {e}"
+    except RecursionError:
+        c.error = "JSON: nested too deeply"
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, integers too long to convert
         c.error = f"JSON: {e}"
     return c
+
+
+def _open(path: str, **kw: Any) -> RawBlockDevice:
+    """Open read-only; a path that is not a device (FIFO, directory) is NotARawBlockDevice."""
+    try:
+        return RawBlockDevice(path, False, **kw)
+    except ValueError as e:
+        raise NotARawBlockDevice(str(e)) from None
 
 
 def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: int | None = None,
                 magic: bytes | None = b"LMCIDX01") -> DeviceReport:
     """Find and decode both checkpoint containers; raises NotARawBlockDevice if neither is valid."""
-    with RawBlockDevice(path, False) as dev:
+    if block_align is not None and (block_align <= 0 or block_align & (block_align - 1) or block_align > 1 << 30):
+        raise NotARawBlockDevice(f"--block-align must be a power of two between 1 and 2^30, got {block_align}")
+    if meta_total_bytes is not None and not 2 <= meta_total_bytes < U63:
+        raise NotARawBlockDevice(f"--meta-total-bytes must be >= 2, got {meta_total_bytes}")
+    max_payload = max(MAX_CONTAINER_PAYLOAD, meta_total_bytes // 2) if meta_total_bytes else MAX_CONTAINER_PAYLOAD
+    with _open(path) as dev:
         size = dev.size_bytes()
         aligns = (block_align,) if block_align else CANDIDATE_ALIGNS
         first: Container | None = None
         align_used = aligns[0]
         for a in aligns:
-            c = _parse_container(dev, 0, 0, a, magic)
+            c = _parse_container(dev, 0, 0, a, magic, max_payload)
             if c is None:
                 break  # no header at offset 0: alignment does not matter
             if first is None or (c.crc_ok and not first.crc_ok):
@@ -126,9 +232,9 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
         metas: tuple[int, ...]
         if meta_total_bytes:
             metas = (meta_total_bytes,)
-        elif first is not None and first.state and "meta_total_bytes" in first.state:
-            metas = (int(first.state["meta_total_bytes"]),)
-            align_used = int(first.state.get("block_align", align_used))
+        elif first is not None and first.state and first.state.get("meta_total_bytes") is not None:
+            metas = (first.state["meta_total_bytes"],)
+            align_used = first.state.get("block_align") or align_used
         else:
             metas = DEFAULT_META_TOTALS
         second: Container | None = None
@@ -136,7 +242,7 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
         for mt in metas:
             for a in ((align_used,) if first else aligns):
                 off = ((mt // 2) // a) * a
-                c = _parse_container(dev, 1, off, a, magic)
+                c = _parse_container(dev, 1, off, a, magic, max_payload)
                 if c is not None and (second is None or (c.crc_ok and not second.crc_ok)):
                     second, meta_used = c, mt
                     if first is None:
@@ -154,21 +260,21 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
             f"this device was not written by LMCache's raw-block tier or lmcache_rawblock")
     chosen = max(valid, key=lambda c: (c.seq, -c.index))
     st = chosen.state or {}
-    meta_total = int(st.get("meta_total_bytes", meta_used))
+    meta_total = st.get("meta_total_bytes") or meta_used
     geometry = {k: st.get(k) for k in ("version", "device_path", "capacity_bytes", "block_align", "header_bytes",
                                        "slot_bytes", "meta_total_bytes", "meta_magic", "meta_version",
                                        "data_base_offset", "next_slot")}
-    slot_bytes = int(st.get("slot_bytes") or 0)
-    base = int(st.get("data_base_offset") or meta_total)
-    cap = int(st.get("capacity_bytes") or size)
-    geometry["max_slots"] = (min(cap, size) - base) // slot_bytes if slot_bytes else None
+    slot_bytes = st.get("slot_bytes") or 0
+    base = st.get("data_base_offset") or meta_total
+    cap = st.get("capacity_bytes") or size
+    geometry["max_slots"] = max(0, (min(cap, size) - base) // slot_bytes) if slot_bytes else None
     entries = st.get("entries", {}) or {}
     geometry["entries"] = len(entries)
     if geometry["max_slots"] is not None:
         used = len(entries)
         geometry["used_slots"] = used
         geometry["free_slots"] = geometry["max_slots"] - used
-    return DeviceReport(path, size, int(st.get("block_align", align_used)), meta_total, containers, chosen, geometry)
+    return DeviceReport(path, size, st.get("block_align") or align_used, meta_total, containers, chosen, geometry)
 
 
 def inspect_device(path: str, *, sample: int = 5, **kw: Any) -> dict:
@@ -218,7 +324,7 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
     header carries our xxh3-64 record and compare it."""
     rep = read_device(path, **kw)
     st = rep.state
-    header_bytes = int(st.get("header_bytes") or 4096)
+    header_bytes = st.get("header_bytes") or 4096
     entries = list((st.get("entries") or {}).items())
     res = VerifyResult()
     bar = None
@@ -232,26 +338,35 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
     try:
         dev = RawBlockDevice(path, False, io_engine="io_uring", iouring_queue_depth=min(batch, 256))
     except (RuntimeError, OSError):
-        dev = RawBlockDevice(path, False)
+        dev = _open(path)
     with dev:
+        dev_size = dev.size_bytes()
         for chunk in _header_batches(entries, batch):
+            # Entries whose header lies (partly) past the end of the device are reported, not read.
+            inside = [e["offset"] + header_bytes <= dev_size for _k, e in chunk]
+            rd = [(e["offset"], i) for i, (_k, e) in enumerate(chunk) if inside[i]]
             bufs = [bytearray(header_bytes) for _ in chunk]
-            offsets = [int(e.get("offset", 0)) for _k, e in chunk]
-            if dev.io_engine == "io_uring":
-                ok, _errs = dev.wait_iouring(dev.batched_read(offsets, bufs, [header_bytes] * len(chunk)))
+            ok = [False] * len(chunk)
+            if dev.io_engine == "io_uring" and rd:
+                got, _errs = dev.wait_iouring(dev.batched_read([o for o, _i in rd], [bufs[i] for _o, i in rd],
+                                                               [header_bytes] * len(rd)))
+                if len(got) == len(rd):
+                    for (_o, i), g in zip(rd, got):
+                        ok[i] = g
             else:
-                ok = []
-                for off, b in zip(offsets, bufs):
+                for off, i in rd:
                     try:
-                        dev.pread_into(off, b, header_bytes)
-                        ok.append(True)
+                        dev.pread_into(off, bufs[i], header_bytes)
+                        ok[i] = True
                     except (OSError, RuntimeError):
-                        ok.append(False)
-            for (key, e), good, hdr in zip(chunk, ok, bufs):
+                        pass
+            for (key, e), good, hdr, within in zip(chunk, ok, bufs, inside):
                 res.checked += 1
                 problem = None
-                size = int(e.get("size", -1))
-                if not good:
+                size = e["size"]
+                if not within:
+                    problem = f"slot header at {e['offset']} lies beyond the end of the device ({dev_size} bytes)"
+                elif not good:
                     problem = "header unreadable"
                 else:
                     magic, ident, plen = SLOT_HEADER.unpack_from(hdr)
@@ -265,9 +380,9 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
                         problem = f"identity {ident:#x} != expected {expected:#x}"
                     elif problem is None and plen != size:
                         problem = f"payload length {plen} != checkpoint size {size}"
-                    elif problem is None and checksums and hdr[24:32] == CHECKSUM_MAGIC:
+                    elif problem is None and checksums and len(hdr) >= 40 and hdr[24:32] == CHECKSUM_MAGIC:
                         want = struct.unpack_from("<Q", hdr, 32)[0]
-                        data = _read(dev, int(e["offset"]) + header_bytes, size)
+                        data = _read(dev, e["offset"] + header_bytes, size)
                         res.checksums_checked += 1
                         if data is None or xxh3_64(data) != want:
                             problem = "payload checksum mismatch"
@@ -282,6 +397,12 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
     return {"device": path, "geometry": rep.geometry, **res.as_dict()}
 
 
+def _printable(v: Any) -> str:
+    """Text from the device as it may go to a terminal: control characters escaped."""
+    s = str(v)
+    return s if s.isprintable() else repr(s)
+
+
 def format_inspect(info: dict) -> str:
     g = info["geometry"]
     lines = [f"device {info['device']}  ({info['size_bytes']} bytes)"]
@@ -292,11 +413,11 @@ def format_inspect(info: dict) -> str:
         lines.append(f"container {c['index']} @ {c['offset']}: seq={c['seq']} payload={c['payload_len']} B "
                      f"crc={c['crc32']} {'ok' if c['crc_ok'] else 'BAD'}"
                      + (f" entries={c['entries']}" if c["entries"] is not None else "")
-                     + (f" ({c['error']})" if c["error"] else ""))
+                     + (f" ({_printable(c['error'])})" if c["error"] else ""))
     lines.append(f"checkpoint in use: container {info['checkpoint_in_use']}, {g.get('entries')} entries")
     for e in info["sample_entries"]:
-        lines.append(f"  {e['key']}  offset={e['offset']} size={e['size']} shape={e['shape']} "
-                     f"dtype={e['dtype']} fmt={e['fmt']}")
+        lines.append(f"  {_printable(e['key'])}  offset={e['offset']} size={e['size']} shape={e['shape']} "
+                     f"dtype={_printable(e['dtype'])} fmt={_printable(e['fmt'])}")
     return "\n".join(lines)
 
 
@@ -304,7 +425,7 @@ def format_verify(res: dict) -> str:
     lines = [f"verified {res['checked']} slot headers on {res['device']}: {res['ok']} ok, "
              f"{res['mismatch_count']} mismatched; {res['checksums_checked']} payload checksums checked"]
     for m in res["mismatches"][:50]:
-        lines.append(f"  {m['key']} @ {m['offset']}: {m['problem']}")
+        lines.append(f"  {_printable(m['key'])} @ {m['offset']}: {_printable(m['problem'])}")
     if res["mismatch_count"] > 50:
         lines.append(f"  ... and {res['mismatch_count'] - 50} more")
     return "\n".join(lines)
