@@ -45,3 +45,99 @@ def test_partition_table_is_foreign(tmp_path, label):
 def test_missing_path_is_an_oserror(tmp_path):
     with pytest.raises(FileNotFoundError, match="cannot probe"):
         _native.probe_foreign(str(tmp_path / "missing"))
+
+
+# --------------------------------------------------------------------------- away from offset 0
+
+MiB = 1 << 20
+needs_mkfs = pytest.mark.skipif(not shutil.which("mkfs.ext4") or not shutil.which("e2fsck"),
+                                reason="mkfs.ext4 / e2fsck (e2fsprogs) are not installed")
+
+
+def _sha(path):
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _mkfs_at(target: str, offset: int, fs_size: str = "32M") -> None:
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", f"offset={offset}", target, fs_size], check=True,
+                   capture_output=True)
+
+
+def _fsck_region(src: str, offset: int, length: int, tmp_path) -> subprocess.CompletedProcess:
+    out = tmp_path / "region.img"
+    with open(src, "rb") as f, open(out, "wb") as g:
+        f.seek(offset)
+        g.write(f.read(length))
+    return subprocess.run(["e2fsck", "-n", "-f", str(out)], capture_output=True, text=True)
+
+
+@needs_mkfs
+@pytest.mark.parametrize("offset", [1 * MiB, 63 * 512, 8 * MiB])
+def test_file_system_in_a_partition_whose_table_was_wiped(tmp_path, offset):
+    p = _img(tmp_path)
+    _mkfs_at(p, offset)
+    assert _native.probe_foreign(p) == f"ext4 file system at byte offset {offset}"
+
+
+@needs_mkfs
+def test_core_refuses_ext4_at_1mib_and_leaves_it_intact(tmp_path):
+    from core_helpers import Obj, make_core, okey, payload
+
+    p = _img(tmp_path)
+    _mkfs_at(p, MiB)
+    before = _sha(p)
+    assert _fsck_region(p, MiB, 32 * MiB, tmp_path).returncode == 0
+    for meta in (MiB, 4 * MiB):
+        with pytest.raises(ValueError, match=r"holds a ext4 file system at byte offset 1048576.*allow_foreign_device"):
+            core = make_core(p, meta_total_bytes=meta)
+            core.put_many([okey(1)], [Obj(payload(1, 100))])  # reached only without the refusal
+            core.checkpoint_now()
+            core.close()
+    assert _sha(p) == before, "nothing may be written to a refused device"
+    r = _fsck_region(p, MiB, 32 * MiB, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_mkfs
+def test_core_refuses_ext4_at_1mib_on_a_loop_device(tmp_path, loop_device):
+    from core_helpers import make_core
+
+    dev = loop_device(64 * MiB)
+    _mkfs_at(dev, MiB)
+    before = _sha(dev)
+    with pytest.raises(ValueError, match="ext4 file system at byte offset 1048576"):
+        make_core(dev)
+    assert _sha(dev) == before
+    r = _fsck_region(dev, MiB, 32 * MiB, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_our_device_with_random_payloads_is_not_foreign(tmp_path):
+    """Slot payloads are arbitrary bytes: a device holding a valid checkpoint is not scanned
+    past offset 0, and where one of our slots starts the scan does not look either."""
+    import random
+
+    from core_helpers import Obj, make_core, okey
+
+    p = _img(tmp_path, size=128 * MiB)
+    rng = random.Random(5)
+    core = make_core(p)
+    keys = [okey(i) for i in range(300)]
+    assert all(core.put_many(keys, [Obj(rng.randbytes(60000)) for _ in keys]).results)
+    core.close()
+    assert _native.probe_foreign(p) is None
+    with open(p, "r+b") as f:  # container 0 unreadable: the scan runs over our slots
+        f.write(bytes(4096))
+    assert _native.probe_foreign(p) is None
+
+
+def test_probe_of_a_large_blank_device_is_cheap(tmp_path):
+    import time
+
+    p = _img(tmp_path, size=4 << 30)
+    t = time.perf_counter()
+    assert _native.probe_foreign(p) is None
+    assert time.perf_counter() - t < 5.0
