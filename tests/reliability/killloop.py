@@ -223,7 +223,8 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         for kid, what in res["wrong"]:
             st.wrong_bytes += 1
             st.failures.append(f"cycle {cyc}: key {kid} served wrong bytes: {what}")
-        missing = sorted(k for k in durable_now if k not in res["served"])
+        wrong_keys = {k for k, _ in res["wrong"]}   # counted as wrong bytes, not again as lost
+        missing = sorted(k for k in durable_now if k not in res["served"] and k not in wrong_keys)
         if missing:
             counted = s["recovery_dropped_entries"] + s["load_dropped_entries"] + s["payload_checksum_failures"]
             rep = min(len(missing), counted)
