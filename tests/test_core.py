@@ -338,23 +338,25 @@ def test_rebuilds_missing_free_slots_from_checkpoint(tmp_path):
         c.close()
 
 
-def test_slot_reuse_after_checkpoint_is_dropped_on_recovery(dev):
+def test_slot_listed_by_a_checkpoint_is_not_reused_until_rewritten(dev):
     c = make_core(dev)
-    k1, k2 = okey(1), okey(2)
+    k1, k2, k3 = okey(1), okey(2), okey(3)
     c.put_many([k1], [Obj(b"1" * 100)])
-    c.checkpoint_now()
+    c.checkpoint_now()  # container 0 lists k1 in slot 0
     c.delete_many([k1.encoded])
-    c.put_many([k2], [Obj(b"2" * 100)])  # reuses slot 0
-    assert c.entry_offset(k2.encoded) == META
-    c._native.close()  # closes with a final checkpoint; simulate a crash instead below
-    # Crash simulation: rewrite the newest container with the state that lists only k1.
-    c2 = make_core(dev, load_checkpoint_on_init=False)
-    st = base_state(dev, 1, {k1.encoded: {"offset": META, "size": 100, "shape": None, "dtype": None, "fmt": None,
-                                          "cached_positions": None}})
-    assert c2.apply_loaded_state(st) is True
-    assert c2.exists_many([k1.encoded]) == [False]  # header holds k2's identity
-    assert c2.report_status()["free_slot_count"] == 1
-    c2.close()
+    c.put_many([k2], [Obj(b"2" * 100)])
+    assert c.entry_offset(k2.encoded) == META + SLOT  # not k1's slot
+    st = c.report_status()
+    assert st["checkpoint_held_slots"] == 1 and st["free_slot_count"] == 0
+    c.checkpoint_now()  # container 1 excludes slot 0; container 0 still lists it
+    assert c.report_status()["checkpoint_held_slots"] == 1
+    c.put_many([k3], [Obj(b"3" * 100)])
+    c.checkpoint_now()  # container 0 rewritten without slot 0: it is free again
+    st = c.report_status()
+    assert st["checkpoint_held_slots"] == 0 and st["free_slot_count"] == 1
+    c.put_many([okey(4)], [Obj(b"4" * 100)])
+    assert c.entry_offset(okey(4).encoded) == META
+    c.close()
 
 
 def test_close_semantics(dev):

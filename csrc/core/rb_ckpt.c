@@ -141,6 +141,34 @@ int rb_buf_u64(rb_buf *b, uint64_t v)
 
 static const char hexdig[] = "0123456789abcdef";
 
+int rb_buf_sum_hex(rb_buf *b, uint64_t v)
+{
+    char tmp[16];
+    for (int i = 15; i >= 0; i--, v >>= 4)
+        tmp[i] = hexdig[v & 0xf];
+    return rb_buf_put(b, tmp, sizeof tmp);
+}
+
+int rb_sum_parse_hex(const char *s, size_t n, uint64_t *out)
+{
+    if (n != 16)
+        return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        unsigned d;
+        if (ch >= '0' && ch <= '9')
+            d = (unsigned)(ch - '0');
+        else if (ch >= 'a' && ch <= 'f')
+            d = (unsigned)(ch - 'a' + 10);
+        else
+            return -1;
+        v = v << 4 | d;
+    }
+    *out = v;
+    return 0;
+}
+
 static void put_u16esc(char *o, unsigned v)
 {
     o[0] = '\\';

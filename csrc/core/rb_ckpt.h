@@ -57,6 +57,13 @@ int rb_buf_u64(rb_buf *b, uint64_t v);
  * \u00XX of the byte (Python strings cannot hold them; this keeps output ASCII). */
 int rb_buf_json_str(rb_buf *b, const char *s, size_t n);
 
+/* Our checkpoint entry field "xxh3": the payload checksum as exactly 16 lowercase hex digits
+ * (a JSON string, so no reader has to hold a 64-bit unsigned number). parse: 0, or -1 when the
+ * text is anything else. */
+#define RB_ENT_SUM_FIELD "xxh3"
+int rb_buf_sum_hex(rb_buf *b, uint64_t v);
+int rb_sum_parse_hex(const char *s, size_t n, uint64_t *out);
+
 /* json-c helpers. Parse a whole buffer; NULL on error. */
 struct json_object *rb_json_parse(const char *buf, size_t len);
 /* Integer value of a JSON number (integral double accepted) or a decimal string, like

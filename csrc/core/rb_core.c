@@ -373,6 +373,45 @@ void rb_core_reader_end_locked(rb_core *c, uint64_t gen)
 void rb_core_quarantine_reset_locked(rb_core *c)
 {
     c->rd_npend[0] = c->rd_npend[1] = 0;
+    c->n_held = 0;
+}
+
+void rb_core_hold_slot_locked(rb_core *c, uint32_t slot)
+{
+    if (c->n_held == c->cap_held) {
+        size_t nc = c->cap_held ? c->cap_held * 2 : 64;
+        uint32_t *np = realloc(c->held, nc * sizeof(uint32_t));
+        if (!np)
+            return; /* kept out of use until the next recovery: never reused unsafely */
+        c->held = np;
+        c->cap_held = nc;
+    }
+    c->held[c->n_held++] = slot;
+    c->held_total++;
+}
+
+int rb_core_ref_reserve_locked(rb_core *c, uint32_t n)
+{
+    if (n <= c->ref_cap)
+        return 0;
+    uint32_t nc = c->ref_cap ? c->ref_cap : 1024;
+    while (nc < n)
+        nc = nc > UINT32_MAX / 2 ? n : nc * 2;
+    uint8_t *np = realloc(c->ref, nc);
+    if (!np)
+        return -ENOMEM;
+    memset(np + c->ref_cap, 0, nc - c->ref_cap);
+    c->ref = np;
+    c->ref_cap = nc;
+    return 0;
+}
+
+int rb_core_room_needed_locked(const rb_core *c, size_t n)
+{
+    if (c->ref_unknown)
+        return 1;
+    uint64_t avail = (uint64_t)c->slots.n_free + (c->max_slots - c->slots.next_slot);
+    return c->n_held > 0 && avail < n;
 }
 
 int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, uint64_t size, uint64_t identity,
@@ -414,6 +453,8 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     if (c->cfg.recovery_threads == 0)
         c->cfg.recovery_threads = 8;
     c->good_container = -1;
+    c->apply_container = -1;
+    c->rec_lost = -1;
     pthread_mutex_init(&c->ckpt_mu, NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->idle_cv, NULL);
@@ -529,6 +570,8 @@ void rb_core_free(rb_core *c)
     rb_slots_free(&c->slots);
     free(c->rd_pend[0]);
     free(c->rd_pend[1]);
+    free(c->ref);
+    free(c->held);
     pthread_mutex_destroy(&c->ckpt_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->idle_cv);
@@ -564,6 +607,8 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot)
         return 0;
     if (it->len > c->slot_cap || rb_xfer_len(c, it->len) > c->slot_cap)
         return 0; /* payload does not fit the slot */
+    if (c->ref_unknown)
+        return 0; /* any slot may be listed by a container not read at open (make_room) */
     uint32_t cls = rb_core_intern_class(c, &it->meta);
     if (cls == UINT32_MAX)
         return 0;
@@ -797,11 +842,30 @@ out:
     return rc;
 }
 
+/* When only a checkpoint can give this put slots (freed slots wait until checkpoints that
+ * exclude them are durable; a container not read at open may list any slot), write one, at
+ * most once per container. A failure is recorded in the status; the put then gets what slots
+ * there are. */
+static void make_room(rb_core *c, size_t n)
+{
+    for (int round = 0; round < 2; round++) {
+        pthread_mutex_lock(&c->mu);
+        int need = !c->closed && rb_core_room_needed_locked(c, n);
+        pthread_mutex_unlock(&c->mu);
+        if (!need)
+            return;
+        rb_err e;
+        if (rb_core_checkpoint_room(c, n, &e) < 0)
+            return;
+    }
+}
+
 int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
                      size_t *n_stored, rb_err *err)
 {
     *n_stored = 0;
     memset(results, 0, n);
+    make_room(c, n);
     if (rb_core_uses_uring(c))
         return put_many_uring(c, items, n, results, stored, n_stored, err);
     uint8_t *hdr = rb_alloc_aligned(c->cfg.block_align, c->cfg.header_bytes, err);
@@ -858,16 +922,18 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
  * keeps the record unverified. Verified records (and every record written by this process)
  * take the plain path.
  */
-enum { LV_NONE = 0, LV_GOOD, LV_BAD };
+enum { LV_NONE = 0, LV_GOOD, LV_BAD, LV_SUMBAD };
 
-static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, const uint8_t *hdr, size_t hdr_len,
-                      const uint8_t *payload, uint64_t *sum_fail)
+static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, int rec_has_sum, uint64_t rec_sum,
+                      const uint8_t *hdr, size_t hdr_len, const uint8_t *payload, uint64_t *sum_fail)
 {
     uint64_t ident, len, sum;
     int has_sum;
     if (rb_slot_header_decode(hdr, hdr_len, &ident, &len, &has_sum, &sum) < 0 ||
         !rb_core_header_matches(c, it->key, it->key_len, size, ident, len))
         return LV_BAD;
+    if (rec_has_sum && (!has_sum || sum != rec_sum))
+        return LV_BAD; /* the checkpoint recorded a checksum the header no longer carries */
     if (has_sum && XXH3_64bits(payload, size) != sum) {
         (*sum_fail)++;
         return LV_BAD;
@@ -1005,7 +1071,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
                 it->status = rc;
                 continue;
             }
-            s[i].verdict = (uint8_t)judge_slot(c, it, len, vbuf, hb, vbuf + hb, &sum_fail);
+            s[i].verdict = (uint8_t)judge_slot(c, it, len, s[i].has_sum, s[i].sum, vbuf, hb, vbuf + hb, &sum_fail);
             if (s[i].verdict == LV_BAD)
                 continue;
             memcpy(it->buf, vbuf + hb, len);
@@ -1034,7 +1100,8 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
                 it->status = o->rc;
                 it->err = o->err;
             } else if (h) {
-                s[i].verdict = (uint8_t)judge_slot(c, it, s[i].size, h->buf, hl, it->buf, &sum_fail);
+                s[i].verdict =
+                    (uint8_t)judge_slot(c, it, s[i].size, s[i].has_sum, s[i].sum, h->buf, hl, it->buf, &sum_fail);
                 if (s[i].verdict == LV_BAD) /* not ours: leave no foreign bytes behind */
                     memset(it->buf, 0, o->buf_len < o->total_len ? o->payload_len : o->total_len);
                 else
@@ -1046,13 +1113,21 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     }
     free(ops);
     free(vbuf);
+    size_t n_sumbad = 0;
     for (size_t i = 0; i < n; i++) {
         rb_load_item *it = &items[i];
         if (it->ok && c->cfg.verify_payload_checksum && s[i].has_sum && XXH3_64bits(it->buf, s[i].size) != s[i].sum) {
             sum_fail++;
+            n_sumbad++;
             it->ok = 0;
             it->status = rb_err_set(&it->err, RB_ERR_OS, EBADMSG, "payload checksum mismatch at offset %llu",
                                     (unsigned long long)(rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes));
+            /* Whatever the read put in the caller's buffer is not this key's: erase it (the
+             * padding too when the read went straight into a buffer that holds it). */
+            size_t blen = c->cfg.enable_zero_copy ? it->buf_len : s[i].size;
+            size_t xl = rb_xfer_len(c, s[i].size);
+            memset(it->buf, 0, blen >= xl ? xl : s[i].size);
+            s[i].verdict = LV_SUMBAD;
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -1064,10 +1139,12 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     }
     pthread_mutex_lock(&c->mu);
     c->checksum_failures += sum_fail;
-    if (n_unv) {
+    if (n_unv || n_sumbad) {
         /* Settle the judged records, unless they changed meanwhile (deleted, re-put, judged
-         * by a concurrent load or a state applied since the snapshot). */
-        uint64_t dropped = 0;
+         * by a concurrent load or a state applied since the snapshot). A record whose payload
+         * failed its checksum leaves the index like one whose header failed: it would fail
+         * every load, and every checkpoint would carry it on. */
+        uint64_t dropped = 0, sum_dropped = 0;
         for (size_t i = 0; i < n; i++) {
             if (s[i].verdict == LV_NONE)
                 continue;
@@ -1076,6 +1153,13 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
             if (p == UINT32_MAX)
                 continue;
             rb_ent *e = &c->index.ents[p];
+            if (s[i].verdict == LV_SUMBAD) {
+                if (e->slot == s[i].slot && (e->flags & RB_ENT_HAS_SUM) && e->checksum == s[i].sum) {
+                    rb_core_drop_locked(c, p);
+                    sum_dropped++;
+                }
+                continue;
+            }
             if (e->slot != s[i].slot || !(e->flags & RB_ENT_UNVERIFIED))
                 continue;
             if (s[i].verdict == LV_GOOD) {
@@ -1088,9 +1172,12 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
             }
         }
         if (dropped) {
-            c->dirty_total++;
             c->recovery_dropped += dropped;
             c->deferred_dropped += dropped;
+        }
+        c->sum_dropped += sum_dropped;
+        if (dropped || sum_dropped) {
+            c->dirty_total++;
             rb_idx_maybe_compact(&c->index);
         }
     }
@@ -1339,6 +1426,15 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->deferred_dropped = c->deferred_dropped;
     st->recovery_loaded = c->recovery_loaded;
     st->closed = c->closed;
+    st->recovery_outcome = c->rec_outcome;
+    st->recovery_seq = c->rec_seq;
+    st->recovery_rejected_seq = c->rec_rejected_seq;
+    st->recovery_lost = c->rec_lost;
+    st->held_slots = c->n_held;
+    st->held_total = c->held_total;
+    st->room_ckpts = c->room_ckpts;
+    st->checksum_dropped = c->sum_dropped;
+    st->flushes = atomic_load(&c->flushes);
     memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);
     pthread_mutex_unlock(&c->mu);
     if (c->dev)

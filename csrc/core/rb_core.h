@@ -88,6 +88,16 @@ typedef struct rb_meta_out {
     int64_t *pos;
 } rb_meta_out;
 
+/* What recovery at open did with the checkpoint containers. */
+enum rb_recovery_outcome {
+    RB_REC_BLANK = 0,    /* no checkpoint of ours on the device */
+    RB_REC_SKIPPED,      /* load_on_init off */
+    RB_REC_LOADED,       /* the newest checkpoint was loaded */
+    RB_REC_FALLBACK,     /* the newest was unreadable; the older one was loaded */
+    RB_REC_REJECTED,     /* a readable checkpoint failed the layout checks; started empty */
+    RB_REC_UNREADABLE,   /* the device had a checkpoint but none could be read; started empty */
+};
+
 typedef struct rb_core_status {
     uint64_t capacity_bytes, data_base, container_bytes, max_slots, next_slot, free_slots;
     uint64_t indexed, inflight_keys, locked_keys, inflight_io;
@@ -97,6 +107,10 @@ typedef struct rb_core_status {
     uint64_t recovery_dropped, recovery_entries_loaded;
     uint64_t unverified, deferred_verified, deferred_dropped;
     int recovery_loaded, closed;
+    int recovery_outcome; /* enum rb_recovery_outcome */
+    uint64_t recovery_seq, recovery_rejected_seq;
+    int64_t recovery_lost; /* -1 unknown */
+    uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes;
     char ckpt_error[256];
     rb_stats_snapshot io;
 } rb_core_status;
@@ -143,7 +157,10 @@ uint32_t rb_core_lock_refcount(rb_core *c, const char *key, size_t len);
  * strings). Returns the count, or -ENOMEM. max = 1 gives the first key. */
 int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys, size_t **lens);
 
-/* 1 = written, 0 = nothing to do (not dirty / not idle), <0 = error (err filled). */
+/* 1 = written, 0 = nothing to do (not dirty / not idle), <0 = error (err filled).
+ * force: 0 only when dirty and idle (periodic), 1 when dirty. The device is flushed before the
+ * container is written (every payload it lists is durable), between its payload and its
+ * header, and after the header. */
 int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
 /* Apply a state v1 JSON document: 1 applied, 0 rejected (reason in err->msg), <0 error. */
 int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err);

@@ -41,11 +41,17 @@ static int encode_state_locked(rb_core *c, rb_buf *b)
     rb_buf_puts(b, ",\"next_slot\":");
     rb_buf_u64(b, c->slots.next_slot);
     rb_buf_puts(b, ",\"entries\":{");
+    /* Mark the slots this checkpoint lists (RB_REF_PEND) until it is settled. */
+    for (uint32_t s = 0; s < c->ref_cap; s++)
+        c->ref[s] &= (uint8_t)~RB_REF_PEND;
     int first = 1;
     for (uint32_t p = 0; p < c->index.n_ents; p++) {
         const rb_ent *e = &c->index.ents[p];
         if (e->flags & RB_ENT_DEAD)
             continue;
+        if (rb_core_ref_reserve_locked(c, e->slot + 1) < 0)
+            return -ENOMEM;
+        c->ref[e->slot] |= RB_REF_PEND;
         if (!first)
             rb_buf_puts(b, ",");
         first = 0;
@@ -70,6 +76,14 @@ static int encode_state_locked(rb_core *c, rb_buf *b)
                 rb_buf_i64(b, pos[i]);
             }
             rb_buf_puts(b, "]");
+        }
+        if (e->flags & RB_ENT_HAS_SUM) {
+            /* Ours (LMCache reads only the fields it knows): whether the slot carries a
+             * checksum must not rest on the slot header's marker alone, which one flipped bit
+             * would erase. */
+            rb_buf_puts(b, ",\"" RB_ENT_SUM_FIELD "\":\"");
+            rb_buf_sum_hex(b, e->checksum);
+            rb_buf_puts(b, "\"");
         }
         rb_buf_puts(b, "}");
     }
@@ -100,14 +114,75 @@ static void set_ckpt_error(rb_core *c, const rb_err *err)
     pthread_mutex_unlock(&c->mu);
 }
 
-int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
+/*
+ * Settle the slot references after a checkpoint into container t. outcome: 1 durable (t now
+ * lists exactly the RB_REF_PEND slots), -1 unknown (a write was attempted and failed: t may
+ * hold its old or its new contents, so it keeps both), 0 nothing was written. Held slots that
+ * no container lists any more return to use (through the reader quarantine). mu held.
+ */
+static void settle_refs_locked(rb_core *c, int t, int outcome)
+{
+    const uint8_t bit = (uint8_t)(1u << t);
+    for (uint32_t s = 0; s < c->ref_cap; s++) {
+        uint8_t r = c->ref[s];
+        if (!r)
+            continue;
+        uint8_t pend = r & RB_REF_PEND;
+        r &= (uint8_t)~RB_REF_PEND;
+        if (outcome > 0)
+            r = (uint8_t)((r & ~bit) | (pend ? bit : 0));
+        else if (outcome < 0 && pend)
+            r |= bit;
+        c->ref[s] = r;
+    }
+    if (outcome > 0)
+        c->ref_unknown &= (uint8_t)~bit;
+    size_t keep = 0;
+    for (size_t i = 0; i < c->n_held; i++) {
+        uint32_t s = c->held[i];
+        if (s < c->ref_cap && c->ref[s])
+            c->held[keep++] = s;
+        else
+            rb_core_free_slot_locked(c, s); /* no bits: never back onto the held list */
+    }
+    c->n_held = keep;
+}
+
+/* fdatasync under the device's admission gate. */
+static int core_flush(rb_core *c, rb_err *err)
+{
+    if (rb_dev_enter(c->dev) < 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+    int rc = rb_dev_flush(c->dev, err);
+    rb_dev_leave(c->dev);
+    if (rc == 0)
+        atomic_fetch_add(&c->flushes, 1);
+    return rc;
+}
+
+/*
+ * One checkpoint. force as rb_core_checkpoint; room_n > 0: written only while a put of room_n
+ * keys still needs it (rb_core_room_needed_locked), dirty or not.
+ *
+ * Durability: flush, container payload, flush, container header, flush. The first flush makes
+ * every payload and slot header that the checkpoint lists durable before anything points at
+ * them; the second keeps a header from reaching the medium before its payload; the third makes
+ * the checkpoint itself durable before its slots are trusted as settled (settle_refs_locked).
+ */
+static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
 {
     pthread_mutex_lock(&c->ckpt_mu);
     pthread_mutex_lock(&c->mu);
-    int dirty = c->dirty_total > c->persisted;
-    int idle = c->inflight_io == 0 &&
-               rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.idle_quiet_ms * 1000000ull;
-    if (!dirty || (!force && !idle)) {
+    int go;
+    if (room_n) {
+        go = !c->closed && rb_core_room_needed_locked(c, room_n);
+    } else {
+        int dirty = c->dirty_total > c->persisted;
+        int idle = c->inflight_io == 0 &&
+                   rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.idle_quiet_ms * 1000000ull;
+        go = dirty && (force || idle);
+    }
+    if (!go) {
         pthread_mutex_unlock(&c->mu);
         pthread_mutex_unlock(&c->ckpt_mu);
         return 0;
@@ -125,23 +200,24 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
     /* Never overwrite the container that holds the newest checkpoint we trust. */
     if (c->good_container >= 0 && (int)((seq - 1) % 2) == c->good_container)
         seq++;
-    pthread_mutex_unlock(&c->mu);
+    const int target = (int)((seq - 1) % 2);
+    int outcome = 0; /* settle_refs_locked */
+    uint8_t *payload = NULL, *hdr = NULL;
     if (rc < 0) {
-        rb_buf_free(&b);
-        pthread_mutex_unlock(&c->ckpt_mu);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory serialising the checkpoint");
+        settle_refs_locked(c, target, 0);
+        pthread_mutex_unlock(&c->mu);
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory serialising the checkpoint");
+        goto out;
     }
+    pthread_mutex_unlock(&c->mu);
     if (b.len > c->payload_cap) {
         rc = rb_err_set(err, RB_ERR_RUNTIME, EFBIG,
                         "metadata payload too large (%zu > %llu), checkpoint not written", b.len,
                         (unsigned long long)c->payload_cap);
-        rb_buf_free(&b);
         pthread_mutex_lock(&c->mu);
         c->ckpt_too_large++;
         pthread_mutex_unlock(&c->mu);
-        set_ckpt_error(c, err);
-        pthread_mutex_unlock(&c->ckpt_mu);
-        return rc;
+        goto failed;
     }
     uint32_t delay = atomic_load(&c->ckpt_delay_ms);
     if (delay)
@@ -149,14 +225,11 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
 
     const uint64_t ba = c->cfg.block_align;
     uint64_t padded = rb_round_up(b.len, ba);
-    uint8_t *payload = rb_alloc_aligned(ba, padded, err);
-    uint8_t *hdr = rb_alloc_aligned(ba, ba, err);
+    payload = rb_alloc_aligned(ba, padded, err);
+    hdr = rb_alloc_aligned(ba, ba, err);
     if (!payload || !hdr) {
-        free(payload);
-        free(hdr);
-        rb_buf_free(&b);
-        pthread_mutex_unlock(&c->ckpt_mu);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto failed;
     }
     memcpy(payload, b.data, b.len);
     memset(payload + b.len, 0, padded - b.len);
@@ -168,30 +241,54 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
     h.payload_len = b.len;
     h.crc = rb_crc32(b.data, b.len);
     rb_ckpt_header_encode(&h, hdr);
-    int target = (int)((seq - 1) % 2);
     uint64_t base = (uint64_t)target * c->container_bytes;
-    /* Payload first; the header only after the payload completed. */
+    rc = core_flush(c, err);
+    if (rc < 0)
+        goto failed;
+    outcome = -1; /* from here on the container may have changed */
     rc = meta_write(c, base + ba, payload, padded, err);
     if (rc == 0)
+        rc = core_flush(c, err);
+    if (rc == 0)
         rc = meta_write(c, base, hdr, ba, err);
-    free(payload);
-    free(hdr);
-    rb_buf_free(&b);
-    if (rc < 0) {
-        set_ckpt_error(c, err);
-        pthread_mutex_unlock(&c->ckpt_mu);
-        return rc;
-    }
+    if (rc == 0)
+        rc = core_flush(c, err);
+    if (rc < 0)
+        goto failed;
     pthread_mutex_lock(&c->mu);
+    settle_refs_locked(c, target, 1);
     c->meta_seq = seq;
     c->good_container = target;
     if (dirty_snap > c->persisted)
         c->persisted = dirty_snap;
     c->ckpt_written++;
+    if (room_n)
+        c->room_ckpts++;
     c->ckpt_error[0] = 0;
     pthread_mutex_unlock(&c->mu);
+    rc = 1;
+    goto out;
+failed:
+    pthread_mutex_lock(&c->mu);
+    settle_refs_locked(c, target, outcome);
+    pthread_mutex_unlock(&c->mu);
+    set_ckpt_error(c, err);
+out:
+    free(payload);
+    free(hdr);
+    rb_buf_free(&b);
     pthread_mutex_unlock(&c->ckpt_mu);
-    return 1;
+    return rc;
+}
+
+int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
+{
+    return checkpoint_impl(c, force, 0, err);
+}
+
+int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
+{
+    return checkpoint_impl(c, 1, n ? n : 1, err);
 }
 
 /* ---- apply + validation ---------------------------------------------------------------- */
@@ -405,7 +502,10 @@ static int validate_entries(rb_core *c, int sequential)
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < k; i++) {
         vitem *v = &items[i];
-        int bad = !v->hdr_ok || v->want_state != 1 || v->want != v->identity || v->len != v->size;
+        /* A record that carries a checksum (from the checkpoint) needs the same one in the
+         * header: a header whose marker was damaged must not turn the check off. */
+        int bad = !v->hdr_ok || v->want_state != 1 || v->want != v->identity || v->len != v->size ||
+                  ((v->flags & RB_ENT_HAS_SUM) && (!v->has_sum || v->sum != v->checksum));
         uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
         if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
             continue; /* changed meanwhile */
@@ -604,7 +704,7 @@ static int64_t entry_slot(const rb_core *c, const uint8_t *used, int64_t next_sl
 
 /* Add one entry (mu held). 0, or -1 when out of memory. */
 static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen, uint32_t h, uint32_t slot,
-                        int64_t size, uint32_t cls, const int64_t *pos, int64_t npos)
+                        int64_t size, uint32_t cls, const int64_t *pos, int64_t npos, int has_sum, uint64_t sum)
 {
     uint32_t p = cls == UINT32_MAX ? UINT32_MAX : rb_idx_insert(&c->index, key, klen, h, pos, npos);
     if (p == UINT32_MAX)
@@ -613,6 +713,10 @@ static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen,
     e->slot = slot;
     e->size = (uint64_t)size;
     e->cls = cls;
+    if (has_sum) {
+        e->checksum = sum;
+        e->flags |= RB_ENT_HAS_SUM;
+    }
     /* Judged by validate_entries right after (verify_on_load), else by its first load. */
     e->flags |= RB_ENT_UNVERIFIED;
     c->n_unverified++;
@@ -623,6 +727,20 @@ static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen,
 /* Free the unclaimed slots, reset the dirty state, drop mu; then validate if configured. */
 static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, int oom, rb_err *err)
 {
+    if (c->apply_container >= 0) {
+        /* Recovery: what the container lists, exactly, before validation drops anything (a
+         * dropped entry's slot stays listed on the device until a checkpoint replaces it). */
+        const uint8_t bit = (uint8_t)(1u << c->apply_container);
+        if (rb_core_ref_reserve_locked(c, c->slots.next_slot) < 0) {
+            oom = 1;
+            c->ref_unknown |= bit; /* keeps every slot out of use until it is rewritten */
+        } else {
+            for (uint32_t s = 0; s < c->slots.next_slot; s++)
+                if (used[s])
+                    c->ref[s] |= bit;
+            c->ref_unknown &= (uint8_t)~bit;
+        }
+    }
     for (uint32_t s = 0; s < c->slots.next_slot; s++) /* the state's, or past the in-flight slots */
         if (!used[s])
             rb_core_free_slot_locked(c, s); /* quarantined while readers of the old state run */
@@ -693,6 +811,12 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             int64_t slot = entry_slot(c, used, next_slot, has_off, off, has_size, size);
             if (slot < 0)
                 continue;
+            uint64_t sum = 0;
+            int has_sum = json_object_object_get_ex(val, RB_ENT_SUM_FIELD, &fo);
+            if (has_sum && (json_object_get_type(fo) != json_type_string ||
+                            rb_sum_parse_hex(json_object_get_string(fo), (size_t)json_object_get_string_len(fo),
+                                             &sum) < 0))
+                continue; /* a checksum we cannot read: the entry cannot be trusted */
             size_t klen = strlen(key);
             uint32_t h = rb_idx_hash(key, klen);
             if (rb_idx_find(&c->index, key, klen, h) != UINT32_MAX)
@@ -711,7 +835,7 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             m.dtype = json_opt_str(json_object_object_get_ex(val, "dtype", &jo) ? jo : NULL, &m.dtype_len);
             m.fmt = json_opt_str(json_object_object_get_ex(val, "fmt", &jo) ? jo : NULL, &m.fmt_len);
             uint32_t cls = rb_core_intern_class(c, &m);
-            int r = insert_entry(c, used, key, klen, h, (uint32_t)slot, size, cls, m.pos, m.npos);
+            int r = insert_entry(c, used, key, klen, h, (uint32_t)slot, size, cls, m.pos, m.npos, has_sum, sum);
             free(dims);
             free(pos);
             if (r < 0) {
@@ -794,7 +918,7 @@ static int apply_fstate(rb_core *c, const rb_fstate *fs, rb_err *err)
             prev_cls = cls;
         }
         if (insert_entry(c, used, e->key, e->klen, e->hash, (uint32_t)slot, e->size, cls,
-                         e->npos > 0 ? fs->pool + e->pos_at : NULL, e->npos) < 0) {
+                         e->npos > 0 ? fs->pool + e->pos_at : NULL, e->npos, e->has_sum, e->sum) < 0) {
             oom = 1;
             break;
         }
@@ -833,71 +957,160 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
 
 /* ---- recovery at open ------------------------------------------------------------------ */
 
+/* Entries of a rejected checkpoint payload (still parseable JSON) that are not in the index
+ * recovered instead; -1 when that cannot be told. */
+static int64_t count_lost(rb_core *c, const uint8_t *payload, uint64_t len)
+{
+    if (!payload)
+        return -1;
+    struct json_object *st = rb_json_parse((const char *)payload, (size_t)len), *ents;
+    if (!st)
+        return -1;
+    int64_t lost = -1;
+    if (json_object_get_type(st) == json_type_object && json_object_object_get_ex(st, "entries", &ents) &&
+        json_object_get_type(ents) == json_type_object) {
+        lost = 0;
+        pthread_mutex_lock(&c->mu);
+        json_object_object_foreach(ents, key, val)
+        {
+            (void)val;
+            size_t kl = strlen(key);
+            if (rb_idx_find(&c->index, key, kl, rb_idx_hash(key, kl)) == UINT32_MAX)
+                lost++;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    json_object_put(st);
+    return lost;
+}
+
+/*
+ * Recovery: the newest container of ours whose payload reads back with its CRC is applied; an
+ * older one only when every newer one is unreadable (a fallback, reported with what it lost).
+ * Until its entries are known, each container of ours keeps every slot out of use
+ * (ref_unknown); the first put then writes a checkpoint over it (make_room in rb_core.c).
+ */
 int rb_core_recover(rb_core *c, rb_err *err)
 {
     const uint64_t ba = c->cfg.block_align;
     uint8_t *hb = rb_alloc_aligned(ba, ba, err);
     if (!hb)
         return -ENOMEM;
+    rb_ckpt_header h[2];
+    int ours[2] = {0, 0};
     uint64_t max_hdr_seq = 0;
-    int best = -1;
-    uint64_t best_seq = 0;
-    uint8_t *best_payload = NULL;
-    uint64_t best_len = 0;
     for (int k = 0; k < 2; k++) {
-        uint64_t base = (uint64_t)k * c->container_bytes;
         rb_err e;
-        if (rb_core_dev_read(c, base, hb, ba, ba, ba, 0, &e) < 0)
+        if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes, hb, ba, ba, ba, 0, &e) < 0)
             continue;
-        rb_ckpt_header h;
-        rb_ckpt_header_decode(hb, &h);
-        if (memcmp(h.magic, c->cfg.meta_magic, 8) != 0 || h.version != c->cfg.meta_version || h.payload_len == 0 ||
-            h.payload_len > c->payload_cap)
+        rb_ckpt_header_decode(hb, &h[k]);
+        if (memcmp(h[k].magic, c->cfg.meta_magic, 8) != 0 || h[k].version != c->cfg.meta_version ||
+            h[k].payload_len == 0 || h[k].payload_len > c->payload_cap)
             continue;
-        if (h.seq > max_hdr_seq)
-            max_hdr_seq = h.seq;
-        if (!c->cfg.load_on_init)
-            continue;
-        if (best >= 0 && h.seq <= best_seq)
-            continue;
-        uint64_t padded = rb_round_up(h.payload_len, ba);
-        uint8_t *p = rb_alloc_aligned(ba, padded, err);
-        if (!p) {
-            free(hb);
-            free(best_payload);
-            return -ENOMEM;
-        }
-        if (rb_core_dev_read(c, base + ba, p, padded, padded, padded, 0, &e) < 0 ||
-            rb_crc32(p, h.payload_len) != h.crc) {
-            free(p);
-            continue;
-        }
-        free(best_payload);
-        best_payload = p;
-        best_len = h.payload_len;
-        best = k;
-        best_seq = h.seq;
+        ours[k] = 1;
+        c->ref_unknown |= (uint8_t)(1u << k);
+        if (h[k].seq > max_hdr_seq)
+            max_hdr_seq = h[k].seq;
     }
     free(hb);
     /* Resume the sequence from the newest valid header, whatever happens to its payload. */
     c->meta_seq = max_hdr_seq;
-    if (best < 0)
+    if (!ours[0] && !ours[1]) {
+        c->rec_outcome = RB_REC_BLANK;
         return 0;
-    rb_err why;
-    rb_err_clear(&why);
-    int rc = rb_core_apply_state_json(c, (const char *)best_payload, best_len, &why);
-    free(best_payload);
-    if (rc < 0) {
-        *err = why;
-        return rc;
     }
-    if (rc > 0) {
+    if (!c->cfg.load_on_init) {
+        c->rec_outcome = RB_REC_SKIPPED;
+        return 0;
+    }
+    int order[2] = {0, 1};
+    if (ours[1] && (!ours[0] || h[1].seq > h[0].seq)) {
+        order[0] = 1;
+        order[1] = 0;
+    }
+    int bad = -1;              /* newer container that could not be read */
+    char bad_why[96] = "";
+    uint8_t *bad_payload = NULL; /* its bytes, when they could be read (CRC mismatch) */
+    int rc = 0;
+    for (int i = 0; i < 2; i++) {
+        int k = order[i];
+        if (!ours[k])
+            continue;
+        uint64_t padded = rb_round_up(h[k].payload_len, ba);
+        uint8_t *p = rb_alloc_aligned(ba, padded, err);
+        if (!p) {
+            rc = -ENOMEM;
+            break;
+        }
+        rb_err e;
+        if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes + ba, p, padded, padded, padded, 0, &e) < 0) {
+            if (bad < 0) {
+                bad = k;
+                snprintf(bad_why, sizeof bad_why, "read failed: %.60s", e.msg);
+            }
+            free(p);
+            continue;
+        }
+        if (rb_crc32(p, h[k].payload_len) != h[k].crc) {
+            if (bad < 0) {
+                bad = k;
+                snprintf(bad_why, sizeof bad_why, "payload CRC mismatch");
+                bad_payload = p;
+            } else {
+                free(p);
+            }
+            continue;
+        }
+        rb_err why;
+        rb_err_clear(&why);
+        c->apply_container = k;
+        rc = rb_core_apply_state_json(c, (const char *)p, h[k].payload_len, &why);
+        c->apply_container = -1;
+        free(p);
+        if (rc < 0) {
+            *err = why;
+            break;
+        }
+        if (rc == 0) {
+            c->rec_outcome = RB_REC_REJECTED;
+            snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata payload rejected by checks: %.200s", why.msg);
+            rc = 0;
+            break;
+        }
+        rc = 0;
         c->recovery_loaded = 1;
-        c->good_container = best;
-    } else {
-        snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata payload rejected by checks: %.200s", why.msg);
+        c->good_container = k;
+        c->rec_seq = h[k].seq;
+        if (bad < 0) {
+            c->rec_outcome = RB_REC_LOADED;
+            break;
+        }
+        c->rec_outcome = RB_REC_FALLBACK;
+        c->rec_rejected_seq = h[bad].seq;
+        c->rec_lost = count_lost(c, bad_payload, h[bad].payload_len);
+        char lost[96];
+        if (c->rec_lost >= 0)
+            snprintf(lost, sizeof lost, "%lld entries it listed are not in the older one",
+                     (long long)c->rec_lost);
+        else
+            snprintf(lost, sizeof lost, "entries written between the two checkpoints are lost");
+        snprintf(c->ckpt_error, sizeof c->ckpt_error,
+                 "newest checkpoint (container %d, seq %llu) is unreadable (%s); recovered the older checkpoint "
+                 "(container %d, seq %llu): %s",
+                 bad, (unsigned long long)h[bad].seq, bad_why, k, (unsigned long long)h[k].seq, lost);
+        break;
     }
-    return 0;
+    if (rc == 0 && c->rec_outcome != RB_REC_LOADED && c->rec_outcome != RB_REC_FALLBACK &&
+        c->rec_outcome != RB_REC_REJECTED) {
+        c->rec_outcome = RB_REC_UNREADABLE;
+        c->rec_rejected_seq = max_hdr_seq;
+        snprintf(c->ckpt_error, sizeof c->ckpt_error,
+                 "the device holds a checkpoint (newest seq %llu) but none is readable (%s); started with an "
+                 "empty index",
+                 (unsigned long long)max_hdr_seq, bad_why);
+    }
+    free(bad_payload);
+    return rc;
 }
 
 /* ---- periodic thread ------------------------------------------------------------------- */

@@ -188,6 +188,12 @@ static int entry(fj *j, rb_fent *e)
         } else if (key_is(k, kn, "cached_positions")) {
             bit = 32;
             rc = int_list(j, &e->npos, &e->pos_at);
+        } else if (key_is(k, kn, RB_ENT_SUM_FIELD)) {
+            const char *hs;
+            size_t hn;
+            bit = 64;
+            rc = str(j, &hs, &hn) && rb_sum_parse_hex(hs, hn, &e->sum) == 0;
+            e->has_sum = 1;
         } else {
             return 0;
         }

@@ -65,6 +65,30 @@ struct rb_core {
     size_t rd_npend[2], rd_cap[2];
     uint64_t rd_quarantined; /* slots that ever waited (a statistic for tests) */
 
+    /* Slots the checkpoint containers on the device may list (crash safety, see
+     * rb_core_free_slot_locked): per slot, RB_REF_C0 / RB_REF_C1 when container 0 / 1 lists it
+     * as far as we know, RB_REF_PEND when the checkpoint being written lists it. ref covers
+     * slots [0, ref_cap); slots beyond carry no bits. ref_unknown has bit k set while container
+     * k holds a checkpoint of ours whose entries we did not read (it may list any slot). held:
+     * freed slots that a container still lists, returned to use once checkpoints that exclude
+     * them are durable. */
+    uint8_t *ref;
+    uint32_t ref_cap;
+    uint8_t ref_unknown;
+    uint32_t *held;
+    size_t n_held, cap_held;
+    uint64_t held_total; /* slots that ever waited for a checkpoint (a statistic) */
+    uint64_t room_ckpts; /* checkpoints written because only a checkpoint could free slots */
+
+    int apply_container; /* recovery: the container whose state is being applied, else -1 */
+
+    /* What recovery at open found (report_status, logs). */
+    int rec_outcome; /* enum rb_recovery_outcome */
+    uint64_t rec_seq, rec_rejected_seq;
+    int64_t rec_lost; /* entries of a rejected newer checkpoint not recovered; -1 unknown */
+    uint64_t sum_dropped; /* entries dropped because their payload failed its checksum */
+    _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
+
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep;
     _Atomic uint32_t ckpt_delay_ms;
     _Atomic uint32_t load_delay_ms; /* test hook: pause loads between snapshot and reads */
@@ -159,8 +183,24 @@ uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m);
  * the slot is kept out of use until the next recovery rather than risk the race.
  */
 void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot);
+/*
+ * Crash safety of slot reuse: a slot that a checkpoint container on the device lists is never
+ * handed to another key. Otherwise a crash (or power loss) after the new key's payload landed
+ * but before its header did leaves the old key's header over the new key's bytes, and
+ * recovery, which trusts that container, would serve them as the old key's. So a freed slot
+ * waits on the held list until checkpoints that exclude it are durable in both containers (the
+ * older one is what recovery falls back to when the newer is damaged); see rb_core_ckpt.c.
+ */
+#define RB_REF_C0 0x1u
+#define RB_REF_C1 0x2u
+#define RB_REF_PEND 0x4u
+void rb_core_hold_slot_locked(rb_core *c, uint32_t slot);
 static inline void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
 {
+    if (slot < c->ref_cap && c->ref[slot]) {
+        rb_core_hold_slot_locked(c, slot);
+        return;
+    }
     if (c->rd_active[0] + c->rd_active[1] == 0)
         rb_slots_release(&c->slots, slot); /* no reader in flight: free at once */
     else
@@ -169,8 +209,13 @@ static inline void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
 /* A reader begins (under mu, with its snapshot): returns its generation for reader_end. */
 uint64_t rb_core_reader_begin_locked(rb_core *c);
 void rb_core_reader_end_locked(rb_core *c, uint64_t gen);
-/* Forget the quarantined slots (a new state replaces the slot allocator's contents). */
+/* Forget the quarantined and held slots (a new state replaces the allocator's contents). */
 void rb_core_quarantine_reset_locked(rb_core *c);
+/* Make ref cover slots [0, n). 0 or -ENOMEM. mu held. */
+int rb_core_ref_reserve_locked(rb_core *c, uint32_t n);
+/* 1 when a put of n keys can only get slots after a checkpoint (a container's entries are
+ * unknown, or too few slots are free while some wait for a checkpoint). mu held. */
+int rb_core_room_needed_locked(const rb_core *c, size_t n);
 /* rb_core_fastjson.c: the plain form of a state v1 document, read without json-c. */
 enum {
     RB_FTOP_VERSION, RB_FTOP_DEVICE_PATH, RB_FTOP_CAPACITY, RB_FTOP_BLOCK_ALIGN, RB_FTOP_HEADER_BYTES,
@@ -182,9 +227,10 @@ typedef struct rb_fent {
     const char *key; /* into the document, not NUL-terminated */
     const char *dtype, *fmt; /* NULL = null or absent */
     int64_t off, size;
+    uint64_t sum; /* "xxh3" (ours): the payload checksum, when has_sum */
     int64_t ndim, npos; /* -1 = null or absent */
     uint32_t klen, hash, dims_at, pos_at, dtype_len, fmt_len;
-    uint8_t has_off, has_size;
+    uint8_t has_off, has_size, has_sum;
 } rb_fent;
 typedef struct rb_fstate {
     uint8_t has[RB_FTOP_N];
@@ -201,6 +247,10 @@ int rb_fstate_parse(const char *buf, size_t len, rb_fstate *st);
 void rb_fstate_free(rb_fstate *st);
 /* rb_core_ckpt.c */
 int rb_core_recover(rb_core *c, rb_err *err);
+/* A checkpoint written because a put of n keys needs slots only a checkpoint can release;
+ * nothing is written when, under the checkpoint lock, that is no longer so. As
+ * rb_core_checkpoint otherwise. */
+int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err);
 int rb_core_start_thread(rb_core *c, rb_err *err);
 void rb_core_stop_thread(rb_core *c);
 

@@ -36,6 +36,8 @@ from .key_codec import RawBlockKeySpec
 logger = logging.getLogger("lmcache.v1.storage_backend.raw_block.core")
 
 _NAMESPACES = ("legacy", "object")
+# The kernel's limit for one registered io_uring buffer.
+_MAX_FIXED_BUFFER_REGION_BYTES = 1 << 30
 
 
 class NativeQuiescence(str, enum.Enum):
@@ -146,6 +148,24 @@ class RawBlockCore:
         self.slot_bytes = cfg.slot_bytes
         self.meta_total_bytes = cfg.meta_total_bytes
         self.io_engine = cfg.io_engine
+        # The rest of the configuration as LMCache's core exposes it (after its coercions).
+        self.use_odirect = cfg.use_odirect
+        self.enable_zero_copy = cfg.enable_zero_copy
+        self.meta_magic = cfg.meta_magic
+        self.meta_magic_text = cfg.meta_magic.decode("ascii")
+        self.meta_version = cfg.meta_version
+        self.meta_checkpoint_interval_sec = cfg.meta_checkpoint_interval_sec
+        self.meta_idle_quiet_ms = cfg.meta_idle_quiet_ms
+        self.meta_enable_periodic = cfg.meta_enable_periodic
+        self.load_checkpoint_on_init = cfg.load_checkpoint_on_init
+        self.meta_verify_on_load = cfg.meta_verify_on_load
+        self.iouring_queue_depth = cfg.iouring_queue_depth
+        self.use_uring_cmd = cfg.use_uring_cmd
+        self.fdp_slot_affinity_enabled = cfg.fdp_slot_affinity_enabled
+        self.meta_checkpoint_placement_id = cfg.meta_checkpoint_placement_id
+        if cfg.use_uring_cmd:
+            self.max_data_transfer_size = cfg.max_data_transfer_size
+        self._fixed_buffers: list[Any] = []
         self._closed = False
         self._close_outcome: RawBlockCloseOutcome | None = None
         if not cfg.allow_foreign_device:
@@ -179,15 +199,22 @@ class RawBlockCore:
         self._max_slots = st["max_slots"]
         self._data_base = st["data_base_offset"]
         self._container_bytes = st["container_bytes"]
-        if not cfg.load_checkpoint_on_init:
+        outcome = st["recovery_outcome"]
+        if outcome == "skipped":
             logger.info("RawBlockCore skipping checkpoint load (load_checkpoint_on_init=False)")
-        elif st["recovery_loaded"]:
+        elif outcome in ("loaded", "fallback"):
+            if outcome == "fallback":
+                # The newest checkpoint was damaged: what it alone listed is gone.
+                logger.warning("RawBlockCore %s (device=%s)", st["checkpoint_last_error"], self.device_path)
             logger.info("RawBlockCore loaded checkpoint (entries=%d next_slot=%d seq=%d device=%s)",
-                        st["indexed_key_count"], st["next_slot"], st["metadata_seq"], self.device_path)
+                        st["indexed_key_count"], st["next_slot"], st["recovery_seq"], self.device_path)
             if st["recovery_dropped_entries"]:
                 logger.warning("RawBlockCore dropped %d stale metadata entries after slot-header validation",
                                st["recovery_dropped_entries"])
-        elif st["checkpoint_last_error"]:
+        elif outcome == "unreadable":
+            # Not a blank device: it had an index, and every copy of it is lost.
+            logger.error("RawBlockCore %s (device=%s)", st["checkpoint_last_error"], self.device_path)
+        elif outcome == "rejected":
             logger.warning("RawBlockCore %s", st["checkpoint_last_error"])
         else:
             logger.info("RawBlockCore: no valid on-device metadata checkpoint found (device=%s)", self.device_path)
@@ -264,14 +291,19 @@ class RawBlockCore:
         used = (st["indexed_key_count"] + st["inflight_key_count"]) / st["max_slots"]
         return (used, used)
 
+    def _worker_error(self) -> str | None:
+        """The io_uring engine's fatal error (None while it runs, and on posix)."""
+        return self._native.engine_state()[2]
+
     def report_status(self) -> dict:
         st = self._native.status()
+        fixed_registered, fixed_bytes, worker_error = self._native.engine_state()
         cfg = self._cfg
         return {
-            "is_healthy": not st["closed"],
+            "is_healthy": not st["closed"] and worker_error is None,
             "poisoned": False,
             "quarantined_slot_count": 0,
-            "worker_error": None,
+            "worker_error": worker_error,
             "type": "RawBlockCore",
             "key_namespace": self.key_namespace,
             "device_path": self.device_path,
@@ -292,6 +324,8 @@ class RawBlockCore:
             "inflight_io_count": st["inflight_io_count"],
             "use_odirect": cfg.use_odirect,
             "enable_zero_copy": cfg.enable_zero_copy,
+            "fixed_buffers_registered": fixed_registered,
+            "fixed_buffer_registered_bytes": fixed_bytes,
             "io_engine": cfg.io_engine,
             "iouring_queue_depth": cfg.iouring_queue_depth,
             "use_uring_cmd": cfg.use_uring_cmd,
@@ -310,6 +344,16 @@ class RawBlockCore:
             "unverified_entry_count": st["unverified_entry_count"],
             "load_verified_entries": st["load_verified_entries"],
             "load_dropped_entries": st["load_dropped_entries"],
+            "payload_checksum_dropped_entries": st["payload_checksum_dropped_entries"],
+            # recovery at open: blank / skipped / loaded / fallback / rejected / unreadable
+            "recovery_outcome": st["recovery_outcome"],
+            "recovery_seq": st["recovery_seq"],
+            "recovery_rejected_seq": st["recovery_rejected_seq"],
+            "recovery_lost_entries": st["recovery_lost_entries"],
+            # freed slots a checkpoint container still lists, kept out of use until it is rewritten
+            "checkpoint_held_slots": st["checkpoint_held_slots"],
+            "checkpoints_for_room": st["checkpoints_for_room"],
+            "device_flushes": st["device_flushes"],
             "rust_io": st["io"],
         }
 
@@ -387,6 +431,13 @@ class RawBlockCore:
         """The device is owned by the C core; there is no Python device object to hand out."""
         return None
 
+    def set_raw_device_for_testing(self, raw_device: Any) -> None:
+        """LMCache's hook to swap in a fake device. The device here lives inside the C core
+        and cannot be replaced from Python."""
+        raise NotImplementedError(
+            "set_raw_device_for_testing: RawBlockCore's device is owned by the C core and cannot be "
+            f"replaced (got {type(raw_device).__name__})")
+
     def register_fixed_buffers_from_allocator(self, memory_allocator: Any) -> None:
         """Register the allocator's paged buffers as io_uring fixed buffers (io_uring only).
 
@@ -415,6 +466,25 @@ class RawBlockCore:
         self._fixed_buffers = buffers
         logger.info("RawBlockCore registered %d io_uring fixed buffers (%d bytes)", len(ptrs), sum(sizes))
 
+    def register_fixed_buffer_range(self, ptr: int, size: int) -> None:
+        """Register one stable memory range ``[ptr, ptr + size)`` as io_uring fixed buffers, in
+        regions of at most 1 GiB (the kernel's limit per registered buffer), as LMCache's core
+        does. A no-op unless the engine is io_uring. The memory must stay valid as long as the
+        core. Raises ValueError for a pointer or size that is not positive; registration
+        errors (a second registration, the kernel refusing) propagate, and LMCache's MP
+        adapter then carries on without fixed buffers."""
+        if self.io_engine != "io_uring":
+            return
+        ptr, size = int(ptr), int(size)
+        if ptr <= 0:
+            raise ValueError(f"fixed-buffer range pointer must be > 0, got {ptr}")
+        if size <= 0:
+            raise ValueError(f"fixed-buffer range size must be > 0, got {size}")
+        ptrs = list(range(ptr, ptr + size, _MAX_FIXED_BUFFER_REGION_BYTES))
+        sizes = [min(_MAX_FIXED_BUFFER_REGION_BYTES, ptr + size - p) for p in ptrs]
+        self._native.register_buffers(ptrs, sizes)
+        logger.info("RawBlockCore registered %d regions covering %d bytes for io_uring fixed I/O", len(ptrs), size)
+
     def fetch_fdp_status(self) -> list[tuple[int, int]]:
         raise RuntimeError("fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true")
 
@@ -422,7 +492,10 @@ class RawBlockCore:
         return False
 
     def raise_if_failed(self) -> None:
-        return None
+        """RuntimeError with the io_uring worker's fatal error, if it has one."""
+        worker_error = self._worker_error()
+        if worker_error is not None:
+            raise RuntimeError(worker_error)
 
     def close(self) -> RawBlockCloseOutcome:
         if self._close_outcome is not None:
