@@ -283,17 +283,15 @@ def main() -> int:
     wheel = _dist_version("lmcache-rust-raw-block-io")
     caption = (f"lmcache {version} sdist, Rust wheel {wheel}; cells: passed / failed / skipped / errors; "
                f"wall time {times} (2-core machine).")
-    print()
-    print("\n".join(lines))
-    print(caption)
-    print()
+    report = ["", *lines, caption, ""]
     for title, items in (("excluded (exclusions.py)", held), ("listed but now passing", now_pass),
                          ("NOT CONFORMING: passed in baseline, not here, not listed", violations),
                          ("PROBLEMS", problems)):
         if items:
-            print(f"{title}:")
-            for it in items:
-                print(f"  {it}")
+            report.append(f"{title}:")
+            report.extend(f"  {it}" for it in items)
+    print("\n".join(report))
+    (OUT / "summary.txt").write_text("\n".join(report) + "\n")
     if args.write_readme and set(modes) == set(MODES):
         write_readme(lines + ["", caption])
     ok = not violations and not problems
