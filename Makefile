@@ -102,5 +102,39 @@ test-lmcache: build lmcache-venv
 
 test-all: test test-asan test-c test-lmcache
 
+# libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode.
+# clang from Debian (14 on Debian 12, 19 on Debian 13) with -fsanitize=fuzzer,address,undefined.
+# Each run starts from the committed corpus (copied, so it stays as committed) and fails on the
+# first crash, leak or sanitizer report; the crashing input is left in build/fuzz/artifacts/.
+.PHONY: fuzz-build fuzz-smoke fuzz-long fuzz-regressions
+FUZZ_CC ?= clang
+FUZZ_TARGETS := ckpt slot_header
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+  -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/core
+FUZZ_LIBS := -luring -ljson-c -lxxhash -lz -lblkid -lpthread
+build/fuzz/fuzz_ckpt: fuzz/fuzz_ckpt.c $(wildcard csrc/core/*.c csrc/core/*.h)
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $< $(wildcard csrc/core/*.c) $(FUZZ_LIBS) -o $@
+build/fuzz/fuzz_slot_header: fuzz/fuzz_slot_header.c csrc/core/rb_ckpt.c csrc/core/rb_ckpt.h
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $< csrc/core/rb_ckpt.c -ljson-c -lz -o $@
+fuzz-build:
+	@command -v $(FUZZ_CC) >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang; }
+	$(MAKE) $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
+fuzz-regressions: fuzz-build
+	@for t in $(FUZZ_TARGETS); do n=$$(ls fuzz/regressions/$$t | wc -l); [ "$$n" = 0 ] || \
+	  build/fuzz/fuzz_$$t -runs=0 fuzz/regressions/$$t || exit 1; done
+fuzz-smoke: fuzz-build fuzz-regressions
+	@for t in $(FUZZ_TARGETS); do rm -rf build/fuzz/corpus-$$t && mkdir -p build/fuzz/corpus-$$t build/fuzz/artifacts && \
+	  cp fuzz/corpus/$$t/* build/fuzz/corpus-$$t/ && \
+	  build/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	    -artifact_prefix=build/fuzz/artifacts/$$t- build/fuzz/corpus-$$t 2>build/fuzz/$$t.log || \
+	    { tail -60 build/fuzz/$$t.log; echo "fuzz_$$t FAILED: input in build/fuzz/artifacts/"; exit 1; }; \
+	  echo "fuzz_$$t: $$(grep -h 'stat::number_of_executed_units' build/fuzz/$$t.log | awk '{print $$2}') executions, 0 crashes"; done
+fuzz-long:
+	$(MAKE) fuzz-smoke FUZZ_SECONDS=3600
+
 clean:
 	rm -rf build *.egg-info lmcache_rawblock/*.so
