@@ -100,6 +100,15 @@ lmcache-venv:
 test-lmcache: build lmcache-venv
 	$(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -m lmcache $(PYTEST_ARGS)
 
+# LMCache's own raw-block tests, taken from the sdist of the installed lmcache (fetched into
+# build/lmcache-sdist, never committed), in three modes: baseline (LMCache on the Rust wheel),
+# compat (LMCache's stack on our device) and native (our core and plugin inside LMCache).
+# Fails when a test that passes in baseline fails in another mode and is not listed in
+# tests/lmcache_conformance/exclusions.py. About 2.5 minutes on 2 cores.
+.PHONY: test-conformance
+test-conformance: build lmcache-venv
+	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py $(CONFORMANCE_ARGS)
+
 test-all: test test-asan test-c test-lmcache
 
 # libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode.
