@@ -223,6 +223,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         extra = _extra_config(config)
         self.eviction_policy = _eviction_policy(extra)
         cfg = build_core_config(config, metadata, local_cpu_backend)
+        self.device_path = cfg.device_path  # this rank's device, as LMCache's plugin exposes it
         self._core = RawBlockCore(cfg, key_namespace="legacy")
         try:
             if self._core.io_engine == "io_uring":

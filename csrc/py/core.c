@@ -12,6 +12,8 @@
 
 #include "../core/rb_core.h"
 #include "../core/rb_core_ident.h"
+#include "../core/rb_core_int.h" /* c->dev: the engine state below */
+#include "../core/rb_uring.h"
 
 typedef struct {
     PyObject_HEAD
@@ -1058,6 +1060,62 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     return d;
 }
 
+/*
+ * engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error):
+ * the io_uring engine's registration and its fatal error (None while it runs; "stopped" text
+ * when it refuses work without one while the core is open). A closed device reports
+ * (False, 0, None), as LMCache's core does once its device is gone.
+ */
+static PyObject *core_engine_state(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core *c = core_of(op);
+    int reg = 0, has_err = 0, stopped = 0;
+    uint64_t bytes = 0;
+    char msg[256];
+    msg[0] = 0;
+    if (c && c->dev && rb_dev_enter(c->dev) == 0) {
+        if (c->dev->uring) {
+            rb_uring_fixed_status(c->dev->uring, &reg, &bytes);
+            has_err = rb_uring_worker_error(c->dev->uring, msg, sizeof msg);
+            stopped = rb_uring_stopped(c->dev->uring);
+        }
+        rb_dev_leave(c->dev);
+    }
+    PyObject *err;
+    if (has_err)
+        err = PyUnicode_FromString(msg);
+    else if (stopped)
+        err = PyUnicode_FromString("io_uring worker stopped");
+    else
+        err = Py_NewRef(Py_None);
+    if (!err)
+        return NULL;
+    return Py_BuildValue("(OKN)", reg ? Py_True : Py_False, (unsigned long long)bytes, err);
+}
+
+/* _inject_engine_fault(kinds): test hook, RB_URING_FAULT_* bits (1 submit, 2 reap). */
+static PyObject *core_inject_engine_fault(PyObject *op, PyObject *arg)
+{
+    long kinds = PyLong_AsLong(arg);
+    if (kinds == -1 && PyErr_Occurred())
+        return NULL;
+    rb_core *c = core_of(op);
+    if (!c || !c->dev || rb_dev_enter(c->dev) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "device is closed");
+        return NULL;
+    }
+    int ok = c->dev->uring != NULL;
+    if (ok)
+        rb_uring_inject_fault(c->dev->uring, (int)kinds);
+    rb_dev_leave(c->dev);
+    if (!ok) {
+        PyErr_SetString(PyExc_RuntimeError, "_inject_engine_fault needs io_engine='io_uring'");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_register_buffers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"ptrs", "sizes"};
@@ -1217,6 +1275,10 @@ static PyMethodDef core_methods[] = {
     {"status", core_status, METH_NOARGS, "status() -> dict"},
     {"register_buffers", (PyCFunction)(void (*)(void))core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
+    {"engine_state", core_engine_state, METH_NOARGS,
+     "engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
+    {"_inject_engine_fault", core_inject_engine_fault, METH_O,
+     "test hook: _inject_engine_fault(kinds), io_uring worker faults (1 submit, 2 reap)"},
     {"_revalidate", core_revalidate, METH_O,
      "benchmark hook: _revalidate(sequential) -> dropped; re-read and check every slot header"},
     {"mem_bytes", core_mem_bytes, METH_NOARGS, "bytes allocated by the index and slot allocator"},
