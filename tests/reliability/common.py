@@ -110,20 +110,25 @@ def verify_served(core: RawBlockCore, versions: dict[int, dict[int, int]], kids)
     """Load every key in kids the core says it holds and judge its bytes against versions
     (key id -> {version: length} of every put ever attempted for it).
 
-    Returns {"served": {kid: version}, "wrong": [(kid, description)], "unloadable": [kid]}."""
+    Returns {"served": {kid: version}, "wrong": [(kid, description)], "dropped": [kid] (indexed,
+    but the load was a miss: e.g. the first load's header check rejected an unverified entry),
+    "errors": [(kid, exception)] (the load failed, e.g. a payload checksum mismatch)}."""
     kids = list(kids)
     enc = [key(k).encoded for k in kids]
     held = [k for k, e in zip(kids, core.exists_many(enc)) if e]
-    out = {"served": {}, "wrong": [], "unloadable": []}
+    out = {"served": {}, "wrong": [], "dropped": [], "errors": []}
     if not held:
         return out
     henc = [key(k).encoded for k in held]
     metas = core.get_metadata_many(henc)
     objs = [Obj(MAX_PAYLOAD) for _ in held]
-    ok = core.load_many_into(henc, objs)
-    for kid, m, o, good in zip(held, metas, objs, ok):
+    ok, _positions, errors = core._native.load_many_into(henc, objs)
+    for kid, m, o, good, exc in zip(held, metas, objs, ok, errors):
         if not good:
-            out["unloadable"].append(kid)
+            if exc is None:
+                out["dropped"].append(kid)
+            else:
+                out["errors"].append((kid, exc))
             continue
         size = m.size if m is not None else -1
         data = o.bytes(size) if size > 0 else b""

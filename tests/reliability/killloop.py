@@ -58,14 +58,15 @@ class Stats:
     wrong_bytes: int = 0
     lost_silent: int = 0       # durable keys missing with nothing in the core's counters
     lost_reported: int = 0     # durable keys missing, accounted for by the core's counters
-    recovery_dropped: int = 0  # stale checkpoint entries dropped by header validation (expected)
-    load_failed: int = 0       # indexed keys whose load failed (e.g. payload checksum caught bad bytes)
+    recovery_dropped: int = 0  # stale entries dropped by header validation at open or first load
+    load_dropped: int = 0      # indexed keys whose first load rejected them (unverified entries)
+    load_errors: int = 0       # indexed keys whose load failed (e.g. payload checksum caught bad bytes)
     failures: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         return (f"{self.config:34s} cycles={self.cycles:5d} ops={self.ops:7d} keys_checked={self.keys_checked:7d} "
                 f"wrong_bytes={self.wrong_bytes} lost_durable={self.lost_silent} lost_reported={self.lost_reported} "
-                f"stale_dropped={self.recovery_dropped} load_failed={self.load_failed}")
+                f"stale_dropped={self.recovery_dropped} load_errors={self.load_errors}")
 
 
 # ---- writer (child process) --------------------------------------------------------------
@@ -217,7 +218,8 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         finally:
             core.close()
         st.recovery_dropped += s["recovery_dropped_entries"] + s["load_dropped_entries"]
-        st.load_failed += len(res["unloadable"])
+        st.load_dropped += len(res["dropped"])
+        st.load_errors += len(res["errors"])
         st.cycles += 1
         st.keys_checked += len(res["served"]) + len(res["wrong"])
         for kid, what in res["wrong"]:
@@ -226,7 +228,8 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         wrong_keys = {k for k, _ in res["wrong"]}   # counted as wrong bytes, not again as lost
         missing = sorted(k for k in durable_now if k not in res["served"] and k not in wrong_keys)
         if missing:
-            counted = s["recovery_dropped_entries"] + s["load_dropped_entries"] + s["payload_checksum_failures"]
+            counted = sum(s.get(n, 0) for n in ("recovery_dropped_entries", "recovery_lost_entries",
+                                                  "load_dropped_entries", "payload_checksum_failures"))
             rep = min(len(missing), counted)
             st.lost_reported += rep
             st.lost_silent += len(missing) - rep
@@ -268,7 +271,7 @@ def main(argv=None) -> int:
                 print("    " + f, flush=True)
             bad |= bool(s.wrong_bytes or s.lost_silent or s.lost_reported or s.failures)
             for n in ("cycles", "ops", "keys_checked", "wrong_bytes", "lost_silent", "lost_reported",
-                      "recovery_dropped", "load_failed"):
+                      "recovery_dropped", "load_dropped", "load_errors"):
                 setattr(tot, n, getattr(tot, n) + getattr(s, n))
     print(tot.row())
     print(f"elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")
