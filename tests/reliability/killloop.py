@@ -54,6 +54,9 @@ class Stats:
     config: str
     cycles: int = 0
     ops: int = 0               # acknowledged writer operations
+    put_keys: int = 0          # keys offered to put_many
+    stored: int = 0            # of which stored
+    reused: int = 0            # of which stored in a slot that last held another key
     keys_checked: int = 0      # served keys whose bytes were verified
     wrong_bytes: int = 0
     lost_silent: int = 0       # durable keys missing with nothing in the core's counters
@@ -64,7 +67,8 @@ class Stats:
     failures: list[str] = field(default_factory=list)
 
     def row(self) -> str:
-        return (f"{self.config:34s} cycles={self.cycles:5d} ops={self.ops:7d} keys_checked={self.keys_checked:7d} "
+        return (f"{self.config:34s} cycles={self.cycles:5d} ops={self.ops:7d} stored={self.stored}/{self.put_keys} "
+                f"reused_slots={self.reused} keys_checked={self.keys_checked:7d} "
                 f"wrong_bytes={self.wrong_bytes} lost_durable={self.lost_silent} lost_reported={self.lost_reported} "
                 f"stale_dropped={self.recovery_dropped} load_errors={self.load_errors}")
 
@@ -97,7 +101,9 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
             objs = [Obj(payload(k, v, n)) for k, v, n in items]
             log("P " + " ".join(f"{k}:{v}:{n}" for k, v, n in items))
             res = core.put_many([key(k) for k in kids], objs)
-            log("p " + " ".join("1" if x else "0" for x in res.results))
+            # stored keys also log their slot offset, so the checker can count slot reuse
+            log("p " + " ".join(f"1@{core.entry_offset(key(k).encoded)}" if x else "0"
+                                for k, x in zip(kids, res.results)))
             live.update(k for k, x in zip(kids, res.results) if x)
         elif r < 0.85:
             pool = sorted(live)
@@ -131,10 +137,17 @@ def _child(path, cfg, logfd, ready_fd, rng_seed, live, v0) -> None:
 
 # ---- log replay --------------------------------------------------------------------------
 
-def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, int]]) -> tuple[set[int], int, str]:
-    """Apply one writer's log to the set of durable keys; record attempted versions.
+def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, int]],
+           slot_owner: dict[str, int] | None = None, counts: dict[str, int] | None = None
+           ) -> tuple[set[int], int, str]:
+    """Apply one writer's log to the set of durable keys; record attempted versions, and in
+    counts the keys put, stored, and stored in a slot that last held another key.
 
     Returns (durable keys now, acknowledged operations, writer error or "")."""
+    slot_owner = {} if slot_owner is None else slot_owner
+    counts = {} if counts is None else counts
+    for n in ("put_keys", "stored", "reused"):
+        counts.setdefault(n, 0)
     live = set(durable)
     durable = set(durable)
     acked = 0
@@ -149,8 +162,14 @@ def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, in
             pending = ("P", items)
         elif tag == "p":
             for (k, _v, _n), x in zip(pending[1], rest.split()):
-                if x == "1":
+                counts["put_keys"] += 1
+                if x.startswith("1"):
                     live.add(k)
+                    counts["stored"] += 1
+                    off = x.partition("@")[2]
+                    if off in slot_owner and slot_owner[off] != k:
+                        counts["reused"] += 1
+                    slot_owner[off] = k
             pending, acked = None, acked + 1
         elif tag == "D":
             kids = list(map(int, rest.split()))
@@ -181,6 +200,7 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
     path = make_device(os.path.join(workdir, cfg.name.replace("/", "-") + ".img"), NSLOTS)
     logpath = path + ".log"
     versions: dict[int, dict[int, int]] = {}
+    slot_owner: dict[str, int] = {}   # slot offset -> key last stored there
     durable: set[int] = set()
     for cyc in range(cycles):
         logfd = os.open(logpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -205,7 +225,11 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         _, status = os.waitpid(pid, 0)
         with open(logpath) as f:
             lines = f.read().splitlines()
-        durable_now, acked, err = replay(lines, durable, versions)
+        counts = {"put_keys": 0, "stored": 0, "reused": 0}
+        durable_now, acked, err = replay(lines, durable, versions, slot_owner, counts)
+        st.put_keys += counts["put_keys"]
+        st.stored += counts["stored"]
+        st.reused += counts["reused"]
         st.ops += acked
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             st.failures.append(f"cycle {cyc}: writer ended by itself (status {status}): {err or 'no error logged'}")
@@ -270,7 +294,7 @@ def main(argv=None) -> int:
             for f in s.failures[:a.show]:
                 print("    " + f, flush=True)
             bad |= bool(s.wrong_bytes or s.lost_silent or s.lost_reported or s.failures)
-            for n in ("cycles", "ops", "keys_checked", "wrong_bytes", "lost_silent", "lost_reported",
+            for n in ("cycles", "ops", "put_keys", "stored", "reused", "keys_checked", "wrong_bytes", "lost_silent", "lost_reported",
                       "recovery_dropped", "load_dropped", "load_errors"):
                 setattr(tot, n, getattr(tot, n) + getattr(s, n))
     print(tot.row())
