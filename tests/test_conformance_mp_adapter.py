@@ -1,0 +1,213 @@
+"""LMCache 0.5.6's MP-mode raw-block L2 adapter on our core, selected by the README's
+``--l2-adapter`` JSON through LMCache's own parser and factory (the ``plugin`` adapter type).
+
+Marked ``lmcache``: run with ``make test-lmcache``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import select
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lmcache
+
+_SKIP = None
+try:
+    warnings.simplefilter("ignore")
+    import torch
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.distributed.internal_api import L1MemoryDesc
+    from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as lmc_adapter
+    from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
+    from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+    from lmcache.v1.storage_backend.raw_block import RawBlockCore as LmcCore
+except Exception as e:  # noqa: BLE001
+    _SKIP = f"LMCache is not importable here ({type(e).__name__}: {e}); run make test-lmcache"
+
+if _SKIP:
+    pytestmark = [pytest.mark.lmcache, pytest.mark.skip(reason=_SKIP)]
+
+logging.getLogger("LMCache").setLevel(logging.ERROR)
+
+README_DEVICE = "/dev/nvme0n1"
+SLOT = 4096 + 16384
+
+
+def _readme_json() -> dict:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("### As the core of LMCache's MP-mode L2 adapter"):]
+    return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+
+
+def _adapter_json(device: str, **params) -> str:
+    d = _readme_json()
+    assert d["adapter_params"]["device_path"] == README_DEVICE
+    d["adapter_params"].update(device_path=device, slot_bytes=SLOT, meta_total_bytes=1 << 20,
+                               meta_enable_periodic=False, use_odirect=False, io_engine="posix")
+    d["adapter_params"].update(params)
+    return json.dumps(d)
+
+
+def _parse(spec: str):
+    parser = add_l2_adapters_args(argparse.ArgumentParser())
+    return parse_args_to_l2_adapters_config(parser.parse_args(["--l2-adapter", spec]))
+
+
+def _adapters(cfgs):
+    return list(cfgs.adapters if hasattr(cfgs, "adapters") else cfgs)
+
+
+def _device(tmp_path, name="dev.img", size=32 << 20) -> str:
+    p = tmp_path / name
+    with open(p, "wb") as f:
+        f.truncate(size)
+    return str(p)
+
+
+def _key(i: int, group: int = 0, salt: str = "") -> "ObjectKey":
+    return ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name="org/mp-model", kv_rank=0, object_group_id=group,
+                     cache_salt=salt)
+
+
+def _obj(n_floats: int, seed: int) -> "TensorMemoryObj":
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.rand(n_floats, generator=g, dtype=torch.float32)
+    meta = MemoryObjMetadata(shape=torch.Size([n_floats]), dtype=torch.float32, address=0, phy_size=n_floats * 4,
+                             fmt=MemoryFormat.KV_2LTD, ref_count=1)
+    return TensorMemoryObj(raw, meta, parent_allocator=None)
+
+
+def _wait(fd: int, timeout: float = 10.0) -> None:
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    assert poll.poll(timeout * 1000), "the adapter never signalled its event fd"
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass
+
+
+def _store(adapter, keys, objs) -> bool:
+    tid = adapter.submit_store_task(keys, objs)
+    _wait(adapter.get_store_event_fd())
+    return adapter.pop_completed_store_tasks()[tid].is_successful()
+
+
+def _lookup(adapter, keys) -> list[int]:
+    tid = adapter.submit_lookup_and_lock_task(keys, {0: MemoryLayoutDesc(shapes=[], dtypes=[])})
+    _wait(adapter.get_lookup_and_lock_event_fd())
+    return adapter.query_lookup_and_lock_result(tid).get_indices_list()
+
+
+def _load(adapter, keys, objs) -> list[int]:
+    tid = adapter.submit_load_task(keys, objs)
+    _wait(adapter.get_load_event_fd())
+    return adapter.query_load_result(tid).get_indices_list()
+
+
+def test_readme_example_selects_our_core(tmp_path):
+    from lmcache_rawblock.l2_adapter import RawBlockL2Adapter, RawBlockL2AdapterConfig
+    from lmcache_rawblock.raw_block import RawBlockCore
+
+    cfgs = _parse(_adapter_json(_device(tmp_path), verify_payload_checksum=True))
+    adapter = create_l2_adapter_from_registry(_adapters(cfgs)[0])
+    try:
+        assert type(adapter) is RawBlockL2Adapter
+        assert isinstance(adapter, lmc_adapter.RawBlockL2Adapter)
+        assert type(adapter._core) is RawBlockCore and not isinstance(adapter._core, LmcCore)
+        assert adapter._core.report_status()["verify_payload_checksum"] is True
+        assert RawBlockL2AdapterConfig.from_dict({"device_path": "x", "slot_bytes": SLOT}).verify_payload_checksum \
+            is False
+    finally:
+        adapter.close()
+    # LMCache's own names are untouched: the built-in type still builds LMCache's core.
+    assert lmc_adapter.RawBlockCore is LmcCore
+
+
+def test_adapter_config_rejects_a_bad_boolean(tmp_path):
+    cfg = _adapters(_parse(_adapter_json(_device(tmp_path), allow_foreign_device="maybe")))[0]
+    with pytest.raises(ValueError, match="allow_foreign_device must be a boolean, got 'maybe'"):
+        create_l2_adapter_from_registry(cfg)  # the plugin type builds the config when it creates
+    from lmcache_rawblock.l2_adapter import RawBlockL2AdapterConfig
+
+    with pytest.raises(ValueError, match="allow_foreign_device must be a boolean, got 'maybe'"):
+        RawBlockL2AdapterConfig.from_dict({"device_path": "x", "slot_bytes": SLOT, "allow_foreign_device": "maybe"})
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path, engine):
+    """Store / lookup-and-lock / load / delete-while-locked / unlock through LMCache's adapter
+    code on our core; then LMCache's built-in raw_block adapter reopens the device and finds
+    the same keys and bytes, and ours reads what LMCache's adapter wrote."""
+    dev = _device(tmp_path)
+    keys = [_key(1), _key(1, group=1), _key(2, salt="tenant-a"), _key(3)]
+    objs = [_obj(1024 + 256 * i, seed=i) for i in range(len(keys))]
+    miss = _key(99)
+    ours = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine)))[0])
+    try:
+        assert _store(ours, keys[:3], objs[:3]) is True
+        assert _lookup(ours, [keys[0], miss, keys[1], keys[2]]) == [0, 2, 3]
+        outs = [_obj(o.raw_data.numel(), seed=1000) for o in objs[:3]]
+        assert _load(ours, [keys[0], keys[1], keys[2]], outs) == [0, 1, 2]
+        assert all(torch.equal(a.raw_data, b.raw_data) for a, b in zip(outs, objs[:3]))
+        # keys[0] is locked by the lookup: a delete leaves it until unlocked
+        ours.delete([keys[0]])
+        assert _lookup(ours, [keys[0]]) == [0]
+        ours.submit_unlock([keys[0], keys[0], keys[1], keys[2]])
+        ours.delete([keys[0]])
+        assert _lookup(ours, [keys[0], keys[1]]) == [1]
+        ours.submit_unlock([keys[1]])
+        st = ours.report_status()
+        assert st["is_healthy"] is True
+    finally:
+        ours.close()
+
+    builtin = json.loads(_adapter_json(dev, io_engine=engine))
+    builtin = dict(builtin["adapter_params"], type="raw_block")
+    theirs = create_l2_adapter_from_registry(_adapters(_parse(json.dumps(builtin)))[0])
+    try:
+        assert isinstance(theirs._core, LmcCore)
+        assert _lookup(theirs, [keys[0], keys[1], keys[2]]) == [1, 2]
+        outs = [_obj(o.raw_data.numel(), seed=2000) for o in objs[1:3]]
+        assert _load(theirs, keys[1:3], outs) == [0, 1]
+        assert all(torch.equal(a.raw_data, b.raw_data) for a, b in zip(outs, objs[1:3]))
+        theirs.submit_unlock(keys[1:3])
+        assert _store(theirs, [keys[3]], [objs[3]]) is True
+    finally:
+        theirs.close()
+
+    again = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine)))[0])
+    try:
+        assert _lookup(again, [keys[1], keys[2], keys[3]]) == [0, 1, 2]
+        out = [_obj(objs[3].raw_data.numel(), seed=3000)]
+        assert _load(again, [keys[3]], out) == [0]
+        assert torch.equal(out[0].raw_data, objs[3].raw_data)
+        again.submit_unlock([keys[1], keys[2], keys[3]])
+    finally:
+        again.close()
+
+
+def test_fixed_buffer_registration_of_the_l1_arena(tmp_path):
+    """On io_uring with zero-copy, LMCache's adapter registers the stable L1 arena through
+    register_fixed_buffer_range; on our core the registration shows in report_status()."""
+    arena = torch.zeros(4 << 20, dtype=torch.uint8)
+    desc = L1MemoryDesc(ptr=arena.data_ptr(), size=arena.numel(), align_bytes=4096,
+                        stable_registration_size=arena.numel())
+    cfg = _adapters(_parse(_adapter_json(_device(tmp_path), io_engine="io_uring", enable_zero_copy=True)))[0]
+    adapter = create_l2_adapter_from_registry(cfg, desc)
+    try:
+        st = adapter._core.report_status()
+        assert (st["fixed_buffers_registered"], st["fixed_buffer_registered_bytes"]) == (True, arena.numel())
+        key, obj = _key(7), _obj(2048, seed=7)
+        assert _store(adapter, [key], [obj]) is True
+    finally:
+        adapter.close()
