@@ -7,6 +7,8 @@ barrier). A crash in flush epoch e (after flush e, before flush e+1) leaves ever
 before flush e's barrier plus any subset of the writes issued since, each write whole and
 applied in issue order. Per epoch the states are every prefix of its writes and every
 subset when it has at most MAX_EXHAUSTIVE writes, else RANDOM_SUBSETS seeded random subsets.
+With --tear BYTES each write is split into BYTES-sized blocks that persist independently
+(torn writes).
 
 Each image is recovered and checked like the kill loop does: every served key returns the
 bytes of a put attempted for it; every key durable in that epoch is served. A key is durable
@@ -210,8 +212,20 @@ def apply(img: bytearray, w: Rec) -> None:
     img[w.off:w.off + len(w.data)] = w.data
 
 
+def torn(w: Rec, block: int) -> list[Rec]:
+    """A write split into its aligned blocks, each of which may persist on its own."""
+    out, pos = [], 0
+    while pos < len(w.data):
+        n = min(block - (w.off + pos) % block, len(w.data) - pos)
+        out.append(Rec(w.seq, WRITE, w.off + pos, w.data[pos:pos + n], w.end))
+        pos += n
+    return out
+
+
 def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_seed: int = 1,
-                   verbose: bool = False) -> list[Result]:
+                   verbose: bool = False, tear: int = 0) -> list[Result]:
+    """Record the workload with engine, then recover every crash state with each engine of
+    recovered_with. tear > 0 also lets each write persist partly, in tear-byte blocks."""
     logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
     rec = record_workload(engine, workdir)
     dev, pre, recs, ops, versions, durable0 = rec.dev, rec.pre, rec.recs, rec.ops, rec.versions, rec.durable0
@@ -232,6 +246,8 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
             pend = [r for r in recs[first:nxt] if r.kind == WRITE] + \
                    [r for r in recs[:first] if r.kind == WRITE and r.seq >= barrier]
             pend.sort(key=lambda r: r.seq)
+            if tear:
+                pend = [p for w in pend for p in torn(w, tear)]
             end_off = recs[nxt].end if nxt < len(recs) else float("inf")
             # durable: the last checkpoint acknowledged by the start of the epoch, minus deletes
             # attempted before its end
@@ -276,12 +292,14 @@ def main(argv=None) -> int:
                     help="engine that records the workload (repeatable); default both")
     ap.add_argument("--rng-seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=5)
+    ap.add_argument("--tear", type=int, default=0, metavar="BYTES",
+                    help="also let writes persist partly, in blocks of BYTES (e.g. 4096)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     bad = False
     with tempfile.TemporaryDirectory(prefix="rb-crashstates-") as d:
         for eng in a.engine or ["posix", "io_uring"]:
-            for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed):
+            for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear):
                 print(r.row(), flush=True)
                 for f in r.failures[:a.show]:
                     print("    " + f, flush=True)
