@@ -23,12 +23,13 @@ def test_write_log_rebuilds_the_device(engine, tmp_path):
     assert crashstates.replay_all(rec) == rec.final
 
 
+@pytest.mark.parametrize("tear", [0, 4096], ids=["whole-writes", "torn-4k"])
 @pytest.mark.parametrize("engine", ["posix", "io_uring"])
-def test_crash_states(engine, tmp_path, capsys):
-    results = crashstates.check_recorded(engine, ["posix", "io_uring"], str(tmp_path))
+def test_crash_states(engine, tear, tmp_path, capsys):
+    results = crashstates.check_recorded(engine, ["posix", "io_uring"], str(tmp_path), tear=tear)
     with capsys.disabled():
         for r in results:
-            print("\ncrash states " + r.row(), flush=True)
+            print(f"\ncrash states{' (torn 4 KiB)' if tear else ''} " + r.row(), flush=True)
     for r in results:
         assert r.states > r.writes and r.keys_checked > 0
         assert (r.wrong_states, r.lost_states) == (0, 0), "\n".join(r.failures[:10])
