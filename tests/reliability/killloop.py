@@ -12,7 +12,8 @@ load to the promise:
     core's counters (recovery_dropped_entries, load_dropped_entries,
     payload_checksum_failures) account for it, else as silently lost.
 
-The writer logs each operation before starting it (intent) and after it returned (result)
+One cycle in ten is killed 0-40 ms after the fork instead, while the writer opens the device
+and recovers. The writer logs each operation before starting it (intent) and after it returned (result)
 with an unbuffered write(2) - what reached the kernel survives SIGKILL, so the log is exact
 (RB_KILLLOOP_FSYNC=1 adds an fsync per record). Cycles continue on the same device: the next
 writer opens what the checker recovered (the checker's close writes a final checkpoint, so
@@ -45,7 +46,9 @@ else:
 
 NSLOTS = 12        # few slots: LIFO reuse of a just-freed slot is the common case
 NKEYS = 30
-MAX_KILL_MS = 300.0
+MAX_KILL_MS = 300.0        # after the writer opened its core
+EARLY_KILL_SHARE = 0.1     # cycles killed 0-EARLY_KILL_MS after the fork instead (open, recovery)
+EARLY_KILL_MS = 40.0
 VERSIONS_PER_CYCLE = 1_000_000
 
 
@@ -214,10 +217,12 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
             _child(path, cfg, logfd, wfd, child_seed, set(durable), (cyc + 1) * VERSIONS_PER_CYCLE)
         os.close(wfd)
         os.close(logfd)
-        ready = select.select([rfd], [], [], 60)[0] and os.read(rfd, 1) == b"r"
-        os.close(rfd)
-        if ready:
+        if rng.random() < EARLY_KILL_SHARE:
+            # a crash while the writer opens the device and recovers
+            time.sleep(rng.uniform(0, EARLY_KILL_MS) / 1000.0)
+        elif select.select([rfd], [], [], 60)[0] and os.read(rfd, 1) == b"r":
             time.sleep(rng.uniform(0, max_kill_ms) / 1000.0)
+        os.close(rfd)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
