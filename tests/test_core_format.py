@@ -110,7 +110,7 @@ def test_verify_on_load_drops_bad_headers(tmp_path):
 def test_device_written_by_us_decodes_with_independent_reader(tmp_path):
     dev = make_device(tmp_path)
     c = make_core(dev)
-    specs = [okey(1), encode_object_key(ObjectKey(b"\x01\x02", "org/m\u00fc", 3, "s\u00e9l\U0001F600\"\\\n"))]
+    specs = [okey(1), encode_object_key(ObjectKey(b"\x01\x02", "org/m\u00fc", 3, cache_salt="s\u00e9l\U0001F600\"\\\n"))]
     objs = [Obj(payload(1, 5000), shape=(5000,)), Obj(payload(2, 77), shape=(7, 11))]
     objs[1].metadata.cached_positions = [5, 6, 7]
     objs[1].metadata.fmt = "KV_2LTD"
