@@ -127,8 +127,25 @@ class Recording:
     durable0: set       # keys durable before the workload
 
 
-def record_workload(engine: str, workdir: str) -> Recording:
-    """Run SETUP (unrecorded) then WORKLOAD (recorded) on a fresh device."""
+def random_workload(rng: random.Random, rounds: int = 5, nkeys: int = 16) -> list:
+    """Rounds of: delete 1-3 keys, put 1-3 keys (new or deleted ones again), and mostly a
+    checkpoint; keys are drawn from the setup keys and nkeys more."""
+    live = {k for _, kids in SETUP for k in kids}
+    ops = []
+    for _ in range(rounds):
+        dels = rng.sample(sorted(live), min(len(live), rng.randint(1, 3)))
+        live.difference_update(dels)
+        free = [k for k in range(nkeys) if k not in live]
+        puts = rng.sample(free, min(len(free), rng.randint(1, 3)))
+        live.update(puts)
+        ops += [("delete", dels), ("put", puts)]
+        if rng.random() < 0.7:
+            ops.append(("checkpoint", []))
+    return ops
+
+
+def record_workload(engine: str, workdir: str, workload: list | None = None) -> Recording:
+    """Run SETUP (unrecorded) then workload (default WORKLOAD; recorded) on a fresh device."""
     cfg = Config(engine, False, False, True)
     dev = make_device(os.path.join(workdir, f"record-{engine}.img"), NSLOTS)
     versions: dict[int, dict[int, int]] = {}
@@ -149,7 +166,7 @@ def record_workload(engine: str, workdir: str) -> Recording:
     core = open_core(dev, cfg)
     _native._set_write_log(logp)
     try:
-        for kind, kids in WORKLOAD:
+        for kind, kids in (WORKLOAD if workload is None else workload):
             before = os.path.getsize(logp)
             if kind == "put":
                 ver += 1
@@ -223,11 +240,11 @@ def torn(w: Rec, block: int) -> list[Rec]:
 
 
 def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_seed: int = 1,
-                   verbose: bool = False, tear: int = 0) -> list[Result]:
+                   verbose: bool = False, tear: int = 0, workload: list | None = None) -> list[Result]:
     """Record the workload with engine, then recover every crash state with each engine of
     recovered_with. tear > 0 also lets each write persist partly, in tear-byte blocks."""
     logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
-    rec = record_workload(engine, workdir)
+    rec = record_workload(engine, workdir, workload)
     dev, pre, recs, ops, versions, durable0 = rec.dev, rec.pre, rec.recs, rec.ops, rec.versions, rec.durable0
     allkeys = sorted(versions)
     ep = epochs_of(recs)
@@ -292,6 +309,8 @@ def main(argv=None) -> int:
                     help="engine that records the workload (repeatable); default both")
     ap.add_argument("--rng-seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=5)
+    ap.add_argument("--random-workloads", type=int, default=0, metavar="N",
+                    help="instead of the fixed workload, N random ones (rounds of delete/put/checkpoint)")
     ap.add_argument("--tear", type=int, default=0, metavar="BYTES",
                     help="also let writes persist partly, in blocks of BYTES (e.g. 4096)")
     a = ap.parse_args(argv)
@@ -299,11 +318,14 @@ def main(argv=None) -> int:
     bad = False
     with tempfile.TemporaryDirectory(prefix="rb-crashstates-") as d:
         for eng in a.engine or ["posix", "io_uring"]:
-            for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear):
-                print(r.row(), flush=True)
-                for f in r.failures[:a.show]:
-                    print("    " + f, flush=True)
-                bad |= bool(r.failures)
+            wrng = random.Random(f"{a.rng_seed}/workloads/{eng}")
+            workloads = [random_workload(wrng) for _ in range(a.random_workloads)] or [None]
+            for wl in workloads:
+                for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear, workload=wl):
+                    print(r.row(), flush=True)
+                    for f in r.failures[:a.show]:
+                        print("    " + f, flush=True)
+                    bad |= bool(r.failures)
     print(f"elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")
     return 1 if bad else 0
 
