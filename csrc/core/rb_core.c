@@ -1435,6 +1435,7 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->room_ckpts = c->room_ckpts;
     st->checksum_dropped = c->sum_dropped;
     st->flushes = atomic_load(&c->flushes);
+    st->skipped = c->apply_skipped;
     memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);
     pthread_mutex_unlock(&c->mu);
     if (c->dev)

@@ -110,8 +110,8 @@ typedef struct rb_core_status {
     int recovery_outcome; /* enum rb_recovery_outcome */
     uint64_t recovery_seq, recovery_rejected_seq;
     int64_t recovery_lost; /* -1 unknown */
-    uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes;
-    char ckpt_error[256];
+    uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes, skipped;
+    char ckpt_error[512];
     rb_stats_snapshot io;
 } rb_core_status;
 

@@ -725,8 +725,9 @@ static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen,
 }
 
 /* Free the unclaimed slots, reset the dirty state, drop mu; then validate if configured. */
-static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, int oom, rb_err *err)
+static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, uint64_t skipped, int oom, rb_err *err)
 {
+    c->apply_skipped = skipped; /* entries the state lists that its checks refused */
     if (c->apply_container >= 0) {
         /* Recovery: what the container lists, exactly, before validation drops anything (a
          * dropped entry's slot stays listed on the device until a checkpoint replaces it). */
@@ -790,37 +791,52 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
         return 0;
     struct json_object *entries = NULL;
     json_object_object_get_ex(st, "entries", &entries);
-    if (entries && json_object_get_type(entries) != json_type_object)
+    struct json_object *entries_raw = entries;
+    int bad_entries = entries && json_object_get_type(entries) != json_type_object;
+    if (bad_entries)
         entries = NULL;
 
     uint8_t *used;
     int rc = apply_begin(c, next_slot, &used, err);
     if (rc < 0)
         return rc;
-    uint64_t loaded = 0;
+    uint64_t loaded = 0, skipped = 0;
     int oom = 0;
+    if (bad_entries) /* an "entries" that is not an object: whatever it held is lost */
+        skipped += json_object_get_type(entries_raw) == json_type_array
+                       ? (uint64_t)json_object_array_length(entries_raw)
+                       : 1;
     if (entries) {
         json_object_object_foreach(entries, key, val)
         {
-            if (!val || json_object_get_type(val) != json_type_object)
+            if (!val || json_object_get_type(val) != json_type_object) {
+                skipped++;
                 continue;
+            }
             struct json_object *fo, *fs;
             int64_t off = 0, size = 0;
             int has_off = json_object_object_get_ex(val, "offset", &fo) && rb_json_as_i64(fo, &off) == 0;
             int has_size = json_object_object_get_ex(val, "size", &fs) && rb_json_as_i64(fs, &size) == 0;
             int64_t slot = entry_slot(c, used, next_slot, has_off, off, has_size, size);
-            if (slot < 0)
+            if (slot < 0) {
+                skipped++;
                 continue;
+            }
             uint64_t sum = 0;
             int has_sum = json_object_object_get_ex(val, RB_ENT_SUM_FIELD, &fo);
             if (has_sum && (json_object_get_type(fo) != json_type_string ||
                             rb_sum_parse_hex(json_object_get_string(fo), (size_t)json_object_get_string_len(fo),
                                              &sum) < 0))
+            {
+                skipped++;
                 continue; /* a checksum we cannot read: the entry cannot be trusted */
+            }
             size_t klen = strlen(key);
             uint32_t h = rb_idx_hash(key, klen);
-            if (rb_idx_find(&c->index, key, klen, h) != UINT32_MAX)
+            if (rb_idx_find(&c->index, key, klen, h) != UINT32_MAX) {
+                skipped++;
                 continue;
+            }
             struct json_object *jo;
             int bad_shape, bad_pos;
             int64_t ndim, npos;
@@ -845,7 +861,7 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             loaded++;
         }
     }
-    return apply_end(c, used, loaded, oom, err);
+    return apply_end(c, used, loaded, skipped, oom, err);
 }
 
 static int same_class(const rb_fstate *fs, const rb_fent *a, const rb_fent *b)
@@ -892,15 +908,17 @@ static int apply_fstate(rb_core *c, const rb_fstate *fs, rb_err *err)
     int rc = apply_begin(c, next_slot, &used, err);
     if (rc < 0)
         return rc;
-    uint64_t loaded = 0;
+    uint64_t loaded = 0, skipped = 0;
     int oom = 0;
     const rb_fent *prev = NULL; /* last interned entry: consecutive entries mostly share a class */
     uint32_t prev_cls = UINT32_MAX;
     for (size_t i = 0; i < fs->n; i++) {
         const rb_fent *e = &fs->ents[i];
         int64_t slot = entry_slot(c, used, next_slot, e->has_off, e->off, e->has_size, e->size);
-        if (slot < 0)
+        if (slot < 0) {
+            skipped++;
             continue; /* keys are distinct (rb_fstate_parse): no index lookup needed */
+        }
         uint32_t cls;
         if (prev && same_class(fs, prev, e)) {
             cls = prev_cls;
@@ -924,7 +942,7 @@ static int apply_fstate(rb_core *c, const rb_fstate *fs, rb_err *err)
         }
         loaded++;
     }
-    return apply_end(c, used, loaded, oom, err);
+    return apply_end(c, used, loaded, skipped, oom, err);
 }
 
 int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err)
@@ -998,15 +1016,28 @@ int rb_core_recover(rb_core *c, rb_err *err)
         return -ENOMEM;
     rb_ckpt_header h[2];
     int ours[2] = {0, 0};
+    /* A header that was ours before something damaged it: the magic one byte off, or the magic
+     * intact and a field out of range. Not loadable, but not a blank container either. */
+    int damaged[2] = {0, 0};
     uint64_t max_hdr_seq = 0;
     for (int k = 0; k < 2; k++) {
         rb_err e;
         if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes, hb, ba, ba, ba, 0, &e) < 0)
             continue;
         rb_ckpt_header_decode(hb, &h[k]);
-        if (memcmp(h[k].magic, c->cfg.meta_magic, 8) != 0 || h[k].version != c->cfg.meta_version ||
-            h[k].payload_len == 0 || h[k].payload_len > c->payload_cap)
+        int magic_off = 0;
+        for (int i = 0; i < 8; i++)
+            magic_off += h[k].magic[i] != c->cfg.meta_magic[i];
+        if (magic_off != 0 || h[k].version != c->cfg.meta_version || h[k].payload_len == 0 ||
+            h[k].payload_len > c->payload_cap) {
+            damaged[k] = magic_off == 0 ? 2 : magic_off == 1 ? 1 : 0; /* 2: its seq may be readable */
+            /* A header zeroed or overwritten over a checkpoint payload that is still there. */
+            static const char doc[] = "{\"version\":";
+            if (!damaged[k] && rb_core_dev_read(c, (uint64_t)k * c->container_bytes + ba, hb, ba, ba, ba, 0, &e) == 0 &&
+                memcmp(hb, doc, sizeof doc - 1) == 0)
+                damaged[k] = 1;
             continue;
+        }
         ours[k] = 1;
         c->ref_unknown |= (uint8_t)(1u << k);
         if (h[k].seq > max_hdr_seq)
@@ -1015,7 +1046,7 @@ int rb_core_recover(rb_core *c, rb_err *err)
     free(hb);
     /* Resume the sequence from the newest valid header, whatever happens to its payload. */
     c->meta_seq = max_hdr_seq;
-    if (!ours[0] && !ours[1]) {
+    if (!ours[0] && !ours[1] && !damaged[0] && !damaged[1]) {
         c->rec_outcome = RB_REC_BLANK;
         return 0;
     }
@@ -1081,29 +1112,41 @@ int rb_core_recover(rb_core *c, rb_err *err)
         c->recovery_loaded = 1;
         c->good_container = k;
         c->rec_seq = h[k].seq;
+        int other = k ^ 1;
+        if (bad < 0 && damaged[other]) {
+            /* The other header was damaged: it may have been the newer checkpoint (its seq field
+             * is no more trustworthy than the rest of it). */
+            bad = other;
+            snprintf(bad_why, sizeof bad_why, "damaged header");
+        }
         if (bad < 0) {
             c->rec_outcome = RB_REC_LOADED;
             break;
         }
         c->rec_outcome = RB_REC_FALLBACK;
-        c->rec_rejected_seq = h[bad].seq;
-        c->rec_lost = count_lost(c, bad_payload, h[bad].payload_len);
+        c->rec_rejected_seq = damaged[bad] == 1 ? 0 : h[bad].seq;
+        c->rec_lost = damaged[bad] ? -1 : count_lost(c, bad_payload, h[bad].payload_len);
         char lost[96];
         if (c->rec_lost >= 0)
             snprintf(lost, sizeof lost, "%lld entries it listed are not in the older one",
                      (long long)c->rec_lost);
         else
             snprintf(lost, sizeof lost, "entries written between the two checkpoints are lost");
+        char bad_seq[32] = "seq unknown";
+        if (damaged[bad] != 1)
+            snprintf(bad_seq, sizeof bad_seq, "seq %llu", (unsigned long long)h[bad].seq);
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "newest checkpoint (container %d, seq %llu) is unreadable (%s); recovered the older checkpoint "
+                 "newest checkpoint (container %d, %s) is unreadable (%s); recovered the older checkpoint "
                  "(container %d, seq %llu): %s",
-                 bad, (unsigned long long)h[bad].seq, bad_why, k, (unsigned long long)h[k].seq, lost);
+                 bad, bad_seq, bad_why, k, (unsigned long long)h[k].seq, lost);
         break;
     }
     if (rc == 0 && c->rec_outcome != RB_REC_LOADED && c->rec_outcome != RB_REC_FALLBACK &&
         c->rec_outcome != RB_REC_REJECTED) {
         c->rec_outcome = RB_REC_UNREADABLE;
         c->rec_rejected_seq = max_hdr_seq;
+        if (bad < 0)
+            snprintf(bad_why, sizeof bad_why, "damaged header");
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
                  "the device holds a checkpoint (newest seq %llu) but none is readable (%s); started with an "
                  "empty index",

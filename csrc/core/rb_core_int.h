@@ -50,7 +50,7 @@ struct rb_core {
     uint64_t deferred_verified; /* unverified records whose header a load accepted */
     uint64_t deferred_dropped;  /* ... and rejected (also counted in recovery_dropped) */
     int recovery_loaded;
-    char ckpt_error[256];
+    char ckpt_error[512];
 
     pthread_mutex_t thr_mu;
     pthread_cond_t thr_cv;
@@ -86,6 +86,7 @@ struct rb_core {
     int rec_outcome; /* enum rb_recovery_outcome */
     uint64_t rec_seq, rec_rejected_seq;
     int64_t rec_lost; /* entries of a rejected newer checkpoint not recovered; -1 unknown */
+    uint64_t apply_skipped; /* entries of the last applied state that its checks refused */
     uint64_t sum_dropped; /* entries dropped because their payload failed its checksum */
     _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
 

@@ -211,6 +211,9 @@ class RawBlockCore:
             if st["recovery_dropped_entries"]:
                 logger.warning("RawBlockCore dropped %d stale metadata entries after slot-header validation",
                                st["recovery_dropped_entries"])
+            if st["recovery_skipped_entries"]:
+                logger.warning("RawBlockCore skipped %d checkpoint entries that fail the layout checks "
+                               "(offset, size, slot, checksum field)", st["recovery_skipped_entries"])
         elif outcome == "unreadable":
             # Not a blank device: it had an index, and every copy of it is lost.
             logger.error("RawBlockCore %s (device=%s)", st["checkpoint_last_error"], self.device_path)
@@ -350,6 +353,8 @@ class RawBlockCore:
             "recovery_seq": st["recovery_seq"],
             "recovery_rejected_seq": st["recovery_rejected_seq"],
             "recovery_lost_entries": st["recovery_lost_entries"],
+            # entries the loaded checkpoint lists that its checks refused (bad offset, size, ...)
+            "recovery_skipped_entries": st["recovery_skipped_entries"],
             # freed slots a checkpoint container still lists, kept out of use until it is rewritten
             "checkpoint_held_slots": st["checkpoint_held_slots"],
             "checkpoints_for_room": st["checkpoints_for_room"],
