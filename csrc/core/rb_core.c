@@ -214,6 +214,11 @@ void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)
     atomic_store(&c->ckpt_delay_ms, ms);
 }
 
+void rb_core_set_ckpt_no_flush(rb_core *c, int on)
+{
+    atomic_store(&c->no_flush, on);
+}
+
 void rb_core_set_load_delay_ms(rb_core *c, uint32_t ms)
 {
     atomic_store(&c->load_delay_ms, ms);

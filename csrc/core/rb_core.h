@@ -188,6 +188,9 @@ int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped);
 enum { RB_FAULT_WRITE = 0, RB_FAULT_READ = 1, RB_FAULT_SUBMIT = 2, RB_FAULT_PREP = 3 };
 void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown);
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms);
+/* Benchmark hook: nonzero makes checkpoints skip their device flushes (to measure their cost);
+ * never for use on a cache that must survive power loss. */
+void rb_core_set_ckpt_no_flush(rb_core *c, int on);
 /* Test hook: loads pause ms milliseconds between their index snapshot and their reads. */
 void rb_core_set_load_delay_ms(rb_core *c, uint32_t ms);
 

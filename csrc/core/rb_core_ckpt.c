@@ -151,6 +151,8 @@ static void settle_refs_locked(rb_core *c, int t, int outcome)
 /* fdatasync under the device's admission gate. */
 static int core_flush(rb_core *c, rb_err *err)
 {
+    if (atomic_load(&c->no_flush))
+        return 0;
     if (rb_dev_enter(c->dev) < 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
     int rc = rb_dev_flush(c->dev, err);

@@ -89,6 +89,7 @@ struct rb_core {
     uint64_t apply_skipped; /* entries of the last applied state that its checks refused */
     uint64_t sum_dropped; /* entries dropped because their payload failed its checksum */
     _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
+    _Atomic int no_flush;     /* benchmark hook: checkpoints skip their flushes */
 
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep;
     _Atomic uint32_t ckpt_delay_ms;

@@ -1221,6 +1221,15 @@ static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
     return set_delay(op, arg, rb_core_set_ckpt_delay_ms);
 }
 
+static PyObject *core_set_ckpt_no_flush(PyObject *op, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    rb_core_set_ckpt_no_flush(core_of(op), on);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_set_load_delay(PyObject *op, PyObject *arg)
 {
     return set_delay(op, arg, rb_core_set_load_delay_ms);
@@ -1286,6 +1295,8 @@ static PyMethodDef core_methods[] = {
     {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
      "test hook: _inject_fault('write'|'read'|'submit'|'prep', countdown)"},
     {"_set_checkpoint_delay_ms", core_set_ckpt_delay, METH_O, "test hook: delay each checkpoint writer"},
+    {"_set_checkpoint_no_flush", core_set_ckpt_no_flush, METH_O,
+     "benchmark hook: checkpoints skip their device flushes (measures what the flushes cost)"},
     {"_set_load_delay_ms", core_set_load_delay, METH_O,
      "test hook: pause each load between its index snapshot and its reads"},
     {"_key_identity", (PyCFunction)(void (*)(void))core_identity, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
