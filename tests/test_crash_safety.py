@@ -259,3 +259,21 @@ def test_full_device_reuses_freed_slots_through_a_checkpoint(tmp_path):
         assert [o.bytes() for o in outs] == [payload(10, 100), payload(11, 100)]
     finally:
         c.close()
+
+
+def test_state_applied_at_run_time_never_hands_out_a_listed_slot(tmp_path):
+    # A state applied at run time may set next_slot below slots the checkpoint on the device
+    # lists; allocation must still skip them.
+    dev = make_device(tmp_path)
+    c = make_core(dev)
+    try:
+        keys = [okey(i) for i in range(3)]
+        c.put_many(keys, [Obj(payload(i, 100)) for i in range(3)])
+        c.checkpoint_now()  # lists slots 0..2
+        assert c.apply_loaded_state(base_state(dev, 0, {})) is True
+        new = okey(9)
+        assert c.put_many([new], [Obj(payload(9, 100))]).results == [True]
+        assert c.entry_offset(new.encoded) == META + 3 * SLOT
+        assert c.report_status()["checkpoint_held_slots"] == 3
+    finally:
+        c.close()

@@ -617,9 +617,17 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot)
     uint32_t cls = rb_core_intern_class(c, &it->meta);
     if (cls == UINT32_MAX)
         return 0;
-    uint32_t s = rb_slots_alloc(&c->slots, it->pid);
-    if (s == RB_SLOT_NONE)
-        return 0; /* no free slot available */
+    uint32_t s;
+    for (;;) {
+        s = rb_slots_alloc(&c->slots, it->pid);
+        if (s == RB_SLOT_NONE)
+            return 0; /* no free slot available */
+        if (s >= c->ref_cap || !c->ref[s])
+            break;
+        /* A container lists it (a state applied at run time can put next_slot below slots a
+         * container lists): it waits like any other freed slot. */
+        rb_core_hold_slot_locked(c, s);
+    }
     uint32_t p = rb_idx_insert(&c->inflight, it->key, it->key_len, h, it->meta.pos, it->meta.npos);
     if (p == UINT32_MAX) {
         rb_slots_release(&c->slots, s);
