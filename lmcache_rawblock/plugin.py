@@ -477,6 +477,9 @@ class RustRawBlockBackend(StoragePluginInterface):
                                 on_complete_callback: Any = None) -> list | None:
         if self.loop is None:
             raise RuntimeError("RustRawBlockBackend has no event loop")
+        if self._core.io_engine == "io_uring" and self._core._worker_error() is not None:
+            # The engine has failed for good: no put can land, so take no reference (as LMCache).
+            return None
         queued: list[tuple[Any, Any, Any]] = []
         for key, obj in zip(keys, objs):
             spec = encode_legacy_key(key)

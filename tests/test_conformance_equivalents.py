@@ -173,8 +173,6 @@ def _backend(tmp_path, loop: asyncio.AbstractEventLoop, local=None, **overrides)
                                local_cpu_backend=local or FakeLocalCPUBackend(), loop=loop)
 
 
-@pytest.mark.xfail(reason="the plugin still schedules a put after the core's io_uring worker failed; "
-                   "LMCache 0.5.6 returns None and keeps no reference")
 def test_plugin_skips_puts_after_worker_failure_without_keeping_objects(tmp_path, loop_thread):
     be = _backend(tmp_path, loop_thread.loop, io_engine="io_uring")
     try:
