@@ -937,6 +937,21 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
  */
 enum { LV_NONE = 0, LV_GOOD, LV_BAD, LV_SUMBAD };
 
+/* The caller's buffer a data read of a size-byte payload may reach: the whole padded transfer
+ * when it goes straight into a buffer that holds it, else the payload. */
+static inline size_t read_target_len(const rb_core *c, size_t buf_len, uint64_t size)
+{
+    size_t blen = c->cfg.enable_zero_copy ? buf_len : size;
+    size_t xl = rb_xfer_len(c, size);
+    return blen >= xl ? xl : size;
+}
+
+/* Erase what a rejected read left in the caller's buffer: it is not this key's. */
+static inline void erase_read(const rb_core *c, rb_load_item *it, uint64_t size)
+{
+    memset(it->buf, 0, read_target_len(c, it->buf_len, size));
+}
+
 static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, int rec_has_sum, uint64_t rec_sum,
                       const uint8_t *hdr, size_t hdr_len, const uint8_t *payload, uint64_t *sum_fail)
 {
@@ -1116,7 +1131,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
                 s[i].verdict =
                     (uint8_t)judge_slot(c, it, s[i].size, s[i].has_sum, s[i].sum, h->buf, hl, it->buf, &sum_fail);
                 if (s[i].verdict == LV_BAD) /* not ours: leave no foreign bytes behind */
-                    memset(it->buf, 0, o->buf_len < o->total_len ? o->payload_len : o->total_len);
+                    erase_read(c, it, s[i].size);
                 else
                     it->ok = 1;
             } else {
@@ -1135,11 +1150,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
             it->ok = 0;
             it->status = rb_err_set(&it->err, RB_ERR_OS, EBADMSG, "payload checksum mismatch at offset %llu",
                                     (unsigned long long)(rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes));
-            /* Whatever the read put in the caller's buffer is not this key's: erase it (the
-             * padding too when the read went straight into a buffer that holds it). */
-            size_t blen = c->cfg.enable_zero_copy ? it->buf_len : s[i].size;
-            size_t xl = rb_xfer_len(c, s[i].size);
-            memset(it->buf, 0, blen >= xl ? xl : s[i].size);
+            erase_read(c, it, s[i].size);
             s[i].verdict = LV_SUMBAD;
         }
     }

@@ -1107,7 +1107,6 @@ int rb_core_recover(rb_core *c, rb_err *err)
         if (rc == 0) {
             c->rec_outcome = RB_REC_REJECTED;
             snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata payload rejected by checks: %.200s", why.msg);
-            rc = 0;
             break;
         }
         rc = 0;
@@ -1143,8 +1142,7 @@ int rb_core_recover(rb_core *c, rb_err *err)
                  bad, bad_seq, bad_why, k, (unsigned long long)h[k].seq, lost);
         break;
     }
-    if (rc == 0 && c->rec_outcome != RB_REC_LOADED && c->rec_outcome != RB_REC_FALLBACK &&
-        c->rec_outcome != RB_REC_REJECTED) {
+    if (rc == 0 && c->rec_outcome == RB_REC_BLANK) { /* no container was loaded or rejected */
         c->rec_outcome = RB_REC_UNREADABLE;
         c->rec_rejected_seq = max_hdr_seq;
         if (bad < 0)
