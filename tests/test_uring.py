@@ -77,15 +77,33 @@ def aligned_array(n: int, align: int = 4096, shift: int = 0):
     return raw[start : start + n]
 
 
-def uring_threads() -> list[str]:
-    names = []
+def uring_threads() -> set[str]:
+    """Thread ids of this process's io_uring workers (named rb-uring)."""
+    tids = set()
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
+                if f.read().strip() == "rb-uring":
+                    tids.add(tid)
         except OSError:
             pass
-    return [n for n in names if n == "rb-uring"]
+    return tids
+
+
+def wait_threads_gone(tids: set[str], timeout: float = 5.0) -> set[str]:
+    """Return which of ``tids`` are still listed after at most ``timeout`` s.
+
+    pthread_join returns once the kernel clears the thread's tid, a moment
+    before the task leaves /proc/self/task, so a listing taken straight
+    after close() can still show a joined worker.  A worker that was not
+    joined stays listed for good.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        left = tids & uring_threads()
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------- basics
@@ -93,9 +111,10 @@ def uring_threads() -> list[str]:
 
 def test_round_trip_and_worker_thread(data_file):
     gc.collect()  # devices other tests left for the collector
-    before = len(uring_threads())
+    before = uring_threads()
     dev = open_dev(data_file, depth=8)
-    assert len(uring_threads()) == before + 1, "one worker thread named rb-uring per device"
+    mine = uring_threads() - before
+    assert len(mine) == 1, "one worker thread named rb-uring per device"
     payload = b"hello io_uring" * 100
     bid = dev.batched_write([4096], [payload], [len(payload)])
     assert isinstance(bid, int) and bid >= 1
@@ -105,7 +124,7 @@ def test_round_trip_and_worker_thread(data_file):
     assert bytes(out) == payload
     assert dev.worker_error() is None
     dev.close()
-    assert len(uring_threads()) == before, "close() joins the worker"
+    assert wait_threads_gone(mine) == set(), "close() joins the worker"
 
 
 def test_batch_ids_and_unknown_ids(data_file):
@@ -686,14 +705,16 @@ def test_shutdown_fails_queued_requests_cleanly(data_file):
 
 def test_dealloc_without_close(data_file):
     gc.collect()
-    before = len(uring_threads())
+    before = uring_threads()
     bufs = [bytearray(4096) for _ in range(128)]
     dev = open_dev(data_file, depth=2)
+    mine = uring_threads() - before
+    assert len(mine) == 1
     dev.batched_read([i * 4096 for i in range(128)], bufs, [4096] * 128)
     dev.batched_write([i * 4096 for i in range(128, 256)], [b"z" * 4096] * 128, [4096] * 128)
     del dev
     gc.collect()
-    assert len(uring_threads()) == before, "dealloc stops and joins the worker"
+    assert wait_threads_gone(mine) == set(), "dealloc stops and joins the worker"
     bufs[0].extend(b"x")  # views released by dealloc
     with open(data_file, "rb") as f:
         f.seek(200 * 4096)
