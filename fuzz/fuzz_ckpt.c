@@ -43,12 +43,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cfg.meta_total_bytes = 1 << 20;
     memcpy(cfg.meta_magic, "LMCIDX01", 8);
     cfg.meta_version = 1;
-    cfg.checkpoint_interval_sec = 60;
-    cfg.verify_on_load = 1;
-    cfg.engine = RB_ENGINE_POSIX;
-    cfg.queue_depth = 8;
+    cfg.meta_checkpoint_interval_sec = 60;
+    cfg.meta_verify_on_load = 1;
+    cfg.io_engine = RB_ENGINE_POSIX;
+    cfg.iouring_queue_depth = 8;
     cfg.key_namespace = RB_NS_OBJECT;
-    cfg.recovery_threads = 1;
+    cfg.recovery_read_threads = 1;
     rb_err err;
     if (rb_core_open(&cfg, &core, &err) < 0) {
         fprintf(stderr, "rb_core_open: %s\n", err.msg);

@@ -455,8 +455,8 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     }
     c->cfg.device_path = c->path;
-    if (c->cfg.recovery_threads == 0)
-        c->cfg.recovery_threads = 8;
+    if (c->cfg.recovery_read_threads == 0)
+        c->cfg.recovery_read_threads = 8;
     c->good_container = -1;
     c->apply_container = -1;
     c->rec_lost = -1;
@@ -478,10 +478,10 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         .path = cfg->device_path,
         .writable = 1,
         .odirect = cfg->use_odirect,
-        .engine = cfg->engine,
+        .engine = cfg->io_engine,
         .uring_cmd = cfg->use_uring_cmd,
         .alignment = (size_t)cfg->block_align,
-        .queue_depth = cfg->queue_depth,
+        .queue_depth = cfg->iouring_queue_depth,
     };
     int rc = rb_dev_open(&dc, &c->dev, err);
     if (rc < 0)
@@ -509,7 +509,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     c->container_bytes = (cfg->meta_total_bytes / 2) / cfg->block_align * cfg->block_align;
     c->payload_cap = c->container_bytes - cfg->block_align;
     c->slot_cap = cfg->slot_bytes - cfg->header_bytes;
-    rc = rb_slots_init(&c->slots, c->max_slots, cfg->affinity);
+    rc = rb_slots_init(&c->slots, c->max_slots, cfg->fdp_slot_affinity_enabled);
     if (rc < 0) {
         rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
         goto fail;
@@ -517,7 +517,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     rc = rb_core_recover(c, err);
     if (rc < 0)
         goto fail;
-    if (cfg->enable_periodic) {
+    if (cfg->meta_enable_periodic) {
         rc = rb_core_start_thread(c, err);
         if (rc < 0)
             goto fail;
@@ -1115,7 +1115,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     }
     if (nops) {
         rb_err berr;
-        (void)rb_core_uring_ops(c, ops, nops, c->cfg.queue_depth, 1, &berr); /* per-op results */
+        (void)rb_core_uring_ops(c, ops, nops, c->cfg.iouring_queue_depth, 1, &berr); /* per-op results */
         for (size_t i = 0; i < n; i++) {
             rb_load_item *it = &items[i];
             if (s[i].slot == RB_SLOT_NONE || it->status < 0)

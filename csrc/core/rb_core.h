@@ -24,23 +24,26 @@
 typedef struct rb_core rb_core;
 
 typedef struct rb_core_cfg {
+    /* Field names are the setting names (rb_config.c's table, RawBlockCoreConfig, the
+     * rust_raw_block.* keys and _native.Core's keywords): one name from YAML to here. */
     const char *device_path;
     uint64_t capacity_bytes; /* 0 = whole device */
     uint64_t block_align, header_bytes, slot_bytes, meta_total_bytes;
     int use_odirect, enable_zero_copy;
     uint8_t meta_magic[8];
     uint32_t meta_version;
-    uint32_t checkpoint_interval_sec; /* >= 1 */
-    uint32_t idle_quiet_ms;
-    int enable_periodic, verify_on_load, load_on_init;
-    int engine; /* enum rb_engine_kind */
-    uint32_t queue_depth;
+    uint32_t meta_checkpoint_interval_sec; /* >= 1 */
+    uint32_t meta_idle_quiet_ms;
+    int meta_enable_periodic, meta_verify_on_load, load_checkpoint_on_init;
+    uint64_t max_data_transfer_size; /* 0 = derive (passthrough only) */
+    int io_engine; /* enum rb_engine_kind */
+    uint32_t iouring_queue_depth;
     int use_uring_cmd;
-    int ckpt_pid; /* 0 = none */
-    int affinity;
+    uint32_t meta_checkpoint_placement_id; /* 0 = none */
+    int fdp_slot_affinity_enabled;
     int verify_payload_checksum;
+    uint32_t recovery_read_threads; /* posix header readers, >= 1 */
     int key_namespace; /* enum rb_key_namespace */
-    uint32_t recovery_threads; /* posix header readers, >= 1 */
 } rb_core_cfg;
 
 /* Metadata of one entry as the binding passes it in and gets it back. */

@@ -181,7 +181,7 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
     } else {
         int dirty = c->dirty_total > c->persisted;
         int idle = c->inflight_io == 0 &&
-                   rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.idle_quiet_ms * 1000000ull;
+                   rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
         go = dirty && (force || idle);
     }
     if (!go) {
@@ -356,7 +356,7 @@ static void *vjob_run(void *arg)
 /* Read the headers of items[0..n) with up to recovery_threads parallel readers. */
 static void read_headers_parallel(rb_core *c, vitem *items, size_t n)
 {
-    size_t workers = c->cfg.recovery_threads;
+    size_t workers = c->cfg.recovery_read_threads;
     if (workers > n)
         workers = n;
     if (workers <= 1) {
@@ -402,7 +402,7 @@ static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
 static void read_headers_uring(rb_core *c, vitem *items, size_t n)
 {
     const size_t hb = rb_header_read_len(c); /* stride and read length of one header */
-    size_t qd = c->cfg.queue_depth ? c->cfg.queue_depth : 1;
+    size_t qd = c->cfg.iouring_queue_depth ? c->cfg.iouring_queue_depth : 1;
     /* At least 256 headers per group (several batches when the queue depth is small), at most
      * 2 MiB of buffer per group. */
     size_t group = qd < 256 ? (256 + qd - 1) / qd * qd : qd;
@@ -754,7 +754,7 @@ static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, uint64_t skippe
     free(used);
     if (oom)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
-    if (c->cfg.verify_on_load || c->cfg.verify_payload_checksum) {
+    if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum) {
         if (validate_entries(c, 0) < 0)
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
     }
@@ -1052,7 +1052,7 @@ int rb_core_recover(rb_core *c, rb_err *err)
         c->rec_outcome = RB_REC_BLANK;
         return 0;
     }
-    if (!c->cfg.load_on_init) {
+    if (!c->cfg.load_checkpoint_on_init) {
         c->rec_outcome = RB_REC_SKIPPED;
         return 0;
     }
@@ -1165,7 +1165,7 @@ static void *ckpt_thread(void *arg)
     while (!c->thr_stop) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += c->cfg.checkpoint_interval_sec ? c->cfg.checkpoint_interval_sec : 1;
+        ts.tv_sec += c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
         while (!c->thr_stop && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
             ;
         if (c->thr_stop)

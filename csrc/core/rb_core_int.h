@@ -147,7 +147,7 @@ int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, s
 void rb_core_uring_ops_finish(rb_uops_run *r);
 static inline int rb_core_uses_uring(const rb_core *c)
 {
-    return c->cfg.engine == RB_ENGINE_IOURING && c->dev && c->dev->uring;
+    return c->cfg.io_engine == RB_ENGINE_IOURING && c->dev && c->dev->uring;
 }
 /*
  * Bytes of a slot header read to judge it. Validation needs the first RB_SUM_END (40) bytes
