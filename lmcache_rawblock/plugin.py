@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
-from ._native import delete_legacy_keys, encode_legacy_keys
+from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
     DEFAULT_IOURING_QUEUE_DEPTH,
@@ -446,7 +446,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not self._pinned_keys and self.eviction_policy != "lru":
                 # Nothing to reconcile afterwards: encode into one C buffer and delete in the
                 # same native call (no str objects, GIL released for the whole batch).
-                return delete_legacy_keys(self._core._native, keys, force)
+                return self._core.delete_legacy_keys(keys, force)
             encoded = encode_legacy_keys(keys)
             results = self._core.delete_many(encoded, force=force)
             if self._pinned_keys:

@@ -430,6 +430,20 @@ class RawBlockCore:
                                dropped)
         return applied
 
+    def delete_legacy_keys(self, keys: Sequence[Any], force: bool) -> int:
+        """Delete LMCache ``CacheEngineKey`` objects (legacy namespace) in one native call:
+        the keys are encoded in C. Returns how many were removed."""
+        return _native.delete_legacy_keys(self._native, keys, bool(force))
+
+    def index_memory_bytes(self) -> int:
+        """Bytes the C core holds for its index, in-flight table and slot allocator."""
+        return int(self._native.mem_bytes())
+
+    @property
+    def hooks(self) -> "CoreHooks":
+        """Internal hooks for this project's benchmarks and tests; not a stable API."""
+        return CoreHooks(self._native)
+
     # ---- device / engine ----------------------------------------------------------------
 
     def raw_device(self) -> Any:
@@ -522,3 +536,31 @@ class RawBlockCore:
         self._closed = True
         self._close_outcome = outcome
         return outcome
+
+
+class CoreHooks:
+    """Internal hooks into one C core, for benchmarks and tests that measure or provoke what the
+    public API does not expose. Not a stable API: names and behaviour may change."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def revalidate_headers(self, seq: int) -> int:
+        """Re-run recovery's slot-header validation over the index as checkpoint ``seq`` would
+        see it; returns how many entries it dropped."""
+        return int(self._native._revalidate(seq))
+
+    def apply_state_json(self, blob: bytes) -> tuple[bool, str]:
+        """Apply a checkpoint payload (LMCache's JSON) to the index, as recovery does."""
+        return self._native.apply_state_json(blob)
+
+    def set_checkpoint_flush(self, enabled: bool) -> None:
+        """Turn the device flushes around checkpoint writes on or off (off only to measure
+        what they cost; a checkpoint written without them is not durable)."""
+        self._native._set_checkpoint_no_flush(not enabled)
+
+    def close_native(self) -> Any:
+        """Close the C core without the facade's bookkeeping."""
+        return self._native.close()
