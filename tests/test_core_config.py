@@ -14,7 +14,7 @@ from lmcache_rawblock.raw_block import (
     round_up,
     validate_raw_block_io_options,
 )
-from lmcache_rawblock.raw_block.config import resolve_config
+from lmcache_rawblock.raw_block import RawBlockCore
 
 
 def make_cfg(**kw):
@@ -46,10 +46,25 @@ def test_constants_and_round_up():
     assert round_up(0, 4096) == 0 and round_up(1, 4096) == 4096 and round_up(8192, 4096) == 8192
 
 
-def test_resolve_valid_config():
-    r = resolve_config(make_cfg(meta_checkpoint_interval_sec=0))
-    assert r.container_bytes == 524288
-    assert r.meta_checkpoint_interval_sec == 1  # clamped
+def open_core(tmp_path, **kw):
+    """Open a core on a fresh 8 MiB sparse file; the configuration is built inside, so an error
+    may come from RawBlockCoreConfig (one field) or from the core's own checks (geometry)."""
+    path = tmp_path / "dev.bin"
+    if not path.exists():
+        with open(path, "wb") as f:
+            f.truncate(8 << 20)
+    kw.setdefault("device_path", str(path))
+    return RawBlockCore(make_cfg(**kw), key_namespace="object")
+
+
+def test_valid_config_opens(tmp_path, caplog):
+    core = open_core(tmp_path, meta_checkpoint_interval_sec=0)
+    try:
+        assert core.metadata_container_offsets() == [0, 524288]
+        assert core.meta_checkpoint_interval_sec == 1  # raised to 1 s, as LMCache does
+    finally:
+        core.close()
+    assert "meta_checkpoint_interval_sec=0 is below the minimum 1; using 1" in caplog.text
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -78,20 +93,22 @@ def test_resolve_valid_config():
     (dict(verify_payload_checksum=True, block_align=8, header_bytes=32, slot_bytes=64, meta_total_bytes=64),
      "verify_payload_checksum requires header_bytes >= 40"),
 ])
-def test_validation_messages(kw, msg):
+def test_validation_messages(tmp_path, kw, msg):
     with pytest.raises(ValueError, match=msg):
-        resolve_config(make_cfg(**kw))
+        open_core(tmp_path, **kw)
+    dev = tmp_path / "dev.bin"
+    assert not dev.exists() or dev.stat().st_blocks == 0, "a refused configuration wrote to the device"
 
 
 def test_uring_cmd_rejects_block_or_regular_file(tmp_path):
     p = tmp_path / "ng0n1"
     p.write_bytes(b"")
     with pytest.raises(ValueError, match="requires an NVMe namespace character device"):
-        resolve_config(make_cfg(io_engine="io_uring", use_uring_cmd=True, device_path=str(p)))
+        open_core(tmp_path, io_engine="io_uring", use_uring_cmd=True, device_path=str(p))
 
 
 def test_magic_as_str_is_accepted():
-    assert resolve_config(make_cfg(meta_magic="LMCIDX01")).meta_magic == b"LMCIDX01"
+    assert make_cfg(meta_magic="LMCIDX01").meta_magic == b"LMCIDX01"
 
 
 def test_normalize_io_engine():

@@ -10,7 +10,9 @@
 #include <time.h>
 #include <xxhash.h>
 
+#include "rb_config.h"
 #include "rb_core_ident.h"
+#include "rb_probe.h"
 #include "rb_uring.h"
 
 uint64_t rb_now_ns(void)
@@ -443,8 +445,34 @@ void rb_core_drop_locked(rb_core *c, uint32_t p)
     rb_idx_remove_at(&c->index, p);
 }
 
+/* Refuse a device that holds someone else's data (a file system, a RAID/LVM member, a
+ * partition table): the first checkpoint would overwrite it. A path the probe cannot open is
+ * left to rb_dev_open, which reports it. */
+static int refuse_foreign_device(const char *path, rb_err *err)
+{
+    char what[128];
+    rb_err perr;
+    rb_err_clear(&perr);
+    if (rb_probe_foreign(path, what, sizeof(what), &perr) <= 0)
+        return 0;
+    /* The path last: a long one is what the message's length limit cuts. */
+    return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                      "device_path holds a %s (found by libblkid): refusing to overwrite a device that is not a "
+                      "raw-block cache. Wipe it first (wipefs -a) or set allow_foreign_device=True "
+                      "(rust_raw_block.allow_foreign_device: true). device_path='%s'",
+                      what, path);
+}
+
 int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
 {
+    int rc0 = rb_core_cfg_check(cfg, err);
+    if (rc0 < 0)
+        return rc0;
+    if (!cfg->allow_foreign_device) {
+        rc0 = refuse_foreign_device(cfg->device_path, err);
+        if (rc0 < 0)
+            return rc0;
+    }
     rb_core *c = calloc(1, sizeof(*c));
     if (!c)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
@@ -455,8 +483,6 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     }
     c->cfg.device_path = c->path;
-    if (c->cfg.recovery_read_threads == 0)
-        c->cfg.recovery_read_threads = 8;
     c->good_container = -1;
     c->apply_container = -1;
     c->rec_lost = -1;
@@ -491,13 +517,21 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     uint64_t size = c->dev->size;
     c->capacity = (cfg->capacity_bytes > 0 && cfg->capacity_bytes < size) ? cfg->capacity_bytes : size;
     if (cfg->meta_total_bytes >= c->capacity) {
-        rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC, "metadata region exceeds usable device capacity");
+        rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
+                        "metadata region exceeds usable device capacity: meta_total_bytes=%llu, usable "
+                        "capacity %llu bytes (capacity_bytes=%llu, device %llu bytes)",
+                        (unsigned long long)cfg->meta_total_bytes, (unsigned long long)c->capacity,
+                        (unsigned long long)cfg->capacity_bytes, (unsigned long long)size);
         goto fail;
     }
     c->data_base = cfg->meta_total_bytes;
     uint64_t ms = (c->capacity - c->data_base) / cfg->slot_bytes;
     if (ms == 0) {
-        rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC, "raw block capacity too small for slot size after metadata");
+        rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
+                        "raw block capacity too small for slot size after metadata: slot_bytes=%llu, %llu "
+                        "bytes left after meta_total_bytes=%llu",
+                        (unsigned long long)cfg->slot_bytes, (unsigned long long)(c->capacity - c->data_base),
+                        (unsigned long long)cfg->meta_total_bytes);
         goto fail;
     }
     if (ms > UINT32_MAX - 1) {
@@ -506,7 +540,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         goto fail;
     }
     c->max_slots = (uint32_t)ms;
-    c->container_bytes = (cfg->meta_total_bytes / 2) / cfg->block_align * cfg->block_align;
+    c->container_bytes = rb_container_bytes(cfg->meta_total_bytes, cfg->block_align);
     c->payload_cap = c->container_bytes - cfg->block_align;
     c->slot_cap = cfg->slot_bytes - cfg->header_bytes;
     rc = rb_slots_init(&c->slots, c->max_slots, cfg->fdp_slot_affinity_enabled);

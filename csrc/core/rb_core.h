@@ -42,6 +42,7 @@ typedef struct rb_core_cfg {
     uint32_t meta_checkpoint_placement_id; /* 0 = none */
     int fdp_slot_affinity_enabled;
     int verify_payload_checksum;
+    int allow_foreign_device; /* 0: refuse a device with a file system, RAID/LVM member or partition table */
     uint32_t recovery_read_threads; /* posix header readers, >= 1 */
     int key_namespace; /* enum rb_key_namespace */
 } rb_core_cfg;

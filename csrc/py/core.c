@@ -352,78 +352,15 @@ rb_core *rbpy_core_ptr(PyObject *op)
 
 /* ---- constructor / lifetime ------------------------------------------------------------ */
 
+/* Core(**settings): keyword-only, one keyword per entry of the settings table (rb_config.c). */
 static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"device_path", "capacity_bytes", "block_align", "header_bytes", "slot_bytes",
-                             "use_odirect", "enable_zero_copy", "meta_total_bytes", "meta_magic",
-                             "meta_version", "checkpoint_interval_sec", "idle_quiet_ms", "enable_periodic",
-                             "verify_on_load", "load_on_init", "io_engine", "iouring_queue_depth",
-                             "use_uring_cmd", "checkpoint_placement_id", "slot_affinity",
-                             "verify_payload_checksum", "key_namespace", "recovery_threads", NULL};
-    PyObject *path;
-    unsigned long long capacity, block_align, header_bytes, slot_bytes, meta_total;
-    int odirect, zero_copy, periodic, verify, load, uring_cmd = 0, affinity = 0, checksum = 0;
-    Py_buffer magic;
-    unsigned int meta_version, interval, idle_ms, depth = 256, threads = 8;
-    int ckpt_pid = 0;
-    const char *engine = "posix", *ns = "object";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&KKKKppKy*IIIppp|sIpippsI:Core", kwlist, PyUnicode_FSConverter,
-                                     &path, &capacity, &block_align, &header_bytes, &slot_bytes, &odirect,
-                                     &zero_copy, &meta_total, &magic, &meta_version, &interval, &idle_ms,
-                                     &periodic, &verify, &load, &engine, &depth, &uring_cmd, &ckpt_pid, &affinity,
-                                     &checksum, &ns, &threads))
-        return NULL;
-    rb_core_cfg cfg = {0};
-    int bad = 0;
-    if (magic.len != 8) {
-        PyErr_SetString(PyExc_ValueError, "meta_magic must be exactly 8 bytes");
-        bad = 1;
-    } else {
-        memcpy(cfg.meta_magic, magic.buf, 8);
-    }
-    PyBuffer_Release(&magic);
-    if (!bad && strcmp(ns, "legacy") != 0 && strcmp(ns, "object") != 0) {
-        PyErr_Format(PyExc_ValueError, "Unsupported raw-block key namespace: '%s'", ns);
-        bad = 1;
-    }
-    if (!bad && strcmp(engine, "posix") != 0 && strcmp(engine, "io_uring") != 0) {
-        PyErr_SetString(PyExc_ValueError, "io_engine must be one of: io_uring, posix");
-        bad = 1;
-    }
-    if (!bad && (block_align == 0 || (block_align & (block_align - 1)) || header_bytes < 24 ||
-                 header_bytes % block_align || slot_bytes <= header_bytes || slot_bytes % block_align ||
-                 meta_total <= block_align || meta_total % block_align ||
-                 (meta_total / 2) / block_align * block_align <= block_align)) {
-        PyErr_SetString(PyExc_ValueError, "invalid raw-block geometry");
-        bad = 1;
-    }
-    if (bad) {
-        Py_DECREF(path);
+    rb_core_cfg cfg;
+    PyObject *path = NULL;
+    if (rbpy_core_cfg_from_kwargs("Core", args, kwds, &cfg, &path) < 0) {
+        Py_XDECREF(path);
         return NULL;
     }
-    cfg.device_path = PyBytes_AS_STRING(path);
-    cfg.capacity_bytes = capacity;
-    cfg.block_align = block_align;
-    cfg.header_bytes = header_bytes;
-    cfg.slot_bytes = slot_bytes;
-    cfg.meta_total_bytes = meta_total;
-    cfg.use_odirect = odirect;
-    cfg.enable_zero_copy = zero_copy;
-    cfg.meta_version = meta_version;
-    cfg.meta_checkpoint_interval_sec = interval ? interval : 1;
-    cfg.meta_idle_quiet_ms = idle_ms;
-    cfg.meta_enable_periodic = periodic;
-    cfg.meta_verify_on_load = verify;
-    cfg.load_checkpoint_on_init = load;
-    cfg.io_engine = strcmp(engine, "io_uring") == 0 ? RB_ENGINE_IOURING : RB_ENGINE_POSIX;
-    cfg.iouring_queue_depth = depth ? depth : 1;
-    cfg.use_uring_cmd = uring_cmd;
-    cfg.meta_checkpoint_placement_id = ckpt_pid;
-    cfg.fdp_slot_affinity_enabled = affinity;
-    cfg.verify_payload_checksum = checksum;
-    cfg.key_namespace = strcmp(ns, "legacy") == 0 ? RB_NS_LEGACY : RB_NS_OBJECT;
-    cfg.recovery_read_threads = threads ? threads : 1;
-
     rb_core *core = NULL;
     rb_err err;
     rb_err_clear(&err);
@@ -431,9 +368,12 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Py_BEGIN_ALLOW_THREADS
     rc = rb_core_open(&cfg, &core, &err);
     Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        rbpy_raise_err_path(&err, path);
+        Py_DECREF(path);
+        return NULL;
+    }
     Py_DECREF(path);
-    if (rc < 0)
-        return rbpy_raise_err(&err);
     CoreObject *self = (CoreObject *)type->tp_alloc(type, 0);
     if (!self) {
         rb_close_result res;

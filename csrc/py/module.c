@@ -43,6 +43,24 @@ PyObject *rbpy_raise_err(const rb_err *err)
     }
 }
 
+PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path)
+{
+    if (err->kind != RB_ERR_OS || !path)
+        return rbpy_raise_err(err);
+    /* OSError(errno, msg, filename): str() shows the path, strerror stays the message. */
+    PyObject *name = PyBytes_Check(path) ? PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(path),
+                                                                            PyBytes_GET_SIZE(path))
+                                         : Py_NewRef(path);
+    if (!name)
+        return NULL;
+    PyObject *args = Py_BuildValue("(isN)", err->errnum, err->msg, name);
+    if (args) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
 int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required,
                 PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
 {
@@ -225,6 +243,9 @@ static PyMethodDef rbpy_functions[] = {
     {"_forget_key_plans", rbpy_forget_key_plans, METH_NOARGS,
      "_forget_key_plans() -> None: drop the cached key-encoding plans, so the next call checks "
      "each key shape against to_string() again (for tests)."},
+    {"settings", rbpy_settings, METH_NOARGS,
+     "settings() -> tuple[dict, ...]: every setting of the core (name, type, min, max, default, choices, "
+     "flags, help), in RawBlockCoreConfig's order; the keywords of Core()."},
     {"probe_foreign", rbpy_probe_foreign, METH_O,
      "probe_foreign(path) -> str | None: a description of the file system or partition table that "
      "libblkid finds on path, or None."},

@@ -45,6 +45,8 @@ typedef struct {
 rbpy_state *rbpy_state_of_type(PyTypeObject *tp);
 /* Raise the Python exception an rb_err describes; returns NULL. */
 PyObject *rbpy_raise_err(const rb_err *err);
+/* The same, with path (bytes from PyUnicode_FSConverter, or str) as the OSError's filename. */
+PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path);
 
 /*
  * Fast-call argument unpacking: fills out[0..nnames) from positional args and keywords.
@@ -58,6 +60,16 @@ int rbpy_unpack(const char *fname, const char *const *names, int nnames, int req
 int rbpy_as_u64(PyObject *o, const char *name, uint64_t *out);
 int rbpy_as_size(PyObject *o, const char *name, size_t *out);
 int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present);
+
+/* config.c: rb_core_cfg from _native.Core's keywords (keyword-only, the settings table's
+ * names; defaults from the table); *path_out receives the converted device path, which the
+ * caller keeps alive while cfg is used and then releases. Returns 0 or -1 with an exception
+ * naming the keyword and its value. */
+struct rb_core_cfg;
+int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds, struct rb_core_cfg *cfg,
+                              PyObject **path_out);
+/* _native.settings(): the settings table as a tuple of dicts. */
+PyObject *rbpy_settings(PyObject *mod, PyObject *unused);
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;

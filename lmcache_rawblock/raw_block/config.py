@@ -1,29 +1,29 @@
 """RawBlockCoreConfig, the module constants and the small validation helpers of LMCache's
-``lmcache.v1.storage_backend.raw_block`` package (same names, defaults and messages)."""
+``lmcache.v1.storage_backend.raw_block`` package (same names, defaults and messages).
+
+RawBlockCoreConfig's fields come from the core's settings table (``lmcache_rawblock.settings``),
+so a field, the plugin's ``rust_raw_block.<field>`` key and ``_native.Core``'s keyword are one
+setting with one name, type, range and default.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import re
 import stat
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from ..settings import SETTINGS, parse_value
 
 PlacementId = Optional[int]
 
-RAW_BLOCK_IO_ENGINES = frozenset({"posix", "io_uring"})
-DEFAULT_IOURING_QUEUE_DEPTH = 256
-DEFAULT_RECOVERY_READ_THREADS = 8
-_DEFAULT_META_MAGIC = b"LMCIDX01"
-_DEFAULT_META_VERSION = 1
-_META_HEADER_FORMAT = "<8sIQQI"  # magic, version, seq, payload_len, crc32 (32 bytes)
-_SLOT_HEADER_MAGIC = b"LMCBLK01"
-_MAX_PUT_MANY_IO_URING_BATCH_KEYS = 64
+RAW_BLOCK_IO_ENGINES = frozenset(SETTINGS["io_engine"].choices)
+DEFAULT_IOURING_QUEUE_DEPTH = SETTINGS["iouring_queue_depth"].default
+DEFAULT_RECOVERY_READ_THREADS = SETTINGS["recovery_read_threads"].default
 _MAX_FDP_PLACEMENT_ID = 0xFFFF
 _NG_NAME = re.compile(r"ng(\d+)n(\d+)")
-# Ours: bytes 24..40 of a slot header hold the optional payload checksum (marker + xxh3-64).
-PAYLOAD_CHECKSUM_HEADER_BYTES = 40
-
 
 def round_up(x: int, align: int) -> int:
     """Smallest multiple of ``align`` that is >= ``x``."""
@@ -71,8 +71,7 @@ def normalize_raw_block_placement_ids(placement_ids: Sequence[PlacementId] | Non
 
 
 def validate_raw_block_io_options(*, iouring_queue_depth: int) -> None:
-    if int(iouring_queue_depth) <= 0:
-        raise ValueError("iouring_queue_depth must be > 0")
+    parse_value("iouring_queue_depth", iouring_queue_depth)
 
 
 def _resolve_sysfs_queue_dir(path: str) -> str | None:
@@ -90,171 +89,76 @@ def _read_sysfs_int(path: str) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
-class RawBlockCoreConfig:
-    """Geometry and behaviour of one raw-block core (LMCache's field names and defaults).
-
-    ``verify_payload_checksum`` is ours (default off): an xxh3-64 of each payload is kept in
-    slot-header bytes LMCache does not read, and a load whose bytes fail it is a miss.
-    ``allow_foreign_device`` is ours (default off): without it a device on which libblkid finds
-    a file system, RAID/LVM member or partition table is refused instead of overwritten.
-    """
-
-    device_path: str
-    capacity_bytes: int
-    block_align: int
-    header_bytes: int
-    slot_bytes: int
-    use_odirect: bool
-    enable_zero_copy: bool
-    meta_total_bytes: int
-    meta_magic: bytes
-    meta_version: int
-    meta_checkpoint_interval_sec: int
-    meta_idle_quiet_ms: int
-    meta_enable_periodic: bool
-    meta_verify_on_load: bool
-    max_data_transfer_size: int = 0
-    load_checkpoint_on_init: bool = True
-    io_engine: str = "posix"
-    iouring_queue_depth: int = DEFAULT_IOURING_QUEUE_DEPTH
-    use_uring_cmd: bool = False
-    meta_checkpoint_placement_id: PlacementId = None
-    fdp_slot_affinity_enabled: bool = False
-    verify_payload_checksum: bool = False
-    allow_foreign_device: bool = False
+_TYPES = {"path": str, "int": int, "bool": bool, "choice": str, "bytes": bytes}
 
 
-@dataclass(frozen=True)
-class ResolvedConfig:
-    """A validated config with LMCache's coercions applied (what the native core receives)."""
-
-    device_path: str
-    capacity_bytes: int
-    block_align: int
-    header_bytes: int
-    slot_bytes: int
-    use_odirect: bool
-    enable_zero_copy: bool
-    meta_total_bytes: int
-    meta_magic: bytes
-    meta_version: int
-    meta_checkpoint_interval_sec: int
-    meta_idle_quiet_ms: int
-    meta_enable_periodic: bool
-    meta_verify_on_load: bool
-    max_data_transfer_size: int
-    load_checkpoint_on_init: bool
-    io_engine: str
-    iouring_queue_depth: int
-    use_uring_cmd: bool
-    meta_checkpoint_placement_id: PlacementId
-    fdp_slot_affinity_enabled: bool
-    verify_payload_checksum: bool
-    allow_foreign_device: bool
-    container_bytes: int
+def _config_field(setting) -> tuple:
+    typ = PlacementId if setting.none_is_zero else _TYPES[setting.type]
+    if setting.required:
+        return (setting.name, typ)
+    return (setting.name, typ, dataclasses.field(default=setting.default))
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
+def _post_init(self) -> None:
+    # Every field through the settings table: "false" is False, "4096" is 4096, a wrong type
+    # or an out-of-range value raises ValueError naming the field and the value.
+    for f in dataclasses.fields(self):
+        object.__setattr__(self, f.name, parse_value(f.name, getattr(self, f.name)))
 
 
-def resolve_config(config: RawBlockCoreConfig, *, logger=None) -> ResolvedConfig:
-    """Validate ``config`` in LMCache's order and return the coerced values.
+def _native_kwargs(self, *, key_namespace: str) -> dict[str, Any]:
+    """The keyword arguments of ``_native.Core`` for this configuration (same names)."""
+    kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    kw["key_namespace"] = key_namespace
+    return kw
 
-    Raises ValueError for config problems and RuntimeError when the NVMe transfer size
-    cannot be derived from sysfs.
-    """
-    engine = normalize_raw_block_io_engine(config.io_engine)
-    use_uring_cmd = bool(config.use_uring_cmd)
-    ckpt_pid = normalize_raw_block_placement_ids([config.meta_checkpoint_placement_id], 1,
-                                                 field_name="meta_checkpoint_placement_id")[0]
-    if ckpt_pid is not None and not (engine == "io_uring" and use_uring_cmd):
+
+RawBlockCoreConfig = dataclasses.make_dataclass(
+    "RawBlockCoreConfig",
+    [_config_field(s) for s in SETTINGS.values() if s.config],
+    frozen=True,
+    namespace={"__post_init__": _post_init, "native_kwargs": _native_kwargs, "__module__": __name__},
+)
+RawBlockCoreConfig.__doc__ = """Geometry and behaviour of one raw-block core.
+
+LMCache's fields, names, order and defaults, then ours (``verify_payload_checksum``,
+``allow_foreign_device``, ``recovery_read_threads``): ``python -m lmcache_rawblock settings``
+lists them with their ranges and help. Values are parsed on construction: booleans accept
+True/False, 0/1 and the words true/false, yes/no, on/off; integers accept ints and decimal
+strings; a bad value raises ValueError naming the field. As in LMCache, ``capacity_bytes``,
+``meta_idle_quiet_ms`` and ``max_data_transfer_size`` <= 0 mean 0, and a
+``meta_checkpoint_interval_sec`` below 1 is raised to 1 (with a warning). The geometry across
+fields is checked by the core when it opens, before any I/O.
+"""
+
+
+def resolve_passthrough(config: RawBlockCoreConfig, *, logger: logging.Logger | None = None
+                        ) -> RawBlockCoreConfig:
+    """LMCache's checks and coercions that need the file system, in LMCache's order: the
+    checkpoint placement id needs io_uring passthrough; passthrough ignores O_DIRECT (warning),
+    needs an NVMe namespace character device, and takes its transfer size from sysfs when
+    none is given. Returns the configuration the core opens with."""
+    uring_cmd = config.use_uring_cmd
+    if config.meta_checkpoint_placement_id is not None and not (config.io_engine == "io_uring" and uring_cmd):
         raise ValueError("meta_checkpoint_placement_id requires io_engine='io_uring' and use_uring_cmd=true")
-    use_odirect = bool(config.use_odirect)
-    if use_uring_cmd and use_odirect:
+    if not uring_cmd:
+        return config
+    if config.io_engine != "io_uring":
+        raise ValueError("use_uring_cmd requires io_engine='io_uring'")
+    changes: dict[str, Any] = {}
+    if config.use_odirect:
         if logger is not None:
             logger.warning("use_odirect is ignored for NVMe namespace character devices when use_uring_cmd=true")
-        use_odirect = False
-
-    device_path = str(config.device_path or "")
-    block_align = int(config.block_align)
-    header_bytes = int(config.header_bytes)
-    slot_bytes = int(config.slot_bytes)
-    meta_total = int(config.meta_total_bytes)
-    meta_version = int(config.meta_version)
-    depth = int(config.iouring_queue_depth)
-    if not device_path:
-        raise ValueError("device_path must be non-empty")
-    if not _is_pow2(block_align):
-        raise ValueError(f"block_align must be a power of two > 0, got {block_align}")
-    if header_bytes < 24:
-        raise ValueError("header_bytes must be >= 24")
-    if header_bytes % block_align:
-        raise ValueError("header_bytes must be a multiple of block_align")
-    if slot_bytes < header_bytes + 1:
-        raise ValueError("slot_bytes must be >= header_bytes + 1")
-    if slot_bytes % block_align:
-        raise ValueError("slot_bytes must be a multiple of block_align")
-    if meta_total <= block_align:
-        raise ValueError("meta_total_bytes must be > block_align")
-    if meta_total % block_align:
-        raise ValueError("meta_total_bytes must be a multiple of block_align")
-    magic = config.meta_magic
-    if isinstance(magic, str):
-        magic = magic.encode("utf-8")
-    if not isinstance(magic, (bytes, bytearray)) or len(magic) != 8:
-        raise ValueError("meta_magic must be exactly 8 bytes")
-    magic = bytes(magic)
-    if meta_version <= 0:
-        raise ValueError("meta_version must be > 0")
-    validate_raw_block_io_options(iouring_queue_depth=depth)
-    if use_uring_cmd and engine != "io_uring":
-        raise ValueError("use_uring_cmd requires io_engine='io_uring'")
-    mdts = int(config.max_data_transfer_size)
-    if use_uring_cmd:
-        try:
-            st = os.stat(device_path)
-        except OSError as e:
-            raise ValueError("use_uring_cmd requires an existing NVMe namespace character device path") from e
-        if not stat.S_ISCHR(st.st_mode) or not _NG_NAME.fullmatch(os.path.basename(device_path)):
-            raise ValueError("use_uring_cmd requires an NVMe namespace character device (for example /dev/ng0n1)")
-        mdts = _resolve_max_data_transfer_size(device_path, mdts, block_align, logger)
-    if config.verify_payload_checksum and header_bytes < PAYLOAD_CHECKSUM_HEADER_BYTES:
-        raise ValueError(f"verify_payload_checksum requires header_bytes >= {PAYLOAD_CHECKSUM_HEADER_BYTES}")
+        changes["use_odirect"] = False
     try:
-        magic.decode("ascii")
-    except UnicodeDecodeError as e:
-        raise ValueError("meta_magic must be ASCII bytes") from e
-    container = ((meta_total // 2) // block_align) * block_align
-    if container <= block_align:
-        raise ValueError("meta_total_bytes must provide room for at least two metadata copies")
-    return ResolvedConfig(
-        device_path=device_path,
-        capacity_bytes=int(config.capacity_bytes),
-        block_align=block_align,
-        header_bytes=header_bytes,
-        slot_bytes=slot_bytes,
-        use_odirect=use_odirect,
-        enable_zero_copy=bool(config.enable_zero_copy),
-        meta_total_bytes=meta_total,
-        meta_magic=magic,
-        meta_version=meta_version,
-        meta_checkpoint_interval_sec=max(1, int(config.meta_checkpoint_interval_sec)),
-        meta_idle_quiet_ms=max(0, int(config.meta_idle_quiet_ms)),
-        meta_enable_periodic=bool(config.meta_enable_periodic),
-        meta_verify_on_load=bool(config.meta_verify_on_load),
-        max_data_transfer_size=mdts,
-        load_checkpoint_on_init=bool(config.load_checkpoint_on_init),
-        io_engine=engine,
-        iouring_queue_depth=depth,
-        use_uring_cmd=use_uring_cmd,
-        meta_checkpoint_placement_id=ckpt_pid,
-        fdp_slot_affinity_enabled=bool(config.fdp_slot_affinity_enabled),
-        verify_payload_checksum=bool(config.verify_payload_checksum),
-        allow_foreign_device=bool(config.allow_foreign_device),
-        container_bytes=container,
-    )
+        st = os.stat(config.device_path)
+    except OSError as e:
+        raise ValueError("use_uring_cmd requires an existing NVMe namespace character device path") from e
+    if not stat.S_ISCHR(st.st_mode) or not _NG_NAME.fullmatch(os.path.basename(config.device_path)):
+        raise ValueError("use_uring_cmd requires an NVMe namespace character device (for example /dev/ng0n1)")
+    changes["max_data_transfer_size"] = _resolve_max_data_transfer_size(
+        config.device_path, config.max_data_transfer_size, config.block_align, logger)
+    return dataclasses.replace(config, **changes)
 
 
 def _resolve_max_data_transfer_size(device_path: str, requested: int, block_align: int, logger) -> int:
@@ -279,7 +183,7 @@ def _resolve_max_data_transfer_size(device_path: str, requested: int, block_alig
     return size
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RawBlockPutManyResult:
     """``results`` is aligned with the input keys; ``stored_keys`` lists keys newly committed
     by this call, in commit order (keys already present are True but not listed)."""

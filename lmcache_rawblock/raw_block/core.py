@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from .. import _native
+from ..settings import SETTINGS
 from ._lmcache import (
     DiskCacheMetadata,
     dtype_to_short_name,
@@ -29,13 +30,12 @@ from .config import (
     RawBlockCoreConfig,
     RawBlockPutManyResult,
     normalize_raw_block_placement_ids,
-    resolve_config,
+    resolve_passthrough,
 )
 from .key_codec import RawBlockKeySpec
 
 logger = logging.getLogger("lmcache.v1.storage_backend.raw_block.core")
 
-_NAMESPACES = ("legacy", "object")
 # The kernel's limit for one registered io_uring buffer.
 _MAX_FIXED_BUFFER_REGION_BYTES = 1 << 30
 
@@ -118,29 +118,15 @@ def _meta_of(obj: Any) -> tuple[Any, Any, Any, Any]:
     return names[0], names[1], _shape_of(m), None if pos is None else positions_to_list(pos)
 
 
-def _refuse_foreign_device(path: str) -> None:
-    """Refuse a device that holds someone else's data (a file system, a RAID/LVM member, a
-    partition table): the core would overwrite it from the first checkpoint on."""
-    try:
-        what = _native.probe_foreign(path)
-    except OSError:
-        return  # opening the device reports a missing or unreadable path with its own error
-    if what:
-        raise ValueError(
-            f"device_path {path!r} holds a {what} (found by libblkid); refusing to overwrite a device "
-            f"that is not a raw-block cache. Wipe it first (wipefs -a {path}) or set "
-            f"allow_foreign_device=True (rust_raw_block.allow_foreign_device: true)")
-
-
 class RawBlockCore:
     """One raw block device (or pre-sized file) used as a slot store with an on-device index."""
 
     def __init__(self, config: RawBlockCoreConfig, *, key_namespace: str) -> None:
-        if key_namespace not in _NAMESPACES:
+        if key_namespace not in SETTINGS["key_namespace"].choices:
             raise ValueError(f"Unsupported raw-block key namespace: {key_namespace!r}")
         self.config = config
         self.key_namespace = key_namespace
-        cfg = resolve_config(config, logger=logger)
+        cfg = resolve_passthrough(config, logger=logger)
         self._cfg = cfg
         self.device_path = cfg.device_path
         self.block_align = cfg.block_align
@@ -168,35 +154,11 @@ class RawBlockCore:
         self._fixed_buffers: list[Any] = []
         self._closed = False
         self._close_outcome: RawBlockCloseOutcome | None = None
-        if not cfg.allow_foreign_device:
-            _refuse_foreign_device(cfg.device_path)
-        self._native = _native.Core(
-            device_path=cfg.device_path,
-            capacity_bytes=max(0, cfg.capacity_bytes),
-            block_align=cfg.block_align,
-            header_bytes=cfg.header_bytes,
-            slot_bytes=cfg.slot_bytes,
-            use_odirect=cfg.use_odirect,
-            enable_zero_copy=cfg.enable_zero_copy,
-            meta_total_bytes=cfg.meta_total_bytes,
-            meta_magic=cfg.meta_magic,
-            meta_version=cfg.meta_version,
-            checkpoint_interval_sec=cfg.meta_checkpoint_interval_sec,
-            idle_quiet_ms=cfg.meta_idle_quiet_ms,
-            enable_periodic=cfg.meta_enable_periodic,
-            verify_on_load=cfg.meta_verify_on_load,
-            load_on_init=cfg.load_checkpoint_on_init,
-            io_engine=cfg.io_engine,
-            iouring_queue_depth=cfg.iouring_queue_depth,
-            use_uring_cmd=cfg.use_uring_cmd,
-            checkpoint_placement_id=cfg.meta_checkpoint_placement_id or 0,
-            slot_affinity=cfg.fdp_slot_affinity_enabled,
-            verify_payload_checksum=cfg.verify_payload_checksum,
-            key_namespace=key_namespace,
-        )
+        # The core checks the geometry and refuses a device that holds someone else's data
+        # (unless allow_foreign_device) before it reads or writes anything.
+        self._native = _native.Core(**cfg.native_kwargs(key_namespace=key_namespace))
         st = self._native.status()
         self.capacity_bytes = st["capacity_bytes"]
-        self._max_slots = st["max_slots"]
         self._data_base = st["data_base_offset"]
         self._container_bytes = st["container_bytes"]
         outcome = st["recovery_outcome"]

@@ -1,0 +1,284 @@
+/* rb_config.c - the settings table and the checks rb_core_open runs before any I/O. */
+#include "rb_config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rb_ckpt.h"
+#include "rb_device.h"
+
+#define CFG(member) offsetof(rb_core_cfg, member), sizeof(((rb_core_cfg *)0)->member)
+#define U32MAX 0xFFFFFFFFull
+#define OFF_MAX 0x7FFFFFFFFFFFFFFFull /* off_t's limit: the largest byte offset a device has */
+
+static const char *const engines[] = {"posix", "io_uring", NULL};
+static const char *const namespaces[] = {"legacy", "object", NULL};
+
+#define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
+#define LR (L | RB_SET_REQUIRED)
+#define OURS (RB_SET_CONFIG | RB_SET_PLUGIN)
+
+/* In the order of LMCache's RawBlockCoreConfig: its required fields, its optional ones, ours. */
+const rb_setting rb_core_settings[] = {
+    {"device_path", RB_SET_PATH, CFG(device_path), 0, 0, NULL, NULL, LR,
+     "block device, NVMe namespace or pre-sized regular file holding the cache"},
+    {"capacity_bytes", RB_SET_UINT, CFG(capacity_bytes), 0, OFF_MAX, "0", NULL, LR | RB_SET_NONPOSITIVE_IS_ZERO,
+     "bytes of the device to use from offset 0; 0 = all of it (a larger value is cut to the device size)"},
+    {"block_align", RB_SET_UINT, CFG(block_align), 1, 1ull << 30, "4096", NULL, LR | RB_SET_POWER_OF_TWO,
+     "alignment of every offset and length (O_DIRECT needs the device's logical block size or more)"},
+    {"header_bytes", RB_SET_UINT, CFG(header_bytes), 24, 1ull << 30, "4096", NULL, LR,
+     "bytes at the start of each slot for its header; a multiple of block_align"},
+    {"slot_bytes", RB_SET_UINT, CFG(slot_bytes), 25, 1ull << 40, NULL, NULL, LR,
+     "bytes per slot, header included; a multiple of block_align (the plugin derives it from the chunk size)"},
+    {"use_odirect", RB_SET_BOOL, CFG(use_odirect), 0, 1, "false", NULL, LR,
+     "open the device with O_DIRECT (ignored with use_uring_cmd)"},
+    {"enable_zero_copy", RB_SET_BOOL, CFG(enable_zero_copy), 0, 1, "true", NULL, LR,
+     "under O_DIRECT, do I/O straight from aligned caller buffers instead of a bounce buffer"},
+    {"meta_total_bytes", RB_SET_UINT, CFG(meta_total_bytes), 2, OFF_MAX, "134217728", NULL, LR,
+     "bytes at the start of the device for the two checkpoint copies"},
+    {"meta_magic", RB_SET_MAGIC, CFG(meta_magic), 0, 0, "LMCIDX01", NULL, LR,
+     "8 ASCII bytes that mark this cache's checkpoints"},
+    {"meta_version", RB_SET_UINT, CFG(meta_version), 1, U32MAX, "1", NULL, LR,
+     "layout version written in and required of checkpoints"},
+    {"meta_checkpoint_interval_sec", RB_SET_UINT, CFG(meta_checkpoint_interval_sec), 1, U32MAX, "60", NULL,
+     LR | RB_SET_CLAMP_TO_MIN, "seconds between periodic checkpoints"},
+    {"meta_idle_quiet_ms", RB_SET_UINT, CFG(meta_idle_quiet_ms), 0, U32MAX, "100", NULL,
+     LR | RB_SET_NONPOSITIVE_IS_ZERO, "a periodic checkpoint waits until no I/O has run for this long"},
+    {"meta_enable_periodic", RB_SET_BOOL, CFG(meta_enable_periodic), 0, 1, "true", NULL, LR,
+     "run the background checkpoint thread"},
+    {"meta_verify_on_load", RB_SET_BOOL, CFG(meta_verify_on_load), 0, 1, "true", NULL, LR,
+     "at start-up, read each recovered slot's header and drop entries that do not match"},
+    {"max_data_transfer_size", RB_SET_UINT, CFG(max_data_transfer_size), 0, U32MAX, "0", NULL,
+     L | RB_SET_NONPOSITIVE_IS_ZERO,
+     "NVMe passthrough: largest transfer per command; 0 = from the device's sysfs queue limits"},
+    {"load_checkpoint_on_init", RB_SET_BOOL, CFG(load_checkpoint_on_init), 0, 1, "true", NULL, L,
+     "recover the index from the device's checkpoint at start-up (false: start empty)"},
+    {"io_engine", RB_SET_CHOICE, CFG(io_engine), 0, 1, "posix", engines, L,
+     "posix (pread/pwrite) or io_uring (one worker thread, batched)"},
+    {"iouring_queue_depth", RB_SET_UINT, CFG(iouring_queue_depth), 1, 32768, "256", NULL, L,
+     "io_uring submission queue entries"},
+    {"use_uring_cmd", RB_SET_BOOL, CFG(use_uring_cmd), 0, 1, "false", NULL, L,
+     "NVMe passthrough (io_uring_cmd) on a namespace character device /dev/ngXnY"},
+    {"meta_checkpoint_placement_id", RB_SET_UINT, CFG(meta_checkpoint_placement_id), 0, 65535, NULL, NULL,
+     L | RB_SET_NONE_IS_ZERO, "FDP placement identifier for checkpoint writes (1..65535); unset = none"},
+    {"fdp_slot_affinity_enabled", RB_SET_BOOL, CFG(fdp_slot_affinity_enabled), 0, 1, "false", NULL, L,
+     "prefer free slots last written with the same FDP placement identifier"},
+    {"verify_payload_checksum", RB_SET_BOOL, CFG(verify_payload_checksum), 0, 1, "false", NULL, OURS,
+     "keep an xxh3-64 of each payload in its slot header and treat a load that fails it as a miss"},
+    {"allow_foreign_device", RB_SET_BOOL, CFG(allow_foreign_device), 0, 1, "false", NULL, OURS,
+     "use a device that holds a file system, RAID/LVM member or partition table (it is overwritten)"},
+    {"recovery_read_threads", RB_SET_UINT, CFG(recovery_read_threads), 1, 64, "8", NULL, OURS,
+     "posix engine: threads reading slot headers in parallel during recovery"},
+    {"key_namespace", RB_SET_CHOICE, CFG(key_namespace), 0, 1, "object", namespaces, 0,
+     "how keys are encoded: legacy (the plugin's CacheEngineKey strings) or object (ObjectKey)"},
+};
+const size_t rb_core_nsettings = sizeof(rb_core_settings) / sizeof(rb_core_settings[0]);
+
+const rb_setting *rb_setting_find(const char *name)
+{
+    for (size_t i = 0; i < rb_core_nsettings; i++)
+        if (strcmp(rb_core_settings[i].name, name) == 0)
+            return &rb_core_settings[i];
+    return NULL;
+}
+
+static void *member(rb_core_cfg *cfg, const rb_setting *s)
+{
+    return (char *)cfg + s->offset;
+}
+
+uint64_t rb_setting_get_uint(const rb_core_cfg *cfg, const rb_setting *s)
+{
+    const char *p = (const char *)cfg + s->offset;
+    if (s->size == sizeof(uint64_t)) {
+        uint64_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    if (s->type == RB_SET_UINT) {
+        uint32_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    int v;
+    memcpy(&v, p, sizeof v);
+    return (uint64_t)v;
+}
+
+static size_t nchoices(const rb_setting *s)
+{
+    size_t n = 0;
+    while (s->choices[n])
+        n++;
+    return n;
+}
+
+int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_err *err)
+{
+    switch (s->type) {
+    case RB_SET_BOOL:
+        if (v > 1)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be true or false, got %llu", s->name,
+                              (unsigned long long)v);
+        *(int *)member(cfg, s) = (int)v;
+        return 0;
+    case RB_SET_CHOICE:
+        if (v >= nchoices(s))
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: no choice number %llu", s->name,
+                              (unsigned long long)v);
+        *(int *)member(cfg, s) = (int)v;
+        return 0;
+    case RB_SET_UINT:
+        if (v < s->min || v > s->max)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be in %llu..%llu, got %llu", s->name,
+                              (unsigned long long)s->min, (unsigned long long)s->max, (unsigned long long)v);
+        if (s->size == sizeof(uint64_t))
+            *(uint64_t *)member(cfg, s) = v;
+        else
+            *(uint32_t *)member(cfg, s) = (uint32_t)v;
+        return 0;
+    default:
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s is not a number setting", s->name);
+    }
+}
+
+int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text, size_t len, rb_err *err)
+{
+    switch (s->type) {
+    case RB_SET_PATH:
+        if (len == 0 || memchr(text, 0, len))
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be a non-empty path without NUL bytes",
+                              s->name);
+        *(const char **)member(cfg, s) = text;
+        return 0;
+    case RB_SET_MAGIC:
+        if (len != 8)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "meta_magic must be exactly 8 bytes, got %zu", len);
+        for (size_t i = 0; i < 8; i++)
+            if ((unsigned char)text[i] > 0x7f)
+                return rb_err_set(err, RB_ERR_VALUE, EINVAL, "meta_magic must be ASCII bytes");
+        memcpy(member(cfg, s), text, 8);
+        return 0;
+    case RB_SET_CHOICE:
+        for (size_t i = 0; s->choices[i]; i++)
+            if (strlen(s->choices[i]) == len && memcmp(s->choices[i], text, len) == 0)
+                return rb_setting_set_uint(cfg, s, i, err);
+        if (s->choices == engines)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "io_engine must be one of: io_uring, posix");
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "Unsupported raw-block key namespace: '%.*s'",
+                          (int)(len > 64 ? 64 : len), text);
+    case RB_SET_BOOL:
+        if (len == 4 && memcmp(text, "true", 4) == 0)
+            return rb_setting_set_uint(cfg, s, 1, err);
+        if (len == 5 && memcmp(text, "false", 5) == 0)
+            return rb_setting_set_uint(cfg, s, 0, err);
+        break;
+    case RB_SET_UINT: {
+        uint64_t v = 0;
+        if (len == 0 || len > 20)
+            break;
+        size_t i = 0;
+        for (; i < len && text[i] >= '0' && text[i] <= '9'; i++) {
+            uint64_t d = (uint64_t)(text[i] - '0');
+            if (v > (UINT64_MAX - d) / 10)
+                break;
+            v = v * 10 + d;
+        }
+        if (i != len)
+            break;
+        return rb_setting_set_uint(cfg, s, v, err);
+    }
+    default:
+        break;
+    }
+    return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: cannot read %.*s", s->name, (int)(len > 64 ? 64 : len),
+                      text);
+}
+
+void rb_core_cfg_init(rb_core_cfg *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < rb_core_nsettings; i++) {
+        const rb_setting *s = &rb_core_settings[i];
+        if (s->deflt) {
+            rb_err err;
+            (void)rb_setting_set_text(cfg, s, s->deflt, strlen(s->deflt), &err);
+        }
+    }
+}
+
+static int is_pow2(uint64_t x)
+{
+    return x && !(x & (x - 1));
+}
+
+/* Each value within its setting's range (rb_setting_set_uint checked it when it was set,
+ * but a caller may fill rb_core_cfg by hand). */
+static int check_ranges(const rb_core_cfg *cfg, rb_err *err)
+{
+    for (size_t i = 0; i < rb_core_nsettings; i++) {
+        const rb_setting *s = &rb_core_settings[i];
+        if (s->type == RB_SET_PATH) {
+            const char *p = *(const char *const *)((const char *)cfg + s->offset);
+            if (!p || !*p)
+                return rb_err_set(err, RB_ERR_VALUE, EINVAL, "device_path must be non-empty");
+            continue;
+        }
+        if (s->type == RB_SET_MAGIC)
+            continue;
+        uint64_t v = rb_setting_get_uint(cfg, s);
+        rb_core_cfg tmp;
+        int rc = rb_setting_set_uint(&tmp, s, v, err);
+        if (rc < 0)
+            return rc;
+        if ((s->flags & RB_SET_POWER_OF_TWO) && !is_pow2(v))
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be a power of two > 0, got %llu", s->name,
+                              (unsigned long long)v);
+    }
+    return 0;
+}
+
+int rb_core_cfg_check(const rb_core_cfg *cfg, rb_err *err)
+{
+    int rc = check_ranges(cfg, err);
+    if (rc < 0)
+        return rc;
+    unsigned long long ba = cfg->block_align, hb = cfg->header_bytes, sb = cfg->slot_bytes,
+                       mt = cfg->meta_total_bytes;
+    if (hb % ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "header_bytes must be a multiple of block_align (header_bytes=%llu, block_align=%llu)",
+                          hb, ba);
+    if (sb < hb + 1)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "slot_bytes must be >= header_bytes + 1 (slot_bytes=%llu, header_bytes=%llu)", sb, hb);
+    if (sb % ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "slot_bytes must be a multiple of block_align (slot_bytes=%llu, block_align=%llu)", sb,
+                          ba);
+    if (mt <= ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "meta_total_bytes must be > block_align (meta_total_bytes=%llu, block_align=%llu)", mt,
+                          ba);
+    if (mt % ba)
+        return rb_err_set(
+            err, RB_ERR_VALUE, EINVAL,
+            "meta_total_bytes must be a multiple of block_align (meta_total_bytes=%llu, block_align=%llu)", mt, ba);
+    if (rb_container_bytes(mt, ba) <= ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "meta_total_bytes must provide room for at least two metadata copies "
+                          "(meta_total_bytes=%llu gives %llu bytes per copy; each needs more than "
+                          "block_align=%llu)",
+                          mt, (unsigned long long)rb_container_bytes(mt, ba), ba);
+    if (cfg->use_uring_cmd && cfg->io_engine != RB_ENGINE_IOURING)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "use_uring_cmd requires io_engine='io_uring'");
+    if (cfg->meta_checkpoint_placement_id && !cfg->use_uring_cmd)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "meta_checkpoint_placement_id requires io_engine='io_uring' and use_uring_cmd=true");
+    if (cfg->verify_payload_checksum && hb < RB_SUM_END)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "verify_payload_checksum requires header_bytes >= %d (header_bytes=%llu)",
+                          RB_SUM_END, hb);
+    return 0;
+}

@@ -1,0 +1,235 @@
+/*
+ * config.c - _native.Core's keywords and _native.settings(), both read off the core's
+ * settings table (rb_config.c), so a setting has the same name, type and range here as in C.
+ */
+#include "rbpy.h"
+
+#include <string.h>
+
+#include "../core/rb_config.h"
+
+static int set_err(const rb_err *err)
+{
+    rbpy_raise_err(err);
+    return -1;
+}
+
+/* An int for an RB_SET_UINT setting: a ValueError names the setting, the value and the range. */
+static int set_uint_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v)
+{
+    if (v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO))
+        v = NULL;
+    else if (!PyLong_Check(v) || PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+        return -1;
+    }
+    uint64_t u = 0;
+    if (v) {
+        int overflow = 0;
+        long long ll = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (ll == -1 && !overflow && PyErr_Occurred())
+            return -1;
+        int bad = overflow < 0 || (!overflow && ll < 0);
+        if (!bad && overflow > 0) {
+            u = PyLong_AsUnsignedLongLong(v);
+            if (u == (uint64_t)-1 && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                    return -1;
+                PyErr_Clear();
+                bad = 1;
+            }
+        } else if (!bad) {
+            u = (uint64_t)ll;
+        }
+        if (bad) {
+            PyErr_Format(PyExc_ValueError, "%s must be in %llu..%llu, got %.200R", s->name,
+                         (unsigned long long)s->min, (unsigned long long)s->max, v);
+            return -1;
+        }
+    }
+    rb_err err;
+    rb_err_clear(&err);
+    return rb_setting_set_uint(cfg, s, u, &err) < 0 ? set_err(&err) : 0;
+}
+
+/* One keyword's value into cfg. A path is converted into *path_out (a new bytes object the
+ * caller keeps alive while cfg is used). */
+static int set_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, PyObject **path_out)
+{
+    rb_err err;
+    rb_err_clear(&err);
+    switch (s->type) {
+    case RB_SET_PATH: {
+        PyObject *b = NULL;
+        if (!PyUnicode_FSConverter(v, &b))
+            return -1;
+        Py_XSETREF(*path_out, b);
+        if (rb_setting_set_text(cfg, s, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), &err) < 0)
+            return set_err(&err);
+        return 0;
+    }
+    case RB_SET_UINT:
+        return set_uint_from(cfg, s, v);
+    case RB_SET_BOOL: {
+        /* True/False, or the ints 0 and 1 (what C callers and LMCache's tests pass). */
+        long b = -1;
+        if (PyBool_Check(v))
+            b = v == Py_True;
+        else if (PyLong_Check(v)) {
+            b = PyLong_AsLong(v);
+            if (b == -1 && PyErr_Occurred())
+                PyErr_Clear();
+        }
+        if (b != 0 && b != 1) {
+            PyErr_Format(PyExc_TypeError, "%s must be a bool, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+            return -1;
+        }
+        return rb_setting_set_uint(cfg, s, (uint64_t)b, &err) < 0 ? set_err(&err) : 0;
+    }
+    case RB_SET_CHOICE: {
+        if (!PyUnicode_Check(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must be a str, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+            return -1;
+        }
+        Py_ssize_t n;
+        const char *t = PyUnicode_AsUTF8AndSize(v, &n);
+        if (!t)
+            return -1;
+        return rb_setting_set_text(cfg, s, t, (size_t)n, &err) < 0 ? set_err(&err) : 0;
+    }
+    case RB_SET_MAGIC: {
+        if (!PyBytes_Check(v) && !PyByteArray_Check(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+            return -1;
+        }
+        const char *t = PyBytes_Check(v) ? PyBytes_AS_STRING(v) : PyByteArray_AS_STRING(v);
+        Py_ssize_t n = PyBytes_Check(v) ? PyBytes_GET_SIZE(v) : PyByteArray_GET_SIZE(v);
+        return rb_setting_set_text(cfg, s, t, (size_t)n, &err) < 0 ? set_err(&err) : 0;
+    }
+    default:
+        PyErr_Format(PyExc_SystemError, "setting %s has an unknown type", s->name);
+        return -1;
+    }
+}
+
+int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds, rb_core_cfg *cfg,
+                              PyObject **path_out)
+{
+    *path_out = NULL;
+    if (args && PyTuple_GET_SIZE(args) > 0) {
+        PyErr_Format(PyExc_TypeError, "%s() takes keyword arguments only (%zd positional given)", fname,
+                     PyTuple_GET_SIZE(args));
+        return -1;
+    }
+    rb_core_cfg_init(cfg);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (kwds && PyDict_Next(kwds, &pos, &key, &value)) {
+        const char *name = PyUnicode_AsUTF8(key);
+        if (!name)
+            return -1;
+        const rb_setting *s = rb_setting_find(name);
+        if (!s) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname, name);
+            return -1;
+        }
+        if (set_from(cfg, s, value, path_out) < 0)
+            return -1;
+    }
+    for (size_t i = 0; i < rb_core_nsettings; i++) {
+        const rb_setting *s = &rb_core_settings[i];
+        if (s->deflt || (s->flags & RB_SET_NONE_IS_ZERO))
+            continue;
+        if (!kwds || !PyDict_GetItemString(kwds, s->name)) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required keyword argument: '%s'", fname, s->name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static const char *type_name(int type)
+{
+    switch (type) {
+    case RB_SET_PATH:
+        return "path";
+    case RB_SET_UINT:
+        return "int";
+    case RB_SET_BOOL:
+        return "bool";
+    case RB_SET_CHOICE:
+        return "choice";
+    default:
+        return "bytes";
+    }
+}
+
+/* The default of s as a Python value (None when it has none). */
+static PyObject *default_of(const rb_setting *s, const rb_core_cfg *defaults)
+{
+    if (!s->deflt)
+        Py_RETURN_NONE;
+    switch (s->type) {
+    case RB_SET_UINT:
+        return PyLong_FromUnsignedLongLong(rb_setting_get_uint(defaults, s));
+    case RB_SET_BOOL:
+        return PyBool_FromLong((long)rb_setting_get_uint(defaults, s));
+    case RB_SET_MAGIC:
+        return PyBytes_FromString(s->deflt);
+    default:
+        return PyUnicode_FromString(s->deflt);
+    }
+}
+
+static PyObject *setting_dict(const rb_setting *s, const rb_core_cfg *defaults)
+{
+    PyObject *choices = Py_None, *deflt = default_of(s, defaults);
+    if (!deflt)
+        return NULL;
+    if (s->choices) {
+        Py_ssize_t n = 0;
+        while (s->choices[n])
+            n++;
+        choices = PyTuple_New(n);
+        for (Py_ssize_t i = 0; choices && i < n; i++) {
+            PyObject *c = PyUnicode_FromString(s->choices[i]);
+            if (!c)
+                Py_CLEAR(choices);
+            else
+                PyTuple_SET_ITEM(choices, i, c);
+        }
+        if (!choices) {
+            Py_DECREF(deflt);
+            return NULL;
+        }
+    } else {
+        Py_INCREF(choices);
+    }
+    unsigned f = s->flags;
+    PyObject *d = Py_BuildValue(
+        "{s:s,s:s,s:K,s:K,s:N,s:N,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", s->name, "type", type_name(s->type),
+        "min", (unsigned long long)s->min, "max", (unsigned long long)s->max, "default", deflt, "choices", choices,
+        "lmcache", (f & RB_SET_LMCACHE) ? Py_True : Py_False, "required", (f & RB_SET_REQUIRED) ? Py_True : Py_False,
+        "config", (f & RB_SET_CONFIG) ? Py_True : Py_False, "plugin", (f & RB_SET_PLUGIN) ? Py_True : Py_False,
+        "nonpositive_is_zero", (f & RB_SET_NONPOSITIVE_IS_ZERO) ? Py_True : Py_False, "clamp_to_min",
+        (f & RB_SET_CLAMP_TO_MIN) ? Py_True : Py_False, "power_of_two", (f & RB_SET_POWER_OF_TWO) ? Py_True : Py_False,
+        "none_is_zero", (f & RB_SET_NONE_IS_ZERO) ? Py_True : Py_False, "help", s->help);
+    return d;
+}
+
+PyObject *rbpy_settings(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    rb_core_cfg defaults;
+    rb_core_cfg_init(&defaults);
+    PyObject *out = PyTuple_New((Py_ssize_t)rb_core_nsettings);
+    for (size_t i = 0; out && i < rb_core_nsettings; i++) {
+        PyObject *d = setting_dict(&rb_core_settings[i], &defaults);
+        if (!d)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, (Py_ssize_t)i, d);
+    }
+    return out;
+}

@@ -1,0 +1,153 @@
+"""The core's settings: one table, declared in C (``csrc/core/rb_config.c``) and read here.
+
+Every layer that takes a setting reads it from this table: ``RawBlockCoreConfig``'s fields,
+the plugin's ``rust_raw_block.<name>`` keys, the MP adapter's keys and ``_native.Core``'s
+keywords all carry the same name, type, range and default, and :func:`parse_value` is the one
+place a user's value (a Python object, or a string from YAML, JSON or the environment) becomes
+a setting's value. A bad value raises ``ValueError`` naming the setting and the value.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import _native
+
+__all__ = ["Setting", "SETTINGS", "parse_value", "parse_bool", "parse_int"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One entry of the core's settings table (see ``_native.settings()``)."""
+
+    name: str
+    type: str  # "path", "int", "bool", "choice" or "bytes"
+    min: int
+    max: int
+    default: Any  # None: no default (required, or unset)
+    choices: Optional[tuple]
+    lmcache: bool  # a field of LMCache's RawBlockCoreConfig
+    required: bool  # RawBlockCoreConfig has no default for it
+    config: bool  # a RawBlockCoreConfig field (LMCache's or ours)
+    plugin: bool  # read from extra_config as rust_raw_block.<name>
+    nonpositive_is_zero: bool  # LMCache takes values <= 0 as 0
+    clamp_to_min: bool  # LMCache raises values below min to min
+    power_of_two: bool
+    none_is_zero: bool  # None means unset and reaches C as 0
+    help: str
+
+
+SETTINGS: dict[str, Setting] = {d["name"]: Setting(**d) for d in _native.settings()}
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(value: Any, label: str) -> bool:
+    """True/False, the ints 0 and 1, or a boolean word (true/false, yes/no, on/off, 1/0; any
+    case). Anything else raises: the string ``"false"`` is False, never truthy."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise ValueError(f"{label} must be a boolean (true/false), got {value!r}")
+
+
+def parse_int(value: Any, label: str) -> int:
+    """An int, an integral float, or a string holding a decimal integer (YAML and the environment
+    give strings). Booleans are refused: ``True`` is not a size."""
+    if isinstance(value, bool):
+        raise ValueError(f"{label} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip(), 10)
+        except ValueError:
+            pass
+    raise ValueError(f"{label} must be an integer, got {value!r}")
+
+
+def _check_range(s: Setting, v: int, label: str, logger: logging.Logger | None) -> int:
+    if s.nonpositive_is_zero and v <= 0:
+        return 0
+    if s.clamp_to_min and v < s.min:
+        (logger or logging.getLogger(__name__)).warning(
+            "%s=%d is below the minimum %d; using %d", label, v, s.min, s.min)
+        return s.min
+    if s.power_of_two and (v <= 0 or v & (v - 1)):
+        raise ValueError(f"{label} must be a power of two > 0, got {v}")
+    if v < s.min:
+        bound = "> 0" if s.min == 1 else f">= {s.min}"
+        raise ValueError(f"{label} must be {bound}, got {v}")
+    if v > s.max:
+        raise ValueError(f"{label} must be <= {s.max}, got {v}")
+    return v
+
+
+def _parse_placement_id(value: Any, label: str) -> int | None:
+    # LMCache's words for placement identifiers (normalize_raw_block_placement_ids).
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_int(value, label)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{label} must contain integers or None, got {value!r}")
+    if value == 0:
+        raise ValueError(f"{label} must not contain placement identifier 0")
+    if value < 0:
+        raise ValueError(f"{label} must contain positive integers or None, got {value}")
+    if value > 0xFFFF:
+        raise ValueError(f"{label} must contain placement identifiers in range 1..=65535 or None, got {value}")
+    return value
+
+
+def parse_value(name: str, value: Any, *, label: str | None = None,
+                logger: logging.Logger | None = None) -> Any:
+    """``value`` as setting ``name`` takes it: parsed, range-checked, with LMCache's leniencies
+    (values <= 0 meaning 0 where LMCache allows it, an interval below 1 s raised to 1 s with a
+    warning). ``label`` is how errors name the setting (default: its name)."""
+    s = SETTINGS[name]
+    label = label or name
+    if s.none_is_zero:
+        return _parse_placement_id(value, label)
+    if s.type == "bool":
+        return parse_bool(value, label)
+    if s.type == "int":
+        return _check_range(s, parse_int(value, label), label, logger)
+    if s.type == "path":
+        if isinstance(value, (str, bytes, os.PathLike)):
+            path = os.fsdecode(value)
+            if path:
+                return path
+        if value is None or value == "":
+            raise ValueError(f"{label} must be non-empty")
+        raise ValueError(f"{label} must be a path, got {value!r}")
+    if s.type == "choice":
+        if isinstance(value, str) and value.strip().lower() in s.choices:
+            return value.strip().lower()
+        if name == "io_engine":
+            raise ValueError("io_engine must be one of: " + ", ".join(sorted(s.choices)))
+        raise ValueError(f"{label} must be one of: {', '.join(s.choices)}; got {value!r}")
+    if s.type == "bytes":
+        if isinstance(value, str):
+            if not value.isascii():
+                raise ValueError(f"{label} must be ASCII bytes, got {value!r}")
+            value = value.encode("ascii")
+        if not isinstance(value, (bytes, bytearray)) or len(value) != 8:
+            raise ValueError(f"{label} must be exactly 8 bytes, got {value!r}")
+        if not bytes(value).isascii():
+            raise ValueError(f"{label} must be ASCII bytes, got {bytes(value)!r}")
+        return bytes(value)
+    raise AssertionError(f"setting {name} has unknown type {s.type}")
