@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "rb_ckpt.h"
+#include "rb_config.h"
 #include "rb_core.h"
 #include "rb_core_ident.h"
 #include "rb_core_int.h"
@@ -35,18 +36,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     }
     close(fd);
     rb_core_cfg cfg;
-    memset(&cfg, 0, sizeof(cfg));
+    rb_core_cfg_init(&cfg); /* the settings table's defaults */
     cfg.device_path = path;
-    cfg.block_align = 4096;
-    cfg.header_bytes = 4096;
     cfg.slot_bytes = 65536;
     cfg.meta_total_bytes = 1 << 20;
-    memcpy(cfg.meta_magic, "LMCIDX01", 8);
-    cfg.meta_version = 1;
-    cfg.meta_checkpoint_interval_sec = 60;
-    cfg.meta_verify_on_load = 1;
-    cfg.io_engine = RB_ENGINE_POSIX;
-    cfg.iouring_queue_depth = 8;
+    cfg.meta_enable_periodic = 0;
     cfg.key_namespace = RB_NS_OBJECT;
     cfg.recovery_read_threads = 1;
     rb_err err;
