@@ -11,8 +11,9 @@ from the ``--l2-adapter`` JSON alone, without changing anything in LMCache::
 
 ``adapter_params`` takes exactly the keys of the built-in ``raw_block`` type (LMCache's own
 ``RawBlockL2AdapterConfig.from_dict`` parses them; LMCache finds the config class here by the
-``<class_name>Config`` convention), plus ours: ``verify_payload_checksum`` and
-``allow_foreign_device``.
+``<class_name>Config`` convention), plus ours: ``verify_payload_checksum``,
+``allow_foreign_device`` and ``recovery_read_threads`` (the core's own settings, from its
+settings table).
 
 ``RawBlockL2Adapter`` here is LMCache's adapter class, with one difference: the core it
 constructs is ours. Its ``__init__`` is LMCache's own function, run with a private copy of
@@ -30,32 +31,22 @@ from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc  # t
 
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
+from .settings import SETTINGS, parse_value
 
 __all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig"]
 
-_OURS = ("verify_payload_checksum", "allow_foreign_device")
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
-        return value.strip().lower() in ("true", "yes", "on", "1")
-    raise ValueError(f"{name} must be a boolean, got {value!r}")
+# The core's settings that LMCache's RawBlockCoreConfig does not have.
+_OURS = tuple(s for s in SETTINGS.values() if s.config and not s.lmcache)
 
 
 class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
-    """LMCache's raw-block adapter config plus our core's own options."""
-
-    verify_payload_checksum: bool = False
-    allow_foreign_device: bool = False
+    """LMCache's raw-block adapter config plus our core's own settings (class attributes
+    holding their defaults, set below from the settings table)."""
 
     @classmethod
     def from_dict(cls, d: dict) -> "RawBlockL2AdapterConfig":
         d = dict(d)
-        ours = {name: _as_bool(name, d.pop(name)) for name in _OURS if name in d}
+        ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS if s.name in d}
         base = _lmc.RawBlockL2AdapterConfig.from_dict(d)
         cfg = cls.__new__(cls)
         cfg.__dict__.update(base.__dict__)
@@ -64,21 +55,22 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         return cfg
 
     def to_core_config(self) -> _OurConfig:  # type: ignore[override]
-        """The core config LMCache's adapter builds, as ours, with our options."""
+        """The core config LMCache's adapter builds, as ours, with our settings."""
         return _to_our_config(super().to_core_config(),
-                              **{name: bool(getattr(self, name, False)) for name in _OURS})
+                              **{s.name: getattr(self, s.name, s.default) for s in _OURS})
 
     @classmethod
     def help(cls) -> str:
-        return (_lmc.RawBlockL2AdapterConfig.help() + "\n"
-                "lmcache_rawblock (the C core) adds:\n"
-                "- verify_payload_checksum (bool): keep an xxh3-64 of each payload in its slot "
-                "header and treat a load that fails it as a miss (default false)\n"
-                "- allow_foreign_device (bool): use a device holding a file system or partition "
-                "table (default false: refused)\n")
+        ours = "".join(f"- {s.name} ({s.type}, default {s.default}): {s.help}\n" for s in _OURS)
+        return _lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
 
 
-def _to_our_config(config: Any, **ours: bool) -> _OurConfig:
+for _s in _OURS:
+    setattr(RawBlockL2AdapterConfig, _s.name, _s.default)
+del _s
+
+
+def _to_our_config(config: Any, **ours: Any) -> _OurConfig:
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
               if f.name in _OurConfig.__dataclass_fields__}
     return _OurConfig(**fields, **ours)

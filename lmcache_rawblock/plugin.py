@@ -22,6 +22,7 @@ taken inside either (or neither); the core's own mutex is below all of them.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import threading
 import time
@@ -33,25 +34,20 @@ from typing import Any
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
-    DEFAULT_IOURING_QUEUE_DEPTH,
     RawBlockCore,
     RawBlockCoreConfig,
     encode_legacy_key,
-    normalize_raw_block_io_engine,
     round_up,
 )
 from .raw_block.key_codec import decode_legacy_key
+from .settings import SETTINGS, parse_bool, parse_value
 
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
 
-_DEFAULT_META_MAGIC = b"LMCIDX01"
-_DEFAULT_META_VERSION = 1
 _KEY_PREFIX = "rust_raw_block."
 EVICTION_POLICIES = ("none", "lru")
 _CLOSE_PUT_WAIT_S = 10.0
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 # --------------------------------------------------------------------------- config access
@@ -74,29 +70,17 @@ def _get(extra: Mapping, name: str, default: Any = None) -> Any:
     return extra.get(_key(name), default)
 
 
-def _as_bool(extra: Mapping, name: str, default: bool | None) -> bool | None:
-    value = _get(extra, name, None)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"extra_config['{_key(name)}'] must be a boolean (true/false), got {value!r}")
+def _label(name: str) -> str:
+    return f"extra_config['{_key(name)}']"
 
 
-def _as_int(extra: Mapping, name: str, default: int) -> int:
+def _setting(extra: Mapping, name: str, default: Any = None) -> Any:
+    """rust_raw_block.<name> parsed by the settings table, or ``default`` when it is absent
+    (None, or an empty string as an unset environment variable gives in a template)."""
     value = _get(extra, name, None)
-    if value is None:
+    if value is None or value == "":
         return default
-    if isinstance(value, bool):
-        raise ValueError(f"extra_config['{_key(name)}'] must be an integer, got {value!r}")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"extra_config['{_key(name)}'] must be an integer, got {value!r}") from None
+    return parse_value(name, value, label=_label(name), logger=logger)
 
 
 def _validate_per_tp_device_paths(mapping: Mapping) -> None:
@@ -147,51 +131,60 @@ def _full_chunk_bytes(local_cpu_backend: Any) -> int:
         "get_full_chunk_size_bytes() nor get_full_chunk_size(); set rust_raw_block.slot_bytes")
 
 
+# rust_raw_block.* keys the plugin reads besides the core's settings.
+_PLUGIN_KEYS = frozenset({"per_tp_device_paths", "eviction_policy", "use_iouring", "use_uring"})
+# Keys LMCache reads elsewhere (align_local_cpu_allocator: LocalCPUBackend's allocator) or that
+# older LMCache releases and forks read: accepted, not used by this backend.
+_NOT_USED_KEYS = frozenset({
+    "align_local_cpu_allocator", "manifest_path", "manifest_write_interval", "debug_first_n", "debug_every_n",
+    "use_fdp", "enable_async_batch_mode", "submit_mode", "submit_workers", "submit_pools", "gpu_buffer_bytes",
+    "gpu_buffer_device", "role", "publish_after_put", "index_refresh_min_ms"})
+_PLUGIN_SETTINGS = tuple(s for s in SETTINGS.values() if s.plugin)
+
+
+def _check_keys(extra: Mapping) -> None:
+    """An unknown rust_raw_block.* key is an error (a misspelt key would silently fall back to
+    its default); keys of other LMCache components and releases are logged and ignored."""
+    known = {s.name for s in _PLUGIN_SETTINGS} | _PLUGIN_KEYS
+    for full in extra:
+        if not isinstance(full, str) or not full.startswith(_KEY_PREFIX):
+            continue
+        name = full[len(_KEY_PREFIX):]
+        if name in known:
+            continue
+        if name in _NOT_USED_KEYS:
+            if name != "align_local_cpu_allocator":
+                logger.info("%s is not used by this backend; ignored", _label(name))
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {_key(close[0])!r}?" if close else ""
+        raise ValueError(f"unknown key {_label(name)} = {extra[full]!r}{hint}")
+
+
 def build_core_config(config: Any, metadata: Any, local_cpu_backend: Any) -> RawBlockCoreConfig:
-    """The core configuration described by the ``rust_raw_block.*`` keys of ``config``."""
+    """The core configuration described by the ``rust_raw_block.*`` keys of ``config``: every
+    core setting from the settings table (default: the table's), the device path per rank,
+    the slot size derived from the chunk size, and io_engine from its legacy aliases."""
     extra = _extra_config(config)
-    device_path = _resolve_device_path(extra, metadata)
-    block_align = _as_int(extra, "block_align", 4096)
-    header_bytes = _as_int(extra, "header_bytes", 4096)
-    slot_bytes = _get(extra, "slot_bytes", None)
-    if slot_bytes is None:
-        if block_align <= 0:
-            raise ValueError(f"block_align must be a power of two > 0, got {block_align}")
-        slot_bytes = round_up(header_bytes + _full_chunk_bytes(local_cpu_backend), block_align)
+    _check_keys(extra)
+    values = {s.name: _setting(extra, s.name, s.default) for s in _PLUGIN_SETTINGS
+              if s.name not in ("device_path", "io_engine")}
+    values["device_path"] = _resolve_device_path(extra, metadata)
+    if values["slot_bytes"] is None:
+        values["slot_bytes"] = round_up(values["header_bytes"] + _full_chunk_bytes(local_cpu_backend),
+                                        values["block_align"])
+    engine = _get(extra, "io_engine", None)
+    if engine is not None and engine != "":
+        values["io_engine"] = parse_value("io_engine", engine, label=_label("io_engine"))
     else:
-        slot_bytes = _as_int(extra, "slot_bytes", 0)
-    io_engine = normalize_raw_block_io_engine(
-        _get(extra, "io_engine", None),
-        use_iouring=_as_bool(extra, "use_iouring", None),
-        use_uring=_as_bool(extra, "use_uring", None),
-    )
-    magic = _get(extra, "meta_magic", _DEFAULT_META_MAGIC)
-    if isinstance(magic, str):
-        magic = magic.encode("ascii", errors="strict") if magic.isascii() else magic.encode("utf-8")
-    ckpt_pid = _get(extra, "meta_checkpoint_placement_id", None)
-    return RawBlockCoreConfig(
-        device_path=device_path,
-        capacity_bytes=_as_int(extra, "capacity_bytes", 0),
-        block_align=block_align,
-        header_bytes=header_bytes,
-        slot_bytes=slot_bytes,
-        use_odirect=bool(_as_bool(extra, "use_odirect", False)),
-        enable_zero_copy=bool(_as_bool(extra, "enable_zero_copy", True)),
-        meta_total_bytes=_as_int(extra, "meta_total_bytes", 128 * 1024 * 1024),
-        meta_magic=magic,
-        meta_version=_as_int(extra, "meta_version", _DEFAULT_META_VERSION),
-        meta_checkpoint_interval_sec=_as_int(extra, "meta_checkpoint_interval_sec", 60),
-        meta_idle_quiet_ms=_as_int(extra, "meta_idle_quiet_ms", 100),
-        meta_enable_periodic=bool(_as_bool(extra, "meta_enable_periodic", True)),
-        meta_verify_on_load=bool(_as_bool(extra, "meta_verify_on_load", True)),
-        max_data_transfer_size=_as_int(extra, "max_data_transfer_size", 0),
-        load_checkpoint_on_init=bool(_as_bool(extra, "load_checkpoint_on_init", True)),
-        io_engine=io_engine,
-        iouring_queue_depth=_as_int(extra, "iouring_queue_depth", DEFAULT_IOURING_QUEUE_DEPTH),
-        use_uring_cmd=bool(_as_bool(extra, "use_uring_cmd", False)),
-        meta_checkpoint_placement_id=None if ckpt_pid is None else _as_int(extra, "meta_checkpoint_placement_id", 0),
-        verify_payload_checksum=bool(_as_bool(extra, "verify_payload_checksum", False)),
-    )
+        legacy = (_setting_bool(extra, "use_iouring") or _setting_bool(extra, "use_uring"))
+        values["io_engine"] = "io_uring" if legacy else "posix"
+    return RawBlockCoreConfig(**values)
+
+
+def _setting_bool(extra: Mapping, name: str) -> bool:
+    value = _get(extra, name, None)
+    return False if value is None or value == "" else parse_bool(value, _label(name))
 
 
 def _eviction_policy(extra: Mapping) -> str:
@@ -304,9 +297,15 @@ class RustRawBlockBackend(StoragePluginInterface):
     def data_base_offset(self) -> int:
         return self._core.data_base_offset()
 
+    # LMCache's test hook (its tests swap fake devices in through it): the device here lives
+    # inside the C core, so the getter gives None and the setter raises, as the core's do.
     @property
     def _raw(self) -> Any:
         return self._core.raw_device()
+
+    @_raw.setter
+    def _raw(self, raw_device: Any) -> None:
+        self._core.set_raw_device_for_testing(raw_device)
 
     def lock_refcount(self, encoded_key: str) -> int:
         return self._core.lock_refcount(encoded_key)
