@@ -138,7 +138,7 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
         if isinstance(value, str) and value.strip().lower() in s.choices:
             return value.strip().lower()
         if name == "io_engine":
-            raise ValueError("io_engine must be one of: " + ", ".join(sorted(s.choices)))
+            raise ValueError(f"io_engine must be one of: {', '.join(sorted(s.choices))}; got {value!r}")
         raise ValueError(f"{label} must be one of: {', '.join(s.choices)}; got {value!r}")
     if s.type == "bytes":
         if isinstance(value, str):

@@ -165,8 +165,9 @@ int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text,
             if (strlen(s->choices[i]) == len && memcmp(s->choices[i], text, len) == 0)
                 return rb_setting_set_uint(cfg, s, i, err);
         if (s->choices == engines)
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "io_engine must be one of: io_uring, posix");
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "Unsupported raw-block key namespace: '%.*s'",
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "io_engine must be one of: io_uring, posix; got '%.*s'",
+                              (int)(len > 64 ? 64 : len), text);
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "key_namespace must be one of: legacy, object; got '%.*s'",
                           (int)(len > 64 ? 64 : len), text);
     case RB_SET_BOOL:
         if (len == 4 && memcmp(text, "true", 4) == 0)

@@ -61,6 +61,11 @@ static int set_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, PyObject
     switch (s->type) {
     case RB_SET_PATH: {
         PyObject *b = NULL;
+        if (!PyUnicode_Check(v) && !PyBytes_Check(v) && !PyObject_HasAttrString(v, "__fspath__")) {
+            PyErr_Format(PyExc_TypeError, "%s must be a path (str, bytes or os.PathLike), got %.80s %.200R", s->name,
+                         Py_TYPE(v)->tp_name, v);
+            return -1;
+        }
         if (!PyUnicode_FSConverter(v, &b))
             return -1;
         Py_XSETREF(*path_out, b);
