@@ -9,20 +9,37 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from . import raw_block as _raw_block
 from ._native import RawBlockDevice, __version__
-from .raw_block import *  # noqa: F403  (the raw_block package's __all__: LMCache's API)
 
-__all__ = ["RawBlockDevice", "RustRawBlockBackend", "__version__", *_raw_block.__all__]
+# LMCache's raw-block API, re-exported from .raw_block. That package uses LMCache's own
+# classes (and torch) when they are installed, which takes seconds to import, so it is loaded
+# on first use of one of these names: ``import lmcache_rawblock`` imports neither torch nor
+# lmcache. tests/test_package.py checks this list against raw_block.__all__.
+_RAW_BLOCK_NAMES = (
+    "DEFAULT_IOURING_QUEUE_DEPTH", "NativeQuiescence", "RAW_BLOCK_IO_ENGINES", "RawBlockCloseOutcome",
+    "RawBlockCore", "RawBlockCoreConfig", "RawBlockKeyNamespace", "RawBlockKeySpec", "RawBlockPutManyResult",
+    "decode_legacy_key", "decode_object_key", "encode_legacy_key", "encode_object_key",
+    "normalize_raw_block_io_engine", "normalize_raw_block_placement_ids", "object_key_to_string", "round_up",
+    "slot_identity_from_encoded_key", "validate_raw_block_io_options",
+)
+
+__all__ = ["RawBlockDevice", "RustRawBlockBackend", "__version__", *_RAW_BLOCK_NAMES]
 
 
 def __getattr__(name: str) -> Any:
-    # The plugin imports LMCache's plugin interface when available, which is heavy: load it
-    # only when asked for.
-    if name == "RustRawBlockBackend":
-        from .plugin import RustRawBlockBackend
+    if name in _RAW_BLOCK_NAMES:
+        value = getattr(importlib.import_module(".raw_block", __name__), name)
+    elif name == "RustRawBlockBackend":
+        # The plugin imports LMCache's plugin interface when available.
+        value = importlib.import_module(".plugin", __name__).RustRawBlockBackend
+    else:
+        raise AttributeError(f"module 'lmcache_rawblock' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return RustRawBlockBackend
-    raise AttributeError(f"module 'lmcache_rawblock' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
