@@ -277,3 +277,27 @@ def test_plugin_passes_allow_foreign_device(tmp_path):
         be.close()
     finally:
         loop.close()
+
+
+def test_readme_lists_every_plugin_key_with_its_default():
+    """The README's rust_raw_block.* table has a row for every key the plugin reads, and the
+    booleans' defaults there are the table's."""
+    from pathlib import Path
+
+    from lmcache_rawblock.plugin import _PLUGIN_KEYS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        if line.startswith("| `") and "|" in line[1:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            for key in cells[0].replace("`", "").split(","):
+                rows[key.strip()] = cells[1]
+    for s in SETTINGS.values():
+        if not s.plugin:
+            continue
+        assert s.name in rows, f"README's plugin table has no row for rust_raw_block.{s.name}"
+        if s.type == "bool" and "," not in rows[s.name]:
+            assert rows[s.name] == str(s.default).lower(), s.name
+    for key in _PLUGIN_KEYS - {"use_iouring", "use_uring"}:
+        assert key in rows, key
