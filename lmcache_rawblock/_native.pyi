@@ -16,6 +16,14 @@ def encode_legacy_keys(keys: Iterable[object], /) -> list[str]:
 def delete_legacy_keys(core: object, keys: Iterable[object], force: bool = False) -> int:
     """``core`` is a ``_native.Core``: ``core.delete_many(encode_legacy_keys(keys), force).count(True)``
     without creating the str objects."""
+def settings() -> tuple[dict[str, object], ...]:
+    """The core's settings table: one dict per setting (name, type, min, max, default, choices,
+    lmcache, required, config, plugin, nonpositive_is_zero, clamp_to_min, power_of_two,
+    none_is_zero, help), in RawBlockCoreConfig's order. Core() takes exactly these names."""
+def container_bytes(meta_total_bytes: int, block_align: int, /) -> int:
+    """Bytes of one of the two checkpoint copies; container 1 starts at this offset."""
+def _set_write_log(path: str | PathLike[str] | None, /) -> None:
+    """Test hook: record every device write and flush to path (None stops)."""
 def _forget_key_plans() -> None:
     """Drop the cached key-encoding plans (tests: the next call re-checks against to_string())."""
 
@@ -81,3 +89,12 @@ class RawBlockDevice:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool: ...
+
+class Core:
+    """The C core: index, slots, checkpoints, recovery and the device. Built by RawBlockCore."""
+
+    def __new__(cls, **settings: object) -> Self:
+        """Keyword-only: one keyword per entry of settings() (device_path and slot_bytes are
+        required; the others default to the table's). A wrong type is a TypeError, a value out
+        of range or a bad geometry a ValueError, each naming the setting and the value; a
+        device holding someone else's data is refused unless allow_foreign_device."""

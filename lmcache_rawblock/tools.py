@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._native import RawBlockDevice, xxh3_64
+from ._native import RawBlockDevice, container_bytes, xxh3_64
 from .raw_block.key_codec import slot_identity_from_encoded_key
 
 CONTAINER_HEADER = struct.Struct("<8sIQQI")  # magic, version, seq, payload_len, crc32
@@ -241,7 +241,7 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
         meta_used = metas[0]
         for mt in metas:
             for a in ((align_used,) if first else aligns):
-                off = ((mt // 2) // a) * a
+                off = container_bytes(mt, a)
                 c = _parse_container(dev, 1, off, a, magic, max_payload)
                 if c is not None and (second is None or (c.crc_ok and not second.crc_ok)):
                     second, meta_used = c, mt

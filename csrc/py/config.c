@@ -238,3 +238,21 @@ PyObject *rbpy_settings(PyObject *mod, PyObject *unused)
     }
     return out;
 }
+
+/* container_bytes(meta_total_bytes, block_align) -> int: bytes of one checkpoint copy. */
+PyObject *rbpy_container_bytes(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    uint64_t mt, ba;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "container_bytes() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (rbpy_as_u64(args[0], "meta_total_bytes", &mt) < 0 || rbpy_as_u64(args[1], "block_align", &ba) < 0)
+        return NULL;
+    if (ba == 0) {
+        PyErr_SetString(PyExc_ValueError, "block_align must be a power of two > 0, got 0");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(rb_container_bytes(mt, ba));
+}

@@ -246,6 +246,9 @@ static PyMethodDef rbpy_functions[] = {
     {"settings", rbpy_settings, METH_NOARGS,
      "settings() -> tuple[dict, ...]: every setting of the core (name, type, min, max, default, choices, "
      "flags, help), in RawBlockCoreConfig's order; the keywords of Core()."},
+    {"container_bytes", (PyCFunction)(void (*)(void))rbpy_container_bytes, METH_FASTCALL,
+     "container_bytes(meta_total_bytes, block_align) -> int: bytes of one of the two checkpoint copies "
+     "(container 1 starts there)."},
     {"probe_foreign", rbpy_probe_foreign, METH_O,
      "probe_foreign(path) -> str | None: a description of the file system or partition table that "
      "libblkid finds on path, or None."},

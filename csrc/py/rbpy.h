@@ -70,6 +70,8 @@ int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds,
                               PyObject **path_out);
 /* _native.settings(): the settings table as a tuple of dicts. */
 PyObject *rbpy_settings(PyObject *mod, PyObject *unused);
+/* _native.container_bytes(meta_total_bytes, block_align): one checkpoint copy's bytes. */
+PyObject *rbpy_container_bytes(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
