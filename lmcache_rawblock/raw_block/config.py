@@ -122,7 +122,7 @@ RawBlockCoreConfig = dataclasses.make_dataclass(
 RawBlockCoreConfig.__doc__ = """Geometry and behaviour of one raw-block core.
 
 LMCache's fields, names, order and defaults, then ours (``verify_payload_checksum``,
-``allow_foreign_device``, ``recovery_read_threads``): ``python -m lmcache_rawblock settings``
+``allow_foreign_device``, ``recovery_read_threads``): ``lmcache_rawblock.settings.SETTINGS``
 lists them with their ranges and help. Values are parsed on construction: booleans accept
 True/False, 0/1 and the words true/false, yes/no, on/off; integers accept ints and decimal
 strings; a bad value raises ValueError naming the field. As in LMCache, ``capacity_bytes``,
