@@ -59,6 +59,15 @@ demo: build
 
 bench: demo
 
+# The committed benchmark run behind the README's results table: the full suite in the LMCache
+# virtualenv (every competitor in one process), written to benchmarks/results/full/ (results.json,
+# summary.txt, plots), then the table regenerated from it. About 15 minutes on 2 cores.
+.PHONY: bench-results
+bench-results: build lmcache-venv
+	@$(LMC_VENV)/bin/python -c 'import tqdm, matplotlib' 2>/dev/null || $(LMC_VENV)/bin/python -m pip install -q tqdm matplotlib
+	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --no-progress --out benchmarks/results/full
+	$(LMC_VENV)/bin/python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json --readme README.md
+
 test: build
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 

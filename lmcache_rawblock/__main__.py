@@ -1,9 +1,10 @@
 """Command line of lmcache_rawblock: ``python -m lmcache_rawblock bench ...``.
 
 The ``bench`` command measures our RawBlockDevice against the Rust wheel
-(lmcache-rust-raw-block-io) and fio on a scratch file or device, our RawBlockCore against
-LMCache's, and the seed tables (batched_remove, recovery validation); it writes a summary
-table, results.json and PNG plots. See ``python -m lmcache_rawblock bench --help``.
+(lmcache-rust-raw-block-io) and our io_uring engine against fio on a scratch file or device,
+and our RawBlockCore, recovery and storage plugin against LMCache's; it prints tables and the
+goals the run measured, and writes results.json, summary.txt and PNG plots. See
+``python -m lmcache_rawblock bench --help``.
 """
 
 from __future__ import annotations
@@ -84,13 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     b = sub.add_parser(
         "bench",
-        help="benchmark RawBlockDevice against the Rust wheel and fio",
+        help="benchmark against LMCache's Rust device, LMCache's core and plugin, and fio",
         description=(
-            "Benchmark lmcache_rawblock's RawBlockDevice against lmcache_rust_raw_block_io's "
-            "(interleaved in one process, medians, ratio ours/rust: lower is better) and against "
-            "fio on the same file; our RawBlockCore against LMCache's (core); the batched_remove and "
-            "recovery-validation seed tables (seeds). Without --device a sparse file in a temporary "
-            "directory is used and removed afterwards; core and seeds always use sparse files of their own."
+            "Benchmark lmcache_rawblock's RawBlockDevice against LMCache's Rust device "
+            "(lmcache_rust_raw_block_io; interleaved in one process, medians, ratio = our time / Rust's, "
+            "lower is better), our io_uring engine against fio on the same file or device, and our "
+            "RawBlockCore, slot-header recovery and storage plugin against LMCache's (speed-up = LMCache's "
+            "time / ours). Without --device a sparse file in a temporary directory is used and removed "
+            "afterwards; the core, recovery and plugin parts always use sparse files of their own."
         ),
     )
     b.add_argument("--device", metavar="PATH",
@@ -104,13 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "io_uring (batched throughput), uring_cmd (NVMe passthrough: reported, not measured "
                         "on files); default posix,io_uring")
     b.add_argument("--suite", type=_suite_arg, default="quick", metavar="{quick,full}",
-                   help="quick (default, a few minutes; core at 1k entries, reduced seed grids) or full "
-                        "(core at 1k/10k/100k, the full seed grids, more repeats, depths and fio time)")
+                   help="quick (default, a few minutes; core at 1k entries, reduced grids) or full "
+                        "(core at 1k/10k/100k entries on both engines, every grid, more rounds, depths and fio time)")
     b.add_argument("--out", default="bench-out", metavar="DIR",
-                   help="directory for results.json and PNG plots (default ./bench-out)")
+                   help="directory for results.json, summary.txt and PNG plots (default ./bench-out)")
     b.add_argument("--install-competitors", action="store_true",
                    help="pip install missing competitors first: lmcache-rust-raw-block-io into this "
-                        "Python; for core/seeds torch==2.13.0 then lmcache into a separate directory "
+                        "Python; for core/recovery/plugin torch==2.13.0 then lmcache into a separate directory "
                         "(LMCACHE_RAWBLOCK_COMPETITORS, default ~/.cache/lmcache-rawblock/...); carries on "
                         "if that fails")
     b.add_argument("--force", action="store_true",
@@ -120,8 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive_int, metavar="N",
                    help="override the number of interleaved repeat rounds")
     b.add_argument("--parts", type=_list_arg(PART_NAMES, "part"), default=list(PART_NAMES), metavar="LIST",
-                   help="parts to run: device (sync latency), uring (batched io_uring), limit (fio), "
-                        "core (RawBlockCore vs LMCache's), seeds (batched_remove, recovery tables); default all")
+                   help="parts to run: device (per-call latency vs the Rust device), uring (io_uring batches vs "
+                        "the Rust device), limit (io_uring stream vs fio), core (RawBlockCore vs LMCache's, per-key "
+                        "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
+                        "plugin (batched_remove, eviction under contention); default all")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)
@@ -160,7 +164,8 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     if not bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts)):
         _err(f"--engines {','.join(args.engines)} with --parts {','.join(args.parts)}: nothing to run "
-             "(device needs the posix engine, uring the io_uring engine, core posix or io_uring)")
+             "(device needs the posix engine; uring, limit and recovery the io_uring engine; core posix or "
+             "io_uring)")
         return 2
     notes: list[str] = []
     core_comps = _core_competitors(args, notes)
@@ -205,7 +210,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
             _err(f"I/O on {target.path} failed: {exc}")
             return 1
     report.print_summary(results)
-    written = [report.write_json(results, out)]
+    written = [report.write_json(results, out), report.write_summary(results, out)]
     if not args.no_plots:
         files, note = report.write_plots(results, out)
         written += files
@@ -216,12 +221,12 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _core_competitors(args: argparse.Namespace, notes: list[str]) -> list | None:
-    """Our core and LMCache's for the core/seeds parts (None when neither part runs)."""
+    """Our core and LMCache's for the core, recovery and plugin parts (None when none of them runs)."""
     from lmcache_rawblock import bench
     from lmcache_rawblock.bench import core
 
     planned = bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts))
-    if "core" not in planned and "seeds" not in planned:
+    if not set(planned) & set(bench.CORE_PARTS):
         return None
     core.activate_competitor_dir()
     lmc = core.lmcache_core()

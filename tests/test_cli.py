@@ -73,7 +73,7 @@ def test_smoke_run_writes_results_json(tmp_path, capsys, monkeypatch):
     assert rc == 0, err
     res = load(out)
 
-    assert res["schema"] == 1
+    assert res["schema"] == 2
     m = res["machine"]
     for key in ("kernel", "cpu_model", "cores", "memory_bytes", "debian_version", "python", "packages",
                 "command", "timestamp"):
@@ -110,20 +110,23 @@ def test_smoke_run_writes_results_json(tmp_path, capsys, monkeypatch):
         assert uring["errors"]["ours"].startswith("io_uring engine not available: ")
         assert "io_uring engine not available" in stdout
 
-    lim = res["limit"]
-    if shutil.which("fio"):
-        assert lim["available"] is True
-        assert {(r["rw"], r["depth"]) for r in lim["results"]} == {
-            (rw, d) for rw in ("read", "write") for d in limit.limit_depths([4])
+    if uring["available"]["ours"]:
+        assert {(r["op"], r["mode"]) for r in uring["results"]} == {
+            (op, mode) for op in device.BATCH_OPS for mode in device.MODES
         }
-        assert all(r["bw_bytes"] > 0 for r in lim["results"])
-        odirect = [r for r in rows if r["mode"] == "odirect"]
-        assert all(r["fio_bytes_per_s"] > 0 and r["ours_fraction_of_fio"] > 0 for r in odirect)
-    else:
+
+    lim = res["limit"]
+    if shutil.which("fio") and uring["available"]["ours"]:
+        assert lim["available"] is True, lim
+        assert [(r["rw"], r["size"], r["depth"]) for r in lim["results"]] == device.SUITES["smoke"].limit_cases
+        assert all(r["ours_bytes_per_s"] > 0 and r["fio_bytes_per_s"] > 0 for r in lim["results"])
+        assert all(r["ratio"] == pytest.approx(r["ours_bytes_per_s"] / r["fio_bytes_per_s"]) for r in lim["results"])
+    elif not shutil.which("fio"):
         assert lim["available"] is False and "fio" in lim["error"]
 
-    # The terminal summary has the table and the ratio convention.
-    assert "pread_into" in stdout and "ours/rust" in stdout
+    # The terminal summary has the table and the ratio convention; summary.txt holds the same.
+    assert "pread_into" in stdout and "ratio = our time / Rust's" in stdout
+    assert (out / "summary.txt").read_text(encoding="utf-8").strip() == stdout.split("wrote: ")[0].strip()
 
 
 def test_smoke_run_writes_plots(tmp_path, capsys):
@@ -321,47 +324,66 @@ def test_parse_fio_json_skips_leading_warnings():
         limit.parse_fio_json("no json here", "read")
 
 
-def test_fraction_of_fio_attached():
-    results = {
-        "limit": {"results": [{"rw": "read", "size": 4096, "depth": 1, "bw_bytes": 100.0},
-                              {"rw": "write", "size": 4096, "depth": 8, "bw_bytes": 400.0}]},
-        "device": {"results": [{"op": "pread_into", "mode": "odirect", "size": 4096,
-                                "ours_bytes_per_s": 50.0, "rust_bytes_per_s": None},
-                               {"op": "pread_into", "mode": "buffered", "size": 4096,
-                                "ours_bytes_per_s": 500.0, "rust_bytes_per_s": None}]},
-        "uring": {"results": [{"op": "batched_write", "size": 4096, "depth": 8,
-                               "ours_bytes_per_s": 300.0, "rust_bytes_per_s": 200.0}]},
-    }
-    limit.attach_fractions(results)
-    d0, d1 = results["device"]["results"]
-    assert d0["ours_fraction_of_fio"] == 0.5 and d0["rust_fraction_of_fio"] is None
-    assert "ours_fraction_of_fio" not in d1  # buffered I/O is not compared with O_DIRECT fio
-    u = results["uring"]["results"][0]
-    assert u["ours_fraction_of_fio"] == 0.75 and u["rust_fraction_of_fio"] == 0.5
+class _FakeUringDevice:
+    """Completes every batch at once: enough for the stream loop's bookkeeping."""
+
+    opened: list = []
+
+    def __init__(self, path, writable, **kw):
+        self.kw = kw
+        _FakeUringDevice.opened.append(kw)
+
+    def batched_read(self, offsets, bufs, lens):
+        assert len(offsets) == len(bufs) == len(lens)
+        return len(offsets)
+
+    batched_write = batched_read
+
+    def wait_iouring(self, token):
+        return [True] * token, []
+
+    def close(self):
+        pass
 
 
-def test_fio_limit_keeps_best_pass(tmp_path, monkeypatch):
+def test_limit_interleaves_fio_and_our_stream(tmp_path, monkeypatch):
     img = tmp_path / "f.img"
     with open(img, "wb") as f:
-        f.truncate(4 * MiB)
+        f.truncate(8 * MiB)
     monkeypatch.setattr(limit.shutil, "which", lambda name: "/usr/bin/fio")
     calls = []
 
     def fake_fio(cmd, **kw):
         rw = next(a for a in cmd if a.startswith("--rw=")).split("=")[1]
-        calls.append((rw, len(calls)))
-        bw = 1000.0 * (len(calls))  # later calls are faster
-        doc = {"jobs": [{"error": 0, rw: {"bw_bytes": bw, "iops": 1.0, "lat_ns": {"mean": 1000.0}}}]}
-        return subprocess.CompletedProcess(cmd, 0, json.dumps(doc), "")
+        calls.append(cmd)
+        doc = {"jobs": [{"error": 0, "write" if "write" in rw else "read":
+                         {"bw_bytes": 1000.0 * len(calls), "iops": 1.0, "lat_ns": {"mean": 1000.0}}}]}
+        return subprocess.CompletedProcess(cmd, 0, "fio: warning\n" + json.dumps(doc), "")
 
-    res = limit.run_limit(str(img), [4096], [1], 4 * MiB, None, common._NullBar(), run=fake_fio, passes=2)
-    assert [rw for rw, _ in calls] == ["write", "read", "read", "write"]  # second pass runs backwards
-    by_rw = {r["rw"]: r for r in res["results"]}
-    assert by_rw["write"]["bw_bytes"] == 4000.0 and by_rw["write"]["passes_bw_bytes"] == [1000.0, 4000.0]
-    assert by_rw["read"]["bw_bytes"] == 3000.0
+    _FakeUringDevice.opened = []
+    cases = [("randread", 4096, 4), ("write", 1 << 20, 8), ("read", 1 << 20, 16)]
+    res = limit.run_limit(str(img), _FakeUringDevice, cases, 8 * MiB, 0.01, 3, common._NullBar(), run=fake_fio)
+    assert res["available"] and res["errors"] == []
+    assert [(r["rw"], r["size"], r["depth"]) for r in res["results"]] == cases[:2]  # 16 MiB in flight: skipped
+    # three rounds per case, fio and ours alternating which goes first
+    assert len(calls) == 6 and len(_FakeUringDevice.opened) == 6
+    assert all(o == {"use_odirect": True, "io_engine": "io_uring", "iouring_queue_depth": d}
+               for o, d in zip(_FakeUringDevice.opened, [4, 4, 4, 8, 8, 8]))
+    assert "--runtime=10ms" in calls[0] and "--time_based" in calls[0] and "--direct=1" in calls[0]
+    first = res["results"][0]
+    assert first["fio_bytes_per_s"] == 2000.0  # median of 1000, 2000, 3000
+    assert first["ratio"] == pytest.approx(first["ours_bytes_per_s"] / 2000.0)
+    assert first["fio_lat_mean_us"] == 1.0
 
 
-# --------------------------------------------------------------------------- core and seeds parts
+def test_limit_without_fio_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(limit.shutil, "which", lambda name: None)
+    res = limit.run_limit(str(tmp_path / "x"), _FakeUringDevice, [("read", 4096, 1)], MiB, 0.1, 1,
+                          common._NullBar())
+    assert res == {"available": False, "error": "fio not installed (apt-get install fio)", "results": []}
+
+
+# --------------------------------------------------------------------------- core, recovery and plugin parts
 
 
 def _no_lmcache(monkeypatch):
@@ -374,14 +396,14 @@ def _no_lmcache(monkeypatch):
     return core
 
 
-def test_core_and_seeds_smoke_without_lmcache(tmp_path, capsys, monkeypatch):
+def test_core_recovery_plugin_smoke_without_lmcache(tmp_path, capsys, monkeypatch):
     _no_lmcache(monkeypatch)
     out = tmp_path / "out"
-    rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,seeds", "--no-plots"],
-                              capsys)
+    rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,recovery,plugin",
+                               "--no-plots"], capsys)
     assert rc == 0, err
     res = load(out)
-    assert res["settings"]["parts"] == ["core", "seeds"]
+    assert res["settings"]["parts"] == ["core", "recovery", "plugin"]
     assert "device" not in res and "uring" not in res
     lmc = res["competitors"]["lmcache"]
     assert lmc["available"] is False and lmc["install"] == "pip install torch==2.13.0 && pip install lmcache"
@@ -391,18 +413,26 @@ def test_core_and_seeds_smoke_without_lmcache(tmp_path, capsys, monkeypatch):
                                                "open_recovery", "delete_many"]
     assert all(r["ours_s"] > 0 and r["lmcache_s"] is None and r["speedup"] is None for r in core["rows"])
     assert core["index"][0]["bytes_per_entry_without_keys"] > 0
-    assert {r["op"] for r in core["cpu"]} == {"put_many", "load_many_into"}
+    assert {(r["op"], r["medium"]) for r in core["cpu"]} == {("put_many", "page cache"),
+                                                             ("load_many_into", "page cache")}
+    assert all(r["ours_cpu_per_key_s"] > 0 and r["speedup"] is None for r in core["cpu"])
+    assert core["floor"]["available"] is False  # the smoke suite does not build the floor program
+    assert {(r["medium"], r["entries"]) for r in core["flush"]} == {("page cache", 64), ("O_DIRECT", 64)}
+    assert all(r["with_flush_wall_s"] > 0 and r["without_flush_wall_s"] > 0 for r in core["flush"])
     assert core["errors"] == {}
-    seeds = res["seeds"]
-    assert [(r["backend"], r["n"]) for r in seeds["remove"]] == [("ours", 10)]
-    assert seeds["remove"][0]["fanout_s"] > 0 and seeds["remove"][0]["override_s"] > 0
-    rec = seeds["recovery"][0]
+    plugin = res["plugin"]
+    assert [(r["backend"], r["n"]) for r in plugin["remove"]] == [("ours", 10)]
+    assert plugin["remove"][0]["fanout_s"] > 0 and plugin["remove"][0]["override_s"] > 0
+    assert plugin["errors"] == {}
+    rec = res["recovery"]["rows"][0]
     assert rec["slots"] == 100 and rec["drops_agree"] is True
     assert rec["drops"] == {"ours sequential": 2, "ours batched": 2}
-    assert seeds["errors"] == {}
-    # The summary names the targets this run measured.
-    assert "Targets of the issues" in stdout and "batched_remove N=1000" not in stdout
-    assert "recovery validation 100 slots" in stdout
+    assert res["recovery"]["errors"] == {}
+    # The summary lists what this run measured against a goal; without LMCache there is no
+    # LMCache-relative row, and batched_remove was measured at 10 keys only.
+    assert "Measured against the goals" in stdout and "index memory, 64 entries" in stdout
+    assert "slot-header validation" not in stdout.split("Measured against the goals")[1]
+    assert "batched_remove, 1,000 keys" not in stdout
 
 
 def test_install_competitors_installs_lmcache_only_for_core_parts(tmp_path, capsys, monkeypatch):
@@ -414,7 +444,7 @@ def test_install_competitors_installs_lmcache_only_for_core_parts(tmp_path, caps
                           "--install-competitors", "--no-plots"], capsys)
     assert rc == 0, err
     assert calls == []
-    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "seeds",
+    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "plugin",
                           "--install-competitors", "--no-plots"], capsys)
     assert rc == 0, err
     assert calls == [1]
@@ -456,6 +486,6 @@ def test_core_plots_written(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib", reason="matplotlib not installed: plots are skipped by design")
     _no_lmcache(monkeypatch)
     out = tmp_path / "out"
-    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,seeds"], capsys)
+    rc, _, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,recovery,plugin"], capsys)
     assert rc == 0, err
     assert (out / "core_latency_vs_entries.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,30 +1,35 @@
-"""Benchmarks of lmcache_rawblock against the Rust wheel it replaces.
+"""Benchmarks of lmcache_rawblock against what it replaces: LMCache's Rust device, LMCache's
+Python core and plugin, and fio.
 
 ``run(options)`` drives the parts of a suite and returns the results dictionary that
-``report`` prints and writes. Parts: device, uring, limit (RawBlockDevice against the Rust
-wheel and fio, on the target), core (our RawBlockCore against LMCache's) and seeds (the
-batched_remove and recovery-validation tables), the last two on sparse files of their own.
+``report`` prints and writes. Parts on the target (``--device`` or a temporary sparse file):
+device (per-call latency against the Rust device), uring (io_uring batches against the Rust
+device), limit (our io_uring engine streaming against fio). Parts on sparse files of their own:
+core (our RawBlockCore against LMCache's, with per-key CPU beside the kernel floor and the
+checkpoint flush cost), recovery (slot-header validation, sequential against batched) and
+plugin (batched_remove fan-out against the override, and eviction under contention).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import common, device, limit
 from . import core as core_suite
-from . import seeds as seeds_suite
+from . import plugin as plugin_suite
+from . import recovery as recovery_suite
 from .common import Competitor
-from .target import Target, prefill
+from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "seeds")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
+CORE_PARTS = ("core", "recovery", "plugin")  # the parts that compare with LMCache, on files of their own
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -67,7 +72,7 @@ def planned_parts(opts: Options) -> list[str]:
     for p in opts.parts:
         if p == "device" and "posix" not in opts.engines:
             continue
-        if p == "uring" and "io_uring" not in opts.engines:
+        if p in ("uring", "limit", "recovery") and "io_uring" not in opts.engines:
             continue
         if p == "core" and not core_engines(opts):
             continue
@@ -91,10 +96,17 @@ def core_engines(opts: Options) -> list[str]:
     return picked or allowed[:1]
 
 
-def seed_settings(opts: Options) -> seeds_suite.SeedSettings:
-    s = replace(seeds_suite.SUITES[opts.suite])
+def recovery_settings(opts: Options) -> recovery_suite.RecoverySettings:
+    s = replace(recovery_suite.SUITES[opts.suite])
     if opts.repeats:
-        s.remove_cycles = s.recovery_repeats = opts.repeats
+        s.repeats = opts.repeats
+    return s
+
+
+def plugin_settings(opts: Options) -> plugin_suite.PluginSettings:
+    s = replace(plugin_suite.SUITES[opts.suite])
+    if opts.repeats:
+        s.remove_cycles = opts.repeats
         s.remove_cycles_large = min(s.remove_cycles_large, opts.repeats)
     return s
 
@@ -102,29 +114,32 @@ def seed_settings(opts: Options) -> seeds_suite.SeedSettings:
 def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str] | None = None,
         core_comps: list[Competitor] | None = None) -> dict:
     """Run the planned parts. ``comps``: ours + the Rust wheel (device parts); ``core_comps``:
-    our core + LMCache's (core and seeds parts; discovered here when not given)."""
+    our core + LMCache's (core, recovery and plugin parts; discovered here when not given)."""
     t0 = time.perf_counter()
     s, more_notes = settings_for(opts, target)
     notes = list(notes or []) + more_notes + list(target.notes)
     parts = planned_parts(opts)
     if "uring_cmd" in opts.engines:
         notes.append(URING_CMD_NOTE)
-    if core_comps is None and ("core" in parts or "seeds" in parts):
+    on_files = [p for p in parts if p in CORE_PARTS]
+    if core_comps is None and on_files:
         core_comps = [core_suite.ours_core(), core_suite.lmcache_core()]
     core_comps = core_comps or []
-    cs = core_settings(opts) if "core" in parts else None
-    ss = seed_settings(opts) if "seeds" in parts else None
+    part_settings: dict[str, Any] = {}
+    if "core" in parts:
+        part_settings["core"] = core_settings(opts)
+    if "recovery" in parts:
+        part_settings["recovery"] = recovery_settings(opts)
+    if "plugin" in parts:
+        part_settings["plugin"] = plugin_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
-    if cs:
-        settings["core"] = cs.describe()
-    if ss:
-        settings["seeds"] = ss.describe()
+    settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
     for c in core_comps:
         if c.name != "ours":
             competitors[c.name] = c.describe()
     results: dict[str, Any] = {
-        "schema": 1,
+        "schema": 2,
         "tool": "python -m lmcache_rawblock bench",
         "machine": common.machine_info(opts.argv),
         "settings": settings,
@@ -138,37 +153,34 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
     steps = {
         "device": device.sync_steps(s),
         "uring": device.uring_steps(s),
-        "limit": limit.limit_steps(s.sizes, limit.limit_depths(s.uring_depths), s.fio_passes),
+        "limit": len(s.limit_cases),
+        "core": core_suite.steps(part_settings["core"]) if "core" in parts else 0,
+        "recovery": recovery_suite.steps(part_settings["recovery"]) if "recovery" in parts else 0,
+        "plugin": plugin_suite.steps(part_settings["plugin"]) if "plugin" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
-    workdir = tempfile.mkdtemp(prefix="lmcache_rawblock-bench-") if (cs or ss) else None
+    workdir = make_workdir() if on_files else None
     runners: dict[str, Callable[[Any], dict]] = {
         "device": lambda bar: device.run_sync(target.path, comps, s, bar),
         "uring": lambda bar: device.run_uring(target.path, comps, s, bar),
-        "limit": lambda bar: limit.run_limit(
-            target.path, s.sizes, limit.limit_depths(s.uring_depths), s.region, s.fio_runtime_s, bar,
-            passes=s.fio_passes,
-        ),
-        "core": lambda bar: core_suite.run_core(core_comps, cs, workdir, bar),
-        "seeds": lambda bar: seeds_suite.run_seeds(core_comps, ss, workdir, bar),
+        "limit": lambda bar: limit.run_limit(target.path, comps[0].cls, s.limit_cases, s.region, s.limit_seconds,
+                                             s.limit_rounds, bar),
+        "core": lambda bar: core_suite.run_core(core_comps, part_settings["core"], workdir, bar),
+        "recovery": lambda bar: recovery_suite.run_recovery(core_comps, part_settings["recovery"], workdir, bar),
+        "plugin": lambda bar: plugin_suite.run_plugin(core_comps, part_settings["plugin"], workdir, bar),
     }
-    if cs:
-        steps["core"] = core_suite.steps(cs)
-    if ss:
-        steps["seeds"] = seeds_suite.steps(ss)
     total = sum(steps[p] for p in parts)
-    if cs or ss:
+    if on_files:
         logging.disable(logging.WARNING)  # LMCache and the cores log every open at INFO/WARNING
     try:
         with common.progress(total, f"bench {opts.suite}", enabled=opts.progress) as bar:
             for p in parts:
                 results[p] = runners[p](bar)
     finally:
-        if cs or ss:
+        if on_files:
             logging.disable(logging.NOTSET)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    limit.attach_fractions(results)
     results["elapsed_s"] = time.perf_counter() - t0
     return results

@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmark suites: sizes, timing, statistics, machine description,
-competitor discovery and progress bars.
+"""Helpers shared by the benchmark parts: sizes, formatting, statistics, interleaved rounds,
+scratch files, the machine and source description, competitor discovery and progress bars.
 
 Conventions used throughout the results:
 
@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -94,6 +94,21 @@ def fmt_rate(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s / MiB:,.0f} MiB/s"
 
 
+def fmt_time(sec: float | None) -> str:
+    """0.0000123 -> '12.3 µs', 0.0123 -> '12.30 ms', 1.5 -> '1.50 s'."""
+    if sec is None:
+        return "-"
+    if sec < 1e-3:
+        return f"{sec * 1e6:.1f} µs"
+    if sec < 1:
+        return f"{sec * 1e3:.2f} ms"
+    return f"{sec:.2f} s"
+
+
+def fmt_x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
 def median(values: Sequence[float]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -120,10 +135,34 @@ def aligned_buffer(size: int) -> memoryview:
     return memoryview(mmap.mmap(-1, max(size, mmap.PAGESIZE)))[:size]
 
 
-def interleaved_order(round_index: int, names: Sequence[str]) -> list[str]:
+def interleaved_order(round_index: int, names: Sequence[Any]) -> list[Any]:
     """Alternate the order of the implementations from one repeat round to the next."""
     names = list(names)
     return names if round_index % 2 == 0 else names[::-1]
+
+
+def interleave(names: Sequence[str], rounds: int, measure: Callable[[str, int], float]) -> dict[str, list[float]]:
+    """``measure(name, round)`` for every name in every round, the order alternating from round
+    to round so that drift of a shared machine hits every implementation alike."""
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for rnd in range(rounds):
+        for name in interleaved_order(rnd, names):
+            samples[name].append(measure(name, rnd))
+    return samples
+
+
+def sparse(path: str, size: int) -> str:
+    """Create (or truncate) a sparse file of *size* bytes; returns the path."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def remove_file(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 # --------------------------------------------------------------------------- competitors
@@ -147,15 +186,8 @@ class Competitor:
         return self.cls is not None
 
     def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "distribution": self.dist,
-            "module": self.module,
-            "available": self.available,
-            "version": self.version,
-            "error": self.error,
-            "install": self.install,
-        }
+        return {"name": self.name, "distribution": self.dist, "module": self.module, "available": self.available,
+                "version": self.version, "error": self.error, "install": self.install}
 
 
 def _dist_version(dist: str) -> str | None:
@@ -199,20 +231,27 @@ def rust() -> Competitor:
     return comp
 
 
+def pip_install(cmd: list[str], timeout: float, run: Callable[..., Any] = subprocess.run) -> str | None:
+    """Run one pip command; None on success, else what went wrong (never raises)."""
+    try:
+        proc = run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{' '.join(cmd)} failed: {exc}"
+    importlib.invalidate_caches()
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+        return f"{' '.join(cmd)} exited {proc.returncode}: {' | '.join(tail)}"
+    return None
+
+
 def install_competitors(run: Callable[..., Any] = subprocess.run) -> tuple[bool, str]:
     """``python -m pip install lmcache-rust-raw-block-io`` with this interpreter.
 
     Returns (ok, message); never raises, so the benchmark carries on without the wheel.
     """
-    cmd = [sys.executable, "-m", "pip", "install", "-q", RUST_DIST]
-    try:
-        proc = run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return False, f"{' '.join(cmd)} failed: {exc}"
-    importlib.invalidate_caches()
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-        return False, f"{' '.join(cmd)} exited {proc.returncode}: {' | '.join(tail)}"
+    err = pip_install([sys.executable, "-m", "pip", "install", "-q", RUST_DIST], 600, run)
+    if err:
+        return False, err
     return True, f"installed {RUST_DIST} {_dist_version(RUST_DIST) or ''}".strip()
 
 
@@ -284,7 +323,37 @@ def machine_info(argv: Sequence[str] | None = None) -> dict:
         "python_executable": sys.executable,
         "packages": packages,
         "fio": _tool_version(["fio", "--version"]),
+        "source": source_info(),
     }
+
+
+def source_info() -> dict | None:
+    """Which code the figures belong to: the git commit of the checkout lmcache_rawblock is
+    imported from, the tracked files that differ from it, and when the extension was built.
+    None for an installed package outside a git checkout."""
+    try:
+        import lmcache_rawblock._native as native
+    except ImportError:
+        return None
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(native.__file__)))
+
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", "-C", pkg, *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    built = _dt.datetime.fromtimestamp(os.path.getmtime(native.__file__), _dt.timezone.utc)
+    info: dict[str, Any] = {"extension_built": built.isoformat(timespec="seconds"), "commit": None,
+                            "modified": []}
+    top = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "HEAD") if top and os.path.realpath(top) == os.path.realpath(pkg) else None
+    if commit:
+        info["commit"] = commit
+        status = git("status", "--porcelain", "--untracked-files=no", "--", "csrc", "lmcache_rawblock") or ""
+        info["modified"] = [line[3:] for line in status.splitlines() if line.strip()]
+    return info
 
 
 def machine_summary(m: dict) -> str:
@@ -329,8 +398,3 @@ def progress(total: int, desc: str, enabled: bool = True) -> Iterator[Any]:
         yield bar
     finally:
         bar.close()
-
-
-def chunks(seq: Sequence, n: int) -> Iterable[Sequence]:
-    for i in range(0, len(seq), n):
-        yield seq[i : i + n]

@@ -1,4 +1,4 @@
-"""Core suite: our ``RawBlockCore`` against LMCache's Python ``RawBlockCore`` (over the Rust wheel).
+"""Core part: our ``RawBlockCore`` against LMCache's Python ``RawBlockCore`` (over the Rust wheel).
 
 For each index size N (1k / 10k / 100k entries) every round gives each implementation a fresh
 sparse file and runs, operation by operation and with the order of the implementations
@@ -12,10 +12,10 @@ alternating from round to round:
   verification on (reads the checkpoint, checks every entry's header);
 * ``delete_many``: one call over the N keys.
 
-The CPU part times ``time.process_time()`` per key of ``put_many`` / ``load_many_into`` of
-64 x 64 KiB (issue 4's per-key CPU target). Figures are medians over the rounds; the ratio
-reported is *LMCache time / our time* (the speed-up, higher is better), because that is how
-the targets of issue 4 are phrased.
+Figures are medians over the rounds; ``speedup`` is *LMCache time / our time* (higher is
+better). The index memory per entry comes from ``RawBlockCore.index_memory_bytes()``. The same
+part times per-key CPU (``cpu.py``) and what the durability flushes cost a checkpoint (ours
+only: the same checkpoint with and without them).
 
 LMCache (``pip install torch==2.13.0 && pip install lmcache``) is optional: without it only
 our core is measured and the competitor is reported as not installed.
@@ -32,7 +32,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .common import MiB, Competitor, _dist_version, interleaved_order, median, spread
+from .common import (MiB, Competitor, _dist_version, aligned_buffer, interleaved_order, median, pip_install,
+                     remove_file, sparse, spread)
 
 LMCACHE_DIST = "lmcache"
 LMCACHE_MODULE = "lmcache.v1.storage_backend.raw_block"
@@ -46,6 +47,10 @@ OPS = ("put_many", "exists_many", "load_many_into", "checkpoint", "open_recovery
 CPU_KEYS, CPU_SIZE = 64, 64 * 1024
 
 
+CPU_MEDIA = ("page cache", "O_DIRECT", "O_DIRECT, registered buffers")
+FLUSH_BATCH, FLUSH_PAYLOAD, FLUSH_SLOT = 64, 64 * 1024, 128 * 1024
+
+
 @dataclass
 class CoreSettings:
     sizes: list[int]
@@ -53,23 +58,31 @@ class CoreSettings:
     repeats_large: int  # rounds for N >= 100k
     cpu_repeats: int
     engines: list[str] = field(default_factory=lambda: ["posix"])
+    cpu_media: list[str] = field(default_factory=lambda: list(CPU_MEDIA))
+    floor_rounds: int = 20  # io_floor rounds per medium; 0: no kernel floor
+    flush_entries: list[int] = field(default_factory=lambda: [1000])
+    flush_rounds: int = 3  # checkpoints with flushes, and as many without
 
     def describe(self) -> dict:
         return {"sizes": list(self.sizes), "repeats": self.repeats, "repeats_large": self.repeats_large,
                 "cpu_repeats": self.cpu_repeats, "payload_bytes": PAYLOAD, "slot_bytes": SLOT, "batch": BATCH,
-                "engines": list(self.engines)}
+                "engines": list(self.engines), "cpu_media": list(self.cpu_media),
+                "floor_rounds": self.floor_rounds, "flush_entries": list(self.flush_entries),
+                "flush_rounds": self.flush_rounds}
 
 
 SUITES = {
-    "smoke": CoreSettings(sizes=[64], repeats=1, repeats_large=1, cpu_repeats=1),
+    "smoke": CoreSettings(sizes=[64], repeats=1, repeats_large=1, cpu_repeats=1, cpu_media=["page cache"],
+                          floor_rounds=0, flush_entries=[64], flush_rounds=1),
     "quick": CoreSettings(sizes=[1000], repeats=5, repeats_large=3, cpu_repeats=5),
     "full": CoreSettings(sizes=[1000, 10000, 100000], repeats=7, repeats_large=3, cpu_repeats=9,
-                         engines=["posix", "io_uring"]),
+                         engines=["posix", "io_uring"], floor_rounds=40, flush_entries=[1000, 10000],
+                         flush_rounds=7),
 }
 
 
 def steps(s: CoreSettings) -> int:
-    return len(s.sizes) * len(s.engines) + len(s.engines)
+    return len(s.engines) * (len(s.sizes) + 1 + len(s.flush_entries))
 
 
 # --------------------------------------------------------------------------- competitor
@@ -104,7 +117,7 @@ def ours_core() -> Competitor:
                       version=__version__)
 
 
-# --------------------------------------------------------------------------- helpers shared with seeds
+# --------------------------------------------------------------------------- memory objects, keys, cores
 
 
 class _Meta:
@@ -120,10 +133,20 @@ class _Meta:
 class PlainObj:
     """A MemoryObj-shaped buffer (byte_array + metadata) for runs without torch/LMCache."""
 
-    def __init__(self, n: int, fill: int = 0):
-        self._buf = bytearray([fill]) * n
-        self.byte_array = memoryview(self._buf)
+    def __init__(self, n: int, fill: int = 0, view: memoryview | None = None):
+        self.byte_array = view if view is not None else memoryview(bytearray([fill]) * n)
         self.metadata = _Meta(n)
+
+
+def _tensor_obj(t: Any) -> Any:
+    """LMCache's TensorMemoryObj (BINARY, uint8) over the uint8 tensor t."""
+    import torch
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    n = t.numel()
+    md = MemoryObjMetadata(shape=torch.Size([n]), dtype=torch.uint8, address=0, phy_size=n, ref_count=1,
+                           fmt=MemoryFormat.BINARY)
+    return TensorMemoryObj(raw_data=t, metadata=md, parent_allocator=None)
 
 
 def make_obj(n: int, fill: int = 0x5A, real: bool = False) -> Any:
@@ -131,12 +154,51 @@ def make_obj(n: int, fill: int = 0x5A, real: bool = False) -> Any:
     if not real:
         return PlainObj(n, fill)
     import torch
-    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
 
-    t = torch.full((n,), fill, dtype=torch.uint8)
-    md = MemoryObjMetadata(shape=torch.Size([n]), dtype=torch.uint8, address=0, phy_size=n, ref_count=1,
-                           fmt=MemoryFormat.BINARY)
-    return TensorMemoryObj(raw_data=t, metadata=md, parent_allocator=None)
+    return _tensor_obj(torch.full((n,), fill, dtype=torch.uint8))
+
+
+class Arena:
+    """n payload-sized memory objects carved out of one page-aligned buffer (what O_DIRECT zero
+    copy needs); ``get_paged_buffers()`` is what ``register_fixed_buffers_from_allocator``
+    registers, as with LMCache's paged CPU allocator. Torch-backed when ``real``."""
+
+    def __init__(self, n: int, size: int, real: bool = False):
+        self.size, self.real = size, real
+        if real:
+            import torch
+
+            raw = torch.zeros(n * size + BLOCK, dtype=torch.uint8)
+            off = -raw.data_ptr() % BLOCK
+            self.buf = raw[off:off + n * size]
+        else:
+            self.buf = aligned_buffer(n * size)
+
+    def get_paged_buffers(self) -> list:
+        return [self.buf]
+
+    def obj(self, i: int, fill: int) -> Any:
+        piece = self.buf[i * self.size:(i + 1) * self.size]
+        if self.real:
+            piece.fill_(fill)
+            return _tensor_obj(piece)
+        piece[:] = bytes([fill]) * self.size
+        return PlainObj(self.size, view=piece)
+
+
+def payload(obj: Any) -> bytes:
+    return bytes(obj.byte_array)
+
+
+def clear(obj: Any) -> None:
+    """Zero an object's bytes without a torch op (an OpenMP worker spinning after one would be
+    billed to process_time)."""
+    if isinstance(obj, PlainObj):
+        obj.byte_array[:] = bytes(len(obj.byte_array))
+    else:
+        import ctypes
+
+        ctypes.memset(obj.raw_data.data_ptr(), 0, obj.raw_data.numel())
 
 
 def object_keys(n: int, tag: str = "bench") -> list:
@@ -145,12 +207,6 @@ def object_keys(n: int, tag: str = "bench") -> list:
 
     return [encode_object_key(ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name=tag, kv_rank=0))
             for i in range(n)]
-
-
-def sparse(path: str, size: int) -> str:
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return path
 
 
 def meta_bytes_for(n: int) -> int:
@@ -192,49 +248,38 @@ def _quiet() -> None:
 # --------------------------------------------------------------------------- the index-size part
 
 
+def _timed(call: Callable[[], Any], ok: Callable[[Any], bool], failure: str) -> float:
+    t0 = time.perf_counter()
+    got = call()
+    dt = time.perf_counter() - t0
+    if not ok(got):
+        raise RuntimeError(failure)
+    return dt
+
+
 def _run_op(op: str, state: dict, keys: list, enc: list, objs: list, dst: list) -> float:
     core = state["core"]
     n = len(keys)
+    starts = range(0, n, BATCH)
     if op == "put_many":
-        t0 = time.perf_counter()
-        for i in range(0, n, BATCH):
-            res = core.put_many(keys[i:i + BATCH], objs[:min(BATCH, n - i)])
-            if not all(res.results):
-                raise RuntimeError(f"put_many stored {sum(res.results)} of {len(res.results)} keys")
-        return time.perf_counter() - t0
+        return _timed(lambda: [all(core.put_many(keys[i:i + BATCH], objs[:min(BATCH, n - i)]).results)
+                               for i in starts], all, "put_many did not store every key")
     if op == "exists_many":
-        t0 = time.perf_counter()
-        got = core.exists_many(enc)
-        dt = time.perf_counter() - t0
-        if not all(got):
-            raise RuntimeError("exists_many missed keys")
-        return dt
+        return _timed(lambda: core.exists_many(enc), all, "exists_many missed keys")
     if op == "load_many_into":
-        t0 = time.perf_counter()
-        for i in range(0, n, BATCH):
-            got = core.load_many_into(enc[i:i + BATCH], dst[:min(BATCH, n - i)])
-            if not all(got):
-                raise RuntimeError("load_many_into missed keys")
-        return time.perf_counter() - t0
+        return _timed(lambda: [all(core.load_many_into(enc[i:i + BATCH], dst[:min(BATCH, n - i)])) for i in starts],
+                      all, "load_many_into missed keys")
     if op == "checkpoint":
-        t0 = time.perf_counter()
-        core.checkpoint_now()
-        return time.perf_counter() - t0
+        return _timed(core.checkpoint_now, lambda _: True, "")
     if op == "open_recovery":
         close_core(core)
-        t0 = time.perf_counter()
-        state["core"] = core = state["open"](True)
-        dt = time.perf_counter() - t0
-        if core.indexed_key_count() != n:
-            raise RuntimeError(f"recovery found {core.indexed_key_count()} of {n} entries")
+        state["core"] = None
+        dt = _timed(lambda: state.update(core=state["open"](True)), lambda _: True, "")
+        if state["core"].indexed_key_count() != n:
+            raise RuntimeError(f"recovery found {state['core'].indexed_key_count()} of {n} entries")
         return dt
     if op == "delete_many":
-        t0 = time.perf_counter()
-        got = core.delete_many(enc)
-        dt = time.perf_counter() - t0
-        if not all(got):
-            raise RuntimeError("delete_many missed keys")
-        return dt
+        return _timed(lambda: core.delete_many(enc), all, "delete_many missed keys")
     raise ValueError(op)
 
 
@@ -277,17 +322,14 @@ def measure_size(comps: Sequence[Competitor], n: int, repeats: int, workdir: str
                     except Exception as exc:  # noqa: BLE001
                         errors[name] = f"{op}: {type(exc).__name__}: {exc}"
                 if op == "load_many_into" and "ours" in states and "ours" not in errors:
-                    mem.append(int(states["ours"]["core"]._native.mem_bytes()))
+                    mem.append(states["ours"]["core"].index_memory_bytes())
                 if op == "load_many_into" and "ours" in states and bytes(dst[0].byte_array[:8]) != bytes(
                         objs[0].byte_array[:8]):
                     errors["ours"] = "load_many_into returned other bytes than were put"
         finally:
             for st in states.values():
                 close_core(st["core"])
-                try:
-                    os.unlink(st["path"])
-                except OSError:
-                    pass
+                remove_file(st["path"])
     rows = []
     for op in OPS:
         ours_s = median(samples[op].get("ours", []))
@@ -309,71 +351,67 @@ def measure_size(comps: Sequence[Competitor], n: int, repeats: int, workdir: str
     return {"rows": rows, "index": index, "errors": errors}
 
 
-# --------------------------------------------------------------------------- per-key CPU part
+# --------------------------------------------------------------------------- checkpoint flushes
 
 
-def measure_cpu(comps: Sequence[Competitor], repeats: int, workdir: str, engine: str = "posix",
-                real_objs: bool = False) -> dict:
-    """process_time per key of put_many / load_many_into, 64 keys x 64 KiB (page cache)."""
-    slot = CPU_SIZE + BLOCK
-    objs = [make_obj(CPU_SIZE, 0x41 + i % 32, real_objs) for i in range(CPU_KEYS)]
-    dst = [make_obj(CPU_SIZE, 0, real_objs) for _ in range(CPU_KEYS)]
-    cores: dict[str, Any] = {}
-    paths = []
-    errors: dict[str, str] = {}
-    for c in comps:
-        path = sparse(os.path.join(workdir, f"cpu-{c.name}-{engine}.img"), MiB + (CPU_KEYS + 2) * slot)
-        paths.append(path)
-        try:
-            cores[c.name] = open_core(c, path, slot_bytes=slot, io_engine=engine, meta_verify_on_load=False)
-        except Exception as exc:  # noqa: BLE001
-            errors[c.name] = f"{type(exc).__name__}: {exc}"
-    res: dict[str, dict[str, list[float]]] = {"put_many": {}, "load_many_into": {}}
+def measure_flush(s: CoreSettings, engine: str, medium: str, entries: int, workdir: str) -> dict:
+    """Our checkpoint with and without its device flushes, on one core: each round puts a batch
+    of new payloads (what a checkpoint interval writes), then checkpoints; rounds alternate
+    between flushes on (the product) and off. Medians of wall and CPU time per checkpoint."""
+    odirect = medium == "O_DIRECT"
+    meta = meta_bytes_for(entries + FLUSH_BATCH)
+    path = sparse(os.path.join(workdir, f"flush-{engine}.img"),
+                  meta + (entries + FLUSH_BATCH * (2 * s.flush_rounds + 2)) * FLUSH_SLOT)
+    small_arena = Arena(FLUSH_BATCH, PAYLOAD)
+    small = [small_arena.obj(i, 0x33) for i in range(FLUSH_BATCH)]
+    body = Arena(1, FLUSH_PAYLOAD).obj(0, 0x44)
+    core = open_core(ours_core(), path, slot_bytes=FLUSH_SLOT, meta_total_bytes=meta, io_engine=engine,
+                     use_odirect=odirect, enable_zero_copy=True, meta_verify_on_load=False)
+    times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     try:
-        for rnd in range(repeats):
-            keys = object_keys(CPU_KEYS, f"cpu{rnd}")
-            enc = [k.encoded for k in keys]
-            for name in interleaved_order(rnd, list(cores)):
-                core = cores[name]
-                p0 = time.process_time()
-                pr = core.put_many(keys, objs)
-                p1 = time.process_time()
-                got = core.load_many_into(enc, dst)
-                p2 = time.process_time()
-                if not all(pr.results) or not all(got) or bytes(dst[3].byte_array[:16]) != bytes(
-                        objs[3].byte_array[:16]):
-                    errors[name] = "put/load round trip failed"
-                core.delete_many(enc)
-                res["put_many"].setdefault(name, []).append((p1 - p0) / CPU_KEYS)
-                res["load_many_into"].setdefault(name, []).append((p2 - p1) / CPU_KEYS)
+        keys = object_keys(entries, f"flush{entries}")
+        for i in range(0, entries, FLUSH_BATCH):
+            part = keys[i:i + FLUSH_BATCH]
+            core.put_many(part, small[:len(part)])
+        core.checkpoint_now()
+        for rnd in range(2 * s.flush_rounds):
+            flush = rnd % 2 == 0
+            core.hooks.set_checkpoint_flush(flush)
+            batch = object_keys(FLUSH_BATCH, f"flush{entries}-{rnd}")
+            if not all(core.put_many(batch, [body] * FLUSH_BATCH).results):
+                raise RuntimeError("put_many failed while measuring checkpoints")
+            w, c = time.perf_counter(), time.process_time()
+            core.checkpoint_now()
+            times[flush].append((time.perf_counter() - w, time.process_time() - c))
+            core.delete_many([k.encoded for k in batch])
     finally:
-        for core in cores.values():
-            close_core(core)
-        for p in paths:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-    rows = []
-    for op, by in res.items():
-        o, lm = median(by.get("ours", [])), median(by.get("lmcache", []))
-        rows.append({"op": op, "engine": engine, "keys": CPU_KEYS, "size": CPU_SIZE, "repeats": repeats,
-                     "ours_cpu_per_key_s": o, "lmcache_cpu_per_key_s": lm,
-                     "speedup": (lm / o) if (o and lm) else None, "samples_s": by})
-    return {"rows": rows, "errors": errors}
+        core.hooks.set_checkpoint_flush(True)
+        close_core(core)
+        remove_file(path)
+    on = [median([t[i] for t in times[True]]) for i in (0, 1)]
+    off = [median([t[i] for t in times[False]]) for i in (0, 1)]
+    return {"engine": engine, "medium": medium, "entries": entries, "rounds": s.flush_rounds,
+            "batch_keys": FLUSH_BATCH, "batch_payload": FLUSH_PAYLOAD,
+            "with_flush_wall_s": on[0], "with_flush_cpu_s": on[1],
+            "without_flush_wall_s": off[0], "without_flush_cpu_s": off[1],
+            "wall_ratio": on[0] / off[0] if off[0] else None}
 
 
 # --------------------------------------------------------------------------- the part
 
 
-def run_core(comps: Sequence[Competitor], s: CoreSettings, workdir: str, bar: Any,
-             note: Callable[[str], None] | None = None) -> dict:
-    """The core part: index-size rows per engine, index memory, per-key CPU."""
+def run_core(comps: Sequence[Competitor], s: CoreSettings, workdir: str, bar: Any) -> dict:
+    """The core part: index-size rows per engine, index memory, per-key CPU beside the kernel
+    floor, and the checkpoint with and without its flushes."""
+    from . import cpu
+
     _quiet()
     comps = [c for c in comps if c.available]
     real = any(c.name == "lmcache" for c in comps)
-    out: dict[str, Any] = {"settings": s.describe(), "rows": [], "index": [], "cpu": [], "errors": {},
-                           "competitors": [c.name for c in comps]}
+    out: dict[str, Any] = {"settings": s.describe(), "rows": [], "index": [], "cpu": [], "flush": [],
+                           "errors": {}, "competitors": [c.name for c in comps]}
+    floor = cpu.kernel_floor(s.cpu_media, s.floor_rounds, workdir)
+    out["floor"] = floor
     for engine in s.engines:
         for n in s.sizes:
             bar.set_description_str(f"core {engine} {n:,} entries")
@@ -384,12 +422,20 @@ def run_core(comps: Sequence[Competitor], s: CoreSettings, workdir: str, bar: An
             for k, v in r["errors"].items():
                 out["errors"][f"{k}/{engine}/{n}"] = v
             bar.update(1)
-        bar.set_description_str(f"core cpu 64x64KiB {engine}")
-        r = measure_cpu(comps, s.cpu_repeats, workdir, engine=engine, real_objs=real)
+        bar.set_description_str(f"core per-key CPU {engine}")
+        r = cpu.measure_cpu(comps, s, workdir, engine, real, floor)
         out["cpu"] += r["rows"]
         for k, v in r["errors"].items():
-            out["errors"][f"{k}/cpu/{engine}"] = v
+            out["errors"][f"cpu/{engine}/{k}"] = v
         bar.update(1)
+        for n in s.flush_entries:
+            bar.set_description_str(f"core checkpoint flushes {engine} {n:,} entries")
+            for medium in ("page cache", "O_DIRECT"):
+                try:
+                    out["flush"].append(measure_flush(s, engine, medium, n, workdir))
+                except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+                    out["errors"][f"flush/{engine}/{medium}/{n}"] = f"{type(exc).__name__}: {exc}"
+            bar.update(1)
     return out
 
 
@@ -434,16 +480,11 @@ def install_lmcache(run: Callable[..., Any] | None = None, target: str | None = 
     """torch (the local CPU wheel) and lmcache, into ``competitor_dir()``. Never raises."""
     import subprocess
 
-    run = run or subprocess.run
     target = target or competitor_dir()
     t0 = time.perf_counter()
     for cmd in install_commands(target):
-        try:
-            proc = run(cmd, capture_output=True, text=True, timeout=1800)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return False, f"{' '.join(cmd)} failed: {exc}"
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-            return False, f"{' '.join(cmd)} exited {proc.returncode}: {' | '.join(tail)}"
+        err = pip_install(cmd, 1800, run or subprocess.run)
+        if err:
+            return False, err
     activate_competitor_dir(target)
     return True, f"installed torch 2.13.0 + lmcache into {target} in {time.perf_counter() - t0:.0f} s"

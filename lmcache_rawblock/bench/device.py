@@ -1,4 +1,4 @@
-"""Device suites: synchronous per-call latency and io_uring batched throughput.
+"""Device parts: synchronous per-call latency and io_uring batches, ours against the Rust wheel.
 
 Both implementations (ours and, when importable, the Rust wheel) are measured in this one
 process. Each measurement cell (operation, mode, size) runs ``repeats`` rounds; in every
@@ -11,19 +11,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .common import (
     MiB,
     Competitor,
     aligned_buffer,
     fmt_size,
-    interleaved_order,
+    interleave,
     median,
     ratio,
     spread,
 )
-from .target import settle
+from .target import settle, sync_file, warm
 
 SYNC_OPS = ("pread_into", "pwrite_from_buffer")
 MODES = ("buffered", "odirect")
@@ -41,9 +41,11 @@ class SuiteSettings:
     region: int  # bytes at the start of the target that the suites touch
     modes: list[str] = field(default_factory=lambda: list(MODES))
     ops: list[str] = field(default_factory=lambda: list(SYNC_OPS))
-    uring_depths: list[int] = field(default_factory=lambda: [32])
-    fio_runtime_s: float | None = 1.0  # None: bounded by bytes (io_size=region) instead
-    fio_passes: int = 2  # each fio job runs this often; the best pass is kept
+    uring_depths: list[int] = field(default_factory=lambda: [64, 256])
+    # fio against our io_uring stream: (fio rw, block size, queue depth), seconds per run, rounds
+    limit_cases: list[tuple[str, int, int]] = field(default_factory=list)
+    limit_seconds: float = 1.0
+    limit_rounds: int = 2
 
     def describe(self) -> dict:
         return {
@@ -57,26 +59,33 @@ class SuiteSettings:
             "modes": list(self.modes),
             "ops": list(self.ops),
             "uring_depths": list(self.uring_depths),
-            "fio_runtime_s": self.fio_runtime_s,
-            "fio_passes": self.fio_passes,
+            "limit_cases": [list(c) for c in self.limit_cases],
+            "limit_seconds": self.limit_seconds,
+            "limit_rounds": self.limit_rounds,
         }
 
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]
+SEQ_1M = [("read", MiB, 32), ("write", MiB, 32)]
+RAND_4K = [("randread", 4 << 10, 64)]
 
 SUITES: dict[str, SuiteSettings] = {
     # Hidden: a few calls at 4 KiB, for tests of the CLI itself.
     "smoke": SuiteSettings(
         name="smoke", sizes=[4 << 10], repeats=1, target_batch_s=0.001, min_calls=3, max_calls=64,
-        region=4 * MiB, uring_depths=[4], fio_runtime_s=None, fio_passes=1,
+        region=4 * MiB, uring_depths=[4], limit_cases=[("read", 4 << 10, 4), ("write", 4 << 10, 4)],
+        limit_seconds=0.2, limit_rounds=1,
     ),
     "quick": SuiteSettings(
         name="quick", sizes=list(DEFAULT_SIZES), repeats=7, target_batch_s=0.01, min_calls=3,
-        max_calls=20000, region=128 * MiB, uring_depths=[32], fio_runtime_s=0.5, fio_passes=1,
+        max_calls=20000, region=128 * MiB, uring_depths=[64, 256], limit_cases=SEQ_1M + RAND_4K,
+        limit_seconds=1.0, limit_rounds=2,
     ),
     "full": SuiteSettings(
         name="full", sizes=list(DEFAULT_SIZES), repeats=15, target_batch_s=0.04, min_calls=5,
-        max_calls=200000, region=512 * MiB, uring_depths=[1, 8, 32, 128], fio_runtime_s=2.0,
+        max_calls=200000, region=512 * MiB, uring_depths=[1, 8, 64, 256],
+        limit_cases=[("read", MiB, 16), ("write", MiB, 16)] + SEQ_1M + RAND_4K, limit_seconds=3.0,
+        limit_rounds=3,
     ),
 }
 
@@ -86,7 +95,7 @@ def sync_steps(s: SuiteSettings) -> int:
 
 
 def uring_steps(s: SuiteSettings) -> int:
-    return len(s.sizes) * len(s.uring_depths) * len(BATCH_OPS)
+    return len(s.modes) * len(s.sizes) * len(s.uring_depths) * len(BATCH_OPS)
 
 
 # --------------------------------------------------------------------------- timing loops
@@ -133,11 +142,23 @@ def _offsets(count: int, size: int, region: int, start: int = 0) -> list[int]:
     return [((start + i) % slots) * size for i in range(count)]
 
 
-def _open(comp: Competitor, path: str, **kw: Any) -> tuple[Any, str | None]:
-    try:
-        return comp.cls(path, True, **kw), None
-    except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal
-        return None, f"{type(exc).__name__}: {exc}"
+def _prepare(path: str, mode: str, region: int) -> None:
+    """O_DIRECT: nothing of the region dirty or cached; buffered: the region in the page cache."""
+    if mode == "odirect":
+        settle(path, region)
+    else:
+        warm(path, region)
+
+
+def _open_all(comps: list[Competitor], path: str, failed: Callable[[str, str], None], **kw: Any) -> dict[str, Any]:
+    """Each competitor's device on path; a device that cannot be opened is reported, not fatal."""
+    devs: dict[str, Any] = {}
+    for c in comps:
+        try:
+            devs[c.name] = c.cls(path, True, **kw)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal
+            failed(c.name, f"{type(exc).__name__}: {exc}")
+    return devs
 
 
 # --------------------------------------------------------------------------- sync suite
@@ -149,15 +170,9 @@ def run_sync(path: str, comps: list[Competitor], s: SuiteSettings, bar: Any) -> 
     rows: list[dict] = []
     errors: dict[str, str] = {}
     for mode in s.modes:
-        if mode == "odirect":
-            settle(path, s.region)
-        devs: dict[str, Any] = {}
-        for c in comps:
-            dev, err = _open(c, path, use_odirect=(mode == "odirect"))
-            if dev is None:
-                errors[f"{c.name}/{mode}"] = f"cannot open {path} ({mode}): {err}"
-            else:
-                devs[c.name] = dev
+        _prepare(path, mode, s.region)
+        devs = _open_all(comps, path, lambda name, err: errors.__setitem__(
+            f"{name}/{mode}", f"cannot open {path} ({mode}): {err}"), use_odirect=(mode == "odirect"))
         try:
             for size in s.sizes:
                 buf = aligned_buffer(size)
@@ -194,11 +209,8 @@ def _measure_sync(devs: dict[str, Any], op: str, mode: str, size: int, buf: Any,
     warm = next_offsets(max(1, min(calls, 32)))
     for name in names:
         _time_sync(devs[name], op, warm, buf, size)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for rnd in range(s.repeats):
-        for name in interleaved_order(rnd, names):
-            offsets = next_offsets(calls)
-            samples[name].append(_time_sync(devs[name], op, offsets, buf, size) / calls)
+    samples = interleave(names, s.repeats,
+                         lambda name, _r: _time_sync(devs[name], op, next_offsets(calls), buf, size) / calls)
     ours_s = median(samples["ours"])
     rust_s = median(samples["rust"]) if "rust" in samples else None
     return {
@@ -223,36 +235,32 @@ def _measure_sync(devs: dict[str, Any], op: str, mode: str, size: int, buf: Any,
 
 
 def run_uring(path: str, comps: list[Competitor], s: SuiteSettings, bar: Any) -> dict:
-    """Batched O_DIRECT throughput with the io_uring engine (batched_* + wait_iouring)."""
+    """Time per batch of batched_read / batched_write + wait_iouring, per mode, size and depth."""
     comps = [c for c in comps if c.available]
-    settle(path, s.region)
-    depth_max = max(s.uring_depths)
-    devs: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    for c in comps:
-        dev, err = _open(c, path, use_odirect=True, io_engine="io_uring", iouring_queue_depth=depth_max)
-        if dev is None:
-            errors[c.name] = f"io_uring engine not available: {err}"
-        else:
-            devs[c.name] = dev
     rows: list[dict] = []
-    try:
-        for size in s.sizes:
-            for depth in s.uring_depths:
-                bufs = [aligned_buffer(size) for _ in range(depth)] if devs else []
-                for op in BATCH_OPS:
-                    bar.set_description_str(f"io_uring {op} {fmt_size(size)} qd{depth}")
-                    if devs and size * depth <= s.region:
-                        rows.append(_measure_batched(devs, op, size, depth, bufs, s))
-                    bar.update(1)
-    finally:
-        for dev in devs.values():
-            dev.close()
-    return {
-        "available": {c.name: c.name in devs for c in comps},
-        "errors": errors,
-        "results": rows,
-    }
+    errors: dict[str, str] = {}
+    opened: dict[str, bool] = {c.name: False for c in comps}
+    for mode in s.modes:
+        _prepare(path, mode, s.region)
+        devs = _open_all(comps, path, lambda name, err: errors.setdefault(
+            name, f"io_uring engine not available: {err}"), use_odirect=(mode == "odirect"), io_engine="io_uring",
+            iouring_queue_depth=max(s.uring_depths))
+        opened.update({name: True for name in devs})
+        try:
+            for size in s.sizes:
+                for depth in s.uring_depths:
+                    bufs = [aligned_buffer(size) for _ in range(depth)] if "ours" in devs else []
+                    for op in BATCH_OPS:
+                        bar.set_description_str(f"io_uring {op} {mode} {depth} x {fmt_size(size)}")
+                        if "ours" in devs and size * depth <= s.region:
+                            rows.append(_measure_batched(devs, op, mode, size, depth, bufs, s))
+                        bar.update(1)
+                    if mode == "buffered":
+                        sync_file(path)  # write back what the writes dirtied before the next cell
+        finally:
+            for dev in devs.values():
+                dev.close()
+    return {"available": opened, "errors": errors, "results": rows}
 
 
 def _batches(count: int, size: int, depth: int, region: int, start: int = 0) -> list[list[int]]:
@@ -260,7 +268,8 @@ def _batches(count: int, size: int, depth: int, region: int, start: int = 0) -> 
     return [[(((start + b) * depth + i) % slots) * size for i in range(depth)] for b in range(count)]
 
 
-def _measure_batched(devs: dict[str, Any], op: str, size: int, depth: int, bufs: list, s: SuiteSettings) -> dict:
+def _measure_batched(devs: dict[str, Any], op: str, mode: str, size: int, depth: int, bufs: list,
+                     s: SuiteSettings) -> dict:
     names = list(devs)
     lens = [size] * depth
     first = names[0]
@@ -281,17 +290,13 @@ def _measure_batched(devs: dict[str, Any], op: str, size: int, depth: int, bufs:
     count = max(1, min(s.max_calls, math.ceil(s.target_batch_s * 2 / per) if per > 0 else 1))
     for name in names:
         run(name, next_batches(2))
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for rnd in range(s.repeats):
-        for name in interleaved_order(rnd, names):
-            batches = next_batches(count)
-            samples[name].append(run(name, batches) / count)
+    samples = interleave(names, s.repeats, lambda name, _r: run(name, next_batches(count)) / count)
     per_batch = {n: median(v) for n, v in samples.items()}
     nbytes = size * depth
     row = {
         "op": op,
         "engine": "io_uring",
-        "mode": "odirect",
+        "mode": mode,
         "size": size,
         "depth": depth,
         "batches": count,

@@ -1,18 +1,18 @@
-"""Seed suite: the two measurements this project's issues start from, with their parameter grids.
+"""Plugin part: LMCache's storage plugin API on our ``RustRawBlockBackend`` and, when LMCache and
+the Rust wheel import, on LMCache's own backend (``lmcache.v1.storage_backend.plugins.
+rust_raw_block_backend``). Each backend is built on a sparse file of its own (4 KiB chunks,
+``slot_bytes`` 8192, posix engine), everything in this one process.
 
-* ``batched_remove``: one ``batched_remove(keys)`` of the storage plugin on a backend holding
-  exactly those N keys (N = 10, 100, 1000, 10000), the base class's per-key fan-out
-  (``remove(k, force)`` per key) against the backend's override (one lock section, one
-  ``delete_many``). Our ``lmcache_rawblock.plugin.RustRawBlockBackend`` always; LMCache's own
-  backend (``lmcache.v1.storage_backend.plugins.rust_raw_block_backend``) when LMCache and the
-  Rust wheel import. Issue 5's target: override >= 10x faster than the fan-out at N = 1000.
-* ``recovery``: startup slot-header validation of 100, 200, 500, 1000, 3000 slots, the
-  sequential reader (one pread per header) against the batched one (io_uring), for our core
-  and, when installed, LMCache's; every 97th header is corrupted and all readers must drop the
-  same entries. Issue 4's target: batched >= 8x faster than sequential.
-
-Everything runs in this one process; every cell alternates its competitors from one cycle to
-the next and reports medians.
+* ``batched_remove``: one ``batched_remove(keys)`` on a backend holding exactly those N keys
+  (N = 10 ... 10000), the base class's per-key fan-out (``remove(k, force)`` per key: one
+  pin-lock section and one ``delete_many([k])`` per key) against the backend's own override
+  (one lock section, one ``delete_many`` of all keys). Each cycle re-populates the N keys
+  (untimed) after a ``gc.collect()``; cycles alternate methods and backends; medians.
+* breakdown: where one override call of 1,000 keys spends its time (key encoding, the core's
+  delete of pre-encoded keys, the fused encode-and-delete call).
+* contention: contender threads loop ``contains(k)``, ``pin(k)``, ``unpin(k)`` on resident keys
+  while one thread evicts other keys in batches with the fan-out or the override: eviction
+  throughput and the contenders' ops/s during it, and their ops/s with nobody evicting.
 """
 
 from __future__ import annotations
@@ -20,52 +20,49 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
-import json
 import os
-import struct
+import threading
 import time
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .common import MiB, Competitor, interleaved_order, median, spread
-from .core import BLOCK, close_core, make_obj, object_keys, open_core, sparse
+from .common import MiB, interleaved_order, median, remove_file, sparse, spread
+from .core import _quiet, make_obj
 
 LMC_PLUGIN_MODULE = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
-REMOVE_TARGET_N, REMOVE_TARGET = 1000, 10.0
-RECOVERY_TARGET = 8.0
-RECOVERY_SLOT = 64 * 1024
-CORRUPT_EVERY = 97
+BREAKDOWN_N = 1000
+RESIDENT = 256
 
 
 @dataclass
-class SeedSettings:
+class PluginSettings:
     remove_sizes: list[int]
     remove_cycles: int
     remove_cycles_large: int  # N > 1000
-    recovery_slots: list[int]
-    recovery_repeats: int
-    recovery_modes: list[str] = field(default_factory=lambda: ["page cache"])
+    breakdown_cycles: int = 0  # 0: no breakdown
+    contention_runs: int = 0  # 0: no contention runs
+    victims: int = 20000
+    evict_batch: int = 100
+    contenders: int = 4
 
     def describe(self) -> dict:
         return {"remove_sizes": list(self.remove_sizes), "remove_cycles": self.remove_cycles,
-                "remove_cycles_large": self.remove_cycles_large, "recovery_slots": list(self.recovery_slots),
-                "recovery_repeats": self.recovery_repeats, "recovery_modes": list(self.recovery_modes)}
+                "remove_cycles_large": self.remove_cycles_large, "breakdown_cycles": self.breakdown_cycles,
+                "contention_runs": self.contention_runs, "victims": self.victims, "evict_batch": self.evict_batch,
+                "contenders": self.contenders}
 
 
 SUITES = {
-    "smoke": SeedSettings(remove_sizes=[10], remove_cycles=1, remove_cycles_large=1, recovery_slots=[100],
-                          recovery_repeats=1),
-    "quick": SeedSettings(remove_sizes=[10, 100, 1000], remove_cycles=7, remove_cycles_large=5,
-                          recovery_slots=[100, 1000, 3000], recovery_repeats=5),
-    "full": SeedSettings(remove_sizes=[10, 100, 1000, 10000], remove_cycles=15, remove_cycles_large=7,
-                         recovery_slots=[100, 200, 500, 1000, 3000], recovery_repeats=9,
-                         recovery_modes=["page cache", "O_DIRECT"]),
+    "smoke": PluginSettings(remove_sizes=[10], remove_cycles=1, remove_cycles_large=1),
+    "quick": PluginSettings(remove_sizes=[10, 100, 1000], remove_cycles=7, remove_cycles_large=5,
+                            breakdown_cycles=5, contention_runs=1, victims=20000),
+    "full": PluginSettings(remove_sizes=[10, 100, 1000, 10000], remove_cycles=15, remove_cycles_large=7,
+                           breakdown_cycles=15, contention_runs=5, victims=20000),
 }
 
 
-def steps(s: SeedSettings) -> int:
-    return len(s.remove_sizes) + len(s.recovery_slots) * len(s.recovery_modes)
+def steps(s: PluginSettings) -> int:
+    return len(s.remove_sizes) + (1 if s.breakdown_cycles else 0) + s.contention_runs
 
 
 # --------------------------------------------------------------------------- batched_remove
@@ -107,7 +104,8 @@ def _extra(path: str) -> dict:
 
 
 class RemoveBackend:
-    """A storage backend under test plus the two ways of removing a batch of keys."""
+    """A storage backend under test, the two ways of removing a batch of keys, and how its
+    keys are encoded."""
 
     def __init__(self, name: str, cls: Any, base: Any, encode: Any, path: str, loop: Any, real_objs: bool):
         self.name = name
@@ -146,6 +144,7 @@ def _cache_keys(n: int, base: int) -> list:
 
 
 def remove_backends(have_lmcache: bool, workdir: str, size: int, loop: Any) -> tuple[list[RemoveBackend], dict]:
+    """Our backend, and LMCache's when asked for and importable (else an error entry)."""
     from lmcache_rawblock import plugin
     from lmcache_rawblock._plugin_base import StoragePluginInterface
     from lmcache_rawblock.raw_block import encode_legacy_key
@@ -165,7 +164,7 @@ def remove_backends(have_lmcache: bool, workdir: str, size: int, loop: Any) -> t
 
         specs.append(("lmcache", lmc))
     for name, get in specs:
-        path = sparse(os.path.join(workdir, f"remove-{name}.img"), size)
+        path = sparse(os.path.join(workdir, f"plugin-{name}.img"), size)
         try:
             cls, base, enc = get()
             out.append(RemoveBackend(name, cls, base, enc, path, loop, have_lmcache))
@@ -174,11 +173,24 @@ def remove_backends(have_lmcache: bool, workdir: str, size: int, loop: Any) -> t
     return out, errors
 
 
+def _timed(fn: Any, collect: bool = False) -> float:
+    """Wall time of fn() with the garbage collector off (after a full collection if asked)."""
+    if collect:
+        gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
 def run_remove(backends: list[RemoveBackend], sizes: Sequence[int], cycles: int, cycles_large: int,
                bar: Any) -> list[dict]:
     rows = []
     for n in sizes:
-        bar.set_description_str(f"seeds batched_remove N={n}")
+        bar.set_description_str(f"plugin batched_remove N={n}")
         keys = _cache_keys(n, 1 << 40)
         reps = cycles if n <= 1000 else cycles_large
         times: dict[tuple[str, str], list[float]] = {}
@@ -186,15 +198,9 @@ def run_remove(backends: list[RemoveBackend], sizes: Sequence[int], cycles: int,
             for b in interleaved_order(rep, backends):
                 for method in interleaved_order(rep, ["fan-out", "override"]):
                     b.populate(keys)
-                    gc.collect()
-                    gc.disable()
-                    try:
-                        t0 = time.perf_counter()
-                        removed = b.remove(method, keys)
-                        dt = time.perf_counter() - t0
-                    finally:
-                        gc.enable()
-                    if removed != n or b.be._core.indexed_key_count() != 0:
+                    removed = []
+                    dt = _timed(lambda: removed.append(b.remove(method, keys)), collect=True)
+                    if removed != [n] or b.be._core.indexed_key_count() != 0:
                         raise RuntimeError(f"{b.name} {method} N={n}: removed {removed} of {n}")
                     times.setdefault((b.name, method), []).append(dt)
         for b in backends:
@@ -209,146 +215,147 @@ def run_remove(backends: list[RemoveBackend], sizes: Sequence[int], cycles: int,
     return rows
 
 
-# --------------------------------------------------------------------------- recovery validation
+# --------------------------------------------------------------------------- breakdown
 
 
-def _state(path: str, keys: list, slot: int, meta: int, payload_len: int) -> dict:
-    entries = {k.encoded: {"offset": meta + i * slot, "size": payload_len, "shape": [payload_len],
-                           "dtype": "uint8", "fmt": "BINARY", "cached_positions": None}
-               for i, k in enumerate(keys)}
-    return {"version": 1, "device_path": path, "capacity_bytes": os.path.getsize(path), "block_align": BLOCK,
-            "header_bytes": BLOCK, "slot_bytes": slot, "meta_total_bytes": meta, "meta_magic": "LMCIDX01",
-            "meta_version": 1, "data_base_offset": meta, "next_slot": len(keys), "entries": entries}
+def run_breakdown(backends: list[RemoveBackend], cycles: int) -> list[dict]:
+    """Where one override call of BREAKDOWN_N keys spends its time, step by step."""
+    keys = _cache_keys(BREAKDOWN_N, 1 << 43)
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(cycles):
+        for b in backends:
+            core = b.be._core
+            times.setdefault((b.name, "key.to_string() per key"), []).append(
+                _timed(lambda: [k.to_string() for k in keys]))
+            times.setdefault((b.name, "encode_legacy_key(key) per key"), []).append(
+                _timed(lambda: [b._encode(k) for k in keys]))
+            enc = [k.to_string() for k in keys]
+            b.populate(keys)
+            times.setdefault((b.name, "core.delete_many(encoded keys)"), []).append(
+                _timed(lambda: core.delete_many(enc, force=True)))
+            if b.name == "ours":
+                b.populate(keys)
+                times.setdefault((b.name, "core.delete_legacy_keys(keys)"), []).append(
+                    _timed(lambda: core.delete_legacy_keys(keys, True), collect=True))
+            b.populate(keys)
+            times.setdefault((b.name, "batched_remove(keys)"), []).append(
+                _timed(lambda: b.remove("override", keys), collect=True))
+            if core.indexed_key_count() != 0:
+                raise RuntimeError(f"{b.name}: breakdown left keys behind")
+    return [{"backend": be, "step": step, "keys": BREAKDOWN_N, "cycles": cycles, "time_s": median(v),
+             "per_key_s": median(v) / BREAKDOWN_N} for (be, step), v in times.items()]
 
 
-def write_image(path: str, keys: list, slot: int, meta: int, corrupt: set, payload_len: int = 100) -> dict:
-    """Slot headers (the corrupt ones with a wrong magic) and one checkpoint, with plain file I/O
-    in on-disk format v1; returns the checkpoint state."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        blob = bytearray(BLOCK)
-        for i, k in enumerate(keys):
-            magic = b"BROKEN01" if i in corrupt else b"LMCBLK01"
-            struct.pack_into("<8sQQ", blob, 0, magic, k.slot_identity, payload_len)
-            os.pwrite(fd, bytes(blob), meta + i * slot)
-        st = _state(path, keys, slot, meta, payload_len)
-        body = json.dumps(st, separators=(",", ":"), ensure_ascii=True).encode()
-        if len(body) > meta // 2 - BLOCK:
-            raise ValueError("metadata region too small for the checkpoint")
-        hdr = struct.pack("<8sIQQI", b"LMCIDX01", 1, 1, len(body), zlib.crc32(body))
-        os.pwrite(fd, body + bytes((-len(body)) % BLOCK), BLOCK)
-        os.pwrite(fd, hdr + bytes(BLOCK - len(hdr)), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return st
+# --------------------------------------------------------------------------- contention
 
 
-def measure_recovery(comps: Sequence[Competitor], n: int, mode: str, repeats: int, workdir: str) -> dict:
-    odirect = mode == "O_DIRECT"
-    path = sparse(os.path.join(workdir, f"recovery-{n}.img"), MiB + (n + 1) * RECOVERY_SLOT)
-    keys = object_keys(n, f"rec{n}")
-    corrupt = set(range(0, n, CORRUPT_EVERY))
-    state = write_image(path, keys, RECOVERY_SLOT, MiB, corrupt)
-    blob = json.dumps(state, separators=(",", ":")).encode()
-    offsets = [MiB + i * RECOVERY_SLOT for i in range(n)]
-    readers: dict[str, Any] = {}
-    resets: dict[str, Any] = {}
-    cores: list[Any] = []
-    errors: dict[str, str] = {}
-    kw = dict(slot_bytes=RECOVERY_SLOT, meta_total_bytes=MiB, use_odirect=odirect, meta_verify_on_load=False)
-    try:
-        for c in comps:
-            try:
-                if c.name == "ours":
-                    core = open_core(c, path, io_engine="io_uring", **kw)
-                    cores.append(core)
+def contention_run(b: RemoveBackend, method: str | None, resident: list, victims: list, batch: int,
+                   contenders: int, idle_s: float = 0.3) -> dict:
+    """Contenders loop contains/pin/unpin over *resident* while *victims* are evicted in batches
+    by *method* (None: nobody evicts for idle_s)."""
+    be = b.be
+    if method:
+        b.populate(victims)
+    stop = threading.Event()
+    go = threading.Barrier(contenders + 1)
+    counts = [0] * contenders
+    lat: list[list[float]] = [[] for _ in range(contenders)]
+    clock = time.perf_counter
 
-                    def ours_reader(seq: bool, _core=core) -> int:
-                        return int(_core._native._revalidate(seq))
+    def contend(t: int) -> None:
+        mine, record, n = resident[t::contenders], lat[t].append, 0
+        go.wait()
+        while not stop.is_set():
+            for k in mine:
+                t0 = clock()
+                be.contains(k)
+                t1 = clock()
+                be.pin(k)
+                t2 = clock()
+                be.unpin(k)
+                t3 = clock()
+                record(t1 - t0)
+                record(t2 - t1)
+                record(t3 - t2)
+                n += 3
+                if stop.is_set():
+                    break
+        counts[t] = n
 
-                    def ours_reset(_core=core) -> None:
-                        _core._native.apply_state_json(blob)  # put the dropped entries back
+    threads = [threading.Thread(target=contend, args=(t,), daemon=True) for t in range(contenders)]
+    for th in threads:
+        th.start()
+    go.wait()
+    t0 = time.perf_counter()
+    if method:
+        removed = sum(b.remove(method, victims[i:i + batch]) for i in range(0, len(victims), batch))
+        if removed != len(victims):
+            raise RuntimeError(f"{b.name} {method}: evicted {removed} of {len(victims)}")
+    else:
+        time.sleep(idle_s)
+    dt = time.perf_counter() - t0
+    stop.set()
+    for th in threads:
+        th.join()
+    lats = sorted(x for xs in lat for x in xs)
+    return {"seconds": dt, "evicted_per_s": len(victims) / dt if method else None, "ops_per_s": sum(counts) / dt,
+            "p99_s": lats[int(0.99 * (len(lats) - 1))] if lats else None, "max_s": lats[-1] if lats else None}
 
-                    resets["ours"] = ours_reset
 
-                    readers["ours sequential"] = lambda: ours_reader(True)
-                    readers["ours batched"] = lambda: ours_reader(False)
-                else:
-                    seq_core = open_core(c, path, io_engine="posix", **kw)
-                    bat_core = open_core(c, path, io_engine="io_uring", **kw)
-                    cores += [seq_core, bat_core]
-                    readers[f"{c.name} sequential"] = lambda _c=seq_core: sum(
-                        1 for o in offsets if _c._read_slot_header(o) is None)
-                    readers[f"{c.name} batched"] = lambda _c=bat_core: sum(
-                        1 for h in _c._read_slot_headers(offsets) if h is None)
-            except Exception as exc:  # noqa: BLE001
-                errors[c.name] = f"{type(exc).__name__}: {exc}"
-        names = list(readers)
-        samples: dict[str, list[float]] = {k: [] for k in names}
-        drops: dict[str, int] = {}
-        for rnd in range(repeats):
-            for name in interleaved_order(rnd, names):
-                t0 = time.perf_counter()
-                d = readers[name]()
-                samples[name].append(time.perf_counter() - t0)
-                drops[name] = d
-                reset = resets.get(name.split()[0])
-                if d and reset is not None:
-                    reset()  # untimed
-    finally:
-        for core in cores:
-            close_core(core)
-        os.unlink(path)
-    med = {k: median(v) for k, v in samples.items()}
-
-    def sp(a: str, b: str) -> float | None:
-        return med[a] / med[b] if med.get(a) and med.get(b) else None
-
-    row = {"mode": mode, "slots": n, "repeats": repeats, "corrupted": len(corrupt),
-           "times_s": med, "drops": drops, "drops_agree": all(d == len(corrupt) for d in drops.values()),
-           "ours_speedup": sp("ours sequential", "ours batched"),
-           "lmcache_speedup": sp("lmcache sequential", "lmcache batched"),
-           "ours_batched_vs_lmcache_sequential": sp("lmcache sequential", "ours batched"),
-           "samples_s": samples, "errors": errors}
-    return row
+def run_contention(backends: list[RemoveBackend], s: PluginSettings, bar: Any) -> list[dict]:
+    resident = _cache_keys(RESIDENT, 1 << 41)
+    victims = _cache_keys(s.victims, 1 << 42)
+    for b in backends:
+        b.populate(resident)
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for rep in range(s.contention_runs):
+        bar.set_description_str(f"plugin contention run {rep + 1}/{s.contention_runs}")
+        for b in interleaved_order(rep, backends):
+            for method in interleaved_order(rep, ["fan-out", "override"]):
+                gc.collect()
+                runs.setdefault((b.name, method), []).append(
+                    contention_run(b, method, resident, victims, s.evict_batch, s.contenders))
+            runs.setdefault((b.name, "idle"), []).append(
+                contention_run(b, None, resident, victims, s.evict_batch, s.contenders))
+        bar.update(1)
+    for b in backends:
+        b.be.batched_remove(resident)
+    rows = []
+    for (name, method), rs in runs.items():
+        row = {"backend": name, "evictor": method, "runs": len(rs), "victims": s.victims, "batch": s.evict_batch,
+               "contenders": s.contenders}
+        for key in ("seconds", "evicted_per_s", "ops_per_s", "p99_s", "max_s"):
+            row[key] = median([r[key] for r in rs if r[key] is not None])
+        rows.append(row)
+    return rows
 
 
 # --------------------------------------------------------------------------- the part
 
 
-def run_seeds(comps: Sequence[Competitor], s: SeedSettings, workdir: str, bar: Any) -> dict:
-    from .core import _quiet
-
+def run_plugin(comps: Sequence[Any], s: PluginSettings, workdir: str, bar: Any) -> dict:
     _quiet()
-    comps = [c for c in comps if c.available]
-    have_lmc = any(c.name == "lmcache" for c in comps)
-    out: dict[str, Any] = {"settings": s.describe(), "remove": [], "recovery": [], "errors": {},
-                           "remove_target": {"n": REMOVE_TARGET_N, "speedup": REMOVE_TARGET},
-                           "recovery_target": {"speedup": RECOVERY_TARGET}}
-    loop = asyncio.new_event_loop()  # handed to the backends; batched_remove never runs on it
-    size = max(s.remove_sizes) * 8192 + 32 * MiB
+    have_lmc = any(c.name == "lmcache" and c.available for c in comps)
+    out: dict[str, Any] = {"settings": s.describe(), "remove": [], "breakdown": [], "contention": [],
+                           "errors": {}}
+    loop = asyncio.new_event_loop()  # handed to the backends; nothing here runs on it
+    size = (max(max(s.remove_sizes), BREAKDOWN_N) + s.victims + RESIDENT) * 8192 + 32 * MiB
     backends, errors = remove_backends(have_lmc, workdir, size, loop)
-    out["errors"].update({f"batched_remove/{k}": v for k, v in errors.items()})
+    out["errors"].update(errors)
     try:
-        if backends:
-            out["remove"] = run_remove(backends, s.remove_sizes, s.remove_cycles, s.remove_cycles_large, bar)
-        else:
-            bar.update(len(s.remove_sizes))
+        if not backends:
+            bar.update(steps(s))
+            return out
+        out["remove"] = run_remove(backends, s.remove_sizes, s.remove_cycles, s.remove_cycles_large, bar)
+        if s.breakdown_cycles:
+            bar.set_description_str("plugin batched_remove breakdown")
+            out["breakdown"] = run_breakdown(backends, s.breakdown_cycles)
+            bar.update(1)
+        if s.contention_runs:
+            out["contention"] = run_contention(backends, s, bar)
     finally:
         for b in backends:
             b.close()
-            try:
-                os.unlink(b.path)
-            except OSError:
-                pass
+            remove_file(b.path)
         loop.close()
-    for mode in s.recovery_modes:
-        for n in s.recovery_slots:
-            bar.set_description_str(f"seeds recovery {mode} {n} slots")
-            row = measure_recovery(comps, n, mode, s.recovery_repeats, workdir)
-            for k, v in row.pop("errors").items():
-                out["errors"][f"recovery/{k}"] = v
-            out["recovery"].append(row)
-            bar.update(1)
     return out

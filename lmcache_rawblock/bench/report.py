@@ -1,16 +1,18 @@
-"""Terminal tables, results.json and PNG plots of a benchmark run."""
+"""Terminal tables, the goals a run measured, results.json, summary.txt and PNG plots."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import sys
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
-from .common import fmt_rate, fmt_ratio, fmt_size, fmt_us, machine_summary
+from .common import fmt_rate, fmt_ratio, fmt_size, fmt_time, fmt_us, fmt_x, machine_summary
 
 NOISY = 0.25  # relative IQR above which a cell is flagged as noisy
+MEDIUM = {"buffered": "page cache", "odirect": "O_DIRECT"}
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
@@ -28,37 +30,161 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
     return "\n".join(out)
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.0f}%"
-
-
 def _noisy(*spreads: float | None) -> str:
     return " ~" if any(s is not None and s > NOISY for s in spreads) else ""
 
 
+def _us_key(sec: float | None) -> str:
+    return "-" if sec is None else f"{sec * 1e6:.1f}"
+
+
+def _right(n: int, left: int = 1) -> list[bool]:
+    return [False] * left + [True] * (n - left)
+
+
+# --------------------------------------------------------------------------- part tables
+
+
 def device_rows(device: dict) -> list[list[str]]:
-    rows = []
-    for r in device.get("results", []):
-        rows.append([
-            r["op"], r["mode"], fmt_size(r["size"]), str(r["calls"]),
-            fmt_us(r["ours_s"]), fmt_us(r["rust_s"]),
-            fmt_ratio(r["ratio"]) + _noisy(r.get("ours_spread"), r.get("rust_spread")),
-            _pct(r.get("ours_fraction_of_fio")),
-        ])
-    return rows
+    return [[r["op"], MEDIUM[r["mode"]], fmt_size(r["size"]), str(r["calls"]), fmt_us(r["ours_s"]),
+             fmt_us(r["rust_s"]), fmt_ratio(r["ratio"]) + _noisy(r.get("ours_spread"), r.get("rust_spread"))]
+            for r in device.get("results", [])]
 
 
 def uring_rows(uring: dict) -> list[list[str]]:
+    return [[r["op"], MEDIUM[r["mode"]], f"{r['depth']} x {fmt_size(r['size'])}", fmt_time(r.get("ours_batch_s")),
+             fmt_time(r.get("rust_batch_s")), fmt_rate(r.get("ours_bytes_per_s")),
+             fmt_ratio(r.get("ratio")) + _noisy(r.get("ours_spread"), r.get("rust_spread"))]
+            for r in uring.get("results", [])]
+
+
+def _part(p: Callable[..., None], title: str, part: dict, headers: list[str], rows: list[list[str]],
+          right: list[bool]) -> None:
+    p(title)
+    for k, v in part.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    if rows:
+        p(table(headers, rows, right))
+
+
+def print_device(results: dict, p: Callable[..., None]) -> None:
+    _part(p, f"Device: time per call in µs, ours vs LMCache's Rust device (median of {results['settings']['repeats']} "
+             "interleaved rounds); ratio = our time / Rust's, lower is better", results["device"],
+          ["op", "medium", "size", "calls", "ours µs", "Rust µs", "ratio"], device_rows(results["device"]), _right(7, 3))
+
+
+def print_uring(results: dict, p: Callable[..., None]) -> None:
+    _part(p, "io_uring batches: time per batch of batched_read / batched_write + wait_iouring, ours vs LMCache's "
+             "Rust device; ratio = our time / Rust's, lower is better", results["uring"],
+          ["op", "medium", "batch", "ours", "Rust", "ours rate", "ratio"], uring_rows(results["uring"]), _right(7, 3))
+
+
+def print_limit(results: dict, p: Callable[..., None]) -> None:
+    limit = results["limit"]
+    if not limit.get("available"):
+        p(f"Limit (fio): {limit.get('error')}")
+        return
+    s = results["settings"]
+    p(f"Limit: our io_uring engine streaming vs fio --ioengine=io_uring, O_DIRECT, same region, "
+      f"{s['limit_seconds']:g} s per run (median of {s['limit_rounds']} interleaved rounds); "
+      "ratio = our throughput / fio's, higher is better")
+    for e in limit.get("errors", []):
+        p(f"  {e}")
+    rows = [[r["rw"], fmt_size(r["size"]), str(r["depth"]), fmt_rate(r["ours_bytes_per_s"]),
+             fmt_rate(r["fio_bytes_per_s"]), f"{r['ours_iops']:,.0f}", f"{r['fio_iops']:,.0f}", fmt_ratio(r["ratio"])]
+            for r in limit["results"]]
+    if rows:
+        p(table(["rw", "size", "depth", "ours", "fio", "ours IOPS", "fio IOPS", "ratio"], rows, _right(8)))
+
+
+def print_core(results: dict, p: Callable[..., None]) -> None:
+    core = results["core"]
+    have = "lmcache" in core.get("competitors", [])
+    p("Core: RawBlockCore, ours vs LMCache's" + ("" if have else " (LMCache not installed: ours only)")
+      + f", median of {core['settings']['repeats']} interleaved rounds; speed-up = LMCache's time / ours, "
+      "higher is better")
+    for k, v in core.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    rows = [[r["op"], f"{r['entries']:,}", r["engine"], fmt_time(r["ours_s"]), fmt_time(r["lmcache_s"]),
+             fmt_time(r["ours_per_key_s"]), fmt_x(r["speedup"])] for r in core.get("rows", [])]
+    if rows:
+        p(table(["op", "entries", "engine", "ours", "LMCache", "ours/key", "speed-up"], rows, _right(7, 3)))
+        if any(r["op"] == "checkpoint" for r in core["rows"]):
+            p("checkpoint: ours flushes the device before, inside and after writing the checkpoint so that it is "
+              "durable; LMCache's core does not flush (cost of the flushes below)")
+    for ix in core.get("index", []):
+        if ix.get("bytes_per_entry_without_keys") is not None:
+            p(f"index memory ({ix['engine']}, {ix['entries']:,} entries): "
+              f"{ix['bytes_per_entry_without_keys']:.1f} bytes/entry + key bytes")
+    cpu = [[r["op"], r["engine"], r["medium"], _us_key(r["ours_cpu_per_key_s"]), _us_key(r["lmcache_cpu_per_key_s"]),
+            fmt_x(r["speedup"]), _us_key(r["floor_cpu_per_key_s"]), fmt_x(r["best_possible"]),
+            fmt_x(r["wall_speedup"])] for r in core.get("cpu", [])]
+    if cpu:
+        p("")
+        p("Per-key CPU (process_time, all threads), 64 x 64 KiB, µs per key; kernel floor = the same transfers "
+          "from a bare C loop, best possible = LMCache / floor")
+        floor = core.get("floor") or {}
+        if not floor.get("available"):
+            p(f"  kernel floor not measured: {floor.get('error')}")
+        p(table(["op", "engine", "medium", "ours", "LMCache", "speed-up", "floor", "best possible", "wall speed-up"],
+                cpu, _right(9, 3)))
+    flush = [[r["engine"], r["medium"], f"{r['entries']:,}",
+              f"{fmt_time(r['with_flush_wall_s'])} / {fmt_time(r['with_flush_cpu_s'])}",
+              f"{fmt_time(r['without_flush_wall_s'])} / {fmt_time(r['without_flush_cpu_s'])}", fmt_x(r["wall_ratio"])]
+             for r in core.get("flush", [])]
+    if flush:
+        p("")
+        p("Checkpoint with and without its device flushes (ours; each after 64 new 64 KiB payloads): "
+          "wall / CPU per checkpoint")
+        p(table(["engine", "medium", "entries", "with flushes", "without", "wall ratio"], flush, _right(6, 2)))
+
+
+def print_recovery(results: dict, p: Callable[..., None]) -> None:
+    rec = results["recovery"]
+    p("Recovery: slot-header validation at start-up, sequential readers (one pread per header) vs batched "
+      "(io_uring); speed-up = sequential time / batched")
+    for k, v in rec.get("errors", {}).items():
+        p(f"  {k}: {v}")
     rows = []
-    for r in uring.get("results", []):
-        rows.append([
-            r["op"], fmt_size(r["size"]), str(r["depth"]),
-            fmt_rate(r.get("ours_bytes_per_s")), fmt_rate(r.get("rust_bytes_per_s")),
-            fmt_ratio(r.get("ratio")) + _noisy(r.get("ours_spread"), r.get("rust_spread")),
-            fmt_rate(r.get("fio_bytes_per_s")),
-            _pct(r.get("ours_fraction_of_fio")), _pct(r.get("rust_fraction_of_fio")),
-        ])
-    return rows
+    for r in rec.get("rows", []):
+        t = r["times_s"]
+        rows.append([r["medium"], f"{r['slots']:,}", fmt_time(t.get("ours sequential")), fmt_time(t.get("ours batched")),
+                     fmt_x(r.get("ours_speedup")), fmt_time(t.get("lmcache sequential")),
+                     fmt_time(t.get("lmcache batched")), fmt_x(r.get("ours_batched_vs_lmcache_sequential")),
+                     "yes" if r.get("drops_agree") else "NO"])
+    if rows:
+        p(table(["medium", "headers", "ours seq", "ours batched", "ours", "LMCache seq", "LMCache batched",
+                 "LMCache seq / ours batched", "same drops"], rows, _right(9, 1)[:-1] + [False]))
+
+
+def print_plugin(results: dict, p: Callable[..., None]) -> None:
+    plug = results["plugin"]
+    for k, v in plug.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    if plug.get("remove"):
+        p("Plugin: batched_remove(keys), the base class's per-key fan-out vs the backend's one locked batch; "
+          "speed-up = fan-out time / batch time")
+        p(table(["backend", "keys", "fan-out", "one batch", "speed-up"],
+                [[r["backend"], f"{r['n']:,}", fmt_time(r["fanout_s"]), fmt_time(r["override_s"]), fmt_x(r["speedup"])]
+                 for r in plug["remove"]], _right(5)))
+    if plug.get("breakdown"):
+        p("")
+        p("batched_remove of 1,000 keys, step by step (median per call)")
+        p(table(["backend", "step", "per call", "per key"],
+                [[r["backend"], r["step"], fmt_time(r["time_s"]), fmt_time(r["per_key_s"])] for r in plug["breakdown"]],
+                _right(4, 2)))
+    if plug.get("contention"):
+        c0 = plug["contention"][0]
+        p("")
+        p(f"Eviction under contention: {c0['contenders']} threads loop contains/pin/unpin while one evicts "
+          f"{c0['victims']:,} keys in batches of {c0['batch']} (idle: nobody evicts)")
+        p(table(["backend", "evictor", "evicted keys/s", "contender ops/s", "op p99"],
+                [[r["backend"], r["evictor"], "-" if r["evicted_per_s"] is None else f"{r['evicted_per_s']:,.0f}",
+                  f"{r['ops_per_s']:,.0f}", fmt_time(r["p99_s"])] for r in plug["contention"]], _right(5, 2)))
+
+
+PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
+            "recovery": print_recovery, "plugin": print_plugin}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -67,190 +193,111 @@ def print_summary(results: dict, file: IO[str] | None = None) -> None:
     p("")
     p(f"lmcache_rawblock bench --suite {results['settings']['suite']}")
     p(f"machine: {machine_summary(results['machine'])}")
+    src = results["machine"].get("source") or {}
+    if src.get("commit"):
+        p(f"source:  commit {src['commit'][:12]}"
+          + (f" with uncommitted changes in {len(src['modified'])} files" if src.get("modified") else ""))
     t = results["target"]
     p(f"target:  {t['path']} ({t['kind']}, {fmt_size(t['size_bytes'])}, region used "
       f"{fmt_size(results['settings']['region_bytes'])})")
     for c in results["competitors"].values():
         if c["available"]:
-            p(f"{c['name']:>5}: {c['distribution']} {c['version'] or ''}".rstrip())
+            p(f"{c['name']:>7}: {c['distribution']} {c['version'] or ''}".rstrip())
+        elif c.get("install"):
+            p(f"{c['name']:>7}: {c['distribution']} not installed -- add it with: {c['install']}")
         else:
-            how = f" -- add it with: {c['install']}" if c.get("install") else ""
-            p(f"{c['name']:>5}: {c['distribution']} not installed{how}" if c.get("install")
-              else f"{c['name']:>5}: unavailable: {c['error']}")
+            p(f"{c['name']:>7}: unavailable: {c['error']}")
     for note in results.get("notes", []):
         p(f"note: {note}")
-
-    device = results.get("device")
-    if device is not None:
+    for part, printer in PRINTERS.items():
+        if results.get(part) is not None:
+            p("")
+            printer(results, p)
+    rows = goals(results)
+    if rows:
         p("")
-        p(f"Device suite: time per call in µs (median of {results['settings']['repeats']} interleaved rounds); "
-          "ratio = ours/rust time, lower is better")
-        for k, v in device.get("errors", {}).items():
-            p(f"  {k}: {v}")
-        if device["results"]:
-            p(table(["op", "mode", "size", "calls", "ours µs", "rust µs", "ratio", "of fio qd1"],
-                    device_rows(device), [False, False, True, True, True, True, True, True]))
-    uring = results.get("uring")
-    if uring is not None:
-        p("")
-        p("io_uring batched throughput, O_DIRECT (batched_write/batched_read + wait_iouring); "
-          "ratio = ours/rust time")
-        for name, err in uring.get("errors", {}).items():
-            p(f"  {name}: {err}")
-        if uring["results"]:
-            p(table(["op", "size", "depth", "ours", "rust", "ratio", "fio", "ours/fio", "rust/fio"],
-                    uring_rows(uring), [False, True, True, True, True, True, True, True, True]))
-    limit = results.get("limit")
-    if limit is not None:
-        p("")
-        if not limit.get("available"):
-            p(f"limit (fio): {limit.get('error')}")
-        else:
-            p("limit: fio --ioengine=io_uring --direct=1, sequential, same file/region/block sizes "
-              f"({'best of ' + str(limit['passes']) + ' passes' if limit.get('passes', 1) > 1 else 'one pass'}, "
-              "run after the other parts: fractions are indicative)")
-            for e in limit.get("errors", []):
-                p(f"  {e}")
-            rows = [[r["rw"], fmt_size(r["size"]), str(r["depth"]), fmt_rate(r["bw_bytes"]),
-                     f"{r['iops']:,.0f}", "-" if r["lat_mean_us"] is None else f"{r['lat_mean_us']:.1f}"]
-                    for r in limit["results"]]
-            if rows:
-                p(table(["rw", "size", "depth", "bandwidth", "IOPS", "lat µs"], rows,
-                        [False, True, True, True, True, True]))
-    core = results.get("core")
-    if core is not None:
-        p("")
-        print_core(core, p)
-    seeds = results.get("seeds")
-    if seeds is not None:
-        p("")
-        print_seeds(seeds, p)
-    trows = targets(results)
-    if trows:
-        p("")
-        p("Targets of the issues measured in this run:")
-        p(table(["issue", "target", "measured", "met?", "where"],
-                [[t["issue"], t["target"], t["measured"], t["met"], t["where"]] for t in trows]))
-    if any(" ~" in r[6] for r in device_rows(device or {})) or any(" ~" in r[5] for r in uring_rows(uring or {})):
+        p("Measured against the goals set for this implementation:")
+        p(table(["measurement", "result", "goal", "figures"],
+                [[g["label"], g["shown"], g["goal_text"], g["detail"]] for g in rows], [False, True, False, False]))
+    if any(" ~" in r[-1] for r in device_rows(results.get("device") or {}) + uring_rows(results.get("uring") or {})):
         p("")
         p(f"~ marks cells whose rounds spread by more than {NOISY:.0%} (IQR/median): rerun for firmer figures")
     p("")
     p(f"elapsed: {results.get('elapsed_s', 0):.1f} s")
 
 
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+def summary_text(results: dict) -> str:
+    buf = io.StringIO()
+    print_summary(results, buf)
+    return buf.getvalue()
 
 
-def _t(sec: float | None) -> str:
-    if sec is None:
-        return "-"
-    if sec < 1e-3:
-        return f"{sec * 1e6:.1f} µs"
-    if sec < 1:
-        return f"{sec * 1e3:.2f} ms"
-    return f"{sec:.2f} s"
+# --------------------------------------------------------------------------- goals
 
 
-def print_core(core: dict, p: Any) -> None:
-    comps = core.get("competitors", [])
-    p("Core suite: RawBlockCore, ours vs LMCache's (" + ("both" if "lmcache" in comps else "LMCache not installed")
-      + f"), median of {core['settings']['repeats']} interleaved rounds; speed-up = LMCache time / our time, "
-      "higher is better")
-    for k, v in core.get("errors", {}).items():
-        p(f"  {k}: {v}")
-    rows = [[r["op"], f"{r['entries']:,}", r["engine"], _t(r["ours_s"]), _t(r["lmcache_s"]),
-             _t(r["ours_per_key_s"]), _x(r["speedup"])] for r in core.get("rows", [])]
-    if rows:
-        p(table(["op", "entries", "engine", "ours", "LMCache", "ours/key", "speed-up"], rows,
-                [False, True, False, True, True, True, True]))
-    for ix in core.get("index", []):
-        if ix.get("bytes_per_entry_without_keys") is not None:
-            p(f"index memory ({ix['engine']}, {ix['entries']:,} entries): "
-              f"{ix['bytes_per_entry_without_keys']:.1f} bytes/entry + key bytes")
-    cpu = [[r["op"], r["engine"], _t(r["ours_cpu_per_key_s"]), _t(r["lmcache_cpu_per_key_s"]), _x(r["speedup"])]
-           for r in core.get("cpu", [])]
-    if cpu:
-        p("per-key CPU (process_time), 64 x 64 KiB:")
-        p(table(["op", "engine", "ours/key", "LMCache/key", "speed-up"], cpu, [False, False, True, True, True]))
-
-
-def print_seeds(seeds: dict, p: Any) -> None:
-    for k, v in seeds.get("errors", {}).items():
-        p(f"  {k}: {v}")
-    rem = seeds.get("remove", [])
-    if rem:
-        p("Seed: batched_remove(keys), base-class fan-out vs the backend's override "
-          "(speed-up = fan-out / override time)")
-        p(table(["backend", "N", "fan-out", "override", "speed-up"],
-                [[r["backend"], f"{r['n']:,}", _t(r["fanout_s"]), _t(r["override_s"]), _x(r["speedup"])]
-                 for r in rem], [False, True, True, True, True]))
-    rec = seeds.get("recovery", [])
-    if rec:
-        p("")
-        p("Seed: recovery slot-header validation, sequential vs batched (speed-up = sequential / batched)")
-        rows = []
-        for r in rec:
-            t = r["times_s"]
-            rows.append([r["mode"], f"{r['slots']:,}", _t(t.get("ours sequential")), _t(t.get("ours batched")),
-                         _x(r.get("ours_speedup")), _t(t.get("lmcache sequential")), _t(t.get("lmcache batched")),
-                         _x(r.get("lmcache_speedup")), _x(r.get("ours_batched_vs_lmcache_sequential")),
-                         "yes" if r.get("drops_agree") else "NO"])
-        p(table(["medium", "slots", "ours seq", "ours batched", "ours", "LMCache seq", "LMCache batched", "LMCache",
-                 "ours b. vs LMC seq", "same drops"], rows,
-                [False, True, True, True, True, True, True, True, True, False]))
-
-
-def _met(v: float | None, goal: float, higher: bool) -> str:
-    if v is None:
-        return "not measured"
-    return "met" if (v >= goal if higher else v <= goal) else "not met"
-
-
-def targets(results: dict) -> list[dict]:
-    """Issue targets that this run measured: issue, target, measured, ratio, met, where."""
+def goals(results: dict) -> list[dict]:
+    """Each measurement of this run that has a goal: label (what is measured and what it is
+    compared with), value, how it is shown, the goal and which way is better."""
     out: list[dict] = []
 
-    def add(issue: str, target: str, ratio: float | None, goal: float, higher: bool, where: str,
-            measured: str | None = None) -> None:
-        out.append({"issue": issue, "target": target, "ratio": ratio, "goal": goal, "higher_is_better": higher,
-                    "measured": measured or _x(ratio), "met": _met(ratio, goal, higher), "where": where})
+    def add(part: str, label: str, value: float | None, goal: float, higher: bool, detail: str = "",
+            unit: str = "x") -> None:
+        if value is None:
+            return
+        g = f"{goal:g}" + (".0" if goal <= 1 and "." not in f"{goal:g}" else "")
+        out.append({"part": part, "label": label, "value": value, "goal": goal, "higher_is_better": higher,
+                    "shown": f"{value:.1f} B" if unit == " B" else fmt_x(value), "detail": detail,
+                    "goal_text": f"{'≥' if higher else '≤'} {g}{unit}", "met": value >= goal if higher else value <= goal})
 
     for r in (results.get("device") or {}).get("results", []):
-        if r["size"] in (4096, 1 << 20) and r.get("ratio") is not None:
-            goal = 0.8 if r["size"] == 4096 else 1.0
-            add("2", f"{r['op']} {r['mode']} {fmt_size(r['size'])}: ours/Rust ≤ {goal}x", r["ratio"], goal, False,
-                "device")
+        if r["size"] in (4096, 1 << 20):
+            add("device", f"{r['op']}, {fmt_size(r['size'])}, {MEDIUM[r['mode']]}: time per call, ours / "
+                          "LMCache's Rust device", r.get("ratio"), 0.8 if r["size"] == 4096 else 1.0, False,
+                f"{fmt_us(r['ours_s'])} vs {fmt_us(r['rust_s'])} µs per call")
+    for r in (results.get("uring") or {}).get("results", []):
+        if (r["size"], r["depth"]) in ((4096, 256), (1 << 20, 64)):
+            add("uring", f"io_uring {r['op']}, {r['depth']} x {fmt_size(r['size'])}, {MEDIUM[r['mode']]}: time per "
+                         "batch, ours / LMCache's Rust device", r.get("ratio"), 0.7 if r["size"] == 4096 else 1.0,
+                False, f"{fmt_time(r['ours_batch_s'])} vs {fmt_time(r['rust_batch_s'])} per batch")
+    for r in (results.get("limit") or {}).get("results", []):
+        if r["size"] >= 1 << 20 and "rand" not in r["rw"]:
+            add("limit", f"io_uring stream, {r['rw']} {fmt_size(r['size'])} QD{r['depth']}, O_DIRECT: our throughput "
+                         "/ fio's", r.get("ratio"), 0.95, True,
+                f"{fmt_rate(r['ours_bytes_per_s'])} vs {fmt_rate(r['fio_bytes_per_s'])}")
     core = results.get("core") or {}
     for r in core.get("rows", []):
+        shown = f"{fmt_time(r['lmcache_s'])} vs {fmt_time(r['ours_s'])}"
         if r["op"] == "delete_many" and r["entries"] == 10000:
-            add("4", f"delete_many 10000 ({r['engine']}): ≥ 30x faster than LMCache", r["speedup"], 30, True, "core")
+            add("core", f"delete_many, 10,000 keys ({r['engine']}): LMCache's core time / ours", r["speedup"], 30,
+                True, shown)
         if r["op"] == "open_recovery" and r["entries"] == 100000:
-            add("4", f"open/recovery 100k ({r['engine']}): ≥ 10x faster than LMCache", r["speedup"], 10, True, "core")
+            add("core", f"open with recovery, 100,000 entries ({r['engine']}): LMCache's core time / ours",
+                r["speedup"], 10, True, shown)
+    largest = max((ix["entries"] for ix in core.get("index", [])), default=None)
     for ix in core.get("index", []):
         v = ix.get("bytes_per_entry_without_keys")
-        if v is not None and ix["entries"] == max(i["entries"] for i in core["index"]):
-            add("4", f"index memory ({ix['engine']}, {ix['entries']:,} entries): ≤ 150 B/entry + keys", v, 150,
-                False, "core", measured=f"{v:.1f} B/entry")
+        if ix["entries"] == largest:
+            add("core", f"index memory, {ix['entries']:,} entries ({ix['engine']}): bytes per entry besides the key",
+                v, 150, False, "index, in-flight table and slot allocator", unit=" B")
     for r in core.get("cpu", []):
-        add("4", f"per-key CPU {r['op']} 64x64KiB ({r['engine']}): ≥ 5x lower than LMCache", r["speedup"], 5, True,
-            "core")
-    seeds = results.get("seeds") or {}
-    for r in seeds.get("recovery", []):
-        # The seed compares the batched reader with the sequential one LMCache had (its
-        # pre-batching `_read_slot_header` loop), as benchmarks/bench_core.py does; without
-        # LMCache only our own sequential reader is there to compare with.
-        vs_lmc = r.get("ours_batched_vs_lmcache_sequential")
-        if vs_lmc is not None:
-            add("4", f"recovery validation {r['slots']} slots ({r['mode']}): batched ≥ 8x sequential "
-                     "(ours batched vs LMCache seq)", vs_lmc, 8, True, "seeds")
-        else:
-            add("4", f"recovery validation {r['slots']} slots ({r['mode']}): batched ≥ 8x sequential "
-                     "(ours batched vs ours seq; LMCache not installed)", r.get("ours_speedup"), 8, True, "seeds")
-    for r in seeds.get("remove", []):
+        floor = "" if r["floor_cpu_per_key_s"] is None else \
+            f"; kernel floor {_us_key(r['floor_cpu_per_key_s'])} µs, best possible {fmt_x(r['best_possible'])}"
+        add("core", f"{r['op']} CPU per key, 64 x 64 KiB ({r['engine']}, {r['medium']}): LMCache's core / ours",
+            r["speedup"], 5, True, f"{_us_key(r['lmcache_cpu_per_key_s'])} vs {_us_key(r['ours_cpu_per_key_s'])} "
+                                   f"µs{floor}")
+    for r in (results.get("recovery") or {}).get("rows", []):
+        t = r["times_s"]
+        add("recovery", f"slot-header validation, {r['slots']:,} headers ({r['medium']}): LMCache's sequential reader "
+                        "/ our batched reader", r.get("ours_batched_vs_lmcache_sequential"), 8, True,
+            f"{fmt_time(t.get('lmcache sequential'))} vs {fmt_time(t.get('ours batched'))}")
+    for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
-            add("5", "batched_remove N=1000: override ≥ 10x the fan-out (ours)", r["speedup"], 10, True, "seeds")
+            add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",
+                r["speedup"], 10, True, f"{fmt_time(r['fanout_s'])} vs {fmt_time(r['override_s'])}")
     return out
+
+
+# --------------------------------------------------------------------------- files
 
 
 def _clean(obj: Any) -> Any:
@@ -264,15 +311,25 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def write_json(results: dict, out_dir: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "results.json")
+def _write(path: str, text: str) -> str:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(_clean(results), f, indent=2, sort_keys=False)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
     return path
+
+
+def write_json(results: dict, out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    return _write(os.path.join(out_dir, "results.json"), json.dumps(_clean(results), indent=2) + "\n")
+
+
+def write_summary(results: dict, out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    return _write(os.path.join(out_dir, "summary.txt"), summary_text(results).lstrip("\n"))
+
+
+# --------------------------------------------------------------------------- plots
 
 
 def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
@@ -297,25 +354,41 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
     crows = (results.get("core") or {}).get("rows", [])
     if crows:
         files.append(_plot_core(plt, crows, out_dir))
-    bars = _speedup_bars(results)
+    bars = [g for g in goals(results) if g["higher_is_better"]]
     if bars:
         files.append(_plot_speedups(plt, bars, out_dir))
     return files, None
 
 
+def _save(plt: Any, fig: Any, out_dir: str, name: str) -> str:
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _log_axes(ax: Any, xs: list[int], xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([fmt_size(x) for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
-    ops = [op for op in dict.fromkeys(r["op"] for r in rows)]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
     fig, axes = plt.subplots(1, len(ops), figsize=(3.6 * len(ops), 4), squeeze=False)
     for ax, op in zip(axes[0], ops):
         for engine, style in (("posix", "-"), ("io_uring", "--")):
             sel = sorted((r for r in rows if r["op"] == op and r["engine"] == engine), key=lambda r: r["entries"])
-            if not sel:
-                continue
-            xs = [r["entries"] for r in sel]
             for impl, marker in (("ours", "o"), ("lmcache", "s")):
                 ys = [(r[f"{impl}_s"] or float("nan")) * 1e3 for r in sel]
-                if not all(math.isnan(y) for y in ys):
-                    ax.plot(xs, ys, style, marker=marker, label=f"{impl} {engine}")
+                if sel and not all(math.isnan(y) for y in ys):
+                    ax.plot([r["entries"] for r in sel], ys, style, marker=marker, label=f"{impl} {engine}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("entries")
@@ -323,115 +396,70 @@ def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
         ax.set_title(op, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("RawBlockCore: latency vs index size (lower is better)")
-    fig.tight_layout()
-    path = os.path.join(out_dir, "core_latency_vs_entries.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    fig.suptitle("RawBlockCore, ours vs LMCache's: time per call vs index size (lower is better)")
+    return _save(plt, fig, out_dir, "core_latency_vs_entries.png")
 
 
-def _speedup_bars(results: dict) -> list[tuple[str, float, float]]:
-    """(label, speed-up, target) for every target row measured as a speed-up."""
-    return [(f"#{t['issue']} {t['target'].split(':')[0]}", t["ratio"], t["goal"])
-            for t in targets(results) if t["higher_is_better"] and t["ratio"] is not None]
-
-
-def _plot_speedups(plt: Any, bars: list[tuple[str, float, float]], out_dir: str) -> str:
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(bars) + 2), 4.8))
-    vals = [b[1] for b in bars]
-    ax.bar(range(len(bars)), vals, color=["tab:green" if v >= g else "tab:red" for _, v, g in bars])
-    ax.scatter(range(len(bars)), [b[2] for b in bars], marker="_", s=400, color="black", label="target", zorder=3)
+def _plot_speedups(plt: Any, bars: list[dict], out_dir: str) -> str:
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(bars) + 2), 5.5))
+    xs = range(len(bars))
+    ax.bar(xs, [b["value"] for b in bars], color=["tab:green" if b["met"] else "tab:red" for b in bars])
+    ax.scatter(xs, [b["goal"] for b in bars], marker="_", s=400, color="black", label="goal", zorder=3)
     ax.axhline(1.0, color="grey", linewidth=1)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels([b[0] for b in bars], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([b["label"].split(":")[0] for b in bars], rotation=60, ha="right", fontsize=6)
     ax.set_ylabel("speed-up (higher is better)")
-    ax.set_title("Measured speed-ups against the issues' targets")
+    ax.set_title("Speed-ups measured in this run, each beside its goal")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "ratio_targets.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir, "speedups.png")
 
 
 def _plot_latency(plt: Any, rows: list[dict], out_dir: str) -> str:
     ops = sorted({r["op"] for r in rows})
+    sizes = sorted({r["size"] for r in rows})
     fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
         for mode, style in (("buffered", "-"), ("odirect", "--")):
             sel = sorted((r for r in rows if r["op"] == op and r["mode"] == mode), key=lambda r: r["size"])
-            if not sel:
-                continue
-            xs = [r["size"] for r in sel]
             for impl, marker in (("ours", "o"), ("rust", "s")):
                 ys = [r[f"{impl}_s"] * 1e6 if r[f"{impl}_s"] else float("nan") for r in sel]
-                if all(math.isnan(y) for y in ys):
-                    continue
-                ax.plot(xs, ys, style, marker=marker, label=f"{impl} posix {mode}")
-        ax.set_xscale("log", base=2)
+                if sel and not all(math.isnan(y) for y in ys):
+                    ax.plot([r["size"] for r in sel], ys, style, marker=marker, label=f"{impl} {MEDIUM[mode]}")
         ax.set_yscale("log")
-        ax.set_xticks(sorted({r["size"] for r in rows}))
-        ax.set_xticklabels([fmt_size(s) for s in sorted({r["size"] for r in rows})])
-        ax.set_xlabel("transfer size")
-        ax.set_ylabel("time per call (µs, median)")
-        ax.set_title(op)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Per-call latency vs size (lower is better)")
-    fig.tight_layout()
-    path = os.path.join(out_dir, "latency_vs_size.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _log_axes(ax, sizes, "transfer size", "time per call (µs, median)", op)
+    fig.suptitle("Per-call time vs size, ours vs LMCache's Rust device (lower is better)")
+    return _save(plt, fig, out_dir, "latency_vs_size.png")
 
 
 def _plot_ratio(plt: Any, rows: list[dict], out_dir: str) -> str:
     sel = [r for r in rows if r.get("ratio") is not None]
-    labels = [f"{r['op'].split('_')[0]} {r['mode'][:4]} {fmt_size(r['size'])}" for r in sel]
     vals = [r["ratio"] for r in sel]
-    colors = ["tab:green" if v <= 1.0 else "tab:red" for v in vals]
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(sel) + 2), 4.5))
-    ax.bar(range(len(sel)), vals, color=colors)
+    ax.bar(range(len(sel)), vals, color=["tab:green" if v <= 1.0 else "tab:red" for v in vals])
     ax.axhline(1.0, color="black", linewidth=1, label="parity")
-    ax.axhline(0.8, color="tab:blue", linewidth=1, linestyle="--", label="4 KiB target 0.8x")
+    ax.axhline(0.8, color="tab:blue", linewidth=1, linestyle="--", label="goal at 4 KiB: 0.8x")
     ax.set_xticks(range(len(sel)))
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("ours / rust time per call")
-    ax.set_title("Time ratio ours/rust (lower is better)")
+    ax.set_xticklabels([f"{r['op'].split('_')[0]} {MEDIUM[r['mode']]} {fmt_size(r['size'])}" for r in sel],
+                       rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("our time / Rust device's, per call")
+    ax.set_title("Time per call, ours / LMCache's Rust device (lower is better)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "ratio.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir, "ratio.png")
 
 
 def _plot_uring(plt: Any, rows: list[dict], out_dir: str) -> str:
-    ops = sorted({r["op"] for r in rows})
-    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    panels = sorted({(r["op"], r["mode"]) for r in rows})
+    sizes = sorted({r["size"] for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    for ax, (op, mode) in zip(axes[0], panels):
         for depth in sorted({r["depth"] for r in rows}):
-            sel = sorted((r for r in rows if r["op"] == op and r["depth"] == depth), key=lambda r: r["size"])
-            xs = [r["size"] for r in sel]
-            for key, label, style in (("ours_bytes_per_s", "ours", "-o"), ("rust_bytes_per_s", "rust", "-s"),
-                                      ("fio_bytes_per_s", "fio", ":^")):
-                ys = [(r.get(key) or float("nan")) / (1 << 20) for r in sel]
-                if all(math.isnan(y) for y in ys):
-                    continue
-                ax.plot(xs, ys, style, label=f"{label} qd{depth}")
-        ax.set_xscale("log", base=2)
-        sizes = sorted({r["size"] for r in rows})
-        ax.set_xticks(sizes)
-        ax.set_xticklabels([fmt_size(s) for s in sizes])
-        ax.set_xlabel("block size")
-        ax.set_ylabel("MiB/s (median)")
-        ax.set_title(f"io_uring {op}, O_DIRECT")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "uring_throughput.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            sel = sorted((r for r in rows if (r["op"], r["mode"], r["depth"]) == (op, mode, depth)),
+                         key=lambda r: r["size"])
+            for impl, style in (("ours", "-o"), ("rust", "--s")):
+                ys = [(r.get(f"{impl}_bytes_per_s") or float("nan")) / (1 << 20) for r in sel]
+                if sel and not all(math.isnan(y) for y in ys):
+                    ax.plot([r["size"] for r in sel], ys, style, label=f"{impl} {depth} per batch")
+        _log_axes(ax, sizes, "block size", "MiB/s (median)", f"io_uring {op}, {MEDIUM[mode]}")
+    fig.suptitle("io_uring batches, ours vs LMCache's Rust device (higher is better)")
+    return _save(plt, fig, out_dir, "uring_throughput.png")

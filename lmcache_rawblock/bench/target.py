@@ -1,7 +1,7 @@
-"""The file or device the benchmark writes to.
+"""The file or device the benchmark writes to, and where its scratch files go.
 
-Without ``--device`` a sparse file is created in a fresh temporary directory and removed
-afterwards. With ``--device PATH`` the path must exist, be a regular file or a block device,
+Without ``--device`` a sparse file is created in a fresh temporary directory (on a file system
+that takes O_DIRECT, see ``scratch_dir``) and removed afterwards. With ``--device PATH`` the path must exist, be a regular file or a block device,
 and carry no file system or partition table signature (libblkid, the probe RawBlockCore uses)
 unless ``--force``.
 """
@@ -22,6 +22,36 @@ BLKGETSIZE64 = 0x80081272
 PREFILL_CHUNK = 4 * MiB
 
 
+def supports_odirect(directory: str) -> bool:
+    """Whether a file in *directory* can be opened with O_DIRECT (tmpfs cannot)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".odirect-probe-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    try:
+        os.close(os.open(probe, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.unlink(probe)
+
+
+def scratch_dir() -> str:
+    """The temporary directory for sparse files: ``tempfile.gettempdir()`` ($TMPDIR, /tmp), or
+    /var/tmp when that one cannot do O_DIRECT (/tmp is a tmpfs on Debian 13)."""
+    first = tempfile.gettempdir()
+    for d in (first, "/var/tmp"):
+        if os.path.isdir(d) and supports_odirect(d):
+            return d
+    return first
+
+
+def make_workdir(prefix: str = "lmcache-rawblock-bench-") -> str:
+    return tempfile.mkdtemp(prefix=prefix, dir=scratch_dir())
+
+
 class TargetError(Exception):
     """A --device/--size problem the user must fix; the message names the parameter."""
 
@@ -36,14 +66,8 @@ class Target:
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "size_bytes": self.size,
-            "device_size_bytes": self.device_size,
-            "temporary": self.tmpdir is not None,
-            "notes": list(self.notes),
-        }
+        return {"path": self.path, "kind": self.kind, "size_bytes": self.size, "device_size_bytes": self.device_size,
+                "temporary": self.tmpdir is not None, "notes": list(self.notes)}
 
     def cleanup(self) -> None:
         if self.tmpdir is not None:
@@ -90,7 +114,7 @@ def open_target(device: str | None, size: int | None, force: bool = False, defau
         want -= want % 4096
         if want <= 0:
             raise TargetError(f"--size {size}: must be at least 4 KiB")
-        tmpdir = tempfile.mkdtemp(prefix="lmcache-rawblock-bench-")
+        tmpdir = make_workdir()
         path = os.path.join(tmpdir, "bench.img")
         try:
             with open(path, "wb") as f:
@@ -170,5 +194,25 @@ def settle(path: str, nbytes: int) -> None:
             os.posix_fadvise(fd, 0, nbytes, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
+    finally:
+        os.close(fd)
+
+
+def sync_file(path: str) -> None:
+    """Write back the file's dirty pages (they stay cached)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def warm(path: str, nbytes: int) -> None:
+    """Read the first *nbytes* through the page cache, so buffered reads find them there."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        off = 0
+        while off < nbytes and os.pread(fd, PREFILL_CHUNK, off):
+            off += PREFILL_CHUNK
     finally:
         os.close(fd)

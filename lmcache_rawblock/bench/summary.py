@@ -1,0 +1,102 @@
+"""The README's benchmark table, from one run's results.json.
+
+    python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json [--readme README.md]
+
+Rewrites the README's text between ``<!-- results:start -->`` and ``<!-- results:end -->``
+(the markers are added at the end of the "## Benchmark results" section when missing): one row
+per measurement of that run that has a goal, and a line naming the command, the commit, the
+date and the machine the figures come from. Nothing else in the README is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from .common import machine_summary
+from .report import goals
+
+START = "<!-- results:start -->"
+END = "<!-- results:end -->"
+SECTION = "## Benchmark results"
+
+
+def _esc(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def provenance(results: dict, source: str, base: str = ".") -> str:
+    """Where the figures come from: file, command, commit, date, machine. The interpreter is
+    named relative to *base* when it lives below it (a project virtualenv)."""
+    m = results.get("machine", {})
+    cmd = " ".join(m.get("command") or [])
+    py = m.get("python_executable") or ""
+    if py and cmd.startswith("python -m"):
+        rel = os.path.relpath(py, base)
+        cmd = (rel if not rel.startswith("..") else "python") + cmd[len("python"):]
+    src = m.get("source") or {}
+    commit = f"commit `{src['commit'][:12]}`" if src.get("commit") else "an installed package (no commit recorded)"
+    if src.get("modified"):
+        commit += f" (with uncommitted changes in {', '.join(src['modified'])})"
+    when = (m.get("timestamp") or "")[:10]
+    return (f"From one run, [`{source}`]({source}): `{cmd}` on {commit}, {when}, "
+            f"{machine_summary(m)}; {results.get('elapsed_s', 0) / 60:.0f} min.")
+
+
+def readme_block(results: dict, source: str, base: str = ".") -> str:
+    lines = [START, "", provenance(results, source, base), "",
+             "| measurement | result | goal | figures |", "|---|---|---|---|"]
+    for g in goals(results):
+        lines.append(f"| {_esc(g['label'])} | {g['shown']} | {g['goal_text']} | {_esc(g['detail'])} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def update_readme(text: str, block: str) -> str:
+    """Replace the text between the markers; add the markers at the end of the benchmark
+    section when they are missing. Raises ValueError if neither markers nor section exist."""
+    if START in text and END in text:
+        a = text.index(START)
+        b = text.index(END, a) + len(END)
+        return text[:a] + block + text[b:]
+    if START in text or END in text:
+        raise ValueError("README has only one of the results markers")
+    m = re.search(r"^" + re.escape(SECTION) + r"[^\n]*\n", text, re.MULTILINE)
+    if not m:
+        raise ValueError(f"README has no '{SECTION}' section")
+    nxt = re.search(r"^## ", text[m.end():], re.MULTILINE)
+    end = m.end() + nxt.start() if nxt else len(text)
+    before = text[:end].rstrip("\n")
+    after = text[end:]
+    return before + "\n\n" + block + "\n" + ("\n" + after if after else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock.bench.summary",
+                                 description="Write the README's benchmark table from one run's results.json.")
+    ap.add_argument("results", help="results.json of the run, e.g. benchmarks/results/full/results.json")
+    ap.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")
+    args = ap.parse_args(argv)
+    with open(args.results, encoding="utf-8") as f:
+        results = json.load(f)
+    readme_dir = os.path.dirname(os.path.abspath(args.readme))
+    source = os.path.relpath(os.path.abspath(args.results), readme_dir)
+    with open(args.readme, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        new = update_readme(text, readme_block(results, source, readme_dir))
+    except ValueError as exc:
+        print(f"error: {args.readme}: {exc}", file=sys.stderr)
+        return 2
+    if new != text:
+        with open(args.readme, "w", encoding="utf-8") as f:
+            f.write(new)
+    print(f"{len(goals(results))} rows from {args.results} -> {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
