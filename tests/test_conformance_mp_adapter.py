@@ -135,11 +135,11 @@ def test_readme_example_selects_our_core(tmp_path):
 
 def test_adapter_config_rejects_a_bad_boolean(tmp_path):
     cfg = _adapters(_parse(_adapter_json(_device(tmp_path), allow_foreign_device="maybe")))[0]
-    with pytest.raises(ValueError, match="allow_foreign_device must be a boolean, got 'maybe'"):
+    with pytest.raises(ValueError, match=r"allow_foreign_device must be a boolean \(true/false\), got 'maybe'"):
         create_l2_adapter_from_registry(cfg)  # the plugin type builds the config when it creates
     from lmcache_rawblock.l2_adapter import RawBlockL2AdapterConfig
 
-    with pytest.raises(ValueError, match="allow_foreign_device must be a boolean, got 'maybe'"):
+    with pytest.raises(ValueError, match=r"allow_foreign_device must be a boolean \(true/false\), got 'maybe'"):
         RawBlockL2AdapterConfig.from_dict({"device_path": "x", "slot_bytes": SLOT, "allow_foreign_device": "maybe"})
 
 
