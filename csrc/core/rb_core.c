@@ -1003,17 +1003,34 @@ static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, i
     return LV_GOOD;
 }
 
-int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
+/* One key of a rb_core_load_many call: its record as the snapshot under c->mu saw it, and
+ * what the load decided about it. */
+struct load_snap {
+    uint32_t slot;
+    uint32_t pop, hop; /* io_uring: op index of the payload / header read */
+    uint64_t size, sum;
+    uint8_t has_sum, unverified, verdict;
+};
+
+/* One rb_core_load_many call between its two c->mu sections: the snapshot, the read plan and
+ * what the settle stage publishes. Read and written without any lock (only this call sees it). */
+struct load_run {
+    rb_core *c;
+    rb_load_item *items;
+    struct load_snap *s;
+    size_t n, n_unv;
+    int uring;       /* reads go through the io_uring batch (else posix, one at a time) */
+    size_t hl;       /* io_uring: bytes of one header read */
+    rb_uop *ops;     /* io_uring: the batch, nops used */
+    uint8_t *vbuf;   /* io_uring: n_unv header buffers; posix: one header + payload, vcap bytes */
+    size_t vcap, nops, nhdr;
+    uint64_t sum_fail; /* payload checksum failures seen */
+    size_t n_sumbad;   /* keys failed by verify_payload_checksum */
+};
+
+/* No lock: reset every item's outputs (the items are the caller's). */
+static void load_reset_items(rb_load_item *items, size_t n)
 {
-    typedef struct {
-        uint32_t slot;
-        uint32_t pop, hop; /* io_uring: op index of the payload / header read */
-        uint64_t size, sum;
-        uint8_t has_sum, unverified, verdict;
-    } snap;
-    snap *s = calloc(n ? n : 1, sizeof(*s));
-    if (!s)
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         items[i].ok = 0;
         items[i].status = 0;
@@ -1021,13 +1038,13 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
         items[i].npos = -1;
         items[i].pos = NULL;
     }
+}
+
+/* c->mu held: read each key's record from the index into s and copy its cached positions out
+ * to the item (npos -2 when out of memory). Returns how many records are unverified. */
+static size_t load_snapshot_locked(rb_core *c, rb_load_item *items, size_t n, struct load_snap *s)
+{
     size_t n_unv = 0;
-    pthread_mutex_lock(&c->mu);
-    if (c->closed) {
-        pthread_mutex_unlock(&c->mu);
-        free(s);
-        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore cannot admit reads after shutdown");
-    }
     for (size_t i = 0; i < n; i++) {
         uint32_t p = rb_idx_find(&c->index, items[i].key, items[i].key_len,
                                  rb_idx_hash(items[i].key, items[i].key_len));
@@ -1052,197 +1069,301 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
                 items[i].npos = -2; /* out of memory: reported as a failed key */
         }
     }
-    io_begin_locked(c, 1);
-    uint64_t rd_gen = rb_core_reader_begin_locked(c);
-    pthread_mutex_unlock(&c->mu);
+    return n_unv;
+}
+
+/* No lock: the test hook's pause between the snapshot and the reads (load_delay_ms). */
+static void load_test_delay(rb_core *c)
+{
     uint32_t delay = atomic_load(&c->load_delay_ms);
     if (delay) {
         struct timespec ts = {(time_t)(delay / 1000), (long)(delay % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
+}
 
-    uint64_t sum_fail = 0;
-    const uint64_t hb = c->cfg.header_bytes;
-    int uring = rb_core_uses_uring(c);
-    size_t hl = uring ? rb_header_read_len(c) : 0;
-    rb_uop *ops = uring ? calloc(n + n_unv ? n + n_unv : 1, sizeof(*ops)) : NULL;
-    /* io_uring: n_unv headers of hl bytes; posix: header + payload of one record at a time */
+/* No lock: choose the engine and allocate the io_uring batch (r->ops, and r->vbuf for n_unv
+ * headers); out of memory for the batch falls back to posix reads, one at a time. */
+static void load_plan(struct load_run *r)
+{
+    rb_core *c = r->c;
+    size_t n = r->n, n_unv = r->n_unv;
+    r->uring = rb_core_uses_uring(c);
+    r->hl = r->uring ? rb_header_read_len(c) : 0;
+    r->ops = r->uring ? calloc(n + n_unv ? n + n_unv : 1, sizeof(*r->ops)) : NULL;
     rb_err verr;
-    uint8_t *vbuf = uring && n_unv ? rb_alloc_aligned(c->cfg.block_align, n_unv * hl, &verr) : NULL;
-    size_t vcap = 0, nops = 0, nhdr = 0;
-    if (uring && (!ops || (n_unv && !vbuf))) {
-        free(ops);
-        free(vbuf);
-        ops = NULL;
-        vbuf = NULL;
-        uring = 0; /* out of memory for the batch: fall back to one read at a time */
+    r->vbuf = r->uring && n_unv ? rb_alloc_aligned(c->cfg.block_align, n_unv * r->hl, &verr) : NULL;
+    if (r->uring && (!r->ops || (n_unv && !r->vbuf))) {
+        free(r->ops);
+        free(r->vbuf);
+        r->ops = NULL;
+        r->vbuf = NULL;
+        r->uring = 0;
     }
-    for (size_t i = 0; i < n; i++) {
-        rb_load_item *it = &items[i];
-        if (s[i].slot == RB_SLOT_NONE)
-            continue;
-        if (it->npos == -2) {
-            it->status = rb_err_set(&it->err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-            continue;
-        }
-        size_t len = s[i].size;
-        if (it->buf_len < len) {
-            it->status = rb_err_set(&it->err, RB_ERR_VALUE, EINVAL,
-                                    "output buffer too small: cap=%zu need=%zu", it->buf_len, len);
-            continue;
-        }
-        size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
-        uint64_t soff = rb_slot_offset(c, s[i].slot);
-        uint64_t off = soff + hb;
-        if (uring) {
-            /* Batched: reads of at most queue-depth requests per batch, bounced by the engine
-             * when the destination is unaligned for O_DIRECT or shorter than the transfer. */
-            if (s[i].unverified) {
-                rb_uop *h = &ops[nops];
-                h->off = soff;
-                h->buf = vbuf + nhdr++ * hl;
-                h->buf_len = h->payload_len = h->total_len = h->copy_len = hl;
-                h->write = 0;
-                s[i].hop = (uint32_t)nops++;
-            }
-            rb_uop *o = &ops[nops];
-            o->off = off;
-            o->buf = it->buf;
-            o->buf_len = blen;
-            o->payload_len = len;
-            o->total_len = rb_xfer_len(c, len);
-            o->copy_len = len;
-            o->write = 0;
-            s[i].pop = (uint32_t)nops++;
-            continue;
-        }
-        if (s[i].unverified) {
-            size_t tot = hb + rb_xfer_len(c, len);
-            if (tot > vcap) {
-                free(vbuf);
-                vcap = 0;
-                vbuf = rb_alloc_aligned(c->cfg.block_align, tot, &it->err);
-                if (!vbuf) {
-                    it->status = -ENOMEM;
-                    continue;
-                }
-                vcap = tot;
-            }
-            int rc = rb_core_dev_read(c, soff, vbuf, tot, tot, tot, 1, &it->err);
-            if (rc < 0) {
-                it->status = rc;
-                continue;
-            }
-            s[i].verdict = (uint8_t)judge_slot(c, it, len, s[i].has_sum, s[i].sum, vbuf, hb, vbuf + hb, &sum_fail);
-            if (s[i].verdict == LV_BAD)
-                continue;
-            memcpy(it->buf, vbuf + hb, len);
-            it->ok = 1;
-            continue;
-        }
-        int rc = rb_core_dev_read(c, off, it->buf, blen, len, rb_xfer_len(c, len), 1, &it->err);
-        if (rc < 0) {
-            it->status = rc;
-            continue;
-        }
-        it->ok = 1;
+}
+
+/* No lock: whether a key is to be read (found, positions copied, a buffer that holds the
+ * payload); a key that cannot be gets its status and error here. */
+static int load_item_readable(const struct load_snap *sn, rb_load_item *it)
+{
+    if (sn->slot == RB_SLOT_NONE)
+        return 0;
+    if (it->npos == -2) {
+        it->status = rb_err_set(&it->err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        return 0;
     }
-    if (nops) {
-        rb_err berr;
-        (void)rb_core_uring_ops(c, ops, nops, c->cfg.iouring_queue_depth, 1, &berr); /* per-op results */
-        for (size_t i = 0; i < n; i++) {
-            rb_load_item *it = &items[i];
-            if (s[i].slot == RB_SLOT_NONE || it->status < 0)
-                continue;
-            const rb_uop *h = s[i].unverified ? &ops[s[i].hop] : NULL, *o = &ops[s[i].pop];
-            if (h && h->rc < 0) {
-                it->status = h->rc;
-                it->err = h->err;
-            } else if (o->rc < 0) {
-                it->status = o->rc;
-                it->err = o->err;
-            } else if (h) {
-                s[i].verdict =
-                    (uint8_t)judge_slot(c, it, s[i].size, s[i].has_sum, s[i].sum, h->buf, hl, it->buf, &sum_fail);
-                if (s[i].verdict == LV_BAD) /* not ours: leave no foreign bytes behind */
-                    erase_read(c, it, s[i].size);
-                else
-                    it->ok = 1;
-            } else {
+    size_t len = sn->size;
+    if (it->buf_len < len) {
+        it->status = rb_err_set(&it->err, RB_ERR_VALUE, EINVAL, "output buffer too small: cap=%zu need=%zu",
+                                it->buf_len, len);
+        return 0;
+    }
+    return 1;
+}
+
+/* No lock: append key i's reads to the io_uring batch, its header read first when its record
+ * is unverified (writes r->ops, r->nops, r->nhdr and the key's op indexes). */
+static void load_queue_uring(struct load_run *r, size_t i)
+{
+    rb_core *c = r->c;
+    rb_load_item *it = &r->items[i];
+    struct load_snap *sn = &r->s[i];
+    size_t len = sn->size;
+    uint64_t soff = rb_slot_offset(c, sn->slot);
+    /* Batched: reads of at most queue-depth requests per batch, bounced by the engine when
+     * the destination is unaligned for O_DIRECT or shorter than the transfer. */
+    if (sn->unverified) {
+        rb_uop *h = &r->ops[r->nops];
+        h->off = soff;
+        h->buf = r->vbuf + r->nhdr++ * r->hl;
+        h->buf_len = h->payload_len = h->total_len = h->copy_len = r->hl;
+        h->write = 0;
+        sn->hop = (uint32_t)r->nops++;
+    }
+    rb_uop *o = &r->ops[r->nops];
+    o->off = soff + c->cfg.header_bytes;
+    o->buf = it->buf;
+    o->buf_len = c->cfg.enable_zero_copy ? it->buf_len : len;
+    o->payload_len = len;
+    o->total_len = rb_xfer_len(c, len);
+    o->copy_len = len;
+    o->write = 0;
+    sn->pop = (uint32_t)r->nops++;
+}
+
+/* No lock: posix read of an unverified record's header and payload in one transfer into the
+ * scratch buffer r->vbuf (grown as needed); the payload reaches the caller's buffer only when
+ * the header is this key's. Writes the item's outcome and the key's verdict. */
+static void load_read_posix_unverified(struct load_run *r, size_t i)
+{
+    rb_core *c = r->c;
+    rb_load_item *it = &r->items[i];
+    struct load_snap *sn = &r->s[i];
+    const uint64_t hb = c->cfg.header_bytes;
+    size_t len = sn->size;
+    size_t tot = hb + rb_xfer_len(c, len);
+    if (tot > r->vcap) {
+        free(r->vbuf);
+        r->vcap = 0;
+        r->vbuf = rb_alloc_aligned(c->cfg.block_align, tot, &it->err);
+        if (!r->vbuf) {
+            it->status = -ENOMEM;
+            return;
+        }
+        r->vcap = tot;
+    }
+    int rc = rb_core_dev_read(c, rb_slot_offset(c, sn->slot), r->vbuf, tot, tot, tot, 1, &it->err);
+    if (rc < 0) {
+        it->status = rc;
+        return;
+    }
+    sn->verdict = (uint8_t)judge_slot(c, it, len, sn->has_sum, sn->sum, r->vbuf, hb, r->vbuf + hb, &r->sum_fail);
+    if (sn->verdict == LV_BAD)
+        return;
+    memcpy(it->buf, r->vbuf + hb, len);
+    it->ok = 1;
+}
+
+/* No lock: posix read of a verified record's payload straight into the caller's buffer. */
+static void load_read_posix(struct load_run *r, size_t i)
+{
+    rb_core *c = r->c;
+    rb_load_item *it = &r->items[i];
+    size_t len = r->s[i].size;
+    size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
+    uint64_t off = rb_slot_offset(c, r->s[i].slot) + c->cfg.header_bytes;
+    int rc = rb_core_dev_read(c, off, it->buf, blen, len, rb_xfer_len(c, len), 1, &it->err);
+    if (rc < 0) {
+        it->status = rc;
+        return;
+    }
+    it->ok = 1;
+}
+
+/* No lock: run the io_uring batch, then turn each key's op results into its outcome, judging
+ * the headers of unverified records (a rejected payload is erased from the caller's buffer). */
+static void load_run_uring(struct load_run *r)
+{
+    rb_core *c = r->c;
+    if (!r->nops)
+        return;
+    rb_err berr;
+    (void)rb_core_uring_ops(c, r->ops, r->nops, c->cfg.iouring_queue_depth, 1, &berr); /* per-op results */
+    for (size_t i = 0; i < r->n; i++) {
+        rb_load_item *it = &r->items[i];
+        struct load_snap *sn = &r->s[i];
+        if (sn->slot == RB_SLOT_NONE || it->status < 0)
+            continue;
+        const rb_uop *h = sn->unverified ? &r->ops[sn->hop] : NULL, *o = &r->ops[sn->pop];
+        if (h && h->rc < 0) {
+            it->status = h->rc;
+            it->err = h->err;
+        } else if (o->rc < 0) {
+            it->status = o->rc;
+            it->err = o->err;
+        } else if (h) {
+            sn->verdict = (uint8_t)judge_slot(c, it, sn->size, sn->has_sum, sn->sum, h->buf, r->hl, it->buf,
+                                              &r->sum_fail);
+            if (sn->verdict == LV_BAD) /* not ours: leave no foreign bytes behind */
+                erase_read(c, it, sn->size);
+            else
                 it->ok = 1;
-            }
+        } else {
+            it->ok = 1;
         }
     }
-    free(ops);
-    free(vbuf);
-    size_t n_sumbad = 0;
-    for (size_t i = 0; i < n; i++) {
-        rb_load_item *it = &items[i];
-        if (it->ok && c->cfg.verify_payload_checksum && s[i].has_sum && XXH3_64bits(it->buf, s[i].size) != s[i].sum) {
-            sum_fail++;
-            n_sumbad++;
+}
+
+/* No lock: with verify_payload_checksum, fail each loaded key whose payload does not match
+ * its record's checksum (buffer erased, verdict LV_SUMBAD); then free the positions of every
+ * key that did not load. */
+static void load_check_sums(struct load_run *r)
+{
+    rb_core *c = r->c;
+    for (size_t i = 0; i < r->n; i++) {
+        rb_load_item *it = &r->items[i];
+        struct load_snap *sn = &r->s[i];
+        if (it->ok && c->cfg.verify_payload_checksum && sn->has_sum && XXH3_64bits(it->buf, sn->size) != sn->sum) {
+            r->sum_fail++;
+            r->n_sumbad++;
             it->ok = 0;
             it->status = rb_err_set(&it->err, RB_ERR_OS, EBADMSG, "payload checksum mismatch at offset %llu",
-                                    (unsigned long long)(rb_slot_offset(c, s[i].slot) + c->cfg.header_bytes));
-            erase_read(c, it, s[i].size);
-            s[i].verdict = LV_SUMBAD;
+                                    (unsigned long long)(rb_slot_offset(c, sn->slot) + c->cfg.header_bytes));
+            erase_read(c, it, sn->size);
+            sn->verdict = LV_SUMBAD;
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        if (!items[i].ok) {
-            free(items[i].pos);
-            items[i].pos = NULL;
-            items[i].npos = -1;
+    for (size_t i = 0; i < r->n; i++) {
+        if (!r->items[i].ok) {
+            free(r->items[i].pos);
+            r->items[i].pos = NULL;
+            r->items[i].npos = -1;
         }
     }
+}
+
+/* c->mu held: apply one judged key's verdict to its record, unless the record changed since
+ * the snapshot. Counts into *dropped / *sum_dropped what it removes from the index. */
+static void load_settle_one_locked(rb_core *c, const rb_load_item *it, const struct load_snap *sn,
+                                   uint64_t *dropped, uint64_t *sum_dropped)
+{
+    uint32_t p = rb_idx_find(&c->index, it->key, it->key_len, rb_idx_hash(it->key, it->key_len));
+    if (p == UINT32_MAX)
+        return;
+    rb_ent *e = &c->index.ents[p];
+    if (sn->verdict == LV_SUMBAD) {
+        if (e->slot == sn->slot && (e->flags & RB_ENT_HAS_SUM) && e->checksum == sn->sum) {
+            rb_core_drop_locked(c, p);
+            (*sum_dropped)++;
+        }
+        return;
+    }
+    if (e->slot != sn->slot || !(e->flags & RB_ENT_UNVERIFIED))
+        return;
+    if (sn->verdict == LV_GOOD) {
+        e->flags &= (uint16_t)~RB_ENT_UNVERIFIED;
+        c->n_unverified--;
+        c->deferred_verified++;
+    } else {
+        rb_core_drop_locked(c, p);
+        (*dropped)++;
+    }
+}
+
+/* c->mu held: publish the call's checksum failures and settle the judged records in the index
+ * and the counters. */
+static void load_settle_locked(struct load_run *r)
+{
+    rb_core *c = r->c;
+    c->checksum_failures += r->sum_fail;
+    if (!r->n_unv && !r->n_sumbad)
+        return;
+    /* Settle the judged records, unless they changed meanwhile (deleted, re-put, judged by a
+     * concurrent load or a state applied since the snapshot). A record whose payload failed
+     * its checksum leaves the index like one whose header failed: it would fail every load,
+     * and every checkpoint would carry it on. */
+    uint64_t dropped = 0, sum_dropped = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->s[i].verdict != LV_NONE)
+            load_settle_one_locked(c, &r->items[i], &r->s[i], &dropped, &sum_dropped);
+    }
+    if (dropped) {
+        c->recovery_dropped += dropped;
+        c->deferred_dropped += dropped;
+    }
+    c->sum_dropped += sum_dropped;
+    if (dropped || sum_dropped) {
+        c->dirty_total++;
+        rb_idx_maybe_compact(&c->index);
+    }
+}
+
+/*
+ * Stages: snapshot the records under c->mu (and enter the I/O and reader accounting), plan the
+ * reads, run them without the lock (posix one at a time, or one io_uring batch), check payload
+ * checksums, then settle verdicts and leave the accounting under c->mu again.
+ */
+int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
+{
+    struct load_run r = {.c = c, .items = items, .n = n};
+    r.s = calloc(n ? n : 1, sizeof(*r.s));
+    if (!r.s)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    load_reset_items(items, n);
     pthread_mutex_lock(&c->mu);
-    c->checksum_failures += sum_fail;
-    if (n_unv || n_sumbad) {
-        /* Settle the judged records, unless they changed meanwhile (deleted, re-put, judged
-         * by a concurrent load or a state applied since the snapshot). A record whose payload
-         * failed its checksum leaves the index like one whose header failed: it would fail
-         * every load, and every checkpoint would carry it on. */
-        uint64_t dropped = 0, sum_dropped = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (s[i].verdict == LV_NONE)
-                continue;
-            rb_load_item *it = &items[i];
-            uint32_t p = rb_idx_find(&c->index, it->key, it->key_len, rb_idx_hash(it->key, it->key_len));
-            if (p == UINT32_MAX)
-                continue;
-            rb_ent *e = &c->index.ents[p];
-            if (s[i].verdict == LV_SUMBAD) {
-                if (e->slot == s[i].slot && (e->flags & RB_ENT_HAS_SUM) && e->checksum == s[i].sum) {
-                    rb_core_drop_locked(c, p);
-                    sum_dropped++;
-                }
-                continue;
-            }
-            if (e->slot != s[i].slot || !(e->flags & RB_ENT_UNVERIFIED))
-                continue;
-            if (s[i].verdict == LV_GOOD) {
-                e->flags &= (uint16_t)~RB_ENT_UNVERIFIED;
-                c->n_unverified--;
-                c->deferred_verified++;
-            } else {
-                rb_core_drop_locked(c, p);
-                dropped++;
-            }
-        }
-        if (dropped) {
-            c->recovery_dropped += dropped;
-            c->deferred_dropped += dropped;
-        }
-        c->sum_dropped += sum_dropped;
-        if (dropped || sum_dropped) {
-            c->dirty_total++;
-            rb_idx_maybe_compact(&c->index);
-        }
+    if (c->closed) {
+        pthread_mutex_unlock(&c->mu);
+        free(r.s);
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore cannot admit reads after shutdown");
     }
+    r.n_unv = load_snapshot_locked(c, items, n, r.s);
+    io_begin_locked(c, 1);
+    uint64_t rd_gen = rb_core_reader_begin_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    load_test_delay(c);
+
+    load_plan(&r);
+    for (size_t i = 0; i < n; i++) {
+        if (!load_item_readable(&r.s[i], &items[i]))
+            continue;
+        if (r.uring)
+            load_queue_uring(&r, i);
+        else if (r.s[i].unverified)
+            load_read_posix_unverified(&r, i);
+        else
+            load_read_posix(&r, i);
+    }
+    load_run_uring(&r);
+    free(r.ops);
+    free(r.vbuf);
+    load_check_sums(&r);
+
+    pthread_mutex_lock(&c->mu);
+    load_settle_locked(&r);
     rb_core_reader_end_locked(c, rd_gen);
     io_end_locked(c, 1);
     pthread_mutex_unlock(&c->mu);
-    free(s);
+    free(r.s);
     return 0;
 }
 
