@@ -7,12 +7,16 @@ file system refuses O_DIRECT; everything else needs a kernel with io_uring.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+import tty
 import warnings
 
 import pytest
@@ -104,6 +108,84 @@ def wait_threads_gone(tids: set[str], timeout: float = 5.0) -> set[str]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.01)
+
+
+def fds_open_on(target: str) -> list[int]:
+    """This process's file descriptors whose /proc link names ``target``."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                fds.append(int(fd))
+        except OSError:
+            pass  # the directory's own descriptor, already closed
+    return fds
+
+
+@contextlib.contextmanager
+def held_back_device():
+    """A device whose reads the test completes: the slave end of a pseudo-terminal (a character
+    device) in raw mode. A read on it stays in flight until bytes are written to the master end,
+    so the test decides when it finishes. Yields (path, master_fd).
+
+    The device opens the terminal without O_NOCTTY, which makes it the controlling terminal of a
+    session leader that has none; closing the master would then send SIGHUP. Only a session
+    leader is exposed, and it ignores SIGHUP while the terminal exists."""
+    master, slave = os.openpty()
+    leader = os.getsid(0) == os.getpid()
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN) if leader else None
+    try:
+        tty.setraw(slave)  # bytes reach the reader as written: no line editing, no echo
+        yield os.ttyname(slave), master
+    finally:
+        os.close(slave)
+        os.close(master)
+        if leader:
+            signal.signal(signal.SIGHUP, old)
+
+
+class CallWatch:
+    """Runs ``fn(*args)`` in a thread and tells when that thread is inside the C function
+    ``name`` (``fn`` itself, or a builtin that the Python function ``fn`` calls directly): a
+    per-thread profile hook sees the call start and end, and the thread is inside it when the
+    start was seen, the end was not, and its innermost Python frame is the caller's (the hook's
+    frame is gone). The observer holds the GIL while it looks, so a thread found inside is
+    running or blocked in C without it."""
+
+    def __init__(self, name: str, fn, *args):
+        self.name, self.fn, self.args = name, fn, args
+        self.caller = getattr(fn, "__code__", None) or CallWatch._run.__code__
+        self.entered, self.returned = threading.Event(), threading.Event()
+        self.result: dict = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _profile(self, frame, event, arg):
+        if event in ("c_call", "c_return", "c_exception") and getattr(arg, "__name__", None) == self.name:
+            (self.entered if event == "c_call" else self.returned).set()
+
+    def _run(self):
+        sys.setprofile(self._profile)  # this thread only
+        try:
+            self.result["value"] = self.fn(*self.args)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            self.result["error"] = e
+        finally:
+            sys.setprofile(None)
+
+    def start(self) -> "CallWatch":
+        self.thread.start()
+        return self
+
+    def wait_inside(self, timeout: float) -> bool:
+        """True once the thread is seen inside the call; False if it returned or time ran out."""
+        deadline = time.monotonic() + timeout
+        while not self.returned.is_set() and time.monotonic() < deadline:
+            frame = sys._current_frames().get(self.thread.ident)
+            if self.entered.is_set() and not self.returned.is_set() and frame is not None \
+                    and frame.f_code is self.caller:
+                return True
+            time.sleep(0.001)
+        return False
 
 
 # --------------------------------------------------------------------------- basics
@@ -617,37 +699,84 @@ def test_views_held_until_wait(data_file):
     bufs2[0].extend(b"x")
 
 
-def test_gil_released_during_wait(data_file):
-    dev = open_dev(data_file, odirect=True, depth=1)
-    n = 1500
-    bufs = [np.empty(4096, dtype=np.uint8) for _ in range(n)]
-    counter = [0]
-    stop = threading.Event()
+FALLBACK_S = 20.0
 
-    def spin():
-        while not stop.is_set():
-            counter[0] += 1
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    th = threading.Thread(target=spin)
-    th.start()
-    try:
-        bid = dev.batched_read([(i % 2000) * 4096 for i in range(n)], bufs, [4096] * n)
-        c0 = counter[0]
-        t0 = time.perf_counter()
-        ok, errs = dev.wait_iouring(bid)
-        waited = time.perf_counter() - t0
-        c1 = counter[0]
-    finally:
-        stop.set()
-        th.join()
-        sys.setswitchinterval(old)
-    assert (ok, errs) == ([True] * n, [])
-    if waited < 0.01:
-        pytest.skip(f"batch finished too fast to observe ({waited * 1e3:.1f} ms)")
-    assert c1 - c0 > 1000, f"the other thread made no progress during a {waited * 1e3:.0f} ms wait"
-    dev.close()
+def test_gil_released_during_wait():
+    """wait_iouring blocks without the GIL. The batch reads a terminal that has data only once
+    this test writes it, and the test writes it from the main thread only after the waiting
+    thread is inside wait_iouring (CallWatch): the call can return only because another Python
+    thread ran while it was blocked. If it held the GIL, nothing in this process could run; a
+    child process then writes other bytes after FALLBACK_S s, which end the wait, and the bytes
+    read tell which writer it was."""
+    n = 512
+    with held_back_device() as (path, master):
+        fallback = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys, time; time.sleep(float(sys.argv[1])); "
+                                   "os.write(int(sys.argv[2]), b'F' * int(sys.argv[3]))",
+             str(FALLBACK_S), str(master), str(n)], pass_fds=(master,))
+        dev = open_dev(path, writable=False, depth=4)
+        buf = bytearray(n)
+        try:
+            bid = dev.batched_read([0], [buf], [n])
+            call = CallWatch("wait_iouring", lambda: dev.wait_iouring(bid)).start()
+            inside = call.wait_inside(timeout=2 * FALLBACK_S)
+            if inside:
+                os.write(master, b"M" * n)
+            call.thread.join(2 * FALLBACK_S)
+            assert not call.thread.is_alive(), "wait_iouring did not return after its read completed"
+            assert not bytes(buf) == b"F" * n, (
+                f"wait_iouring held the GIL: no other thread ran until the fallback writer ended the read "
+                f"after {FALLBACK_S:.0f} s")
+            assert inside, f"the waiting thread was never seen inside wait_iouring: {call.result}"
+            assert call.result == {"value": ([True], [])}
+            assert bytes(buf) == b"M" * n
+        finally:
+            fallback.kill()
+            fallback.wait()
+            dev.close()
+
+
+@pytest.mark.parametrize("waiter", [True, False], ids=["with-waiter", "no-waiter"])
+def test_close_waits_for_a_read_in_flight(waiter):
+    """A read the kernel holds (a terminal with no data yet), with or without a thread waiting
+    for it, while three threads close the device: close() must not free the batch under the
+    kernel, so the closers stay inside close() until the read completes; then the bytes are in
+    the caller's buffer, the buffer is released, and a waiter gets the full result."""
+    n = 512
+    with held_back_device() as (path, master):
+        dev = open_dev(path, writable=False, depth=4)
+        buf = bytearray(n)
+        bid = dev.batched_read([0], [buf], [n])
+        released = False
+        try:
+            threads = []
+            if waiter:
+                call = CallWatch("wait_iouring", lambda: dev.wait_iouring(bid)).start()
+                assert call.wait_inside(timeout=10), f"wait_iouring returned before its read completed: {call.result}"
+                threads.append(call.thread)
+            closers = [CallWatch("close", dev.close).start() for _ in range(3)]
+            for c in closers:
+                assert c.wait_inside(timeout=10), f"close() returned with a read in flight: {c.result}"
+            assert dev.closed  # closing has started: new calls are refused
+            with pytest.raises(RuntimeError, match="^device is closed$"):
+                dev.batched_read([0], [bytearray(n)], [n])
+            os.write(master, b"M" * n)
+            released = True
+            for th in threads + [c.thread for c in closers]:
+                th.join(10)
+                assert not th.is_alive(), "close() or wait_iouring() did not return after the read completed"
+            assert [c.result for c in closers] == [{"value": None}] * 3
+            if waiter:
+                assert call.result == {"value": ([True], [])}
+            else:
+                assert dev.wait_iouring(bid) == ([], [])  # close released the batch nobody waited for
+            assert bytes(buf) == b"M" * n
+            buf.extend(b"x")  # the batch's view was released
+        finally:
+            if not released:
+                os.write(master, b"M" * n)
+            dev.close()
 
 
 def test_close_while_batches_in_flight(data_file):
@@ -686,9 +815,44 @@ def test_close_from_other_thread_while_waiting(data_file):
     assert dev.closed
 
 
-def test_shutdown_fails_queued_requests_cleanly(data_file):
-    # Batches queued behind a depth-1 ring when close() starts end as
-    # "io_uring worker shutting down"; a concurrent waiter sees them as per-entry errors.
+def test_close_ends_queued_requests_without_submitting_them():
+    """A depth-1 ring holds one read the kernel cannot finish yet (a terminal with no data), so
+    a second batch of 8 waits in the engine's queue. close() waits for the read in flight only:
+    the 8 queued requests end without being submitted (no attempt, no bytes, buffers untouched)
+    and every buffer is released."""
+    n = 512
+    with held_back_device() as (path, master):
+        dev = open_dev(path, writable=False, depth=1)
+        first = bytearray(n)
+        queued = [bytearray(n) for _ in range(8)]
+        dev.batched_read([0], [first], [n])
+        bid2 = dev.batched_read([0] * 8, queued, [n] * 8)
+        deadline = time.monotonic() + 10
+        while dev.io_stats_snapshot()["queued_requests"] == 9 and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the worker has taken the first read (the ring has room for one)
+        st = dev.io_stats_snapshot()
+        assert (st["outstanding_requests"], st["queued_requests"]) == (9, 8)
+        closer = CallWatch("close", dev.close).start()
+        try:
+            assert closer.wait_inside(timeout=10), f"close() returned with a read in flight: {closer.result}"
+        finally:
+            os.write(master, b"M" * n)
+        closer.thread.join(10)
+        assert not closer.thread.is_alive(), "close() did not return after the read in flight completed"
+        assert closer.result == {"value": None}
+        st = dev.io_stats_snapshot()
+        assert (st["read_attempts"], st["completed_attempts"], st["failed_attempts"]) == (1, 1, 0)
+        assert (st["read_completed_bytes"], st["outstanding_requests"], st["queued_requests"]) == (n, 0, 0)
+        assert bytes(first) == b"M" * n
+        assert all(bytes(b) == bytes(n) for b in queued), "a queued request was submitted after close() began"
+        assert dev.wait_iouring(bid2) == ([], [])
+        for b in [first] + queued:
+            b.extend(b"x")  # released by close
+
+
+def test_batch_queued_behind_a_full_ring_completes_for_another_thread(data_file):
+    """A batch queued behind 2,000 reads on a depth-1 ring, waited for from another thread,
+    completes in full; close() then releases the 2,000-read batch nobody waited for."""
     dev = open_dev(data_file, odirect=True, depth=1)
     n = 2000
     bufs = [np.empty(4096, dtype=np.uint8) for _ in range(n)]
@@ -723,11 +887,30 @@ def test_dealloc_without_close(data_file):
 
 
 def test_many_devices_and_rapid_close(data_file):
+    """Thirty devices, each closed straight after queueing a read: every close() returns with
+    its batch accounted for, the batch's buffers released, its worker thread joined and its file
+    descriptors closed, so nothing accumulates over the cycles."""
+    gc.collect()
+    threads_before = uring_threads()
+    assert fds_open_on(data_file) == []
     for depth in (1, 3, 32):
-        for _ in range(10):
+        for rep in range(10):
             dev = open_dev(data_file, depth=depth)
-            dev.batched_read([0, 4096], [bytearray(4096), bytearray(4096)], [4096, 4096])
+            mine = uring_threads() - threads_before
+            assert len(mine) == 1, (depth, rep)
+            assert len(fds_open_on(data_file)) == 1, (depth, rep)
+            bufs = [bytearray(4096), bytearray(4096)]
+            bid = dev.batched_read([0, 4096], bufs, [4096, 4096])
             dev.close()
+            assert dev.closed
+            assert dev.wait_iouring(bid) == ([], [])  # tracking was released by close
+            assert dev.io_stats_snapshot()["outstanding_requests"] == 0
+            for b in bufs:
+                b.extend(b"x")  # and so were the views
+                assert bytes(b[:4096]) in (bytes(4096), pattern(0, 4096), pattern(4096, 4096))
+            assert fds_open_on(data_file) == [], (depth, rep)
+            assert wait_threads_gone(mine) == set(), f"depth {depth}: close() left its worker running"
+    assert uring_threads() - threads_before == set()
 
 
 # --------------------------------------------------------------------------- hard engine failures
