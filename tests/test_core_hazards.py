@@ -180,7 +180,7 @@ def test_periodic_checkpoint_respects_idle_rule(tmp_path):
         c.close()
 
 
-# ---- slot reuse after the last checkpoint, meta_verify_on_load=False (§2.7 hazard 3, §9.4) ----
+# ---- slot reuse after the last checkpoint, meta_verify_on_load=False ----
 #
 # Records recovered without header validation carry an "unverified" mark; the first load of
 # one reads its slot header with the payload (posix: one read of header + payload into a

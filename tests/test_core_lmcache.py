@@ -267,7 +267,8 @@ def test_inspect_and_verify_a_device_written_by_lmcache(tmp_path, alloc, namespa
 def test_lmcache_device_opens_fast_and_slot_reuse_is_a_miss(tmp_path, alloc, writer_engine, namespace):
     """A device written by LMCache's core, opened with meta_verify_on_load=False: every entry
     loads (judged by its first load), and a slot LMCache reused after its last checkpoint
-    serves the other key's bytes from LMCache's core but is a miss in ours (§2.7 hazard 3)."""
+    serves the other key's bytes from LMCache's core but is a miss in ours (an unvalidated
+    entry's slot header is checked at its first load)."""
     dev = make_device(tmp_path)
     keys = _object_keys(13) if namespace == "object" else _legacy_keys(13)
     objs = _objects(alloc, 13, seed=2)

@@ -8,7 +8,7 @@ import pytest
 
 from core_helpers import Obj, make_core, make_device, okey
 
-BUDGET = 150  # bytes per entry, key bytes not counted (issue 4)
+BUDGET = 150  # goal: bytes per entry, key bytes not counted
 
 
 def _fill(core, keys):

@@ -1,5 +1,6 @@
-"""RawBlockCore on io_engine="io_uring": the batched put path (reference §4.3 and §8 items
-8-19, with the header-after-payload hazard fix), batched loads, checkpoint writes and
+"""RawBlockCore on io_engine="io_uring": the batched put path (one payload batch, then one
+header batch, as LMCache's core writes them; a freed slot is never reused while a durable
+checkpoint still lists it), batched loads, checkpoint writes and
 recovery header validation through the io_uring engine. Faults come from the core's own
 hooks (_native.Core._inject_fault); batch shapes from the device counters (rust_io)."""
 
