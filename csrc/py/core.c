@@ -445,137 +445,209 @@ static PyObject *core_close(PyObject *op, PyObject *unused)
 
 /* ---- put / load ------------------------------------------------------------------------ */
 
+/* One put_many call: its arguments as C arrays and everything it holds until it returns (the
+ * key snapshot, the argument sequences, the payload views). Touched only with the GIL held,
+ * except items (read) and results, stored, n_stored (written) by the core without it. */
+typedef struct {
+    keyvec kv;
+    PyObject *ids, *bufs, *pids, *metas; /* PySequence_Fast results; metas a tuple */
+    Py_ssize_t n;                        /* keys */
+    Py_ssize_t nviews;                   /* views[0..nviews) are held */
+    rb_put_item *items;
+    payload *views;
+    uint8_t *results;
+    uint32_t *stored;
+    size_t n_stored;
+} put_call;
+
+/* GIL held: allocate the per-key arrays of pc (zeroed). -1 with MemoryError on failure. */
+static int put_call_alloc(put_call *pc)
+{
+    Py_ssize_t n = pc->n;
+    pc->items = PyMem_Calloc(n ? n : 1, sizeof(*pc->items));
+    pc->views = PyMem_Calloc(n ? n : 1, sizeof(*pc->views));
+    pc->results = PyMem_Calloc(n ? n : 1, 1);
+    pc->stored = PyMem_Calloc(n ? n : 1, sizeof(uint32_t));
+    if (!pc->items || !pc->views || !pc->results || !pc->stored) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* GIL held: take the per-key argument sequences (a[1..4]), check their lengths against the
+ * keys already in pc->kv, and allocate the arrays. -1 with an exception set on failure. */
+static int put_call_open(put_call *pc, PyObject *const *a)
+{
+    Py_ssize_t n = pc->n;
+    pc->ids = PySequence_Fast(a[1], "identities must be a sequence");
+    pc->bufs = PySequence_Fast(a[2], "buffers must be a sequence");
+    pc->pids = PySequence_Fast(a[3], "placement_ids must be a sequence");
+    pc->metas = PySequence_Fast(a[4], "metas must be a sequence");
+    if (!pc->ids || !pc->bufs || !pc->pids || !pc->metas)
+        return -1;
+    if (PyList_Check(pc->metas)) {
+        /* dtype/fmt are borrowed from the meta tuples while the core runs without the GIL: a
+         * tuple copy keeps them alive if another thread changes the caller's list meanwhile. */
+        PyObject *t = PyList_AsTuple(pc->metas);
+        Py_SETREF(pc->metas, t);
+        if (!pc->metas)
+            return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(pc->ids) != n || PySequence_Fast_GET_SIZE(pc->bufs) != n ||
+        PySequence_Fast_GET_SIZE(pc->pids) != n || PySequence_Fast_GET_SIZE(pc->metas) != n) {
+        PyErr_SetString(PyExc_ValueError, "put_many arguments must have equal lengths");
+        return -1;
+    }
+    return put_call_alloc(pc);
+}
+
+/* GIL held: a placement id (None, or 1..65535) into it->pid; None leaves it 0. */
+static int put_pid_from(PyObject *pid, rb_put_item *it)
+{
+    if (pid == Py_None)
+        return 0;
+    long v = PyLong_AsLong(pid);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 1 || v > 65535) {
+        PyErr_SetString(PyExc_ValueError, "placement_ids must contain placement identifiers in range 1..=65535 or None");
+        return -1;
+    }
+    it->pid = (uint16_t)v;
+    return 0;
+}
+
+/* GIL held: a (dtype, fmt, shape, cached_positions) tuple into it->meta. dtype and fmt are
+ * borrowed from the tuple; shape and positions are PyMem arrays that put_call_close frees. */
+static int put_meta_from(PyObject *m, rb_put_item *it)
+{
+    if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 4) {
+        PyErr_SetString(PyExc_TypeError, "metas items must be (dtype, fmt, shape, cached_positions) tuples");
+        return -1;
+    }
+    it->meta.dtype = opt_str(PyTuple_GET_ITEM(m, 0), &it->meta.dtype_len);
+    it->meta.fmt = opt_str(PyTuple_GET_ITEM(m, 1), &it->meta.fmt_len);
+    if (PyErr_Occurred())
+        return -1;
+    int64_t *dims, *pos;
+    if (i64_array(PyTuple_GET_ITEM(m, 2), "shape must be a sequence of ints", &dims, &it->meta.ndim) < 0)
+        return -1;
+    it->meta.dims = dims;
+    if (i64_array(PyTuple_GET_ITEM(m, 3), "cached_positions must be a sequence of ints", &pos, &it->meta.npos) < 0)
+        return -1;
+    it->meta.pos = pos;
+    return 0;
+}
+
+/* GIL held: key i's identity, placement id, meta and payload view into pc->items[i] (the view
+ * is counted in pc->nviews once taken). -1 with an exception set on failure. */
+static int put_item_from(put_call *pc, rbpy_state *st, PyTypeObject *fast, Py_ssize_t i)
+{
+    rb_put_item *it = &pc->items[i];
+    it->key = pc->kv.keys[i];
+    it->key_len = pc->kv.lens[i];
+    it->meta.ndim = it->meta.npos = -1;
+    if (rbpy_as_u64(PySequence_Fast_GET_ITEM(pc->ids, i), "slot_identity", &it->identity) < 0)
+        return -1;
+    if (put_pid_from(PySequence_Fast_GET_ITEM(pc->pids, i), it) < 0)
+        return -1;
+    if (put_meta_from(PySequence_Fast_GET_ITEM(pc->metas, i), it) < 0)
+        return -1;
+    if (payload_get(st, fast, PySequence_Fast_GET_ITEM(pc->bufs, i), i, 0, &pc->views[i]) < 0)
+        return -1;
+    pc->nviews = i + 1;
+    it->buf = pc->views[i].buf;
+    it->len = pc->views[i].len;
+    return 0;
+}
+
+/* Called with the GIL, which it releases around rb_core_put_many: store pc->items, filling
+ * pc->results, pc->stored and pc->n_stored. -1 with the core's error raised on failure. */
+static int put_call_run(PyObject *op, put_call *pc)
+{
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_put_many(core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored, &pc->n_stored, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        rbpy_raise_err(&err);
+        return -1;
+    }
+    return 0;
+}
+
+/* GIL held: (results as bools, indexes of the keys stored), or NULL with an exception set. */
+static PyObject *put_call_result(const put_call *pc)
+{
+    PyObject *ret = NULL;
+    PyObject *rl = bool_list(pc->results, pc->n);
+    PyObject *sl = rl ? PyList_New((Py_ssize_t)pc->n_stored) : NULL;
+    for (size_t i = 0; sl && i < pc->n_stored; i++) {
+        PyObject *x = PyLong_FromUnsignedLong(pc->stored[i]);
+        if (!x)
+            Py_CLEAR(sl); /* a list with NULL items is never handed out */
+        else
+            PyList_SET_ITEM(sl, (Py_ssize_t)i, x);
+    }
+    if (rl && sl)
+        ret = PyTuple_Pack(2, rl, sl);
+    Py_XDECREF(rl);
+    Py_XDECREF(sl);
+    return ret;
+}
+
+/* GIL held: release everything the call holds, whichever stage it reached. */
+static void put_call_close(put_call *pc)
+{
+    if (pc->items) {
+        for (Py_ssize_t i = 0; i < pc->n; i++) {
+            PyMem_Free((void *)pc->items[i].meta.dims);
+            PyMem_Free((void *)pc->items[i].meta.pos);
+        }
+    }
+    for (Py_ssize_t i = 0; i < pc->nviews; i++)
+        payload_release(&pc->views[i]);
+    PyMem_Free(pc->items);
+    PyMem_Free(pc->views);
+    PyMem_Free(pc->results);
+    PyMem_Free(pc->stored);
+    Py_XDECREF(pc->ids);
+    Py_XDECREF(pc->bufs);
+    Py_XDECREF(pc->pids);
+    Py_XDECREF(pc->metas);
+    keyvec_free(&pc->kv);
+}
+
+/* Stages: snapshot the keys, take and check the arguments, convert each key, run the core
+ * without the GIL, build the result; put_call_close releases whatever was taken. */
 static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "identities", "buffers", "placement_ids", "metas"};
     PyObject *a[5];
     if (rbpy_unpack("put_many", names, 5, 5, args, nargs, kwnames, a) < 0)
         return NULL;
-    keyvec kv;
-    if (keyvec_from(a[0], &kv) < 0)
+    put_call pc;
+    memset(&pc, 0, sizeof(pc));
+    if (keyvec_from(a[0], &pc.kv) < 0)
         return NULL;
-    PyObject *ids = NULL, *bufs = NULL, *pids = NULL, *metas = NULL, *ret = NULL;
-    Py_ssize_t n = kv.n, nviews = 0;
-    rb_put_item *items = NULL;
-    payload *views = NULL;
-    uint8_t *results = NULL;
-    uint32_t *stored = NULL;
-    size_t n_stored = 0;
-    ids = PySequence_Fast(a[1], "identities must be a sequence");
-    bufs = PySequence_Fast(a[2], "buffers must be a sequence");
-    pids = PySequence_Fast(a[3], "placement_ids must be a sequence");
-    metas = PySequence_Fast(a[4], "metas must be a sequence");
-    if (!ids || !bufs || !pids || !metas)
+    pc.n = pc.kv.n;
+    PyObject *ret = NULL;
+    if (put_call_open(&pc, a) < 0)
         goto done;
-    if (PyList_Check(metas)) {
-        /* dtype/fmt are borrowed from the meta tuples while the core runs without the GIL: a
-         * tuple copy keeps them alive if another thread changes the caller's list meanwhile. */
-        PyObject *t = PyList_AsTuple(metas);
-        Py_SETREF(metas, t);
-        if (!metas)
-            goto done;
-    }
-    if (PySequence_Fast_GET_SIZE(ids) != n || PySequence_Fast_GET_SIZE(bufs) != n ||
-        PySequence_Fast_GET_SIZE(pids) != n || PySequence_Fast_GET_SIZE(metas) != n) {
-        PyErr_SetString(PyExc_ValueError, "put_many arguments must have equal lengths");
-        goto done;
-    }
-    items = PyMem_Calloc(n ? n : 1, sizeof(*items));
-    views = PyMem_Calloc(n ? n : 1, sizeof(*views));
-    results = PyMem_Calloc(n ? n : 1, 1);
-    stored = PyMem_Calloc(n ? n : 1, sizeof(uint32_t));
-    if (!items || !views || !results || !stored) {
-        PyErr_NoMemory();
-        goto done;
-    }
     rbpy_state *st = rbpy_state_of_type(Py_TYPE(op));
     PyTypeObject *fast = memobj_fast_type(st);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        rb_put_item *it = &items[i];
-        it->key = kv.keys[i];
-        it->key_len = kv.lens[i];
-        it->meta.ndim = it->meta.npos = -1;
-        if (rbpy_as_u64(PySequence_Fast_GET_ITEM(ids, i), "slot_identity", &it->identity) < 0)
+    for (Py_ssize_t i = 0; i < pc.n; i++) {
+        if (put_item_from(&pc, st, fast, i) < 0)
             goto done;
-        PyObject *pid = PySequence_Fast_GET_ITEM(pids, i);
-        if (pid != Py_None) {
-            long v = PyLong_AsLong(pid);
-            if (v == -1 && PyErr_Occurred())
-                goto done;
-            if (v < 1 || v > 65535) {
-                PyErr_SetString(PyExc_ValueError, "placement_ids must contain placement identifiers in range 1..=65535 or None");
-                goto done;
-            }
-            it->pid = (uint16_t)v;
-        }
-        PyObject *m = PySequence_Fast_GET_ITEM(metas, i);
-        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 4) {
-            PyErr_SetString(PyExc_TypeError, "metas items must be (dtype, fmt, shape, cached_positions) tuples");
-            goto done;
-        }
-        it->meta.dtype = opt_str(PyTuple_GET_ITEM(m, 0), &it->meta.dtype_len);
-        it->meta.fmt = opt_str(PyTuple_GET_ITEM(m, 1), &it->meta.fmt_len);
-        if (PyErr_Occurred())
-            goto done;
-        int64_t *dims, *pos;
-        if (i64_array(PyTuple_GET_ITEM(m, 2), "shape must be a sequence of ints", &dims, &it->meta.ndim) < 0)
-            goto done;
-        it->meta.dims = dims;
-        if (i64_array(PyTuple_GET_ITEM(m, 3), "cached_positions must be a sequence of ints", &pos,
-                      &it->meta.npos) < 0)
-            goto done;
-        it->meta.pos = pos;
-        if (payload_get(st, fast, PySequence_Fast_GET_ITEM(bufs, i), i, 0, &views[i]) < 0)
-            goto done;
-        nviews = i + 1;
-        it->buf = views[i].buf;
-        it->len = views[i].len;
     }
-    {
-        rb_err err;
-        rb_err_clear(&err);
-        int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = rb_core_put_many(core_of(op), items, (size_t)n, results, stored, &n_stored, &err);
-        Py_END_ALLOW_THREADS
-        if (rc < 0) {
-            rbpy_raise_err(&err);
-            goto done;
-        }
-    }
-    {
-        PyObject *rl = bool_list(results, n);
-        PyObject *sl = rl ? PyList_New((Py_ssize_t)n_stored) : NULL;
-        for (size_t i = 0; sl && i < n_stored; i++) {
-            PyObject *x = PyLong_FromUnsignedLong(stored[i]);
-            if (!x)
-                Py_CLEAR(sl); /* a list with NULL items is never handed out */
-            else
-                PyList_SET_ITEM(sl, (Py_ssize_t)i, x);
-        }
-        if (rl && sl)
-            ret = PyTuple_Pack(2, rl, sl);
-        Py_XDECREF(rl);
-        Py_XDECREF(sl);
-    }
+    if (put_call_run(op, &pc) < 0)
+        goto done;
+    ret = put_call_result(&pc);
 done:
-    if (items) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyMem_Free((void *)items[i].meta.dims);
-            PyMem_Free((void *)items[i].meta.pos);
-        }
-    }
-    for (Py_ssize_t i = 0; i < nviews; i++)
-        payload_release(&views[i]);
-    PyMem_Free(items);
-    PyMem_Free(views);
-    PyMem_Free(results);
-    PyMem_Free(stored);
-    Py_XDECREF(ids);
-    Py_XDECREF(bufs);
-    Py_XDECREF(pids);
-    Py_XDECREF(metas);
-    keyvec_free(&kv);
+    put_call_close(&pc);
     return ret;
 }
 
