@@ -763,163 +763,245 @@ static rb_req *take_all_queued_locked(struct rb_uring *u, size_t *n)
     return all;
 }
 
-static void *worker_main(void *arg)
+/* Detach up to room requests from the head of the queue (q_mu held): the list, *ntake = how
+ * many, *starved = whether requests were left behind for want of room. */
+static rb_req *take_queued_locked(struct rb_uring *u, unsigned room, size_t *ntake, int *starved)
 {
-    struct rb_uring *u = arg;
+    rb_req *take = u->qhead, *last = NULL, *r = u->qhead;
+    size_t k = 0;
+    while (r && k < room) {
+        last = r;
+        r = r->next;
+        k++;
+    }
+    if (k) {
+        u->qhead = r;
+        if (!r)
+            u->qtail = NULL;
+        last->next = NULL;
+        u->qcount -= k;
+    } else {
+        take = NULL;
+    }
+    *starved = u->qcount > 0;
+    *ntake = k;
+    return take;
+}
+
+/* What one worker round took from the producers' side under q_mu. */
+struct worker_round {
+    rb_req *take;       /* queued requests to prepare now (at most the free room) */
+    rb_req *shutdown;   /* stopping: everything that was queued, to fail */
+    struct rb_ctl *ctl; /* a pending control request (buffer registration), or NULL */
+    int stopping;
+    int starved;        /* requests stayed queued for want of room */
+};
+
+/* Worker thread: create the ring and report the outcome to rb_uring_create through the
+ * init_state futex. 0 when the ring is up. */
+static int worker_start(struct rb_uring *u)
+{
     pthread_setname_np(pthread_self(), "rb-uring");
     rb_err_clear(&u->init_err);
     if (setup_ring(u, &u->init_err) < 0) {
         atomic_store(&u->init_state, (uint32_t)-1);
         futex_wake_all(&u->init_state);
-        return NULL;
+        return -1;
     }
     atomic_store(&u->init_state, 1);
     futex_wake_all(&u->init_state);
+    return 0;
+}
 
-    rb_stats *st = &u->dev->stats;
-    int lost_errno = 0; /* set when the loop ends with completions it could not reap */
-    for (;;) {
-        reap(u);
-
-        /* Take work: short-transfer remainders first, then the FIFO, up to depth in flight. */
-        unsigned room = u->depth - u->inflight;
-        while (room && u->retry_head && !u->no_submit) {
-            rb_req *r = u->retry_head;
-            u->retry_head = r->next;
-            if (!u->retry_head)
-                u->retry_tail = NULL;
-            prep_req(u, r);
-            room--;
-        }
-        rb_req *take = NULL, *shutdown = NULL;
-        struct rb_ctl *ctl;
-        size_t ntake = 0;
-        int stopping, starved = 0;
-        pthread_mutex_lock(&u->q_mu);
-        stopping = u->stopping;
-        ctl = u->ctl;
-        u->ctl = NULL;
-        if (stopping) {
-            shutdown = take_all_queued_locked(u, &ntake);
-        } else if (u->qcount) {
-            take = u->qhead;
-            rb_req *last = NULL, *r = u->qhead;
-            while (r && ntake < room) {
-                last = r;
-                r = r->next;
-                ntake++;
-            }
-            if (ntake) {
-                u->qhead = r;
-                if (!r)
-                    u->qtail = NULL;
-                last->next = NULL;
-                u->qcount -= ntake;
-            } else {
-                take = NULL;
-            }
-            starved = u->qcount > 0;
-        }
-        if (ntake)
-            RB_STAT_SUB(st, queued_requests, ntake);
-        pthread_mutex_unlock(&u->q_mu);
-
-        if (starved)
-            RB_STAT_ADD(st, queue_full_events, 1);
-        if (ctl)
-            do_ctl(u, ctl);
-        if (shutdown)
-            fail_list(u, shutdown, RB_REQ_SHUTDOWN);
-        if (stopping && u->retry_head && u->no_submit) {
-            fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
-            u->retry_head = u->retry_tail = NULL;
-        }
-        for (rb_req *r = take; r;) {
-            rb_req *next = r->next;
-            prep_req(u, r);
-            r = next;
-        }
-        if (u->batch_finished) {
-            u->batch_finished = 0;
-            publish_done(u);
-        }
-
-        if (stopping && u->inflight == 0 && !u->retry_head)
-            break;
-
-        if (u->no_submit) {
-            struct io_uring_cqe *cqe;
-            int rc = io_uring_wait_cqe(&u->ring, &cqe);
-            if (atomic_load(&u->fault) & RB_URING_FAULT_REAP)
-                rc = -EFAULT;
-            if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
-                /* Cannot even reap: nothing more can be learned from the kernel. Closing the
-                 * ring (below) waits for the kernel to let go of the buffers; then every
-                 * request it held is failed, so no waiter is left hanging. */
-                lost_errno = -rc;
-                break;
-            }
-            continue;
-        }
-        if (!u->poll_armed && !stopping)
-            arm_poll(u);
-        unsigned had_reqs = u->sq_count;
-        int rc = io_uring_submit_and_wait(&u->ring, 1);
-        if (rc >= 0 && had_reqs && (atomic_fetch_and(&u->fault, ~RB_URING_FAULT_SUBMIT) & RB_URING_FAULT_SUBMIT)) {
-            account_accepted(u, (unsigned)rc); /* the kernel has them; we pretend not to know */
-            rc = -EFAULT;
-        }
-        if (rc >= 0) {
-            account_accepted(u, (unsigned)rc);
-        } else if (rc == -EINTR) {
-            continue;
-        } else if (rc == -EAGAIN || rc == -EBUSY) {
-            RB_STAT_ADD(st, queue_full_events, 1);
-            if (u->inflight > u->sq_count) {
-                struct io_uring_cqe *cqe;
-                io_uring_wait_cqe(&u->ring, &cqe);
-            } else {
-                struct timespec ts = {0, 1000000};
-                nanosleep(&ts, NULL);
-            }
-        } else {
-            set_fatal(u, -rc);
-        }
+/* Worker thread, no lock: prepare short-transfer remainders first, while *room lasts. */
+static void worker_prep_retries(struct rb_uring *u, unsigned *room)
+{
+    while (*room && u->retry_head && !u->no_submit) {
+        rb_req *r = u->retry_head;
+        u->retry_head = r->next;
+        if (!u->retry_head)
+            u->retry_tail = NULL;
+        prep_req(u, r);
+        (*room)--;
     }
-    if (lost_errno) {
-        /* Left the loop without their completions. Before anything may end, the kernel must be
-         * done with the requests' buffers (a read in flight could still write into memory its
-         * owner frees once told the request failed): cancel everything synchronously, which
-         * returns once no request is left. Closing the ring alone would not wait. */
-        struct io_uring_sync_cancel_reg reg;
-        memset(&reg, 0, sizeof(reg));
-        reg.flags = IORING_ASYNC_CANCEL_ANY | IORING_ASYNC_CANCEL_ALL;
-        reg.timeout.tv_sec = 30;
-        int crc = io_uring_register_sync_cancel(&u->ring, &reg);
-        if (crc < 0 && crc != -ENOENT)
-            lost_errno = 0; /* cannot prove it: leave them unfinished rather than risk the memory */
-    }
-    io_uring_queue_exit(&u->ring);
-    if (lost_errno) {
-        /* The kernel holds nothing any more: fail what it had, what waited for a resubmission
-         * and what was still queued, so every batch ends. */
-        for (rb_req *r = u->kern; r;) {
-            rb_req *next = r->knext;
-            u->inflight--;
-            finish(u, r, RB_REQ_EIO, lost_errno);
-            r = next;
-        }
-        u->kern = NULL;
+}
+
+/* Worker thread; takes and drops q_mu: read the stop flag, take the control request, and take
+ * queued requests within room (all of them once stopping) into *rd; the queued_requests
+ * counter moves with them under the lock. */
+static void worker_collect(struct rb_uring *u, unsigned room, struct worker_round *rd)
+{
+    size_t ntake = 0;
+    rd->take = rd->shutdown = NULL;
+    rd->starved = 0;
+    pthread_mutex_lock(&u->q_mu);
+    rd->stopping = u->stopping;
+    rd->ctl = u->ctl;
+    u->ctl = NULL;
+    if (rd->stopping)
+        rd->shutdown = take_all_queued_locked(u, &ntake);
+    else if (u->qcount)
+        rd->take = take_queued_locked(u, room, &ntake, &rd->starved);
+    if (ntake)
+        RB_STAT_SUB(&u->dev->stats, queued_requests, ntake);
+    pthread_mutex_unlock(&u->q_mu);
+}
+
+/* Worker thread, no lock: act on what the round took (run the control request, fail the queue
+ * on shutdown and the remainders that can no longer be submitted, prepare SQEs for the rest),
+ * then wake the waiters if a batch or a control request finished. */
+static void worker_dispatch(struct rb_uring *u, const struct worker_round *rd)
+{
+    if (rd->starved)
+        RB_STAT_ADD(&u->dev->stats, queue_full_events, 1);
+    if (rd->ctl)
+        do_ctl(u, rd->ctl);
+    if (rd->shutdown)
+        fail_list(u, rd->shutdown, RB_REQ_SHUTDOWN);
+    if (rd->stopping && u->retry_head && u->no_submit) {
         fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
         u->retry_head = u->retry_tail = NULL;
-        size_t nq;
-        pthread_mutex_lock(&u->q_mu);
-        rb_req *queued = take_all_queued_locked(u, &nq);
-        pthread_mutex_unlock(&u->q_mu);
-        if (nq)
-            RB_STAT_SUB(&u->dev->stats, queued_requests, nq);
-        fail_list(u, queued, RB_REQ_SHUTDOWN);
     }
+    for (rb_req *r = rd->take; r;) {
+        rb_req *next = r->next;
+        prep_req(u, r);
+        r = next;
+    }
+    if (u->batch_finished) {
+        u->batch_finished = 0;
+        publish_done(u);
+    }
+}
+
+/* Worker thread after a fatal submit error (nothing can be submitted): wait for a completion.
+ * 0 to go on, or the errno that makes completions unreapable. */
+static int worker_wait_reap_only(struct rb_uring *u)
+{
+    struct io_uring_cqe *cqe;
+    int rc = io_uring_wait_cqe(&u->ring, &cqe);
+    if (atomic_load(&u->fault) & RB_URING_FAULT_REAP)
+        rc = -EFAULT;
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
+        /* Cannot even reap: nothing more can be learned from the kernel. Closing the ring
+         * (worker_main) waits for the kernel to let go of the buffers; then every request it
+         * held is failed, so no waiter is left hanging. */
+        return -rc;
+    }
+    return 0;
+}
+
+/* Worker thread: the kernel refused the submission for now (EAGAIN/EBUSY). Count a queue-full
+ * event, then wait for a completion when a request is in the kernel, else for a millisecond. */
+static void worker_back_off(struct rb_uring *u)
+{
+    RB_STAT_ADD(&u->dev->stats, queue_full_events, 1);
+    if (u->inflight > u->sq_count) {
+        struct io_uring_cqe *cqe;
+        io_uring_wait_cqe(&u->ring, &cqe);
+    } else {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Worker thread: submit the prepared SQEs and sleep until a completion (the eventfd poll
+ * brings new work as one); account what the kernel accepted, back off when it is busy, and
+ * make any other submit error fatal. */
+static void worker_submit_and_wait(struct rb_uring *u, int stopping)
+{
+    if (!u->poll_armed && !stopping)
+        arm_poll(u);
+    unsigned had_reqs = u->sq_count;
+    int rc = io_uring_submit_and_wait(&u->ring, 1);
+    if (rc >= 0 && had_reqs && (atomic_fetch_and(&u->fault, ~RB_URING_FAULT_SUBMIT) & RB_URING_FAULT_SUBMIT)) {
+        account_accepted(u, (unsigned)rc); /* the kernel has them; we pretend not to know */
+        rc = -EFAULT;
+    }
+    if (rc >= 0)
+        account_accepted(u, (unsigned)rc);
+    else if (rc == -EAGAIN || rc == -EBUSY)
+        worker_back_off(u);
+    else if (rc != -EINTR)
+        set_fatal(u, -rc);
+}
+
+/* Worker thread: reap, take work, submit, sleep, until stopping with nothing in flight. 0, or
+ * the errno with which it left completions it could not reap. */
+static int worker_loop(struct rb_uring *u)
+{
+    for (;;) {
+        reap(u);
+        /* Take work: short-transfer remainders first, then the FIFO, up to depth in flight. */
+        unsigned room = u->depth - u->inflight;
+        worker_prep_retries(u, &room);
+        struct worker_round rd;
+        worker_collect(u, room, &rd);
+        worker_dispatch(u, &rd);
+        if (rd.stopping && u->inflight == 0 && !u->retry_head)
+            return 0;
+        if (u->no_submit) {
+            int lost = worker_wait_reap_only(u);
+            if (lost)
+                return lost;
+            continue;
+        }
+        worker_submit_and_wait(u, rd.stopping);
+    }
+}
+
+/* Worker thread, ring still open, requests left without their completions: before anything
+ * may end, the kernel must be done with their buffers (a read in flight could still write into
+ * memory its owner frees once told the request failed). Cancel everything synchronously, which
+ * returns once no request is left; closing the ring alone would not wait. Returns lost, or 0
+ * when that cannot be proven (the requests then stay unfinished rather than risk the memory). */
+static int worker_cancel_all(struct rb_uring *u, int lost)
+{
+    struct io_uring_sync_cancel_reg reg;
+    memset(&reg, 0, sizeof(reg));
+    reg.flags = IORING_ASYNC_CANCEL_ANY | IORING_ASYNC_CANCEL_ALL;
+    reg.timeout.tv_sec = 30;
+    int crc = io_uring_register_sync_cancel(&u->ring, &reg);
+    if (crc < 0 && crc != -ENOENT)
+        return 0;
+    return lost;
+}
+
+/* Worker thread, ring closed (the kernel holds nothing any more); takes q_mu for the queue:
+ * fail what the kernel had (with errno lost), what waited for a resubmission and what was
+ * still queued, so every batch ends. */
+static void worker_fail_lost(struct rb_uring *u, int lost)
+{
+    for (rb_req *r = u->kern; r;) {
+        rb_req *next = r->knext;
+        u->inflight--;
+        finish(u, r, RB_REQ_EIO, lost);
+        r = next;
+    }
+    u->kern = NULL;
+    fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
+    u->retry_head = u->retry_tail = NULL;
+    size_t nq;
+    pthread_mutex_lock(&u->q_mu);
+    rb_req *queued = take_all_queued_locked(u, &nq);
+    pthread_mutex_unlock(&u->q_mu);
+    if (nq)
+        RB_STAT_SUB(&u->dev->stats, queued_requests, nq);
+    fail_list(u, queued, RB_REQ_SHUTDOWN);
+}
+
+/* The worker thread: start the ring, run the loop, then close the ring, settling whatever the
+ * loop left unreaped, and publish the last completions. */
+static void *worker_main(void *arg)
+{
+    struct rb_uring *u = arg;
+    if (worker_start(u) < 0)
+        return NULL;
+    int lost_errno = worker_loop(u); /* set when the loop ends with completions it could not reap */
+    if (lost_errno)
+        lost_errno = worker_cancel_all(u, lost_errno);
+    io_uring_queue_exit(&u->ring);
+    if (lost_errno)
+        worker_fail_lost(u, lost_errno);
     /* Any batch finished before the last round has been published in the loop. */
     publish_done(u);
     return NULL;
