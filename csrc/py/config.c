@@ -8,6 +8,26 @@
 
 #include "../core/rb_config.h"
 
+int rbpy_as_bool(PyObject *v, const char *name, int *out)
+{
+    /* True/False, or the ints 0 and 1 (what C callers and LMCache's tests pass); a string such
+     * as "false" is refused rather than taken as true. */
+    long b = -1;
+    if (PyBool_Check(v))
+        b = v == Py_True;
+    else if (PyLong_Check(v)) {
+        b = PyLong_AsLong(v);
+        if (b == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    if (b != 0 && b != 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be a bool, got %.80s %.200R", name, Py_TYPE(v)->tp_name, v);
+        return -1;
+    }
+    *out = (int)b;
+    return 0;
+}
+
 static int set_err(const rb_err *err)
 {
     rbpy_raise_err(err);
@@ -76,19 +96,9 @@ static int set_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, PyObject
     case RB_SET_UINT:
         return set_uint_from(cfg, s, v);
     case RB_SET_BOOL: {
-        /* True/False, or the ints 0 and 1 (what C callers and LMCache's tests pass). */
-        long b = -1;
-        if (PyBool_Check(v))
-            b = v == Py_True;
-        else if (PyLong_Check(v)) {
-            b = PyLong_AsLong(v);
-            if (b == -1 && PyErr_Occurred())
-                PyErr_Clear();
-        }
-        if (b != 0 && b != 1) {
-            PyErr_Format(PyExc_TypeError, "%s must be a bool, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+        int b;
+        if (rbpy_as_bool(v, s->name, &b) < 0)
             return -1;
-        }
         return rb_setting_set_uint(cfg, s, (uint64_t)b, &err) < 0 ? set_err(&err) : 0;
     }
     case RB_SET_CHOICE: {

@@ -68,6 +68,8 @@ int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present);
 struct rb_core_cfg;
 int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds, struct rb_core_cfg *cfg,
                               PyObject **path_out);
+/* A strict boolean: True/False or the ints 0/1; anything else is a TypeError naming it. */
+int rbpy_as_bool(PyObject *v, const char *name, int *out);
 /* _native.settings(): the settings table as a tuple of dicts. */
 PyObject *rbpy_settings(PyObject *mod, PyObject *unused);
 /* _native.container_bytes(meta_total_bytes, block_align): one checkpoint copy's bytes. */
