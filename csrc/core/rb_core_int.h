@@ -10,7 +10,7 @@
 
 #include "rb_ckpt.h"
 #include "rb_core.h"
-#include "rb_device.h"
+#include "rb_device_int.h" /* the core reads the device's fields directly */
 #include "rb_idx.h"
 #include "rb_slots.h"
 

@@ -3,7 +3,7 @@
  * See rb_device.h for the contract.
  */
 
-#include "rb_device.h"
+#include "rb_device_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -203,6 +203,36 @@ void rb_dev_free(rb_dev *dev)
     pthread_mutex_destroy(&dev->gate_mu);
     pthread_cond_destroy(&dev->gate_cv);
     free(dev);
+}
+
+uint64_t rb_dev_size(const rb_dev *dev)
+{
+    return dev->size;
+}
+
+int rb_dev_odirect(const rb_dev *dev)
+{
+    return dev->odirect;
+}
+
+size_t rb_dev_alignment(const rb_dev *dev)
+{
+    return dev->alignment;
+}
+
+int rb_dev_closing(const rb_dev *dev)
+{
+    return atomic_load(&dev->closing);
+}
+
+struct rb_uring *rb_dev_uring(const rb_dev *dev)
+{
+    return dev->uring;
+}
+
+void rb_dev_stats_read(rb_dev *dev, rb_stats_snapshot *out)
+{
+    rb_stats_read(&dev->stats, out);
 }
 
 int rb_dev_check_direct(const rb_dev *dev, uint64_t offset, size_t total_len, rb_err *err)

@@ -11,8 +11,6 @@
 #ifndef RB_DEVICE_H
 #define RB_DEVICE_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -34,26 +32,8 @@ typedef struct rb_dev_config {
 
 struct rb_uring;
 
-typedef struct rb_dev {
-    int fd;
-    int writable;
-    int odirect;
-    int engine;
-    size_t alignment;
-    uint64_t size;
-    int size_known; /* regular file or block device: I/O beyond size is refused */
-    int is_blk;     /* block device (size from BLKGETSIZE64) */
-    struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
-    rb_stats stats;
-    _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
-
-    /* Admission gate: calls running without the GIL hold a "user" reference. */
-    _Atomic long users;
-    _Atomic int closing; /* set once close() has begun; no new users after that */
-    int closed;          /* fd closed; only read/written by the thread that runs close */
-    pthread_mutex_t gate_mu;
-    pthread_cond_t gate_cv;
-} rb_dev;
+/* Opaque outside the core; the core's own files see the fields through rb_device_int.h. */
+typedef struct rb_dev rb_dev;
 
 /* Open path as configured. O_CLOEXEC always; O_DIRECT when cfg->odirect and not uring_cmd;
  * never O_CREAT. Only a regular file or a block/character device is accepted: the path is
@@ -93,6 +73,17 @@ int rb_dev_flush(rb_dev *dev, rb_err *err);
 
 /* Close if still open, then free. */
 void rb_dev_free(rb_dev *dev);
+
+/* What the binding may read of an open device (no lock; valid until rb_dev_free):
+ * the size cached at open, whether it uses O_DIRECT, the O_DIRECT alignment, whether close
+ * has begun, the io_uring engine (NULL unless the engine is io_uring), and a snapshot of the
+ * I/O counters. */
+uint64_t rb_dev_size(const rb_dev *dev);
+int rb_dev_odirect(const rb_dev *dev);
+size_t rb_dev_alignment(const rb_dev *dev);
+int rb_dev_closing(const rb_dev *dev);
+struct rb_uring *rb_dev_uring(const rb_dev *dev);
+void rb_dev_stats_read(rb_dev *dev, rb_stats_snapshot *out);
 
 /*
  * One synchronous transfer with LMCache's semantics:

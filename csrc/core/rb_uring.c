@@ -30,7 +30,7 @@
 
 #include <liburing.h>
 
-#include "rb_device.h"
+#include "rb_device_int.h"
 #include "rb_stats.h"
 #include "rb_wlog.h"
 

@@ -14,7 +14,7 @@
 
 int rbpy_device_check_open(RawBlockDeviceObject *self)
 {
-    if (atomic_load(&self->dev->closing)) {
+    if (rb_dev_closing(self->dev)) {
         PyErr_SetString(PyExc_RuntimeError, "device is closed");
         return -1;
     }
@@ -218,7 +218,7 @@ static PyObject *device_exit(PyObject *op, PyObject *args)
 static PyObject *device_size_bytes(PyObject *op, PyObject *unused)
 {
     (void)unused;
-    return PyLong_FromUnsignedLongLong(((RawBlockDeviceObject *)op)->dev->size);
+    return PyLong_FromUnsignedLongLong(rb_dev_size(((RawBlockDeviceObject *)op)->dev));
 }
 
 /*
@@ -248,7 +248,7 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
         return NULL;
     }
     int rc;
-    if (!dev->odirect && total <= RB_NOWAIT_MAX) {
+    if (!rb_dev_odirect(dev) && total <= RB_NOWAIT_MAX) {
         /* Small buffered transfer: the page cache usually serves it without sleeping, which
          * costs less than handing the GIL over twice. Only if it would block do we release
          * the GIL and wait. */
@@ -329,7 +329,7 @@ static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
 {
     (void)unused;
     rb_stats_snapshot s;
-    rb_stats_read(&((RawBlockDeviceObject *)op)->dev->stats, &s);
+    rb_dev_stats_read(((RawBlockDeviceObject *)op)->dev, &s);
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
@@ -382,7 +382,7 @@ static PyObject *device_fetch_fdp_status(PyObject *op, PyObject *unused)
 static PyObject *device_get_closed(PyObject *op, void *closure)
 {
     (void)closure;
-    return PyBool_FromLong(atomic_load(&((RawBlockDeviceObject *)op)->dev->closing));
+    return PyBool_FromLong(rb_dev_closing(((RawBlockDeviceObject *)op)->dev));
 }
 
 static PyObject *device_get_engine(PyObject *op, void *closure)
@@ -395,13 +395,13 @@ static PyObject *device_get_engine(PyObject *op, void *closure)
 static PyObject *device_get_odirect(PyObject *op, void *closure)
 {
     (void)closure;
-    return PyBool_FromLong(((RawBlockDeviceObject *)op)->dev->odirect);
+    return PyBool_FromLong(rb_dev_odirect(((RawBlockDeviceObject *)op)->dev));
 }
 
 static PyObject *device_get_alignment(PyObject *op, void *closure)
 {
     (void)closure;
-    return PyLong_FromSize_t(((RawBlockDeviceObject *)op)->dev->alignment);
+    return PyLong_FromSize_t(rb_dev_alignment(((RawBlockDeviceObject *)op)->dev));
 }
 
 #define FASTKW(fn) (PyCFunction)(void (*)(void))(fn), METH_FASTCALL | METH_KEYWORDS

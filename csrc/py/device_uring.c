@@ -286,7 +286,7 @@ static rb_batch *new_batch(Py_ssize_t n)
 static PyObject *queue_batch(RawBlockDeviceObject *self, rb_batch *b)
 {
     rb_dev *dev = self->dev;
-    struct rb_uring *u = dev->uring;
+    struct rb_uring *u = rb_dev_uring(dev);
     rbpy_uring_batches *t = table_get(self);
     if (!t || table_reserve(t) < 0) {
         batch_release(b);
@@ -326,7 +326,7 @@ static int enter_uring(RawBlockDeviceObject *self)
         closed_error();
         return -1;
     }
-    if (rb_uring_stopped(self->dev->uring)) {
+    if (rb_uring_stopped(rb_dev_uring(self->dev))) {
         rb_dev_leave(self->dev);
         PyErr_SetString(PyExc_RuntimeError, "io_uring worker stopped");
         return -1;
@@ -456,7 +456,7 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
     for (Py_ssize_t i = 0; i < n; i++) {
         rb_req *r = &b->reqs[i];
         Py_buffer *v = &ext->views[i];
-        if (rb_batch_set(self->dev->uring, b, (uint32_t)i, RB_REQ_WRITE, r->cur_off, v->buf, (size_t)v->len,
+        if (rb_batch_set(rb_dev_uring(self->dev), b, (uint32_t)i, RB_REQ_WRITE, r->cur_off, v->buf, (size_t)v->len,
                          r->payload_len, r->total_len, 0, &err) < 0) {
             rbpy_raise_err(&err);
             goto done;
@@ -525,7 +525,7 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
             PyErr_Format(PyExc_ValueError, "output buffer too small: cap=0 need=%zu", r->total_len);
             goto done;
         }
-        if (rb_batch_set(self->dev->uring, b, (uint32_t)i, RB_REQ_READ, r->cur_off, v->buf, (size_t)v->len,
+        if (rb_batch_set(rb_dev_uring(self->dev), b, (uint32_t)i, RB_REQ_READ, r->cur_off, v->buf, (size_t)v->len,
                          r->total_len, r->total_len, (size_t)-1, &err) < 0) {
             rbpy_raise_err(&err);
             goto done;
@@ -565,7 +565,7 @@ PyObject *rbpy_dev_wait_iouring(PyObject *op, PyObject *const *args, Py_ssize_t 
     }
     if (!rb_batch_done(b)) {
         Py_BEGIN_ALLOW_THREADS
-        rb_uring_wait(dev->uring, b);
+        rb_uring_wait(rb_dev_uring(dev), b);
         Py_END_ALLOW_THREADS
     }
     rb_dev_leave(dev);
@@ -601,23 +601,22 @@ done:
 static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t offset, Py_buffer *v, size_t payload,
                             size_t total)
 {
-    rb_dev *dev = self->dev;
+    struct rb_uring *u = rb_dev_uring(self->dev);
     rb_err err;
     rb_err_clear(&err);
     rb_batch *b = rb_batch_new(1, 0);
     if (!b)
         return PyErr_NoMemory();
-    int rc = rb_batch_set(dev->uring, b, 0, opcode, offset, v->buf, (size_t)v->len, payload, total,
-                          payload, &err);
+    int rc = rb_batch_set(u, b, 0, opcode, offset, v->buf, (size_t)v->len, payload, total, payload, &err);
     if (rc == 0)
-        rc = rb_batch_prepare(dev->uring, b, &err);
+        rc = rb_batch_prepare(u, b, &err);
     if (rc < 0) {
         rb_batch_free(b);
         return rbpy_raise_err(&err);
     }
-    if (rb_uring_submit(dev->uring, b) == 0 && !rb_batch_done(b)) {
+    if (rb_uring_submit(u, b) == 0 && !rb_batch_done(b)) {
         Py_BEGIN_ALLOW_THREADS
-        rb_uring_wait(dev->uring, b);
+        rb_uring_wait(u, b);
         Py_END_ALLOW_THREADS
     }
     rc = rb_batch_result(b, 0, &err);
@@ -757,7 +756,7 @@ PyObject *rbpy_dev_register_fixed_buffers(PyObject *op, PyObject *const *args, P
     rb_err_clear(&err);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rb_uring_register_buffers(self->dev->uring, ptrs, sizes, (size_t)np, &err);
+    rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, (size_t)np, &err);
     Py_END_ALLOW_THREADS
     rb_dev_leave(self->dev);
     if (rc < 0)
@@ -779,7 +778,8 @@ PyObject *rbpy_dev_worker_error(PyObject *op, PyObject *unused)
     if (!self->use_iouring || rb_dev_enter(self->dev) < 0)
         Py_RETURN_NONE;
     char msg[256];
-    int has = self->dev->uring && rb_uring_worker_error(self->dev->uring, msg, sizeof(msg));
+    struct rb_uring *u = rb_dev_uring(self->dev);
+    int has = u && rb_uring_worker_error(u, msg, sizeof(msg));
     rb_dev_leave(self->dev);
     if (!has)
         Py_RETURN_NONE;
@@ -793,8 +793,9 @@ PyObject *rbpy_dev_fixed_buffer_status(PyObject *op, PyObject *unused)
     int reg = 0;
     uint64_t bytes = 0;
     if (self->use_iouring && rb_dev_enter(self->dev) == 0) {
-        if (self->dev->uring)
-            rb_uring_fixed_status(self->dev->uring, &reg, &bytes);
+        struct rb_uring *u = rb_dev_uring(self->dev);
+        if (u)
+            rb_uring_fixed_status(u, &reg, &bytes);
         rb_dev_leave(self->dev);
     }
     return Py_BuildValue("(OK)", reg ? Py_True : Py_False, (unsigned long long)bytes);
@@ -809,7 +810,7 @@ PyObject *rbpy_dev_inject_engine_fault(PyObject *op, PyObject *arg)
         return NULL;
     if (enter_uring(self) < 0)
         return NULL;
-    rb_uring_inject_fault(self->dev->uring, (int)kinds);
+    rb_uring_inject_fault(rb_dev_uring(self->dev), (int)kinds);
     rb_dev_leave(self->dev);
     Py_RETURN_NONE;
 }
