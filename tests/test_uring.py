@@ -750,6 +750,12 @@ def test_close_waits_for_a_read_in_flight(waiter):
         bid = dev.batched_read([0], [buf], [n])
         released = False
         try:
+            # Only a request the worker has taken from its queue reaches the kernel; one still
+            # queued when close() starts ends unsubmitted (test_close_ends_queued_requests...).
+            deadline = time.monotonic() + 10
+            while dev.io_stats_snapshot()["queued_requests"] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert dev.io_stats_snapshot()["queued_requests"] == 0
             threads = []
             if waiter:
                 call = CallWatch("wait_iouring", lambda: dev.wait_iouring(bid)).start()
@@ -817,9 +823,9 @@ def test_close_from_other_thread_while_waiting(data_file):
 
 def test_close_ends_queued_requests_without_submitting_them():
     """A depth-1 ring holds one read the kernel cannot finish yet (a terminal with no data), so
-    a second batch of 8 waits in the engine's queue. close() waits for the read in flight only:
-    the 8 queued requests end without being submitted (no attempt, no bytes, buffers untouched)
-    and every buffer is released."""
+    a second batch of 8 waits in the engine's queue. close() ends the 8 queued requests at once,
+    without submitting them (no attempt, no bytes, buffers untouched), waits for the read in
+    flight only, and releases every buffer."""
     n = 512
     with held_back_device() as (path, master):
         dev = open_dev(path, writable=False, depth=1)
@@ -834,6 +840,15 @@ def test_close_ends_queued_requests_without_submitting_them():
         assert (st["outstanding_requests"], st["queued_requests"]) == (9, 8)
         closer = CallWatch("close", dev.close).start()
         try:
+            assert closer.wait_inside(timeout=10), f"close() returned with a read in flight: {closer.result}"
+            # The closer wakes the worker, which ends the queued requests at once; only the held
+            # read stays outstanding (were the data written before that, the worker could submit a
+            # queued read that no data would ever complete).
+            deadline = time.monotonic() + 10
+            while dev.io_stats_snapshot()["queued_requests"] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            st = dev.io_stats_snapshot()
+            assert (st["outstanding_requests"], st["queued_requests"]) == (1, 0)
             assert closer.wait_inside(timeout=10), f"close() returned with a read in flight: {closer.result}"
         finally:
             os.write(master, b"M" * n)
