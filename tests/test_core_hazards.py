@@ -157,6 +157,19 @@ def test_payload_checksum_header_is_readable_by_lmcache_and_survives_restart(tmp
         c.close()
 
 
+def _task_ids() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def _sleeps(tid: str) -> int:
+    """How many times the thread blocked (voluntary context switches)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches for task {tid}")
+
+
 def test_periodic_checkpoint_respects_idle_rule(tmp_path):
     dev = make_device(tmp_path)
     c = make_core(dev, meta_enable_periodic=True, meta_checkpoint_interval_sec=1, meta_idle_quiet_ms=0)
@@ -169,10 +182,20 @@ def test_periodic_checkpoint_respects_idle_rule(tmp_path):
     finally:
         c.close()
     dev2 = make_device(tmp_path, name="busy.img")
+    before = _task_ids()
     c = make_core(dev2, meta_enable_periodic=True, meta_checkpoint_interval_sec=1, meta_idle_quiet_ms=60000)
     try:
+        started = _task_ids() - before
+        assert len(started) == 1, f"expected the periodic checkpoint thread alone, got {started}"
+        (ticker,) = started
         c.put_many([okey(1)], [Obj(10)])
-        time.sleep(1.5)
+        # The thread sleeps only between its decisions (nothing else takes the core's locks now),
+        # so two more sleeps mean it woke and decided at least once after the put.
+        slept = _sleeps(ticker)
+        deadline = time.monotonic() + 10
+        while _sleeps(ticker) < slept + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _sleeps(ticker) >= slept + 2, "the periodic checkpoint thread never woke after the put"
         assert c.report_status()["metadata_seq"] == 0  # not idle for 60 s: no periodic checkpoint
         c.checkpoint_now()  # forced
         assert c.report_status()["metadata_seq"] == 1
