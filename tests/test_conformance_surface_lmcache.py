@@ -79,8 +79,9 @@ def _paged_buffer(mib=4):
 
 def test_register_fixed_buffer_range_like_lmcache(tmp_path):
     """Same signature, validation and effect as LMCache's: fixed_buffer* keys of
-    report_status() show the registration; a second registration raises (LMCache's MP
-    adapter catches that and carries on); posix ignores the call."""
+    report_status() show the registration; a second registration raises the same
+    RuntimeError and keeps the first (LMCache's MP adapter catches that and carries on);
+    posix ignores the call."""
     for core_cls, cfg_cls, name in ((lmc_rb.RawBlockCore, lmc_rb.RawBlockCoreConfig, "theirs"),
                                     (RawBlockCore, RawBlockCoreConfig, "ours")):
         core = core_cls(cfg_cls(**_kwargs(make_device(tmp_path, name=name), io_engine="io_uring")),
@@ -95,8 +96,10 @@ def test_register_fixed_buffer_range_like_lmcache(tmp_path):
             core.register_fixed_buffer_range(ptr, size)
             st = core.report_status()
             assert (st["fixed_buffers_registered"], st["fixed_buffer_registered_bytes"]) == (True, size), name
-            with pytest.raises(Exception):  # noqa: B017 - each raises its engine's error
+            with pytest.raises(RuntimeError, match="^fixed buffers are already registered$"):
                 core.register_fixed_buffer_range(ptr, size)
+            st = core.report_status()  # the first registration stays
+            assert (st["fixed_buffers_registered"], st["fixed_buffer_registered_bytes"]) == (True, size), name
         finally:
             core.close()
         assert core.report_status()["fixed_buffers_registered"] is False, name

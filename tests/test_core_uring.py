@@ -490,9 +490,12 @@ def test_register_fixed_buffers_from_allocator(core, caplog):
     assert bytes(b[8192:8192 + 5000]) == payload(1, 5000)
     # the payload write and the read used the registered buffers (the header is ours)
     assert delta(before, io(core), "fixed_buffer_attempts") == (2,)
-    # registering again (overlapping) fails and raises
-    with pytest.raises(Exception):
+    # registering again (overlapping) fails and raises, as LMCache's core does; the first
+    # registration stays in place
+    with pytest.raises(RuntimeError, match="^fixed buffers are already registered$"):
         core.register_fixed_buffers_from_allocator(_Alloc([b]))
+    st = core.report_status()
+    assert (st["fixed_buffers_registered"], st["fixed_buffer_registered_bytes"], st["is_healthy"]) == (True, 2 << 20, True)
 
 
 def test_register_fixed_buffers_noop_and_warnings(dev, caplog):
