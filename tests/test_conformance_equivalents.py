@@ -10,6 +10,7 @@ already covered elsewhere in this suite are here.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -49,11 +50,9 @@ def test_terminal_worker_failure_makes_the_core_refuse_work(dev):
         assert "io_uring submit failed" in st["worker_error"]
         with pytest.raises(RuntimeError, match="io_uring submit failed"):
             c.raise_if_failed()
-        try:  # refused: LMCache raises the worker error, a False result is a refusal as well
-            stored = c.put_many([okey(3)], [Obj(payload(3, 1000))]).results
-        except RuntimeError:
-            stored = [False]
-        assert stored == [False] and c.exists_many([okey(3).encoded]) == [False]
+        # refused: a False result (LMCache raises the worker error here; both are refusals)
+        assert c.put_many([okey(3)], [Obj(payload(3, 1000))]).results == [False]
+        assert c.exists_many([okey(3).encoded]) == [False]
     finally:
         c.close()
 
@@ -178,12 +177,13 @@ def test_plugin_skips_puts_after_worker_failure_without_keeping_objects(tmp_path
     try:
         be._core._native._inject_engine_fault(SUBMIT | REAP)
         first = make_obj(1)  # its write meets the failed worker
+        first_refs = first.get_ref_count()
         futs = be.batched_submit_put_task([make_key(1)], [first])
-        for f in futs or []:
-            try:
-                f.result(30)
-            except Exception:  # noqa: BLE001
-                pass
+        assert futs is not None and len(futs) == 1
+        with pytest.raises(RuntimeError, match=f"^Failed to persist raw-block key {re.escape(make_key(1).to_string())}$"):
+            futs[0].result(30)
+        assert first.get_ref_count() == first_refs  # the failed put released its reference
+        assert not be.contains(make_key(1))
         assert be._core.report_status()["is_healthy"] is False
         obj = make_obj(2)
         refs = obj.get_ref_count()
