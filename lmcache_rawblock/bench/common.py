@@ -342,7 +342,7 @@ def source_info() -> dict | None:
             proc = subprocess.run(["git", "-C", pkg, *args], capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.SubprocessError):
             return None
-        return proc.stdout.strip() if proc.returncode == 0 else None
+        return proc.stdout.rstrip("\n") if proc.returncode == 0 else None
 
     built = _dt.datetime.fromtimestamp(os.path.getmtime(native.__file__), _dt.timezone.utc)
     info: dict[str, Any] = {"extension_built": built.isoformat(timespec="seconds"), "commit": None,
@@ -352,7 +352,7 @@ def source_info() -> dict | None:
     if commit:
         info["commit"] = commit
         status = git("status", "--porcelain", "--untracked-files=no", "--", "csrc", "lmcache_rawblock") or ""
-        info["modified"] = [line[3:] for line in status.splitlines() if line.strip()]
+        info["modified"] = [line[3:] for line in status.splitlines() if len(line) > 3]
     return info
 
 

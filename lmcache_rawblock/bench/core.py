@@ -95,6 +95,7 @@ def lmcache_core() -> Competitor:
         comp.error = "not installed"
         comp.install = LMCACHE_PIP
         return comp
+    logging.disable(logging.WARNING)  # LMCache logs its platform detection at import
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -104,6 +105,8 @@ def lmcache_core() -> Competitor:
         comp.error = f"import failed ({type(exc).__name__}: {exc})"
         comp.install = LMCACHE_PIP
         return comp
+    finally:
+        logging.disable(logging.NOTSET)
     comp.cls = mod.RawBlockCore
     comp.version = _dist_version(LMCACHE_DIST)
     logging.getLogger("lmcache").setLevel(logging.ERROR)

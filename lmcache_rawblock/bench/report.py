@@ -401,14 +401,14 @@ def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
 
 
 def _plot_speedups(plt: Any, bars: list[dict], out_dir: str) -> str:
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(bars) + 2), 5.5))
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(bars) + 2), 7))
     xs = range(len(bars))
     ax.bar(xs, [b["value"] for b in bars], color=["tab:green" if b["met"] else "tab:red" for b in bars])
     ax.scatter(xs, [b["goal"] for b in bars], marker="_", s=400, color="black", label="goal", zorder=3)
     ax.axhline(1.0, color="grey", linewidth=1)
     ax.set_yscale("log")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([b["label"].split(":")[0] for b in bars], rotation=60, ha="right", fontsize=6)
+    ax.set_xticklabels([b["label"].split(":")[0] for b in bars], rotation=70, ha="right", fontsize=6)
     ax.set_ylabel("speed-up (higher is better)")
     ax.set_title("Speed-ups measured in this run, each beside its goal")
     ax.legend(fontsize=8)
@@ -453,13 +453,13 @@ def _plot_uring(plt: Any, rows: list[dict], out_dir: str) -> str:
     sizes = sorted({r["size"] for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     for ax, (op, mode) in zip(axes[0], panels):
-        for depth in sorted({r["depth"] for r in rows}):
+        for i, depth in enumerate(sorted({r["depth"] for r in rows})):
             sel = sorted((r for r in rows if (r["op"], r["mode"], r["depth"]) == (op, mode, depth)),
                          key=lambda r: r["size"])
             for impl, style in (("ours", "-o"), ("rust", "--s")):
                 ys = [(r.get(f"{impl}_bytes_per_s") or float("nan")) / (1 << 20) for r in sel]
                 if sel and not all(math.isnan(y) for y in ys):
-                    ax.plot([r["size"] for r in sel], ys, style, label=f"{impl} {depth} per batch")
+                    ax.plot([r["size"] for r in sel], ys, style, color=f"C{i}", label=f"{impl} {depth} per batch")
         _log_axes(ax, sizes, "block size", "MiB/s (median)", f"io_uring {op}, {MEDIUM[mode]}")
     fig.suptitle("io_uring batches, ours vs LMCache's Rust device (higher is better)")
     return _save(plt, fig, out_dir, "uring_throughput.png")
