@@ -7,7 +7,9 @@ import errno
 import fcntl
 import mmap
 import os
+import shutil
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -115,14 +117,39 @@ def test_buffer_protocol_sources(sparse_file, make):
     assert out.tobytes() == memoryview(src).tobytes(order="A")
 
 
-def test_torch_cpu_tensor_buffers(sparse_file):
-    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
-    t = torch.arange(4096, dtype=torch.float32)
+class PythonBuffer:
+    """A buffer implemented in Python (PEP 688), counting how often it is taken and released."""
+
+    def __init__(self, data: bytes):
+        self.mem = bytearray(data)
+        self.taken = self.released = 0
+
+    def __buffer__(self, flags):
+        self.taken += 1
+        return memoryview(self.mem)
+
+    def __release_buffer__(self, view):
+        self.released += 1
+        view.release()
+
+
+PEP688 = pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
+                                                             "needs Python 3.12+: make test-py312 runs it")
+
+
+@PEP688
+def test_buffer_implemented_in_python_is_taken_and_released_once_per_call(sparse_file):
+    data = pattern(64 * KiB)
+    src, dst = PythonBuffer(data), PythonBuffer(bytes(64 * KiB))
     with RawBlockDevice(sparse_file(), True) as dev:
-        dev.pwrite_from_buffer(0, t.numpy(), t.numel() * 4)
-        out = torch.zeros_like(t)
-        dev.pread_into(0, out.numpy(), t.numel() * 4)
-    assert torch.equal(out, t)
+        dev.pwrite_from_buffer(0, src)
+        assert (src.taken, src.released) == (1, 1)
+        dev.pread_into(0, dst, 64 * KiB)
+        assert (dst.taken, dst.released) == (1, 1)
+        with pytest.raises(ValueError):
+            dev.pread_into(0, dst, 128 * KiB)  # longer than the buffer: refused, still released
+        assert (dst.taken, dst.released) == (2, 2)
+    assert bytes(dst.mem) == data
 
 
 def test_non_contiguous_buffer_is_rejected(sparse_file):
@@ -221,13 +248,55 @@ def test_missing_file_is_not_created(tmp_path):
     assert not p.exists(), "the device must never be created (no O_CREAT)"
 
 
-def test_permission_error_is_oserror_subclass(sparse_file):
-    if os.geteuid() == 0:
-        pytest.skip("root bypasses file permissions")
-    path = sparse_file()
-    os.chmod(path, 0o400)
-    with pytest.raises(PermissionError):
+def _permission_denied_outcome(path: str) -> str:
+    """Open ``path`` (readable, not writable, by this user) read-only, then writable."""
+    RawBlockDevice(path, False).close()  # the path itself is reachable and readable
+    try:
         RawBlockDevice(path, True)
+    except PermissionError as e:
+        return f"PermissionError errno={e.errno} strerror={e.strerror}"
+    except BaseException as e:  # noqa: BLE001 - reported as the outcome
+        return f"{type(e).__name__}: {e}"
+    return "opened"
+
+
+def test_permission_error_is_oserror_subclass(tmp_path):
+    """A device file the user may read but not write: opening it writable raises
+    PermissionError (an OSError) with EACCES. Root bypasses file permissions, so as root the
+    check runs in a forked child that has dropped to the unprivileged uid/gid 65534."""
+    d = tempfile.mkdtemp(prefix="rb-perm-")  # /tmp: reachable by any user, unlike tmp_path
+    try:
+        os.chmod(d, 0o755)
+        path = os.path.join(d, "dev.img")
+        with open(path, "wb") as f:
+            f.truncate(1 << 20)
+        os.chmod(path, 0o444)
+        if os.geteuid() != 0:
+            outcome = _permission_denied_outcome(path)
+        else:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child: report the outcome through the pipe, never return into pytest
+                try:
+                    os.close(r)
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    msg = _permission_denied_outcome(path)
+                except BaseException as e:  # noqa: BLE001
+                    msg = f"child failed: {type(e).__name__}: {e}"
+                finally:
+                    try:
+                        os.write(w, msg.encode())
+                    finally:
+                        os._exit(0)
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                outcome = f.read().decode()
+            assert os.waitpid(pid, 0)[1] == 0
+        assert outcome == f"PermissionError errno={errno.EACCES} strerror=open failed"
+    finally:
+        shutil.rmtree(d)
 
 
 def test_fd_is_close_on_exec(sparse_file):

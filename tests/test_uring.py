@@ -974,8 +974,49 @@ def test_submit_failure_alone_still_delivers_what_the_kernel_completed(data_file
     dev.close()
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
-                                                        "needs Python 3.12+")
+PEP688 = pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
+                                                             "needs Python 3.12+: make test-py312 runs it")
+
+
+@PEP688
+def test_buffer_implemented_in_python_is_held_until_wait(data_file):
+    """A batch takes each buffer once when it is queued and releases it when wait_iouring
+    returns, not before (the kernel may still write into it)."""
+
+    class PythonBuffer:
+        def __init__(self, data: bytes):
+            self.mem = bytearray(data)
+            self.taken = self.released = 0
+
+        def __buffer__(self, flags):
+            self.taken += 1
+            return memoryview(self.mem)
+
+        def __release_buffer__(self, view):
+            self.released += 1
+            view.release()
+
+    dev = open_dev(data_file, depth=4)
+    try:
+        src = PythonBuffer(b"p" * 8192)
+        bid = dev.batched_write([0], [src], [8192])
+        assert (src.taken, src.released) == (1, 0)
+        assert dev.wait_iouring(bid) == ([True], [])
+        assert (src.taken, src.released) == (1, 1)
+        dst = [PythonBuffer(bytes(4096)) for _ in range(2)]
+        bid = dev.batched_read([0, 4096], dst, [4096, 4096])
+        assert [(d.taken, d.released) for d in dst] == [(1, 0)] * 2
+        assert dev.wait_iouring(bid) == ([True, True], [])
+        assert [(d.taken, d.released) for d in dst] == [(1, 1)] * 2
+        assert [bytes(d.mem) for d in dst] == [b"p" * 4096] * 2
+        pending = PythonBuffer(bytes(4096))
+        dev.batched_read([0], [pending], [4096])
+    finally:
+        dev.close()
+    assert (pending.taken, pending.released) == (1, 1)  # close released the batch nobody waited for
+
+
+@PEP688
 @pytest.mark.parametrize("call", ["batched_read", "batched_write", "read_uring", "write_uring"])
 def test_buffer_code_that_closes_the_device_does_not_deadlock(data_file, call):
     """Buffers are taken before the call is admitted: a __buffer__ that closes the device would
