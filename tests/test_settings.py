@@ -301,3 +301,42 @@ def test_readme_lists_every_plugin_key_with_its_default():
             assert rows[s.name] == str(s.default).lower(), s.name
     for key in _PLUGIN_KEYS - {"use_iouring", "use_uring"}:
         assert key in rows, key
+
+
+DEVICE_CASES = [
+    (name, value, why)
+    for name in ("writable", "use_odirect", "use_iouring", "use_uring_cmd")
+    for value, why in (("false", "a boolean word"), ("maybe", "not a boolean"), (2, "not 0 or 1"),
+                       (1.0, "a float"), (None, "None"))
+] + [
+    ("alignment", "4096", "a string"), ("alignment", -1, "negative"), ("alignment", 3, "not a power of two"),
+    ("alignment", 2 ** 31, "above 2^30"), ("alignment", 2 ** 70, "huge"), ("alignment", True, "a bool"),
+    ("io_engine", "spdk", "not an engine"), ("io_engine", 1, "an int"),
+    ("iouring_queue_depth", "256", "a string"), ("iouring_queue_depth", 32769, "above the kernel's limit"),
+    ("iouring_queue_depth", 2 ** 70, "huge"), ("iouring_queue_depth", 1.5, "a float"),
+]
+
+
+@pytest.mark.parametrize("name,value,why", DEVICE_CASES, ids=[f"{n}-{w}" for n, _, w in DEVICE_CASES])
+def test_raw_block_device_refuses(tmp_path, name, value, why):
+    """RawBlockDevice's arguments: strict booleans (the string "false" once opened a device
+    writable with O_DIRECT), integers whose errors name the argument, no silent clamping above
+    the kernel's ring limit. The device file is not written."""
+    from lmcache_rawblock import RawBlockDevice
+
+    path = _sparse(tmp_path)
+    kw = {"writable": True, name: value}
+    with pytest.raises((ValueError, TypeError)) as ei:
+        RawBlockDevice(path, **kw)
+    assert name in str(ei.value) and (repr(value)[:30] in str(ei.value) or str(value)[:30] in str(ei.value)), \
+        f"{why}: {ei.value}"
+    assert _untouched(path)
+
+
+def test_raw_block_device_open_error_names_the_path(tmp_path):
+    from lmcache_rawblock import RawBlockDevice
+
+    missing = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError) as ei:
+        RawBlockDevice(missing, True)
+    assert ei.value.strerror == "open failed" and ei.value.filename == missing

@@ -48,22 +48,65 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "writable", "use_odirect", "use_iouring", "use_uring_cmd",
                              "alignment", "io_engine", "iouring_queue_depth", NULL};
-    PyObject *path;
-    int writable, use_odirect = 0, use_iouring = 0, use_uring_cmd = 0;
-    Py_ssize_t alignment = 4096;
+    PyObject *path, *o_writable, *o_odirect = NULL, *o_iouring = NULL, *o_uring_cmd = NULL;
+    PyObject *o_alignment = NULL, *o_depth = NULL;
     PyObject *io_engine = Py_None;
-    long long queue_depth = 256;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Op|pppnOL:RawBlockDevice", kwlist, &path, &writable,
-                                     &use_odirect, &use_iouring, &use_uring_cmd, &alignment, &io_engine,
-                                     &queue_depth))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOO:RawBlockDevice", kwlist, &path, &o_writable,
+                                     &o_odirect, &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth))
         return NULL;
+    /* Strict booleans ("false" is not true) and integers whose errors name the parameter. */
+    int writable, use_odirect = 0, use_iouring = 0, use_uring_cmd = 0;
+    uint64_t alignment = 4096, queue_depth = 256;
+    if (rbpy_as_bool(o_writable, "writable", &writable) < 0 ||
+        (o_odirect && rbpy_as_bool(o_odirect, "use_odirect", &use_odirect) < 0) ||
+        (o_iouring && rbpy_as_bool(o_iouring, "use_iouring", &use_iouring) < 0) ||
+        (o_uring_cmd && rbpy_as_bool(o_uring_cmd, "use_uring_cmd", &use_uring_cmd) < 0))
+        return NULL;
+    if (o_alignment) {
+        if (!PyLong_Check(o_alignment) || PyBool_Check(o_alignment)) {
+            PyErr_Format(PyExc_TypeError, "alignment must be an int, got %.80s %.200R", Py_TYPE(o_alignment)->tp_name,
+                         o_alignment);
+            return NULL;
+        }
+        int overflow = 0;
+        long long a = PyLong_AsLongLongAndOverflow(o_alignment, &overflow);
+        if (a == -1 && !overflow && PyErr_Occurred())
+            return NULL;
+        if (overflow < 0 || (!overflow && a < 0)) {
+            PyErr_Format(PyExc_ValueError, "alignment must be >= 0, got %.200R", o_alignment);
+            return NULL;
+        }
+        if (overflow > 0 || a > (1 << 30) || (a & (a - 1))) {
+            PyErr_Format(PyExc_ValueError, "alignment must be 0 or a power of two up to 2^30, got %.200R", o_alignment);
+            return NULL;
+        }
+        alignment = (uint64_t)a;
+    }
+    if (o_depth && o_depth != Py_None) {
+        /* As LMCache's device, a depth below 1 is taken as 1; above the kernel's limit is an error. */
+        if (!PyLong_Check(o_depth) || PyBool_Check(o_depth)) {
+            PyErr_Format(PyExc_TypeError, "iouring_queue_depth must be an int, got %.80s %.200R",
+                         Py_TYPE(o_depth)->tp_name, o_depth);
+            return NULL;
+        }
+        int overflow = 0;
+        long long d = PyLong_AsLongLongAndOverflow(o_depth, &overflow);
+        if (d == -1 && !overflow && PyErr_Occurred())
+            return NULL;
+        if (overflow > 0 || d > 32768) {
+            PyErr_Format(PyExc_ValueError, "iouring_queue_depth must be <= 32768 (the kernel's limit), got %.200R",
+                         o_depth);
+            return NULL;
+        }
+        queue_depth = overflow < 0 || d < 1 ? 1 : (uint64_t)d;
+    }
 
     /* 1. engine selection: a non-empty io_engine wins over use_iouring. */
     int iouring = use_iouring;
     if (io_engine != Py_None) {
         if (!PyUnicode_Check(io_engine)) {
-            PyErr_Format(PyExc_TypeError, "io_engine must be a str or None, got %.100s",
-                         Py_TYPE(io_engine)->tp_name);
+            PyErr_Format(PyExc_TypeError, "io_engine must be a str or None, got %.80s %.200R",
+                         Py_TYPE(io_engine)->tp_name, io_engine);
             return NULL;
         }
         const char *eng = PyUnicode_AsUTF8(io_engine);
@@ -79,14 +122,6 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                 return NULL;
             }
         }
-    }
-    if (queue_depth < 1)
-        queue_depth = 1;
-    if (queue_depth > 32768)
-        queue_depth = 32768; /* the kernel's IORING_MAX_ENTRIES */
-    if (alignment < 0) {
-        PyErr_Format(PyExc_ValueError, "alignment must be >= 0, got %zd", alignment);
-        return NULL;
     }
     /* 2. passthrough needs io_uring. */
     if (use_uring_cmd && !iouring) {
@@ -140,9 +175,12 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Py_BEGIN_ALLOW_THREADS
     rc = rb_dev_open(&cfg, &dev, &err);
     Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        rbpy_raise_err_path(&err, bpath); /* OSError's filename is the path */
+        Py_DECREF(bpath);
+        return NULL;
+    }
     Py_DECREF(bpath);
-    if (rc < 0)
-        return rbpy_raise_err(&err);
 
     RawBlockDeviceObject *self = (RawBlockDeviceObject *)type->tp_alloc(type, 0);
     if (!self) {
