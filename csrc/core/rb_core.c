@@ -1121,13 +1121,11 @@ static int load_item_readable(const struct load_snap *sn, rb_load_item *it)
     return 1;
 }
 
-/* No lock: append key i's reads to the io_uring batch, its header read first when its record
- * is unverified (writes r->ops, r->nops, r->nhdr and the key's op indexes). */
-static void load_queue_uring(struct load_run *r, size_t i)
+/* No lock: append a key's reads to the io_uring batch, its header read first when its record
+ * is unverified (writes r->ops, r->nops, r->nhdr and the key's op indexes in *sn). */
+static void load_queue_uring(struct load_run *r, rb_load_item *it, struct load_snap *sn)
 {
     rb_core *c = r->c;
-    rb_load_item *it = &r->items[i];
-    struct load_snap *sn = &r->s[i];
     size_t len = sn->size;
     uint64_t soff = rb_slot_offset(c, sn->slot);
     /* Batched: reads of at most queue-depth requests per batch, bounced by the engine when
@@ -1154,11 +1152,9 @@ static void load_queue_uring(struct load_run *r, size_t i)
 /* No lock: posix read of an unverified record's header and payload in one transfer into the
  * scratch buffer r->vbuf (grown as needed); the payload reaches the caller's buffer only when
  * the header is this key's. Writes the item's outcome and the key's verdict. */
-static void load_read_posix_unverified(struct load_run *r, size_t i)
+static void load_read_posix_unverified(struct load_run *r, rb_load_item *it, struct load_snap *sn)
 {
     rb_core *c = r->c;
-    rb_load_item *it = &r->items[i];
-    struct load_snap *sn = &r->s[i];
     const uint64_t hb = c->cfg.header_bytes;
     size_t len = sn->size;
     size_t tot = hb + rb_xfer_len(c, len);
@@ -1185,19 +1181,38 @@ static void load_read_posix_unverified(struct load_run *r, size_t i)
 }
 
 /* No lock: posix read of a verified record's payload straight into the caller's buffer. */
-static void load_read_posix(struct load_run *r, size_t i)
+static void load_read_posix(rb_core *c, rb_load_item *it, const struct load_snap *sn)
 {
-    rb_core *c = r->c;
-    rb_load_item *it = &r->items[i];
-    size_t len = r->s[i].size;
+    size_t len = sn->size;
     size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
-    uint64_t off = rb_slot_offset(c, r->s[i].slot) + c->cfg.header_bytes;
+    uint64_t off = rb_slot_offset(c, sn->slot) + c->cfg.header_bytes;
     int rc = rb_core_dev_read(c, off, it->buf, blen, len, rb_xfer_len(c, len), 1, &it->err);
     if (rc < 0) {
         it->status = rc;
         return;
     }
     it->ok = 1;
+}
+
+/* No lock: issue every readable key's reads: queued in the io_uring batch, or done now through
+ * posix (unverified records through the scratch buffer). */
+static void load_issue(struct load_run *r)
+{
+    rb_core *c = r->c;
+    const size_t n = r->n;
+    const int uring = r->uring;
+    rb_load_item *items = r->items;
+    struct load_snap *s = r->s;
+    for (size_t i = 0; i < n; i++) {
+        if (!load_item_readable(&s[i], &items[i]))
+            continue;
+        if (uring)
+            load_queue_uring(r, &items[i], &s[i]);
+        else if (s[i].unverified)
+            load_read_posix_unverified(r, &items[i], &s[i]);
+        else
+            load_read_posix(c, &items[i], &s[i]);
+    }
 }
 
 /* No lock: run the io_uring batch, then turn each key's op results into its outcome, judging
@@ -1209,12 +1224,16 @@ static void load_run_uring(struct load_run *r)
         return;
     rb_err berr;
     (void)rb_core_uring_ops(c, r->ops, r->nops, c->cfg.iouring_queue_depth, 1, &berr); /* per-op results */
-    for (size_t i = 0; i < r->n; i++) {
-        rb_load_item *it = &r->items[i];
-        struct load_snap *sn = &r->s[i];
+    const size_t n = r->n;
+    rb_load_item *items = r->items;
+    struct load_snap *s = r->s;
+    const rb_uop *ops = r->ops;
+    for (size_t i = 0; i < n; i++) {
+        rb_load_item *it = &items[i];
+        struct load_snap *sn = &s[i];
         if (sn->slot == RB_SLOT_NONE || it->status < 0)
             continue;
-        const rb_uop *h = sn->unverified ? &r->ops[sn->hop] : NULL, *o = &r->ops[sn->pop];
+        const rb_uop *h = sn->unverified ? &ops[sn->hop] : NULL, *o = &ops[sn->pop];
         if (h && h->rc < 0) {
             it->status = h->rc;
             it->err = h->err;
@@ -1240,9 +1259,12 @@ static void load_run_uring(struct load_run *r)
 static void load_check_sums(struct load_run *r)
 {
     rb_core *c = r->c;
-    for (size_t i = 0; i < r->n; i++) {
-        rb_load_item *it = &r->items[i];
-        struct load_snap *sn = &r->s[i];
+    const size_t n = r->n;
+    rb_load_item *items = r->items;
+    struct load_snap *s = r->s;
+    for (size_t i = 0; i < n; i++) {
+        rb_load_item *it = &items[i];
+        struct load_snap *sn = &s[i];
         if (it->ok && c->cfg.verify_payload_checksum && sn->has_sum && XXH3_64bits(it->buf, sn->size) != sn->sum) {
             r->sum_fail++;
             r->n_sumbad++;
@@ -1253,11 +1275,11 @@ static void load_check_sums(struct load_run *r)
             sn->verdict = LV_SUMBAD;
         }
     }
-    for (size_t i = 0; i < r->n; i++) {
-        if (!r->items[i].ok) {
-            free(r->items[i].pos);
-            r->items[i].pos = NULL;
-            r->items[i].npos = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!items[i].ok) {
+            free(items[i].pos);
+            items[i].pos = NULL;
+            items[i].npos = -1;
         }
     }
 }
@@ -1343,16 +1365,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     load_test_delay(c);
 
     load_plan(&r);
-    for (size_t i = 0; i < n; i++) {
-        if (!load_item_readable(&r.s[i], &items[i]))
-            continue;
-        if (r.uring)
-            load_queue_uring(&r, i);
-        else if (r.s[i].unverified)
-            load_read_posix_unverified(&r, i);
-        else
-            load_read_posix(&r, i);
-    }
+    load_issue(&r);
     load_run_uring(&r);
     free(r.ops);
     free(r.vbuf);

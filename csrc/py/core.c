@@ -540,25 +540,37 @@ static int put_meta_from(PyObject *m, rb_put_item *it)
     return 0;
 }
 
-/* GIL held: key i's identity, placement id, meta and payload view into pc->items[i] (the view
- * is counted in pc->nviews once taken). -1 with an exception set on failure. */
-static int put_item_from(put_call *pc, rbpy_state *st, PyTypeObject *fast, Py_ssize_t i)
+/* GIL held: every key's identity, placement id, meta and payload view into pc->items (the
+ * views taken are counted in pc->nviews). -1 with an exception set on the first failure. The
+ * sequences are indexed afresh for each key: conversions may run Python code that resizes a
+ * caller's list. */
+static int put_items_from(PyObject *op, put_call *pc)
 {
-    rb_put_item *it = &pc->items[i];
-    it->key = pc->kv.keys[i];
-    it->key_len = pc->kv.lens[i];
-    it->meta.ndim = it->meta.npos = -1;
-    if (rbpy_as_u64(PySequence_Fast_GET_ITEM(pc->ids, i), "slot_identity", &it->identity) < 0)
-        return -1;
-    if (put_pid_from(PySequence_Fast_GET_ITEM(pc->pids, i), it) < 0)
-        return -1;
-    if (put_meta_from(PySequence_Fast_GET_ITEM(pc->metas, i), it) < 0)
-        return -1;
-    if (payload_get(st, fast, PySequence_Fast_GET_ITEM(pc->bufs, i), i, 0, &pc->views[i]) < 0)
-        return -1;
-    pc->nviews = i + 1;
-    it->buf = pc->views[i].buf;
-    it->len = pc->views[i].len;
+    rbpy_state *st = rbpy_state_of_type(Py_TYPE(op));
+    PyTypeObject *fast = memobj_fast_type(st);
+    const Py_ssize_t n = pc->n;
+    const char **keys = pc->kv.keys;
+    const size_t *lens = pc->kv.lens;
+    PyObject *ids = pc->ids, *pids = pc->pids, *metas = pc->metas, *bufs = pc->bufs;
+    rb_put_item *items = pc->items;
+    payload *views = pc->views;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rb_put_item *it = &items[i];
+        it->key = keys[i];
+        it->key_len = lens[i];
+        it->meta.ndim = it->meta.npos = -1;
+        if (rbpy_as_u64(PySequence_Fast_GET_ITEM(ids, i), "slot_identity", &it->identity) < 0)
+            return -1;
+        if (put_pid_from(PySequence_Fast_GET_ITEM(pids, i), it) < 0)
+            return -1;
+        if (put_meta_from(PySequence_Fast_GET_ITEM(metas, i), it) < 0)
+            return -1;
+        if (payload_get(st, fast, PySequence_Fast_GET_ITEM(bufs, i), i, 0, &views[i]) < 0)
+            return -1;
+        pc->nviews = i + 1;
+        it->buf = views[i].buf;
+        it->len = views[i].len;
+    }
     return 0;
 }
 
@@ -622,7 +634,7 @@ static void put_call_close(put_call *pc)
 }
 
 /* Stages: snapshot the keys, take and check the arguments, convert each key, run the core
- * without the GIL, build the result; put_call_close releases whatever was taken. */
+ * without the GIL, build the result; put_call_close releases whatever the stages took. */
 static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "identities", "buffers", "placement_ids", "metas"};
@@ -635,18 +647,8 @@ static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t n
         return NULL;
     pc.n = pc.kv.n;
     PyObject *ret = NULL;
-    if (put_call_open(&pc, a) < 0)
-        goto done;
-    rbpy_state *st = rbpy_state_of_type(Py_TYPE(op));
-    PyTypeObject *fast = memobj_fast_type(st);
-    for (Py_ssize_t i = 0; i < pc.n; i++) {
-        if (put_item_from(&pc, st, fast, i) < 0)
-            goto done;
-    }
-    if (put_call_run(op, &pc) < 0)
-        goto done;
-    ret = put_call_result(&pc);
-done:
+    if (put_call_open(&pc, a) == 0 && put_items_from(op, &pc) == 0 && put_call_run(op, &pc) == 0)
+        ret = put_call_result(&pc);
     put_call_close(&pc);
     return ret;
 }
