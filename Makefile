@@ -22,7 +22,7 @@ ASAN_BUILD := build/asan
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache lmcache-venv test-all test-reliability test-killloop-long clean
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 lmcache-venv test-all test-reliability test-killloop-long clean
 
 all: build
 
@@ -98,16 +98,63 @@ test-killloop-long: build
 
 # Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in its own
 # virtual environment, so the default run stays lean. The in-place extension is imported from
-# the checkout (same CPython ABI).
+# the checkout (same CPython ABI, checked). lmcache-venv fails when that environment cannot
+# import what the suites need, even after pip reported success; test-lmcache and test-torch
+# fail on any skipped test (tests/strict_skips.py), except one a file system refusing O_DIRECT
+# forces, so an LMCache that cannot be imported never passes as "all skipped".
 LMC_VENV := .venv-lmcache
+LMC_IMPORTS := torch, lmcache, lmcache.v1.storage_backend.raw_block, pytest, numpy, lmcache_rust_raw_block_io
+STRICT_SKIPS := PYTHONPATH=tests RB_ALLOWED_SKIPS='O_DIRECT'
 lmcache-venv:
 	@test -x $(LMC_VENV)/bin/python || $(PYTHON) -m venv $(LMC_VENV)
-	@$(LMC_VENV)/bin/python -c 'import torch, lmcache, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null || { \
+	@$(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
 	  $(LMC_VENV)/bin/python -m pip install -q torch==2.13.0 && \
-	  $(LMC_VENV)/bin/python -m pip install -q lmcache lmcache-rust-raw-block-io pytest numpy; }
+	  $(LMC_VENV)/bin/python -m pip install -q lmcache lmcache-rust-raw-block-io pytest numpy || exit 1; \
+	  $(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
+	    $(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' 2>&1 | tail -5; \
+	    echo "lmcache-venv: $(LMC_VENV) cannot import $(LMC_IMPORTS): the LMCache suites cannot run" >&2; \
+	    exit 1; }; }
+
+# The checkout's extension, built by `build` for $(PYTHON), must load in the LMCache virtualenv.
+lmcache-native-check = @$(LMC_VENV)/bin/python -c 'import lmcache_rawblock._native' || { \
+	  echo "$(LMC_VENV)/bin/python ($$($(LMC_VENV)/bin/python -V)) cannot load the extension built for $(PYTHON) \
+	($$($(PYTHON) -V)); recreate it: rm -rf $(LMC_VENV) && make lmcache-venv" >&2; exit 1; }
 
 test-lmcache: build lmcache-venv
-	$(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -m lmcache $(PYTEST_ARGS)
+	$(lmcache-native-check)
+	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m lmcache $(PYTEST_ARGS)
+
+# Tests marked `torch` (tests/test_device_torch.py): our device with torch CPU tensors the way
+# LMCache passes them, in the LMCache virtualenv, which has torch. About 15 s.
+test-torch: build lmcache-venv
+	$(lmcache-native-check)
+	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m torch $(PYTEST_ARGS)
+
+# The default suite under Python 3.12 or newer, where buffers can be implemented in Python
+# (PEP 688, tested in tests/test_device.py and tests/test_uring.py): the first interpreter of
+# PY312_CANDIDATES that runs and is >= 3.12 (or PY312=/path/to/python), its own virtualenv
+# .venv-py312, and the extension built in place for it (a second, ABI-tagged .so next to the
+# default one). Fails, saying so, when no such interpreter exists. About 2 minutes.
+PY312 ?=
+PY312_VENV := .venv-py312
+PY312_CANDIDATES := python3.14 python3.13 python3.12 \
+  $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3 /usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]))
+PY_AT_LEAST_312 := -c 'import sys; sys.exit(sys.version_info < (3, 12))'
+test-py312: apt-deps
+	@py="$(PY312)"; \
+	if [ -z "$$py" ]; then for c in $(PY312_CANDIDATES); do \
+	  if "$$c" $(PY_AT_LEAST_312) 2>/dev/null; then py=$$c; break; fi; done; fi; \
+	if [ -n "$$py" ] && ! "$$py" $(PY_AT_LEAST_312) 2>/dev/null; then \
+	  echo "test-py312: PY312=$$py is not a Python 3.12 or newer that runs" >&2; exit 1; fi; \
+	if [ -z "$$py" ]; then \
+	  echo "test-py312: no Python 3.12 or newer found (tried: $(PY312_CANDIDATES)); install one (e.g. pyenv install 3.12) or pass PY312=/path/to/python3.12" >&2; \
+	  exit 1; fi; \
+	if ! $(PY312_VENV)/bin/python $(PY_AT_LEAST_312) 2>/dev/null; then "$$py" -m venv --clear $(PY312_VENV) || exit 1; fi; \
+	$(PY312_VENV)/bin/python -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null || \
+	  $(PY312_VENV)/bin/python -m pip install -q setuptools 'pytest>=7' numpy lmcache-rust-raw-block-io || exit 1; \
+	echo "test-py312: $$($(PY312_VENV)/bin/python -V) from $$py"
+	RB_WERROR=1 $(PY312_VENV)/bin/python setup.py -q build_ext --inplace
+	$(PY312_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # LMCache's own raw-block tests, taken from the sdist of the installed lmcache (fetched into
 # build/lmcache-sdist, never committed), in three modes: baseline (LMCache on the Rust wheel),
@@ -118,7 +165,7 @@ test-lmcache: build lmcache-venv
 test-conformance: build lmcache-venv
 	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py $(CONFORMANCE_ARGS)
 
-test-all: test test-asan test-c test-lmcache
+test-all: test test-asan test-c test-lmcache test-torch test-py312
 
 # libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode.
 # clang from Debian (14 on Debian 12, 19 on Debian 13) with -fsanitize=fuzzer,address,undefined.
