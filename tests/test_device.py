@@ -146,7 +146,7 @@ def test_buffer_implemented_in_python_is_taken_and_released_once_per_call(sparse
         assert (src.taken, src.released) == (1, 1)
         dev.pread_into(0, dst, 64 * KiB)
         assert (dst.taken, dst.released) == (1, 1)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=f"^output buffer too small: cap={64 * KiB} need={128 * KiB}$"):
             dev.pread_into(0, dst, 128 * KiB)  # longer than the buffer: refused, still released
         assert (dst.taken, dst.released) == (2, 2)
     assert bytes(dst.mem) == data
@@ -155,7 +155,7 @@ def test_buffer_implemented_in_python_is_taken_and_released_once_per_call(sparse
 def test_non_contiguous_buffer_is_rejected(sparse_file):
     # Whatever the exporter raises for a contiguous request propagates unchanged.
     with RawBlockDevice(sparse_file(), True) as dev:
-        with pytest.raises(BufferError):
+        with pytest.raises(BufferError, match="^memoryview: underlying buffer is not contiguous$"):
             dev.pwrite_from_buffer(0, memoryview(bytearray(128))[::2])
         with pytest.raises(ValueError, match="not contiguous"):
             dev.pwrite_from_buffer(0, np.zeros((64, 64), dtype=np.uint8)[:, ::2])
@@ -322,9 +322,9 @@ def test_pread_into_readonly_buffer(sparse_file):
         # The exporter's own error, as with LMCache's device.
         with pytest.raises(BufferError, match="not writable"):
             dev.pread_into(0, b"immutable", 4)
-        with pytest.raises(BufferError):
+        with pytest.raises(BufferError, match="^memoryview: underlying buffer is not writable$"):
             dev.pread_into(0, memoryview(b"immutable"), 4)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="^a bytes-like object is required, not 'str'$"):
             dev.pread_into(0, "not a buffer", 4)
 
 
