@@ -1,6 +1,7 @@
 """RawBlockCoreConfig defaults, validation order and messages, and the normalize helpers."""
 
 import dataclasses
+import logging
 
 import pytest
 
@@ -58,6 +59,7 @@ def open_core(tmp_path, **kw):
 
 
 def test_valid_config_opens(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="lmcache_rawblock.settings")
     core = open_core(tmp_path, meta_checkpoint_interval_sec=0)
     try:
         assert core.metadata_container_offsets() == [0, 524288]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 
 import pytest
@@ -211,6 +212,7 @@ def test_lmcache_leniencies_are_kept(tmp_path, caplog):
     """LMCache's RawBlockCoreConfig takes capacity_bytes <= 0 as the whole device, a negative
     quiet time as none, and raises an interval below 1 s to 1 s: so does ours (with a warning
     for the interval). _native.Core, which is ours alone, takes only the real range."""
+    caplog.set_level(logging.WARNING, logger="lmcache_rawblock.settings")
     path = _sparse(tmp_path)
     cfg = RawBlockCoreConfig(**dict(GOOD, device_path=path, capacity_bytes=-1, meta_idle_quiet_ms=-5,
                                     meta_checkpoint_interval_sec=0))
