@@ -23,6 +23,7 @@ our core is measured and the competitor is reported as not installed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -30,7 +31,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .common import (MiB, Competitor, _dist_version, aligned_buffer, interleaved_order, median, pip_install,
                      remove_file, sparse, spread)
@@ -88,6 +89,18 @@ def steps(s: CoreSettings) -> int:
 # --------------------------------------------------------------------------- competitor
 
 
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """LMCache logs its platform detection at import, and torch warns: keep both off the output."""
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def lmcache_core() -> Competitor:
     """LMCache's Python RawBlockCore, if ``lmcache`` (and torch) import."""
     comp = Competitor(name="lmcache", dist=LMCACHE_DIST, module=LMCACHE_MODULE)
@@ -95,18 +108,14 @@ def lmcache_core() -> Competitor:
         comp.error = "not installed"
         comp.install = LMCACHE_PIP
         return comp
-    logging.disable(logging.WARNING)  # LMCache logs its platform detection at import
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_imports():
             mod = importlib.import_module(LMCACHE_MODULE)
             importlib.import_module("torch")
     except Exception as exc:  # noqa: BLE001 - lmcache imports torch and much more
         comp.error = f"import failed ({type(exc).__name__}: {exc})"
         comp.install = LMCACHE_PIP
         return comp
-    finally:
-        logging.disable(logging.NOTSET)
     comp.cls = mod.RawBlockCore
     comp.version = _dist_version(LMCACHE_DIST)
     logging.getLogger("lmcache").setLevel(logging.ERROR)
@@ -114,7 +123,8 @@ def lmcache_core() -> Competitor:
 
 
 def ours_core() -> Competitor:
-    from lmcache_rawblock import RawBlockCore, __version__
+    with quiet_imports():  # our LMCache API loads LMCache's key classes when it is installed
+        from lmcache_rawblock import RawBlockCore, __version__
 
     return Competitor(name="ours", dist="lmcache-rawblock", module="lmcache_rawblock", cls=RawBlockCore,
                       version=__version__)
