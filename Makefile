@@ -61,7 +61,7 @@ bench: demo
 
 # The committed benchmark run behind the README's results table: the full suite in the LMCache
 # virtualenv (every competitor in one process), written to benchmarks/results/full/ (results.json,
-# summary.txt, plots), then the table regenerated from it. About 15 minutes on 2 cores.
+# summary.txt, plots), then the table regenerated from it. About 17 minutes on 2 cores.
 .PHONY: bench-results
 bench-results: build lmcache-venv
 	@$(LMC_VENV)/bin/python -c 'import tqdm, matplotlib' 2>/dev/null || $(LMC_VENV)/bin/python -m pip install -q tqdm matplotlib

@@ -134,8 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """inspect / verify: read-only checks of a device written by LMCache (lmcache_rawblock.tools)."""
+    from lmcache_rawblock.bench.core import quiet_imports
+
     try:
-        from lmcache_rawblock import tools
+        with quiet_imports():  # tools loads LMCache's key classes when LMCache is installed
+            from lmcache_rawblock import tools
     except ImportError:
         return
     if not hasattr(tools, "add_arguments"):

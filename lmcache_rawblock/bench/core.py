@@ -92,13 +92,14 @@ def steps(s: CoreSettings) -> int:
 @contextlib.contextmanager
 def quiet_imports() -> Iterator[None]:
     """LMCache logs its platform detection at import, and torch warns: keep both off the output."""
-    logging.disable(logging.WARNING)
+    before = logging.root.manager.disable
+    logging.disable(max(before, logging.WARNING))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(before)
 
 
 def lmcache_core() -> Competitor:
