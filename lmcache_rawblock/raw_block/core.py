@@ -509,10 +509,12 @@ class CoreHooks:
     def __init__(self, native: Any) -> None:
         self._native = native
 
-    def revalidate_headers(self, seq: int) -> int:
-        """Re-run recovery's slot-header validation over the index as checkpoint ``seq`` would
-        see it; returns how many entries it dropped."""
-        return int(self._native._revalidate(seq))
+    def revalidate_headers(self, sequential: bool) -> int:
+        """Run recovery's slot-header validation over every indexed entry now; returns how many
+        entries it dropped. ``sequential``: one pread per header on this thread (the way
+        LMCache's core reads them), else the configured reader (io_uring batches or the
+        parallel posix readers)."""
+        return int(self._native._revalidate(bool(sequential)))
 
     def apply_state_json(self, blob: bytes) -> tuple[bool, str]:
         """Apply a checkpoint payload (LMCache's JSON) to the index, as recovery does."""
