@@ -1262,18 +1262,18 @@ static void load_check_sums(struct load_run *r)
     const size_t n = r->n;
     rb_load_item *items = r->items;
     struct load_snap *s = r->s;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && c->cfg.verify_payload_checksum; i++) {
         rb_load_item *it = &items[i];
         struct load_snap *sn = &s[i];
-        if (it->ok && c->cfg.verify_payload_checksum && sn->has_sum && XXH3_64bits(it->buf, sn->size) != sn->sum) {
-            r->sum_fail++;
-            r->n_sumbad++;
-            it->ok = 0;
-            it->status = rb_err_set(&it->err, RB_ERR_OS, EBADMSG, "payload checksum mismatch at offset %llu",
-                                    (unsigned long long)(rb_slot_offset(c, sn->slot) + c->cfg.header_bytes));
-            erase_read(c, it, sn->size);
-            sn->verdict = LV_SUMBAD;
-        }
+        if (!it->ok || !sn->has_sum || XXH3_64bits(it->buf, sn->size) == sn->sum)
+            continue;
+        r->sum_fail++;
+        r->n_sumbad++;
+        it->ok = 0;
+        it->status = rb_err_set(&it->err, RB_ERR_OS, EBADMSG, "payload checksum mismatch at offset %llu",
+                                (unsigned long long)(rb_slot_offset(c, sn->slot) + c->cfg.header_bytes));
+        erase_read(c, it, sn->size);
+        sn->verdict = LV_SUMBAD;
     }
     for (size_t i = 0; i < n; i++) {
         if (!items[i].ok) {

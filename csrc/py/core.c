@@ -614,14 +614,17 @@ static PyObject *put_call_result(const put_call *pc)
 /* GIL held: release everything the call holds, whichever stage it reached. */
 static void put_call_close(put_call *pc)
 {
-    if (pc->items) {
-        for (Py_ssize_t i = 0; i < pc->n; i++) {
-            PyMem_Free((void *)pc->items[i].meta.dims);
-            PyMem_Free((void *)pc->items[i].meta.pos);
+    rb_put_item *items = pc->items;
+    payload *views = pc->views;
+    const Py_ssize_t n = pc->n, nviews = pc->nviews;
+    if (items) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyMem_Free((void *)items[i].meta.dims);
+            PyMem_Free((void *)items[i].meta.pos);
         }
     }
-    for (Py_ssize_t i = 0; i < pc->nviews; i++)
-        payload_release(&pc->views[i]);
+    for (Py_ssize_t i = 0; i < nviews; i++)
+        payload_release(&views[i]);
     PyMem_Free(pc->items);
     PyMem_Free(pc->views);
     PyMem_Free(pc->results);
