@@ -96,21 +96,24 @@ def _check_range(s: Setting, v: int, label: str, logger: logging.Logger | None) 
     return v
 
 
-def _parse_placement_id(value: Any, label: str) -> int | None:
-    # LMCache's words for placement identifiers (normalize_raw_block_placement_ids).
-    if value is None:
+def check_placement_id(pid: Any, label: str, *, allow_none: bool = True, show_value: bool = False) -> int | None:
+    """One FDP placement identifier: None (no directive, when allowed) or 1..=65535, with
+    LMCache's messages (``show_value`` appends the value given)."""
+    suffix = " or None" if allow_none else ""
+    got = f", got {pid!r}" if show_value else ""
+    if pid is None:
+        if not allow_none:
+            raise ValueError(f"{label} must contain integers{got}")
         return None
-    if isinstance(value, str):
-        value = parse_int(value, label)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{label} must contain integers or None, got {value!r}")
-    if value == 0:
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        raise ValueError(f"{label} must contain integers{suffix}{got}")
+    if pid == 0:
         raise ValueError(f"{label} must not contain placement identifier 0")
-    if value < 0:
-        raise ValueError(f"{label} must contain positive integers or None, got {value}")
-    if value > 0xFFFF:
-        raise ValueError(f"{label} must contain placement identifiers in range 1..=65535 or None, got {value}")
-    return value
+    if pid < 0:
+        raise ValueError(f"{label} must contain positive integers{suffix}{got}")
+    if pid > 0xFFFF:
+        raise ValueError(f"{label} must contain placement identifiers in range 1..=65535{suffix}{got}")
+    return int(pid)
 
 
 def parse_value(name: str, value: Any, *, label: str | None = None,
@@ -121,7 +124,9 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
     s = SETTINGS[name]
     label = label or name
     if s.none_is_zero:
-        return _parse_placement_id(value, label)
+        if isinstance(value, str):
+            value = parse_int(value, label)
+        return check_placement_id(value, label, show_value=True)
     if s.type == "bool":
         return parse_bool(value, label)
     if s.type == "int":

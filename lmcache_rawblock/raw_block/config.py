@@ -15,14 +15,13 @@ import re
 import stat
 from typing import Any, Optional, Sequence
 
-from ..settings import SETTINGS, parse_value
+from ..settings import SETTINGS, check_placement_id, parse_value
 
 PlacementId = Optional[int]
 
 RAW_BLOCK_IO_ENGINES = frozenset(SETTINGS["io_engine"].choices)
 DEFAULT_IOURING_QUEUE_DEPTH = SETTINGS["iouring_queue_depth"].default
 DEFAULT_RECOVERY_READ_THREADS = SETTINGS["recovery_read_threads"].default
-_MAX_FDP_PLACEMENT_ID = 0xFFFF
 _NG_NAME = re.compile(r"ng(\d+)n(\d+)")
 
 def round_up(x: int, align: int) -> int:
@@ -50,24 +49,7 @@ def normalize_raw_block_placement_ids(placement_ids: Sequence[PlacementId] | Non
     pids = list(placement_ids)
     if len(pids) != expected_len:
         raise ValueError(f"{field_name} must have length {expected_len}")
-    suffix = " or None" if allow_none else ""
-    out: list[PlacementId] = []
-    for pid in pids:
-        if pid is None:
-            if not allow_none:
-                raise ValueError(f"{field_name} must contain integers")
-            out.append(None)
-            continue
-        if not isinstance(pid, int) or isinstance(pid, bool):
-            raise ValueError(f"{field_name} must contain integers{suffix}")
-        if pid == 0:
-            raise ValueError(f"{field_name} must not contain placement identifier 0")
-        if pid < 0:
-            raise ValueError(f"{field_name} must contain positive integers{suffix}")
-        if pid > _MAX_FDP_PLACEMENT_ID:
-            raise ValueError(f"{field_name} must contain placement identifiers in range 1..=65535{suffix}")
-        out.append(int(pid))
-    return out
+    return [check_placement_id(pid, field_name, allow_none=allow_none) for pid in pids]
 
 
 def validate_raw_block_io_options(*, iouring_queue_depth: int) -> None:
