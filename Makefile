@@ -125,7 +125,7 @@ test-lmcache: build lmcache-venv
 	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m lmcache $(PYTEST_ARGS)
 
 # Tests marked `torch` (tests/test_device_torch.py): our device with torch CPU tensors the way
-# LMCache passes them, in the LMCache virtualenv, which has torch. About 15 s.
+# LMCache passes them, in the LMCache virtualenv, which has torch. Under a minute.
 test-torch: build lmcache-venv
 	$(lmcache-native-check)
 	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m torch $(PYTEST_ARGS)
@@ -134,7 +134,7 @@ test-torch: build lmcache-venv
 # (PEP 688, tested in tests/test_device.py and tests/test_uring.py): the first interpreter of
 # PY312_CANDIDATES that runs and is >= 3.12 (or PY312=/path/to/python), its own virtualenv
 # .venv-py312, and the extension built in place for it (a second, ABI-tagged .so next to the
-# default one). Fails, saying so, when no such interpreter exists. About 2 minutes.
+# default one). Fails, saying so, when no such interpreter exists. About 3 minutes (4 the first time).
 PY312 ?=
 PY312_VENV := .venv-py312
 PY312_CANDIDATES := python3.14 python3.13 python3.12 \
