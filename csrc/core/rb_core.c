@@ -5,9 +5,11 @@
 #include "rb_core_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "rb_config.h"
@@ -147,6 +149,7 @@ int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, s
                     o->rc = rr;
                     continue;
                 }
+                b->reqs[j].pid = o->write ? o->pid : 0;
                 map[lo + j++] = (uint32_t)i;
             }
             /* Requests that never reach the engine are left out of the batch: shrink it to
@@ -448,11 +451,28 @@ void rb_core_drop_locked(rb_core *c, uint32_t p)
 /* Refuse a device that holds someone else's data (a file system, a RAID/LVM member, a
  * partition table): the first checkpoint would overwrite it. A path the probe cannot open is
  * left to rb_dev_open, which reports it. */
-static int refuse_foreign_device(const char *path, rb_err *err)
+static int refuse_foreign_device(const char *path, int uring_cmd, rb_err *err)
 {
     char what[128];
     rb_err perr;
     rb_err_clear(&perr);
+    /* A generic NVMe character device (ngXnY) takes no read(2), so libblkid cannot look at it:
+     * the namespace's block device (nvmeXnY) shows the same bytes. */
+    char blk[64];
+    const char *base = strrchr(path, '/');
+    unsigned ctrl, nsn;
+    char tail;
+    base = base ? base + 1 : path;
+    if (uring_cmd && sscanf(base, "ng%un%u%c", &ctrl, &nsn, &tail) == 2) {
+        snprintf(blk, sizeof(blk), "/dev/nvme%un%u", ctrl, nsn);
+        if (access(blk, F_OK) == 0 && rb_probe_foreign(blk, what, sizeof(what), &perr) > 0)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                              "device_path's namespace holds a %s (found by libblkid on %s): refusing to overwrite "
+                              "a device that is not a raw-block cache. Wipe it first (wipefs -a) or set "
+                              "allow_foreign_device=True (rust_raw_block.allow_foreign_device: true). device_path='%s'",
+                              what, blk, path);
+        return 0;
+    }
     if (rb_probe_foreign(path, what, sizeof(what), &perr) <= 0)
         return 0;
     /* The path last: a long one is what the message's length limit cuts. */
@@ -469,7 +489,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     if (rc0 < 0)
         return rc0;
     if (!cfg->allow_foreign_device) {
-        rc0 = refuse_foreign_device(cfg->device_path, err);
+        rc0 = refuse_foreign_device(cfg->device_path, cfg->use_uring_cmd, err);
         if (rc0 < 0)
             return rc0;
     }
@@ -508,6 +528,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         .uring_cmd = cfg->use_uring_cmd,
         .alignment = (size_t)cfg->block_align,
         .queue_depth = cfg->iouring_queue_depth,
+        .max_transfer = cfg->use_uring_cmd ? cfg->max_data_transfer_size : 0,
     };
     int rc = rb_dev_open(&dc, &c->dev, err);
     if (rc < 0)
@@ -799,6 +820,7 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
         o->total_len = rb_xfer_len(c, it->len);
         o->copy_len = (size_t)-1;
         o->write = 1;
+        o->pid = it->pid; /* header and payload of a key go to the same reclaim unit handle */
     }
     int ok = 1;
     if (nops) {
@@ -816,6 +838,7 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
                 o->buf_len = o->payload_len = o->total_len = hb;
                 o->copy_len = (size_t)-1;
                 o->write = 1;
+                o->pid = items[w->plan[p]].pid;
             }
             ok = rb_core_uring_ops(c, w->ops, nops, 0, 1, err) == 0;
             for (size_t i = 0; ok && i < nops; i++)

@@ -97,7 +97,7 @@ static int meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *e
     if (!rb_core_uses_uring(c))
         return rb_core_dev_write(c, off, buf, len, len, len, 0, err);
     rb_uop o = {.off = off, .buf = buf, .buf_len = len, .payload_len = len, .total_len = len,
-                .copy_len = (size_t)-1, .write = 1};
+                .copy_len = (size_t)-1, .write = 1, .pid = (uint16_t)c->cfg.meta_checkpoint_placement_id};
     int rc = rb_core_uring_ops(c, &o, 1, 0, 0, err);
     if (rc == 0 && o.rc < 0) {
         *err = o.err;

@@ -122,6 +122,7 @@ typedef struct rb_uop {
     size_t buf_len, payload_len, total_len;
     size_t copy_len; /* reads: bytes copied back after a bounced read */
     int write;
+    uint16_t pid; /* writes: FDP placement id (a directive on a passthrough device), 0 = none */
     int rc;     /* out: 0 done, <0 failed (err) */
     rb_err err; /* out */
 } rb_uop;

@@ -64,6 +64,48 @@ int rb_dev_check_path(const char *path, rb_err *err)
     return rb_dev_check_mode(path, (unsigned)st.st_mode, err);
 }
 
+/* Transfers below this are never split (every NVMe controller takes 128 KiB). */
+#define RB_NVME_FALLBACK_TRANSFER ((size_t)128 * 1024)
+/* NLB is a 16-bit, 0-based count: one command moves at most 65536 blocks. */
+#define RB_NVME_MAX_BLOCKS ((uint64_t)65536)
+
+/* The passthrough rules of rb_dev_open on an open fd: an NVMe namespace character device,
+ * identified, with an alignment that is a multiple of its LBA size; the per-command transfer
+ * limit, a multiple of the LBA size. */
+static int open_passthrough(const rb_dev_config *cfg, int fd, const struct stat *st, rb_nvme_ns *ns,
+                            size_t *max_transfer, rb_err *err)
+{
+    if (cfg->engine != RB_ENGINE_IOURING)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "use_uring_cmd requires use_iouring to be enabled");
+    if (!S_ISCHR(st->st_mode))
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "use_uring_cmd requires an NVMe namespace character device (e.g., /dev/ng0n1)");
+    int rc = rb_nvme_identify(fd, ns, err);
+    if (rc < 0)
+        return rc;
+    if (cfg->alignment == 0 || cfg->alignment % ns->lba_size != 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "alignment (%zu) must be a non-zero multiple of NVMe LBA size (%u)",
+                          cfg->alignment, ns->lba_size);
+    uint64_t mt = cfg->max_transfer;
+    if (mt) {
+        if (mt % ns->lba_size != 0)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                              "max_data_transfer_size (%llu) must be a multiple of the NVMe LBA size (%u)",
+                              (unsigned long long)mt, ns->lba_size);
+    } else if (rb_nvme_sysfs_max_transfer(cfg->path, &mt) < 0 || mt < ns->lba_size) {
+        mt = RB_NVME_FALLBACK_TRANSFER;
+    }
+    if (mt > (RB_NVME_MAX_BLOCKS << ns->lba_shift))
+        mt = RB_NVME_MAX_BLOCKS << ns->lba_shift;
+    if (mt > ((uint64_t)1 << 30))
+        mt = (uint64_t)1 << 30;
+    mt -= mt % ns->lba_size;
+    if (mt == 0)
+        mt = ns->lba_size;
+    *max_transfer = (size_t)mt;
+    return 0;
+}
+
 int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
 {
     int flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
@@ -100,6 +142,18 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     }
     uint64_t size = (uint64_t)st.st_size;
     int size_known = S_ISREG(st.st_mode);
+    rb_nvme_ns ns;
+    size_t max_transfer = 0;
+    memset(&ns, 0, sizeof(ns));
+    if (cfg->uring_cmd) {
+        rc0 = open_passthrough(cfg, fd, &st, &ns, &max_transfer, err);
+        if (rc0 < 0) {
+            close(fd);
+            return rc0;
+        }
+        size = ns.nsze << ns.lba_shift;
+        size_known = 1;
+    }
     if (S_ISBLK(st.st_mode)) {
         uint64_t bsz = 0;
         if (ioctl(fd, BLKGETSIZE64, &bsz) == 0) {
@@ -121,6 +175,9 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     dev->size = size;
     dev->size_known = size_known;
     dev->is_blk = S_ISBLK(st.st_mode);
+    dev->uring_cmd = cfg->uring_cmd;
+    dev->ns = ns;
+    dev->max_transfer = max_transfer;
     pthread_mutex_init(&dev->gate_mu, NULL);
     pthread_cond_init(&dev->gate_cv, NULL);
 
@@ -220,6 +277,32 @@ size_t rb_dev_alignment(const rb_dev *dev)
     return dev->alignment;
 }
 
+int rb_dev_nvme_ns(const rb_dev *dev, rb_nvme_ns *ns)
+{
+    if (!dev->uring_cmd)
+        return 0;
+    *ns = dev->ns;
+    return 1;
+}
+
+size_t rb_dev_max_transfer(const rb_dev *dev)
+{
+    return dev->uring_cmd ? dev->max_transfer : 0;
+}
+
+int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    if (!dev->uring_cmd)
+        return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "fetch_fdp_status requires use_uring_cmd to be enabled");
+    if (rb_dev_enter(dev) < 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "device is closed");
+    int rc = rb_nvme_ruh_status(dev->fd, dev->ns.nsid, out, n, err);
+    rb_dev_leave(dev);
+    return rc;
+}
+
 int rb_dev_closing(const rb_dev *dev)
 {
     return atomic_load(&dev->closing);
@@ -311,6 +394,8 @@ int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
     const size_t pad = x->total_len - x->payload_len;
     x->want = x->total_len;
     x->iovcnt = 0;
+    if (dev->uring_cmd)
+        return 0; /* the engine plans (and bounces) the transfer itself */
 
     if (!dev->odirect || is_aligned_ptr(x->buf, a)) {
         /* The caller's memory can take (part of) the transfer directly. */
@@ -431,7 +516,8 @@ int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
 {
     if (x->done >= x->want)
         return 1;
-    if (dev->odirect || atomic_load_explicit(&dev->nowait_unsupported[x->write], memory_order_relaxed))
+    if (dev->odirect || dev->uring_cmd ||
+        atomic_load_explicit(&dev->nowait_unsupported[x->write], memory_order_relaxed))
         return 0;
     size_t req = x->want - x->done;
     ssize_t r = xfer_attempt(dev, x, RWF_NOWAIT);
@@ -457,6 +543,13 @@ int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
 
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
 {
+    if (dev->uring_cmd && x->done < x->want) {
+        int rc = rb_uring_sync(dev->uring, x->write ? RB_REQ_WRITE : RB_REQ_READ, x->offset, x->buf, x->buf_len,
+                               x->payload_len, x->total_len, x->pid, err);
+        if (rc == 0)
+            x->done = x->want;
+        return rc;
+    }
     while (x->done < x->want) {
         size_t req = x->want - x->done;
         ssize_t r = xfer_attempt(dev, x, 0);

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 
 #include "rb_err.h"
+#include "rb_nvme.h"
 #include "rb_stats.h"
 
 enum rb_engine_kind { RB_ENGINE_POSIX = 0, RB_ENGINE_IOURING = 1 };
@@ -28,6 +29,7 @@ typedef struct rb_dev_config {
     int uring_cmd;
     size_t alignment;
     unsigned queue_depth; /* io_uring ring size, >= 1 */
+    uint64_t max_transfer; /* uring_cmd: bytes per NVMe command; 0 = from sysfs */
 } rb_dev_config;
 
 struct rb_uring;
@@ -36,7 +38,10 @@ struct rb_uring;
 typedef struct rb_dev rb_dev;
 
 /* Open path as configured. O_CLOEXEC always; O_DIRECT when cfg->odirect and not uring_cmd;
- * never O_CREAT. Only a regular file or a block/character device is accepted: the path is
+ * never O_CREAT. With uring_cmd the path must be an NVMe namespace character device (ngXnY):
+ * the namespace is identified (size = blocks x LBA size), alignment must be a multiple of the
+ * LBA size, and the per-command transfer limit is cfg->max_transfer or, when 0, the kernel's
+ * (sysfs max_hw_sectors_kb capped by max_segments pages; 128 KiB when sysfs does not say). Only a regular file or a block/character device is accepted: the path is
  * checked with stat(2) before open (a FIFO would block open forever) and the descriptor
  * again with fstat(2) after it (the path may have been replaced in between; the open itself
  * uses O_NONBLOCK, cleared afterwards, so that race cannot block either). On failure *out is
@@ -84,6 +89,14 @@ size_t rb_dev_alignment(const rb_dev *dev);
 int rb_dev_closing(const rb_dev *dev);
 struct rb_uring *rb_dev_uring(const rb_dev *dev);
 void rb_dev_stats_read(rb_dev *dev, rb_stats_snapshot *out);
+/* NVMe passthrough: 1 and *ns filled when the device was opened with uring_cmd, else 0. */
+int rb_dev_nvme_ns(const rb_dev *dev, rb_nvme_ns *ns);
+/* Bytes per NVMe command on a passthrough device (0 otherwise). */
+size_t rb_dev_max_transfer(const rb_dev *dev);
+/* FDP reclaim unit handle status of a passthrough device (see rb_nvme_ruh_status); a device
+ * without passthrough gets RuntimeError("fetch_fdp_status requires use_uring_cmd to be
+ * enabled"). Blocks (an NVMe command): call without the GIL. */
+int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err);
 
 /*
  * One synchronous transfer with LMCache's semantics:
@@ -97,6 +110,9 @@ void rb_dev_stats_read(rb_dev *dev, rb_stats_snapshot *out);
  * rb_xfer_prepare (allocates/copies; no GIL needed) -> rb_xfer_run until it returns
  * something other than -EINTR (on -EINTR the caller checks for signals and calls again)
  * -> rb_xfer_release (always).
+ * On a passthrough device (uring_cmd) the character device takes no read(2)/write(2): the
+ * transfer runs as one request on the io_uring engine (NVMe commands, split at the transfer
+ * limit, bounced when unaligned) and rb_xfer_run waits for it.
  */
 typedef struct rb_xfer {
     uint64_t offset;
@@ -113,6 +129,7 @@ typedef struct rb_xfer {
     uint8_t *bounce; /* owned; freed by rb_xfer_release */
     size_t copy_back_off; /* reads: copy bounce[0..copy_back_len) to buf + copy_back_off */
     size_t copy_back_len;
+    uint16_t pid; /* writes on a passthrough device: FDP placement id, 0 = none (set after init) */
 } rb_xfer;
 
 int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,

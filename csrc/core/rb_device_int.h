@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 
 #include "rb_device.h"
+#include "rb_nvme.h"
 
 struct rb_dev {
     int fd;
@@ -25,6 +26,9 @@ struct rb_dev {
     int size_known; /* regular file or block device: I/O beyond size is refused */
     int is_blk;     /* block device (size from BLKGETSIZE64) */
     struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
+    int uring_cmd;          /* NVMe passthrough: every transfer is an NVMe command on the ring */
+    rb_nvme_ns ns;          /* uring_cmd: the namespace (id, LBA format, size) */
+    size_t max_transfer;    /* uring_cmd: bytes per NVMe command; longer requests are split */
     rb_stats stats;
     _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
 

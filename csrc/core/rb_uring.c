@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <liburing.h>
+#include <linux/nvme_ioctl.h>
 
 #include "rb_device_int.h"
 #include "rb_stats.h"
@@ -57,6 +58,10 @@ struct rb_uring {
     struct rb_dev *dev;
     int fd;
     unsigned depth;
+    /* NVMe passthrough (copied from the device at create; read-only afterwards). */
+    int nvme;
+    uint32_t nsid, lba_shift, lba_size;
+    size_t max_xfer;
     int efd;
     pthread_t thread;
 
@@ -209,6 +214,8 @@ int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
     const rb_dev *dev = u->dev;
     size_t a = dev->alignment ? dev->alignment : 64;
     size_t arena = 0;
+    /* The device DMAs to or from the buffer itself: O_DIRECT, and every passthrough command. */
+    const int direct = dev->odirect || u->nvme;
     /* Pass 1: which requests bounce, and where their slice starts (stored as an offset). */
     for (uint32_t i = 0; i < b->n; i++) {
         rb_req *r = &b->reqs[i];
@@ -216,11 +223,11 @@ int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
         if (r->total_len == 0) {
             need = 0;
         } else if (r->op == RB_REQ_WRITE) {
-            need = (dev->odirect && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len ||
+            need = (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len ||
                    (r->total_len > r->payload_len &&
                     !all_zero(r->ubuf + r->payload_len, r->total_len - r->payload_len));
         } else {
-            need = (dev->odirect && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len;
+            need = (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len;
         }
         if (need) {
             r->bounce = (uint8_t *)(uintptr_t)(arena + 1); /* offset + 1; 0 means "no bounce" */
@@ -276,6 +283,16 @@ int rb_batch_result(const rb_batch *b, uint32_t i, rb_err *err)
     case RB_REQ_SHORT_SHUTDOWN:
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN,
                           "io_uring worker shutting down: short I/O during shutdown");
+    case RB_REQ_NVME_STATUS:
+        return rb_err_set(err, RB_ERR_OS, r->errnum, "io_uring_cmd NVMe error");
+    case RB_REQ_LBA_OFFSET:
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "offset must be aligned to LBA size (%d bytes), got offset=%llu",
+                          r->errnum, (unsigned long long)r->cur_off);
+    case RB_REQ_LBA_LENGTH:
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "length must be aligned to LBA size (%d bytes), got len=%zu",
+                          r->errnum, r->total_len);
+    case RB_REQ_ZERO_LENGTH:
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "length must be non-zero");
     default:
         return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "io_uring request not completed");
     }
@@ -349,6 +366,29 @@ static int batch_pred(void *arg)
 void rb_uring_wait(struct rb_uring *u, rb_batch *b)
 {
     wait_until(u, batch_pred, b);
+}
+
+int rb_uring_sync(struct rb_uring *u, int op, uint64_t offset, void *buf, size_t buf_len, size_t payload_len,
+                  size_t total_len, uint16_t pid, rb_err *err)
+{
+    rb_batch *b = rb_batch_new(1, 0);
+    if (!b)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    int rc = rb_batch_set(u, b, 0, op, offset, buf, buf_len, payload_len, total_len, op == RB_REQ_READ ? payload_len : 0,
+                          err);
+    b->reqs[0].pid = pid;
+    if (rc == 0)
+        rc = rb_batch_prepare(u, b, err);
+    if (rc == 0) {
+        if (rb_uring_submit(u, b) < 0)
+            rc = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
+        else
+            rb_uring_wait(u, b);
+    }
+    if (rc == 0)
+        rc = rb_batch_result(b, 0, err);
+    rb_batch_free(b);
+    return rc;
 }
 
 int rb_uring_stopped(struct rb_uring *u)
@@ -504,13 +544,67 @@ static int lookup_fixed(const struct rb_uring *u, const uint8_t *p, size_t len)
     return (int)r->idx;
 }
 
+/* The checks LMCache's device makes while building an NVMe command: 0, or the failure status
+ * (the request is finished with it, per request, never failing the batch). */
+static int nvme_check(const struct rb_uring *u, const rb_req *r)
+{
+    if (r->cur_off & (u->lba_size - 1))
+        return RB_REQ_LBA_OFFSET;
+    if (r->total_len == 0)
+        return RB_REQ_ZERO_LENGTH;
+    if (r->total_len & (u->lba_size - 1))
+        return RB_REQ_LBA_LENGTH;
+    return 0;
+}
+
+/* An NVMe Read or Write of len bytes at r->cur_off from/to r->cur_buf, in a 128-byte SQE.
+ * idx >= 0: the buffer lies in registered buffer idx. */
+static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, size_t len, int idx)
+{
+    memset(sqe, 0, 2 * sizeof(*sqe)); /* the command area is the second half of a big SQE */
+    sqe->opcode = IORING_OP_URING_CMD;
+    sqe->fd = u->fixed_file ? 0 : u->fd;
+    if (u->fixed_file)
+        sqe->flags |= IOSQE_FIXED_FILE;
+    sqe->cmd_op = NVME_URING_CMD_IO;
+    if (idx >= 0) {
+        sqe->uring_cmd_flags = IORING_URING_CMD_FIXED;
+        sqe->buf_index = (uint16_t)idx;
+    }
+    struct nvme_uring_cmd *cmd = (struct nvme_uring_cmd *)sqe->cmd;
+    uint64_t slba = r->cur_off >> u->lba_shift;
+    uint32_t nlb = (uint32_t)(len >> u->lba_shift) - 1; /* 0-based; len <= 65536 blocks */
+    cmd->opcode = r->op == RB_REQ_WRITE ? 0x01 : 0x02;
+    cmd->nsid = u->nsid;
+    cmd->addr = (uint64_t)(uintptr_t)r->cur_buf;
+    cmd->data_len = (uint32_t)len;
+    cmd->cdw10 = (uint32_t)slba;
+    cmd->cdw11 = (uint32_t)(slba >> 32);
+    cmd->cdw12 = nlb & 0xffff;
+    if (r->op == RB_REQ_WRITE && r->pid) {
+        cmd->cdw12 |= 2u << 20;           /* DTYPE 2: Data Placement */
+        cmd->cdw13 = (uint32_t)r->pid << 16; /* DSPEC: the placement id */
+    }
+}
+
 static void prep_req(struct rb_uring *u, rb_req *r)
 {
+    if (u->nvme && r->cur_len == r->total_len) {
+        int bad = nvme_check(u, r);
+        if (bad) {
+            finish(u, r, bad, (int)u->lba_size);
+            return;
+        }
+    }
     struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring); /* room is guaranteed by the caller */
     size_t len = r->cur_len < MAX_ATTEMPT ? r->cur_len : MAX_ATTEMPT;
+    if (u->nvme && len > u->max_xfer)
+        len = u->max_xfer;
     int idx = (!r->bounce && u->nregions && len) ? lookup_fixed(u, r->cur_buf, len) : -1;
     int fd = u->fixed_file ? 0 : u->fd;
-    if (r->op == RB_REQ_READ) {
+    if (u->nvme) {
+        prep_nvme(u, sqe, r, len, idx);
+    } else if (r->op == RB_REQ_READ) {
         if (idx >= 0)
             io_uring_prep_read_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
         else
@@ -521,7 +615,7 @@ static void prep_req(struct rb_uring *u, rb_req *r)
         else
             io_uring_prep_write(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
     }
-    if (u->fixed_file)
+    if (u->fixed_file && !u->nvme)
         sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, r);
     r->att_len = len;
@@ -613,7 +707,18 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
             r->knext->kprev = r->kprev;
         r->in_kern = 0;
     }
-    if (res > 0 || (res == 0 && r->att_len == 0)) {
+    if (u->nvme && res >= 0) {
+        /* An NVMe command moves all of att_len or fails with its status: res is 0 or the
+         * status, never a byte count. */
+        if (res > 0) {
+            cnt[1]++;
+            finish(u, r, RB_REQ_NVME_STATUS, res);
+            return;
+        }
+        cnt[0]++;
+        cnt[r->op == RB_REQ_READ ? 2 : 3] += r->att_len;
+        res = (int)r->att_len;
+    } else if (res > 0 || (res == 0 && r->att_len == 0)) {
         cnt[0]++; /* completed */
         if (r->op == RB_REQ_READ)
             cnt[2] += (uint64_t)res;
@@ -642,7 +747,7 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         return;
     }
     if ((size_t)res < r->att_len)
-        cnt[4]++; /* short transfer */
+        cnt[4]++; /* short transfer (a passthrough request's next command is not one) */
     if (u->no_submit) {
         finish(u, r, RB_REQ_SHORT_SHUTDOWN, 0);
         return;
@@ -733,16 +838,21 @@ static int setup_ring(struct rb_uring *u, rb_err *err)
     if (env && env[0] >= '0' && env[0] <= '2')
         first = (size_t)(env[0] - '0'); /* benchmark/debug knob: start lower in the list */
     int rc = -EINVAL;
+    /* Passthrough: NVMe commands need 128-byte SQEs and return 32-byte CQEs. */
+    const unsigned big = u->nvme ? IORING_SETUP_SQE128 | IORING_SETUP_CQE32 : 0;
     for (size_t i = first; i < sizeof(flag_sets) / sizeof(flag_sets[0]); i++) {
         struct io_uring_params p;
         memset(&p, 0, sizeof(p));
-        p.flags = flag_sets[i];
+        p.flags = flag_sets[i] | big;
         rc = io_uring_queue_init_params(u->depth + 1, &u->ring, &p);
         if (rc == 0)
             break;
         if (rc != -EINVAL)
             break; /* ENOMEM, EPERM, ENOSYS...: fewer flags will not help */
     }
+    if (rc < 0 && big && rc == -EINVAL)
+        return rb_err_set(err, RB_ERR_RUNTIME, EINVAL,
+                          "io_uring_cmd requires kernel 5.19 or later (big SQE/CQE entries not supported)");
     if (rc < 0) {
         char msg[200];
         fmt_os_error(msg, sizeof(msg), "io_uring init failed", -rc);
@@ -1027,6 +1137,13 @@ int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, r
     u->dev = dev;
     u->fd = dev->fd;
     u->depth = depth ? depth : 1;
+    if (dev->uring_cmd) {
+        u->nvme = 1;
+        u->nsid = dev->ns.nsid;
+        u->lba_shift = dev->ns.lba_shift;
+        u->lba_size = dev->ns.lba_size;
+        u->max_xfer = dev->max_transfer;
+    }
     if (u->depth > 32767)
         u->depth = 32767; /* the ring gets depth + 1 entries (one for the wake-up poll) */
     u->sq_cap = u->depth;

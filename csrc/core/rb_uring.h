@@ -6,6 +6,14 @@
  * resubmission, fixed-buffer registration and lookup, batch completion and waking of
  * waiters, and the engine's share of the device counters (rb_stats).
  *
+ * NVMe passthrough (the device opened with uring_cmd): the ring has 128-byte SQEs and 32-byte
+ * CQEs, every transfer is an NVMe Read or Write built by hand in an IORING_OP_URING_CMD SQE
+ * (SLBA, 0-based NLB, and for writes with a placement id the Data Placement directive: DTYPE 2
+ * in CDW12, the id in DSPEC, CDW13[31:16]), requests longer than the device's transfer limit
+ * run as consecutive commands, and unaligned or short caller buffers go through an aligned
+ * bounce in both directions. There are no short transfers: a CQE's res is 0 (done), the NVMe
+ * status (> 0) or -errno.
+ *
  * Nothing here knows about Python. A batch is one allocation: the rb_batch header, its
  * request array and `user_bytes` of caller-owned trailing space (the binding keeps its
  * Py_buffer views there). Life of a batch:
@@ -55,7 +63,13 @@ enum rb_req_status {
     RB_REQ_SHUTDOWN,      /* RuntimeError("io_uring worker shutting down") */
     RB_REQ_REFUSED,       /* RuntimeError("io_uring worker stopped") */
     RB_REQ_NOT_SUBMITTED, /* RuntimeError("io_uring worker stopped before submission") */
-    RB_REQ_SHORT_SHUTDOWN /* RuntimeError("io_uring worker shutting down: short I/O during shutdown") */
+    RB_REQ_SHORT_SHUTDOWN, /* RuntimeError("io_uring worker shutting down: short I/O during shutdown") */
+    /* NVMe passthrough (errnum holds the NVMe status, or the LBA size for the build errors,
+     * which are reported per request as LMCache's device does, never for the whole batch): */
+    RB_REQ_NVME_STATUS,   /* OSError(status, "io_uring_cmd NVMe error") */
+    RB_REQ_LBA_OFFSET,    /* ValueError("offset must be aligned to LBA size (<n> bytes), got offset=<o>") */
+    RB_REQ_LBA_LENGTH,    /* ValueError("length must be aligned to LBA size (<n> bytes), got len=<l>") */
+    RB_REQ_ZERO_LENGTH    /* ValueError("length must be non-zero") */
 };
 
 typedef struct rb_req {
@@ -78,6 +92,8 @@ typedef struct rb_req {
     uint8_t status; /* enum rb_req_status; written by the worker before the batch count drops */
     uint8_t att_fixed; /* the attempt in flight uses a registered (fixed) buffer */
     uint8_t in_kern;   /* linked on the worker's kprev/knext list */
+    uint16_t pid;      /* writes on a passthrough device: FDP placement id (DSPEC), 0 = none.
+                        * Set by the caller after rb_batch_set; ignored elsewhere. */
 } rb_req;
 
 typedef struct rb_batch {
@@ -124,6 +140,11 @@ int rb_uring_submit(struct rb_uring *u, rb_batch *b);
 
 /* Block until b->pending is 0. No locks held by the caller; call without the GIL. */
 void rb_uring_wait(struct rb_uring *u, rb_batch *b);
+
+/* One request, submitted and waited for (the synchronous path of a passthrough device, which
+ * takes no read(2)/write(2)): rb_batch_set's rules, pid as rb_req.pid. 0 or -errno with err. */
+int rb_uring_sync(struct rb_uring *u, int op, uint64_t offset, void *buf, size_t buf_len, size_t payload_len,
+                  size_t total_len, uint16_t pid, rb_err *err);
 
 static inline int rb_batch_done(rb_batch *b)
 {

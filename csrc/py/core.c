@@ -1077,6 +1077,47 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     return d;
 }
 
+/* fetch_fdp_status() -> [(placement_id, ruh_id), ...] of the core's passthrough device. */
+static PyObject *core_fetch_fdp_status(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core *c = core_of(op);
+    if (!c || !c->dev) {
+        PyErr_SetString(PyExc_RuntimeError, "RawBlockCore is closed");
+        return NULL;
+    }
+    rb_nvme_ruh *v = NULL;
+    size_t n = 0;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_dev_fdp_status(c->dev, &v, &n, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        if (err.errnum == EINVAL && err.kind == RB_ERR_RUNTIME)
+            rb_err_set(&err, RB_ERR_RUNTIME, EINVAL,
+                       "fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true");
+        return rbpy_raise_err(&err);
+    }
+    PyObject *list = rbpy_ruh_list(v, n);
+    free(v);
+    return list;
+}
+
+/* nvme_info() -> dict(nsid, lba_shift, lba_size, max_data_transfer_size) of a passthrough
+ * core, or None. */
+static PyObject *core_nvme_info(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core *c = core_of(op);
+    rb_nvme_ns ns;
+    if (!c || !c->dev || !rb_dev_nvme_ns(c->dev, &ns))
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:I,s:I,s:I,s:n}", "nsid", ns.nsid, "lba_shift", ns.lba_shift, "lba_size", ns.lba_size,
+                         "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev));
+}
+
 /*
  * engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error):
  * the io_uring engine's registration and its fatal error (None while it runs; "stopped" text
@@ -1301,6 +1342,12 @@ static PyMethodDef core_methods[] = {
     {"status", core_status, METH_NOARGS, "status() -> dict"},
     {"register_buffers", (PyCFunction)(void (*)(void))core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
+    {"fetch_fdp_status", core_fetch_fdp_status, METH_NOARGS,
+     "fetch_fdp_status() -> [(placement_id, ruh_id), ...]: the FDP reclaim unit handles of the passthrough "
+     "device."},
+    {"nvme_info", core_nvme_info, METH_NOARGS,
+     "nvme_info() -> dict | None: namespace id, LBA shift and size, and bytes per NVMe command of a "
+     "passthrough core."},
     {"engine_state", core_engine_state, METH_NOARGS,
      "engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
     {"_inject_engine_fault", core_inject_engine_fault, METH_O,

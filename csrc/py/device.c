@@ -47,12 +47,13 @@ static PyObject *encode_path(PyObject *path)
 static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "writable", "use_odirect", "use_iouring", "use_uring_cmd",
-                             "alignment", "io_engine", "iouring_queue_depth", NULL};
+                             "alignment", "io_engine", "iouring_queue_depth", "max_data_transfer_size", NULL};
     PyObject *path, *o_writable, *o_odirect = NULL, *o_iouring = NULL, *o_uring_cmd = NULL;
-    PyObject *o_alignment = NULL, *o_depth = NULL;
+    PyObject *o_alignment = NULL, *o_depth = NULL, *o_mdts = NULL;
     PyObject *io_engine = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOO:RawBlockDevice", kwlist, &path, &o_writable,
-                                     &o_odirect, &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO:RawBlockDevice", kwlist, &path, &o_writable,
+                                     &o_odirect, &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth,
+                                     &o_mdts))
         return NULL;
     /* Strict booleans ("false" is not true) and integers whose errors name the parameter. */
     int writable, use_odirect = 0, use_iouring = 0, use_uring_cmd = 0;
@@ -101,6 +102,27 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         queue_depth = overflow < 0 || d < 1 ? 1 : (uint64_t)d;
     }
 
+    /* Our extension: the bytes per NVMe command on a passthrough device (None or 0: the
+     * kernel's limit from sysfs). LMCache splits transfers in Python; ours splits them here. */
+    uint64_t max_transfer = 0;
+    if (o_mdts && o_mdts != Py_None) {
+        if (!PyLong_Check(o_mdts) || PyBool_Check(o_mdts)) {
+            PyErr_Format(PyExc_TypeError, "max_data_transfer_size must be an int or None, got %.80s %.200R",
+                         Py_TYPE(o_mdts)->tp_name, o_mdts);
+            return NULL;
+        }
+        int overflow = 0;
+        long long m = PyLong_AsLongLongAndOverflow(o_mdts, &overflow);
+        if (m == -1 && !overflow && PyErr_Occurred())
+            return NULL;
+        if (overflow || m < 0 || m > (1LL << 30)) {
+            PyErr_Format(PyExc_ValueError, "max_data_transfer_size must be 0 (from sysfs) or at most 2^30 bytes, got %.200R",
+                         o_mdts);
+            return NULL;
+        }
+        max_transfer = (uint64_t)m;
+    }
+
     /* 1. engine selection: a non-empty io_engine wins over use_iouring. */
     int iouring = use_iouring;
     if (io_engine != Py_None) {
@@ -141,6 +163,7 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         .uring_cmd = use_uring_cmd,
         .alignment = (size_t)alignment,
         .queue_depth = (unsigned)queue_depth,
+        .max_transfer = max_transfer,
     };
     if (use_uring_cmd) {
         struct stat st;
@@ -162,10 +185,6 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                             "use_uring_cmd requires an NVMe namespace character device (e.g., /dev/ng0n1)");
             return NULL;
         }
-        Py_DECREF(bpath);
-        PyErr_SetString(PyExc_RuntimeError,
-                        "use_uring_cmd: NVMe passthrough is not supported by this build of lmcache_rawblock");
-        return NULL;
     }
 
     rb_dev *dev = NULL;
@@ -386,35 +405,82 @@ static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
     return d;
 }
 
-static PyObject *nvme_unavailable(const char *what)
+/* The namespace of a passthrough device, or RuntimeError naming what is not available. */
+static int nvme_ns_of(PyObject *op, const char *what, rb_nvme_ns *ns)
 {
-    PyErr_Format(PyExc_RuntimeError, "NVMe %s not available (use_uring_cmd not enabled)", what);
-    return NULL;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (!rb_dev_nvme_ns(self->dev, ns)) {
+        PyErr_Format(PyExc_RuntimeError, "NVMe %s not available (use_uring_cmd not enabled)", what);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *device_nvme_nsid(PyObject *op, PyObject *unused)
 {
-    (void)op, (void)unused;
-    return nvme_unavailable("namespace ID");
+    (void)unused;
+    rb_nvme_ns ns;
+    return nvme_ns_of(op, "namespace ID", &ns) < 0 ? NULL : PyLong_FromUnsignedLong(ns.nsid);
 }
 
 static PyObject *device_nvme_lba_shift(PyObject *op, PyObject *unused)
 {
-    (void)op, (void)unused;
-    return nvme_unavailable("LBA shift");
+    (void)unused;
+    rb_nvme_ns ns;
+    return nvme_ns_of(op, "LBA shift", &ns) < 0 ? NULL : PyLong_FromUnsignedLong(ns.lba_shift);
 }
 
 static PyObject *device_nvme_lba_size(PyObject *op, PyObject *unused)
 {
-    (void)op, (void)unused;
-    return nvme_unavailable("LBA size");
+    (void)unused;
+    rb_nvme_ns ns;
+    return nvme_ns_of(op, "LBA size", &ns) < 0 ? NULL : PyLong_FromUnsignedLong(ns.lba_size);
+}
+
+static PyObject *device_max_data_transfer_size(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_nvme_ns ns;
+    if (nvme_ns_of(op, "transfer limit", &ns) < 0)
+        return NULL;
+    return PyLong_FromSize_t(rb_dev_max_transfer(((RawBlockDeviceObject *)op)->dev));
+}
+
+PyObject *rbpy_ruh_list(const rb_nvme_ruh *v, size_t n)
+{
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(II)", (unsigned)v[i].pid, (unsigned)v[i].ruhid);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
 }
 
 static PyObject *device_fetch_fdp_status(PyObject *op, PyObject *unused)
 {
-    (void)op, (void)unused;
-    PyErr_SetString(PyExc_RuntimeError, "fetch_fdp_status requires use_uring_cmd to be enabled");
-    return NULL;
+    (void)unused;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    rb_nvme_ruh *v = NULL;
+    size_t n = 0;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_dev_fdp_status(self->dev, &v, &n, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    PyObject *list = rbpy_ruh_list(v, n);
+    free(v);
+    return list;
 }
 
 static PyObject *device_get_closed(PyObject *op, void *closure)
@@ -477,6 +543,8 @@ static PyMethodDef device_methods[] = {
     {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "NVMe namespace id (use_uring_cmd only)."},
     {"nvme_lba_shift", device_nvme_lba_shift, METH_NOARGS, "log2 of the LBA size (use_uring_cmd only)."},
     {"nvme_lba_size", device_nvme_lba_size, METH_NOARGS, "LBA size in bytes (use_uring_cmd only)."},
+    {"max_data_transfer_size", device_max_data_transfer_size, METH_NOARGS,
+     "Bytes per NVMe command; longer transfers are split (use_uring_cmd only)."},
     {"fetch_fdp_status", device_fetch_fdp_status, METH_NOARGS,
      "FDP reclaim unit handle status as [(placement_id, ruh_id)] (use_uring_cmd only)."},
     {"close", device_close, METH_NOARGS, "Stop the engine and close the device. Idempotent."},
@@ -506,7 +574,7 @@ static PyType_Slot device_slots[] = {
     {Py_tp_members, device_members},
     {Py_tp_doc,
      "RawBlockDevice(path, writable, use_odirect=False, use_iouring=False, use_uring_cmd=False, "
-     "alignment=4096, io_engine=None, iouring_queue_depth=256)\n--\n\n"
+     "alignment=4096, io_engine=None, iouring_queue_depth=256, max_data_transfer_size=None)\n--\n\n"
      "A raw block device or pre-sized file, drop-in for lmcache_rust_raw_block_io.RawBlockDevice."},
     {0, NULL},
 };

@@ -220,9 +220,11 @@ static int item_size(PyObject *o, const char *name, size_t *out)
     return 0;
 }
 
-/* placement id: None or 1..=65535 (validated, then ignored: no NVMe passthrough here). */
-static int check_placement(PyObject *o, const char *argname)
+/* placement id: None (*out = 0: no directive) or 1..=65535. Only a passthrough device turns
+ * it into an FDP directive; the other engines validate it and ignore it, as LMCache's do. */
+static int check_placement(PyObject *o, const char *argname, uint16_t *out)
 {
+    *out = 0;
     if (o == Py_None)
         return 0;
     if (!PyLong_Check(o) && !PyIndex_Check(o)) {
@@ -246,6 +248,7 @@ static int check_placement(PyObject *o, const char *argname)
         PyErr_SetString(PyExc_ValueError, "placement_id must be in range 1..=65535");
         return -1;
     }
+    *out = (uint16_t)v;
     return 0;
 }
 
@@ -417,8 +420,9 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             PyErr_SetString(PyExc_ValueError, "placement_ids must have same length as offsets");
             goto done;
         }
+        uint16_t pid;
         for (Py_ssize_t i = 0; i < n; i++)
-            if (check_placement(PySequence_Fast_GET_ITEM(pids, i), "placement_ids") < 0)
+            if (check_placement(PySequence_Fast_GET_ITEM(pids, i), "placement_ids", &pid) < 0)
                 goto done;
     }
     if (pays && PySequence_Fast_GET_SIZE(pays) != n) {
@@ -461,6 +465,8 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
             rbpy_raise_err(&err);
             goto done;
         }
+        if (pids) /* validated above */
+            (void)check_placement(PySequence_Fast_GET_ITEM(pids, i), "placement_ids", &r->pid);
     }
     ret = queue_batch(self, b); /* owns b and the user reference */
     b = NULL;
@@ -599,7 +605,7 @@ done:
 
 /* Run a one-request batch through the worker; GIL released only while waiting. */
 static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t offset, Py_buffer *v, size_t payload,
-                            size_t total)
+                            size_t total, uint16_t pid)
 {
     struct rb_uring *u = rb_dev_uring(self->dev);
     rb_err err;
@@ -608,6 +614,7 @@ static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t off
     if (!b)
         return PyErr_NoMemory();
     int rc = rb_batch_set(u, b, 0, opcode, offset, v->buf, (size_t)v->len, payload, total, payload, &err);
+    b->reqs[0].pid = pid;
     if (rc == 0)
         rc = rb_batch_prepare(u, b, &err);
     if (rc < 0) {
@@ -679,7 +686,7 @@ PyObject *rbpy_dev_read_uring(PyObject *op, PyObject *const *args, Py_ssize_t na
     else if (rb_dev_check_direct(self->dev, offset, total, &err) < 0)
         rbpy_raise_err(&err);
     else
-        ret = run_single(self, RB_REQ_READ, offset, &v, payload, total);
+        ret = run_single(self, RB_REQ_READ, offset, &v, payload, total, 0);
     PyBuffer_Release(&v);
     rb_dev_leave(self->dev);
     return ret;
@@ -699,18 +706,19 @@ PyObject *rbpy_dev_write_uring(PyObject *op, PyObject *const *args, Py_ssize_t n
         return NULL;
     PyObject *ret = NULL;
     rb_err err;
+    uint16_t pid = 0;
     if (v.buf == NULL && v.len > 0)
         PyErr_SetString(PyExc_ValueError, "null buffer pointer");
     else if ((size_t)v.len < payload)
         PyErr_Format(PyExc_ValueError, "input buffer too small: cap=%zd need=%zu", v.len, payload);
     else if (total < payload)
         PyErr_SetString(PyExc_ValueError, "total_len must be >= payload_len");
-    else if (a[4] && check_placement(a[4], "placement_id") < 0)
+    else if (a[4] && check_placement(a[4], "placement_id", &pid) < 0)
         ;
     else if (rb_dev_check_direct(self->dev, offset, total, &err) < 0)
         rbpy_raise_err(&err);
     else
-        ret = run_single(self, RB_REQ_WRITE, offset, &v, payload, total);
+        ret = run_single(self, RB_REQ_WRITE, offset, &v, payload, total, pid);
     PyBuffer_Release(&v);
     rb_dev_leave(self->dev);
     return ret;

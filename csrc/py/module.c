@@ -243,6 +243,10 @@ static PyMethodDef rbpy_functions[] = {
     {"_forget_key_plans", rbpy_forget_key_plans, METH_NOARGS,
      "_forget_key_plans() -> None: drop the cached key-encoding plans, so the next call checks "
      "each key shape against to_string() again (for tests)."},
+    {"nvme_fdp_report", rbpy_nvme_fdp_report, METH_O,
+     "nvme_fdp_report(path) -> dict: an NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, "
+     "size_bytes, endgid, fdp_enabled, config (nrg, nruh, maxpids, runs, ...) or None, ruhs (pid, ruhid, "
+     "earutr, ruamw per reclaim unit handle), stats (hbmw, mbmw, mbe bytes) or None."},
     {"settings", rbpy_settings, METH_NOARGS,
      "settings() -> tuple[dict, ...]: every setting of the core (name, type, min, max, default, choices, "
      "flags, help), in RawBlockCoreConfig's order; the keywords of Core()."},

@@ -77,6 +77,12 @@ PyObject *rbpy_container_bytes(PyObject *mod, PyObject *const *args, Py_ssize_t 
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
+/* [(placement_id, ruh_id), ...] of RUH status descriptors (fetch_fdp_status's result). */
+struct rb_nvme_ruh;
+PyObject *rbpy_ruh_list(const struct rb_nvme_ruh *v, size_t n);
+
+/* nvme.c: _native.nvme_fdp_report(path) -> dict (the fdp-status command's data). */
+PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path);
 /* Guard for every device method: RuntimeError("device is closed") once closing. */
 int rbpy_device_check_open(RawBlockDeviceObject *self);
 

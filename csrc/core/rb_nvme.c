@@ -1,0 +1,245 @@
+/*
+ * rb_nvme.c - NVMe namespace discovery and FDP queries (see rb_nvme.h).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "rb_nvme.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <libnvme.h>
+#include <linux/nvme_ioctl.h>
+
+#define FDP_FEATURE_ID 0x1d
+#define ADMIN_GET_FEATURES 0x0a
+
+/* A libnvme call's outcome: -1 with errno, or the NVMe status (0 = success). */
+static int nvme_outcome(int rc, const char *what, rb_err *err)
+{
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_OS, errno ? errno : EIO, "%s ioctl failed", what);
+    if (rc > 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, EIO, "%s ioctl failed: NVMe status 0x%x", what, (unsigned)rc);
+    return 0;
+}
+
+int rb_nvme_identify(int fd, rb_nvme_ns *ns, rb_err *err)
+{
+    memset(ns, 0, sizeof(*ns));
+    int id = ioctl(fd, NVME_IOCTL_ID);
+    if (id < 0)
+        return rb_err_set(err, RB_ERR_OS, errno, "Failed to get namespace ID via ioctl");
+    if (id == 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "the device reports namespace ID 0: it is a controller, not an NVMe namespace");
+    struct nvme_id_ns *idns = NULL;
+    if (posix_memalign((void **)&idns, 4096, sizeof(*idns)) != 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    memset(idns, 0, sizeof(*idns));
+    errno = 0;
+    int rc = nvme_outcome(nvme_identify_ns(fd, (uint32_t)id, idns), "NVMe identify namespace", err);
+    if (rc < 0)
+        goto out;
+    /* The format index: four low bits of FLBAS, extended by bits 5-6 when more than 16
+     * formats exist (NLBAF is 0-based). */
+    unsigned idx = idns->flbas & 0xF;
+    if (idns->nlbaf >= 16)
+        idx += ((idns->flbas >> 5) & 0x3) << 4;
+    if (idx >= 64) {
+        rc = rb_err_set(err, RB_ERR_VALUE, EINVAL, "Invalid LBA format index");
+        goto out;
+    }
+    unsigned ds = idns->lbaf[idx].ds;
+    if (ds == 0 || ds >= 31) {
+        rc = rb_err_set(err, RB_ERR_VALUE, EINVAL, "Invalid LBA data size");
+        goto out;
+    }
+    if (le16toh(idns->lbaf[idx].ms) != 0) {
+        rc = rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device is formatted with metadata, can't be supported.");
+        goto out;
+    }
+    ns->nsid = (uint32_t)id;
+    ns->lba_shift = ds;
+    ns->lba_size = 1u << ds;
+    ns->nsze = le64toh(idns->nsze);
+    ns->endgid = le16toh(idns->endgid);
+    if (ns->nsze > (UINT64_MAX >> ds)) {
+        rc = rb_err_set(err, RB_ERR_VALUE, EINVAL, "namespace size overflows: %llu blocks of %u bytes",
+                        (unsigned long long)ns->nsze, ns->lba_size);
+        goto out;
+    }
+out:
+    free(idns);
+    return rc;
+}
+
+int rb_nvme_ruh_status(int fd, uint32_t nsid, rb_nvme_ruh **out, size_t *n, rb_err *err)
+{
+    static const char what[] = "NVMe FDP reclaim unit handle status";
+    *out = NULL;
+    *n = 0;
+    /* First the 16-byte header for the descriptor count, then header + descriptors. */
+    struct nvme_fdp_ruh_status head;
+    memset(&head, 0, sizeof(head));
+    errno = 0;
+    int rc = nvme_outcome(nvme_fdp_reclaim_unit_handle_status(fd, nsid, sizeof(head), &head), what, err);
+    if (rc < 0)
+        return rc;
+    size_t nd = le16toh(head.nruhsd);
+    size_t len = sizeof(head) + nd * sizeof(struct nvme_fdp_ruh_status_desc);
+    if (len > UINT32_MAX)
+        return rb_err_set(err, RB_ERR_RUNTIME, EOVERFLOW, "%s: %zu descriptors overflow the transfer size", what, nd);
+    struct nvme_fdp_ruh_status *st = calloc(1, len);
+    rb_nvme_ruh *v = calloc(nd ? nd : 1, sizeof(*v));
+    if (!st || !v) {
+        free(st);
+        free(v);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    errno = 0;
+    rc = nvme_outcome(nvme_fdp_reclaim_unit_handle_status(fd, nsid, (uint32_t)len, st), what, err);
+    if (rc < 0) {
+        free(st);
+        free(v);
+        return rc;
+    }
+    /* The count may have changed between the calls; trust the smaller. */
+    size_t got = le16toh(st->nruhsd);
+    if (got < nd)
+        nd = got;
+    for (size_t i = 0; i < nd; i++) {
+        const struct nvme_fdp_ruh_status_desc *d = &st->ruhss[i];
+        v[i].pid = le16toh(d->pid);
+        v[i].ruhid = le16toh(d->ruhid);
+        v[i].earutr = le32toh(d->earutr);
+        v[i].ruamw = le64toh(d->ruamw);
+    }
+    free(st);
+    *out = v;
+    *n = nd;
+    return 0;
+}
+
+static uint64_t le_u128_low(const uint8_t b[16])
+{
+    uint64_t lo;
+    memcpy(&lo, b, sizeof(lo));
+    return le64toh(lo);
+}
+
+int rb_nvme_fdp_info(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    /* Get Features, FDP (0x1d) for the endurance group: dw0 bit 0 = enabled, bits 15:8 = the
+     * configuration index in use. A controller without FDP answers with Invalid Field. */
+    struct nvme_passthru_cmd cmd;
+    memset(&cmd, 0, sizeof(cmd));
+    cmd.opcode = ADMIN_GET_FEATURES;
+    cmd.cdw10 = FDP_FEATURE_ID;
+    cmd.cdw11 = ns->endgid;
+    int rc = ioctl(fd, NVME_IOCTL_ADMIN_CMD, &cmd);
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_OS, errno, "NVMe get features (FDP) ioctl failed");
+    if (rc > 0)
+        return 0; /* no FDP on this controller: nothing more to ask */
+    out->have_feature = 1;
+    out->enabled = cmd.result & 1;
+    out->config_index = (cmd.result >> 8) & 0xff;
+    if (!out->enabled)
+        return 0;
+
+    /* FDP Configurations log (0x20): the header says the total size; read it whole, then
+     * walk to the descriptor in use. */
+    struct nvme_fdp_config_log hdr;
+    memset(&hdr, 0, sizeof(hdr));
+    errno = 0;
+    rc = nvme_get_log_fdp_configurations(fd, ns->endgid, 0, sizeof(hdr), &hdr);
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_OS, errno ? errno : EIO, "NVMe FDP configurations log ioctl failed");
+    uint32_t size = le32toh(hdr.size);
+    if (rc == 0 && size >= sizeof(hdr) && size <= (1u << 20)) {
+        uint8_t *log = calloc(1, size);
+        if (!log)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        errno = 0;
+        if (nvme_get_log_fdp_configurations(fd, ns->endgid, 0, size, log) == 0) {
+            uint32_t nconf = (uint32_t)le16toh(((struct nvme_fdp_config_log *)log)->n) + 1; /* 0-based */
+            size_t pos = sizeof(struct nvme_fdp_config_log);
+            for (uint32_t i = 0; i < nconf && pos + sizeof(struct nvme_fdp_config_desc) <= size; i++) {
+                const struct nvme_fdp_config_desc *d = (const void *)(log + pos);
+                uint16_t dsz = le16toh(d->size);
+                if (i == out->config_index) {
+                    out->have_config = 1;
+                    out->fdpa = d->fdpa;
+                    out->nrg = le32toh(d->nrg);
+                    out->nruh = le16toh(d->nruh);
+                    out->maxpids = le16toh(d->maxpids);
+                    out->nnss = le32toh(d->nnss);
+                    out->runs = le64toh(d->runs);
+                    break;
+                }
+                if (dsz < sizeof(*d))
+                    break;
+                pos += dsz;
+            }
+        }
+        free(log);
+    }
+
+    /* FDP Statistics log (0x22). */
+    struct nvme_fdp_stats_log stats;
+    memset(&stats, 0, sizeof(stats));
+    errno = 0;
+    if (nvme_get_log_fdp_stats(fd, ns->endgid, 0, sizeof(stats), &stats) == 0) {
+        out->have_stats = 1;
+        out->hbmw = le_u128_low(stats.hbmw);
+        out->mbmw = le_u128_low(stats.mbmw);
+        out->mbe = le_u128_low(stats.mbe);
+    }
+    return 0;
+}
+
+static int read_sysfs_u64(const char *path, uint64_t *out)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -ENOENT;
+    unsigned long long v = 0;
+    int ok = fscanf(f, "%llu", &v) == 1;
+    fclose(f);
+    if (!ok)
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+int rb_nvme_sysfs_max_transfer(const char *path, uint64_t *out)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    unsigned ctrl, nsn;
+    char tail;
+    if (sscanf(base, "ng%un%u%c", &ctrl, &nsn, &tail) != 2 && sscanf(base, "nvme%un%u%c", &ctrl, &nsn, &tail) != 2)
+        return -ENOENT;
+    char p[128];
+    uint64_t kb = 0, segs = 0;
+    snprintf(p, sizeof(p), "/sys/block/nvme%un%u/queue/max_hw_sectors_kb", ctrl, nsn);
+    if (read_sysfs_u64(p, &kb) < 0 || kb == 0)
+        return -ENOENT;
+    uint64_t bytes = kb * 1024;
+    snprintf(p, sizeof(p), "/sys/block/nvme%un%u/queue/max_segments", ctrl, nsn);
+    long page = sysconf(_SC_PAGESIZE);
+    /* One segment per page of the (page-aligned) buffer bounds a transfer too. */
+    if (read_sysfs_u64(p, &segs) == 0 && segs > 0 && page > 0 && segs * (uint64_t)page < bytes)
+        bytes = segs * (uint64_t)page;
+    *out = bytes;
+    return 0;
+}

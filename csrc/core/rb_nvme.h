@@ -1,0 +1,70 @@
+/*
+ * rb_nvme.h - NVMe namespace discovery and Flexible Data Placement (FDP) queries for the
+ * passthrough engine (io_uring_cmd on a generic character device /dev/ngXnY).
+ *
+ * Everything here is a synchronous admin or I/O-management command issued with an ioctl on
+ * the namespace's file descriptor (libnvme's helpers where they exist on every supported
+ * libnvme, 1.3 and later). The data path lives in rb_uring.c; this file only answers "what is
+ * this namespace" and "what does its FDP state look like".
+ *
+ * Errors follow LMCache's device: a failed syscall is OSError(errno, "<what> ioctl failed"),
+ * a command the controller completed with a non-zero NVMe status is
+ * RuntimeError("<what> ioctl failed: NVMe status 0x<hex>").
+ */
+#ifndef RB_NVME_H
+#define RB_NVME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rb_err.h"
+
+typedef struct rb_nvme_ns {
+    uint32_t nsid;
+    uint32_t lba_shift; /* log2 of the LBA data size */
+    uint32_t lba_size;
+    uint64_t nsze;      /* namespace size in LBAs */
+    uint16_t endgid;    /* endurance group of the namespace (FDP log pages are per group) */
+} rb_nvme_ns;
+
+/* Namespace id (NVME_IOCTL_ID) and Identify Namespace (CNS 0): the LBA format in use.
+ * A format with metadata is refused (the data path moves data only). */
+int rb_nvme_identify(int fd, rb_nvme_ns *ns, rb_err *err);
+
+/* One Reclaim Unit Handle Status descriptor (I/O Management Receive, MO 1). */
+typedef struct rb_nvme_ruh {
+    uint16_t pid;    /* placement identifier: the value a write carries in DSPEC */
+    uint16_t ruhid;  /* reclaim unit handle it maps to */
+    uint32_t earutr; /* estimated active reclaim unit time remaining, seconds */
+    uint64_t ruamw;  /* reclaim unit available media writes, in logical blocks */
+} rb_nvme_ruh;
+
+/* Every RUH status descriptor of the namespace: *out is malloc'ed (free it), *n its length. */
+int rb_nvme_ruh_status(int fd, uint32_t nsid, rb_nvme_ruh **out, size_t *n, rb_err *err);
+
+/* The FDP picture of an endurance group: whether FDP is enabled, the configuration in use and
+ * the FDP statistics log (byte counters, 128-bit on the wire; the low 64 bits are kept, which
+ * covers 16 EiB). have_* say which parts the controller answered. */
+typedef struct rb_nvme_fdp {
+    int have_feature, enabled;
+    uint32_t config_index;
+    int have_config;
+    uint8_t fdpa;
+    uint32_t nrg;
+    uint16_t nruh, maxpids;
+    uint32_t nnss;
+    uint64_t runs; /* reclaim unit nominal size, bytes */
+    int have_stats;
+    uint64_t hbmw, mbmw, mbe; /* host bytes with metadata written, media bytes written, erased */
+} rb_nvme_fdp;
+
+int rb_nvme_fdp_info(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err);
+
+/*
+ * Largest single passthrough transfer the kernel accepts for the namespace behind path
+ * (ngXnY or nvmeXnY): max_hw_sectors_kb, capped by max_segments pages when that is known,
+ * both from /sys/block/nvmeXnY/queue. 0 with *out set, or -ENOENT when sysfs does not say.
+ */
+int rb_nvme_sysfs_max_transfer(const char *path, uint64_t *out);
+
+#endif /* RB_NVME_H */

@@ -1,0 +1,119 @@
+/*
+ * nvme.c - _native.nvme_fdp_report(path): what an operator needs to see of an NVMe namespace
+ * before pointing the cache at it with FDP placement (the data of `fdp-status`).
+ */
+#include "rbpy.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "../core/rb_nvme.h"
+
+/* d[key] = PyLong(v); 0 or -1. */
+static int put_u64(PyObject *d, const char *key, unsigned long long v)
+{
+    PyObject *o = PyLong_FromUnsignedLongLong(v);
+    if (!o)
+        return -1;
+    int rc = PyDict_SetItemString(d, key, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+static PyObject *report_dict(const rb_nvme_ns *ns, const rb_nvme_fdp *fi, const rb_nvme_ruh *ruh, size_t nruh,
+                             int have_ruh)
+{
+    PyObject *d = PyDict_New(), *config = NULL, *stats = NULL, *ruhs = NULL;
+    if (!d)
+        return NULL;
+    if (put_u64(d, "nsid", ns->nsid) < 0 || put_u64(d, "lba_size", ns->lba_size) < 0 ||
+        put_u64(d, "size_bytes", ns->nsze << ns->lba_shift) < 0 || put_u64(d, "endgid", ns->endgid) < 0 ||
+        PyDict_SetItemString(d, "fdp_enabled", fi->enabled ? Py_True : Py_False) < 0)
+        goto fail;
+    if (fi->have_config) {
+        if (!(config = PyDict_New()) || put_u64(config, "index", fi->config_index) < 0 ||
+            put_u64(config, "fdpa", fi->fdpa) < 0 || put_u64(config, "nrg", fi->nrg) < 0 ||
+            put_u64(config, "nruh", fi->nruh) < 0 || put_u64(config, "maxpids", fi->maxpids) < 0 ||
+            put_u64(config, "nnss", fi->nnss) < 0 || put_u64(config, "runs", fi->runs) < 0)
+            goto fail;
+    }
+    if (PyDict_SetItemString(d, "config", config ? config : Py_None) < 0)
+        goto fail;
+    if (fi->have_stats) {
+        if (!(stats = PyDict_New()) || put_u64(stats, "hbmw", fi->hbmw) < 0 || put_u64(stats, "mbmw", fi->mbmw) < 0 ||
+            put_u64(stats, "mbe", fi->mbe) < 0)
+            goto fail;
+    }
+    if (PyDict_SetItemString(d, "stats", stats ? stats : Py_None) < 0)
+        goto fail;
+    if (!(ruhs = PyList_New(0)))
+        goto fail;
+    for (size_t i = 0; have_ruh && i < nruh; i++) {
+        PyObject *e = PyDict_New();
+        if (!e)
+            goto fail;
+        int bad = put_u64(e, "pid", ruh[i].pid) < 0 || put_u64(e, "ruhid", ruh[i].ruhid) < 0 ||
+                  put_u64(e, "earutr", ruh[i].earutr) < 0 || put_u64(e, "ruamw", ruh[i].ruamw) < 0 ||
+                  PyList_Append(ruhs, e) < 0;
+        Py_DECREF(e);
+        if (bad)
+            goto fail;
+    }
+    if (PyDict_SetItemString(d, "ruhs", ruhs) < 0)
+        goto fail;
+    Py_XDECREF(config);
+    Py_XDECREF(stats);
+    Py_DECREF(ruhs);
+    return d;
+fail:
+    Py_XDECREF(config);
+    Py_XDECREF(stats);
+    Py_XDECREF(ruhs);
+    Py_DECREF(d);
+    return NULL;
+}
+
+PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path)
+{
+    (void)mod;
+    PyObject *bpath = NULL;
+    if (!PyUnicode_FSConverter(path, &bpath))
+        return NULL;
+    const char *p = PyBytes_AS_STRING(bpath);
+    rb_err err;
+    rb_err_clear(&err);
+    rb_nvme_ns ns;
+    rb_nvme_fdp fi;
+    rb_nvme_ruh *ruh = NULL;
+    size_t nruh = 0;
+    int rc, have_ruh = 0, fd;
+    Py_BEGIN_ALLOW_THREADS
+    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
+    } else {
+        rc = rb_nvme_identify(fd, &ns, &err);
+        if (rc == 0)
+            rc = rb_nvme_fdp_info(fd, &ns, &fi, &err);
+        if (rc == 0 && fi.enabled) {
+            rb_err ignore;
+            have_ruh = rb_nvme_ruh_status(fd, ns.nsid, &ruh, &nruh, &ignore) == 0;
+        }
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        if (err.kind == RB_ERR_OS && err.errnum == ENOTTY)
+            rb_err_set(&err, RB_ERR_VALUE, ENOTTY, "'%s' is not an NVMe namespace (the NVMe ioctls are not supported)",
+                       p);
+        rbpy_raise_err_path(&err, bpath);
+        Py_DECREF(bpath);
+        return NULL;
+    }
+    Py_DECREF(bpath);
+    PyObject *d = report_dict(&ns, &fi, ruh, nruh, have_ruh);
+    free(ruh);
+    return d;
+}
