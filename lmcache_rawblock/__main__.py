@@ -4,7 +4,8 @@ The ``bench`` command measures our RawBlockDevice against the Rust wheel
 (lmcache-rust-raw-block-io) and our io_uring engine against fio on a scratch file or device,
 and our RawBlockCore, recovery and storage plugin against LMCache's; it prints tables and the
 goals the run measured, and writes results.json, summary.txt and PNG plots. See
-``python -m lmcache_rawblock bench --help``.
+``python -m lmcache_rawblock bench --help``. ``inspect`` and ``verify`` read a device's checkpoint
+and slot headers; ``fdp-status`` shows an NVMe namespace's FDP handles (``lmcache_rawblock.tools``).
 """
 
 from __future__ import annotations
@@ -129,7 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)
+    _add_fdp_status_command(sub)
     return parser
+
+
+def _add_fdp_status_command(sub: argparse._SubParsersAction) -> None:
+    """fdp-status: a namespace's FDP handles and their available media writes (lmcache_rawblock.tools)."""
+    from lmcache_rawblock.bench.core import quiet_imports
+
+    try:
+        with quiet_imports():
+            from lmcache_rawblock import tools
+    except ImportError:
+        return
+    helptext = ("show an NVMe namespace's FDP configuration, its reclaim unit handles with their placement "
+                "identifiers and available media writes, and the endurance group's media counters (read-only)")
+    tools.add_fdp_status_arguments(sub.add_parser("fdp-status", help=helptext, description=helptext))
 
 
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
@@ -259,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             _err("interrupted")
             return 130
+    if args.command == "fdp-status":
+        from lmcache_rawblock import tools
+
+        return tools.main_fdp_status(args)
     if args.command in ("inspect", "verify"):
         from lmcache_rawblock import tools
 

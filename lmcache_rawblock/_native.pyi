@@ -19,7 +19,9 @@ def delete_legacy_keys(core: object, keys: Iterable[object], force: bool = False
 def settings() -> tuple[dict[str, object], ...]:
     """The core's settings table: one dict per setting (name, type, min, max, default, choices,
     lmcache, required, config, plugin, nonpositive_is_zero, clamp_to_min, power_of_two,
-    none_is_zero, help), in RawBlockCoreConfig's order. Core() takes exactly these names."""
+    none_is_zero, policy, lmcache_mp, help), in RawBlockCoreConfig's order, then the FDP
+    placement-policy settings (policy=True; type "id_list" is a list of distinct integers).
+    Core() takes exactly the names that are not policy settings."""
 def container_bytes(meta_total_bytes: int, block_align: int, /) -> int:
     """Bytes of one of the two checkpoint copies; container 1 starts at this offset."""
 def _set_write_log(path: str | PathLike[str] | None, /) -> None:

@@ -13,7 +13,14 @@ from the ``--l2-adapter`` JSON alone, without changing anything in LMCache::
 ``RawBlockL2AdapterConfig.from_dict`` parses them; LMCache finds the config class here by the
 ``<class_name>Config`` convention), plus ours: ``verify_payload_checksum``,
 ``allow_foreign_device`` and ``recovery_read_threads`` (the core's own settings, from its
-settings table).
+settings table), ``fdp_phase``, and three more values of ``fdp_data_placement_policy``:
+``tp_worker``, ``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
+
+FDP: with ``fdp_enabled`` LMCache's adapter code asks our core for the device's placement
+identifiers (``fetch_fdp_status``) and passes each store's identifiers to our core's
+``put_many``. LMCache's policies (``cache_salt_prefix``, ``cache_salt_rank``) are LMCache's
+code; for ours, the one method that picks a store's identifiers routes through
+``lmcache_rawblock.fdp`` instead.
 
 ``RawBlockL2Adapter`` here is LMCache's adapter class, with one difference: the core it
 constructs is ours. Its ``__init__`` is LMCache's own function, run with a private copy of
@@ -29,14 +36,18 @@ from typing import Any
 
 from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc  # type: ignore[import-not-found]
 
+from . import fdp
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
 from .settings import SETTINGS, parse_value
 
 __all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig"]
 
-# The core's settings that LMCache's RawBlockCoreConfig does not have.
+# The core's settings that LMCache's RawBlockCoreConfig does not have, and the placement-policy
+# settings LMCache's MP adapter does not have.
 _OURS = tuple(s for s in SETTINGS.values() if s.config and not s.lmcache)
+_OUR_POLICY = tuple(s for s in SETTINGS.values() if s.policy and not s.lmcache_mp)
+_POLICY_KEY = "fdp_data_placement_policy"
 
 
 class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
@@ -46,12 +57,29 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
     @classmethod
     def from_dict(cls, d: dict) -> "RawBlockL2AdapterConfig":
         d = dict(d)
-        ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS if s.name in d}
+        ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
+        # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
+        # from its code), and the adapter routes ours itself.
+        strategy = d.get(_POLICY_KEY)
+        if strategy is not None and strategy != "":
+            strategy = parse_value(_POLICY_KEY, strategy)
+            if strategy in fdp.STRATEGIES:
+                d[_POLICY_KEY] = fdp.NONE
         base = _lmc.RawBlockL2AdapterConfig.from_dict(d)
         cfg = cls.__new__(cls)
         cfg.__dict__.update(base.__dict__)
         for name, value in ours.items():
             setattr(cfg, name, value)
+        if strategy in fdp.STRATEGIES:
+            cfg.fdp_data_placement_policy = strategy
+        # Our checks of the FDP keys together (the strategies' and fdp_phase's needs, named).
+        fdp.resolve_settings(
+            {"fdp_enabled": cfg.fdp_enabled, "fdp_placement_ids": cfg.fdp_placement_ids,
+             _POLICY_KEY: cfg.fdp_data_placement_policy, "fdp_slot_reuse_policy": cfg.fdp_slot_reuse_policy,
+             "fdp_phase": cfg.fdp_phase},
+            io_engine=cfg.io_engine, use_uring_cmd=cfg.use_uring_cmd,
+            meta_checkpoint_placement_id=cfg.meta_checkpoint_placement_id,
+            default_policy=fdp.CACHE_SALT_PREFIX)
         return cfg
 
     def to_core_config(self) -> _OurConfig:  # type: ignore[override]
@@ -61,11 +89,14 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
 
     @classmethod
     def help(cls) -> str:
-        ours = "".join(f"- {s.name} ({s.type}, default {s.default}): {s.help}\n" for s in _OURS)
-        return _lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
+        ours = "".join(f"- {s.name} ({s.type}, default {s.default}): {s.help}\n" for s in _OURS + _OUR_POLICY)
+        strategies = (f"- {_POLICY_KEY} also takes {', '.join(fdp.STRATEGIES)}: "
+                      f"{SETTINGS[_POLICY_KEY].help}\n")
+        return (_lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
+                + strategies)
 
 
-for _s in _OURS:
+for _s in _OURS + _OUR_POLICY:
     setattr(RawBlockL2AdapterConfig, _s.name, _s.default)
 del _s
 
@@ -100,3 +131,19 @@ class RawBlockL2Adapter(_lmc.RawBlockL2Adapter):
         if not isinstance(config, _lmc.RawBlockL2AdapterConfig):
             raise TypeError(f"config must be a RawBlockL2AdapterConfig or a dict, got {type(config).__name__}")
         _init_with_our_core(self, config, l1_memory_desc)
+        self._fdp_role = fdp.role_phase(getattr(config, "fdp_phase", fdp.AUTO))
+        if self._fdp_enabled and self._fdp_data_placement_policy == fdp.PHASE and len(self._fdp_placement_ids) < 2:
+            ids = list(self._fdp_placement_ids)
+            self.close()
+            raise ValueError(f"{_POLICY_KEY}='phase' needs two placement identifiers for KV data (prefill, "
+                             f"decode); {config.device_path} leaves {ids}")
+
+    def _assign_fdp_placement_ids(self, keys: list) -> list | None:
+        """Placement identifiers of one store task: LMCache's policies by LMCache's code, the
+        strategies of ``lmcache_rawblock.fdp`` by that module."""
+        policy = self._fdp_data_placement_policy
+        if not self._fdp_enabled or policy not in fdp.STRATEGIES:
+            return super()._assign_fdp_placement_ids(keys)
+        pids = fdp.route(policy, [fdp.object_key_facts(k) for k in keys], self._fdp_placement_ids,
+                         role=self._fdp_role)
+        return None if all(p is None for p in pids) else pids

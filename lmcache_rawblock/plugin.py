@@ -13,7 +13,9 @@ table). Beyond LMCache:
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
   in LMCache today) or ``"lru"`` (evict least-recently-used entries that nobody has pinned);
 * ``rust_raw_block.verify_payload_checksum``: store an xxh3-64 of each payload in slot-header
-  bytes LMCache does not read, and treat a load that fails it as a miss.
+  bytes LMCache does not read, and treat a load that fails it as a miss;
+* FDP placement (``rust_raw_block.fdp_*``, the MP adapter's keys under the plugin's prefix):
+  each write carries the placement identifier ``lmcache_rawblock.fdp`` picks for its key.
 
 Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` is a leaf
 taken inside either (or neither); the core's own mutex is below all of them.
@@ -22,6 +24,7 @@ taken inside either (or neither); the core's own mutex is below all of them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import logging
 import threading
@@ -31,6 +34,7 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
+from . import fdp
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
@@ -140,6 +144,7 @@ _NOT_USED_KEYS = frozenset({
     "use_fdp", "enable_async_batch_mode", "submit_mode", "submit_workers", "submit_pools", "gpu_buffer_bytes",
     "gpu_buffer_device", "role", "publish_after_put", "index_refresh_min_ms"})
 _PLUGIN_SETTINGS = tuple(s for s in SETTINGS.values() if s.plugin)
+_FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 
 
 def _check_keys(extra: Mapping) -> None:
@@ -165,10 +170,18 @@ def build_core_config(config: Any, metadata: Any, local_cpu_backend: Any) -> Raw
     """The core configuration described by the ``rust_raw_block.*`` keys of ``config``: every
     core setting from the settings table (default: the table's), the device path per rank,
     the slot size derived from the chunk size, and io_engine from its legacy aliases."""
+    return build_configs(config, metadata, local_cpu_backend)[0]
+
+
+def build_configs(config: Any, metadata: Any, local_cpu_backend: Any
+                  ) -> tuple[RawBlockCoreConfig, fdp.FdpSettings]:
+    """The core configuration (see :func:`build_core_config`) and the FDP placement settings
+    checked against it; free-slot affinity follows ``fdp_slot_reuse_policy`` unless
+    ``fdp_slot_affinity_enabled`` is given."""
     extra = _extra_config(config)
     _check_keys(extra)
     values = {s.name: _setting(extra, s.name, s.default) for s in _PLUGIN_SETTINGS
-              if s.name not in ("device_path", "io_engine")}
+              if s.config and s.name not in ("device_path", "io_engine")}
     values["device_path"] = _resolve_device_path(extra, metadata)
     if values["slot_bytes"] is None:
         values["slot_bytes"] = round_up(values["header_bytes"] + _full_chunk_bytes(local_cpu_backend),
@@ -179,7 +192,21 @@ def build_core_config(config: Any, metadata: Any, local_cpu_backend: Any) -> Raw
     else:
         legacy = (_setting_bool(extra, "use_iouring") or _setting_bool(extra, "use_uring"))
         values["io_engine"] = "io_uring" if legacy else "posix"
-    return RawBlockCoreConfig(**values)
+    cfg = RawBlockCoreConfig(**values)
+    settings = fdp.resolve_settings(
+        {s.name: _setting(extra, s.name, None) for s in _FDP_SETTINGS}, io_engine=cfg.io_engine,
+        use_uring_cmd=cfg.use_uring_cmd, meta_checkpoint_placement_id=cfg.meta_checkpoint_placement_id,
+        default_policy=fdp.TP_WORKER, label=_label)
+    affinity = _setting(extra, "fdp_slot_affinity_enabled", None)
+    reuse = _setting(extra, "fdp_slot_reuse_policy", None)
+    if affinity is None:
+        affinity = settings.slot_affinity
+    elif reuse is not None and affinity != (reuse == fdp.PID_AFFINITY):
+        raise ValueError(f"{_label('fdp_slot_affinity_enabled')}={affinity} contradicts "
+                         f"{_label('fdp_slot_reuse_policy')}={reuse!r}; give one of them")
+    if affinity != cfg.fdp_slot_affinity_enabled:
+        cfg = dataclasses.replace(cfg, fdp_slot_affinity_enabled=affinity)
+    return cfg, settings
 
 
 def _setting_bool(extra: Mapping, name: str) -> bool:
@@ -215,10 +242,11 @@ class RustRawBlockBackend(StoragePluginInterface):
             raise ValueError("RustRawBlockBackend requires an LMCacheEngineConfig")
         extra = _extra_config(config)
         self.eviction_policy = _eviction_policy(extra)
-        cfg = build_core_config(config, metadata, local_cpu_backend)
+        cfg, self._fdp = build_configs(config, metadata, local_cpu_backend)
         self.device_path = cfg.device_path  # this rank's device, as LMCache's plugin exposes it
         self._core = RawBlockCore(cfg, key_namespace="legacy")
         try:
+            self._router = self._start_fdp(config, metadata)
             if self._core.io_engine == "io_uring":
                 try:
                     self._core.register_fixed_buffers_from_allocator(local_cpu_backend.get_memory_allocator())
@@ -245,6 +273,33 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def __str__(self) -> str:
         return "RustRawBlockBackend"
+
+    def _start_fdp(self, config: Any, metadata: Any) -> fdp.PlacementRouter | None:
+        """With FDP on: ask the device for its placement identifiers, check the configured ones
+        against them and build the router of the configured policy."""
+        self._fdp_status: list[tuple[int, int]] = []
+        if not self._fdp.enabled:
+            return None
+        try:
+            self._fdp_status = self._core.fetch_fdp_status()
+        except (OSError, RuntimeError) as e:
+            raise RuntimeError(f"{_label('fdp_enabled')}=true: cannot read the FDP placement identifiers of "
+                               f"{self.device_path}: {e}") from e
+        ids = fdp.data_placement_ids(self._fdp_status, self._fdp.placement_ids,
+                                     self._core.meta_checkpoint_placement_id, device=self.device_path,
+                                     policy=self._fdp.data_policy, label=_label)
+        world_size = int(getattr(metadata, "world_size", 1) or 1) if metadata is not None else 1
+        router = fdp.PlacementRouter(self._fdp.data_policy, ids, role=fdp.role_phase(self._fdp.phase, config),
+                                     ranks=world_size)
+        logger.info("FDP placement on %s: policy %s over placement identifiers %s (device reports %s)",
+                    self.device_path, router.policy, list(ids), self._fdp_status)
+        return router
+
+    def _placements(self, keys: list) -> list | None:
+        """Each key's placement identifier for this store (None: no directive for any)."""
+        if self._router is None:
+            return None
+        return self._router.placements([fdp.legacy_key_facts(k) for k in keys])
 
     def _warn_on_cross_rank_device(self, metadata: Any) -> None:
         if metadata is None:
@@ -328,6 +383,15 @@ class RustRawBlockBackend(StoragePluginInterface):
     def report_status(self) -> dict:
         status = dict(self._core.report_status())
         status["eviction_policy"] = self.eviction_policy
+        router = self._router
+        status["fdp_enabled"] = self._fdp.enabled
+        status["fdp_discovered_status"] = list(self._fdp_status)
+        status["fdp_placement_ids"] = list(router.ids) if router else []
+        status["fdp_data_placement_policy"] = self._fdp.data_policy
+        status["fdp_slot_reuse_policy"] = self._fdp.slot_reuse_policy
+        if router is not None and router.salts is not None:
+            status["fdp_cache_salt_placements"] = router.salts.assignments()
+            status["fdp_cache_salt_fallback_count"] = router.salts.fallback_count
         return status
 
     # ---- helpers ------------------------------------------------------------------------
@@ -371,8 +435,8 @@ class RustRawBlockBackend(StoragePluginInterface):
                 logger.debug("raw-block LRU evicted %s", victim)
         return evicted
 
-    def _put_with_policy(self, specs: list, objs: list) -> list[bool]:
-        result = self._core.put_many(specs, objs)
+    def _put_with_policy(self, specs: list, objs: list, pids: list | None = None) -> list[bool]:
+        result = self._core.put_many(specs, objs, placement_ids=pids)
         results = list(result.results)
         stored = list(result.stored_keys)
         # Evict only when the device is out of slots: a put that failed for another reason
@@ -381,7 +445,8 @@ class RustRawBlockBackend(StoragePluginInterface):
             failed = [i for i, ok in enumerate(results) if not ok]
             batch_keys = {s.encoded for s in specs}
             if self._evict_lru(len(failed), protect=batch_keys):
-                retry = self._core.put_many([specs[i] for i in failed], [objs[i] for i in failed])
+                retry = self._core.put_many([specs[i] for i in failed], [objs[i] for i in failed],
+                                            placement_ids=None if pids is None else [pids[i] for i in failed])
                 for i, ok in zip(failed, retry.results):
                     results[i] = ok
                 stored += list(retry.stored_keys)
@@ -479,8 +544,12 @@ class RustRawBlockBackend(StoragePluginInterface):
         if self._core.io_engine == "io_uring" and self._core._worker_error() is not None:
             # The engine has failed for good: no put can land, so take no reference (as LMCache).
             return None
-        queued: list[tuple[Any, Any, Any]] = []
-        for key, obj in zip(keys, objs):
+        keys = list(keys)
+        # Placement is decided over the whole store, before keys already stored drop out: the
+        # first chunk of a prompt's chain anchors it even when it is skipped here.
+        pids = self._placements(keys)
+        queued: list[tuple[Any, Any, Any, Any]] = []
+        for i, (key, obj) in enumerate(zip(keys, objs)):
             spec = encode_legacy_key(key)
             with self._put_lock:
                 if spec.encoded in self._put_tasks:
@@ -491,7 +560,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                     self._put_tasks.discard(spec.encoded)
                 continue
             obj.ref_count_up()
-            queued.append((key, spec, obj))
+            queued.append((key, spec, obj, None if pids is None else pids[i]))
         if not queued:
             return None
         if self._core.io_engine == "io_uring" and len(queued) > 1:
@@ -513,7 +582,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         return futures
 
     def _release_put_items(self, items: list) -> None:
-        for _key, spec, obj in items:
+        for _key, spec, obj, _pid in items:
             try:
                 obj.ref_count_down()
             finally:
@@ -522,12 +591,14 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     async def _put_coro(self, items: list, on_complete_callback: Any) -> None:
         try:
-            specs = [spec for _key, spec, _obj in items]
-            objs = [obj for _key, _spec, obj in items]
-            results = await asyncio.to_thread(self._put_with_policy, specs, objs)
+            specs = [item[1] for item in items]
+            objs = [item[2] for item in items]
+            pids = [item[3] for item in items]
+            args = (specs, objs) if all(p is None for p in pids) else (specs, objs, pids)
+            results = await asyncio.to_thread(self._put_with_policy, *args)
             failed = [spec.encoded for spec, ok in zip(specs, results) if not ok]
             if on_complete_callback is not None:
-                for (key, _spec, _obj), ok in zip(items, results):
+                for (key, *_rest), ok in zip(items, results):
                     if ok:
                         try:
                             on_complete_callback(key)
@@ -622,4 +693,4 @@ class RustRawBlockBackend(StoragePluginInterface):
             self._closed = True
 
 
-__all__ = ["EVICTION_POLICIES", "RustRawBlockBackend", "build_core_config"]
+__all__ = ["EVICTION_POLICIES", "RustRawBlockBackend", "build_configs", "build_core_config"]

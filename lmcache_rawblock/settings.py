@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from . import _native
 
-__all__ = ["Setting", "SETTINGS", "parse_value", "parse_bool", "parse_int"]
+__all__ = ["Setting", "SETTINGS", "parse_value", "parse_bool", "parse_int", "parse_id_list"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Setting:
     clamp_to_min: bool  # LMCache raises values below min to min
     power_of_two: bool
     none_is_zero: bool  # None means unset and reaches C as 0
+    policy: bool  # an FDP placement-policy setting (lmcache_rawblock.fdp), not a core field
+    lmcache_mp: bool  # a key of LMCache's MP adapter JSON
     help: str
 
 
@@ -116,6 +118,40 @@ def check_placement_id(pid: Any, label: str, *, allow_none: bool = True, show_va
     return int(pid)
 
 
+def parse_id_list(value: Any, label: str, s: Setting) -> tuple[int, ...]:
+    """A list of distinct identifiers in ``s.min..s.max``: a list or tuple, or the text of one
+    ("1,2,3" or "[1, 2, 3]", as YAML templates and the environment give it). Each element is
+    checked as a placement identifier; the message names the setting and the whole value."""
+    items = value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        items = [t.strip() for t in text.split(",")] if text.strip() else []
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"{label} must be a list of integers, got {value!r}")
+    ids = []
+    for item in items:
+        if isinstance(item, str):
+            try:
+                item = int(item, 10)
+            except ValueError:
+                raise ValueError(f"{label} must contain integers, got {value!r}") from None
+        try:
+            pid = check_placement_id(item, label, allow_none=False, show_value=True)
+        except ValueError as e:
+            raise ValueError(f"{e} (in {value!r})") from None
+        if pid < s.min or pid > s.max:  # the table's range (1..65535 for placement ids)
+            raise ValueError(f"{label} must contain integers in {s.min}..{s.max}, got {value!r}")
+        ids.append(pid)
+    if not ids:
+        raise ValueError(f"{label} must not be empty, got {value!r}")
+    dups = sorted({i for i in ids if ids.count(i) > 1})
+    if dups:
+        raise ValueError(f"{label} must not contain duplicates, got {value!r} ({', '.join(map(str, dups))} repeated)")
+    return tuple(ids)
+
+
 def parse_value(name: str, value: Any, *, label: str | None = None,
                 logger: logging.Logger | None = None) -> Any:
     """``value`` as setting ``name`` takes it: parsed, range-checked, with LMCache's leniencies
@@ -129,6 +165,8 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
         return check_placement_id(value, label, show_value=True)
     if s.type == "bool":
         return parse_bool(value, label)
+    if s.type == "id_list":
+        return parse_id_list(value, label, s)
     if s.type == "int":
         return _check_range(s, parse_int(value, label), label, logger)
     if s.type == "path":

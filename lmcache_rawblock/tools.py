@@ -470,3 +470,77 @@ def add_arguments(p: Any, verify: bool) -> None:
         p.add_argument("--no-checksums", action="store_true", help="skip payload checksum re-reads")
     else:
         p.add_argument("--sample", type=int, default=5, help="how many entries to list (default 5)")
+
+
+# --------------------------------------------------------------------------- fdp-status
+
+
+def fdp_status(path: str) -> dict:
+    """A namespace's FDP configuration, reclaim unit handles and media counters
+    (``_native.nvme_fdp_report``); OSError, ValueError or RuntimeError when ``path`` is not an
+    NVMe namespace the kernel lets us query."""
+    from . import _native
+
+    report = getattr(_native, "nvme_fdp_report", None)
+    if report is None:  # an extension built without the NVMe admin queries
+        raise RuntimeError("this build of lmcache_rawblock cannot query NVMe devices (no nvme_fdp_report)")
+    return {"device": path, **report(path)}
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def format_fdp_status(r: dict) -> str:
+    lba = int(r.get("lba_size") or 0)
+    lines = [f"{r['device']}: namespace {r['nsid']}, endurance group {r['endgid']}, {lba}-byte blocks, "
+             f"{r['size_bytes']} bytes"]
+    cfg = r.get("config")
+    if not r.get("fdp_enabled"):
+        lines.append("FDP: not enabled on this endurance group (writes cannot be placed)")
+        return "\n".join(lines)
+    if cfg:
+        lines.append(f"FDP: enabled, configuration {cfg.get('index')}: {cfg['nrg']} reclaim group(s), "
+                     f"{cfg['nruh']} reclaim unit handle(s), reclaim unit {cfg['runs']} bytes "
+                     f"({_mib(int(cfg['runs']))})" + (f", up to {cfg['maxpids']} placement ids per namespace"
+                                                     if "maxpids" in cfg else ""))
+    else:
+        lines.append("FDP: enabled (configuration not readable)")
+    ruhs = r.get("ruhs") or []
+    if ruhs:
+        # Available media writes count logical blocks: what the handle's current reclaim unit
+        # still takes before the device moves the handle to a fresh one.
+        lines.append(f"{'placement id':>12}  {'handle':>6}  {'available media writes':>34}  {'est. time left':>14}")
+        for h in ruhs:
+            amw = int(h["ruamw"])
+            lines.append(f"{h['pid']:>12}  {h['ruhid']:>6}  {f'{amw} blocks ({_mib(amw * lba)})':>34}  "
+                         f"{str(h['earutr']) + ' s':>14}")
+    else:
+        lines.append("reclaim unit handle status: not readable")
+    st = r.get("stats")
+    if st:
+        lines.append(f"endurance group: host bytes with metadata written {st['hbmw']}, media bytes with metadata "
+                     f"written {st['mbmw']}, media bytes erased {st['mbe']}")
+    return "\n".join(lines)
+
+
+def main_fdp_status(args: Any) -> int:
+    try:
+        r = fdp_status(args.device)
+    except OSError as e:
+        msg = e.strerror or str(e)
+        if e.errno and os.strerror(e.errno) not in msg:
+            msg += f": {os.strerror(e.errno)}"
+        print(f"error: {args.device}: {msg}", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError) as e:
+        msg = str(e)
+        print(f"error: {msg}" if args.device in msg else f"error: {args.device}: {msg}", file=sys.stderr)
+        return 2
+    print(json.dumps(r, indent=2) if args.json else format_fdp_status(r))
+    return 0
+
+
+def add_fdp_status_arguments(p: Any) -> None:
+    p.add_argument("device", help="NVMe namespace: character device /dev/ngXnY or block device /dev/nvmeXnY")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -14,10 +14,18 @@
 
 static const char *const engines[] = {"posix", "io_uring", NULL};
 static const char *const namespaces[] = {"legacy", "object", NULL};
+/* LMCache's MP adapter policies first, then the three strategies of lmcache_rawblock/fdp.py. */
+static const char *const data_policies[] = {"none",   "cache_salt_prefix", "cache_salt_rank",
+                                            "tp_worker", "prompt",          "phase", NULL};
+static const char *const reuse_policies[] = {"none", "pid_affinity", NULL};
+static const char *const phases[] = {"auto", "prefill", "decode", NULL};
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)
 #define OURS (RB_SET_CONFIG | RB_SET_PLUGIN)
+#define FDP_LMC (RB_SET_POLICY | RB_SET_PLUGIN | RB_SET_LMCACHE_MP)
+#define FDP_OURS (RB_SET_POLICY | RB_SET_PLUGIN)
+#define NO_MEMBER 0, 0
 
 /* In the order of LMCache's RawBlockCoreConfig: its required fields, its optional ones, ours. */
 const rb_setting rb_core_settings[] = {
@@ -72,6 +80,22 @@ const rb_setting rb_core_settings[] = {
      "posix engine: threads reading slot headers in parallel during recovery"},
     {"key_namespace", RB_SET_CHOICE, CFG(key_namespace), 0, 1, "object", namespaces, 0,
      "how keys are encoded: legacy (the plugin's CacheEngineKey strings) or object (ObjectKey)"},
+    /* FDP placement policy (lmcache_rawblock/fdp.py): LMCache's MP adapter keys, then ours. */
+    {"fdp_enabled", RB_SET_BOOL, NO_MEMBER, 0, 1, "false", NULL, FDP_LMC,
+     "place KV writes on FDP reclaim unit handles (needs io_engine=io_uring and use_uring_cmd)"},
+    {"fdp_placement_ids", RB_SET_ID_LIST, NO_MEMBER, 1, 65535, NULL, NULL, FDP_LMC,
+     "FDP placement identifiers for KV data (distinct, 1..65535, each reported by the device); "
+     "unset = every non-zero identifier the device reports except meta_checkpoint_placement_id"},
+    {"fdp_data_placement_policy", RB_SET_CHOICE, NO_MEMBER, 0, 5, NULL, data_policies, FDP_LMC,
+     "how a KV write picks its placement identifier: none, cache_salt_prefix, cache_salt_rank (LMCache's), "
+     "tp_worker, prompt or phase; unset = cache_salt_prefix in the MP adapter, tp_worker in the plugin "
+     "(none without fdp_enabled)"},
+    {"fdp_slot_reuse_policy", RB_SET_CHOICE, NO_MEMBER, 0, 1, NULL, reuse_policies, FDP_LMC,
+     "none or pid_affinity (reuse a free slot last written with the same placement identifier); "
+     "unset = pid_affinity with fdp_enabled, none without"},
+    {"fdp_phase", RB_SET_CHOICE, NO_MEMBER, 0, 2, "auto", phases, FDP_OURS,
+     "phase strategy: what this instance writes; auto = LMCache's pd_role (sender: prefill, receiver: "
+     "decode), else by batch (one chunk: decode, more: prefill)"},
 };
 const size_t rb_core_nsettings = sizeof(rb_core_settings) / sizeof(rb_core_settings[0]);
 
@@ -81,6 +105,12 @@ const rb_setting *rb_setting_find(const char *name)
         if (strcmp(rb_core_settings[i].name, name) == 0)
             return &rb_core_settings[i];
     return NULL;
+}
+
+const rb_setting *rb_core_setting_find(const char *name)
+{
+    const rb_setting *s = rb_setting_find(name);
+    return s && !(s->flags & RB_SET_POLICY) ? s : NULL;
 }
 
 static void *member(rb_core_cfg *cfg, const rb_setting *s)
@@ -116,6 +146,8 @@ static size_t nchoices(const rb_setting *s)
 
 int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_err *err)
 {
+    if (s->flags & RB_SET_POLICY)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s is a placement-policy setting, not the core's", s->name);
     switch (s->type) {
     case RB_SET_BOOL:
         if (v > 1)
@@ -145,6 +177,8 @@ int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_er
 
 int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text, size_t len, rb_err *err)
 {
+    if (s->flags & RB_SET_POLICY)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s is a placement-policy setting, not the core's", s->name);
     switch (s->type) {
     case RB_SET_PATH:
         if (len == 0 || memchr(text, 0, len))
@@ -202,7 +236,7 @@ void rb_core_cfg_init(rb_core_cfg *cfg)
     memset(cfg, 0, sizeof(*cfg));
     for (size_t i = 0; i < rb_core_nsettings; i++) {
         const rb_setting *s = &rb_core_settings[i];
-        if (s->deflt) {
+        if (s->deflt && !(s->flags & RB_SET_POLICY)) {
             rb_err err;
             (void)rb_setting_set_text(cfg, s, s->deflt, strlen(s->deflt), &err);
         }
@@ -220,6 +254,8 @@ static int check_ranges(const rb_core_cfg *cfg, rb_err *err)
 {
     for (size_t i = 0; i < rb_core_nsettings; i++) {
         const rb_setting *s = &rb_core_settings[i];
+        if (s->flags & RB_SET_POLICY)
+            continue;
         if (s->type == RB_SET_PATH) {
             const char *p = *(const char *const *)((const char *)cfg + s->offset);
             if (!p || !*p)

@@ -24,6 +24,7 @@ enum rb_setting_type {
     RB_SET_BOOL,   /* int member, 0 or 1 */
     RB_SET_CHOICE, /* int member: index into choices */
     RB_SET_MAGIC,  /* uint8_t[8] member: exactly 8 ASCII bytes */
+    RB_SET_ID_LIST, /* RB_SET_POLICY only: a list of distinct integers in min..max */
 };
 
 /* What a setting is to the layers above the core. */
@@ -39,6 +40,13 @@ enum rb_setting_type {
 #define RB_SET_POWER_OF_TWO 0x40u
 /* Python None is "unset" and reaches the core as 0 (meta_checkpoint_placement_id). */
 #define RB_SET_NONE_IS_ZERO 0x80u
+/* A placement-policy setting of the plugin and the MP adapter (FDP routing): declared here so
+ * it has one name, type and default everywhere, but not a member of rb_core_cfg (offset and
+ * size are 0) and not a keyword of _native.Core; the core only sees its effect, the per-key
+ * placement identifiers and fdp_slot_affinity_enabled. */
+#define RB_SET_POLICY 0x100u
+/* A key of LMCache's MP adapter JSON (LMCache's own adapter config parses it). */
+#define RB_SET_LMCACHE_MP 0x200u
 
 typedef struct rb_setting {
     const char *name;
@@ -46,7 +54,8 @@ typedef struct rb_setting {
     size_t offset;      /* of the member in rb_core_cfg */
     size_t size;        /* of the member, bytes */
     uint64_t min, max;  /* RB_SET_UINT: the range the core accepts, inclusive */
-    const char *deflt;  /* default as text (what rust_raw_block.<name> defaults to); NULL: none */
+    const char *deflt;  /* default as text (what rust_raw_block.<name> defaults to); NULL: none
+                         * (RB_SET_POLICY: unset, the entry point decides) */
     const char *const *choices; /* RB_SET_CHOICE: NULL-terminated */
     unsigned flags;     /* RB_SET_LMCACHE, ... */
     const char *help;
@@ -57,9 +66,13 @@ extern const size_t rb_core_nsettings;
 
 /* The entry called name, or NULL. */
 const rb_setting *rb_setting_find(const char *name);
+/* The core-configuration entry called name (a member of rb_core_cfg), or NULL: placement-policy
+ * settings (RB_SET_POLICY) are not the core's. */
+const rb_setting *rb_core_setting_find(const char *name);
 
 /* Store v in s's member of cfg after checking s's range; a value error names the setting,
- * the value and the limit. RB_SET_BOOL takes 0/1, RB_SET_CHOICE an index. */
+ * the value and the limit. RB_SET_BOOL takes 0/1, RB_SET_CHOICE an index. An RB_SET_POLICY
+ * setting has no member: a value error. */
 int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_err *err);
 /* Store a text value: a choice name for RB_SET_CHOICE, the 8 bytes for RB_SET_MAGIC, the path
  * (not copied: it must outlive cfg's use) for RB_SET_PATH, a decimal number or true/false

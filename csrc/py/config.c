@@ -143,7 +143,7 @@ int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds,
         const char *name = PyUnicode_AsUTF8(key);
         if (!name)
             return -1;
-        const rb_setting *s = rb_setting_find(name);
+        const rb_setting *s = rb_core_setting_find(name);
         if (!s) {
             PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname, name);
             return -1;
@@ -153,7 +153,7 @@ int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds,
     }
     for (size_t i = 0; i < rb_core_nsettings; i++) {
         const rb_setting *s = &rb_core_settings[i];
-        if (s->deflt || (s->flags & RB_SET_NONE_IS_ZERO))
+        if (s->deflt || (s->flags & (RB_SET_NONE_IS_ZERO | RB_SET_POLICY)))
             continue;
         if (!kwds || !PyDict_GetItemString(kwds, s->name)) {
             PyErr_Format(PyExc_TypeError, "%s() missing required keyword argument: '%s'", fname, s->name);
@@ -174,6 +174,8 @@ static const char *type_name(int type)
         return "bool";
     case RB_SET_CHOICE:
         return "choice";
+    case RB_SET_ID_LIST:
+        return "id_list";
     default:
         return "bytes";
     }
@@ -184,6 +186,12 @@ static PyObject *default_of(const rb_setting *s, const rb_core_cfg *defaults)
 {
     if (!s->deflt)
         Py_RETURN_NONE;
+    if (s->flags & RB_SET_POLICY) {
+        /* No member to read the parsed default from: a policy default is a word. */
+        if (s->type == RB_SET_BOOL)
+            return PyBool_FromLong(strcmp(s->deflt, "true") == 0);
+        return PyUnicode_FromString(s->deflt);
+    }
     switch (s->type) {
     case RB_SET_UINT:
         return PyLong_FromUnsignedLongLong(rb_setting_get_uint(defaults, s));
@@ -222,13 +230,15 @@ static PyObject *setting_dict(const rb_setting *s, const rb_core_cfg *defaults)
     }
     unsigned f = s->flags;
     PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:K,s:K,s:N,s:N,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", s->name, "type", type_name(s->type),
+        "{s:s,s:s,s:K,s:K,s:N,s:N,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", s->name, "type", type_name(s->type),
         "min", (unsigned long long)s->min, "max", (unsigned long long)s->max, "default", deflt, "choices", choices,
         "lmcache", (f & RB_SET_LMCACHE) ? Py_True : Py_False, "required", (f & RB_SET_REQUIRED) ? Py_True : Py_False,
         "config", (f & RB_SET_CONFIG) ? Py_True : Py_False, "plugin", (f & RB_SET_PLUGIN) ? Py_True : Py_False,
         "nonpositive_is_zero", (f & RB_SET_NONPOSITIVE_IS_ZERO) ? Py_True : Py_False, "clamp_to_min",
         (f & RB_SET_CLAMP_TO_MIN) ? Py_True : Py_False, "power_of_two", (f & RB_SET_POWER_OF_TWO) ? Py_True : Py_False,
-        "none_is_zero", (f & RB_SET_NONE_IS_ZERO) ? Py_True : Py_False, "help", s->help);
+        "none_is_zero", (f & RB_SET_NONE_IS_ZERO) ? Py_True : Py_False, "policy",
+        (f & RB_SET_POLICY) ? Py_True : Py_False, "lmcache_mp", (f & RB_SET_LMCACHE_MP) ? Py_True : Py_False, "help",
+        s->help);
     return d;
 }
 
