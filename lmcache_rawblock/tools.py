@@ -479,12 +479,9 @@ def fdp_status(path: str) -> dict:
     """A namespace's FDP configuration, reclaim unit handles and media counters
     (``_native.nvme_fdp_report``); OSError, ValueError or RuntimeError when ``path`` is not an
     NVMe namespace the kernel lets us query."""
-    from . import _native
+    from ._native import nvme_fdp_report
 
-    report = getattr(_native, "nvme_fdp_report", None)
-    if report is None:  # an extension built without the NVMe admin queries
-        raise RuntimeError("this build of lmcache_rawblock cannot query NVMe devices (no nvme_fdp_report)")
-    return {"device": path, **report(path)}
+    return {"device": path, **nvme_fdp_report(path)}
 
 
 def _mib(n: int) -> str:

@@ -469,10 +469,7 @@ class RawBlockCore:
     def fetch_fdp_status(self) -> list[tuple[int, int]]:
         """(placement identifier, reclaim unit handle id) of each handle the namespace may write
         to, from the device (NVMe passthrough only: RuntimeError otherwise)."""
-        fetch = getattr(self._native, "fetch_fdp_status", None)
-        if fetch is None:  # an extension built before the native query existed
-            raise RuntimeError("fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true")
-        return [(int(pid), int(ruhid)) for pid, ruhid in fetch()]
+        return [(int(pid), int(ruhid)) for pid, ruhid in self._native.fetch_fdp_status()]
 
     def is_poisoned(self) -> bool:
         return False
