@@ -22,7 +22,7 @@ ASAN_BUILD := build/asan
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 lmcache-venv test-all test-reliability test-killloop-long clean
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 test-nvme lmcache-venv test-all test-reliability test-killloop-long clean
 
 all: build
 
@@ -164,6 +164,16 @@ test-py312: apt-deps
 .PHONY: test-conformance
 test-conformance: build lmcache-venv
 	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py $(CONFORMANCE_ARGS)
+
+# Tests marked `nvme` (tests/nvme) inside a QEMU/TCG guest with an emulated NVMe controller and
+# a 1 GiB FDP namespace (16 reclaim unit handles): tools/nvme_guest/rig.py installs QEMU with FDP
+# and caches a Debian kernel, busybox and the initramfs under build/nvme-guest/ on first use. The
+# guest runs this checkout and $(PYTHON) from the host root (shared read-only over 9p); any skip
+# fails. NVME_RIG_ARGS takes rig options (--kernel-suite trixie-backports, --cmd ..., --help).
+# About 1.5 minutes (2 the first time, which downloads about 75 MB).
+NVME_RIG_ARGS ?=
+test-nvme: build
+	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
 
 test-all: test test-asan test-c test-lmcache test-torch test-py312
 
