@@ -105,10 +105,15 @@ static inline uint64_t rb_slot_offset(const rb_core *c, uint32_t slot)
 {
     return c->data_base + (uint64_t)slot * c->cfg.slot_bytes;
 }
-/* Transfer length on the device for a payload (padded when O_DIRECT). */
+/* Whole blocks on the wire: O_DIRECT, and NVMe passthrough (commands move whole LBAs). */
+static inline int rb_block_transfers(const rb_core *c)
+{
+    return c->dev->odirect || c->dev->uring_cmd;
+}
+/* Transfer length on the device for a payload (padded to block_align when whole blocks). */
 static inline uint64_t rb_xfer_len(const rb_core *c, uint64_t len)
 {
-    return c->dev->odirect ? rb_round_up(len, c->cfg.block_align) : len;
+    return rb_block_transfers(c) ? rb_round_up(len, c->cfg.block_align) : len;
 }
 /* Synchronous device transfers (EINTR retried), honouring the test fault hooks. */
 int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
@@ -155,7 +160,8 @@ static inline int rb_core_uses_uring(const rb_core *c)
  * (magic, identity, length, checksum record); the rest of header_bytes is padding. Buffered
  * devices read one 64-byte line (a buffered 4 KiB read is a 4 KiB copy: ~1.7 us of the ~2 us
  * per header on the page cache). O_DIRECT devices keep the whole header: our O_DIRECT rule is
- * block_align-sized transfers, and on this path the request latency, not its size, dominates.
+ * block_align-sized transfers (and passthrough's whole LBAs), and on this path the request
+ * latency, not its size, dominates.
  * Same verdicts: every indexed slot lies wholly inside the device size checked at open
  * (slot < max_slots), so a prefix read succeeds exactly when the whole-header read does, and
  * the decoder looks at nothing past RB_SUM_END. (Only an I/O error confined to the unread
@@ -165,7 +171,7 @@ static inline int rb_core_uses_uring(const rb_core *c)
 static inline size_t rb_header_read_len(const rb_core *c)
 {
     size_t hb = c->cfg.header_bytes;
-    return c->dev->odirect || hb < RB_HDR_PROBE ? hb : RB_HDR_PROBE;
+    return rb_block_transfers(c) || hb < RB_HDR_PROBE ? hb : RB_HDR_PROBE;
 }
 /* Recovery's verdict on a decoded slot header for an index record: 1 = the slot holds this
  * key's payload (identity of the key in the configured namespace, same length). */

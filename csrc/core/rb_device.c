@@ -241,6 +241,14 @@ int rb_dev_close(rb_dev *dev, rb_err *err)
 int rb_dev_flush(rb_dev *dev, rb_err *err)
 {
     uint64_t wlog_barrier = RB_WLOG_ENABLED() ? rb_wlog_flush_begin() : 0;
+    if (dev->uring_cmd) {
+        /* fsync(2) does not reach a namespace through its generic character device: send the
+         * NVMe Flush command itself. */
+        int rc = rb_nvme_flush(dev->fd, dev->ns.nsid, err);
+        if (rc == 0 && RB_WLOG_ENABLED())
+            rb_wlog_flush_done(dev->fd, wlog_barrier);
+        return rc;
+    }
     for (;;) {
         if (fdatasync(dev->fd) == 0) {
             if (RB_WLOG_ENABLED())

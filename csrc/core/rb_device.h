@@ -73,7 +73,9 @@ int rb_dev_close(rb_dev *dev, rb_err *err);
 
 /* Make every write that completed before the call durable: fdatasync(2), which on a block
  * device also flushes the drive's volatile write cache (a FLUSH command). Retried on EINTR.
- * Returns 0 or -errno with err set ("fdatasync failed"). Blocks; call without the GIL. */
+ * On a passthrough device, an NVMe Flush command on the namespace instead (fsync does not
+ * reach it through the character device). Returns 0 or -errno with err set ("fdatasync
+ * failed"). Blocks; call without the GIL. */
 int rb_dev_flush(rb_dev *dev, rb_err *err);
 
 /* Close if still open, then free. */

@@ -81,6 +81,23 @@ out:
     return rc;
 }
 
+int rb_nvme_flush(int fd, uint32_t nsid, rb_err *err)
+{
+    struct nvme_passthru_cmd cmd;
+    int rc;
+    do {
+        memset(&cmd, 0, sizeof(cmd));
+        cmd.opcode = 0x00; /* Flush */
+        cmd.nsid = nsid;
+        rc = ioctl(fd, NVME_IOCTL_IO_CMD, &cmd);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_OS, errno, "NVMe flush ioctl failed");
+    if (rc > 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, EIO, "NVMe flush ioctl failed: NVMe status 0x%x", (unsigned)rc);
+    return 0;
+}
+
 int rb_nvme_ruh_status(int fd, uint32_t nsid, rb_nvme_ruh **out, size_t *n, rb_err *err)
 {
     static const char what[] = "NVMe FDP reclaim unit handle status";

@@ -31,6 +31,9 @@ typedef struct rb_nvme_ns {
  * A format with metadata is refused (the data path moves data only). */
 int rb_nvme_identify(int fd, rb_nvme_ns *ns, rb_err *err);
 
+/* NVMe Flush of the namespace (the volatile write cache made durable). Retried on EINTR. */
+int rb_nvme_flush(int fd, uint32_t nsid, rb_err *err);
+
 /* One Reclaim Unit Handle Status descriptor (I/O Management Receive, MO 1). */
 typedef struct rb_nvme_ruh {
     uint16_t pid;    /* placement identifier: the value a write carries in DSPEC */

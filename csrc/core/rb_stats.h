@@ -34,7 +34,8 @@
     X(max_batch_size)                                                                              \
     X(batches_submitted)                                                                           \
     X(nowait_hits)                                                                                 \
-    X(nowait_misses)
+    X(nowait_misses)                                                                               \
+    X(fixed_buffer_fallbacks)
 
 typedef struct rb_stats {
 #define RB_STATS_ATOMIC(name) _Atomic uint64_t name;

@@ -62,6 +62,7 @@ struct rb_uring {
     int nvme;
     uint32_t nsid, lba_shift, lba_size;
     size_t max_xfer;
+    int nvme_no_fixed; /* worker: the kernel refused a fixed-buffer NVMe command (EINVAL) */
     int efd;
     pthread_t thread;
 
@@ -600,7 +601,7 @@ static void prep_req(struct rb_uring *u, rb_req *r)
     size_t len = r->cur_len < MAX_ATTEMPT ? r->cur_len : MAX_ATTEMPT;
     if (u->nvme && len > u->max_xfer)
         len = u->max_xfer;
-    int idx = (!r->bounce && u->nregions && len) ? lookup_fixed(u, r->cur_buf, len) : -1;
+    int idx = (!r->bounce && u->nregions && len && !u->nvme_no_fixed) ? lookup_fixed(u, r->cur_buf, len) : -1;
     int fd = u->fixed_file ? 0 : u->fd;
     if (u->nvme) {
         prep_nvme(u, sqe, r, len, idx);
@@ -706,6 +707,20 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         if (r->knext)
             r->knext->kprev = r->kprev;
         r->in_kern = 0;
+    }
+    if (u->nvme && res == -EINVAL && r->att_fixed && !u->no_submit) {
+        /* Some kernels (Debian 12's 6.1) take registered buffers for io_uring but refuse them in
+         * NVMe passthrough commands. Stop using them for passthrough and send this command
+         * again from the same memory: nothing was transferred. */
+        u->nvme_no_fixed = 1;
+        RB_STAT_ADD(&u->dev->stats, fixed_buffer_fallbacks, 1);
+        r->next = NULL;
+        if (u->retry_tail)
+            u->retry_tail->next = r;
+        else
+            u->retry_head = r;
+        u->retry_tail = r;
+        return;
     }
     if (u->nvme && res >= 0) {
         /* An NVMe command moves all of att_len or fails with its status: res is 0 or the
