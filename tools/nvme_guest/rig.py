@@ -383,7 +383,8 @@ class Guest:
     def __init__(self, suite: str, package: str | None, mirror: str, refresh: bool):
         self.suite, self.mirror, self.refresh = suite, mirror, refresh
         self.apt = PrivateApt(f"guest-{suite}", suite_sources(mirror, suite))
-        self.apt.opts += ["-o", f"APT::Default-Release={suite}"]  # backports: prefer the suite's own kernel
+        if "-" in suite:  # backports: prefer the suite's kernel over the release's (a release keeps
+            self.apt.opts += ["-o", f"APT::Default-Release={suite}"]  # -updates/-security candidates)
         self.pick_file = CACHE / "kernels" / f"{suite}.package"
         self.package = package
 
@@ -394,6 +395,8 @@ class Guest:
         self.apt.update()
 
     def prepare(self) -> tuple[Path, Path, str]:
+        """(vmlinuz, initrd, kernel release). Kept: the .debs, vmlinuz, initrd; the unpacked
+        tree only while the initramfs is built."""
         if not self.package:
             if self.pick_file.exists() and not self.refresh:
                 self.package = self.pick_file.read_text().strip()
@@ -401,39 +404,43 @@ class Guest:
                 self._ensure_lists()
                 self.package = pick_kernel(self.apt, self.suite)
                 self.pick_file.parent.mkdir(parents=True, exist_ok=True)
+                if self.pick_file.exists() and self.pick_file.read_text().strip() != self.package:
+                    shutil.rmtree(CACHE / "kernels" / self.pick_file.read_text().strip(), ignore_errors=True)
                 self.pick_file.write_text(self.package + "\n")
         kdir = CACHE / "kernels" / self.package
-        tree = kdir / "root"
-        stamp = kdir / "unpacked"
-        if not stamp.exists():
+        vmlinuz, initrd, done = kdir / "vmlinuz", kdir / "initrd.cpio.gz", kdir / "ready"
+        key = hashlib.sha256((INIT + " ".join(ROOT_MODULES)).encode()).hexdigest()
+        if done.exists() and done.read_text().split()[1:] == [key] and vmlinuz.exists() and initrd.exists():
+            return vmlinuz, initrd, done.read_text().split()[0]
+        debs, tree = kdir / "debs", kdir / "root"
+        if not (debs / "complete").exists():
             self._ensure_lists()
-            shutil.rmtree(kdir, ignore_errors=True)
-            debs = kdir / "debs"
+            shutil.rmtree(debs, ignore_errors=True)
             abi = self.package.removeprefix("linux-image-")
             # Newer Debian kernels split the image package into linux-binary-* / linux-modules-*.
             extra = [d for d in depends_of(self.apt, self.package) if d.startswith("linux-") and abi in d]
-            log(f"downloading {self.package} {' '.join(extra)} busybox-static ({self.suite})")
+            log(f"downloading {' '.join([self.package, *extra])} busybox-static ({self.suite})")
             apt_download(self.apt, debs, [self.package, *extra, "busybox-static"])
-            for deb in sorted(debs.glob("*.deb")):
-                run(["dpkg-deb", "-x", str(deb), str(tree)])
-            stamp.write_text(self.package + "\n")
+            (debs / "complete").write_text("")
+        shutil.rmtree(tree, ignore_errors=True)
+        for deb in sorted(debs.glob("*.deb")):
+            run(["dpkg-deb", "-x", str(deb), str(tree)])
         # /boot/vmlinuz-<kver>, or (kernels split into linux-binary-*) /usr/lib/modules/<kver>/vmlinuz
         found = [(p, p.name.removeprefix("vmlinuz-")) for p in sorted((tree / "boot").glob("vmlinuz-*"))]
         found += [(p, p.parent.name) for lib in ("lib", "usr/lib") for p in sorted((tree / lib / "modules").glob("*/vmlinuz"))]
         if not found:
             raise RigError(f"no vmlinuz in {self.package} (looked in /boot and /usr/lib/modules/*)")
-        vmlinuz, kver = found[0]
+        image, kver = found[0]
         moddir = next((d for d in (tree / "lib/modules" / kver, tree / "usr/lib/modules" / kver) if d.is_dir()), None)
         if moddir is None:
             raise RigError(f"no modules directory for {kver} in {self.package}")
         busybox = next((p for p in (tree / "bin/busybox", tree / "usr/bin/busybox") if p.exists()), None)
         if busybox is None:
             raise RigError("busybox-static unpacked, but no busybox binary found")
-        initrd = kdir / "initrd.cpio.gz"
-        key = hashlib.sha256((INIT + " ".join(ROOT_MODULES)).encode()).hexdigest()
-        if not initrd.exists() or (kdir / "initrd.key").read_text().strip() != key:
-            self._build_initrd(busybox, moddir, kdir)
-            (kdir / "initrd.key").write_text(key + "\n")
+        self._build_initrd(busybox, moddir, kdir)
+        shutil.copyfile(image, vmlinuz)
+        shutil.rmtree(tree)
+        done.write_text(f"{kver} {key}\n")
         return vmlinuz, initrd, kver
 
     @staticmethod
@@ -663,6 +670,8 @@ def main() -> int:
     commands = list(args.cmd)
     if args.script:
         commands += [ln for ln in args.script.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if commands and args.pytest_args:
+        ap.error("arguments after -- extend the default pytest command; with --cmd/--script put them in the command")
     if not commands:
         commands = [f"PYTHONPATH=tests {shlex.quote(args.guest_python)} -m pytest -m nvme tests/nvme "
                     f"-p no:cacheprovider -p strict_skips -q {shlex.join(args.pytest_args)}".rstrip()]
