@@ -170,7 +170,7 @@ test-conformance: build lmcache-venv
 # and caches a Debian kernel, busybox and the initramfs under build/nvme-guest/ on first use. The
 # guest runs this checkout and $(PYTHON) from the host root (shared read-only over 9p); any skip
 # fails. NVME_RIG_ARGS takes rig options (--kernel-suite trixie-backports, --cmd ..., --help).
-# About 1.5 minutes (2 the first time, which downloads about 75 MB).
+# Boot ~20 s, the 30 guest tests ~2.5 minutes under TCG on 2 busy cores; +20 s on a clean clone (~75 MB).
 NVME_RIG_ARGS ?=
 test-nvme: build
 	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
