@@ -1105,8 +1105,8 @@ static PyObject *core_fetch_fdp_status(PyObject *op, PyObject *unused)
     return list;
 }
 
-/* nvme_info() -> dict(nsid, lba_shift, lba_size, max_data_transfer_size) of a passthrough
- * core, or None. */
+/* nvme_info() -> dict(nsid, lba_shift, lba_size, max_data_transfer_size, size_bytes) of a
+ * passthrough core, or None. */
 static PyObject *core_nvme_info(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -1114,8 +1114,9 @@ static PyObject *core_nvme_info(PyObject *op, PyObject *unused)
     rb_nvme_ns ns;
     if (!c || !c->dev || !rb_dev_nvme_ns(c->dev, &ns))
         Py_RETURN_NONE;
-    return Py_BuildValue("{s:I,s:I,s:I,s:n}", "nsid", ns.nsid, "lba_shift", ns.lba_shift, "lba_size", ns.lba_size,
-                         "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev));
+    return Py_BuildValue("{s:I,s:I,s:I,s:n,s:K}", "nsid", ns.nsid, "lba_shift", ns.lba_shift, "lba_size",
+                         ns.lba_size, "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev), "size_bytes",
+                         (unsigned long long)rb_dev_size(c->dev));
 }
 
 /*

@@ -409,8 +409,11 @@ class RawBlockCore:
     # ---- device / engine ----------------------------------------------------------------
 
     def raw_device(self) -> Any:
-        """The device is owned by the C core; there is no Python device object to hand out."""
-        return None
+        """The device is owned by the C core, so there is no device object to hand out; on NVMe
+        passthrough a read-only view answers what LMCache's callers ask of it (namespace id,
+        LBA size and shift, FDP status, size). Otherwise None."""
+        info = self._native.nvme_info()
+        return None if info is None else _PassthroughDeviceView(self._native, info)
 
     def set_raw_device_for_testing(self, raw_device: Any) -> None:
         """LMCache's hook to swap in a fake device. The device here lives inside the C core
@@ -500,6 +503,33 @@ class RawBlockCore:
         self._closed = True
         self._close_outcome = outcome
         return outcome
+
+
+class _PassthroughDeviceView:
+    """The questions LMCache's code asks of a passthrough RawBlockDevice, answered from the
+    C core's device: no I/O methods (the core does all I/O)."""
+
+    def __init__(self, native: Any, info: dict) -> None:
+        self._native = native
+        self._info = dict(info)
+
+    def nvme_nsid(self) -> int:
+        return self._info["nsid"]
+
+    def nvme_lba_shift(self) -> int:
+        return self._info["lba_shift"]
+
+    def nvme_lba_size(self) -> int:
+        return self._info["lba_size"]
+
+    def max_data_transfer_size(self) -> int:
+        return self._info["max_data_transfer_size"]
+
+    def size_bytes(self) -> int:
+        return self._info["size_bytes"]
+
+    def fetch_fdp_status(self) -> list[tuple[int, int]]:
+        return [(int(p), int(r)) for p, r in self._native.fetch_fdp_status()]
 
 
 class CoreHooks:

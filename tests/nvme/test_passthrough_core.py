@@ -35,7 +35,10 @@ def test_round_trip_with_split_transfers_and_recovery(nvme_char):
     data = [payload(i, 1000 + i * 5000) for i in range(40)]  # up to ~196 KiB: several commands
     c = pt_core(nvme_char, max_data_transfer_size=16384)
     try:
-        assert c.raw_device() is None or c.raw_device().nvme_nsid() == 1
+        view = c.raw_device()  # what LMCache's callers ask of a passthrough device
+        assert (view.nvme_nsid(), view.nvme_lba_size(), view.nvme_lba_shift()) == (1, 4096, 12)
+        assert view.max_data_transfer_size() == 16384
+        assert sorted(view.fetch_fdp_status()) == [(p, p) for p in range(16)]
         assert c.put_many(keys, [Obj(d) for d in data]).results == [True] * 40
         outs = [Obj(len(d)) for d in data]
         assert c.load_many_into([k.encoded for k in keys], outs) == [True] * 40
