@@ -187,7 +187,7 @@ FUZZ_TARGETS := ckpt slot_header
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/core
-FUZZ_LIBS := -luring -ljson-c -lxxhash -lz -lblkid -lpthread
+FUZZ_LIBS := -luring -lnvme -ljson-c -lxxhash -lz -lblkid -lpthread
 build/fuzz/fuzz_ckpt: fuzz/fuzz_ckpt.c $(wildcard csrc/core/*.c csrc/core/*.h)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $< $(wildcard csrc/core/*.c) $(FUZZ_LIBS) -o $@

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "rb_uring.h"
@@ -106,6 +108,39 @@ static int open_passthrough(const rb_dev_config *cfg, int fd, const struct stat 
     return 0;
 }
 
+/* FDP through the block device: an NVMe namespace opened with O_DIRECT whose queue reports
+ * max_write_streams > 0 (Linux >= 6.16). Stream s maps to the s-th placement id of the
+ * reclaim unit handle status. Anything that does not fit leaves the device without streams:
+ * writes are then simply not placed. */
+static void probe_write_streams(rb_dev *dev, const struct stat *st)
+{
+    char p[96];
+    snprintf(p, sizeof(p), "/sys/dev/block/%u:%u/queue/max_write_streams", major(st->st_rdev), minor(st->st_rdev));
+    FILE *f = fopen(p, "re");
+    if (!f)
+        return;
+    unsigned n = 0;
+    int ok = fscanf(f, "%u", &n) == 1;
+    fclose(f);
+    if (!ok || n == 0)
+        return;
+    rb_nvme_ns ns;
+    rb_nvme_ruh *ruh = NULL;
+    size_t nruh = 0;
+    rb_err e;
+    if (rb_nvme_identify(dev->fd, &ns, &e) < 0 || rb_nvme_ruh_status(dev->fd, ns.nsid, &ruh, &nruh, &e) < 0)
+        return;
+    if (n > nruh)
+        n = (unsigned)nruh;
+    if (n > RB_MAX_WRITE_STREAMS)
+        n = RB_MAX_WRITE_STREAMS;
+    for (unsigned i = 0; i < n; i++)
+        dev->stream_pid[i] = ruh[i].pid;
+    dev->nstreams = n;
+    dev->ns = ns;
+    free(ruh);
+}
+
 int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
 {
     int flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
@@ -178,6 +213,8 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     dev->uring_cmd = cfg->uring_cmd;
     dev->ns = ns;
     dev->max_transfer = max_transfer;
+    if (dev->is_blk && dev->odirect && cfg->engine == RB_ENGINE_IOURING)
+        probe_write_streams(dev, &st);
     pthread_mutex_init(&dev->gate_mu, NULL);
     pthread_cond_init(&dev->gate_cv, NULL);
 
@@ -298,11 +335,24 @@ size_t rb_dev_max_transfer(const rb_dev *dev)
     return dev->uring_cmd ? dev->max_transfer : 0;
 }
 
+unsigned rb_dev_write_streams(const rb_dev *dev)
+{
+    return dev->nstreams;
+}
+
+uint8_t rb_dev_stream_of(const rb_dev *dev, uint16_t pid)
+{
+    for (unsigned i = 0; i < dev->nstreams; i++)
+        if (dev->stream_pid[i] == pid)
+            return (uint8_t)(i + 1);
+    return 0;
+}
+
 int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err)
 {
     *out = NULL;
     *n = 0;
-    if (!dev->uring_cmd)
+    if (!dev->uring_cmd && !dev->nstreams)
         return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "fetch_fdp_status requires use_uring_cmd to be enabled");
     if (rb_dev_enter(dev) < 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "device is closed");

@@ -21,6 +21,9 @@
 
 enum rb_engine_kind { RB_ENGINE_POSIX = 0, RB_ENGINE_IOURING = 1 };
 
+/* Write streams a device can address (the SQE field is 8 bits, 0 meaning none). */
+#define RB_MAX_WRITE_STREAMS 255
+
 typedef struct rb_dev_config {
     const char *path;
     int writable;
@@ -95,9 +98,15 @@ void rb_dev_stats_read(rb_dev *dev, rb_stats_snapshot *out);
 int rb_dev_nvme_ns(const rb_dev *dev, rb_nvme_ns *ns);
 /* Bytes per NVMe command on a passthrough device (0 otherwise). */
 size_t rb_dev_max_transfer(const rb_dev *dev);
-/* FDP reclaim unit handle status of a passthrough device (see rb_nvme_ruh_status); a device
- * without passthrough gets RuntimeError("fetch_fdp_status requires use_uring_cmd to be
- * enabled"). Blocks (an NVMe command): call without the GIL. */
+/* Write streams usable for FDP placement through the block device (0: none). Detected at open
+ * for an NVMe block device opened with O_DIRECT on the io_uring engine, when the kernel
+ * (Linux >= 6.16) reports max_write_streams > 0 for it. */
+unsigned rb_dev_write_streams(const rb_dev *dev);
+/* The write stream that places writes on placement id pid (0: none maps to it). */
+uint8_t rb_dev_stream_of(const rb_dev *dev, uint16_t pid);
+/* FDP reclaim unit handle status of a passthrough device or one with write streams (see
+ * rb_nvme_ruh_status); any other device gets RuntimeError("fetch_fdp_status requires
+ * use_uring_cmd to be enabled"). Blocks (an NVMe command): call without the GIL. */
 int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err);
 
 /*

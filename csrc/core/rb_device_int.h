@@ -29,6 +29,11 @@ struct rb_dev {
     int uring_cmd;          /* NVMe passthrough: every transfer is an NVMe command on the ring */
     rb_nvme_ns ns;          /* uring_cmd: the namespace (id, LBA format, size) */
     size_t max_transfer;    /* uring_cmd: bytes per NVMe command; longer requests are split */
+    /* FDP through the block device (Linux >= 6.16 write streams, O_DIRECT): write stream s
+     * (1-based) places data on placement id stream_pid[s - 1], in the order the namespace's
+     * reclaim unit handle status lists them (the order the kernel's NVMe driver uses). */
+    unsigned nstreams;
+    uint16_t stream_pid[RB_MAX_WRITE_STREAMS];
     rb_stats stats;
     _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
 

@@ -35,6 +35,9 @@
 #include "rb_stats.h"
 #include "rb_wlog.h"
 
+/* The write_stream byte of Linux >= 6.16 shares the slot of splice_fd_in / file_index. */
+_Static_assert(offsetof(struct io_uring_sqe, splice_fd_in) == 44, "write_stream is SQE byte 44");
+
 #define POLL_TAG ((uint64_t)1)          /* user_data of the eventfd poll; requests use pointers */
 #define MAX_ATTEMPT ((size_t)1 << 30)   /* one SQE moves at most 1 GiB (sqe->len is 32 bits) */
 #define MAX_FIXED 65536u
@@ -63,6 +66,7 @@ struct rb_uring {
     uint32_t nsid, lba_shift, lba_size;
     size_t max_xfer;
     int nvme_no_fixed; /* worker: the kernel refused a fixed-buffer NVMe command (EINVAL) */
+    int streams;       /* the device places writes through write streams (rb_dev_write_streams) */
     int efd;
     pthread_t thread;
 
@@ -618,6 +622,14 @@ static void prep_req(struct rb_uring *u, rb_req *r)
     }
     if (u->fixed_file && !u->nvme)
         sqe->flags |= IOSQE_FIXED_FILE;
+    if (u->streams && r->pid && r->op == RB_REQ_WRITE) {
+        /* Linux >= 6.16: the SQE's write_stream byte (offset 44, after personality; liburing
+         * 2.3 has no name for it). The NVMe driver turns stream s into the Data Placement
+         * directive for the s-th placement id. An id the device does not list is not placed. */
+        uint8_t s = rb_dev_stream_of(u->dev, r->pid);
+        if (s)
+            ((uint8_t *)sqe)[44] = s;
+    }
     io_uring_sqe_set_data(sqe, r);
     r->att_len = len;
     r->att_fixed = idx >= 0;
@@ -1159,6 +1171,7 @@ int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, r
         u->lba_size = dev->ns.lba_size;
         u->max_xfer = dev->max_transfer;
     }
+    u->streams = dev->nstreams > 0;
     if (u->depth > 32767)
         u->depth = 32767; /* the ring gets depth + 1 entries (one for the wake-up poll) */
     u->sq_cap = u->depth;

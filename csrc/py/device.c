@@ -437,6 +437,12 @@ static PyObject *device_nvme_lba_size(PyObject *op, PyObject *unused)
     return nvme_ns_of(op, "LBA size", &ns) < 0 ? NULL : PyLong_FromUnsignedLong(ns.lba_size);
 }
 
+static PyObject *device_write_streams(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLong(rb_dev_write_streams(((RawBlockDeviceObject *)op)->dev));
+}
+
 static PyObject *device_max_data_transfer_size(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -543,6 +549,9 @@ static PyMethodDef device_methods[] = {
     {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "NVMe namespace id (use_uring_cmd only)."},
     {"nvme_lba_shift", device_nvme_lba_shift, METH_NOARGS, "log2 of the LBA size (use_uring_cmd only)."},
     {"nvme_lba_size", device_nvme_lba_size, METH_NOARGS, "LBA size in bytes (use_uring_cmd only)."},
+    {"write_streams", device_write_streams, METH_NOARGS,
+     "Write streams that place writes on FDP handles through the block device (Linux >= 6.16, O_DIRECT, "
+     "io_uring); 0 when there are none."},
     {"max_data_transfer_size", device_max_data_transfer_size, METH_NOARGS,
      "Bytes per NVMe command; longer transfers are split (use_uring_cmd only)."},
     {"fetch_fdp_status", device_fetch_fdp_status, METH_NOARGS,

@@ -49,8 +49,9 @@ FAKE_MODULE = ("plants a fake lmcache_rust_raw_block_io in sys.modules and asser
                "core makes on it; our C core never imports that module")
 WRAPPED_DEVICE = ("wraps lmcache_rust_raw_block_io.RawBlockDevice in a recorder to count the batches "
                   "LMCache's core submits; our C core never calls the Python device class")
-NO_PASSTHROUGH = ("NVMe passthrough (use_uring_cmd) is not built in our core, and the test drives it through "
-                  "private methods on a fake device")
+NO_PASSTHROUGH = ("drives LMCache's core's own passthrough chunking through its private methods on a fake "
+                  "device; our C core splits transfers at the limit in its engine, tested on the emulated NVMe "
+                  "device")
 
 
 def _private(test: str, why: str, covered_by: str) -> Exclusion:
@@ -141,13 +142,13 @@ EXCLUSIONS += [
              OURS_URING + "test_register_fixed_buffers_from_allocator"),
     _private(CORE + "test_raw_block_core_reports_failed_registration", FAKE_MODULE,
              OURS_URING + "test_register_fixed_buffers_noop_and_warnings"),
-    # --- NVMe passthrough: not built in our core.
+    # --- NVMe passthrough: LMCache's private chunking on a fake device.
     _private(CORE + "test_raw_block_core_uring_cmd_*_uses_aligned_chunks", NO_PASSTHROUGH,
-             "tests/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),
+             "tests/nvme/test_passthrough_device.py::test_split_round_trip_lands_on_the_namespace"),
     _private(CORE + "test_raw_block_core_put_many_*_uring_cmd_*", NO_PASSTHROUGH,
-             "tests/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),
+             "tests/nvme/test_passthrough_core.py::test_round_trip_with_split_transfers_and_recovery"),
     _private(BACKEND + "test_raw_block_core_uring_cmd_*", NO_PASSTHROUGH,
-             "tests/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),
+             "tests/nvme/test_passthrough_core.py::test_round_trip_with_split_transfers_and_recovery"),
     _private(URING_CMD + "test_uring_cmd_disabled",
              "patches RawBlockCore._rawdev / _ensure_capacity_and_layout / _load_checkpoint_from_device and "
              "the plugin's private _raw", "tests/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),

@@ -129,9 +129,9 @@ def ensure_test_deps() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
 
 
-def test_files(tree: Path) -> list[str]:
+def test_files(tree: Path, patterns: tuple[str, ...] = TEST_FILES) -> list[str]:
     files: list[str] = []
-    for pattern in TEST_FILES:
+    for pattern in patterns:
         hits = sorted(glob.glob(pattern, root_dir=tree))
         if not hits:
             moved = sorted(str(p.relative_to(tree)) for p in tree.rglob(Path(pattern).name))
@@ -259,12 +259,18 @@ def write_readme(lines: list[str]) -> None:
 
 
 def main() -> int:
+    global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--write-readme", action="store_true",
                     help="replace the table in README.md (LMCache's own tests) with this run's")
+    ap.add_argument("--files", help="comma-separated globs of LMCache test files (relative to the sdist) "
+                    "instead of the raw-block set, e.g. the NVMe ones in the emulated NVMe guest")
+    ap.add_argument("--out", help=f"directory for the records and logs (default {OUT})")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
+    if args.out:
+        OUT = Path(args.out)
     modes = [m for m in MODES if m in args.modes.split(",")]
     if "baseline" not in modes:
         modes.insert(0, "baseline")  # every comparison is against the baseline
@@ -272,7 +278,7 @@ def main() -> int:
     version = lmcache_version()
     tree = fetch_tests(version)
     ensure_test_deps()
-    files = test_files(tree)
+    files = test_files(tree, tuple(args.files.split(",")) if args.files else TEST_FILES)
     results = {m: run_mode(m, tree, files, args.pytest_args) for m in modes}
 
     for m, r in results.items():
@@ -292,7 +298,7 @@ def main() -> int:
             report.extend(f"  {it}" for it in items)
     print("\n".join(report))
     (OUT / "summary.txt").write_text("\n".join(report) + "\n")
-    if args.write_readme and set(modes) == set(MODES):
+    if args.write_readme and set(modes) == set(MODES) and not args.files:
         write_readme(lines + ["", caption])
     ok = not violations and not problems
     log("OK" if ok else "FAILED")
