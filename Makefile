@@ -22,7 +22,7 @@ ASAN_BUILD := build/asan
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 test-nvme lmcache-venv test-all test-reliability test-killloop-long clean
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long clean
 
 all: build
 
@@ -174,6 +174,33 @@ test-conformance: build lmcache-venv
 NVME_RIG_ARGS ?=
 test-nvme: build
 	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
+
+# The same tests on a guest kernel with io_uring write streams (Linux >= 6.16, from Debian's
+# trixie-backports): FDP placement through the block device besides passthrough. ~3 minutes.
+test-nvme-streams: build
+	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) --kernel-suite trixie-backports $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
+
+# LMCache's own passthrough and FDP tests (test_raw_block_uring_cmd.py and the two FDP probes,
+# from the lmcache sdist) in the guest, in the three conformance modes: the Rust wheel, LMCache's
+# stack on our device, our core and plugin. The sdist is fetched on the host first (the guest's
+# root is read-only); numba's cache goes to the guest's tmpfs; 8 GiB of guest memory, as LMCache's test
+# fixtures reserve a 5 GiB CPU buffer (touched only in part). About 9 minutes under TCG.
+NVME_LMCACHE_TESTS := tests/v1/storage_backend/test_raw_block_uring_cmd.py,tests/v1/storage_backend/test_raw_block_fdp_*.py
+NVME_LMCACHE_ENV := NUMBA_CACHE_DIR=/run/tmp/numba LMCACHE_TEST_CHAR_DEVICE=/dev/ng0n1 \
+  LMCACHE_TEST_BLOCK_DEVICE=/dev/nvme0n1 LMCACHE_TEST_FDP_CHAR_DEVICE=/dev/ng0n1 LMCACHE_TEST_RAW_BLOCK_DESTRUCTIVE=1
+test-nvme-conformance: build lmcache-venv
+	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py --fetch-only
+	$(PYTHON) tools/nvme_guest/rig.py --timeout 1500 --mem 8192 $(NVME_RIG_ARGS) --cmd "$(NVME_LMCACHE_ENV) \
+	  $(LMC_VENV)/bin/python tests/lmcache_conformance/run.py --files '$(NVME_LMCACHE_TESTS)' --out /run/rig/conformance"
+
+# Passthrough reads and writes, ours against the Rust wheel, in the guest; results are copied to
+# benchmarks/results/passthrough/.
+bench-nvme: build
+	@rm -rf build/nvme-bench && mkdir -p build/nvme-bench
+	$(PYTHON) tools/nvme_guest/rig.py --keep $(NVME_RIG_ARGS) --cmd "$(PYTHON) -m lmcache_rawblock.bench.passthrough \
+	  --device /dev/ng0n1 --out /run/rig/bench" | tee build/nvme-bench/log
+	@run=$$(sed -n 's/.*run directory kept in //p' build/nvme-bench/log | tail -1); \
+	  mkdir -p benchmarks/results/passthrough && cp $$run/bench/passthrough.json $$run/bench/passthrough.md benchmarks/results/passthrough/
 
 test-all: test test-asan test-c test-lmcache test-torch test-py312
 

@@ -267,6 +267,9 @@ def main() -> int:
     ap.add_argument("--files", help="comma-separated globs of LMCache test files (relative to the sdist) "
                     "instead of the raw-block set, e.g. the NVMe ones in the emulated NVMe guest")
     ap.add_argument("--out", help=f"directory for the records and logs (default {OUT})")
+    ap.add_argument("--fetch-only", action="store_true",
+                    help="fetch the sdist's tests and install the test plugins, then stop (before a run in a "
+                         "guest whose root is read-only)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
     if args.out:
@@ -278,6 +281,9 @@ def main() -> int:
     version = lmcache_version()
     tree = fetch_tests(version)
     ensure_test_deps()
+    if args.fetch_only:
+        log(f"tests of lmcache {version} ready in {tree}")
+        return 0
     files = test_files(tree, tuple(args.files.split(",")) if args.files else TEST_FILES)
     results = {m: run_mode(m, tree, files, args.pytest_args) for m in modes}
 
