@@ -5,7 +5,8 @@ The ``bench`` command measures our RawBlockDevice against the Rust wheel
 and our RawBlockCore, recovery and storage plugin against LMCache's; it prints tables and the
 goals the run measured, and writes results.json, summary.txt and PNG plots. See
 ``python -m lmcache_rawblock bench --help``. ``inspect`` and ``verify`` read a device's checkpoint
-and slot headers; ``fdp-status`` shows an NVMe namespace's FDP handles (``lmcache_rawblock.tools``).
+and slot headers; ``fdp-status`` shows an NVMe namespace's FDP handles (``lmcache_rawblock.tools``);
+``waf`` simulates SSD write amplification per FDP placement strategy (``lmcache_rawblock.waf``).
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)
     _add_fdp_status_command(sub)
+    from lmcache_rawblock.waf import cli as waf_cli
+
+    waf_cli.add_arguments(sub)
     return parser
 
 
@@ -275,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             _err("interrupted")
             return 130
+    if args.command == "waf":
+        from lmcache_rawblock.waf import cli as waf_cli
+
+        return waf_cli.main(args, [PROG, *argv_list])
     if args.command == "fdp-status":
         from lmcache_rawblock import tools
 

@@ -44,9 +44,9 @@ from .settings import SETTINGS, parse_value
 __all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig"]
 
 # The core's settings that LMCache's RawBlockCoreConfig does not have, and the placement-policy
-# settings LMCache's MP adapter does not have.
+# settings LMCache's MP adapter does not have (write admission is the plugin's only).
 _OURS = tuple(s for s in SETTINGS.values() if s.config and not s.lmcache)
-_OUR_POLICY = tuple(s for s in SETTINGS.values() if s.policy and not s.lmcache_mp)
+_OUR_POLICY = tuple(s for s in SETTINGS.values() if s.policy and not s.lmcache_mp and s.name != "admission")
 _POLICY_KEY = "fdp_data_placement_policy"
 
 

@@ -15,7 +15,9 @@ table). Beyond LMCache:
 * ``rust_raw_block.verify_payload_checksum``: store an xxh3-64 of each payload in slot-header
   bytes LMCache does not read, and treat a load that fails it as a miss;
 * FDP placement (``rust_raw_block.fdp_*``, the MP adapter's keys under the plugin's prefix):
-  each write carries the placement identifier ``lmcache_rawblock.fdp`` picks for its key.
+  each write carries the placement identifier ``lmcache_rawblock.fdp`` picks for its key;
+* ``rust_raw_block.admission``: ``"always"`` (default) or ``"second_hit"`` (write a chunk only
+  the second time it is stored, counted in a fixed-size sketch: ``lmcache_rawblock.admission``).
 
 Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` is a leaf
 taken inside either (or neither); the core's own mutex is below all of them.
@@ -35,6 +37,7 @@ from itertools import compress
 from typing import Any
 
 from . import fdp
+from .admission import Admission
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
@@ -243,6 +246,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         extra = _extra_config(config)
         self.eviction_policy = _eviction_policy(extra)
         cfg, self._fdp = build_configs(config, metadata, local_cpu_backend)
+        self._admission = Admission(_setting(extra, "admission", "always"))
         self.device_path = cfg.device_path  # this rank's device, as LMCache's plugin exposes it
         self._core = RawBlockCore(cfg, key_namespace="legacy")
         try:
@@ -383,6 +387,7 @@ class RustRawBlockBackend(StoragePluginInterface):
     def report_status(self) -> dict:
         status = dict(self._core.report_status())
         status["eviction_policy"] = self.eviction_policy
+        status.update(self._admission.status())
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled
         status["fdp_discovered_status"] = list(self._fdp_status)
@@ -555,7 +560,8 @@ class RustRawBlockBackend(StoragePluginInterface):
                 if spec.encoded in self._put_tasks:
                     continue
                 self._put_tasks.add(spec.encoded)
-            if self._core.contains_key(spec.encoded) or self._core.exists_inflight(spec.encoded):
+            if (self._core.contains_key(spec.encoded) or self._core.exists_inflight(spec.encoded)
+                    or not self._admission.admit(spec.encoded)):
                 with self._put_lock:
                     self._put_tasks.discard(spec.encoded)
                 continue

@@ -19,6 +19,7 @@ static const char *const data_policies[] = {"none",   "cache_salt_prefix", "cach
                                             "tp_worker", "prompt",          "phase", NULL};
 static const char *const reuse_policies[] = {"none", "pid_affinity", NULL};
 static const char *const phases[] = {"auto", "prefill", "decode", NULL};
+static const char *const admissions[] = {"always", "second_hit", NULL};
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)
@@ -96,6 +97,10 @@ const rb_setting rb_core_settings[] = {
     {"fdp_phase", RB_SET_CHOICE, NO_MEMBER, 0, 2, "auto", phases, FDP_OURS,
      "phase strategy: what this instance writes; auto = LMCache's pd_role (sender: prefill, receiver: "
      "decode), else by batch (one chunk: decode, more: prefill)"},
+    /* Write admission (lmcache_rawblock/admission.py): the plugin's, not LMCache's. */
+    {"admission", RB_SET_CHOICE, NO_MEMBER, 0, 1, "always", admissions, RB_SET_POLICY | RB_SET_PLUGIN,
+     "always (write every chunk) or second_hit (write a chunk only the second time it is stored; counts "
+     "in a 256 KiB frequency sketch, halved as it fills)"},
 };
 const size_t rb_core_nsettings = sizeof(rb_core_settings) / sizeof(rb_core_settings[0]);
 

@@ -40,10 +40,10 @@ enum rb_setting_type {
 #define RB_SET_POWER_OF_TWO 0x40u
 /* Python None is "unset" and reaches the core as 0 (meta_checkpoint_placement_id). */
 #define RB_SET_NONE_IS_ZERO 0x80u
-/* A placement-policy setting of the plugin and the MP adapter (FDP routing): declared here so
- * it has one name, type and default everywhere, but not a member of rb_core_cfg (offset and
- * size are 0) and not a keyword of _native.Core; the core only sees its effect, the per-key
- * placement identifiers and fdp_slot_affinity_enabled. */
+/* A policy setting of the plugin and the MP adapter (FDP routing; write admission, which only
+ * the plugin has): declared here so it has one name, type and default everywhere, but not a
+ * member of rb_core_cfg (offset and size are 0) and not a keyword of _native.Core; the core
+ * only sees its effect, the per-key placement identifiers and fdp_slot_affinity_enabled. */
 #define RB_SET_POLICY 0x100u
 /* A key of LMCache's MP adapter JSON (LMCache's own adapter config parses it). */
 #define RB_SET_LMCACHE_MP 0x200u

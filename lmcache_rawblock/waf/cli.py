@@ -1,0 +1,241 @@
+"""``python -m lmcache_rawblock waf ...``: the write-amplification tools.
+
+* ``waf simulate``: a workload (generated, a JSON-lines trace, or a recorded write stream) on a
+  simulated FDP drive, WAF per placement mode;
+* ``waf generate``: write the LMCache-shaped workload as a JSON-lines trace;
+* ``waf study``: the simulated study (every mode and strategy, utilisations, admission off and
+  on, validation, published anchors) into results.json, summary.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from . import stream
+from .ftl import ISOLATIONS, POLICIES, FlashSim, Geometry
+from .workload import WorkloadSpec
+
+PROG = "python -m lmcache_rawblock waf"
+
+
+def _geometry_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ru-pages", type=int, default=64, help="pages per reclaim unit (default 64)")
+    p.add_argument("--rus", type=int, default=1024, help="reclaim units (default 1024)")
+    p.add_argument("--groups", type=int, default=1, help="reclaim groups (default 1)")
+    p.add_argument("--op", type=float, default=0.07, help="over-provisioning, spare / logical (default 0.07)")
+    p.add_argument("--page-bytes", type=int, default=1 << 20, help="bytes per simulated page (default 1 MiB)")
+    p.add_argument("--handles", type=int, default=8, help="placement handles (default 8)")
+    p.add_argument("--gc", choices=POLICIES, default="greedy", help="victim choice (default greedy)")
+    p.add_argument("--isolation", choices=ISOLATIONS, default="initial",
+                   help="handle isolation: initial (GC mixes handles) or persistent (default initial)")
+
+
+def add_arguments(sub: argparse._SubParsersAction) -> None:
+    w = sub.add_parser("waf", help="SSD write-amplification tools: simulate, generate, study",
+                       description="SSD write-amplification (WAF) tools for LMCache's SSD tier.")
+    ws = w.add_subparsers(dest="waf_command", metavar="WAF_COMMAND")
+    ws.required = True
+    s = ws.add_parser("simulate", help="WAF of a workload on a simulated FDP drive",
+                      description="Run a workload through the cache model onto a simulated FDP drive and report "
+                                  "the WAF in steady state, per placement mode.")
+    _geometry_args(s)
+    s.add_argument("--mode", default="no_fdp,mixed,separated",
+                   help="comma-separated modes: no_fdp, mixed, separated (default all)")
+    s.add_argument("--strategy", default="tp_worker",
+                   help=f"comma-separated strategies for separated: {', '.join(stream.STRATEGIES)} (default tp_worker)")
+    s.add_argument("--util", type=float, default=0.95, help="fraction of the logical space the cache uses (0.95)")
+    s.add_argument("--admission", choices=("always", "second_hit"), default="always")
+    s.add_argument("--warmup", type=float, default=2.0, help="drive writes before measuring (default 2)")
+    s.add_argument("--measure", type=float, default=2.0, help="drive writes measured (default 2)")
+    s.add_argument("--dealloc", action="store_true", help="deallocate evicted and deleted slots")
+    s.add_argument("--trace", metavar="FILE", help="a JSON-lines trace instead of the generator")
+    s.add_argument("--stream", metavar="FILE", help="a recorded write stream (--record): replayed on the drive, "
+                                                    "no cache model")
+    s.add_argument("--record", metavar="FILE", help="also write the write stream of the first mode to FILE")
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    g = ws.add_parser("generate", help="write the LMCache-shaped workload as a JSON-lines trace")
+    g.add_argument("--requests", type=int, default=2000)
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--tp", type=int, default=2)
+    g.add_argument("--out", default="-", help="file (default stdout)")
+    st = ws.add_parser("study", help="the simulated study into results.json, summary.md and PNG plots")
+    st.add_argument("--out", default="benchmarks/results/waf", help="directory (default benchmarks/results/waf)")
+    st.add_argument("--utils", default="0.5,0.8,0.95")
+    st.add_argument("--repeats", type=int, default=2)
+    st.add_argument("--warmup", type=float, default=2.0)
+    st.add_argument("--measure", type=float, default=2.0)
+    st.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU)")
+    st.add_argument("--no-plots", action="store_true")
+    st.add_argument("--no-checks", action="store_true", help="skip the validation and anchor runs")
+
+
+def _err(msg: str) -> int:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _split(text: str, allowed, what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise ValueError(f"--{what} {text!r}: choose from {', '.join(allowed)}")
+    return items
+
+
+def _geometry(a) -> Geometry:
+    return Geometry(ru_pages=a.ru_pages, n_rus=a.rus, n_groups=a.groups, op=a.op, max_handles=a.handles,
+                    page_bytes=a.page_bytes)
+
+
+def cmd_simulate(a) -> int:
+    from .run import simulate_lmcache
+
+    try:
+        geometry = _geometry(a)
+        modes = _split(a.mode, stream.MODES, "mode")
+        strategies = _split(a.strategy, stream.STRATEGIES, "strategy")
+    except ValueError as exc:
+        return _err(str(exc))
+    if a.stream:
+        try:
+            sim = FlashSim(geometry, policy=a.gc, isolation=a.isolation)
+            with open(a.stream) as f:
+                n = stream.replay_stream(f, stream.SimSink(sim), source=a.stream)
+        except (OSError, ValueError, RuntimeError) as exc:
+            return _err(str(exc))
+        r = {"stream": a.stream, "records": n, "waf": sim.counters.waf(), "counters": sim.counters.to_dict()}
+        print(json.dumps(r, indent=1) if a.json else f"{a.stream}: {n} records, WAF {r['waf']:.3f} (from the start)")
+        return 0
+    configs = [(m, None) for m in modes if m != "separated"]
+    if "separated" in modes:
+        configs += [("separated", s) for s in strategies]
+    results = []
+    for mode, strat in configs:
+        try:
+            if a.trace or a.record:
+                r = _simulate_io(a, geometry, mode, strat, record=a.record if not results else None)
+            else:
+                r = simulate_lmcache(geometry, WorkloadSpec(seed=a.seed), util=a.util, mode=mode, strategy=strat,
+                                     admission=a.admission, policy=a.gc, isolation=a.isolation, warmup=a.warmup,
+                                     measure=a.measure, dealloc=a.dealloc)
+        except (OSError, ValueError, RuntimeError) as exc:
+            return _err(str(exc))
+        results.append(r)
+    if a.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    print(f"{'placement':28} {'WAF':>7} {'host GiB':>9} {'hit ratio':>9}")
+    for r in results:
+        lab = r["mode"] if r["mode"] != "separated" else f"separated:{r['strategy']}"
+        host = r["window"]["host_pages"] * geometry.page_bytes / 2**30
+        hr = r["cache"].get("hit_ratio")
+        print(f"{lab:28} {r['waf']:7.3f} {host:9.1f} {hr if hr is None else round(hr, 3)!s:>9}")
+    return 0
+
+
+def _simulate_io(a, geometry: Geometry, mode: str, strat: Optional[str], record: Optional[str]) -> dict:
+    """A trace file and/or a recorded stream: the whole input, WAF from the start and over the
+    part after ``--warmup`` drive writes."""
+    from ..admission import Admission
+    from .run import slot_bytes_for
+    from .workload import generate, read_trace
+
+    sim = FlashSim(geometry, policy=a.gc, isolation=a.isolation)
+    sink = stream.SimSink(sim)
+    rec_file = open(record, "w") if record else None
+    try:
+        if rec_file:
+            rec = stream.Recorder(rec_file)
+            inner = sink
+
+            class Tee:
+                def write_bytes(self, o, n, p):
+                    rec.write_bytes(o, n, p)
+                    inner.write_bytes(o, n, p)
+
+                def dealloc_bytes(self, o, n):
+                    rec.dealloc_bytes(o, n)
+                    inner.dealloc_bytes(o, n)
+
+            sink = Tee()
+        spec = WorkloadSpec(seed=a.seed)
+        cfg = stream.CacheConfig(capacity_bytes=int(a.util * geometry.logical_bytes), meta_total_bytes=4 * geometry.page_bytes,
+                                 slot_bytes=slot_bytes_for(spec, geometry), dealloc=a.dealloc, tp=spec.tp)
+        model = stream.CacheModel(cfg, mode, strat, sink, Admission(a.admission))
+        if a.trace:
+            with open(a.trace) as f:
+                events = read_trace(f, source=a.trace)
+                model.feed(events, stop_bytes=int(a.warmup * geometry.logical_bytes))
+                sim.mark()
+                model.feed(events)
+        else:
+            from dataclasses import replace
+
+            events = generate(replace(spec, requests=0))
+            model.feed(events, stop_bytes=int(a.warmup * geometry.logical_bytes))
+            sim.mark()
+            model.feed(events, stop_bytes=int((a.warmup + a.measure) * geometry.logical_bytes))
+    finally:
+        if rec_file:
+            rec_file.close()
+    return {"mode": mode, "strategy": strat, "waf": sim.window().waf(), "window": sim.window().to_dict(),
+            "cumulative_waf": sim.counters.waf(), "cache": model.stats.to_dict()}
+
+
+def cmd_generate(a) -> int:
+    from .workload import generate, write_trace
+
+    try:
+        spec = WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp)
+    except ValueError as exc:
+        return _err(str(exc))
+    if a.out == "-":
+        write_trace(generate(spec), sys.stdout, spec)
+    else:
+        try:
+            with open(a.out, "w") as f:
+                n = write_trace(generate(spec), f, spec)
+        except OSError as exc:
+            return _err(f"--out {a.out}: {exc.strerror or exc}")
+        print(f"wrote {n} events to {a.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_study(a, argv: list[str]) -> int:
+    from . import study
+
+    try:
+        utils = tuple(float(u) for u in a.utils.split(","))
+    except ValueError:
+        return _err(f"--utils {a.utils!r}: expected comma-separated fractions, e.g. 0.5,0.8,0.95")
+
+    def progress(i, n, r):
+        lab = study.label(r["mode"], r["strategy"])
+        print(f"[{i}/{n}] util {r['util']} {r['admission']} {lab}: WAF {r['waf']:.3f} ({r['seconds']} s)",
+              file=sys.stderr, flush=True)
+
+    try:
+        res = study.run_study(utils=utils, repeats=a.repeats, warmup=a.warmup, measure=a.measure, jobs=a.jobs,
+                              progress=progress)
+    except ValueError as exc:
+        return _err(str(exc))
+    val = anc = None
+    if not a.no_checks:
+        val, anc = study.validation(), study.anchors()
+    files = study.write_study(a.out, res, val, anc, argv, plot=not a.no_plots)
+    print("wrote: " + ", ".join(files))
+    return 0
+
+
+def main(args, argv: Optional[list[str]] = None) -> int:
+    if args.waf_command == "simulate":
+        return cmd_simulate(args)
+    if args.waf_command == "generate":
+        return cmd_generate(args)
+    if args.waf_command == "study":
+        return cmd_study(args, argv or [PROG, "study"])
+    return _err(f"unknown waf command {args.waf_command!r}")

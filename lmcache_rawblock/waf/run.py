@@ -1,0 +1,67 @@
+"""One simulated run: a workload through the cache model onto a simulated drive, measured in
+steady state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Optional
+
+from ..admission import Admission
+from .ftl import FlashSim, Geometry
+from .stream import CacheConfig, CacheModel, SimSink
+from .workload import WorkloadSpec, generate
+
+
+def slot_bytes_for(spec: WorkloadSpec, geometry: Geometry, header_bytes: int = 4096) -> int:
+    """A slot holds a header and a full object, rounded up to whole simulated pages."""
+    pb = geometry.page_bytes
+    return -(-(header_bytes + spec.object_bytes) // pb) * pb
+
+
+def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mode: str,
+                     strategy: Optional[str] = None, admission: str = "always", policy: str = "greedy",
+                     isolation: str = "initial", warmup: float = 2.0, measure: float = 2.0,
+                     dealloc: bool = True, checkpoint_every: int = 2000) -> dict:
+    """WAF of ``spec`` on a cache using ``util`` of the drive's logical space, after ``warmup``
+    drive writes (host bytes / logical bytes), over ``measure`` more. Also the WAF from the
+    start, at each whole drive write (``cumulative``)."""
+    if not 0.0 < util <= 1.0:
+        raise ValueError(f"util must be in (0, 1] (fraction of the drive's logical space the cache uses), got {util!r}")
+    for name, v in (("warmup", warmup), ("measure", measure)):
+        if not v >= 0 or (name == "measure" and v == 0):
+            raise ValueError(f"{name} must be {'> 0' if name == 'measure' else '>= 0'} drive writes, got {v!r}")
+    sim = FlashSim(geometry, policy=policy, isolation=isolation)
+    meta = 4 * geometry.page_bytes
+    cfg = CacheConfig(capacity_bytes=int(util * geometry.logical_bytes), slot_bytes=slot_bytes_for(spec, geometry),
+                      meta_total_bytes=meta, dealloc=dealloc, tp=spec.tp, checkpoint_every=checkpoint_every)
+    model = CacheModel(cfg, mode, strategy, SimSink(sim), Admission(admission))
+    events = generate(replace(spec, requests=0))
+    L = geometry.logical_bytes
+    t0 = time.perf_counter()
+    cumulative = []
+    done = 0.0
+    target = warmup + measure
+    while done < warmup:
+        step = min(1.0, warmup - done)
+        done += step
+        model.feed(events, stop_bytes=int(done * L))
+        cumulative.append({"drive_writes": round(done, 3), "waf": sim.counters.waf()})
+    sim.mark()
+    stats0 = model.stats.to_dict()
+    while done < target:
+        step = min(1.0, target - done)
+        done += step
+        model.feed(events, stop_bytes=int(done * L))
+        cumulative.append({"drive_writes": round(done, 3), "waf": sim.counters.waf()})
+    w = sim.window()
+    st = model.stats.to_dict()
+    window_stats = {k: st[k] - stats0[k] for k in st if k != "hit_ratio"}
+    window_stats["hit_ratio"] = (window_stats["hits"] / window_stats["lookups"]) if window_stats["lookups"] else None
+    return {
+        "mode": mode, "strategy": strategy if mode == "separated" else None, "util": util, "admission": admission,
+        "gc_policy": policy, "isolation": isolation, "warmup_drive_writes": warmup, "measure_drive_writes": measure,
+        "waf": w.waf(), "window": w.to_dict(), "cumulative_waf": sim.counters.waf(), "cumulative": cumulative,
+        "cache": window_stats, "slots": cfg.n_slots, "slot_bytes": cfg.slot_bytes,
+        "handles_used": len(sim._handles), "seconds": round(time.perf_counter() - t0, 2),
+    }

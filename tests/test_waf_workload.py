@@ -1,0 +1,146 @@
+"""The LMCache-shaped workload, its trace format, the cache model's write stream per mode, and
+write admission."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+
+import pytest
+
+from lmcache_rawblock import fdp
+from lmcache_rawblock.admission import Admission, FrequencySketch
+from lmcache_rawblock.waf import stream
+from lmcache_rawblock.waf.ftl import Geometry
+from lmcache_rawblock.waf.run import simulate_lmcache
+from lmcache_rawblock.waf.workload import WorkloadSpec, generate, read_trace, write_trace
+
+SPEC = WorkloadSpec(requests=150, families=40, tp=2, chunk_bytes=2 << 20, seed=5)
+
+
+def test_generator_shape_and_determinism():
+    ev = list(generate(SPEC))
+    assert ev == list(generate(SPEC))
+    ops = Counter(e["op"] for e in ev)
+    assert ops["get"] > 0 and ops["put"] > 0
+    assert {e["worker"] for e in ev} == {0, 1}
+    puts = [e for e in ev if e["op"] == "put"]
+    assert {e["phase"] for e in puts} == {"prefill", "decode"}
+    sizes = {e["size"] for e in puts}
+    assert SPEC.object_bytes in sizes and min(sizes) < SPEC.object_bytes  # full and partial objects
+    # decode stores one chunk per batch; prefill batches hold a chain
+    per_batch = Counter((e["batch"], e["phase"]) for e in puts)
+    assert max(n for (b, ph), n in per_batch.items() if ph == "decode") == 1
+    assert max(n for (b, ph), n in per_batch.items() if ph == "prefill") > 1
+    times = [e["time"] for e in ev]
+    assert times == sorted(times)
+
+
+def test_trace_round_trip_and_errors():
+    buf = io.StringIO()
+    n = write_trace(generate(SPEC), buf, SPEC)
+    lines = buf.getvalue().splitlines()
+    assert json.loads(lines[0])["workload"]["seed"] == 5 and len(lines) == n + 1
+    assert list(read_trace(lines)) == list(generate(SPEC))
+    with pytest.raises(ValueError, match="t:1: op must be one of get, put, delete, got 'store'"):
+        list(read_trace(['{"op": "store", "key": "ab"}'], source="t"))
+    with pytest.raises(ValueError, match="t:2: key must be hex digits, got 'xyz'"):
+        list(read_trace(["", '{"op": "get", "key": "xyz"}'], source="t"))
+    with pytest.raises(ValueError, match="a put needs size >= 1 and a batch"):
+        list(read_trace(['{"op": "put", "key": "ab", "size": 0}']))
+
+
+class Sink:
+    def __init__(self):
+        self.writes, self.deallocs = [], []
+
+    def write_bytes(self, off, n, pid):
+        self.writes.append((off, n, pid))
+
+    def dealloc_bytes(self, off, n):
+        self.deallocs.append((off, n))
+
+
+def _model(mode, strategy=None, admission="always", capacity_slots=40, dealloc=True):
+    slot = 4096 + SPEC.object_bytes
+    cfg = stream.CacheConfig(capacity_bytes=(1 << 20) + capacity_slots * slot, slot_bytes=slot,
+                             meta_total_bytes=1 << 20, tp=SPEC.tp, dealloc=dealloc, checkpoint_every=50)
+    sink = Sink()
+    m = stream.CacheModel(cfg, mode, strategy, sink, Admission(admission))
+    m.feed(generate(SPEC))
+    return m, sink
+
+
+def test_modes_place_writes_as_the_fdp_strategies_route_them():
+    m, sink = _model("no_fdp")
+    assert {p for _, _, p in sink.writes} == {None}
+    assert m.stats.evictions > 0 and len(sink.deallocs) == m.stats.evictions
+    m, sink = _model("mixed")
+    assert {p for _, _, p in sink.writes} == {1}
+    m, sink = _model("separated", "tp_worker")
+    data = [(o, p) for o, _, p in sink.writes if o >= 1 << 20]
+    assert {p for _, p in data} == {1, 2}  # one identifier per worker
+    ckpt = {p for o, _, p in sink.writes if o < 1 << 20}
+    assert ckpt == {5}  # the checkpoint on its own handle
+    m, sink = _model("separated", "phase")
+    assert {p for o, _, p in sink.writes if o >= 1 << 20} == {1, 2}
+    m, sink = _model("separated", "cache_salt_prefix")
+    assert len({p for o, _, p in sink.writes if o >= 1 << 20}) == 4  # four tenants
+
+
+def test_phase_routing_is_fdp_routing():
+    # the cache model asks lmcache_rawblock.fdp: a one-chunk store is decode (second id)
+    facts = [fdp.KeyFacts(chunk_hash=7, worker=0, local_rank=0, salt="", stream=("m", 2, 0, ""))]
+    assert fdp.PlacementRouter("phase", (1, 2, 3, 4)).placements(facts) == [2]
+
+
+def test_slot_reuse_and_write_sizes():
+    m, sink = _model("no_fdp", dealloc=False)
+    slot = m.cfg.slot_bytes
+    offs = {o for o, _, _ in sink.writes if o >= 1 << 20}
+    assert all((o - (1 << 20)) % slot == 0 for o in offs)
+    assert len(offs) == m.cfg.n_slots  # every slot used, no more
+    assert all(n <= slot for o, n, _ in sink.writes if o >= 1 << 20)
+    assert sink.deallocs == []
+
+
+def test_second_hit_admission_writes_less_and_costs_hits():
+    a, _ = _model("no_fdp", capacity_slots=200)
+    b, _ = _model("no_fdp", "tp_worker", admission="second_hit", capacity_slots=200)
+    assert b.stats.puts_refused > 0
+    assert b.stats.puts_written < a.stats.puts_written * 0.8
+    assert b.stats.puts_refused + b.stats.puts_written == b.stats.puts_offered
+    # (the hit ratio may go either way: refusing one-use chunks also keeps them from evicting
+    # useful ones; the study reports both)
+
+
+def test_sketch_is_bounded_and_ages():
+    s = FrequencySketch(width=64, depth=2, halve_every=100)
+    assert s.nbytes == 128
+    for _ in range(3):
+        s.record("k")
+    assert s.estimate("k") == 3
+    for i in range(100):
+        s.record(("other", i))
+    assert s.estimate("k") <= 1  # halved
+    a = Admission("second_hit", width=1 << 10)
+    assert [a.admit(x) for x in ("a", "b", "a", "a")] == [False, False, True, True]
+    assert a.status()["admission_rejected"] == 2
+    with pytest.raises(ValueError, match="admission must be one of always, second_hit, got 'third_hit'"):
+        Admission("third_hit")
+    with pytest.raises(ValueError, match="sketch width must be a power of two >= 16, got 100"):
+        FrequencySketch(width=100)
+
+
+def test_simulate_lmcache_small_end_to_end():
+    g = Geometry(ru_pages=16, n_rus=256, op=0.07, max_handles=8, page_bytes=1 << 20)
+    spec = WorkloadSpec(families=200, chunk_bytes=8 << 20, seed=2)
+    r = simulate_lmcache(g, spec, util=0.9, mode="separated", strategy="phase", warmup=1, measure=0.5,
+                         checkpoint_every=50)
+    assert r["waf"] >= 1.0 and r["window"]["host_pages"] >= 0.5 * g.logical_pages
+    assert r["handles_used"] == 3
+    with pytest.raises(ValueError, match="util must be in \\(0, 1\\].*1.5"):
+        simulate_lmcache(g, spec, util=1.5, mode="no_fdp")
+    with pytest.raises(ValueError, match="mode must be one of no_fdp, mixed, separated, got 'fdp'"):
+        simulate_lmcache(g, spec, util=0.9, mode="fdp")
