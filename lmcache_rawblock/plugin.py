@@ -600,6 +600,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             specs = [item[1] for item in items]
             objs = [item[2] for item in items]
             pids = [item[3] for item in items]
+            # Without a directive the put is the plain two-argument call it was before FDP.
             args = (specs, objs) if all(p is None for p in pids) else (specs, objs, pids)
             results = await asyncio.to_thread(self._put_with_policy, *args)
             failed = [spec.encoded for spec, ok in zip(specs, results) if not ok]
