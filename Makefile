@@ -175,10 +175,14 @@ NVME_RIG_ARGS ?=
 test-nvme: build
 	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
 
-# The same tests on a guest kernel with io_uring write streams (Linux >= 6.16, from Debian's
-# trixie-backports): FDP placement through the block device besides passthrough. ~3 minutes.
+# The device and core tests on a guest kernel with io_uring write streams (Linux >= 6.16, from
+# Debian's trixie-backports): FDP placement through the block device besides passthrough, and
+# passthrough on a current kernel. About 3 minutes.
+NVME_STREAMS_TESTS := tests/nvme/test_guest_rig.py tests/nvme/test_passthrough_device.py \
+  tests/nvme/test_passthrough_core.py tests/nvme/test_write_streams.py
 test-nvme-streams: build
-	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) --kernel-suite trixie-backports $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
+	$(PYTHON) tools/nvme_guest/rig.py --kernel-suite trixie-backports $(NVME_RIG_ARGS) --cmd "PYTHONPATH=tests \
+	  $(PYTHON) -m pytest -m nvme -p no:cacheprovider -p strict_skips -q $(NVME_STREAMS_TESTS) $(PYTEST_ARGS)"
 
 # LMCache's own passthrough and FDP tests (test_raw_block_uring_cmd.py and the two FDP probes,
 # from the lmcache sdist) in the guest, in the three conformance modes: the Rust wheel, LMCache's

@@ -22,6 +22,10 @@ def settings() -> tuple[dict[str, object], ...]:
     none_is_zero, policy, lmcache_mp, help), in RawBlockCoreConfig's order, then the FDP
     placement-policy settings (policy=True; type "id_list" is a list of distinct integers).
     Core() takes exactly the names that are not policy settings."""
+def nvme_fdp_report(path: str | PathLike[str], /) -> dict[str, object]:
+    """An NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, size_bytes,
+    endgid, fdp_enabled, config (index, fdpa, nrg, nruh, maxpids, nnss, runs) or None, ruhs
+    (pid, ruhid, earutr, ruamw per reclaim unit handle), stats (hbmw, mbmw, mbe) or None."""
 def container_bytes(meta_total_bytes: int, block_align: int, /) -> int:
     """Bytes of one of the two checkpoint copies; container 1 starts at this offset."""
 def _set_write_log(path: str | PathLike[str] | None, /) -> None:
@@ -42,6 +46,7 @@ class RawBlockDevice:
         alignment: int = 4096,
         io_engine: str | None = None,
         iouring_queue_depth: int = 256,
+        max_data_transfer_size: int | None = None,
     ) -> Self: ...
     @property
     def closed(self) -> bool: ...
@@ -86,6 +91,11 @@ class RawBlockDevice:
     def nvme_lba_shift(self) -> int: ...
     def nvme_lba_size(self) -> int: ...
     def fetch_fdp_status(self) -> list[tuple[int, int]]: ...
+    def max_data_transfer_size(self) -> int:
+        """Bytes per NVMe command on a passthrough device; longer transfers are split."""
+    def write_streams(self) -> int:
+        """io_uring write streams placing writes on FDP handles through the block device
+        (Linux >= 6.16, O_DIRECT); 0 when there are none."""
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...
     def __exit__(
