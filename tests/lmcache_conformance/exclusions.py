@@ -149,6 +149,14 @@ EXCLUSIONS += [
              "tests/nvme/test_passthrough_core.py::test_round_trip_with_split_transfers_and_recovery"),
     _private(BACKEND + "test_raw_block_core_uring_cmd_*", NO_PASSTHROUGH,
              "tests/nvme/test_passthrough_core.py::test_round_trip_with_split_transfers_and_recovery"),
+    _private(URING_CMD + "test_uring_cmd_auto_transfer_limit_*",
+             "patches LMCache's private RawBlockCore._rawdev / _ensure_capacity_and_layout and its module's "
+             "_read_sysfs_int; ours resolves the limit in lmcache_rawblock.raw_block.config",
+             "tests/nvme/test_passthrough_config.py::test_transfer_limit_capped_by_max_segments"),
+    _private(URING_CMD + "test_uring_cmd_explicit_transfer_limit_must_be_block_aligned",
+             "patches LMCache's private RawBlockCore._rawdev / _ensure_capacity_and_layout / "
+             "_load_checkpoint_from_device",
+             "tests/nvme/test_passthrough_config.py::test_explicit_transfer_limit_must_be_block_aligned"),
     _private(URING_CMD + "test_uring_cmd_disabled",
              "patches RawBlockCore._rawdev / _ensure_capacity_and_layout / _load_checkpoint_from_device and "
              "the plugin's private _raw", "tests/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),
