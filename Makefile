@@ -195,6 +195,7 @@ test-nvme-streams: build
 # gives a spawned interpreter 10 s, too little under TCG for the Rust wheel and ours alike: its
 # probe then runs once more in-process for both (tests/nvme/lmcache_build_error_probe.py).
 # About 12 minutes under TCG.
+LMC_VERSION = $(shell $(LMC_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("lmcache"))')
 NVME_LMCACHE_TESTS := tests/v1/storage_backend/test_raw_block_uring_cmd.py,tests/v1/storage_backend/test_raw_block_fdp_*.py
 NVME_LMCACHE_ENV := NUMBA_CACHE_DIR=/run/tmp/numba LMCACHE_TEST_CHAR_DEVICE=/dev/ng0n1 \
   LMCACHE_TEST_BLOCK_DEVICE=/dev/nvme0n1 LMCACHE_TEST_FDP_CHAR_DEVICE=/dev/ng0n1 LMCACHE_TEST_RAW_BLOCK_DESTRUCTIVE=1
@@ -202,7 +203,7 @@ test-nvme-conformance: build lmcache-venv
 	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py --fetch-only
 	$(PYTHON) tools/nvme_guest/rig.py --timeout 1500 --mem 8192 $(NVME_RIG_ARGS) --cmd "$(NVME_LMCACHE_ENV) \
 	  $(LMC_VENV)/bin/python tests/lmcache_conformance/run.py --files '$(NVME_LMCACHE_TESTS)' --out /run/rig/conformance" \
-	  --cmd "cd build/lmcache-sdist/$$($(LMC_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version(\"lmcache\"))') && \
+	  --cmd "cd build/lmcache-sdist/$(LMC_VERSION) && \
 	  NUMBA_CACHE_DIR=/run/tmp/numba $(CURDIR)/$(LMC_VENV)/bin/python $(CURDIR)/tests/nvme/lmcache_build_error_probe.py /dev/ng0n1"
 
 # Passthrough reads and writes, ours against the Rust wheel, in the guest; results are copied to
