@@ -259,6 +259,20 @@ test-wheel: py-deps
 	PYTHONPATH="$$tmp/smoke" RB_SOURCE_TREE="$(CURDIR)" venv/bin/python -m pytest -q -p no:cacheprovider \
 	  -p strict_skips smoke $(PYTEST_ARGS)
 
+# The same wheel and smoke suite on a Debian without any compiler or -dev package: a minimal root of
+# the host's Debian release (debootstrap --variant=minbase with python3, python3-venv and
+# ca-certificates only, cached in build/wheel-bare/; installs debootstrap if missing), checked for
+# no cc/gcc, no -dev package and no libnvme.h/liburing.h, with /proc, /sys, /dev, dist/ and
+# tests/wheel_smoke/ mounted into it; a virtualenv of its python3 (which must match the wheel's
+# cp tag), pytest from PyPI, the wheel with --no-index (tools/wheel_bare.sh; needs root, and
+# network for the first run's debootstrap and for pytest). Prints which of libnvme1, libjson-c5,
+# libblkid1, libxxhash0 and liburing2 the root has: the suite checks the wheel's copies are loaded.
+BARE_CACHE := build/wheel-bare
+.PHONY: test-wheel-bare
+test-wheel-bare:
+	@ls $(DIST)/*manylinux*.whl >/dev/null 2>&1 || $(MAKE) wheel
+	tools/wheel_bare.sh $(DIST) tests/wheel_smoke tests/strict_skips.py $(BARE_CACHE) $(PYTEST_ARGS)
+
 # libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode.
 # clang from Debian (14 on Debian 12, 19 on Debian 13) with -fsanitize=fuzzer,address,undefined.
 # Each run starts from the committed corpus (copied, so it stays as committed) and fails on the
@@ -293,5 +307,6 @@ fuzz-smoke: fuzz-build fuzz-regressions
 fuzz-long:
 	$(MAKE) fuzz-smoke FUZZ_SECONDS=3600
 
+# --one-file-system: never into /dev, /proc or /sys mounted in build/wheel-bare/ (a killed run's leftovers).
 clean:
-	rm -rf build dist *.egg-info lmcache_rawblock/*.so
+	rm -rf --one-file-system build dist *.egg-info lmcache_rawblock/*.so
