@@ -173,7 +173,8 @@ test-conformance: build lmcache-venv
 # and caches a Debian kernel, busybox and the initramfs under build/nvme-guest/ on first use. The
 # guest runs this checkout and $(PYTHON) from the host root (shared read-only over 9p); any skip
 # fails. NVME_RIG_ARGS takes rig options (--kernel-suite trixie-backports, --cmd ..., --help).
-# Boot ~20 s, the 30 guest tests ~2.5 minutes under TCG on 2 busy cores; +20 s on a clean clone (~75 MB).
+# Boot ~15 s, the 49 guest tests ~7 minutes under TCG on 2 busy cores (LMCache's import for the MP
+# adapter's test takes minutes of that); +20 s on a clean clone (~75 MB).
 NVME_RIG_ARGS ?=
 test-nvme: build
 	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
