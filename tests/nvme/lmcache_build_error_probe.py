@@ -48,7 +48,8 @@ def run(impl: str, device: str) -> str | None:
         return f"did not finish in {TIMEOUT_S:.0f} s: wait_iouring hung"
     if done[0] is not None:
         return f"failed: {done[0]!r}"
-    print(f"middle build error probe: {impl} device passed in {el:.2f} s (results [True, False, True], "
+    who = "LMCache's Rust device" if impl == "rust" else "our device"
+    print(f"middle build error probe: {who} passed in {el:.2f} s (results [True, False, True], "
           "the middle entry's error names the LBA alignment)", flush=True)
     return None
 
@@ -56,6 +57,7 @@ def run(impl: str, device: str) -> str | None:
 def main() -> int:
     device = sys.argv[1] if len(sys.argv) > 1 else "/dev/ng0n1"
     sys.path.insert(0, os.getcwd())  # the sdist root, for its tests package
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # ours
     t0 = time.monotonic()
     import lmcache  # noqa: F401  (the import the spawned process pays for)
 
