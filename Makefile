@@ -195,7 +195,7 @@ test-nvme-streams: build
 # fixtures reserve a 5 GiB CPU buffer (touched only in part). LMCache's middle-build-error test
 # gives a spawned interpreter 10 s, too little under TCG for the Rust wheel and ours alike: its
 # probe then runs once more in-process for both (tests/nvme/lmcache_build_error_probe.py).
-# About 12 minutes under TCG.
+# About 16 minutes under TCG (three LMCache imports).
 LMC_VERSION = $(shell $(LMC_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("lmcache"))')
 NVME_LMCACHE_TESTS := tests/v1/storage_backend/test_raw_block_uring_cmd.py,tests/v1/storage_backend/test_raw_block_fdp_*.py
 NVME_LMCACHE_ENV := NUMBA_CACHE_DIR=/run/tmp/numba LMCACHE_TEST_CHAR_DEVICE=/dev/ng0n1 \
