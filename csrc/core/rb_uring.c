@@ -697,6 +697,17 @@ static void arm_poll(struct rb_uring *u)
     u->poll_armed = 1;
 }
 
+/* Queue r's next attempt (worker only): it is sent before new work from the FIFO. */
+static void retry_push(struct rb_uring *u, rb_req *r)
+{
+    r->next = NULL;
+    if (u->retry_tail)
+        u->retry_tail->next = r;
+    else
+        u->retry_head = r;
+    u->retry_tail = r;
+}
+
 static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint64_t *cnt)
 {
     uint64_t ud = io_uring_cqe_get_data64(cqe);
@@ -726,12 +737,7 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
          * again from the same memory: nothing was transferred. */
         u->nvme_no_fixed = 1;
         RB_STAT_ADD(&u->dev->stats, fixed_buffer_fallbacks, 1);
-        r->next = NULL;
-        if (u->retry_tail)
-            u->retry_tail->next = r;
-        else
-            u->retry_head = r;
-        u->retry_tail = r;
+        retry_push(u, r);
         return;
     }
     if (u->nvme && res >= 0) {
@@ -779,12 +785,7 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         finish(u, r, RB_REQ_SHORT_SHUTDOWN, 0);
         return;
     }
-    r->next = NULL;
-    if (u->retry_tail)
-        u->retry_tail->next = r;
-    else
-        u->retry_head = r;
-    u->retry_tail = r;
+    retry_push(u, r);
 }
 
 static void reap(struct rb_uring *u)

@@ -1086,23 +1086,7 @@ static PyObject *core_fetch_fdp_status(PyObject *op, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "RawBlockCore is closed");
         return NULL;
     }
-    rb_nvme_ruh *v = NULL;
-    size_t n = 0;
-    rb_err err;
-    rb_err_clear(&err);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_dev_fdp_status(c->dev, &v, &n, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        if (err.errnum == EINVAL && err.kind == RB_ERR_RUNTIME)
-            rb_err_set(&err, RB_ERR_RUNTIME, EINVAL,
-                       "fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true");
-        return rbpy_raise_err(&err);
-    }
-    PyObject *list = rbpy_ruh_list(v, n);
-    free(v);
-    return list;
+    return rbpy_fdp_status(c->dev, "fetch_fdp_status requires io_engine='io_uring' with use_uring_cmd=true");
 }
 
 /* nvme_info() -> dict(nsid, lba_shift, lba_size, max_data_transfer_size, size_bytes) of a

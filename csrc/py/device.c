@@ -452,7 +452,7 @@ static PyObject *device_max_data_transfer_size(PyObject *op, PyObject *unused)
     return PyLong_FromSize_t(rb_dev_max_transfer(((RawBlockDeviceObject *)op)->dev));
 }
 
-PyObject *rbpy_ruh_list(const rb_nvme_ruh *v, size_t n)
+static PyObject *ruh_list(const rb_nvme_ruh *v, size_t n)
 {
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (!list)
@@ -468,25 +468,33 @@ PyObject *rbpy_ruh_list(const rb_nvme_ruh *v, size_t n)
     return list;
 }
 
-static PyObject *device_fetch_fdp_status(PyObject *op, PyObject *unused)
+PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled)
 {
-    (void)unused;
-    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
-    if (rbpy_device_check_open(self) < 0)
-        return NULL;
     rb_nvme_ruh *v = NULL;
     size_t n = 0;
     rb_err err;
     rb_err_clear(&err);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rb_dev_fdp_status(self->dev, &v, &n, &err);
+    rc = rb_dev_fdp_status(dev, &v, &n, &err);
     Py_END_ALLOW_THREADS
-    if (rc < 0)
+    if (rc < 0) {
+        if (not_enabled && err.kind == RB_ERR_RUNTIME && err.errnum == EINVAL)
+            rb_err_set(&err, RB_ERR_RUNTIME, EINVAL, "%s", not_enabled);
         return rbpy_raise_err(&err);
-    PyObject *list = rbpy_ruh_list(v, n);
+    }
+    PyObject *list = ruh_list(v, n);
     free(v);
     return list;
+}
+
+static PyObject *device_fetch_fdp_status(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    return rbpy_fdp_status(self->dev, NULL);
 }
 
 static PyObject *device_get_closed(PyObject *op, void *closure)

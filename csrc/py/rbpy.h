@@ -77,9 +77,9 @@ PyObject *rbpy_container_bytes(PyObject *mod, PyObject *const *args, Py_ssize_t 
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
-/* [(placement_id, ruh_id), ...] of RUH status descriptors (fetch_fdp_status's result). */
-struct rb_nvme_ruh;
-PyObject *rbpy_ruh_list(const struct rb_nvme_ruh *v, size_t n);
+/* fetch_fdp_status() of a device, without the GIL: [(placement_id, ruh_id), ...]. A device
+ * that can place no writes raises its RuntimeError, with not_enabled as the text if given. */
+PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled);
 
 /* nvme.c: _native.nvme_fdp_report(path) -> dict (the fdp-status command's data). */
 PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path);
