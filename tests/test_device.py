@@ -524,19 +524,57 @@ def test_small_buffered_reads_hit_the_page_cache_without_blocking(sparse_file):
 
 
 def test_small_buffered_read_that_would_block_falls_back(sparse_file):
+    # The no-wait attempt is told to give up (as when the page cache would block), so the blocking
+    # path must finish the read.  A real uncached read cannot force this: the kernel starts
+    # readahead inside the no-wait attempt, and on a fast disk it completes before the attempt
+    # looks again, which makes the attempt a hit by chance.
     path = sparse_file()
     data = pattern(8192, seed=9)
     with open(path, "r+b") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # evict: the next read must block
     with RawBlockDevice(path, False) as dev:
+        dev._inject_nowait_miss(1)
         out = bytearray(8192)
         dev.pread_into(0, out, 8192)
         st = dev.io_stats_snapshot()
-    assert bytes(out) == data
-    assert st["nowait_misses"] >= 1 and st["completed_attempts"] >= 1
+        assert bytes(out) == data
+        assert (st["nowait_hits"], st["nowait_misses"]) == (0, 1)
+        assert st["completed_attempts"] >= 1, "the miss was completed by a blocking read"
+        out2 = bytearray(8192)
+        dev.pread_into(0, out2, 8192)
+        assert bytes(out2) == data
+        assert dev.io_stats_snapshot()["nowait_hits"] == 1, "the hook is spent: the next read probes for real"
+
+
+def test_small_buffered_reads_of_uncached_regions_are_correct(sparse_file):
+    # Regions written with O_DIRECT are not in the page cache: each first buffered read probes,
+    # and whether the probe hits or falls back, the bytes are the stored ones.
+    path = sparse_file()
+    regions = 8
+    datas = [pattern(8192, seed=20 + i) for i in range(regions)]
+    buf = mmap.mmap(-1, 8192)
+    fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    try:
+        for i, data in enumerate(datas):
+            buf[:] = data
+            assert os.pwrite(fd, buf, i * MiB) == len(data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        buf.close()
+    with RawBlockDevice(path, False) as dev:
+        for i, data in enumerate(datas):
+            out = bytearray(8192)
+            dev.pread_into(i * MiB, out, 8192)
+            assert bytes(out) == data, f"region {i}"
+        st = dev.io_stats_snapshot()
+    assert st["nowait_hits"] + st["nowait_misses"] == regions, "every small buffered read probes first"
+
+
+def test_nowait_miss_hook_rejects_bad_counts(sparse_file):
+    with RawBlockDevice(sparse_file(), False) as dev:
+        with pytest.raises(ValueError, match="-1"):
+            dev._inject_nowait_miss(-1)
 
 
 def test_large_and_odirect_transfers_never_probe(sparse_file):

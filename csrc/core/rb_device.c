@@ -570,6 +570,11 @@ static void xfer_finish(rb_xfer *x)
     }
 }
 
+void rb_dev_inject_nowait_miss(rb_dev *dev, int n)
+{
+    atomic_store_explicit(&dev->nowait_fault, n, memory_order_relaxed);
+}
+
 int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
 {
     if (x->done >= x->want)
@@ -578,7 +583,14 @@ int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
         atomic_load_explicit(&dev->nowait_unsupported[x->write], memory_order_relaxed))
         return 0;
     size_t req = x->want - x->done;
-    ssize_t r = xfer_attempt(dev, x, RWF_NOWAIT);
+    ssize_t r;
+    if (atomic_load_explicit(&dev->nowait_fault, memory_order_relaxed) > 0) {
+        atomic_fetch_sub_explicit(&dev->nowait_fault, 1, memory_order_relaxed);
+        errno = EAGAIN;
+        r = -1;
+    } else {
+        r = xfer_attempt(dev, x, RWF_NOWAIT);
+    }
     if (r <= 0) {
         /* EAGAIN (would block), EOF or a real error: the blocking path decides. A file
          * system without NOWAIT support for this direction (ext4 buffered writes) says so

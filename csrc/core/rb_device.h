@@ -153,6 +153,10 @@ int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err);
  * run while holding the GIL for small transfers (see RB_NOWAIT_MAX). */
 int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x);
 
+/* Test hook: the next n no-wait attempts give up as if the page cache would block, so the
+ * blocking fallback can be tested without racing the kernel's readahead. */
+void rb_dev_inject_nowait_miss(rb_dev *dev, int n);
+
 /* Largest transfer the binding tries with RWF_NOWAIT before releasing the GIL: a page-cache
  * copy of this size takes about a microsecond, far below the interpreter's switch interval. */
 #define RB_NOWAIT_MAX (16u * 1024u)

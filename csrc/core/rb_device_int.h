@@ -36,6 +36,7 @@ struct rb_dev {
     uint16_t stream_pid[RB_MAX_WRITE_STREAMS];
     rb_stats stats;
     _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
+    _Atomic int nowait_fault;          /* test hook: this many no-wait attempts give up */
 
     /* Admission gate: calls running without the GIL hold a "user" reference. */
     _Atomic long users;

@@ -524,6 +524,24 @@ static PyObject *device_get_alignment(PyObject *op, void *closure)
 
 #define FASTKW(fn) (PyCFunction)(void (*)(void))(fn), METH_FASTCALL | METH_KEYWORDS
 
+/* _inject_nowait_miss(n): test hook, the next n no-wait attempts of small buffered transfers
+ * give up as if they would block. */
+static PyObject *dev_inject_nowait_miss(PyObject *op, PyObject *arg)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "_inject_nowait_miss: n must be in [0, %d], got %ld", INT_MAX, n);
+        return NULL;
+    }
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    rb_dev_inject_nowait_miss(self->dev, (int)n);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef device_methods[] = {
     {"size_bytes", device_size_bytes, METH_NOARGS, "Device or file size in bytes (cached at open)."},
     {"pwrite_from_buffer", FASTKW(device_pwrite_from_buffer),
@@ -551,6 +569,9 @@ static PyMethodDef device_methods[] = {
     {"_inject_engine_fault", rbpy_dev_inject_engine_fault, METH_O,
      "test hook: 1 = the next kernel submission reports a hard failure after the kernel took the "
      "requests, 2 = the worker's next reap fails"},
+    {"_inject_nowait_miss", dev_inject_nowait_miss, METH_O,
+     "test hook: the next n no-wait attempts of small buffered transfers give up as if they "
+     "would block"},
     {"fixed_buffer_status", rbpy_dev_fixed_buffer_status, METH_NOARGS,
      "(registered, registered_bytes) of io_uring fixed buffers."},
     {"io_stats_snapshot", device_io_stats_snapshot, METH_NOARGS, "Lifetime I/O counters as a dict."},
