@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parts to run: device (per-call latency vs the Rust device), uring (io_uring batches vs "
                         "the Rust device), limit (io_uring stream vs fio), core (RawBlockCore vs LMCache's, per-key "
                         "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
-                        "plugin (batched_remove, eviction under contention); default all")
+                        "plugin (batched_remove, eviction under contention), e2e (LMCache's plugin store/retrieve path "
+                        "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio); default all")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)

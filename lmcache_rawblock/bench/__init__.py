@@ -6,8 +6,9 @@ Python core and plugin, and fio.
 device (per-call latency against the Rust device), uring (io_uring batches against the Rust
 device), limit (our io_uring engine streaming against fio). Parts on sparse files of their own:
 core (our RawBlockCore against LMCache's, with per-key CPU beside the kernel floor and the
-checkpoint flush cost), recovery (slot-header validation, sequential against batched) and
-plugin (batched_remove fan-out against the override, and eviction under contention).
+checkpoint flush cost), recovery (slot-header validation, sequential against batched),
+plugin (batched_remove fan-out against the override, and eviction under contention) and e2e
+(LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 from . import common, device, limit
 from . import core as core_suite
+from . import e2e as e2e_suite
 from . import plugin as plugin_suite
 from . import recovery as recovery_suite
 from .common import Competitor
@@ -27,9 +29,9 @@ from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
-CORE_PARTS = ("core", "recovery", "plugin")  # the parts that compare with LMCache, on files of their own
+CORE_PARTS = ("core", "recovery", "plugin", "e2e")  # the parts that compare with LMCache, on files of their own
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -111,6 +113,13 @@ def plugin_settings(opts: Options) -> plugin_suite.PluginSettings:
     return s
 
 
+def e2e_settings(opts: Options) -> e2e_suite.E2ESettings:
+    s = replace(e2e_suite.SUITES[opts.suite])
+    if opts.repeats:
+        s.rounds = opts.repeats
+    return s
+
+
 def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str] | None = None,
         core_comps: list[Competitor] | None = None) -> dict:
     """Run the planned parts. ``comps``: ours + the Rust wheel (device parts); ``core_comps``:
@@ -132,6 +141,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["recovery"] = recovery_settings(opts)
     if "plugin" in parts:
         part_settings["plugin"] = plugin_settings(opts)
+    if "e2e" in parts:
+        part_settings["e2e"] = e2e_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
     settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
@@ -157,6 +168,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "core": core_suite.steps(part_settings["core"]) if "core" in parts else 0,
         "recovery": recovery_suite.steps(part_settings["recovery"]) if "recovery" in parts else 0,
         "plugin": plugin_suite.steps(part_settings["plugin"]) if "plugin" in parts else 0,
+        "e2e": e2e_suite.steps(part_settings["e2e"]) if "e2e" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -169,6 +181,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "core": lambda bar: core_suite.run_core(core_comps, part_settings["core"], workdir, bar),
         "recovery": lambda bar: recovery_suite.run_recovery(core_comps, part_settings["recovery"], workdir, bar),
         "plugin": lambda bar: plugin_suite.run_plugin(core_comps, part_settings["plugin"], workdir, bar),
+        "e2e": lambda bar: e2e_suite.run_e2e(part_settings["e2e"], workdir, bar),
     }
     total = sum(steps[p] for p in parts)
     if on_files:

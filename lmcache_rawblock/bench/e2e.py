@@ -18,7 +18,8 @@ chunk stored or retrieved on its own. CPU is ``time.process_time()`` of the whol
 
 The device limit is fio on the same file (our plugin's, over its data region) with the chunk as
 block size: ``io_uring``, O_DIRECT, registered buffers and ``iodepth`` = chunks per batch for
-``odirect_uring``; ``psync`` through the page cache for ``buffered_posix``. fio runs once per
+``odirect_uring``; ``psync`` through the page cache (not dropped before a run) for
+``buffered_posix``. fio runs once per
 round between the plugins. GB is 10^9 bytes.
 """
 
@@ -181,14 +182,14 @@ class Stack:
             chunk_size=self.metadata.chunk_size, max_local_cpu_size=self.cpu_gb, local_cpu=False,
             extra_config=dict(extra))
 
-    def alloc(self, seed: int | None) -> Any:
+    def alloc(self, pattern: int | None) -> Any:
         torch = self.mods["torch"]
         obj = self.local.allocate(self.metadata.get_shapes(self.metadata.chunk_size)[0], torch.bfloat16)
         if obj is None:
             raise RuntimeError("LocalCPUBackend could not allocate a chunk")
-        if seed is not None:
+        if pattern is not None:
             raw = obj.tensor.view(torch.uint8)
-            g = torch.Generator().manual_seed(seed)
+            g = torch.Generator().manual_seed(pattern)
             raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
         return obj
 
@@ -244,7 +245,8 @@ def fio_command(path: str, config: str, rw: str, chunk: int, depth: int, offset:
            f"--size={depth * chunk}", f"--loops={loops}", "--numjobs=1", "--thread", "--output-format=json"]
     if config == "odirect_uring":
         return cmd + ["--ioengine=io_uring", "--direct=1", "--fixedbufs", f"--iodepth={depth}"]
-    return cmd + ["--ioengine=psync", "--direct=0", "--iodepth=1"]
+    # --invalidate=0: the plugins retrieve what they just stored through the page cache; so does fio
+    return cmd + ["--ioengine=psync", "--direct=0", "--iodepth=1", "--invalidate=0"]
 
 
 # --------------------------------------------------------------------------- one model x configuration

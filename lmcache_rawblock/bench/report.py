@@ -183,8 +183,50 @@ def print_plugin(results: dict, p: Callable[..., None]) -> None:
                   f"{r['ops_per_s']:,.0f}", fmt_time(r["p99_s"])] for r in plug["contention"]], _right(5, 2)))
 
 
+def _gbs(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e9:.2f}"
+
+
+def _frac(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def print_e2e(results: dict, p: Callable[..., None]) -> None:
+    e2e = results["e2e"]
+    if e2e.get("skipped"):
+        p(f"End to end: skipped: {e2e['skipped']}")
+        return
+    s = e2e["settings"]
+    p(f"End to end: LMCache's plugin API (batched_submit_put_task, batched_get_blocking) with its LocalCPUBackend "
+      f"and MemoryObjs, {s['tokens']}-token bfloat16 KV chunks, {s['batch']} chunks per call (median of "
+      f"{s['rounds']} interleaved rounds); GB/s (10^9 B); p50/p99: one chunk on its own; CPU: process CPU s per GB; "
+      "of fio: share of fio at the same block size and depth on the same file")
+    for k, v in e2e.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    for c in e2e.get("cases", []):
+        if c.get("fio_error"):
+            p(f"  fio, {c['model']} {c['config']}: {c['fio_error']}")
+    rows = [[r["model"], fmt_size(r["chunk_bytes"]), r["config"], r["backend"], _gbs(r["store_bytes_per_s"]),
+             _gbs(r["retrieve_bytes_per_s"]), fmt_time(r["store_p50_s"]), fmt_time(r["store_p99_s"]),
+             fmt_time(r["retrieve_p50_s"]), fmt_time(r["retrieve_p99_s"]), f"{r['store_cpu_s_per_gb']:.3f}",
+             f"{r['retrieve_cpu_s_per_gb']:.3f}", _frac(r["store_of_limit"]), _frac(r["retrieve_of_limit"]),
+             "yes" if r["bytes_match"] else "NO"] for r in e2e.get("rows", [])]
+    if rows:
+        p(table(["model", "chunk", "config", "plugin", "store GB/s", "retr GB/s", "store p50", "store p99",
+                 "retr p50", "retr p99", "store CPU/GB", "retr CPU/GB", "store of fio", "retr of fio", "bytes ok"],
+                rows, _right(15, 4)[:-1] + [False]))
+    if e2e.get("ratios"):
+        p("")
+        p("ours / LMCache's plugin (GB/s: higher is better; p50 and CPU per GB: lower is better)")
+        p(table(["model", "config", "store GB/s", "retr GB/s", "store p50", "retr p50", "store CPU/GB", "retr CPU/GB"],
+                [[r["model"], r["config"]] + [fmt_x(r[k]) for k in ("store_bytes_per_s", "retrieve_bytes_per_s",
+                                                                     "store_p50_s", "retrieve_p50_s",
+                                                                     "store_cpu_s_per_gb", "retrieve_cpu_s_per_gb")]
+                 for r in e2e["ratios"]], _right(8, 2)))
+
+
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
-            "recovery": print_recovery, "plugin": print_plugin}
+            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -354,6 +396,9 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
     crows = (results.get("core") or {}).get("rows", [])
     if crows:
         files.append(_plot_core(plt, crows, out_dir))
+    erows = (results.get("e2e") or {}).get("rows", [])
+    if erows:
+        files.append(_plot_e2e(plt, erows, out_dir))
     bars = [g for g in goals(results) if g["higher_is_better"]]
     if bars:
         files.append(_plot_speedups(plt, bars, out_dir))
@@ -463,3 +508,31 @@ def _plot_uring(plt: Any, rows: list[dict], out_dir: str) -> str:
         _log_axes(ax, sizes, "block size", "MiB/s (median)", f"io_uring {op}, {MEDIUM[mode]}")
     fig.suptitle("io_uring batches, ours vs LMCache's Rust device (higher is better)")
     return _save(plt, fig, out_dir, "uring_throughput.png")
+
+
+def _plot_e2e(plt: Any, rows: list[dict], out_dir: str) -> str:
+    cases = list(dict.fromkeys((r["model"], r["config"]) for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(cases) + 4), 4.5), squeeze=False)
+    width = 0.38
+    for ax, op, limit in zip(axes[0], ("store", "retrieve"), ("fio_write", "fio_read")):
+        for j, (backend, color) in enumerate((("ours", "tab:green"), ("lmcache", "tab:blue"))):
+            ys = []
+            for case in cases:
+                r = next((r for r in rows if (r["model"], r["config"]) == case and r["backend"] == backend), None)
+                ys.append((r or {}).get(f"{op}_bytes_per_s") or float("nan"))
+            ax.bar([i + (j - 0.5) * width for i in range(len(cases))], [y / 1e9 for y in ys], width,
+                   color=color, label="ours" if backend == "ours" else "LMCache's plugin")
+        for i, case in enumerate(cases):
+            fio = next((r[f"{limit}_bytes_per_s"] for r in rows if (r["model"], r["config"]) == case), None)
+            if fio:
+                ax.hlines(fio / 1e9, i - 0.45, i + 0.45, colors="black", linestyles="--",
+                          label="fio, same block size and depth" if i == 0 else None)
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels([f"{m} {fmt_size(next(r['chunk_bytes'] for r in rows if r['model'] == m))}\n{c}"
+                            for m, c in cases], fontsize=7)
+        ax.set_ylabel("GB/s (median)")
+        ax.set_title(f"{op}, {rows[0]['batch']} chunks per call", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("LMCache plugin path end to end, ours vs LMCache's plugin (higher is better)")
+    return _save(plt, fig, out_dir, "e2e_throughput.png")
