@@ -1,6 +1,6 @@
-"""RawBlockCore on io_engine="io_uring": the batched put path (one payload batch, then one
-header batch, as LMCache's core writes them; a freed slot is never reused while a durable
-checkpoint still lists it), batched loads, checkpoint writes and
+"""RawBlockCore on io_engine="io_uring": the batched put path (payloads and headers in one
+batch, as LMCache's core submits them; a freed slot is never reused while a durable
+checkpoint still lists it, so the order in which they land does not matter), batched loads, checkpoint writes and
 recovery header validation through the io_uring engine. Faults come from the core's own
 hooks (_native.Core._inject_fault); batch shapes from the device counters (rust_io)."""
 
@@ -49,15 +49,15 @@ def slot_magic(dev, slot):
         return f.read(8)
 
 
-def test_put_many_one_payload_batch_then_one_header_batch(core):
+def test_put_many_writes_payloads_and_headers_in_one_batch(core):
     keys = [okey(i) for i in range(10)]
     b = io(core)
     r = core.put_many(keys, [Obj(payload(i, 1000 + i)) for i in range(10)])
     a = io(core)
     assert r.results == [True] * 10 and r.stored_keys == [k.encoded for k in keys]
-    # one submission of the 10 payloads, then one of the 10 headers
-    assert delta(b, a, "batches_submitted", "write_attempts") == (2, 20)
-    assert a["max_batch_size"] >= 10
+    # one submission of the 10 payloads and the 10 headers: one round trip through the engine
+    assert delta(b, a, "batches_submitted", "write_attempts") == (1, 20)
+    assert a["max_batch_size"] >= 20
 
 
 def test_put_many_round_trip_odd_sizes(core):
@@ -82,8 +82,8 @@ def test_put_many_chunks_large_batches(dev):
     a = io(c)
     assert r.results == [True] * 71
     assert r.stored_keys == [k.encoded for k in keys]
-    # chunks of 64 and 6 unique keys, each: payload batch + header batch
-    assert delta(b, a, "batches_submitted", "write_attempts") == (4, 140)
+    # chunks of 64 and 6 unique keys, each one batch of payloads and headers
+    assert delta(b, a, "batches_submitted", "write_attempts") == (2, 140)
     c.close()
     c = ucore(dev)
     try:
@@ -119,12 +119,12 @@ def test_put_many_rolls_back_on_submission_failure(core):
     assert core.put_many(keys, [Obj(100) for _ in keys]).results == [True] * 6
 
 
-def test_put_many_header_submission_failure_leaves_no_header(core, dev):
+def test_put_many_submission_failure_leaves_no_header(core, dev):
     keys = [okey(i) for i in range(4)]
     b = io(core)
-    core._native._inject_fault("submit", 2)  # the header batch
+    core._native._inject_fault("submit", 1)  # the batch of payloads and headers
     assert core.put_many(keys, [Obj(100) for _ in keys]).results == [False] * 4
-    assert delta(b, io(core), "batches_submitted", "write_attempts") == (1, 4)  # payloads only
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (0, 0)
     assert [slot_magic(dev, s) for s in range(4)] == [bytes(8)] * 4
     assert core.report_status()["indexed_key_count"] == 0 and available(core) == 2032
 
@@ -138,7 +138,7 @@ def test_put_many_partial_slot_exhaustion(tmp_path):
         b = io(c)
         r = c.put_many(keys, [Obj(100) for _ in keys])
         assert r.results == [True, True, True, False, False]
-        assert delta(b, io(c), "batches_submitted", "write_attempts") == (2, 6)
+        assert delta(b, io(c), "batches_submitted", "write_attempts") == (1, 6)
         assert available(c) == 0
     finally:
         c.close()
@@ -182,34 +182,48 @@ def test_put_many_prep_failure_leaves_no_orphan_and_slot_is_reused(core, dev):
 
 
 @pytest.mark.parametrize("failing", [2, 5])
-def test_put_many_payload_completion_failure_rolls_back_and_writes_no_header(core, dev, failing):
-    # Five keys: writes 1-5 are the payloads. A failed payload means no header is ever
-    # written for any key of the chunk (LMCache queues header and payload unordered).
+def test_put_many_payload_completion_failure_rolls_back_the_chunk(dev, failing):
+    # Five keys: writes 1-5 are the payloads, 6-10 the headers, all in one batch. A failed
+    # payload rolls the whole chunk back; the headers that landed are on slots no checkpoint
+    # lists, so after a restart none of the keys is served.
+    core = ucore(dev)
     keys = [okey(i) for i in range(5)]
     b = io(core)
     core._native._inject_fault("write", failing)
     r = core.put_many(keys, [Obj(payload(i, 100)) for i in range(5)])
     assert r.results == [False] * 5 and r.stored_keys == []
-    assert delta(b, io(core), "batches_submitted", "write_attempts") == (1, 4)
-    assert [slot_magic(dev, s) for s in range(5)] == [bytes(8)] * 5
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (1, 9)
     st = core.report_status()
     assert st["indexed_key_count"] == 0 and st["inflight_key_count"] == 0 and st["inflight_io_count"] == 0
     assert available(core) == 2032
+    core.close()
+    core = ucore(dev)
+    try:
+        assert core.exists_many([k.encoded for k in keys]) == [False] * 5
+        outs = [Obj(100) for _ in keys]
+        assert core.load_many_into([k.encoded for k in keys], outs) == [False] * 5
+        # the slots are reused by new keys, which round-trip
+        new = [okey(100 + i) for i in range(5)]
+        assert core.put_many(new, [Obj(payload(100 + i, 100)) for i in range(5)]).results == [True] * 5
+        assert core.load_many_into([k.encoded for k in new], outs) == [True] * 5
+        assert [o.bytes() for o in outs] == [payload(100 + i, 100) for i in range(5)]
+    finally:
+        core.close()
 
 
 def test_put_many_header_completion_failure_rolls_back(core):
     keys = [okey(i) for i in range(5)]
     b = io(core)
-    core._native._inject_fault("write", 7)  # the second header
+    core._native._inject_fault("write", 7)  # the second header (5 payloads come first)
     r = core.put_many(keys, [Obj(100) for _ in keys])
     assert r.results == [False] * 5
-    assert delta(b, io(core), "batches_submitted", "write_attempts") == (2, 9)
+    assert delta(b, io(core), "batches_submitted", "write_attempts") == (1, 9)
     assert core.report_status()["indexed_key_count"] == 0 and available(core) == 2032
 
 
 def test_put_many_failure_of_a_later_chunk_keeps_earlier_chunks(core):
     keys = [okey(i) for i in range(70)]
-    core._native._inject_fault("submit", 3)  # payload batch of the second chunk
+    core._native._inject_fault("submit", 2)  # the batch of the second chunk
     r = core.put_many(keys, [Obj(10) for _ in keys])
     assert r.results == [True] * 64 + [False] * 6
     assert core.report_status()["indexed_key_count"] == 64

@@ -61,8 +61,8 @@ def _private(test: str, why: str, covered_by: str) -> Exclusion:
 EXCLUSIONS += [
     # --- LMCache's io_uring put path, observed through a fake device behind _rawdev().
     _private(CORE + "test_raw_block_core_io_uring_put_many_single_submit", FAKE_RAWDEV
-             + "; our put path submits payloads and headers as two batches on purpose",
-             OURS_URING + "test_put_many_one_payload_batch_then_one_header_batch"),
+             + "; our put path also submits a chunk's payloads and headers as one batch",
+             OURS_URING + "test_put_many_writes_payloads_and_headers_in_one_batch"),
     _private(CORE + "test_raw_block_core_io_uring_put_many_chunks_large_batches", FAKE_RAWDEV,
              OURS_URING + "test_put_many_chunks_large_batches"),
     _private(CORE + "test_raw_block_core_io_uring_header_buffer_length_guard", FAKE_RAWDEV,
