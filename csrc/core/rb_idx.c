@@ -8,6 +8,10 @@
 #include <string.h>
 #include <xxhash.h>
 
+#define SLOT_POS RB_SLOT_POS
+#define SLOT_HASH RB_SLOT_HASH
+#define SLOT_MAKE(pos1, hash) ((uint64_t)(hash) << 32 | (uint32_t)(pos1))
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
@@ -34,11 +38,17 @@ static size_t blob_bytes(size_t key_len, int64_t npos)
     return 8 + (npos > 0 ? (size_t)npos * 8 : 0) + key_len + 1;
 }
 
-static void *pool_alloc(rb_pool *pl, size_t n)
+/* Pool class of an n-byte blob + 1, 0 for a malloc'd one (what RB_ENT_POOL_MASK holds). */
+static unsigned pool_tag(size_t n)
 {
-    if (n > RB_POOL_MAX)
+    return n > RB_POOL_MAX ? 0 : (unsigned)((n + RB_POOL_STEP - 1) / RB_POOL_STEP);
+}
+
+static void *pool_alloc(rb_pool *pl, unsigned tag, size_t n)
+{
+    if (!tag)
         return malloc(n);
-    unsigned k = (unsigned)((n + RB_POOL_STEP - 1) / RB_POOL_STEP) - 1;
+    unsigned k = tag - 1;
     size_t sz = (size_t)(k + 1) * RB_POOL_STEP;
     void *p = pl->free[k];
     if (p) {
@@ -67,13 +77,13 @@ static void *pool_alloc(rb_pool *pl, size_t n)
     return p;
 }
 
-static void pool_free(rb_pool *pl, void *p, size_t n)
+static void pool_free(rb_pool *pl, void *p, unsigned tag)
 {
-    if (n > RB_POOL_MAX) {
+    if (!tag) {
         free(p);
         return;
     }
-    unsigned k = (unsigned)((n + RB_POOL_STEP - 1) / RB_POOL_STEP) - 1;
+    unsigned k = tag - 1;
     *(void **)p = pl->free[k];
     pl->free[k] = p;
     POISON((char *)p + sizeof(void *), (size_t)(k + 1) * RB_POOL_STEP - sizeof(void *));
@@ -104,7 +114,7 @@ static void pool_release(rb_pool *pl, int keep_one)
 
 static void free_blob(rb_idx *ix, rb_ent *e)
 {
-    pool_free(&ix->pool, e->blob, blob_bytes(e->key_len, rb_ent_npos(e)));
+    pool_free(&ix->pool, e->blob, (e->flags & RB_ENT_POOL_MASK) >> RB_ENT_POOL_SHIFT);
     e->blob = NULL;
 }
 
@@ -129,51 +139,26 @@ void rb_idx_free(rb_idx *ix)
     rb_idx_clear(ix);
 }
 
-uint32_t rb_idx_hash(const char *key, size_t len)
+uint32_t rb_idx_hash_long(const char *key, size_t len)
 {
     uint64_t h = XXH3_64bits(key, len);
     return (uint32_t)(h ^ (h >> 32));
 }
 
-static int key_eq(const rb_ent *e, const char *key, size_t len, uint32_t hash)
-{
-    return e->hash == hash && e->key_len == len && memcmp(rb_ent_key(e), key, len) == 0;
-}
-
-uint32_t rb_idx_find_slot(const rb_idx *ix, const char *key, size_t len, uint32_t hash, uint32_t *tslot)
-{
-    if (!ix->table)
-        return UINT32_MAX;
-    for (uint32_t i = hash & ix->table_mask;; i = (i + 1) & ix->table_mask) {
-        uint32_t v = ix->table[i];
-        if (v == 0)
-            return UINT32_MAX;
-        if (key_eq(&ix->ents[v - 1], key, len, hash)) {
-            *tslot = i;
-            return v - 1;
-        }
-    }
-}
-
-uint32_t rb_idx_find(const rb_idx *ix, const char *key, size_t len, uint32_t hash)
-{
-    uint32_t tslot;
-    return rb_idx_find_slot(ix, key, len, hash, &tslot);
-}
-
 static int rebuild_table(rb_idx *ix, uint32_t size)
 {
-    uint32_t *t = calloc(size, sizeof(uint32_t));
+    uint64_t *t = calloc(size, sizeof(uint64_t));
     if (!t)
         return -ENOMEM;
     uint32_t mask = size - 1;
     for (uint32_t p = 0; p < ix->n_ents; p++) {
         if (ix->ents[p].flags & RB_ENT_DEAD)
             continue;
-        uint32_t i = ix->ents[p].hash & mask;
+        uint32_t h = ix->ents[p].hash;
+        uint32_t i = h & mask;
         while (t[i])
             i = (i + 1) & mask;
-        t[i] = p + 1;
+        t[i] = SLOT_MAKE(p + 1, h);
     }
     free(ix->table);
     ix->table = t;
@@ -237,7 +222,9 @@ uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, c
         }
     }
     size_t np = npos > 0 ? (size_t)npos : 0;
-    uint8_t *blob = pool_alloc(&ix->pool, blob_bytes(len, npos));
+    size_t nb = blob_bytes(len, npos);
+    unsigned tag = pool_tag(nb);
+    uint8_t *blob = pool_alloc(&ix->pool, tag, nb);
     if (!blob)
         return UINT32_MAX;
     memcpy(blob, &npos, 8);
@@ -252,10 +239,11 @@ uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, c
     e->blob = blob;
     e->hash = hash;
     e->key_len = (uint32_t)len;
+    e->flags = (uint16_t)(tag << RB_ENT_POOL_SHIFT);
     uint32_t i = hash & ix->table_mask;
     while (ix->table[i])
         i = (i + 1) & ix->table_mask;
-    ix->table[i] = p + 1;
+    ix->table[i] = SLOT_MAKE(p + 1, hash);
     ix->n_live++;
     return p;
 }
@@ -264,7 +252,7 @@ void rb_idx_remove_at(rb_idx *ix, uint32_t pos)
 {
     uint32_t mask = ix->table_mask;
     uint32_t i = ix->ents[pos].hash & mask;
-    while (ix->table[i] != pos + 1)
+    while (SLOT_POS(ix->table[i]) != pos + 1)
         i = (i + 1) & mask;
     rb_idx_remove_slot(ix, i);
 }
@@ -272,24 +260,26 @@ void rb_idx_remove_at(rb_idx *ix, uint32_t pos)
 void rb_idx_remove_slot(rb_idx *ix, uint32_t i)
 {
     uint32_t mask = ix->table_mask;
-    rb_ent *e = &ix->ents[ix->table[i] - 1];
-    /* Backward-shift deletion keeps probe chains intact without tombstones. */
+    uint64_t *t = ix->table;
+    rb_ent *e = &ix->ents[SLOT_POS(t[i]) - 1];
+    /* Backward-shift deletion keeps probe chains intact without tombstones; a slot's home
+     * comes from the hash it holds, so the shift reads no record. */
     uint32_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        uint32_t v = ix->table[j];
-        if (v == 0)
+        uint64_t v = t[j];
+        if (SLOT_POS(v) == 0)
             break;
-        uint32_t home = ix->ents[v - 1].hash & mask;
+        uint32_t home = SLOT_HASH(v) & mask;
         /* Move v back to i if i lies cyclically in [home, j). */
         if (((j - home) & mask) >= ((j - i) & mask)) {
-            ix->table[i] = v;
+            t[i] = v;
             i = j;
         }
     }
-    ix->table[i] = 0;
+    t[i] = 0;
     free_blob(ix, e);
-    e->flags = RB_ENT_DEAD;
+    e->flags = RB_ENT_DEAD; /* also clears the pool class: the blob is gone */
     ix->n_live--;
     if (ix->n_live == 0) {
         /* Everything gone: start over so the array does not keep growing, and hand the
@@ -302,15 +292,14 @@ void rb_idx_remove_slot(rb_idx *ix, uint32_t i)
 
 size_t rb_idx_mem_bytes(const rb_idx *ix)
 {
-    size_t b = (size_t)ix->cap_ents * sizeof(rb_ent) + (ix->table ? ((size_t)ix->table_mask + 1) * 4 : 0);
+    size_t b = (size_t)ix->cap_ents * sizeof(rb_ent) + (ix->table ? ((size_t)ix->table_mask + 1) * sizeof(uint64_t) : 0);
     b += ix->pool.slab_bytes;
     for (uint32_t p = 0; p < ix->n_ents; p++) {
         const rb_ent *e = &ix->ents[p];
         if (e->flags & RB_ENT_DEAD)
             continue;
-        size_t n = blob_bytes(e->key_len, rb_ent_npos(e));
-        if (n > RB_POOL_MAX)
-            b += n;
+        if (!(e->flags & RB_ENT_POOL_MASK))
+            b += blob_bytes(e->key_len, rb_ent_npos(e));
     }
     return b;
 }
