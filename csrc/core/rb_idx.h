@@ -5,7 +5,8 @@
  * table (linear probing, backward-shift deletion; each slot holds a record's position and
  * its 32-bit hash, so probing and the backward shift read the table only and a record is
  * dereferenced on a hash match) and each record's key blob. Used three times by the core:
- * the committed index, the in-flight table and the interned metadata classes. Not thread-safe: the owner serialises access (rb_core.h).
+ * the committed index, the in-flight table and the interned metadata classes. Not
+ * thread-safe: the owner serialises access (rb_core.h).
  *
  * Memory per live record: sizeof(rb_ent) (48 bytes) in the array, 16..32 bytes of table,
  * one blob (key bytes + NUL, plus cached positions when present). Blobs up to RB_POOL_MAX

@@ -12,14 +12,7 @@
 #include "rb_core_ident.h"
 #include "rb_idx.h"
 #include "rb_slots.h"
-
-#define CHECK(x)                                                                                   \
-    do {                                                                                           \
-        if (!(x)) {                                                                                \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #x);                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static void test_idx(void)
 {
