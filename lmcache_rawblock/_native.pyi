@@ -26,6 +26,14 @@ def nvme_fdp_report(path: str | PathLike[str], /) -> dict[str, object]:
     """An NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, size_bytes,
     endgid, fdp_enabled, config (index, fdpa, nrg, nruh, maxpids, nnss, runs) or None, ruhs
     (pid, ruhid, earutr, ruamw per reclaim unit handle), stats (hbmw, mbmw, mbe) or None."""
+def nvme_wear_counters(path: str | PathLike[str], /) -> dict[str, object]:
+    """Wear counters of an NVMe namespace (ngXnY or nvmeXnY): nsid, endgid, fdp_enabled,
+    smart (data_units_written, data_units_read in units of 1000 x 512 bytes,
+    host_write_commands, host_read_commands; low 64 bits), fdp_stats (hbmw, mbmw, mbe bytes)
+    or None when FDP is off or unsupported, fdp_events (host, controller: events the drive
+    holds, at most 63 each; by_type: {event type: count}) or None.
+    ValueError when path is not an NVMe namespace; OSError (with the path) when it cannot be
+    opened or an ioctl fails."""
 def container_bytes(meta_total_bytes: int, block_align: int, /) -> int:
     """Bytes of one of the two checkpoint copies; container 1 starts at this offset."""
 def _set_write_log(path: str | PathLike[str] | None, /) -> None:

@@ -224,6 +224,119 @@ int rb_nvme_fdp_info(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err
     return 0;
 }
 
+#define ADMIN_GET_LOG_PAGE 0x02
+#define LOG_SMART 0x02
+#define LOG_FDP_EVENTS 0x23
+#define FDP_EVENTS_LOG_BYTES 4096 /* 64-byte header + 63 descriptors of 64 bytes */
+
+/* Get Log Page through the raw admin passthrough (the same on every libnvme): lsp in CDW10
+ * bits 11:8, the log-specific identifier (an endurance group for the FDP logs) in CDW11
+ * bits 31:16. len must be a multiple of 4. The ioctl's return: -1 with errno or the status. */
+static int get_log_raw(int fd, uint8_t lid, uint8_t lsp, uint16_t lsi, uint32_t nsid, void *buf, uint32_t len)
+{
+    struct nvme_passthru_cmd cmd;
+    uint32_t numd = len / 4 - 1; /* 0-based dword count */
+    memset(&cmd, 0, sizeof(cmd));
+    cmd.opcode = ADMIN_GET_LOG_PAGE;
+    cmd.nsid = nsid;
+    cmd.addr = (uint64_t)(uintptr_t)buf;
+    cmd.data_len = len;
+    cmd.cdw10 = (uint32_t)lid | ((uint32_t)(lsp & 0xf) << 8) | ((numd & 0xffffu) << 16);
+    cmd.cdw11 = (numd >> 16) | ((uint32_t)lsi << 16);
+    int rc;
+    do {
+        rc = ioctl(fd, NVME_IOCTL_ADMIN_CMD, &cmd);
+    } while (rc < 0 && errno == EINTR);
+    return rc;
+}
+
+static uint64_t le_u64_at(const uint8_t *b)
+{
+    uint64_t v;
+    memcpy(&v, b, sizeof(v));
+    return le64toh(v);
+}
+
+/* One FDP events log (host or controller): the number of events, each one tallied by type. */
+static int fdp_events(int fd, uint16_t endgid, int host, uint8_t *buf, uint32_t *n, uint32_t types[256])
+{
+    memset(buf, 0, FDP_EVENTS_LOG_BYTES);
+    if (get_log_raw(fd, LOG_FDP_EVENTS, host ? 1 : 0, endgid, 0, buf, FDP_EVENTS_LOG_BYTES) != 0)
+        return -1;
+    uint32_t noe;
+    memcpy(&noe, buf, sizeof(noe));
+    noe = le32toh(noe);
+    *n = noe;
+    uint32_t held = noe < 63 ? noe : 63;
+    for (uint32_t i = 0; i < held; i++)
+        types[buf[64 + 64 * i]]++; /* byte 0 of a descriptor: the event type */
+    return 0;
+}
+
+int rb_nvme_wear_counters(int fd, rb_nvme_wear *out, rb_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    int id = ioctl(fd, NVME_IOCTL_ID);
+    if (id < 0) {
+        if (errno == ENOTTY || errno == EINVAL)
+            return rb_err_set(err, RB_ERR_VALUE, ENOTTY, "not an NVMe namespace (the NVMe ioctls are not supported)");
+        return rb_err_set(err, RB_ERR_OS, errno, "Failed to get namespace ID via ioctl");
+    }
+    if (id == 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "the device reports namespace ID 0: it is a controller, not an NVMe namespace");
+    out->nsid = (uint32_t)id;
+
+    uint8_t *buf = NULL;
+    if (posix_memalign((void **)&buf, 4096, FDP_EVENTS_LOG_BYTES) != 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    /* Identify Namespace for the endurance group (any LBA format is fine here). */
+    memset(buf, 0, FDP_EVENTS_LOG_BYTES);
+    errno = 0;
+    int rc = nvme_outcome(nvme_identify_ns(fd, out->nsid, (struct nvme_id_ns *)buf), "NVMe identify namespace", err);
+    if (rc < 0)
+        goto out;
+    out->endgid = le16toh(((const struct nvme_id_ns *)buf)->endgid);
+
+    /* SMART / Health log, 512 bytes: DUR at 32, DUW at 48, HRC at 64, HWC at 80 (16 bytes each). */
+    memset(buf, 0, 512);
+    errno = 0;
+    rc = nvme_outcome(get_log_raw(fd, LOG_SMART, 0, 0, 0xffffffffu, buf, 512), "NVMe SMART log", err);
+    if (rc < 0)
+        goto out;
+    out->data_units_read = le_u64_at(buf + 32);
+    out->data_units_written = le_u64_at(buf + 48);
+    out->host_read_commands = le_u64_at(buf + 64);
+    out->host_write_commands = le_u64_at(buf + 80);
+
+    /* FDP: statistics (via rb_nvme_fdp_info, which needs only the endurance group) and events. */
+    rb_nvme_ns ns;
+    memset(&ns, 0, sizeof(ns));
+    ns.nsid = out->nsid;
+    ns.endgid = out->endgid;
+    rb_nvme_fdp fi;
+    rc = rb_nvme_fdp_info(fd, &ns, &fi, err);
+    if (rc < 0)
+        goto out;
+    out->fdp_enabled = fi.enabled;
+    if (fi.enabled && fi.have_stats) {
+        out->have_fdp_stats = 1;
+        out->hbmw = fi.hbmw;
+        out->mbmw = fi.mbmw;
+        out->mbe = fi.mbe;
+    }
+    if (fi.enabled && fdp_events(fd, out->endgid, 1, buf, &out->events_host, out->event_types) == 0 &&
+        fdp_events(fd, out->endgid, 0, buf, &out->events_controller, out->event_types) == 0)
+        out->have_fdp_events = 1;
+    if (!out->have_fdp_events) {
+        out->events_host = out->events_controller = 0;
+        memset(out->event_types, 0, sizeof(out->event_types));
+    }
+out:
+    free(buf);
+    return rc;
+}
+
 static int read_sysfs_u64(const char *path, uint64_t *out)
 {
     FILE *f = fopen(path, "re");

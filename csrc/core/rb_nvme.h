@@ -64,6 +64,35 @@ typedef struct rb_nvme_fdp {
 int rb_nvme_fdp_info(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err);
 
 /*
+ * Wear counters of a namespace's controller and endurance group, for measuring a drive's write
+ * amplification over a window (read before and after it):
+ *  - SMART / Health log (0x02, controller-wide, NSID FFFFFFFFh): Data Units Read / Written in
+ *    units of 1000 x 512 bytes, Host Read / Write Commands. All four are 128-bit on the wire;
+ *    the low 64 bits are kept, as for the FDP statistics.
+ *  - FDP statistics log (0x22) of the namespace's endurance group when FDP is enabled
+ *    (hbmw, mbmw, mbe as in rb_nvme_fdp).
+ *  - FDP events log (0x23), host events (LSP bit 0 set) and controller events: the number of
+ *    events the drive holds (a log of the most recent events, at most 63 each, not a
+ *    lifetime counter) and how many of each event type.
+ * A path whose NVMe namespace-id ioctl is not supported (ENOTTY, or EINVAL from a driver that
+ * answers unknown ioctls so, e.g. loop) fails with RB_ERR_VALUE and errnum ENOTTY.
+ */
+typedef struct rb_nvme_wear {
+    uint32_t nsid;
+    uint16_t endgid;
+    uint64_t data_units_read, data_units_written;
+    uint64_t host_read_commands, host_write_commands;
+    int fdp_enabled;
+    int have_fdp_stats;
+    uint64_t hbmw, mbmw, mbe;
+    int have_fdp_events;
+    uint32_t events_host, events_controller;
+    uint32_t event_types[256]; /* events of each type, both logs together */
+} rb_nvme_wear;
+
+int rb_nvme_wear_counters(int fd, rb_nvme_wear *out, rb_err *err);
+
+/*
  * Largest single passthrough transfer the kernel accepts for the namespace behind path
  * (ngXnY or nvmeXnY): max_hw_sectors_kb, capped by max_segments pages when that is known,
  * both from /sys/block/nvmeXnY/queue. 0 with *out set, or -ENOENT when sysfs does not say.

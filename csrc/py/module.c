@@ -247,6 +247,10 @@ static PyMethodDef rbpy_functions[] = {
      "nvme_fdp_report(path) -> dict: an NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, "
      "size_bytes, endgid, fdp_enabled, config (nrg, nruh, maxpids, runs, ...) or None, ruhs (pid, ruhid, "
      "earutr, ruamw per reclaim unit handle), stats (hbmw, mbmw, mbe bytes) or None."},
+    {"nvme_wear_counters", rbpy_nvme_wear_counters, METH_O,
+     "nvme_wear_counters(path) -> dict: wear counters of an NVMe namespace: nsid, endgid, fdp_enabled, smart "
+     "(data_units_written/read in 512,000-byte units, host_write/read_commands), fdp_stats (hbmw, mbmw, mbe) "
+     "or None, fdp_events (host, controller, by_type) or None."},
     {"settings", rbpy_settings, METH_NOARGS,
      "settings() -> tuple[dict, ...]: every setting of the core (name, type, min, max, default, choices, "
      "flags, help), in RawBlockCoreConfig's order; the keywords of Core()."},

@@ -117,3 +117,97 @@ PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path)
     free(ruh);
     return d;
 }
+
+/* _native.nvme_wear_counters(path): the SMART / FDP wear counters (see rb_nvme_wear). */
+static PyObject *wear_dict(const rb_nvme_wear *w)
+{
+    PyObject *d = PyDict_New(), *smart = NULL, *stats = NULL, *events = NULL, *types = NULL;
+    if (!d)
+        return NULL;
+    if (put_u64(d, "nsid", w->nsid) < 0 || put_u64(d, "endgid", w->endgid) < 0 ||
+        PyDict_SetItemString(d, "fdp_enabled", w->fdp_enabled ? Py_True : Py_False) < 0)
+        goto fail;
+    if (!(smart = PyDict_New()) || put_u64(smart, "data_units_written", w->data_units_written) < 0 ||
+        put_u64(smart, "data_units_read", w->data_units_read) < 0 ||
+        put_u64(smart, "host_write_commands", w->host_write_commands) < 0 ||
+        put_u64(smart, "host_read_commands", w->host_read_commands) < 0 ||
+        PyDict_SetItemString(d, "smart", smart) < 0)
+        goto fail;
+    if (w->have_fdp_stats) {
+        if (!(stats = PyDict_New()) || put_u64(stats, "hbmw", w->hbmw) < 0 || put_u64(stats, "mbmw", w->mbmw) < 0 ||
+            put_u64(stats, "mbe", w->mbe) < 0)
+            goto fail;
+    }
+    if (PyDict_SetItemString(d, "fdp_stats", stats ? stats : Py_None) < 0)
+        goto fail;
+    if (w->have_fdp_events) {
+        if (!(events = PyDict_New()) || put_u64(events, "host", w->events_host) < 0 ||
+            put_u64(events, "controller", w->events_controller) < 0 || !(types = PyDict_New()))
+            goto fail;
+        for (int t = 0; t < 256; t++) {
+            if (!w->event_types[t])
+                continue;
+            PyObject *k = PyLong_FromLong(t), *v = PyLong_FromUnsignedLong(w->event_types[t]);
+            int bad = !k || !v || PyDict_SetItem(types, k, v) < 0;
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            if (bad)
+                goto fail;
+        }
+        if (PyDict_SetItemString(events, "by_type", types) < 0)
+            goto fail;
+    }
+    if (PyDict_SetItemString(d, "fdp_events", events ? events : Py_None) < 0)
+        goto fail;
+    Py_DECREF(smart);
+    Py_XDECREF(stats);
+    Py_XDECREF(events);
+    Py_XDECREF(types);
+    return d;
+fail:
+    Py_XDECREF(smart);
+    Py_XDECREF(stats);
+    Py_XDECREF(events);
+    Py_XDECREF(types);
+    Py_DECREF(d);
+    return NULL;
+}
+
+PyObject *rbpy_nvme_wear_counters(PyObject *mod, PyObject *path)
+{
+    (void)mod;
+    PyObject *bpath = NULL;
+    if (!PyUnicode_FSConverter(path, &bpath))
+        return NULL;
+    const char *p = PyBytes_AS_STRING(bpath);
+    rb_err err;
+    rb_err_clear(&err);
+    rb_nvme_wear *w = malloc(sizeof(*w));
+    if (!w) {
+        Py_DECREF(bpath);
+        return PyErr_NoMemory();
+    }
+    int rc, fd;
+    Py_BEGIN_ALLOW_THREADS
+    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
+    } else {
+        rc = rb_nvme_wear_counters(fd, w, &err);
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        free(w);
+        if (err.errnum == ENOTTY && (err.kind == RB_ERR_OS || err.kind == RB_ERR_VALUE))
+            rb_err_set(&err, RB_ERR_VALUE, ENOTTY, "'%s' is not an NVMe namespace (the NVMe ioctls are not supported)",
+                       p);
+        rbpy_raise_err_path(&err, bpath);
+        Py_DECREF(bpath);
+        return NULL;
+    }
+    Py_DECREF(bpath);
+    PyObject *d = wear_dict(w);
+    free(w);
+    return d;
+}

@@ -83,6 +83,8 @@ PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled);
 
 /* nvme.c: _native.nvme_fdp_report(path) -> dict (the fdp-status command's data). */
 PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path);
+/* nvme.c: _native.nvme_wear_counters(path) -> dict (SMART and FDP wear counters). */
+PyObject *rbpy_nvme_wear_counters(PyObject *mod, PyObject *path);
 /* Guard for every device method: RuntimeError("device is closed") once closing. */
 int rbpy_device_check_open(RawBlockDeviceObject *self);
 
