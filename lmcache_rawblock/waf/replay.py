@@ -1,0 +1,886 @@
+"""``waf replay``: the LMCache-shaped workload through our real core on a device or file, with
+the drive's wear counters read around a measured window.
+
+The same events as ``waf simulate`` (the generator of :mod:`.workload` or a JSON-lines trace),
+with the same cache semantics as :class:`.stream.CacheModel`, but every operation is a call into
+:class:`lmcache_rawblock.raw_block.RawBlockCore` (the C core the plugin uses):
+
+* consecutive ``get`` events become one ``exists_many`` call (``--load``: the hits are also read
+  back with ``load_many_into``); a hit moves the key to the recent end of the LRU order;
+* a ``put`` batch (one prompt's chain for one TP worker) hands over the chunks from the first one
+  not stored, as LMCache's store does; write admission (``--admission``) may refuse a chunk;
+  the admitted ones go to the core in one ``put_many`` call with their placement identifiers.
+  Payloads are ``size`` bytes of a fixed pattern (one buffer per size);
+* a full span evicts its least-recently-used entries (the plugin's ``eviction_policy=lru``)
+  before the call, and again if the core still refuses keys for want of a slot;
+* ``delete`` deletes; every ``--checkpoint-every`` stored chunks the core writes a checkpoint.
+
+Placement modes: ``no_fdp`` (no directive), ``mixed`` (FDP on, data and checkpoint on the first
+identifier), ``separated`` (data through :class:`lmcache_rawblock.fdp.PlacementRouter` for the
+strategy, the checkpoint on an identifier of its own, free-slot affinity on). ``mixed`` and
+``separated`` need an FDP namespace through NVMe passthrough (``/dev/ngXnY``).
+
+Each run opens a fresh core on the span (no checkpoint loaded: the index starts empty; a file
+is zeroed first), feeds ``--warmup`` of writes, reads the counters, feeds ``--measure`` more,
+and reads them again: the window excludes the warm-up. Repeat ``i`` generates with workload
+seed ``seed + i``, so every mode of one repeat sees the same operations (a trace is the same
+every repeat).
+
+``--record FILE`` writes the first run's device write stream in :mod:`.stream`'s format: each
+stored chunk's slot write (offset from the core's index, length of the header and payload),
+and each checkpoint's two writes (payload, then header, at the container the core's metadata
+sequence number names; their length is what the core wrote beyond the chunks). The core does
+not deallocate freed slots, so the stream has no ``deallocate`` records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import stat
+import sys
+import time
+from collections import OrderedDict
+from typing import Any, Iterable, Optional
+
+from .. import fdp
+from ..admission import POLICIES as ADMISSIONS, Admission
+from . import stream
+from .workload import WorkloadSpec
+
+PROG = "python -m lmcache_rawblock waf replay"
+ENGINES = ("auto", "posix", "io_uring")
+MODEL_NAME = "waf-replay"
+BLOCK = 4096
+_NG = re.compile(r"ng\d+n\d+")
+FILL = 0x5A
+
+
+class ReplayError(Exception):
+    """A refusal or a bad argument: the message names the option and the value."""
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--device", required=True,
+                   help="device or file: /dev/ngXnY (NVMe passthrough, FDP modes), a block device, or a file "
+                        "(created sparse with --size when missing). Its span is overwritten")
+    p.add_argument("--size", help="bytes of the span to use (e.g. 256M; default: the whole device or file)")
+    p.add_argument("--mode", default="no_fdp", help="comma-separated: no_fdp, mixed, separated (default no_fdp)")
+    p.add_argument("--strategy", default="tp_worker",
+                   help=f"comma-separated strategies for separated: {', '.join(stream.STRATEGIES)} "
+                        "(default tp_worker)")
+    p.add_argument("--admission", default="always", help="comma-separated: always, second_hit (default always)")
+    p.add_argument("--trace", metavar="FILE", help="a JSON-lines trace (waf generate) instead of the generator")
+    p.add_argument("--requests", type=int, default=0,
+                   help="generator: conversation turns (default 0: as many as --warmup + --measure need)")
+    p.add_argument("--seed", type=int, default=1, help="generator: workload seed of repeat 0 (default 1)")
+    p.add_argument("--tp", type=int, default=2, help="generator: TP workers (default 2)")
+    p.add_argument("--chunk-bytes", default="16M", help="generator: KV bytes of a full chunk over all workers "
+                                                        "(default 16M; each worker stores chunk/tp)")
+    p.add_argument("--families", type=int, default=2000, help="generator: shared prefixes (default 2000)")
+    p.add_argument("--delete-on-end", type=float, default=0.0,
+                   help="generator: probability a finished conversation's chunks are deleted (default 0)")
+    p.add_argument("--warmup", default="1",
+                   help="writes before the window: drive writes of the span (a number) or bytes (with a unit, "
+                        "e.g. 64M) (default 1)")
+    p.add_argument("--measure", default="1", help="writes measured, same units as --warmup (default 1)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per configuration (default 1)")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="I/O engine (default auto: io_uring passthrough on /dev/ngXnY, posix otherwise)")
+    p.add_argument("--checkpoint-every", type=int, default=2000,
+                   help="stored chunks between checkpoints (default 2000, as the simulator; 0: none)")
+    p.add_argument("--handles", type=int, default=4,
+                   help="placement identifiers for KV data in separated mode (default 4, as the simulator)")
+    p.add_argument("--load", action="store_true", help="read every hit back (load_many_into)")
+    p.add_argument("--record", metavar="FILE", help="write the first run's device write stream to FILE "
+                                                    "(for waf simulate --stream)")
+    p.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
+    p.add_argument("--out", metavar="DIR", help="write results.json, one JSON file per run, summary.md and "
+                                                "write_p99_per_mode.png into DIR")
+    p.add_argument("--no-plots", action="store_true", help="with --out: no PNG")
+
+
+def _size(text: str, opt: str) -> int:
+    from ..bench.common import parse_size
+
+    try:
+        return parse_size(str(text))
+    except ValueError as exc:
+        raise ReplayError(f"{opt} {text!r}: {exc}") from None
+
+
+def _amount(text: str, opt: str, span: int) -> tuple[int, str]:
+    """(bytes, how it was given) of --warmup/--measure: a plain number is drive writes of the span."""
+    try:
+        dw = float(text)
+    except ValueError:
+        n = _size(text, opt)
+        return n, f"{n} bytes"
+    if not dw >= 0 or dw != dw or (opt == "--measure" and dw == 0):
+        raise ReplayError(f"{opt} {text!r}: drive writes must be {'> 0' if opt == '--measure' else '>= 0'}")
+    return int(dw * span), f"{dw:g} drive writes"
+
+
+def _split(text: str, allowed, opt: str) -> list[str]:
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise ReplayError(f"{opt} {text!r}: choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(items))
+
+
+# --------------------------------------------------------------------------- the device
+
+
+@dataclasses.dataclass
+class Target:
+    path: str
+    kind: str  # file, block, nvme_char
+    size: int  # bytes of the span used
+    created: bool = False
+
+
+def _device_bytes(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
+
+
+def open_target(path: str, size_text: Optional[str]) -> Target:
+    size = _size(size_text, "--size") if size_text is not None else None
+    if size is not None and size % BLOCK:
+        raise ReplayError(f"--size {size_text!r}: must be a multiple of {BLOCK} bytes")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if size is None:
+            raise ReplayError(f"--device {path!r} does not exist (give --size to create a file of that size)") from None
+        try:
+            with open(path, "wb") as f:
+                f.truncate(size)
+        except OSError as exc:
+            raise ReplayError(f"--device {path!r}: cannot create it: {exc.strerror or exc}") from None
+        return Target(path, "file", size, created=True)
+    except OSError as exc:
+        raise ReplayError(f"--device {path!r}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(st.st_mode):
+        have = st.st_size
+        if size is None:
+            if have < BLOCK:
+                raise ReplayError(f"--device {path!r} is an empty file: give --size")
+            size = have - have % BLOCK
+        elif have < size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
+        return Target(path, "file", size)
+    if stat.S_ISCHR(st.st_mode) and _NG.fullmatch(os.path.basename(path)):
+        from .. import _native
+
+        try:
+            have = int(_native.nvme_fdp_report(path)["size_bytes"])
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise ReplayError(f"--device {path!r}: cannot read the NVMe namespace: {exc}") from None
+        kind = "nvme_char"
+    elif stat.S_ISBLK(st.st_mode):
+        have, kind = _device_bytes(path), "block"
+    else:
+        raise ReplayError(f"--device {path!r} is neither a file, a block device nor an NVMe namespace "
+                          "character device (/dev/ngXnY)")
+    if size is not None and size > have:
+        raise ReplayError(f"--size {size_text!r} exceeds --device {path!r} ({have} bytes)")
+    return Target(path, kind, size if size is not None else have - have % BLOCK)
+
+
+def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], Optional[int]]:
+    """(data identifiers, checkpoint identifier) of ``mode`` on the device; refuses a device
+    without FDP through passthrough."""
+    if mode == stream.NO_FDP:
+        return (), None
+    if target.kind != "nvme_char":
+        what = {"file": "a regular file", "block": "a block device"}[target.kind]
+        raise ReplayError(f"--mode {mode} needs an FDP NVMe namespace through passthrough (/dev/ngXnY); "
+                          f"--device {target.path} is {what}: use --mode no_fdp")
+    from .. import _native
+
+    try:
+        rep = _native.nvme_fdp_report(target.path)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ReplayError(f"--mode {mode}: cannot read the FDP state of --device {target.path}: {exc}") from None
+    reported = [int(r["pid"]) for r in (rep.get("ruhs") or [])]
+    nonzero = [p for p in reported if p != 0]
+    if not rep.get("fdp_enabled") or not nonzero:
+        raise ReplayError(f"--mode {mode} needs Flexible Data Placement, and --device {target.path} has it off "
+                          f"(placement identifiers reported: {reported}): use --mode no_fdp")
+    if mode == stream.MIXED:
+        return (nonzero[0],), nonzero[0]
+    if len(nonzero) < 2:
+        raise ReplayError(f"--mode separated needs two placement identifiers (checkpoint, data); --device "
+                          f"{target.path} reports {nonzero}")
+    ckpt, data = nonzero[0], tuple(nonzero[1:1 + handles])
+    return data, ckpt
+
+
+def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int]):
+    from ..bench.core import config_kwargs, meta_bytes_for
+    from ..raw_block import RawBlockCoreConfig
+
+    passthrough = target.kind == "nvme_char"
+    if engine == "auto":
+        engine = "io_uring" if passthrough else "posix"
+    if passthrough and engine != "io_uring":
+        raise ReplayError(f"--engine {engine}: --device {target.path} is an NVMe passthrough device, which needs "
+                          "--engine io_uring (or auto)")
+    slots_est = max(1, target.size // slot_bytes)
+    meta = meta_bytes_for(slots_est)
+    if meta + 2 * slot_bytes > target.size:
+        raise ReplayError(f"--size {target.size}: the span holds fewer than 2 slots of {slot_bytes} bytes after "
+                          f"{meta} bytes of checkpoints; use a larger --size or a smaller --chunk-bytes")
+    kw = config_kwargs(target.path, capacity_bytes=target.size, slot_bytes=slot_bytes, meta_total_bytes=meta,
+                       io_engine=engine, use_odirect=target.kind == "block", load_checkpoint_on_init=False,
+                       allow_foreign_device=True, meta_enable_periodic=False, iouring_queue_depth=256)
+    if passthrough:
+        kw["use_uring_cmd"] = True
+    if ckpt_pid is not None:
+        kw["meta_checkpoint_placement_id"] = ckpt_pid
+    kw["fdp_slot_affinity_enabled"] = mode == stream.SEPARATED
+    return RawBlockCoreConfig(**kw), engine
+
+
+def reinit(target: Target) -> None:
+    """A file is zeroed (punched back to a sparse file) before each run; a device keeps its bytes
+    and the core opens with an empty index."""
+    if target.kind == "file":
+        with open(target.path, "r+b") as f:
+            f.truncate(0)
+            f.truncate(target.size)
+
+
+# --------------------------------------------------------------------------- one run
+
+
+class _Obj:
+    __slots__ = ("byte_array", "metadata")
+
+    def __init__(self, n: int) -> None:
+        from ..bench.core import _Meta
+
+        self.byte_array = memoryview(bytearray([FILL]) * n)
+        self.metadata = _Meta(n)
+
+
+def _pct(xs: list, q: float) -> Optional[float]:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+@dataclasses.dataclass
+class Ops:
+    lookups: int = 0
+    hits: int = 0
+    loads: int = 0
+    puts_offered: int = 0
+    puts_refused: int = 0
+    puts_stored: int = 0
+    puts_failed: int = 0
+    put_calls: int = 0
+    payload_bytes: int = 0
+    chunk_write_bytes: int = 0
+    bytes_written: int = 0
+    deletes: int = 0
+    evictions: int = 0
+    checkpoints: int = 0
+    lookup_disagreements: int = 0
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["hit_ratio"] = self.hits / self.lookups if self.lookups else None
+        return d
+
+
+class Replayer:
+    """The cache semantics of :class:`.stream.CacheModel` on a real core."""
+
+    def __init__(self, core, mode: str, strategy: Optional[str], ids: tuple, admission: str, *, tp: int,
+                 checkpoint_every: int, load: bool = False, recorder=None, ckpt_pid: Optional[int] = None,
+                 chunk_align: int = 1) -> None:
+        self.core = core
+        self.mode = mode
+        self.ids = ids
+        self.tp = tp
+        self.router = fdp.PlacementRouter(strategy, ids, ranks=tp) if mode == stream.SEPARATED else None
+        self.admission = Admission(admission)
+        self.checkpoint_every = checkpoint_every
+        self.load = load
+        self.rec = recorder
+        self.ckpt_pid = ckpt_pid
+        self.chunk_align = chunk_align
+        st = core._native.status()
+        self.max_slots = st["max_slots"]
+        self.container_bytes = st["container_bytes"]
+        self.block = core.block_align
+        self.header = core.header_bytes
+        self.written0 = st["io"]["write_completed_bytes"]
+        self.written = 0
+        self.ckpts_seen = st["checkpoints_written"]
+        self.lru: OrderedDict = OrderedDict()  # (hash, worker) -> encoded key, least recent first
+        self.specs: dict = {}
+        self.objs: dict = {}
+        self.ops = Ops()
+        self.call_ns: list = []
+        self.chunk_ns: list = []
+        self.unattributed = 0
+        self._since_ckpt = 0
+        self._batch_id = None
+        self._batch: list = []
+        self._gets: list = []
+
+    # ---- events
+
+    def feed(self, events: Iterable[dict], stop_bytes: Optional[int] = None) -> bool:
+        """Apply events until they end (False) or the core has written ``stop_bytes`` (True)."""
+        for e in events:
+            op = e["op"]
+            if op != "put" or e.get("batch") != self._batch_id:
+                self._flush_puts()
+            if op != "get":
+                self._flush_gets()
+            if op == "get":
+                self._gets.append(e)
+            elif op == "put":
+                self._batch_id = e.get("batch")
+                self._batch.append(e)
+            else:
+                self._delete(e)
+            if stop_bytes is not None and self.written >= stop_bytes:
+                self._flush_puts()
+                self._flush_gets()
+                return True
+        self._flush_puts()
+        self._flush_gets()
+        return False
+
+    @staticmethod
+    def _key(e: dict) -> tuple:
+        return (int(e["key"], 16), int(e.get("worker", 0)))
+
+    def _spec(self, e: dict):
+        k = self._key(e)
+        s = self.specs.get(k)
+        if s is None:
+            from ..raw_block import encode_object_key
+            from ..raw_block._lmcache import ObjectKey
+
+            s = encode_object_key(ObjectKey(chunk_hash=k[0].to_bytes(8, "big"), model_name=MODEL_NAME,
+                                            kv_rank=k[1], cache_salt=e.get("salt", "") or ""))
+            self.specs[k] = s
+        return s
+
+    def _obj(self, n: int) -> _Obj:
+        o = self.objs.get(n)
+        if o is None:
+            o = self.objs[n] = _Obj(n)
+        return o
+
+    def _flush_gets(self) -> None:
+        gets, self._gets = self._gets, []
+        if not gets:
+            return
+        keys = [self._key(e) for e in gets]
+        enc = [self._spec(e).encoded for e in gets]
+        found = self.core.exists_many(enc)
+        hits = []
+        for k, en, ok in zip(keys, enc, found):
+            self.ops.lookups += 1
+            if ok != (k in self.lru):
+                self.ops.lookup_disagreements += 1
+            if ok:
+                self.ops.hits += 1
+                if k in self.lru:
+                    self.lru.move_to_end(k)
+                hits.append(en)
+        if self.load and hits:
+            metas = self.core.get_metadata_many(hits)
+            objs = [_Obj(int(m.size)) for m in metas if m is not None]
+            keys_ok = [h for h, m in zip(hits, metas) if m is not None]
+            if keys_ok:
+                self.ops.loads += sum(self.core.load_many_into(keys_ok, objs))
+
+    def _delete(self, e: dict) -> None:
+        k = self._key(e)
+        enc = self.lru.pop(k, None)
+        if enc is not None and self.core.delete_many([enc], force=True)[0]:
+            self.ops.deletes += 1
+
+    def _evict(self, n: int, protect: set) -> int:
+        victims = []
+        for k in self.lru:
+            if len(victims) >= n:
+                break
+            if k not in protect:
+                victims.append(k)
+        if not victims:
+            return 0
+        encs = [self.lru.pop(k) for k in victims]
+        done = sum(self.core.delete_many(encs, force=True))
+        self.ops.evictions += done
+        return done
+
+    def _flush_puts(self) -> None:
+        batch, self._batch, self._batch_id = self._batch, [], None
+        if not batch:
+            return
+        first = 0
+        while first < len(batch) and self._key(batch[first]) in self.lru:
+            self.lru.move_to_end(self._key(batch[first]))
+            first += 1
+        batch = batch[first:]
+        if not batch:
+            return
+        if self.mode == stream.NO_FDP:
+            pids = [None] * len(batch)
+        elif self.mode == stream.MIXED:
+            pids = [self.ids[0]] * len(batch)
+        else:
+            pids = self.router.placements([self._facts(e) for e in batch]) or [None] * len(batch)
+        todo = []
+        seen = set()
+        for e, pid in zip(batch, pids):
+            k = self._key(e)
+            if k in self.lru or k in seen:
+                if k in self.lru:
+                    self.lru.move_to_end(k)
+                continue
+            self.ops.puts_offered += 1
+            if not self.admission.admit(k):
+                self.ops.puts_refused += 1
+                continue
+            seen.add(k)
+            todo.append((k, e, pid))
+        if not todo:
+            return
+        protect = {k for k, _, _ in todo}
+        over = len(self.lru) + len(todo) - self.max_slots
+        if over > 0:
+            self._evict(over, protect)
+        stored = self._put(todo)
+        left = [t for t, ok in zip(todo, stored) if not ok]
+        if left and self._evict(len(left), protect):
+            again = self._put(left)
+            left = [t for t, ok in zip(left, again) if not ok]
+        self.ops.puts_failed += len(left)
+
+    def _facts(self, e: dict) -> fdp.KeyFacts:
+        w = int(e.get("worker", 0))
+        salt = e.get("salt", "") or ""
+        return fdp.KeyFacts(chunk_hash=int(e["key"], 16), worker=w, local_rank=w, salt=salt,
+                            stream=(MODEL_NAME, self.tp, w, salt))
+
+    def _put(self, todo: list) -> list:
+        specs = [self._spec(e) for _, e, _ in todo]
+        objs = [self._obj(int(e["size"])) for _, e, _ in todo]
+        pids = [p for _, _, p in todo]
+        t0 = time.perf_counter_ns()
+        res = self.core.put_many(specs, objs, None if self.mode == stream.NO_FDP else pids)
+        dt = time.perf_counter_ns() - t0
+        self.ops.put_calls += 1
+        self.call_ns.append(dt)
+        self.chunk_ns.append(dt / len(todo))
+        expect = 0
+        writes = []
+        for (k, e, pid), spec, ok in zip(todo, specs, res.results):
+            if not ok:
+                continue
+            self.lru[k] = spec.encoded
+            size = int(e["size"])
+            n = -(-(self.header + size) // self.chunk_align) * self.chunk_align
+            expect += n
+            self.ops.puts_stored += 1
+            self.ops.payload_bytes += size
+            self.ops.chunk_write_bytes += n
+            if self.rec is not None:
+                off = self.core.entry_offset(spec.encoded)
+                if off is not None:
+                    writes.append((off, n, pid))
+        self._account(expect, writes)
+        n_ok = sum(1 for ok in res.results if ok)
+        self._since_ckpt += n_ok
+        if self.checkpoint_every and self._since_ckpt >= self.checkpoint_every:
+            self._since_ckpt = 0
+            self.core.checkpoint_now()
+            self._account(0, [])
+        return list(res.results)
+
+    def _account(self, expect: int, writes: list) -> None:
+        """Bytes the core wrote since the last call: the chunks' writes, and checkpoints (what
+        is left over, when the core's checkpoint count rose)."""
+        st = self.core._native.status()
+        total = st["io"]["write_completed_bytes"] - self.written0
+        delta = total - self.written
+        self.written = total
+        self.ops.bytes_written += delta
+        new_ckpts = st["checkpoints_written"] - self.ckpts_seen
+        self.ckpts_seen = st["checkpoints_written"]
+        self.ops.checkpoints += new_ckpts
+        if self.rec is not None:
+            for off, n, pid in writes:
+                self.rec.write_bytes(off, n, pid)
+        rest = delta - expect
+        if new_ckpts and rest > self.block:
+            if self.rec is not None and new_ckpts == 1:
+                base = ((st["metadata_seq"] - 1) % 2) * self.container_bytes
+                self.rec.write_bytes(base + self.block, rest - self.block, self.ckpt_pid)
+                self.rec.write_bytes(base, self.block, self.ckpt_pid)
+            elif self.rec is not None:
+                self.unattributed += rest
+        elif rest:
+            self.unattributed += rest
+
+
+def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: str, repeat: int,
+            spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None) -> dict:
+    from ..raw_block import RawBlockCore
+    from . import counters
+
+    ids, ckpt_pid = fdp_ids(target, mode, a.handles)
+    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid)
+    warm, warm_desc = _amount(a.warmup, "--warmup", target.size)
+    meas, meas_desc = _amount(a.measure, "--measure", target.size)
+    reinit(target)
+    core = RawBlockCore(cfg, key_namespace="object")
+    try:
+        passthrough = target.kind == "nvme_char"
+        align = core.block_align if (passthrough or cfg.use_odirect) else 1
+        rec = stream.Recorder(record_file) if record_file is not None else None
+        r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
+                     checkpoint_every=a.checkpoint_every, load=a.load, recorder=rec, ckpt_pid=ckpt_pid,
+                     chunk_align=align)
+        if spec is not None:
+            events = _generated(spec, repeat)
+            seed = spec.seed + repeat
+        else:
+            events = _trace_events(a.trace)
+            seed = None
+        ended_early = not r.feed(events, stop_bytes=warm) if warm else False
+        warm_ops = r.ops
+        r.ops = Ops()
+        r.call_ns, r.chunk_ns = [], []
+        w0 = r.written
+        before = _read(counters, target.path)
+        t0 = time.perf_counter()
+        if not ended_early:
+            ended_early = not r.feed(events, stop_bytes=w0 + meas)
+        wall = time.perf_counter() - t0
+        after = _read(counters, target.path)
+        win = counters.window(before[0], after[0])
+        if before[1] or after[1]:
+            win["note"] = (win.get("note") or "") + (" " if win.get("note") else "") + (before[1] or after[1])
+        status = core.report_status()
+    finally:
+        core.close()
+    ops = r.ops.to_dict()
+    res = {
+        "device": target.path, "device_kind": target.kind, "span_bytes": target.size, "engine": engine,
+        "mode": mode, "strategy": strategy if mode == stream.SEPARATED else None, "admission": admission,
+        "repeat": repeat, "workload_seed": seed,
+        "workload": spec.to_dict() if spec is not None else {"trace": a.trace},
+        "slot_bytes": slot_bytes, "max_slots": r.max_slots, "placement_ids": list(ids),
+        "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every,
+        "warmup": warm_desc, "warmup_bytes": warm, "measure": meas_desc, "measure_bytes": meas,
+        "input_ended_early": ended_early,
+        "ops": ops, "warmup_ops": warm_ops.to_dict(),
+        "latency": {
+            "put_many_calls": len(r.call_ns),
+            "put_many_p50_ms": _ms(_pct(r.call_ns, 0.5)), "put_many_p99_ms": _ms(_pct(r.call_ns, 0.99)),
+            "per_chunk_p50_ms": _ms(_pct(r.chunk_ns, 0.5)), "per_chunk_p99_ms": _ms(_pct(r.chunk_ns, 0.99)),
+        },
+        "wall_seconds": round(wall, 3),
+        "window": win, "waf": win.get("waf"),
+        "steady_state_warning": counters.steady_state_warning(win.get("waf")) if win.get("available") else None,
+        "core": {k: status[k] for k in ("indexed_key_count", "checkpoints_written", "checkpoints_for_room",
+                                        "fdp_slot_affinity_hit_count", "fdp_slot_affinity_fallback_count")},
+        "record_unattributed_bytes": r.unattributed if record_file is not None else None,
+    }
+    return res
+
+
+def _ms(ns: Optional[float]) -> Optional[float]:
+    return None if ns is None else round(ns / 1e6, 4)
+
+
+def _tp(spec: Optional[WorkloadSpec], a) -> int:
+    return spec.tp if spec is not None else a.tp
+
+
+def _read(counters, path: str) -> tuple[Optional[dict], str]:
+    try:
+        return counters.read_counters(path), ""
+    except (OSError, RuntimeError, AttributeError) as exc:
+        return None, f"wear counters could not be read from {path}: {exc}"
+
+
+def _generated(spec: WorkloadSpec, repeat: int):
+    from .workload import generate
+
+    s = dataclasses.replace(spec, seed=spec.seed + repeat)
+    return generate(s)
+
+
+def _trace_events(path: str):
+    from .workload import read_trace
+
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as exc:
+        raise ReplayError(f"--trace {path!r}: {exc.strerror or exc}") from None
+    return read_trace(lines, source=path)
+
+
+def _trace_spec(path: str) -> Optional[WorkloadSpec]:
+    """The generator parameters in a trace's header line, if it has one."""
+    try:
+        with open(path) as f:
+            first = f.readline()
+    except OSError as exc:
+        raise ReplayError(f"--trace {path!r}: {exc.strerror or exc}") from None
+    try:
+        head = json.loads(first)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(head, dict) and "trace" in head and isinstance(head.get("workload"), dict):
+        try:
+            return WorkloadSpec.from_dict(head["workload"])
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _trace_max_size(path: str) -> int:
+    from .workload import read_trace
+
+    with open(path) as f:
+        return max((int(e.get("size", 0)) for e in read_trace(f, source=path)), default=0)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def label(r: dict) -> str:
+    return r["mode"] if r["mode"] != stream.SEPARATED else f"separated:{r['strategy']}"
+
+
+def _fmt(v, spec: str, none: str = "n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def table(runs: list[dict]) -> str:
+    lines = [f"{'mode/strategy':24} {'admission':10} {'rep':>3} {'WAF':>22} {'host GiB':>9} {'hit ratio':>9} "
+             f"{'p50 ms':>8} {'p99 ms':>8}"]
+    for r in runs:
+        w = r["window"]
+        waf = _fmt(r["waf"], ".3f", "n/a (no counters)")
+        host = w.get("host_bytes")
+        host_gib = (host if host is not None else r["ops"]["bytes_written"]) / 2**30
+        lat = r["latency"]
+        lines.append(f"{label(r):24} {r['admission']:10} {r['repeat']:>3} {waf:>22} {host_gib:9.3f} "
+                     f"{_fmt(r['ops']['hit_ratio'], '.3f'):>9} {_fmt(lat['put_many_p50_ms'], '.3f'):>8} "
+                     f"{_fmt(lat['put_many_p99_ms'], '.3f'):>8}")
+    return "\n".join(lines)
+
+
+def notes(runs: list[dict]) -> list[str]:
+    out = []
+    for msg in dict.fromkeys(r["window"].get("note") for r in runs if r["window"].get("note")):
+        out.append(f"note: {msg}")
+    for msg in dict.fromkeys(r["steady_state_warning"] for r in runs if r["steady_state_warning"]):
+        out.append(f"warning: {msg}")
+    if any(r["input_ended_early"] for r in runs):
+        out.append("note: the input ended before --warmup + --measure were written (see input_ended_early)")
+    if any(r["window"].get("host_bytes") is None for r in runs):
+        out.append("host GiB: bytes our core wrote in the window where the drive reports none")
+    return out
+
+
+def summary_md(runs: list[dict], argv: list[str]) -> str:
+    rows = ["| mode/strategy | admission | repeat | WAF | host GiB | hit ratio | write p50 ms | write p99 ms |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        w = r["window"]
+        host = w.get("host_bytes")
+        host_gib = (host if host is not None else r["ops"]["bytes_written"]) / 2**30
+        lat = r["latency"]
+        rows.append(f"| {label(r)} | {r['admission']} | {r['repeat']} | {_fmt(r['waf'], '.3f', 'n/a (no counters)')} "
+                    f"| {host_gib:.3f} | {_fmt(r['ops']['hit_ratio'], '.3f')} | "
+                    f"{_fmt(lat['put_many_p50_ms'], '.3f')} | {_fmt(lat['put_many_p99_ms'], '.3f')} |")
+    head = (f"# waf replay\n\nCommand: `{' '.join(argv)}`\n\nDevice {runs[0]['device']} ({runs[0]['device_kind']}, "
+            f"span {runs[0]['span_bytes']} bytes, engine {runs[0]['engine']}); window: {runs[0]['measure']} "
+            f"after {runs[0]['warmup']} of warm-up. Repeat i uses workload seed seed+i, the same for every mode.\n\n")
+    tail = "\n".join(f"- {n}" for n in notes(runs))
+    return head + "\n".join(rows) + "\n" + ("\n" + tail + "\n" if tail else "")
+
+
+def plot(runs: list[dict], out: str) -> tuple[Optional[str], Optional[str]]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "matplotlib is not importable: no plot (pip install matplotlib)"
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault(f"{label(r)}\n{r['admission']}", []).append(r["latency"]["put_many_p99_ms"] or 0.0)
+    names = list(groups)
+    means = [sum(v) / len(v) for v in groups.values()]
+    lo = [m - min(v) for m, v in zip(means, groups.values())]
+    hi = [max(v) - m for m, v in zip(means, groups.values())]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(names)), 4.5))
+    ax.bar(range(len(names)), means, 0.6, yerr=[lo, hi], capsize=3)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("put_many p99 (ms)")
+    ax.set_title(f"Write p99 per placement mode on {runs[0]['device']} (bars: mean, whiskers: min-max over repeats)",
+                 fontsize=9)
+    fig.tight_layout()
+    p = os.path.join(out, "write_p99_per_mode.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p, None
+
+
+def write_out(out: str, runs: list[dict], argv: list[str], plots: bool = True) -> list[str]:
+    os.makedirs(out, exist_ok=True)
+    files = []
+    p = os.path.join(out, "results.json")
+    with open(p, "w") as f:
+        json.dump({"command": " ".join(argv), "runs": runs}, f, indent=1)
+    files.append(p)
+    for r in runs:
+        name = f"{label(r).replace(':', '-')}-{r['admission']}-r{r['repeat']}.json"
+        p = os.path.join(out, name)
+        with open(p, "w") as f:
+            json.dump(r, f, indent=1)
+        files.append(p)
+    p = os.path.join(out, "summary.md")
+    with open(p, "w") as f:
+        f.write(summary_md(runs, argv))
+    files.append(p)
+    if plots:
+        png, note = plot(runs, out)
+        if png:
+            files.append(png)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+    return files
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _configs(a) -> list[tuple[str, Optional[str], str]]:
+    modes = _split(a.mode, stream.MODES, "--mode")
+    strategies = _split(a.strategy, stream.STRATEGIES, "--strategy")
+    admissions = _split(a.admission, ADMISSIONS, "--admission")
+    out = []
+    for adm in admissions:
+        for m in modes:
+            if m == stream.SEPARATED:
+                out += [(m, s, adm) for s in strategies]
+            else:
+                out.append((m, None, adm))
+    return out
+
+
+def _spec(a) -> Optional[WorkloadSpec]:
+    if a.trace:
+        return None
+    try:
+        return WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp, chunk_bytes=_size(a.chunk_bytes, "--chunk-bytes"),
+                            families=a.families, delete_on_end=a.delete_on_end)
+    except ValueError as exc:
+        raise ReplayError(str(exc).replace("workload ", "generator ")) from None
+
+
+def _check_ints(a) -> None:
+    for opt, v, low in (("--repeats", a.repeats, 1), ("--checkpoint-every", a.checkpoint_every, 0),
+                        ("--handles", a.handles, 1), ("--requests", a.requests, 0), ("--tp", a.tp, 1),
+                        ("--families", a.families, 1)):
+        if v < low:
+            raise ReplayError(f"{opt} {v}: must be >= {low}")
+
+
+def main(a, argv: Optional[list[str]] = None) -> int:
+    argv = argv or [PROG]
+    try:
+        _check_ints(a)
+        configs = _configs(a)
+        spec = _spec(a)
+        if a.trace:
+            max_obj = _trace_max_size(a.trace) if os.path.exists(a.trace) else 0
+            if not max_obj:
+                _trace_events(a.trace)  # names a missing file
+                raise ReplayError(f"--trace {a.trace!r} holds no put")
+            hspec = _trace_spec(a.trace)
+            if hspec is not None:
+                a.tp = hspec.tp
+        else:
+            max_obj = spec.object_bytes
+        target = open_target(a.device, a.size)
+        slot_bytes = -(-(BLOCK + max_obj) // BLOCK) * BLOCK
+        _amount(a.warmup, "--warmup", target.size)
+        _amount(a.measure, "--measure", target.size)
+        # Refuse an FDP mode on this device before any run starts.
+        for mode in dict.fromkeys(m for m, _, _ in configs):
+            fdp_ids(target, mode, a.handles)
+    except ReplayError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a trace's bad line names itself
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    runs = []
+    rec_file = None
+    try:
+        if a.record:
+            try:
+                rec_file = open(a.record, "w")
+            except OSError as exc:
+                print(f"{PROG}: error: --record {a.record!r}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+        for rep in range(a.repeats):
+            for mode, strat, adm in configs:
+                r = run_one(a, target, mode, strat, adm, rep, spec, slot_bytes,
+                            record_file=rec_file if not runs else None)
+                runs.append(r)
+                if not a.json:
+                    print(f"[{len(runs)}/{len(configs) * a.repeats}] {label(r)} {adm} repeat {rep}: "
+                          f"WAF {_fmt(r['waf'], '.3f', 'n/a')}, {r['ops']['bytes_written'] / 2**20:.1f} MiB written, "
+                          f"{r['wall_seconds']} s", file=sys.stderr, flush=True)
+    except (ReplayError, ValueError, OSError, RuntimeError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if rec_file is not None:
+            rec_file.close()
+    if a.record and runs:
+        print(f"recorded the write stream of the first run ({label(runs[0])}, {runs[0]['admission']}, repeat 0) "
+              f"to {a.record}", file=sys.stderr)
+    if a.out:
+        files = write_out(a.out, runs, argv, plots=not a.no_plots)
+        print("wrote: " + ", ".join(files), file=sys.stderr)
+    if a.json:
+        print(json.dumps(runs, indent=1))
+    else:
+        print(table(runs))
+        for n in notes(runs):
+            print(n)
+    return 0
