@@ -4,7 +4,11 @@
   simulated FDP drive, WAF per placement mode;
 * ``waf generate``: write the LMCache-shaped workload as a JSON-lines trace;
 * ``waf study``: the simulated study (every mode and strategy, utilisations, admission off and
-  on, validation, published anchors) into results.json, summary.md and PNG plots.
+  on, validation, published anchors) into results.json, summary.md and PNG plots;
+* ``waf replay``: the same workload through our real core on a device or file, with the drive's
+  wear counters read around the measured window (WAF, op counts, write latency), and the
+  device write stream it produced (``--record``, for ``waf simulate --stream``);
+* ``waf precondition``: bring a real drive to steady state before measuring it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def _geometry_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
-    w = sub.add_parser("waf", help="SSD write-amplification tools: simulate, generate, study",
+    w = sub.add_parser("waf", help="SSD write-amplification tools: simulate, generate, study, replay, precondition",
                        description="SSD write-amplification (WAF) tools for LMCache's SSD tier.")
     ws = w.add_subparsers(dest="waf_command", metavar="WAF_COMMAND")
     ws.required = True
@@ -71,6 +75,27 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU)")
     st.add_argument("--no-plots", action="store_true")
     st.add_argument("--no-checks", action="store_true", help="skip the validation and anchor runs")
+    from . import replay
+
+    rp = ws.add_parser("replay", help="the workload through our real core on a device or file, WAF from the "
+                                      "drive's counters",
+                       description="Run the LMCache-shaped workload (or a trace) through our real core on a device "
+                                   "or file, per placement mode, and measure a window: the drive's wear counters "
+                                   "(WAF where the drive reports it), op counts, write latency.")
+    replay.add_arguments(rp)
+    pre = _precondition()
+    if pre is not None:
+        pc = ws.add_parser("precondition", help="bring a drive to steady state before measuring it",
+                           description="Write a drive until its write amplification is in steady state.")
+        pre.add_arguments(pc)
+
+
+def _precondition():
+    try:
+        from . import precondition
+    except ImportError:
+        return None
+    return precondition
 
 
 def _err(msg: str) -> int:
@@ -238,4 +263,10 @@ def main(args, argv: Optional[list[str]] = None) -> int:
         return cmd_generate(args)
     if args.waf_command == "study":
         return cmd_study(args, argv or [PROG, "study"])
+    if args.waf_command == "replay":
+        from . import replay
+
+        return replay.main(args, argv or [PROG, "replay"])
+    if args.waf_command == "precondition":
+        return _precondition().main(args)
     return _err(f"unknown waf command {args.waf_command!r}")

@@ -298,6 +298,7 @@ class Ops:
     deletes: int = 0
     evictions: int = 0
     checkpoints: int = 0
+    checkpoint_bytes: int = 0
     lookup_disagreements: int = 0
 
     def to_dict(self) -> dict:
@@ -338,6 +339,7 @@ class Replayer:
         self.call_ns: list = []
         self.chunk_ns: list = []
         self.unattributed = 0
+        self.split = 0
         self._since_ckpt = 0
         self._batch_id = None
         self._batch: list = []
@@ -516,33 +518,42 @@ class Replayer:
         if self.checkpoint_every and self._since_ckpt >= self.checkpoint_every:
             self._since_ckpt = 0
             self.core.checkpoint_now()
-            self._account(0, [])
+            self._account(0, [], checkpoint_first=False)
         return list(res.results)
 
-    def _account(self, expect: int, writes: list) -> None:
+    def _account(self, expect: int, writes: list, *, checkpoint_first: bool = True) -> None:
         """Bytes the core wrote since the last call: the chunks' writes, and checkpoints (what
-        is left over, when the core's checkpoint count rose)."""
+        is left over, when the core's checkpoint count rose). Checkpoints written inside a
+        ``put_many`` (the core writes one before it reuses a slot that an older checkpoint still
+        lists) are recorded before the chunks; when one call wrote several, the left-over bytes
+        are split evenly between them (``ckpt_bytes_split``)."""
         st = self.core._native.status()
         total = st["io"]["write_completed_bytes"] - self.written0
         delta = total - self.written
         self.written = total
         self.ops.bytes_written += delta
-        new_ckpts = st["checkpoints_written"] - self.ckpts_seen
+        k = st["checkpoints_written"] - self.ckpts_seen
         self.ckpts_seen = st["checkpoints_written"]
-        self.ops.checkpoints += new_ckpts
-        if self.rec is not None:
-            for off, n, pid in writes:
-                self.rec.write_bytes(off, n, pid)
+        self.ops.checkpoints += k
         rest = delta - expect
-        if new_ckpts and rest > self.block:
-            if self.rec is not None and new_ckpts == 1:
-                base = ((st["metadata_seq"] - 1) % 2) * self.container_bytes
-                self.rec.write_bytes(base + self.block, rest - self.block, self.ckpt_pid)
-                self.rec.write_bytes(base, self.block, self.ckpt_pid)
-            elif self.rec is not None:
-                self.unattributed += rest
+        ckpt_writes = []
+        if k and rest >= 2 * self.block * k:
+            self.ops.checkpoint_bytes += rest
+            blocks = (rest - k * self.block) // self.block
+            seq = st["metadata_seq"]
+            for i in range(k):
+                n = (blocks // k + (1 if i < blocks % k else 0)) * self.block
+                base = ((seq - k + i) % 2) * self.container_bytes
+                ckpt_writes += [(base + self.block, n, self.ckpt_pid), (base, self.block, self.ckpt_pid)]
+            if k > 1:
+                self.split += k
+            extra = rest - k * self.block - blocks * self.block
+            self.unattributed += extra
         elif rest:
             self.unattributed += rest
+        if self.rec is not None:
+            for off, n, pid in (ckpt_writes + writes if checkpoint_first else writes + ckpt_writes):
+                self.rec.write_bytes(off, n, pid)
 
 
 def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: str, repeat: int,
@@ -607,7 +618,8 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         "steady_state_warning": counters.steady_state_warning(win.get("waf")) if win.get("available") else None,
         "core": {k: status[k] for k in ("indexed_key_count", "checkpoints_written", "checkpoints_for_room",
                                         "fdp_slot_affinity_hit_count", "fdp_slot_affinity_fallback_count")},
-        "record_unattributed_bytes": r.unattributed if record_file is not None else None,
+        "unattributed_write_bytes": r.unattributed,
+        "record_checkpoints_split": r.split if record_file is not None else None,
     }
     return res
 
