@@ -45,28 +45,28 @@ ALIGN = 4096
 PROG = "python -m lmcache_rawblock waf precondition"
 
 
-def _size_type(option: str, multiple: int = 1) -> Callable[[str], int]:
+def _size_type(multiple: int = 1) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             n = parse_size(text)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{option} {text!r}: {exc}") from None
+            raise argparse.ArgumentTypeError(str(exc)) from None
         if n % multiple:
             raise argparse.ArgumentTypeError(
-                f"{option} {text!r}: must be a multiple of {fmt_size(multiple)} (O_DIRECT needs aligned sizes)")
+                f"{text!r} is not a multiple of {fmt_size(multiple)} (O_DIRECT needs aligned sizes)")
         return n
 
     return parse
 
 
-def _drive_writes_type(option: str) -> Callable[[str], float]:
+def _drive_writes_type() -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} {text!r}: not a number of drive writes") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of drive writes") from None
         if not (v >= 0.0) or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{option} {text!r}: must be a finite number >= 0")
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number >= 0")
         return v
 
     return parse
@@ -76,9 +76,9 @@ def _depth_type(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--depth {text!r}: not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not 1 <= v <= 64:
-        raise argparse.ArgumentTypeError(f"--depth {text!r}: must be between 1 and 64")
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 1 and 64")
     return v
 
 
@@ -91,16 +91,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", required=True, metavar="PATH",
                    help="block device, NVMe generic character device (/dev/ngXnY, written through /dev/nvmeXnY) "
                         "or regular file to precondition; its data is destroyed")
-    p.add_argument("--span", type=_size_type("--span", ALIGN), metavar="SIZE",
+    p.add_argument("--span", type=_size_type(ALIGN), metavar="SIZE",
                    help="bytes from the start of the device to write (default the whole device or file; "
                         "a regular file is extended to it), e.g. 64G")
-    p.add_argument("--block", type=_size_type("--block", ALIGN), default=MiB, metavar="SIZE",
+    p.add_argument("--block", type=_size_type(ALIGN), default=MiB, metavar="SIZE",
                    help="write size of the sequential fill (default 1M)")
-    p.add_argument("--random-block", type=_size_type("--random-block", ALIGN), default=128 * 1024, metavar="SIZE",
+    p.add_argument("--random-block", type=_size_type(ALIGN), default=128 * 1024, metavar="SIZE",
                    help="write size of the random overwrite and calibration passes (default 128K)")
-    p.add_argument("--overwrite", type=_drive_writes_type("--overwrite"), default=1.0, metavar="DW",
+    p.add_argument("--overwrite", type=_drive_writes_type(), default=1.0, metavar="DW",
                    help="random overwrite, in drive writes of the span (default 1.0)")
-    p.add_argument("--calibrate", type=_drive_writes_type("--calibrate"), default=0.25, metavar="DW",
+    p.add_argument("--calibrate", type=_drive_writes_type(), default=0.25, metavar="DW",
                    help="calibration window of random writes, in drive writes of the span, with the wear "
                         "counters read before and after it (default 0.25; 0 skips it)")
     p.add_argument("--depth", type=_depth_type, default=4, metavar="N",
