@@ -850,6 +850,7 @@ def main(a, argv: Optional[list[str]] = None) -> int:
         slot_bytes = -(-(BLOCK + max_obj) // BLOCK) * BLOCK
         _amount(a.warmup, "--warmup", target.size)
         _amount(a.measure, "--measure", target.size)
+        core_config(target, a.engine, slot_bytes, stream.NO_FDP, None)  # the span and the engine
         # Refuse an FDP mode on this device before any run starts.
         for mode in dict.fromkeys(m for m, _, _ in configs):
             fdp_ids(target, mode, a.handles)

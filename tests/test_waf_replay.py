@@ -1,0 +1,186 @@
+"""``waf replay`` on sparse files: the workload through the real core, its op counts against the
+simulator's cache model, admission, refusals, the recorded write stream and trace input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmcache_rawblock.__main__ import main as cli_main
+from lmcache_rawblock.admission import Admission
+from lmcache_rawblock.waf import stream
+from lmcache_rawblock.waf.workload import WorkloadSpec, generate
+
+SMALL = ["--size", "8M", "--chunk-bytes", "64K", "--families", "30"]
+
+
+def replay(capsys, dev, *args: str) -> list[dict]:
+    rc = cli_main(["waf", "replay", "--device", str(dev), *SMALL, "--json", *args])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    return json.loads(cap.out)
+
+
+def error(capsys, *args: str) -> str:
+    rc = cli_main(["waf", "replay", *args])
+    cap = capsys.readouterr()
+    assert rc == 2, (cap.out, cap.err)
+    return cap.err
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_no_fdp_run_counts_and_repeatable(tmp_path, capsys, engine):
+    dev = tmp_path / "dev.img"
+    a = replay(capsys, dev, "--engine", engine, "--warmup", "1", "--measure", "1", "--checkpoint-every", "50")
+    b = replay(capsys, dev, "--engine", engine, "--warmup", "1", "--measure", "1", "--checkpoint-every", "50")
+    (r,) = a
+    assert r["engine"] == engine and r["mode"] == "no_fdp" and r["waf"] is None
+    assert not r["window"]["available"] and "not an NVMe namespace" in r["window"]["note"]
+    ops = r["ops"]
+    assert ops["lookups"] > 0 and 0 < ops["hits"] < ops["lookups"]
+    assert ops["puts_stored"] == ops["puts_offered"] > 0 and ops["puts_refused"] == 0 and ops["puts_failed"] == 0
+    assert ops["evictions"] > 0 and ops["checkpoints"] > 0
+    assert ops["lookup_disagreements"] == 0
+    # Every byte the core wrote is a chunk's slot write or a checkpoint.
+    assert ops["bytes_written"] == ops["chunk_write_bytes"] + ops["checkpoint_bytes"]
+    assert r["unattributed_write_bytes"] == 0
+    assert ops["bytes_written"] >= r["measure_bytes"] == r["span_bytes"]
+    assert r["latency"]["put_many_calls"] == ops["put_calls"] and r["latency"]["put_many_p99_ms"] > 0
+    # Same seed, same work: identical counts.
+    assert b[0]["ops"] == ops and b[0]["warmup_ops"] == r["warmup_ops"]
+
+
+def test_repeats_use_the_next_seed(tmp_path, capsys):
+    runs = replay(capsys, tmp_path / "d.img", "--repeats", "2", "--seed", "7", "--warmup", "0.5", "--measure", "0.5")
+    assert [r["workload_seed"] for r in runs] == [7, 8]
+    assert runs[0]["ops"] != runs[1]["ops"]
+
+
+def test_ops_match_the_simulator_cache_model(tmp_path, capsys):
+    """The whole of a finite workload (with deletes) through the core and through
+    stream.CacheModel with as many slots: the same lookups, hits, stores, evictions, deletes."""
+    spec = WorkloadSpec(requests=150, seed=3, chunk_bytes=64 << 10, families=30, delete_on_end=0.5)
+    runs = replay(capsys, tmp_path / "d.img", "--requests", "150", "--seed", "3", "--delete-on-end", "0.5",
+                  "--warmup", "0", "--measure", "1000", "--checkpoint-every", "0")
+    r = runs[0]
+    assert r["input_ended_early"]
+    cfg = stream.CacheConfig(capacity_bytes=(1 << 20) + r["max_slots"] * r["slot_bytes"], meta_total_bytes=1 << 20,
+                             slot_bytes=r["slot_bytes"], checkpoint_every=0, dealloc=False, tp=spec.tp)
+    model = stream.CacheModel(cfg, "no_fdp", None, stream.Recorder(open(tmp_path / "m.jsonl", "w")), Admission())
+    model.feed(generate(spec))
+    m, ops = model.stats, r["ops"]
+    assert m.evictions > 0 and m.deletes > 0
+    assert (ops["lookups"], ops["hits"], ops["puts_offered"], ops["puts_stored"], ops["evictions"], ops["deletes"]) \
+        == (m.lookups, m.hits, m.puts_offered, m.puts_written, m.evictions, m.deletes)
+
+
+def test_second_hit_admission_refuses_first_stores(tmp_path, capsys):
+    # A span that holds the whole workload: with no eviction, refusing first stores can only
+    # cost hits (in a full cache it can raise them, by keeping one-time chunks out).
+    common = ["--warmup", "0", "--measure", "1000", "--requests", "300", "--size", "64M", "--chunk-bytes", "16K"]
+    (always,) = replay(capsys, tmp_path / "a.img", *common)
+    (second,) = replay(capsys, tmp_path / "b.img", *common, "--admission", "second_hit")
+    a, s = always["ops"], second["ops"]
+    assert a["evictions"] == 0 and always["input_ended_early"]
+    assert a["puts_refused"] == 0 and s["puts_refused"] > 0
+    assert s["puts_stored"] + s["puts_refused"] == s["puts_offered"]
+    assert s["payload_bytes"] < a["payload_bytes"]
+    assert s["hit_ratio"] < a["hit_ratio"]
+    assert second["admission"] == "second_hit"
+
+
+@pytest.mark.parametrize("mode", ["mixed", "separated"])
+def test_fdp_modes_refused_on_a_file(tmp_path, capsys, mode):
+    dev = tmp_path / "dev.img"
+    err = error(capsys, "--device", str(dev), *SMALL, "--mode", mode)
+    assert f"--mode {mode}" in err and str(dev) in err and "regular file" in err and "/dev/ngXnY" in err
+
+
+def test_record_replays_on_the_simulator(tmp_path, capsys):
+    rec = tmp_path / "w.jsonl"
+    (r,) = replay(capsys, tmp_path / "d.img", "--record", str(rec), "--warmup", "0.5", "--measure", "1",
+                  "--checkpoint-every", "40")
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    # The stream is every byte the run wrote: the slot writes and the checkpoints' writes.
+    assert sum(x["length"] for x in lines) == r["ops"]["bytes_written"] + r["warmup_ops"]["bytes_written"]
+    ckpt = [x for x in lines if x["offset"] < r["slot_bytes"] and x["offset"] < (1 << 20)]
+    assert ckpt, "no checkpoint write recorded"
+    assert all(x["op"] == "write" and x["pid"] is None for x in lines)
+    rc = cli_main(["waf", "simulate", "--stream", str(rec), "--page-bytes", "65536", "--ru-pages", "4",
+                   "--rus", "256", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["records"] == len(lines)
+    assert out["counters"]["host_pages"] > 0 and out["waf"] >= 1.0
+
+
+def test_generated_trace_replays(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    rc = cli_main(["waf", "generate", "--requests", "4", "--seed", "5", "--tp", "1", "--out", str(trace)])
+    capsys.readouterr()
+    assert rc == 0
+    # The default 16 MiB chunks: slots are sized from the trace's largest put, the run stops
+    # after --measure bytes.
+    rc = cli_main(["waf", "replay", "--device", str(tmp_path / "d.img"), "--size", "40M", "--trace", str(trace),
+                   "--warmup", "0", "--measure", "48M", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    (r,) = json.loads(cap.out)
+    assert r["slot_bytes"] == (16 << 20) + 4096 and r["ops"]["puts_stored"] >= 3
+    assert r["ops"]["bytes_written"] >= 48 << 20
+
+
+def test_trace_input_matches_the_generator(tmp_path, capsys):
+    from lmcache_rawblock.waf.workload import write_trace
+
+    trace = tmp_path / "t.jsonl"
+    spec = WorkloadSpec(requests=120, seed=5, chunk_bytes=64 << 10, families=30)
+    with open(trace, "w") as f:
+        write_trace(generate(spec), f, spec)
+    common = ["--warmup", "0", "--measure", "1000"]
+    (t,) = replay(capsys, tmp_path / "a.img", "--trace", str(trace), *common)
+    (g,) = replay(capsys, tmp_path / "b.img", "--requests", "120", "--seed", "5", *common)
+    assert t["workload"] == {"trace": str(trace)} and t["workload_seed"] is None
+    assert t["ops"] == g["ops"] and t["ops"]["puts_stored"] > 0 and t["ops"]["evictions"] > 0
+
+
+def test_table_and_out_dir(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli_main(["waf", "replay", "--device", str(tmp_path / "d.img"), *SMALL, "--warmup", "0.2", "--measure",
+                   "0.5", "--admission", "always,second_hit", "--out", str(out), "--no-plots"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "n/a (no counters)" in cap.out and "no_fdp" in cap.out and "second_hit" in cap.out
+    assert "not an NVMe namespace" in cap.out
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["admission"] for r in doc["runs"]] == ["always", "second_hit"]
+    assert (out / "no_fdp-always-r0.json").exists() and (out / "summary.md").exists()
+    assert "| no_fdp | second_hit |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--mode", "bogus"], ["--mode", "bogus"]),
+    (["--strategy", "nope"], ["--strategy", "nope"]),
+    (["--admission", "third_hit"], ["--admission", "third_hit"]),
+    (["--warmup", "lots"], ["--warmup", "lots"]),
+    (["--measure", "0"], ["--measure", "0"]),
+    (["--repeats", "0"], ["--repeats", "0"]),
+    (["--chunk-bytes", "0"], ["--chunk-bytes", "0"]),
+    (["--tp", "0"], ["--tp", "0"]),
+])
+def test_bad_arguments_name_option_and_value(tmp_path, capsys, args, names):
+    err = error(capsys, "--device", str(tmp_path / "d.img"), *SMALL, *args)
+    for n in names:
+        assert n in err, err
+
+
+def test_bad_device_and_size(tmp_path, capsys):
+    missing = tmp_path / "missing.img"
+    err = error(capsys, "--device", str(missing))
+    assert "--device" in err and str(missing) in err and "--size" in err
+    err = error(capsys, "--device", str(missing), "--size", "5000")
+    assert "--size '5000'" in err
+    err = error(capsys, "--device", str(tmp_path / "small.img"), "--size", "1M", "--chunk-bytes", "1M")
+    assert "--size" in err and "slots" in err
+    err = error(capsys, "--device", str(tmp_path / "x.img"), *SMALL, "--trace", str(tmp_path / "none.jsonl"))
+    assert "--trace" in err and "none.jsonl" in err
