@@ -276,3 +276,19 @@ def test_a_generic_char_device_is_written_through_its_block_device(tmp_path, cap
     rc = precondition.main(parse("--device", str(ng), "--destroy-data"))
     _, err = capsys.readouterr()
     assert rc == 2 and str(tmp_path / "nvme3n2") in err and "does not exist" in err
+
+
+def test_loop_device_has_no_counters_and_preconditions(loop_device, capsys):
+    dev = loop_device(8 * MiB)
+    assert counters.read_counters(dev) is None  # the loop driver answers the NVMe ioctl with EINVAL
+    with pytest.raises(ValueError, match="is not an NVMe namespace"):
+        _native.nvme_wear_counters(dev)
+    rc = precondition.main(parse("--device", dev, "--block", "1M", "--random-block", "64K", "--destroy-data",
+                                 "--json"))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert rep["kind"] == "block-device" and rep["span_bytes"] == 8 * MiB and rep["waf"] is None
+    with open(dev, "rb") as fh:
+        data = fh.read()
+    assert any(data[:4096]) and any(data[-4096:])
