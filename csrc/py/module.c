@@ -269,8 +269,9 @@ static PyMethodDef rbpy_functions[] = {
 static int rbpy_exec(PyObject *mod)
 {
     rbpy_state *st = PyModule_GetState(mod);
-    static const char *const names[RBPY_N_NAMES] = {"raw_data", "is_cpu",   "is_contiguous", "nbytes",
-                                                     "data_ptr", "get_size", "byte_array"};
+    static const char *const names[RBPY_N_NAMES] = {
+        "raw_data", "is_cpu", "is_contiguous", "nbytes", "data_ptr", "get_size", "byte_array",
+        "metadata", "dtype",  "fmt",           "shape",  "cached_positions",     "tolist"};
     for (int i = 0; i < RBPY_N_NAMES; i++)
         if (!(st->names[i] = PyUnicode_InternFromString(names[i])))
             return -1;

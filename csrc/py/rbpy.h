@@ -14,9 +14,11 @@
 
 typedef struct rbpy_keyplans rbpy_keyplans;
 
-/* Attribute names looked up per payload object, interned once per module (module.c). */
+/* Attribute names looked up per payload object, interned once per module (module.c): the
+ * payload's, then its metadata's (read by put_many / load_many_into, core.c). */
 enum { RBPY_NAME_RAW_DATA, RBPY_NAME_IS_CPU, RBPY_NAME_IS_CONTIGUOUS, RBPY_NAME_NBYTES, RBPY_NAME_DATA_PTR,
-       RBPY_NAME_GET_SIZE, RBPY_NAME_BYTE_ARRAY, RBPY_N_NAMES };
+       RBPY_NAME_GET_SIZE, RBPY_NAME_BYTE_ARRAY, RBPY_NAME_METADATA, RBPY_NAME_DTYPE, RBPY_NAME_FMT,
+       RBPY_NAME_SHAPE, RBPY_NAME_CACHED_POSITIONS, RBPY_NAME_TOLIST, RBPY_N_NAMES };
 
 typedef struct {
     PyTypeObject *device_type;
