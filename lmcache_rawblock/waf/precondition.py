@@ -35,7 +35,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from ..bench.common import MiB, aligned_buffer, fmt_size, parse_size
 from ..bench.target import TargetError, open_target
@@ -183,10 +183,11 @@ def _open_for_write(path: str) -> tuple[int, bool]:
     return os.open(path, flags), False
 
 
-def _run_writers(fd: int, depth: int, block: int, jobs: Callable[[int], list[tuple[int, int]]],
+def _run_writers(fd: int, depth: int, block: int, jobs: Callable[[int], Iterator[tuple[int, int]]],
                  prog: _Progress) -> None:
-    """depth threads, thread i writing the (offset, length) list jobs(i); the first error is
-    raised after every thread stops."""
+    """depth threads, thread i writing the (offset, length) pairs jobs(i) yields (generated as
+    they go: a large drive has millions of them); the first error is raised after every thread
+    stops."""
     errors: list[BaseException] = []
     stop = threading.Event()
 
@@ -221,8 +222,8 @@ def _run_writers(fd: int, depth: int, block: int, jobs: Callable[[int], list[tup
 def _sequential(fd: int, span: int, block: int, depth: int) -> float:
     nblocks = (span + block - 1) // block
 
-    def jobs(i: int) -> list[tuple[int, int]]:
-        return [(k * block, min(block, span - k * block)) for k in range(i, nblocks, depth)]
+    def jobs(i: int) -> Iterator[tuple[int, int]]:
+        return ((k * block, min(block, span - k * block)) for k in range(i, nblocks, depth))
 
     prog = _Progress("sequential fill", span)
     _run_writers(fd, depth, block, jobs, prog)
@@ -234,10 +235,10 @@ def _random(name: str, fd: int, span: int, block: int, drive_writes: float, dept
     slots = span // block
     nops = int(round(drive_writes * span / block))
 
-    def jobs(i: int) -> list[tuple[int, int]]:
+    def jobs(i: int) -> Iterator[tuple[int, int]]:
         rng = random.Random(seed * 1000 + i)
         mine = nops // depth + (1 if i < nops % depth else 0)
-        return [(rng.randrange(slots) * block, block) for _ in range(mine)]
+        return ((rng.randrange(slots) * block, block) for _ in range(mine))
 
     prog = _Progress(name, nops * block)
     _run_writers(fd, depth, block, jobs, prog)
