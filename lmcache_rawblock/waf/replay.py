@@ -695,17 +695,18 @@ def _fmt(v, spec: str, none: str = "n/a") -> str:
 
 
 def table(runs: list[dict]) -> str:
-    lines = [f"{'mode/strategy':24} {'admission':10} {'rep':>3} {'WAF':>22} {'host GiB':>9} {'hit ratio':>9} "
-             f"{'p50 ms':>8} {'p99 ms':>8}"]
+    lines = [f"{'mode/strategy':28} {'admission':10} {'rep':>3} {'WAF':>18} {'host GiB':>9} {'hit ratio':>9} "
+             f"{'p50 ms':>8} {'p99 ms':>8} {'chunk p99':>9}"]
     for r in runs:
         w = r["window"]
         waf = _fmt(r["waf"], ".3f", "n/a (no counters)")
         host = w.get("host_bytes")
         host_gib = (host if host is not None else r["ops"]["bytes_written"]) / 2**30
         lat = r["latency"]
-        lines.append(f"{label(r):24} {r['admission']:10} {r['repeat']:>3} {waf:>22} {host_gib:9.3f} "
+        lines.append(f"{label(r):28} {r['admission']:10} {r['repeat']:>3} {waf:>18} {host_gib:9.3f} "
                      f"{_fmt(r['ops']['hit_ratio'], '.3f'):>9} {_fmt(lat['put_many_p50_ms'], '.3f'):>8} "
-                     f"{_fmt(lat['put_many_p99_ms'], '.3f'):>8}")
+                     f"{_fmt(lat['put_many_p99_ms'], '.3f'):>8} {_fmt(lat['per_chunk_p99_ms'], '.3f'):>9}")
+    lines.append("p50/p99 ms: write latency per put_many call; chunk p99: per chunk (a call's time / its chunks)")
     return "\n".join(lines)
 
 
@@ -713,8 +714,11 @@ def notes(runs: list[dict]) -> list[str]:
     out = []
     for msg in dict.fromkeys(r["window"].get("note") for r in runs if r["window"].get("note")):
         out.append(f"note: {msg}")
-    for msg in dict.fromkeys(r["steady_state_warning"] for r in runs if r["steady_state_warning"]):
-        out.append(f"warning: {msg}")
+    warned = [r for r in runs if r["steady_state_warning"]]
+    if warned:
+        wafs = [r["waf"] for r in warned]
+        first = warned[0]["steady_state_warning"].split(": ", 1)[-1]
+        out.append(f"warning: WAF {min(wafs):.3f}-{max(wafs):.3f} in {len(warned)} of {len(runs)} runs: {first}")
     if any(r["input_ended_early"] for r in runs):
         out.append("note: the input ended before --warmup + --measure were written (see input_ended_early)")
     if any(r["window"].get("host_bytes") is None for r in runs):
@@ -723,8 +727,8 @@ def notes(runs: list[dict]) -> list[str]:
 
 
 def summary_md(runs: list[dict], argv: list[str]) -> str:
-    rows = ["| mode/strategy | admission | repeat | WAF | host GiB | hit ratio | write p50 ms | write p99 ms |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| mode/strategy | admission | repeat | WAF | host GiB | hit ratio | write p50 ms | write p99 ms "
+            "| chunk p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         w = r["window"]
         host = w.get("host_bytes")
@@ -732,12 +736,33 @@ def summary_md(runs: list[dict], argv: list[str]) -> str:
         lat = r["latency"]
         rows.append(f"| {label(r)} | {r['admission']} | {r['repeat']} | {_fmt(r['waf'], '.3f', 'n/a (no counters)')} "
                     f"| {host_gib:.3f} | {_fmt(r['ops']['hit_ratio'], '.3f')} | "
-                    f"{_fmt(lat['put_many_p50_ms'], '.3f')} | {_fmt(lat['put_many_p99_ms'], '.3f')} |")
+                    f"{_fmt(lat['put_many_p50_ms'], '.3f')} | {_fmt(lat['put_many_p99_ms'], '.3f')} | "
+                    f"{_fmt(lat['per_chunk_p99_ms'], '.3f')} |")
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((label(r), r["admission"]), []).append(r)
+    if any(len(g) > 1 for g in groups.values()):
+        rows += ["", "Over the repeats (mean, min-max):", "",
+                 "| mode/strategy | admission | runs | WAF | hit ratio | write p99 ms | chunk p99 ms |",
+                 "|---|---|---|---|---|---|---|"]
+        for (lab, adm), g in groups.items():
+            rows.append(f"| {lab} | {adm} | {len(g)} | {_spread([r['waf'] for r in g])} | "
+                        f"{_spread([r['ops']['hit_ratio'] for r in g])} | "
+                        f"{_spread([r['latency']['put_many_p99_ms'] for r in g], '.1f')} | "
+                        f"{_spread([r['latency']['per_chunk_p99_ms'] for r in g], '.1f')} |")
     head = (f"# waf replay\n\nCommand: `{' '.join(argv)}`\n\nDevice {runs[0]['device']} ({runs[0]['device_kind']}, "
             f"span {runs[0]['span_bytes']} bytes, engine {runs[0]['engine']}); window: {runs[0]['measure']} "
             f"after {runs[0]['warmup']} of warm-up. Repeat i uses workload seed seed+i, the same for every mode.\n\n")
-    tail = "\n".join(f"- {n}" for n in notes(runs))
+    tail = "\n".join(f"- {n}" for n in notes(runs) + [
+        "write p50/p99: latency of one put_many call; chunk p99: a call's time divided by its chunks"])
     return head + "\n".join(rows) + "\n" + ("\n" + tail + "\n" if tail else "")
+
+
+def _spread(xs: list, spec: str = ".3f") -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "n/a"
+    return f"{format(sum(xs) / len(xs), spec)} ({format(min(xs), spec)}-{format(max(xs), spec)})"
 
 
 def plot(runs: list[dict], out: str) -> tuple[Optional[str], Optional[str]]:
