@@ -332,10 +332,43 @@ static void read_header_into(rb_core *c, vitem *v, uint8_t *buf)
  * cached header, so the readers compute it beside their I/O rather than the judge after it). */
 static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi)
 {
+    if (c->cfg.key_namespace != RB_NS_OBJECT) {
+        for (size_t i = lo; i < hi; i++) {
+            vitem *v = &items[i];
+            if (v->want_state == 0)
+                v->want_state = rb_key_identity(c->cfg.key_namespace, v->key, v->key_len, &v->want) == 0 ? 1 : -1;
+        }
+        return;
+    }
+    /* object keys: BLAKE2b of groups of keys, several per pass (rb_blake2b64_many) */
+    enum { GROUP = 64 };
+    const uint8_t *msg[GROUP];
+    size_t len[GROUP];
+    uint64_t dig[GROUP];
+    vitem *who[GROUP];
+    size_t k = 0;
     for (size_t i = lo; i < hi; i++) {
         vitem *v = &items[i];
-        if (v->want_state == 0)
-            v->want_state = rb_key_identity(c->cfg.key_namespace, v->key, v->key_len, &v->want) == 0 ? 1 : -1;
+        if (v->want_state != 0)
+            continue;
+        msg[k] = (const uint8_t *)v->key;
+        len[k] = v->key_len;
+        who[k++] = v;
+        if (k == GROUP) {
+            rb_blake2b64_many(msg, len, k, dig);
+            for (size_t j = 0; j < k; j++) {
+                who[j]->want = dig[j];
+                who[j]->want_state = 1;
+            }
+            k = 0;
+        }
+    }
+    if (k) {
+        rb_blake2b64_many(msg, len, k, dig);
+        for (size_t j = 0; j < k; j++) {
+            who[j]->want = dig[j];
+            who[j]->want_state = 1;
+        }
     }
 }
 
@@ -463,21 +496,28 @@ static void read_headers_uring(rb_core *c, vitem *items, size_t n)
 static int validate_entries(rb_core *c, int sequential)
 {
     pthread_mutex_lock(&c->mu);
-    size_t n = c->index.n_live;
+    size_t n = c->index.n_live, key_bytes = 0;
+    for (uint32_t p = 0; p < c->index.n_ents; p++)
+        if (!(c->index.ents[p].flags & RB_ENT_DEAD))
+            key_bytes += (size_t)c->index.ents[p].key_len + 1;
+    /* the keys are copied (the index may change while the headers are read) into one block */
     vitem *items = calloc(n ? n : 1, sizeof(*items));
+    char *keys = malloc(key_bytes ? key_bytes : 1);
     size_t k = 0;
-    if (!items) {
+    if (!items || !keys) {
         pthread_mutex_unlock(&c->mu);
+        free(items);
+        free(keys);
         return -ENOMEM;
     }
+    char *kp = keys;
     for (uint32_t p = 0; p < c->index.n_ents; p++) {
         const rb_ent *e = &c->index.ents[p];
         if (e->flags & RB_ENT_DEAD)
             continue;
-        items[k].key = malloc(e->key_len + 1);
-        if (!items[k].key)
-            break;
-        memcpy(items[k].key, rb_ent_key(e), e->key_len + 1);
+        items[k].key = kp;
+        memcpy(kp, rb_ent_key(e), e->key_len + 1);
+        kp += e->key_len + 1;
         items[k].key_len = e->key_len;
         items[k].slot = e->slot;
         items[k].size = e->size;
@@ -543,8 +583,7 @@ static int validate_entries(rb_core *c, int sequential)
         pthread_cond_broadcast(&c->idle_cv);
     rb_idx_maybe_compact(&c->index);
     pthread_mutex_unlock(&c->mu);
-    for (size_t i = 0; i < k; i++)
-        free(items[i].key);
+    free(keys);
     free(items);
     return 0;
 }

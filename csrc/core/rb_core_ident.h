@@ -16,6 +16,11 @@ enum rb_key_namespace { RB_NS_LEGACY = 0, RB_NS_OBJECT = 1 };
 /* BLAKE2b with digest_size = outlen (1..64), no key. */
 void rb_blake2b(uint8_t *out, size_t outlen, const void *in, size_t inlen);
 
+/* out[i] = the 8-byte BLAKE2b digest of msg[i] (len[i] bytes) as a little-endian u64, for n
+ * messages: the object namespace's identity, four keys of up to 128 bytes per pass where the
+ * CPU has AVX2. */
+void rb_blake2b64_many(const uint8_t *const *msg, const size_t *len, size_t n, uint64_t *out);
+
 /* Identity of key in namespace ns. 0 on success, -EINVAL if a legacy key does not parse. */
 int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out);
 

@@ -184,21 +184,23 @@ def cache_dir() -> str:
     return os.path.join(base, "lmcache-rawblock")
 
 
-def build(directory: str | None = None) -> tuple[str | None, str | None]:
-    """The compiled program: (path, None), or (None, why it could not be built)."""
+def build(directory: str | None = None, *, source: str = SOURCE,
+          name: str = "io_floor") -> tuple[str | None, str | None]:
+    """The compiled program (``source``, cached as ``name-<hash>``): (path, None), or (None, why
+    it could not be built)."""
     cc = os.environ.get("CC", "cc")
-    tag = hashlib.sha256((cc + SOURCE).encode()).hexdigest()[:12]
+    tag = hashlib.sha256((cc + source).encode()).hexdigest()[:12]
     directory = directory or cache_dir()
-    exe = os.path.join(directory, f"io_floor-{tag}")
+    exe = os.path.join(directory, f"{name}-{tag}")
     if os.access(exe, os.X_OK):
         return exe, None
     try:
         os.makedirs(directory, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            src = os.path.join(tmp, "io_floor.c")
+            src = os.path.join(tmp, f"{name}.c")
             with open(src, "w", encoding="utf-8") as f:
-                f.write(SOURCE)
-            out = os.path.join(tmp, "io_floor")
+                f.write(source)
+            out = os.path.join(tmp, name)
             proc = subprocess.run([cc, "-O2", "-o", out, src, "-luring"], capture_output=True, text=True,
                                   timeout=120)
             if proc.returncode != 0:
@@ -206,7 +208,7 @@ def build(directory: str | None = None) -> tuple[str | None, str | None]:
                 return None, f"{cc} failed: {lines[-1]}"
             os.replace(out, exe)
     except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"cannot compile the kernel-floor program with {cc}: {exc}"
+        return None, f"cannot compile {name} with {cc}: {exc}"
     return exe, None
 
 

@@ -12,23 +12,36 @@ exactly those entries. Readers, timed over the same image:
 
 Media: page cache, and O_DIRECT on the same file. Each cell alternates the readers' order from
 round to round; figures are medians.
+
+Beside each row, what no reader can beat (``floor_rounds`` > 0): the bare read loops of
+:mod:`.header_floor` over the same headers and bytes (one pread each; io_uring batches at the
+core's queue depth), and with O_DIRECT fio's IOPS at the same block size, depth and stride
+(``rw=read:<gap>``, time-based), against which our batched reader's headers per second are set.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
+import subprocess
 import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from . import header_floor
 from .common import MiB, Competitor, interleave, median, remove_file, sparse
 from .core import BLOCK, _quiet, close_core, object_keys, open_core
+from .limit import parse_fio_json
 
 SLOT = 64 * 1024
 CORRUPT_EVERY = 97
+DEPTH = 256  # the io_uring queue depth the cores are opened with (bench.core.config_kwargs)
+# Bytes of a header the core reads: the whole header block with O_DIRECT, else the first 64 bytes
+# (RB_HDR_PROBE in csrc/core/rb_core_int.h), which hold every field of the record.
+PROBE_BYTES = 64
 
 
 @dataclass
@@ -36,16 +49,20 @@ class RecoverySettings:
     slots: list[int]
     repeats: int
     media: list[str] = field(default_factory=lambda: ["page cache"])
+    floor_rounds: int = 0  # rounds of the bare read loops; 0: no floor
+    fio_seconds: float = 0.0  # fio's run per O_DIRECT row; 0: no fio
 
     def describe(self) -> dict:
         return {"slots": list(self.slots), "repeats": self.repeats, "media": list(self.media),
-                "slot_bytes": SLOT, "corrupt_every": CORRUPT_EVERY}
+                "slot_bytes": SLOT, "corrupt_every": CORRUPT_EVERY, "depth": DEPTH,
+                "floor_rounds": self.floor_rounds, "fio_seconds": self.fio_seconds}
 
 
 SUITES = {
-    "smoke": RecoverySettings(slots=[100], repeats=1),
-    "quick": RecoverySettings(slots=[100, 1000, 3000], repeats=5),
-    "full": RecoverySettings(slots=[100, 200, 500, 1000, 3000], repeats=9, media=["page cache", "O_DIRECT"]),
+    "smoke": RecoverySettings(slots=[100], repeats=1, floor_rounds=3),
+    "quick": RecoverySettings(slots=[100, 1000, 3000], repeats=5, floor_rounds=21),
+    "full": RecoverySettings(slots=[100, 200, 500, 1000, 3000], repeats=9, media=["page cache", "O_DIRECT"],
+                             floor_rounds=41, fio_seconds=2.0),
 }
 
 
@@ -85,7 +102,48 @@ def write_image(path: str, keys: list, slot: int, meta: int, corrupt: set, paylo
     return st
 
 
-def measure(comps: Sequence[Competitor], n: int, medium: str, repeats: int, workdir: str) -> dict:
+def fio_command(path: str, n: int, depth: int, seconds: float) -> list[str]:
+    """fio reading the n header blocks (BLOCK bytes every SLOT bytes from MiB) with O_DIRECT at
+    ``depth``, over and over for ``seconds``."""
+    return ["fio", "--name=headers", f"--filename={path}", "--ioengine=io_uring", "--direct=1",
+            f"--rw=read:{SLOT - BLOCK}", f"--bs={BLOCK}", f"--iodepth={depth}", f"--offset={MiB}",
+            f"--size={n * SLOT}", "--time_based", f"--runtime={seconds}", "--output-format=json"]
+
+
+def floor_of(path: str, n: int, medium: str, s: "RecoverySettings") -> dict:
+    """The bare loops' times and, with O_DIRECT, fio's IOPS over the same headers; what could
+    not be measured is said in ``floor_error`` / ``fio_error``."""
+    out: dict[str, Any] = {}
+    odirect = medium == "O_DIRECT"
+    if s.floor_rounds > 0:
+        exe, why = header_floor.build()
+        if exe is None:
+            out["floor_error"] = why
+        else:
+            try:
+                out["floor_s"] = header_floor.run(exe, path, odirect=odirect, n=n, stride=SLOT, base=MiB,
+                                                  length=BLOCK if odirect else PROBE_BYTES, depth=DEPTH,
+                                                  rounds=s.floor_rounds)
+            except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
+                out["floor_error"] = str(exc)
+    if odirect and s.fio_seconds > 0:
+        if shutil.which("fio") is None:
+            out["fio_error"] = "fio not installed (apt-get install fio)"
+        else:
+            cmd = fio_command(path, n, DEPTH, s.fio_seconds)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 2 * s.fio_seconds)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"fio exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+                out["fio_iops"] = parse_fio_json(proc.stdout, "read")["iops"]
+                out["fio_command"] = cmd
+            except (OSError, RuntimeError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+                out["fio_error"] = str(exc)
+    return out
+
+
+def measure(comps: Sequence[Competitor], n: int, medium: str, repeats: int, workdir: str,
+            s: "RecoverySettings | None" = None) -> dict:
     path = sparse(os.path.join(workdir, f"recovery-{n}.img"), MiB + (n + 1) * SLOT)
     keys = object_keys(n, f"rec{n}")
     corrupt = set(range(0, n, CORRUPT_EVERY))
@@ -126,6 +184,7 @@ def measure(comps: Sequence[Competitor], n: int, medium: str, repeats: int, work
             return dt
 
         samples = interleave(list(readers), repeats, run)
+        floor = floor_of(path, n, medium, s) if s is not None else {}
     finally:
         for core in cores:
             close_core(core)
@@ -135,12 +194,20 @@ def measure(comps: Sequence[Competitor], n: int, medium: str, repeats: int, work
     def speedup(slow: str, fast: str) -> float | None:
         return med[slow] / med[fast] if med.get(slow) and med.get(fast) else None
 
+    bare = floor.get("floor_s") or {}
+    ours_b = med.get("ours batched")
+    floor["batched_vs_floor"] = ours_b / bare["io_uring"] if ours_b and bare.get("io_uring") else None
+    floor["sequential_vs_floor"] = (med["ours sequential"] / bare["pread"]
+                                    if med.get("ours sequential") and bare.get("pread") else None)
+    floor["ours_iops"] = n / ours_b if ours_b else None
+    floor["iops_vs_fio"] = n / ours_b / floor["fio_iops"] if ours_b and floor.get("fio_iops") else None
+
     return {"medium": medium, "slots": n, "repeats": repeats, "corrupted": len(corrupt),
             "times_s": med, "drops": drops, "drops_agree": all(d == len(corrupt) for d in drops.values()),
             "ours_speedup": speedup("ours sequential", "ours batched"),
             "lmcache_speedup": speedup("lmcache sequential", "lmcache batched"),
             "ours_batched_vs_lmcache_sequential": speedup("lmcache sequential", "ours batched"),
-            "samples_s": samples, "errors": errors}
+            "samples_s": samples, "errors": errors, "floor": floor}
 
 
 def run_recovery(comps: Sequence[Competitor], s: RecoverySettings, workdir: str, bar: Any) -> dict:
@@ -150,7 +217,7 @@ def run_recovery(comps: Sequence[Competitor], s: RecoverySettings, workdir: str,
     for medium in s.media:
         for n in s.slots:
             bar.set_description_str(f"recovery {medium} {n} slots")
-            row = measure(comps, n, medium, s.repeats, workdir)
+            row = measure(comps, n, medium, s.repeats, workdir, s)
             for k, v in row.pop("errors").items():
                 out["errors"][f"{k}/{medium}/{n}"] = v
             out["rows"].append(row)

@@ -155,6 +155,28 @@ def print_recovery(results: dict, p: Callable[..., None]) -> None:
     if rows:
         p(table(["medium", "headers", "ours seq", "ours batched", "ours", "LMCache seq", "LMCache batched",
                  "LMCache seq / ours batched", "same drops"], rows, _right(9, 1)[:-1] + [False]))
+    floors = [r for r in rec.get("rows", []) if (r.get("floor") or {}).get("floor_s") or
+              (r.get("floor") or {}).get("fio_iops")]
+    if floors:
+        p("")
+        p("Recovery against the floor: bare C loops reading the same headers (one pread each; io_uring batches at "
+          f"depth {rec['settings'].get('depth')}), and with O_DIRECT fio's IOPS at the same block size, depth and "
+          "stride; ours / floor: lower is better, ours / fio: higher is better")
+        frows = []
+        for r in floors:
+            f, t = r["floor"], r["times_s"]
+            bare = f.get("floor_s") or {}
+            frows.append([r["medium"], f"{r['slots']:,}", fmt_time(bare.get("pread")), fmt_time(t.get("ours sequential")),
+                          fmt_x(f.get("sequential_vs_floor")), fmt_time(bare.get("io_uring")),
+                          fmt_time(t.get("ours batched")), fmt_x(f.get("batched_vs_floor")),
+                          "-" if f.get("fio_iops") is None else f"{f['fio_iops']:,.0f}",
+                          "-" if f.get("ours_iops") is None else f"{f['ours_iops']:,.0f}", fmt_x(f.get("iops_vs_fio"))])
+        p(table(["medium", "headers", "bare pread", "ours seq", "ours / floor", "bare io_uring", "ours batched",
+                 "ours / floor", "fio IOPS", "ours IOPS", "ours / fio"], frows, _right(11)))
+    for r in rec.get("rows", []):
+        for k in ("floor_error", "fio_error"):
+            if (r.get("floor") or {}).get(k):
+                p(f"  {r['medium']} {r['slots']:,}: {r['floor'][k]}")
 
 
 def print_plugin(results: dict, p: Callable[..., None]) -> None:
@@ -332,6 +354,15 @@ def goals(results: dict) -> list[dict]:
         add("recovery", f"slot-header validation, {r['slots']:,} headers ({r['medium']}): LMCache's sequential reader "
                         "/ our batched reader", r.get("ours_batched_vs_lmcache_sequential"), 8, True,
             f"{fmt_time(t.get('lmcache sequential'))} vs {fmt_time(t.get('ours batched'))}")
+        f = r.get("floor") or {}
+        if f.get("batched_vs_floor") is not None:
+            add("recovery", f"slot-header validation, {r['slots']:,} headers ({r['medium']}): our batched reader / a "
+                            "bare batched-read loop", f["batched_vs_floor"], 1.5, False,
+                f"{fmt_time(t.get('ours batched'))} vs {fmt_time(f['floor_s']['io_uring'])}")
+        if f.get("iops_vs_fio") is not None:
+            add("recovery", f"slot-header validation, {r['slots']:,} headers ({r['medium']}): our headers per second "
+                            "/ fio's IOPS", f["iops_vs_fio"], 0.9, True,
+                f"{f['ours_iops']:,.0f} vs {f['fio_iops']:,.0f} per s")
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",
