@@ -12,7 +12,7 @@ from lmcache_rawblock.admission import Admission
 from lmcache_rawblock.waf import stream
 from lmcache_rawblock.waf.workload import WorkloadSpec, generate
 
-SMALL = ["--size", "8M", "--chunk-bytes", "64K", "--families", "30"]
+SMALL = ["--size", "8M", "--chunk-bytes", "64K", "--families", "30", "--destroy-data"]
 
 
 def replay(capsys, dev, *args: str) -> list[dict]:
@@ -121,7 +121,7 @@ def test_generated_trace_replays(tmp_path, capsys):
     assert rc == 0
     # The default 16 MiB chunks: slots are sized from the trace's largest put, the run stops
     # after --measure bytes.
-    rc = cli_main(["waf", "replay", "--device", str(tmp_path / "d.img"), "--size", "40M", "--trace", str(trace),
+    rc = cli_main(["waf", "replay", "--device", str(tmp_path / "d.img"), "--span", "40M", "--trace", str(trace),
                    "--warmup", "0", "--measure", "48M", "--json"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
@@ -172,6 +172,14 @@ def test_bad_arguments_name_option_and_value(tmp_path, capsys, args, names):
     err = error(capsys, "--device", str(tmp_path / "d.img"), *SMALL, *args)
     for n in names:
         assert n in err, err
+
+
+def test_existing_file_needs_destroy_data(tmp_path, capsys):
+    dev = tmp_path / "keep.img"
+    dev.write_bytes(b"precious" * 1024 * 1024)
+    err = error(capsys, "--device", str(dev), "--chunk-bytes", "64K")
+    assert "--destroy-data" in err and str(dev) in err
+    assert dev.read_bytes()[:8] == b"precious"
 
 
 def test_bad_device_and_size(tmp_path, capsys):

@@ -85,8 +85,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     replay.add_arguments(rp)
     pre = _precondition()
     if pre is not None:
-        pc = ws.add_parser("precondition", help="bring a drive to steady state before measuring it",
-                           description="Write a drive until its write amplification is in steady state.")
+        pc = ws.add_parser("precondition", help="bring a drive to steady state before measuring it")
         pre.add_arguments(pc)
 
 

@@ -69,7 +69,11 @@ def add_arguments(p) -> None:
     p.add_argument("--device", required=True,
                    help="device or file: /dev/ngXnY (NVMe passthrough, FDP modes), a block device, or a file "
                         "(created sparse with --size when missing). Its span is overwritten")
-    p.add_argument("--size", help="bytes of the span to use (e.g. 256M; default: the whole device or file)")
+    p.add_argument("--size", "--span", dest="size",
+                   help="bytes of the span to use (e.g. 256M; default: the whole device or file)")
+    p.add_argument("--destroy-data", action="store_true",
+                   help="needed for a device or an existing file: each run overwrites the span (a file replay "
+                        "creates needs none)")
     p.add_argument("--mode", default="no_fdp", help="comma-separated: no_fdp, mixed, separated (default no_fdp)")
     p.add_argument("--strategy", default="tp_worker",
                    help=f"comma-separated strategies for separated: {', '.join(stream.STRATEGIES)} "
@@ -872,6 +876,10 @@ def main(a, argv: Optional[list[str]] = None) -> int:
         else:
             max_obj = spec.object_bytes
         target = open_target(a.device, a.size)
+        if not target.created and not a.destroy_data:
+            raise ReplayError(f"--device {a.device}: refusing to run without --destroy-data: every run overwrites "
+                              f"the first {target.size} bytes" + (" (a file is zeroed)" if target.kind == "file"
+                                                                  else ""))
         slot_bytes = -(-(BLOCK + max_obj) // BLOCK) * BLOCK
         _amount(a.warmup, "--warmup", target.size)
         _amount(a.measure, "--measure", target.size)

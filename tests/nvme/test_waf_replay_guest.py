@@ -27,7 +27,7 @@ def test_replay_every_mode_on_the_emulated_fdp_namespace(nvme_char, tmp_path, ca
     before = ruamw(nvme_char)
     rc = cli_main(["waf", "replay", "--device", nvme_char, "--size", "64M", "--chunk-bytes", "256K",
                    "--families", "40", "--warmup", "4M", "--measure", "8M", "--checkpoint-every", "200",
-                   "--mode", "no_fdp,mixed,separated", "--strategy", ",".join(fdp.STRATEGIES),
+                   "--mode", "no_fdp,mixed,separated", "--strategy", ",".join(fdp.STRATEGIES), "--destroy-data",
                    "--record", str(rec), "--out", str(out), "--no-plots"])
     text = capsys.readouterr()
     assert rc == 0, text.err
@@ -65,9 +65,15 @@ def test_replay_every_mode_on_the_emulated_fdp_namespace(nvme_char, tmp_path, ca
     assert rc == 0 and sim["records"] > 0
 
 
+def test_replay_refuses_a_device_without_destroy_data(nvme_char, capsys):
+    rc = cli_main(["waf", "replay", "--device", nvme_char, "--size", "64M", "--chunk-bytes", "256K"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--destroy-data" in err and nvme_char in err
+
+
 def test_replay_refuses_fdp_modes_on_the_block_device(nvme_block, capsys):
     rc = cli_main(["waf", "replay", "--device", nvme_block, "--size", "64M", "--mode", "mixed",
-                   "--chunk-bytes", "256K"])
+                   "--chunk-bytes", "256K", "--destroy-data"])
     err = capsys.readouterr().err
     assert rc == 2
     assert "--mode mixed" in err and nvme_block in err and "/dev/ngXnY" in err
