@@ -43,7 +43,7 @@ import stat
 import sys
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from .. import fdp
 from ..admission import POLICIES as ADMISSIONS, Admission
@@ -387,6 +387,8 @@ class Replayer:
 
             s = encode_object_key(ObjectKey(chunk_hash=k[0].to_bytes(8, "big"), model_name=MODEL_NAME,
                                             kv_rank=k[1], cache_salt=e.get("salt", "") or ""))
+            if len(self.specs) >= 1 << 20:  # a long run on a large drive: keep the memory bounded
+                self.specs.clear()
             self.specs[k] = s
         return s
 
@@ -845,8 +847,9 @@ def _spec(a) -> Optional[WorkloadSpec]:
     if a.trace:
         return None
     try:
-        return WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp, chunk_bytes=_size(a.chunk_bytes, "--chunk-bytes"),
-                            families=a.families, delete_on_end=a.delete_on_end)
+        return WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp,
+                            chunk_bytes=_size(a.chunk_bytes, "--chunk-bytes"), families=a.families,
+                            delete_on_end=a.delete_on_end)
     except ValueError as exc:
         raise ReplayError(str(exc).replace("workload ", "generator ")) from None
 
