@@ -5,9 +5,12 @@ warning is printed)."""
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import mmap
 import os
+import struct
 import subprocess
 import sys
 
@@ -15,6 +18,24 @@ from lmcache_rawblock import _native
 from lmcache_rawblock.waf import counters
 
 MiB = 1 << 20
+
+# struct nvme_passthru_cmd (72 bytes) and _IOWR('N', 0x41 / 0x43, it): admin / I/O passthrough
+PASSTHRU = struct.Struct("<BBHIIIQQIIIIIIIIII")
+NVME_IOCTL_ADMIN_CMD = 0xC0484E41
+NVME_IOCTL_IO_CMD = 0xC0484E43
+
+
+def passthru(path: str, request: int, opcode: int, nsid: int, data: bytes, cdw10: int = 0, cdw11: int = 0,
+             cdw12: int = 0) -> int:
+    """One host-to-controller passthrough command; the NVMe status (0 = success)."""
+    buf = ctypes.create_string_buffer(data, len(data))
+    cmd = bytearray(PASSTHRU.pack(opcode, 0, 0, nsid, 0, 0, 0, ctypes.addressof(buf), 0, len(data),
+                                  cdw10, cdw11, cdw12, 0, 0, 0, 0, 0))
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return fcntl.ioctl(fd, request, cmd, True)
+    finally:
+        os.close(fd)
 
 
 def write_direct(path: str, offset: int, nbytes: int) -> None:
@@ -86,3 +107,35 @@ def test_precondition_text_prints_waf_and_warning(nvme_block):
     assert r.returncode == 0, r.stderr
     assert "WAF 1.0" in r.stdout
     assert "warning:" in r.stdout and "QEMU" in r.stdout
+
+
+def test_reclaim_unit_swap_shows_media_writes_and_a_host_event(nvme_char, nvme_block, nvme_geometry):
+    """An RUH Update (I/O Management Send) retires a reclaim unit that is not fully written: the
+    emulation charges the unwritten rest of the unit to media bytes written (the garbage
+    collection it would cost) and, with the event enabled, logs "RU not fully written" (type 0)."""
+    nsid = _native.nvme_wear_counters(nvme_char)["nsid"]
+    # Set Features, FDP Events (1Eh) for placement handle 0: one event type (0), enabled.
+    st = passthru(nvme_char, NVME_IOCTL_ADMIN_CMD, 0x09, nsid, bytes([0]), cdw10=0x1E, cdw11=(1 << 16) | 0,
+                  cdw12=1)
+    assert st == 0, f"set features FDP events: NVMe status {st:#x}"
+    write_direct(nvme_block, nvme_geometry["size"] - 128 * MiB, MiB)  # no directive: placement handle 0
+    before = counters.read_counters(nvme_char)
+    # I/O Management Send (1Dh), MO 1 = Reclaim Unit Handle Update, one placement identifier (0).
+    st = passthru(nvme_char, NVME_IOCTL_IO_CMD, 0x1D, nsid, struct.pack("<H", 0), cdw10=1)
+    assert st == 0, f"RUH update: NVMe status {st:#x}"
+    after = counters.read_counters(nvme_char)
+    w = counters.window(before, after)
+    assert w["available"] is True and w["host_bytes"] == 0
+    assert w["media_bytes"] > 0  # the unwritten rest of the retired unit
+    assert w["waf"] is None and "wrote nothing" in w["note"]
+    assert w["events_host"] >= 1
+    assert after["fdp_events"]["by_type"].get(0, 0) >= 1
+
+    # the same swap inside a window that also writes: WAF well above 1 and no steady-state warning
+    before = counters.read_counters(nvme_char)
+    write_direct(nvme_block, nvme_geometry["size"] - 128 * MiB, MiB)
+    st = passthru(nvme_char, NVME_IOCTL_IO_CMD, 0x1D, nsid, struct.pack("<H", 0), cdw10=1)
+    assert st == 0
+    w = counters.window(before, counters.read_counters(nvme_char))
+    assert w["host_bytes"] >= MiB and w["waf"] > 1.5
+    assert counters.steady_state_warning(w["waf"]) is None
