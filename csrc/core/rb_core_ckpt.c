@@ -386,12 +386,16 @@ static void *vjob_run(void *arg)
     return NULL;
 }
 
-/* Read the headers of items[0..n) with up to recovery_threads parallel readers. */
+/* Read the headers of items[0..n) with up to recovery_threads parallel readers. Each is given
+ * at least 256 headers from the page cache (starting a thread costs about as much as reading a
+ * few dozen cached headers, so a small index is read on the calling thread alone), or 16 that
+ * wait for the device. */
 static void read_headers_parallel(rb_core *c, vitem *items, size_t n)
 {
+    size_t per_min = rb_block_transfers(c) ? 16 : 256;
     size_t workers = c->cfg.recovery_read_threads;
-    if (workers > n)
-        workers = n;
+    if (workers > (n + per_min - 1) / per_min)
+        workers = (n + per_min - 1) / per_min;
     if (workers <= 1) {
         vjob j = {c, items, 0, n};
         vjob_run(&j);
@@ -533,7 +537,10 @@ static int validate_entries(rb_core *c, int sequential)
     if (sequential) {
         vjob j = {c, items, 0, k};
         vjob_run(&j);
-    } else if (rb_core_uses_uring(c) && k > 1) {
+    } else if (rb_core_uses_uring(c) && k > 1 && rb_block_transfers(c)) {
+        /* Batches pay off where a read waits for the device. A buffered read through the ring
+         * completes inline, on the engine thread, so there the batch only adds the hand-off:
+         * page-cache headers are read as the posix engine reads them. */
         read_headers_uring(c, items, k);
     } else {
         read_headers_parallel(c, items, k);

@@ -142,7 +142,8 @@ def print_core(results: dict, p: Callable[..., None]) -> None:
 def print_recovery(results: dict, p: Callable[..., None]) -> None:
     rec = results["recovery"]
     p("Recovery: slot-header validation at start-up, sequential readers (one pread per header) vs batched "
-      "(io_uring); speed-up = sequential time / batched")
+      "(LMCache: io_uring; ours: the start-up reader, io_uring batches with O_DIRECT, preads from the page "
+      "cache); speed-up = sequential time / batched")
     for k, v in rec.get("errors", {}).items():
         p(f"  {k}: {v}")
     rows = []
