@@ -192,3 +192,10 @@ def test_bad_device_and_size(tmp_path, capsys):
     assert "--size" in err and "slots" in err
     err = error(capsys, "--device", str(tmp_path / "x.img"), *SMALL, "--trace", str(tmp_path / "none.jsonl"))
     assert "--trace" in err and "none.jsonl" in err
+
+
+def test_load_reads_every_hit_back(tmp_path, capsys):
+    (r,) = replay(capsys, tmp_path / "d.img", "--load", "--warmup", "0.5", "--measure", "1")
+    (plain,) = replay(capsys, tmp_path / "d.img", "--warmup", "0.5", "--measure", "1")
+    assert r["ops"]["hits"] > 0 and r["ops"]["loads"] == r["ops"]["hits"]
+    assert plain["ops"]["loads"] == 0 and plain["ops"]["hits"] == r["ops"]["hits"]
