@@ -292,3 +292,24 @@ def test_loop_device_has_no_counters_and_preconditions(loop_device, capsys):
     with open(dev, "rb") as fh:
         data = fh.read()
     assert any(data[:4096]) and any(data[-4096:])
+
+
+def test_precondition_falls_back_to_buffered_writes_without_o_direct(tmp_path, capsys, monkeypatch):
+    dev = sparse(tmp_path, 2 * MiB)
+    real_open = os.open
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")  # what a file system without O_DIRECT answers
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(precondition.os, "open", no_direct)
+    rc = precondition.main(parse("--device", dev, "--block", "256K", "--random-block", "4K", "--destroy-data",
+                                 "--json"))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert rep["o_direct"] is False and any("O_DIRECT not available" in n for n in rep["notes"])
+    with open(dev, "rb") as fh:
+        data = fh.read()
+    assert any(data[:4096]) and any(data[-4096:])
