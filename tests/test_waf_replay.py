@@ -199,3 +199,24 @@ def test_load_reads_every_hit_back(tmp_path, capsys):
     (plain,) = replay(capsys, tmp_path / "d.img", "--warmup", "0.5", "--measure", "1")
     assert r["ops"]["hits"] > 0 and r["ops"]["loads"] == r["ops"]["hits"]
     assert plain["ops"]["loads"] == 0 and plain["ops"]["hits"] == r["ops"]["hits"]
+
+
+def test_block_device_with_a_file_system_is_refused_unless_forced(loop_device, capsys):
+    import shutil
+    import subprocess
+
+    if shutil.which("mkfs.ext4") is None:
+        pytest.skip("mkfs.ext4 is not installed (e2fsprogs), cannot make a file-system signature")
+    dev = loop_device(16 * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", dev], check=True, capture_output=True)
+    with open(dev, "rb") as f:
+        before = f.read(1 << 20)
+    err = error(capsys, "--device", dev, "--chunk-bytes", "64K", "--families", "30", "--destroy-data")
+    assert dev in err and "ext4" in err and "--force" in err
+    with open(dev, "rb") as f:
+        assert f.read(1 << 20) == before  # nothing written
+    rc = cli_main(["waf", "replay", "--device", dev, "--chunk-bytes", "64K", "--families", "30", "--destroy-data",
+                   "--force", "--warmup", "0.5", "--measure", "0.5", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert json.loads(cap.out)[0]["ops"]["puts_stored"] > 0

@@ -74,6 +74,8 @@ def add_arguments(p) -> None:
     p.add_argument("--destroy-data", action="store_true",
                    help="needed for a device or an existing file: each run overwrites the span (a file replay "
                         "creates needs none)")
+    p.add_argument("--force", action="store_true",
+                   help="run even if blkid finds a file system or partition table on the device")
     p.add_argument("--mode", default="no_fdp", help="comma-separated: no_fdp, mixed, separated (default no_fdp)")
     p.add_argument("--strategy", default="tp_worker",
                    help=f"comma-separated strategies for separated: {', '.join(stream.STRATEGIES)} "
@@ -854,6 +856,24 @@ def _spec(a) -> Optional[WorkloadSpec]:
         raise ReplayError(str(exc).replace("workload ", "generator ")) from None
 
 
+def _refuse_foreign(device: str, force: bool) -> None:
+    """A device that holds a file system or partition table is not ours: refused unless
+    ``--force`` (the bench's and precondition's check; an NVMe generic device is probed through
+    its block device)."""
+    from ..bench.target import TargetError, find_signature
+    from .precondition import write_path_for
+
+    try:
+        sig = find_signature(write_path_for(device))
+    except TargetError as exc:
+        if force:
+            return
+        raise ReplayError(str(exc)) from exc
+    if sig is not None and not force:
+        raise ReplayError(f"--device {device}: refusing to use it: blkid -p found {sig}; every run overwrites the "
+                          "span and would destroy that data: pass --force to use it anyway")
+
+
 def _check_ints(a) -> None:
     for opt, v, low in (("--repeats", a.repeats, 1), ("--checkpoint-every", a.checkpoint_every, 0),
                         ("--handles", a.handles, 1), ("--requests", a.requests, 0), ("--tp", a.tp, 1),
@@ -883,6 +903,8 @@ def main(a, argv: Optional[list[str]] = None) -> int:
             raise ReplayError(f"--device {a.device}: refusing to run without --destroy-data: every run overwrites "
                               f"the first {target.size} bytes" + (" (a file is zeroed)" if target.kind == "file"
                                                                   else ""))
+        if target.kind != "file":
+            _refuse_foreign(a.device, a.force)
         slot_bytes = -(-(BLOCK + max_obj) // BLOCK) * BLOCK
         _amount(a.warmup, "--warmup", target.size)
         _amount(a.measure, "--measure", target.size)
