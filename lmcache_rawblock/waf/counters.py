@@ -14,7 +14,11 @@ Counter sources and their granularity:
 * ``smart`` (log 0x02, controller-wide): Data Units Written / Read, in units of 1000 x 512
   bytes (a window shorter than 512,000 bytes may show 0 or 1 unit), and the host read / write
   command counts (low 64 bits). Every namespace of the controller adds to them.
-* ``fdp_events`` (log 0x23): the number of host and controller FDP events the drive holds.
+* ``fdp_events`` (log 0x23): the number of host and controller FDP events the drive holds and
+  how many of each type (``by_type``; 0 = reclaim unit not fully written, 1 = its active time
+  limit exceeded, 0x80 = media reallocated, ...). The log keeps only the most recent events (at
+  most 63 per log), so a window's event delta is a lower bound and stays 0 once a log is full.
+  Host events are only logged for the types the host enabled (Set Features, FDP Events).
 """
 
 from __future__ import annotations
