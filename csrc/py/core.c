@@ -15,12 +15,30 @@
 #include "../core/rb_core_int.h" /* c->dev: the engine state below */
 #include "../core/rb_uring.h"
 
+/*
+ * put_many's names of a (dtype, fmt) pair, kept by the identities of the two objects: the
+ * strings the namer returned for them (LMCache's short dtype name, the format's name, or None)
+ * and their UTF-8. Entries are only added (the core reads the strings without the GIL while
+ * another thread may convert), each holding its four objects; the pairs of one process are a
+ * handful.
+ */
+#define RBPY_META_NAMES 16
+typedef struct {
+    PyObject *dtype, *fmt;   /* the keys, compared by identity */
+    PyObject *dname, *fname; /* str or None */
+    const char *ds, *fs;
+    size_t dl, fl;
+} meta_names;
+
 typedef struct {
     PyObject_HEAD
     rb_core *core;
     int closed;
     PyObject *close_result; /* dict returned by the first close() */
     PyObject *weakreflist;
+    PyObject *namer;        /* the namer the entries of names came from (the first one passed) */
+    int n_names;
+    meta_names names[RBPY_META_NAMES];
 } CoreObject;
 
 /* Above this many keys exists_many/unlock_many/delete_many release the GIL. */
@@ -282,8 +300,9 @@ static PyObject *i64_list(const int64_t *v, int64_t n)
     return l;
 }
 
-/* None or a sequence of ints -> malloc'd int64 array; *n = -1 for None. */
-static int i64_array(PyObject *o, const char *what, int64_t **out, int64_t *n)
+/* None or a sequence of ints -> int64 array: inl when it has room for them (cap entries), else
+ * a PyMem array; *n = -1 for None. */
+static int i64_array(PyObject *o, const char *what, int64_t *inl, Py_ssize_t cap, int64_t **out, int64_t *n)
 {
     *out = NULL;
     *n = -1;
@@ -293,7 +312,7 @@ static int i64_array(PyObject *o, const char *what, int64_t **out, int64_t *n)
     if (!t)
         return -1;
     Py_ssize_t len = PySequence_Fast_GET_SIZE(t);
-    int64_t *v = PyMem_Malloc((len ? len : 1) * sizeof(int64_t));
+    int64_t *v = inl && len <= cap ? inl : PyMem_Malloc((len ? len : 1) * sizeof(int64_t));
     if (!v) {
         Py_DECREF(t);
         PyErr_NoMemory();
@@ -302,7 +321,8 @@ static int i64_array(PyObject *o, const char *what, int64_t **out, int64_t *n)
     for (Py_ssize_t i = 0; i < len; i++) {
         long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(t, i));
         if (x == -1 && PyErr_Occurred()) {
-            PyMem_Free(v);
+            if (v != inl)
+                PyMem_Free(v);
             Py_DECREF(t);
             return -1;
         }
@@ -409,6 +429,22 @@ static PyObject *do_close(CoreObject *self)
     return d;
 }
 
+/* Drop put_many's cached metadata names (dealloc, or the collector breaking a cycle through the
+ * namer: no call of this core is running then). */
+static void core_clear_names(CoreObject *self)
+{
+    int n = self->n_names;
+    self->n_names = 0;
+    for (int j = 0; j < n; j++) {
+        meta_names *e = &self->names[j];
+        Py_CLEAR(e->dtype);
+        Py_CLEAR(e->fmt);
+        Py_CLEAR(e->dname);
+        Py_CLEAR(e->fname);
+    }
+    Py_CLEAR(self->namer);
+}
+
 static void core_dealloc(PyObject *op)
 {
     CoreObject *self = (CoreObject *)op;
@@ -426,14 +462,29 @@ static void core_dealloc(PyObject *op)
         Py_END_ALLOW_THREADS
     }
     Py_CLEAR(self->close_result);
+    core_clear_names(self);
     tp->tp_free(op);
     Py_DECREF(tp);
 }
 
 static int core_traverse(PyObject *op, visitproc visit, void *arg)
 {
+    CoreObject *self = (CoreObject *)op;
     Py_VISIT(Py_TYPE(op));
-    Py_VISIT(((CoreObject *)op)->close_result);
+    Py_VISIT(self->close_result);
+    Py_VISIT(self->namer);
+    for (int j = 0; j < self->n_names; j++) {
+        Py_VISIT(self->names[j].dtype);
+        Py_VISIT(self->names[j].fmt);
+        Py_VISIT(self->names[j].dname);
+        Py_VISIT(self->names[j].fname);
+    }
+    return 0;
+}
+
+static int core_tp_clear(PyObject *op)
+{
+    core_clear_names((CoreObject *)op);
     return 0;
 }
 
@@ -445,57 +496,75 @@ static PyObject *core_close(PyObject *op, PyObject *unused)
 
 /* ---- put / load ------------------------------------------------------------------------ */
 
+/* Shapes of up to this many dimensions are kept in the call's own array instead of a PyMem
+ * array per key (LMCache's have one to five). */
+#define RBPY_INLINE_DIMS 8
+
 /* One put_many call: its arguments as C arrays and everything it holds until it returns (the
- * key snapshot, the argument sequences, the payload views). Touched only with the GIL held,
- * except items (read) and results, stored, n_stored (written) by the core without it. */
+ * key snapshot, the argument sequences, the payload views, the names of the metadata). Touched
+ * only with the GIL held, except items (read) and results, stored, n_stored (written) by the
+ * core without it. */
 typedef struct {
     keyvec kv;
-    PyObject *ids, *bufs, *pids, *metas; /* PySequence_Fast results; metas a tuple */
+    PyObject *ids, *bufs, *pids, *metas; /* tuples (PySequence_Fast results, lists copied); metas
+                                          * NULL when the payloads' own metadata is read */
+    PyObject *namer;                     /* borrowed: the callable metas argument, or NULL */
+    PyObject *holds;                     /* list: namer results not kept on the core, or NULL */
     Py_ssize_t n;                        /* keys */
     Py_ssize_t nviews;                   /* views[0..nviews) are held */
     rb_put_item *items;
+    int64_t (*dims)[RBPY_INLINE_DIMS];   /* items[i].meta.dims is dims[i] for a short shape */
     payload *views;
     uint8_t *results;
     uint32_t *stored;
     size_t n_stored;
 } put_call;
 
-/* GIL held: allocate the per-key arrays of pc (zeroed). -1 with MemoryError on failure. */
+/* GIL held: allocate the per-key arrays of pc (zeroed, but for dims). -1 with MemoryError on
+ * failure. */
 static int put_call_alloc(put_call *pc)
 {
     Py_ssize_t n = pc->n;
     pc->items = PyMem_Calloc(n ? n : 1, sizeof(*pc->items));
+    pc->dims = PyMem_Malloc((n ? n : 1) * sizeof(*pc->dims));
     pc->views = PyMem_Calloc(n ? n : 1, sizeof(*pc->views));
     pc->results = PyMem_Calloc(n ? n : 1, 1);
     pc->stored = PyMem_Calloc(n ? n : 1, sizeof(uint32_t));
-    if (!pc->items || !pc->views || !pc->results || !pc->stored) {
+    if (!pc->items || !pc->dims || !pc->views || !pc->results || !pc->stored) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
+/* PySequence_Fast(o, what) as a tuple: a list is copied, so the items stay alive and in place
+ * while conversions run Python code (which may change a caller's list) and while the core
+ * reads borrowed data without the GIL. */
+static PyObject *fast_tuple(PyObject *o, const char *what)
+{
+    PyObject *t = PySequence_Fast(o, what);
+    if (t && PyList_Check(t))
+        Py_SETREF(t, PyList_AsTuple(t));
+    return t;
+}
+
 /* GIL held: take the per-key argument sequences (a[1..4]), check their lengths against the
- * keys already in pc->kv, and allocate the arrays. -1 with an exception set on failure. */
+ * keys already in pc->kv, and allocate the arrays. A callable a[4] is the namer of the
+ * payloads' own metadata (put_meta_read). -1 with an exception set on failure. */
 static int put_call_open(put_call *pc, PyObject *const *a)
 {
     Py_ssize_t n = pc->n;
-    pc->ids = PySequence_Fast(a[1], "identities must be a sequence");
-    pc->bufs = PySequence_Fast(a[2], "buffers must be a sequence");
-    pc->pids = PySequence_Fast(a[3], "placement_ids must be a sequence");
-    pc->metas = PySequence_Fast(a[4], "metas must be a sequence");
-    if (!pc->ids || !pc->bufs || !pc->pids || !pc->metas)
+    pc->ids = fast_tuple(a[1], "identities must be a sequence");
+    pc->bufs = pc->ids ? fast_tuple(a[2], "buffers must be a sequence") : NULL;
+    pc->pids = pc->bufs ? fast_tuple(a[3], "placement_ids must be a sequence") : NULL;
+    if (!pc->pids)
         return -1;
-    if (PyList_Check(pc->metas)) {
-        /* dtype/fmt are borrowed from the meta tuples while the core runs without the GIL: a
-         * tuple copy keeps them alive if another thread changes the caller's list meanwhile. */
-        PyObject *t = PyList_AsTuple(pc->metas);
-        Py_SETREF(pc->metas, t);
-        if (!pc->metas)
-            return -1;
-    }
-    if (PySequence_Fast_GET_SIZE(pc->ids) != n || PySequence_Fast_GET_SIZE(pc->bufs) != n ||
-        PySequence_Fast_GET_SIZE(pc->pids) != n || PySequence_Fast_GET_SIZE(pc->metas) != n) {
+    if (PyCallable_Check(a[4]))
+        pc->namer = a[4];
+    else if (!(pc->metas = fast_tuple(a[4], "metas must be a sequence or a callable")))
+        return -1;
+    if (PyTuple_GET_SIZE(pc->ids) != n || PyTuple_GET_SIZE(pc->bufs) != n || PyTuple_GET_SIZE(pc->pids) != n ||
+        (pc->metas && PyTuple_GET_SIZE(pc->metas) != n)) {
         PyErr_SetString(PyExc_ValueError, "put_many arguments must have equal lengths");
         return -1;
     }
@@ -519,8 +588,9 @@ static int put_pid_from(PyObject *pid, rb_put_item *it)
 }
 
 /* GIL held: a (dtype, fmt, shape, cached_positions) tuple into it->meta. dtype and fmt are
- * borrowed from the tuple; shape and positions are PyMem arrays that put_call_close frees. */
-static int put_meta_from(PyObject *m, rb_put_item *it)
+ * borrowed from the tuple; shape goes to inl when it fits, else (and positions always) to PyMem
+ * arrays that put_call_close frees. */
+static int put_meta_from(PyObject *m, rb_put_item *it, int64_t *inl)
 {
     if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 4) {
         PyErr_SetString(PyExc_TypeError, "metas items must be (dtype, fmt, shape, cached_positions) tuples");
@@ -531,19 +601,201 @@ static int put_meta_from(PyObject *m, rb_put_item *it)
     if (PyErr_Occurred())
         return -1;
     int64_t *dims, *pos;
-    if (i64_array(PyTuple_GET_ITEM(m, 2), "shape must be a sequence of ints", &dims, &it->meta.ndim) < 0)
+    if (i64_array(PyTuple_GET_ITEM(m, 2), "shape must be a sequence of ints", inl, RBPY_INLINE_DIMS, &dims,
+                  &it->meta.ndim) < 0)
         return -1;
     it->meta.dims = dims;
-    if (i64_array(PyTuple_GET_ITEM(m, 3), "cached_positions must be a sequence of ints", &pos, &it->meta.npos) < 0)
+    if (i64_array(PyTuple_GET_ITEM(m, 3), "cached_positions must be a sequence of ints", NULL, 0, &pos,
+                  &it->meta.npos) < 0)
         return -1;
     it->meta.pos = pos;
     return 0;
 }
 
+/* ---- metadata read from the payload objects ---- */
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define lookup_attr PyObject_GetOptionalAttr
+#else
+#define lookup_attr _PyObject_LookupAttr
+#endif
+
+/* getattr(o, name, None) as a new reference; NULL with an exception for any failure other
+ * than a missing attribute. None has none of the names read here. */
+static PyObject *attr_or_none(PyObject *o, PyObject *name)
+{
+    PyObject *v = NULL;
+    if (o == Py_None)
+        return Py_NewRef(Py_None);
+    int rc = lookup_attr(o, name, &v);
+    if (rc < 0)
+        return NULL;
+    return rc ? v : Py_NewRef(Py_None);
+}
+
+/* [int(x) for x in o] as int64: into inl while it has room (cap entries), else a PyMem array
+ * (*out is inl or that array). -1 with an exception set (int()'s, the iteration's, or
+ * OverflowError past 64 bits). */
+static int i64_from_iter(PyObject *o, int64_t *inl, Py_ssize_t cap, int64_t **out, int64_t *n)
+{
+    PyObject *iter = PyObject_GetIter(o), *x;
+    if (!iter)
+        return -1;
+    int64_t *v = inl;
+    Py_ssize_t len = 0;
+    while ((x = PyIter_Next(iter)) != NULL) {
+        long long y;
+        if (PyLong_CheckExact(x)) {
+            y = PyLong_AsLongLong(x);
+        } else {
+            PyObject *l = PyNumber_Long(x);
+            y = l ? PyLong_AsLongLong(l) : -1;
+            Py_XDECREF(l);
+        }
+        Py_DECREF(x);
+        if (y == -1 && PyErr_Occurred())
+            goto fail;
+        if (len == cap) {
+            Py_ssize_t ncap = cap < 8 ? 16 : cap * 2;
+            int64_t *nv = ncap <= PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) ? PyMem_Malloc(ncap * sizeof(int64_t))
+                                                                                : NULL;
+            if (!nv) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            if (len)
+                memcpy(nv, v, len * sizeof(int64_t));
+            if (v != inl)
+                PyMem_Free(v);
+            v = nv;
+            cap = ncap;
+        }
+        v[len++] = y;
+    }
+    if (PyErr_Occurred())
+        goto fail;
+    if (!v && !(v = PyMem_Malloc(sizeof(int64_t)))) { /* none, and no inl: never a NULL array */
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_DECREF(iter);
+    *out = v;
+    *n = len;
+    return 0;
+fail:
+    if (v != inl)
+        PyMem_Free(v);
+    Py_DECREF(iter);
+    return -1;
+}
+
+/* GIL held: the checkpoint names of (dtype, fmt) into mi: from the core's entries when the pair
+ * is there (by identity), else namer(dtype, fmt) -> (dtype name, format name, cacheable), kept
+ * on the core when cacheable and there is room, else held by the call. */
+static int meta_names_of(CoreObject *self, put_call *pc, PyObject *dtype, PyObject *fmt, rb_meta_in *mi)
+{
+    if (pc->namer == self->namer) {
+        for (int j = 0; j < self->n_names; j++) {
+            const meta_names *e = &self->names[j];
+            if (e->dtype == dtype && e->fmt == fmt) {
+                mi->dtype = e->ds;
+                mi->dtype_len = e->dl;
+                mi->fmt = e->fs;
+                mi->fmt_len = e->fl;
+                return 0;
+            }
+        }
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(pc->namer, dtype, fmt, NULL);
+    if (!r)
+        return -1;
+    int cache = -1;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3) {
+        PyErr_SetString(PyExc_TypeError, "the metas namer must return (dtype name, format name, cacheable)");
+        goto done;
+    }
+    PyObject *dn = PyTuple_GET_ITEM(r, 0), *fn = PyTuple_GET_ITEM(r, 1);
+    mi->dtype = opt_str(dn, &mi->dtype_len);
+    mi->fmt = mi->dtype || dn == Py_None ? opt_str(fn, &mi->fmt_len) : NULL;
+    if (PyErr_Occurred() || (cache = PyObject_IsTrue(PyTuple_GET_ITEM(r, 2))) < 0)
+        goto done;
+    /* The namer ran Python code: another thread may have added entries meanwhile. */
+    if (cache && self->n_names < RBPY_META_NAMES && (!self->namer || self->namer == pc->namer)) {
+        if (!self->namer)
+            self->namer = Py_NewRef(pc->namer);
+        meta_names *e = &self->names[self->n_names++];
+        e->dtype = Py_NewRef(dtype);
+        e->fmt = Py_NewRef(fmt);
+        e->dname = Py_NewRef(dn);
+        e->fname = Py_NewRef(fn);
+        e->ds = mi->dtype;
+        e->dl = mi->dtype_len;
+        e->fs = mi->fmt;
+        e->fl = mi->fmt_len;
+    } else if ((!pc->holds && !(pc->holds = PyList_New(0))) || PyList_Append(pc->holds, r) < 0) {
+        cache = -1;
+    }
+done:
+    Py_DECREF(r);
+    return cache < 0 ? -1 : 0;
+}
+
+/*
+ * GIL held: key i's metadata from its payload object, as the facade's _meta_of read it:
+ * m = getattr(obj, "metadata", None); the names of (getattr(m, "dtype", None), getattr(m,
+ * "fmt", None)); shape = getattr(m, "shape", None) as ints (int() of each dimension; up to
+ * RBPY_INLINE_DIMS of them in the call's array); cached_positions through tolist() when it has
+ * one, then int() of each. The payloads' metadata is read for every key before any payload.
+ */
+static int put_meta_read(rbpy_state *st, CoreObject *self, put_call *pc, Py_ssize_t i)
+{
+    rb_put_item *it = &pc->items[i];
+    PyObject *const *names = st->names;
+    PyObject *dtype = NULL, *fmt = NULL, *shape = NULL, *pos = NULL;
+    int rc = -1;
+    it->meta.ndim = it->meta.npos = -1;
+    PyObject *m = attr_or_none(PyTuple_GET_ITEM(pc->bufs, i), names[RBPY_NAME_METADATA]);
+    if (!m || !(dtype = attr_or_none(m, names[RBPY_NAME_DTYPE])) || !(fmt = attr_or_none(m, names[RBPY_NAME_FMT])))
+        goto done;
+    if (meta_names_of(self, pc, dtype, fmt, &it->meta) < 0 || !(shape = attr_or_none(m, names[RBPY_NAME_SHAPE])))
+        goto done;
+    if (shape != Py_None) {
+        int64_t *dims;
+        if (i64_from_iter(shape, pc->dims[i], RBPY_INLINE_DIMS, &dims, &it->meta.ndim) < 0)
+            goto done;
+        it->meta.dims = dims;
+    }
+    if (!(pos = attr_or_none(m, names[RBPY_NAME_CACHED_POSITIONS])))
+        goto done;
+    if (pos != Py_None) {
+        PyObject *tolist = attr_or_none(pos, names[RBPY_NAME_TOLIST]);
+        if (!tolist)
+            goto done;
+        if (tolist != Py_None) {
+            Py_SETREF(pos, PyObject_CallNoArgs(tolist));
+            Py_DECREF(tolist);
+            if (!pos)
+                goto done;
+        } else {
+            Py_DECREF(tolist);
+        }
+        int64_t *p;
+        if (i64_from_iter(pos, NULL, 0, &p, &it->meta.npos) < 0)
+            goto done;
+        it->meta.pos = p;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(m);
+    Py_XDECREF(dtype);
+    Py_XDECREF(fmt);
+    Py_XDECREF(shape);
+    Py_XDECREF(pos);
+    return rc;
+}
+
 /* GIL held: every key's identity, placement id, meta and payload view into pc->items (the
- * views taken are counted in pc->nviews). -1 with an exception set on the first failure. The
- * sequences are indexed afresh for each key: conversions may run Python code that resizes a
- * caller's list. */
+ * views taken are counted in pc->nviews). -1 with an exception set on the first failure. */
 static int put_items_from(PyObject *op, put_call *pc)
 {
     rbpy_state *st = rbpy_state_of_type(Py_TYPE(op));
@@ -554,18 +806,25 @@ static int put_items_from(PyObject *op, put_call *pc)
     PyObject *ids = pc->ids, *pids = pc->pids, *metas = pc->metas, *bufs = pc->bufs;
     rb_put_item *items = pc->items;
     payload *views = pc->views;
+    if (!metas) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (put_meta_read(st, (CoreObject *)op, pc, i) < 0)
+                return -1;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         rb_put_item *it = &items[i];
         it->key = keys[i];
         it->key_len = lens[i];
-        it->meta.ndim = it->meta.npos = -1;
-        if (rbpy_as_u64(PySequence_Fast_GET_ITEM(ids, i), "slot_identity", &it->identity) < 0)
+        if (rbpy_as_u64(PyTuple_GET_ITEM(ids, i), "slot_identity", &it->identity) < 0)
             return -1;
-        if (put_pid_from(PySequence_Fast_GET_ITEM(pids, i), it) < 0)
+        if (put_pid_from(PyTuple_GET_ITEM(pids, i), it) < 0)
             return -1;
-        if (put_meta_from(PySequence_Fast_GET_ITEM(metas, i), it) < 0)
-            return -1;
-        if (payload_get(st, fast, PySequence_Fast_GET_ITEM(bufs, i), i, 0, &views[i]) < 0)
+        if (metas) {
+            it->meta.ndim = it->meta.npos = -1;
+            if (put_meta_from(PyTuple_GET_ITEM(metas, i), it, pc->dims[i]) < 0)
+                return -1;
+        }
+        if (payload_get(st, fast, PyTuple_GET_ITEM(bufs, i), i, 0, &views[i]) < 0)
             return -1;
         pc->nviews = i + 1;
         it->buf = views[i].buf;
@@ -619,13 +878,15 @@ static void put_call_close(put_call *pc)
     const Py_ssize_t n = pc->n, nviews = pc->nviews;
     if (items) {
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyMem_Free((void *)items[i].meta.dims);
+            if (!pc->dims || items[i].meta.dims != pc->dims[i])
+                PyMem_Free((void *)items[i].meta.dims);
             PyMem_Free((void *)items[i].meta.pos);
         }
     }
     for (Py_ssize_t i = 0; i < nviews; i++)
         payload_release(&views[i]);
     PyMem_Free(pc->items);
+    PyMem_Free(pc->dims);
     PyMem_Free(pc->views);
     PyMem_Free(pc->results);
     PyMem_Free(pc->stored);
@@ -633,6 +894,7 @@ static void put_call_close(put_call *pc)
     Py_XDECREF(pc->bufs);
     Py_XDECREF(pc->pids);
     Py_XDECREF(pc->metas);
+    Py_XDECREF(pc->holds);
     keyvec_free(&pc->kv);
 }
 
@@ -656,22 +918,113 @@ static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t n
     return ret;
 }
 
+/*
+ * GIL held, after the reads: obj.metadata.cached_positions = the key's stored positions for
+ * every key that loaded and whose object has metadata (getattr(obj, "metadata", None) not
+ * None): None as it is, a list of ints through conv (the facade's positions_from_list). -1
+ * with an exception set on the first failure.
+ */
+static int load_set_positions(rbpy_state *st, PyObject *bufs, const rb_load_item *items, Py_ssize_t n,
+                              PyObject *conv)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!items[i].ok)
+            continue;
+        PyObject *m = attr_or_none(PyTuple_GET_ITEM(bufs, i), st->names[RBPY_NAME_METADATA]);
+        if (!m)
+            return -1;
+        if (m == Py_None) {
+            Py_DECREF(m);
+            continue;
+        }
+        PyObject *v = Py_NewRef(Py_None);
+        if (items[i].npos >= 0) {
+            PyObject *l = i64_list(items[i].pos, items[i].npos);
+            Py_SETREF(v, l ? PyObject_CallOneArg(conv, l) : NULL);
+            Py_XDECREF(l);
+        }
+        int rc = v ? PyObject_SetAttr(m, st->names[RBPY_NAME_CACHED_POSITIONS], v) : -1;
+        Py_XDECREF(v);
+        Py_DECREF(m);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* GIL held: the per-key errors (an exception object or None), or None when no key failed. */
+static PyObject *load_errors(const rb_load_item *items, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n && items[i].status >= 0)
+        i++;
+    if (i == n)
+        return Py_NewRef(Py_None);
+    PyObject *el = PyList_New(n);
+    for (i = 0; el && i < n; i++) {
+        PyObject *e = items[i].status < 0 ? err_object(&items[i].err) : Py_NewRef(Py_None);
+        if (!e)
+            Py_CLEAR(el);
+        else
+            PyList_SET_ITEM(el, i, e);
+    }
+    return el;
+}
+
+/* GIL held: load_many_into's result without a positions converter: (results, positions, errors)
+ * with a list of each. */
+static PyObject *load_result_lists(const rb_load_item *items, Py_ssize_t n)
+{
+    PyObject *ret = NULL;
+    PyObject *rl = PyList_New(n), *pl = PyList_New(n), *el = PyList_New(n);
+    for (Py_ssize_t i = 0; rl && pl && el && i < n; i++) {
+        PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
+        PyObject *p = items[i].ok ? i64_list(items[i].pos, items[i].npos) : Py_NewRef(Py_None);
+        PyObject *e = items[i].status < 0 ? err_object(&items[i].err) : Py_NewRef(Py_None);
+        if (!p || !e) {
+            Py_XDECREF(p);
+            Py_XDECREF(e);
+            Py_CLEAR(rl);
+            break;
+        }
+        PyList_SET_ITEM(pl, i, p);
+        PyList_SET_ITEM(el, i, e);
+    }
+    if (rl && pl && el)
+        ret = PyTuple_Pack(3, rl, pl, el);
+    Py_XDECREF(rl);
+    Py_XDECREF(pl);
+    Py_XDECREF(el);
+    return ret;
+}
+
+/*
+ * load_many_into(keys, buffers, set_positions=None). Without set_positions: (results,
+ * positions, errors), a list each. With it (a callable taking a list of ints): each loaded
+ * key's cached positions are set on its object's metadata here (load_set_positions), and the
+ * result is (results, errors), errors None when no key failed.
+ */
 static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"keys", "buffers"};
-    PyObject *a[2];
-    if (rbpy_unpack("load_many_into", names, 2, 2, args, nargs, kwnames, a) < 0)
+    static const char *const names[] = {"keys", "buffers", "set_positions"};
+    PyObject *a[3];
+    if (rbpy_unpack("load_many_into", names, 3, 2, args, nargs, kwnames, a) < 0)
         return NULL;
+    PyObject *conv = a[2] && a[2] != Py_None ? a[2] : NULL;
+    if (conv && !PyCallable_Check(conv)) {
+        PyErr_SetString(PyExc_TypeError, "set_positions must be callable or None");
+        return NULL;
+    }
     keyvec kv;
     if (keyvec_from(a[0], &kv) < 0)
         return NULL;
     Py_ssize_t n = kv.n, nviews = 0;
-    PyObject *bufs = PySequence_Fast(a[1], "buffers must be a sequence"), *ret = NULL;
+    PyObject *bufs = fast_tuple(a[1], "buffers must be a sequence"), *ret = NULL;
     rb_load_item *items = NULL;
     payload *views = NULL;
     if (!bufs)
         goto done;
-    if (PySequence_Fast_GET_SIZE(bufs) != n) {
+    if (PyTuple_GET_SIZE(bufs) != n) {
         PyErr_SetString(PyExc_ValueError, "keys and buffers must have equal lengths");
         goto done;
     }
@@ -684,7 +1037,7 @@ static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t 
     rbpy_state *st = rbpy_state_of_type(Py_TYPE(op));
     PyTypeObject *fast = memobj_fast_type(st);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (payload_get(st, fast, PySequence_Fast_GET_ITEM(bufs, i), i, 1, &views[i]) < 0)
+        if (payload_get(st, fast, PyTuple_GET_ITEM(bufs, i), i, 1, &views[i]) < 0)
             goto done;
         nviews = i + 1;
         items[i].key = kv.keys[i];
@@ -704,30 +1057,20 @@ static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t 
             goto done;
         }
     }
-    {
-        PyObject *rl = PyList_New(n), *pl = PyList_New(n), *el = PyList_New(n);
-        for (Py_ssize_t i = 0; rl && pl && el && i < n; i++) {
+    if (!conv) {
+        ret = load_result_lists(items, n);
+    } else if (load_set_positions(st, bufs, items, n, conv) == 0) {
+        PyObject *rl = PyList_New(n), *el = rl ? load_errors(items, n) : NULL;
+        for (Py_ssize_t i = 0; el && i < n; i++)
             PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
-            PyObject *p = items[i].ok ? i64_list(items[i].pos, items[i].npos) : Py_NewRef(Py_None);
-            PyObject *e = items[i].status < 0 ? err_object(&items[i].err) : Py_NewRef(Py_None);
-            if (!p || !e) {
-                Py_XDECREF(p);
-                Py_XDECREF(e);
-                Py_CLEAR(rl);
-                break;
-            }
-            PyList_SET_ITEM(pl, i, p);
-            PyList_SET_ITEM(el, i, e);
-        }
-        if (rl && pl && el)
-            ret = PyTuple_Pack(3, rl, pl, el);
+        if (el)
+            ret = PyTuple_Pack(2, rl, el);
         Py_XDECREF(rl);
-        Py_XDECREF(pl);
         Py_XDECREF(el);
-        for (Py_ssize_t i = 0; i < n; i++)
-            free(items[i].pos);
     }
 done:
+    for (Py_ssize_t i = 0; items && i < n; i++)
+        free(items[i].pos); /* the core's (NULL unless a key loaded with positions) */
     for (Py_ssize_t i = 0; i < nviews; i++)
         payload_release(&views[i]);
     PyMem_Free(items);
@@ -1301,9 +1644,14 @@ static PyObject *core_identity(PyObject *mod, PyObject *const *args, Py_ssize_t 
 static PyMethodDef core_methods[] = {
     {"put_many", (PyCFunction)(void (*)(void))core_put_many, METH_FASTCALL | METH_KEYWORDS,
      "put_many(keys, identities, payloads, placement_ids, metas) -> (results, stored_indices); a payload is "
-     "a buffer-protocol object, a MemoryObj of the _set_memobj_type class, or anything with byte_array"},
+     "a buffer-protocol object, a MemoryObj of the _set_memobj_type class, or anything with byte_array; metas "
+     "is one (dtype name, format name, shape, cached_positions) tuple per key, or a callable "
+     "namer(dtype, fmt) -> (dtype name, format name, cacheable) with which each payload's own metadata "
+     "(its metadata attribute) is read"},
     {"load_many_into", (PyCFunction)(void (*)(void))core_load_many, METH_FASTCALL | METH_KEYWORDS,
-     "load_many_into(keys, payloads) -> (results, cached_positions, errors: exception or None per key); "
+     "load_many_into(keys, payloads, set_positions=None) -> (results, cached_positions, errors: exception or "
+     "None per key); with set_positions (list of ints -> value), each loaded key's positions are set on its "
+     "payload's metadata instead and the result is (results, errors or None when no key failed); "
      "payloads as for put_many, writable"},
     {"exists_many", (PyCFunction)(void (*)(void))core_exists_many, METH_FASTCALL | METH_KEYWORDS,
      "exists_many(keys, lock=False) -> list[bool]"},
@@ -1362,6 +1710,7 @@ static PyType_Slot core_slots[] = {
     {Py_tp_new, core_new},
     {Py_tp_dealloc, core_dealloc},
     {Py_tp_traverse, core_traverse},
+    {Py_tp_clear, core_tp_clear},
     {Py_tp_methods, core_methods},
     {Py_tp_members, core_members},
     {Py_tp_doc, "Native raw-block core (index, slots, checkpoints, I/O). Use lmcache_rawblock.RawBlockCore."},

@@ -101,19 +101,29 @@ def _shape_of(meta: Any) -> Any:
 _META_NAMES: dict[tuple[Any, Any], tuple[str | None, str | None]] = {}
 
 
-def _meta_of(obj: Any) -> tuple[Any, Any, Any, Any]:
-    """(dtype name, format name, shape, cached positions) of a MemoryObj for the C core."""
-    m = getattr(obj, "metadata", None)
-    dtype, fmt = getattr(m, "dtype", None), getattr(m, "fmt", None)
+def _meta_names(dtype: Any, fmt: Any) -> tuple[str | None, str | None, bool]:
+    """(dtype name, format name, whether _META_NAMES holds the pair) for the C core, which keeps
+    the names of a held pair by the identities of the two objects (a dict lookup finds an
+    identical key first, so it answers as _META_NAMES would)."""
     try:
-        names = _META_NAMES[(dtype, fmt)]
+        return _META_NAMES[(dtype, fmt)] + (True,)
     except (KeyError, TypeError):  # TypeError: an unhashable stand-in, converted each time
         names = (dtype_to_short_name(dtype), memory_format_name(fmt))
         if len(_META_NAMES) < 256:
             try:
                 _META_NAMES[(dtype, fmt)] = names
+                return names + (True,)
             except TypeError:
                 pass
+        return names + (False,)
+
+
+def _meta_of(obj: Any) -> tuple[Any, Any, Any, Any]:
+    """(dtype name, format name, shape, cached positions) of a MemoryObj: what the C core's
+    put_many reads from each payload itself when given _meta_names (kept as the reference its
+    tests compare against)."""
+    m = getattr(obj, "metadata", None)
+    names = _meta_names(getattr(m, "dtype", None), getattr(m, "fmt", None))
     pos = getattr(m, "cached_positions", None)
     return names[0], names[1], _shape_of(m), None if pos is None else positions_to_list(pos)
 
@@ -334,10 +344,11 @@ class RawBlockCore:
             raise ValueError("keys and objs must have the same length")
         pids = normalize_raw_block_placement_ids(placement_ids, len(keys))
         enc = [k.encoded for k in keys]
-        metas = [_meta_of(obj) for obj in objs]
         # The C side reads each payload itself: LMCache's TensorMemoryObj through raw_data
-        # (registered in _lmcache), anything else through the buffer protocol or byte_array.
-        results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs), pids, metas)
+        # (registered in _lmcache), anything else through the buffer protocol or byte_array;
+        # and each payload's metadata as _meta_of would, naming (dtype, fmt) with _meta_names.
+        results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs), pids,
+                                                _meta_names)
         return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored])
 
     def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any], *,
@@ -353,10 +364,11 @@ class RawBlockCore:
         if len(encoded_keys) != len(objs):
             raise ValueError("encoded_keys and objs must have the same length")
         keys = list(encoded_keys)
-        results, positions, errors = self._native.load_many_into(keys, list(objs))
-        for ok, obj, pos in zip(results, objs, positions):
-            if ok and getattr(obj, "metadata", None) is not None:
-                obj.metadata.cached_positions = positions_from_list(pos)
+        # The C side also sets each loaded key's cached positions on its object's metadata
+        # (None as is, a list through positions_from_list); errors is None when no key failed.
+        results, errors = self._native.load_many_into(keys, list(objs), positions_from_list)
+        if errors is None:
+            return results
         first: BaseException | None = None
         for key, exc in zip(keys, errors):
             if exc is None:
