@@ -87,7 +87,7 @@ typedef struct rb_nvme_wear {
     uint64_t hbmw, mbmw, mbe;
     int have_fdp_events;
     uint32_t events_host, events_controller;
-    uint32_t event_types[256]; /* events of each type, both logs together */
+    uint32_t event_types[256]; /* events of each type, both logs together (the first 63 of each) */
 } rb_nvme_wear;
 
 int rb_nvme_wear_counters(int fd, rb_nvme_wear *out, rb_err *err);
