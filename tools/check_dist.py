@@ -74,6 +74,8 @@ def check_wheel(path: str) -> int:
     external: set[str] = set()
     with zipfile.ZipFile(path) as zf:
         elves = {n: zf.read(n) for n in zf.namelist() if re.search(r"\.so(\.[0-9.]+)?$", n)}
+        if not any(re.search(r"\.dist-info/licenses/LICENSE$", n) for n in zf.namelist()):
+            errors.append("the licence text (LICENSE) is not in the wheel's .dist-info/licenses/")
     for name in elves:
         if ".libs/" in name:
             bundled.append(os.path.basename(name))
@@ -109,7 +111,7 @@ def check_sdist(path: str) -> int:
         names = [n.split("/", 1)[1] for n in tf.getnames() if "/" in n]
     files = set(names)
     errors = [f"generated file in the sdist: {n}" for n in sorted(files) if SDIST_FORBIDDEN.search(n)]
-    for need in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in", "Makefile", "PKG-INFO",
+    for need in ("setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "Makefile", "PKG-INFO",
                  "lmcache_rawblock/__init__.py", "lmcache_rawblock/_native.pyi", "lmcache_rawblock/py.typed",
                  "tests/conftest.py", "tests/c/test_core_ds.c"):
         if need not in files:
