@@ -368,3 +368,116 @@ def test_put_and_load_hold_no_references(core):
         core.load_many_into([ek(i)], [d])
     after = (sys.getrefcount(o), sys.getrefcount(o.metadata), sys.getrefcount(d), sys.getrefcount(d.metadata))
     assert after == before
+
+
+# ---- the metadata shortcut: obj.meta read directly for a checked class ---------------------
+
+
+class Locked:
+    """A MemoryObj stand-in whose metadata property counts its calls (as LMCache's takes a lock)."""
+
+    calls = 0
+
+    def __init__(self, meta):
+        self.meta = meta
+        self.byte_array = memoryview(bytearray(payload(3, N)))
+
+    @property
+    def metadata(self):
+        type(self).calls += 1
+        return self.meta
+
+
+class LockedChild(Locked):
+    pass
+
+
+@pytest.fixture
+def shortcut_core(core):
+    Locked.calls = 0
+    core._native._set_metadata_shortcut(Locked, Locked.__dict__["metadata"], "meta")
+    yield core
+    core._native._set_metadata_shortcut(None, None, None)
+
+
+def test_shortcut_reads_meta_without_the_property(shortcut_core):
+    core = shortcut_core
+    objs = [Locked(Meta(shape=[4, 2], dtype="float16", cached_positions=[i])) for i in range(3)]
+    assert core.put_many([_spec(i) for i in range(3)], objs).results == [True] * 3
+    dst = [Locked(Meta()) for _ in range(3)]
+    assert core.load_many_into([ek(i) for i in range(3)], dst) == [True] * 3
+    assert Locked.calls == 0
+    assert [_stored(core, ek(i))[1:3] for i in range(3)] == [((4, 2), "float16")] * 3
+    got = [d.meta.cached_positions for d in dst]
+    assert [g.tolist() if hasattr(g, "tolist") else g for g in got] == [[0], [1], [2]]
+
+
+def test_shortcut_falls_back_to_the_property(shortcut_core, monkeypatch):
+    core = shortcut_core
+    child = LockedChild(Meta(dtype="int8"))
+    assert core.put_many([_spec(1)], [child]).results == [True]
+    assert LockedChild.calls == 1  # a subclass: the property
+    bare = Locked(Meta(dtype="int8"))
+    del bare.meta
+    bare.__dict__["other"] = 1
+    calls = Locked.calls
+    # no meta: the property is called, and its AttributeError means no metadata, as
+    # getattr(obj, "metadata", None) has it
+    assert core.put_many([_spec(2)], [bare]).results == [True]
+    assert Locked.calls == calls + 1 and _stored(core, ek(2))[1:] == (None, None, None, None)
+    monkeypatch.setattr(Locked, "metadata", property(lambda self: Meta(dtype="replaced")))
+    assert core.put_many([_spec(3)], [Locked(Meta(dtype="int8"))]).results == [True]
+    assert _stored(core, ek(3))[2] == "replaced"  # the class changed: the new property
+
+
+def test_shortcut_is_offered_only_for_the_known_property_code(monkeypatch):
+    class Same:
+        @property
+        def metadata(self):
+            with self.lock:
+                return self.meta
+
+    class Other:
+        @property
+        def metadata(self):
+            with self.lock:
+                return self.meta_data
+
+    monkeypatch.setattr(core_mod, "TensorMemoryObj", Same)
+    assert core_mod._metadata_shortcut() == (Same, Same.__dict__["metadata"], "meta")
+    monkeypatch.setattr(core_mod, "TensorMemoryObj", Other)
+    assert core_mod._metadata_shortcut() is None
+    monkeypatch.setattr(core_mod, "TensorMemoryObj", None)
+    assert core_mod._metadata_shortcut() is None
+
+
+def test_shortcut_argument_errors(core):
+    with pytest.raises(TypeError):
+        core._native._set_metadata_shortcut(Locked, None)
+    with pytest.raises(TypeError):
+        core._native._set_metadata_shortcut(5, None, "meta")
+    with pytest.raises(TypeError):
+        core._native._set_metadata_shortcut(Locked, None, 5)
+
+
+def test_lmcache_tensor_memory_obj_gets_the_shortcut_and_round_trips(core):
+    if core_mod.TensorMemoryObj is None:
+        pytest.skip("LMCache is not installed: its TensorMemoryObj is what the shortcut is for")
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    assert core_mod._METADATA_SHORTCUT is not None
+
+    def tobj(fill, pos=None):
+        t = torch.full((N,), fill, dtype=torch.uint8)
+        md = MemoryObjMetadata(shape=torch.Size([N]), dtype=torch.uint8, address=0, phy_size=N, ref_count=1,
+                               fmt=MemoryFormat.KV_2LTD, cached_positions=pos)
+        return TensorMemoryObj(raw_data=t, metadata=md, parent_allocator=None)
+
+    src = [tobj(7, torch.tensor([3, 4], dtype=torch.int64)), tobj(9)]
+    assert core.put_many([_spec(0), _spec(1)], src).results == [True, True]
+    assert _stored(core, ek(0))[1:] == ((N,), "uint8", "KV_2LTD", [3, 4])
+    dst = [tobj(0, torch.tensor([1])), tobj(0, torch.tensor([1]))]
+    assert core.load_many_into([ek(0), ek(1)], dst) == [True, True]
+    assert dst[0].metadata.cached_positions.tolist() == [3, 4]
+    assert dst[1].metadata.cached_positions is None
+    assert bytes(dst[1].byte_array) == bytes([9]) * N

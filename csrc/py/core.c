@@ -39,6 +39,9 @@ typedef struct {
     PyObject *namer;        /* the namer the entries of names came from (the first one passed) */
     int n_names;
     meta_names names[RBPY_META_NAMES];
+    /* _set_metadata_shortcut: instances of exactly meta_type have their metadata read as the
+     * attribute meta_attr while the class's metadata is still meta_descr (see metadata_of). */
+    PyObject *meta_type, *meta_descr, *meta_attr;
 } CoreObject;
 
 /* Above this many keys exists_many/unlock_many/delete_many release the GIL. */
@@ -429,7 +432,7 @@ static PyObject *do_close(CoreObject *self)
     return d;
 }
 
-/* Drop put_many's cached metadata names (dealloc, or the collector breaking a cycle through the
+/* Drop put_many's cached metadata names and the metadata shortcut (dealloc, or the collector breaking a cycle through the
  * namer: no call of this core is running then). */
 static void core_clear_names(CoreObject *self)
 {
@@ -443,6 +446,9 @@ static void core_clear_names(CoreObject *self)
         Py_CLEAR(e->fname);
     }
     Py_CLEAR(self->namer);
+    Py_CLEAR(self->meta_type);
+    Py_CLEAR(self->meta_descr);
+    Py_CLEAR(self->meta_attr);
 }
 
 static void core_dealloc(PyObject *op)
@@ -473,6 +479,9 @@ static int core_traverse(PyObject *op, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(self->close_result);
     Py_VISIT(self->namer);
+    Py_VISIT(self->meta_type);
+    Py_VISIT(self->meta_descr);
+    Py_VISIT(self->meta_attr);
     for (int j = 0; j < self->n_names; j++) {
         Py_VISIT(self->names[j].dtype);
         Py_VISIT(self->names[j].fmt);
@@ -689,6 +698,36 @@ fail:
     return -1;
 }
 
+/* The class whose instances' metadata is read directly (metadata_of), if its metadata attribute
+ * is still the property given to _set_metadata_shortcut (checked once per call); else NULL. */
+static PyTypeObject *metadata_direct_type(rbpy_state *st, CoreObject *self)
+{
+    if (!self->meta_type)
+        return NULL;
+    PyObject *d = PyObject_GetAttr(self->meta_type, st->names[RBPY_NAME_METADATA]);
+    if (!d) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(d); /* only compared: the class keeps its attribute alive */
+    return d == self->meta_descr ? (PyTypeObject *)self->meta_type : NULL;
+}
+
+/* getattr(o, "metadata", None), or for an instance of exactly direct (metadata_direct_type) the
+ * attribute that property returns, read without calling it (the property only takes the
+ * object's lock around that read; the fields are read after it returns either way). A missing
+ * attribute falls back to the property. New reference, NULL with an exception. */
+static PyObject *metadata_of(rbpy_state *st, CoreObject *self, PyTypeObject *direct, PyObject *o)
+{
+    if (direct && Py_IS_TYPE(o, direct)) {
+        PyObject *m = NULL;
+        int rc = lookup_attr(o, self->meta_attr, &m);
+        if (rc != 0)
+            return rc > 0 ? m : NULL;
+    }
+    return attr_or_none(o, st->names[RBPY_NAME_METADATA]);
+}
+
 /* GIL held: the checkpoint names of (dtype, fmt) into mi: from the core's entries when the pair
  * is there (by identity), else namer(dtype, fmt) -> (dtype name, format name, cacheable), kept
  * on the core when cacheable and there is room, else held by the call. */
@@ -747,14 +786,14 @@ done:
  * RBPY_INLINE_DIMS of them in the call's array); cached_positions through tolist() when it has
  * one, then int() of each. The payloads' metadata is read for every key before any payload.
  */
-static int put_meta_read(rbpy_state *st, CoreObject *self, put_call *pc, Py_ssize_t i)
+static int put_meta_read(rbpy_state *st, CoreObject *self, PyTypeObject *direct, put_call *pc, Py_ssize_t i)
 {
     rb_put_item *it = &pc->items[i];
     PyObject *const *names = st->names;
     PyObject *dtype = NULL, *fmt = NULL, *shape = NULL, *pos = NULL;
     int rc = -1;
     it->meta.ndim = it->meta.npos = -1;
-    PyObject *m = attr_or_none(PyTuple_GET_ITEM(pc->bufs, i), names[RBPY_NAME_METADATA]);
+    PyObject *m = metadata_of(st, self, direct, PyTuple_GET_ITEM(pc->bufs, i));
     if (!m || !(dtype = attr_or_none(m, names[RBPY_NAME_DTYPE])) || !(fmt = attr_or_none(m, names[RBPY_NAME_FMT])))
         goto done;
     if (meta_names_of(self, pc, dtype, fmt, &it->meta) < 0 || !(shape = attr_or_none(m, names[RBPY_NAME_SHAPE])))
@@ -807,8 +846,10 @@ static int put_items_from(PyObject *op, put_call *pc)
     rb_put_item *items = pc->items;
     payload *views = pc->views;
     if (!metas) {
+        CoreObject *self = (CoreObject *)op;
+        PyTypeObject *direct = metadata_direct_type(st, self);
         for (Py_ssize_t i = 0; i < n; i++)
-            if (put_meta_read(st, (CoreObject *)op, pc, i) < 0)
+            if (put_meta_read(st, self, direct, pc, i) < 0)
                 return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -924,13 +965,14 @@ static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t n
  * None): None as it is, a list of ints through conv (the facade's positions_from_list). -1
  * with an exception set on the first failure.
  */
-static int load_set_positions(rbpy_state *st, PyObject *bufs, const rb_load_item *items, Py_ssize_t n,
-                              PyObject *conv)
+static int load_set_positions(rbpy_state *st, CoreObject *self, PyObject *bufs, const rb_load_item *items,
+                              Py_ssize_t n, PyObject *conv)
 {
+    PyTypeObject *direct = metadata_direct_type(st, self);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!items[i].ok)
             continue;
-        PyObject *m = attr_or_none(PyTuple_GET_ITEM(bufs, i), st->names[RBPY_NAME_METADATA]);
+        PyObject *m = metadata_of(st, self, direct, PyTuple_GET_ITEM(bufs, i));
         if (!m)
             return -1;
         if (m == Py_None) {
@@ -1059,7 +1101,7 @@ static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t 
     }
     if (!conv) {
         ret = load_result_lists(items, n);
-    } else if (load_set_positions(st, bufs, items, n, conv) == 0) {
+    } else if (load_set_positions(st, (CoreObject *)op, bufs, items, n, conv) == 0) {
         PyObject *rl = PyList_New(n), *el = rl ? load_errors(items, n) : NULL;
         for (Py_ssize_t i = 0; el && i < n; i++)
             PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
@@ -1548,6 +1590,32 @@ done:
     return ret;
 }
 
+/* _set_metadata_shortcut(cls, descr, attr) or (None, None, None): see metadata_of. The facade
+ * passes LMCache's TensorMemoryObj, its metadata property and "meta" only after checking that
+ * the property's code is `with self.lock: return self.meta`. */
+static PyObject *core_set_metadata_shortcut(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
+{
+    CoreObject *self = (CoreObject *)op;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_set_metadata_shortcut(cls, descr, attr) takes 3 arguments");
+        return NULL;
+    }
+    if (args[0] == Py_None) {
+        Py_CLEAR(self->meta_type);
+        Py_CLEAR(self->meta_descr);
+        Py_CLEAR(self->meta_attr);
+        Py_RETURN_NONE;
+    }
+    if (!PyType_Check(args[0]) || !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "_set_metadata_shortcut expects a class, a descriptor and a str");
+        return NULL;
+    }
+    Py_XSETREF(self->meta_type, Py_NewRef(args[0]));
+    Py_XSETREF(self->meta_descr, Py_NewRef(args[1]));
+    Py_XSETREF(self->meta_attr, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_revalidate(PyObject *op, PyObject *arg)
 {
     int seq = PyObject_IsTrue(arg);
@@ -1685,6 +1753,10 @@ static PyMethodDef core_methods[] = {
      "engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
     {"_inject_engine_fault", core_inject_engine_fault, METH_O,
      "test hook: _inject_engine_fault(kinds), io_uring worker faults (1 submit, 2 reap)"},
+    {"_set_metadata_shortcut", (PyCFunction)(void (*)(void))core_set_metadata_shortcut, METH_FASTCALL,
+     "_set_metadata_shortcut(cls, descr, attr): instances of exactly cls have their metadata read as "
+     "obj.<attr> while cls.metadata is descr (a property returning that attribute); (None, None, None) "
+     "turns it off"},
     {"_revalidate", core_revalidate, METH_O,
      "benchmark hook: _revalidate(sequential) -> dropped; re-read and check every slot header"},
     {"mem_bytes", core_mem_bytes, METH_NOARGS, "bytes allocated by the index and slot allocator"},

@@ -17,6 +17,7 @@ from .. import _native
 from ..settings import SETTINGS
 from ._lmcache import (
     DiskCacheMetadata,
+    TensorMemoryObj,
     dtype_to_short_name,
     memory_format_from_name,
     memory_format_name,
@@ -128,6 +129,27 @@ def _meta_of(obj: Any) -> tuple[Any, Any, Any, Any]:
     return names[0], names[1], _shape_of(m), None if pos is None else positions_to_list(pos)
 
 
+def _metadata_property_body(self: Any) -> Any:  # the body LMCache's TensorMemoryObj.metadata has
+    with self.lock:
+        return self.meta
+
+
+def _metadata_shortcut() -> tuple[Any, Any, str] | None:
+    """(TensorMemoryObj, its metadata property, "meta") when that property's code is
+    _metadata_property_body's: the C side then reads ``obj.meta`` itself (about 0.3 us less per
+    object and call than the property, whose lock orders nothing the field reads depend on).
+    None when LMCache is absent or its property reads anything else."""
+    prop = getattr(TensorMemoryObj, "__dict__", {}).get("metadata")
+    code = getattr(getattr(prop, "fget", None), "__code__", None)
+    ref = _metadata_property_body.__code__
+    if code is None or (code.co_code, code.co_names, code.co_consts) != (ref.co_code, ref.co_names, ref.co_consts):
+        return None
+    return TensorMemoryObj, prop, "meta"
+
+
+_METADATA_SHORTCUT = _metadata_shortcut()
+
+
 class RawBlockCore:
     """One raw block device (or pre-sized file) used as a slot store with an on-device index."""
 
@@ -167,6 +189,8 @@ class RawBlockCore:
         # The core checks the geometry and refuses a device that holds someone else's data
         # (unless allow_foreign_device) before it reads or writes anything.
         self._native = _native.Core(**cfg.native_kwargs(key_namespace=key_namespace))
+        if _METADATA_SHORTCUT is not None:
+            self._native._set_metadata_shortcut(*_METADATA_SHORTCUT)
         st = self._native.status()
         self.capacity_bytes = st["capacity_bytes"]
         self._data_base = st["data_base_offset"]
