@@ -432,8 +432,8 @@ static PyObject *do_close(CoreObject *self)
     return d;
 }
 
-/* Drop put_many's cached metadata names and the metadata shortcut (dealloc, or the collector breaking a cycle through the
- * namer: no call of this core is running then). */
+/* Drop put_many's cached metadata names and the metadata shortcut (dealloc, or the collector
+ * breaking a cycle through the namer: no call of this core is running then). */
 static void core_clear_names(CoreObject *self)
 {
     int n = self->n_names;
