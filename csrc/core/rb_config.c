@@ -78,8 +78,8 @@ const rb_setting rb_core_settings[] = {
     {"allow_foreign_device", RB_SET_BOOL, CFG(allow_foreign_device), 0, 1, "false", NULL, OURS,
      "use a device that holds a file system, RAID/LVM member or partition table (it is overwritten)"},
     {"recovery_read_threads", RB_SET_UINT, CFG(recovery_read_threads), 1, 64, "8", NULL, OURS,
-     "threads reading slot headers in parallel during recovery (posix engine, and io_uring from the page "
-     "cache)"},
+     "posix engine with O_DIRECT: threads reading slot headers in parallel during recovery (cached headers are "
+     "read on one thread)"},
     {"key_namespace", RB_SET_CHOICE, CFG(key_namespace), 0, 1, "object", namespaces, 0,
      "how keys are encoded: legacy (the plugin's CacheEngineKey strings) or object (ObjectKey)"},
     /* FDP placement policy (lmcache_rawblock/fdp.py): LMCache's MP adapter keys, then ours. */

@@ -386,16 +386,16 @@ static void *vjob_run(void *arg)
     return NULL;
 }
 
-/* Read the headers of items[0..n) with up to recovery_threads parallel readers. Each is given
- * at least 256 headers from the page cache (starting a thread costs about as much as reading a
- * few dozen cached headers, so a small index is read on the calling thread alone), or 16 that
- * wait for the device. */
+/* Read the headers of items[0..n) with up to recovery_threads parallel readers, each given at
+ * least 16 headers, when the reads wait for the device. From the page cache a header costs
+ * about a microsecond and the readers only contend: two or eight threads were no faster than
+ * the calling thread alone at 500 to 30,000 headers (and up to 4x slower at 500), so cached
+ * headers are read on the calling thread. */
 static void read_headers_parallel(rb_core *c, vitem *items, size_t n)
 {
-    size_t per_min = rb_block_transfers(c) ? 16 : 256;
-    size_t workers = c->cfg.recovery_read_threads;
-    if (workers > (n + per_min - 1) / per_min)
-        workers = (n + per_min - 1) / per_min;
+    size_t workers = rb_block_transfers(c) ? c->cfg.recovery_read_threads : 1;
+    if (workers > (n + 15) / 16)
+        workers = (n + 15) / 16;
     if (workers <= 1) {
         vjob j = {c, items, 0, n};
         vjob_run(&j);

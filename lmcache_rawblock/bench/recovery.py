@@ -7,7 +7,7 @@ exactly those entries. Readers, timed over the same image:
 * ours: the C validator with one pread per header on one thread (``sequential``), and the
   reader the core uses at start-up (``batched``: io_uring batches where reads wait for the
   device, i.e. O_DIRECT; from the page cache, where a read through the ring completes inline,
-  preads on the calling thread, in parallel threads from 512 headers on), through
+  preads on the calling thread), through
   ``RawBlockCore.hooks.revalidate_headers``; the dropped entries are put back (untimed) after
   each run;
 * LMCache's core, when installed: its ``_read_slot_header`` per offset (one pread per header,
