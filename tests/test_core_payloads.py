@@ -183,3 +183,39 @@ def test_shape_of_any_sequence_is_converted_with_int(core):
     src = Obj(payload(40, 600), shape=(2.0, "300"))
     assert core.put_many([k], [src]).results == [True]
     assert tuple(core.get_metadata_many([k.encoded])[0].shape) == (2, 300)
+
+
+def test_metadata_classes_alternating_within_a_batch_stay_per_key(tmp_path):
+    # Keys of a batch share their metadata class through a one-entry cache in the core; keys
+    # whose shape, dtype or format differ in one field only (or are null) must each keep their
+    # own, in the index and after a checkpoint and reopen.
+    base = dict(shape=(2, 300), dtype="uint8", fmt="BINARY")
+    changes = [dict(fmt="KV_2LTD"), dict(shape=(300, 2)), dict(dtype="int8"), dict(shape=None), dict(dtype=None),
+               dict(fmt=None), dict(shape=(2, 300, 1)), dict(shape=(2, 301))]
+    metas = [Meta(**base), Meta(**base)]
+    for ch in changes:  # each differs from the key before it in one field, then back
+        metas += [Meta(**{**base, **ch}), Meta(**base)]
+    keys = [okey(100 + i) for i in range(len(metas))]
+    objs = []
+    for i, m in enumerate(metas):
+        o = Obj(payload(100 + i, 600))
+        o.metadata = m
+        objs.append(o)
+    dev = make_device(tmp_path)
+    core = make_core(dev)
+    assert core.put_many(keys, objs).results == [True] * len(keys)
+
+    def seen(c):
+        got = c.get_metadata_many([k.encoded for k in keys])
+        return [(None if g.shape is None else tuple(g.shape), None if g.dtype is None else str(g.dtype),
+                 getattr(g.fmt, "name", g.fmt)) for g in got]
+
+    want = [(m.shape, m.dtype, m.fmt) for m in metas]
+    assert seen(core) == want
+    core.checkpoint_now()
+    core.close()
+    again = make_core(dev)
+    try:
+        assert seen(again) == want
+    finally:
+        again.close()

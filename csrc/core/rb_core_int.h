@@ -37,6 +37,7 @@ struct rb_core {
     rb_idx index, inflight, classes;
     rb_class **cls;
     uint32_t n_cls, cap_cls;
+    uint32_t last_cls; /* the class rb_core_intern_class last returned (a hint, compared in full) */
     rb_slots slots;
     uint64_t dirty_total, persisted, meta_seq;
     int good_container; /* container holding the newest checkpoint we trust, or -1 */
