@@ -26,9 +26,8 @@ import tempfile
 NKEYS, PAYLOAD, HEADER, BASE = 64, 64 * 1024, 4096, 1 << 20
 FILE_BYTES = BASE + (NKEYS + 1) * (HEADER + PAYLOAD)
 
-SOURCE = r"""
-/* io_floor FILE ODIRECT(0|1) ROUNDS: CPU time (getrusage, all threads) per key of a 64-key x
- * 64 KiB put / load. One line per row: "engine op fixed=0|1 median_us mean_us". */
+# The floor programs' common start: headers, the median's comparison, the error exit.
+PRELUDE = r"""
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <liburing.h>
@@ -36,8 +35,26 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void die(const char *what)
+{
+    perror(what);
+    exit(1);
+}
+"""
+
+SOURCE = r"""
+/* io_floor FILE ODIRECT(0|1) ROUNDS: CPU time (getrusage, all threads) per key of a 64-key x
+ * 64 KiB put / load. One line per row: "engine op fixed=0|1 median_us mean_us". */
+""" + PRELUDE + r"""
 #define NKEYS 64
 #define PAYLOAD (64 * 1024)
 #define HDR 4096
@@ -50,18 +67,6 @@ static double cpu_now(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void die(const char *what)
-{
-    perror(what);
-    exit(1);
 }
 
 enum { POSIX, URING };

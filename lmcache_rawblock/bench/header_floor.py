@@ -21,32 +21,12 @@ from . import floor
 SOURCE = r"""
 /* header_floor FILE ODIRECT(0|1) N STRIDE BASE LENGTH DEPTH ROUNDS:
  * "pread MEDIAN_US" and "io_uring MEDIAN_US", the wall time of reading N headers. */
-#define _GNU_SOURCE
-#include <fcntl.h>
-#include <liburing.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-
+""" + floor.PRELUDE + r"""
 static double now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void die(const char *what)
-{
-    perror(what);
-    exit(1);
 }
 
 static long arg(const char *s, const char *name, long lo, long hi)

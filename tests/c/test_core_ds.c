@@ -104,6 +104,19 @@ static void test_blake2b(void)
     CHECK(rb_key_identity(RB_NS_LEGACY, "m@1@0@ff", 8, &id) < 0);
 }
 
+/* rb_blake2b64_many over msg[0..n) against the scalar BLAKE2b of each message. */
+static void check_many(const uint8_t *const *msg, const size_t *len, size_t n, uint64_t *got)
+{
+    rb_blake2b64_many(msg, len, n, got);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t d[8];
+        uint64_t want;
+        rb_blake2b(d, 8, msg[i], len[i]);
+        memcpy(&want, d, 8);
+        CHECK(got[i] == want);
+    }
+}
+
 /* The many-at-once digest (four one-block keys per pass with AVX2) gives, for every count and
  * mix of lengths (0 to 300 bytes: one and several blocks, the 128-byte edge), what the scalar
  * BLAKE2b gives each key alone. */
@@ -125,25 +138,11 @@ static void test_blake2b_many(void)
     for (size_t n = 0; n <= 9; n++) { /* every tail length of a pass of four */
         for (size_t i = 0; i < n; i++)
             len[i] = (i * 37 + n) % 130;
-        rb_blake2b64_many(msg, len, n, got);
-        for (size_t i = 0; i < n; i++) {
-            uint8_t d[8];
-            uint64_t want;
-            rb_blake2b(d, 8, msg[i], len[i]);
-            memcpy(&want, d, 8);
-            CHECK(got[i] == want);
-        }
+        check_many(msg, len, n, got);
     }
     for (size_t i = 0; i < N; i++)
         len[i] = (i * 7919) % N; /* lengths 0..300 in a scattered order */
-    rb_blake2b64_many(msg, len, N, got);
-    for (size_t i = 0; i < N; i++) {
-        uint8_t d[8];
-        uint64_t want;
-        rb_blake2b(d, 8, msg[i], len[i]);
-        memcpy(&want, d, 8);
-        CHECK(got[i] == want);
-    }
+    check_many(msg, len, N, got);
 }
 
 int main(void)
