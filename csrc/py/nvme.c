@@ -75,46 +75,69 @@ fail:
     return NULL;
 }
 
-PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path)
+/*
+ * Open path read-only and run fn on it with the GIL released; 0, or -1 with the exception set
+ * (OSError naming the path; ValueError when the device answers the NVMe ioctls with ENOTTY).
+ */
+static int run_on_namespace(PyObject *path, int (*fn)(int fd, void *ctx, rb_err *err), void *ctx)
 {
-    (void)mod;
     PyObject *bpath = NULL;
     if (!PyUnicode_FSConverter(path, &bpath))
-        return NULL;
+        return -1;
     const char *p = PyBytes_AS_STRING(bpath);
     rb_err err;
     rb_err_clear(&err);
-    rb_nvme_ns ns;
-    rb_nvme_fdp fi;
-    rb_nvme_ruh *ruh = NULL;
-    size_t nruh = 0;
-    int rc, have_ruh = 0, fd;
+    int rc, fd;
     Py_BEGIN_ALLOW_THREADS
     fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
     } else {
-        rc = rb_nvme_identify(fd, &ns, &err);
-        if (rc == 0)
-            rc = rb_nvme_fdp_info(fd, &ns, &fi, &err);
-        if (rc == 0 && fi.enabled) {
-            rb_err ignore;
-            have_ruh = rb_nvme_ruh_status(fd, ns.nsid, &ruh, &nruh, &ignore) == 0;
-        }
+        rc = fn(fd, ctx, &err);
         close(fd);
     }
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        if (err.kind == RB_ERR_OS && err.errnum == ENOTTY)
+        if (err.errnum == ENOTTY && (err.kind == RB_ERR_OS || err.kind == RB_ERR_VALUE))
             rb_err_set(&err, RB_ERR_VALUE, ENOTTY, "'%s' is not an NVMe namespace (the NVMe ioctls are not supported)",
                        p);
         rbpy_raise_err_path(&err, bpath);
-        Py_DECREF(bpath);
-        return NULL;
     }
     Py_DECREF(bpath);
-    PyObject *d = report_dict(&ns, &fi, ruh, nruh, have_ruh);
-    free(ruh);
+    return rc < 0 ? -1 : 0;
+}
+
+typedef struct fdp_report {
+    rb_nvme_ns ns;
+    rb_nvme_fdp fi;
+    rb_nvme_ruh *ruh;
+    size_t nruh;
+    int have_ruh;
+} fdp_report;
+
+static int read_fdp_report(int fd, void *ctx, rb_err *err)
+{
+    fdp_report *r = ctx;
+    int rc = rb_nvme_identify(fd, &r->ns, err);
+    if (rc == 0)
+        rc = rb_nvme_fdp_info(fd, &r->ns, &r->fi, err);
+    if (rc == 0 && r->fi.enabled) {
+        rb_err ignore;
+        r->have_ruh = rb_nvme_ruh_status(fd, r->ns.nsid, &r->ruh, &r->nruh, &ignore) == 0;
+    }
+    return rc;
+}
+
+PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path)
+{
+    (void)mod;
+    fdp_report r = {0};
+    if (run_on_namespace(path, read_fdp_report, &r) < 0) {
+        free(r.ruh);
+        return NULL;
+    }
+    PyObject *d = report_dict(&r.ns, &r.fi, r.ruh, r.nruh, r.have_ruh);
+    free(r.ruh);
     return d;
 }
 
@@ -173,40 +196,21 @@ fail:
     return NULL;
 }
 
+static int read_wear(int fd, void *ctx, rb_err *err)
+{
+    return rb_nvme_wear_counters(fd, ctx, err);
+}
+
 PyObject *rbpy_nvme_wear_counters(PyObject *mod, PyObject *path)
 {
     (void)mod;
-    PyObject *bpath = NULL;
-    if (!PyUnicode_FSConverter(path, &bpath))
-        return NULL;
-    const char *p = PyBytes_AS_STRING(bpath);
-    rb_err err;
-    rb_err_clear(&err);
     rb_nvme_wear *w = malloc(sizeof(*w));
-    if (!w) {
-        Py_DECREF(bpath);
+    if (!w)
         return PyErr_NoMemory();
-    }
-    int rc, fd;
-    Py_BEGIN_ALLOW_THREADS
-    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
-    } else {
-        rc = rb_nvme_wear_counters(fd, w, &err);
-        close(fd);
-    }
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    if (run_on_namespace(path, read_wear, w) < 0) {
         free(w);
-        if (err.errnum == ENOTTY && (err.kind == RB_ERR_OS || err.kind == RB_ERR_VALUE))
-            rb_err_set(&err, RB_ERR_VALUE, ENOTTY, "'%s' is not an NVMe namespace (the NVMe ioctls are not supported)",
-                       p);
-        rbpy_raise_err_path(&err, bpath);
-        Py_DECREF(bpath);
         return NULL;
     }
-    Py_DECREF(bpath);
     PyObject *d = wear_dict(w);
     free(w);
     return d;
