@@ -141,3 +141,39 @@ def test_probe_of_a_large_blank_device_is_cheap(tmp_path):
     t = time.perf_counter()
     assert _native.probe_foreign(p) is None
     assert time.perf_counter() - t < 5.0
+
+
+
+def _resident_bytes(path: str) -> int:
+    """Bytes of the file in the page cache: mincore(2) over a read-only shared mapping."""
+    import ctypes
+    import os
+
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+            return sum(b & 1 for b in vec) * page
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def test_probe_leaves_no_pages_in_the_page_cache(tmp_path):
+    # libblkid reads scattered windows (tens of MiB); left in the page cache as small pages they
+    # would make the slots later written over them slower to read back.
+    p = _img(tmp_path, size=96 << 20)
+    assert _resident_bytes(p) == 0
+    assert _native.probe_foreign(p) is None
+    assert _resident_bytes(p) == 0

@@ -184,6 +184,12 @@ int rb_probe_foreign(const char *path, char *what, size_t what_len, rb_err *err)
         }
     }
     blkid_free_probe(pr);
+    /* The probers read tens of MiB of scattered windows (28 MiB of a 96 MiB sparse file), which
+     * stay in the page cache as small pages; the slots written there later reuse them, and
+     * reading those slots back from the page cache was 1.25x slower than on a file that was
+     * never probed. Dropping the clean pages the probe left (nothing dirty is dropped) lets the
+     * writes build the page cache afresh. */
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     close(fd);
     return found;
 }
