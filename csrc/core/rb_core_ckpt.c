@@ -328,6 +328,19 @@ static void read_header_into(rb_core *c, vitem *v, uint8_t *buf)
         v->hdr_ok = 1;
 }
 
+enum { ID_GROUP = 64 }; /* object keys hashed per rb_blake2b64_many call */
+
+/* who[j]->want = the object-key identity of msg[j] (len[j] bytes), for j < k <= ID_GROUP. */
+static void set_identities(vitem **who, const uint8_t *const *msg, const size_t *len, size_t k)
+{
+    uint64_t dig[ID_GROUP];
+    rb_blake2b64_many(msg, len, k, dig);
+    for (size_t j = 0; j < k; j++) {
+        who[j]->want = dig[j];
+        who[j]->want_state = 1;
+    }
+}
+
 /* The key identity items[lo..hi) expect (BLAKE2b of the key: about as costly as reading a
  * cached header, so the readers compute it beside their I/O rather than the judge after it). */
 static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi)
@@ -341,11 +354,9 @@ static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi
         return;
     }
     /* object keys: BLAKE2b of groups of keys, several per pass (rb_blake2b64_many) */
-    enum { GROUP = 64 };
-    const uint8_t *msg[GROUP];
-    size_t len[GROUP];
-    uint64_t dig[GROUP];
-    vitem *who[GROUP];
+    const uint8_t *msg[ID_GROUP];
+    size_t len[ID_GROUP];
+    vitem *who[ID_GROUP];
     size_t k = 0;
     for (size_t i = lo; i < hi; i++) {
         vitem *v = &items[i];
@@ -354,22 +365,13 @@ static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi
         msg[k] = (const uint8_t *)v->key;
         len[k] = v->key_len;
         who[k++] = v;
-        if (k == GROUP) {
-            rb_blake2b64_many(msg, len, k, dig);
-            for (size_t j = 0; j < k; j++) {
-                who[j]->want = dig[j];
-                who[j]->want_state = 1;
-            }
+        if (k == ID_GROUP) {
+            set_identities(who, msg, len, k);
             k = 0;
         }
     }
-    if (k) {
-        rb_blake2b64_many(msg, len, k, dig);
-        for (size_t j = 0; j < k; j++) {
-            who[j]->want = dig[j];
-            who[j]->want_state = 1;
-        }
-    }
+    if (k)
+        set_identities(who, msg, len, k);
 }
 
 static void *vjob_run(void *arg)

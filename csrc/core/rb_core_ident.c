@@ -116,6 +116,14 @@ void rb_blake2b(uint8_t *out, size_t outlen, const void *in, size_t inlen)
         out[i] = (uint8_t)(h[i / 8] >> (8 * (i % 8)));
 }
 
+/* The 8-byte digest as a little-endian u64: an object key's identity. */
+static uint64_t blake2b64(const void *in, size_t len)
+{
+    uint8_t d[8];
+    rb_blake2b(d, 8, in, len);
+    return load64(d);
+}
+
 /*
  * Four one-block messages at once (AVX2): lane j of each 256-bit word is message j's word, so
  * one pass of the rounds hashes four keys for about the instructions of one scalar compress.
@@ -214,18 +222,15 @@ static int have_avx2(void)
 
 void rb_blake2b64_many(const uint8_t *const *msg, const size_t *len, size_t n, uint64_t *out)
 {
-    size_t i = 0;
 #ifdef RB_X4
     if (have_avx2()) {
         /* gather the one-block messages four at a time; longer ones are hashed alone */
         const uint8_t *lane_msg[4];
         size_t lane_len[4], lane_at[4], k = 0;
         uint64_t d[4];
-        for (; i < n; i++) {
+        for (size_t i = 0; i < n; i++) {
             if (len[i] > 128) {
-                uint8_t b[8];
-                rb_blake2b(b, 8, msg[i], len[i]);
-                out[i] = load64(b);
+                out[i] = blake2b64(msg[i], len[i]);
                 continue;
             }
             lane_msg[k] = msg[i];
@@ -250,11 +255,8 @@ void rb_blake2b64_many(const uint8_t *const *msg, const size_t *len, size_t n, u
         return;
     }
 #endif
-    for (; i < n; i++) {
-        uint8_t b[8];
-        rb_blake2b(b, 8, msg[i], len[i]);
-        out[i] = load64(b);
-    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = blake2b64(msg[i], len[i]);
 }
 
 static int hexval(char c)
@@ -271,9 +273,7 @@ static int hexval(char c)
 int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out)
 {
     if (ns == RB_NS_OBJECT) {
-        uint8_t d[8];
-        rb_blake2b(d, 8, key, len);
-        *out = load64(d);
+        *out = blake2b64(key, len);
         return 0;
     }
     /* legacy: model@world@worker@<hash hex>@dtype[...]; the model has no '@' in LMCache. */
