@@ -86,8 +86,8 @@ def _put_both(core, i, make):
     ka, kb = ek(2 * i), ek(2 * i + 1)
     nat = core._native
     o = make()
-    ra, _ = nat.put_many([ka], [1], [o], [None], [core_mod._meta_of(o)])
-    rb, _ = nat.put_many([kb], [2], [make()], [None], core_mod._meta_names)
+    ra, _, _ = nat.put_many([ka], [1], [o], [None], [core_mod._meta_of(o)])
+    rb, _, _ = nat.put_many([kb], [2], [make()], [None], core_mod._meta_names)
     assert ra == rb == [True]
     return _stored(core, ka), _stored(core, kb)
 
@@ -216,7 +216,7 @@ def test_uncacheable_pairs_are_named_every_time_and_kept_alive(core):
         return "".join(["dt", str(len(calls))]), "".join(["fm", str(len(calls))]), False
 
     objs = [obj_with(Meta(dtype=Unhashable("u"))) for _ in range(5)]
-    res, stored = core._native.put_many([ek(i) for i in range(5)], list(range(5)), objs, [None] * 5, namer)
+    res, stored, _ = core._native.put_many([ek(i) for i in range(5)], list(range(5)), objs, [None] * 5, namer)
     assert res == [True] * 5 and len(calls) == 5
     gc.collect()
     assert [_stored(core, ek(i))[2:4] for i in range(5)] == [(f"dt{i}", f"fm{i}") for i in range(1, 6)]
@@ -268,8 +268,8 @@ class Shrinking:
 def test_payload_list_changed_by_metadata_reads_is_safe(core):
     objs = [Obj(payload(i, N)) for i in range(4)]
     objs.insert(1, Shrinking(objs))
-    res, _ = core._native.put_many([ek(i) for i in range(5)], list(range(5)), objs, [None] * 5,
-                                   core_mod._meta_names)
+    res, _, _ = core._native.put_many([ek(i) for i in range(5)], list(range(5)), objs, [None] * 5,
+                                      core_mod._meta_names)
     assert res == [True] * 5
     assert objs == []
 

@@ -36,15 +36,22 @@ static int take_fault(_Atomic int64_t *ctr)
     return 0;
 }
 
+/* One synchronous transfer; a data read may take the slot header before it (head). A failed
+ * data transfer or metadata write goes into the fault journal. */
 static int dev_xfer(rb_core *c, int write, uint64_t off, void *buf, size_t buf_len, size_t payload_len,
-                    size_t total_len, int data, rb_err *err)
+                    size_t total_len, int data, void *head, size_t head_len, rb_err *err)
 {
-    if (data && take_fault(write ? &c->fault_write : &c->fault_read))
-        return rb_err_set(err, RB_ERR_OS, EIO, write ? "pwrite failed (injected)" : "pread failed (injected)");
+    int rc;
+    if (data && take_fault(write ? &c->fault_write : &c->fault_read)) {
+        rc = rb_err_set(err, RB_ERR_OS, EIO, write ? "pwrite failed (injected)" : "pread failed (injected)");
+        goto out;
+    }
     if (rb_dev_enter(c->dev) < 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "device is closed");
     rb_xfer x;
-    int rc = rb_xfer_init(c->dev, &x, write, off, buf, buf_len, payload_len, total_len, err);
+    rc = rb_xfer_init(c->dev, &x, write, off, buf, buf_len, payload_len, total_len, err);
+    if (rc == 0 && head_len)
+        rc = rb_xfer_set_head(c->dev, &x, head, head_len, err);
     if (rc == 0)
         rc = rb_xfer_prepare(c->dev, &x, err);
     if (rc == 0) {
@@ -54,19 +61,28 @@ static int dev_xfer(rb_core *c, int write, uint64_t off, void *buf, size_t buf_l
     }
     rb_xfer_release(&x);
     rb_dev_leave(c->dev);
+out:
+    if (rc < 0 && (data || write) && err->kind != RB_ERR_VALUE && err->kind != RB_ERR_NOMEM)
+        rb_core_note_fault(c, write ? "write" : "read", off - head_len, err);
     return rc;
 }
 
 int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
                       size_t total_len, int data, rb_err *err)
 {
-    return dev_xfer(c, 1, off, (void *)buf, buf_len, payload_len, total_len, data, err);
+    return dev_xfer(c, 1, off, (void *)buf, buf_len, payload_len, total_len, data, NULL, 0, err);
 }
 
 int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t payload_len, size_t total_len,
                      int data, rb_err *err)
 {
-    return dev_xfer(c, 0, off, buf, buf_len, payload_len, total_len, data, err);
+    return dev_xfer(c, 0, off, buf, buf_len, payload_len, total_len, data, NULL, 0, err);
+}
+
+int rb_core_dev_read_headed(rb_core *c, uint64_t off, void *head, size_t head_len, void *buf, size_t buf_len,
+                            size_t payload_len, size_t total_len, rb_err *err)
+{
+    return dev_xfer(c, 0, off, buf, buf_len, payload_len, total_len, 1, head, head_len, err);
 }
 
 void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown)
@@ -104,6 +120,8 @@ int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, s
     memset(r, 0, sizeof(*r));
     r->c = c;
     r->ops = ops;
+    r->n = n;
+    r->data = data;
     for (size_t i = 0; i < n; i++) {
         ops[i].rc = 0;
         rb_err_clear(&ops[i].err);
@@ -212,6 +230,12 @@ void rb_core_uring_ops_finish(rb_uops_run *r)
     free(r->bs);
     free(r->map);
     r->entered = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        const rb_uop *o = &r->ops[i];
+        if (o->rc < 0 && (r->data || o->write) && o->rc != -ESHUTDOWN && o->err.kind != RB_ERR_VALUE &&
+            o->err.kind != RB_ERR_NOMEM)
+            rb_core_note_fault(r->c, o->write ? "write" : "read", o->off, &o->err);
+    }
 }
 
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)
@@ -542,6 +566,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->thr_cv, &ca);
     pthread_condattr_destroy(&ca);
+    rb_core_trust_init(c);
     rb_idx_init(&c->index);
     rb_idx_init(&c->inflight);
     rb_idx_init(&c->classes);
@@ -588,6 +613,8 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         goto fail;
     }
     c->max_slots = (uint32_t)ms;
+    c->usable_slots = c->max_slots;
+    c->dev_size_seen = size;
     c->container_bytes = rb_container_bytes(cfg->meta_total_bytes, cfg->block_align);
     c->payload_cap = c->container_bytes - cfg->block_align;
     c->slot_cap = cfg->slot_bytes - cfg->header_bytes;
@@ -664,6 +691,7 @@ void rb_core_free(rb_core *c)
     pthread_cond_destroy(&c->idle_cv);
     pthread_mutex_destroy(&c->thr_mu);
     pthread_cond_destroy(&c->thr_cv);
+    rb_core_trust_free(c);
     free(c->path);
     free(c);
 }
@@ -683,27 +711,53 @@ static void io_end_locked(rb_core *c, uint64_t n)
         pthread_cond_broadcast(&c->idle_cv);
 }
 
+/* The first failure of a put_many call, for its caller (kept when one is already there). */
+#define PUT_FAIL(fail, ...)                                                                        \
+    do {                                                                                           \
+        if ((fail) && (fail)->kind == RB_ERR_NONE)                                                 \
+            rb_err_set((fail), __VA_ARGS__);                                                       \
+    } while (0)
+
 /* Reserve a slot for item under mu. Returns 1 (already indexed: result True), 0 (failed:
- * result False) or 2 (reserved: *slot set, in-flight record inserted). */
-static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot)
+ * result False, why in *fail) or 2 (reserved: *slot set, in-flight record inserted). */
+static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_err *fail)
 {
     uint32_t h = rb_idx_hash(it->key, it->key_len);
     if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX)
         return 1;
-    if (rb_idx_find(&c->inflight, it->key, it->key_len, h) != UINT32_MAX)
+    if (rb_idx_find(&c->inflight, it->key, it->key_len, h) != UINT32_MAX) {
+        PUT_FAIL(fail, RB_ERR_RUNTIME, EBUSY, "the key is being stored by another call");
         return 0;
-    if (it->len > c->slot_cap || rb_xfer_len(c, it->len) > c->slot_cap)
-        return 0; /* payload does not fit the slot */
-    if (c->ref_unknown)
-        return 0; /* any slot may be listed by a container not read at open (make_room) */
+    }
+    if (it->len > c->slot_cap || rb_xfer_len(c, it->len) > c->slot_cap) {
+        PUT_FAIL(fail, RB_ERR_VALUE, EFBIG, "a payload of %zu bytes does not fit a slot (%llu bytes after the header)",
+                 it->len, (unsigned long long)c->slot_cap);
+        return 0;
+    }
+    if (c->ref_unknown) {
+        /* any slot may be listed by a container not read at open (make_room) */
+        PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC, "no slot can be reused until a checkpoint is written%s%s%s",
+                 c->ckpt_error[0] ? " (the last checkpoint failed: " : "", c->ckpt_error, c->ckpt_error[0] ? ")" : "");
+        return 0;
+    }
     uint32_t cls = rb_core_intern_class(c, &it->meta);
-    if (cls == UINT32_MAX)
+    if (cls == UINT32_MAX) {
+        PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         return 0;
+    }
     uint32_t s;
     for (;;) {
         s = rb_slots_alloc(&c->slots, it->pid);
-        if (s == RB_SLOT_NONE)
-            return 0; /* no free slot available */
+        if (s == RB_SLOT_NONE) {
+            PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC,
+                     "no free slot: %u slots, %u indexed, %u being written, %zu waiting for a checkpoint",
+                     c->usable_slots, c->index.n_live, c->inflight.n_live, c->n_held);
+            return 0;
+        }
+        if (s >= c->usable_slots) {
+            c->retired_slots++; /* past the end of a device that shrank: never used again */
+            continue;
+        }
         if (s >= c->ref_cap || !c->ref[s])
             break;
         /* A container lists it (a state applied at run time can put next_slot below slots a
@@ -713,6 +767,7 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot)
     uint32_t p = rb_idx_insert(&c->inflight, it->key, it->key_len, h, it->meta.pos, it->meta.npos);
     if (p == UINT32_MAX) {
         rb_slots_release(&c->slots, s);
+        PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         return 0;
     }
     rb_ent *e = &c->inflight.ents[p];
@@ -720,12 +775,15 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot)
     e->cls = cls;
     e->size = it->len;
     e->pid = it->pid;
+    e->refcnt = c->wb_epoch; /* in flight: the write-back failure epoch the write began in */
     *slot = s;
     return 2;
 }
 
-/* Commit (ok) or roll back the reservation of item under mu. Returns the result. */
-static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum)
+/* Commit (ok) or roll back the reservation of item under mu. Returns the result (0 failed, 1
+ * already indexed, 2 committed). A write that was in progress while a flush failed is rolled
+ * back: its bytes may be among those the failed write-back lost. */
+static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum, rb_err *fail)
 {
     uint32_t h = rb_idx_hash(it->key, it->key_len);
     uint32_t p = rb_idx_find(&c->inflight, it->key, it->key_len, h);
@@ -733,11 +791,18 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
         return 0;
     rb_ent r = c->inflight.ents[p];
     int result = 0;
+    if (ok && r.refcnt != c->wb_epoch) {
+        PUT_FAIL(fail, RB_ERR_OS, EIO, "a device flush failed while the key was being written: %s", c->ckpt_error);
+        ok = 0;
+    }
     if (ok && !(r.flags & RB_ENT_CANCELED)) {
         if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX) {
             /* A state applied meanwhile already holds this key: keep that entry. */
             rb_slots_release(&c->slots, r.slot);
             result = 1;
+        } else if (rb_core_write_committed_locked(c, r.slot) < 0) {
+            rb_slots_release(&c->slots, r.slot);
+            PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         } else {
             uint32_t q = rb_idx_insert(&c->index, it->key, it->key_len, h, rb_ent_pos(&r), rb_ent_npos(&r));
             if (q != UINT32_MAX) {
@@ -752,10 +817,13 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
                 result = 2;
             } else {
                 rb_slots_release(&c->slots, r.slot);
+                PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
             }
         }
     } else {
         rb_slots_release(&c->slots, r.slot);
+        if (ok)
+            PUT_FAIL(fail, RB_ERR_RUNTIME, ECANCELED, "the key was deleted while it was being written");
     }
     c->dirty_total++;
     p = rb_idx_find(&c->inflight, it->key, it->key_len, h);
@@ -765,17 +833,30 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
     return result;
 }
 
-static int write_slot(rb_core *c, const rb_put_item *it, uint32_t slot, uint8_t *hdr, uint64_t *sum, rb_err *err)
+/* A put's write at off failed: the whole story into *fail (the first of the call). */
+static void put_write_failed(const rb_core *c, uint64_t off, const rb_err *werr, rb_err *fail)
+{
+    if (!fail || fail->kind != RB_ERR_NONE)
+        return;
+    rb_core_fault_text(c, "write", off, werr, fail->msg, sizeof fail->msg);
+    fail->kind = werr->kind;
+    fail->errnum = werr->errnum;
+}
+
+/* posix put of one key: header, then payload. *woff: the offset of a write that failed. */
+static int write_slot(rb_core *c, const rb_put_item *it, uint32_t slot, uint8_t *hdr, uint64_t *sum, uint64_t *woff,
+                      rb_err *err)
 {
     uint64_t off = rb_slot_offset(c, slot);
     int has_sum = c->cfg.verify_payload_checksum;
     *sum = has_sum ? XXH3_64bits(it->buf, it->len) : 0;
     rb_slot_header_encode(hdr, c->cfg.header_bytes, it->identity, it->len, has_sum, *sum);
+    *woff = off;
     int rc = rb_core_dev_write(c, off, hdr, c->cfg.header_bytes, c->cfg.header_bytes, c->cfg.header_bytes, 1, err);
     if (rc < 0)
         return rc;
-    return rb_core_dev_write(c, off + c->cfg.header_bytes, it->buf, it->len, it->len, rb_xfer_len(c, it->len), 1,
-                             err);
+    *woff = off + c->cfg.header_bytes;
+    return rb_core_dev_write(c, *woff, it->buf, it->len, it->len, rb_xfer_len(c, it->len), 1, err);
 }
 
 /*
@@ -805,7 +886,7 @@ typedef struct put_scratch {
 } put_scratch;
 
 static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t *uniq, size_t m, uint8_t *results,
-                           uint32_t *stored, size_t *n_stored, put_scratch *w, rb_err *err)
+                           uint32_t *stored, size_t *n_stored, put_scratch *w, rb_err *fail)
 {
     const uint64_t hb = c->cfg.header_bytes;
     size_t np = 0;
@@ -818,7 +899,7 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
             break;
         }
         uint32_t slot;
-        int r = reserve_locked(c, it, &slot);
+        int r = reserve_locked(c, it, &slot, fail);
         if (r != 2) {
             results[uniq[q]] = (uint8_t)r;
             continue;
@@ -837,8 +918,11 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
         const rb_put_item *it = &items[w->plan[p]];
         w->prepared[p] = 0;
         w->sum[p] = 0;
-        if (take_fault(&c->fault_prep))
-            continue; /* batch buffer preparation failed: nothing queued for this key */
+        if (take_fault(&c->fault_prep)) {
+            /* batch buffer preparation failed: nothing queued for this key */
+            PUT_FAIL(fail, RB_ERR_RUNTIME, EIO, "preparing the write failed (injected)");
+            continue;
+        }
         int has_sum = c->cfg.verify_payload_checksum;
         w->sum[p] = has_sum ? XXH3_64bits(it->buf, it->len) : 0;
         rb_slot_header_encode(w->hdrs + p * hb, hb, it->identity, it->len, has_sum, w->sum[p]);
@@ -867,16 +951,20 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
     }
     int ok = 1;
     if (npay) {
-        ok = rb_core_uring_ops(c, w->ops, nops, 0, 1, err) == 0;
-        for (size_t i = 0; ok && i < nops; i++)
+        rb_err berr;
+        (void)rb_core_uring_ops(c, w->ops, nops, 0, 1, &berr); /* every op's rc says how it ended */
+        for (size_t i = 0; ok && i < nops; i++) {
             ok = w->ops[i].rc == 0;
+            if (!ok)
+                put_write_failed(c, w->ops[i].off, &w->ops[i].err, fail);
+        }
     }
 
     pthread_mutex_lock(&c->mu);
     io_end_locked(c, np);
     for (size_t p = 0; p < np; p++) {
         uint32_t i = w->plan[p];
-        int res = commit_locked(c, &items[i], ok && w->prepared[p], w->sum[p]);
+        int res = commit_locked(c, &items[i], ok && w->prepared[p], w->sum[p], fail);
         results[i] = res != 0;
         if (res == 2)
             stored[(*n_stored)++] = i;
@@ -886,7 +974,7 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
 }
 
 static int put_many_uring(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
-                          size_t *n_stored, rb_err *err)
+                          size_t *n_stored, rb_err *fail, rb_err *err)
 {
     /* Not zeroed: every field of a chunk's entries is written before it is read (zeroing the
      * ~40 KiB of op records, error texts included, was a visible share of a put's CPU). */
@@ -923,8 +1011,7 @@ static int put_many_uring(rb_core *c, const rb_put_item *items, size_t n, uint8_
     }
     for (size_t lo = 0; lo < m; lo += RB_PUT_CHUNK) {
         size_t cnt = m - lo < RB_PUT_CHUNK ? m - lo : RB_PUT_CHUNK;
-        rb_err cerr;
-        if (put_chunk_uring(c, items, uniq + lo, cnt, results, stored, n_stored, w, &cerr))
+        if (put_chunk_uring(c, items, uniq + lo, cnt, results, stored, n_stored, w, fail))
             break; /* closed: the remaining keys stay False */
     }
     for (size_t i = 0; i < n; i++)
@@ -938,6 +1025,18 @@ out:
     free(uniq);
     free(first);
     return rc;
+}
+
+/* Keys left False by a close that began during the call, with no other failure reported. */
+static void put_closed_reason(rb_core *c, const uint8_t *results, size_t n, rb_err *fail)
+{
+    if (!fail || fail->kind != RB_ERR_NONE || memchr(results, 0, n) == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    int closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
+    if (closed)
+        rb_err_set(fail, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
 }
 
 /* When only a checkpoint can give this put slots (freed slots wait until checkpoints that
@@ -959,13 +1058,17 @@ static void make_room(rb_core *c, size_t n)
 }
 
 int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
-                     size_t *n_stored, rb_err *err)
+                     size_t *n_stored, rb_err *fail, rb_err *err)
 {
     *n_stored = 0;
     memset(results, 0, n);
+    rb_err_clear(fail);
     make_room(c, n);
-    if (rb_core_uses_uring(c))
-        return put_many_uring(c, items, n, results, stored, n_stored, err);
+    if (rb_core_uses_uring(c)) {
+        int rc = put_many_uring(c, items, n, results, stored, n_stored, fail, err);
+        put_closed_reason(c, results, n, fail);
+        return rc;
+    }
     uint8_t *hdr = rb_alloc_aligned(c->cfg.block_align, c->cfg.header_bytes, err);
     if (!hdr)
         return -ENOMEM;
@@ -978,7 +1081,7 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
             pthread_mutex_unlock(&c->mu);
             break;
         }
-        int r = reserve_locked(c, it, &slot);
+        int r = reserve_locked(c, it, &slot, fail);
         if (r != 2) {
             pthread_mutex_unlock(&c->mu);
             results[i] = (uint8_t)r;
@@ -988,37 +1091,44 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
         pthread_mutex_unlock(&c->mu);
 
         rb_err werr;
-        uint64_t sum = 0;
-        int ok = write_slot(c, it, slot, hdr, &sum, &werr) == 0;
+        uint64_t sum = 0, woff = 0;
+        int ok = write_slot(c, it, slot, hdr, &sum, &woff, &werr) == 0;
+        if (!ok)
+            put_write_failed(c, woff, &werr, fail);
 
         pthread_mutex_lock(&c->mu);
         io_end_locked(c, 1);
-        int res = commit_locked(c, it, ok, sum);
+        int res = commit_locked(c, it, ok, sum, fail);
         pthread_mutex_unlock(&c->mu);
         results[i] = res != 0;
         if (res == 2)
             stored[(*n_stored)++] = (uint32_t)i;
     }
     free(hdr);
+    put_closed_reason(c, results, n, fail);
     return 0;
 }
 
 /* ---- load ------------------------------------------------------------------------------ */
 
 /*
- * Records recovered without slot-header validation (RB_ENT_UNVERIFIED, meta_verify_on_load=
- * False) are judged by their first load, before the payload counts as loaded:
- *   posix:    one read of header + payload (one contiguous extent of the slot, aligned for
- *             O_DIRECT) into a scratch buffer; the payload is copied to the caller only when
- *             the header matches, so a rejected slot never touches the caller's buffer;
+ * Every load reads the key's slot header with its payload and serves the payload only when
+ * the header vouches for it:
+ *   posix:    one preadv of the whole header (into a scratch block) and the payload (straight
+ *             into the caller's buffer), the header being the bytes just before the payload;
  *   io_uring: a header read (rb_header_read_len bytes) queued next to the payload read in
- *             the same batch; the key counts as loaded only when both completed and the
- *             header matches; a rejected payload already in the caller's buffer is zeroed.
- * Recovery's rule (magic, identity of the key in its namespace, payload length), plus our
- * checksum record over the payload when the header carries one. A mismatch is a miss (no
- * error) and drops the record as recovery would; a failed header read is a failed key and
- * keeps the record unverified. Verified records (and every record written by this process)
- * take the plain path.
+ *             the same batch (passthrough too: both are NVMe commands of one submission).
+ * The verdict is recovery's rule (magic, identity of the key in its namespace, payload
+ * length), plus, when the record has a checksum, the header's checksum record equal to it.
+ * Any other header is a miss (no error): the caller's buffer is zeroed, since what landed
+ * there is not this key's, and the record is dropped. That closes the cases start-up
+ * validation cannot see: another writer in the slot, a device that shrank and grew back
+ * (zeros), a slot reused under a stale index. A failed read is a failed key and keeps the
+ * record, unless the device shrank below the slot (a miss; rb_core_check_size drops it).
+ *
+ * A record recovered without slot-header validation (RB_ENT_UNVERIFIED,
+ * meta_verify_on_load=False) is judged the same way, and its payload is also checked against
+ * the header's checksum record when there is one; a good verdict clears the mark.
  */
 enum { LV_NONE = 0, LV_GOOD, LV_BAD, LV_SUMBAD };
 
@@ -1037,6 +1147,8 @@ static inline void erase_read(const rb_core *c, rb_load_item *it, uint64_t size)
     memset(it->buf, 0, read_target_len(c, it->buf_len, size));
 }
 
+/* The verdict on a slot header read for a record (see above). payload: also check it against
+ * the header's checksum record (records not yet verified), else NULL. */
 static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, int rec_has_sum, uint64_t rec_sum,
                       const uint8_t *hdr, size_t hdr_len, const uint8_t *payload, uint64_t *sum_fail)
 {
@@ -1046,8 +1158,8 @@ static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, i
         !rb_core_header_matches(c, it->key, it->key_len, size, ident, len))
         return LV_BAD;
     if (rec_has_sum && (!has_sum || sum != rec_sum))
-        return LV_BAD; /* the checkpoint recorded a checksum the header no longer carries */
-    if (has_sum && XXH3_64bits(payload, size) != sum) {
+        return LV_BAD; /* the record's checksum is not the one this slot was written with */
+    if (payload && has_sum && XXH3_64bits(payload, size) != sum) {
         (*sum_fail)++;
         return LV_BAD;
     }
@@ -1069,14 +1181,16 @@ struct load_run {
     rb_core *c;
     rb_load_item *items;
     struct load_snap *s;
-    size_t n, n_unv;
+    size_t n, n_found, n_unv;
     int uring;       /* reads go through the io_uring batch (else posix, one at a time) */
-    size_t hl;       /* io_uring: bytes of one header read */
+    size_t hl;       /* bytes of one header read */
     rb_uop *ops;     /* io_uring: the batch, nops used */
-    uint8_t *vbuf;   /* io_uring: n_unv header buffers; posix: one header + payload, vcap bytes */
-    size_t vcap, nops, nhdr;
+    uint8_t *hdrs;   /* header buffers: io_uring one per found key (hl each), posix one */
+    size_t nops, nhdr;
     uint64_t sum_fail; /* payload checksum failures seen */
     size_t n_sumbad;   /* keys failed by verify_payload_checksum */
+    size_t n_bad;      /* keys whose slot header was refused */
+    size_t n_failed;   /* keys whose read failed */
 };
 
 /* No lock: reset every item's outputs (the items are the caller's). */
@@ -1091,12 +1205,14 @@ static void load_reset_items(rb_load_item *items, size_t n)
     }
 }
 
-/* c->mu held: read each key's record from the index into s and copy its cached positions out
- * to the item (npos -2 when out of memory). Returns how many records are unverified. */
-static size_t load_snapshot_locked(rb_core *c, rb_load_item *items, size_t n, struct load_snap *s)
+/* c->mu held: read each key's record from the index into r->s and copy its cached positions
+ * out to the item (npos -2 when out of memory); counts the found and the unverified records. */
+static void load_snapshot_locked(struct load_run *r)
 {
-    size_t n_unv = 0;
-    for (size_t i = 0; i < n; i++) {
+    rb_core *c = r->c;
+    rb_load_item *items = r->items;
+    struct load_snap *s = r->s;
+    for (size_t i = 0; i < r->n; i++) {
         uint32_t p = rb_idx_find(&c->index, items[i].key, items[i].key_len,
                                  rb_idx_hash(items[i].key, items[i].key_len));
         if (p == UINT32_MAX) {
@@ -1109,7 +1225,8 @@ static size_t load_snapshot_locked(rb_core *c, rb_load_item *items, size_t n, st
         s[i].sum = e->checksum;
         s[i].has_sum = (e->flags & RB_ENT_HAS_SUM) != 0;
         s[i].unverified = (e->flags & RB_ENT_UNVERIFIED) != 0;
-        n_unv += s[i].unverified;
+        r->n_unv += s[i].unverified;
+        r->n_found++;
         int64_t np = rb_ent_npos(e);
         items[i].npos = np;
         if (np > 0) {
@@ -1120,7 +1237,6 @@ static size_t load_snapshot_locked(rb_core *c, rb_load_item *items, size_t n, st
                 items[i].npos = -2; /* out of memory: reported as a failed key */
         }
     }
-    return n_unv;
 }
 
 /* No lock: the test hook's pause between the snapshot and the reads (load_delay_ms). */
@@ -1133,25 +1249,30 @@ static void load_test_delay(rb_core *c)
     }
 }
 
-/* No lock: choose the engine and allocate the io_uring batch (r->ops, and r->vbuf for n_unv
- * headers); out of memory for the batch falls back to posix reads, one at a time. */
-static void load_plan(struct load_run *r)
+/* No lock: choose the engine and allocate the header buffers (and the io_uring batch: a
+ * header and a payload read per found key). Out of memory for the batch falls back to posix
+ * reads, one at a time; 0, or -ENOMEM when not even one header buffer can be had. */
+static int load_plan(struct load_run *r, rb_err *err)
 {
     rb_core *c = r->c;
-    size_t n = r->n, n_unv = r->n_unv;
+    const size_t nf = r->n_found ? r->n_found : 1;
     r->uring = rb_core_uses_uring(c);
-    r->hl = r->uring ? rb_header_read_len(c) : 0;
-    /* Not zeroed: load_queue_uring writes every field an op's run reads. */
-    r->ops = r->uring ? malloc((n + n_unv ? n + n_unv : 1) * sizeof(*r->ops)) : NULL;
-    rb_err verr;
-    r->vbuf = r->uring && n_unv ? rb_alloc_aligned(c->cfg.block_align, n_unv * r->hl, &verr) : NULL;
-    if (r->uring && (!r->ops || (n_unv && !r->vbuf))) {
+    if (r->uring) {
+        r->hl = rb_header_read_len(c);
+        /* Not zeroed: load_queue_uring writes every field an op's run reads. */
+        r->ops = malloc(2 * nf * sizeof(*r->ops));
+        r->hdrs = rb_alloc_aligned(c->cfg.block_align, nf * r->hl, err);
+        if (r->ops && r->hdrs)
+            return 0;
         free(r->ops);
-        free(r->vbuf);
+        free(r->hdrs);
         r->ops = NULL;
-        r->vbuf = NULL;
+        r->hdrs = NULL;
         r->uring = 0;
     }
+    r->hl = c->cfg.header_bytes;
+    r->hdrs = rb_alloc_aligned(c->cfg.block_align, r->hl, err);
+    return r->hdrs ? 0 : -ENOMEM;
 }
 
 /* No lock: whether a key is to be read (found, positions copied, a buffer that holds the
@@ -1173,8 +1294,22 @@ static int load_item_readable(const struct load_snap *sn, rb_load_item *it)
     return 1;
 }
 
-/* No lock: append a key's reads to the io_uring batch, its header read first when its record
- * is unverified (writes r->ops, r->nops, r->nhdr and the key's op indexes in *sn). */
+/* No lock: judge a key whose reads completed from the header bytes read for it; a refused
+ * payload is erased from the caller's buffer. */
+static void load_judge(struct load_run *r, rb_load_item *it, struct load_snap *sn, const uint8_t *hdr)
+{
+    sn->verdict = (uint8_t)judge_slot(r->c, it, sn->size, sn->has_sum, sn->sum, hdr, r->hl,
+                                      sn->unverified ? it->buf : NULL, &r->sum_fail);
+    if (sn->verdict == LV_BAD) {
+        erase_read(r->c, it, sn->size);
+        r->n_bad++;
+    } else {
+        it->ok = 1;
+    }
+}
+
+/* No lock: append a key's header and payload reads to the io_uring batch (writes r->ops,
+ * r->nops, r->nhdr and the key's op indexes in *sn). */
 static void load_queue_uring(struct load_run *r, rb_load_item *it, struct load_snap *sn)
 {
     rb_core *c = r->c;
@@ -1182,14 +1317,12 @@ static void load_queue_uring(struct load_run *r, rb_load_item *it, struct load_s
     uint64_t soff = rb_slot_offset(c, sn->slot);
     /* Batched: reads of at most queue-depth requests per batch, bounced by the engine when
      * the destination is unaligned for O_DIRECT or shorter than the transfer. */
-    if (sn->unverified) {
-        rb_uop *h = &r->ops[r->nops];
-        h->off = soff;
-        h->buf = r->vbuf + r->nhdr++ * r->hl;
-        h->buf_len = h->payload_len = h->total_len = h->copy_len = r->hl;
-        h->write = 0;
-        sn->hop = (uint32_t)r->nops++;
-    }
+    rb_uop *h = &r->ops[r->nops];
+    h->off = soff;
+    h->buf = r->hdrs + r->nhdr++ * r->hl;
+    h->buf_len = h->payload_len = h->total_len = h->copy_len = r->hl;
+    h->write = 0;
+    sn->hop = (uint32_t)r->nops++;
     rb_uop *o = &r->ops[r->nops];
     o->off = soff + c->cfg.header_bytes;
     o->buf = it->buf;
@@ -1201,74 +1334,38 @@ static void load_queue_uring(struct load_run *r, rb_load_item *it, struct load_s
     sn->pop = (uint32_t)r->nops++;
 }
 
-/* No lock: posix read of an unverified record's header and payload in one transfer into the
- * scratch buffer r->vbuf (grown as needed); the payload reaches the caller's buffer only when
- * the header is this key's. Writes the item's outcome and the key's verdict. */
-static void load_read_posix_unverified(struct load_run *r, rb_load_item *it, struct load_snap *sn)
+/* No lock: posix read of a key's header (into the scratch block) and payload (into the
+ * caller's buffer) in one system call, then its verdict. */
+static void load_read_posix(struct load_run *r, rb_load_item *it, struct load_snap *sn)
 {
     rb_core *c = r->c;
-    const uint64_t hb = c->cfg.header_bytes;
-    size_t len = sn->size;
-    size_t tot = hb + rb_xfer_len(c, len);
-    if (tot > r->vcap) {
-        free(r->vbuf);
-        r->vcap = 0;
-        r->vbuf = rb_alloc_aligned(c->cfg.block_align, tot, &it->err);
-        if (!r->vbuf) {
-            it->status = -ENOMEM;
-            return;
-        }
-        r->vcap = tot;
-    }
-    int rc = rb_core_dev_read(c, rb_slot_offset(c, sn->slot), r->vbuf, tot, tot, tot, 1, &it->err);
-    if (rc < 0) {
-        it->status = rc;
-        return;
-    }
-    sn->verdict = (uint8_t)judge_slot(c, it, len, sn->has_sum, sn->sum, r->vbuf, hb, r->vbuf + hb, &r->sum_fail);
-    if (sn->verdict == LV_BAD)
-        return;
-    memcpy(it->buf, r->vbuf + hb, len);
-    it->ok = 1;
-}
-
-/* No lock: posix read of a verified record's payload straight into the caller's buffer. */
-static void load_read_posix(rb_core *c, rb_load_item *it, const struct load_snap *sn)
-{
     size_t len = sn->size;
     size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
     uint64_t off = rb_slot_offset(c, sn->slot) + c->cfg.header_bytes;
-    int rc = rb_core_dev_read(c, off, it->buf, blen, len, rb_xfer_len(c, len), 1, &it->err);
+    int rc = rb_core_dev_read_headed(c, off, r->hdrs, r->hl, it->buf, blen, len, rb_xfer_len(c, len), &it->err);
     if (rc < 0) {
         it->status = rc;
+        r->n_failed++;
         return;
     }
-    it->ok = 1;
+    load_judge(r, it, sn, r->hdrs);
 }
 
-/* No lock: issue every readable key's reads: queued in the io_uring batch, or done now through
- * posix (unverified records through the scratch buffer). */
+/* No lock: issue every readable key's reads: queued in the io_uring batch, or done now
+ * through posix. */
 static void load_issue(struct load_run *r)
 {
-    rb_core *c = r->c;
-    const size_t n = r->n;
-    const int uring = r->uring;
-    rb_load_item *items = r->items;
-    struct load_snap *s = r->s;
-    for (size_t i = 0; i < n; i++) {
-        if (!load_item_readable(&s[i], &items[i]))
+    for (size_t i = 0; i < r->n; i++) {
+        if (!load_item_readable(&r->s[i], &r->items[i]))
             continue;
-        if (uring)
-            load_queue_uring(r, &items[i], &s[i]);
-        else if (s[i].unverified)
-            load_read_posix_unverified(r, &items[i], &s[i]);
+        if (r->uring)
+            load_queue_uring(r, &r->items[i], &r->s[i]);
         else
-            load_read_posix(c, &items[i], &s[i]);
+            load_read_posix(r, &r->items[i], &r->s[i]);
     }
 }
 
-/* No lock: run the io_uring batch, then turn each key's op results into its outcome, judging
- * the headers of unverified records (a rejected payload is erased from the caller's buffer). */
+/* No lock: run the io_uring batch, then turn each key's two op results into its outcome. */
 static void load_run_uring(struct load_run *r)
 {
     rb_core *c = r->c;
@@ -1276,31 +1373,38 @@ static void load_run_uring(struct load_run *r)
         return;
     rb_err berr;
     (void)rb_core_uring_ops(c, r->ops, r->nops, c->cfg.iouring_queue_depth, 1, &berr); /* per-op results */
-    const size_t n = r->n;
-    rb_load_item *items = r->items;
-    struct load_snap *s = r->s;
     const rb_uop *ops = r->ops;
-    for (size_t i = 0; i < n; i++) {
-        rb_load_item *it = &items[i];
-        struct load_snap *sn = &s[i];
+    for (size_t i = 0; i < r->n; i++) {
+        rb_load_item *it = &r->items[i];
+        struct load_snap *sn = &r->s[i];
         if (sn->slot == RB_SLOT_NONE || it->status < 0)
             continue;
-        const rb_uop *h = sn->unverified ? &ops[sn->hop] : NULL, *o = &ops[sn->pop];
-        if (h && h->rc < 0) {
-            it->status = h->rc;
-            it->err = h->err;
-        } else if (o->rc < 0) {
-            it->status = o->rc;
-            it->err = o->err;
-        } else if (h) {
-            sn->verdict = (uint8_t)judge_slot(c, it, sn->size, sn->has_sum, sn->sum, h->buf, r->hl, it->buf,
-                                              &r->sum_fail);
-            if (sn->verdict == LV_BAD) /* not ours: leave no foreign bytes behind */
-                erase_read(c, it, sn->size);
-            else
-                it->ok = 1;
+        const rb_uop *h = &ops[sn->hop], *o = &ops[sn->pop];
+        const rb_uop *bad = h->rc < 0 ? h : o->rc < 0 ? o : NULL;
+        if (bad) {
+            it->status = bad->rc;
+            it->err = bad->err;
+            r->n_failed++;
         } else {
-            it->ok = 1;
+            load_judge(r, it, sn, h->buf);
+        }
+    }
+}
+
+/* No lock: after failed reads, whether the device shrank below their slots: such a key is a
+ * miss, not a failure (rb_core_check_size has dropped its record). */
+static void load_check_shrink(struct load_run *r)
+{
+    if (!r->n_failed)
+        return;
+    uint32_t usable = rb_core_check_size(r->c);
+    for (size_t i = 0; i < r->n; i++) {
+        rb_load_item *it = &r->items[i];
+        const struct load_snap *sn = &r->s[i];
+        if (it->status < 0 && sn->slot != RB_SLOT_NONE && sn->slot >= usable && it->buf_len >= sn->size) {
+            erase_read(r->c, it, sn->size);
+            it->status = 0;
+            rb_err_clear(&it->err);
         }
     }
 }
@@ -1337,53 +1441,53 @@ static void load_check_sums(struct load_run *r)
 }
 
 /* c->mu held: apply one judged key's verdict to its record, unless the record changed since
- * the snapshot. Counts into *dropped / *sum_dropped what it removes from the index. */
+ * the snapshot (deleted, re-put on another slot). Counts what it removes from the index. */
 static void load_settle_one_locked(rb_core *c, const rb_load_item *it, const struct load_snap *sn,
-                                   uint64_t *dropped, uint64_t *sum_dropped)
+                                   uint64_t *dropped, uint64_t *unv_dropped, uint64_t *sum_dropped)
 {
     uint32_t p = rb_idx_find(&c->index, it->key, it->key_len, rb_idx_hash(it->key, it->key_len));
     if (p == UINT32_MAX)
         return;
     rb_ent *e = &c->index.ents[p];
+    if (e->slot != sn->slot)
+        return;
     if (sn->verdict == LV_SUMBAD) {
-        if (e->slot == sn->slot && (e->flags & RB_ENT_HAS_SUM) && e->checksum == sn->sum) {
+        if ((e->flags & RB_ENT_HAS_SUM) && e->checksum == sn->sum) {
             rb_core_drop_locked(c, p);
             (*sum_dropped)++;
         }
         return;
     }
-    if (e->slot != sn->slot || !(e->flags & RB_ENT_UNVERIFIED))
-        return;
-    if (sn->verdict == LV_GOOD) {
+    int unverified = (e->flags & RB_ENT_UNVERIFIED) != 0;
+    if (sn->verdict == LV_BAD) {
+        rb_core_drop_locked(c, p);
+        (*dropped)++;
+        *unv_dropped += (uint64_t)unverified;
+    } else if (unverified) {
         e->flags &= (uint16_t)~RB_ENT_UNVERIFIED;
         c->n_unverified--;
         c->deferred_verified++;
-    } else {
-        rb_core_drop_locked(c, p);
-        (*dropped)++;
     }
 }
 
 /* c->mu held: publish the call's checksum failures and settle the judged records in the index
- * and the counters. */
+ * and the counters. A record whose payload failed its checksum leaves the index like one
+ * whose header was refused: it would fail every load, and every checkpoint would carry it on. */
 static void load_settle_locked(struct load_run *r)
 {
     rb_core *c = r->c;
     c->checksum_failures += r->sum_fail;
-    if (!r->n_unv && !r->n_sumbad)
+    if (!r->n_unv && !r->n_sumbad && !r->n_bad)
         return;
-    /* Settle the judged records, unless they changed meanwhile (deleted, re-put, judged by a
-     * concurrent load or a state applied since the snapshot). A record whose payload failed
-     * its checksum leaves the index like one whose header failed: it would fail every load,
-     * and every checkpoint would carry it on. */
-    uint64_t dropped = 0, sum_dropped = 0;
+    uint64_t dropped = 0, unv_dropped = 0, sum_dropped = 0;
     for (size_t i = 0; i < r->n; i++) {
-        if (r->s[i].verdict != LV_NONE)
-            load_settle_one_locked(c, &r->items[i], &r->s[i], &dropped, &sum_dropped);
+        if (r->s[i].verdict != LV_NONE && (r->s[i].verdict != LV_GOOD || r->s[i].unverified))
+            load_settle_one_locked(c, &r->items[i], &r->s[i], &dropped, &unv_dropped, &sum_dropped);
     }
-    if (dropped) {
-        c->recovery_dropped += dropped;
-        c->deferred_dropped += dropped;
+    c->load_rejected += dropped;
+    if (unv_dropped) {
+        c->recovery_dropped += unv_dropped;
+        c->deferred_dropped += unv_dropped;
     }
     c->sum_dropped += sum_dropped;
     if (dropped || sum_dropped) {
@@ -1394,8 +1498,9 @@ static void load_settle_locked(struct load_run *r)
 
 /*
  * Stages: snapshot the records under c->mu (and enter the I/O and reader accounting), plan the
- * reads, run them without the lock (posix one at a time, or one io_uring batch), check payload
- * checksums, then settle verdicts and leave the accounting under c->mu again.
+ * reads, run them without the lock (posix one at a time, or one io_uring batch), look at the
+ * device size after failed reads, check payload checksums, then settle verdicts and leave the
+ * accounting under c->mu again.
  */
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
 {
@@ -1410,18 +1515,25 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
         free(r.s);
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore cannot admit reads after shutdown");
     }
-    r.n_unv = load_snapshot_locked(c, items, n, r.s);
+    load_snapshot_locked(&r);
     io_begin_locked(c, 1);
     uint64_t rd_gen = rb_core_reader_begin_locked(c);
     pthread_mutex_unlock(&c->mu);
     load_test_delay(c);
 
-    load_plan(&r);
-    load_issue(&r);
-    load_run_uring(&r);
+    int rc = load_plan(&r, err);
+    if (rc == 0) {
+        load_issue(&r);
+        load_run_uring(&r);
+        load_check_shrink(&r);
+        load_check_sums(&r);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            free(items[i].pos);
+        load_reset_items(items, n);
+    }
     free(r.ops);
-    free(r.vbuf);
-    load_check_sums(&r);
+    free(r.hdrs);
 
     pthread_mutex_lock(&c->mu);
     load_settle_locked(&r);
@@ -1429,7 +1541,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     io_end_locked(c, 1);
     pthread_mutex_unlock(&c->mu);
     free(r.s);
-    return 0;
+    return rc < 0 ? rc : (int)(r.n_bad > INT32_MAX ? INT32_MAX : r.n_bad);
 }
 
 /* ---- queries and locks ----------------------------------------------------------------- */
@@ -1680,8 +1792,24 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->checksum_dropped = c->sum_dropped;
     st->flushes = atomic_load(&c->flushes);
     st->skipped = c->apply_skipped;
+    st->load_rejected = c->load_rejected;
+    st->writeback_failures = c->wb_epoch;
+    st->writeback_dropped = c->wb_dropped;
+    st->shrink_dropped = c->shrink_dropped;
+    st->retired_slots = c->retired_slots;
+    st->undurable_writes = c->wr_n - c->wr_head;
+    st->usable_slots = c->usable_slots;
+    st->device_size = c->dev_size_seen;
     memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);
     pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->fault_mu);
+    st->faults_total = c->n_faults;
+    memcpy(st->fault_by_errno, c->fault_by_errno, sizeof st->fault_by_errno);
+    uint64_t kept = c->n_faults < RB_FAULTS_KEPT ? c->n_faults : RB_FAULTS_KEPT;
+    for (uint64_t k = 0; k < kept; k++) /* oldest first */
+        st->faults[k] = c->faults[(c->n_faults - kept + k) % RB_FAULTS_KEPT];
+    st->n_faults_kept = (uint32_t)kept;
+    pthread_mutex_unlock(&c->fault_mu);
     if (c->dev)
         rb_stats_read(&c->dev->stats, &st->io);
 }

@@ -6,11 +6,12 @@
  * shape and cached positions. Every function may block on device I/O and is meant to be
  * called without the GIL.
  *
- * Locks (lock order: ckpt_mu -> mu -> thr_mu; the device's gate_mu is a leaf):
+ * Locks (lock order: ckpt_mu -> mu -> thr_mu; the device's gate_mu and fault_mu are leaves):
  *   ckpt_mu  one checkpoint writer at a time (held across the checkpoint's device writes);
  *   mu       the core mutex: index, in-flight table, slots, counters. Never held across
  *            device I/O; the checkpoint JSON is serialised under it (O(index), no I/O);
- *   thr_mu   the periodic thread's stop flag and wake-up condition.
+ *   thr_mu   the periodic thread's stop flag and wake-up condition;
+ *   fault_mu the fault journal (taken with or without mu, nothing taken under it).
  */
 #ifndef RB_CORE_H
 #define RB_CORE_H
@@ -102,6 +103,18 @@ enum rb_recovery_outcome {
     RB_REC_UNREADABLE,   /* the device had a checkpoint but none could be read; started empty */
 };
 
+/* One I/O fault the core met (a failed device write, read or flush), kept until it is closed. */
+#define RB_FAULTS_KEPT 8
+#define RB_ERRNO_SLOTS 134 /* per-errno counts for errno 1..133; slot 0 counts any other */
+typedef struct rb_fault {
+    uint64_t seq;     /* 1 = the first fault since open */
+    int64_t time_ns;  /* wall clock (CLOCK_REALTIME) */
+    uint64_t offset;  /* device offset of the transfer; UINT64_MAX for a flush */
+    int errnum;
+    char op[16];      /* "write", "read", "flush" */
+    char text[320];   /* the whole story: operation, offset, path, errno name and text */
+} rb_fault;
+
 typedef struct rb_core_status {
     uint64_t capacity_bytes, data_base, container_bytes, max_slots, next_slot, free_slots;
     uint64_t indexed, inflight_keys, locked_keys, inflight_io;
@@ -115,6 +128,15 @@ typedef struct rb_core_status {
     uint64_t recovery_seq, recovery_rejected_seq;
     int64_t recovery_lost; /* -1 unknown */
     uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes, skipped;
+    /* Trust: slot headers refused at load, write-back failures and the entries they dropped,
+     * device shrink, and the fault journal (newest last in faults[0..n_faults_kept)). */
+    uint64_t load_rejected, writeback_failures, writeback_dropped, shrink_dropped, retired_slots;
+    uint64_t undurable_writes; /* slots written since the last flush that succeeded */
+    uint64_t usable_slots, device_size;
+    uint64_t faults_total;
+    uint64_t fault_by_errno[RB_ERRNO_SLOTS];
+    rb_fault faults[RB_FAULTS_KEPT];
+    uint32_t n_faults_kept;
     char ckpt_error[512];
     rb_stats_snapshot io;
 } rb_core_status;
@@ -132,16 +154,22 @@ void rb_core_close(rb_core *c, rb_close_result *res);
 void rb_core_free(rb_core *c);
 
 /* results[i] = 1/0; stored[] receives item indices committed by this call, in commit order;
- * *n_stored their count. Fails (-errno) only for whole-call errors. */
+ * *n_stored their count. *fail (may be NULL) receives why the first key that got 0 failed
+ * (kind RB_ERR_NONE when none did): a device error with its operation, offset, path and
+ * errno, or the reason no slot could be had. Fails (-errno) only for whole-call errors. */
 int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
-                     size_t *n_stored, rb_err *err);
+                     size_t *n_stored, rb_err *fail, rb_err *err);
 /* Per key: ok = 1 when loaded; a miss is ok = 0, status = 0; a failed read, a short
  * destination or a checksum mismatch is ok = 0, status < 0 with err filled (the exception the
- * device would raise). A record recovered without header validation is judged by its first
- * load (header read with the payload): a header that is not the key's is a miss and drops
- * the record (recovery_dropped, deferred_dropped). Every read of the call has ended and the
- * in-flight I/O count is back when this returns. -ESHUTDOWN with RuntimeError text after
- * close. */
+ * device would raise). Every load reads the key's slot header with its payload (in the same
+ * system call or io_uring batch) and serves the payload only when the header vouches for it
+ * (magic, the key's identity, the length, and the checksum record when there is one): any
+ * other header is a miss, the destination is zeroed and the record dropped (load_rejected;
+ * for a record recovered without header validation also recovery_dropped and
+ * deferred_dropped). A read past the end of a device that shrank is a miss too (the record is
+ * dropped, shrink_dropped). Returns the number of keys whose header was refused (>= 0); every
+ * read of the call has ended and the in-flight I/O count is back when this returns.
+ * -ESHUTDOWN with RuntimeError text after close. */
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err);
 void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
                          uint8_t *results);
@@ -172,6 +200,10 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
  * (test hook: both readers must apply a document identically). */
 int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err);
 void rb_core_status_get(rb_core *c, rb_core_status *st);
+/* The counters a caller watches for trust events, without the whole status: out[0] faults
+ * entered in the journal, [1] slot headers refused at load, [2] entries dropped by failed
+ * flushes, [3] entries dropped because the device shrank. */
+void rb_core_trust_counts(rb_core *c, uint64_t out[4]);
 size_t rb_core_mem_bytes(rb_core *c);
 
 /* Register fixed buffers with the io_uring engine (IORING_REGISTER_BUFFERS); later transfers

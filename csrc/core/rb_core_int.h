@@ -92,6 +92,24 @@ struct rb_core {
     _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
     _Atomic int no_flush;     /* benchmark hook: checkpoints skip their flushes */
 
+    /* Trust (rb_core_trust.c). Under mu: the slots written since the last flush that
+     * succeeded (wr[wr_head..wr_n), each with the flush count when its key was committed),
+     * the write-back failure epoch (an in-flight record carries the epoch it began in; a
+     * failure in between rolls it back), the device size last seen and the slots wholly
+     * inside it. Under fault_mu: the fault journal. */
+    struct rb_wr { uint32_t slot, gen; } *wr;
+    size_t wr_head, wr_n, wr_cap;
+    uint32_t flush_begun;  /* flushes started (wraps; compared by difference) */
+    uint32_t wb_epoch;     /* flushes that failed */
+    uint64_t wb_dropped;   /* entries dropped because a flush failed before they were durable */
+    uint64_t dev_size_seen;
+    uint32_t usable_slots; /* slots below this lie wholly inside the device (<= max_slots) */
+    uint64_t shrink_dropped, retired_slots, load_rejected;
+    pthread_mutex_t fault_mu;
+    rb_fault faults[RB_FAULTS_KEPT]; /* a ring: fault seq s sits at (s - 1) % RB_FAULTS_KEPT */
+    uint64_t n_faults;
+    uint64_t fault_by_errno[RB_ERRNO_SLOTS];
+
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep;
     _Atomic uint32_t ckpt_delay_ms;
     _Atomic uint32_t load_delay_ms; /* test hook: pause loads between snapshot and reads */
@@ -116,11 +134,16 @@ static inline uint64_t rb_xfer_len(const rb_core *c, uint64_t len)
 {
     return rb_block_transfers(c) ? rb_round_up(len, c->cfg.block_align) : len;
 }
-/* Synchronous device transfers (EINTR retried), honouring the test fault hooks. */
+/* Synchronous device transfers (EINTR retried), honouring the test fault hooks. A failed data
+ * transfer or metadata write is entered in the fault journal (err is left as it was). */
 int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
                       size_t total_len, int data, rb_err *err);
 int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t payload_len, size_t total_len,
                      int data, rb_err *err);
+/* A data read of a slot's payload at off with the head_len bytes before it (the slot header)
+ * read into head by the same system call (rb_xfer_set_head). Not for passthrough devices. */
+int rb_core_dev_read_headed(rb_core *c, uint64_t off, void *head, size_t head_len, void *buf, size_t buf_len,
+                            size_t payload_len, size_t total_len, rb_err *err);
 /* One transfer of an io_uring batch run by rb_core_uring_ops. */
 typedef struct rb_uop {
     uint64_t off;
@@ -144,10 +167,11 @@ int rb_core_uring_ops(rb_core *c, rb_uop *ops, size_t n, size_t per_batch, int d
 typedef struct rb_uops_run {
     rb_core *c;
     rb_uop *ops;
+    size_t n;
     struct rb_batch **bs;
     uint32_t *map;
     size_t per, submitted;
-    int entered;
+    int entered, data;
 } rb_uops_run;
 int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, size_t per_batch, int data,
                             rb_err *err);
@@ -255,6 +279,32 @@ typedef struct rb_fstate {
 /* 1 parsed (every entry key distinct), 0 outside the plain form (use json-c), -ENOMEM. */
 int rb_fstate_parse(const char *buf, size_t len, rb_fstate *st);
 void rb_fstate_free(rb_fstate *st);
+/* ---- rb_core_trust.c: faults, write durability, device shrink ------------------------- */
+
+/* Set up / tear down the trust state (fault_mu). */
+void rb_core_trust_init(rb_core *c);
+void rb_core_trust_free(rb_core *c);
+/* Enter a failed transfer or flush in the fault journal: op ("write", "read", "flush"), the
+ * device offset (UINT64_MAX for none) and err as the device layer filled it. Any lock. */
+void rb_core_note_fault(rb_core *c, const char *op, uint64_t off, const rb_err *err);
+/* The whole story of a failed transfer as one line: what failed, at which offset of which
+ * path, and the errno's name and text ("write failed at offset 8192 of /dev/loop3: pwrite
+ * failed: No space left on device (ENOSPC)"). off UINT64_MAX: no offset. */
+void rb_core_fault_text(const rb_core *c, const char *op, uint64_t off, const rb_err *err, char *buf, size_t n);
+/* A key was committed on slot: its bytes are not proven durable until a flush that begins
+ * after this returns succeeds. mu held. 0 or -ENOMEM (the commit must then fail). */
+int rb_core_write_committed_locked(rb_core *c, uint32_t slot);
+/* Flush accounting, mu held: begin returns the flush's generation; done(gen, ok) settles it.
+ * A success proves every key committed before the flush began; a failure drops every entry
+ * not yet proven (and rolls back puts in flight, through wb_epoch), since Linux reports a
+ * write-back error once and a later flush would succeed without the lost bytes. */
+uint32_t rb_core_flush_begin_locked(rb_core *c);
+void rb_core_flush_done_locked(rb_core *c, uint32_t gen, int ok);
+/* Read the device size again (no lock; a system call) and, when the device shrank, drop the
+ * entries whose slot no longer lies wholly inside it and keep those slots out of use (mu
+ * taken inside). Returns the number of slots wholly inside the device. */
+uint32_t rb_core_check_size(rb_core *c);
+
 /* rb_core_ckpt.c */
 int rb_core_recover(rb_core *c, rb_err *err);
 /* A checkpoint written because a put of n keys needs slots only a checkpoint can release;

@@ -445,15 +445,32 @@ int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void
     return rb_dev_check_range(dev, write, offset, total_len, err);
 }
 
-/* Build the (at most two) iovecs of the transfer; see the path table in rb_device.h. */
+int rb_xfer_set_head(const rb_dev *dev, rb_xfer *x, void *head, size_t head_len, rb_err *err)
+{
+    if (dev->uring_cmd || x->write || x->offset < head_len)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "a transfer head needs a read(2) device and a read");
+    if (dev->odirect && (!is_aligned_ptr(head, dev->alignment) || head_len % dev->alignment))
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "O_DIRECT requires an aligned transfer head");
+    x->head = head;
+    x->head_len = head_len;
+    x->offset -= head_len;
+    return 0;
+}
+
+/* Build the iovecs of the transfer (the head's, then at most two); see rb_device.h. */
 int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
 {
     const size_t a = dev->alignment;
     const size_t pad = x->total_len - x->payload_len;
-    x->want = x->total_len;
+    x->want = x->head_len + x->total_len;
     x->iovcnt = 0;
     if (dev->uring_cmd)
         return 0; /* the engine plans (and bounces) the transfer itself */
+    if (x->head_len) {
+        x->iov[0].iov_base = x->head;
+        x->iov[0].iov_len = x->head_len;
+        x->iovcnt = 1;
+    }
 
     if (!dev->odirect || is_aligned_ptr(x->buf, a)) {
         /* The caller's memory can take (part of) the transfer directly. */
@@ -465,9 +482,9 @@ int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
                 direct -= direct % a; /* aligned prefix; the tail is bounced */
         }
         if (direct) {
-            x->iov[0].iov_base = x->buf;
-            x->iov[0].iov_len = direct;
-            x->iovcnt = 1;
+            x->iov[x->iovcnt].iov_base = x->buf;
+            x->iov[x->iovcnt].iov_len = direct;
+            x->iovcnt++;
         }
         size_t rest = x->total_len - direct;
         if (rest) {
@@ -501,9 +518,9 @@ int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
             memcpy(x->bounce, x->buf, x->payload_len);
             memset(x->bounce + x->payload_len, 0, pad);
         }
-        x->iov[0].iov_base = x->bounce;
-        x->iov[0].iov_len = x->total_len;
-        x->iovcnt = 1;
+        x->iov[x->iovcnt].iov_base = x->bounce;
+        x->iov[x->iovcnt].iov_len = x->total_len;
+        x->iovcnt++;
         x->copy_back_off = 0;
         x->copy_back_len = x->write ? 0 : x->payload_len;
     }
@@ -514,7 +531,7 @@ int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
 static ssize_t xfer_attempt(rb_dev *dev, rb_xfer *x, int flags)
 {
     /* Skip the iovecs (or the part of one) already transferred. */
-    struct iovec iov[2];
+    struct iovec iov[3];
     int n = 0;
     size_t skip = x->done;
     for (int i = 0; i < x->iovcnt; i++) {
@@ -647,4 +664,23 @@ void rb_xfer_release(rb_xfer *x)
 {
     free(x->bounce);
     x->bounce = NULL;
+}
+
+int rb_dev_current_size(rb_dev *dev, uint64_t *size)
+{
+    *size = dev->size;
+    if (!dev->size_known)
+        return 0;
+    if (dev->is_blk) {
+        uint64_t now;
+        if (ioctl(dev->fd, BLKGETSIZE64, &now) != 0)
+            return -errno;
+        *size = now;
+        return 0;
+    }
+    struct stat st;
+    if (fstat(dev->fd, &st) != 0)
+        return -errno;
+    *size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
+    return 0;
 }

@@ -89,6 +89,9 @@ void rb_dev_free(rb_dev *dev);
  * has begun, the io_uring engine (NULL unless the engine is io_uring), and a snapshot of the
  * I/O counters. */
 uint64_t rb_dev_size(const rb_dev *dev);
+/* The device's size now (fstat / BLKGETSIZE64: a system call), for a device whose size is
+ * known; the size cached at open otherwise (a passthrough namespace). 0 or -errno. */
+int rb_dev_current_size(rb_dev *dev, uint64_t *size);
 int rb_dev_odirect(const rb_dev *dev);
 size_t rb_dev_alignment(const rb_dev *dev);
 int rb_dev_closing(const rb_dev *dev);
@@ -117,7 +120,8 @@ int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err);
  *          overwritten only when the read goes straight into an O_DIRECT-aligned buffer
  *          that holds total_len bytes (as LMCache's device does).
  * The plan is at most two iovecs (direct part + bounce) issued with one preadv/pwritev per
- * attempt. Usage: rb_xfer_init (validates, cheap, needs nothing else) ->
+ * attempt, plus, for a read with a head (rb_xfer_set_head), the head_len bytes just before
+ * offset read into a separate buffer by the same call. Usage: rb_xfer_init (validates, cheap, needs nothing else) ->
  * rb_xfer_prepare (allocates/copies; no GIL needed) -> rb_xfer_run until it returns
  * something other than -EINTR (on -EINTR the caller checks for signals and calls again)
  * -> rb_xfer_release (always).
@@ -133,7 +137,7 @@ typedef struct rb_xfer {
     size_t total_len;
     int write;
 
-    struct iovec iov[2];
+    struct iovec iov[3];
     int iovcnt;
     size_t done;     /* bytes of the plan already transferred */
     size_t want;     /* total bytes of the plan (== total_len) */
@@ -141,10 +145,18 @@ typedef struct rb_xfer {
     size_t copy_back_off; /* reads: copy bounce[0..copy_back_len) to buf + copy_back_off */
     size_t copy_back_len;
     uint16_t pid; /* writes on a passthrough device: FDP placement id, 0 = none (set after init) */
+    uint8_t *head; /* reads: the head_len bytes before offset land here (rb_xfer_set_head) */
+    size_t head_len;
 } rb_xfer;
 
 int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,
                  size_t buf_len, size_t payload_len, size_t total_len, rb_err *err);
+/* Reads on a device with read(2) (not passthrough), between init and prepare: also read the
+ * head_len bytes that precede the transfer into head, in the same system call (a slot header
+ * read with its payload). The transfer then starts head_len bytes earlier; with O_DIRECT, head
+ * and head_len must be aligned. 0, or -EINVAL with err set when the device or the arguments
+ * cannot take a head. */
+int rb_xfer_set_head(const rb_dev *dev, rb_xfer *x, void *head, size_t head_len, rb_err *err);
 int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err);
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err);
 /* Buffered devices only: one non-blocking attempt (RWF_NOWAIT) that the page cache serves

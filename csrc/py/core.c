@@ -527,6 +527,7 @@ typedef struct {
     uint8_t *results;
     uint32_t *stored;
     size_t n_stored;
+    rb_err fail; /* why the first key that failed did (kind RB_ERR_NONE: none did) */
 } put_call;
 
 /* GIL held: allocate the per-key arrays of pc (zeroed, but for dims). -1 with MemoryError on
@@ -882,7 +883,8 @@ static int put_call_run(PyObject *op, put_call *pc)
     rb_err_clear(&err);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_put_many(core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored, &pc->n_stored, &err);
+    rc = rb_core_put_many(core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored, &pc->n_stored, &pc->fail,
+                          &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         rbpy_raise_err(&err);
@@ -891,7 +893,8 @@ static int put_call_run(PyObject *op, put_call *pc)
     return 0;
 }
 
-/* GIL held: (results as bools, indexes of the keys stored), or NULL with an exception set. */
+/* GIL held: (results as bools, indexes of the keys stored, the first failure as an exception
+ * instance or None), or NULL with an exception set. */
 static PyObject *put_call_result(const put_call *pc)
 {
     PyObject *ret = NULL;
@@ -904,10 +907,14 @@ static PyObject *put_call_result(const put_call *pc)
         else
             PyList_SET_ITEM(sl, (Py_ssize_t)i, x);
     }
+    PyObject *fl = NULL;
     if (rl && sl)
-        ret = PyTuple_Pack(2, rl, sl);
+        fl = pc->fail.kind == RB_ERR_NONE ? Py_NewRef(Py_None) : rbpy_err_object(&pc->fail);
+    if (fl)
+        ret = PyTuple_Pack(3, rl, sl, fl);
     Py_XDECREF(rl);
     Py_XDECREF(sl);
+    Py_XDECREF(fl);
     return ret;
 }
 
@@ -1417,6 +1424,8 @@ static PyObject *core_apply_state_json_generic(PyObject *op, PyObject *arg)
     return apply_state_json(op, arg, 1);
 }
 
+static int status_add_trust(PyObject *d, const rb_core_status *st);
+
 static PyObject *core_status(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -1459,7 +1468,57 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total", st.held_total,
         "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
         "device_flushes", st.flushes, "recovery_skipped_entries", st.skipped, "io", io);
+    if (!d || status_add_trust(d, &st) < 0)
+        Py_CLEAR(d);
     return d;
+}
+
+/* GIL held: the trust fields of a status dict: header refusals at load, write-back failures,
+ * device shrink, and the fault journal (faults: oldest first; fault_counts: errno -> count,
+ * 0 for any errno past the table). 0, or -1 with an exception set. */
+static int status_add_trust(PyObject *d, const rb_core_status *st)
+{
+    PyObject *faults = PyList_New(0), *counts = PyDict_New();
+    int rc = faults && counts ? 0 : -1;
+    for (uint32_t k = 0; rc == 0 && k < st->n_faults_kept; k++) {
+        const rb_fault *f = &st->faults[k];
+        PyObject *off = f->offset == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(f->offset);
+        PyObject *fd = Py_BuildValue("{s:K,s:d,s:s,s:N,s:i,s:s}", "seq", (unsigned long long)f->seq, "time",
+                                     (double)f->time_ns / 1e9, "op", f->op, "offset", off, "errno", f->errnum,
+                                     "text", f->text);
+        rc = fd ? PyList_Append(faults, fd) : -1;
+        Py_XDECREF(fd);
+    }
+    for (int e = 0; rc == 0 && e < RB_ERRNO_SLOTS; e++) {
+        if (!st->fault_by_errno[e])
+            continue;
+        PyObject *k = PyLong_FromLong(e), *v = PyLong_FromUnsignedLongLong(st->fault_by_errno[e]);
+        rc = k && v ? PyDict_SetItem(counts, k, v) : -1;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    PyObject *t = rc == 0 ? Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O}", "load_rejected_entries", st->load_rejected,
+        "writeback_failures", st->writeback_failures, "writeback_dropped_entries", st->writeback_dropped,
+        "shrink_dropped_entries", st->shrink_dropped, "retired_slots", st->retired_slots, "undurable_writes",
+        st->undurable_writes, "usable_slots", st->usable_slots, "device_size_bytes", st->device_size, "faults_total",
+        st->faults_total, "faults", faults, "fault_counts", counts) : NULL;
+    rc = t ? PyDict_Update(d, t) : -1;
+    Py_XDECREF(t);
+    Py_XDECREF(faults);
+    Py_XDECREF(counts);
+    return rc;
+}
+
+/* trust_counters() -> (faults_total, load_rejected_entries, writeback_dropped_entries,
+ * shrink_dropped_entries): what the facade watches after a call with failures, cheaply. */
+static PyObject *core_trust_counters(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    uint64_t v[4];
+    rb_core_trust_counts(core_of(op), v);
+    return Py_BuildValue("(KKKK)", (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
+                         (unsigned long long)v[3]);
 }
 
 /* fetch_fdp_status() -> [(placement_id, ruh_id), ...] of the core's passthrough device. */
@@ -1741,6 +1800,8 @@ static PyMethodDef core_methods[] = {
     {"_apply_state_json_generic", core_apply_state_json_generic, METH_O,
      "test hook: apply_state_json through json-c only (no plain-form reader)"},
     {"status", core_status, METH_NOARGS, "status() -> dict"},
+    {"trust_counters", core_trust_counters, METH_NOARGS,
+     "trust_counters() -> (faults_total, load_rejected_entries, writeback_dropped_entries, shrink_dropped_entries)"},
     {"register_buffers", (PyCFunction)(void (*)(void))core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
     {"fetch_fdp_status", core_fetch_fdp_status, METH_NOARGS,

@@ -43,6 +43,21 @@ PyObject *rbpy_raise_err(const rb_err *err)
     }
 }
 
+PyObject *rbpy_err_object(const rb_err *err)
+{
+    switch (err->kind) {
+    case RB_ERR_OS:
+        return PyObject_CallFunction(PyExc_OSError, "is", err->errnum, err->msg);
+    case RB_ERR_VALUE:
+        return PyObject_CallFunction(PyExc_ValueError, "s", err->msg);
+    case RB_ERR_NOMEM:
+        return PyObject_CallNoArgs(PyExc_MemoryError);
+    case RB_ERR_RUNTIME:
+    default:
+        return PyObject_CallFunction(PyExc_RuntimeError, "s", err->msg[0] ? err->msg : "internal error");
+    }
+}
+
 PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path)
 {
     if (err->kind != RB_ERR_OS || !path)

@@ -47,6 +47,9 @@ typedef struct {
 rbpy_state *rbpy_state_of_type(PyTypeObject *tp);
 /* Raise the Python exception an rb_err describes; returns NULL. */
 PyObject *rbpy_raise_err(const rb_err *err);
+/* The exception rbpy_raise_err would raise, as a new instance (not raised), or NULL with an
+ * exception set. */
+PyObject *rbpy_err_object(const rb_err *err);
 /* The same, with path (bytes from PyUnicode_FSConverter, or str) as the OSError's filename. */
 PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path);
 

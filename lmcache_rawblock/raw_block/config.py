@@ -168,7 +168,11 @@ def _resolve_max_data_transfer_size(device_path: str, requested: int, block_alig
 @dataclasses.dataclass(frozen=True)
 class RawBlockPutManyResult:
     """``results`` is aligned with the input keys; ``stored_keys`` lists keys newly committed
-    by this call, in commit order (keys already present are True but not listed)."""
+    by this call, in commit order (keys already present are True but not listed).
+    ``failure`` (ours) says why the first key that is False failed: an ``OSError`` naming the
+    operation, offset, path and errno for a device error, or the reason no slot could be had;
+    None when no key failed."""
 
     results: list[bool]
     stored_keys: list[str]
+    failure: BaseException | None = None

@@ -33,6 +33,7 @@ from .config import (
     normalize_raw_block_placement_ids,
     resolve_passthrough,
 )
+from .events import TrustEvents
 from .key_codec import RawBlockKeySpec
 
 logger = logging.getLogger("lmcache.v1.storage_backend.raw_block.core")
@@ -191,6 +192,7 @@ class RawBlockCore:
         self._native = _native.Core(**cfg.native_kwargs(key_namespace=key_namespace))
         if _METADATA_SHORTCUT is not None:
             self._native._set_metadata_shortcut(*_METADATA_SHORTCUT)
+        self._events = TrustEvents(self._native, logger, self.device_path)
         st = self._native.status()
         self.capacity_bytes = st["capacity_bytes"]
         self._data_base = st["data_base_offset"]
@@ -371,9 +373,11 @@ class RawBlockCore:
         # The C side reads each payload itself: LMCache's TensorMemoryObj through raw_data
         # (registered in _lmcache), anything else through the buffer protocol or byte_array;
         # and each payload's metadata as _meta_of would, naming (dtype, fmt) with _meta_names.
-        results, stored = self._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs), pids,
-                                                _meta_names)
-        return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored])
+        results, stored, failure = self._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs),
+                                                         pids, _meta_names)
+        if failure is not None:
+            self._events.check()
+        return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored], failure=failure)
 
     def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any], *,
                        raise_on_error: bool = False) -> list[bool]:
@@ -392,7 +396,12 @@ class RawBlockCore:
         # (None as is, a list through positions_from_list); errors is None when no key failed.
         results, errors = self._native.load_many_into(keys, list(objs), positions_from_list)
         if errors is None:
+            if not all(results):
+                self._events.check()
             return results
+        # Failed keys are logged (or raised) here, each with its key: the journal's line for
+        # the same faults would say it twice.
+        self._events.check(log_faults=raise_on_error)
         first: BaseException | None = None
         for key, exc in zip(keys, errors):
             if exc is None:
@@ -412,7 +421,10 @@ class RawBlockCore:
         return self._native.delete_many(keys, bool(force))
 
     def checkpoint_now(self) -> None:
-        self._native.checkpoint_now(True)
+        try:
+            self._native.checkpoint_now(True)
+        finally:
+            self._events.check()
 
     def apply_loaded_state(self, data: Any) -> bool:
         if not isinstance(data, dict):

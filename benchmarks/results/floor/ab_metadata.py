@@ -42,7 +42,7 @@ def python_put(core, keys, objs):
     pids = normalize_raw_block_placement_ids(None, len(keys))
     enc = [k.encoded for k in keys]
     metas = [C._meta_of(o) for o in objs]
-    results, stored = core._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs), pids, metas)
+    results, stored, _failure = core._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs), pids, metas)
     return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored])
 
 

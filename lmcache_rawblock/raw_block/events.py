@@ -1,0 +1,88 @@
+"""Logging of what the C core met on its device: failed transfers and flushes, slot headers a
+load refused, entries dropped by a failed flush or by a device that shrank.
+
+The core counts every event and keeps the last faults (``report_status()``); this module turns
+new ones into log lines, once per burst: the first event of a kind is logged at once, later
+ones of the same kind at most every ``interval`` seconds with the count since the last line.
+It reads only the core's cheap counters unless one moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+# The kinds of event, as trust_counters() orders them.
+_FAULTS, _REJECTED, _WRITEBACK, _SHRINK = range(4)
+
+
+class _Burst:
+    """At most one line per ``interval`` seconds; what is held back is counted into the next."""
+
+    __slots__ = ("interval", "last", "held")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.last = float("-inf")
+        self.held = 0
+
+    def take(self, n: int, now: float) -> int:
+        """Count n new events; returns how many to report now (0: hold them back)."""
+        self.held += n
+        if now - self.last < self.interval:
+            return 0
+        self.last = now
+        n, self.held = self.held, 0
+        return n
+
+
+class TrustEvents:
+    """Watches one native core; ``check()`` logs what happened since the last call."""
+
+    def __init__(self, native: Any, logger: logging.Logger, device_path: str, *, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._native = native
+        self._logger = logger
+        self._path = device_path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen = list(native.trust_counters())
+        self._bursts = [_Burst(interval) for _ in range(4)]
+
+    def check(self, *, log_faults: bool = True) -> None:
+        """Log what moved since the last call; log_faults=False counts new faults as seen
+        without a line (the caller reports them itself)."""
+        now_counts = self._native.trust_counters()
+        if list(now_counts) == self._seen:
+            return
+        with self._lock:
+            new = [max(0, int(a) - int(b)) for a, b in zip(now_counts, self._seen)]
+            first_fault = self._seen[_FAULTS] + 1
+            self._seen = list(now_counts)
+            now = self._clock()
+            report = [b.take(n, now) if n else 0 for b, n in zip(self._bursts, new)]
+        if report[_FAULTS] and log_faults:
+            self._log_faults(report[_FAULTS], first_fault)
+        if report[_REJECTED]:
+            self._logger.warning(
+                "RawBlockCore refused %d load(s) whose slot header is not the key's (another writer, a "
+                "device that shrank or was overwritten): served as misses, entries dropped (device=%s)",
+                report[_REJECTED], self._path)
+        if report[_WRITEBACK]:
+            self._logger.error(
+                "RawBlockCore dropped %d entr%s written since the last successful device flush, because a "
+                "flush failed: their bytes may not be on the device (device=%s)",
+                report[_WRITEBACK], "y" if report[_WRITEBACK] == 1 else "ies", self._path)
+        if report[_SHRINK]:
+            self._logger.error("RawBlockCore dropped %d entr%s past the end of a device that shrank (device=%s)",
+                               report[_SHRINK], "y" if report[_SHRINK] == 1 else "ies", self._path)
+
+    def _log_faults(self, n: int, first_seq: int) -> None:
+        faults = [f for f in self._native.status()["faults"] if f["seq"] >= first_seq]
+        newest = faults[-1]["text"] if faults else "(no longer in the journal)"
+        if n == 1:
+            self._logger.error("RawBlockCore I/O error: %s", newest)
+        else:
+            self._logger.error("RawBlockCore %d I/O errors since the last report; the newest: %s", n, newest)
