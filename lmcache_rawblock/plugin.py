@@ -440,10 +440,14 @@ class RustRawBlockBackend(StoragePluginInterface):
                 logger.debug("raw-block LRU evicted %s", victim)
         return evicted
 
-    def _put_with_policy(self, specs: list, objs: list, pids: list | None = None) -> list[bool]:
+    def _put_with_policy(self, specs: list, objs: list,
+                         pids: list | None = None) -> tuple[list[bool], BaseException | None]:
+        """Store the batch (evicting for room under ``lru``): per-key results, and why the first
+        key that failed did (None when none did)."""
         result = self._core.put_many(specs, objs, placement_ids=pids)
         results = list(result.results)
         stored = list(result.stored_keys)
+        failure = result.failure
         # Evict only when the device is out of slots: a put that failed for another reason
         # (an I/O error) must not cost other keys their place.
         if self.eviction_policy == "lru" and not all(results) and self._core.usage()[0] >= 1.0:
@@ -455,8 +459,9 @@ class RustRawBlockBackend(StoragePluginInterface):
                 for i, ok in zip(failed, retry.results):
                     results[i] = ok
                 stored += list(retry.stored_keys)
+                failure = retry.failure
         self._lru_touch(stored)
-        return results
+        return results, failure
 
     # ---- lookups and pins ---------------------------------------------------------------
 
@@ -602,7 +607,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             pids = [item[3] for item in items]
             # Without a directive the put is the plain two-argument call it was before FDP.
             args = (specs, objs) if all(p is None for p in pids) else (specs, objs, pids)
-            results = await asyncio.to_thread(self._put_with_policy, *args)
+            results, failure = await asyncio.to_thread(self._put_with_policy, *args)
             failed = [spec.encoded for spec, ok in zip(specs, results) if not ok]
             if on_complete_callback is not None:
                 for (key, *_rest), ok in zip(items, results):
@@ -612,9 +617,10 @@ class RustRawBlockBackend(StoragePluginInterface):
                         except Exception:  # noqa: BLE001
                             logger.exception("on_complete_callback failed for %s", key)
             if failed:
+                why = f": {failure}" if failure is not None else ""
                 if len(items) == 1:
-                    raise RuntimeError(f"Failed to persist raw-block key {failed[0]}")
-                raise RuntimeError(f"Failed to persist raw-block keys: {', '.join(failed)}")
+                    raise RuntimeError(f"Failed to persist raw-block key {failed[0]}{why}") from failure
+                raise RuntimeError(f"Failed to persist raw-block keys: {', '.join(failed)}{why}") from failure
         finally:
             self._release_put_items(items)
 

@@ -305,7 +305,7 @@ def test_rejects_when_full_with_policy_none(make_backend):
     assert not errors
     obj3 = make_obj(3)
     futs = be.batched_submit_put_task([make_key(3)], [obj3])
-    with pytest.raises(RuntimeError, match="Failed to persist raw-block key"):
+    with pytest.raises(RuntimeError, match="Failed to persist raw-block key .*: no free slot: 2 slots, 2 indexed"):
         futs[0].result(30)
     assert obj3.get_ref_count() == 1 and not be.exists_in_put_tasks(make_key(3))
     assert not be.contains(make_key(3))
@@ -343,7 +343,8 @@ def test_lru_does_not_evict_on_io_errors(make_backend):
     put(be, [make_key(1), make_key(2)], [make_obj(1), make_obj(2)])
     be._core._native._inject_fault("write", 1)
     futs = be.batched_submit_put_task([make_key(3)], [make_obj(3)])
-    with pytest.raises(RuntimeError, match="Failed to persist"):
+    with pytest.raises(RuntimeError, match=r"Failed to persist .*: \[Errno 5\] write failed at offset \d+ of "
+                       r".*: pwrite failed \(injected\): Input/output error \(EIO\)"):
         futs[0].result(30)
     assert be.contains(make_key(1)) and be.contains(make_key(2)), "an I/O error evicts nothing"
 

@@ -227,6 +227,9 @@ void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms);
 /* Benchmark hook: nonzero makes checkpoints skip their device flushes (to measure their cost);
  * never for use on a cache that must survive power loss. */
 void rb_core_set_ckpt_no_flush(rb_core *c, int on);
+/* Benchmark hook: nonzero makes loads of verified records skip the slot-header check (to
+ * measure its cost); never for use on a cache in service. */
+void rb_core_set_load_check_off(rb_core *c, int off);
 /* Test hook: loads pause ms milliseconds between their index snapshot and their reads. */
 void rb_core_set_load_delay_ms(rb_core *c, uint32_t ms);
 

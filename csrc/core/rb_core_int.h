@@ -91,6 +91,7 @@ struct rb_core {
     uint64_t sum_dropped; /* entries dropped because their payload failed its checksum */
     _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
     _Atomic int no_flush;     /* benchmark hook: checkpoints skip their flushes */
+    _Atomic int no_load_check; /* benchmark hook: loads of verified records skip the header check */
 
     /* Trust (rb_core_trust.c). Under mu: the slots written since the last flush that
      * succeeded (wr[wr_head..wr_n), each with the flush count when its key was committed),

@@ -1734,6 +1734,16 @@ static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
     return set_delay(op, arg, rb_core_set_ckpt_delay_ms);
 }
 
+/* _set_load_check_off(bool): benchmark hook, loads of verified records skip the header check. */
+static PyObject *core_set_load_check_off(PyObject *op, PyObject *arg)
+{
+    int off = PyObject_IsTrue(arg);
+    if (off < 0)
+        return NULL;
+    rb_core_set_load_check_off(core_of(op), off);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_set_ckpt_no_flush(PyObject *op, PyObject *arg)
 {
     int on = PyObject_IsTrue(arg);
@@ -1825,6 +1835,8 @@ static PyMethodDef core_methods[] = {
     {"_inject_fault", (PyCFunction)(void (*)(void))core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
      "test hook: _inject_fault('write'|'read'|'submit'|'prep', countdown)"},
     {"_set_checkpoint_delay_ms", core_set_ckpt_delay, METH_O, "test hook: delay each checkpoint writer"},
+    {"_set_load_check_off", core_set_load_check_off, METH_O,
+     "benchmark hook: loads of verified records skip the slot-header check (never in service)"},
     {"_set_checkpoint_no_flush", core_set_ckpt_no_flush, METH_O,
      "benchmark hook: checkpoints skip their device flushes (measures what the flushes cost)"},
     {"_set_load_delay_ms", core_set_load_delay, METH_O,

@@ -376,7 +376,7 @@ class RawBlockCore:
         results, stored, failure = self._native.put_many(enc, [int(k.slot_identity) for k in keys], list(objs),
                                                          pids, _meta_names)
         if failure is not None:
-            self._events.check()
+            self._events.put_failed(results.count(False), len(results), failure)
         return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored], failure=failure)
 
     def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any], *,

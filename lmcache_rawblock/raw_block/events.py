@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 # The kinds of event, as trust_counters() orders them.
 _FAULTS, _REJECTED, _WRITEBACK, _SHRINK = range(4)
+_PUT = 4  # puts that failed for a reason other than a device error (no slot, too large)
 
 
 class _Burst:
@@ -49,7 +50,7 @@ class TrustEvents:
         self._clock = clock
         self._lock = threading.Lock()
         self._seen = list(native.trust_counters())
-        self._bursts = [_Burst(interval) for _ in range(4)]
+        self._bursts = [_Burst(interval) for _ in range(5)]
 
     def check(self, *, log_faults: bool = True) -> None:
         """Log what moved since the last call; log_faults=False counts new faults as seen
@@ -78,6 +79,19 @@ class TrustEvents:
         if report[_SHRINK]:
             self._logger.error("RawBlockCore dropped %d entr%s past the end of a device that shrank (device=%s)",
                                report[_SHRINK], "y" if report[_SHRINK] == 1 else "ies", self._path)
+
+    def put_failed(self, n_failed: int, n: int, failure: BaseException) -> None:
+        """A put_many call stored n - n_failed of n keys. A device error is logged from the
+        fault journal (operation, offset, path, errno); any other reason once per burst."""
+        if isinstance(failure, OSError):
+            self.check()
+            return
+        with self._lock:
+            report = self._bursts[_PUT].take(n_failed, self._clock())
+        if report:
+            self._logger.warning("RawBlockCore could not store %d key(s) (%d of %d in the last call): %s (device=%s)",
+                                 report, n_failed, n, failure, self._path)
+        self.check()
 
     def _log_faults(self, n: int, first_seq: int) -> None:
         faults = [f for f in self._native.status()["faults"] if f["seq"] >= first_seq]
