@@ -8,6 +8,7 @@ DiskCacheMetadata) to plain arguments and back, and logs like LMCache's core.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import logging
 from dataclasses import dataclass
@@ -357,6 +358,22 @@ class RawBlockCore:
             "checkpoint_held_slots": st["checkpoint_held_slots"],
             "checkpoints_for_room": st["checkpoints_for_room"],
             "device_flushes": st["device_flushes"],
+            # what the device did to us: slot headers refused at load (another writer, a device
+            # that shrank and grew back), flushes that failed and the entries they dropped (not
+            # proven durable), a device that shrank, and the last faults with per-errno counts
+            # (none of these is cleared by a later success)
+            "load_rejected_entries": st["load_rejected_entries"],
+            "writeback_failures": st["writeback_failures"],
+            "writeback_dropped_entries": st["writeback_dropped_entries"],
+            "undurable_writes": st["undurable_writes"],
+            "shrink_dropped_entries": st["shrink_dropped_entries"],
+            "retired_slots": st["retired_slots"],
+            "usable_slots": st["usable_slots"],
+            "device_size_bytes": st["device_size_bytes"],
+            "io_errors_total": st["faults_total"],
+            "io_error_counts": {errno.errorcode.get(e, str(e) if e else "other"): n
+                                for e, n in st["fault_counts"].items()},
+            "io_errors": st["faults"],
             "rust_io": st["io"],
         }
 

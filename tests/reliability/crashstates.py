@@ -11,7 +11,10 @@ With --tear BYTES each write is split into BYTES-sized blocks that persist indep
 (torn writes).
 
 Each image is recovered and checked like the kill loop does: every served key returns the
-bytes of a put attempted for it; every key durable in that epoch is served. A key is durable
+bytes of a put attempted for it; every key durable in that epoch is served. Each engine
+recovers every image twice: with slot headers validated at open (meta_verify_on_load) and with
+that off, where the header check of every load is the only line between a torn slot and its
+bytes being served. A key is durable
 in epoch e when a checkpoint_now() that included it returned before the epoch began and no
 delete of it was attempted before the epoch ended.
 
@@ -89,7 +92,7 @@ class Result:
     failures: list[str] = field(default_factory=list)
 
     def row(self) -> str:
-        return (f"recorded {self.recorded:8s} recovered {self.recovered:8s} writes={self.writes:3d} "
+        return (f"recorded {self.recorded:8s} recovered {self.recovered:13s} writes={self.writes:3d} "
                 f"flushes={self.flushes:3d} epochs={self.epochs:3d} states={self.states:5d} "
                 f"keys_checked={self.keys_checked:6d} wrong_byte_states={self.wrong_states} "
                 f"lost_durable_states={self.lost_states}")
@@ -250,9 +253,9 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
     ep = epochs_of(recs)
     results = []
     img_path = dev  # images are recovered at the recorded path (the checkpoint names its device)
-    for rengine in recovered_with:
-        rcfg = Config(rengine, False, False, True)
-        res = Result(engine, rengine, epochs=len(ep), flushes=len(ep) - 1,
+    for rengine, at_open in [(r, v) for r in recovered_with for v in (True, False)]:
+        rcfg = Config(rengine, False, False, at_open)
+        res = Result(engine, f"{rengine}{'' if at_open else '/load'}", epochs=len(ep), flushes=len(ep) - 1,
                      writes=sum(r.kind == WRITE for r in recs))
         rng = random.Random(f"{rng_seed}/{engine}/{rengine}")
         for e, (barrier, first, nxt, start_off) in enumerate(ep):
