@@ -90,8 +90,14 @@ void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown)
     _Atomic int64_t *ctr = kind == RB_FAULT_WRITE    ? &c->fault_write
                            : kind == RB_FAULT_READ   ? &c->fault_read
                            : kind == RB_FAULT_SUBMIT ? &c->fault_submit
+                           : kind == RB_FAULT_FLUSH  ? &c->fault_flush
                                                      : &c->fault_prep;
     atomic_store(ctr, countdown);
+}
+
+int rb_core_take_flush_fault(rb_core *c)
+{
+    return take_fault(&c->fault_flush);
 }
 
 /* ---- io_uring batches ------------------------------------------------------------------ */

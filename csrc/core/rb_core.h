@@ -219,9 +219,10 @@ int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped);
 /* Test hooks: fail the countdown-th next data write/read (1 = the next one) with EIO (on
  * io_uring: that request reports a completion failure and is never queued); SUBMIT fails the
  * countdown-th io_uring batch submission of put/load; PREP fails the preparation of the
- * countdown-th key of an io_uring put. Delay each checkpoint writer between choosing its
+ * countdown-th key of an io_uring put; FLUSH fails the countdown-th device flush with EIO, as a
+ * write-back error reported by fdatasync would. Delay each checkpoint writer between choosing its
  * sequence number and writing. */
-enum { RB_FAULT_WRITE = 0, RB_FAULT_READ = 1, RB_FAULT_SUBMIT = 2, RB_FAULT_PREP = 3 };
+enum { RB_FAULT_WRITE = 0, RB_FAULT_READ = 1, RB_FAULT_SUBMIT = 2, RB_FAULT_PREP = 3, RB_FAULT_FLUSH = 4 };
 void rb_core_inject_fault(rb_core *c, int kind, int64_t countdown);
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms);
 /* Benchmark hook: nonzero makes checkpoints skip their device flushes (to measure their cost);

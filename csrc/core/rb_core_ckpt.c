@@ -161,7 +161,8 @@ static int core_flush(rb_core *c, rb_err *err)
     if (!atomic_load(&c->no_flush)) {
         if (rb_dev_enter(c->dev) < 0)
             return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
-        rc = rb_dev_flush(c->dev, err);
+        rc = rb_core_take_flush_fault(c) ? rb_err_set(err, RB_ERR_OS, EIO, "fdatasync failed (injected)")
+                                         : rb_dev_flush(c->dev, err);
         rb_dev_leave(c->dev);
         if (rc == 0)
             atomic_fetch_add(&c->flushes, 1);

@@ -111,7 +111,7 @@ struct rb_core {
     uint64_t n_faults;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
 
-    _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep;
+    _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep, fault_flush;
     _Atomic uint32_t ckpt_delay_ms;
     _Atomic uint32_t load_delay_ms; /* test hook: pause loads between snapshot and reads */
 };
@@ -280,6 +280,9 @@ typedef struct rb_fstate {
 /* 1 parsed (every entry key distinct), 0 outside the plain form (use json-c), -ENOMEM. */
 int rb_fstate_parse(const char *buf, size_t len, rb_fstate *st);
 void rb_fstate_free(rb_fstate *st);
+/* The flush fault hook (RB_FAULT_FLUSH): 1 when this flush is to fail. */
+int rb_core_take_flush_fault(rb_core *c);
+
 /* ---- rb_core_trust.c: faults, write durability, device shrink ------------------------- */
 
 /* Set up / tear down the trust state (fault_mu). */

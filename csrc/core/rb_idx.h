@@ -37,7 +37,7 @@ typedef struct rb_ent {
     uint64_t checksum; /* xxh3-64 of the payload when RB_ENT_HAS_SUM */
     uint32_t slot;     /* slot number (index, in-flight) */
     uint32_t hash;
-    uint32_t refcnt;   /* lock refcount (index only) */
+    uint32_t refcnt;   /* lock refcount (index); in flight: the write-back failure epoch at reservation */
     uint32_t cls;      /* interned metadata class id (index, in-flight) */
     uint32_t key_len;
     uint16_t flags;

@@ -1703,13 +1703,13 @@ static PyObject *core_inject_fault(PyObject *op, PyObject *const *args, Py_ssize
     if (rbpy_unpack("_inject_fault", names, 2, 2, args, nargs, kwnames, a) < 0)
         return NULL;
     const char *kind = PyUnicode_Check(a[0]) ? PyUnicode_AsUTF8(a[0]) : NULL;
-    static const char *const kinds[] = {"write", "read", "submit", "prep"};
+    static const char *const kinds[] = {"write", "read", "submit", "prep", "flush"};
     int k = -1;
-    for (int i = 0; kind && i < 4; i++)
+    for (int i = 0; kind && i < 5; i++)
         if (strcmp(kind, kinds[i]) == 0)
             k = i;
     if (k < 0) {
-        PyErr_SetString(PyExc_ValueError, "kind must be 'write', 'read', 'submit' or 'prep'");
+        PyErr_SetString(PyExc_ValueError, "kind must be 'write', 'read', 'submit', 'prep' or 'flush'");
         return NULL;
     }
     long long n = PyLong_AsLongLong(a[1]);

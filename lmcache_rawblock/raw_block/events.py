@@ -55,10 +55,11 @@ class TrustEvents:
     def check(self, *, log_faults: bool = True) -> None:
         """Log what moved since the last call; log_faults=False counts new faults as seen
         without a line (the caller reports them itself)."""
-        now_counts = self._native.trust_counters()
-        if list(now_counts) == self._seen:
-            return
+        if list(self._native.trust_counters()) == self._seen:
+            return  # the common case, without the lock
         with self._lock:
+            # read again under the lock: counters only grow, so what was seen never goes back
+            now_counts = self._native.trust_counters()
             new = [max(0, int(a) - int(b)) for a, b in zip(now_counts, self._seen)]
             first_fault = self._seen[_FAULTS] + 1
             self._seen = list(now_counts)
