@@ -39,7 +39,10 @@ static int encode_state_locked(rb_core *c, rb_buf *b)
     rb_buf_puts(b, ",\"data_base_offset\":");
     rb_buf_u64(b, c->data_base);
     rb_buf_puts(b, ",\"next_slot\":");
-    rb_buf_u64(b, c->slots.next_slot);
+    /* On a device that shrank, the slots past its end are retired (the allocator's next_slot
+     * runs past them) and no entry lies there: a reader, ours or LMCache's, rejects a state
+     * whose next_slot exceeds the slots the device holds, so name only the slots that remain. */
+    rb_buf_u64(b, c->slots.next_slot < c->usable_slots ? c->slots.next_slot : c->usable_slots);
     rb_buf_puts(b, ",\"entries\":{");
     /* Mark the slots this checkpoint lists (RB_REF_PEND) until it is settled. */
     for (uint32_t s = 0; s < c->ref_cap; s++)
