@@ -211,3 +211,35 @@ def test_fixed_buffer_registration_of_the_l1_arena(tmp_path):
         assert _store(adapter, [key], [obj]) is True
     finally:
         adapter.close()
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_load_of_a_slot_holding_another_keys_header_is_a_miss(tmp_path, engine):
+    """Another key's slot header over a key's slot (a second writer, a stale slot) with
+    checksums off: LMCache's adapter code gets a miss for that key, never the bytes read."""
+    dev = _device(tmp_path)
+    keys = [_key(11), _key(12)]
+    objs = [_obj(2048, seed=11), _obj(2048, seed=12)]  # the same length: only the identity differs
+    adapter = create_l2_adapter_from_registry(
+        _adapters(_parse(_adapter_json(dev, io_engine=engine, verify_payload_checksum=False)))[0])
+    try:
+        assert _store(adapter, keys, objs) is True
+        core = adapter._core
+        enc = [lmc_adapter.encode_object_key(k).encoded for k in keys]
+        with open(dev, "r+b") as f:
+            f.seek(core.entry_offset(enc[1]))
+            hdr = f.read(core.header_bytes)
+            f.seek(core.entry_offset(enc[0]))
+            f.write(hdr)
+        assert _lookup(adapter, keys) == [0, 1]
+        outs = [_obj(2048, seed=1000), _obj(2048, seed=1001)]
+        assert _load(adapter, keys, outs) == [1]
+        assert int(torch.count_nonzero(outs[0].raw_data)) == 0  # what was read is erased
+        assert torch.equal(outs[1].raw_data, objs[1].raw_data)
+        assert core._native.status()["load_rejected_entries"] == 1
+        adapter.submit_unlock(keys)
+        assert _lookup(adapter, keys) == [1]
+        adapter.submit_unlock([keys[1]])
+        assert adapter.report_status()["is_healthy"] is True
+    finally:
+        adapter.close()
