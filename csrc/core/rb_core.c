@@ -482,7 +482,9 @@ int rb_core_room_needed_locked(const rb_core *c, size_t n)
 {
     if (c->ref_unknown)
         return 1;
-    uint64_t avail = (uint64_t)c->slots.n_free + (c->max_slots - c->slots.next_slot);
+    /* never-used slots count only while they lie inside the device (it may have shrunk) */
+    uint32_t fresh = c->usable_slots > c->slots.next_slot ? c->usable_slots - c->slots.next_slot : 0;
+    uint64_t avail = (uint64_t)c->slots.n_free + fresh;
     return c->n_held > 0 && avail < n;
 }
 

@@ -109,6 +109,17 @@ static int meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *e
     return rc;
 }
 
+/* A device error of the checkpoint writer, told whole (operation, offset, path, errno) in err
+ * itself: what checkpoint_now() raises and checkpoint_last_error keeps. */
+static void explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err)
+{
+    if (err->kind != RB_ERR_OS && !(err->kind == RB_ERR_RUNTIME && err->errnum == EIO))
+        return;
+    char text[sizeof err->msg];
+    rb_core_fault_text(c, op, off, err, text, sizeof text);
+    memcpy(err->msg, text, sizeof text);
+}
+
 static void set_ckpt_error(rb_core *c, const rb_err *err)
 {
     pthread_mutex_lock(&c->mu);
@@ -172,6 +183,8 @@ static int core_flush(rb_core *c, rb_err *err)
         else
             rb_core_note_fault(c, "flush", UINT64_MAX, err);
     }
+    if (rc < 0)
+        explain_device_error(c, "flush", UINT64_MAX, err);
     pthread_mutex_lock(&c->mu);
     rb_core_flush_done_locked(c, gen, rc == 0);
     pthread_mutex_unlock(&c->mu);
@@ -270,10 +283,15 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
         goto failed;
     outcome = -1; /* from here on the container may have changed */
     rc = meta_write(c, base + ba, payload, padded, err);
+    if (rc < 0)
+        explain_device_error(c, "checkpoint write", base + ba, err);
     if (rc == 0)
         rc = core_flush(c, err);
-    if (rc == 0)
+    if (rc == 0) {
         rc = meta_write(c, base, hdr, ba, err);
+        if (rc < 0)
+            explain_device_error(c, "checkpoint write", base, err);
+    }
     if (rc == 0)
         rc = core_flush(c, err);
     if (rc < 0)
