@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the Rust device), limit (io_uring stream vs fio), core (RawBlockCore vs LMCache's, per-key "
                         "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
                         "plugin (batched_remove, eviction under contention), e2e (LMCache's plugin store/retrieve path "
-                        "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio); default all")
+                        "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio), loadcheck (what the "
+                        "load-time slot-header check costs a load, on against off, on tmpfs and disk); default all")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)
@@ -188,8 +189,8 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     if not bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts)):
         _err(f"--engines {','.join(args.engines)} with --parts {','.join(args.parts)}: nothing to run "
-             "(device needs the posix engine; uring, limit and recovery the io_uring engine; core posix or "
-             "io_uring)")
+             "(device needs the posix engine; uring, limit and recovery the io_uring engine; core and "
+             "loadcheck posix or io_uring)")
         return 2
     notes: list[str] = []
     core_comps = _core_competitors(args, notes)

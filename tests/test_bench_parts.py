@@ -1,6 +1,6 @@
 """Pieces of the benchmark harness that the CLI runs do not pin down: the kernel-floor program
-(compiled on demand from the package), its mapping onto the per-key CPU media, and the wording
-of what the harness prints. No timing is asserted."""
+(compiled on demand from the package), its mapping onto the per-key CPU media, the load-check
+part on a tiny grid, and the wording of what the harness prints. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from lmcache_rawblock.bench import cpu, floor
+from lmcache_rawblock.bench import common, cpu, floor, loadcheck, report
+from lmcache_rawblock.bench.target import supports_odirect
 
 PKG = Path(__file__).resolve().parent.parent / "lmcache_rawblock"
 
@@ -65,6 +67,48 @@ def test_kernel_floor_maps_rows_onto_media(tmp_path, monkeypatch):
     assert cpu.floor_of(res, cpu.REGISTERED, "posix", "put") is None
     assert not os.listdir(tmp_path)  # the floor's file is removed
     assert cpu.kernel_floor(["page cache"], 0, str(tmp_path))["error"] == "not measured in this suite"
+
+
+def test_loadcheck_part_times_both_modes_on_verified_bytes(tmp_path):
+    s = replace(loadcheck.SUITES["smoke"], devices=["disk"], dirs={"disk": str(tmp_path)})
+    out = loadcheck.run_loadcheck(s, common._NullBar())
+    assert out["errors"] == {}
+    media = [m for m in loadcheck.MEDIA if not loadcheck.MEDIA[m] or supports_odirect(str(tmp_path))]
+    assert [(r["engine"], r["medium"]) for r in out["rows"]] == [(e, m) for m in media for e in loadcheck.ENGINES]
+    plan = s.chunks[0]
+    for r in out["rows"]:
+        assert r["bytes_verified"] is True and r["device"] == "disk"
+        assert (r["chunk_bytes"], r["keys"], r["rounds"]) == (plan.size, plan.keys, plan.rounds)
+        assert len(r["samples_s"]["on"]) == len(r["samples_s"]["off"]) == len(r["ratios"]) == plan.rounds
+        assert r["on_s"] > 0 and r["off_s"] > 0 and r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
+        # With the check, each key's header is read too: more bytes than the payloads alone.
+        io = r["io_per_call"]
+        assert io["off"]["read_submitted_bytes"] == plan.keys * plan.size
+        assert io["on"]["read_submitted_bytes"] > io["off"]["read_submitted_bytes"]
+        assert io["on"]["bounce_attempts"] == io["off"]["bounce_attempts"] == 0
+    assert out["devices"]["disk"]["directory"] == str(tmp_path)
+    assert os.listdir(tmp_path) == []  # its files and directory are gone
+    text: list[str] = []
+    report.print_loadcheck({"loadcheck": out}, text.append)
+    assert "check on" in text[-1] and text[-1].count("\n") == len(out["rows"]) + 1
+
+
+def test_loadcheck_goal_covers_large_chunks_only():
+    def row(size: int, ratio: float) -> dict:
+        return {"engine": "posix", "medium": "page cache", "device": "tmpfs", "chunk_bytes": size, "keys": 8,
+                "ratio": ratio, "ratio_q1": ratio, "ratio_q3": ratio, "on_s": ratio, "off_s": 1.0}
+
+    lc = {"settings": loadcheck.SUITES["full"].describe(),
+          "rows": [row(64 << 10, 1.2), row(8 << 20, 1.01), row(32 << 20, 1.03)]}
+    got = [(g["value"], g["met"], g["goal_text"]) for g in report.goals({"loadcheck": lc})]
+    assert got == [(1.01, True, "≤ 1.02x"), (1.03, False, "≤ 1.02x")]
+
+
+def test_median_ci_brackets_the_median():
+    assert loadcheck.median_ci([1.0] * 5) == (None, None)
+    vals = [1.0 + i / 100 for i in range(41)]
+    lo, hi = loadcheck.median_ci(vals)
+    assert lo < common.median(vals) < hi and (lo, hi) == (vals[14], vals[27])
 
 
 # Words of the project's own bookkeeping, which the product does not speak.

@@ -9,6 +9,8 @@ core (our RawBlockCore against LMCache's, with per-key CPU beside the kernel flo
 checkpoint flush cost), recovery (slot-header validation, sequential against batched),
 plugin (batched_remove fan-out against the override, and eviction under contention) and e2e
 (LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio).
+Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
+check costs a load, the check on against off on one core).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Callable
 from . import common, device, limit
 from . import core as core_suite
 from . import e2e as e2e_suite
+from . import loadcheck as loadcheck_suite
 from . import plugin as plugin_suite
 from . import recovery as recovery_suite
 from .common import Competitor
@@ -29,9 +32,10 @@ from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e")  # the parts that compare with LMCache, on files of their own
+OWN_PARTS = ("loadcheck",)  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -76,7 +80,7 @@ def planned_parts(opts: Options) -> list[str]:
             continue
         if p in ("uring", "limit", "recovery") and "io_uring" not in opts.engines:
             continue
-        if p == "core" and not core_engines(opts):
+        if p in ("core", "loadcheck") and not core_engines(opts):
             continue
         parts.append(p)
     return parts
@@ -120,6 +124,14 @@ def e2e_settings(opts: Options) -> e2e_suite.E2ESettings:
     return s
 
 
+def loadcheck_settings(opts: Options) -> loadcheck_suite.LoadCheckSettings:
+    s = replace(loadcheck_suite.SUITES[opts.suite])
+    s.engines = [e for e in s.engines if e in opts.engines]
+    if opts.repeats:
+        s.chunks = [replace(c, rounds=opts.repeats, max_rounds=opts.repeats) for c in s.chunks]
+    return s
+
+
 def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str] | None = None,
         core_comps: list[Competitor] | None = None) -> dict:
     """Run the planned parts. ``comps``: ours + the Rust wheel (device parts); ``core_comps``:
@@ -143,6 +155,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["plugin"] = plugin_settings(opts)
     if "e2e" in parts:
         part_settings["e2e"] = e2e_settings(opts)
+    if "loadcheck" in parts:
+        part_settings["loadcheck"] = loadcheck_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
     settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
@@ -169,6 +183,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "recovery": recovery_suite.steps(part_settings["recovery"]) if "recovery" in parts else 0,
         "plugin": plugin_suite.steps(part_settings["plugin"]) if "plugin" in parts else 0,
         "e2e": e2e_suite.steps(part_settings["e2e"]) if "e2e" in parts else 0,
+        "loadcheck": loadcheck_suite.steps(part_settings["loadcheck"]) if "loadcheck" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -182,16 +197,18 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "recovery": lambda bar: recovery_suite.run_recovery(core_comps, part_settings["recovery"], workdir, bar),
         "plugin": lambda bar: plugin_suite.run_plugin(core_comps, part_settings["plugin"], workdir, bar),
         "e2e": lambda bar: e2e_suite.run_e2e(part_settings["e2e"], workdir, bar),
+        "loadcheck": lambda bar: loadcheck_suite.run_loadcheck(part_settings["loadcheck"], bar),
     }
     total = sum(steps[p] for p in parts)
-    if on_files:
+    quiet = on_files or any(p in OWN_PARTS for p in parts)
+    if quiet:
         logging.disable(logging.WARNING)  # LMCache and the cores log every open at INFO/WARNING
     try:
         with common.progress(total, f"bench {opts.suite}", enabled=opts.progress) as bar:
             for p in parts:
                 results[p] = runners[p](bar)
     finally:
-        if on_files:
+        if quiet:
             logging.disable(logging.NOTSET)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -248,8 +248,56 @@ def print_e2e(results: dict, p: Callable[..., None]) -> None:
                  for r in e2e["ratios"]], _right(8, 2)))
 
 
+def _r3(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _signed_us(sec: float | None) -> str:
+    return "-" if sec is None else f"{sec * 1e6:+.2f}"
+
+
+def _range(pair: Sequence[float | None]) -> str:
+    return "-" if None in pair else f"{pair[0]:.3f}-{pair[1]:.3f}"
+
+
+def loadcheck_rows(lc: dict) -> list[list[str]]:
+    return [[r["engine"], r["medium"], r["device"], fmt_size(r["chunk_bytes"]), str(r["keys"]), str(r["rounds"]),
+             fmt_time(r["off_s"]),
+             fmt_time(r["on_s"]), _r3(r["ratio"]), _range(r.get("ratio_ci95") or [None, None]),
+             _range([r["ratio_q1"], r["ratio_q3"]]),
+             _range([r["ratio_min"], r["ratio_max"]]), _signed_us(r["added_per_key_s"]),
+             "yes" if r.get("bytes_verified") else "NO"] for r in lc.get("rows", [])]
+
+
+def print_loadcheck(results: dict, p: Callable[..., None]) -> None:
+    lc = results["loadcheck"]
+    s = lc["settings"]
+    def plan(c: dict) -> str:
+        most = c.get("max_rounds") or c["rounds"]
+        rounds = f"{c['rounds']} rounds" if most == c["rounds"] else \
+            f"{c['rounds']}-{most} rounds within {c['budget_s']:g} s"
+        return f"{fmt_size(c['chunk_bytes'])}: {c['keys']} keys x {c['calls']} call(s), {rounds}"
+
+    rounds = "; ".join(plan(c) for c in s["chunks"])
+    p("Load check: load_many_into with the slot-header check on (the product) and off (benchmark hook), one core, "
+      f"modes alternating inside each round ({rounds}); time per call (median); on/off = median of the "
+      "per-round ratios, lower is better, 1.000 = free; its 95 % confidence interval; IQR and min-max of the "
+      "ratios; added µs per key")
+    for k, v in lc.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    for note in lc.get("notes", []):
+        p(f"  note: {note}")
+    for name, d in lc.get("devices", {}).items():
+        p(f"  {name}: {d['directory']} ({d.get('fs_type')} on {d.get('source')}"
+          + ("" if d.get("odirect") else ", no O_DIRECT") + ")")
+    rows = loadcheck_rows(lc)
+    if rows:
+        p(table(["engine", "medium", "device", "chunk", "keys", "rounds", "check off", "check on", "on/off", "CI95",
+                 "IQR", "min-max", "µs/key added", "bytes ok"], rows, _right(14, 3)[:-1] + [False]))
+
+
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
-            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e}
+            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -306,12 +354,12 @@ def goals(results: dict) -> list[dict]:
     out: list[dict] = []
 
     def add(part: str, label: str, value: float | None, goal: float, higher: bool, detail: str = "",
-            unit: str = "x") -> None:
+            unit: str = "x", digits: int = 2) -> None:
         if value is None:
             return
         g = f"{goal:g}" + (".0" if goal <= 1 and "." not in f"{goal:g}" else "")
         out.append({"part": part, "label": label, "value": value, "goal": goal, "higher_is_better": higher,
-                    "shown": f"{value:.1f} B" if unit == " B" else fmt_x(value), "detail": detail,
+                    "shown": f"{value:.1f} B" if unit == " B" else f"{value:.{digits}f}x", "detail": detail,
                     "goal_text": f"{'≥' if higher else '≤'} {g}{unit}", "met": value >= goal if higher else value <= goal})
 
     for r in (results.get("device") or {}).get("results", []):
@@ -364,6 +412,14 @@ def goals(results: dict) -> list[dict]:
             add("recovery", f"slot-header validation, {r['slots']:,} headers ({r['medium']}): our headers per second "
                             "/ fio's IOPS", f["iops_vs_fio"], 0.9, True,
                 f"{f['ours_iops']:,.0f} vs {f['fio_iops']:,.0f} per s")
+    lc = results.get("loadcheck") or {}
+    for r in lc.get("rows", []):
+        if r["chunk_bytes"] >= lc["settings"]["target_from_chunk_bytes"]:
+            add("loadcheck", f"load_many_into, {r['keys']} x {fmt_size(r['chunk_bytes'])} ({r['engine']}, "
+                             f"{r['medium']}, {r['device']}): time with the slot-header check / without",
+                r.get("ratio"), lc["settings"]["target_ratio"], False,
+                f"{fmt_time(r['on_s'])} vs {fmt_time(r['off_s'])} per call; IQR {_r3(r['ratio_q1'])}-"
+                f"{_r3(r['ratio_q3'])}", digits=3)
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",
@@ -431,6 +487,9 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
     erows = (results.get("e2e") or {}).get("rows", [])
     if erows:
         files.append(_plot_e2e(plt, erows, out_dir))
+    lrows = (results.get("loadcheck") or {}).get("rows", [])
+    if lrows:
+        files.append(_plot_loadcheck(plt, lrows, results["loadcheck"]["settings"], out_dir))
     bars = [g for g in goals(results) if g["higher_is_better"]]
     if bars:
         files.append(_plot_speedups(plt, bars, out_dir))
@@ -475,6 +534,31 @@ def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
         ax.legend(fontsize=7)
     fig.suptitle("RawBlockCore, ours vs LMCache's: time per call vs index size (lower is better)")
     return _save(plt, fig, out_dir, "core_latency_vs_entries.png")
+
+
+def _plot_loadcheck(plt: Any, rows: list[dict], settings: dict, out_dir: str) -> str:
+    sizes = sorted({r["chunk_bytes"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 5.5), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        sel = [r for r in rows if r["chunk_bytes"] == size]
+        ys = [r["ratio"] for r in sel]
+        ci = [r.get("ratio_ci95") or [None, None] for r in sel]
+        err = [[y - (c[0] if c[0] is not None else y) for y, c in zip(ys, ci)],
+               [(c[1] if c[1] is not None else y) - y for y, c in zip(ys, ci)]]
+        ax.bar(range(len(sel)), [y - 1 for y in ys], bottom=1, yerr=err, capsize=3,
+               color=["tab:blue" if r["engine"] == "posix" else "tab:orange" for r in sel])
+        if size >= settings["target_from_chunk_bytes"]:
+            ax.axhline(settings["target_ratio"], color="tab:red", linestyle="--", linewidth=1, label="goal")
+            ax.legend(fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xticks(range(len(sel)))
+        ax.set_xticklabels([f"{r['engine']}, {r['medium']}, {r['device']}" for r in sel], fontsize=7, rotation=60,
+                           ha="right")
+        ax.set_ylabel("time with the check / without (median, 95 % CI)")
+        ax.set_title(f"{fmt_size(size)} chunks, {sel[0]['keys']} per load_many_into", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("What the load-time slot-header check costs a load (lower is better, 1.0 = free)")
+    return _save(plt, fig, out_dir, "loadcheck_ratio.png")
 
 
 def _plot_speedups(plt: Any, bars: list[dict], out_dir: str) -> str:

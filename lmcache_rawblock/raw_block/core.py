@@ -622,6 +622,11 @@ class CoreHooks:
         what they cost; a checkpoint written without them is not durable)."""
         self._native._set_checkpoint_no_flush(not enabled)
 
+    def set_load_check(self, enabled: bool) -> None:
+        """Turn the load-time slot-header check of verified records on or off (off only to
+        measure what it costs a load; a load without it may serve another key's bytes)."""
+        self._native._set_load_check_off(not enabled)
+
     def close_native(self) -> Any:
         """Close the C core without the facade's bookkeeping."""
         return self._native.close()
