@@ -552,11 +552,6 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     int rc0 = rb_core_cfg_check(cfg, err);
     if (rc0 < 0)
         return rc0;
-    if (!cfg->allow_foreign_device) {
-        rc0 = refuse_foreign_device(cfg->device_path, cfg->use_uring_cmd, err);
-        if (rc0 < 0)
-            return rc0;
-    }
     rb_core *c = calloc(1, sizeof(*c));
     if (!c)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
@@ -594,10 +589,18 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         .alignment = (size_t)cfg->block_align,
         .queue_depth = cfg->iouring_queue_depth,
         .max_transfer = cfg->use_uring_cmd ? cfg->max_data_transfer_size : 0,
+        .lock = RB_LOCK_EXCLUSIVE, /* one writer per device, until close */
     };
     int rc = rb_dev_open(&dc, &c->dev, err);
     if (rc < 0)
         goto fail;
+    /* The read-only foreign-device probe runs once the lock is held: a device another writer
+     * holds, or a mounted one, is reported as such rather than by what its bytes look like. */
+    if (!cfg->allow_foreign_device) {
+        rc = refuse_foreign_device(cfg->device_path, cfg->use_uring_cmd, err);
+        if (rc < 0)
+            goto fail;
+    }
 
     /* Layout (LMCache's geometry, no superblock). */
     uint64_t size = c->dev->size;

@@ -10,6 +10,7 @@
 #include <linux/fs.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -150,30 +151,58 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     int rc0 = rb_dev_check_path(cfg->path, err);
     if (rc0 < 0)
         return rc0;
+    /* An exclusive writer opens a block device with O_EXCL (rb_dev_open_excl): the kernel then
+     * refuses it while it is mounted or claimed by anyone else, and refuses them while we hold it. */
+    struct stat pst;
+    int excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 &&
+               S_ISBLK(pst.st_mode);
     int fd;
-    do {
-        fd = open(cfg->path, flags | O_NONBLOCK);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return rb_err_set(err, RB_ERR_OS, errno, "open failed");
+    if (excl) {
+        fd = rb_dev_open_excl(cfg->path, flags | O_NONBLOCK, &pst, err);
+        if (fd < 0)
+            return fd;
+    } else {
+        do {
+            fd = open(cfg->path, flags | O_NONBLOCK);
+        } while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+            return rb_err_set(err, RB_ERR_OS, errno, "open failed");
+    }
 
+    int lock_fd2 = -1;
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return rb_err_set(err, RB_ERR_OS, e, "fstat failed");
+        rc0 = rb_err_set(err, RB_ERR_OS, errno, "fstat failed");
+        goto fail_fd;
     }
     rc0 = rb_dev_check_mode(cfg->path, (unsigned)st.st_mode, err);
-    if (rc0 < 0) {
-        close(fd);
-        return rc0;
+    if (rc0 < 0)
+        goto fail_fd;
+    if (cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && S_ISBLK(st.st_mode) && !excl) {
+        /* The path became a block device between stat and open: its O_EXCL claim is missing. */
+        rc0 = rb_err_set(err, RB_ERR_OS, EAGAIN, "device_path changed while it was opened; retry. device_path='%s'",
+                         cfg->path);
+        goto fail_fd;
     }
     /* O_NONBLOCK only guarded the open; I/O on the device blocks as usual. */
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-        int e = errno;
-        close(fd);
-        return rb_err_set(err, RB_ERR_OS, e, "fcntl failed");
+        rc0 = rb_err_set(err, RB_ERR_OS, errno, "fcntl failed");
+        goto fail_fd;
+    }
+    /* The lock, right after the descriptor is open: nothing below reads or writes the device
+     * before it is held (the passthrough Identify is an admin command, no data). */
+    int lock_state = RB_LOCKST_NONE;
+    rc0 = rb_dev_lock_fd(fd, &st, cfg->path, cfg->lock, &lock_state, err);
+    if (rc0 < 0)
+        goto fail_fd;
+    if (cfg->uring_cmd && S_ISCHR(st.st_mode)) {
+        int sib_state = RB_LOCKST_NONE;
+        rc0 = rb_dev_lock_sibling(cfg->path, cfg->lock, &lock_fd2, &sib_state, err);
+        if (rc0 < 0)
+            goto fail_fd;
+        if (sib_state == RB_LOCKST_UNSUPPORTED)
+            lock_state = RB_LOCKST_UNSUPPORTED;
     }
     uint64_t size = (uint64_t)st.st_size;
     int size_known = S_ISREG(st.st_mode);
@@ -182,10 +211,8 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     memset(&ns, 0, sizeof(ns));
     if (cfg->uring_cmd) {
         rc0 = open_passthrough(cfg, fd, &st, &ns, &max_transfer, err);
-        if (rc0 < 0) {
-            close(fd);
-            return rc0;
-        }
+        if (rc0 < 0)
+            goto fail_fd;
         size = ns.nsze << ns.lba_shift;
         size_known = 1;
     }
@@ -199,10 +226,12 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
 
     rb_dev *dev = calloc(1, sizeof(*dev));
     if (!dev) {
-        close(fd);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        rc0 = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto fail_fd;
     }
     dev->fd = fd;
+    dev->lock_fd2 = lock_fd2;
+    dev->lock_state = lock_state;
     dev->writable = cfg->writable;
     dev->odirect = (flags & O_DIRECT) != 0;
     dev->engine = cfg->engine;
@@ -221,15 +250,22 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     if (cfg->engine == RB_ENGINE_IOURING) {
         int rc = rb_uring_create(dev, cfg->queue_depth ? cfg->queue_depth : 1, &dev->uring, err);
         if (rc < 0) {
-            close(fd);
             pthread_mutex_destroy(&dev->gate_mu);
             pthread_cond_destroy(&dev->gate_cv);
             free(dev);
-            return rc;
+            rc0 = rc;
+            goto fail_fd;
         }
     }
     *out = dev;
     return 0;
+
+fail_fd:
+    /* Closing the descriptors drops their locks and the O_EXCL claims. */
+    if (lock_fd2 >= 0)
+        close(lock_fd2);
+    close(fd);
+    return rc0;
 }
 
 int rb_dev_enter(rb_dev *dev)
@@ -264,11 +300,20 @@ int rb_dev_close(rb_dev *dev, rb_err *err)
             rb_uring_destroy(dev->uring);
             dev->uring = NULL;
         }
+        /* The engine has finished with the device: let go of the lock now. close(2) alone may
+         * not: a file registered with an io_uring ring is released when the kernel tears the
+         * ring down, asynchronously. */
+        if (dev->lock_state == RB_LOCKST_SHARED || dev->lock_state == RB_LOCKST_EXCLUSIVE)
+            (void)flock(dev->fd, LOCK_UN);
         if (close(dev->fd) != 0 && errno != EINTR) {
             /* Linux releases the descriptor even when close reports EIO; report it once. */
             rc = rb_err_set(err, RB_ERR_OS, errno, "close failed");
         }
         dev->fd = -1;
+        if (dev->lock_fd2 >= 0) {
+            (void)close(dev->lock_fd2); /* read-only, held for its lock and O_EXCL claim only */
+            dev->lock_fd2 = -1;
+        }
         dev->closed = 1;
     }
     pthread_mutex_unlock(&dev->gate_mu);

@@ -7,6 +7,10 @@
  * still running on other threads. The io_uring engine (rb_uring.h) hangs off the device.
  *
  * Lock order: dev->gate_mu is a leaf lock (held only to wait for or signal the last user).
+ *
+ * One writer per device: rb_dev_open can take an flock(2) on the descriptor (and, on a block
+ * device, open it with O_EXCL), held until rb_dev_close closes it; see enum rb_dev_lock_mode.
+ * The rules and the diagnosis of a refusal live in rb_dev_lock.c.
  */
 #ifndef RB_DEVICE_H
 #define RB_DEVICE_H
@@ -24,6 +28,49 @@ enum rb_engine_kind { RB_ENGINE_POSIX = 0, RB_ENGINE_IOURING = 1 };
 /* Write streams a device can address (the SQE field is 8 bits, 0 meaning none). */
 #define RB_MAX_WRITE_STREAMS 255
 
+/*
+ * How rb_dev_open locks the device. flock(2) locks belong to the open file description, so a
+ * second open in the same process conflicts exactly like one in another process; the kernel
+ * drops them when the last descriptor of that description closes (close, exit, kill -9).
+ *   NONE       no lock and no check (LMCache's device).
+ *   CHECK      no lock held; refuse (EBUSY) when another process holds an exclusive flock on
+ *              the device (a probe LOCK_SH|LOCK_NB, dropped at once). A holder in this process
+ *              is allowed: LMCache opens one path twice, and beside a core, in one process.
+ *   SHARED     LOCK_SH for the lifetime (read-only tools); refused while a writer holds it.
+ *   EXCLUSIVE  LOCK_EX for the lifetime (the core and raw writers): refused while anyone else
+ *              holds a lock; shared holders are waited for up to RB_LOCK_WAIT_MS (udev takes
+ *              LOCK_SH briefly while it probes a block device), the lock of a process that has
+ *              exited up to RB_LOCK_EXIT_WAIT_MS (see there). A block device is also
+ *              opened with O_EXCL, so the kernel refuses it when it is mounted or claimed
+ *              exclusively (RAID, device-mapper, another O_EXCL opener). On a passthrough
+ *              device (uring_cmd, /dev/ngXnY) the namespace's block device /dev/nvmeXnY, when it
+ *              exists, is opened with O_EXCL and locked too, for the lifetime: a mounted
+ *              namespace, or a core on the block device, is refused.
+ * SHARED and CHECK on a passthrough device apply the same lock or probe to /dev/nvmeXnY.
+ * Where the file system has no flock (ENOLCK, EOPNOTSUPP, EINVAL, ENOSYS: an NFS mount without
+ * a lock manager, some FUSE or 9p mounts) the open goes ahead unlocked and the device says so:
+ * rb_dev_lock_state() == RB_LOCKST_UNSUPPORTED.
+ * A refusal is RB_ERR_OS with EBUSY and a message that names the holder (its pid from
+ * /proc/locks, "this process" when it is ours; the mount point or claiming device for O_EXCL)
+ * and ends with the path.
+ */
+enum rb_dev_lock_mode { RB_LOCK_NONE = 0, RB_LOCK_CHECK, RB_LOCK_SHARED, RB_LOCK_EXCLUSIVE };
+
+/* What an open device holds (rb_dev_lock_state). */
+enum rb_dev_lock_state {
+    RB_LOCKST_NONE = 0,    /* no lock held (NONE, or CHECK after its probe) */
+    RB_LOCKST_SHARED,      /* LOCK_SH */
+    RB_LOCKST_EXCLUSIVE,   /* LOCK_EX (and O_EXCL on a block device) */
+    RB_LOCKST_UNSUPPORTED, /* a lock or probe was asked for; the file system has no flock */
+};
+
+/* How long a lock or probe waits for shared holders (and a holder that let go while it looked)
+ * to go away before refusing; and for the lock of a process that has exited (the kernel drops
+ * it as the process's files are released: an io_uring ring's registered file some tens of
+ * milliseconds after the exit). */
+#define RB_LOCK_WAIT_MS 1000
+#define RB_LOCK_EXIT_WAIT_MS 5000
+
 typedef struct rb_dev_config {
     const char *path;
     int writable;
@@ -33,6 +80,7 @@ typedef struct rb_dev_config {
     size_t alignment;
     unsigned queue_depth; /* io_uring ring size, >= 1 */
     uint64_t max_transfer; /* uring_cmd: bytes per NVMe command; 0 = from sysfs */
+    int lock;              /* enum rb_dev_lock_mode; 0 (NONE) when not set */
 } rb_dev_config;
 
 struct rb_uring;
@@ -47,8 +95,9 @@ typedef struct rb_dev rb_dev;
  * (sysfs max_hw_sectors_kb capped by max_segments pages; 128 KiB when sysfs does not say). Only a regular file or a block/character device is accepted: the path is
  * checked with stat(2) before open (a FIFO would block open forever) and the descriptor
  * again with fstat(2) after it (the path may have been replaced in between; the open itself
- * uses O_NONBLOCK, cleared afterwards, so that race cannot block either). On failure *out is
- * untouched and err says why. */
+ * uses O_NONBLOCK, cleared afterwards, so that race cannot block either). cfg->lock is applied
+ * right after the descriptor is open (see enum rb_dev_lock_mode). On failure *out is
+ * untouched, nothing stays open or locked, and err says why. */
 int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err);
 
 /* The file-type rule of rb_dev_open on its own: 0 when path is a regular file or a block or
@@ -97,6 +146,14 @@ size_t rb_dev_alignment(const rb_dev *dev);
 int rb_dev_closing(const rb_dev *dev);
 struct rb_uring *rb_dev_uring(const rb_dev *dev);
 void rb_dev_stats_read(rb_dev *dev, rb_stats_snapshot *out);
+/* The lock the device holds (enum rb_dev_lock_state), fixed at open. */
+int rb_dev_lock_state(const rb_dev *dev);
+/* A name for it: "none", "shared", "exclusive", "unsupported"; "released" once close has begun
+ * (the lock goes with the descriptor). */
+const char *rb_dev_lock_name(const rb_dev *dev);
+/* Test hook: the next flock(2) any device makes fails with errnum (0 clears), so the
+ * unsupported-file-system path can be tested on a file system that has flock. */
+void rb_dev_inject_lock_errno(int errnum);
 /* NVMe passthrough: 1 and *ns filled when the device was opened with uring_cmd, else 0. */
 int rb_dev_nvme_ns(const rb_dev *dev, rb_nvme_ns *ns);
 /* Bytes per NVMe command on a passthrough device (0 otherwise). */

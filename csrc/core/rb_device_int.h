@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/stat.h>
 
 #include "rb_device.h"
 #include "rb_nvme.h"
@@ -25,6 +26,8 @@ struct rb_dev {
     uint64_t size;
     int size_known; /* regular file or block device: I/O beyond size is refused */
     int is_blk;     /* block device (size from BLKGETSIZE64) */
+    int lock_state; /* enum rb_dev_lock_state */
+    int lock_fd2;   /* passthrough: /dev/nvmeXnY held open (O_EXCL, locked) for the lifetime; -1 none */
     struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
     int uring_cmd;          /* NVMe passthrough: every transfer is an NVMe command on the ring */
     rb_nvme_ns ns;          /* uring_cmd: the namespace (id, LBA format, size) */
@@ -45,5 +48,26 @@ struct rb_dev {
     pthread_mutex_t gate_mu;
     pthread_cond_t gate_cv;
 };
+
+/* rb_dev_lock.c, for rb_dev_open. */
+
+/* Apply mode (enum rb_dev_lock_mode) to the open descriptor fd of path (st: its fstat). 0 with
+ * *state set (enum rb_dev_lock_state) when the open may go on, the lock (if any) then held by
+ * fd; -EBUSY when refused, -errno when flock failed otherwise, with err set. */
+int rb_dev_lock_fd(int fd, const struct stat *st, const char *path, int mode, int *state, rb_err *err);
+
+/* open(path, flags | O_EXCL) of the block device path (st: its stat): the descriptor, or -errno
+ * with err set ("open failed", or for EBUSY who holds it - a raw-block writer (its flock in
+ * /proc/locks), a mount (its mount point), a device built on it (sysfs holders), or another
+ * process that has it open). EBUSY is retried while no live holder is named: for
+ * RB_LOCK_EXIT_WAIT_MS when the flock holder has exited, RB_LOCK_WAIT_MS otherwise. */
+int rb_dev_open_excl(const char *path, int flags, const struct stat *st, rb_err *err);
+
+/* Passthrough: apply mode to the namespace block device /dev/nvmeXnY of the character device
+ * path (/dev/ngXnY), when it exists: opened read-only (with O_EXCL for EXCLUSIVE) and locked
+ * like the character device. *fd_out is the descriptor to keep for the lifetime (SHARED and
+ * EXCLUSIVE) or -1 (none kept: other modes, other names, no block device); *state as in
+ * rb_dev_lock_fd. 0, or -errno with err set (nothing left open). */
+int rb_dev_lock_sibling(const char *path, int mode, int *fd_out, int *state, rb_err *err);
 
 #endif /* RB_DEVICE_INT_H */

@@ -1470,6 +1470,12 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         "device_flushes", st.flushes, "recovery_skipped_entries", st.skipped, "io", io);
     if (!d || status_add_trust(d, &st) < 0)
         Py_CLEAR(d);
+    /* The device's lock: "exclusive", "unsupported" (no flock on its file system), "released". */
+    rb_core *c = core_of(op);
+    PyObject *lock = d ? PyUnicode_FromString(c && c->dev ? rb_dev_lock_name(c->dev) : "released") : NULL;
+    if (d && (!lock || PyDict_SetItemString(d, "device_lock", lock) < 0))
+        Py_CLEAR(d);
+    Py_XDECREF(lock);
     return d;
 }
 

@@ -44,16 +44,48 @@ static PyObject *encode_path(PyObject *path)
     return bytes;
 }
 
+/* The lock= keyword of RawBlockDevice: absent or None is "check" (a device another process's
+ * writer holds is refused, nothing is held); "shared", "exclusive" or "none". 0, or -1 with
+ * an exception set. */
+static int lock_mode_of(PyObject *o, int *mode)
+{
+    *mode = RB_LOCK_CHECK;
+    if (!o || o == Py_None)
+        return 0;
+    static const struct {
+        const char *name;
+        int mode;
+    } modes[] = {{"check", RB_LOCK_CHECK}, {"shared", RB_LOCK_SHARED}, {"exclusive", RB_LOCK_EXCLUSIVE},
+                 {"none", RB_LOCK_NONE}};
+    const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+    if (PyUnicode_Check(o) && !s)
+        return -1;
+    for (size_t i = 0; s && i < sizeof(modes) / sizeof(modes[0]); i++) {
+        if (strcmp(s, modes[i].name) == 0) {
+            *mode = modes[i].mode;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "lock must be one of 'check', 'shared', 'exclusive', 'none' or None, got %.200R",
+                 o);
+    return -1;
+}
+
 static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "writable", "use_odirect", "use_iouring", "use_uring_cmd",
-                             "alignment", "io_engine", "iouring_queue_depth", "max_data_transfer_size", NULL};
+                             "alignment", "io_engine", "iouring_queue_depth", "max_data_transfer_size", "lock",
+                             NULL};
     PyObject *path, *o_writable, *o_odirect = NULL, *o_iouring = NULL, *o_uring_cmd = NULL;
-    PyObject *o_alignment = NULL, *o_depth = NULL, *o_mdts = NULL;
+    PyObject *o_alignment = NULL, *o_depth = NULL, *o_mdts = NULL, *o_lock = NULL;
     PyObject *io_engine = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO:RawBlockDevice", kwlist, &path, &o_writable,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$O:RawBlockDevice", kwlist, &path, &o_writable,
                                      &o_odirect, &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth,
-                                     &o_mdts))
+                                     &o_mdts, &o_lock))
+        return NULL;
+    /* Our keyword-only extension: how the device is locked (LMCache's device takes no lock). */
+    int lock_mode;
+    if (lock_mode_of(o_lock, &lock_mode) < 0)
         return NULL;
     /* Strict booleans ("false" is not true) and integers whose errors name the parameter. */
     int writable, use_odirect = 0, use_iouring = 0, use_uring_cmd = 0;
@@ -164,6 +196,7 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         .alignment = (size_t)alignment,
         .queue_depth = (unsigned)queue_depth,
         .max_transfer = max_transfer,
+        .lock = lock_mode,
     };
     if (use_uring_cmd) {
         struct stat st;
@@ -522,6 +555,12 @@ static PyObject *device_get_alignment(PyObject *op, void *closure)
     return PyLong_FromSize_t(rb_dev_alignment(((RawBlockDeviceObject *)op)->dev));
 }
 
+static PyObject *device_get_lock(PyObject *op, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(rb_dev_lock_name(((RawBlockDeviceObject *)op)->dev));
+}
+
 #define FASTKW(fn) (PyCFunction)(void (*)(void))(fn), METH_FASTCALL | METH_KEYWORDS
 
 /* _inject_nowait_miss(n): test hook, the next n no-wait attempts of small buffered transfers
@@ -596,6 +635,10 @@ static PyGetSetDef device_getset[] = {
     {"io_engine", device_get_engine, NULL, "\"posix\" or \"io_uring\".", NULL},
     {"use_odirect", device_get_odirect, NULL, "True when the device was opened with O_DIRECT.", NULL},
     {"alignment", device_get_alignment, NULL, "O_DIRECT alignment in bytes.", NULL},
+    {"device_lock", device_get_lock, NULL,
+     "The lock held on the device: \"none\" (lock='none' or 'check'), \"shared\", \"exclusive\", "
+     "\"unsupported\" (the file system has no flock; opened unlocked), \"released\" after close().",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -612,8 +655,11 @@ static PyType_Slot device_slots[] = {
     {Py_tp_members, device_members},
     {Py_tp_doc,
      "RawBlockDevice(path, writable, use_odirect=False, use_iouring=False, use_uring_cmd=False, "
-     "alignment=4096, io_engine=None, iouring_queue_depth=256, max_data_transfer_size=None)\n--\n\n"
-     "A raw block device or pre-sized file, drop-in for lmcache_rust_raw_block_io.RawBlockDevice."},
+     "alignment=4096, io_engine=None, iouring_queue_depth=256, max_data_transfer_size=None, *, lock=None)\n--\n\n"
+     "A raw block device or pre-sized file, drop-in for lmcache_rust_raw_block_io.RawBlockDevice.\n\n"
+     "lock (ours, keyword-only): None or 'check' refuses (OSError EBUSY) a device another process's\n"
+     "raw-block writer holds and holds no lock; 'shared' holds flock LOCK_SH (readers); 'exclusive'\n"
+     "holds LOCK_EX, plus O_EXCL on a block device (writers outside a core); 'none' neither."},
     {0, NULL},
 };
 

@@ -245,6 +245,22 @@ static PyObject *rbpy_set_write_log(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* _inject_lock_errno(errnum): test hook, the next flock(2) a device makes fails with errnum
+ * (0 clears), e.g. ENOLCK for a file system without locks. */
+static PyObject *rbpy_inject_lock_errno(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    long e = PyLong_AsLong(arg);
+    if (e == -1 && PyErr_Occurred())
+        return NULL;
+    if (e < 0 || e > 4095) {
+        PyErr_Format(PyExc_ValueError, "_inject_lock_errno: errnum must be in [0, 4095], got %ld", e);
+        return NULL;
+    }
+    rb_dev_inject_lock_errno((int)e);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef rbpy_functions[] = {
     {"_set_memobj_type", rbpy_set_memobj_type, METH_O,
      "_set_memobj_type(cls | None) -> None: read payloads of exactly this MemoryObj class through "
@@ -277,6 +293,8 @@ static PyMethodDef rbpy_functions[] = {
      "libblkid finds on path, or None."},
     {"_set_write_log", rbpy_set_write_log, METH_O,
      "test hook: _set_write_log(path | None) records every device write and flush to path"},
+    {"_inject_lock_errno", rbpy_inject_lock_errno, METH_O,
+     "test hook: _inject_lock_errno(errnum) makes the next flock(2) of a device fail with errnum (0 clears)"},
     {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},
     {NULL, NULL, 0, NULL},
 };

@@ -195,6 +195,10 @@ class RawBlockCore:
             self._native._set_metadata_shortcut(*_METADATA_SHORTCUT)
         self._events = TrustEvents(self._native, logger, self.device_path)
         st = self._native.status()
+        if st["device_lock"] == "unsupported":
+            # Opened anyway: a second writer on this device would not be refused.
+            logger.warning("RawBlockCore: device lock unsupported on this file system; another writer on "
+                           "the same device would not be refused (device=%s)", self.device_path)
         self.capacity_bytes = st["capacity_bytes"]
         self._data_base = st["data_base_offset"]
         self._container_bytes = st["container_bytes"]
@@ -374,6 +378,8 @@ class RawBlockCore:
             "io_error_counts": {errno.errorcode.get(e, str(e) if e else "other"): n
                                 for e, n in st["fault_counts"].items()},
             "io_errors": st["faults"],
+            # the core's lock on its device: exclusive / unsupported (no flock there) / released
+            "device_lock": st["device_lock"],
             "rust_io": st["io"],
         }
 
