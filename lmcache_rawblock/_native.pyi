@@ -3,6 +3,7 @@
 from collections.abc import Iterable, Sequence
 from os import PathLike
 from types import TracebackType
+from typing import Literal
 
 from typing_extensions import Buffer, Self
 
@@ -38,6 +39,8 @@ def container_bytes(meta_total_bytes: int, block_align: int, /) -> int:
     """Bytes of one of the two checkpoint copies; container 1 starts at this offset."""
 def _set_write_log(path: str | PathLike[str] | None, /) -> None:
     """Test hook: record every device write and flush to path (None stops)."""
+def _inject_lock_errno(errnum: int, /) -> None:
+    """Test hook: the next flock(2) a device makes fails with errnum (0 clears)."""
 def _forget_key_plans() -> None:
     """Drop the cached key-encoding plans (tests: the next call re-checks against to_string())."""
 
@@ -55,9 +58,16 @@ class RawBlockDevice:
         io_engine: str | None = None,
         iouring_queue_depth: int = 256,
         max_data_transfer_size: int | None = None,
-    ) -> Self: ...
+        *,
+        lock: Literal["check", "shared", "exclusive", "none"] | None = None,
+    ) -> Self:
+        """lock (ours): None/"check" refuses (OSError EBUSY) a device another process's raw-block
+        writer holds, holding nothing; "shared" holds flock LOCK_SH (readers); "exclusive" holds
+        LOCK_EX, plus O_EXCL on a block device (writers outside a core); "none" neither."""
     @property
     def closed(self) -> bool: ...
+    @property
+    def device_lock(self) -> Literal["none", "shared", "exclusive", "unsupported", "released"]: ...
     @property
     def io_engine(self) -> str: ...
     @property

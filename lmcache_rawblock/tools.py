@@ -7,10 +7,17 @@ device itself: container 0's header sits at offset 0, its payload one ``block_al
 names ``meta_total_bytes``, which places container 1. ``--block-align`` and
 ``--meta-total-bytes`` override the discovery (needed only when container 0 is damaged and
 the region is not LMCache's default size).
+
+Both hold a shared lock on the device (``RawBlockDevice(lock="shared")``) while they read it.
+A device a raw-block writer holds (a running core) is refused, since its checkpoint may be
+half-written: the message names the path and the writer's pid, and the exit status is
+``EXIT_BUSY``. ``--ignore-lock`` reads it anyway, with a warning. While they read, a core
+cannot open the device (it waits briefly for readers, then is refused).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -37,6 +44,9 @@ MAX_HEADER_BYTES = 16 << 20  # a slot header the tool will read per entry
 ENTRY_INT_FIELDS = ("offset", "size")
 ENTRY_STR_FIELDS = ("dtype", "fmt")
 ENTRY_LIST_FIELDS = ("shape", "cached_positions")
+
+
+EXIT_BUSY = 3  # a raw-block writer holds the device (see --ignore-lock)
 
 
 class NotARawBlockDevice(Exception):
@@ -200,23 +210,38 @@ def _parse_container(dev: RawBlockDevice, index: int, offset: int, align: int,
     return c
 
 
-def _open(path: str, **kw: Any) -> RawBlockDevice:
-    """Open read-only; a path that is not a device (FIFO, directory) is NotARawBlockDevice."""
+_warned_unlocked: set[str] = set()
+
+
+def _open(path: str, *, ignore_lock: bool = False, **kw: Any) -> RawBlockDevice:
+    """Open read-only under a shared lock; a path that is not a device (FIFO, directory) is
+    NotARawBlockDevice. A device a writer holds is OSError(EBUSY), or with ``ignore_lock`` opened
+    without a lock after a warning on stderr (once per path)."""
     try:
-        return RawBlockDevice(path, False, **kw)
+        try:
+            return RawBlockDevice(path, False, lock="shared", **kw)
+        except OSError as e:
+            if e.errno != errno.EBUSY or not ignore_lock:
+                raise
+            if path not in _warned_unlocked:
+                _warned_unlocked.add(path)
+                print(f"warning: {e.strerror}; reading it anyway (--ignore-lock): what the writer changes "
+                      "meanwhile may read inconsistent", file=sys.stderr)
+            return RawBlockDevice(path, False, lock="none", **kw)
     except ValueError as e:
         raise NotARawBlockDevice(str(e)) from None
 
 
 def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: int | None = None,
-                magic: bytes | None = b"LMCIDX01") -> DeviceReport:
-    """Find and decode both checkpoint containers; raises NotARawBlockDevice if neither is valid."""
+                magic: bytes | None = b"LMCIDX01", ignore_lock: bool = False) -> DeviceReport:
+    """Find and decode both checkpoint containers; raises NotARawBlockDevice if neither is valid,
+    OSError(EBUSY) if a raw-block writer holds the device (unless ``ignore_lock``)."""
     if block_align is not None and (block_align <= 0 or block_align & (block_align - 1) or block_align > 1 << 30):
         raise NotARawBlockDevice(f"--block-align must be a power of two between 1 and 2^30, got {block_align}")
     if meta_total_bytes is not None and not 2 <= meta_total_bytes < U63:
         raise NotARawBlockDevice(f"--meta-total-bytes must be >= 2, got {meta_total_bytes}")
     max_payload = max(MAX_CONTAINER_PAYLOAD, meta_total_bytes // 2) if meta_total_bytes else MAX_CONTAINER_PAYLOAD
-    with _open(path) as dev:
+    with _open(path, ignore_lock=ignore_lock) as dev:
         size = dev.size_bytes()
         aligns = (block_align,) if block_align else CANDIDATE_ALIGNS
         first: Container | None = None
@@ -318,11 +343,11 @@ def _header_batches(items: list, n: int) -> Iterator[list]:
 
 
 def verify_device(path: str, *, checksums: bool = True, progress: bool = False, batch: int = 256,
-                  **kw: Any) -> dict:
+                  ignore_lock: bool = False, **kw: Any) -> dict:
     """Read every indexed slot's header (batched through io_uring when available) and compare
     magic, identity and length with the checkpoint; with ``checksums``, re-read payloads whose
-    header carries our xxh3-64 record and compare it."""
-    rep = read_device(path, **kw)
+    header carries our xxh3-64 record and compare it. Locking as read_device."""
+    rep = read_device(path, ignore_lock=ignore_lock, **kw)
     st = rep.state
     header_bytes = st.get("header_bytes") or 4096
     entries = list((st.get("entries") or {}).items())
@@ -336,9 +361,11 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
         except ImportError:
             bar = None
     try:
-        dev = RawBlockDevice(path, False, io_engine="io_uring", iouring_queue_depth=min(batch, 256))
-    except (RuntimeError, OSError):
-        dev = _open(path)
+        dev = _open(path, ignore_lock=ignore_lock, io_engine="io_uring", iouring_queue_depth=min(batch, 256))
+    except (RuntimeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno == errno.EBUSY:
+            raise
+        dev = _open(path, ignore_lock=ignore_lock)
     with dev:
         dev_size = dev.size_bytes()
         for chunk in _header_batches(entries, batch):
@@ -432,19 +459,25 @@ def format_verify(res: dict) -> str:
 
 
 def _run_cli(args: Any, work: Any) -> tuple[int, Any]:
-    """Run work(); map the two expected failures to exit code 2 with a one-line message."""
+    """Run work(); map the expected failures to a one-line message: exit code 2 (not a raw-block
+    device, cannot open it), EXIT_BUSY (a raw-block writer holds it)."""
     try:
         return 0, work()
     except NotARawBlockDevice as e:
         print(f"error: {e}", file=sys.stderr)
     except OSError as e:
+        if e.errno == errno.EBUSY:
+            print(f"error: {args.device}: {e.strerror or e}; pass --ignore-lock to read it anyway "
+                  "(what the writer changes meanwhile may read inconsistent)", file=sys.stderr)
+            return EXIT_BUSY, None
         print(f"error: cannot open {args.device}: {e.strerror or e}", file=sys.stderr)
     return 2, None
 
 
 def main_inspect(args: Any) -> int:
     rc, info = _run_cli(args, lambda: inspect_device(args.device, sample=args.sample, block_align=args.block_align,
-                                                     meta_total_bytes=args.meta_total_bytes))
+                                                     meta_total_bytes=args.meta_total_bytes,
+                                                     ignore_lock=args.ignore_lock))
     if rc == 0:
         print(json.dumps(info, indent=2) if args.json else format_inspect(info))
     return rc
@@ -454,7 +487,8 @@ def main_verify(args: Any) -> int:
     rc, res = _run_cli(args, lambda: verify_device(args.device, checksums=not args.no_checksums,
                                                    progress=not args.json and os.isatty(2),
                                                    block_align=args.block_align,
-                                                   meta_total_bytes=args.meta_total_bytes))
+                                                   meta_total_bytes=args.meta_total_bytes,
+                                                   ignore_lock=args.ignore_lock))
     if rc:
         return rc
     print(json.dumps(res, indent=2) if args.json else format_verify(res))
@@ -466,6 +500,10 @@ def add_arguments(p: Any, verify: bool) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--block-align", type=int, default=None, help="override the discovered block_align")
     p.add_argument("--meta-total-bytes", type=int, default=None, help="override the discovered meta_total_bytes")
+    p.add_argument("--ignore-lock", action="store_true",
+                   help=f"read the device even while a raw-block writer holds it (a running core), with a "
+                        f"warning: what it writes meanwhile may read inconsistent. Without it such a device is "
+                        f"refused with exit status {EXIT_BUSY}")
     if verify:
         p.add_argument("--no-checksums", action="store_true", help="skip payload checksum re-reads")
     else:

@@ -40,7 +40,9 @@ def open_devices(path: str, depth: int) -> dict[str, Any]:
 
     kw = dict(writable=True, use_odirect=False, alignment=4096, io_engine="io_uring", iouring_queue_depth=depth,
               use_uring_cmd=True)
-    devs = {"ours": RawBlockDevice(path, **kw)}
+    # Ours holds the device exclusively for the run (a core on it is refused); the Rust wheel's
+    # device takes no lock and opens beside it.
+    devs = {"ours": RawBlockDevice(path, **kw, lock="exclusive")}
     try:
         import lmcache_rust_raw_block_io as rust  # type: ignore[import-not-found]
 

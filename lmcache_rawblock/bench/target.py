@@ -3,11 +3,15 @@
 Without ``--device`` a sparse file is created in a fresh temporary directory (on a file system
 that takes O_DIRECT, see ``scratch_dir``) and removed afterwards. With ``--device PATH`` the path must exist, be a regular file or a block device,
 and carry no file system or partition table signature (libblkid, the probe RawBlockCore uses)
-unless ``--force``.
+unless ``--force``. It is held exclusively while the target is open (``Target.guard``: flock
+LOCK_EX, and O_EXCL on a block device, as a core holds its device), so a device a running core
+or another benchmark holds, or a mounted one, is refused rather than overwritten; devices
+opened for the measurement in this process still open beside the guard.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -15,6 +19,7 @@ import stat
 import struct
 import tempfile
 from dataclasses import dataclass, field
+from typing import Any
 
 from .common import MiB, fmt_size
 
@@ -64,12 +69,16 @@ class Target:
     device_size: int
     tmpdir: str | None = None
     notes: list[str] = field(default_factory=list)
+    guard: Any = None  # RawBlockDevice holding the exclusive lock until cleanup()
 
     def describe(self) -> dict:
         return {"path": self.path, "kind": self.kind, "size_bytes": self.size, "device_size_bytes": self.device_size,
                 "temporary": self.tmpdir is not None, "notes": list(self.notes)}
 
     def cleanup(self) -> None:
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
@@ -96,6 +105,23 @@ def find_signature(path: str) -> str | None:
                           f"{exc.strerror or exc}; pass --force to skip the check") from exc
 
 
+def hold_exclusive(path: str) -> Any:
+    """A read-only RawBlockDevice on *path* holding the lock a core holds (flock LOCK_EX, and
+    O_EXCL on a block device) until it is closed. Writes through other descriptors of this
+    process go on beside it; a core, or a RawBlockDevice of another process, is refused while it
+    is held. TargetError naming the holder when the device is held or mounted."""
+    from .._native import RawBlockDevice
+
+    try:
+        return RawBlockDevice(path, False, lock="exclusive")
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            raise TargetError(f"--device {path}: refusing to use it: {exc.strerror}") from None
+        raise TargetError(f"--device {path}: cannot open it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a FIFO, socket or directory
+        raise TargetError(f"--device {path}: {exc}") from None
+
+
 def _block_size(path: str) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -107,8 +133,10 @@ def _block_size(path: str) -> int:
         os.close(fd)
 
 
-def open_target(device: str | None, size: int | None, force: bool = False, default_size: int = 1 << 30) -> Target:
-    """Validate --device/--size and return the target (creating a sparse file if needed)."""
+def open_target(device: str | None, size: int | None, force: bool = False, default_size: int = 1 << 30,
+                lock: bool = True) -> Target:
+    """Validate --device/--size and return the target (creating a sparse file if needed). With
+    ``lock``, a --device is held exclusively (see hold_exclusive) until the target's cleanup."""
     if device is None:
         want = size or default_size
         want -= want % 4096
@@ -140,29 +168,36 @@ def open_target(device: str | None, size: int | None, force: bool = False, defau
     else:
         raise TargetError(f"--device {path}: not a regular file or a block device")
 
-    notes: list[str] = []
+    # The lock first, as the core takes it: a held or mounted device is reported as such.
+    guard = hold_exclusive(path) if lock else None
     try:
-        sig = find_signature(path)
-    except TargetError:
-        if not force:
-            raise
-        sig = None
-        notes.append("file-system signature check skipped (--force)")
-    if sig is not None:
-        if not force:
-            raise TargetError(
-                f"--device {path}: refusing to use it: blkid -p found {sig}. The benchmark overwrites "
-                "the device and would destroy that data; pass --force to use it anyway"
-            )
-        notes.append(f"--force: overwriting a device with {sig}")
+        notes: list[str] = []
+        try:
+            sig = find_signature(path)
+        except TargetError:
+            if not force:
+                raise
+            sig = None
+            notes.append("file-system signature check skipped (--force)")
+        if sig is not None:
+            if not force:
+                raise TargetError(
+                    f"--device {path}: refusing to use it: blkid -p found {sig}. The benchmark overwrites "
+                    "the device and would destroy that data; pass --force to use it anyway"
+                )
+            notes.append(f"--force: overwriting a device with {sig}")
 
-    usable = dev_size if size is None else min(size, dev_size)
-    if size is not None and size > dev_size:
-        notes.append(f"--size {fmt_size(size)} is larger than the device; using {fmt_size(dev_size)}")
-    usable -= usable % 4096
-    if usable <= 0:
-        raise TargetError(f"--device {path}: too small ({dev_size} bytes); need at least 4 KiB")
-    return Target(path=path, kind=kind, size=usable, device_size=dev_size, notes=notes)
+        usable = dev_size if size is None else min(size, dev_size)
+        if size is not None and size > dev_size:
+            notes.append(f"--size {fmt_size(size)} is larger than the device; using {fmt_size(dev_size)}")
+        usable -= usable % 4096
+        if usable <= 0:
+            raise TargetError(f"--device {path}: too small ({dev_size} bytes); need at least 4 KiB")
+    except BaseException:
+        if guard is not None:
+            guard.close()
+        raise
+    return Target(path=path, kind=kind, size=usable, device_size=dev_size, notes=notes, guard=guard)
 
 
 def prefill(path: str, nbytes: int) -> None:

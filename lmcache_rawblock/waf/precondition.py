@@ -20,7 +20,9 @@ An NVMe generic character device (``/dev/ngXnY``) is written through its block d
 
 The data on the span is destroyed: ``--destroy-data`` is required, and a device on which
 libblkid finds a file system or partition table is refused unless ``--force`` (the same check
-as ``bench --device``).
+as ``bench --device``). The write path is held exclusively for the whole run (flock LOCK_EX, and
+O_EXCL on a block device, as a core holds its device): a device a running core holds, or a
+mounted one, is refused, and no core can open it while it is preconditioned.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from ..bench.common import MiB, aligned_buffer, fmt_size, parse_size
-from ..bench.target import TargetError, open_target
+from ..bench.target import TargetError, hold_exclusive, open_target
 from . import counters
 
 ALIGN = 4096
@@ -262,56 +264,62 @@ def run(device: str, span: Optional[int], block: int, random_block: int, overwri
     if wpath != device and not os.path.exists(wpath):
         raise TargetError(f"--device {device}: a generic character device, but its block device {wpath} "
                           "does not exist (writes go through it)")
-    notes: list[str] = []
-    if wpath != device:
-        notes.append(f"writes go through the block device {wpath}; counters are read from {device}")
+    # Held before anything is written (the file extension included), until the last write.
+    guard = hold_exclusive(wpath) if os.path.exists(wpath) else None
     try:
-        st = os.stat(wpath)
-    except OSError:
-        st = None
-    if st is not None and stat.S_ISREG(st.st_mode) and span is not None and st.st_size < span:
-        with open(wpath, "r+b") as f:
-            f.truncate(span)
-        notes.append(f"{wpath} extended from {st.st_size} to {span} bytes")
-    target = open_target(wpath, span, force=force)
-    notes.extend(target.notes)
-    span = target.size
-    if block > span:
-        raise TargetError(f"--block {block}: larger than the span ({span} bytes)")
-    if random_block > span:
-        raise TargetError(f"--random-block {random_block}: larger than the span ({span} bytes)")
+        notes: list[str] = []
+        if wpath != device:
+            notes.append(f"writes go through the block device {wpath}; counters are read from {device}")
+        try:
+            st = os.stat(wpath)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and span is not None and st.st_size < span:
+            with open(wpath, "r+b") as f:
+                f.truncate(span)
+            notes.append(f"{wpath} extended from {st.st_size} to {span} bytes")
+        target = open_target(wpath, span, force=force, lock=False)
+        notes.extend(target.notes)
+        span = target.size
+        if block > span:
+            raise TargetError(f"--block {block}: larger than the span ({span} bytes)")
+        if random_block > span:
+            raise TargetError(f"--random-block {random_block}: larger than the span ({span} bytes)")
 
-    report: dict = {"device": device, "write_path": wpath, "kind": target.kind, "span_bytes": span,
-                    "device_bytes": target.device_size, "block": block, "random_block": random_block,
-                    "depth": depth, "overwrite_drive_writes": overwrite, "calibrate_drive_writes": calibrate,
-                    "phases": [], "notes": notes}
-    fd, direct = _open_for_write(wpath)
-    report["o_direct"] = direct
-    if not direct:
-        notes.append("O_DIRECT not available here: buffered writes, fsync at the end of each phase")
-    try:
-        secs = _sequential(fd, span, block, depth)
-        report["phases"].append({"name": "fill", "bytes": span, "seconds": secs})
-        if overwrite > 0:
-            n, secs = _random("random overwrite", fd, span, random_block, overwrite, depth, seed)
-            report["phases"].append({"name": "overwrite", "bytes": n, "seconds": secs})
-        if calibrate > 0:
-            before = _snapshot(device, notes)
-            n, secs = _random("calibration", fd, span, random_block, calibrate, depth, seed + 1)
-            after = _snapshot(device, notes) if before is not None else None
-            report["phases"].append({"name": "calibrate", "bytes": n, "seconds": secs})
-            w = counters.window(before, after)
-            w["written_bytes"] = n
-            report["calibration"] = w
-            report["waf"] = w["waf"]
-            report["warning"] = counters.steady_state_warning(w["waf"])
-        else:
-            report["calibration"] = None
-            report["waf"] = None
-            report["warning"] = None
+        report: dict = {"device": device, "write_path": wpath, "kind": target.kind, "span_bytes": span,
+                        "device_bytes": target.device_size, "block": block, "random_block": random_block,
+                        "depth": depth, "overwrite_drive_writes": overwrite, "calibrate_drive_writes": calibrate,
+                        "phases": [], "notes": notes}
+        fd, direct = _open_for_write(wpath)
+        report["o_direct"] = direct
+        if not direct:
+            notes.append("O_DIRECT not available here: buffered writes, fsync at the end of each phase")
+        try:
+            secs = _sequential(fd, span, block, depth)
+            report["phases"].append({"name": "fill", "bytes": span, "seconds": secs})
+            if overwrite > 0:
+                n, secs = _random("random overwrite", fd, span, random_block, overwrite, depth, seed)
+                report["phases"].append({"name": "overwrite", "bytes": n, "seconds": secs})
+            if calibrate > 0:
+                before = _snapshot(device, notes)
+                n, secs = _random("calibration", fd, span, random_block, calibrate, depth, seed + 1)
+                after = _snapshot(device, notes) if before is not None else None
+                report["phases"].append({"name": "calibrate", "bytes": n, "seconds": secs})
+                w = counters.window(before, after)
+                w["written_bytes"] = n
+                report["calibration"] = w
+                report["waf"] = w["waf"]
+                report["warning"] = counters.steady_state_warning(w["waf"])
+            else:
+                report["calibration"] = None
+                report["waf"] = None
+                report["warning"] = None
+        finally:
+            os.close(fd)
+        return report
     finally:
-        os.close(fd)
-    return report
+        if guard is not None:
+            guard.close()
 
 
 def _rate(nbytes: int, secs: float) -> str:

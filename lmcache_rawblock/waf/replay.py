@@ -36,6 +36,7 @@ not deallocate freed slots, so the stream has no ``deallocate`` records.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -157,6 +158,23 @@ def _device_bytes(path: str) -> int:
         return os.lseek(fd, 0, os.SEEK_END)
     finally:
         os.close(fd)
+
+
+def refuse_held(path: str) -> None:
+    """ReplayError when another process's raw-block writer holds *path* (a running core): each
+    run opens a core on it, which would be refused only after the set-up. The runs' cores hold
+    the device exclusively themselves while they run."""
+    if not os.path.exists(path):
+        return
+    from .._native import RawBlockDevice
+
+    try:
+        RawBlockDevice(path, False).close()  # lock="check": refused only while another process writes it
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            raise ReplayError(f"--device {path!r}: {exc.strerror}") from None
+    except ValueError:
+        pass  # not a file or device: open_target names it
 
 
 def open_target(path: str, size_text: Optional[str]) -> Target:
@@ -898,6 +916,7 @@ def main(a, argv: Optional[list[str]] = None) -> int:
                 a.tp = hspec.tp
         else:
             max_obj = spec.object_bytes
+        refuse_held(a.device)
         target = open_target(a.device, a.size)
         if not target.created and not a.destroy_data:
             raise ReplayError(f"--device {a.device}: refusing to run without --destroy-data: every run overwrites "
