@@ -24,6 +24,7 @@
 
 static _Atomic int lock_fault; /* test hook: errno the next flock reports */
 
+/* See rb_device.h: the next flock_nb call fails with errnum (0 clears). */
 void rb_dev_inject_lock_errno(int errnum)
 {
     atomic_store(&lock_fault, errnum);
@@ -150,6 +151,7 @@ static int refuse(const char *path, int mode, const lock_holder *h, rb_err *err)
                       where, who, *where ? "close the other first" : "stop that process or use another device", path);
 }
 
+/* CLOCK_MONOTONIC in milliseconds. */
 static long long now_ms(void)
 {
     struct timespec ts;
@@ -157,6 +159,7 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Sleep ms milliseconds, resumed after a signal. */
 static void sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -164,6 +167,9 @@ static void sleep_ms(long ms)
     }
 }
 
+/* See rb_device_int.h. A refused lock is retried while the holder may be on its way out:
+ * shared holders and a holder that let go while /proc/locks was read for RB_LOCK_WAIT_MS, a
+ * holder whose process has exited for RB_LOCK_EXIT_WAIT_MS; a live exclusive holder at once. */
 int rb_dev_lock_fd(int fd, const struct stat *st, const char *path, int mode, int *state, rb_err *err)
 {
     *state = RB_LOCKST_NONE;
@@ -322,6 +328,7 @@ static int excl_busy(const char *path, const struct stat *st, int last, rb_err *
     return RB_LOCK_WAIT_MS;
 }
 
+/* See rb_device_int.h. */
 int rb_dev_open_excl(const char *path, int flags, const struct stat *st, rb_err *err)
 {
     const long long start = now_ms();
@@ -345,6 +352,7 @@ int rb_dev_open_excl(const char *path, int flags, const struct stat *st, rb_err 
     }
 }
 
+/* See rb_device_int.h. */
 int rb_dev_lock_sibling(const char *path, int mode, int *fd_out, int *state, rb_err *err)
 {
     *fd_out = -1;
@@ -394,6 +402,7 @@ int rb_dev_lock_sibling(const char *path, int mode, int *fd_out, int *state, rb_
     return 0;
 }
 
+/* See rb_device.h (the two accessors). */
 int rb_dev_lock_state(const rb_dev *dev)
 {
     return dev->lock_state;

@@ -555,6 +555,7 @@ static PyObject *device_get_alignment(PyObject *op, void *closure)
     return PyLong_FromSize_t(rb_dev_alignment(((RawBlockDeviceObject *)op)->dev));
 }
 
+/* device_lock: the lock the device holds, by name (rb_dev_lock_name). */
 static PyObject *device_get_lock(PyObject *op, void *closure)
 {
     (void)closure;
