@@ -135,6 +135,7 @@ def test_phase_strategy_by_shape_and_by_setting(adapter):
     a = adapter(fdp_data_placement_policy="phase", fdp_placement_ids=[2, 3])
     assert store(a, [key(1), key(2)]) == [2, 2]
     assert store(a, [key(3)]) == [3]
+    a.close()  # one adapter (one core) per device at a time
     b = adapter(fdp_data_placement_policy="phase", fdp_placement_ids=[2, 3], fdp_phase="decode")
     assert store(b, [key(11), key(12)]) == [3, 3]
 
