@@ -488,13 +488,6 @@ int rb_core_room_needed_locked(const rb_core *c, size_t n)
     return c->n_held > 0 && avail < n;
 }
 
-int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, uint64_t size, uint64_t identity,
-                           uint64_t len)
-{
-    uint64_t want;
-    return rb_key_identity(c->cfg.key_namespace, key, key_len, &want) == 0 && want == identity && len == size;
-}
-
 /* Account for the record at p leaving the index and free its slot (the caller removes it). */
 static inline void drop_accounting_locked(rb_core *c, uint32_t p)
 {
@@ -1163,15 +1156,16 @@ static inline void erase_read(const rb_core *c, rb_load_item *it, uint64_t size)
     memset(it->buf, 0, read_target_len(c, it->buf_len, size));
 }
 
-/* The verdict on a slot header read for a record (see above). payload: also check it against
- * the header's checksum record (records not yet verified), else NULL. */
-static int judge_slot(const rb_core *c, const rb_load_item *it, uint64_t size, int rec_has_sum, uint64_t rec_sum,
+/* The verdict on a slot header read for a record (see above): want is the identity the key's
+ * header must carry (want_ok 0: the key has none, so no header is its). payload: also check it
+ * against the header's checksum record (records not yet verified), else NULL. */
+static int judge_slot(uint64_t want, int want_ok, uint64_t size, int rec_has_sum, uint64_t rec_sum,
                       const uint8_t *hdr, size_t hdr_len, const uint8_t *payload, uint64_t *sum_fail)
 {
     uint64_t ident, len, sum;
     int has_sum;
-    if (rb_slot_header_decode(hdr, hdr_len, &ident, &len, &has_sum, &sum) < 0 ||
-        !rb_core_header_matches(c, it->key, it->key_len, size, ident, len))
+    if (!want_ok || rb_slot_header_decode(hdr, hdr_len, &ident, &len, &has_sum, &sum) < 0 || ident != want ||
+        len != size)
         return LV_BAD;
     if (rec_has_sum && (!has_sum || sum != rec_sum))
         return LV_BAD; /* the record's checksum is not the one this slot was written with */
@@ -1188,8 +1182,10 @@ struct load_snap {
     uint32_t slot;
     uint32_t pop, hop; /* io_uring: op index of the payload / header read */
     uint64_t size, sum;
+    uint64_t want; /* the identity the key's slot header must carry */
     uint8_t has_sum, unverified, verdict;
-    uint8_t judged; /* the header is read and judged (always, but for the benchmark hook) */
+    uint8_t judged;  /* the header is read and judged (always, but for the benchmark hook) */
+    uint8_t want_ok; /* want is set (a legacy key that does not parse has no identity) */
 };
 
 /* One rb_core_load_many call between its two c->mu sections: the snapshot, the read plan and
@@ -1313,11 +1309,49 @@ static int load_item_readable(const struct load_snap *sn, rb_load_item *it)
     return 1;
 }
 
+/* No lock: the identity each judged key's header must carry, object keys hashed several per
+ * pass (rb_blake2b64_many: the BLAKE2b is most of a judgement's CPU). */
+static void load_identities(struct load_run *r)
+{
+    enum { GROUP = 64 };
+    const uint8_t *msg[GROUP];
+    size_t len[GROUP];
+    struct load_snap *who[GROUP];
+    uint64_t dig[GROUP];
+    const int object = r->c->cfg.key_namespace == RB_NS_OBJECT;
+    size_t k = 0;
+    for (size_t i = 0; i <= r->n; i++) {
+        if (i < r->n) {
+            struct load_snap *sn = &r->s[i];
+            const rb_load_item *it = &r->items[i];
+            if (sn->slot == RB_SLOT_NONE || !sn->judged)
+                continue;
+            if (!object) {
+                sn->want_ok = rb_key_identity(r->c->cfg.key_namespace, it->key, it->key_len, &sn->want) == 0;
+                continue;
+            }
+            msg[k] = (const uint8_t *)it->key;
+            len[k] = it->key_len;
+            who[k++] = sn;
+            if (k < GROUP)
+                continue;
+        }
+        if (k) {
+            rb_blake2b64_many(msg, len, k, dig);
+            for (size_t j = 0; j < k; j++) {
+                who[j]->want = dig[j];
+                who[j]->want_ok = 1;
+            }
+            k = 0;
+        }
+    }
+}
+
 /* No lock: judge a key whose reads completed from the header bytes read for it; a refused
  * payload is erased from the caller's buffer. */
 static void load_judge(struct load_run *r, rb_load_item *it, struct load_snap *sn, const uint8_t *hdr)
 {
-    sn->verdict = (uint8_t)judge_slot(r->c, it, sn->size, sn->has_sum, sn->sum, hdr, r->hl,
+    sn->verdict = (uint8_t)judge_slot(sn->want, sn->want_ok, sn->size, sn->has_sum, sn->sum, hdr, r->hl,
                                       sn->unverified ? it->buf : NULL, &r->sum_fail);
     if (sn->verdict == LV_BAD) {
         erase_read(r->c, it, sn->size);
@@ -1550,6 +1584,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
 
     int rc = load_plan(&r, err);
     if (rc == 0) {
+        load_identities(&r);
         load_issue(&r);
         load_run_uring(&r);
         load_check_shrink(&r);

@@ -199,10 +199,6 @@ static inline size_t rb_header_read_len(const rb_core *c)
     size_t hb = c->cfg.header_bytes;
     return rb_block_transfers(c) || hb < RB_HDR_PROBE ? hb : RB_HDR_PROBE;
 }
-/* Recovery's verdict on a decoded slot header for an index record: 1 = the slot holds this
- * key's payload (identity of the key in the configured namespace, same length). */
-int rb_core_header_matches(const rb_core *c, const char *key, size_t key_len, uint64_t size, uint64_t identity,
-                           uint64_t len);
 /* Drop the live index record at p as recovery does (lock refcount, unverified count, slot
  * released). mu held; the caller accounts dirty_total / counters and compacts. */
 void rb_core_drop_locked(rb_core *c, uint32_t p);

@@ -714,8 +714,8 @@ void rb_xfer_release(rb_xfer *x)
 int rb_dev_current_size(rb_dev *dev, uint64_t *size)
 {
     *size = dev->size;
-    if (!dev->size_known)
-        return 0;
+    if (!dev->size_known || dev->uring_cmd)
+        return 0; /* a namespace's size is the one identified at open */
     if (dev->is_blk) {
         uint64_t now;
         if (ioctl(dev->fd, BLKGETSIZE64, &now) != 0)
