@@ -88,6 +88,16 @@ test-c: apt-deps
 	  -Icsrc/core tests/c/test_core_ds.c csrc/core/rb_idx.c csrc/core/rb_slots.c csrc/core/rb_core_ident.c \
 	  -lxxhash -o build/test_core_ds
 	build/test_core_ds
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
+	  -Icsrc/core tests/c/test_mlog.c csrc/core/rb_mlog.c csrc/core/rb_ckpt.c csrc/core/rb_err.c \
+	  -ljson-c -lz -o build/test_mlog
+	build/test_mlog
+
+# Size and one thread's speed of a metadata-log base for LMCache object keys (100k and 1M
+# entries; docs/metadata-log.md, "Measured"). Builds build/mlog_bench; no extension needed.
+.PHONY: bench-mlog
+bench-mlog:
+	$(SYS_PYTHON) benchmarks/mlog_size.py $(BENCH_MLOG_ARGS)
 
 # Crash harnesses (tests/RELIABILITY.md): SIGKILL loop over the 16 engine/O_DIRECT/checksum/
 # verification configurations (20 cycles each) and crash-state enumeration of a recorded workload.
@@ -274,13 +284,14 @@ test-wheel-bare:
 	@ls $(DIST)/*manylinux*.whl >/dev/null 2>&1 || $(MAKE) wheel
 	tools/wheel_bare.sh $(DIST) tests/wheel_smoke tests/strict_skips.py $(BARE_CACHE) $(PYTEST_ARGS)
 
-# libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode.
+# libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode,
+# the metadata-log decoders (superblock, log group, base) and encoder round trips.
 # clang from Debian (14 on Debian 12, 19 on Debian 13) with -fsanitize=fuzzer,address,undefined.
 # Each run starts from the committed corpus (copied, so it stays as committed) and fails on the
 # first crash, leak or sanitizer report; the crashing input is left in build/fuzz/artifacts/.
 .PHONY: fuzz-build fuzz-smoke fuzz-long fuzz-regressions
 FUZZ_CC ?= clang
-FUZZ_TARGETS := ckpt slot_header
+FUZZ_TARGETS := ckpt slot_header mlog
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/core
@@ -291,6 +302,17 @@ build/fuzz/fuzz_ckpt: fuzz/fuzz_ckpt.c $(wildcard csrc/core/*.c csrc/core/*.h)
 build/fuzz/fuzz_slot_header: fuzz/fuzz_slot_header.c csrc/core/rb_ckpt.c csrc/core/rb_ckpt.h
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $< csrc/core/rb_ckpt.c -ljson-c -lz -o $@
+MLOG_SRC := csrc/core/rb_mlog.c csrc/core/rb_ckpt.c csrc/core/rb_err.c
+build/fuzz/fuzz_mlog: fuzz/fuzz_mlog.c $(MLOG_SRC) csrc/core/rb_mlog.h csrc/core/rb_ckpt.h csrc/core/rb_err.h
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $< $(MLOG_SRC) -ljson-c -lz -o $@
+# The mlog seed corpus is written by a C program (the codec has no Python binding yet).
+.PHONY: fuzz-corpus-mlog
+fuzz-corpus-mlog:
+	@mkdir -p build fuzz/corpus/mlog
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -D_GNU_SOURCE -Icsrc/core fuzz/make_corpus_mlog.c $(MLOG_SRC) \
+	  -ljson-c -lz -o build/make_corpus_mlog
+	build/make_corpus_mlog fuzz/corpus/mlog
 fuzz-build:
 	@command -v $(FUZZ_CC) >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang; }
