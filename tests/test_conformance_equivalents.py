@@ -183,7 +183,7 @@ def test_plugin_skips_puts_after_worker_failure_without_keeping_objects(tmp_path
         assert futs is not None and len(futs) == 1
         # LMCache's text, then (ours) the cause: the failed write's offset, path and errno
         with pytest.raises(RuntimeError, match=f"^Failed to persist raw-block key {re.escape(make_key(1).to_string())}: "
-                           r"\[Errno \d+\] write failed at offset \d+ of .*plugin\.img: .*\(E[A-Z]+\)$"):
+                           r"\[Errno \d+\] write failed at offset \d+: .*\(E[A-Z]+\); device_path='.*plugin\.img'$"):
             futs[0].result(30)
         assert first.get_ref_count() == first_refs  # the failed put released its reference
         assert not be.contains(make_key(1))

@@ -102,7 +102,7 @@ def test_failed_write_names_its_cause(tmp_path, engine, caplog):
         assert res.results == [False] and res.stored_keys == []
         assert isinstance(res.failure, OSError) and res.failure.errno == errno.EIO
         text = str(res.failure)
-        assert "write failed at offset " in text and dev in text and text.endswith("(EIO)")
+        assert "write failed at offset " in text and "(EIO); device_path=" in text and text.endswith(f"'{dev}'")
         lines = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
         assert len(lines) == 1 and dev in lines[0] and "(EIO)" in lines[0]
         st = core.report_status()

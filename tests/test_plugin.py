@@ -343,8 +343,8 @@ def test_lru_does_not_evict_on_io_errors(make_backend):
     put(be, [make_key(1), make_key(2)], [make_obj(1), make_obj(2)])
     be._core._native._inject_fault("write", 1)
     futs = be.batched_submit_put_task([make_key(3)], [make_obj(3)])
-    with pytest.raises(RuntimeError, match=r"Failed to persist .*: \[Errno 5\] write failed at offset \d+ of "
-                       r".*: pwrite failed \(injected\): Input/output error \(EIO\)"):
+    with pytest.raises(RuntimeError, match=r"Failed to persist .*: \[Errno 5\] write failed at offset \d+: "
+                       r"pwrite failed \(injected\): Input/output error \(EIO\); device_path='.*'"):
         futs[0].result(30)
     assert be.contains(make_key(1)) and be.contains(make_key(2)), "an I/O error evicts nothing"
 

@@ -267,9 +267,12 @@ def test_writeback_failure_on_thin_loop_device(rig, sums, verify, engine):
 @pytest.mark.parametrize("engine", ["posix", "io_uring"])
 def test_odirect_puts_on_a_full_thin_loop_device_fail_at_once(rig, engine):
     # With O_DIRECT the loop device's write fails when the tmpfs below it is full: the put
-    # says so, and nothing it began is indexed or listed.
+    # says so, and nothing it began is indexed or listed. One write can be acknowledged without
+    # being performed: Linux's loop driver completes a short write (the tmpfs filled during it)
+    # as a success. Only the payload checksum can tell (the header was written whole), so it is
+    # on here: that key is a miss, never its zeros.
     dev, fs = thin_loop(rig)
-    cfg = dict(io_engine=engine, use_odirect=True, verify_payload_checksum=False, meta_verify_on_load=False)
+    cfg = dict(io_engine=engine, use_odirect=True, verify_payload_checksum=True, meta_verify_on_load=False)
     expected: dict = {}
     failed: list[str] = []
     core = core_on(dev, **cfg)
@@ -295,7 +298,7 @@ def test_odirect_puts_on_a_full_thin_loop_device_fail_at_once(rig, engine):
     core = core_on(dev, **cfg)
     try:
         loaded, wrong = load_all(core, expected, failed)
-        assert wrong == [] and loaded == set(expected)
+        assert wrong == [] and loaded <= set(expected) and len(set(expected) - loaded) <= 1
     finally:
         core.close()
 
@@ -530,7 +533,7 @@ def test_disk_full_puts_fail_with_enospc(rig, caplog, engine):
         r = core.put_many([okey(2)], [Obj(blob(2))])
         assert r.results == [False] and r.stored_keys == []
         assert isinstance(r.failure, OSError) and r.failure.errno == errno.ENOSPC
-        assert "(ENOSPC)" in str(r.failure) and f" of {dev}: " in str(r.failure)
+        assert "(ENOSPC)" in str(r.failure) and str(r.failure).endswith(f"device_path='{dev}'")
         assert not core.contains_key(okey(2).encoded)
         lines = _errors(caplog)
         assert len(lines) == 1 and "(ENOSPC)" in lines[0] and dev in lines[0]
@@ -538,7 +541,7 @@ def test_disk_full_puts_fail_with_enospc(rig, caplog, engine):
         assert set(st["fault_counts"]) == {errno.ENOSPC}
         last = st["faults"][-1]
         assert (last["op"], last["errno"]) == ("write", errno.ENOSPC)
-        assert dev in last["text"] and "(ENOSPC)" in last["text"] and f"offset {last['offset']} " in last["text"]
+        assert dev in last["text"] and "(ENOSPC)" in last["text"] and f"offset {last['offset']}: " in last["text"]
         # A burst of failing puts: each fails and is counted, the log says it once per burst.
         caplog.clear()
         for i in range(3, 53):
@@ -585,8 +588,8 @@ def test_disk_full_plugin_error_names_the_cause(rig):
         with pytest.raises(RuntimeError) as ei:
             futs[0].result(30)
         msg = str(ei.value)
-        assert re.fullmatch(r"Failed to persist raw-block key \S+: \[Errno 28\] write failed at offset \d+ of "
-                            + re.escape(dev) + r": .*: No space left on device \(ENOSPC\)", msg), msg
+        assert re.fullmatch(r"Failed to persist raw-block key \S+: \[Errno 28\] write failed at offset \d+: "
+                            r".*: No space left on device \(ENOSPC\); device_path='" + re.escape(dev) + "'", msg), msg
         assert isinstance(ei.value.__cause__, OSError) and ei.value.__cause__.errno == errno.ENOSPC
         assert obj.get_ref_count() == 1 and not be.contains(make_key(2))
         st = be._core._native.status()

@@ -128,6 +128,7 @@ int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, s
     r->ops = ops;
     r->n = n;
     r->data = data;
+    r->unsent_from = n;
     for (size_t i = 0; i < n; i++) {
         ops[i].rc = 0;
         rb_err_clear(&ops[i].err);
@@ -194,6 +195,8 @@ int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, s
                     ops[i].err = *err;
                 }
             }
+            r->unsent_from = lo;
+            r->unsent_rc = rc;
             rb_batch_free(b);
             bs[k] = NULL;
             ret = rc;
@@ -236,11 +239,19 @@ void rb_core_uring_ops_finish(rb_uops_run *r)
     free(r->bs);
     free(r->map);
     r->entered = 0;
+    /* Into the fault journal: each request that failed, and a failed submission once (not once
+     * per request it left unsent). */
+    int unsent_noted = 0;
     for (size_t i = 0; i < r->n; i++) {
         const rb_uop *o = &r->ops[i];
-        if (o->rc < 0 && (r->data || o->write) && o->rc != -ESHUTDOWN && o->err.kind != RB_ERR_VALUE &&
-            o->err.kind != RB_ERR_NOMEM)
-            rb_core_note_fault(r->c, o->write ? "write" : "read", o->off, &o->err);
+        if (o->rc >= 0 || !(r->data || o->write) || o->rc == -ESHUTDOWN || o->err.kind == RB_ERR_VALUE ||
+            o->err.kind == RB_ERR_NOMEM)
+            continue;
+        if (i >= r->unsent_from && o->rc == r->unsent_rc) {
+            if (unsent_noted++)
+                continue;
+        }
+        rb_core_note_fault(r->c, o->write ? "write" : "read", o->off, &o->err);
     }
 }
 
@@ -738,6 +749,18 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
         PUT_FAIL(fail, RB_ERR_RUNTIME, EBUSY, "the key is being stored by another call");
         return 0;
     }
+    uint64_t named;
+    if (c->cfg.key_namespace == RB_NS_LEGACY &&
+        (rb_key_identity(RB_NS_LEGACY, it->key, it->key_len, &named) < 0 || named != it->identity)) {
+        /* Loads and recovery judge a slot header by the identity the encoded key names (a
+         * parse: cheap); one stored under another could never be vouched for. Object keys'
+         * identity is their BLAKE2b, which the key codec computes: not hashed again here. */
+        PUT_FAIL(fail, RB_ERR_VALUE, EINVAL,
+                 "the key's slot identity 0x%016llx is not the chunk hash its encoded form names: it could not "
+                 "be checked when loaded",
+                 (unsigned long long)it->identity);
+        return 0;
+    }
     if (it->len > c->slot_cap || rb_xfer_len(c, it->len) > c->slot_cap) {
         PUT_FAIL(fail, RB_ERR_VALUE, EFBIG, "a payload of %zu bytes does not fit a slot (%llu bytes after the header)",
                  it->len, (unsigned long long)c->slot_cap);
@@ -745,8 +768,8 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
     }
     if (c->ref_unknown) {
         /* any slot may be listed by a container not read at open (make_room) */
-        PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC, "no slot can be reused until a checkpoint is written%s%s%s",
-                 c->ckpt_error[0] ? " (the last checkpoint failed: " : "", c->ckpt_error, c->ckpt_error[0] ? ")" : "");
+        PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC,
+                 "no slot can be reused until a checkpoint is written (a container not read at open may list any)");
         return 0;
     }
     uint32_t cls = rb_core_intern_class(c, &it->meta);
@@ -789,9 +812,20 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
     return 2;
 }
 
+/* A reservation's slot goes back to the allocator, or, past the end of a device that shrank
+ * meanwhile, out of use. mu held. */
+static void slot_back_locked(rb_core *c, uint32_t slot)
+{
+    if (slot >= c->usable_slots)
+        c->retired_slots++;
+    else
+        rb_slots_release(&c->slots, slot);
+}
+
 /* Commit (ok) or roll back the reservation of item under mu. Returns the result (0 failed, 1
  * already indexed, 2 committed). A write that was in progress while a flush failed is rolled
- * back: its bytes may be among those the failed write-back lost. */
+ * back (its bytes may be among those the failed write-back lost), and so is one whose slot a
+ * shrink of the device left outside it. */
 static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum, rb_err *fail)
 {
     uint32_t h = rb_idx_hash(it->key, it->key_len);
@@ -801,16 +835,20 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
     rb_ent r = c->inflight.ents[p];
     int result = 0;
     if (ok && r.refcnt != c->wb_epoch) {
-        PUT_FAIL(fail, RB_ERR_OS, EIO, "a device flush failed while the key was being written: %s", c->ckpt_error);
+        PUT_FAIL(fail, RB_ERR_OS, EIO, "a device flush failed while the key was being written (see the fault journal)");
+        ok = 0;
+    }
+    if (ok && r.slot >= c->usable_slots) {
+        PUT_FAIL(fail, RB_ERR_OS, ENOSPC, "the device shrank below the key's slot while it was being written");
         ok = 0;
     }
     if (ok && !(r.flags & RB_ENT_CANCELED)) {
         if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX) {
             /* A state applied meanwhile already holds this key: keep that entry. */
-            rb_slots_release(&c->slots, r.slot);
+            slot_back_locked(c, r.slot);
             result = 1;
         } else if (rb_core_write_committed_locked(c, r.slot) < 0) {
-            rb_slots_release(&c->slots, r.slot);
+            slot_back_locked(c, r.slot);
             PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         } else {
             uint32_t q = rb_idx_insert(&c->index, it->key, it->key_len, h, rb_ent_pos(&r), rb_ent_npos(&r));
@@ -825,12 +863,12 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
                 }
                 result = 2;
             } else {
-                rb_slots_release(&c->slots, r.slot);
+                slot_back_locked(c, r.slot);
                 PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
             }
         }
     } else {
-        rb_slots_release(&c->slots, r.slot);
+        slot_back_locked(c, r.slot);
         if (ok)
             PUT_FAIL(fail, RB_ERR_RUNTIME, ECANCELED, "the key was deleted while it was being written");
     }
@@ -1402,6 +1440,7 @@ static void load_read_posix(struct load_run *r, rb_load_item *it, struct load_sn
     if (rc < 0) {
         it->status = rc;
         r->n_failed++;
+        erase_read(c, it, sn->size); /* whatever landed is not vouched for */
         return;
     }
     if (sn->judged)
@@ -1444,6 +1483,7 @@ static void load_run_uring(struct load_run *r)
             it->status = bad->rc;
             it->err = bad->err;
             r->n_failed++;
+            erase_read(c, it, sn->size); /* the other read may have landed: not vouched for */
         } else if (h) {
             load_judge(r, it, sn, h->buf);
         } else {
@@ -1463,8 +1503,7 @@ static void load_check_shrink(struct load_run *r)
         rb_load_item *it = &r->items[i];
         const struct load_snap *sn = &r->s[i];
         if (it->status < 0 && sn->slot != RB_SLOT_NONE && sn->slot >= usable && it->buf_len >= sn->size) {
-            erase_read(r->c, it, sn->size);
-            it->status = 0;
+            it->status = 0; /* the destination was erased when the read failed */
             rb_err_clear(&it->err);
         }
     }
@@ -1859,7 +1898,7 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->writeback_dropped = c->wb_dropped;
     st->shrink_dropped = c->shrink_dropped;
     st->retired_slots = c->retired_slots;
-    st->undurable_writes = c->wr_n - c->wr_head;
+    st->undurable_writes = c->commits - c->commits_proven;
     st->usable_slots = c->usable_slots;
     st->device_size = c->dev_size_seen;
     memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);
@@ -1879,7 +1918,8 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
 size_t rb_core_mem_bytes(rb_core *c)
 {
     pthread_mutex_lock(&c->mu);
-    size_t b = rb_idx_mem_bytes(&c->index) + rb_idx_mem_bytes(&c->inflight) + rb_slots_mem_bytes(&c->slots);
+    size_t b = rb_idx_mem_bytes(&c->index) + rb_idx_mem_bytes(&c->inflight) + rb_slots_mem_bytes(&c->slots) +
+               rb_core_trust_mem_bytes(c);
     pthread_mutex_unlock(&c->mu);
     return b;
 }

@@ -200,7 +200,8 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
  * (test hook: both readers must apply a document identically). */
 int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err);
 void rb_core_status_get(rb_core *c, rb_core_status *st);
-/* The counters a caller watches for trust events, without the whole status: out[0] faults
+/* The counters a caller watches for trust events, without the whole status and without a lock
+ * (it never waits for the core mutex): out[0] faults
  * entered in the journal, [1] slot headers refused at load, [2] entries dropped by failed
  * flushes, [3] entries dropped because the device shrank. */
 void rb_core_trust_counts(rb_core *c, uint64_t out[4]);

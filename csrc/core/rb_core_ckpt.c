@@ -169,7 +169,7 @@ static void settle_refs_locked(rb_core *c, int t, int outcome)
 static int core_flush(rb_core *c, rb_err *err)
 {
     pthread_mutex_lock(&c->mu);
-    uint32_t gen = rb_core_flush_begin_locked(c);
+    uint64_t gen = rb_core_flush_begin_locked(c);
     pthread_mutex_unlock(&c->mu);
     int rc = 0;
     if (!atomic_load(&c->no_flush)) {
@@ -218,8 +218,8 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
         pthread_mutex_unlock(&c->ckpt_mu);
         return 0;
     }
-    /* A device that shrank: what lies past its end is not listed again (a system call, so
-     * without mu; the state is judged again below). */
+    /* A device that shrank: what lies past its end is not listed (a system call, so without
+     * mu; the entries it drops only make the state dirtier, so the decision above stands). */
     pthread_mutex_unlock(&c->mu);
     (void)rb_core_check_size(c);
     pthread_mutex_lock(&c->mu);

@@ -93,22 +93,25 @@ struct rb_core {
     _Atomic int no_flush;     /* benchmark hook: checkpoints skip their flushes */
     _Atomic int no_load_check; /* benchmark hook: loads of verified records skip the header check */
 
-    /* Trust (rb_core_trust.c). Under mu: the slots written since the last flush that
-     * succeeded (wr[wr_head..wr_n), each with the flush count when its key was committed),
-     * the write-back failure epoch (an in-flight record carries the epoch it began in; a
-     * failure in between rolls it back), the device size last seen and the slots wholly
-     * inside it. Under fault_mu: the fault journal. */
-    struct rb_wr { uint32_t slot, gen; } *wr;
-    size_t wr_head, wr_n, wr_cap;
-    uint32_t flush_begun;  /* flushes started (wraps; compared by difference) */
-    uint32_t wb_epoch;     /* flushes that failed */
-    uint64_t wb_dropped;   /* entries dropped because a flush failed before they were durable */
+    /* Trust (rb_core_trust.c). Under mu: per slot, the first flush generation that proves the
+     * key last committed on it durable (slot_gen[s], 0 for slots never written by this process:
+     * covers [0, slot_gen_cap)); flushes begun and the newest generation proven; the write-back
+     * failure epoch (an in-flight record carries the epoch it began in; a failure in between
+     * rolls it back); the device size last seen and the slots wholly inside it. The counters
+     * trust_counts reads are atomics (read without locks). Under fault_mu: the fault journal. */
+    uint64_t *slot_gen;
+    uint32_t slot_gen_cap;
+    uint64_t flush_begun, durable_gen;
+    uint64_t commits, commits_at_begin, commits_proven; /* for undurable_writes */
+    uint32_t wb_epoch; /* flushes that failed */
+    _Atomic uint64_t wb_dropped; /* entries dropped because a flush failed before they were durable */
     uint64_t dev_size_seen;
     uint32_t usable_slots; /* slots below this lie wholly inside the device (<= max_slots) */
-    uint64_t shrink_dropped, retired_slots, load_rejected;
+    uint64_t retired_slots;
+    _Atomic uint64_t shrink_dropped, load_rejected;
     pthread_mutex_t fault_mu;
     rb_fault faults[RB_FAULTS_KEPT]; /* a ring: fault seq s sits at (s - 1) % RB_FAULTS_KEPT */
-    uint64_t n_faults;
+    _Atomic uint64_t n_faults;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
 
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep, fault_flush;
@@ -173,6 +176,8 @@ typedef struct rb_uops_run {
     uint32_t *map;
     size_t per, submitted;
     int entered, data;
+    size_t unsent_from; /* ops from here on that a failed submission left unsent (n: none) */
+    int unsent_rc;
 } rb_uops_run;
 int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, size_t per_batch, int data,
                             rb_err *err);
@@ -287,9 +292,9 @@ void rb_core_trust_free(rb_core *c);
 /* Enter a failed transfer or flush in the fault journal: op ("write", "read", "flush"), the
  * device offset (UINT64_MAX for none) and err as the device layer filled it. Any lock. */
 void rb_core_note_fault(rb_core *c, const char *op, uint64_t off, const rb_err *err);
-/* The whole story of a failed transfer as one line: what failed, at which offset of which
- * path, and the errno's name and text ("write failed at offset 8192 of /dev/loop3: pwrite
- * failed: No space left on device (ENOSPC)"). off UINT64_MAX: no offset. */
+/* The whole story of a failed transfer as one line: what failed, at which offset, the errno's
+ * text and name, then the path ("write failed at offset 8192: pwrite failed: No space left on
+ * device (ENOSPC); device_path='/dev/loop3'"). off UINT64_MAX: no offset. */
 void rb_core_fault_text(const rb_core *c, const char *op, uint64_t off, const rb_err *err, char *buf, size_t n);
 /* A key was committed on slot: its bytes are not proven durable until a flush that begins
  * after this returns succeeds. mu held. 0 or -ENOMEM (the commit must then fail). */
@@ -298,8 +303,10 @@ int rb_core_write_committed_locked(rb_core *c, uint32_t slot);
  * A success proves every key committed before the flush began; a failure drops every entry
  * not yet proven (and rolls back puts in flight, through wb_epoch), since Linux reports a
  * write-back error once and a later flush would succeed without the lost bytes. */
-uint32_t rb_core_flush_begin_locked(rb_core *c);
-void rb_core_flush_done_locked(rb_core *c, uint32_t gen, int ok);
+uint64_t rb_core_flush_begin_locked(rb_core *c);
+/* Bytes the durability state holds (8 per slot written so far). mu held. */
+size_t rb_core_trust_mem_bytes(const rb_core *c);
+void rb_core_flush_done_locked(rb_core *c, uint64_t gen, int ok);
 /* Read the device size again (no lock; a system call) and, when the device shrank, drop the
  * entries whose slot no longer lies wholly inside it and keep those slots out of use (mu
  * taken inside). Returns the number of slots wholly inside the device. */

@@ -23,8 +23,8 @@ void rb_core_trust_init(rb_core *c)
 
 void rb_core_trust_free(rb_core *c)
 {
-    free(c->wr);
-    c->wr = NULL;
+    free(c->slot_gen);
+    c->slot_gen = NULL;
     pthread_mutex_destroy(&c->fault_mu);
 }
 
@@ -38,10 +38,11 @@ void rb_core_fault_text(const rb_core *c, const char *op, uint64_t off, const rb
     int e = err->errnum;
     const char *desc = e > 0 ? strerrordesc_np(e) : NULL;
     const char *name = e > 0 ? strerrorname_np(e) : NULL;
+    /* The path last: a long one is what the length limit cuts, not the errno's name. */
     if (desc && name)
-        snprintf(buf, n, "%s failed%s of %s: %s: %s (%s)", op, where, c->path, err->msg, desc, name);
+        snprintf(buf, n, "%s failed%s: %s: %s (%s); device_path='%s'", op, where, err->msg, desc, name, c->path);
     else
-        snprintf(buf, n, "%s failed%s of %s: %s (errno %d)", op, where, c->path, err->msg, e);
+        snprintf(buf, n, "%s failed%s: %s (errno %d); device_path='%s'", op, where, err->msg, e, c->path);
 }
 
 void rb_core_note_fault(rb_core *c, const char *op, uint64_t off, const rb_err *err)
@@ -64,88 +65,70 @@ void rb_core_note_fault(rb_core *c, const char *op, uint64_t off, const rb_err *
 
 /* ---- write durability ------------------------------------------------------------------ */
 
-/* wr[wr_head..wr_n) is in commit order, so in nondecreasing gen order: a flush's success pops
- * a prefix. Generations wrap; they are compared by their difference. */
-static inline int gen_before(uint32_t a, uint32_t b)
-{
-    return (int32_t)(a - b) < 0;
-}
-
 int rb_core_write_committed_locked(rb_core *c, uint32_t slot)
 {
-    if (c->wr_head == c->wr_n)
-        c->wr_head = c->wr_n = 0;
-    if (c->wr_n == c->wr_cap) {
-        if (c->wr_head > 0 && c->wr_head >= c->wr_cap / 2) {
-            /* At least half the array is popped: slide the rest down (amortised O(1)). */
-            memmove(c->wr, c->wr + c->wr_head, (c->wr_n - c->wr_head) * sizeof(*c->wr));
-            c->wr_n -= c->wr_head;
-            c->wr_head = 0;
-        } else {
-            size_t nc = c->wr_cap ? c->wr_cap * 2 : 256;
-            struct rb_wr *p = realloc(c->wr, nc * sizeof(*p));
-            if (!p)
-                return -ENOMEM;
-            c->wr = p;
-            c->wr_cap = nc;
-        }
+    if (slot >= c->slot_gen_cap) {
+        uint64_t nc = c->slot_gen_cap ? c->slot_gen_cap : 1024;
+        while (nc <= slot)
+            nc *= 2;
+        if (nc > c->max_slots)
+            nc = c->max_slots;
+        uint64_t *p = realloc(c->slot_gen, nc * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        memset(p + c->slot_gen_cap, 0, (nc - c->slot_gen_cap) * sizeof(*p));
+        c->slot_gen = p;
+        c->slot_gen_cap = (uint32_t)nc;
     }
-    c->wr[c->wr_n].slot = slot;
-    c->wr[c->wr_n].gen = c->flush_begun;
-    c->wr_n++;
+    c->slot_gen[slot] = c->flush_begun + 1; /* the next flush to begin proves it */
+    c->commits++;
     return 0;
 }
 
-uint32_t rb_core_flush_begin_locked(rb_core *c)
+uint64_t rb_core_flush_begin_locked(rb_core *c)
 {
+    c->commits_at_begin = c->commits;
     return ++c->flush_begun;
 }
 
-static int cmp_wr_slot(const void *a, const void *b)
-{
-    uint32_t x = ((const struct rb_wr *)a)->slot, y = ((const struct rb_wr *)b)->slot;
-    return (x > y) - (x < y);
-}
-
 /* A flush failed: every entry on a slot written since the last flush that succeeded may have
- * lost its bytes. Drop them (sorting the written slots in place and looking each entry up:
- * O(N log k) on this rare path, no allocation), and open a new epoch so that puts still in
- * flight roll back at commit. mu held. */
+ * lost its bytes. Drop them (one pass over the index: O(N) on this rare path, bounded memory
+ * whatever the put rate), and open a new epoch so that puts still in flight roll back at
+ * commit. mu held. */
 static void writes_lost_locked(rb_core *c)
 {
     c->wb_epoch++;
-    size_t k = c->wr_n - c->wr_head;
-    if (k == 0)
-        return;
-    struct rb_wr *w = c->wr + c->wr_head;
-    qsort(w, k, sizeof(*w), cmp_wr_slot);
     uint64_t dropped = 0;
     for (uint32_t p = 0; p < c->index.n_ents; p++) {
         const rb_ent *e = &c->index.ents[p];
-        if (e->flags & RB_ENT_DEAD)
+        if (e->flags & RB_ENT_DEAD || e->slot >= c->slot_gen_cap || c->slot_gen[e->slot] <= c->durable_gen)
             continue;
-        struct rb_wr key = {.slot = e->slot};
-        if (bsearch(&key, w, k, sizeof(*w), cmp_wr_slot)) {
-            rb_core_drop_locked(c, p);
-            dropped++;
-        }
+        rb_core_drop_locked(c, p);
+        dropped++;
     }
-    c->wr_head = c->wr_n = 0;
-    c->wb_dropped += dropped;
+    c->commits_proven = c->commits;
+    atomic_fetch_add(&c->wb_dropped, dropped);
     if (dropped) {
         c->dirty_total++;
         rb_idx_maybe_compact(&c->index);
     }
 }
 
-void rb_core_flush_done_locked(rb_core *c, uint32_t gen, int ok)
+void rb_core_flush_done_locked(rb_core *c, uint64_t gen, int ok)
 {
     if (!ok) {
         writes_lost_locked(c);
         return;
     }
-    while (c->wr_head < c->wr_n && gen_before(c->wr[c->wr_head].gen, gen))
-        c->wr_head++;
+    if (gen > c->durable_gen) {
+        c->durable_gen = gen;
+        c->commits_proven = c->commits_at_begin;
+    }
+}
+
+size_t rb_core_trust_mem_bytes(const rb_core *c)
+{
+    return (size_t)c->slot_gen_cap * sizeof(*c->slot_gen);
 }
 
 /* ---- device shrink --------------------------------------------------------------------- */
@@ -179,7 +162,7 @@ uint32_t rb_core_check_size(rb_core *c)
         rb_dev_leave(c->dev);
     }
     pthread_mutex_lock(&c->mu);
-    if (rc == 0) {
+    if (rc == 0 && size > 0) { /* a size of 0 is a device failing to answer, not a shrink to 0 */
         c->dev_size_seen = size;
         uint64_t end = size < c->capacity ? size : c->capacity;
         uint64_t fit = end > c->data_base ? (end - c->data_base) / c->cfg.slot_bytes : 0;
@@ -193,12 +176,9 @@ uint32_t rb_core_check_size(rb_core *c)
 
 void rb_core_trust_counts(rb_core *c, uint64_t out[4])
 {
-    pthread_mutex_lock(&c->mu);
-    out[1] = c->load_rejected;
-    out[2] = c->wb_dropped;
-    out[3] = c->shrink_dropped;
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_lock(&c->fault_mu);
-    out[0] = c->n_faults;
-    pthread_mutex_unlock(&c->fault_mu);
+    /* atomics: no lock, so a caller holding the GIL never waits behind a checkpoint's encode */
+    out[0] = atomic_load_explicit(&c->n_faults, memory_order_relaxed);
+    out[1] = atomic_load_explicit(&c->load_rejected, memory_order_relaxed);
+    out[2] = atomic_load_explicit(&c->wb_dropped, memory_order_relaxed);
+    out[3] = atomic_load_explicit(&c->shrink_dropped, memory_order_relaxed);
 }

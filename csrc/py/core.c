@@ -1449,7 +1449,7 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     static const char *const outcomes[] = {"blank", "skipped", "loaded", "fallback", "rejected", "unreadable"};
     const char *outcome = st.recovery_outcome >= 0 && st.recovery_outcome < 6 ? outcomes[st.recovery_outcome] : "?";
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:s,"
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
         "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
         "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes",
         st.container_bytes, "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count",
@@ -1463,7 +1463,7 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         "unverified_entry_count", st.unverified, "load_verified_entries", st.deferred_verified,
         "load_dropped_entries", st.deferred_dropped,
         "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed", st.closed ? Py_True : Py_False,
-        "checkpoint_last_error", st.ckpt_error, "recovery_outcome", outcome, "recovery_seq", st.recovery_seq,
+        "checkpoint_last_error", rbpy_text(st.ckpt_error), "recovery_outcome", outcome, "recovery_seq", st.recovery_seq,
         "recovery_rejected_seq", st.recovery_rejected_seq, "recovery_lost_entries", (long long)st.recovery_lost,
         "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total", st.held_total,
         "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
@@ -1489,9 +1489,9 @@ static int status_add_trust(PyObject *d, const rb_core_status *st)
     for (uint32_t k = 0; rc == 0 && k < st->n_faults_kept; k++) {
         const rb_fault *f = &st->faults[k];
         PyObject *off = f->offset == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(f->offset);
-        PyObject *fd = Py_BuildValue("{s:K,s:d,s:s,s:N,s:i,s:s}", "seq", (unsigned long long)f->seq, "time",
+        PyObject *fd = Py_BuildValue("{s:K,s:d,s:s,s:N,s:i,s:N}", "seq", (unsigned long long)f->seq, "time",
                                      (double)f->time_ns / 1e9, "op", f->op, "offset", off, "errno", f->errnum,
-                                     "text", f->text);
+                                     "text", rbpy_text(f->text));
         rc = fd ? PyList_Append(faults, fd) : -1;
         Py_XDECREF(fd);
     }

@@ -19,43 +19,49 @@ rbpy_state *rbpy_state_of_type(PyTypeObject *tp)
     return mod ? (rbpy_state *)PyModule_GetState(mod) : NULL;
 }
 
-PyObject *rbpy_raise_err(const rb_err *err)
+PyObject *rbpy_text(const char *s)
 {
-    switch (err->kind) {
-    case RB_ERR_OS: {
-        /* OSError(errno, msg): CPython picks the errno subclass (FileNotFoundError, ...). */
-        PyObject *args = Py_BuildValue("(is)", err->errnum, err->msg);
-        if (args) {
-            PyErr_SetObject(PyExc_OSError, args);
-            Py_DECREF(args);
-        }
-        return NULL;
-    }
-    case RB_ERR_VALUE:
-        PyErr_SetString(PyExc_ValueError, err->msg);
-        return NULL;
-    case RB_ERR_NOMEM:
-        return PyErr_NoMemory();
-    case RB_ERR_RUNTIME:
-    default:
-        PyErr_SetString(PyExc_RuntimeError, err->msg[0] ? err->msg : "internal error");
-        return NULL;
-    }
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "backslashreplace");
 }
 
 PyObject *rbpy_err_object(const rb_err *err)
 {
+    PyObject *msg = rbpy_text(err->kind == RB_ERR_RUNTIME && !err->msg[0] ? "internal error" : err->msg);
+    if (!msg)
+        return NULL;
+    PyObject *exc;
     switch (err->kind) {
     case RB_ERR_OS:
-        return PyObject_CallFunction(PyExc_OSError, "is", err->errnum, err->msg);
+        exc = PyObject_CallFunction(PyExc_OSError, "iO", err->errnum, msg);
+        break;
     case RB_ERR_VALUE:
-        return PyObject_CallFunction(PyExc_ValueError, "s", err->msg);
+        exc = PyObject_CallOneArg(PyExc_ValueError, msg);
+        break;
     case RB_ERR_NOMEM:
-        return PyObject_CallNoArgs(PyExc_MemoryError);
+        exc = PyObject_CallNoArgs(PyExc_MemoryError);
+        break;
     case RB_ERR_RUNTIME:
     default:
-        return PyObject_CallFunction(PyExc_RuntimeError, "s", err->msg[0] ? err->msg : "internal error");
+        exc = PyObject_CallOneArg(PyExc_RuntimeError, msg);
+        break;
     }
+    Py_DECREF(msg);
+    return exc;
+}
+
+PyObject *rbpy_raise_err(const rb_err *err)
+{
+    if (err->kind == RB_ERR_NOMEM)
+        return PyErr_NoMemory();
+    /* OSError(errno, msg): CPython picks the errno subclass (FileNotFoundError, ...). The text
+     * is decoded leniently: a message cut inside a path's multibyte character must not turn
+     * into a UnicodeDecodeError. */
+    PyObject *exc = rbpy_err_object(err);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
 }
 
 PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path)
@@ -68,7 +74,12 @@ PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path)
                                          : Py_NewRef(path);
     if (!name)
         return NULL;
-    PyObject *args = Py_BuildValue("(isN)", err->errnum, err->msg, name);
+    PyObject *msg = rbpy_text(err->msg);
+    if (!msg) {
+        Py_DECREF(name);
+        return NULL;
+    }
+    PyObject *args = Py_BuildValue("(iNN)", err->errnum, msg, name);
     if (args) {
         PyErr_SetObject(PyExc_OSError, args);
         Py_DECREF(args);

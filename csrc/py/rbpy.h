@@ -50,6 +50,9 @@ PyObject *rbpy_raise_err(const rb_err *err);
 /* The exception rbpy_raise_err would raise, as a new instance (not raised), or NULL with an
  * exception set. */
 PyObject *rbpy_err_object(const rb_err *err);
+/* A message of the core as str, decoded leniently (backslashreplace): the core cuts messages
+ * at a byte count, which may split a path's multibyte character. */
+PyObject *rbpy_text(const char *s);
 /* The same, with path (bytes from PyUnicode_FSConverter, or str) as the OSError's filename. */
 PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path);
 

@@ -292,9 +292,10 @@ class RawBlockCore:
 
     def usage(self) -> tuple[float, float]:
         st = self._native.status()
-        if not st["max_slots"]:
+        slots = st["usable_slots"]  # max_slots, less what a shrink of the device took away
+        if not slots:
             return (-1.0, -1.0)
-        used = (st["indexed_key_count"] + st["inflight_key_count"]) / st["max_slots"]
+        used = min(1.0, (st["indexed_key_count"] + st["inflight_key_count"]) / slots)
         return (used, used)
 
     def _worker_error(self) -> str | None:
@@ -400,6 +401,8 @@ class RawBlockCore:
                                                          pids, _meta_names)
         if failure is not None:
             self._events.put_failed(results.count(False), len(results), failure)
+        else:
+            self._events.check()  # lock-free counters: what the periodic thread met shows too
         return RawBlockPutManyResult(results=results, stored_keys=[enc[i] for i in stored], failure=failure)
 
     def load_many_into(self, encoded_keys: Sequence[str], objs: Sequence[Any], *,
@@ -419,8 +422,7 @@ class RawBlockCore:
         # (None as is, a list through positions_from_list); errors is None when no key failed.
         results, errors = self._native.load_many_into(keys, list(objs), positions_from_list)
         if errors is None:
-            if not all(results):
-                self._events.check()
+            self._events.check()
             return results
         # Failed keys are logged (or raised) here, each with its key: the journal's line for
         # the same faults would say it twice.

@@ -52,11 +52,11 @@ class TrustEvents:
         self._seen = list(native.trust_counters())
         self._bursts = [_Burst(interval) for _ in range(5)]
 
-    def check(self, *, log_faults: bool = True) -> None:
+    def check(self, *, log_faults: bool = True) -> bool:
         """Log what moved since the last call; log_faults=False counts new faults as seen
-        without a line (the caller reports them itself)."""
+        without a line (the caller reports them itself). Returns whether new faults came in."""
         if list(self._native.trust_counters()) == self._seen:
-            return  # the common case, without the lock
+            return False  # the common case, without the lock
         with self._lock:
             # read again under the lock: counters only grow, so what was seen never goes back
             now_counts = self._native.trust_counters()
@@ -80,19 +80,18 @@ class TrustEvents:
         if report[_SHRINK]:
             self._logger.error("RawBlockCore dropped %d entr%s past the end of a device that shrank (device=%s)",
                                report[_SHRINK], "y" if report[_SHRINK] == 1 else "ies", self._path)
+        return new[_FAULTS] > 0
 
     def put_failed(self, n_failed: int, n: int, failure: BaseException) -> None:
         """A put_many call stored n - n_failed of n keys. A device error is logged from the
         fault journal (operation, offset, path, errno); any other reason once per burst."""
-        if isinstance(failure, OSError):
-            self.check()
-            return
+        if self.check() or isinstance(failure, OSError):
+            return  # a device error: the fault journal's line says it
         with self._lock:
             report = self._bursts[_PUT].take(n_failed, self._clock())
         if report:
             self._logger.warning("RawBlockCore could not store %d key(s) (%d of %d in the last call): %s (device=%s)",
                                  report, n_failed, n, failure, self._path)
-        self.check()
 
     def _log_faults(self, n: int, first_seq: int) -> None:
         faults = [f for f in self._native.status()["faults"] if f["seq"] >= first_seq]
