@@ -4,6 +4,7 @@ independent reader/writer of on-disk format v1 (struct + json + zlib only)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -135,3 +136,13 @@ def base_state(path: str, next_slot: int, entries: dict, **over) -> dict:
           "meta_version": 1, "data_base_offset": META, "next_slot": next_slot, "entries": entries}
     st.update(over)
     return st
+
+
+def odirect_ok(path: str) -> bool:
+    """Whether the file system under path takes O_DIRECT (tmpfs on older kernels does not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(fd)
+    return True

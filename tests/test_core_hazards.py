@@ -9,7 +9,7 @@ import pytest
 
 from core_helpers import (
     BLOCK, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
-    read_containers, read_slot, write_container, write_slot,
+    odirect_ok, read_containers, read_slot, write_container, write_slot,
 )
 
 
@@ -210,21 +210,13 @@ def test_periodic_checkpoint_respects_idle_rule(tmp_path):
 # scratch buffer; io_uring: a header read in the payload's batch) and judges it before the
 # key counts as loaded. A mismatch is a miss and drops the record as recovery would.
 
-def _odirect_ok(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
 
 ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]
 ENGINE_IDS = ["posix", "io_uring", "posix-odirect", "io_uring-odirect"]
 
 
 def _fast(dev, engine, odirect, **kw):
-    if odirect and not _odirect_ok(dev):
+    if odirect and not odirect_ok(dev):
         pytest.skip("the temporary directory's file system refuses O_DIRECT")
     return make_core(dev, io_engine=engine, use_odirect=odirect, meta_verify_on_load=False, **kw)
 

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from core_helpers import HEADER, META, SLOT, Obj, make_core, make_device, okey, payload, read_slot
+from core_helpers import HEADER, META, SLOT, Obj, make_core, make_device, odirect_ok, okey, payload, read_slot
 
 
 def ucore(dev, **kw):
@@ -297,17 +297,9 @@ def test_load_many_uring_errors(core, caplog):
     assert core.load_many_into(enc, [Obj(300) for _ in enc]) == [True] * 4
 
 
-def _odirect_ok(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
 
 def test_uring_odirect_put_and_load_with_bounces(dev):
-    if not _odirect_ok(dev):
+    if not odirect_ok(dev):
         pytest.skip("the temporary directory's file system refuses O_DIRECT")
     c = ucore(dev, use_odirect=True)
     try:
@@ -450,7 +442,7 @@ def test_short_header_reads_judge_like_whole_headers(tmp_path, engine, sequentia
 
 def test_recovery_validation_uring_batches_with_odirect(tmp_path):
     dev = make_device(tmp_path)
-    if not _odirect_ok(dev):
+    if not odirect_ok(dev):
         pytest.skip("the temporary directory's file system refuses O_DIRECT")
     c = make_core(dev)
     keys = [okey(i) for i in range(20)]

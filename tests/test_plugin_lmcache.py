@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from core_helpers import odirect_ok
+
 _SKIP_REASON = None
 try:
     import torch
@@ -374,14 +376,6 @@ def test_close_then_reload_from_checkpoint(tmp_path, stacks):
 # --------------------------------------------------------------------------- README configs
 
 
-def _odirect_ok(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
 
 def _roundtrip_through(st: Stack, be) -> None:
     assert type(be).__module__ == OUR_MODULE
@@ -398,7 +392,7 @@ def _roundtrip_through(st: Stack, be) -> None:
 
 def test_readme_yaml_config(tmp_path, stacks):
     dev = sparse(tmp_path / "nvme.img", 256 * MiB)  # the default 128 MiB metadata region fits
-    if not _odirect_ok(dev):
+    if not odirect_ok(dev):
         pytest.skip(f"O_DIRECT is not supported on {tmp_path}")
     # The test's small sizes come last, so they win over the README's production values.
     text = README_YAML + f"chunk_size: {CHUNK}\nmax_local_cpu_size: 0.05\nlocal_cpu: false\n"
@@ -419,7 +413,7 @@ def test_readme_yaml_config(tmp_path, stacks):
 
 def test_readme_env_config(tmp_path, stacks, monkeypatch):
     dev = sparse(tmp_path / "nvme.img", 256 * MiB)
-    if not _odirect_ok(dev):
+    if not odirect_ok(dev):
         pytest.skip(f"O_DIRECT is not supported on {tmp_path}")
     for name in list(os.environ):
         if name.startswith("LMCACHE_"):

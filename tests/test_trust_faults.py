@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import Obj, make_core, newest_state, okey
+from conftest import _can_losetup
+from core_helpers import Obj, make_core, newest_state, odirect_ok, okey
 from lmcache_rawblock.plugin import RustRawBlockBackend
 from lmcache_rawblock.raw_block import RawBlockCore
 from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key, make_obj
@@ -53,13 +54,7 @@ def _why_no_mount() -> str | None:
 
 
 def _why_no_loop() -> str | None:
-    if os.geteuid() != 0:
-        return "loop devices need root"
-    if not shutil.which("losetup"):
-        return "losetup is not installed (util-linux)"
-    if not os.path.exists("/dev/loop-control"):
-        return "/dev/loop-control is missing (no loop driver)"
-    return None
+    return _can_losetup()
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -610,14 +605,6 @@ ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", 
 ENGINE_IDS = ["posix", "io_uring", "posix-odirect", "io_uring-odirect"]
 
 
-def _odirect_ok(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
 
 def overwrite_header(dev: str, src_off: int, dst_off: int, header: int = BLOCK) -> None:
     """Copy the slot header at src_off over the one at dst_off (what a second writer or a
@@ -635,7 +622,7 @@ def overwrite_header(dev: str, src_off: int, dst_off: int, header: int = BLOCK) 
 @pytest.mark.parametrize("engine,odirect", ENGINES, ids=ENGINE_IDS)
 def test_another_keys_header_in_the_slot_is_a_miss(tmp_path, caplog, engine, odirect):
     dev = sparse(tmp_path / "dev.img", 32 * MiB)
-    if odirect and not _odirect_ok(dev):
+    if odirect and not odirect_ok(dev):
         pytest.skip("the temporary directory's file system refuses O_DIRECT")
     n = 100 * KiB + 123  # both keys the same length: only the identity tells them apart
     core = core_on(dev, io_engine=engine, use_odirect=odirect, verify_payload_checksum=False)
