@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
                         "plugin (batched_remove, eviction under contention), e2e (LMCache's plugin store/retrieve path "
                         "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio), loadcheck (what the "
-                        "load-time slot-header check costs a load, on against off, on tmpfs and disk); default all")
+                        "load-time slot-header check costs a load, on against off, on tmpfs and disk), scale (v1 checkpoint "
+                        "bytes and time, reopen and index memory against index size, puts on a full cache); "
+                        "default all")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_rawblock.bench import common, cpu, floor, loadcheck, report
+from lmcache_rawblock.bench import common, cpu, floor, loadcheck, report, scale
+from lmcache_rawblock.bench.core import ours_core
 from lmcache_rawblock.bench.target import supports_odirect
 
 PKG = Path(__file__).resolve().parent.parent / "lmcache_rawblock"
@@ -91,6 +92,30 @@ def test_loadcheck_part_times_both_modes_on_verified_bytes(tmp_path):
     text: list[str] = []
     report.print_loadcheck({"loadcheck": out}, text.append)
     assert "check on" in text[-1] and text[-1].count("\n") == len(out["rows"]) + 1
+
+
+def test_scale_part_smoke_grows_with_entries_and_finds_the_region_limit(tmp_path):
+    s = replace(scale.SUITES["smoke"], sizes=[300, 1000])
+    out = scale.run_scale([ours_core()], s, str(tmp_path), common._NullBar())
+    assert out["errors"] == {} and out["competitors"] == ["ours"]
+    rows = {r["entries"]: r for r in out["rows"]}
+    assert sorted(rows) == [300, 1000]
+    for n, r in rows.items():
+        assert r["impl"] == "ours" and r["churn_keys"] == max(1, n // 100)
+        assert r["ckpt_s"] > 0 and r["reopen_s"] > 0 and r["reopen_verify_s"] > 0
+        assert 100 < r["bytes_per_entry"] < 400 and r["index_memory_per_entry"] > 0
+    assert rows[1000]["ckpt_bytes"] > 2 * rows[300]["ckpt_bytes"]  # v1 rewrites the whole index
+    (probe,) = out["limit"]["probes"]  # past what a 1 MiB region holds: our core refuses it
+    assert probe["outcome"] == "refused" and "too large" in probe["error"] and probe["too_large_count"] == 1
+    got = {(r["path"], r["full"]) for r in out["puts"]}
+    assert got == {(p, f) for p in ("plugin", "core") for f in (False, True)}
+    for r in out["puts"]:
+        assert r["failed"] == 0 and r["p50_s"] <= r["p99_s"] and r["threads"] == 1
+        assert r["room_ckpts_per_put"] == 0 if not r["full"] else r["room_ckpts_per_put"] > 0
+    assert os.listdir(tmp_path) == []  # its files are gone
+    text: list[str] = []
+    report.print_scale({"scale": out}, text.append)
+    assert any("ckpt bytes" in t for t in text) and any("refused" in t for t in text)
 
 
 def test_loadcheck_goal_covers_large_chunks_only():

@@ -8,7 +8,9 @@ device), limit (our io_uring engine streaming against fio). Parts on sparse file
 core (our RawBlockCore against LMCache's, with per-key CPU beside the kernel floor and the
 checkpoint flush cost), recovery (slot-header validation, sequential against batched),
 plugin (batched_remove fan-out against the override, and eviction under contention) and e2e
-(LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio).
+(LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio)
+and scale (the v1 checkpoint's bytes and time, reopen time and index memory against index size,
+and what a put costs on a full cache).
 Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
 check costs a load, the check on against off on one core).
 """
@@ -27,14 +29,15 @@ from . import e2e as e2e_suite
 from . import loadcheck as loadcheck_suite
 from . import plugin as plugin_suite
 from . import recovery as recovery_suite
+from . import scale as scale_suite
 from .common import Competitor
 from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck", "scale")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
-CORE_PARTS = ("core", "recovery", "plugin", "e2e")  # the parts that compare with LMCache, on files of their own
+CORE_PARTS = ("core", "recovery", "plugin", "e2e", "scale")  # the parts that compare with LMCache, on files of their own
 OWN_PARTS = ("loadcheck",)  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
@@ -132,6 +135,13 @@ def loadcheck_settings(opts: Options) -> loadcheck_suite.LoadCheckSettings:
     return s
 
 
+def scale_settings(opts: Options) -> scale_suite.ScaleSettings:
+    s = replace(scale_suite.SUITES[opts.suite])
+    if opts.repeats:
+        s.ckpt_rounds = s.reopen_rounds = opts.repeats
+    return s
+
+
 def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str] | None = None,
         core_comps: list[Competitor] | None = None) -> dict:
     """Run the planned parts. ``comps``: ours + the Rust wheel (device parts); ``core_comps``:
@@ -157,6 +167,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["e2e"] = e2e_settings(opts)
     if "loadcheck" in parts:
         part_settings["loadcheck"] = loadcheck_settings(opts)
+    if "scale" in parts:
+        part_settings["scale"] = scale_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
     settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
@@ -184,6 +196,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "plugin": plugin_suite.steps(part_settings["plugin"]) if "plugin" in parts else 0,
         "e2e": e2e_suite.steps(part_settings["e2e"]) if "e2e" in parts else 0,
         "loadcheck": loadcheck_suite.steps(part_settings["loadcheck"]) if "loadcheck" in parts else 0,
+        "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -198,6 +211,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "plugin": lambda bar: plugin_suite.run_plugin(core_comps, part_settings["plugin"], workdir, bar),
         "e2e": lambda bar: e2e_suite.run_e2e(part_settings["e2e"], workdir, bar),
         "loadcheck": lambda bar: loadcheck_suite.run_loadcheck(part_settings["loadcheck"], bar),
+        "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
     }
     total = sum(steps[p] for p in parts)
     quiet = on_files or any(p in OWN_PARTS for p in parts)

@@ -296,8 +296,81 @@ def print_loadcheck(results: dict, p: Callable[..., None]) -> None:
                  "IQR", "min-max", "µs/key added", "bytes ok"], rows, _right(14, 3)[:-1] + [False]))
 
 
+def _kb(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / (1 << 20):.2f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def _f1(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _f2(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def scale_rows(sc: dict) -> list[list[str]]:
+    return [[r["impl"], f"{r['entries']:,}", _kb(r.get("ckpt_bytes")), _f1(r.get("bytes_per_entry")),
+             fmt_time(r.get("ckpt_s")), fmt_time(r.get("ckpt_cpu_s")), fmt_time(r.get("reopen_s")),
+             fmt_time(r.get("reopen_verify_s")), _f1(r.get("index_memory_per_entry"))]
+            for r in sorted(sc.get("rows", []), key=lambda r: (r["entries"], r["impl"] != "ours"))]
+
+
+def scale_limit_rows(sc: dict) -> list[list[str]]:
+    lim = sc.get("limit") or {}
+    rows = []
+    for p in lim.get("probes", []):
+        est = lim.get("by_impl", {}).get(p["impl"], {})
+        rows.append([p["impl"], f"{est.get('max_entries', 0):,}", f"{p['factor']:.2f}", f"{p['entries']:,}",
+                     p["outcome"], _kb(p.get("ckpt_bytes"))])
+    return rows
+
+
+def scale_put_rows(sc: dict) -> list[list[str]]:
+    rows = []
+    for r in sc.get("puts", []):
+        how = "plugin LRU" if r["path"] == "plugin" else ("core, delete oldest + put" if r["full"] else "core")
+        rows.append([how, r["impl"], f"{r['slots']:,}", str(r["threads"]), "full" if r["full"] else "room",
+                     str(r["puts"]), fmt_us(r.get("p50_s")), fmt_us(r.get("p99_s")), str(r.get("failed")),
+                     _f2(r.get("ckpts_per_put")), _f2(r.get("room_ckpts_per_put")), fmt_us(r.get("delete_p50_s"))])
+    return rows
+
+
+def print_scale(results: dict, p: Callable[..., None]) -> None:
+    sc = results["scale"]
+    s = sc["settings"]
+    p(f"Scale: v1 metadata against index size, {s['slot_bytes']} B slots ({s['header_bytes']} B header, "
+      f"{s['payload_bytes']} B payloads), LMCache-shaped object keys ({s['chunk_hash_bytes']}-byte chunk hashes), "
+      f"posix, page cache; checkpoint after {s['churn'] * 100:g} % churn (median of {s['ckpt_rounds']}): its "
+      "bytes on the device, per entry, wall and CPU time; reopen with meta_verify_on_load off / on; index "
+      "memory per entry (ours only)")
+    for k, v in sc.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    for note in sc.get("notes", []):
+        p(f"  note: {note}")
+    rows = scale_rows(sc)
+    if rows:
+        p(table(["impl", "entries", "ckpt bytes", "B/entry", "ckpt wall", "ckpt CPU", "reopen", "reopen verify",
+                 "index B/entry"], rows, _right(9)))
+    lim = sc.get("limit") or {}
+    if lim.get("probes"):
+        p(f"Scale: the default metadata region ({fmt_size(lim['meta_total_bytes'])}: checkpoints of at most "
+          f"{fmt_size(lim['payload_capacity'])}); entries it holds at the bytes per entry of the largest N, and "
+          "one checkpoint at a fraction of that")
+        p(table(["impl", "max entries", "factor", "entries", "checkpoint", "bytes"], scale_limit_rows(sc),
+                [False, True, True, True, False, True]))
+    rows = scale_put_rows(sc)
+    if rows:
+        p("Scale: one-key puts into a cache of S entries with room, and full (every slot taken; a checkpoint "
+          "written after the fill); µs per put; checkpoints written per put, and those written to free a slot")
+        p(table(["path", "impl", "slots", "threads", "cache", "puts", "p50 µs", "p99 µs", "failed", "ckpts/put",
+                 "room ckpts/put", "delete p50 µs"], rows, _right(12, 2)))
+
+
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
-            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck}
+            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck,
+            "scale": print_scale}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
