@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 
 from .common import MiB, Competitor, median, remove_file, sparse
 from .core import PlainObj, close_core, open_core
+from .plugin import _Config, _LocalCPU, _Metadata
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ALIGN = 512
@@ -279,24 +280,6 @@ class RefObj(PlainObj):
         return self._refs
 
 
-class _Config:
-    def __init__(self, extra: dict):
-        self.extra_config = extra
-
-
-class _Metadata:
-    world_size = 1
-    worker_id = 0
-
-
-class _LocalCPU:
-    def get_full_chunk_size_bytes(self) -> int:
-        return PAYLOAD
-
-    def get_memory_allocator(self) -> Any:
-        return None
-
-
 def _cache_keys(n: int, start: int) -> list:
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey, torch
 
@@ -321,7 +304,7 @@ class _Driver:
                      "rust_raw_block.header_bytes": HEADER, "rust_raw_block.block_align": ALIGN,
                      "rust_raw_block.meta_total_bytes": meta, "rust_raw_block.meta_enable_periodic": False,
                      "rust_raw_block.meta_verify_on_load": False, "rust_raw_block.eviction_policy": "lru"}
-            self.be = RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(),
+            self.be = RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(PAYLOAD),
                                           loop=self.loop, dst_device="cpu")
             self.core = self.be._core
             self.obj = RefObj(PAYLOAD, 0x5A)
