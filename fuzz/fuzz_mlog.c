@@ -23,20 +23,6 @@
 
 #include "rb_mlog.h"
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 static uint32_t crc(const void *p, size_t n)
 {
     return (uint32_t)crc32(0, p, (uInt)n);
@@ -80,11 +66,11 @@ static void fix_group(uint8_t *g, size_t len)
 {
     if (len < RB_MLOG_GROUP_HDR_LEN)
         return;
-    put_le(g + 40, crc(g, 40), 4);
-    uint64_t bl = get_le(g + 24, 8);
+    rb_put_le(g + 40, crc(g, 40), 4);
+    uint64_t bl = rb_get_le(g + 24, 8);
     if (bl <= len - RB_MLOG_GROUP_HDR_LEN) {
         uint32_t c = (uint32_t)crc32(crc32(0, g, 44), g + RB_MLOG_GROUP_HDR_LEN, (uInt)bl);
-        put_le(g + 44, c, 4);
+        rb_put_le(g + 44, c, 4);
     }
 }
 
@@ -92,24 +78,24 @@ static void fix_base(uint8_t *b, size_t len)
 {
     if (len < RB_MLOG_BASE_HDR_LEN)
         return;
-    uint64_t tl = get_le(b + 40, 8);
+    uint64_t tl = rb_get_le(b + 40, 8);
     if (tl <= len - RB_MLOG_BASE_HDR_LEN)
-        put_le(b + 48, crc(b + RB_MLOG_BASE_HDR_LEN, (size_t)tl), 4);
-    put_le(b + 52, crc(b, 52), 4);
+        rb_put_le(b + 48, crc(b + RB_MLOG_BASE_HDR_LEN, (size_t)tl), 4);
+    rb_put_le(b + 52, crc(b, 52), 4);
     if (tl > len - RB_MLOG_BASE_HDR_LEN)
         return;
     for (uint64_t off = RB_MLOG_BASE_HDR_LEN + tl; off + 8 <= len;) {
         uint8_t *h = b + off;
         if (!memcmp(h, RB_MLOG_END_MAGIC, 8) && len - off >= RB_MLOG_END_LEN) {
-            put_le(h + 44, crc(h, 44), 4);
+            rb_put_le(h + 44, crc(h, 44), 4);
             return;
         }
         if (memcmp(h, RB_MLOG_CHUNK_MAGIC, 8) || len - off < RB_MLOG_CHUNK_HDR_LEN)
             return;
-        uint64_t cl = get_le(h + 36, 4);
+        uint64_t cl = rb_get_le(h + 36, 4);
         if (cl <= len - off - RB_MLOG_CHUNK_HDR_LEN)
-            put_le(h + 52, crc(h + RB_MLOG_CHUNK_HDR_LEN, (size_t)cl), 4);
-        put_le(h + 56, crc(h, 56), 4);
+            rb_put_le(h + 52, crc(h + RB_MLOG_CHUNK_HDR_LEN, (size_t)cl), 4);
+        rb_put_le(h + 56, crc(h, 56), 4);
         off += RB_MLOG_CHUNK_HDR_LEN + cl;
     }
 }
@@ -153,7 +139,7 @@ static void one_chunk(const uint8_t *in, size_t len)
 {
     if (len < 6)
         return;
-    uint32_t n = (uint32_t)get_le(in, 2), first = (uint32_t)get_le(in + 2, 2), last = (uint32_t)get_le(in + 4, 2);
+    uint32_t n = (uint32_t)rb_get_le(in, 2), first = (uint32_t)rb_get_le(in + 2, 2), last = (uint32_t)rb_get_le(in + 4, 2);
     const uint8_t *raw = in + 6;
     size_t rlen = len - 6;
     rb_mlog_benc e;
@@ -187,25 +173,25 @@ static void one_chunk(const uint8_t *in, size_t len)
         return;
     }
     memcpy(h, RB_MLOG_CHUNK_MAGIC, 8);
-    put_le(h + 8, 5, 8);
-    put_le(h + 16, 9, 8);
-    put_le(h + 24, 0, 4);
-    put_le(h + 28, n, 4);
-    put_le(h + 32, rlen, 4);
-    put_le(h + 36, comp, 4);
-    put_le(h + 40, first, 4);
-    put_le(h + 44, last, 4);
-    put_le(h + 48, 1, 4);
-    put_le(h + 52, crc(c, comp), 4);
-    put_le(h + 56, crc(h, 56), 4);
+    rb_put_le(h + 8, 5, 8);
+    rb_put_le(h + 16, 9, 8);
+    rb_put_le(h + 24, 0, 4);
+    rb_put_le(h + 28, n, 4);
+    rb_put_le(h + 32, rlen, 4);
+    rb_put_le(h + 36, comp, 4);
+    rb_put_le(h + 40, first, 4);
+    rb_put_le(h + 44, last, 4);
+    rb_put_le(h + 48, 1, 4);
+    rb_put_le(h + 52, crc(c, comp), 4);
+    rb_put_le(h + 56, crc(h, 56), 4);
     uint8_t *t = c + comp;
     memcpy(t, RB_MLOG_END_MAGIC, 8);
-    put_le(t + 8, 5, 8);
-    put_le(t + 16, 9, 8);
-    put_le(t + 24, n, 8);
-    put_le(t + 32, (uint64_t)(t - b), 8);
-    put_le(t + 40, 1, 4);
-    put_le(t + 44, crc(t, 44), 4);
+    rb_put_le(t + 8, 5, 8);
+    rb_put_le(t + 16, 9, 8);
+    rb_put_le(t + 24, n, 8);
+    rb_put_le(t + 32, (uint64_t)(t - b), 8);
+    rb_put_le(t + 40, 1, 4);
+    rb_put_le(t + 44, crc(t, 44), 4);
     size_t blen = (size_t)(t - b) + RB_MLOG_END_LEN;
     decode_base(b, blen);
     free(b);
@@ -331,7 +317,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     switch (mode) {
     case 0: {
         if (fix && len >= RB_MLOG_SB_LEN)
-            put_le(copy + 252, crc(copy, 252), 4);
+            rb_put_le(copy + 252, crc(copy, 252), 4);
         rb_mlog_sb sb;
         if (rb_mlog_sb_decode(copy, len, &sb, &err) == 0) {
             /* what decodes encodes back to the same bytes */

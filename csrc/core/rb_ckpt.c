@@ -9,40 +9,27 @@
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 void rb_ckpt_header_encode(const rb_ckpt_header *h, uint8_t out[RB_CKPT_HEADER_LEN])
 {
     memcpy(out, h->magic, 8);
-    put_le(out + 8, h->version, 4);
-    put_le(out + 12, h->seq, 8);
-    put_le(out + 20, h->payload_len, 8);
-    put_le(out + 28, h->crc, 4);
+    rb_put_le(out + 8, h->version, 4);
+    rb_put_le(out + 12, h->seq, 8);
+    rb_put_le(out + 20, h->payload_len, 8);
+    rb_put_le(out + 28, h->crc, 4);
 }
 
 void rb_ckpt_header_decode(const uint8_t in[RB_CKPT_HEADER_LEN], rb_ckpt_header *h)
 {
     memcpy(h->magic, in, 8);
-    h->version = (uint32_t)get_le(in + 8, 4);
-    h->seq = get_le(in + 12, 8);
-    h->payload_len = get_le(in + 20, 8);
-    h->crc = (uint32_t)get_le(in + 28, 4);
+    h->version = (uint32_t)rb_get_le(in + 8, 4);
+    h->seq = rb_get_le(in + 12, 8);
+    h->payload_len = rb_get_le(in + 20, 8);
+    h->crc = (uint32_t)rb_get_le(in + 28, 4);
 }
 
 uint32_t rb_crc32(const void *buf, size_t len)
@@ -63,11 +50,11 @@ void rb_slot_header_encode(uint8_t *out, size_t hdr_len, uint64_t identity, uint
 {
     memset(out, 0, hdr_len);
     memcpy(out, RB_SLOT_MAGIC, 8);
-    put_le(out + 8, identity, 8);
-    put_le(out + 16, payload_len, 8);
+    rb_put_le(out + 8, identity, 8);
+    rb_put_le(out + 16, payload_len, 8);
     if (has_sum && hdr_len >= RB_SUM_END) {
         memcpy(out + 24, RB_SUM_MAGIC, 8);
-        put_le(out + 32, sum, 8);
+        rb_put_le(out + 32, sum, 8);
     }
 }
 
@@ -76,12 +63,12 @@ int rb_slot_header_decode(const uint8_t *in, size_t len, uint64_t *identity, uin
 {
     if (len < RB_SLOT_HEADER_LEN || memcmp(in, RB_SLOT_MAGIC, 8) != 0)
         return -1;
-    *identity = get_le(in + 8, 8);
-    *payload_len = get_le(in + 16, 8);
+    *identity = rb_get_le(in + 8, 8);
+    *payload_len = rb_get_le(in + 16, 8);
     *has_sum = 0;
     if (len >= RB_SUM_END && memcmp(in + 24, RB_SUM_MAGIC, 8) == 0) {
         *has_sum = 1;
-        *sum = get_le(in + 32, 8);
+        *sum = rb_get_le(in + 32, 8);
     }
     return 0;
 }
@@ -92,12 +79,16 @@ void rb_buf_free(rb_buf *b)
     memset(b, 0, sizeof(*b));
 }
 
-static int reserve(rb_buf *b, size_t extra)
+int rb_buf_reserve(rb_buf *b, size_t extra)
 {
     if (b->oom)
         return -ENOMEM;
-    if (b->len + extra <= b->cap)
+    if (extra <= b->cap - b->len)
         return 0;
+    if (extra > SIZE_MAX / 2 - b->len) {
+        b->oom = 1;
+        return -ENOMEM;
+    }
     size_t nc = b->cap ? b->cap : 4096;
     while (nc < b->len + extra)
         nc *= 2;
@@ -113,7 +104,7 @@ static int reserve(rb_buf *b, size_t extra)
 
 int rb_buf_put(rb_buf *b, const void *p, size_t n)
 {
-    if (reserve(b, n) < 0)
+    if (rb_buf_reserve(b, n) < 0)
         return -ENOMEM;
     memcpy(b->data + b->len, p, n);
     b->len += n;
@@ -213,7 +204,7 @@ static size_t utf8_next(const unsigned char *s, size_t n, uint32_t *cp)
 int rb_buf_json_str(rb_buf *b, const char *str, size_t n)
 {
     /* Worst case 12 output bytes per input byte (a lone byte as \u00XX is 6). */
-    if (reserve(b, 2 + n * 6 + 8) < 0)
+    if (rb_buf_reserve(b, 2 + n * 6 + 8) < 0)
         return -ENOMEM;
     const unsigned char *s = (const unsigned char *)str;
     char *o = b->data + b->len;

@@ -40,6 +40,21 @@ void rb_slot_header_encode(uint8_t *out, size_t hdr_len, uint64_t identity, uint
 int rb_slot_header_decode(const uint8_t *in, size_t len, uint64_t *identity, uint64_t *payload_len, int *has_sum,
                           uint64_t *sum);
 
+/* Little-endian fields of n bytes (n <= 8), as every on-disk structure packs them. */
+static inline void rb_put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t rb_get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
 /* Growable buffer. Functions return 0 or -ENOMEM (sticky: later appends are no-ops). */
 typedef struct rb_buf {
     char *data;
@@ -48,6 +63,9 @@ typedef struct rb_buf {
 } rb_buf;
 
 void rb_buf_free(rb_buf *b);
+/* Room for extra more bytes (capacity doubling from 4 KiB); -ENOMEM, sticky, when it cannot be
+ * had or the size would overflow. */
+int rb_buf_reserve(rb_buf *b, size_t extra);
 int rb_buf_put(rb_buf *b, const void *p, size_t n);
 int rb_buf_puts(rb_buf *b, const char *s);
 int rb_buf_i64(rb_buf *b, int64_t v);

@@ -15,20 +15,6 @@
 
 /* ---- primitives ------------------------------------------------------------------------- */
 
-static inline void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* CRC-32 (zlib's) of more bytes after crc; crc 0 starts one. */
 static uint32_t crc_more(uint32_t crc, const void *buf, size_t len)
 {
@@ -59,37 +45,13 @@ static int nomem(rb_err *err, const char *what)
     return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "%s: out of memory", what);
 }
 
-/* Room for extra more bytes in b (rb_buf's growth rule; sticky oom). */
-static int buf_reserve(rb_buf *b, size_t extra)
-{
-    if (b->oom)
-        return -ENOMEM;
-    if (extra <= b->cap - b->len)
-        return 0;
-    if (extra > SIZE_MAX / 2 - b->len) {
-        b->oom = 1;
-        return -ENOMEM;
-    }
-    size_t nc = b->cap ? b->cap : 4096;
-    while (nc < b->len + extra)
-        nc *= 2;
-    char *p = realloc(b->data, nc);
-    if (!p) {
-        b->oom = 1;
-        return -ENOMEM;
-    }
-    b->data = p;
-    b->cap = nc;
-    return 0;
-}
-
 /* b := its first keep bytes, then n bytes from p (the previous key becomes the next one). */
 static int key_set(rb_buf *b, size_t keep, const void *p, size_t n)
 {
     b->len = keep;
     if (n == 0)
         return 0;
-    if (buf_reserve(b, n) < 0) {
+    if (rb_buf_reserve(b, n) < 0) {
         b->oom = 0; /* the buffer is still good: the caller decides */
         return -ENOMEM;
     }
@@ -252,7 +214,7 @@ static uint8_t *put_tail(uint8_t *p, const rb_mlog_ent *e, uint64_t size_field)
     p = put_varint(p, e->cls);
     *p++ = (uint8_t)((e->flags & RB_MLOG_ENT_SUM ? TAIL_SUM : 0) | (e->npos >= 0 ? TAIL_POS : 0));
     if (e->flags & RB_MLOG_ENT_SUM) {
-        put_le(p, e->checksum, 8);
+        rb_put_le(p, e->checksum, 8);
         p += 8;
     }
     if (e->npos >= 0) {
@@ -313,7 +275,7 @@ static int rd_tail(rd *r, rb_mlog_ent *e, uint64_t *size_field, int64_t **pos, s
         if ((rc = rd_bytes(r, "checksum", 8, &s)) < 0)
             return rc;
         e->flags |= RB_MLOG_ENT_SUM;
-        e->checksum = get_le(s, 8);
+        e->checksum = rb_get_le(s, 8);
     }
     e->npos = -1;
     e->pos = NULL;
@@ -450,34 +412,34 @@ int rb_mlog_sb_encode(const rb_mlog_sb *sb, uint8_t *out, size_t out_len, rb_err
     }
     memset(out, 0, out_len);
     memcpy(out, RB_MLOG_SB_MAGIC, 8);
-    put_le(out + 8, RB_MLOG_VERSION, 4);
-    put_le(out + 12, RB_MLOG_SB_LEN, 4);
+    rb_put_le(out + 8, RB_MLOG_VERSION, 4);
+    rb_put_le(out + 12, RB_MLOG_SB_LEN, 4);
     /* 16: flags, 20..32: reserved (a format v1 reader finds payload_len 0 at 20) */
-    put_le(out + 32, sb->sb_seq, 8);
-    put_le(out + 40, sb->generation, 8);
-    put_le(out + 48, sb->block_align, 8);
-    put_le(out + 56, sb->header_bytes, 8);
-    put_le(out + 64, sb->slot_bytes, 8);
-    put_le(out + 72, sb->data_base, 8);
-    put_le(out + 80, sb->capacity, 8);
-    put_le(out + 88, sb->meta_total_bytes, 8);
-    put_le(out + 96, sb->container_bytes, 8);
-    put_le(out + 104, sb->max_slots, 4);
-    put_le(out + 112, sb->areas[0].off, 8);
-    put_le(out + 120, sb->areas[0].len, 8);
-    put_le(out + 128, sb->areas[1].off, 8);
-    put_le(out + 136, sb->areas[1].len, 8);
-    put_le(out + 144, sb->base.area, 4);
-    put_le(out + 148, sb->base.n_chunks, 4);
-    put_le(out + 152, sb->base.len, 8);
-    put_le(out + 160, sb->base.n_entries, 8);
-    put_le(out + 168, sb->base.log_seq, 8);
-    put_le(out + 176, sb->base.next_slot, 4);
-    put_le(out + 184, sb->ring.off, 8);
-    put_le(out + 192, sb->ring.len, 8);
-    put_le(out + 200, sb->ring.start, 8);
-    put_le(out + 208, sb->ring.start_seq, 8);
-    put_le(out + SB_CRC_OFF, crc_more(0, out, SB_CRC_OFF), 4);
+    rb_put_le(out + 32, sb->sb_seq, 8);
+    rb_put_le(out + 40, sb->generation, 8);
+    rb_put_le(out + 48, sb->block_align, 8);
+    rb_put_le(out + 56, sb->header_bytes, 8);
+    rb_put_le(out + 64, sb->slot_bytes, 8);
+    rb_put_le(out + 72, sb->data_base, 8);
+    rb_put_le(out + 80, sb->capacity, 8);
+    rb_put_le(out + 88, sb->meta_total_bytes, 8);
+    rb_put_le(out + 96, sb->container_bytes, 8);
+    rb_put_le(out + 104, sb->max_slots, 4);
+    rb_put_le(out + 112, sb->areas[0].off, 8);
+    rb_put_le(out + 120, sb->areas[0].len, 8);
+    rb_put_le(out + 128, sb->areas[1].off, 8);
+    rb_put_le(out + 136, sb->areas[1].len, 8);
+    rb_put_le(out + 144, sb->base.area, 4);
+    rb_put_le(out + 148, sb->base.n_chunks, 4);
+    rb_put_le(out + 152, sb->base.len, 8);
+    rb_put_le(out + 160, sb->base.n_entries, 8);
+    rb_put_le(out + 168, sb->base.log_seq, 8);
+    rb_put_le(out + 176, sb->base.next_slot, 4);
+    rb_put_le(out + 184, sb->ring.off, 8);
+    rb_put_le(out + 192, sb->ring.len, 8);
+    rb_put_le(out + 200, sb->ring.start, 8);
+    rb_put_le(out + 208, sb->ring.start_seq, 8);
+    rb_put_le(out + SB_CRC_OFF, crc_more(0, out, SB_CRC_OFF), 4);
     return 0;
 }
 
@@ -497,14 +459,14 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
         return bad(err, W, "%llu bytes, %llu needed", len, RB_MLOG_SB_LEN);
     if (memcmp(in, RB_MLOG_SB_MAGIC, 8) != 0)
         return bad(err, W, "bad magic", 0, 0);
-    uint32_t ver = (uint32_t)get_le(in + 8, 4);
+    uint32_t ver = (uint32_t)rb_get_le(in + 8, 4);
     if (ver != RB_MLOG_VERSION)
         return rb_err_set(err, RB_ERR_VALUE, EPROTONOSUPPORT, "%s: format version %u, this build reads %u", W, ver,
                           RB_MLOG_VERSION);
-    uint32_t sblen = (uint32_t)get_le(in + 12, 4);
+    uint32_t sblen = (uint32_t)rb_get_le(in + 12, 4);
     if (sblen != RB_MLOG_SB_LEN)
         return bad(err, W, "length field %llu, expected %llu", sblen, RB_MLOG_SB_LEN);
-    uint32_t stored = (uint32_t)get_le(in + SB_CRC_OFF, 4), crc = crc_more(0, in, SB_CRC_OFF);
+    uint32_t stored = (uint32_t)rb_get_le(in + SB_CRC_OFF, 4), crc = crc_more(0, in, SB_CRC_OFF);
     if (stored != crc)
         return bad(err, W, "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
     if (!zero_bytes(in, 16, 32) || !zero_bytes(in, 108, 112) || !zero_bytes(in, 180, 184) ||
@@ -512,30 +474,30 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
         return bad(err, W, "flags or reserved bytes are not zero", 0, 0);
     rb_mlog_sb s;
     memset(&s, 0, sizeof s);
-    s.sb_seq = get_le(in + 32, 8);
-    s.generation = get_le(in + 40, 8);
-    s.block_align = get_le(in + 48, 8);
-    s.header_bytes = get_le(in + 56, 8);
-    s.slot_bytes = get_le(in + 64, 8);
-    s.data_base = get_le(in + 72, 8);
-    s.capacity = get_le(in + 80, 8);
-    s.meta_total_bytes = get_le(in + 88, 8);
-    s.container_bytes = get_le(in + 96, 8);
-    s.max_slots = (uint32_t)get_le(in + 104, 4);
-    s.areas[0].off = get_le(in + 112, 8);
-    s.areas[0].len = get_le(in + 120, 8);
-    s.areas[1].off = get_le(in + 128, 8);
-    s.areas[1].len = get_le(in + 136, 8);
-    s.base.area = (uint32_t)get_le(in + 144, 4);
-    s.base.n_chunks = (uint32_t)get_le(in + 148, 4);
-    s.base.len = get_le(in + 152, 8);
-    s.base.n_entries = get_le(in + 160, 8);
-    s.base.log_seq = get_le(in + 168, 8);
-    s.base.next_slot = (uint32_t)get_le(in + 176, 4);
-    s.ring.off = get_le(in + 184, 8);
-    s.ring.len = get_le(in + 192, 8);
-    s.ring.start = get_le(in + 200, 8);
-    s.ring.start_seq = get_le(in + 208, 8);
+    s.sb_seq = rb_get_le(in + 32, 8);
+    s.generation = rb_get_le(in + 40, 8);
+    s.block_align = rb_get_le(in + 48, 8);
+    s.header_bytes = rb_get_le(in + 56, 8);
+    s.slot_bytes = rb_get_le(in + 64, 8);
+    s.data_base = rb_get_le(in + 72, 8);
+    s.capacity = rb_get_le(in + 80, 8);
+    s.meta_total_bytes = rb_get_le(in + 88, 8);
+    s.container_bytes = rb_get_le(in + 96, 8);
+    s.max_slots = (uint32_t)rb_get_le(in + 104, 4);
+    s.areas[0].off = rb_get_le(in + 112, 8);
+    s.areas[0].len = rb_get_le(in + 120, 8);
+    s.areas[1].off = rb_get_le(in + 128, 8);
+    s.areas[1].len = rb_get_le(in + 136, 8);
+    s.base.area = (uint32_t)rb_get_le(in + 144, 4);
+    s.base.n_chunks = (uint32_t)rb_get_le(in + 148, 4);
+    s.base.len = rb_get_le(in + 152, 8);
+    s.base.n_entries = rb_get_le(in + 160, 8);
+    s.base.log_seq = rb_get_le(in + 168, 8);
+    s.base.next_slot = (uint32_t)rb_get_le(in + 176, 4);
+    s.ring.off = rb_get_le(in + 184, 8);
+    s.ring.len = rb_get_le(in + 192, 8);
+    s.ring.start = rb_get_le(in + 200, 8);
+    s.ring.start_seq = rb_get_le(in + 208, 8);
     int rc = sb_check(&s, err);
     if (rc < 0)
         return rc;
@@ -571,7 +533,7 @@ static int genc_room(rb_mlog_genc *g, size_t n, rb_err *err)
 {
     if (g->n_records == UINT32_MAX)
         return rb_err_set(err, RB_ERR_VALUE, E2BIG, "log group: more than %u records", UINT32_MAX);
-    if (n == 0 || buf_reserve(&g->body, n) < 0)
+    if (n == 0 || rb_buf_reserve(&g->body, n) < 0)
         return n ? nomem(err, "log group") : rb_err_set(err, RB_ERR_VALUE, E2BIG, "log group: record too large");
     return 0;
 }
@@ -657,16 +619,16 @@ int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "log group: %zu bytes of room, %llu needed", out_len,
                           (unsigned long long)total);
     memcpy(out, RB_MLOG_GROUP_MAGIC, 8);
-    put_le(out + 8, generation, 8);
-    put_le(out + 16, seq, 8);
-    put_le(out + 24, g->body.len, 8);
-    put_le(out + 32, g->n_records, 4);
-    put_le(out + 36, 0, 4);
-    put_le(out + GRP_HCRC_OFF, crc_more(0, out, GRP_HCRC_OFF), 4);
+    rb_put_le(out + 8, generation, 8);
+    rb_put_le(out + 16, seq, 8);
+    rb_put_le(out + 24, g->body.len, 8);
+    rb_put_le(out + 32, g->n_records, 4);
+    rb_put_le(out + 36, 0, 4);
+    rb_put_le(out + GRP_HCRC_OFF, crc_more(0, out, GRP_HCRC_OFF), 4);
     if (g->body.len)
         memcpy(out + RB_MLOG_GROUP_HDR_LEN, g->body.data, g->body.len);
     uint32_t crc = crc_more(crc_more(0, out, GRP_CRC_OFF), out + RB_MLOG_GROUP_HDR_LEN, g->body.len);
-    put_le(out + GRP_CRC_OFF, crc, 4);
+    rb_put_le(out + GRP_CRC_OFF, crc, 4);
     memset(out + RB_MLOG_GROUP_HDR_LEN + g->body.len, 0, out_len - RB_MLOG_GROUP_HDR_LEN - g->body.len);
     return 0;
 }
@@ -682,16 +644,16 @@ int rb_mlog_group_head(const uint8_t *in, size_t len, uint64_t block_align, uint
         return bad(err, W, "%llu bytes, the header needs %llu", len, RB_MLOG_GROUP_HDR_LEN);
     if (memcmp(in, RB_MLOG_GROUP_MAGIC, 8) != 0)
         return bad(err, W, "bad magic", 0, 0);
-    uint32_t stored = (uint32_t)get_le(in + GRP_HCRC_OFF, 4), crc = crc_more(0, in, GRP_HCRC_OFF);
+    uint32_t stored = (uint32_t)rb_get_le(in + GRP_HCRC_OFF, 4), crc = crc_more(0, in, GRP_HCRC_OFF);
     if (stored != crc)
         return bad(err, W, "header CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
-    if (get_le(in + 36, 4) != 0)
+    if (rb_get_le(in + 36, 4) != 0)
         return bad(err, W, "reserved bytes 36..40 are not zero", 0, 0);
     rb_mlog_group_info g;
-    g.generation = get_le(in + 8, 8);
-    g.seq = get_le(in + 16, 8);
-    g.body_len = get_le(in + 24, 8);
-    g.n_records = (uint32_t)get_le(in + 32, 4);
+    g.generation = rb_get_le(in + 8, 8);
+    g.seq = rb_get_le(in + 16, 8);
+    g.body_len = rb_get_le(in + 24, 8);
+    g.n_records = (uint32_t)rb_get_le(in + 32, 4);
     if (g.generation == 0 || g.seq == 0)
         return bad(err, W, "generation %llu or sequence %llu is 0", g.generation, g.seq);
     if (g.body_len > (1ull << 62))
@@ -782,7 +744,7 @@ int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, ui
         return bad(err, "log group", "truncated: the body needs %llu bytes, %llu given", g.body_len,
                    len - RB_MLOG_GROUP_HDR_LEN);
     const uint8_t *body = in + RB_MLOG_GROUP_HDR_LEN;
-    uint32_t stored = (uint32_t)get_le(in + GRP_CRC_OFF, 4);
+    uint32_t stored = (uint32_t)rb_get_le(in + GRP_CRC_OFF, 4);
     uint32_t crc = crc_more(crc_more(0, in, GRP_CRC_OFF), body, (size_t)g.body_len);
     if (stored != crc)
         return bad(err, "log group", "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
@@ -846,7 +808,7 @@ int rb_mlog_benc_init(rb_mlog_benc *e, uint64_t generation, uint64_t log_seq, ui
     e->next_slot = next_slot;
     e->cls_ids = malloc((n_cls ? n_cls : 1) * sizeof *e->cls_ids);
     z_stream *z = calloc(1, sizeof *z);
-    if (!e->cls_ids || !z || buf_reserve(&e->out, RB_MLOG_BASE_HDR_LEN + tab) < 0) {
+    if (!e->cls_ids || !z || rb_buf_reserve(&e->out, RB_MLOG_BASE_HDR_LEN + tab) < 0) {
         free(z);
         rb_mlog_benc_free(e);
         return nomem(err, W);
@@ -869,15 +831,15 @@ int rb_mlog_benc_init(rb_mlog_benc *e, uint64_t generation, uint64_t log_seq, ui
     }
     uint64_t tab_len = (uint64_t)(p - h) - RB_MLOG_BASE_HDR_LEN;
     memcpy(h, RB_MLOG_BASE_MAGIC, 8);
-    put_le(h + 8, RB_MLOG_VERSION, 4);
-    put_le(h + 12, 0, 4);
-    put_le(h + 16, generation, 8);
-    put_le(h + 24, log_seq, 8);
-    put_le(h + 32, next_slot, 4);
-    put_le(h + 36, n_cls, 4);
-    put_le(h + 40, tab_len, 8);
-    put_le(h + 48, crc_more(0, h + RB_MLOG_BASE_HDR_LEN, (size_t)tab_len), 4);
-    put_le(h + BASE_HCRC_OFF, crc_more(0, h, BASE_HCRC_OFF), 4);
+    rb_put_le(h + 8, RB_MLOG_VERSION, 4);
+    rb_put_le(h + 12, 0, 4);
+    rb_put_le(h + 16, generation, 8);
+    rb_put_le(h + 24, log_seq, 8);
+    rb_put_le(h + 32, next_slot, 4);
+    rb_put_le(h + 36, n_cls, 4);
+    rb_put_le(h + 40, tab_len, 8);
+    rb_put_le(h + 48, crc_more(0, h + RB_MLOG_BASE_HDR_LEN, (size_t)tab_len), 4);
+    rb_put_le(h + BASE_HCRC_OFF, crc_more(0, h, BASE_HCRC_OFF), 4);
     e->out.len = (size_t)(p - h);
     e->produced = e->out.len;
     return 0;
@@ -919,7 +881,7 @@ static int benc_flush(rb_mlog_benc *e, rb_err *err)
         return 0;
     z_stream *z = e->z;
     uLong bound = deflateBound(z, (uLong)e->raw.len);
-    if (buf_reserve(&e->out, RB_MLOG_CHUNK_HDR_LEN + (size_t)bound) < 0)
+    if (rb_buf_reserve(&e->out, RB_MLOG_CHUNK_HDR_LEN + (size_t)bound) < 0)
         return nomem(err, "base encoder");
     uint8_t *h = (uint8_t *)e->out.data + e->out.len, *c = h + RB_MLOG_CHUNK_HDR_LEN;
     if (deflateReset(z) != Z_OK)
@@ -933,17 +895,17 @@ static int benc_flush(rb_mlog_benc *e, rb_err *err)
         return rb_err_set(err, RB_ERR_RUNTIME, EIO, "base encoder: deflate of chunk %u returned %d", e->n_chunks, zr);
     uint32_t comp = (uint32_t)z->total_out;
     memcpy(h, RB_MLOG_CHUNK_MAGIC, 8);
-    put_le(h + 8, e->generation, 8);
-    put_le(h + 16, e->log_seq, 8);
-    put_le(h + 24, e->n_chunks, 4);
-    put_le(h + 28, e->chunk_n, 4);
-    put_le(h + 32, e->raw.len, 4);
-    put_le(h + 36, comp, 4);
-    put_le(h + 40, e->first_slot, 4);
-    put_le(h + 44, e->prev_slot, 4);
-    put_le(h + 48, CHUNK_METHOD_DEFLATE, 4); /* method byte, then 3 reserved zero bytes */
-    put_le(h + 52, crc_more(0, c, comp), 4);
-    put_le(h + CHUNK_HCRC_OFF, crc_more(0, h, CHUNK_HCRC_OFF), 4);
+    rb_put_le(h + 8, e->generation, 8);
+    rb_put_le(h + 16, e->log_seq, 8);
+    rb_put_le(h + 24, e->n_chunks, 4);
+    rb_put_le(h + 28, e->chunk_n, 4);
+    rb_put_le(h + 32, e->raw.len, 4);
+    rb_put_le(h + 36, comp, 4);
+    rb_put_le(h + 40, e->first_slot, 4);
+    rb_put_le(h + 44, e->prev_slot, 4);
+    rb_put_le(h + 48, CHUNK_METHOD_DEFLATE, 4); /* method byte, then 3 reserved zero bytes */
+    rb_put_le(h + 52, crc_more(0, c, comp), 4);
+    rb_put_le(h + CHUNK_HCRC_OFF, crc_more(0, h, CHUNK_HCRC_OFF), 4);
     e->out.len += RB_MLOG_CHUNK_HDR_LEN + comp;
     e->produced += RB_MLOG_CHUNK_HDR_LEN + comp;
     e->n_chunks++;
@@ -979,7 +941,7 @@ int rb_mlog_benc_add(rb_mlog_benc *e, const rb_mlog_ent *ent, rb_err *err)
     }
     for (;;) {
         int first = e->chunk_n == 0;
-        if (buf_reserve(&e->raw, 3 * VARINT_MAX + (size_t)ent->key_len + tb) < 0)
+        if (rb_buf_reserve(&e->raw, 3 * VARINT_MAX + (size_t)ent->key_len + tb) < 0)
             return nomem(err, W);
         size_t shared = first ? 0 : common_prefix(e->key.data, e->key.len, ent->key, ent->key_len);
         uint8_t *p0 = (uint8_t *)e->raw.data + e->raw.len, *p = p0;
@@ -1033,16 +995,16 @@ int rb_mlog_benc_finish(rb_mlog_benc *e, uint64_t block_align, rb_err *err)
     if (rc < 0)
         return rc;
     uint64_t end = e->produced + RB_MLOG_END_LEN, padded = round_up(end, block_align);
-    if (buf_reserve(&e->out, (size_t)(padded - e->produced)) < 0)
+    if (rb_buf_reserve(&e->out, (size_t)(padded - e->produced)) < 0)
         return nomem(err, W);
     uint8_t *h = (uint8_t *)e->out.data + e->out.len;
     memcpy(h, RB_MLOG_END_MAGIC, 8);
-    put_le(h + 8, e->generation, 8);
-    put_le(h + 16, e->log_seq, 8);
-    put_le(h + 24, e->n_entries, 8);
-    put_le(h + 32, e->produced, 8);
-    put_le(h + 40, e->n_chunks, 4);
-    put_le(h + END_CRC_OFF, crc_more(0, h, END_CRC_OFF), 4);
+    rb_put_le(h + 8, e->generation, 8);
+    rb_put_le(h + 16, e->log_seq, 8);
+    rb_put_le(h + 24, e->n_entries, 8);
+    rb_put_le(h + 32, e->produced, 8);
+    rb_put_le(h + 40, e->n_chunks, 4);
+    rb_put_le(h + END_CRC_OFF, crc_more(0, h, END_CRC_OFF), 4);
     memset(h + RB_MLOG_END_LEN, 0, (size_t)(padded - end));
     e->out.len += (size_t)(padded - e->produced);
     e->produced = padded;
@@ -1116,21 +1078,21 @@ int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_ba
         return bad(err, W, "%llu bytes, the header needs %llu", len, RB_MLOG_BASE_HDR_LEN);
     if (memcmp(in, RB_MLOG_BASE_MAGIC, 8) != 0)
         return bad(err, W, "bad magic", 0, 0);
-    uint32_t ver = (uint32_t)get_le(in + 8, 4);
+    uint32_t ver = (uint32_t)rb_get_le(in + 8, 4);
     if (ver != RB_MLOG_VERSION)
         return rb_err_set(err, RB_ERR_VALUE, EPROTONOSUPPORT, "%s: format version %u, this build reads %u", W, ver,
                           RB_MLOG_VERSION);
-    uint32_t stored = (uint32_t)get_le(in + BASE_HCRC_OFF, 4), crc = crc_more(0, in, BASE_HCRC_OFF);
+    uint32_t stored = (uint32_t)rb_get_le(in + BASE_HCRC_OFF, 4), crc = crc_more(0, in, BASE_HCRC_OFF);
     if (stored != crc)
         return bad(err, W, "header CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
-    if (get_le(in + 12, 4) != 0)
+    if (rb_get_le(in + 12, 4) != 0)
         return bad(err, W, "flags are not zero", 0, 0);
     rb_mlog_base_info b;
-    b.generation = get_le(in + 16, 8);
-    b.log_seq = get_le(in + 24, 8);
-    b.next_slot = (uint32_t)get_le(in + 32, 4);
-    b.n_classes = (uint32_t)get_le(in + 36, 4);
-    uint64_t tab_len = get_le(in + 40, 8);
+    b.generation = rb_get_le(in + 16, 8);
+    b.log_seq = rb_get_le(in + 24, 8);
+    b.next_slot = (uint32_t)rb_get_le(in + 32, 4);
+    b.n_classes = (uint32_t)rb_get_le(in + 36, 4);
+    uint64_t tab_len = rb_get_le(in + 40, 8);
     if (b.generation == 0)
         return bad(err, W, "generation is 0", 0, 0);
     if (tab_len > len - RB_MLOG_BASE_HDR_LEN)
@@ -1138,7 +1100,7 @@ int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_ba
     if ((uint64_t)b.n_classes > tab_len / 2)
         return bad(err, W, "%llu classes cannot fit in %llu bytes", b.n_classes, tab_len);
     const uint8_t *tab = in + RB_MLOG_BASE_HDR_LEN;
-    stored = (uint32_t)get_le(in + 48, 4);
+    stored = (uint32_t)rb_get_le(in + 48, 4);
     crc = crc_more(0, tab, (size_t)tab_len);
     if (stored != crc)
         return bad(err, "base class table", "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
@@ -1173,18 +1135,18 @@ int rb_mlog_base_at(const uint8_t *in, size_t len, uint64_t off, const rb_mlog_b
     size_t need = is_chunk ? RB_MLOG_CHUNK_HDR_LEN : RB_MLOG_END_LEN, crc_off = is_chunk ? CHUNK_HCRC_OFF : END_CRC_OFF;
     if (len - off < need)
         return bad(err, W, "truncated header: %llu bytes left, %llu needed", len - off, need);
-    uint32_t stored = (uint32_t)get_le(h + crc_off, 4), crc = crc_more(0, h, crc_off);
+    uint32_t stored = (uint32_t)rb_get_le(h + crc_off, 4), crc = crc_more(0, h, crc_off);
     if (stored != crc)
         return bad(err, W, "header CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
-    uint64_t gen = get_le(h + 8, 8), seq = get_le(h + 16, 8);
+    uint64_t gen = rb_get_le(h + 8, 8), seq = rb_get_le(h + 16, 8);
     if (gen != bi->generation || seq != bi->log_seq)
         return rb_err_set(err, RB_ERR_VALUE, ESTALE,
                           "%s: belongs to the base of generation %llu at log sequence %llu, not %llu at %llu", W,
                           (unsigned long long)gen, (unsigned long long)seq, (unsigned long long)bi->generation,
                           (unsigned long long)bi->log_seq);
     if (!is_chunk) {
-        rb_mlog_base_end e = {.off = get_le(h + 32, 8), .n_chunks = (uint32_t)get_le(h + 40, 4),
-                              .n_entries = get_le(h + 24, 8)};
+        rb_mlog_base_end e = {.off = rb_get_le(h + 32, 8), .n_chunks = (uint32_t)rb_get_le(h + 40, 4),
+                              .n_entries = rb_get_le(h + 24, 8)};
         if (e.off != off)
             return bad(err, W, "the end record says it is at byte %llu", e.off, 0);
         if (e.n_entries > bi->next_slot || e.n_chunks > e.n_entries)
@@ -1193,15 +1155,15 @@ int rb_mlog_base_at(const uint8_t *in, size_t len, uint64_t off, const rb_mlog_b
         return 0;
     }
     rb_mlog_chunk c = {.off = off,
-                       .index = (uint32_t)get_le(h + 24, 4),
-                       .n_entries = (uint32_t)get_le(h + 28, 4),
-                       .raw_len = (uint32_t)get_le(h + 32, 4),
-                       .comp_len = (uint32_t)get_le(h + 36, 4),
-                       .first_slot = (uint32_t)get_le(h + 40, 4),
-                       .last_slot = (uint32_t)get_le(h + 44, 4),
-                       .crc = (uint32_t)get_le(h + 52, 4)};
-    if (get_le(h + 48, 4) != CHUNK_METHOD_DEFLATE)
-        return bad(err, W, "chunk method/reserved word 0x%llx is not 1 (deflate)", get_le(h + 48, 4), 0);
+                       .index = (uint32_t)rb_get_le(h + 24, 4),
+                       .n_entries = (uint32_t)rb_get_le(h + 28, 4),
+                       .raw_len = (uint32_t)rb_get_le(h + 32, 4),
+                       .comp_len = (uint32_t)rb_get_le(h + 36, 4),
+                       .first_slot = (uint32_t)rb_get_le(h + 40, 4),
+                       .last_slot = (uint32_t)rb_get_le(h + 44, 4),
+                       .crc = (uint32_t)rb_get_le(h + 52, 4)};
+    if (rb_get_le(h + 48, 4) != CHUNK_METHOD_DEFLATE)
+        return bad(err, W, "chunk method/reserved word 0x%llx is not 1 (deflate)", rb_get_le(h + 48, 4), 0);
     if (c.n_entries == 0 || c.first_slot > c.last_slot || c.last_slot >= bi->next_slot ||
         c.n_entries - 1 > c.last_slot - c.first_slot)
         return bad(err, W, "chunk of %llu entries cannot span its slots (up to next_slot %llu)", c.n_entries,

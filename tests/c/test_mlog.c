@@ -28,12 +28,6 @@ static uint64_t rnd(void) /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static uint32_t crc(const void *p, size_t n)
 {
     return (uint32_t)crc32(0, p, (uInt)n);
@@ -205,7 +199,7 @@ static rb_mlog_sb mk_sb(void)
 
 static void sb_fix_crc(uint8_t *b)
 {
-    put_le(b + 252, crc(b, 252), 4);
+    rb_put_le(b + 252, crc(b, 252), 4);
 }
 
 static void test_sb(void)
@@ -260,7 +254,7 @@ static void test_sb(void)
     memcpy(b, "LMCIDX01", 8);
     CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == -EBADMSG && strstr(err.msg, "magic"));
     CHECK(rb_mlog_sb_encode(&s, b, sizeof b, &err) == 0);
-    put_le(b + 8, 3, 4);
+    rb_put_le(b + 8, 3, 4);
     sb_fix_crc(b);
     CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == -EPROTONOSUPPORT && strstr(err.msg, "version 3"));
     CHECK(err.kind == RB_ERR_VALUE && err.errnum == EPROTONOSUPPORT);
@@ -321,7 +315,7 @@ static void test_sb(void)
     };
     for (size_t i = 0; i < sizeof mut / sizeof mut[0]; i++) {
         CHECK(rb_mlog_sb_encode(&s, b, sizeof b, &err) == 0);
-        put_le(b + mut[i].off, mut[i].v, mut[i].width);
+        rb_put_le(b + mut[i].off, mut[i].v, mut[i].width);
         sb_fix_crc(b);
         int rc = rb_mlog_sb_decode(b, sizeof b, &d, &err);
         if (rc != -EBADMSG || !strstr(err.msg, mut[i].msg)) {
@@ -518,8 +512,8 @@ static void test_group(void)
                    {24, 8, 3, "truncated"}};
         for (size_t i = 0; i < sizeof mut / sizeof mut[0]; i++) {
             memcpy(t, buf, n);
-            put_le(t + mut[i].off, mut[i].v, mut[i].width);
-            put_le(t + 40, crc(t, 40), 4);
+            rb_put_le(t + mut[i].off, mut[i].v, mut[i].width);
+            rb_put_le(t + 40, crc(t, 40), 4);
             int rc = rb_mlog_group_decode(t, n, 1, 0, 0, &gi, NULL, NULL, &err);
             if (rc != -EBADMSG || !strstr(err.msg, mut[i].msg)) {
                 fprintf(stderr, "group header mutation %zu: rc %d %s\n", i, rc, err.msg);
@@ -562,8 +556,8 @@ static void test_group(void)
         /* A record count the body cannot hold is refused at the header. */
         uint8_t buf[256];
         size_t n = raw_group("\x02\x05", 2, 1, buf, sizeof buf);
-        put_le(buf + 32, 2, 4);
-        put_le(buf + 40, crc(buf, 40), 4);
+        rb_put_le(buf + 32, 2, 4);
+        rb_put_le(buf + 40, crc(buf, 40), 4);
         CHECK(rb_mlog_group_decode(buf, n, 1, 0, 0, NULL, NULL, NULL, &err) == -EBADMSG &&
               strstr(err.msg, "cannot fit"));
     }
@@ -805,26 +799,26 @@ static size_t raw_base(const void *raw, size_t rlen, uint32_t n, uint32_t first,
     uint32_t comp = (uint32_t)z.total_out;
     deflateEnd(&z);
     memcpy(h, RB_MLOG_CHUNK_MAGIC, 8);
-    put_le(h + 8, 5, 8);
-    put_le(h + 16, 99, 8);
-    put_le(h + 24, 0, 4);
-    put_le(h + 28, n, 4);
-    put_le(h + 32, raw_len_claim ? raw_len_claim : rlen, 4);
-    put_le(h + 36, comp, 4);
-    put_le(h + 40, first, 4);
-    put_le(h + 44, last, 4);
-    put_le(h + 48, 1, 4);
-    put_le(h + 52, crc(c, comp), 4);
-    put_le(h + 56, crc(h, 56), 4);
+    rb_put_le(h + 8, 5, 8);
+    rb_put_le(h + 16, 99, 8);
+    rb_put_le(h + 24, 0, 4);
+    rb_put_le(h + 28, n, 4);
+    rb_put_le(h + 32, raw_len_claim ? raw_len_claim : rlen, 4);
+    rb_put_le(h + 36, comp, 4);
+    rb_put_le(h + 40, first, 4);
+    rb_put_le(h + 44, last, 4);
+    rb_put_le(h + 48, 1, 4);
+    rb_put_le(h + 52, crc(c, comp), 4);
+    rb_put_le(h + 56, crc(h, 56), 4);
     uint8_t *t = c + comp;
     uint64_t toff = (uint64_t)(t - out);
     memcpy(t, RB_MLOG_END_MAGIC, 8);
-    put_le(t + 8, 5, 8);
-    put_le(t + 16, 99, 8);
-    put_le(t + 24, n ? n : 1, 8); /* an end record of a base with a chunk counts an entry at least */
-    put_le(t + 32, toff, 8);
-    put_le(t + 40, 1, 4);
-    put_le(t + 44, crc(t, 44), 4);
+    rb_put_le(t + 8, 5, 8);
+    rb_put_le(t + 16, 99, 8);
+    rb_put_le(t + 24, n ? n : 1, 8); /* an end record of a base with a chunk counts an entry at least */
+    rb_put_le(t + 32, toff, 8);
+    rb_put_le(t + 40, 1, 4);
+    rb_put_le(t + 44, crc(t, 44), 4);
     return (size_t)toff + RB_MLOG_END_LEN;
 }
 
@@ -1019,8 +1013,8 @@ static void test_base_refusals(void)
     t[0] = 'X';
     CHECK(rb_mlog_base_decode(t, len, &cb, &res, &err) == -EBADMSG && strstr(err.msg, "bad magic") && c.n_cls == 0);
     memcpy(t, b, len);
-    put_le(t + 8, 1, 4);
-    put_le(t + 52, crc(t, 52), 4);
+    rb_put_le(t + 8, 1, 4);
+    rb_put_le(t + 52, crc(t, 52), 4);
     CHECK(rb_mlog_base_decode(t, len, &cb, &res, &err) == -EPROTONOSUPPORT);
     memcpy(t, b, len);
     t[20] ^= 1;
@@ -1038,8 +1032,8 @@ static void test_base_refusals(void)
                {36, 4, 1000, "cannot fit"}};
     for (size_t i = 0; i < sizeof mut / sizeof mut[0]; i++) {
         memcpy(t, b, len);
-        put_le(t + mut[i].off, mut[i].v, mut[i].width);
-        put_le(t + 52, crc(t, 52), 4);
+        rb_put_le(t + mut[i].off, mut[i].v, mut[i].width);
+        rb_put_le(t + 52, crc(t, 52), 4);
         CHECK(rb_mlog_base_decode(t, len, &cb, &res, &err) == -EBADMSG && strstr(err.msg, mut[i].msg));
     }
     /* Class tables that do not parse (CRCs right). */
@@ -1058,10 +1052,10 @@ static void test_base_refusals(void)
             uint8_t h[128];
             memcpy(h, b, RB_MLOG_BASE_HDR_LEN);
             memcpy(h + RB_MLOG_BASE_HDR_LEN, tabs[i].tab, tabs[i].len);
-            put_le(h + 36, tabs[i].n, 4);
-            put_le(h + 40, tabs[i].len, 8);
-            put_le(h + 48, crc(h + RB_MLOG_BASE_HDR_LEN, tabs[i].len), 4);
-            put_le(h + 52, crc(h, 52), 4);
+            rb_put_le(h + 36, tabs[i].n, 4);
+            rb_put_le(h + 40, tabs[i].len, 8);
+            rb_put_le(h + 48, crc(h + RB_MLOG_BASE_HDR_LEN, tabs[i].len), 4);
+            rb_put_le(h + 52, crc(h, 52), 4);
             int rc = rb_mlog_base_decode(h, RB_MLOG_BASE_HDR_LEN + tabs[i].len, &cb, &res, &err);
             if (rc != -EBADMSG || !strstr(err.msg, tabs[i].msg)) {
                 fprintf(stderr, "class table %zu: rc %d %s\n", i, rc, err.msg);
@@ -1169,16 +1163,16 @@ static void test_base_refusals(void)
     {
         memcpy(t, b, len);
         /* chunk 2 renumbered 0, CRC right */
-        put_le(t + ch[2].off + 24, 0, 4);
-        put_le(t + ch[2].off + 56, crc(t + ch[2].off, 56), 4);
+        rb_put_le(t + ch[2].off + 24, 0, 4);
+        rb_put_le(t + ch[2].off + 56, crc(t + ch[2].off, 56), 4);
         coll_free(&c);
         coll_init(&c);
         CHECK(rb_mlog_base_decode(t, len, &cb, &res, &err) == 0);
         CHECK(c.n_dmg >= 1 && strstr(c.dmg[0].why.msg, "out of order"));
         check_subset(&c, &s);
         memcpy(t, b, len);
-        put_le(t + ch[2].off + 40, ch[1].last_slot, 4); /* first slot = chunk 1's last */
-        put_le(t + ch[2].off + 56, crc(t + ch[2].off, 56), 4);
+        rb_put_le(t + ch[2].off + 40, ch[1].last_slot, 4); /* first slot = chunk 1's last */
+        rb_put_le(t + ch[2].off + 56, crc(t + ch[2].off, 56), 4);
         coll_free(&c);
         coll_init(&c);
         CHECK(rb_mlog_base_decode(t, len, &cb, &res, &err) == 0);
@@ -1297,14 +1291,14 @@ static void test_chunk_refusals(void)
               -EBADMSG && strstr(err.msg, "run past the end"));
         CHECK(rb_mlog_bdec_chunk(&d, buf, len, &ch, NULL, &err) == 0);
         uint8_t *h = buf + bi.chunks_off;
-        put_le(h + 48, 2, 4);
-        put_le(h + 56, crc(h, 56), 4);
+        rb_put_le(h + 48, 2, 4);
+        rb_put_le(h + 56, crc(h, 56), 4);
         CHECK(rb_mlog_base_at(buf, len, bi.chunks_off, &bi, &ch, &end, &err) == -EBADMSG &&
               strstr(err.msg, "method"));
         /* The end record's offset field must be where it is. */
         uint8_t *t = buf + len - RB_MLOG_END_LEN;
-        put_le(t + 32, 5, 8);
-        put_le(t + 44, crc(t, 44), 4);
+        rb_put_le(t + 32, 5, 8);
+        rb_put_le(t + 44, crc(t, 44), 4);
         CHECK(rb_mlog_base_at(buf, len, len - RB_MLOG_END_LEN, &bi, &ch, &end, &err) == -EBADMSG &&
               strstr(err.msg, "says it is at byte 5"));
         CHECK(rb_mlog_base_resync(buf, len, bi.chunks_off, &bi) == len);
