@@ -2,6 +2,7 @@
 #include "rb_config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,7 @@ static const char *const data_policies[] = {"none",   "cache_salt_prefix", "cach
 static const char *const reuse_policies[] = {"none", "pid_affinity", NULL};
 static const char *const phases[] = {"auto", "prefill", "decode", NULL};
 static const char *const admissions[] = {"always", "second_hit", NULL};
+static const char *const meta_formats[] = {"v1", "log", NULL};
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)
@@ -80,6 +82,9 @@ const rb_setting rb_core_settings[] = {
     {"recovery_read_threads", RB_SET_UINT, CFG(recovery_read_threads), 1, 64, "8", NULL, OURS,
      "posix engine with O_DIRECT: threads reading slot headers in parallel during recovery (cached headers are "
      "read on one thread)"},
+    {"meta_format", RB_SET_CHOICE, CFG(meta_format), 0, 1, "v1", meta_formats, OURS,
+     "metadata written on the device: log (a base and a log of changes; a checkpoint costs what changed, "
+     "no size cap) or v1 (LMCache 0.5.6's JSON checkpoint, which LMCache's own core reads)"},
     {"key_namespace", RB_SET_CHOICE, CFG(key_namespace), 0, 1, "object", namespaces, 0,
      "how keys are encoded: legacy (the plugin's CacheEngineKey strings) or object (ObjectKey)"},
     /* FDP placement policy (lmcache_rawblock/fdp.py): LMCache's MP adapter keys, then ours. */
@@ -207,8 +212,17 @@ int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text,
         if (s->choices == engines)
             return rb_err_set(err, RB_ERR_VALUE, EINVAL, "io_engine must be one of: io_uring, posix; got '%.*s'",
                               (int)(len > 64 ? 64 : len), text);
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "key_namespace must be one of: legacy, object; got '%.*s'",
-                          (int)(len > 64 ? 64 : len), text);
+        if (s->choices == namespaces)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "key_namespace must be one of: legacy, object; got '%.*s'",
+                              (int)(len > 64 ? 64 : len), text);
+        {
+            char names[128] = "";
+            size_t at = 0;
+            for (size_t i = 0; s->choices[i] && at < sizeof names; i++)
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", s->choices[i]);
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be one of: %s; got '%.*s'", s->name, names,
+                              (int)(len > 64 ? 64 : len), text);
+        }
     case RB_SET_BOOL:
         if (len == 4 && memcmp(text, "true", 4) == 0)
             return rb_setting_set_uint(cfg, s, 1, err);

@@ -496,7 +496,7 @@ int rb_core_room_needed_locked(const rb_core *c, size_t n)
     /* never-used slots count only while they lie inside the device (it may have shrunk) */
     uint32_t fresh = c->usable_slots > c->slots.next_slot ? c->usable_slots - c->slots.next_slot : 0;
     uint64_t avail = (uint64_t)c->slots.n_free + fresh;
-    return c->n_held > 0 && avail < n;
+    return (c->n_held > 0 || rb_core_ml_held_locked(c) > 0) && avail < n;
 }
 
 /* Account for the record at p leaving the index and free its slot (the caller removes it). */
@@ -507,7 +507,10 @@ static inline void drop_accounting_locked(rb_core *c, uint32_t p)
         c->locked_keys--;
     if (e->flags & RB_ENT_UNVERIFIED)
         c->n_unverified--;
-    rb_core_free_slot_locked(c, e->slot);
+    if (c->ml.on)
+        rb_core_ml_free_locked(c, e->slot); /* journaled; reusable once the FREE is durable */
+    else
+        rb_core_free_slot_locked(c, e->slot);
 }
 
 void rb_core_drop_locked(rb_core *c, uint32_t p)
@@ -643,6 +646,9 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
         goto fail;
     }
+    rc = rb_core_ml_init(c, err);
+    if (rc < 0)
+        goto fail;
     rc = rb_core_recover(c, err);
     if (rc < 0)
         goto fail;
@@ -706,6 +712,7 @@ void rb_core_free(rb_core *c)
     free(c->rd_pend[1]);
     free(c->ref);
     free(c->held);
+    rb_core_ml_free(c);
     pthread_mutex_destroy(&c->ckpt_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->idle_cv);
@@ -740,7 +747,7 @@ static void io_end_locked(rb_core *c, uint64_t n)
 
 /* Reserve a slot for item under mu. Returns 1 (already indexed: result True), 0 (failed:
  * result False, why in *fail) or 2 (reserved: *slot set, in-flight record inserted). */
-static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_err *fail)
+static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_err *fail, int *nospace)
 {
     uint32_t h = rb_idx_hash(it->key, it->key_len);
     if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX)
@@ -781,9 +788,11 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
     for (;;) {
         s = rb_slots_alloc(&c->slots, it->pid);
         if (s == RB_SLOT_NONE) {
+            *nospace = 1;
             PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC,
-                     "no free slot: %u slots, %u indexed, %u being written, %zu waiting for a checkpoint",
-                     c->usable_slots, c->index.n_live, c->inflight.n_live, c->n_held);
+                     "no free slot: %u slots, %u indexed, %u being written, %llu waiting for a checkpoint",
+                     c->usable_slots, c->index.n_live, c->inflight.n_live,
+                     (unsigned long long)(c->n_held + rb_core_ml_held_locked(c)));
             return 0;
         }
         if (s >= c->usable_slots) {
@@ -810,6 +819,27 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
     e->refcnt = c->wb_epoch; /* in flight: the write-back failure epoch the write began in */
     *slot = s;
     return 2;
+}
+
+static void make_room(rb_core *c, size_t n);
+
+/* reserve_locked; and when no slot is free while freed slots wait for a durable record of
+ * their release, that record is written (make_room, mu dropped meanwhile) and the reservation
+ * tried again: another thread may have taken the slots a first record released. want: keys
+ * of the call still to be stored (what the record is written for). */
+static int reserve_room_locked(rb_core *c, const rb_put_item *it, size_t want, uint32_t *slot, rb_err *fail)
+{
+    for (int tries = 0;; tries++) {
+        int was_clear = fail && fail->kind == RB_ERR_NONE, nospace = 0;
+        int r = reserve_locked(c, it, slot, fail, &nospace);
+        if (r != 0 || !nospace || tries == 4 || c->closed || !rb_core_room_needed_locked(c, 1))
+            return r;
+        if (was_clear)
+            rb_err_clear(fail);
+        pthread_mutex_unlock(&c->mu);
+        make_room(c, want);
+        pthread_mutex_lock(&c->mu);
+    }
 }
 
 /* A reservation's slot goes back to the allocator, or, past the end of a device that shrank
@@ -861,6 +891,8 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
                     e->checksum = sum;
                     e->flags |= RB_ENT_HAS_SUM;
                 }
+                if (c->ml.on)
+                    rb_core_ml_put_locked(c, e);
                 result = 2;
             } else {
                 slot_back_locked(c, r.slot);
@@ -946,7 +978,7 @@ static int put_chunk_uring(rb_core *c, const rb_put_item *items, const uint32_t 
             break;
         }
         uint32_t slot;
-        int r = reserve_locked(c, it, &slot, fail);
+        int r = reserve_room_locked(c, it, m - q, &slot, fail);
         if (r != 2) {
             results[uniq[q]] = (uint8_t)r;
             continue;
@@ -1128,7 +1160,7 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
             pthread_mutex_unlock(&c->mu);
             break;
         }
-        int r = reserve_locked(c, it, &slot, fail);
+        int r = reserve_room_locked(c, it, n - i, &slot, fail);
         if (r != 2) {
             pthread_mutex_unlock(&c->mu);
             results[i] = (uint8_t)r;
@@ -1795,7 +1827,10 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
         results[i] = (uint8_t)was;
     }
     rb_idx_maybe_compact(&c->index);
+    int kick = c->ml.on && c->ml.n_held > 0;
     pthread_mutex_unlock(&c->mu);
+    if (kick)
+        rb_core_ml_kick(c);
     if (hs != stack)
         free(hs);
 }
@@ -1887,8 +1922,33 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->recovery_seq = c->rec_seq;
     st->recovery_rejected_seq = c->rec_rejected_seq;
     st->recovery_lost = c->rec_lost;
-    st->held_slots = c->n_held;
+    st->held_slots = c->n_held + rb_core_ml_held_locked(c);
     st->held_total = c->held_total;
+    st->meta_format = c->cfg.meta_format;
+    if (c->ml.on) {
+        const rb_mlw *m = &c->ml;
+        st->log_state = m->state;
+        st->log_ring_bytes = m->lay.ring.len;
+        st->log_live_bytes = m->lhead - m->lstart;
+        st->log_seq = m->last_seq;
+        st->log_groups_written = m->groups_written;
+        st->log_bytes_written = m->group_bytes;
+        st->log_last_group_bytes = m->last_group_bytes;
+        st->log_last_group_records = m->last_group_records;
+        st->log_pending_pages = m->n_pg;
+        st->bases_written = m->bases_written;
+        st->base_last_bytes = m->last_base_bytes;
+        st->base_last_entries = m->last_base_entries;
+        st->base_too_large = m->base_too_large;
+        st->compactions = m->compactions;
+        st->base_last_ns = m->last_base_ns;
+        st->log_journal_lost = m->journal_lost;
+        st->log_ring_full = m->ring_full;
+        st->log_recovered_groups = m->rec_groups;
+        st->log_recovered_records = m->rec_records;
+        st->base_area_bytes = m->lay.areas[0].len;
+        st->log_generation = m->generation;
+    }
     st->room_ckpts = c->room_ckpts;
     st->checksum_dropped = c->sum_dropped;
     st->flushes = atomic_load(&c->flushes);

@@ -46,7 +46,14 @@ typedef struct rb_core_cfg {
     int allow_foreign_device; /* 0: refuse a device with a file system, RAID/LVM member or partition table */
     uint32_t recovery_read_threads; /* posix header readers, >= 1 */
     int key_namespace; /* enum rb_key_namespace */
+    int meta_format;   /* enum rb_meta_format: what checkpoints write */
 } rb_core_cfg;
+
+/* The metadata format a core writes (docs/metadata-log.md). */
+enum rb_meta_format {
+    RB_META_V1 = 0,  /* LMCache 0.5.6's JSON checkpoint in two mirrored containers */
+    RB_META_LOG = 1, /* superblocks, a compacted base and a log of changes */
+};
 
 /* Metadata of one entry as the binding passes it in and gets it back. */
 typedef struct rb_meta_in {
@@ -133,6 +140,13 @@ typedef struct rb_core_status {
     uint64_t load_rejected, writeback_failures, writeback_dropped, shrink_dropped, retired_slots;
     uint64_t undurable_writes; /* slots written since the last flush that succeeded */
     uint64_t usable_slots, device_size;
+    /* The log-structured format (meta_format log; zeros otherwise). */
+    int meta_format, log_state; /* enum rb_meta_format; 0 fresh, 1 v1 to move, 2 live */
+    uint64_t log_ring_bytes, log_live_bytes, log_seq, log_groups_written, log_bytes_written;
+    uint64_t log_last_group_bytes, log_last_group_records, log_pending_pages;
+    uint64_t bases_written, base_last_bytes, base_last_entries, base_too_large, compactions;
+    uint64_t base_last_ns, log_journal_lost, log_ring_full, log_recovered_groups, log_recovered_records;
+    uint64_t base_area_bytes, log_generation;
     uint64_t faults_total;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
     rb_fault faults[RB_FAULTS_KEPT];
@@ -194,6 +208,10 @@ int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys, size_t **len
  * container is written (every payload it lists is durable), between its payload and its
  * header, and after the header. */
 int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
+/* Log format: compact now (a new base beside the current one, then the superblock switch),
+ * whether or not the log is past half full. 1 done, 0 nothing to compact (format v1, or no
+ * base of ours on the device yet), <0 failed (err). */
+int rb_core_compact(rb_core *c, rb_err *err);
 /* Apply a state v1 JSON document: 1 applied, 0 rejected (reason in err->msg), <0 error. */
 int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err);
 /* Same; generic = 1 skips the plain-form reader (rb_core_fastjson.c) and always uses json-c

@@ -95,7 +95,7 @@ static int encode_state_locked(rb_core *c, rb_buf *b)
 }
 
 /* One metadata write, through the io_uring engine when the core uses it. */
-static int meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
+int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
 {
     if (!rb_core_uses_uring(c))
         return rb_core_dev_write(c, off, buf, len, len, len, 0, err);
@@ -111,7 +111,7 @@ static int meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *e
 
 /* A device error of the checkpoint writer, told whole (operation, offset, path, errno) in err
  * itself: what checkpoint_now() raises and checkpoint_last_error keeps. */
-static void explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err)
+void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err)
 {
     if (err->kind != RB_ERR_OS && !(err->kind == RB_ERR_RUNTIME && err->errnum == EIO))
         return;
@@ -120,7 +120,7 @@ static void explain_device_error(const rb_core *c, const char *op, uint64_t off,
     memcpy(err->msg, text, sizeof text);
 }
 
-static void set_ckpt_error(rb_core *c, const rb_err *err)
+void rb_core_set_ckpt_error(rb_core *c, const rb_err *err)
 {
     pthread_mutex_lock(&c->mu);
     c->ckpt_failures++;
@@ -166,7 +166,7 @@ static void settle_refs_locked(rb_core *c, int t, int outcome)
  * proves every key committed before it began; a failure goes into the fault journal and drops
  * every entry not yet proven (rb_core_flush_done_locked). The benchmark hook that skips
  * flushes counts as a success. */
-static int core_flush(rb_core *c, rb_err *err)
+int rb_core_flush(rb_core *c, rb_err *err)
 {
     pthread_mutex_lock(&c->mu);
     uint64_t gen = rb_core_flush_begin_locked(c);
@@ -184,7 +184,7 @@ static int core_flush(rb_core *c, rb_err *err)
             rb_core_note_fault(c, "flush", UINT64_MAX, err);
     }
     if (rc < 0)
-        explain_device_error(c, "flush", UINT64_MAX, err);
+        rb_core_explain_device_error(c, "flush", UINT64_MAX, err);
     pthread_mutex_lock(&c->mu);
     rb_core_flush_done_locked(c, gen, rc == 0);
     pthread_mutex_unlock(&c->mu);
@@ -200,22 +200,22 @@ static int core_flush(rb_core *c, rb_err *err)
  * them; the second keeps a header from reaching the medium before its payload; the third makes
  * the checkpoint itself durable before its slots are trusted as settled (settle_refs_locked).
  */
-static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
+int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
 {
-    pthread_mutex_lock(&c->ckpt_mu);
+    if (room_n)
+        return !c->closed && rb_core_room_needed_locked(c, room_n);
+    int dirty = c->dirty_total > c->persisted;
+    int idle = c->inflight_io == 0 &&
+               rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
+    return dirty && (force || idle);
+}
+
+int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target, rb_err *err)
+{
     pthread_mutex_lock(&c->mu);
-    int go;
-    if (room_n) {
-        go = !c->closed && rb_core_room_needed_locked(c, room_n);
-    } else {
-        int dirty = c->dirty_total > c->persisted;
-        int idle = c->inflight_io == 0 &&
-                   rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
-        go = dirty && (force || idle);
-    }
+    int go = want_target >= 0 || rb_core_ckpt_due_locked(c, force, room_n);
     if (!go) {
         pthread_mutex_unlock(&c->mu);
-        pthread_mutex_unlock(&c->ckpt_mu);
         return 0;
     }
     /* A device that shrank: what lies past its end is not listed (a system call, so without
@@ -225,7 +225,6 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
     pthread_mutex_lock(&c->mu);
     if (c->dev == NULL || rb_dev_enter(c->dev) < 0) {
         pthread_mutex_unlock(&c->mu);
-        pthread_mutex_unlock(&c->ckpt_mu);
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
     }
     rb_dev_leave(c->dev);
@@ -234,8 +233,12 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
     uint64_t dirty_snap = c->dirty_total;
     uint64_t seq = c->meta_seq + 1;
     /* Never overwrite the container that holds the newest checkpoint we trust. */
-    if (c->good_container >= 0 && (int)((seq - 1) % 2) == c->good_container)
+    if (want_target >= 0) {
+        if ((int)((seq - 1) % 2) != want_target)
+            seq++;
+    } else if (c->good_container >= 0 && (int)((seq - 1) % 2) == c->good_container) {
         seq++;
+    }
     const int target = (int)((seq - 1) % 2);
     int outcome = 0; /* settle_refs_locked */
     uint8_t *payload = NULL, *hdr = NULL;
@@ -278,22 +281,22 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
     h.crc = rb_crc32(b.data, b.len);
     rb_ckpt_header_encode(&h, hdr);
     uint64_t base = (uint64_t)target * c->container_bytes;
-    rc = core_flush(c, err);
+    rc = rb_core_flush(c, err);
     if (rc < 0)
         goto failed;
     outcome = -1; /* from here on the container may have changed */
-    rc = meta_write(c, base + ba, payload, padded, err);
+    rc = rb_core_meta_write(c, base + ba, payload, padded, err);
     if (rc < 0)
-        explain_device_error(c, "checkpoint write", base + ba, err);
+        rb_core_explain_device_error(c, "checkpoint write", base + ba, err);
     if (rc == 0)
-        rc = core_flush(c, err);
+        rc = rb_core_flush(c, err);
     if (rc == 0) {
-        rc = meta_write(c, base, hdr, ba, err);
+        rc = rb_core_meta_write(c, base, hdr, ba, err);
         if (rc < 0)
-            explain_device_error(c, "checkpoint write", base, err);
+            rb_core_explain_device_error(c, "checkpoint write", base, err);
     }
     if (rc == 0)
-        rc = core_flush(c, err);
+        rc = rb_core_flush(c, err);
     if (rc < 0)
         goto failed;
     pthread_mutex_lock(&c->mu);
@@ -312,11 +315,21 @@ failed:
     pthread_mutex_lock(&c->mu);
     settle_refs_locked(c, target, outcome);
     pthread_mutex_unlock(&c->mu);
-    set_ckpt_error(c, err);
+    rb_core_set_ckpt_error(c, err);
 out:
     free(payload);
     free(hdr);
     rb_buf_free(&b);
+    return rc;
+}
+
+
+static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
+{
+    if (c->ml.on)
+        return rb_core_ml_checkpoint(c, force, room_n, err);
+    pthread_mutex_lock(&c->ckpt_mu);
+    int rc = rb_core_ckpt_v1_locked(c, force, room_n, -1, err);
     pthread_mutex_unlock(&c->ckpt_mu);
     return rc;
 }
@@ -537,7 +550,7 @@ static void read_headers_uring(rb_core *c, vitem *items, size_t n)
     free(ops);
 }
 
-static int validate_entries(rb_core *c, int sequential)
+int rb_core_validate_entries(rb_core *c, int sequential)
 {
     pthread_mutex_lock(&c->mu);
     size_t n = c->index.n_live, key_bytes = 0;
@@ -640,7 +653,7 @@ int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped)
     pthread_mutex_lock(&c->mu);
     uint64_t before = c->recovery_dropped;
     pthread_mutex_unlock(&c->mu);
-    int rc = validate_entries(c, sequential);
+    int rc = rb_core_validate_entries(c, sequential);
     pthread_mutex_lock(&c->mu);
     *dropped = c->recovery_dropped - before;
     pthread_mutex_unlock(&c->mu);
@@ -836,12 +849,20 @@ static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, uint64_t skippe
     c->dirty_total = 0;
     c->persisted = 0;
     c->recovery_entries_loaded = loaded;
+    if (c->ml.on && c->apply_container < 0) {
+        /* A state applied at run time replaced the index without journaling it: the next
+         * checkpoint writes a whole base, and until it is durable no slot is reused (the log on
+         * the device may list any). */
+        c->ml.need_base++;
+        c->ref_unknown |= 0x4u;
+        c->dirty_total = 1;
+    }
     pthread_mutex_unlock(&c->mu);
     free(used);
     if (oom)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
     if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum) {
-        if (validate_entries(c, 0) < 0)
+        if (rb_core_validate_entries(c, 0) < 0)
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
     }
     return 1;
@@ -1096,7 +1117,22 @@ static int64_t count_lost(rb_core *c, const uint8_t *payload, uint64_t len)
  * Until its entries are known, each container of ours keeps every slot out of use
  * (ref_unknown); the first put then writes a checkpoint over it (make_room in rb_core.c).
  */
+static int recover_v1(rb_core *c, rb_err *err);
+
 int rb_core_recover(rb_core *c, rb_err *err)
+{
+    /* Superblocks of the log format first: where they are valid, the v1 container headers they
+     * replaced are gone, and a v1 header left in the other half is older than them. */
+    int rc = rb_core_ml_recover(c, err);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    rc = recover_v1(c, err);
+    if (rc == 0 && c->ml.on)
+        c->ml.state = c->rec_outcome == RB_REC_BLANK ? RB_ML_FRESH : RB_ML_MIGRATE;
+    return rc;
+}
+
+static int recover_v1(rb_core *c, rb_err *err)
 {
     const uint64_t ba = c->cfg.block_align;
     uint8_t *hb = rb_alloc_aligned(ba, ba, err);
@@ -1252,17 +1288,37 @@ static void *ckpt_thread(void *arg)
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
-        while (!c->thr_stop && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
+        while (!c->thr_stop && !c->thr_kick &&
+               pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
             ;
         if (c->thr_stop)
             break;
+        int kicked = c->thr_kick;
+        c->thr_kick = 0;
         pthread_mutex_unlock(&c->thr_mu);
         rb_err e;
-        rb_core_checkpoint(c, 0, &e); /* failures are recorded in the status */
+        /* A kick (log format: deletes freed slots) writes the small group that makes them
+         * reusable now; the period's checkpoint waits for an idle moment. Failures are
+         * recorded in the status. */
+        rb_core_checkpoint(c, kicked, &e);
+        /* The log format compacts here, off every caller's path, once the ring is past half
+         * full (or full: then groups wait for it). */
+        if (c->ml.on && rb_core_ml_compact_due(c))
+            rb_core_ml_compact(c, 0, &e);
         pthread_mutex_lock(&c->thr_mu);
     }
     pthread_mutex_unlock(&c->thr_mu);
     return NULL;
+}
+
+void rb_core_ml_kick(rb_core *c)
+{
+    if (!c->thr_started)
+        return;
+    pthread_mutex_lock(&c->thr_mu);
+    c->thr_kick = 1;
+    pthread_cond_signal(&c->thr_cv);
+    pthread_mutex_unlock(&c->thr_mu);
 }
 
 int rb_core_start_thread(rb_core *c, rb_err *err)

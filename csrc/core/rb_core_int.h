@@ -12,6 +12,8 @@
 #include "rb_core.h"
 #include "rb_device_int.h" /* the core reads the device's fields directly */
 #include "rb_idx.h"
+#include "rb_mlog.h"
+#include "rb_mlog_read.h"
 #include "rb_slots.h"
 
 /* Interned (shape, dtype, fmt) of entries; "json" is the entry fragment
@@ -23,6 +25,63 @@ typedef struct rb_class {
     char *json;
     size_t json_len;
 } rb_class;
+
+/*
+ * The log-structured metadata writer (rb_core_mlog.c). Changes are journaled as they are made,
+ * under mu, into pages: the open page takes new records; a closed page has its log sequence
+ * and is immutable, so a group whose write failed is written again byte for byte at the same
+ * ring offset. A page also lists the slots its FREE records free: they return to use once the
+ * page's group is durable.
+ */
+typedef struct rb_mlpage {
+    rb_mlog_genc g;
+    uint32_t *frees;
+    size_t n_frees, cap_frees;
+    uint64_t seq;     /* 0 while open; the group's sequence once closed */
+    uint8_t *img;     /* the sealed group (block-aligned), once sealed */
+    size_t img_len;
+    int placed;       /* pos and lpos hold where its group goes (the first write attempt) */
+    uint64_t pos, lpos;
+} rb_mlpage;
+
+enum { RB_ML_FRESH = 0, RB_ML_MIGRATE, RB_ML_LIVE };
+
+typedef struct rb_mlw {
+    int on;    /* cfg.meta_format == RB_META_LOG */
+    int state; /* RB_ML_FRESH: no generation of ours on the device yet; MIGRATE: the device holds
+                * format v1 (recovered); LIVE: a superblock of ours is current */
+    rb_mlog_layout lay;
+    rb_mlog_sb sb;    /* the current superblock (LIVE) */
+    int sb_which;     /* where it is: 0 or 1 */
+    uint64_t sb_seq_seen; /* the highest sb_seq of ours seen on the device (a new one goes above) */
+    uint64_t generation;
+    uint64_t last_seq;        /* the sequence the last closed page got */
+    uint64_t head;            /* ring offset of the next group */
+    uint64_t lhead, lstart;   /* logical ring positions (wrap waste counted) of the head and of the
+                               * superblock's ring.start: lhead - lstart bytes are live */
+    rb_mlpage **pg;           /* closed pages in sequence order, then the open page (seq 0) */
+    size_t n_pg, cap_pg;
+    uint32_t *cls_disk;       /* per core class id: its id in this generation, UINT32_MAX none */
+    uint32_t cap_cls_disk, next_disk_cls;
+    uint64_t n_held;          /* slots waiting in pages for their FREE to be durable */
+    uint32_t *held_base;      /* slots freed while the journal was incomplete: back at the next base */
+    size_t n_held_base, cap_held_base;
+    uint64_t need_base;       /* nonzero: the journal lost a change (out of memory) or the index was
+                               * replaced; the next checkpoint writes a whole base */
+    /* compaction in progress (under mu): the log sequence it covers, and where group Q + 1 went */
+    int cmp_active, cmp_placed;
+    uint64_t cmp_q, cmp_pos, cmp_lpos;
+    int cmp_urgent;           /* the ring is full: compact before the next group */
+    pthread_mutex_t cmp_mu;   /* one base being built at a time */
+    /* statistics */
+    uint64_t groups_written, group_bytes, last_group_bytes, last_group_records;
+    uint64_t bases_written, last_base_bytes, last_base_entries, base_too_large, compactions;
+    uint64_t journal_lost, ring_full;
+    uint64_t last_base_ns, last_switch_ns;
+    /* recovery */
+    uint64_t rec_groups, rec_records, rec_chunks_bad, rec_entries_lost;
+    int rec_log_end;
+} rb_mlw;
 
 struct rb_core {
     rb_core_cfg cfg;
@@ -57,6 +116,7 @@ struct rb_core {
     pthread_cond_t thr_cv;
     pthread_t thr;
     int thr_started, thr_stop;
+    int thr_kick; /* log format: freed slots wait for a group; write one now */
 
     /* Slot quarantine (rb_core_reader_begin/end below): readers in flight per generation,
      * and the slots freed meanwhile, per generation, that nobody may reuse yet. */
@@ -113,6 +173,8 @@ struct rb_core {
     rb_fault faults[RB_FAULTS_KEPT]; /* a ring: fault seq s sits at (s - 1) % RB_FAULTS_KEPT */
     _Atomic uint64_t n_faults;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
+
+    rb_mlw ml; /* the log-structured metadata writer (cfg.meta_format == RB_META_LOG) */
 
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep, fault_flush;
     _Atomic uint32_t ckpt_delay_ms;
@@ -314,6 +376,44 @@ uint32_t rb_core_check_size(rb_core *c);
 
 /* rb_core_ckpt.c */
 int rb_core_recover(rb_core *c, rb_err *err);
+/* Shared by both formats' writers (rb_core_ckpt.c). */
+int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err);
+int rb_core_flush(rb_core *c, rb_err *err);
+void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err);
+void rb_core_set_ckpt_error(rb_core *c, const rb_err *err);
+/* A checkpoint decision under mu: 1 when one is to be written (force as rb_core_checkpoint,
+ * room_n as rb_core_checkpoint_room). */
+int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n);
+/* The v1 writer, ckpt_mu held: target -1 chooses the container, 0 or 1 forces it. */
+int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int target, rb_err *err);
+/* Validate the live entries' slot headers (meta_verify_on_load). 0 or -ENOMEM. */
+int rb_core_validate_entries(rb_core *c, int sequential);
+
+/* rb_core_mlog.c: the log-structured format. Lock order: ml.cmp_mu -> ckpt_mu -> mu. */
+int rb_core_ml_init(rb_core *c, rb_err *err);
+void rb_core_ml_free(rb_core *c);
+/* Journal a committed entry / a slot leaving the index (the slot is held until the FREE is
+ * durable). mu held. */
+void rb_core_ml_put_locked(rb_core *c, const rb_ent *e);
+void rb_core_ml_free_locked(rb_core *c, uint32_t slot);
+/* Recovery from the log format: 1 read (the index holds it), 0 no superblock of ours (blank
+ * or format v1), <0 error. */
+int rb_core_ml_recover(rb_core *c, rb_err *err);
+/* A checkpoint in the log format: 1 written, 0 nothing to write, <0 failed. */
+int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err);
+/* 1 when the ring is past half full (the periodic thread then compacts). */
+int rb_core_ml_compact_due(rb_core *c);
+/* Compact: a new base beside the current one, then the superblock switch. 1 done, 0 not
+ * needed (force 0) or not possible yet, <0 failed. */
+int rb_core_ml_compact(rb_core *c, int force, rb_err *err);
+/* Deletes freed slots: ask the periodic thread for a group now, so a put finds them
+ * reusable without writing one itself. Any lock but thr_mu. */
+void rb_core_ml_kick(rb_core *c);
+/* Slots held for a durable FREE (room accounting). mu held. */
+static inline uint64_t rb_core_ml_held_locked(const rb_core *c)
+{
+    return c->ml.n_held + c->ml.n_held_base;
+}
 /* A checkpoint written because a put of n keys needs slots only a checkpoint can release;
  * nothing is written when, under the checkpoint lock, that is no longer so. As
  * rb_core_checkpoint otherwise. */

@@ -131,7 +131,9 @@ void rb_idx_clear(rb_idx *ix)
     free(ix->ents);
     free(ix->table);
     pool_release(&ix->pool, 0);
+    uint32_t hold = ix->hold_compact; /* a reader of positions may still be walking it */
     rb_idx_init(ix);
+    ix->hold_compact = hold;
 }
 
 void rb_idx_free(rb_idx *ix)
@@ -169,7 +171,7 @@ static int rebuild_table(rb_idx *ix, uint32_t size)
 int rb_idx_maybe_compact(rb_idx *ix)
 {
     uint32_t dead = ix->n_ents - ix->n_live;
-    if (dead < 64 || dead < ix->n_live)
+    if (ix->hold_compact || dead < 64 || dead < ix->n_live)
         return 0;
     uint32_t w = 0;
     for (uint32_t r = 0; r < ix->n_ents; r++) {

@@ -1397,6 +1397,19 @@ static PyObject *core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssi
     return PyBool_FromLong(rc > 0);
 }
 
+static PyObject *core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rb_core_compact(core_of(op), &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    return PyBool_FromLong(rc > 0);
+}
+
 static PyObject *apply_state_json(PyObject *op, PyObject *arg, int generic)
 {
     Py_buffer b;
@@ -1425,6 +1438,37 @@ static PyObject *core_apply_state_json_generic(PyObject *op, PyObject *arg)
 }
 
 static int status_add_trust(PyObject *d, const rb_core_status *st);
+
+/* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
+ * exception set. */
+static int status_add_log(PyObject *d, const rb_core_status *st)
+{
+    static const char *const states[] = {"fresh", "v1-to-move", "live"};
+    PyObject *fmt = PyUnicode_FromString(st->meta_format == RB_META_LOG ? "log" : "v1");
+    int rc = fmt ? PyDict_SetItemString(d, "meta_format", fmt) : -1;
+    Py_XDECREF(fmt);
+    if (rc < 0 || st->meta_format != RB_META_LOG)
+        return rc;
+    PyObject *l = Py_BuildValue(
+        "{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K}", "state",
+        st->log_state >= 0 && st->log_state < 3 ? states[st->log_state] : "?", "ring_bytes",
+        (unsigned long long)st->log_ring_bytes, "live_bytes", (unsigned long long)st->log_live_bytes, "seq",
+        (unsigned long long)st->log_seq, "groups_written", (unsigned long long)st->log_groups_written,
+        "bytes_written", (unsigned long long)st->log_bytes_written, "last_group_bytes",
+        (unsigned long long)st->log_last_group_bytes, "last_group_records",
+        (unsigned long long)st->log_last_group_records, "pending_pages", (unsigned long long)st->log_pending_pages,
+        "bases_written", (unsigned long long)st->bases_written, "base_last_bytes",
+        (unsigned long long)st->base_last_bytes, "base_last_entries", (unsigned long long)st->base_last_entries,
+        "base_too_large", (unsigned long long)st->base_too_large, "compactions",
+        (unsigned long long)st->compactions, "base_last_seconds", (double)st->base_last_ns / 1e9, "journal_lost",
+        (unsigned long long)st->log_journal_lost, "ring_full", (unsigned long long)st->log_ring_full,
+        "recovered_groups", (unsigned long long)st->log_recovered_groups, "recovered_records",
+        (unsigned long long)st->log_recovered_records, "base_area_bytes", (unsigned long long)st->base_area_bytes,
+        "generation", (unsigned long long)st->log_generation);
+    rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
+    Py_XDECREF(l);
+    return rc;
+}
 
 static PyObject *core_status(PyObject *op, PyObject *unused)
 {
@@ -1468,7 +1512,7 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total", st.held_total,
         "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
         "device_flushes", st.flushes, "recovery_skipped_entries", st.skipped, "io", io);
-    if (!d || status_add_trust(d, &st) < 0)
+    if (!d || status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0)
         Py_CLEAR(d);
     /* The device's lock: "exclusive", "unsupported" (no flock on its file system), "released". */
     rb_core *c = core_of(op);
@@ -1812,6 +1856,8 @@ static PyMethodDef core_methods[] = {
      "snapshot_keys(limit=None) -> list[str] in insertion order"},
     {"checkpoint_now", (PyCFunction)(void (*)(void))core_checkpoint_now, METH_FASTCALL | METH_KEYWORDS,
      "checkpoint_now(force=True) -> bool (written)"},
+    {"compact_metadata", core_compact_metadata, METH_NOARGS,
+     "compact_metadata() -> bool: log format, write a new base and switch to it now (False: nothing to do)"},
     {"apply_state_json", core_apply_state_json, METH_O, "apply_state_json(bytes) -> (applied, reason)"},
     {"_apply_state_json_generic", core_apply_state_json_generic, METH_O,
      "test hook: apply_state_json through json-c only (no plain-form reader)"},

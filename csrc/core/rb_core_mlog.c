@@ -1,0 +1,1337 @@
+/*
+ * rb_core_mlog.c - the core's side of the log-structured metadata format
+ * (docs/metadata-log.md): the change journal, the checkpoint that writes it as log groups,
+ * compaction into a new base beside the current one and the superblock switch, the first
+ * format of a blank or format v1 device, and recovery from the base and the log.
+ *
+ * Durability rules:
+ *   - A checkpoint flushes (every payload and header its PUT records name is durable), writes
+ *     its groups at the ring's head, flushes again; only then do the slots its FREE records
+ *     name return to the allocator. A failed write leaves its pages queued: they are written
+ *     again, the same bytes at the same ring offsets.
+ *   - A base is built from the index in slices (mu taken and dropped per slice, never held for
+ *     O(N) work) while groups go on being appended. It covers the log up to sequence Q, the
+ *     last group closed when it began; every change after Q is in a later group, and records
+ *     are idempotent per slot, so the base and the groups after Q replay to the index even
+ *     where the base saw some of those changes already. Switch: flush (the base and what it
+ *     names are durable), write the other superblock (base, ring start at group Q + 1),
+ *     flush; then groups up to Q are dead.
+ *
+ * Lock order: ml.cmp_mu -> ckpt_mu -> mu.
+ */
+#include "rb_core_int.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A page is closed once its records reach this many bytes: groups stay small enough to seal
+ * and write without stalling, and a torn one loses little. */
+#define ML_PAGE_RAW (256u << 10)
+/* Entries copied out of the index per slice while a base is built (mu held for one slice). */
+#define ML_SLICE 4096u
+/* Base bytes gathered before each write into the area. */
+#define ML_BASE_WRITE (8u << 20)
+/* zlib level of log groups. */
+#define ML_GROUP_LEVEL 1
+
+/* ---- set-up ---------------------------------------------------------------------------- */
+
+int rb_core_ml_init(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_init(&m->cmp_mu, NULL);
+    m->on = c->cfg.meta_format == RB_META_LOG;
+    if (!m->on)
+        return 0;
+    rb_err e;
+    if (rb_mlog_layout_of(c->cfg.meta_total_bytes, c->cfg.block_align, &m->lay, &e) < 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "meta_total_bytes=%llu is too small for the log metadata format (%s); use at least "
+                          "%llu or meta_format='v1'",
+                          (unsigned long long)c->cfg.meta_total_bytes, e.msg,
+                          (unsigned long long)(64 * c->cfg.block_align));
+    return 0;
+}
+
+static void page_free(rb_mlpage *p)
+{
+    if (!p)
+        return;
+    rb_mlog_genc_free(&p->g);
+    free(p->frees);
+    free(p->img);
+    free(p);
+}
+
+void rb_core_ml_free(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    for (size_t i = 0; i < m->n_pg; i++)
+        page_free(m->pg[i]);
+    free(m->pg);
+    free(m->cls_disk);
+    free(m->held_base);
+    pthread_mutex_destroy(&m->cmp_mu);
+}
+
+/* ---- the journal (mu held) ------------------------------------------------------------- */
+
+/* Close the open page, if it has records: it gets the next log sequence. */
+static void close_page_locked(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    if (m->n_pg == 0)
+        return;
+    rb_mlpage *p = m->pg[m->n_pg - 1];
+    if (p->seq != 0 || (p->g.n_records == 0 && p->n_frees == 0))
+        return;
+    p->seq = ++m->last_seq;
+}
+
+static rb_mlpage *open_page_locked(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    if (m->n_pg && m->pg[m->n_pg - 1]->seq == 0) {
+        rb_mlpage *p = m->pg[m->n_pg - 1];
+        if (p->g.body.len < ML_PAGE_RAW)
+            return p;
+        close_page_locked(c);
+    }
+    if (m->n_pg == m->cap_pg) {
+        size_t nc = m->cap_pg ? m->cap_pg * 2 : 16;
+        rb_mlpage **np = realloc(m->pg, nc * sizeof(*np));
+        if (!np)
+            return NULL;
+        m->pg = np;
+        m->cap_pg = nc;
+    }
+    rb_mlpage *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    rb_mlog_genc_init(&p->g);
+    m->pg[m->n_pg++] = p;
+    return p;
+}
+
+/* The journal could not take a change: the next checkpoint writes a whole base instead. */
+static void journal_lost_locked(rb_core *c)
+{
+    c->ml.need_base++;
+    c->ml.journal_lost++;
+}
+
+/* A slot that must wait for the next base (its FREE could not be journaled). */
+static void hold_for_base_locked(rb_core *c, uint32_t slot)
+{
+    rb_mlw *m = &c->ml;
+    if (m->n_held_base == m->cap_held_base) {
+        size_t nc = m->cap_held_base ? m->cap_held_base * 2 : 64;
+        uint32_t *np = realloc(m->held_base, nc * sizeof(*np));
+        if (!np)
+            return; /* kept out of use until the next recovery: never reused unsafely */
+        m->held_base = np;
+        m->cap_held_base = nc;
+    }
+    m->held_base[m->n_held_base++] = slot;
+}
+
+/* The id class k has in this generation's records, logging a CLASS record first when it has
+ * none yet. UINT32_MAX when the record cannot be appended. */
+static uint32_t disk_class_locked(rb_core *c, uint32_t k)
+{
+    rb_mlw *m = &c->ml;
+    if (k >= m->cap_cls_disk) {
+        uint32_t nc = m->cap_cls_disk ? m->cap_cls_disk : 16;
+        while (nc <= k)
+            nc *= 2;
+        uint32_t *np = realloc(m->cls_disk, (size_t)nc * sizeof(*np));
+        if (!np)
+            return UINT32_MAX;
+        memset(np + m->cap_cls_disk, 0xff, (size_t)(nc - m->cap_cls_disk) * sizeof(*np));
+        m->cls_disk = np;
+        m->cap_cls_disk = nc;
+    }
+    if (m->cls_disk[k] != UINT32_MAX)
+        return m->cls_disk[k];
+    rb_mlpage *p = open_page_locked(c);
+    if (!p)
+        return UINT32_MAX;
+    const rb_class *cl = c->cls[k];
+    rb_mlog_class rc = {.id = m->next_disk_cls, .frag_len = (uint32_t)cl->json_len, .frag = cl->json};
+    rb_err e;
+    if (rb_mlog_genc_class(&p->g, &rc, &e) < 0)
+        return UINT32_MAX;
+    m->cls_disk[k] = m->next_disk_cls++;
+    return m->cls_disk[k];
+}
+
+static void ent_to_mlog(const rb_ent *e, uint32_t disk_cls, rb_mlog_ent *me)
+{
+    me->key = rb_ent_key(e);
+    me->key_len = e->key_len;
+    me->slot = e->slot;
+    me->size = e->size;
+    me->cls = disk_cls;
+    me->flags = (e->flags & RB_ENT_HAS_SUM) ? RB_MLOG_ENT_SUM : 0;
+    me->checksum = (e->flags & RB_ENT_HAS_SUM) ? e->checksum : 0;
+    me->npos = rb_ent_npos(e);
+    me->pos = me->npos > 0 ? rb_ent_pos(e) : NULL;
+}
+
+void rb_core_ml_put_locked(rb_core *c, const rb_ent *e)
+{
+    uint32_t dk = disk_class_locked(c, e->cls);
+    rb_mlpage *p = dk == UINT32_MAX ? NULL : open_page_locked(c);
+    if (!p) {
+        journal_lost_locked(c);
+        return;
+    }
+    rb_mlog_ent me;
+    ent_to_mlog(e, dk, &me);
+    rb_err er;
+    int rc = rb_mlog_genc_put(&p->g, &me, &er);
+    if (rc == -E2BIG) { /* the page's positions are used up: the next page takes it */
+        close_page_locked(c);
+        p = open_page_locked(c);
+        rc = p ? rb_mlog_genc_put(&p->g, &me, &er) : -ENOMEM;
+    }
+    if (rc < 0)
+        journal_lost_locked(c);
+}
+
+void rb_core_ml_free_locked(rb_core *c, uint32_t slot)
+{
+    rb_mlw *m = &c->ml;
+    rb_mlpage *p = open_page_locked(c);
+    rb_err er;
+    if (p && p->n_frees == p->cap_frees) {
+        size_t nc = p->cap_frees ? p->cap_frees * 2 : 64;
+        uint32_t *np = realloc(p->frees, nc * sizeof(*np));
+        if (np) {
+            p->frees = np;
+            p->cap_frees = nc;
+        }
+    }
+    if (!p || p->n_frees == p->cap_frees || rb_mlog_genc_free_slot(&p->g, slot, &er) < 0) {
+        journal_lost_locked(c);
+        hold_for_base_locked(c, slot);
+        return;
+    }
+    p->frees[p->n_frees++] = slot;
+    m->n_held++;
+}
+
+/* Release the slots a page's FREE records name (its group is durable, or a durable base
+ * covers it). mu held. */
+static void release_page_locked(rb_core *c, rb_mlpage *p)
+{
+    for (size_t i = 0; i < p->n_frees; i++)
+        rb_core_free_slot_locked(c, p->frees[i]);
+    c->ml.n_held -= p->n_frees;
+    p->n_frees = 0;
+}
+
+/* Drop the first n pages of the queue. mu held. */
+static void drop_pages_locked(rb_core *c, size_t n)
+{
+    rb_mlw *m = &c->ml;
+    for (size_t i = 0; i < n; i++) {
+        release_page_locked(c, m->pg[i]);
+        page_free(m->pg[i]);
+    }
+    memmove(m->pg, m->pg + n, (m->n_pg - n) * sizeof(*m->pg));
+    m->n_pg -= n;
+}
+
+/* ---- group writes ---------------------------------------------------------------------- */
+
+static int seal_page(rb_core *c, rb_mlpage *p, rb_err *err)
+{
+    if (p->img)
+        return 0;
+    rb_mlw *m = &c->ml;
+    const uint64_t ba = c->cfg.block_align;
+    rb_buf b = {0};
+#ifdef RB_MLOG_HAVE_SEAL
+    int rc = rb_mlog_genc_seal(&p->g, m->generation, p->seq, ba, ML_GROUP_LEVEL, &b, err);
+#else
+    uint64_t glen = rb_mlog_genc_len(&p->g, ba);
+    int rc = rb_buf_reserve(&b, glen);
+    if (rc == 0) {
+        rc = rb_mlog_genc_finish(&p->g, m->generation, p->seq, ba, (uint8_t *)b.data, glen, err);
+        b.len = glen;
+    }
+#endif
+    if (rc < 0) {
+        rb_buf_free(&b);
+        return rc;
+    }
+    p->img = rb_alloc_aligned(ba, b.len, err);
+    if (!p->img) {
+        rb_buf_free(&b);
+        return -ENOMEM;
+    }
+    memcpy(p->img, b.data, b.len);
+    p->img_len = b.len;
+    rb_buf_free(&b);
+    return 0;
+}
+
+/* Choose where the page's group goes (once: a retry writes it there again). mu held.
+ * -ENOSPC when the ring has no room for it until a compaction frees some. */
+static int place_page_locked(rb_core *c, rb_mlpage *p, rb_err *err)
+{
+    if (p->placed)
+        return 0;
+    rb_mlw *m = &c->ml;
+    const uint64_t len = m->lay.ring.len;
+    uint64_t waste = 0, pos = m->head;
+    if (p->img_len > len - m->head) {
+        waste = len - m->head;
+        pos = 0;
+    }
+    if (m->lhead + waste + p->img_len - m->lstart > len) {
+        m->ring_full++;
+        m->cmp_urgent = 1;
+        return rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
+                          "the metadata log is full (%llu of %llu bytes live, a group of %zu bytes waits): a "
+                          "compaction must run first",
+                          (unsigned long long)(m->lhead - m->lstart), (unsigned long long)len, p->img_len);
+    }
+    p->pos = pos;
+    p->lpos = m->lhead + waste;
+    p->placed = 1;
+    m->head = pos + p->img_len;
+    if (m->head == len)
+        m->head = 0;
+    m->lhead = p->lpos + p->img_len;
+    if (m->cmp_active && !m->cmp_placed && p->seq == m->cmp_q + 1) {
+        m->cmp_placed = 1;
+        m->cmp_pos = p->pos;
+        m->cmp_lpos = p->lpos;
+    }
+    return 0;
+}
+
+/* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed. */
+static int write_groups(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    close_page_locked(c);
+    size_t k = m->n_pg;
+    if (k && m->pg[k - 1]->seq == 0)
+        k--;
+    uint64_t dirty_snap = c->dirty_total;
+    if (k == 0) {
+        if (dirty_snap > c->persisted)
+            c->persisted = dirty_snap; /* nothing journaled: the changes cancelled out */
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    rb_mlpage **pages = malloc(k * sizeof(*pages));
+    if (!pages) {
+        pthread_mutex_unlock(&c->mu);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    memcpy(pages, m->pg, k * sizeof(*pages)); /* closed pages stay put until this writer drops them */
+    pthread_mutex_unlock(&c->mu);
+
+    uint32_t delay = atomic_load(&c->ckpt_delay_ms);
+    if (delay)
+        usleep(delay * 1000u);
+    int rc = rb_core_flush(c, err);
+    uint64_t bytes = 0, records = 0;
+    for (size_t i = 0; rc == 0 && i < k; i++) {
+        rb_mlpage *p = pages[i];
+        rc = seal_page(c, p, err);
+        if (rc < 0)
+            break;
+        pthread_mutex_lock(&c->mu);
+        rc = place_page_locked(c, p, err);
+        pthread_mutex_unlock(&c->mu);
+        if (rc < 0)
+            break;
+        uint64_t off = m->lay.ring.off + p->pos;
+        rc = rb_core_meta_write(c, off, p->img, p->img_len, err);
+        if (rc < 0)
+            rb_core_explain_device_error(c, "metadata log write", off, err);
+        bytes += p->img_len;
+        records += p->g.n_records;
+    }
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    free(pages);
+    if (rc < 0) {
+        if (err->errnum != ENOSPC || err->kind != RB_ERR_RUNTIME) {
+            /* A failed write or flush: entries the trust layer dropped were journaled after
+             * their PUT records, in a later page, and the two groups are not atomic together.
+             * A whole base, written next, says at once what is durable. */
+            pthread_mutex_lock(&c->mu);
+            m->need_base++;
+            pthread_mutex_unlock(&c->mu);
+        }
+        rb_core_set_ckpt_error(c, err);
+        return rc;
+    }
+    pthread_mutex_lock(&c->mu);
+    drop_pages_locked(c, k);
+    if (dirty_snap > c->persisted)
+        c->persisted = dirty_snap;
+    c->ckpt_written++;
+    c->meta_seq = m->last_seq;
+    m->groups_written += k;
+    m->group_bytes += bytes;
+    m->last_group_bytes = bytes;
+    m->last_group_records = records;
+    pthread_mutex_unlock(&c->mu);
+    return 1;
+}
+
+/* ---- bases ----------------------------------------------------------------------------- */
+
+typedef struct ml_pair {
+    uint32_t slot, pos;
+} ml_pair;
+
+/* Sort by slot: two passes of 16-bit radix (slots are distinct 32-bit values). */
+static int sort_pairs(ml_pair *a, size_t n)
+{
+    ml_pair *t = malloc((n ? n : 1) * sizeof(*t));
+    size_t *cnt = calloc(65536, sizeof(*cnt));
+    if (!t || !cnt) {
+        free(t);
+        free(cnt);
+        return -ENOMEM;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const int sh = pass * 16;
+        memset(cnt, 0, 65536 * sizeof(*cnt));
+        for (size_t i = 0; i < n; i++)
+            cnt[(a[i].slot >> sh) & 0xffff]++;
+        size_t sum = 0;
+        for (size_t b = 0; b < 65536; b++) {
+            size_t v = cnt[b];
+            cnt[b] = sum;
+            sum += v;
+        }
+        for (size_t i = 0; i < n; i++)
+            t[cnt[(a[i].slot >> sh) & 0xffff]++] = a[i];
+        memcpy(a, t, n * sizeof(*a));
+    }
+    free(t);
+    free(cnt);
+    return 0;
+}
+
+/* One entry copied out of the index (its key and positions in the slice's arena). */
+typedef struct ml_copy {
+    rb_mlog_ent e;
+    size_t key_at, pos_at;
+} ml_copy;
+
+typedef struct ml_base {
+    uint64_t q;          /* the log sequence it covers */
+    uint32_t next_slot;
+    uint32_t n_cls_core; /* core classes that existed when it began */
+    uint64_t len;        /* bytes on the device (padded) */
+    uint64_t n_entries;
+    uint32_t n_chunks;
+    int area;
+} ml_base;
+
+/* Write the bytes the encoder has produced into the area (all of them when final, else whole
+ * blocks of at least ML_BASE_WRITE). */
+static int base_drain(rb_core *c, rb_mlog_benc *be, const rb_mlog_area *area, uint64_t *written, uint8_t **bounce,
+                      int final, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align;
+    size_t have = be->out.len;
+    if (!final && have < ML_BASE_WRITE)
+        return 0;
+    size_t n = final ? have : have / ba * ba;
+    if (n == 0)
+        return 0;
+    if (*written + n > area->len)
+        return rb_err_set(err, RB_ERR_RUNTIME, EFBIG,
+                          "the index does not fit a base area of the metadata region (%llu bytes): use a larger "
+                          "meta_total_bytes",
+                          (unsigned long long)area->len);
+    if (!*bounce) {
+        *bounce = rb_alloc_aligned(ba, ML_BASE_WRITE + ba * 2 + (final ? rb_round_up(n, ba) : 0), err);
+        if (!*bounce)
+            return -ENOMEM;
+    }
+    size_t done = 0;
+    while (done < n) {
+        size_t part = n - done > ML_BASE_WRITE ? ML_BASE_WRITE : n - done;
+        size_t wlen = rb_round_up(part, ba);
+        memcpy(*bounce, be->out.data + done, part);
+        memset(*bounce + part, 0, wlen - part);
+        uint64_t off = area->off + *written;
+        int rc = rb_core_meta_write(c, off, *bounce, wlen, err);
+        if (rc < 0) {
+            rb_core_explain_device_error(c, "metadata base write", off, err);
+            return rc;
+        }
+        *written += part;
+        done += part;
+    }
+    rb_mlog_benc_consume(be, n);
+    return 0;
+}
+
+/*
+ * Build a base of the index into base area `area` (no lock held on entry; cmp_mu held).
+ * Begins under mu: the open page is closed (Q = its sequence), every class gets an id in the
+ * generation, the positions are frozen (hold_compact). Then slices.
+ */
+static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    const uint64_t ba = c->cfg.block_align;
+    uint64_t t0 = rb_now_ns();
+    memset(out, 0, sizeof(*out));
+    out->area = area;
+    rb_mlog_class *tab = NULL;
+    char *frags = NULL;
+    ml_pair *pairs = NULL;
+    ml_copy *cp = NULL;
+    rb_buf arena = {0};
+    uint8_t *bounce = NULL;
+    rb_mlog_benc be;
+    memset(&be, 0, sizeof be);
+    int have_be = 0, rc = 0;
+
+    pthread_mutex_lock(&c->mu);
+    close_page_locked(c);
+    out->q = m->last_seq;
+    out->next_slot = c->slots.next_slot < c->usable_slots ? c->slots.next_slot : c->usable_slots;
+    out->n_cls_core = c->n_cls;
+    size_t frag_bytes = 0;
+    for (uint32_t k = 0; k < c->n_cls; k++) {
+        if (disk_class_locked(c, k) == UINT32_MAX) {
+            pthread_mutex_unlock(&c->mu);
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        }
+        frag_bytes += c->cls[k]->json_len;
+    }
+    tab = calloc(c->n_cls ? c->n_cls : 1, sizeof(*tab));
+    frags = malloc(frag_bytes ? frag_bytes : 1);
+    if (!tab || !frags) {
+        pthread_mutex_unlock(&c->mu);
+        free(tab);
+        free(frags);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    size_t at = 0;
+    for (uint32_t k = 0; k < c->n_cls; k++) {
+        memcpy(frags + at, c->cls[k]->json, c->cls[k]->json_len);
+        tab[k].id = m->cls_disk[k];
+        tab[k].frag = frags + at;
+        tab[k].frag_len = (uint32_t)c->cls[k]->json_len;
+        at += c->cls[k]->json_len;
+    }
+    uint32_t n_ents = c->index.n_ents;
+    size_t cap_pairs = c->index.n_live;
+    c->index.hold_compact++;
+    m->cmp_active = 1;
+    m->cmp_placed = 0;
+    m->cmp_q = out->q;
+    pthread_mutex_unlock(&c->mu);
+
+    /* class ids in a generation are handed out in order, but sort anyway (the encoder wants
+     * them ascending) */
+    for (uint32_t i = 1; i < out->n_cls_core; i++)
+        for (uint32_t j = i; j > 0 && tab[j - 1].id > tab[j].id; j--) {
+            rb_mlog_class t = tab[j];
+            tab[j] = tab[j - 1];
+            tab[j - 1] = t;
+        }
+
+    /* 1: which positions hold live entries, slice by slice */
+    pairs = malloc((cap_pairs ? cap_pairs : 1) * sizeof(*pairs));
+    if (!pairs) {
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t n_pairs = 0;
+    for (uint32_t p0 = 0; p0 < n_ents && rc == 0; p0 += 65536) {
+        pthread_mutex_lock(&c->mu);
+        uint32_t p1 = p0 + 65536 < n_ents ? p0 + 65536 : n_ents;
+        if (p1 > c->index.n_ents)
+            p1 = c->index.n_ents; /* cleared meanwhile (a state applied at run time) */
+        for (uint32_t p = p0; p < p1; p++) {
+            const rb_ent *e = &c->index.ents[p];
+            if ((e->flags & RB_ENT_DEAD) || e->slot >= out->next_slot || e->cls >= out->n_cls_core)
+                continue; /* put after Q began: in a later group */
+            if (n_pairs == cap_pairs) {
+                size_t nc = cap_pairs * 2 + 1024;
+                ml_pair *np = realloc(pairs, nc * sizeof(*np));
+                if (!np) {
+                    rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+                    break;
+                }
+                pairs = np;
+                cap_pairs = nc;
+            }
+            pairs[n_pairs].slot = e->slot;
+            pairs[n_pairs].pos = p;
+            n_pairs++;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (rc < 0)
+        goto out;
+    /* 2: slot order */
+    if (sort_pairs(pairs, n_pairs) < 0) {
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto out;
+    }
+    /* 3: encode, a slice of entries copied out under mu at a time, and write */
+    rc = rb_mlog_benc_init(&be, m->generation, out->q, out->next_slot, tab, out->n_cls_core, NULL, err);
+    if (rc < 0)
+        goto out;
+    have_be = 1;
+    cp = malloc(ML_SLICE * sizeof(*cp));
+    if (!cp) {
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        goto out;
+    }
+    uint64_t written = 0;
+    for (size_t i0 = 0; i0 < n_pairs && rc == 0; i0 += ML_SLICE) {
+        size_t i1 = i0 + ML_SLICE < n_pairs ? i0 + ML_SLICE : n_pairs, nc = 0;
+        arena.len = 0;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = i0; i < i1; i++) {
+            uint32_t p = pairs[i].pos;
+            if (p >= c->index.n_ents)
+                continue;
+            const rb_ent *e = &c->index.ents[p];
+            if ((e->flags & RB_ENT_DEAD) || e->slot != pairs[i].slot)
+                continue; /* deleted since step 1: its FREE is in a group after Q */
+            ml_copy *k = &cp[nc++];
+            ent_to_mlog(e, m->cls_disk[e->cls], &k->e);
+            k->key_at = arena.len;
+            rb_buf_put(&arena, k->e.key, k->e.key_len);
+            k->pos_at = arena.len;
+            if (k->e.npos > 0)
+                rb_buf_put(&arena, (const char *)k->e.pos, (size_t)k->e.npos * 8);
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (arena.oom) {
+            rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+            break;
+        }
+        for (size_t j = 0; j < nc && rc == 0; j++) {
+            ml_copy *k = &cp[j];
+            k->e.key = arena.data + k->key_at;
+            k->e.pos = k->e.npos > 0 ? (const int64_t *)(arena.data + k->pos_at) : NULL;
+            rc = rb_mlog_benc_add(&be, &k->e, err);
+        }
+        if (rc == 0)
+            rc = base_drain(c, &be, &m->lay.areas[area], &written, &bounce, 0, err);
+    }
+    if (rc == 0)
+        rc = rb_mlog_benc_finish(&be, ba, err);
+    if (rc == 0)
+        rc = base_drain(c, &be, &m->lay.areas[area], &written, &bounce, 1, err);
+    if (rc == 0) {
+        out->len = rb_round_up(written, ba);
+        out->n_entries = be.n_entries;
+        out->n_chunks = be.n_chunks;
+    }
+out:
+    pthread_mutex_lock(&c->mu);
+    c->index.hold_compact--;
+    rb_idx_maybe_compact(&c->index);
+    if (rc < 0) {
+        m->cmp_active = 0;
+        if (rc == -EFBIG)
+            m->base_too_large++;
+    }
+    m->last_base_ns = rb_now_ns() - t0;
+    pthread_mutex_unlock(&c->mu);
+    if (have_be)
+        rb_mlog_benc_free(&be);
+    free(tab);
+    free(frags);
+    free(pairs);
+    free(cp);
+    free(bounce);
+    rb_buf_free(&arena);
+    return rc;
+}
+
+/* Fill a superblock for base b (mu held). */
+static void sb_fill_locked(rb_core *c, const ml_base *b, uint64_t sb_seq, uint64_t ring_start, rb_mlog_sb *sb)
+{
+    rb_mlw *m = &c->ml;
+    memset(sb, 0, sizeof(*sb));
+    sb->sb_seq = sb_seq;
+    sb->generation = m->generation;
+    sb->block_align = c->cfg.block_align;
+    sb->header_bytes = c->cfg.header_bytes;
+    sb->slot_bytes = c->cfg.slot_bytes;
+    sb->data_base = c->data_base;
+    sb->capacity = c->capacity;
+    sb->meta_total_bytes = c->cfg.meta_total_bytes;
+    sb->container_bytes = c->container_bytes;
+    sb->max_slots = c->max_slots;
+    sb->areas[0] = m->lay.areas[0];
+    sb->areas[1] = m->lay.areas[1];
+    sb->base.area = (uint32_t)b->area;
+    sb->base.n_chunks = b->n_chunks;
+    sb->base.len = b->len;
+    sb->base.n_entries = b->n_entries;
+    sb->base.log_seq = b->q;
+    sb->base.next_slot = b->next_slot;
+    sb->ring.off = m->lay.ring.off;
+    sb->ring.len = m->lay.ring.len;
+    sb->ring.start = ring_start;
+    sb->ring.start_seq = b->q + 1;
+}
+
+static int write_sb(rb_core *c, const rb_mlog_sb *sb, int which, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align, span = rb_mlog_sb_span(ba);
+    uint8_t *blk = rb_alloc_aligned(ba, span, err);
+    if (!blk)
+        return -ENOMEM;
+    int rc = rb_mlog_sb_encode(sb, blk, span, err);
+    uint64_t off = (uint64_t)which * c->container_bytes;
+    if (rc == 0) {
+        rc = rb_core_meta_write(c, off, blk, span, err);
+        if (rc < 0)
+            rb_core_explain_device_error(c, "metadata superblock write", off, err);
+    }
+    free(blk);
+    return rc;
+}
+
+/*
+ * Make base b current (ckpt_mu held). fresh: the device gets its first superblocks of this
+ * generation (both copies, so a damaged one falls back to the same state); else the other
+ * superblock than the current one.
+ */
+static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    uint64_t t0 = rb_now_ns();
+    int rc = rb_core_flush(c, err); /* the base, and every payload it names */
+    if (rc < 0)
+        goto failed;
+    pthread_mutex_lock(&c->mu);
+    uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
+    uint64_t lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
+    uint64_t seq = (fresh ? m->sb_seq_seen : m->sb.sb_seq) + (fresh ? 2 : 1);
+    int which = fresh ? 0 : m->sb_which ^ 1;
+    rb_mlog_sb sb;
+    sb_fill_locked(c, b, seq, start, &sb);
+    pthread_mutex_unlock(&c->mu);
+    rc = write_sb(c, &sb, which, err);
+    if (rc == 0 && fresh) {
+        rb_mlog_sb mirror = sb;
+        mirror.sb_seq = seq - 1;
+        rc = write_sb(c, &mirror, 1, err);
+    }
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    if (rc < 0)
+        goto failed;
+    pthread_mutex_lock(&c->mu);
+    m->sb = sb;
+    m->sb_which = which;
+    m->sb_seq_seen = seq;
+    m->lstart = lstart;
+    m->state = RB_ML_LIVE;
+    m->cmp_active = 0;
+    m->cmp_urgent = 0;
+    /* Pages up to Q are covered by the base: unwritten ones are never written, and the slots
+     * their FREE records name are free in the base. */
+    size_t n = 0;
+    while (n < m->n_pg && m->pg[n]->seq != 0 && m->pg[n]->seq <= b->q)
+        n++;
+    drop_pages_locked(c, n);
+    for (size_t i = 0; i < m->n_held_base; i++)
+        rb_core_free_slot_locked(c, m->held_base[i]);
+    m->n_held_base = 0;
+    m->bases_written++;
+    m->last_base_bytes = b->len;
+    m->last_base_entries = b->n_entries;
+    m->last_switch_ns = rb_now_ns() - t0;
+    if (fresh) {
+        /* The v1 containers (or an older generation) are gone: what they listed is no longer a
+         * hazard, and the slots held for them return to use. */
+        c->ref_unknown = 0;
+        free(c->ref);
+        c->ref = NULL;
+        c->ref_cap = 0;
+        for (size_t i = 0; i < c->n_held; i++)
+            rb_core_free_slot_locked(c, c->held[i]);
+        c->n_held = 0;
+        c->good_container = -1;
+    }
+    c->ref_unknown &= (uint8_t)~0x4u;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+failed:
+    pthread_mutex_lock(&c->mu);
+    m->cmp_active = 0;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* A block of zeros over v1 container 0's header, so a crash before the first superblock lands
+ * recovers from container 1 (which holds the newest v1 checkpoint by then). */
+static int invalidate_v1_header0(rb_core *c, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align;
+    uint8_t *z = rb_alloc_aligned(ba, ba, err);
+    if (!z)
+        return -ENOMEM;
+    memset(z, 0, ba);
+    int rc = rb_core_meta_write(c, 0, z, ba, err);
+    free(z);
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    return rc;
+}
+
+/*
+ * A whole base now (ckpt_mu and cmp_mu held): the first one of a blank device, the move of a
+ * format v1 device (its newest checkpoint first made sure to be in container 1, container 0's
+ * header cleared, the base into area 0, then the superblocks over both container headers),
+ * or a new base after the journal lost a change.
+ */
+static int rebase_locked(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    int state = m->state;
+    uint64_t need = m->need_base;
+    int good = c->good_container;
+    pthread_mutex_unlock(&c->mu);
+    int fresh = state != RB_ML_LIVE;
+    int rc = 0;
+    if (fresh) {
+        uint64_t g = 0;
+        while (g == 0)
+            if (getrandom(&g, sizeof g, 0) != (ssize_t)sizeof g)
+                g = rb_now_ns() ^ ((uint64_t)getpid() << 32);
+        m->generation = g;
+        m->head = m->lhead = m->lstart = 0;
+    }
+    if (state == RB_ML_MIGRATE) {
+        if (good != 1) {
+            rb_err e;
+            rc = rb_core_ckpt_v1_locked(c, 1, 0, 1, &e);
+            if (rc < 0 && e.errnum != EFBIG) {
+                *err = e;
+                return rc;
+            }
+            /* too large for v1: no v1 copy survives the move (a crash before the superblock
+             * lands loses the index, never misreads it) */
+            rc = 0;
+        }
+        rc = invalidate_v1_header0(c, err);
+        if (rc < 0)
+            return rc;
+    }
+    ml_base b;
+    int area = fresh ? 0 : (int)(m->sb.base.area ^ 1u);
+    rc = build_base(c, area, &b, err);
+    if (rc == 0)
+        rc = switch_base(c, &b, fresh, err);
+    if (rc == 0) {
+        pthread_mutex_lock(&c->mu);
+        if (m->need_base == need)
+            m->need_base = 0; /* else a change was lost while the base was built */
+        else
+            m->need_base = 1;
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc;
+}
+
+static int ring_full_err(const rb_err *e)
+{
+    return e->kind == RB_ERR_RUNTIME && e->errnum == ENOSPC;
+}
+
+int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    int go = rb_core_ckpt_due_locked(c, force, room_n);
+    int base = go && (m->state != RB_ML_LIVE || m->need_base);
+    pthread_mutex_unlock(&c->mu);
+    if (!go)
+        return 0;
+    (void)rb_core_check_size(c);
+    if (c->dev == NULL || rb_dev_enter(c->dev) < 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+    rb_dev_leave(c->dev);
+    int rc = 0;
+    if (base) {
+        pthread_mutex_lock(&m->cmp_mu);
+        pthread_mutex_lock(&c->ckpt_mu);
+        pthread_mutex_lock(&c->mu);
+        base = m->state != RB_ML_LIVE || m->need_base;
+        pthread_mutex_unlock(&c->mu);
+        rc = base ? rebase_locked(c, err) : 0;
+        pthread_mutex_unlock(&c->ckpt_mu);
+        pthread_mutex_unlock(&m->cmp_mu);
+        if (rc < 0) {
+            rb_core_set_ckpt_error(c, err);
+            return rc;
+        }
+    }
+    for (int round = 0;; round++) {
+        pthread_mutex_lock(&c->ckpt_mu);
+        pthread_mutex_lock(&c->mu);
+        go = m->state == RB_ML_LIVE && (base || round || rb_core_ckpt_due_locked(c, 1, room_n) ||
+                                        (m->n_pg && (m->pg[0]->seq != 0 || m->pg[0]->g.n_records)));
+        pthread_mutex_unlock(&c->mu);
+        rc = go ? write_groups(c, err) : 0;
+        pthread_mutex_unlock(&c->ckpt_mu);
+        if (rc >= 0 || round || !ring_full_err(err))
+            break;
+        /* The ring is full (a burst outran the periodic compaction, or there is no periodic
+         * thread): compact here, then write the groups. */
+        rb_err ce;
+        if (rb_core_ml_compact(c, 1, &ce) < 0)
+            break;
+    }
+    if (rc == 0 && base)
+        rc = 1;
+    if (rc > 0 && room_n) {
+        pthread_mutex_lock(&c->mu);
+        c->room_ckpts++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc;
+}
+
+/* ---- compaction ------------------------------------------------------------------------ */
+
+int rb_core_ml_compact_due(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    int due = m->on && m->state == RB_ML_LIVE && !c->closed &&
+              (m->cmp_urgent || (m->lhead - m->lstart) * 2 > m->lay.ring.len);
+    pthread_mutex_unlock(&c->mu);
+    return due;
+}
+
+int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    if (!m->on)
+        return 0;
+    pthread_mutex_lock(&m->cmp_mu);
+    pthread_mutex_lock(&c->mu);
+    int live = m->state == RB_ML_LIVE && !c->closed;
+    int due = m->cmp_urgent || (m->lhead - m->lstart) * 2 > m->lay.ring.len;
+    int area = (int)(m->sb.base.area ^ 1u);
+    pthread_mutex_unlock(&c->mu);
+    if (!live || (!force && !due)) {
+        pthread_mutex_unlock(&m->cmp_mu);
+        return 0;
+    }
+    ml_base b;
+    int rc = build_base(c, area, &b, err);
+    if (rc == 0) {
+        pthread_mutex_lock(&c->ckpt_mu);
+        rc = switch_base(c, &b, 0, err);
+        pthread_mutex_unlock(&c->ckpt_mu);
+    }
+    if (rc == 0) {
+        pthread_mutex_lock(&c->mu);
+        m->compactions++;
+        pthread_mutex_unlock(&c->mu);
+    } else {
+        rb_core_set_ckpt_error(c, err);
+    }
+    pthread_mutex_unlock(&m->cmp_mu);
+    return rc < 0 ? rc : 1;
+}
+
+int rb_core_compact(rb_core *c, rb_err *err)
+{
+    return rb_core_ml_compact(c, 1, err);
+}
+
+/* ---- recovery -------------------------------------------------------------------------- */
+
+typedef struct ml_rec {
+    rb_core *c;
+    uint32_t *slot_pos; /* per slot: index position + 1, 0 = free */
+    uint32_t cap_slots;
+    uint32_t *cls_map;  /* disk class id -> core class id (UINT32_MAX unknown) */
+    uint32_t cap_map, max_disk;
+    uint32_t top;       /* slot high-water mark seen */
+    uint64_t loaded, skipped, replaced;
+    int geometry_bad, oom;
+    rb_err why;
+} ml_rec;
+
+static int rec_sb(void *ctx, const rb_mlog_sb *sb)
+{
+    ml_rec *r = ctx;
+    rb_core *c = r->c;
+    static const char *const names[] = {"block_align", "header_bytes", "slot_bytes", "meta_total_bytes"};
+    const uint64_t have[] = {sb->block_align, sb->header_bytes, sb->slot_bytes, sb->meta_total_bytes};
+    const uint64_t want[] = {c->cfg.block_align, c->cfg.header_bytes, c->cfg.slot_bytes, c->cfg.meta_total_bytes};
+    for (int i = 0; i < 4; i++) {
+        if (have[i] != want[i]) {
+            rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
+                       "Device metadata %s mismatch (the device says %llu, the configuration %llu); ignoring "
+                       "metadata",
+                       names[i], (unsigned long long)have[i], (unsigned long long)want[i]);
+            r->geometry_bad = 1;
+            return 1;
+        }
+    }
+    r->top = sb->base.next_slot < c->max_slots ? sb->base.next_slot : c->max_slots;
+    return 0;
+}
+
+/* A class fragment "shape":...,"dtype":...,"fmt":... read back into the core's table. */
+static int rec_cls(void *ctx, const rb_mlog_class *k)
+{
+    ml_rec *r = ctx;
+    rb_core *c = r->c;
+    if (k->id >= r->cap_map) {
+        uint32_t nc = r->cap_map ? r->cap_map : 16;
+        while (nc <= k->id)
+            nc = nc > UINT32_MAX / 2 ? k->id + 1 : nc * 2;
+        uint32_t *np = realloc(r->cls_map, (size_t)nc * sizeof(*np));
+        if (!np) {
+            r->oom = 1;
+            return -ENOMEM;
+        }
+        memset(np + r->cap_map, 0xff, (size_t)(nc - r->cap_map) * sizeof(*np));
+        r->cls_map = np;
+        r->cap_map = nc;
+    }
+    char *doc = malloc((size_t)k->frag_len + 3);
+    if (!doc) {
+        r->oom = 1;
+        return -ENOMEM;
+    }
+    doc[0] = '{';
+    memcpy(doc + 1, k->frag, k->frag_len);
+    doc[k->frag_len + 1] = '}';
+    doc[k->frag_len + 2] = 0;
+    struct json_object *o = rb_json_parse(doc, (size_t)k->frag_len + 2);
+    free(doc);
+    uint32_t id = UINT32_MAX;
+    if (o && json_object_get_type(o) == json_type_object) {
+        rb_meta_in mi = {0};
+        struct json_object *v;
+        int64_t *dims = NULL;
+        mi.ndim = -1;
+        mi.npos = -1;
+        if (json_object_object_get_ex(o, "shape", &v) && json_object_get_type(v) == json_type_array) {
+            size_t n = json_object_array_length(v);
+            dims = malloc((n ? n : 1) * sizeof(*dims));
+            if (dims) {
+                mi.ndim = (int64_t)n;
+                for (size_t i = 0; i < n; i++)
+                    if (rb_json_as_i64(json_object_array_get_idx(v, i), &dims[i]) < 0)
+                        mi.ndim = -2;
+            }
+            mi.dims = dims;
+        }
+        if (json_object_object_get_ex(o, "dtype", &v) && json_object_get_type(v) == json_type_string) {
+            mi.dtype = json_object_get_string(v);
+            mi.dtype_len = (size_t)json_object_get_string_len(v);
+        }
+        if (json_object_object_get_ex(o, "fmt", &v) && json_object_get_type(v) == json_type_string) {
+            mi.fmt = json_object_get_string(v);
+            mi.fmt_len = (size_t)json_object_get_string_len(v);
+        }
+        if (mi.ndim >= -1) {
+            pthread_mutex_lock(&c->mu);
+            id = rb_core_intern_class(c, &mi);
+            pthread_mutex_unlock(&c->mu);
+        }
+        free(dims);
+    }
+    if (o)
+        json_object_put(o);
+    r->cls_map[k->id] = id; /* UINT32_MAX: its entries are skipped */
+    if (k->id + 1 > r->max_disk)
+        r->max_disk = k->id + 1;
+    return 0;
+}
+
+static int slot_room(ml_rec *r, uint32_t slot)
+{
+    if (slot < r->cap_slots)
+        return 0;
+    uint32_t nc = r->cap_slots ? r->cap_slots : 4096;
+    while (nc <= slot)
+        nc = nc > UINT32_MAX / 2 ? slot + 1 : nc * 2;
+    uint32_t *np = realloc(r->slot_pos, (size_t)nc * sizeof(*np));
+    if (!np) {
+        r->oom = 1;
+        return -ENOMEM;
+    }
+    memset(np + r->cap_slots, 0, (size_t)(nc - r->cap_slots) * sizeof(*np));
+    r->slot_pos = np;
+    r->cap_slots = nc;
+    return 0;
+}
+
+/* Whatever the index holds at slot (mu held) leaves it. */
+static void rec_vacate(ml_rec *r, uint32_t slot)
+{
+    rb_core *c = r->c;
+    if (slot >= r->cap_slots || r->slot_pos[slot] == 0)
+        return;
+    uint32_t p = r->slot_pos[slot] - 1;
+    rb_ent *e = &c->index.ents[p];
+    if (e->flags & RB_ENT_UNVERIFIED)
+        c->n_unverified--;
+    rb_idx_remove_at(&c->index, p);
+    r->slot_pos[slot] = 0;
+    r->replaced++;
+}
+
+/* An entry of the base or a PUT record: slot S holds this key now. mu held. */
+static int rec_apply_put(ml_rec *r, const rb_mlog_ent *e)
+{
+    rb_core *c = r->c;
+    uint32_t cls = e->cls < r->cap_map ? r->cls_map[e->cls] : UINT32_MAX;
+    if (e->slot >= c->max_slots || e->size == 0 || e->size > c->slot_cap || cls == UINT32_MAX) {
+        rec_vacate(r, e->slot); /* the slot no longer holds what it held; nor this key */
+        r->skipped++;
+        return 0;
+    }
+    if (slot_room(r, e->slot) < 0)
+        return -ENOMEM;
+    rec_vacate(r, e->slot);
+    uint32_t h = rb_idx_hash(e->key, e->key_len);
+    uint32_t old = rb_idx_find(&c->index, e->key, e->key_len, h);
+    if (old != UINT32_MAX) /* the key moved */
+        rec_vacate(r, c->index.ents[old].slot);
+    uint32_t p = rb_idx_insert(&c->index, e->key, e->key_len, h, e->pos, e->npos);
+    if (p == UINT32_MAX) {
+        r->oom = 1;
+        return -ENOMEM;
+    }
+    rb_ent *x = &c->index.ents[p];
+    x->slot = e->slot;
+    x->size = e->size;
+    x->cls = cls;
+    if (e->flags & RB_MLOG_ENT_SUM) {
+        x->checksum = e->checksum;
+        x->flags |= RB_ENT_HAS_SUM;
+    }
+    x->flags |= RB_ENT_UNVERIFIED; /* judged at its first load, or by validation */
+    c->n_unverified++;
+    r->slot_pos[e->slot] = p + 1;
+    if (e->slot + 1 > r->top)
+        r->top = e->slot + 1;
+    return 0;
+}
+
+static int rec_ent(void *ctx, const rb_mlog_ent *e)
+{
+    ml_rec *r = ctx;
+    pthread_mutex_lock(&r->c->mu);
+    int rc = rec_apply_put(r, e);
+    pthread_mutex_unlock(&r->c->mu);
+    return rc;
+}
+
+static int rec_rec(void *ctx, uint64_t seq, const rb_mlog_rec *x)
+{
+    (void)seq;
+    ml_rec *r = ctx;
+    int rc = 0;
+    pthread_mutex_lock(&r->c->mu);
+    if (x->type == RB_MLOG_PUT)
+        rc = rec_apply_put(r, &x->ent);
+    else if (x->type == RB_MLOG_FREE)
+        rec_vacate(r, x->slot);
+    pthread_mutex_unlock(&r->c->mu);
+    return rc;
+}
+
+static int rec_damage(void *ctx, const rb_mlog_damage *d)
+{
+    (void)ctx;
+    (void)d;
+    return 0; /* counted from the result */
+}
+
+static int ml_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    rb_core *c = ctx;
+    return rb_core_dev_read(c, off, buf, len, len, len, 0, err);
+}
+
+int rb_core_ml_recover(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    rb_mlog_read_opts o = {.block_align = c->cfg.block_align,
+                           .meta_total_bytes = c->cfg.meta_total_bytes,
+                           .threads = c->cfg.recovery_read_threads > 4 ? 4 : c->cfg.recovery_read_threads,
+                           .sb_only = !m->on || !c->cfg.load_checkpoint_on_init};
+    ml_rec r;
+    memset(&r, 0, sizeof r);
+    r.c = c;
+    rb_err_clear(&r.why);
+    rb_mlog_read_cb cb = {.ctx = &r, .sb = rec_sb, .cls = rec_cls, .ent = rec_ent, .rec = rec_rec,
+                          .damage = rec_damage};
+    rb_mlog_read_result res;
+    memset(&res, 0, sizeof res);
+    pthread_mutex_lock(&c->mu);
+    c->index.hold_compact++; /* slot_pos holds positions */
+    pthread_mutex_unlock(&c->mu);
+    int rc = rb_mlog_read(&o, ml_pread, c, o.sb_only ? NULL : &cb, &res, err);
+    pthread_mutex_lock(&c->mu);
+    c->index.hold_compact--;
+    pthread_mutex_unlock(&c->mu);
+    int ours = res.found || res.sb_state[0] == RB_MLOG_SB_DAMAGED || res.sb_state[1] == RB_MLOG_SB_DAMAGED ||
+               res.sb_state[0] == RB_MLOG_SB_NOBASE || res.sb_state[1] == RB_MLOG_SB_NOBASE;
+    for (int k = 0; k < 2; k++)
+        if (res.sb_seq_seen[k] > m->sb_seq_seen)
+            m->sb_seq_seen = res.sb_seq_seen[k];
+    if (!m->on) {
+        free(r.slot_pos);
+        free(r.cls_map);
+        if (!ours)
+            return 0;
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "the device holds the log-structured metadata format, which meta_format='v1' does not "
+                          "write: set meta_format='log' (LMCache 0.5.6's own core cannot read this device). "
+                          "device_path='%s'",
+                          c->path);
+    }
+    int outcome = -1;
+    if (rc > 0 && r.geometry_bad) {
+        outcome = RB_REC_REJECTED;
+        rc = 0;
+    } else if (rc < 0 || rc > 0) {
+        free(r.slot_pos);
+        free(r.cls_map);
+        if (rc > 0)
+            rc = r.oom ? -ENOMEM : -EIO;
+        if (err->kind == RB_ERR_NONE)
+            rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory reading the metadata log");
+        return rc;
+    }
+    if (!ours) {
+        free(r.slot_pos);
+        free(r.cls_map);
+        return 0; /* blank or format v1 */
+    }
+    if (outcome < 0 && !c->cfg.load_checkpoint_on_init)
+        outcome = RB_REC_SKIPPED;
+    if (outcome < 0 && !res.found) {
+        outcome = RB_REC_UNREADABLE;
+        snprintf(c->ckpt_error, sizeof c->ckpt_error,
+                 "the device holds log-format metadata but no superblock with a readable base (%.150s; %.150s); "
+                 "started with an empty index",
+                 res.sb_why[0].msg, res.sb_why[1].msg);
+    }
+    if (outcome >= 0) {
+        /* Not read: a new generation is written at the first checkpoint, and until then no slot
+         * is reused (what is on the device may list any). */
+        pthread_mutex_lock(&c->mu);
+        rb_idx_clear(&c->index);
+        c->n_unverified = 0;
+        c->ref_unknown |= 0x4u;
+        c->rec_outcome = outcome;
+        c->rec_rejected_seq = res.found ? res.sb.sb_seq : 0;
+        if (outcome == RB_REC_REJECTED)
+            snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata rejected by checks: %.400s", r.why.msg);
+        m->state = RB_ML_FRESH;
+        pthread_mutex_unlock(&c->mu);
+        free(r.slot_pos);
+        free(r.cls_map);
+        return 1;
+    }
+
+    pthread_mutex_lock(&c->mu);
+    uint32_t top = r.top;
+    if (rb_slots_reset(&c->slots, top) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        free(r.slot_pos);
+        free(r.cls_map);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    for (uint32_t s = 0; s < top; s++)
+        if (s >= r.cap_slots || r.slot_pos[s] == 0)
+            rb_slots_release(&c->slots, s); /* no durable record lists it */
+    m->sb = res.sb;
+    m->sb_which = res.which;
+    m->generation = res.sb.generation;
+    m->last_seq = res.last_seq;
+    m->head = res.head;
+    m->lstart = 0;
+    m->lhead = res.used;
+    m->state = RB_ML_LIVE;
+    m->rec_groups = res.groups;
+    m->rec_records = res.records;
+    m->rec_log_end = res.log_end;
+    m->rec_chunks_bad = res.base.chunks_bad;
+    m->rec_entries_lost = res.base.entries_lost > 0 ? (uint64_t)res.base.entries_lost : 0;
+    /* the classes keep their ids in this generation */
+    for (uint32_t d = 0; d < r.max_disk && d < r.cap_map; d++) {
+        uint32_t k = r.cls_map[d];
+        if (k == UINT32_MAX)
+            continue;
+        if (k >= m->cap_cls_disk) {
+            uint32_t nc = m->cap_cls_disk ? m->cap_cls_disk : 16;
+            while (nc <= k)
+                nc *= 2;
+            uint32_t *np = realloc(m->cls_disk, (size_t)nc * sizeof(*np));
+            if (!np)
+                continue; /* logged again under a new id when used */
+            memset(np + m->cap_cls_disk, 0xff, (size_t)(nc - m->cap_cls_disk) * sizeof(*np));
+            m->cls_disk = np;
+            m->cap_cls_disk = nc;
+        }
+        m->cls_disk[k] = d;
+    }
+    m->next_disk_cls = r.max_disk;
+    c->meta_seq = res.last_seq;
+    c->recovery_loaded = 1;
+    c->recovery_entries_loaded = c->index.n_live;
+    c->apply_skipped = r.skipped;
+    c->rec_seq = res.sb.sb_seq;
+    c->rec_outcome = res.fallback ? RB_REC_FALLBACK : RB_REC_LOADED;
+    c->dirty_total = 0;
+    c->persisted = 0;
+    if (res.fallback)
+        snprintf(c->ckpt_error, sizeof c->ckpt_error,
+                 "the newest metadata superblock is unusable (%.150s); recovered from the other one (sequence "
+                 "%llu), every entry's slot header checked",
+                 res.sb_why[res.which ^ 1].msg, (unsigned long long)res.sb.sb_seq);
+    else if (res.base.chunks_bad || res.log_end == RB_MLOG_END_IOERR)
+        snprintf(c->ckpt_error, sizeof c->ckpt_error,
+                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s",
+                 res.base.chunks_bad, (long long)res.base.entries_lost,
+                 res.log_end == RB_MLOG_END_IOERR ? "cut short by a read error" : "complete");
+    rb_idx_maybe_compact(&c->index);
+    pthread_mutex_unlock(&c->mu);
+    free(r.slot_pos);
+    free(r.cls_map);
+    if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum || res.fallback) {
+        if (rb_core_validate_entries(c, 0) < 0)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
+    }
+    return 1;
+}
