@@ -612,22 +612,26 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     /* Layout (LMCache's geometry, no superblock). */
     uint64_t size = c->dev->size;
     c->capacity = (cfg->capacity_bytes > 0 && cfg->capacity_bytes < size) ? cfg->capacity_bytes : size;
-    if (cfg->meta_total_bytes >= c->capacity) {
+    /* The log format at LMCache's default region size: the device's own size, or one sized from
+     * the slot count on a blank device (rb_core_ml_region_bytes). */
+    if (c->cfg.meta_format == RB_META_LOG && c->cfg.meta_total_bytes == RB_META_TOTAL_LMCACHE)
+        c->cfg.meta_total_bytes = rb_core_ml_region_bytes(c);
+    if (c->cfg.meta_total_bytes >= c->capacity) {
         rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
                         "metadata region exceeds usable device capacity: meta_total_bytes=%llu, usable "
                         "capacity %llu bytes (capacity_bytes=%llu, device %llu bytes)",
-                        (unsigned long long)cfg->meta_total_bytes, (unsigned long long)c->capacity,
+                        (unsigned long long)c->cfg.meta_total_bytes, (unsigned long long)c->capacity,
                         (unsigned long long)cfg->capacity_bytes, (unsigned long long)size);
         goto fail;
     }
-    c->data_base = cfg->meta_total_bytes;
+    c->data_base = c->cfg.meta_total_bytes;
     uint64_t ms = (c->capacity - c->data_base) / cfg->slot_bytes;
     if (ms == 0) {
         rc = rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
                         "raw block capacity too small for slot size after metadata: slot_bytes=%llu, %llu "
                         "bytes left after meta_total_bytes=%llu",
                         (unsigned long long)cfg->slot_bytes, (unsigned long long)(c->capacity - c->data_base),
-                        (unsigned long long)cfg->meta_total_bytes);
+                        (unsigned long long)c->cfg.meta_total_bytes);
         goto fail;
     }
     if (ms > UINT32_MAX - 1) {
@@ -638,7 +642,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     c->max_slots = (uint32_t)ms;
     c->usable_slots = c->max_slots;
     c->dev_size_seen = size;
-    c->container_bytes = rb_container_bytes(cfg->meta_total_bytes, cfg->block_align);
+    c->container_bytes = rb_container_bytes(c->cfg.meta_total_bytes, cfg->block_align);
     c->payload_cap = c->container_bytes - cfg->block_align;
     c->slot_cap = cfg->slot_bytes - cfg->header_bytes;
     rc = rb_slots_init(&c->slots, c->max_slots, cfg->fdp_slot_affinity_enabled);

@@ -390,6 +390,12 @@ int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int target, rb_
 int rb_core_validate_entries(rb_core *c, int sequential);
 
 /* rb_core_mlog.c: the log-structured format. Lock order: ml.cmp_mu -> ckpt_mu -> mu. */
+#define RB_META_TOTAL_LMCACHE (128ull << 20) /* LMCache's default meta_total_bytes */
+/* The metadata region of a log-format device opened with meta_total_bytes at LMCache's
+ * default: what its superblock records (either copy), 128 MiB on a format v1 device, else
+ * sized from the slot count (rb_mlog_auto_meta_total). Reads the device (c->dev open,
+ * c->capacity set). */
+uint64_t rb_core_ml_region_bytes(rb_core *c);
 int rb_core_ml_init(rb_core *c, rb_err *err);
 void rb_core_ml_free(rb_core *c);
 /* Journal a committed entry / a slot leaving the index (the slot is held until the FREE is

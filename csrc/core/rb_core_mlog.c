@@ -20,6 +20,7 @@
  * Lock order: ml.cmp_mu -> ckpt_mu -> mu.
  */
 #include "rb_core_int.h"
+#include "rb_config.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -78,6 +79,44 @@ void rb_core_ml_free(rb_core *c)
     free(m->cls_disk);
     free(m->held_base);
     pthread_mutex_destroy(&m->cmp_mu);
+}
+
+/* 1 when a decodable superblock of ours sits at off (its region size in *meta). */
+static int sb_at(rb_core *c, uint64_t off, uint8_t *blk, uint64_t span, uint64_t *meta)
+{
+    rb_err e;
+    rb_mlog_sb sb;
+    if (off + span > c->capacity || rb_core_dev_read(c, off, blk, span, span, span, 0, &e) < 0 ||
+        rb_mlog_sb_decode(blk, span, &sb, &e) < 0)
+        return 0;
+    *meta = sb.meta_total_bytes;
+    return 1;
+}
+
+uint64_t rb_core_ml_region_bytes(rb_core *c)
+{
+    const uint64_t ba = c->cfg.block_align, span = rb_mlog_sb_span(ba);
+    uint64_t autosz = rb_mlog_auto_meta_total(c->capacity, c->cfg.slot_bytes, ba), meta = 0;
+    rb_err ae;
+    uint8_t *blk = rb_alloc_aligned(ba, span, &ae);
+    if (!blk)
+        return RB_META_TOTAL_LMCACHE;
+    if (sb_at(c, 0, blk, span, &meta) || sb_at(c, rb_container_bytes(RB_META_TOTAL_LMCACHE, ba), blk, span, &meta) ||
+        (autosz && sb_at(c, rb_container_bytes(autosz, ba), blk, span, &meta))) {
+        /* a superblock of ours says */
+    } else {
+        /* a v1 container header of this core's magic at either of LMCache's positions: keep
+         * LMCache's region (the move to the log format keeps every slot where it is) */
+        rb_err e;
+        int v1 = 0;
+        const uint64_t offs[2] = {0, rb_container_bytes(RB_META_TOTAL_LMCACHE, ba)};
+        for (int k = 0; k < 2 && !v1; k++)
+            v1 = offs[k] + span <= c->capacity && rb_core_dev_read(c, offs[k], blk, span, span, span, 0, &e) == 0 &&
+                 memcmp(blk, c->cfg.meta_magic, 8) == 0;
+        meta = v1 || autosz == 0 ? RB_META_TOTAL_LMCACHE : autosz;
+    }
+    free(blk);
+    return meta;
 }
 
 /* ---- the journal (mu held) ------------------------------------------------------------- */

@@ -307,6 +307,10 @@ static PyMethodDef rbpy_functions[] = {
     {"_inject_lock_errno", rbpy_inject_lock_errno, METH_O,
      "test hook: _inject_lock_errno(errnum) makes the next flock(2) of a device fail with errnum (0 clears)"},
     {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},
+    {"read_metadata_log", (PyCFunction)(void (*)(void))rbpy_read_metadata_log, METH_FASTCALL | METH_KEYWORDS,
+     "read_metadata_log(path, block_align, meta_total_bytes=0, threads=2) -> dict: the log-format metadata "
+     "region of a device read back (superblocks, base, log, the entries they replay to); found=False when "
+     "no superblock of ours is there. Only reads."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -83,6 +83,9 @@ PyObject *rbpy_settings(PyObject *mod, PyObject *unused);
 /* _native.container_bytes(meta_total_bytes, block_align): one checkpoint copy's bytes. */
 PyObject *rbpy_container_bytes(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
+/* mlog.c: _native.read_metadata_log(path, block_align, meta_total_bytes=0, threads=2) -> dict. */
+PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
 /* fetch_fdp_status() of a device, without the GIL: [(placement_id, ruh_id), ...]. A device
