@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._native import RawBlockDevice, container_bytes, xxh3_64
+from ._native import RawBlockDevice, container_bytes, read_metadata_log, xxh3_64
 from .raw_block.key_codec import slot_identity_from_encoded_key
 
 CONTAINER_HEADER = struct.Struct("<8sIQQI")  # magic, version, seq, payload_len, crc32
@@ -162,10 +162,68 @@ class DeviceReport:
     containers: list[Container]
     chosen: Container | None
     geometry: dict = field(default_factory=dict)
+    metadata_format: str = "v1"
+    log: dict | None = None  # the log format's reading (read_metadata_log), when that is the format
+    log_state: dict | None = None  # its entries as a state v1 document would list them
 
     @property
     def state(self) -> dict:
+        if self.log_state is not None:
+            return self.log_state
         return self.chosen.state if self.chosen and self.chosen.state else {}
+
+
+def _log_state(r: dict) -> dict:
+    """The entries a log-format region replays to, shaped as a state v1 document's."""
+    sb = r["superblock"]
+    classes = {}
+    for cid, frag in r["classes"].items():
+        try:
+            classes[cid] = json.loads("{" + frag + "}")
+        except ValueError:
+            classes[cid] = {}
+    entries = {}
+    for key, e in r["entries"].items():
+        c = classes.get(e["class"], {})
+        d = {"offset": e["offset"], "size": e["size"], "shape": c.get("shape"), "dtype": c.get("dtype"),
+             "fmt": c.get("fmt"), "cached_positions": e["cached_positions"]}
+        if e["checksum"] is not None:
+            d["xxh3"] = f"{e['checksum']:016x}"
+        entries[key] = d
+    top = max((e["slot"] + 1 for e in r["entries"].values()), default=0)
+    return {"version": 2, "capacity_bytes": sb["capacity_bytes"], "block_align": sb["block_align"],
+            "header_bytes": sb["header_bytes"], "slot_bytes": sb["slot_bytes"],
+            "meta_total_bytes": sb["meta_total_bytes"], "data_base_offset": sb["data_base_offset"],
+            "next_slot": max(top, sb["base"]["next_slot"]), "entries": entries}
+
+
+def _read_log_format(path: str, size: int, block_align: int | None, meta_total_bytes: int | None
+                     ) -> DeviceReport | None:
+    """The log format's reading of the device, or None when no superblock of ours is there."""
+    r = read_metadata_log(path, block_align or 512, meta_total_bytes or 0)
+    if not r.get("found"):
+        if any(s in ("valid", "damaged", "no-base") for s in r.get("superblock_states", ())):
+            why = "; ".join(e for e in r.get("superblock_errors", ()) if e)
+            raise NotARawBlockDevice(f"{path}: log-format metadata superblocks found but none is usable ({why})")
+        return None
+    ba = r["superblock"]["block_align"]
+    if ba != (block_align or 512):
+        r = read_metadata_log(path, ba, r["superblock"]["meta_total_bytes"])
+        if not r.get("found"):
+            return None
+    st = _log_state(r)
+    sb = r["superblock"]
+    geometry = {k: st.get(k) for k in ("capacity_bytes", "block_align", "header_bytes", "slot_bytes",
+                                       "meta_total_bytes", "data_base_offset", "next_slot")}
+    geometry["version"] = "log"
+    geometry["max_slots"] = sb["max_slots"]
+    geometry["entries"] = len(st["entries"])
+    geometry["used_slots"] = len(st["entries"])
+    geometry["free_slots"] = sb["max_slots"] - len(st["entries"])
+    log = {k: r[k] for k in ("superblock_used", "fallback", "superblock_states", "superblock_errors", "base",
+                             "log", "damage")}
+    log["superblock"] = sb
+    return DeviceReport(path, size, ba, sb["meta_total_bytes"], [], None, geometry, "log", log, st)
 
 
 def _read(dev: RawBlockDevice, offset: int, n: int) -> bytes | None:
@@ -243,6 +301,10 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
     max_payload = max(MAX_CONTAINER_PAYLOAD, meta_total_bytes // 2) if meta_total_bytes else MAX_CONTAINER_PAYLOAD
     with _open(path, ignore_lock=ignore_lock) as dev:
         size = dev.size_bytes()
+        # The log format first: its superblocks replaced the v1 container headers.
+        rep = _read_log_format(path, size, block_align, meta_total_bytes)
+        if rep is not None:
+            return rep
         aligns = (block_align,) if block_align else CANDIDATE_ALIGNS
         first: Container | None = None
         align_used = aligns[0]
@@ -308,14 +370,18 @@ def inspect_device(path: str, *, sample: int = 5, **kw: Any) -> dict:
     sample_rows = []
     for key, e in list(entries.items())[:sample]:
         sample_rows.append({"key": key, **{k: e.get(k) for k in ("offset", "size", "shape", "dtype", "fmt")}})
-    return {
+    out = {
         "device": path,
         "size_bytes": rep.size_bytes,
+        "metadata_format": rep.metadata_format,
         "geometry": rep.geometry,
         "containers": [c.as_dict() for c in rep.containers],
         "checkpoint_in_use": rep.chosen.index if rep.chosen else None,
         "sample_entries": sample_rows,
     }
+    if rep.log is not None:
+        out["metadata_log"] = rep.log
+    return out
 
 
 def _namespace_of(key: str) -> str:
@@ -441,7 +507,20 @@ def format_inspect(info: dict) -> str:
                      f"crc={c['crc32']} {'ok' if c['crc_ok'] else 'BAD'}"
                      + (f" entries={c['entries']}" if c["entries"] is not None else "")
                      + (f" ({_printable(c['error'])})" if c["error"] else ""))
-    lines.append(f"checkpoint in use: container {info['checkpoint_in_use']}, {g.get('entries')} entries")
+    ml = info.get("metadata_log")
+    if ml is not None:
+        sb, b, lg = ml["superblock"], ml["base"], ml["log"]
+        lines.append(f"metadata format: log (superblock {ml['superblock_used']}, sequence {sb['sb_seq']}"
+                     + (", FALLBACK: the other one is unusable" if ml["fallback"] else "") + ")")
+        lines.append(f"base: {b['entries']} entries in {b['chunks_ok']} chunks ({sb['base']['bytes']} bytes, area "
+                     f"{sb['base']['area']}), covers log sequence {sb['base']['log_seq']}"
+                     + ("" if b["complete"] else f"; DAMAGED: {b['chunks_bad']} chunks, {b['entries_lost']} entries lost"))
+        lines.append(f"log: {lg['groups']} groups, {lg['records']} records ({lg['puts']} puts, {lg['frees']} frees), "
+                     f"{lg['live_bytes']} of {sb['ring']['bytes']} ring bytes live, ends: {lg['end']}"
+                     + (f" ({_printable(lg['why'])})" if lg["end"] == "torn" else ""))
+        lines.append(f"index: {g.get('entries')} entries")
+    else:
+        lines.append(f"checkpoint in use: container {info['checkpoint_in_use']}, {g.get('entries')} entries")
     for e in info["sample_entries"]:
         lines.append(f"  {_printable(e['key'])}  offset={e['offset']} size={e['size']} shape={e['shape']} "
                      f"dtype={_printable(e['dtype'])} fmt={_printable(e['fmt'])}")
