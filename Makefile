@@ -81,6 +81,11 @@ test-asan: py-deps
 	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -c 'import lmcache_rawblock._native as m; assert m.__file__.startswith("$(CURDIR)/$(ASAN_BUILD)"), m.__file__'
 	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The metadata-log codec and its region reader, as the C tests, the fuzzers, the seed corpus
+# maker and the size benchmark build them.
+MLOG_SRC := csrc/core/rb_mlog.c csrc/core/rb_mlog_read.c csrc/core/rb_ckpt.c csrc/core/rb_err.c
+MLOG_HDR := csrc/core/rb_mlog.h csrc/core/rb_mlog_read.h csrc/core/rb_ckpt.h csrc/core/rb_err.h
+
 # C-level tests of the pure-C core (no Python), under ASan + UBSan.
 test-c: apt-deps
 	mkdir -p build
@@ -89,9 +94,11 @@ test-c: apt-deps
 	  -lxxhash -o build/test_core_ds
 	build/test_core_ds
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
-	  -Icsrc/core tests/c/test_mlog.c csrc/core/rb_mlog.c csrc/core/rb_ckpt.c csrc/core/rb_err.c \
-	  -ljson-c -lz -o build/test_mlog
+	  -Icsrc/core tests/c/test_mlog.c $(MLOG_SRC) -ljson-c -lz -lpthread -o build/test_mlog
 	build/test_mlog
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
+	  -Icsrc/core tests/c/test_mlog_read.c $(MLOG_SRC) -ljson-c -lz -lpthread -o build/test_mlog_read
+	build/test_mlog_read
 
 # Size and one thread's speed of a metadata-log base for LMCache object keys (100k and 1M
 # entries; docs/metadata-log.md, "Measured"). Builds build/mlog_bench; no extension needed.
@@ -285,13 +292,14 @@ test-wheel-bare:
 	tools/wheel_bare.sh $(DIST) tests/wheel_smoke tests/strict_skips.py $(BARE_CACHE) $(PYTEST_ARGS)
 
 # libFuzzer targets (fuzz/): checkpoint container + both state readers, slot-header decode,
-# the metadata-log decoders (superblock, log group, base) and encoder round trips.
+# the metadata-log decoders (superblock, log group, base) and encoder round trips, and the
+# metadata region reader over small region images (mlog_read).
 # clang from Debian (14 on Debian 12, 19 on Debian 13) with -fsanitize=fuzzer,address,undefined.
 # Each run starts from the committed corpus (copied, so it stays as committed) and fails on the
 # first crash, leak or sanitizer report; the crashing input is left in build/fuzz/artifacts/.
 .PHONY: fuzz-build fuzz-smoke fuzz-long fuzz-regressions
 FUZZ_CC ?= clang
-FUZZ_TARGETS := ckpt slot_header mlog
+FUZZ_TARGETS := ckpt slot_header mlog mlog_read
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/core
@@ -302,17 +310,19 @@ build/fuzz/fuzz_ckpt: fuzz/fuzz_ckpt.c $(wildcard csrc/core/*.c csrc/core/*.h)
 build/fuzz/fuzz_slot_header: fuzz/fuzz_slot_header.c csrc/core/rb_ckpt.c csrc/core/rb_ckpt.h
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $< csrc/core/rb_ckpt.c -ljson-c -lz -o $@
-MLOG_SRC := csrc/core/rb_mlog.c csrc/core/rb_ckpt.c csrc/core/rb_err.c
-build/fuzz/fuzz_mlog: fuzz/fuzz_mlog.c $(MLOG_SRC) csrc/core/rb_mlog.h csrc/core/rb_ckpt.h csrc/core/rb_err.h
+build/fuzz/fuzz_mlog: fuzz/fuzz_mlog.c $(MLOG_SRC) $(MLOG_HDR)
 	@mkdir -p build/fuzz
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $< $(MLOG_SRC) -ljson-c -lz -o $@
-# The mlog seed corpus is written by a C program (the codec has no Python binding yet).
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $< $(MLOG_SRC) -ljson-c -lz -lpthread -o $@
+build/fuzz/fuzz_mlog_read: fuzz/fuzz_mlog_read.c $(MLOG_SRC) $(MLOG_HDR)
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $< $(MLOG_SRC) -ljson-c -lz -lpthread -o $@
+# The mlog and mlog_read seed corpora are written by a C program (the codec has no Python binding yet).
 .PHONY: fuzz-corpus-mlog
 fuzz-corpus-mlog:
-	@mkdir -p build fuzz/corpus/mlog
+	@mkdir -p build fuzz/corpus/mlog fuzz/corpus/mlog_read
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -D_GNU_SOURCE -Icsrc/core fuzz/make_corpus_mlog.c $(MLOG_SRC) \
-	  -ljson-c -lz -o build/make_corpus_mlog
-	build/make_corpus_mlog fuzz/corpus/mlog
+	  -ljson-c -lz -lpthread -o build/make_corpus_mlog
+	build/make_corpus_mlog fuzz/corpus/mlog fuzz/corpus/mlog_read
 fuzz-build:
 	@command -v $(FUZZ_CC) >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang; }

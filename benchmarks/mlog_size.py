@@ -36,14 +36,15 @@ from lmcache_rawblock.raw_block.key_codec import object_key_to_string  # noqa: E
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BIN = os.path.join(ROOT, "build", "mlog_bench")
-SRC = ["benchmarks/mlog_bench.c", "csrc/core/rb_mlog.c", "csrc/core/rb_ckpt.c", "csrc/core/rb_err.c"]
+SRC = ["benchmarks/mlog_bench.c", "csrc/core/rb_mlog.c", "csrc/core/rb_mlog_read.c", "csrc/core/rb_ckpt.c",
+       "csrc/core/rb_err.c"]
 
 
 def build() -> None:
     os.makedirs(os.path.dirname(BIN), exist_ok=True)
     cc = os.environ.get("CC", "cc")
     subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-Icsrc/core", *SRC,
-                    "-ljson-c", "-lz", "-o", BIN], cwd=ROOT, check=True)
+                    "-ljson-c", "-lz", "-lpthread", "-o", BIN], cwd=ROOT, check=True)
 
 
 def okey(chunk_hash: bytes, rank: int) -> ObjectKey:

@@ -509,6 +509,9 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
 
 #define GRP_HCRC_OFF 40
 #define GRP_CRC_OFF 44
+#define GRP_ZHDR 4 /* a deflated body starts with its raw length */
+/* Deflate expands at most 1032:1 (258-byte matches in 2 bits); anything beyond is damage. */
+#define DEFLATE_MAX_RATIO 1032u
 
 void rb_mlog_genc_init(rb_mlog_genc *g)
 {
@@ -605,6 +608,21 @@ uint64_t rb_mlog_genc_len(const rb_mlog_genc *g, uint64_t block_align)
     return round_up(RB_MLOG_GROUP_HDR_LEN + (uint64_t)g->body.len, block_align ? block_align : 1);
 }
 
+/* Header fields and CRCs of a group whose stored body (body_len bytes) is at out + 48. */
+static void group_header(uint8_t *out, uint64_t generation, uint64_t seq, uint64_t body_len, uint32_t n_records,
+                         uint32_t flags)
+{
+    memcpy(out, RB_MLOG_GROUP_MAGIC, 8);
+    rb_put_le(out + 8, generation, 8);
+    rb_put_le(out + 16, seq, 8);
+    rb_put_le(out + 24, body_len, 8);
+    rb_put_le(out + 32, n_records, 4);
+    rb_put_le(out + 36, flags, 4);
+    rb_put_le(out + GRP_HCRC_OFF, crc_more(0, out, GRP_HCRC_OFF), 4);
+    uint32_t crc = crc_more(crc_more(0, out, GRP_CRC_OFF), out + RB_MLOG_GROUP_HDR_LEN, (size_t)body_len);
+    rb_put_le(out + GRP_CRC_OFF, crc, 4);
+}
+
 int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align,
                         uint8_t *out, size_t out_len, rb_err *err)
 {
@@ -618,18 +636,61 @@ int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq
     if (out_len < total)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "log group: %zu bytes of room, %llu needed", out_len,
                           (unsigned long long)total);
-    memcpy(out, RB_MLOG_GROUP_MAGIC, 8);
-    rb_put_le(out + 8, generation, 8);
-    rb_put_le(out + 16, seq, 8);
-    rb_put_le(out + 24, g->body.len, 8);
-    rb_put_le(out + 32, g->n_records, 4);
-    rb_put_le(out + 36, 0, 4);
-    rb_put_le(out + GRP_HCRC_OFF, crc_more(0, out, GRP_HCRC_OFF), 4);
     if (g->body.len)
         memcpy(out + RB_MLOG_GROUP_HDR_LEN, g->body.data, g->body.len);
-    uint32_t crc = crc_more(crc_more(0, out, GRP_CRC_OFF), out + RB_MLOG_GROUP_HDR_LEN, g->body.len);
-    rb_put_le(out + GRP_CRC_OFF, crc, 4);
+    group_header(out, generation, seq, g->body.len, g->n_records, 0);
     memset(out + RB_MLOG_GROUP_HDR_LEN + g->body.len, 0, out_len - RB_MLOG_GROUP_HDR_LEN - g->body.len);
+    return 0;
+}
+
+int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align, int level,
+                      rb_buf *out, rb_err *err)
+{
+    if (!is_pow2(block_align) || generation == 0 || seq == 0 || level < 0 || level > 9)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "log group: block_align %llu, generation %llu, seq %llu, "
+                          "level %d: a power of two, nonzero ids and a level 0..9 needed",
+                          (unsigned long long)block_align, (unsigned long long)generation,
+                          (unsigned long long)seq, level);
+    if (g->body.oom || out->oom)
+        return nomem(err, "log group");
+    const uint64_t raw_total = rb_mlog_genc_len(g, block_align);
+    const size_t at = out->len;
+    if (raw_total > SIZE_MAX - at || rb_buf_reserve(out, (size_t)raw_total) < 0) {
+        out->oom = 0;
+        return nomem(err, "log group");
+    }
+    uint8_t *h = (uint8_t *)out->data + at;
+    uint64_t stored = g->body.len;
+    uint32_t flags = 0;
+    /* Deflate only where it can save a block: the compressed group must end at least one block
+     * before the raw one, so the stream gets that much room and no more (deflate stops early
+     * when the body does not compress enough). */
+    if (level > 0 && raw_total > block_align && g->body.len <= RB_MLOG_CHUNK_RAW_MAX &&
+        raw_total - block_align > RB_MLOG_GROUP_HDR_LEN + GRP_ZHDR) {
+        uint64_t room = raw_total - block_align - RB_MLOG_GROUP_HDR_LEN - GRP_ZHDR;
+        z_stream z;
+        memset(&z, 0, sizeof z);
+        if (deflateInit2(&z, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+            return nomem(err, "log group");
+        z.next_in = (const Bytef *)g->body.data;
+        z.avail_in = (uInt)g->body.len;
+        z.next_out = h + RB_MLOG_GROUP_HDR_LEN + GRP_ZHDR;
+        z.avail_out = (uInt)(room < UINT_MAX ? room : UINT_MAX);
+        int zr = deflate(&z, Z_FINISH);
+        uint64_t comp = z.total_out;
+        deflateEnd(&z);
+        if (zr == Z_STREAM_END) {
+            rb_put_le(h + RB_MLOG_GROUP_HDR_LEN, g->body.len, GRP_ZHDR);
+            stored = GRP_ZHDR + comp;
+            flags = RB_MLOG_GROUP_DEFLATE;
+        }
+    }
+    if (!flags && g->body.len)
+        memcpy(h + RB_MLOG_GROUP_HDR_LEN, g->body.data, g->body.len);
+    group_header(h, generation, seq, stored, g->n_records, flags);
+    uint64_t total = round_up(RB_MLOG_GROUP_HDR_LEN + stored, block_align);
+    memset(h + RB_MLOG_GROUP_HDR_LEN + stored, 0, (size_t)(total - RB_MLOG_GROUP_HDR_LEN - stored));
+    out->len = at + (size_t)total;
     return 0;
 }
 
@@ -647,19 +708,30 @@ int rb_mlog_group_head(const uint8_t *in, size_t len, uint64_t block_align, uint
     uint32_t stored = (uint32_t)rb_get_le(in + GRP_HCRC_OFF, 4), crc = crc_more(0, in, GRP_HCRC_OFF);
     if (stored != crc)
         return bad(err, W, "header CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
-    if (rb_get_le(in + 36, 4) != 0)
-        return bad(err, W, "reserved bytes 36..40 are not zero", 0, 0);
     rb_mlog_group_info g;
+    g.flags = (uint32_t)rb_get_le(in + 36, 4);
+    if (g.flags & ~RB_MLOG_GROUP_DEFLATE)
+        return bad(err, W, "flags 0x%llx have unknown bits", g.flags, 0);
     g.generation = rb_get_le(in + 8, 8);
     g.seq = rb_get_le(in + 16, 8);
     g.body_len = rb_get_le(in + 24, 8);
     g.n_records = (uint32_t)rb_get_le(in + 32, 4);
     if (g.generation == 0 || g.seq == 0)
         return bad(err, W, "generation %llu or sequence %llu is 0", g.generation, g.seq);
-    if (g.body_len > (1ull << 62))
-        return bad(err, W, "body length %llu is implausible", g.body_len, 0);
-    if ((uint64_t)g.n_records > g.body_len / 2) /* a record takes 2 bytes at least */
-        return bad(err, W, "%llu records cannot fit in %llu body bytes", g.n_records, g.body_len);
+    if (g.flags & RB_MLOG_GROUP_DEFLATE) {
+        /* [raw length][a deflate stream of 2 bytes at least]; the records are in the raw bytes */
+        if (g.body_len < GRP_ZHDR + 2 || g.body_len > GRP_ZHDR + (uint64_t)RB_MLOG_CHUNK_RAW_MAX)
+            return bad(err, W, "deflated body length %llu is implausible", g.body_len, 0);
+        if ((uint64_t)g.n_records > RB_MLOG_CHUNK_RAW_MAX / 2)
+            return bad(err, W, "%llu records cannot fit in a deflated body", g.n_records, 0);
+        g.raw_len = 0;
+    } else {
+        if (g.body_len > (1ull << 62))
+            return bad(err, W, "body length %llu is implausible", g.body_len, 0);
+        if ((uint64_t)g.n_records > g.body_len / 2) /* a record takes 2 bytes at least */
+            return bad(err, W, "%llu records cannot fit in %llu body bytes", g.n_records, g.body_len);
+        g.raw_len = g.body_len;
+    }
     g.total_len = round_up(RB_MLOG_GROUP_HDR_LEN + g.body_len, block_align);
     *gi = g;
     if (expect_gen && g.generation != expect_gen)
@@ -731,9 +803,67 @@ static int group_records(const uint8_t *body, uint64_t body_len, uint32_t n, rb_
     return 0;
 }
 
-int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
-                         uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err)
+void rb_mlog_gdec_init(rb_mlog_gdec *d)
 {
+    memset(d, 0, sizeof *d);
+}
+
+void rb_mlog_gdec_free(rb_mlog_gdec *d)
+{
+    if (d->z) {
+        inflateEnd(d->z);
+        free(d->z);
+    }
+    free(d->raw);
+    free(d->pos);
+    memset(d, 0, sizeof *d);
+}
+
+/* Inflate a deflated body (after its CRC was checked) into d->raw; *raw_len its length. */
+static int group_inflate(rb_mlog_gdec *d, const uint8_t *body, uint64_t body_len, uint32_t n_records,
+                         uint64_t *raw_len, rb_err *err)
+{
+    static const char W[] = "log group";
+    uint64_t raw = rb_get_le(body, GRP_ZHDR), comp = body_len - GRP_ZHDR;
+    if (raw > RB_MLOG_CHUNK_RAW_MAX || raw > (uint64_t)DEFLATE_MAX_RATIO * comp)
+        return bad(err, W, "deflated body: raw length %llu is implausible (compressed %llu)", raw, comp);
+    if ((uint64_t)n_records > raw / 2)
+        return bad(err, W, "%llu records cannot fit in %llu raw body bytes", n_records, raw);
+    if (!d->z) {
+        z_stream *z = calloc(1, sizeof *z);
+        if (!z || inflateInit2(z, -15) != Z_OK) {
+            free(z);
+            return nomem(err, W);
+        }
+        d->z = z;
+    } else if (inflateReset(d->z) != Z_OK) {
+        return rb_err_set(err, RB_ERR_RUNTIME, EIO, "%s: inflateReset failed", W);
+    }
+    if (raw > d->raw_cap || !d->raw) {
+        uint8_t *p = realloc(d->raw, raw ? (size_t)raw : 1);
+        if (!p)
+            return nomem(err, W);
+        d->raw = p;
+        d->raw_cap = raw ? (size_t)raw : 1;
+    }
+    z_stream *z = d->z;
+    z->next_in = body + GRP_ZHDR;
+    z->avail_in = (uInt)comp;
+    z->next_out = d->raw;
+    z->avail_out = (uInt)raw;
+    int zr = inflate(z, Z_FINISH);
+    if (zr != Z_STREAM_END || z->avail_in != 0 || z->total_out != raw)
+        return rb_err_set(err, RB_ERR_VALUE, EBADMSG, "%s: deflated body does not inflate to its %llu raw bytes "
+                          "(zlib %d, %lu out, %u in left)", W, (unsigned long long)raw, zr,
+                          (unsigned long)z->total_out, z->avail_in);
+    *raw_len = raw;
+    return 0;
+}
+
+int rb_mlog_gdec_group(rb_mlog_gdec *d, const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
+                       uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err)
+{
+    d->cb_rc = 0;
     rb_mlog_group_info g;
     int rc = rb_mlog_group_head(in, len, block_align, expect_gen, expect_seq, &g, err);
     if (gi && (rc == 0 || rc == -ESTALE))
@@ -748,12 +878,30 @@ int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, ui
     uint32_t crc = crc_more(crc_more(0, in, GRP_CRC_OFF), body, (size_t)g.body_len);
     if (stored != crc)
         return bad(err, "log group", "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
-    int64_t *pos = NULL;
-    size_t pos_cap = 0;
-    rc = group_records(body, g.body_len, g.n_records, NULL, NULL, &pos, &pos_cap, err);
-    if (rc == 0 && fn)
-        rc = group_records(body, g.body_len, g.n_records, fn, ctx, &pos, &pos_cap, err);
-    free(pos);
+    uint64_t raw_len = g.body_len;
+    if (g.flags & RB_MLOG_GROUP_DEFLATE) {
+        if ((rc = group_inflate(d, body, g.body_len, g.n_records, &raw_len, err)) < 0)
+            return rc;
+        body = d->raw;
+    }
+    rc = group_records(body, raw_len, g.n_records, NULL, NULL, &d->pos, &d->pos_cap, err);
+    if (rc == 0 && fn) {
+        rc = group_records(body, raw_len, g.n_records, fn, ctx, &d->pos, &d->pos_cap, err);
+        if (rc != 0)
+            d->cb_rc = rc; /* the first pass checked every record: only fn stops the second */
+    }
+    if (rc == 0 && gi)
+        gi->raw_len = raw_len;
+    return rc;
+}
+
+int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
+                         uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err)
+{
+    rb_mlog_gdec d;
+    rb_mlog_gdec_init(&d);
+    int rc = rb_mlog_gdec_group(&d, in, len, block_align, expect_gen, expect_seq, gi, fn, ctx, err);
+    rb_mlog_gdec_free(&d);
     return rc;
 }
 
@@ -765,9 +913,6 @@ int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, ui
 #define CHUNK_METHOD_DEFLATE 1u
 /* An entry takes 6 raw bytes at least: shared, suffix length, slot delta, size, class, flags. */
 #define ENT_MIN_RAW 6u
-/* Deflate expands at most 1032:1 (258-byte matches in 2 bits); anything beyond is damage. */
-#define DEFLATE_MAX_RATIO 1032u
-
 static int class_known(const uint32_t *ids, uint32_t n, uint32_t id)
 {
     uint32_t lo = 0, hi = n;
@@ -1288,10 +1433,163 @@ int rb_mlog_bdec_chunk(rb_mlog_bdec *d, const uint8_t *in, size_t len, const rb_
     return rc;
 }
 
-static int report(const rb_mlog_base_cb *cb, rb_mlog_base_result *res, rb_mlog_damage *dm)
+/* ---- the base walk: chunk headers, then the judgment of each chunk in order ----------------- */
+
+void rb_mlog_bwalk_init(rb_mlog_bwalk *w, const uint8_t *in, size_t len, const rb_mlog_base_info *bi)
 {
-    res->chunks_bad++;
-    return cb && cb->damage ? cb->damage(cb->ctx, dm) : 0;
+    memset(w, 0, sizeof *w);
+    w->in = in;
+    w->len = len;
+    w->bi = *bi;
+    w->off = bi->chunks_off;
+}
+
+int rb_mlog_bwalk_next(rb_mlog_bwalk *w, rb_mlog_bstep *st)
+{
+    if (w->pending) {
+        *st = w->pend;
+        w->pending = 0;
+        if (st->kind == RB_MLOG_STEP_END)
+            w->over = 1;
+        return 1;
+    }
+    if (w->over)
+        return 0;
+    const uint8_t *in = w->in;
+    const size_t len = w->len;
+    for (;;) {
+        rb_mlog_chunk ch;
+        rb_mlog_base_end end;
+        rb_err e;
+        const uint64_t off = w->off;
+        int at = off < len ? rb_mlog_base_at(in, len, off, &w->bi, &ch, &end, &e) : -EBADMSG;
+        if (off >= len)
+            rb_err_set(&e, RB_ERR_VALUE, EBADMSG, "base: ends at byte %llu without its end record",
+                       (unsigned long long)len);
+        if (at < 0 && !w->gap) { /* a damaged header: find the next one, then say what was lost */
+            w->gap = 1;
+            w->gap_off = off;
+            memset(&w->dm, 0, sizeof w->dm);
+            w->dm.why = e;
+        }
+        if (at < 0) {
+            if (off >= len) {
+                memset(st, 0, sizeof *st);
+                st->kind = RB_MLOG_STEP_GAP;
+                st->dm = w->dm;
+                st->dm.index = w->expect;
+                st->dm.n_chunks = 0;
+                st->dm.n_entries = -1;
+                st->dm.first_slot = st->dm.last_slot = UINT32_MAX;
+                st->dm.off = w->gap_off < len ? w->gap_off : len;
+                st->dm.len = len - st->dm.off;
+                w->over = 1;
+                return 1;
+            }
+            w->off = rb_mlog_base_resync(in, len, off, &w->bi);
+            continue;
+        }
+        int gap_step = 0;
+        rb_mlog_bstep *next = st;
+        uint32_t next_index = at == 1 ? ch.index : end.n_chunks;
+        if (w->gap || next_index > w->expect) {
+            if (!w->gap) {
+                memset(&w->dm, 0, sizeof w->dm);
+                rb_err_set(&w->dm.why, RB_ERR_VALUE, EBADMSG, "base: chunks %u to %u are missing", w->expect,
+                           next_index - 1);
+                w->gap_off = off;
+            }
+            memset(st, 0, sizeof *st);
+            st->kind = RB_MLOG_STEP_GAP;
+            st->dm = w->dm;
+            st->dm.index = w->expect;
+            st->dm.n_chunks = next_index > w->expect ? next_index - w->expect : 0;
+            st->dm.n_entries = -1;
+            st->dm.first_slot = st->dm.last_slot = UINT32_MAX;
+            st->dm.off = w->gap_off;
+            st->dm.len = off - w->gap_off;
+            w->gap = 0;
+            if (next_index > w->expect)
+                w->expect = next_index;
+            gap_step = 1;
+            next = &w->pend;
+            w->pending = 1;
+        }
+        memset(next, 0, sizeof *next);
+        next->expect = w->expect;
+        if (at == 0) {
+            next->kind = RB_MLOG_STEP_END;
+            next->end = end;
+            if (!gap_step)
+                w->over = 1;
+        } else {
+            next->kind = RB_MLOG_STEP_CHUNK;
+            next->ch = ch;
+            next->out_of_order = ch.index < w->expect;
+            if (ch.index >= w->expect)
+                w->expect = ch.index + 1;
+            w->off = off + RB_MLOG_CHUNK_HDR_LEN + (uint64_t)ch.comp_len;
+        }
+        return 1;
+    }
+}
+
+void rb_mlog_bjudge_init(rb_mlog_bjudge *j, rb_mlog_base_result *res, const rb_mlog_base_info *bi)
+{
+    memset(res, 0, sizeof *res);
+    res->entries_lost = -1;
+    res->info = *bi;
+    j->res = res;
+    j->prev_last = 0;
+    j->have_prev = 0;
+}
+
+int rb_mlog_bjudge_admit(rb_mlog_bjudge *j, const rb_mlog_bstep *st, rb_mlog_damage *dm)
+{
+    const rb_mlog_chunk *ch = &st->ch;
+    memset(dm, 0, sizeof *dm);
+    dm->index = ch->index;
+    dm->n_chunks = 1;
+    dm->n_entries = ch->n_entries;
+    dm->first_slot = ch->first_slot;
+    dm->last_slot = ch->last_slot;
+    dm->off = ch->off;
+    dm->len = RB_MLOG_CHUNK_HDR_LEN + (uint64_t)ch->comp_len;
+    if (st->out_of_order) {
+        rb_err_set(&dm->why, RB_ERR_VALUE, EBADMSG, "base chunk %u: out of order (chunk %u expected)", ch->index,
+                   st->expect);
+        return 0;
+    }
+    if (j->have_prev && ch->first_slot <= j->prev_last) {
+        rb_err_set(&dm->why, RB_ERR_VALUE, EBADMSG, "base chunk %u: first slot %u is not above slot %u", ch->index,
+                   ch->first_slot, j->prev_last);
+        return 0;
+    }
+    return 1;
+}
+
+void rb_mlog_bjudge_ok(rb_mlog_bjudge *j, const rb_mlog_chunk *ch)
+{
+    j->res->chunks_ok++;
+    j->res->entries += ch->n_entries;
+    j->have_prev = 1;
+    j->prev_last = ch->last_slot;
+}
+
+void rb_mlog_bjudge_bad(rb_mlog_bjudge *j)
+{
+    j->res->chunks_bad++;
+}
+
+void rb_mlog_bjudge_end(rb_mlog_bjudge *j, const rb_mlog_bstep *st)
+{
+    rb_mlog_base_result *res = j->res;
+    res->have_end = 1;
+    res->end = st->end;
+    res->len = st->end.off + RB_MLOG_END_LEN;
+    if (st->end.n_entries >= res->entries)
+        res->entries_lost = (int64_t)(st->end.n_entries - res->entries);
+    res->complete = res->chunks_bad == 0 && st->end.n_chunks == st->expect && st->end.n_entries == res->entries;
 }
 
 int rb_mlog_base_decode(const uint8_t *in, size_t len, const rb_mlog_base_cb *cb, rb_mlog_base_result *res,
@@ -1305,100 +1603,37 @@ int rb_mlog_base_decode(const uint8_t *in, size_t len, const rb_mlog_base_cb *cb
     int rc = rb_mlog_base_open(in, len, &d, &bi, cb, err);
     if (rc != 0)
         goto out;
-    res->info = bi;
-    uint64_t off = bi.chunks_off, gap_off = 0;
-    uint32_t expect = 0, prev_last = 0;
-    int have_prev = 0, gap = 0;
-    rb_mlog_damage dm;
-    for (;;) {
-        rb_mlog_chunk ch;
-        rb_mlog_base_end end;
-        rb_err e;
-        int at = off < len ? rb_mlog_base_at(in, len, off, &bi, &ch, &end, &e) : -EBADMSG;
-        if (off >= len)
-            rb_err_set(&e, RB_ERR_VALUE, EBADMSG, "base: ends at byte %llu without its end record",
-                       (unsigned long long)len);
-        if (at < 0 && !gap) { /* a damaged header: find the next one, then say what was lost */
-            gap = 1;
-            gap_off = off;
-            memset(&dm, 0, sizeof dm);
-            dm.why = e;
+    rb_mlog_bjudge j;
+    rb_mlog_bjudge_init(&j, res, &bi);
+    rb_mlog_bwalk w;
+    rb_mlog_bwalk_init(&w, in, len, &bi);
+    rb_mlog_bstep st;
+    while (rb_mlog_bwalk_next(&w, &st)) {
+        rb_mlog_damage dm;
+        if (st.kind == RB_MLOG_STEP_END) {
+            rb_mlog_bjudge_end(&j, &st);
+            break;
         }
-        if (at < 0) {
-            if (off >= len) {
-                dm.index = expect;
-                dm.n_chunks = 0;
-                dm.n_entries = -1;
-                dm.first_slot = dm.last_slot = UINT32_MAX;
-                dm.off = gap_off < len ? gap_off : len;
-                dm.len = len - dm.off;
-                rc = report(cb, res, &dm);
+        if (st.kind == RB_MLOG_STEP_GAP) {
+            dm = st.dm;
+        } else if (rb_mlog_bjudge_admit(&j, &st, &dm)) {
+            rc = rb_mlog_bdec_chunk(&d, in, len, &st.ch, cb, &dm.why);
+            if (rc == 0) {
+                rb_mlog_bjudge_ok(&j, &st.ch);
+                continue;
+            }
+            if (d.cb_rc)
+                break; /* a callback stopped: its value is returned */
+            if (rc != -EBADMSG) {
+                if (err) /* out of memory or zlib trouble: not damage, and not to be skipped */
+                    *err = dm.why;
                 break;
             }
-            off = rb_mlog_base_resync(in, len, off, &bi);
-            continue;
+            rc = 0;
         }
-        uint32_t next_index = at == 1 ? ch.index : end.n_chunks;
-        if (gap || next_index > expect) {
-            if (!gap) {
-                memset(&dm, 0, sizeof dm);
-                rb_err_set(&dm.why, RB_ERR_VALUE, EBADMSG, "base: chunks %u to %u are missing", expect,
-                           next_index - 1);
-                gap_off = off;
-            }
-            dm.index = expect;
-            dm.n_chunks = next_index > expect ? next_index - expect : 0;
-            dm.n_entries = -1;
-            dm.first_slot = dm.last_slot = UINT32_MAX;
-            dm.off = gap_off;
-            dm.len = off - gap_off;
-            gap = 0;
-            if ((rc = report(cb, res, &dm)) != 0)
-                break;
-            if (next_index > expect)
-                expect = next_index;
-        }
-        if (at == 0) {
-            res->have_end = 1;
-            res->end = end;
-            res->len = off + RB_MLOG_END_LEN;
-            if (end.n_entries >= res->entries)
-                res->entries_lost = (int64_t)(end.n_entries - res->entries);
-            res->complete = res->chunks_bad == 0 && end.n_chunks == expect && end.n_entries == res->entries;
+        rb_mlog_bjudge_bad(&j);
+        if (cb && cb->damage && (rc = cb->damage(cb->ctx, &dm)) != 0)
             break;
-        }
-        memset(&dm, 0, sizeof dm);
-        dm.index = ch.index;
-        dm.n_chunks = 1;
-        dm.n_entries = ch.n_entries;
-        dm.first_slot = ch.first_slot;
-        dm.last_slot = ch.last_slot;
-        dm.off = off;
-        dm.len = RB_MLOG_CHUNK_HDR_LEN + (uint64_t)ch.comp_len;
-        if (ch.index < expect)
-            rb_err_set(&dm.why, RB_ERR_VALUE, EBADMSG, "base chunk %u: out of order (chunk %u expected)", ch.index,
-                       expect);
-        else if (have_prev && ch.first_slot <= prev_last)
-            rb_err_set(&dm.why, RB_ERR_VALUE, EBADMSG, "base chunk %u: first slot %u is not above slot %u", ch.index,
-                       ch.first_slot, prev_last);
-        else if ((rc = rb_mlog_bdec_chunk(&d, in, len, &ch, cb, &dm.why)) == 0) {
-            res->chunks_ok++;
-            res->entries += ch.n_entries;
-            have_prev = 1;
-            prev_last = ch.last_slot;
-        } else if (d.cb_rc) {
-            break; /* a callback stopped: its value is returned */
-        } else if (rc != -EBADMSG) {
-            if (err) /* out of memory or zlib trouble: not damage, and not to be skipped */
-                *err = dm.why;
-            break;
-        }
-        rc = 0;
-        if (dm.why.kind != RB_ERR_NONE && (rc = report(cb, res, &dm)) != 0)
-            break;
-        if (ch.index >= expect)
-            expect = ch.index + 1;
-        off += dm.len;
     }
 out:
     rb_mlog_bdec_free(&d);

@@ -166,16 +166,34 @@ uint64_t rb_mlog_genc_len(const rb_mlog_genc *g, uint64_t block_align);
 int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align,
                         uint8_t *out, size_t out_len, rb_err *err);
 
+/*
+ * Seal the group: append it whole to out (header, body, zeros up to a multiple of block_align
+ * counted from the group's first byte). level 0: the body as the records are (what
+ * rb_mlog_genc_finish writes); level 1..9: deflate the body (raw deflate, window 15, as base
+ * chunks) and keep that only when the group then takes fewer bytes on the device, else the
+ * raw body. -EINVAL for a bad argument, -ENOMEM (out is left as it was). The encoder keeps its
+ * records.
+ */
+int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align, int level,
+                      rb_buf *out, rb_err *err);
+
+/* Header flags (bytes 36..40). DEFLATE: the stored body is a 4-byte little-endian raw length,
+ * then a raw deflate stream that inflates to exactly that many bytes of records. */
+#define RB_MLOG_GROUP_DEFLATE 0x1u
+
 typedef struct rb_mlog_group_info {
     uint64_t generation, seq;
-    uint64_t body_len;
+    uint64_t body_len;  /* the header's body length: bytes stored after the header */
     uint32_t n_records;
     uint64_t total_len; /* header + body padded to block_align: the step to the next group */
+    uint32_t flags;     /* RB_MLOG_GROUP_DEFLATE */
+    uint64_t raw_len;   /* bytes of records: body_len for a raw body; for a deflated one, set by the
+                           decoders once the body is checked (rb_mlog_group_head leaves 0) */
 } rb_mlog_group_info;
 
 /*
  * Decode the header of the group at in[0, len) (len >= RB_MLOG_GROUP_HDR_LEN; the body need
- * not be there): magic, reserved bytes, header CRC, plausible counts. expect_gen /
+ * not be there): magic, flags (only known bits), header CRC, plausible counts. expect_gen /
  * expect_seq: 0 accepts any, otherwise a valid header of another generation or sequence
  * returns -ESTALE (with *gi filled). So a reader can fetch the first block, learn
  * total_len, then fetch the rest.
@@ -188,13 +206,32 @@ typedef int (*rb_mlog_rec_fn)(void *ctx, const rb_mlog_rec *r);
 
 /*
  * Decode the whole group at in[0, len): the header as rb_mlog_group_head, the body inside the
- * buffer, the group CRC, then every record parsed and checked before the first is handed to
- * fn (fn may be NULL to validate only): a group either delivers all its records or none.
+ * buffer, the group CRC, a deflated body inflated (its raw length at most RB_MLOG_CHUNK_RAW_MAX
+ * and 1032 times the stream, produced exactly), then every record parsed and checked before
+ * the first is handed to fn (fn may be NULL to validate only): a group either delivers all
+ * its records or none.
  * Record rules: known type, lengths inside the body, varints canonical and in range (slots
  * and class ids 32-bit), only known flag bits, the body ends with the last record.
  */
 int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
                          uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err);
+
+/* Group decoder state: the inflate stream and scratch buffers, kept from one group to the
+ * next (a reader walking a log decodes many). */
+typedef struct rb_mlog_gdec {
+    void *z;
+    uint8_t *raw;
+    size_t raw_cap;
+    int64_t *pos;
+    size_t pos_cap;
+    int cb_rc; /* what fn returned to stop the last call, 0 if it did not */
+} rb_mlog_gdec;
+
+void rb_mlog_gdec_init(rb_mlog_gdec *d);
+void rb_mlog_gdec_free(rb_mlog_gdec *d);
+/* rb_mlog_group_decode with d's scratch. */
+int rb_mlog_gdec_group(rb_mlog_gdec *d, const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
+                       uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err);
 
 /* ---- bases ------------------------------------------------------------------------------- */
 
@@ -364,6 +401,62 @@ typedef struct rb_mlog_base_result {
  */
 int rb_mlog_base_decode(const uint8_t *in, size_t len, const rb_mlog_base_cb *cb, rb_mlog_base_result *res,
                         rb_err *err);
+
+/*
+ * The walk rb_mlog_base_decode makes, in two parts a parallel reader can use apart. The
+ * header walk (rb_mlog_bwalk) looks at chunk headers and the end record only: it gives, in
+ * order, each chunk (CHUNK), each damaged stretch between them (GAP: a report as
+ * rb_mlog_base_decode makes it) and the end record (END), or a last GAP when the bytes end
+ * without one. Which steps come out does not depend on the chunks' payloads. The judge
+ * (rb_mlog_bjudge) takes the steps in order with the outcome of each admitted chunk's decode
+ * and keeps the result: so a reader that decodes the chunks elsewhere (other threads) and
+ * judges in walk order delivers and reports exactly what rb_mlog_base_decode does.
+ */
+enum { RB_MLOG_STEP_CHUNK = 1, RB_MLOG_STEP_GAP = 2, RB_MLOG_STEP_END = 3 };
+
+typedef struct rb_mlog_bstep {
+    int kind;              /* RB_MLOG_STEP_* */
+    int out_of_order;      /* CHUNK: its index is below the next expected one */
+    uint32_t expect;       /* CHUNK: the next expected index; END: chunks the walk accounted for */
+    rb_mlog_chunk ch;      /* CHUNK */
+    rb_mlog_base_end end;  /* END */
+    rb_mlog_damage dm;     /* GAP */
+} rb_mlog_bstep;
+
+typedef struct rb_mlog_bwalk { /* private */
+    const uint8_t *in;
+    size_t len;
+    rb_mlog_base_info bi;
+    uint64_t off, gap_off;
+    uint32_t expect;
+    int gap, pending, over;
+    rb_mlog_damage dm;
+    rb_mlog_bstep pend;
+} rb_mlog_bwalk;
+
+/* Walk the base at in[0, len) that rb_mlog_base_open opened as bi. */
+void rb_mlog_bwalk_init(rb_mlog_bwalk *w, const uint8_t *in, size_t len, const rb_mlog_base_info *bi);
+/* The next step: 1 (*st filled), 0 when the walk is over (after END or the last GAP). */
+int rb_mlog_bwalk_next(rb_mlog_bwalk *w, rb_mlog_bstep *st);
+
+typedef struct rb_mlog_bjudge {
+    rb_mlog_base_result *res;
+    uint32_t prev_last;
+    int have_prev;
+} rb_mlog_bjudge;
+
+/* Start res (cleared, its info bi). */
+void rb_mlog_bjudge_init(rb_mlog_bjudge *j, rb_mlog_base_result *res, const rb_mlog_base_info *bi);
+/* A CHUNK step: *dm gets the chunk's identity (index, entries, slots, bytes). 1: decode its
+ * payload (a failure goes into dm->why and is reported); 0: the chunk is skipped unread
+ * (out of order, or slots not above the last good chunk's) and *dm is its report. */
+int rb_mlog_bjudge_admit(rb_mlog_bjudge *j, const rb_mlog_bstep *st, rb_mlog_damage *dm);
+/* An admitted chunk's payload decoded and its entries were delivered. */
+void rb_mlog_bjudge_ok(rb_mlog_bjudge *j, const rb_mlog_chunk *ch);
+/* A report is made (a GAP step or a damaged chunk): counted in res->chunks_bad. */
+void rb_mlog_bjudge_bad(rb_mlog_bjudge *j);
+/* The END step. */
+void rb_mlog_bjudge_end(rb_mlog_bjudge *j, const rb_mlog_bstep *st);
 
 /* 0 when a decoded base is the one the superblock describes (generation, log_seq,
  * next_slot, entries and chunks as the end record has them, length inside base.len),

@@ -69,7 +69,12 @@ typedef struct rb_mlog_read_opts {
     uint64_t meta_total_bytes; /* the region to look at: superblocks at 0 and its container_bytes */
     uint32_t threads;          /* base chunk decoders; 0 or 1: the calling thread only */
     int sb_only;               /* choose a superblock, read nothing else */
+    /* bytes the log walk reads at a time (rounded down to block_align, at least a block);
+     * 0 = RB_MLOG_READ_WINDOW. A group longer than that is read whole. */
+    uint64_t log_window;
 } rb_mlog_read_opts;
+
+#define RB_MLOG_READ_WINDOW (8ull << 20)
 
 /* Callbacks, all on the calling thread; a nonzero return stops reading and is returned. Any
  * may be NULL. Pointers are valid only during the call. */
@@ -113,6 +118,9 @@ typedef struct rb_mlog_read_result {
     int sb_state[2];
     uint64_t sb_seq_seen[2]; /* sb_seq of each valid superblock, 0 otherwise */
     rb_err sb_why[2];        /* why a superblock was refused */
+    /* meta_total_bytes a superblock names when it decodes: one that names another region (or
+     * another block_align) than opts is refused as DAMAGED, and this says which it named */
+    uint64_t sb_meta_total[2];
     rb_mlog_sb sb;
     rb_mlog_base_result base; /* what the base delivered (see rb_mlog.h) */
     /* the log */

@@ -1,7 +1,8 @@
 /*
  * test_mlog.c - C-level tests of the metadata-log codec (csrc/core/rb_mlog.c): round trips of
  * superblocks, log groups (every record kind) and bases (0, 1, many entries, many chunks,
- * shared and unshared keys, binary keys, positions null / empty / many, checksums), every
+ * shared and unshared keys, binary keys, positions null / empty / many, checksums), sealed
+ * groups with the body deflated or not and corruptions of that form, every
  * refusal of the decoders (magic, version, CRC, truncation at every byte, lengths past the
  * buffer, slots out of order, bad varints, amplification bounds), and a damaged base chunk
  * being reported and skipped. Build/run: `make test-c`; exit 0 = pass.
@@ -504,7 +505,9 @@ static void test_group(void)
             uint64_t v;
             const char *msg;
         } mut[] = {{0, 1, 'X', "bad magic"},
-                   {36, 4, 1, "reserved"},
+                   {36, 4, 2, "flags 0x2 have unknown bits"},
+                   {36, 4, 0x80000001u, "unknown bits"},
+                   {36, 4, 1, "deflated body length 2 is implausible"},
                    {8, 8, 0, "is 0"},
                    {16, 8, 0, "is 0"},
                    {24, 8, 1ull << 63, "implausible"},
@@ -597,6 +600,265 @@ static void test_group(void)
         }
         CHECK(group_refused(body, bl, 17, "record 16: position count"));
         free(pos);
+        rb_mlog_genc_free(&g);
+    }
+}
+
+/* ---- sealed groups: the body deflated when that saves blocks ---------------------------- */
+
+/* Make the header CRC and the group CRC right again after a change. */
+static void group_fix(uint8_t *g)
+{
+    rb_put_le(g + 40, crc(g, 40), 4);
+    uint64_t bl = rb_get_le(g + 24, 8);
+    uint32_t c = (uint32_t)crc32(crc32(0, g, 44), g + RB_MLOG_GROUP_HDR_LEN, (uInt)bl);
+    rb_put_le(g + 44, c, 4);
+}
+
+/* A group of n LMCache-like PUTs (slots 3i) and n FREEs (slots 3i+1), a CLASS first. */
+static void fill_group(rb_mlog_genc *g, size_t n, int binary)
+{
+    static const char frag[] = "\"shape\":[2,32,256,1024],\"dtype\":\"bfloat16\",\"fmt\":\"KV_2LTD\"";
+    rb_mlog_class k = {.id = 4, .frag_len = sizeof frag - 1, .frag = frag};
+    rb_err err;
+    CHECK(rb_mlog_genc_class(g, &k, &err) == 0);
+    for (size_t i = 0; i < n; i++) {
+        char key[128];
+        int kl;
+        if (binary) {
+            kl = 64;
+            for (int j = 0; j < kl; j++)
+                key[j] = (char)rnd();
+        } else {
+            kl = snprintf(key, sizeof key, "meta-llama%%2FLlama-3.1-8B-Instruct@0x%08x@0@%016llx%016llx",
+                          (unsigned)(rnd() % 8), (unsigned long long)rnd(), (unsigned long long)rnd());
+        }
+        int64_t pos[4] = {10, 11, 12, 13};
+        rb_mlog_ent e = {.key = key, .key_len = (uint32_t)kl, .slot = (uint32_t)(3 * i), .size = 8u << 20,
+                         .cls = 4, .npos = i % 3 ? -1 : 4, .pos = pos};
+        CHECK(rb_mlog_genc_put(g, &e, &err) == 0);
+        CHECK(rb_mlog_genc_free_slot(g, (uint32_t)(3 * i + 1), &err) == 0);
+    }
+}
+
+static int same_records(const coll *a, const coll *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const cp *x = &a->v[i], *y = &b->v[i];
+        if (x->type != y->type || x->slot != y->slot || x->key_len != y->key_len ||
+            (x->key_len && memcmp(x->key, y->key, x->key_len)) || x->size != y->size || x->cls != y->cls ||
+            x->npos != y->npos || x->id != y->id || x->frag_len != y->frag_len ||
+            (x->frag_len && memcmp(x->frag, y->frag, x->frag_len)))
+            return 0;
+        for (int64_t k = 0; k < x->npos; k++)
+            if (x->pos[k] != y->pos[k])
+                return 0;
+    }
+    return 1;
+}
+
+/* The group at buf[0, n) is refused with msg (any message when msg is NULL), nothing delivered. */
+static int sealed_refused(const uint8_t *buf, size_t n, uint64_t align, const char *msg)
+{
+    uint8_t *t = malloc(n);
+    CHECK(t);
+    memcpy(t, buf, n);
+    coll c;
+    coll_init(&c);
+    rb_err err;
+    rb_mlog_group_info gi;
+    int rc = rb_mlog_group_decode(t, n, align, 0, 0, &gi, on_rec, &c, &err);
+    int ok = rc == -EBADMSG && c.n == 0 && (!msg || strstr(err.msg, msg));
+    if (!ok)
+        fprintf(stderr, "sealed group refusal '%s': rc %d, %zu delivered, %s\n", msg ? msg : "", rc, c.n, err.msg);
+    coll_free(&c);
+    free(t);
+    return ok;
+}
+
+static void test_group_seal(void)
+{
+    rb_err err;
+    const uint64_t aligns[] = {1, 512, 4096};
+    for (size_t ai = 0; ai < 3; ai++) {
+        const uint64_t ba = aligns[ai];
+        rb_mlog_genc g;
+        rb_mlog_genc_init(&g);
+        fill_group(&g, 300, 0);
+        /* level 0: exactly what rb_mlog_genc_finish writes, appended after what out holds */
+        rb_buf out = {0};
+        CHECK(rb_buf_put(&out, "prefix", 6) == 0);
+        CHECK(rb_mlog_genc_seal(&g, 9, 17, ba, 0, &out, &err) == 0);
+        uint64_t raw_total = rb_mlog_genc_len(&g, ba);
+        CHECK(out.len == 6 + raw_total && !memcmp(out.data, "prefix", 6));
+        uint8_t *fin = malloc(raw_total);
+        CHECK(rb_mlog_genc_finish(&g, 9, 17, ba, fin, raw_total, &err) == 0);
+        CHECK(!memcmp(out.data + 6, fin, raw_total));
+        coll raw;
+        coll_init(&raw);
+        CHECK(rb_mlog_group_decode(fin, raw_total, ba, 9, 17, NULL, on_rec, &raw, &err) == 0 && raw.n == 601);
+        /* level 1 and 9: deflated, shorter, the same records */
+        for (int level = 1; level <= 9; level += 8) {
+            out.len = 0;
+            CHECK(rb_mlog_genc_seal(&g, 9, 17, ba, level, &out, &err) == 0);
+            uint8_t *z = (uint8_t *)out.data;
+            size_t zl = out.len;
+            CHECK(zl % ba == 0 && zl < raw_total / 2);
+            CHECK(rb_get_le(z + 36, 4) == RB_MLOG_GROUP_DEFLATE && rb_get_le(z + 32, 4) == 601);
+            uint64_t stored = rb_get_le(z + 24, 8);
+            CHECK(rb_get_le(z + 48, 4) == g.body.len && zl == (48 + stored + ba - 1) / ba * ba);
+            for (size_t i = 48 + stored; i < zl; i++)
+                CHECK(z[i] == 0);
+            rb_mlog_group_info gi;
+            CHECK(rb_mlog_group_head(z, 48, ba, 9, 17, &gi, &err) == 0);
+            CHECK(gi.flags == RB_MLOG_GROUP_DEFLATE && gi.body_len == stored && gi.total_len == zl && gi.raw_len == 0);
+            coll c;
+            coll_init(&c);
+            CHECK(rb_mlog_group_decode(z, zl, ba, 9, 17, &gi, on_rec, &c, &err) == 0);
+            CHECK(same_records(&c, &raw) && gi.raw_len == g.body.len);
+            coll_free(&c);
+            /* one decoder state over many groups, raw and deflated, with a refusal between */
+            rb_mlog_gdec d;
+            rb_mlog_gdec_init(&d);
+            for (int k = 0; k < 3; k++) {
+                coll_init(&c);
+                CHECK(rb_mlog_gdec_group(&d, z, zl, ba, 9, 17, NULL, on_rec, &c, &err) == 0 && same_records(&c, &raw));
+                coll_free(&c);
+                CHECK(rb_mlog_gdec_group(&d, z, 47 + stored, ba, 9, 17, NULL, on_rec, &c, &err) ==
+                      -EBADMSG);
+                coll_init(&c);
+                CHECK(rb_mlog_gdec_group(&d, fin, raw_total, ba, 9, 17, NULL, on_rec, &c, &err) == 0 &&
+                      same_records(&c, &raw));
+                coll_free(&c);
+            }
+            /* a callback's stop: returned, and told apart from a refusal */
+            coll_init(&c);
+            c.stop_at = 3;
+            CHECK(rb_mlog_gdec_group(&d, z, zl, ba, 9, 17, NULL, on_rec, &c, &err) == 7 && d.cb_rc == 7 && c.n == 3);
+            coll_free(&c);
+            CHECK(rb_mlog_gdec_group(&d, z, zl, ba, 9, 18, NULL, on_rec, &c, &err) == -ESTALE && d.cb_rc == 0);
+            rb_mlog_gdec_free(&d);
+        }
+        free(fin);
+        coll_free(&raw);
+        rb_buf_free(&out);
+        rb_mlog_genc_free(&g);
+    }
+
+    /* Deflate is kept only when it saves a block: a small group, random bytes, an empty group. */
+    {
+        rb_mlog_genc g;
+        rb_mlog_genc_init(&g);
+        fill_group(&g, 3, 0); /* about 400 bytes: one block of 4096 either way */
+        rb_buf out = {0};
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 4096, 6, &out, &err) == 0 && out.len == 4096 && rb_get_le((uint8_t *)out.data + 36, 4) == 0);
+        out.len = 0;
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 1, 6, &out, &err) == 0 && rb_get_le((uint8_t *)out.data + 36, 4) == 1);
+        CHECK(out.len < rb_mlog_genc_len(&g, 1));
+        rb_mlog_genc_reset(&g);
+        fill_group(&g, 200, 1); /* 64 random bytes a key: no block to save */
+        out.len = 0;
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 4096, 9, &out, &err) == 0 && rb_get_le((uint8_t *)out.data + 36, 4) == 0);
+        CHECK(out.len == rb_mlog_genc_len(&g, 4096));
+        rb_mlog_genc_reset(&g);
+        out.len = 0;
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 512, 1, &out, &err) == 0 && out.len == 512);
+        CHECK(rb_mlog_group_decode((uint8_t *)out.data, out.len, 512, 1, 1, NULL, NULL, NULL, &err) == 0);
+        /* refusals of the arguments; out untouched */
+        out.len = 0;
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 512, 10, &out, &err) == -EINVAL && out.len == 0);
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 512, -1, &out, &err) == -EINVAL);
+        CHECK(rb_mlog_genc_seal(&g, 0, 1, 512, 1, &out, &err) == -EINVAL);
+        CHECK(rb_mlog_genc_seal(&g, 1, 0, 512, 1, &out, &err) == -EINVAL);
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 500, 1, &out, &err) == -EINVAL && out.len == 0);
+        rb_buf_free(&out);
+        rb_mlog_genc_free(&g);
+    }
+
+    /* Corruptions of a deflated group (CRCs made right, so the checks behind them are reached). */
+    {
+        rb_mlog_genc g;
+        rb_mlog_genc_init(&g);
+        fill_group(&g, 100, 0);
+        rb_buf out = {0};
+        CHECK(rb_mlog_genc_seal(&g, 5, 6, 1, 1, &out, &err) == 0);
+        uint8_t *z = (uint8_t *)out.data;
+        size_t zl = out.len;
+        CHECK(rb_get_le(z + 36, 4) == 1);
+        uint64_t stored = rb_get_le(z + 24, 8), rawlen = rb_get_le(z + 48, 4);
+        uint8_t *t = malloc(zl + 64);
+        CHECK(t);
+#define MUT(stmt, msg)                                                                                             \
+    do {                                                                                                           \
+        memcpy(t, z, zl);                                                                                          \
+        size_t tl = zl;                                                                                            \
+        stmt;                                                                                                      \
+        group_fix(t);                                                                                              \
+        CHECK(sealed_refused(t, tl, 1, msg));                                                                      \
+    } while (0)
+        /* the flag: unknown bits; cleared (the stream read as records); set on a raw body */
+        MUT(rb_put_le(t + 36, 3, 4), "unknown bits");
+        MUT(rb_put_le(t + 36, 0, 4), "log group record");
+        {
+            rb_buf rb = {0};
+            CHECK(rb_mlog_genc_seal(&g, 5, 6, 1, 0, &rb, &err) == 0);
+            uint8_t *r = malloc(rb.len);
+            memcpy(r, rb.data, rb.len);
+            rb_put_le(r + 36, 1, 4);
+            group_fix(r);
+            CHECK(sealed_refused(r, rb.len, 1, NULL));
+            free(r);
+            rb_buf_free(&rb);
+        }
+        /* the raw length: one more, one less, zero, past the maximum, past 1032:1 */
+        MUT(rb_put_le(t + 48, rawlen + 1, 4), "does not inflate to its");
+        MUT(rb_put_le(t + 48, rawlen - 1, 4), "does not inflate to its");
+        MUT(rb_put_le(t + 48, 0, 4), "records cannot fit in 0 raw body bytes");
+        MUT(rb_put_le(t + 48, (uint64_t)RB_MLOG_CHUNK_RAW_MAX + 1, 4), "implausible");
+        MUT(rb_put_le(t + 48, 1032 * (stored - 4) + 1, 4), "implausible");
+        /* records: one more than the raw bytes hold, one more than there are */
+        MUT(rb_put_le(t + 32, rawlen / 2 + 1, 4), "cannot fit");
+        MUT(rb_put_le(t + 32, 202, 4), "runs past the end");
+        MUT(rb_put_le(t + 32, 200, 4), "bytes after the last record");
+        /* the stream: truncated, a byte more after it, its bytes flipped */
+        MUT((rb_put_le(t + 24, stored - 1, 8), tl = 48 + stored - 1), "does not inflate");
+        MUT((t[48 + stored] = 0x55, rb_put_le(t + 24, stored + 1, 8), tl = 48 + stored + 1), "in left");
+        MUT(rb_put_le(t + 24, 5, 8), NULL);
+        /* a flipped stream bit with the CRC made right may still inflate to records that parse
+         * (a literal changed for another of the same code length): refused or whole, never part */
+        size_t refused = 0;
+        for (size_t i = 52; i < 48 + stored; i++) {
+            memcpy(t, z, zl);
+            t[i] ^= (uint8_t)(1u << (i % 8));
+            group_fix(t);
+            coll c;
+            coll_init(&c);
+            int rc = rb_mlog_group_decode(t, zl, 1, 5, 6, NULL, on_rec, &c, &err);
+            CHECK((rc == -EBADMSG && c.n == 0) || (rc == 0 && c.n == 201));
+            refused += rc != 0;
+            coll_free(&c);
+        }
+        CHECK(refused > (stored - 4) / 4); /* 1477 of 3048 as written */
+#undef MUT
+        /* every bit flip and every truncation, CRCs left as they are */
+        for (size_t i = 0; i < zl; i++) {
+            memcpy(t, z, zl);
+            t[i] ^= (uint8_t)(1u << (i % 8));
+            coll c;
+            coll_init(&c);
+            int rc = rb_mlog_group_decode(t, zl, 1, 5, 6, NULL, on_rec, &c, &err);
+            CHECK((rc == -EBADMSG || rc == -ESTALE) && c.n == 0);
+        }
+        for (size_t n = 0; n < zl; n++) {
+            uint8_t *x = malloc(n ? n : 1);
+            memcpy(x, z, n);
+            CHECK(rb_mlog_group_decode(x, n, 1, 5, 6, NULL, NULL, NULL, &err) == -EBADMSG);
+            free(x);
+        }
+        free(t);
+        rb_buf_free(&out);
         rb_mlog_genc_free(&g);
     }
 }
@@ -1331,6 +1593,7 @@ int main(void)
 {
     test_sb();
     test_group();
+    test_group_seal();
     test_base_roundtrip();
     test_base_encoder_refusals();
     test_base_refusals();

@@ -1,0 +1,802 @@
+/*
+ * rb_mlog_read.c - the metadata region of the log-structured format as a whole
+ * (rb_mlog_read.h): where its parts lie, how large a blank device's region is, and reading it
+ * back: both superblocks, the chosen one's base (chunks decoded on worker threads and handed
+ * out in order on the caller's), then the walk of the log ring. The device is reached only
+ * through the caller's read callback, in block-aligned reads into aligned buffers.
+ */
+#include "rb_mlog_read.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int is_pow2(uint64_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* ---- layout and sizing ------------------------------------------------------------------- */
+
+int rb_mlog_layout_of(uint64_t meta_total_bytes, uint64_t block_align, rb_mlog_layout *out, rb_err *err)
+{
+    static const char W[] = "metadata layout";
+    const uint64_t ba = block_align, mt = meta_total_bytes;
+    if (!is_pow2(ba) || ba > (1ull << 30))
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: block_align %llu is not a power of two up to 2^30", W,
+                          (unsigned long long)ba);
+    if (mt % ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: meta_total_bytes %llu is not a multiple of block_align %llu",
+                          W, (unsigned long long)mt, (unsigned long long)ba);
+    /* C as rb_container_bytes (rb_config.h) has it; the superblock decoder checks the same rule */
+    const uint64_t c = mt / 2 / ba * ba, s = rb_mlog_sb_span(ba), r = c / 4 / ba * ba;
+    if (r < 4 * ba || c < s + r + 4 * ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "%s: meta_total_bytes %llu is too small: the log ring (%llu bytes) and each base area "
+                          "need 4 blocks of %llu at least", W, (unsigned long long)mt, (unsigned long long)r,
+                          (unsigned long long)ba);
+    memset(out, 0, sizeof *out);
+    out->meta_total_bytes = mt;
+    out->container_bytes = c;
+    out->block_align = ba;
+    out->sb_span = s;
+    out->areas[0] = (rb_mlog_area){s, c - r - s};
+    out->ring = (rb_mlog_area){c - r, r};
+    out->areas[1] = (rb_mlog_area){c + s, c - r - s};
+    return 0;
+}
+
+/* The region of m bytes holds a base area of RB_MLOG_AREA_PER_SLOT bytes per slot left. */
+static int auto_fits(uint64_t m, uint64_t capacity, uint64_t slot_bytes, uint64_t ba)
+{
+    rb_mlog_layout l;
+    if (rb_mlog_layout_of(m, ba, &l, NULL) < 0)
+        return 0;
+    return l.areas[0].len / RB_MLOG_AREA_PER_SLOT >= (capacity - m) / slot_bytes;
+}
+
+uint64_t rb_mlog_auto_meta_total(uint64_t capacity, uint64_t slot_bytes, uint64_t block_align)
+{
+    if (!is_pow2(block_align) || block_align > (1ull << 30) || slot_bytes == 0 || capacity < slot_bytes)
+        return 0;
+    /* Candidates are multiples of step; the area grows with the region and the slots left shrink,
+     * so the sizes that fit are all those from the smallest one up: a binary search finds it. */
+    const uint64_t step = block_align > (1ull << 20) ? block_align : (1ull << 20);
+    uint64_t lo = (RB_MLOG_AUTO_MIN + step - 1) / step, hi = (capacity - slot_bytes) / step; /* a slot at least */
+    if (hi < lo || !auto_fits(hi * step, capacity, slot_bytes, block_align))
+        return 0;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (auto_fits(mid * step, capacity, slot_bytes, block_align))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo * step;
+}
+
+/* ---- device reads ------------------------------------------------------------------------ */
+
+#define BASE_READ_MAX (64ull << 20) /* one read of a base at most */
+
+typedef struct rdr {
+    rb_mlog_pread_fn fn;
+    void *ctx;
+    rb_mlog_read_result *res;
+    uint64_t ba;
+} rdr;
+
+static void *abuf(uint64_t ba, uint64_t len)
+{
+    void *p = NULL;
+    size_t a = ba < sizeof(void *) ? sizeof(void *) : (size_t)ba;
+    if (len > SIZE_MAX || posix_memalign(&p, a, len ? (size_t)len : a) != 0)
+        return NULL;
+    return p;
+}
+
+static int dev_read(rdr *r, uint64_t off, void *buf, uint64_t len, rb_err *err)
+{
+    rb_err_clear(err);
+    int rc = r->fn(r->ctx, off, buf, (size_t)len, err);
+    if (rc == 0) {
+        r->res->bytes_read += len;
+        return 0;
+    }
+    if (rc > 0)
+        rc = -EIO;
+    if (err->kind == RB_ERR_NONE)
+        rb_err_set(err, RB_ERR_OS, -rc, "metadata read of %llu bytes at device offset %llu failed",
+                   (unsigned long long)len, (unsigned long long)off);
+    return rc;
+}
+
+/* ---- superblocks ------------------------------------------------------------------------- */
+
+/* Our magic, or one byte off it (a damaged superblock of ours, not another format's bytes). */
+static int magic_near(const uint8_t *p)
+{
+    int diff = 0;
+    for (int i = 0; i < 8; i++)
+        diff += p[i] != (uint8_t)RB_MLOG_SB_MAGIC[i];
+    return diff <= 1;
+}
+
+static void sb_read(rdr *r, const rb_mlog_read_opts *o, int which, uint64_t off, uint8_t *buf, uint64_t span,
+                    rb_mlog_sb *sb)
+{
+    rb_mlog_read_result *res = r->res;
+    rb_err *why = &res->sb_why[which];
+    if (dev_read(r, off, buf, span, why) < 0) {
+        res->sb_state[which] = RB_MLOG_SB_IOERR;
+        return;
+    }
+    if (!magic_near(buf)) {
+        res->sb_state[which] = RB_MLOG_SB_ABSENT;
+        return;
+    }
+    if (rb_mlog_sb_decode(buf, (size_t)span, sb, why) < 0) {
+        res->sb_state[which] = RB_MLOG_SB_DAMAGED;
+        return;
+    }
+    res->sb_meta_total[which] = sb->meta_total_bytes;
+    if (sb->block_align != o->block_align || sb->meta_total_bytes != o->meta_total_bytes) {
+        rb_err_set(why, RB_ERR_VALUE, EBADMSG, "metadata superblock %d: block_align %llu and meta_total_bytes %llu, "
+                   "not the %llu and %llu it is read with", which, (unsigned long long)sb->block_align,
+                   (unsigned long long)sb->meta_total_bytes, (unsigned long long)o->block_align,
+                   (unsigned long long)o->meta_total_bytes);
+        res->sb_state[which] = RB_MLOG_SB_DAMAGED;
+        return;
+    }
+    res->sb_state[which] = RB_MLOG_SB_VALID;
+    res->sb_seq_seen[which] = sb->sb_seq;
+}
+
+/* ---- the base: read, walk its headers, check it against the superblock -------------------- */
+
+/* A step of the header walk, kept compact (a GAP's report is in gaps[gap]). */
+typedef struct cstep {
+    int kind, out_of_order;
+    uint32_t expect;
+    size_t gap;
+    rb_mlog_chunk ch;
+    rb_mlog_base_end end;
+} cstep;
+
+typedef struct baseld {
+    uint8_t *buf;
+    uint64_t len;
+    rb_mlog_base_info bi;
+    cstep *st;
+    size_t n, cap;
+    rb_mlog_damage *gaps;
+    size_t ngaps, gcap;
+    size_t nchunks; /* CHUNK steps not out of order: the ones decoded */
+} baseld;
+
+static void baseld_free(baseld *b)
+{
+    free(b->buf);
+    free(b->st);
+    free(b->gaps);
+    memset(b, 0, sizeof *b);
+}
+
+static int grow(void **p, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? 2 * *cap : 64;
+    void *q = realloc(*p, nc * size);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+static int nomem(rb_err *err, const char *what)
+{
+    return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "%s: out of memory", what);
+}
+
+/* Read the base sb points at and walk its headers. 0: usable; 1: not (why says why); <0: a
+ * read failed or memory ran out (err). */
+static int base_load(rdr *r, const rb_mlog_sb *sb, baseld *b, rb_err *why, rb_err *err)
+{
+    static const char W[] = "metadata base";
+    memset(b, 0, sizeof *b);
+    const uint64_t off = rb_mlog_sb_base_off(sb);
+    b->len = sb->base.len;
+    if (!(b->buf = abuf(r->ba, b->len)))
+        return nomem(err, W);
+    for (uint64_t done = 0; done < b->len;) {
+        uint64_t n = b->len - done > BASE_READ_MAX ? BASE_READ_MAX : b->len - done;
+        int rc = dev_read(r, off + done, b->buf + done, n, err);
+        if (rc < 0)
+            return rc;
+        done += n;
+    }
+    rb_mlog_bdec d;
+    rb_mlog_bdec_init(&d);
+    int rc = rb_mlog_base_open(b->buf, (size_t)b->len, &d, &b->bi, NULL, why);
+    rb_mlog_bdec_free(&d);
+    if (rc == -ENOMEM) {
+        *err = *why;
+        return rc;
+    }
+    if (rc < 0)
+        return 1;
+    rb_mlog_bwalk w;
+    rb_mlog_bwalk_init(&w, b->buf, (size_t)b->len, &b->bi);
+    rb_mlog_bstep st;
+    rb_mlog_base_result pre;
+    memset(&pre, 0, sizeof pre);
+    pre.info = b->bi;
+    pre.entries_lost = -1;
+    while (rb_mlog_bwalk_next(&w, &st)) {
+        if (grow((void **)&b->st, &b->cap, b->n, sizeof *b->st) < 0)
+            return nomem(err, W);
+        cstep *c = &b->st[b->n++];
+        memset(c, 0, sizeof *c);
+        c->kind = st.kind;
+        c->out_of_order = st.out_of_order;
+        c->expect = st.expect;
+        c->ch = st.ch;
+        c->end = st.end;
+        if (st.kind == RB_MLOG_STEP_GAP) {
+            if (grow((void **)&b->gaps, &b->gcap, b->ngaps, sizeof *b->gaps) < 0)
+                return nomem(err, W);
+            c->gap = b->ngaps;
+            b->gaps[b->ngaps++] = st.dm;
+        } else if (st.kind == RB_MLOG_STEP_CHUNK && !st.out_of_order) {
+            b->nchunks++;
+        } else if (st.kind == RB_MLOG_STEP_END) {
+            pre.have_end = 1;
+            pre.end = st.end;
+            pre.len = st.end.off + RB_MLOG_END_LEN;
+        }
+    }
+    /* What rb_mlog_base_matches looks at comes from the headers alone: known before any entry
+     * is handed out, so a base that does not match delivers nothing. */
+    if (rb_mlog_base_matches(sb, &pre, why) < 0)
+        return 1;
+    return 0;
+}
+
+/* ---- the base: chunks decoded on worker threads ------------------------------------------- */
+
+typedef struct aent {
+    rb_mlog_ent e;
+    size_t koff, poff;
+} aent;
+
+/* One chunk's decoded entries, copied out of the decoder's scratch. */
+typedef struct slot {
+    int done, rc;
+    rb_err why;
+    aent *v;
+    size_t n, cap;
+    rb_buf keys;
+    int64_t *pos;
+    size_t npos, pcap;
+} slot;
+
+typedef struct pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    const baseld *b;
+    size_t *jobs; /* step index of each chunk to decode, in walk order */
+    size_t njobs, next, limit, w;
+    int stop;
+    slot *slots;
+} pool;
+
+static int slot_add(void *ctx, const rb_mlog_ent *e)
+{
+    slot *s = ctx;
+    if (grow((void **)&s->v, &s->cap, s->n, sizeof *s->v) < 0)
+        return -ENOMEM;
+    aent *a = &s->v[s->n];
+    a->e = *e;
+    a->koff = s->keys.len;
+    a->poff = s->npos;
+    if (e->key_len && rb_buf_put(&s->keys, e->key, e->key_len) < 0)
+        return -ENOMEM;
+    if (e->npos > 0) {
+        size_t need = s->npos + (size_t)e->npos;
+        if (need > s->pcap) {
+            size_t nc = s->pcap ? s->pcap : 256;
+            while (nc < need)
+                nc *= 2;
+            int64_t *p = realloc(s->pos, nc * sizeof *p);
+            if (!p)
+                return -ENOMEM;
+            s->pos = p;
+            s->pcap = nc;
+        }
+        memcpy(s->pos + s->npos, e->pos, (size_t)e->npos * sizeof *e->pos);
+        s->npos = need;
+    }
+    s->n++;
+    return 0;
+}
+
+static void *worker(void *arg)
+{
+    pool *p = arg;
+    const baseld *b = p->b;
+    rb_mlog_bdec d;
+    rb_mlog_bdec_init(&d);
+    rb_mlog_base_info bi;
+    rb_err open_why;
+    int open_rc = rb_mlog_base_open(b->buf, (size_t)b->len, &d, &bi, NULL, &open_why);
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->stop && p->next < p->njobs && p->next >= p->limit)
+            pthread_cond_wait(&p->work, &p->mu);
+        if (p->stop || p->next >= p->njobs) {
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+        size_t i = p->next++;
+        pthread_mutex_unlock(&p->mu);
+        slot *s = &p->slots[i % p->w];
+        s->n = 0;
+        s->npos = 0;
+        s->keys.len = 0;
+        s->keys.oom = 0;
+        rb_err_clear(&s->why);
+        const rb_mlog_chunk *ch = &b->st[p->jobs[i]].ch;
+        if (open_rc != 0) {
+            s->rc = open_rc;
+            s->why = open_why;
+        } else {
+            rb_mlog_base_cb acb = {.ent = slot_add, .ctx = s};
+            s->rc = rb_mlog_bdec_chunk(&d, b->buf, (size_t)b->len, ch, &acb, &s->why);
+            if (s->rc != 0 && d.cb_rc) {
+                s->rc = -ENOMEM;
+                rb_err_set(&s->why, RB_ERR_NOMEM, ENOMEM, "base chunk %u: out of memory for its entries",
+                           ch->index);
+            }
+        }
+        pthread_mutex_lock(&p->mu);
+        s->done = 1;
+        pthread_cond_broadcast(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+    rb_mlog_bdec_free(&d);
+    return NULL;
+}
+
+/* Hand a decoded chunk's entries to cb->ent, in order. */
+static int slot_deliver(const slot *s, const rb_mlog_read_cb *cb)
+{
+    if (!cb->ent)
+        return 0;
+    for (size_t i = 0; i < s->n; i++) {
+        rb_mlog_ent e = s->v[i].e;
+        e.key = s->keys.data ? s->keys.data + s->v[i].koff : "";
+        e.pos = e.npos >= 0 && s->pos ? s->pos + s->v[i].poff : NULL;
+        int rc = cb->ent(cb->ctx, &e);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Deliver the base of b: its class table, then every step in walk order, chunks decoded on
+ * the calling thread (threads <= 1) or by a pool with a window of 2 chunks per thread. */
+static int base_deliver(const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const baseld *b,
+                        rb_mlog_base_result *res, rb_err *err)
+{
+    rb_mlog_bjudge j;
+    rb_mlog_bjudge_init(&j, res, &b->bi);
+    rb_mlog_bdec d;
+    rb_mlog_bdec_init(&d);
+    rb_mlog_base_info bi;
+    rb_mlog_base_cb ccb = {.cls = cb->cls, .ctx = cb->ctx};
+    int rc = rb_mlog_base_open(b->buf, (size_t)b->len, &d, &bi, &ccb, err);
+    if (rc != 0) {
+        rb_mlog_bdec_free(&d);
+        return rc;
+    }
+    pool p;
+    memset(&p, 0, sizeof p);
+    pthread_t *th = NULL;
+    size_t nth = o->threads > 1 ? o->threads : 0;
+    if (nth > b->nchunks)
+        nth = b->nchunks;
+    if (nth > 1) {
+        p.b = b;
+        p.w = 2 * nth;
+        p.limit = p.w;
+        p.jobs = malloc((b->nchunks ? b->nchunks : 1) * sizeof *p.jobs);
+        p.slots = calloc(p.w, sizeof *p.slots);
+        th = calloc(nth, sizeof *th);
+        if (!p.jobs || !p.slots || !th) {
+            free(p.jobs);
+            free(p.slots);
+            free(th);
+            rb_mlog_bdec_free(&d);
+            return nomem(err, "metadata base");
+        }
+        for (size_t k = 0; k < b->n; k++)
+            if (b->st[k].kind == RB_MLOG_STEP_CHUNK && !b->st[k].out_of_order)
+                p.jobs[p.njobs++] = k;
+        pthread_mutex_init(&p.mu, NULL);
+        pthread_cond_init(&p.work, NULL);
+        pthread_cond_init(&p.done, NULL);
+        size_t started = 0;
+        while (started < nth && pthread_create(&th[started], NULL, worker, &p) == 0)
+            started++;
+        nth = started;
+        if (nth == 0) { /* no thread to be had: decode here */
+            pthread_mutex_destroy(&p.mu);
+            pthread_cond_destroy(&p.work);
+            pthread_cond_destroy(&p.done);
+            free(p.jobs);
+            free(p.slots);
+            free(th);
+            th = NULL;
+        }
+    } else {
+        nth = 0;
+    }
+    const rb_mlog_base_cb ecb = {.ent = cb->ent, .ctx = cb->ctx};
+    size_t job = 0;
+    for (size_t k = 0; k < b->n; k++) {
+        const cstep *c = &b->st[k];
+        rb_mlog_damage dm;
+        if (c->kind == RB_MLOG_STEP_END) {
+            rb_mlog_bstep st = {.kind = c->kind, .expect = c->expect, .end = c->end};
+            rb_mlog_bjudge_end(&j, &st);
+            break;
+        }
+        if (c->kind == RB_MLOG_STEP_GAP) {
+            dm = b->gaps[c->gap];
+        } else {
+            rb_mlog_bstep st = {.kind = c->kind, .out_of_order = c->out_of_order, .expect = c->expect, .ch = c->ch};
+            int admit = rb_mlog_bjudge_admit(&j, &st, &dm);
+            if (nth == 0 && admit) {
+                rc = rb_mlog_bdec_chunk(&d, b->buf, (size_t)b->len, &c->ch, &ecb, &dm.why);
+                if (rc == 0) {
+                    rb_mlog_bjudge_ok(&j, &c->ch);
+                    continue;
+                }
+                if (d.cb_rc)
+                    break; /* a callback stopped: its value is returned */
+                if (rc != -EBADMSG) {
+                    *err = dm.why;
+                    break;
+                }
+                rc = 0;
+            } else if (nth && !c->out_of_order) {
+                slot *s = &p.slots[job % p.w];
+                pthread_mutex_lock(&p.mu);
+                while (!s->done)
+                    pthread_cond_wait(&p.done, &p.mu);
+                pthread_mutex_unlock(&p.mu);
+                job++;
+                int ok = 0;
+                if (admit) {
+                    if (s->rc == 0) {
+                        rc = slot_deliver(s, cb);
+                        ok = rc == 0;
+                    } else if (s->rc == -EBADMSG) {
+                        dm.why = s->why;
+                    } else {
+                        rc = s->rc;
+                        *err = s->why;
+                    }
+                }
+                pthread_mutex_lock(&p.mu);
+                s->done = 0;
+                p.limit++;
+                pthread_cond_broadcast(&p.work);
+                pthread_mutex_unlock(&p.mu);
+                if (rc != 0)
+                    break;
+                if (ok) {
+                    rb_mlog_bjudge_ok(&j, &c->ch);
+                    continue;
+                }
+            }
+        }
+        rb_mlog_bjudge_bad(&j);
+        if (cb->damage && (rc = cb->damage(cb->ctx, &dm)) != 0)
+            break;
+    }
+    if (nth) {
+        pthread_mutex_lock(&p.mu);
+        p.stop = 1;
+        pthread_cond_broadcast(&p.work);
+        pthread_mutex_unlock(&p.mu);
+        for (size_t i = 0; i < nth; i++)
+            pthread_join(th[i], NULL);
+        pthread_mutex_destroy(&p.mu);
+        pthread_cond_destroy(&p.work);
+        pthread_cond_destroy(&p.done);
+        for (size_t i = 0; i < p.w; i++) {
+            free(p.slots[i].v);
+            rb_buf_free(&p.slots[i].keys);
+            free(p.slots[i].pos);
+        }
+        free(p.slots);
+        free(p.jobs);
+        free(th);
+    }
+    rb_mlog_bdec_free(&d);
+    return rc;
+}
+
+/* ---- the log walk ------------------------------------------------------------------------ */
+
+/* The ring bytes read last: [off, off + len) in ring offsets. */
+typedef struct win {
+    uint8_t *buf;
+    uint64_t cap, off, len;
+} win;
+
+/* in[0, need) = ring bytes at p (p + need <= ring.len): from the window, or the window read
+ * again from p (wsize bytes, or need when more, never past the ring's end). 0; 1: the read
+ * failed (why); -ENOMEM. */
+static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_t p, uint64_t need,
+                   const uint8_t **in, rb_err *why)
+{
+    if (w->len && p >= w->off && p + need <= w->off + w->len) {
+        *in = w->buf + (p - w->off);
+        return 0;
+    }
+    uint64_t n = sb->ring.len - p;
+    if (n > wsize)
+        n = wsize;
+    if (n < need)
+        n = need;
+    w->len = 0;
+    if (n > w->cap) {
+        free(w->buf);
+        w->cap = 0;
+        if (!(w->buf = abuf(r->ba, n)))
+            return nomem(why, "metadata log");
+        w->cap = n;
+    }
+    if (dev_read(r, sb->ring.off + p, w->buf, n, why) < 0)
+        return 1;
+    w->off = p;
+    w->len = n;
+    *in = w->buf;
+    return 0;
+}
+
+typedef struct grec {
+    const rb_mlog_read_cb *cb;
+    uint64_t seq;
+} grec;
+
+static int on_grec(void *ctx, const rb_mlog_rec *rec)
+{
+    grec *g = ctx;
+    int rc;
+    if (rec->type == RB_MLOG_CLASS && g->cb->cls && (rc = g->cb->cls(g->cb->ctx, &rec->cls)) != 0)
+        return rc;
+    return g->cb->rec ? g->cb->rec(g->cb->ctx, g->seq, rec) : 0;
+}
+
+static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const rb_mlog_sb *sb, rb_err *err)
+{
+    rb_mlog_read_result *res = r->res;
+    const uint64_t ba = sb->block_align, rl = sb->ring.len, gen = sb->generation;
+    const uint64_t hneed = round_up(RB_MLOG_GROUP_HDR_LEN, ba);
+    uint64_t wsize = o->log_window ? o->log_window / ba * ba : RB_MLOG_READ_WINDOW;
+    if (wsize < hneed)
+        wsize = hneed;
+    uint64_t p = sb->ring.start, used = 0, seq = sb->ring.start_seq;
+    res->last_seq = sb->base.log_seq;
+    res->head = p;
+    res->log_end = RB_MLOG_END_NONE;
+    win w = {0};
+    rb_mlog_gdec gd;
+    rb_mlog_gdec_init(&gd);
+    grec g = {.cb = cb};
+    int rc = 0;
+    for (;;) {
+        if (used >= rl) {
+            res->log_end = RB_MLOG_END_FULL;
+            rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC, "metadata log: the walk covered the whole ring (%llu bytes)",
+                       (unsigned long long)rl);
+            break;
+        }
+        /* The group of sequence seq: at p, else (a group that did not fit before the ring's
+         * end) at ring offset 0, the bytes from p to the end wasted. */
+        uint64_t at = p, waste = 0;
+        rb_mlog_group_info gi;
+        const uint8_t *in = NULL;
+        rb_err why, first;
+        rb_err_clear(&first);
+        int found = 0, wr = 0;
+        for (;;) {
+            if (hneed <= rl - at) {
+                if ((wr = win_get(r, sb, &w, wsize, at, hneed, &in, &why)) != 0)
+                    break;
+                found = rb_mlog_group_head(in, (size_t)hneed, ba, gen, seq, &gi, &why) == 0;
+            } else {
+                rb_err_set(&why, RB_ERR_VALUE, EBADMSG, "metadata log: no room for a group header at ring offset %llu",
+                           (unsigned long long)at);
+            }
+            if (found)
+                break;
+            if (at == p)
+                first = why;
+            if (at == 0)
+                break;
+            waste = rl - at;
+            at = 0;
+        }
+        if (wr < 0) {
+            *err = why;
+            rc = wr;
+            break;
+        }
+        if (wr > 0) {
+            res->log_end = RB_MLOG_END_IOERR;
+            res->log_why = why;
+            break;
+        }
+        if (!found) {
+            res->log_end = RB_MLOG_END_NONE;
+            res->log_why = first;
+            break;
+        }
+        const uint64_t t = gi.total_len;
+        if (t > rl - at) {
+            res->log_end = RB_MLOG_END_TORN;
+            res->torn_at = res->head = at;
+            res->used = used + waste;
+            rb_err_set(&res->log_why, RB_ERR_VALUE, EBADMSG,
+                       "metadata log: group %llu at ring offset %llu: its %llu bytes run past the ring's end",
+                       (unsigned long long)seq, (unsigned long long)at, (unsigned long long)t);
+            break;
+        }
+        if (used + waste + t > rl) {
+            res->log_end = RB_MLOG_END_FULL;
+            rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC,
+                       "metadata log: group %llu at ring offset %llu would pass where the log starts",
+                       (unsigned long long)seq, (unsigned long long)at);
+            break;
+        }
+        if ((wr = win_get(r, sb, &w, wsize, at, t, &in, &why)) != 0) {
+            if (wr < 0) {
+                *err = why;
+                rc = wr;
+            } else {
+                res->log_end = RB_MLOG_END_IOERR;
+                res->log_why = why;
+            }
+            break;
+        }
+        g.seq = seq;
+        int dr = rb_mlog_gdec_group(&gd, in, (size_t)t, ba, gen, seq, &gi, on_grec, &g, &why);
+        if (dr != 0) {
+            if (gd.cb_rc) { /* a callback stopped */
+                rc = dr;
+                break;
+            }
+            if (dr == -ENOMEM) {
+                *err = why;
+                rc = dr;
+                break;
+            }
+            res->log_end = RB_MLOG_END_TORN;
+            res->torn_at = res->head = at;
+            res->used = used + waste;
+            res->log_why = why;
+            break;
+        }
+        res->groups++;
+        res->records += gi.n_records;
+        res->last_seq = seq;
+        used += waste + t;
+        p = at + t == rl ? 0 : at + t;
+        seq++;
+        res->head = p;
+        res->used = used;
+    }
+    free(w.buf);
+    rb_mlog_gdec_free(&gd);
+    return rc;
+}
+
+/* ---- the whole read ---------------------------------------------------------------------- */
+
+int rb_mlog_read(const rb_mlog_read_opts *o, rb_mlog_pread_fn rd, void *rctx, const rb_mlog_read_cb *cb,
+                 rb_mlog_read_result *res, rb_err *err)
+{
+    static const rb_mlog_read_cb none;
+    rb_err scratch;
+    if (!err)
+        err = &scratch;
+    if (!cb)
+        cb = &none;
+    memset(res, 0, sizeof *res);
+    res->base.entries_lost = -1;
+    const uint64_t ba = o->block_align, mt = o->meta_total_bytes;
+    if (!is_pow2(ba) || ba > (1ull << 30) || mt % ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata read: block_align %llu, meta_total_bytes %llu: a power "
+                          "of two up to 2^30 and a multiple of it needed", (unsigned long long)ba,
+                          (unsigned long long)mt);
+    const uint64_t c = mt / 2 / ba * ba, span = rb_mlog_sb_span(ba);
+    if (c < span || c + span > mt)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata read: meta_total_bytes %llu holds no two superblocks",
+                          (unsigned long long)mt);
+    rdr r = {.fn = rd, .ctx = rctx, .res = res, .ba = ba};
+    rb_mlog_sb sbs[2];
+    memset(sbs, 0, sizeof sbs);
+    uint8_t *sbuf = abuf(ba, span);
+    if (!sbuf)
+        return nomem(err, "metadata read");
+    sb_read(&r, o, 0, 0, sbuf, span, &sbs[0]);
+    sb_read(&r, o, 1, c, sbuf, span, &sbs[1]);
+    free(sbuf);
+
+    /* The valid superblocks, the higher sequence first. */
+    int cand[2], nc = 0;
+    for (int k = 0; k < 2; k++)
+        if (res->sb_state[k] == RB_MLOG_SB_VALID)
+            cand[nc++] = k;
+    if (nc == 2 && sbs[1].sb_seq > sbs[0].sb_seq) {
+        cand[0] = 1;
+        cand[1] = 0;
+    }
+    baseld b;
+    memset(&b, 0, sizeof b);
+    int chosen = -1, rc = 0;
+    for (int i = 0; i < nc; i++) {
+        int k = cand[i];
+        if (o->sb_only) {
+            chosen = k;
+            break;
+        }
+        rb_err why;
+        rb_err_clear(&why);
+        int lr = base_load(&r, &sbs[k], &b, &why, err);
+        if (lr < 0) {
+            rc = lr;
+            goto out;
+        }
+        if (lr == 0) {
+            chosen = k;
+            break;
+        }
+        res->sb_state[k] = RB_MLOG_SB_NOBASE;
+        res->sb_why[k] = why;
+        baseld_free(&b);
+    }
+    if (chosen < 0)
+        goto out;
+    res->found = 1;
+    res->which = chosen;
+    res->sb = sbs[chosen];
+    int os = res->sb_state[1 - chosen];
+    res->fallback = os == RB_MLOG_SB_DAMAGED || os == RB_MLOG_SB_IOERR || os == RB_MLOG_SB_NOBASE;
+    res->last_seq = res->sb.base.log_seq;
+    res->head = res->sb.ring.start;
+    if (cb->sb && (rc = cb->sb(cb->ctx, &res->sb)) != 0)
+        goto out;
+    if (o->sb_only)
+        goto out;
+    rc = base_deliver(o, cb, &b, &res->base, err);
+    baseld_free(&b);
+    if (rc != 0)
+        goto out;
+    rc = log_walk(&r, o, cb, &res->sb, err);
+out:
+    baseld_free(&b);
+    return rc;
+}
