@@ -297,16 +297,7 @@ static int seal_page(rb_core *c, rb_mlpage *p, rb_err *err)
     rb_mlw *m = &c->ml;
     const uint64_t ba = c->cfg.block_align;
     rb_buf b = {0};
-#ifdef RB_MLOG_HAVE_SEAL
     int rc = rb_mlog_genc_seal(&p->g, m->generation, p->seq, ba, ML_GROUP_LEVEL, &b, err);
-#else
-    uint64_t glen = rb_mlog_genc_len(&p->g, ba);
-    int rc = rb_buf_reserve(&b, glen);
-    if (rc == 0) {
-        rc = rb_mlog_genc_finish(&p->g, m->generation, p->seq, ba, (uint8_t *)b.data, glen, err);
-        b.len = glen;
-    }
-#endif
     if (rc < 0) {
         rb_buf_free(&b);
         return rc;
