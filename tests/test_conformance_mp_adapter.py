@@ -152,7 +152,7 @@ def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path,
     keys = [_key(1), _key(1, group=1), _key(2, salt="tenant-a"), _key(3)]
     objs = [_obj(1024 + 256 * i, seed=i) for i in range(len(keys))]
     miss = _key(99)
-    ours = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine)))[0])
+    ours = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine, meta_format="v1")))[0])
     try:
         assert _store(ours, keys[:3], objs[:3]) is True
         assert _lookup(ours, [keys[0], miss, keys[1], keys[2]]) == [0, 2, 3]
@@ -171,6 +171,7 @@ def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path,
     finally:
         ours.close()
 
+    # ours wrote format v1 (meta_format), which LMCache's own core reads
     builtin = json.loads(_adapter_json(dev, io_engine=engine))
     builtin = dict(builtin["adapter_params"], type="raw_block")
     theirs = create_l2_adapter_from_registry(_adapters(_parse(json.dumps(builtin)))[0])
@@ -185,7 +186,7 @@ def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path,
     finally:
         theirs.close()
 
-    again = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine)))[0])
+    again = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine, meta_format="v1")))[0])
     try:
         assert _lookup(again, [keys[1], keys[2], keys[3]]) == [0, 1, 2]
         out = [_obj(objs[3].raw_data.numel(), seed=3000)]

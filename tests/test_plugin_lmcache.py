@@ -522,7 +522,7 @@ def test_recovers_legacy_key_dtype(tmp_path, stacks, stored_dtype):
     """LMCache's test: a checkpoint entry with dtype "torch.bfloat16" (and a stray lru_keys
     field) loads as bf16; without a dtype, the dtype in the legacy key is used."""
     dev = sparse(tmp_path / "dev.img", 64 * MiB)
-    st = stacks(make_config(small_extra(dev)))
+    st = stacks(make_config(small_extra(dev, meta_format="v1")))  # the test edits the v1 checkpoint
     be = st.launch()
     obj = st.alloc(5)
     put_and_wait(be, [key(5)], [obj])
@@ -618,7 +618,7 @@ def test_checkpoint_dtype_names_match_lmcache(tmp_path, stacks):
     from lmcache.utils import STR_DTYPE_TO_TORCH_DTYPE, TORCH_DTYPE_TO_STR_DTYPE
 
     dev = sparse(tmp_path / "dev.img", 64 * MiB)
-    st = stacks(make_config(small_extra(dev)))
+    st = stacks(make_config(small_extra(dev, meta_format="v1")))  # reads the v1 checkpoint back
     be = st.launch()
     dtypes = sorted({dt for dt in TORCH_DTYPE_TO_STR_DTYPE}, key=str)
     objs, keys = [], []
@@ -669,7 +669,9 @@ def test_device_written_by_one_implementation_opens_in_the_other(tmp_path, stack
     writer_mod, reader_mod = (LMC_MODULE, OUR_MODULE) if direction == "lmcache_to_ours" else (OUR_MODULE, LMC_MODULE)
     dev = sparse(tmp_path / "dev.img", 64 * MiB)
 
-    st_w = stacks(make_config(small_extra(dev, module=writer_mod, **CROSS_KEYS)))
+    # ours writes format v1 when LMCache's core is to read the device
+    w_keys = dict(CROSS_KEYS, **({"meta_format": "v1"} if writer_mod == OUR_MODULE else {}))
+    st_w = stacks(make_config(small_extra(dev, module=writer_mod, **w_keys)))
     writer = st_w.launch()
     assert writer is not None and type(writer).__module__ == writer_mod
     keys, objs = _cross_objects(st_w)

@@ -201,6 +201,7 @@ class RawBlockCore:
                            "the same device would not be refused (device=%s)", self.device_path)
         self.capacity_bytes = st["capacity_bytes"]
         self._data_base = st["data_base_offset"]
+        self.meta_total_bytes = st["data_base_offset"]  # as opened: the log format sizes a blank device's
         self._container_bytes = st["container_bytes"]
         outcome = st["recovery_outcome"]
         if outcome == "skipped":
@@ -317,7 +318,8 @@ class RawBlockCore:
             "block_align": cfg.block_align,
             "header_bytes": cfg.header_bytes,
             "slot_bytes": cfg.slot_bytes,
-            "meta_total_bytes": cfg.meta_total_bytes,
+            "meta_total_bytes": st["data_base_offset"],  # the log format may size it itself
+            "meta_format": st["meta_format"],
             "usable_capacity_bytes": st["max_slots"] * cfg.slot_bytes,
             "indexed_key_count": st["indexed_key_count"],
             "inflight_key_count": st["inflight_key_count"],
@@ -361,6 +363,7 @@ class RawBlockCore:
             "recovery_skipped_entries": st["recovery_skipped_entries"],
             # freed slots a checkpoint container still lists, kept out of use until it is rewritten
             "checkpoint_held_slots": st["checkpoint_held_slots"],
+            "metadata_log": st.get("metadata_log"),
             "checkpoints_for_room": st["checkpoints_for_room"],
             "device_flushes": st["device_flushes"],
             # what the device did to us: slot headers refused at load (another writer, a device
