@@ -386,3 +386,17 @@ def test_settings_without_lru_are_reported_unused(open_backend, caplog):
     assert be._evictor is None
     assert any("rust_raw_block.eviction_ratio'] has no effect without rust_raw_block.eviction_policy: lru"
                in r.getMessage() for r in caplog.records)
+
+
+def test_readme_table_gives_the_defaults():
+    from pathlib import Path
+
+    from lmcache_rawblock.plugin import DEFAULT_EVICTION_RATIO, DEFAULT_EVICTION_TRIGGER_WATERMARK
+
+    rows = {}
+    for line in (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1]
+    assert float(rows["eviction_trigger_watermark"]) == DEFAULT_EVICTION_TRIGGER_WATERMARK
+    assert float(rows["eviction_ratio"]) == DEFAULT_EVICTION_RATIO
