@@ -701,3 +701,67 @@ def test_device_written_by_one_implementation_opens_in_the_other(tmp_path, stack
     assert_same(got, extra)
     release([got, extra])
     release(objs)
+
+
+# --------------------------------------------------------------------------- a full cache under threads
+
+
+def test_full_cache_under_threads_with_lru(tmp_path, stacks):
+    """eviction_policy lru with evict-ahead inside the real LMCache: a device whose every slot
+    holds an entry takes 1,000 new chunks from 4 threads without a failed put; pinned entries
+    (the oldest) survive, the chunks stored last load their own bytes, and every MemoryObj
+    goes back to LocalCPUBackend."""
+    slot = 4096 + 16384  # header + one 16 KiB chunk
+    dev = sparse(tmp_path / "dev.img", 4 * MiB + 96 * slot)
+    st = stacks(make_config(small_extra(dev)))
+    be = st.launch()
+    usable = be._core.slot_counts().usable
+    for i in range(usable):
+        o = st.alloc(i)
+        put_and_wait(be, [key(i)], [o])
+        release([o])
+    be.close()
+    st = stacks(make_config(small_extra(dev, eviction_policy="lru")))
+    be = st.launch()
+    assert be is not None and be.indexed_key_count() == usable
+    base = active_allocations(st.local)
+    pinned = [key(i) for i in range(4)]
+    assert all(be.pin(k) for k in pinned)
+
+    errors: list = []
+    done: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(4)
+
+    def run(ids):
+        start.wait()
+        for i in ids:
+            o = st.alloc(i)
+            try:
+                put_and_wait(be, [key(i)], [o], timeout=120)
+            except Exception as e:  # noqa: BLE001
+                with lock:
+                    errors.append(e)
+            finally:
+                release([o])
+            with lock:
+                done.append(i)
+
+    workers = [threading.Thread(target=run, args=(list(range(usable + t, usable + 1000, 4)),)) for t in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert be._evictor.wait_idle(60)
+    status = be.report_status()
+    assert errors == [], f"{len(errors)} of 1000 puts failed; first: {errors[0]}"
+    assert len(done) == 1000 and status["evicted_ahead_entries"] > 0 and status["evictor_errors"] == 0
+    assert all(be.contains(k) for k in pinned)
+    for i in [*range(4), *done[-24:]]:
+        got = be.get_blocking(key(i))
+        want = st.alloc(i)
+        assert got is not None, f"chunk {i} missing"
+        assert raw_bytes(got) == raw_bytes(want), f"chunk {i} loaded other bytes"
+        release([got, want])
+    assert all(be.unpin(k) for k in pinned)
+    assert active_allocations(st.local) == base
