@@ -6,6 +6,7 @@
  *
  *   mlog_bench KEYFILE [--pos N] [--sum] [--level L] [--chunk BYTES] [--size BYTES] [--reps R]
  *   mlog_bench KEYFILE --group N [--level L] [--reps R]
+ *   mlog_bench KEYFILE --read T1,T2,... [--level L] [--reps R]
  *
  * KEYFILE: one key a line (the entries, in slot order: slot i holds line i). --pos N: every
  * entry has N cached positions (consecutive token positions), default null. --sum: every
@@ -17,6 +18,10 @@
  * deflated at level L (0: raw); also a group of the N PUTs alone and one of the N FREEs alone,
  * so each kind's bytes are known alone and in the mix (the mixed group less the other kind's
  * group). Times: adding the records, sealing, decoding the sealed group (and the raw one).
+ *
+ * --read T1,T2,...: besides the base's own figures, the base put in a region in memory
+ * (superblock 0, the base in area 0, an empty ring) and read back with rb_mlog_read with each
+ * thread count (read_ns_per_entry_T: the whole read, superblocks and copies included).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +29,10 @@
 #include <time.h>
 
 #include "rb_mlog.h"
+#include "rb_mlog_read.h"
 
+static double read_bench(const uint8_t *base, uint64_t base_len, uint32_t n_chunks, uint64_t n, uint32_t threads,
+                         int reps);
 static int group_bench(const rb_mlog_ent *ents, size_t n, int level, int reps);
 
 static double now(void)
@@ -56,6 +64,7 @@ int main(int argc, char **argv)
     }
     int npos = -1, with_sum = 0, level = -1, reps = 3; /* level -1: the default */
     long group = 0;
+    const char *read_threads = NULL;
     uint32_t chunk = 0;
     uint64_t size = 8u << 20;
     for (int i = 2; i < argc; i++) {
@@ -73,6 +82,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--group") && i + 1 < argc)
             group = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--read") && i + 1 < argc)
+            read_threads = argv[++i];
         else {
             fprintf(stderr, "unknown argument %s\n", argv[i]);
             return 2;
@@ -194,13 +205,28 @@ int main(int argc, char **argv)
         }
         rb_mlog_bdec_free(&d);
     }
-    printf("{\"entries\": %zu, \"key_bytes_avg\": %.1f, \"positions\": %d, \"checksum\": %d, \"level\": %d, "
+    char rd_json[512] = "";
+    if (read_threads) {
+        size_t o = 0;
+        for (const char *t = read_threads; *t;) {
+            uint32_t th = (uint32_t)strtoul(t, NULL, 10);
+            double ns = read_bench(base, base_len, (uint32_t)chunks, n, th, reps);
+            if (ns < 0)
+                return 1;
+            o += (size_t)snprintf(rd_json + o, sizeof rd_json - o, "\"read_ns_per_entry_%u\": %.1f, ", th, ns);
+            t = strchr(t, ',');
+            if (!t)
+                break;
+            t++;
+        }
+    }
+    printf("{%s\"entries\": %zu, \"key_bytes_avg\": %.1f, \"positions\": %d, \"checksum\": %d, \"level\": %d, "
            "\"chunks\": %llu, \"raw_bytes\": %llu, \"base_bytes\": %llu, \"bytes_per_entry\": %.2f, "
            "\"raw_bytes_per_entry\": %.2f, \"encode_s\": %.4f, \"decode_s\": %.4f, "
            "\"encode_ns_per_entry\": %.1f, \"decode_ns_per_entry\": %.1f, "
            "\"encode_raw_MBps\": %.0f, \"decode_raw_MBps\": %.0f, \"encode_dev_MBps\": %.0f, "
            "\"decode_dev_MBps\": %.0f}\n",
-           n, n ? (double)key_bytes / (double)n : 0.0, npos, with_sum, level ? level : RB_MLOG_LEVEL_DEFAULT,
+           rd_json, n, n ? (double)key_bytes / (double)n : 0.0, npos, with_sum, level ? level : RB_MLOG_LEVEL_DEFAULT,
            (unsigned long long)chunks, (unsigned long long)raw_total, (unsigned long long)base_len,
            n ? (double)base_len / (double)n : 0.0, n ? (double)raw_total / (double)n : 0.0, t_enc, t_dec,
            t_enc * 1e9 / (double)n, t_dec * 1e9 / (double)n, (double)raw_total / t_enc / 1e6,
@@ -338,4 +364,93 @@ static int group_bench(const rb_mlog_ent *ents, size_t n, int level, int reps)
     rb_buf_free(&out);
     rb_mlog_genc_free(&g);
     return 0;
+}
+
+/* ---- --read ------------------------------------------------------------------------------ */
+
+typedef struct region {
+    uint8_t *b;
+    uint64_t len;
+} region;
+
+static int region_read(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    region *r = ctx;
+    if (off > r->len || len > r->len - off)
+        return rb_err_set(err, RB_ERR_OS, 5, "read past the region");
+    memcpy(buf, r->b + off, len);
+    return 0;
+}
+
+static int count_ent(void *ctx, const rb_mlog_ent *e)
+{
+    sink *s = ctx;
+    s->n++;
+    s->key_bytes += e->key_len;
+    return 0;
+}
+
+static double read_bench(const uint8_t *base, uint64_t base_len, uint32_t n_chunks, uint64_t n, uint32_t threads,
+                         int reps)
+{
+    const uint64_t ba = 4096, mib = 1u << 20;
+    uint64_t mt = (3 * base_len + mib - 1) / mib * mib;
+    if (mt < RB_MLOG_AUTO_MIN)
+        mt = RB_MLOG_AUTO_MIN;
+    rb_mlog_layout l;
+    rb_err err;
+    if (rb_mlog_layout_of(mt, ba, &l, &err) < 0 || l.areas[0].len < base_len) {
+        fprintf(stderr, "read: no layout for the base\n");
+        return -1;
+    }
+    region r = {.b = calloc(1, mt), .len = mt};
+    if (!r.b)
+        return -1;
+    memcpy(r.b + l.areas[0].off, base, base_len);
+    rb_mlog_sb sb;
+    memset(&sb, 0, sizeof sb);
+    sb.sb_seq = 1;
+    sb.generation = 7;
+    sb.block_align = ba;
+    sb.header_bytes = ba;
+    sb.slot_bytes = (8u << 20) + ba;
+    sb.meta_total_bytes = mt;
+    sb.container_bytes = l.container_bytes;
+    sb.data_base = mt;
+    sb.max_slots = (uint32_t)n;
+    sb.capacity = mt + n * sb.slot_bytes;
+    sb.areas[0] = l.areas[0];
+    sb.areas[1] = l.areas[1];
+    sb.ring.off = l.ring.off;
+    sb.ring.len = l.ring.len;
+    sb.base.area = 0;
+    sb.base.n_chunks = n_chunks;
+    sb.base.len = base_len;
+    sb.base.n_entries = n;
+    sb.base.log_seq = 100;
+    sb.base.next_slot = (uint32_t)n;
+    sb.ring.start_seq = 101;
+    if (rb_mlog_sb_encode(&sb, r.b, ba, &err) < 0) {
+        fprintf(stderr, "read: %s\n", err.msg);
+        free(r.b);
+        return -1;
+    }
+    double best = 1e30;
+    for (int k = 0; k < reps; k++) {
+        sink s = {0, 0, 0};
+        rb_mlog_read_opts o = {.block_align = ba, .meta_total_bytes = mt, .threads = threads};
+        rb_mlog_read_cb cb = {.ent = count_ent, .ctx = &s};
+        rb_mlog_read_result res;
+        double t0 = now();
+        if (rb_mlog_read(&o, region_read, &r, &cb, &res, &err) != 0 || !res.found || !res.base.complete || s.n != n) {
+            fprintf(stderr, "read failed: %s (found %d, %llu entries)\n", err.msg, res.found, (unsigned long long)s.n);
+            free(r.b);
+            return -1;
+        }
+        double t = now() - t0;
+        if (t < best)
+            best = t;
+    }
+    free(r.b);
+    return best * 1e9 / (double)n;
 }

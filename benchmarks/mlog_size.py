@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--hash-bytes", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="runs per case; the fastest counts")
     ap.add_argument("--json", action="store_true", help="one JSON object a line instead of the table")
+    ap.add_argument("--read", default="",
+                    help="also read each base back through rb_mlog_read with these thread counts (e.g. 1,2,4)")
     ap.add_argument("--group", type=int, default=0,
                     help="measure a sealed log group of N PUTs and N FREEs (random layout keys) instead of bases")
     a = ap.parse_args()
@@ -97,7 +99,8 @@ def main() -> None:
                 write_keys(keys, n, layout, a.hash_bytes)
                 for v in a.variants.split(","):
                     for lv in a.levels.split(","):
-                        out = subprocess.run([BIN, keys, "--level", lv, "--reps", str(a.reps), *VARIANTS[v]],
+                        extra = ["--read", a.read] if a.read else []
+                        out = subprocess.run([BIN, keys, "--level", lv, "--reps", str(a.reps), *VARIANTS[v], *extra],
                                              check=True, capture_output=True, text=True).stdout
                         r = json.loads(out)
                         r.update(layout=layout, variant=v, hash_bytes=a.hash_bytes)
@@ -108,13 +111,15 @@ def main() -> None:
         return
     print(f"keys: object keys of {MODEL}, {a.hash_bytes}-byte chunk hash, "
           f"{rows[0]['key_bytes_avg']:.0f} bytes each; 8 MiB payloads, one class, dense slots\n")
+    threads = [t for t in a.read.split(",") if t]
     print("| layout | entries | variant | level | bytes/entry | raw bytes/entry | chunks | encode ns/entry | "
-          "encode MB/s (raw) | decode ns/entry | decode MB/s (raw) |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "encode MB/s (raw) | decode ns/entry | decode MB/s (raw) |" + "".join(f" read ns/entry, {t} thr |" for t in threads))
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(threads))
     for r in rows:
         print(f"| {r['layout']} | {r['entries']:,} | {r['variant']} | {r['level']} | {r['bytes_per_entry']:.2f} | "
               f"{r['raw_bytes_per_entry']:.1f} | {r['chunks']} | {r['encode_ns_per_entry']:.0f} | "
-              f"{r['encode_raw_MBps']:.0f} | {r['decode_ns_per_entry']:.0f} | {r['decode_raw_MBps']:.0f} |")
+              f"{r['encode_raw_MBps']:.0f} | {r['decode_ns_per_entry']:.0f} | {r['decode_raw_MBps']:.0f} |"
+              + "".join(f" {r['read_ns_per_entry_' + t]:.0f} |" for t in threads))
 
 
 def group(a: argparse.Namespace) -> None:
