@@ -545,8 +545,8 @@ typedef struct win {
 } win;
 
 /* in[0, need) = ring bytes at p (p + need <= ring.len): from the window, or the window read
- * again from p (wsize bytes, or need when more, never past the ring's end). 0; 1: the read
- * failed (why); -ENOMEM. */
+ * again from p (wsize bytes, or need when more, never past the ring's end; need bytes alone
+ * when that read fails). 0; 1: the read failed (why); -ENOMEM. */
 static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_t p, uint64_t need,
                    const uint8_t **in, rb_err *why)
 {
@@ -567,7 +567,10 @@ static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_
             return nomem(why, "metadata log");
         w->cap = n;
     }
-    if (dev_read(r, sb->ring.off + p, w->buf, n, why) < 0)
+    /* A window that fails may fail for bytes past the log's end: then only the bytes needed
+     * decide (so the walk's outcome does not depend on the window's size). */
+    if (dev_read(r, sb->ring.off + p, w->buf, n, why) < 0 &&
+        (n == need || dev_read(r, sb->ring.off + p, w->buf, (n = need), why) < 0))
         return 1;
     w->off = p;
     w->len = n;

@@ -12,6 +12,7 @@
  * reader that finds no group of the expected (generation, sequence) at p, p != 0, tries
  * offset 0 once; finding none there either, the log ends. The walk also ends after it has
  * covered ring.len bytes (wrap waste included). Where it ends is where the next group goes.
+ * (docs/metadata-log.md, "Reading a region", has the whole walk and the writer's rules.)
  */
 #ifndef RB_MLOG_READ_H
 #define RB_MLOG_READ_H
@@ -86,7 +87,8 @@ typedef struct rb_mlog_read_cb {
     int (*cls)(void *ctx, const rb_mlog_class *c);
     /* the base's entries, chunk after chunk in the base's order, slot order inside a chunk */
     int (*ent)(void *ctx, const rb_mlog_ent *e);
-    /* the log's records in log order (after every base entry); CLASS records also go to cls */
+    /* the log's records in log order (after every base entry); a CLASS record goes to cls
+     * first, then here */
     int (*rec)(void *ctx, uint64_t seq, const rb_mlog_rec *r);
     /* a damaged stretch of the base (rb_mlog_base_decode's reports) */
     int (*damage)(void *ctx, const rb_mlog_damage *d);
