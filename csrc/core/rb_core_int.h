@@ -55,6 +55,9 @@ typedef struct rb_mlw {
     int sb_which;     /* where it is: 0 or 1 */
     uint64_t sb_seq_seen; /* the highest sb_seq of ours seen on the device (a new one goes above) */
     uint64_t generation;
+    uint32_t epoch;           /* this process's writer epoch (RB_MLOG_GROUP_EPOCH_SHIFT) */
+    int epoch_claimed;        /* a durable superblock names it (before the first group) */
+    int newgen;               /* the epochs are used up: the next base starts a new generation */
     uint64_t last_seq;        /* the sequence the last closed page got */
     uint64_t head;            /* ring offset of the next group */
     uint64_t lhead, lstart;   /* logical ring positions (wrap waste counted) of the head and of the

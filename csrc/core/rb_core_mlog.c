@@ -290,6 +290,8 @@ static void drop_pages_locked(rb_core *c, size_t n)
 
 /* ---- group writes ---------------------------------------------------------------------- */
 
+static int write_sb(rb_core *c, const rb_mlog_sb *sb, int which, rb_err *err);
+
 static int seal_page(rb_core *c, rb_mlpage *p, rb_err *err)
 {
     if (p->img)
@@ -297,6 +299,7 @@ static int seal_page(rb_core *c, rb_mlpage *p, rb_err *err)
     rb_mlw *m = &c->ml;
     const uint64_t ba = c->cfg.block_align;
     rb_buf b = {0};
+    p->g.epoch = (uint16_t)m->epoch;
     int rc = rb_mlog_genc_seal(&p->g, m->generation, p->seq, ba, ML_GROUP_LEVEL, &b, err);
     if (rc < 0) {
         rb_buf_free(&b);
@@ -376,7 +379,29 @@ static int write_groups(rb_core *c, rb_err *err)
     uint32_t delay = atomic_load(&c->ckpt_delay_ms);
     if (delay)
         usleep(delay * 1000u);
-    int rc = rb_core_flush(c, err);
+    /* This process's first group: its epoch is claimed first, in a superblock (the current one
+     * with the next sequence, in the other place), made durable by the flush below. */
+    int rc = 0;
+    rb_mlog_sb claim;
+    int claiming = !m->epoch_claimed;
+    if (claiming) {
+        pthread_mutex_lock(&c->mu);
+        claim = m->sb;
+        claim.sb_seq = m->sb_seq_seen + 1;
+        claim.epoch = m->epoch;
+        pthread_mutex_unlock(&c->mu);
+        rc = write_sb(c, &claim, m->sb_which ^ 1, err);
+    }
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    if (rc == 0 && claiming) {
+        pthread_mutex_lock(&c->mu);
+        m->sb = claim;
+        m->sb_which ^= 1;
+        m->sb_seq_seen = claim.sb_seq;
+        m->epoch_claimed = 1;
+        pthread_mutex_unlock(&c->mu);
+    }
     uint64_t bytes = 0, records = 0;
     for (size_t i = 0; rc == 0 && i < k; i++) {
         rb_mlpage *p = pages[i];
@@ -726,6 +751,7 @@ static void sb_fill_locked(rb_core *c, const ml_base *b, uint64_t sb_seq, uint64
     sb->ring.len = m->lay.ring.len;
     sb->ring.start = ring_start;
     sb->ring.start_seq = b->q + 1;
+    sb->epoch = m->epoch;
 }
 
 static int write_sb(rb_core *c, const rb_mlog_sb *sb, int which, rb_err *err)
@@ -781,6 +807,7 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     m->sb_seq_seen = seq;
     m->lstart = lstart;
     m->state = RB_ML_LIVE;
+    m->epoch_claimed = 1; /* the superblock just written names it */
     m->cmp_active = 0;
     m->cmp_urgent = 0;
     /* Pages up to Q are covered by the base: unwritten ones are never written, and the slots
@@ -850,13 +877,18 @@ static int rebase_locked(rb_core *c, rb_err *err)
     pthread_mutex_unlock(&c->mu);
     int fresh = state != RB_ML_LIVE;
     int rc = 0;
-    if (fresh) {
+    if (fresh || m->newgen) {
+        /* A new generation: nothing of an older one on the device is read as its own. Its
+         * writer epochs start again at 1. */
         uint64_t g = 0;
-        while (g == 0)
+        while (g == 0 || g == m->generation)
             if (getrandom(&g, sizeof g, 0) != (ssize_t)sizeof g)
                 g = rb_now_ns() ^ ((uint64_t)getpid() << 32);
         m->generation = g;
-        m->head = m->lhead = m->lstart = 0;
+        m->epoch = 1;
+        m->newgen = 0;
+        if (fresh)
+            m->head = m->lhead = m->lstart = 0;
     }
     if (state == RB_ML_MIGRATE) {
         if (good != 1) {
@@ -1308,6 +1340,14 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     m->sb = res.sb;
     m->sb_which = res.which;
     m->generation = res.sb.generation;
+    /* This writer's epoch: above every one the log and the superblock name (the latter covers a
+     * writer that crashed before any of its groups survived). Used up: a new generation. */
+    m->epoch = (res.last_epoch > res.sb.epoch ? res.last_epoch : res.sb.epoch) + 1;
+    m->epoch_claimed = 0;
+    if (m->epoch > RB_MLOG_EPOCH_MAX) {
+        m->newgen = 1;
+        m->need_base++;
+    }
     m->last_seq = res.last_seq;
     m->head = res.head;
     m->lstart = 0;

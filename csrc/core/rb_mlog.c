@@ -439,6 +439,7 @@ int rb_mlog_sb_encode(const rb_mlog_sb *sb, uint8_t *out, size_t out_len, rb_err
     rb_put_le(out + 192, sb->ring.len, 8);
     rb_put_le(out + 200, sb->ring.start, 8);
     rb_put_le(out + 208, sb->ring.start_seq, 8);
+    rb_put_le(out + 216, sb->epoch, 4);
     rb_put_le(out + SB_CRC_OFF, crc_more(0, out, SB_CRC_OFF), 4);
     return 0;
 }
@@ -470,7 +471,7 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
     if (stored != crc)
         return bad(err, W, "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
     if (!zero_bytes(in, 16, 32) || !zero_bytes(in, 108, 112) || !zero_bytes(in, 180, 184) ||
-        !zero_bytes(in, 216, SB_CRC_OFF))
+        !zero_bytes(in, 220, SB_CRC_OFF))
         return bad(err, W, "flags or reserved bytes are not zero", 0, 0);
     rb_mlog_sb s;
     memset(&s, 0, sizeof s);
@@ -498,6 +499,9 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
     s.ring.len = rb_get_le(in + 192, 8);
     s.ring.start = rb_get_le(in + 200, 8);
     s.ring.start_seq = rb_get_le(in + 208, 8);
+    s.epoch = (uint32_t)rb_get_le(in + 216, 4);
+    if (s.epoch > RB_MLOG_EPOCH_MAX)
+        return bad(err, W, "writer epoch %llu is above %llu", s.epoch, RB_MLOG_EPOCH_MAX);
     int rc = sb_check(&s, err);
     if (rc < 0)
         return rc;
@@ -638,7 +642,7 @@ int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq
                           (unsigned long long)total);
     if (g->body.len)
         memcpy(out + RB_MLOG_GROUP_HDR_LEN, g->body.data, g->body.len);
-    group_header(out, generation, seq, g->body.len, g->n_records, 0);
+    group_header(out, generation, seq, g->body.len, g->n_records, (uint32_t)g->epoch << RB_MLOG_GROUP_EPOCH_SHIFT);
     memset(out + RB_MLOG_GROUP_HDR_LEN + g->body.len, 0, out_len - RB_MLOG_GROUP_HDR_LEN - g->body.len);
     return 0;
 }
@@ -687,7 +691,7 @@ int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, 
     }
     if (!flags && g->body.len)
         memcpy(h + RB_MLOG_GROUP_HDR_LEN, g->body.data, g->body.len);
-    group_header(h, generation, seq, stored, g->n_records, flags);
+    group_header(h, generation, seq, stored, g->n_records, flags | ((uint32_t)g->epoch << RB_MLOG_GROUP_EPOCH_SHIFT));
     uint64_t total = round_up(RB_MLOG_GROUP_HDR_LEN + stored, block_align);
     memset(h + RB_MLOG_GROUP_HDR_LEN + stored, 0, (size_t)(total - RB_MLOG_GROUP_HDR_LEN - stored));
     out->len = at + (size_t)total;
@@ -710,6 +714,8 @@ int rb_mlog_group_head(const uint8_t *in, size_t len, uint64_t block_align, uint
         return bad(err, W, "header CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
     rb_mlog_group_info g;
     g.flags = (uint32_t)rb_get_le(in + 36, 4);
+    g.epoch = g.flags >> RB_MLOG_GROUP_EPOCH_SHIFT;
+    g.flags &= (1u << RB_MLOG_GROUP_EPOCH_SHIFT) - 1;
     if (g.flags & ~RB_MLOG_GROUP_DEFLATE)
         return bad(err, W, "flags 0x%llx have unknown bits", g.flags, 0);
     g.generation = rb_get_le(in + 8, 8);

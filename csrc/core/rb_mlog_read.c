@@ -629,6 +629,13 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
                 if ((wr = win_get(r, sb, &w, wsize, at, hneed, &in, &why)) != 0)
                     break;
                 found = rb_mlog_group_head(in, (size_t)hneed, ba, gen, seq, &gi, &why) == 0;
+                if (found && res->groups && gi.epoch < res->last_epoch) {
+                    /* left by a writer that crashed before the one whose group came last */
+                    found = 0;
+                    rb_err_set(&why, RB_ERR_VALUE, ESTALE,
+                               "metadata log: group %llu at ring offset %llu is of writer epoch %u, below %u before it",
+                               (unsigned long long)seq, (unsigned long long)at, gi.epoch, res->last_epoch);
+                }
             } else {
                 rb_err_set(&why, RB_ERR_VALUE, EBADMSG, "metadata log: no room for a group header at ring offset %llu",
                            (unsigned long long)at);
@@ -705,6 +712,7 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
         res->groups++;
         res->records += gi.n_records;
         res->last_seq = seq;
+        res->last_epoch = gi.epoch;
         used += waste + t;
         p = at + t == rl ? 0 : at + t;
         seq++;

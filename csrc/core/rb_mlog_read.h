@@ -128,6 +128,7 @@ typedef struct rb_mlog_read_result {
     /* the log */
     uint64_t groups, records;
     uint64_t last_seq;  /* the last group replayed; sb.base.log_seq when none */
+    uint32_t last_epoch; /* the writer epoch of the last group replayed; 0 when none */
     uint64_t head;      /* ring offset where the next group goes */
     uint64_t used;      /* ring bytes from sb.ring.start to head, wrap waste included */
     int log_end;        /* RB_MLOG_END_* */
