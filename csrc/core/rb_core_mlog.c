@@ -786,7 +786,7 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     pthread_mutex_lock(&c->mu);
     uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
     uint64_t lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
-    uint64_t seq = (fresh ? m->sb_seq_seen : m->sb.sb_seq) + (fresh ? 2 : 1);
+    uint64_t seq = m->sb_seq_seen + (fresh ? 2 : 1); /* above every superblock seen */
     int which = fresh ? 0 : m->sb_which ^ 1;
     rb_mlog_sb sb;
     sb_fill_locked(c, b, seq, start, &sb);
