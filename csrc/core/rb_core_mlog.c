@@ -180,9 +180,13 @@ static void hold_for_base_locked(rb_core *c, uint32_t slot)
     m->held_base[m->n_held_base++] = slot;
 }
 
-/* The id class k has in this generation's records, logging a CLASS record first when it has
- * none yet. UINT32_MAX when the record cannot be appended. */
-static uint32_t disk_class_locked(rb_core *c, uint32_t k)
+/* cls_disk[k]: class k's id in this generation (stable once given), and ML_CLS_LOGGED while
+ * the base or a live group defines it (a CLASS record since the base began, or its table). */
+#define ML_CLS_LOGGED 0x80000000u
+#define ML_CLS_ID(v) ((v) & ~ML_CLS_LOGGED)
+
+/* Class k's id in this generation, given now if it has none. UINT32_MAX when out of memory. */
+static uint32_t class_id_locked(rb_core *c, uint32_t k)
 {
     rb_mlw *m = &c->ml;
     if (k >= m->cap_cls_disk) {
@@ -196,18 +200,32 @@ static uint32_t disk_class_locked(rb_core *c, uint32_t k)
         m->cls_disk = np;
         m->cap_cls_disk = nc;
     }
-    if (m->cls_disk[k] != UINT32_MAX)
-        return m->cls_disk[k];
+    if (m->cls_disk[k] == UINT32_MAX) {
+        if (m->next_disk_cls >= ML_CLS_LOGGED)
+            return UINT32_MAX;
+        m->cls_disk[k] = m->next_disk_cls++;
+    }
+    return ML_CLS_ID(m->cls_disk[k]);
+}
+
+/* The id class k has in this generation's records, a CLASS record appended first when neither
+ * the base nor a live group defines it. UINT32_MAX when the record cannot be appended. */
+static uint32_t disk_class_locked(rb_core *c, uint32_t k)
+{
+    rb_mlw *m = &c->ml;
+    uint32_t id = class_id_locked(c, k);
+    if (id == UINT32_MAX || (m->cls_disk[k] & ML_CLS_LOGGED))
+        return id;
     rb_mlpage *p = open_page_locked(c);
     if (!p)
         return UINT32_MAX;
     const rb_class *cl = c->cls[k];
-    rb_mlog_class rc = {.id = m->next_disk_cls, .frag_len = (uint32_t)cl->json_len, .frag = cl->json};
+    rb_mlog_class rc = {.id = id, .frag_len = (uint32_t)cl->json_len, .frag = cl->json};
     rb_err e;
     if (rb_mlog_genc_class(&p->g, &rc, &e) < 0)
         return UINT32_MAX;
-    m->cls_disk[k] = m->next_disk_cls++;
-    return m->cls_disk[k];
+    m->cls_disk[k] |= ML_CLS_LOGGED;
+    return id;
 }
 
 static void ent_to_mlog(const rb_ent *e, uint32_t disk_cls, rb_mlog_ent *me)
@@ -569,29 +587,15 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     out->q = m->last_seq;
     out->next_slot = c->slots.next_slot < c->usable_slots ? c->slots.next_slot : c->usable_slots;
     out->n_cls_core = c->n_cls;
-    size_t frag_bytes = 0;
-    for (uint32_t k = 0; k < c->n_cls; k++) {
-        if (disk_class_locked(c, k) == UINT32_MAX) {
-            pthread_mutex_unlock(&c->mu);
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        }
-        frag_bytes += c->cls[k]->json_len;
-    }
-    tab = calloc(c->n_cls ? c->n_cls : 1, sizeof(*tab));
-    frags = malloc(frag_bytes ? frag_bytes : 1);
-    if (!tab || !frags) {
+    /* The base defines the classes its entries use, and nothing older survives it: a change
+     * journaled from now on logs its class again when it is not one of those. */
+    for (uint32_t k = 0; k < m->cap_cls_disk; k++)
+        if (m->cls_disk[k] != UINT32_MAX)
+            m->cls_disk[k] &= ~ML_CLS_LOGGED;
+    uint8_t *used = calloc(out->n_cls_core ? out->n_cls_core : 1, 1);
+    if (!used) {
         pthread_mutex_unlock(&c->mu);
-        free(tab);
-        free(frags);
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    size_t at = 0;
-    for (uint32_t k = 0; k < c->n_cls; k++) {
-        memcpy(frags + at, c->cls[k]->json, c->cls[k]->json_len);
-        tab[k].id = m->cls_disk[k];
-        tab[k].frag = frags + at;
-        tab[k].frag_len = (uint32_t)c->cls[k]->json_len;
-        at += c->cls[k]->json_len;
     }
     uint32_t n_ents = c->index.n_ents;
     size_t cap_pairs = c->index.n_live;
@@ -601,14 +605,6 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     m->cmp_q = out->q;
     pthread_mutex_unlock(&c->mu);
 
-    /* class ids in a generation are handed out in order, but sort anyway (the encoder wants
-     * them ascending) */
-    for (uint32_t i = 1; i < out->n_cls_core; i++)
-        for (uint32_t j = i; j > 0 && tab[j - 1].id > tab[j].id; j--) {
-            rb_mlog_class t = tab[j];
-            tab[j] = tab[j - 1];
-            tab[j - 1] = t;
-        }
 
     /* 1: which positions hold live entries, slice by slice */
     pairs = malloc((cap_pairs ? cap_pairs : 1) * sizeof(*pairs));
@@ -639,18 +635,62 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
             pairs[n_pairs].slot = e->slot;
             pairs[n_pairs].pos = p;
             n_pairs++;
+            used[e->cls] = 1;
         }
         pthread_mutex_unlock(&c->mu);
     }
     if (rc < 0)
         goto out;
+    /* the class table: the classes the entries use, with their ids (given now if need be) */
+    pthread_mutex_lock(&c->mu);
+    size_t frag_bytes = 0;
+    uint32_t n_tab = 0;
+    for (uint32_t k = 0; k < out->n_cls_core; k++) {
+        if (!used[k])
+            continue;
+        if (class_id_locked(c, k) == UINT32_MAX) {
+            rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+            break;
+        }
+        frag_bytes += c->cls[k]->json_len;
+        n_tab++;
+        /* defined by the base from now on, and by the live log before it (every class an entry
+         * uses was logged when the entry was) */
+        m->cls_disk[k] |= ML_CLS_LOGGED;
+    }
+    tab = rc == 0 ? calloc(n_tab ? n_tab : 1, sizeof(*tab)) : NULL;
+    frags = rc == 0 ? malloc(frag_bytes ? frag_bytes : 1) : NULL;
+    if (rc == 0 && (!tab || !frags))
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    size_t at = 0;
+    uint32_t t_i = 0;
+    for (uint32_t k = 0; rc == 0 && k < out->n_cls_core; k++) {
+        if (!used[k])
+            continue;
+        memcpy(frags + at, c->cls[k]->json, c->cls[k]->json_len);
+        tab[t_i].id = ML_CLS_ID(m->cls_disk[k]);
+        tab[t_i].frag = frags + at;
+        tab[t_i].frag_len = (uint32_t)c->cls[k]->json_len;
+        at += c->cls[k]->json_len;
+        t_i++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (rc < 0)
+        goto out;
+    /* ids are handed out in order, but sort anyway (the encoder wants them ascending) */
+    for (uint32_t i = 1; i < n_tab; i++)
+        for (uint32_t j = i; j > 0 && tab[j - 1].id > tab[j].id; j--) {
+            rb_mlog_class t = tab[j];
+            tab[j] = tab[j - 1];
+            tab[j - 1] = t;
+        }
     /* 2: slot order */
     if (sort_pairs(pairs, n_pairs) < 0) {
         rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
         goto out;
     }
     /* 3: encode, a slice of entries copied out under mu at a time, and write */
-    rc = rb_mlog_benc_init(&be, m->generation, out->q, out->next_slot, tab, out->n_cls_core, NULL, err);
+    rc = rb_mlog_benc_init(&be, m->generation, out->q, out->next_slot, tab, n_tab, NULL, err);
     if (rc < 0)
         goto out;
     have_be = 1;
@@ -672,7 +712,7 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
             if ((e->flags & RB_ENT_DEAD) || e->slot != pairs[i].slot)
                 continue; /* deleted since step 1: its FREE is in a group after Q */
             ml_copy *k = &cp[nc++];
-            ent_to_mlog(e, m->cls_disk[e->cls], &k->e);
+            ent_to_mlog(e, ML_CLS_ID(m->cls_disk[e->cls]), &k->e);
             k->key_at = arena.len;
             rb_buf_put(&arena, k->e.key, k->e.key_len);
             k->pos_at = arena.len;
@@ -717,6 +757,7 @@ out:
         rb_mlog_benc_free(&be);
     free(tab);
     free(frags);
+    free(used);
     free(pairs);
     free(cp);
     free(bounce);
@@ -1402,7 +1443,7 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
             m->cls_disk = np;
             m->cap_cls_disk = nc;
         }
-        m->cls_disk[k] = d;
+        m->cls_disk[k] = d | ML_CLS_LOGGED; /* the base or a live group defines it */
     }
     m->next_disk_cls = r.max_disk;
     c->meta_seq = res.last_seq;
