@@ -1009,7 +1009,7 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
         /* The ring is full (a burst outran the periodic compaction, or there is no periodic
          * thread): compact here, then write the groups. */
         rb_err ce;
-        if (rb_core_ml_compact(c, 1, &ce) < 0)
+        if (rb_core_ml_compact(c, 0, &ce) < 0) /* not forced: one that ran meanwhile made room */
             break;
     }
     if (rc == 0 && base)
