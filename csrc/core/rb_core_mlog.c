@@ -302,6 +302,8 @@ static void drop_pages_locked(rb_core *c, size_t n)
         release_page_locked(c, m->pg[i]);
         page_free(m->pg[i]);
     }
+    if (n == 0)
+        return;
     memmove(m->pg, m->pg + n, (m->n_pg - n) * sizeof(*m->pg));
     m->n_pg -= n;
 }
