@@ -15,7 +15,9 @@ with hostile records: a key claiming another key's slot, a key never put, wrong 
 classes and checksums, frees of live slots, hostile class fragments). Holds: no crash, no
 hang, open raises only a clean error and only for a device cut below one slot, every load
 that succeeds returns the bytes put under that key, a key never put never loads, and
-_native.read_metadata_log (the tools' reader) returns or raises a clean error.
+_native.read_metadata_log (the tools' reader) returns or raises a clean error. Then the
+core that recovered goes on as the next writer (a put, a delete, a checkpoint) and after a
+restart every load is still right and what that checkpoint made durable is there.
 """
 
 from __future__ import annotations
@@ -288,6 +290,8 @@ def test_fuzz_regressions_replay():
 
 SB_LEN = 256
 GROUP_HDR = 48
+FOLLOW_KEY = okey(99)
+FOLLOW_DATA = random.Random(99).randbytes(3000)
 LOG_CLEAN_ERRORS = (RuntimeError, ValueError, OSError)
 
 
@@ -374,9 +378,11 @@ def rec_class(cid: int, frag: bytes) -> bytes:
     return b"\x03" + varint(cid) + varint(len(frag)) + frag
 
 
-def group(generation: int, seq: int, records: list[bytes]) -> bytes:
+def group(generation: int, seq: int, records: list[bytes], flags: int = 0) -> bytes:
+    """A log group of raw records (flags: bits 16..31 the writer epoch, which must not be below
+    the previous group's for the walk to take it)."""
     body = b"".join(records)
-    hdr = bytearray(b"RBMLOG02" + struct.pack("<QQQII", generation, seq, len(body), len(records), 0))
+    hdr = bytearray(b"RBMLOG02" + struct.pack("<QQQII", generation, seq, len(body), len(records), flags))
     hdr += struct.pack("<I", zlib.crc32(bytes(hdr[:40])))
     hdr += struct.pack("<I", zlib.crc32(body, zlib.crc32(bytes(hdr[:44]))))
     g = bytes(hdr) + body
@@ -386,8 +392,8 @@ def group(generation: int, seq: int, records: list[bytes]) -> bytes:
 @pytest.fixture(scope="module")
 def log_base(tmp_path_factory):
     """A log-format device: a first base (keys 0-7), a group (0 and 1 deleted, 8 and 9 put), a
-    compaction (the base into the other area, superblock 1 newer), then a group in which 10
-    and 11 take the slots of 0 and 1 (which the older base still lists) and 2 is deleted."""
+    compaction (the base into the other area, superblock 1 newer), then three groups: 10 and
+    11 put into the slots of 0 and 1 (which the older base still lists), 2 deleted."""
     d = tmp_path_factory.mktemp("logbase")
     path = str(d / "log.img")
     with open(path, "wb") as f:
@@ -403,7 +409,9 @@ def log_base(tmp_path_factory):
     assert all(put(keys[8:10]))
     core.checkpoint_now()
     assert core._native.compact_metadata() is True
-    assert all(put(keys[10:12]))
+    for k in keys[10:12]:  # a group each
+        assert all(put([k]))
+        core.checkpoint_now()
     assert core.delete_many([keys[2].encoded]) == [True]
     core.checkpoint_now()
     info = {k.encoded: core.report_status() and core.entry_offset(k.encoded) for k in keys[3:]}
@@ -415,7 +423,7 @@ def log_base(tmp_path_factory):
     newest = 1
     cur = sbs[newest]
     groups = walk_log(image, cur)
-    assert len(groups) >= 1
+    assert len(groups) == 3
     # 10 and 11 sit in slots the older base lists for 0 and 1
     assert {info[keys[10].encoded], info[keys[11].encoded]} <= {META + s * SLOT for s in range(2)}
     live = {k.encoded for k in keys[3:]}
@@ -499,7 +507,8 @@ def craft_log(rng: random.Random, b, img: bytearray) -> str:
         recs = [rec_put(key_b(k), slot_of(k), size_of(k), cls, 0, [rng.randrange(-(1 << 40), 1 << 40)
                                                                     for _ in range(rng.choice([1, 3, 300]))])]
         what = "a live key with positions"
-    g = group(gen, last_seq + 1, recs)
+    epoch = struct.unpack_from("<I", img, last_off + 36)[0] & 0xFFFF0000  # the last group's writer epoch
+    g = group(gen, last_seq + 1, recs, epoch)
     img[at:at + len(g)] = g
     return f"group {last_seq + 1} @ {at}: {what}"
 
@@ -547,14 +556,50 @@ def run_log_case(b, path: str, truncated: int | None, what: str) -> dict:
             assert not core.load_many_into([name], [Obj(SLOT)])[0], f"{what}: a key never put was served"
         st = core.report_status()
         counted = sum(max(0, int(st.get(c) or 0)) for c in DROP_COUNTERS + ("payload_checksum_failures",))
-        return {"served": served, "missing": len(b["live"] - served), "outcome": st.get("recovery_outcome"),
-                "resurrected": sorted(served - b["live"]), "counted": counted,
-                "error": st.get("checkpoint_last_error") or ""}
+        out = {"served": served, "missing": len(b["live"] - served), "outcome": st.get("recovery_outcome"),
+               "resurrected": sorted(served - b["live"]), "counted": counted,
+               "error": st.get("checkpoint_last_error") or ""}
+        # The next writer goes on from what recovery found: a put (into a slot recovery freed,
+        # when one is), a delete of a served key, a checkpoint.
+        out["follow_put"] = FOLLOW_KEY.encoded
+        ok = core.put_many([FOLLOW_KEY], [Obj(FOLLOW_DATA)]).results == [True]
+        gone = sorted(served)[len(served) // 2:len(served) // 2 + 1]
+        if gone:
+            core.delete_many(gone)
+        try:
+            core.checkpoint_now()
+            out["follow_durable"] = ok
+        except LOG_CLEAN_ERRORS:
+            out["follow_durable"] = False
+        out["follow_deleted"] = gone
     finally:
         core.close()
+    # ... and after a restart, every load is still right, and what that checkpoint made durable
+    # is there: the put, and the delete
+    core = _log_core(path)
+    try:
+        again = set()
+        for name, want in list(b["data"].items()) + [(FOLLOW_KEY.encoded, FOLLOW_DATA)]:
+            buf = Obj(len(want))
+            try:
+                ok = core.load_many_into([name], [buf])[0]
+            except LOG_CLEAN_ERRORS:
+                ok = False
+            if ok:
+                assert buf.bytes() == want, f"{what}: after the next writer and a restart, WRONG BYTES for {name}"
+                again.add(name)
+        if out["follow_durable"]:
+            assert FOLLOW_KEY.encoded in again, f"{what}: the next writer's checkpointed put is gone after a restart"
+            kept = served - set(out["follow_deleted"])
+            assert kept <= again, f"{what}: keys the next writer served and kept are gone after its checkpoint " \
+                                  f"and a restart: {sorted(kept - again)}"
+            assert not (set(out["follow_deleted"]) & again), f"{what}: the next writer's checkpointed delete came back"
+    finally:
+        core.close()
+    return out
 
 
-def _log_cases(n: int, seed: int, b) -> dict:
+def _log_cases(n: int, seed: int, b, *, subprocess_every: int = 0) -> dict:
     from lmcache_rawblock import _native
 
     rng = random.Random(seed)
@@ -562,7 +607,7 @@ def _log_cases(n: int, seed: int, b) -> dict:
     # full / partial: every live key served, or some not; uncounted: some not, with recovery
     # "loaded", no report_status() counter and no recovery error text saying so
     figures = {"cases": 0, "refused": 0, "full": 0, "partial": 0, "resurrected": 0, "uncounted": 0, "kinds": {},
-               "uncounted_kinds": {}}
+               "uncounted_kinds": {}, "next_writer_checkpointed": 0, "cli_runs": 0}
     for i in range(n):
         img = bytearray(b["image"])
         what, truncated = mutate_log(rng, b, img)
@@ -581,6 +626,7 @@ def _log_cases(n: int, seed: int, b) -> dict:
         else:
             figures["full" if r["missing"] == 0 else "partial"] += 1
             figures["resurrected"] += bool(r["resurrected"])
+            figures["next_writer_checkpointed"] += bool(r["follow_durable"])
             if r["missing"] > r["counted"] and r["outcome"] == "loaded" and not r["error"]:
                 figures["uncounted"] += 1
                 figures["uncounted_kinds"][kind] = figures["uncounted_kinds"].get(kind, 0) + 1
@@ -594,12 +640,24 @@ def _log_cases(n: int, seed: int, b) -> dict:
             _native.read_metadata_log(path, BLOCK, META)
         except LOG_CLEAN_ERRORS:
             pass
-        run_tools_case(path, what)
+        try:
+            run_tools_case(path, what)
+        except OSError:
+            pass  # a read past the end of a truncated device (the CLI exits 2 with the message)
+        if subprocess_every and i % subprocess_every == 0:
+            for cmd in ("inspect", "verify"):
+                try:
+                    p = subprocess.run([sys.executable, "-m", "lmcache_rawblock", cmd, path, "--json"],
+                                       capture_output=True, text=True, timeout=60)
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"{what}: {cmd} hung")
+                figures["cli_runs"] += 1
+                assert p.returncode in (0, 1, 2) and "Traceback" not in p.stderr, f"{what}: {cmd}: {p.stderr}"
     return figures
 
 
 def test_log_corruption_fuzz_quick(log_base):
-    figures = _log_cases(int(os.environ.get("RB_FUZZ_LOG_QUICK_CASES", "200")), 7, log_base)
+    figures = _log_cases(int(os.environ.get("RB_FUZZ_LOG_QUICK_CASES", "200")), 7, log_base, subprocess_every=50)
     print(f"\nlog-format corruption fuzz: {figures}")
     assert figures["cases"] >= 1
     # the cases reach recovery, and most of them leave something to serve
@@ -611,7 +669,7 @@ def test_log_fuzz_base_recovers_whole(log_base):
     with open(log_base["path"], "wb") as f:
         f.write(log_base["image"])
     r = run_log_case(log_base, log_base["path"], None, "undamaged")
-    assert r["served"] == log_base["live"] and r["outcome"] == "loaded"
+    assert r["served"] == log_base["live"] and r["outcome"] == "loaded" and r["follow_durable"]
 
 
 def test_log_fuzz_promoted_old_superblock_never_serves_reused_slots(log_base):
@@ -632,6 +690,6 @@ def test_log_fuzz_promoted_old_superblock_never_serves_reused_slots(log_base):
 @pytest.mark.slow
 def test_log_corruption_fuzz_long(log_base):
     n = int(os.environ.get("RB_FUZZ_CASES", "3000"))
-    figures = _log_cases(n, int(os.environ.get("RB_FUZZ_SEED", "11")), log_base)
+    figures = _log_cases(n, int(os.environ.get("RB_FUZZ_SEED", "11")), log_base, subprocess_every=100)
     print(f"\nlog-format corruption fuzz: {figures}")
     assert figures["cases"] == n

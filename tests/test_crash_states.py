@@ -143,3 +143,17 @@ def test_the_reuse_hazard_shows_when_the_free_record_is_missing(at_open, tmp_pat
     assert old not in images["with the group"]["served"] and new not in images["with the group"]["served"]
     bad = images["without it"]["wrong"]
     assert [k for k, _ in bad] == [old] and f"tagged as key {new}" in bad[0][1], images["without it"]
+
+
+@pytest.mark.parametrize("workload", ["log", "move"])
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_second_crash_after_recovery(engine, workload, tmp_path, capsys):
+    # A crash, recovery, the next writer's operations (its first group goes where recovery
+    # found the log's end, over a torn group or a group of the dead writer), and a crash in
+    # those: 12 seeded first-crash images (metadata writes torn in 1 KiB blocks), every state
+    # of each second run.
+    r = crashstates.check_second_crash(engine, str(tmp_path), crashstates.WORKLOADS[workload], limit=12)
+    with capsys.disabled():
+        print("\ncrash states (twice) " + r.row(), flush=True)
+    assert r.states > r.writes and r.keys_checked > 0
+    assert (r.wrong_states, r.lost_states, r.stale_states) == (0, 0, 0), "\n".join(r.failures[:10])

@@ -241,37 +241,10 @@ def record_workload(engine: str, workdir: str, workload: list | Workload | None 
     with open(dev, "rb") as f:
         pre = f.read()
     logp = dev + ".wlog"
-    ops: list[Op] = []
-    ver = 1
     core = open_core(dev, cfg)
     _native._set_write_log(logp)
     try:
-        for kind, kids in wl.ops:
-            before = os.path.getsize(logp)
-            op = Op(kind, kids, before, 0, {})
-            if kind == "put":
-                ver += 1
-                op.version = ver
-                for k in kids:
-                    versions.setdefault(k, {})[ver] = _length(k, ver)
-                res = core.put_many([key(k) for k in kids], [Obj(payload(k, ver, _length(k, ver))) for k in kids])
-                for k, x in zip(kids, res.results):
-                    if x and k not in live:
-                        live[k] = ver
-                        op.slots[k] = core.entry_offset(key(k).encoded)
-            elif kind == "delete":
-                res = core.delete_many([key(k).encoded for k in kids])
-                for k, x in zip(kids, res):
-                    if x:
-                        live.pop(k, None)
-            elif kind == "compact":
-                op.synced = bool(core._native.compact_metadata())
-            else:
-                core.checkpoint_now()
-                op.synced = True
-            op.log_after = os.path.getsize(logp)
-            op.live_after = dict(live)
-            ops.append(op)
+        ops = run_ops(core, wl.ops, logp, versions, live, 1)
     finally:
         _native._set_write_log(None)
         with open(dev, "rb") as f:
@@ -279,6 +252,39 @@ def record_workload(engine: str, workdir: str, workload: list | Workload | None 
         status = core._native.status()
         core.close()
     return Recording(dev, pre, final, parse_log(logp, dev), ops, versions, durable0, wl, status, setup_slots)
+
+
+def run_ops(core, wl_ops: list, logp: str, versions: dict, live: dict, ver: int) -> list[Op]:
+    """Run operations on core, each noted with the write log's size before and after it; a
+    put's version is ver + its number among the puts. versions and live are updated."""
+    ops: list[Op] = []
+    for kind, kids in wl_ops:
+        before = os.path.getsize(logp)
+        op = Op(kind, kids, before, 0, {})
+        if kind == "put":
+            ver += 1
+            op.version = ver
+            for k in kids:
+                versions.setdefault(k, {})[ver] = _length(k, ver)
+            res = core.put_many([key(k) for k in kids], [Obj(payload(k, ver, _length(k, ver))) for k in kids])
+            for k, x in zip(kids, res.results):
+                if x and k not in live:
+                    live[k] = ver
+                    op.slots[k] = core.entry_offset(key(k).encoded)
+        elif kind == "delete":
+            res = core.delete_many([key(k).encoded for k in kids])
+            for k, x in zip(kids, res):
+                if x:
+                    live.pop(k, None)
+        elif kind == "compact":
+            op.synced = bool(core._native.compact_metadata())
+        else:
+            core.checkpoint_now()
+            op.synced = True
+        op.log_after = os.path.getsize(logp)
+        op.live_after = dict(live)
+        ops.append(op)
+    return ops
 
 
 def expectations(rec: Recording, start_off: float, end_off: float) -> tuple[set, dict]:
@@ -436,6 +442,117 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
     return results
 
 
+# After a first crash and recovery: the next writer's operations, crashed into again. Puts of
+# keys new and old, deletes, checkpoints; the first group lands where recovery found the log's
+# end, over whatever the first crash left there (a torn group, a group of the dead writer).
+FOLLOW_UP = [
+    ("put", [20, 21]), ("checkpoint", []),
+    ("delete", [20]), ("put", [22]), ("checkpoint", []),
+    ("put", [23]), ("compact", []), ("delete", [21, 22]), ("checkpoint", []), ("put", [24]),
+]
+FOLLOW_UP_VERSION = 1000
+
+
+class WrongAtFirstRecovery(Exception):
+    """The core that recovered a first crash served wrong bytes before the follow-up began."""
+
+
+def first_crash_images(rec: Recording, tear_meta: int, per_epoch: int, rng: random.Random) -> list[tuple[str, bytes]]:
+    """A few images a first crash may leave, per epoch: the epoch's writes (metadata writes
+    torn in tear_meta blocks) cut after a random point, or a random subset of them."""
+    out = []
+    for e, (barrier, first, nxt, _start) in enumerate(epochs_of(rec.recs)):
+        base = bytearray(rec.pre)
+        for r in rec.recs:
+            if r.kind == WRITE and r.seq < barrier:
+                apply(base, r)
+        pend = sorted([r for r in rec.recs[first:nxt] if r.kind == WRITE] +
+                      [r for r in rec.recs[:first] if r.kind == WRITE and r.seq >= barrier], key=lambda r: r.seq)
+        if tear_meta:
+            pend = [p for w in pend for p in (torn(w, tear_meta) if w.off < META else [w])]
+        if not pend:
+            continue
+        picks = {tuple(range(len(pend) - 1))}   # all but the last piece
+        while len(picks) < min(per_epoch, 2 ** len(pend) - 1):
+            if rng.random() < 0.5:
+                picks.add(tuple(range(rng.randrange(len(pend)))))
+            else:
+                picks.add(tuple(i for i in range(len(pend)) if rng.random() < 0.5))
+        for subset in sorted(picks):
+            img = bytearray(base)
+            for i in subset:
+                apply(img, pend[i])
+            out.append((f"first crash in epoch {e}, writes {[(pend[i].seq, pend[i].off) for i in subset]} of "
+                        f"{[(w.seq, w.off, len(w.data)) for w in pend]}", bytes(img)))
+    return out
+
+
+def record_follow_up(rec: Recording, image: bytes, engine: str, ops: list | None = None) -> Recording:
+    """The image of a first crash recovered by a core that then runs ops (FOLLOW_UP), every
+    write from its open on recorded. The keys it serves before ops are the durable start."""
+    wl = Workload(rec.workload.name + "+2", FOLLOW_UP if ops is None else ops, rec.workload.meta_format)
+    cfg = Config(engine, False, False, True, wl.meta_format)
+    with open(rec.dev, "wb") as f:
+        f.write(image)
+    versions = {k: dict(v) for k, v in rec.versions.items()}
+    logp = rec.dev + ".wlog2"
+    if os.path.exists(logp):
+        os.unlink(logp)
+    _native._set_write_log(logp)
+    try:
+        core = open_core(rec.dev, cfg)
+        try:
+            got = verify_served(core, versions, sorted(set(versions) | {k for _, ks in wl.ops for k in ks}))
+            if got["wrong"]:
+                raise WrongAtFirstRecovery(got["wrong"])
+            live = dict(got["served"])
+            ops_done = run_ops(core, wl.ops, logp, versions, live, FOLLOW_UP_VERSION)
+            with open(rec.dev, "rb") as f:
+                final = f.read()
+            status = core._native.status()
+        finally:
+            _native._set_write_log(None)
+            core.close()
+    finally:
+        _native._set_write_log(None)
+    return Recording(rec.dev, image, final, parse_log(logp, rec.dev), ops_done, versions, dict(got["served"]), wl,
+                     status)
+
+
+def check_second_crash(engine: str, workdir: str, workload: Workload, rng_seed: int = 1, tear_meta: int = 1024,
+                       per_epoch: int = 2, second_tear_meta: int = 0, limit: int = 0) -> Result:
+    """Record workload, take first_crash_images() of it, recover each and run FOLLOW_UP on it
+    (recorded), then check every crash state of that second run (whole writes, or metadata
+    writes torn in second_tear_meta blocks) with the same engine, slot headers validated at
+    open and not. One Result for all of them; its failures name both crashes."""
+    logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
+    rng = random.Random(f"{rng_seed}/second/{engine}/{workload.name}")
+    rec = record_workload(engine, workdir, workload)
+    firsts = first_crash_images(rec, tear_meta, per_epoch, rng)
+    if limit:
+        firsts = rng.sample(firsts, min(limit, len(firsts)))
+    total = Result(engine, f"{engine}, twice", workload.name + "+2")
+    for what, image in firsts:
+        try:
+            rec2 = record_follow_up(rec, image, engine)
+        except WrongAtFirstRecovery as e:
+            total.wrong_states += 1
+            total.failures.append(f"{what}: recovered, wrong bytes {e.args[0]}")
+            continue
+        for r in check_recorded(engine, [engine], workdir, rng_seed, rec=rec2, tear_meta=second_tear_meta):
+            total.epochs += r.epochs
+            total.flushes += r.flushes
+            total.writes += r.writes
+            total.states += r.states
+            total.keys_checked += r.keys_checked
+            total.wrong_states += r.wrong_states
+            total.lost_states += r.lost_states
+            total.stale_states += r.stale_states
+            total.failures += [f"{what}; recovered, follow-up run, second crash: {f}" for f in r.failures]
+    total.recovered = f"{engine} x{len(firsts)} first crashes"
+    return total
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
@@ -449,6 +566,9 @@ def main(argv=None) -> int:
                          "and compactions in the log format) in its format and setup")
     ap.add_argument("--tear", type=int, default=0, metavar="BYTES",
                     help="also let writes persist partly, in blocks of BYTES (e.g. 4096)")
+    ap.add_argument("--second-crash", type=int, default=0, metavar="N",
+                    help="also crash twice: N first-crash images per epoch (metadata writes torn in 1 KiB), each "
+                         "recovered and followed by FOLLOW_UP, whose every crash state is checked (log format)")
     ap.add_argument("--tear-meta", type=int, default=None, metavar="BYTES",
                     help="blocks of writes into the metadata region (default: --tear's), e.g. 1024 to tear a "
                          "one-block log group or superblock write")
@@ -470,6 +590,14 @@ def main(argv=None) -> int:
                 for wl in workloads:
                     for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear, workload=wl,
                                             tear_meta=a.tear if a.tear_meta is None else a.tear_meta):
+                        print(r.row(), flush=True)
+                        for f in r.failures[:a.show]:
+                            print("    " + f, flush=True)
+                        bad |= bool(r.failures)
+                        states += r.states
+                    if a.second_crash and wl.meta_format == "log":
+                        r = check_second_crash(eng, d, wl, a.rng_seed, per_epoch=a.second_crash,
+                                               second_tear_meta=a.tear_meta or 0)
                         print(r.row(), flush=True)
                         for f in r.failures[:a.show]:
                             print("    " + f, flush=True)
