@@ -1476,8 +1476,14 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     free(r.slot_pos);
     free(r.cls_map);
     if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum || res.fallback) {
-        if (rb_core_validate_entries(c, 0) < 0)
+        /* With the periodic thread, eager validation runs there, after open has returned: every
+         * load judges its entry's header until then (the same verdict), so it only decides when
+         * a bad entry leaves the index. After a fallback it runs here, before any load. */
+        if (c->cfg.meta_enable_periodic && !res.fallback) {
+            m->bg_validate = 1;
+        } else if (rb_core_validate_entries(c, 0) < 0) {
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
+        }
     }
     return 1;
 }
