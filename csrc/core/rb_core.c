@@ -554,6 +554,28 @@ static int refuse_foreign_device(const char *path, int uring_cmd, rb_err *err)
                       what, path);
 }
 
+/* 1 when the device starts with metadata of ours: a log-format superblock, or a format v1
+ * container header with this core's magic, at offset 0. Such a device is not handed to
+ * libblkid, whose probe drops the device's page cache (posix_fadvise DONTNEED), so a reopen
+ * would read its metadata from the medium. Offset 0 only: a file system made over a device of
+ * ours rewrites its start (mkfs wipes the old signatures there), while our second superblock
+ * or container further on may survive it. */
+static int looks_ours(rb_core *c)
+{
+    const uint64_t ba = c->cfg.block_align, span = rb_mlog_sb_span(ba);
+    rb_err e;
+    if (span > c->dev->size)
+        return 0;
+    uint8_t *blk = rb_alloc_aligned(ba, span, &e);
+    if (!blk)
+        return 0;
+    rb_mlog_sb sb;
+    int ours = rb_core_dev_read(c, 0, blk, span, span, span, 0, &e) == 0 &&
+               (rb_mlog_sb_decode(blk, span, &sb, &e) == 0 || memcmp(blk, c->cfg.meta_magic, 8) == 0);
+    free(blk);
+    return ours;
+}
+
 int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
 {
     int rc0 = rb_core_cfg_check(cfg, err);
@@ -603,7 +625,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         goto fail;
     /* The read-only foreign-device probe runs once the lock is held: a device another writer
      * holds, or a mounted one, is reported as such rather than by what its bytes look like. */
-    if (!cfg->allow_foreign_device) {
+    if (!cfg->allow_foreign_device && !looks_ours(c)) {
         rc = refuse_foreign_device(cfg->device_path, cfg->use_uring_cmd, err);
         if (rc < 0)
             goto fail;
