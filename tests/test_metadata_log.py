@@ -433,3 +433,20 @@ def test_start_up_validation_runs_after_open_returns_with_the_periodic_thread(tm
         assert _loads(c, range(50)) == [i for i in range(50) if i != 7]
     finally:
         c.close()
+
+
+def test_format_v1_takes_over_a_log_device_only_when_told_to_start_empty(tmp_path):
+    dev = make_device(tmp_path)
+    c = _log(dev)
+    _put(c, range(10))
+    c.close()
+    with pytest.raises(ValueError, match="meta_format='log'"):
+        make_core(dev, meta_format="v1")
+    c = make_core(dev, meta_format="v1", load_checkpoint_on_init=False)
+    assert _status(c)["recovery_outcome"] == "skipped"
+    _put(c, range(100, 105))  # its first checkpoint clears both superblocks, then writes v1
+    c.close()
+    assert read_containers(dev)
+    c = make_core(dev, meta_format="v1")
+    assert _loads(c, list(range(10)) + list(range(100, 105))) == list(range(100, 105))
+    c.close()

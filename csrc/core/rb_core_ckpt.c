@@ -281,6 +281,13 @@ int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target
     h.crc = rb_crc32(b.data, b.len);
     rb_ckpt_header_encode(&h, hdr);
     uint64_t base = (uint64_t)target * c->container_bytes;
+    if (c->ml.wipe_sbs) {
+        /* The device held the log format: neither superblock may outlive this checkpoint. */
+        outcome = -1;
+        rc = rb_core_ml_wipe_superblocks(c, err);
+        if (rc < 0)
+            goto failed;
+    }
     rc = rb_core_flush(c, err);
     if (rc < 0)
         goto failed;
@@ -301,6 +308,7 @@ int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target
         goto failed;
     pthread_mutex_lock(&c->mu);
     settle_refs_locked(c, target, 1);
+    c->ref_unknown &= (uint8_t)~0x4u; /* a log the device held is gone (wipe_sbs) */
     c->meta_seq = seq;
     c->good_container = target;
     if (dirty_snap > c->persisted)

@@ -59,6 +59,7 @@ typedef struct rb_mlw {
     int epoch_claimed;        /* a durable superblock names it (before the first group) */
     int newgen;               /* the epochs are used up: the next base starts a new generation */
     int bg_validate;          /* recovered entries' headers are validated by the periodic thread */
+    int wipe_sbs;             /* format v1 over a log device: clear both superblocks first */
     uint64_t last_seq;        /* the sequence the last closed page got */
     uint64_t head;            /* ring offset of the next group */
     uint64_t lhead, lstart;   /* logical ring positions (wrap waste counted) of the head and of the
@@ -415,6 +416,8 @@ void rb_core_ml_free_locked(rb_core *c, uint32_t slot);
 int rb_core_ml_recover(rb_core *c, rb_err *err);
 /* A checkpoint in the log format: 1 written, 0 nothing to write, <0 failed. */
 int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err);
+/* Format v1 taking over a log-format device: zero both superblocks and flush. mu not held. */
+int rb_core_ml_wipe_superblocks(rb_core *c, rb_err *err);
 /* 1 when the ring is past half full (the periodic thread then compacts). */
 int rb_core_ml_compact_due(rb_core *c);
 /* Compact: a new base beside the current one, then the superblock switch. 1 done, 0 not

@@ -1088,6 +1088,27 @@ int rb_core_compact(rb_core *c, rb_err *err)
     return rb_core_ml_compact(c, 1, err);
 }
 
+int rb_core_ml_wipe_superblocks(rb_core *c, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align, span = rb_mlog_sb_span(ba);
+    uint8_t *z = rb_alloc_aligned(ba, span, err);
+    if (!z)
+        return -ENOMEM;
+    memset(z, 0, span);
+    int rc = rb_core_meta_write(c, 0, z, span, err);
+    if (rc == 0)
+        rc = rb_core_meta_write(c, c->container_bytes, z, span, err);
+    free(z);
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    if (rc == 0) {
+        pthread_mutex_lock(&c->mu);
+        c->ml.wipe_sbs = 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc;
+}
+
 /* ---- recovery -------------------------------------------------------------------------- */
 
 typedef struct ml_rec {
@@ -1342,6 +1363,16 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
         free(r.cls_map);
         if (!ours)
             return 0;
+        if (!c->cfg.load_checkpoint_on_init) {
+            /* Told to start empty: format v1 takes the device over. Its first checkpoint clears
+             * both superblocks first; until then no slot is reused (the log may list any). */
+            pthread_mutex_lock(&c->mu);
+            m->wipe_sbs = 1;
+            c->ref_unknown |= 0x4u;
+            c->rec_outcome = RB_REC_SKIPPED;
+            pthread_mutex_unlock(&c->mu);
+            return 1;
+        }
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                           "the device holds the log-structured metadata format, which meta_format='v1' does not "
                           "write: set meta_format='log' (LMCache 0.5.6's own core cannot read this device). "

@@ -18,6 +18,7 @@ def pt_core(path: str, **kw) -> RawBlockCore:
     kw.setdefault("slot_bytes", SLOT)
     kw.setdefault("meta_total_bytes", 4 * MiB)
     kw.setdefault("capacity_bytes", 128 * MiB)
+    kw.setdefault("meta_format", "log")  # the product default (the namespace is shared by the tests)
     cfg = make_config(path, io_engine="io_uring", use_uring_cmd=True, iouring_queue_depth=64, **kw)
     return RawBlockCore(cfg, key_namespace="object")
 
