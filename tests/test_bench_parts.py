@@ -113,7 +113,8 @@ def test_scale_part_smoke_both_formats_side_by_side(tmp_path):
     assert probes["ours v1"]["outcome"] == "refused" and "too large" in probes["ours v1"]["error"]
     assert probes["ours log"]["outcome"] == "written"
     got = {(r["path"], r["variant"], r["full"]) for r in out["puts"]}
-    assert got == {(p, v, f) for p in ("plugin", "core") for v in ("ours v1", "ours log") for f in (False, True)}
+    assert got == {(p, v, f) for p in ("plugin", "core") for v in ("ours v1", "ours log") for f in (False, True)} | {
+        ("each", v, True) for v in ("ours v1", "ours log")}
     for r in out["puts"]:
         assert r["failed"] == 0 and r["p50_s"] <= r["p99_s"] and r["threads"] == 1
         assert r["room_ckpts_per_put"] == 0 if not r["full"] else r["room_ckpts_per_put"] > 0

@@ -338,13 +338,17 @@ def scale_rows(sc: dict) -> list[list[str]]:
     return rows
 
 
+def _fx(v: float | None) -> str:
+    return fmt_x(v) if v is None or v >= 0.1 else f"{v:.4f}x"
+
+
 def scale_side_rows(sc: dict) -> list[list[str]]:
     """Per index size: the log format over v1 and over LMCache's core, for each cost."""
     by = {(r["entries"], r.get("variant", r["impl"])): r for r in sc.get("rows", [])}
     out = []
     for n in sorted({r["entries"] for r in sc.get("rows", [])}):
         log, v1, lmc = by.get((n, "ours log")), by.get((n, "ours v1")), by.get((n, "lmcache"))
-        if not log:
+        if not log or not (v1 or lmc):
             continue
         for label, key in (("checkpoint bytes after churn", "ckpt_bytes"), ("checkpoint wall", "ckpt_s"),
                            ("bytes per entry", "bytes_per_entry"), ("reopen", "reopen_s"),
@@ -352,8 +356,8 @@ def scale_side_rows(sc: dict) -> list[list[str]]:
             lv = log.get(key)
             if log.get("reopen_incomplete") and key.startswith("reopen"):
                 lv = None
-            out.append([f"{n:,}", label, fmt_x(lv / v1[key] if lv and v1 and v1.get(key) else None),
-                        fmt_x(lv / lmc[key] if lv and lmc and lmc.get(key) else None)])
+            out.append([f"{n:,}", label, _fx(lv / v1[key] if lv and v1 and v1.get(key) else None),
+                        _fx(lv / lmc[key] if lv and lmc and lmc.get(key) else None)])
     return out
 
 
@@ -371,9 +375,11 @@ def scale_put_rows(sc: dict) -> list[list[str]]:
 
     ratios = {(p["path"], p["variant"], p["slots"], p["threads"]): p for p in put_ratios(sc)}
     rows = []
-    for r in sorted(sc.get("puts", []), key=lambda r: (r["slots"], r["threads"], r["path"] != "plugin", _vkey(r),
+    order = {"plugin": 0, "core": 1, "each": 2}
+    for r in sorted(sc.get("puts", []), key=lambda r: (r["slots"], r["threads"], order.get(r["path"], 3), _vkey(r),
                                                        r["full"])):
-        how = "plugin LRU" if r["path"] == "plugin" else ("core, batch delete + put" if r["full"] else "core")
+        how = {"plugin": "plugin LRU", "each": "core, delete oldest + put"}.get(
+            r["path"], "core, batch delete + put" if r["full"] else "core")
         pr = ratios.get((r["path"], r.get("variant", r["impl"]), r["slots"], r["threads"])) if r["full"] else None
         done = f"{r.get('puts_done', r['puts'])}" + ("*" if r.get("budget_hit") else "")
         rows.append([how, r.get("variant", r["impl"]), f"{r['slots']:,}", str(r["threads"]),
@@ -381,7 +387,8 @@ def scale_put_rows(sc: dict) -> list[list[str]]:
                      fmt_us(r.get("max_s")), str(r.get("failed")), fmt_x(pr["p50_ratio"]) if pr else "-",
                      fmt_x(pr["p99_ratio"]) if pr else "-", _f2(r.get("ckpts_per_put")),
                      _f2(r.get("room_ckpts_per_put")),
-                     fmt_time(r.get("delete_s")) + (f" ({r['delete_keys']:,})" if r.get("delete_keys") else "")])
+                     fmt_time(r.get("delete_s")) + (f" ({r['delete_keys']:,})" if r.get("delete_keys") else "")
+                     if r.get("delete_s") is not None else fmt_time(r.get("delete_p50_s"))])
     return rows
 
 
@@ -424,11 +431,13 @@ def print_scale(results: dict, p: Callable[..., None]) -> None:
     if rows:
         p(f"Scale: one-key puts into a cache of S entries with room, and full (every slot taken; a checkpoint "
           f"written after the fill); plugin: eviction_policy lru; core: one delete_many of the oldest "
-          f"{s.get('eviction_ratio', 0) * 100:g} % (LMCache's L2 eviction_ratio), then the puts; µs per put; "
+          f"{s.get('eviction_ratio', 0) * 100:g} % (LMCache's L2 eviction_ratio), then the puts (delete: that "
+          "batch); core, delete oldest + put: the plugin's one-at-a-time eviction without the plugin (delete: p50 "
+          "per key; full/room over the core's room row); µs per put; "
           "full/room of p50 and p99; checkpoints written per put, and those written to free a slot; "
           f"* = stopped after {s.get('put_budget_s', 0):g} s")
         p(table(["path", "variant", "slots", "threads", "cache", "puts", "p50 µs", "p99 µs", "max µs", "failed",
-                 "p50 full/room", "p99 full/room", "ckpts/put", "room ckpts/put", "batch delete"], rows,
+                 "p50 full/room", "p99 full/room", "ckpts/put", "room ckpts/put", "delete"], rows,
                 _right(15, 2)))
     tg = sc.get("targets") or []
     if tg:

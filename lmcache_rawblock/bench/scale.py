@@ -44,7 +44,9 @@ is not larger than ``lmcache_max_entries``.
   into a cache of S entries with room. Two ways: our plugin with ``eviction_policy: lru`` (ours
   only: LMCache's plugin has no eviction policy), and the core with MP-style eviction (LMCache's
   L2 eviction: one ``delete_many`` of the oldest ``eviction_ratio`` x S keys, timed apart, then
-  the puts). Each device runs the thread counts one after the other (a full MP-style device is
+  the puts), and, to tell the core's part of the plugin's cost from the plugin's own, the core
+  with the plugin's pattern (delete the oldest key, timed apart, then put one: ``each``; full
+  only, over the core's rows with room). Each device runs the thread counts one after the other (a full MP-style device is
   topped up to full again, untimed, before its next batch delete); a case stops putting after
   ``put_budget_s`` (v1 pays two whole-index checkpoints per put on a full cache). Per case:
   p50 / p99 / max per put, failed puts, checkpoints written per put and those written to free a
@@ -579,9 +581,9 @@ class _Driver:
         res = self.core.put_many([key], [self.obj])
         return None if res.results[0] else str(res.failure or "not stored")
 
-    def delete_range(self, start: int, n: int) -> None:
-        for i in range(start, start + n, 65536):
-            self.core.delete_many([k.encoded for k in object_keys(min(65536, start + n - i), i)])
+    def delete_many(self, encoded: list[str]) -> None:
+        for i in range(0, len(encoded), 65536):
+            self.core.delete_many(encoded[i:i + 65536])
 
     def close(self) -> None:
         if self.kind == "plugin":
@@ -603,7 +605,8 @@ def measure_puts(kind: str, v: Variant, case: FullCase, full: bool, s: ScaleSett
     meta = meta_log_for(slots) if v.fmt == "log" else meta_for(case.slots + case.puts * phases + 16)
     path = sparse(os.path.join(workdir, f"scale-puts-{kind}-{v.name.replace(' ', '-')}.img"), meta + slots * SLOT)
     mp = kind == "core" and full  # MP-style: a batch delete of the oldest, then the puts
-    d = _Driver(kind, v, path, meta)
+    each = kind == "each"  # the oldest key deleted before each put (the plugin's LRU, without the plugin)
+    d = _Driver("plugin" if kind == "plugin" else "core", v, path, meta)
     rows: list[dict] = []
     try:
         t0 = time.perf_counter()
@@ -622,22 +625,32 @@ def measure_puts(kind: str, v: Variant, case: FullCase, full: bool, s: ScaleSett
                     nxt += top
                     d.core.checkpoint_now()
                 ndel = max(case.puts, int(case.slots * s.eviction_ratio))
-                w, _c, _ = _timed(lambda: d.delete_range(oldest, ndel))
+                victims = [k.encoded for k in object_keys(ndel, oldest)]
+                w, _c, _ = _timed(lambda: d.delete_many(victims))
                 oldest += ndel
                 row.update(delete_keys=ndel, delete_s=w)
+            olds = [k.encoded for k in object_keys(case.puts, oldest)] if each else []
+            if each:
+                oldest += case.puts
             new = d.keys(case.puts, nxt)
             nxt += case.puts
             st0, log0 = _status(d.core), _log_status(d.core)
             seq0 = (newest_container(path, meta) or (0, 0))[0]
             lat: list[list[float]] = [[] for _ in range(threads)]
+            dele: list[list[float]] = [[] for _ in range(threads)]
             failed = [0] * threads
             whys: list[str] = []
             start = time.perf_counter()
 
             def worker(t: int) -> None:
-                for key in new[t::threads]:
+                mine = olds[t::threads]
+                for i, key in enumerate(new[t::threads]):
                     if time.perf_counter() - start > s.put_budget_s:
                         break
+                    if each:
+                        t0 = time.perf_counter()
+                        d.core.delete_many([mine[i]])
+                        dele[t].append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     why = d.put(key)
                     lat[t].append(time.perf_counter() - t0)
@@ -659,6 +672,9 @@ def measure_puts(kind: str, v: Variant, case: FullCase, full: bool, s: ScaleSett
             st1, log1 = _status(d.core), _log_status(d.core)
             seq1 = (newest_container(path, meta) or (0, 0))[0]
             alls = [x for xs in lat for x in xs]
+            dels = [x for xs in dele for x in xs]
+            if dels:
+                row["delete_p50_s"] = _pct(dels, 0.5)
             done = len(alls)
             row.update({"puts_done": done, "p50_s": _pct(alls, 0.5), "p99_s": _pct(alls, 0.99),
                         "max_s": max(alls) if alls else None, "mean_s": sum(alls) / done if done else None,
@@ -738,13 +754,13 @@ def run_scale(comps: Sequence[Competitor], s: ScaleSettings, workdir: str, bar: 
         bar.update(1)
     for case in s.full:
         bar.set_description_str(f"scale full-cache puts, {case.slots:,} slots")
-        for kind in ("plugin", "core"):
+        for kind in ("plugin", "core", "each"):
             for v in vs:
                 if kind == "plugin" and not v.ours:
                     continue
                 if not v.ours and case.slots > s.lmcache_max_entries:
                     continue
-                for full in (False, True):
+                for full in ((True,) if kind == "each" else (False, True)):
                     rs = attempt(f"puts/{kind}/{v.name}/{case.slots}/{'full' if full else 'room'}",
                                  lambda v=v, kind=kind, full=full: measure_puts(kind, v, case, full, s, workdir))
                     out["puts"] += rs or []
@@ -771,7 +787,7 @@ def put_ratios(sc: dict) -> list[dict]:
     for r in sc.get("puts", []):
         if not r["full"]:
             continue
-        base = room.get((r["path"], r["variant"], r["slots"], r["threads"]))
+        base = room.get(("core" if r["path"] == "each" else r["path"], r["variant"], r["slots"], r["threads"]))
         if base is None:
             continue
         out.append({"path": r["path"], "variant": r["variant"], "slots": r["slots"], "threads": r["threads"],
@@ -794,7 +810,8 @@ def targets(sc: dict) -> list[dict]:
     for p in put_ratios(sc):
         if p["variant"] != "ours log":
             continue
-        how = "plugin LRU" if p["path"] == "plugin" else "core, MP-style batch delete"
+        how = {"plugin": "plugin LRU", "core": "core, MP-style batch delete", "each": "core, delete oldest + put"}[
+            p["path"]]
         add(f"put p50 full / room, {how}, {p['slots']:,} slots, {p['threads']} thr", p["p50_ratio"], 1.2,
             f"{p['p50_ratio']:.2f}x", "<= 1.2x", f"p99 {p['p99_ratio']:.2f}x" if p["p99_ratio"] else "")
         add(f"failed puts, {how}, {p['slots']:,} slots, {p['threads']} thr", p["failed"], 0, str(p["failed"]), "0",
