@@ -6,12 +6,13 @@
  * CRCs right (bit 3: the fuzzer would rarely produce a matching CRC-32, and every parser
  * behind a CRC would go unexercised); the rest is the document:
  *   0: superblock decode
- *   1: log group: byte 1 = log2 of block_align (mod 13), then the group (head, then decode)
+ *   1: log group: byte 1 = log2 of block_align (mod 13), then the group (head, then decode,
+ *      raw or deflated body; also with one decoder state kept across calls)
  *   2: base: the whole decode (chunk headers walked to fix their CRCs), plus the chunk walk
  *   3: one base chunk: bytes 1..2 = entry count, 3..4 = first slot, 5..6 = last slot, the rest
  *      is the chunk's raw entry stream; the harness compresses it into a base around it
- *   4: round trip: entries drawn from the bytes, encoded as a base and as a log group,
- *      decoded, compared (abort on any difference)
+ *   4: round trip: entries drawn from the bytes, encoded as a base and as a log group (raw,
+ *      and sealed with the body deflated), decoded, compared (abort on any difference)
  * Every decoder gets an exact-size heap copy so ASan sees any read past the end.
  */
 #define ZLIB_CONST
@@ -300,6 +301,32 @@ static void round_trip(const uint8_t *in, size_t len)
     if (rb_mlog_group_decode(gb, gl, 4096, 3, 5, NULL, rt_rec, &r, &err) != 0 || r.at != n)
         abort();
     free(gb);
+    /* sealed: deflated where that saves a block (align 1: nearly always), decoded with one
+     * decoder state twice; level 0 gives what finish gave */
+    rb_mlog_gdec gd;
+    rb_mlog_gdec_init(&gd);
+    const uint64_t aligns[] = {1, 512};
+    for (int k = 0; k < 2; k++) {
+        rb_buf sb = {0};
+        int level = 1 + (int)(len % 9);
+        if (rb_mlog_genc_seal(&g, 3, 6, aligns[k], level, &sb, &err) != 0 || sb.len % aligns[k] ||
+            sb.len > rb_mlog_genc_len(&g, aligns[k]))
+            abort();
+        uint8_t *sg = malloc(sb.len);
+        if (!sg)
+            abort();
+        memcpy(sg, sb.data, sb.len);
+        for (int rep = 0; rep < 2; rep++) {
+            r.at = 0;
+            rb_mlog_group_info gi;
+            if (rb_mlog_gdec_group(&gd, sg, sb.len, aligns[k], 3, 6, &gi, rt_rec, &r, &err) != 0 || r.at != n ||
+                gi.raw_len != g.body.len || gi.total_len != sb.len)
+                abort();
+        }
+        free(sg);
+        rb_buf_free(&sb);
+    }
+    rb_mlog_gdec_free(&gd);
     rb_mlog_genc_free(&g);
 }
 
@@ -339,7 +366,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fix_group(g, len - 1);
         rb_mlog_group_info gi;
         (void)rb_mlog_group_head(g, len - 1, align, 0, 0, &gi, &err);
-        (void)rb_mlog_group_decode(g, len - 1, align, 0, 0, &gi, on_rec, NULL, &err);
+        int rc = rb_mlog_group_decode(g, len - 1, align, 0, 0, &gi, on_rec, NULL, &err);
+        /* a decoder state kept across groups gives the same answer, after another group too */
+        rb_mlog_gdec gd;
+        rb_mlog_gdec_init(&gd);
+        for (int rep = 0; rep < 2; rep++)
+            if (rb_mlog_gdec_group(&gd, g, len - 1, align, 0, 0, &gi, on_rec, NULL, &err) != rc)
+                abort();
+        rb_mlog_gdec_free(&gd);
         free(g);
         break;
     }

@@ -22,15 +22,25 @@ identifiers (``fetch_fdp_status``) and passes each store's identifiers to our co
 code; for ours, the one method that picks a store's identifiers routes through
 ``lmcache_rawblock.fdp`` instead.
 
-``RawBlockL2Adapter`` here is LMCache's adapter class, with one difference: the core it
-constructs is ours. Its ``__init__`` is LMCache's own function, run with a private copy of
-its module namespace in which ``RawBlockCore`` names our core; LMCache's module and classes
-are left untouched, so the built-in ``raw_block`` type keeps using LMCache's core.
+``RawBlockL2Adapter`` here is LMCache's adapter class, with two differences: the core it
+constructs is ours, and its deletes give their slots back at once. Its ``__init__`` is
+LMCache's own function, run with a private copy of its module namespace in which
+``RawBlockCore`` names our core; LMCache's module and classes are left untouched, so the
+built-in ``raw_block`` type keeps using LMCache's core.
+
+Deletes: LMCache's L2 eviction controller calls ``delete(keys)`` with a batch of victims, which
+LMCache's code turns into one ``delete_many(force=False)``. A freed slot is reusable only once
+a checkpoint no longer lists it, so without more a put after an eviction would write that
+checkpoint itself. ``delete`` here runs LMCache's and then signals a background thread
+(``lmcache_rawblock.reclaim``, one per adapter, started by the first delete, stopped by
+``close`` before the core closes) that writes it, off the controller's thread and off the
+store workers'.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 from typing import Any
 
@@ -38,6 +48,7 @@ from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc  # t
 
 from . import fdp
 from .raw_block import RawBlockCore as _OurCore
+from .reclaim import Reclaimer
 from .raw_block import RawBlockCoreConfig as _OurConfig
 from .settings import SETTINGS, parse_value
 
@@ -48,6 +59,8 @@ __all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig"]
 _OURS = tuple(s for s in SETTINGS.values() if s.config and not s.lmcache)
 _OUR_POLICY = tuple(s for s in SETTINGS.values() if s.policy and not s.lmcache_mp and s.name != "admission")
 _POLICY_KEY = "fdp_data_placement_policy"
+_CLOSE_RECLAIM_WAIT_S = 30.0
+logger = logging.getLogger("lmcache.v1.distributed.l2_adapters.raw_block_l2_adapter")
 
 
 class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
@@ -131,12 +144,39 @@ class RawBlockL2Adapter(_lmc.RawBlockL2Adapter):
         if not isinstance(config, _lmc.RawBlockL2AdapterConfig):
             raise TypeError(f"config must be a RawBlockL2AdapterConfig or a dict, got {type(config).__name__}")
         _init_with_our_core(self, config, l1_memory_desc)
+        self._reclaimer = Reclaimer("rawblock-l2-reclaim", self._reclaim_pass, logger)
         self._fdp_role = fdp.role_phase(getattr(config, "fdp_phase", fdp.AUTO))
         if self._fdp_enabled and self._fdp_data_placement_policy == fdp.PHASE and len(self._fdp_placement_ids) < 2:
             ids = list(self._fdp_placement_ids)
             self.close()
             raise ValueError(f"{_POLICY_KEY}='phase' needs two placement identifiers for KV data (prefill, "
                              f"decode); {config.device_path} leaves {ids}")
+
+    def delete(self, keys: list) -> None:
+        """LMCache's delete (one batched ``delete_many(force=False)``, listeners told), then the
+        checkpoint that makes the freed slots reusable, on the reclaim thread."""
+        try:
+            super().delete(keys)
+        finally:
+            self._reclaimer.signal()
+
+    def _reclaim_pass(self) -> bool:
+        self._core.reclaim_held_slots()
+        return False
+
+    def close(self) -> None:
+        reclaimer = getattr(self, "_reclaimer", None)
+        if reclaimer is not None and not reclaimer.stop(_CLOSE_RECLAIM_WAIT_S):
+            logger.warning("the raw-block reclaim thread is still writing a checkpoint after %.0f s; closing anyway",
+                           _CLOSE_RECLAIM_WAIT_S)
+        super().close()
+
+    def report_status(self) -> dict:
+        status = super().report_status()
+        reclaimer = getattr(self, "_reclaimer", None)
+        if reclaimer is not None:
+            status["reclaim"] = reclaimer.status()
+        return status
 
     def _assign_fdp_placement_ids(self, keys: list) -> list | None:
         """Placement identifiers of one store task: LMCache's policies by LMCache's code, the

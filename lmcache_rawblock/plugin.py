@@ -12,6 +12,15 @@ table). Beyond LMCache:
   ``delete_many`` call (which runs without the GIL), instead of one lock and one call per key;
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
   in LMCache today) or ``"lru"`` (evict least-recently-used entries that nobody has pinned);
+* ``rust_raw_block.eviction_trigger_watermark`` / ``rust_raw_block.eviction_ratio`` (``lru``
+  only; 0.95 and 0.05): evict ahead, as LMCache's MP eviction controller does with its
+  ``trigger_watermark`` and ``eviction_ratio``. When the slots in use (indexed + being written)
+  reach the trigger fraction of the usable slots, a background thread (one per plugin, started
+  by the first put, stopped at close) deletes least-recently-used unpinned entries in one batch
+  down to ``trigger - ratio`` and writes the checkpoint that makes their slots reusable, so puts
+  find free slots without evicting or waiting for metadata I/O themselves. The put path only
+  signals it. A put that still finds no slot evicts for its whole batch and retries (a bounded
+  number of rounds) until it succeeds or nothing evictable is left, and then fails saying why;
 * ``rust_raw_block.verify_payload_checksum``: store an xxh3-64 of each payload in slot-header
   bytes LMCache does not read, and treat a load that fails it as a miss;
 * FDP placement (``rust_raw_block.fdp_*``, the MP adapter's keys under the plugin's prefix):
@@ -20,7 +29,12 @@ table). Beyond LMCache:
   the second time it is stored, counted in a fixed-size sketch: ``lmcache_rawblock.admission``).
 
 Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` is a leaf
-taken inside either (or neither); the core's own mutex is below all of them.
+taken inside either (or neither); ``_stats_lock`` and the evictor's own condition lock
+(``lmcache_rawblock.reclaim``) are leaves too. The core facade's reclaim lock (it serialises
+the checkpoints that make freed slots reusable) is taken with none of the plugin's locks held,
+by the evictor thread or by a put that ran out of slots. The core's own mutex is below all of
+them. The evictor thread takes ``_pin_lock`` (then ``_lru_lock``) to pick and delete its
+victims, exactly as a put that evicts does; ``close`` stops it before closing the core.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ import asyncio
 import dataclasses
 import difflib
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +53,7 @@ from typing import Any
 
 from . import fdp
 from .admission import Admission
+from .reclaim import Reclaimer
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .raw_block import (
@@ -53,8 +69,16 @@ logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_ba
 
 _KEY_PREFIX = "rust_raw_block."
 EVICTION_POLICIES = ("none", "lru")
+# Evict-ahead defaults: keep 5-10 % of the slots free so a burst of puts finds slots at once,
+# and free 5 % per pass so one batched delete and its checkpoint serve many puts.
+DEFAULT_EVICTION_TRIGGER_WATERMARK = 0.95
+DEFAULT_EVICTION_RATIO = 0.05
 _CLOSE_PUT_WAIT_S = 10.0
-
+_CLOSE_EVICTOR_WAIT_S = 30.0
+# Rounds of evict-and-retry a put that found no slot goes through before it fails: each round
+# evicts for every key of the batch still failing, so only other threads taking the freed
+# slots first make a second round necessary.
+_PUT_EVICT_ROUNDS = 16
 
 
 # --------------------------------------------------------------------------- config access
@@ -139,7 +163,8 @@ def _full_chunk_bytes(local_cpu_backend: Any) -> int:
 
 
 # rust_raw_block.* keys the plugin reads besides the core's settings.
-_PLUGIN_KEYS = frozenset({"per_tp_device_paths", "eviction_policy", "use_iouring", "use_uring"})
+_PLUGIN_KEYS = frozenset({"per_tp_device_paths", "eviction_policy", "eviction_trigger_watermark",
+                          "eviction_ratio", "use_iouring", "use_uring"})
 # Keys LMCache reads elsewhere (align_local_cpu_allocator: LocalCPUBackend's allocator) or that
 # older LMCache releases and forks read: accepted, not used by this backend.
 _NOT_USED_KEYS = frozenset({
@@ -227,6 +252,44 @@ def _eviction_policy(extra: Mapping) -> str:
     return policy
 
 
+def _fraction(extra: Mapping, name: str, default: float, *, zero_ok: bool) -> float:
+    """rust_raw_block.<name> as a fraction: in (0, 1], or [0, 1] with ``zero_ok``; an int, a
+    float or a decimal string (YAML and the environment give strings). Booleans are refused."""
+    value = _get(extra, name, None)
+    if value is None or value == "":
+        return default
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            number = None
+    low_ok = zero_ok and number == 0.0
+    if number is None or not math.isfinite(number) or not (0.0 < number <= 1.0 or low_ok):
+        bounds = "[0, 1]" if zero_ok else "(0, 1]"
+        raise ValueError(f"{_label(name)} must be a number in {bounds}, got {value!r}")
+    return number
+
+
+def _eviction_fractions(extra: Mapping, policy: str) -> tuple[float, float]:
+    """(trigger watermark, ratio) of evict-ahead, checked whatever the policy."""
+    trigger = _fraction(extra, "eviction_trigger_watermark", DEFAULT_EVICTION_TRIGGER_WATERMARK, zero_ok=False)
+    ratio = _fraction(extra, "eviction_ratio", DEFAULT_EVICTION_RATIO, zero_ok=True)
+    if policy != "lru":
+        for name in ("eviction_trigger_watermark", "eviction_ratio"):
+            value = _get(extra, name, None)
+            if value is not None and value != "":
+                logger.warning("%s has no effect without %s: lru", _label(name), _key("eviction_policy"))
+    return trigger, ratio
+
+
+def _space_failure(failure: BaseException | None) -> bool:
+    """Whether a put's failure may be for want of a slot: the core reports that (no free slot,
+    slots waiting for a checkpoint) as a RuntimeError, device errors as OSError, a payload
+    that does not fit as ValueError."""
+    return isinstance(failure, RuntimeError)
+
+
 # --------------------------------------------------------------------------- the plugin
 
 
@@ -245,6 +308,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             raise ValueError("RustRawBlockBackend requires an LMCacheEngineConfig")
         extra = _extra_config(config)
         self.eviction_policy = _eviction_policy(extra)
+        self.eviction_trigger_watermark, self.eviction_ratio = _eviction_fractions(extra, self.eviction_policy)
         cfg, self._fdp = build_configs(config, metadata, local_cpu_backend)
         self._admission = Admission(_setting(extra, "admission", "always"))
         self.device_path = cfg.device_path  # this rank's device, as LMCache's plugin exposes it
@@ -272,6 +336,15 @@ class RustRawBlockBackend(StoragePluginInterface):
             # Recovered entries start in index order (oldest checkpointed first).
             for enc in self._core.snapshot_indexed_keys():
                 self._lru[enc] = None
+        # Evict-ahead and the reclaim of slots freed by removes: one thread, started by the
+        # first signal (lru only).
+        self._evictor: Reclaimer | None = None
+        if self.eviction_policy == "lru":
+            self._evictor = Reclaimer("rawblock-evictor", self._evictor_pass, logger)
+        self._stats_lock = threading.Lock()
+        self._evicted_ahead = 0  # entries the evictor deleted
+        self._put_evicted = 0  # entries puts that found no slot deleted
+        self._put_retries = 0  # put_many calls repeated after evicting (or finding room)
         self._close_lock = threading.Lock()
         self._closed = False
 
@@ -387,6 +460,17 @@ class RustRawBlockBackend(StoragePluginInterface):
     def report_status(self) -> dict:
         status = dict(self._core.report_status())
         status["eviction_policy"] = self.eviction_policy
+        status["eviction_trigger_watermark"] = self.eviction_trigger_watermark
+        status["eviction_ratio"] = self.eviction_ratio
+        evictor = self._evictor.status() if self._evictor is not None else {}
+        status["evictor_running"] = bool(evictor.get("running", False))
+        status["evictor_passes"] = evictor.get("passes", 0)
+        status["evictor_errors"] = evictor.get("errors", 0)
+        status["evictor_last_error"] = evictor.get("last_error")
+        with self._stats_lock:
+            status["evicted_ahead_entries"] = self._evicted_ahead
+            status["put_evicted_entries"] = self._put_evicted
+            status["put_evict_retries"] = self._put_retries
         status.update(self._admission.status())
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled
@@ -420,25 +504,140 @@ class RustRawBlockBackend(StoragePluginInterface):
             for enc in encoded:
                 self._lru.pop(enc, None)
 
-    def _evict_lru(self, count: int, protect: set[str]) -> int:
-        """Remove up to ``count`` least-recently-used entries nobody holds a lock on."""
+    def _evict_lru(self, count: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
+        """Delete up to ``count`` least-recently-used entries that are not pinned, not in
+        ``protect`` and not locked by a load, in batched deletes (one for all of them unless
+        some refuse). Returns how many were deleted; their slots wait for a checkpoint."""
         evicted = 0
-        with self._lru_lock:
-            candidates = [k for k in self._lru if k not in protect]
-        for victim in candidates:
-            if evicted >= count:
-                break
-            # force=False keeps entries that a reader or a pin holds; the pin lock keeps
-            # pin() from taking a lock reference half-way through.
+        tried: set[str] = set()  # refused (locked by a load) or no longer indexed
+        while evicted < count:
+            want = count - evicted
+            # The pin lock keeps pin() from taking a lock reference between the choice and the
+            # delete; force=False keeps what a load holds.
             with self._pin_lock:
-                if victim in self._pinned_keys:
-                    continue
-                removed = self._core.delete_many([victim], force=False)[0]
+                pinned = self._pinned_keys
+                victims: list[str] = []
+                with self._lru_lock:
+                    for enc in self._lru:
+                        if enc in pinned or enc in protect or enc in tried:
+                            continue
+                        victims.append(enc)
+                        if len(victims) >= want:
+                            break
+                if not victims:
+                    break
+                results = self._core.delete_many(victims, force=False)
+            removed = list(compress(victims, results))
+            kept = [enc for enc, ok in zip(victims, results) if not ok]
             if removed:
-                evicted += 1
-                self._lru_forget([victim])
-                logger.debug("raw-block LRU evicted %s", victim)
+                self._lru_forget(removed)
+                evicted += len(removed)
+            if kept:
+                tried.update(kept)
+                # Entries the core dropped itself (a failed check, a lost write-back) linger in
+                # the list: forget those; the others are being read and stay.
+                self._lru_forget([enc for enc, there in zip(kept, self._core.exists_many(kept)) if not there])
+        if evicted:
+            logger.debug("raw-block LRU evicted %d entries", evicted)
         return evicted
+
+    def _eviction_marks(self, usable: int) -> tuple[int, int]:
+        """(slots in use that trigger evict-ahead, slots in use it evicts down to)."""
+        trigger = max(1, math.ceil(self.eviction_trigger_watermark * usable - 1e-9))
+        low = max(0, math.floor((self.eviction_trigger_watermark - self.eviction_ratio) * usable + 1e-9))
+        return trigger, min(low, trigger - 1)
+
+    def _evictor_pass(self) -> bool:
+        """One pass of the evictor thread: evict ahead when the slots in use reached the
+        trigger, then make every slot waiting for a checkpoint reusable. True when it evicted
+        (the next pass looks again: puts may have filled the slots meanwhile)."""
+        counts = self._core.slot_counts()
+        if counts.closed or counts.usable <= 0:
+            return False
+        evicted = 0
+        if self.eviction_ratio > 0:
+            trigger, low = self._eviction_marks(counts.usable)
+            if counts.used >= trigger:
+                evicted = self._evict_lru(min(counts.indexed, counts.used - low))
+        if evicted or counts.held:
+            self._core.reclaim_held_slots()
+            if evicted and self._core.slot_counts().held:
+                # A checkpoint is written only after a change to the index, and this core
+                # needs one more to free the slots (v1: each of its two containers must stop
+                # listing them): one more victim is that change, and its slot waits for the
+                # next pass.
+                extra = self._evict_lru(1)
+                if extra:
+                    evicted += extra
+                    self._core.reclaim_held_slots()
+            with self._stats_lock:
+                self._evicted_ahead += evicted
+        return evicted > 0
+
+    def _signal_evictor(self) -> None:
+        if self._evictor is not None:
+            self._evictor.signal()
+
+    def _no_room(self, failure: BaseException | None, why: str) -> RuntimeError:
+        """The error of a put that found no slot even after evicting, with the counts that
+        say why (pinned or being read, being written, waiting for a checkpoint)."""
+        c = self._core.slot_counts()
+        with self._pin_lock:
+            pinned = len(self._pinned_keys)
+        first = f"{failure}; " if failure is not None else ""
+        return RuntimeError(
+            f"{first}{why}: {c.usable} slots, {c.indexed} indexed ({pinned} pinned, "
+            f"{max(0, c.locked - pinned)} more locked by loads), {c.inflight} being written, "
+            f"{c.held} freed and waiting for a checkpoint, {c.reusable} reusable")
+
+    def _put_evicting(self, specs: list, objs: list, pids: list | None, results: list[bool],
+                      stored: list[str], failure: BaseException | None) -> BaseException | None:
+        """The last resort of a put that found no slot: evict for every key still failing
+        (never the batch's own keys), make the freed slots reusable, retry those keys; again
+        while other threads take the slots first, at most ``_PUT_EVICT_ROUNDS`` times.
+        Updates ``results`` and ``stored``; returns the failure left (None when all stored)."""
+        protect = frozenset(s.encoded for s in specs)
+        retried_with_room = False
+        for _ in range(_PUT_EVICT_ROUNDS):
+            failed = [i for i, ok in enumerate(results) if not ok]
+            if not failed:
+                return None
+            counts = self._core.slot_counts()
+            if counts.closed:
+                return failure
+            if counts.reusable >= len(failed):
+                if retried_with_room:
+                    return failure  # it failed with slots to spare: not for want of a slot
+                retried_with_room = True
+            else:
+                retried_with_room = False
+                evicted = self._evict_lru(len(failed) - counts.reusable, protect)
+                with self._stats_lock:
+                    self._put_evicted += evicted
+                if evicted or counts.held:
+                    try:
+                        self._core.reclaim_held_slots()
+                    except Exception as e:  # noqa: BLE001 - the put's error says it below
+                        logger.warning("raw-block put could not write the checkpoint that frees slots: %s", e)
+                after = self._core.slot_counts()
+                if after.reusable == 0 and after.held == 0 and not evicted:
+                    return self._no_room(failure, "no slot is free and nothing is left to evict")
+                # Slots still held wait for the checkpoint the core writes for a put that needs
+                # them (one more after a change to the index): the retry gets them.
+            retry = self._core.put_many([specs[i] for i in failed], [objs[i] for i in failed],
+                                        placement_ids=None if pids is None else [pids[i] for i in failed])
+            with self._stats_lock:
+                self._put_retries += 1
+            for i, ok in zip(failed, retry.results):
+                results[i] = ok
+            stored += list(retry.stored_keys)
+            self._lru_touch(list(retry.stored_keys))
+            failure = retry.failure
+            if all(results):
+                return None
+            if not _space_failure(failure):
+                return failure
+        return self._no_room(failure, f"other puts took the freed slots first {_PUT_EVICT_ROUNDS} times")
 
     def _put_with_policy(self, specs: list, objs: list,
                          pids: list | None = None) -> tuple[list[bool], BaseException | None]:
@@ -448,19 +647,13 @@ class RustRawBlockBackend(StoragePluginInterface):
         results = list(result.results)
         stored = list(result.stored_keys)
         failure = result.failure
-        # Evict only when the device is out of slots: a put that failed for another reason
-        # (an I/O error) must not cost other keys their place.
-        if self.eviction_policy == "lru" and not all(results) and self._core.usage()[0] >= 1.0:
-            failed = [i for i, ok in enumerate(results) if not ok]
-            batch_keys = {s.encoded for s in specs}
-            if self._evict_lru(len(failed), protect=batch_keys):
-                retry = self._core.put_many([specs[i] for i in failed], [objs[i] for i in failed],
-                                            placement_ids=None if pids is None else [pids[i] for i in failed])
-                for i, ok in zip(failed, retry.results):
-                    results[i] = ok
-                stored += list(retry.stored_keys)
-                failure = retry.failure
-        self._lru_touch(stored)
+        if self.eviction_policy == "lru":
+            self._lru_touch(stored)
+            # Evict only when the put may have failed for want of a slot: one that failed for
+            # another reason (an I/O error) must not cost other keys their place.
+            if not all(results) and _space_failure(failure):
+                failure = self._put_evicting(specs, objs, pids, results, stored, failure)
+            self._signal_evictor()
         return results, failure
 
     # ---- lookups and pins ---------------------------------------------------------------
@@ -502,6 +695,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                 self._pinned_keys.discard(enc)
         if removed:
             self._lru_forget([enc])
+            self._signal_evictor()  # its slot becomes reusable after a checkpoint
         return removed
 
     def batched_remove(self, keys: Any, force: bool = True) -> int:
@@ -525,9 +719,12 @@ class RustRawBlockBackend(StoragePluginInterface):
             results = self._core.delete_many(encoded, force=force)
             if self._pinned_keys:
                 self._pinned_keys.difference_update(compress(encoded, results))
+        removed = results.count(True)
         if self.eviction_policy == "lru":
             self._lru_forget(list(compress(encoded, results)))
-        return results.count(True)
+            if removed:
+                self._signal_evictor()  # their slots become reusable after a checkpoint
+        return removed
 
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
         encoded = encode_legacy_keys(keys)
@@ -702,8 +899,12 @@ class RustRawBlockBackend(StoragePluginInterface):
                     pending = len(self._put_tasks)
                 logger.warning("closing with %d raw-block puts still pending after %.0f s", pending,
                                _CLOSE_PUT_WAIT_S)
+            if self._evictor is not None and not self._evictor.stop(_CLOSE_EVICTOR_WAIT_S):
+                logger.warning("the raw-block evictor thread is still in a pass after %.0f s; closing anyway",
+                               _CLOSE_EVICTOR_WAIT_S)
             self._core.close()
             self._closed = True
 
 
-__all__ = ["EVICTION_POLICIES", "RustRawBlockBackend", "build_configs", "build_core_config"]
+__all__ = ["DEFAULT_EVICTION_RATIO", "DEFAULT_EVICTION_TRIGGER_WATERMARK", "EVICTION_POLICIES",
+           "RustRawBlockBackend", "build_configs", "build_core_config"]

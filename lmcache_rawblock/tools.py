@@ -179,9 +179,10 @@ def _log_state(r: dict) -> dict:
     classes = {}
     for cid, frag in r["classes"].items():
         try:
-            classes[cid] = json.loads("{" + frag + "}")
-        except ValueError:
-            classes[cid] = {}
+            cls = json.loads("{" + frag + "}")
+        except (ValueError, RecursionError):  # a fragment the core would refuse: its entries are shown bare
+            cls = {}
+        classes[cid] = cls if isinstance(cls, dict) else {}
     entries = {}
     for key, e in r["entries"].items():
         c = classes.get(e["class"], {})
@@ -200,17 +201,13 @@ def _log_state(r: dict) -> dict:
 def _read_log_format(path: str, size: int, block_align: int | None, meta_total_bytes: int | None
                      ) -> DeviceReport | None:
     """The log format's reading of the device, or None when no superblock of ours is there."""
-    r = read_metadata_log(path, block_align or 512, meta_total_bytes or 0)
+    r = read_metadata_log(path, block_align or 0, meta_total_bytes or 0)
     if not r.get("found"):
         if any(s in ("valid", "damaged", "no-base") for s in r.get("superblock_states", ())):
             why = "; ".join(e for e in r.get("superblock_errors", ()) if e)
             raise NotARawBlockDevice(f"{path}: log-format metadata superblocks found but none is usable ({why})")
         return None
     ba = r["superblock"]["block_align"]
-    if ba != (block_align or 512):
-        r = read_metadata_log(path, ba, r["superblock"]["meta_total_bytes"])
-        if not r.get("found"):
-            return None
     st = _log_state(r)
     sb = r["superblock"]
     geometry = {k: st.get(k) for k in ("capacity_bytes", "block_align", "header_bytes", "slot_bytes",

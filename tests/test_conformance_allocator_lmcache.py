@@ -47,7 +47,8 @@ SLOT = 4096 + FULL
 
 
 def _local(device: str, odirect: bool, engine: str) -> "LocalCPUBackend":
-    extra = {"rust_raw_block.device_path": device, "rust_raw_block.use_odirect": odirect,
+    extra = {"rust_raw_block.device_path": device, "rust_raw_block.meta_format": "v1",
+             "rust_raw_block.use_odirect": odirect,
              "rust_raw_block.io_engine": engine}
     cfg = LMCacheEngineConfig.from_defaults(chunk_size=CHUNK, max_local_cpu_size=0.02, local_cpu=False,
                                             extra_config=extra)
@@ -66,7 +67,8 @@ def _cfg_kwargs(dev, **kw):
 
 
 def _ours(dev, **kw):
-    return RawBlockCore(RawBlockCoreConfig(**_cfg_kwargs(dev, **kw)), key_namespace="object")
+    # format v1: these devices are handed to LMCache's own core
+    return RawBlockCore(RawBlockCoreConfig(**_cfg_kwargs(dev, **kw), meta_format="v1"), key_namespace="object")
 
 
 def _theirs(dev, **kw):

@@ -172,7 +172,8 @@ def _lmc_core(dev, **kw):
 def _our_core(dev, **kw):
     from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig
 
-    return RawBlockCore(RawBlockCoreConfig(**_cfg_kwargs(dev, **kw)), key_namespace="object")
+    # format v1: these devices are handed to LMCache's own core
+    return RawBlockCore(RawBlockCoreConfig(**_cfg_kwargs(dev, **kw), meta_format="v1"), key_namespace="object")
 
 
 def _objs(alloc, n, seed):

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import select
+import threading
 import warnings
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path,
     keys = [_key(1), _key(1, group=1), _key(2, salt="tenant-a"), _key(3)]
     objs = [_obj(1024 + 256 * i, seed=i) for i in range(len(keys))]
     miss = _key(99)
-    ours = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine)))[0])
+    ours = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine, meta_format="v1")))[0])
     try:
         assert _store(ours, keys[:3], objs[:3]) is True
         assert _lookup(ours, [keys[0], miss, keys[1], keys[2]]) == [0, 2, 3]
@@ -171,6 +172,7 @@ def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path,
     finally:
         ours.close()
 
+    # ours wrote format v1 (meta_format), which LMCache's own core reads
     builtin = json.loads(_adapter_json(dev, io_engine=engine))
     builtin = dict(builtin["adapter_params"], type="raw_block")
     theirs = create_l2_adapter_from_registry(_adapters(_parse(json.dumps(builtin)))[0])
@@ -185,7 +187,7 @@ def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path,
     finally:
         theirs.close()
 
-    again = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine)))[0])
+    again = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine, meta_format="v1")))[0])
     try:
         assert _lookup(again, [keys[1], keys[2], keys[3]]) == [0, 1, 2]
         out = [_obj(objs[3].raw_data.numel(), seed=3000)]
@@ -242,4 +244,113 @@ def test_load_of_a_slot_holding_another_keys_header_is_a_miss(tmp_path, engine):
         adapter.submit_unlock([keys[1]])
         assert adapter.report_status()["is_healthy"] is True
     finally:
+        adapter.close()
+
+
+# --------------------------------------------------------------------------- deletes free their slots
+
+
+def _full_adapter(tmp_path, slots: int):
+    """Our adapter on a device of ``slots`` slots, every one holding an entry that a checkpoint
+    lists (filled, closed, reopened): (adapter, keys, objects)."""
+    dev = _device(tmp_path, size=(1 << 20) + slots * SLOT)
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev)))[0])
+    usable = adapter._core.slot_counts().usable
+    keys = [_key(1000 + i) for i in range(usable)]
+    objs = [_obj(1024, seed=i) for i in range(usable)]
+    try:
+        for k in range(0, usable, 8):
+            assert _store(adapter, keys[k:k + 8], objs[k:k + 8]) is True
+    finally:
+        adapter.close()
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev)))[0])
+    c = adapter._core.slot_counts()
+    assert (c.indexed, c.reusable, c.held) == (usable, 0, 0)
+    return adapter, keys, objs
+
+
+def test_deletes_free_their_slots_off_the_callers_thread(tmp_path):
+    """LMCache's adapter code deletes a batch (one delete_many(force=False)); ours then writes
+    the checkpoint that makes the freed slots reusable on its reclaim thread, so the stores
+    that follow find slots without writing checkpoints of their own."""
+    adapter, keys, objs = _full_adapter(tmp_path, 24)
+    core = adapter._core
+    try:
+        assert _store(adapter, [_key(1)], [_obj(1024, seed=1)]) is False  # full: LMCache's answer
+        threads = []
+        real = core.reclaim_held_slots
+
+        def recording():
+            threads.append(threading.current_thread().name)
+            return real()
+
+        core.reclaim_held_slots = recording
+        written = core._native.status()["checkpoints_written"]
+        adapter.delete(keys[:8])
+        assert adapter._reclaimer.wait_idle(60)
+        assert threads and set(threads) == {"rawblock-l2-reclaim"}, threads
+        assert core._native.status()["checkpoints_written"] > written
+        assert _lookup(adapter, keys[:9]) == [8]
+        adapter.submit_unlock([keys[8]])
+        c = core.slot_counts()
+        assert (c.indexed, c.held + c.reusable) == (len(keys) - 8, 8)
+
+        new = [_key(2000 + i) for i in range(8)]
+        new_objs = [_obj(1024, seed=2000 + i) for i in range(8)]
+        assert _store(adapter, new, new_objs) is True
+        # Without the reclaim the store writes one checkpoint per v1 container (two) first; a
+        # core that frees held slots at the first checkpoint after a delete leaves it none.
+        assert core.slot_counts().room_checkpoints <= 1
+        outs = [_obj(1024, seed=9000 + i) for i in range(8)]
+        assert _load(adapter, new, outs) == list(range(8))
+        assert all(torch.equal(a.raw_data, b.raw_data) for a, b in zip(outs, new_objs))
+        st = adapter.report_status()
+        assert st["reclaim"]["passes"] >= 1 and st["reclaim"]["errors"] == 0
+        reclaimer = adapter._reclaimer
+    finally:
+        adapter.close()
+    assert not reclaimer.running, "close stops the reclaim thread"
+
+
+def test_lmcache_eviction_controller_frees_slots_through_our_adapter(tmp_path):
+    """LMCache's own L2 eviction controller (LRU, trigger_watermark / eviction_ratio) on our
+    adapter: its deletes land as batches, the reclaim thread frees their slots, and stores go
+    on succeeding on a device that was full."""
+    from lmcache.v1.distributed.config import EvictionConfig
+    from lmcache.v1.distributed.storage_controllers.eviction_controller import (
+        L2AdapterEvictionState,
+        L2EvictionController,
+    )
+
+    adapter, keys, objs = _full_adapter(tmp_path, 24)
+    core = adapter._core
+    deletes = []
+    real_delete = core.delete_many
+
+    def recording(encoded, *, force=False):
+        deletes.append(len(encoded))
+        return real_delete(encoded, force=force)
+
+    core.delete_many = recording
+    state = L2AdapterEvictionState(0, adapter, EvictionConfig("LRU", trigger_watermark=0.9, eviction_ratio=0.5))
+    controller = L2EvictionController([state])
+    controller.start()
+    try:
+        # The controller checks once a second: wait (bounded) for its first eviction.
+        for _ in range(300):
+            if adapter.get_usage().usage_fraction < 0.9:
+                break
+            threading.Event().wait(0.1)
+        assert adapter.get_usage().usage_fraction < 0.9, "LMCache's controller never evicted"
+        assert adapter._reclaimer.wait_idle(60)
+        assert deletes and max(deletes) > 1, f"deletes came one key at a time: {deletes}"
+        found = _lookup(adapter, keys)
+        adapter.submit_unlock([keys[i] for i in found])
+        assert len(found) < len(keys)
+        new = [_key(3000 + i) for i in range(8)]
+        new_objs = [_obj(1024, seed=3000 + i) for i in range(8)]
+        assert _store(adapter, new, new_objs) is True
+        assert adapter.report_status()["reclaim"]["passes"] >= 1
+    finally:
+        controller.stop()
         adapter.close()

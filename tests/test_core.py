@@ -69,6 +69,7 @@ def test_duplicate_keys_in_one_batch(core):
     assert out.bytes() == b"x" * 10
 
 
+@pytest.mark.v1_layout
 def test_delete_and_missing_load(core):
     a, b = okey(1), okey(2)
     core.put_many([a], [Obj(b"z" * 64)])
@@ -189,6 +190,7 @@ def test_short_destination_is_a_miss(core):
     assert core.load_many_into([k.encoded], [Obj(50)]) == [False]
 
 
+@pytest.mark.v1_layout
 def test_lifo_reuse_without_affinity(core):
     keys = [okey(i) for i in range(4)]
     core.put_many(keys, [Obj(10) for _ in keys])
@@ -198,6 +200,7 @@ def test_lifo_reuse_without_affinity(core):
     assert core.entry_offset(okey(10).encoded) == META + 2 * SLOT
 
 
+@pytest.mark.v1_layout
 def test_affinity_reuses_matching_pid(dev):
     c = make_core(dev, fdp_slot_affinity_enabled=True)
     try:
@@ -213,6 +216,7 @@ def test_affinity_reuses_matching_pid(dev):
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_affinity_fallback_rebinds_and_none_clears(dev):
     c = make_core(dev, fdp_slot_affinity_enabled=True)
     try:
@@ -277,6 +281,7 @@ def test_recovers_checkpoint_after_close(dev):
         c2.close()
 
 
+@pytest.mark.v1_layout
 def test_checkpoint_now_noop_when_clean(core, dev):
     core.checkpoint_now()
     assert core.report_status()["metadata_seq"] == 0
@@ -338,6 +343,7 @@ def test_rebuilds_missing_free_slots_from_checkpoint(tmp_path):
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_slot_listed_by_a_checkpoint_is_not_reused_until_rewritten(dev):
     c = make_core(dev)
     k1, k2, k3 = okey(1), okey(2), okey(3)
@@ -417,6 +423,7 @@ def test_legacy_namespace_recovery_and_dtype_fallback(tmp_path):
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_checkpoint_lists_only_committed_entries(dev, core):
     core.put_many([okey(1), okey(2)], [Obj(10), Obj(20)])
     core.checkpoint_now()

@@ -13,6 +13,9 @@ from core_helpers import (
 from lmcache_rawblock.raw_block import encode_legacy_key, encode_object_key
 from lmcache_rawblock.raw_block._lmcache import CacheEngineKey, ObjectKey
 
+# Reads format v1's containers or relies on its slot-reuse rule.
+pytestmark = pytest.mark.v1_layout
+
 
 def _entry(slot, size, shape=None, dtype=None, fmt=None, pos=None):
     return {"offset": META + slot * SLOT, "size": size, "shape": shape, "dtype": dtype, "fmt": fmt,

@@ -18,6 +18,7 @@ def _entry(slot, size):
             "cached_positions": None}
 
 
+@pytest.mark.v1_layout
 def test_sequence_resumes_when_load_is_disabled(tmp_path):
     # LMCache starts at seq 1 in container 0; container 1 (seq 4, stale) then wins on restart.
     dev = make_device(tmp_path)
@@ -42,6 +43,7 @@ def test_sequence_resumes_when_load_is_disabled(tmp_path):
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_sequence_resumes_when_payload_rejected(tmp_path):
     # The newest checkpoint is rejected (another device path): we still continue after its seq.
     dev = make_device(tmp_path)
@@ -58,6 +60,7 @@ def test_sequence_resumes_when_payload_rejected(tmp_path):
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_never_overwrites_the_loaded_checkpoint(tmp_path):
     # Container 0: valid seq 5 (loaded). Container 1: header seq 6, torn payload. The next
     # write must not land in container 0 (seq 7 would): it uses seq 8 in container 1.
@@ -77,6 +80,7 @@ def test_never_overwrites_the_loaded_checkpoint(tmp_path):
     assert got == {0: (9, True), 1: (8, True)}
 
 
+@pytest.mark.v1_layout
 def test_one_checkpoint_writer_at_a_time(tmp_path):
     dev = make_device(tmp_path)
     c = make_core(dev)
@@ -98,6 +102,7 @@ def test_one_checkpoint_writer_at_a_time(tmp_path):
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_oversized_checkpoint_raises_and_is_reported(tmp_path):
     dev = make_device(tmp_path, size=16 << 20)
     meta = 16384  # containers of 8 KiB -> payload capacity 4096 bytes
@@ -170,6 +175,7 @@ def _sleeps(tid: str) -> int:
     raise AssertionError(f"no voluntary_ctxt_switches for task {tid}")
 
 
+@pytest.mark.v1_layout
 def test_periodic_checkpoint_respects_idle_rule(tmp_path):
     dev = make_device(tmp_path)
     c = make_core(dev, meta_enable_periodic=True, meta_checkpoint_interval_sec=1, meta_idle_quiet_ms=0)

@@ -50,7 +50,9 @@ def theirs(dev, namespace="object", **kw):
 
 
 def ours(dev, namespace="object", **kw):
-    extra = {k: kw.pop(k) for k in list(kw) if k == "verify_payload_checksum"}
+    # format v1 unless a test names the format: these tests hand devices back and forth
+    kw.setdefault("meta_format", "v1")
+    extra = {k: kw.pop(k) for k in list(kw) if k in ("verify_payload_checksum", "meta_format")}
     return RawBlockCore(RawBlockCoreConfig(**_cfg_kwargs(dev, **kw), **extra), key_namespace=namespace)
 
 
@@ -159,6 +161,42 @@ def test_ours_writes_lmcache_reads(tmp_path, alloc, writer_engine, checksum, nam
             r.close()
     # and back: ours still reads what LMCache's close wrote (it re-checkpoints only if dirty)
     r = ours(dev, namespace, verify_payload_checksum=checksum)
+    try:
+        _check_same(r, meta, keys, objs, alloc)
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("namespace", ["object", "legacy"])
+def test_lmcache_device_moves_to_the_log_format_and_lmcache_then_starts_empty(tmp_path, alloc, namespace):
+    # A device LMCache 0.5.6 wrote (v1) opens in the log format with every entry and moves at
+    # its first checkpoint; LMCache's core then finds no checkpoint of its format (it starts
+    # empty, misreads nothing), and ours still reads the log after LMCache has opened it.
+    dev = make_device(tmp_path)
+    keys = _object_keys(30) if namespace == "object" else _legacy_keys(30)
+    objs = _objects(alloc, 30, seed=3)
+    w = theirs(dev, namespace)
+    assert w.put_many(keys[:24], objs[:24]).results == [True] * 24
+    meta = [_meta_tuple(m) for m in w.get_metadata_many([k.encoded for k in keys[:24]])]
+    w.close()
+    r = ours(dev, namespace, meta_format="log")
+    try:
+        assert r.report_status()["recovery_outcome"] == "loaded"
+        _check_same(r, meta, keys[:24], objs[:24], alloc)
+        assert r.put_many(keys[24:], objs[24:]).results == [True] * 6
+        r.checkpoint_now()
+        assert r.report_status()["metadata_log"]["state"] == "live"
+        meta = [_meta_tuple(m) for m in r.get_metadata_many([k.encoded for k in keys])]
+    finally:
+        r.close()
+    t = theirs(dev, namespace)
+    try:
+        assert t.indexed_key_count() == 0
+        outs = _blank_like(alloc, objs[:3])
+        assert t.load_many_into([k.encoded for k in keys[:3]], outs) == [False] * 3
+    finally:
+        t.close()
+    r = ours(dev, namespace, meta_format="log")
     try:
         _check_same(r, meta, keys, objs, alloc)
     finally:

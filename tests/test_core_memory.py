@@ -33,6 +33,7 @@ def test_index_memory_per_entry_within_budget(tmp_path, n):
         core.close()
 
 
+@pytest.mark.v1_layout
 def test_put_delete_cycles_do_not_grow_memory(tmp_path):
     core = make_core(make_device(tmp_path, size=8 << 20 | 2100 * 8192 + (8 << 20)), slot_bytes=8192,
                      meta_total_bytes=8 << 20)

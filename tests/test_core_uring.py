@@ -229,6 +229,7 @@ def test_put_many_failure_of_a_later_chunk_keeps_earlier_chunks(core):
     assert core.report_status()["indexed_key_count"] == 64
 
 
+@pytest.mark.v1_layout
 def test_put_many_placement_ids_drive_slot_affinity(dev):
     c = ucore(dev, fdp_slot_affinity_enabled=True)
     try:
@@ -321,6 +322,7 @@ def test_uring_odirect_put_and_load_with_bounces(dev):
 
 # ---- checkpoint writes -------------------------------------------------------------------
 
+@pytest.mark.v1_layout
 def test_checkpoint_written_through_uring_payload_then_header(dev):
     c = ucore(dev)
     k = okey(1)

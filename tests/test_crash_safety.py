@@ -20,6 +20,9 @@ from core_helpers import (
     write_container, write_slot,
 )
 
+# Reads format v1's containers or relies on its slot-reuse rule.
+pytestmark = pytest.mark.v1_layout
+
 ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]
 ENGINE_IDS = ["posix", "io_uring", "posix-odirect", "io_uring-odirect"]
 N = 5000

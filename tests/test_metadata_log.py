@@ -335,3 +335,55 @@ def test_many_threads_put_into_a_full_cache_with_deletes(tmp_path, threads):
     c = _log(dev, io_engine="io_uring")
     assert sorted(_loads(c, owned)) == sorted(owned)
     c.close()
+
+
+def test_groups_a_crashed_writer_left_past_a_torn_one_are_never_replayed(tmp_path):
+    # Writer A's last two groups: the first torn, the second landed. Writer B recovers to before
+    # them and writes its own group where the torn one was, of the same length; the group after
+    # it on the device is then A's, with the sequence B's next one would have. Replaying it would
+    # free a slot B still holds a key in: its writer epoch, lower than B's, keeps it out.
+    dev = make_device(tmp_path)
+    _run_child(dev, """
+        keys = [okey(i) for i in range(10)]
+        assert all(c.put_many(keys, [Obj(payload(i, 2000)) for i in range(10)]).results)
+        c.checkpoint_now()                      # the first base
+        for i in (9, 1, 2):                     # three groups of one FREE each
+            c.delete_many([keys[i].encoded])
+            c.checkpoint_now()
+    """)
+    ring_off = META // 2 - (META // 2) // 4
+    with open(dev, "r+b") as f:  # the second of the three groups (ring offset 4096): torn
+        f.seek(ring_off + 4096 + 48)
+        f.write(b"\xff" * 8)
+    _run_child(dev, """
+        assert c.exists_many([okey(1).encoded, okey(2).encoded, okey(9).encoded]) == [True, True, False]
+        assert all(c.put_many([okey(20)], [Obj(payload(20, 2000))]).results)
+        c.checkpoint_now()                      # B's group, where A's torn one was
+        assert c.report_status()["metadata_log"]["last_group_bytes"] == 4096
+    """)
+    c = _log(dev)
+    assert _loads(c, [1, 2, 9, 20]) == [1, 2, 20]
+    c.close()
+
+
+def test_classes_no_entry_uses_leave_with_the_next_base(tmp_path):
+    # Every payload a shape of its own (LMCache's last chunk of a request varies in tokens):
+    # the base carries only the classes its entries use, so a small region never fills with
+    # classes of entries long gone, across compactions and restarts.
+    dev = make_device(tmp_path, size=(128 << 10) + 64 * SLOT)
+    c = _log(dev, meta_total_bytes=128 << 10)
+    for i in range(1500):
+        k = i % 4
+        assert c.put_many([okey(k)], [Obj(payload(k, 64 + i))]).results == [True]
+        c.checkpoint_now()
+        c.delete_many([okey(k).encoded])
+        if i == 700:
+            c.close()
+            c = _log(dev, meta_total_bytes=128 << 10)
+    log = _status(c)["metadata_log"]
+    assert log["compactions"] > 10 and log["base_too_large"] == 0
+    _put(c, [7])
+    c.close()
+    c = _log(dev, meta_total_bytes=128 << 10)
+    assert _loads(c, [7]) == [7]
+    c.close()

@@ -313,8 +313,10 @@ def test_rejects_when_full_with_policy_none(make_backend):
     assert be.get_blocking(make_key(2)).tobytes() == make_obj(2).tobytes()
 
 
+# On two slots the default evict-ahead (trigger 0.95) would evict as soon as both are taken:
+# eviction_ratio 0 turns it off, so these see the put path's own eviction alone.
 def test_lru_evicts_least_recently_used(make_backend):
-    be = _small_device_backend(make_backend, eviction_policy="lru")
+    be = _small_device_backend(make_backend, eviction_policy="lru", eviction_ratio=0)
     put(be, [make_key(1)], [make_obj(1)])
     put(be, [make_key(2)], [make_obj(2)])
     assert be.get_blocking(make_key(1)) is not None  # key 1 is now the most recent
@@ -325,12 +327,13 @@ def test_lru_evicts_least_recently_used(make_backend):
 
 
 def test_lru_never_evicts_pinned(make_backend):
-    be = _small_device_backend(make_backend, eviction_policy="lru")
+    be = _small_device_backend(make_backend, eviction_policy="lru", eviction_ratio=0)
     put(be, [make_key(1), make_key(2)], [make_obj(1), make_obj(2)])
     be.pin(make_key(1))
     be.pin(make_key(2))
     futs = be.batched_submit_put_task([make_key(3)], [make_obj(3)])
-    with pytest.raises(RuntimeError, match="Failed to persist"):
+    with pytest.raises(RuntimeError, match=r"Failed to persist .*nothing is left to evict: 2 slots, 2 indexed "
+                       r"\(2 pinned, 0 more locked by loads\), 0 being written, 0 freed and waiting"):
         futs[0].result(30)
     assert be.contains(make_key(1)) and be.contains(make_key(2))
     be.unpin(make_key(2))

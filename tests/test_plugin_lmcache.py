@@ -522,7 +522,7 @@ def test_recovers_legacy_key_dtype(tmp_path, stacks, stored_dtype):
     """LMCache's test: a checkpoint entry with dtype "torch.bfloat16" (and a stray lru_keys
     field) loads as bf16; without a dtype, the dtype in the legacy key is used."""
     dev = sparse(tmp_path / "dev.img", 64 * MiB)
-    st = stacks(make_config(small_extra(dev)))
+    st = stacks(make_config(small_extra(dev, meta_format="v1")))  # the test edits the v1 checkpoint
     be = st.launch()
     obj = st.alloc(5)
     put_and_wait(be, [key(5)], [obj])
@@ -618,7 +618,7 @@ def test_checkpoint_dtype_names_match_lmcache(tmp_path, stacks):
     from lmcache.utils import STR_DTYPE_TO_TORCH_DTYPE, TORCH_DTYPE_TO_STR_DTYPE
 
     dev = sparse(tmp_path / "dev.img", 64 * MiB)
-    st = stacks(make_config(small_extra(dev)))
+    st = stacks(make_config(small_extra(dev, meta_format="v1")))  # reads the v1 checkpoint back
     be = st.launch()
     dtypes = sorted({dt for dt in TORCH_DTYPE_TO_STR_DTYPE}, key=str)
     objs, keys = [], []
@@ -669,7 +669,9 @@ def test_device_written_by_one_implementation_opens_in_the_other(tmp_path, stack
     writer_mod, reader_mod = (LMC_MODULE, OUR_MODULE) if direction == "lmcache_to_ours" else (OUR_MODULE, LMC_MODULE)
     dev = sparse(tmp_path / "dev.img", 64 * MiB)
 
-    st_w = stacks(make_config(small_extra(dev, module=writer_mod, **CROSS_KEYS)))
+    # ours writes format v1 when LMCache's core is to read the device
+    w_keys = dict(CROSS_KEYS, **({"meta_format": "v1"} if writer_mod == OUR_MODULE else {}))
+    st_w = stacks(make_config(small_extra(dev, module=writer_mod, **w_keys)))
     writer = st_w.launch()
     assert writer is not None and type(writer).__module__ == writer_mod
     keys, objs = _cross_objects(st_w)
@@ -699,3 +701,67 @@ def test_device_written_by_one_implementation_opens_in_the_other(tmp_path, stack
     assert_same(got, extra)
     release([got, extra])
     release(objs)
+
+
+# --------------------------------------------------------------------------- a full cache under threads
+
+
+def test_full_cache_under_threads_with_lru(tmp_path, stacks):
+    """eviction_policy lru with evict-ahead inside the real LMCache: a device whose every slot
+    holds an entry takes 1,000 new chunks from 4 threads without a failed put; pinned entries
+    (the oldest) survive, the chunks stored last load their own bytes, and every MemoryObj
+    goes back to LocalCPUBackend."""
+    slot = 4096 + 16384  # header + one 16 KiB chunk
+    dev = sparse(tmp_path / "dev.img", 4 * MiB + 96 * slot)
+    st = stacks(make_config(small_extra(dev)))
+    be = st.launch()
+    usable = be._core.slot_counts().usable
+    for i in range(usable):
+        o = st.alloc(i)
+        put_and_wait(be, [key(i)], [o])
+        release([o])
+    be.close()
+    st = stacks(make_config(small_extra(dev, eviction_policy="lru")))
+    be = st.launch()
+    assert be is not None and be.indexed_key_count() == usable
+    base = active_allocations(st.local)
+    pinned = [key(i) for i in range(4)]
+    assert all(be.pin(k) for k in pinned)
+
+    errors: list = []
+    done: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(4)
+
+    def run(ids):
+        start.wait()
+        for i in ids:
+            o = st.alloc(i)
+            try:
+                put_and_wait(be, [key(i)], [o], timeout=120)
+            except Exception as e:  # noqa: BLE001
+                with lock:
+                    errors.append(e)
+            finally:
+                release([o])
+            with lock:
+                done.append(i)
+
+    workers = [threading.Thread(target=run, args=(list(range(usable + t, usable + 1000, 4)),)) for t in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert be._evictor.wait_idle(60)
+    status = be.report_status()
+    assert errors == [], f"{len(errors)} of 1000 puts failed; first: {errors[0]}"
+    assert len(done) == 1000 and status["evicted_ahead_entries"] > 0 and status["evictor_errors"] == 0
+    assert all(be.contains(k) for k in pinned)
+    for i in [*range(4), *done[-24:]]:
+        got = be.get_blocking(key(i))
+        want = st.alloc(i)
+        assert got is not None, f"chunk {i} missing"
+        assert raw_bytes(got) == raw_bytes(want), f"chunk {i} loaded other bytes"
+        release([got, want])
+    assert all(be.unpin(k) for k in pinned)
+    assert active_allocations(st.local) == base

@@ -227,6 +227,7 @@ def test_revalidation_does_not_stamp_an_old_checksum_on_a_reput_key(tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["posix", "io_uring"])
+@pytest.mark.v1_layout
 def test_load_never_returns_the_bytes_of_a_key_put_into_its_slot_meanwhile(tmp_path, engine):
     """A load snapshots a key's slot under the core lock and reads it after dropping it. A
     forced delete of that key plus a put of another key in between used to hand the same slot
@@ -264,6 +265,7 @@ def test_load_never_returns_the_bytes_of_a_key_put_into_its_slot_meanwhile(tmp_p
         c.close()
 
 
+@pytest.mark.v1_layout
 def test_quarantine_generations_release_slots_while_readers_overlap(tmp_path):
     """Readers that keep overlapping (never zero in flight) must not keep freed slots out of use
     for ever: a slot freed while reader 1 runs comes back once reader 1 has ended, even though

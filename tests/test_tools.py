@@ -14,6 +14,9 @@ import pytest
 from core_helpers import Obj, make_core, make_device, okey, payload
 from lmcache_rawblock import tools
 
+# Reads format v1's containers or relies on its slot-reuse rule.
+pytestmark = pytest.mark.v1_layout
+
 
 def _populated(tmp_path, n=12, **kw):
     path = make_device(tmp_path)

@@ -184,8 +184,15 @@ def load_all(core: RawBlockCore, expected: dict, others=()) -> tuple[set[str], l
 
 
 def listed_on_device(dev: str) -> set[str]:
-    """The keys the newest intact checkpoint on the device lists (read independently)."""
+    """The keys the newest intact checkpoint on the device lists (format v1 read independently;
+    the log format through the tools' reader)."""
     st = newest_state(dev, container=CONTAINER, block=BLOCK)
+    if st is None:
+        from lmcache_rawblock.tools import NotARawBlockDevice, read_device
+        try:
+            return set(read_device(dev, ignore_lock=True).state["entries"])
+        except NotARawBlockDevice:
+            pass
     assert st is not None, "no intact checkpoint on the device"
     return set(st[2]["entries"])
 

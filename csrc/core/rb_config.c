@@ -82,7 +82,7 @@ const rb_setting rb_core_settings[] = {
     {"recovery_read_threads", RB_SET_UINT, CFG(recovery_read_threads), 1, 64, "8", NULL, OURS,
      "posix engine with O_DIRECT: threads reading slot headers in parallel during recovery (cached headers are "
      "read on one thread)"},
-    {"meta_format", RB_SET_CHOICE, CFG(meta_format), 0, 1, "v1", meta_formats, OURS,
+    {"meta_format", RB_SET_CHOICE, CFG(meta_format), 0, 1, "log", meta_formats, OURS,
      "metadata written on the device: log (a base and a log of changes; a checkpoint costs what changed, "
      "no size cap) or v1 (LMCache 0.5.6's JSON checkpoint, which LMCache's own core reads)"},
     {"key_namespace", RB_SET_CHOICE, CFG(key_namespace), 0, 1, "object", namespaces, 0,

@@ -55,6 +55,9 @@ typedef struct rb_mlw {
     int sb_which;     /* where it is: 0 or 1 */
     uint64_t sb_seq_seen; /* the highest sb_seq of ours seen on the device (a new one goes above) */
     uint64_t generation;
+    uint32_t epoch;           /* this process's writer epoch (RB_MLOG_GROUP_EPOCH_SHIFT) */
+    int epoch_claimed;        /* a durable superblock names it (before the first group) */
+    int newgen;               /* the epochs are used up: the next base starts a new generation */
     uint64_t last_seq;        /* the sequence the last closed page got */
     uint64_t head;            /* ring offset of the next group */
     uint64_t lhead, lstart;   /* logical ring positions (wrap waste counted) of the head and of the
@@ -80,6 +83,7 @@ typedef struct rb_mlw {
     uint64_t last_base_ns, last_switch_ns;
     /* recovery */
     uint64_t rec_groups, rec_records, rec_chunks_bad, rec_entries_lost;
+    uint64_t rec_read_ns; /* the region read (base and log into the index) */
     int rec_log_end;
 } rb_mlw;
 
@@ -145,6 +149,7 @@ struct rb_core {
 
     /* What recovery at open found (report_status, logs). */
     int rec_outcome; /* enum rb_recovery_outcome */
+    uint64_t rec_ns;  /* time recovery took at open */
     uint64_t rec_seq, rec_rejected_seq;
     int64_t rec_lost; /* entries of a rejected newer checkpoint not recovered; -1 unknown */
     uint64_t apply_skipped; /* entries of the last applied state that its checks refused */

@@ -168,6 +168,25 @@ static int rebuild_table(rb_idx *ix, uint32_t size)
     return 0;
 }
 
+int rb_idx_reserve(rb_idx *ix, uint32_t n)
+{
+    if (n > UINT32_MAX / 4)
+        return -ENOMEM;
+    uint32_t tsize = ix->table ? ix->table_mask + 1 : 0, want = 16;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > tsize && rebuild_table(ix, want) < 0)
+        return -ENOMEM;
+    if (ix->cap_ents < n) {
+        rb_ent *ne = realloc(ix->ents, (size_t)n * sizeof(rb_ent));
+        if (!ne)
+            return -ENOMEM;
+        ix->ents = ne;
+        ix->cap_ents = n;
+    }
+    return 0;
+}
+
 int rb_idx_maybe_compact(rb_idx *ix)
 {
     uint32_t dead = ix->n_ents - ix->n_live;

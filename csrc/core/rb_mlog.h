@@ -92,6 +92,10 @@ typedef struct rb_mlog_sb {
         uint64_t start;    /* offset in the ring of the first live group (block-aligned) */
         uint64_t start_seq; /* its sequence: base.log_seq + 1 */
     } ring;
+    /* The writer epoch claimed by the process that wrote this superblock (see
+     * RB_MLOG_GROUP_EPOCH_SHIFT): a writer claims its epoch here before its first group, so
+     * the next one picks a higher epoch even when none of its groups survived. */
+    uint32_t epoch;
 } rb_mlog_sb;
 
 /* Bytes each superblock occupies: RB_MLOG_SB_LEN rounded up to block_align. */
@@ -144,6 +148,7 @@ typedef struct rb_mlog_genc {
     rb_buf body;
     uint32_t n_records;
     uint64_t n_pos; /* positions in all (RB_MLOG_POS_BUDGET) */
+    uint16_t epoch; /* the writer's epoch, sealed into the group's flags (0 after init) */
 } rb_mlog_genc;
 
 void rb_mlog_genc_init(rb_mlog_genc *g);
@@ -180,6 +185,13 @@ int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, 
 /* Header flags (bytes 36..40). DEFLATE: the stored body is a 4-byte little-endian raw length,
  * then a raw deflate stream that inflates to exactly that many bytes of records. */
 #define RB_MLOG_GROUP_DEFLATE 0x1u
+/* Flags bits 16..31: the epoch of the process that wrote the group. Each process that opens a
+ * device to write picks an epoch above every one its log holds, so groups a crashed process
+ * left past the end of the replayed log (a torn group, then one that landed) are told apart
+ * from the new writer's at the same ring offset and sequence: along the log, epochs never
+ * decrease, and the reader takes a group with a lower epoch than the one before as absent. */
+#define RB_MLOG_GROUP_EPOCH_SHIFT 16
+#define RB_MLOG_EPOCH_MAX 0xFFFFu
 
 typedef struct rb_mlog_group_info {
     uint64_t generation, seq;
@@ -187,6 +199,7 @@ typedef struct rb_mlog_group_info {
     uint32_t n_records;
     uint64_t total_len; /* header + body padded to block_align: the step to the next group */
     uint32_t flags;     /* RB_MLOG_GROUP_DEFLATE */
+    uint32_t epoch;     /* the writer's epoch (flags bits 16..31) */
     uint64_t raw_len;   /* bytes of records: body_len for a raw body; for a deflated one, set by the
                            decoders once the body is checked (rb_mlog_group_head leaves 0) */
 } rb_mlog_group_info;

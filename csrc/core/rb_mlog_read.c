@@ -378,6 +378,19 @@ static void *worker(void *arg)
 /* Hand a decoded chunk's entries to cb->ent, in order. */
 static int slot_deliver(const slot *s, const rb_mlog_read_cb *cb)
 {
+    if (cb->ents && s->n) {
+        rb_mlog_ent *v = malloc(s->n * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        for (size_t i = 0; i < s->n; i++) {
+            v[i] = s->v[i].e;
+            v[i].key = s->keys.data ? s->keys.data + s->v[i].koff : "";
+            v[i].pos = v[i].npos >= 0 && s->pos ? s->pos + s->v[i].poff : NULL;
+        }
+        int rc = cb->ents(cb->ctx, v, s->n);
+        free(v);
+        return rc;
+    }
     if (!cb->ent)
         return 0;
     for (size_t i = 0; i < s->n; i++) {
@@ -545,8 +558,8 @@ typedef struct win {
 } win;
 
 /* in[0, need) = ring bytes at p (p + need <= ring.len): from the window, or the window read
- * again from p (wsize bytes, or need when more, never past the ring's end). 0; 1: the read
- * failed (why); -ENOMEM. */
+ * again from p (wsize bytes, or need when more, never past the ring's end; need bytes alone
+ * when that read fails). 0; 1: the read failed (why); -ENOMEM. */
 static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_t p, uint64_t need,
                    const uint8_t **in, rb_err *why)
 {
@@ -567,7 +580,10 @@ static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_
             return nomem(why, "metadata log");
         w->cap = n;
     }
-    if (dev_read(r, sb->ring.off + p, w->buf, n, why) < 0)
+    /* A window that fails may fail for bytes past the log's end: then only the bytes needed
+     * decide (so the walk's outcome does not depend on the window's size). */
+    if (dev_read(r, sb->ring.off + p, w->buf, n, why) < 0 &&
+        (n == need || dev_read(r, sb->ring.off + p, w->buf, (n = need), why) < 0))
         return 1;
     w->off = p;
     w->len = n;
@@ -626,6 +642,13 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
                 if ((wr = win_get(r, sb, &w, wsize, at, hneed, &in, &why)) != 0)
                     break;
                 found = rb_mlog_group_head(in, (size_t)hneed, ba, gen, seq, &gi, &why) == 0;
+                if (found && res->groups && gi.epoch < res->last_epoch) {
+                    /* left by a writer that crashed before the one whose group came last */
+                    found = 0;
+                    rb_err_set(&why, RB_ERR_VALUE, ESTALE,
+                               "metadata log: group %llu at ring offset %llu is of writer epoch %u, below %u before it",
+                               (unsigned long long)seq, (unsigned long long)at, gi.epoch, res->last_epoch);
+                }
             } else {
                 rb_err_set(&why, RB_ERR_VALUE, EBADMSG, "metadata log: no room for a group header at ring offset %llu",
                            (unsigned long long)at);
@@ -702,6 +725,7 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
         res->groups++;
         res->records += gi.n_records;
         res->last_seq = seq;
+        res->last_epoch = gi.epoch;
         used += waste + t;
         p = at + t == rl ? 0 : at + t;
         seq++;

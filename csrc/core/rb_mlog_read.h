@@ -12,6 +12,7 @@
  * reader that finds no group of the expected (generation, sequence) at p, p != 0, tries
  * offset 0 once; finding none there either, the log ends. The walk also ends after it has
  * covered ring.len bytes (wrap waste included). Where it ends is where the next group goes.
+ * (docs/metadata-log.md, "Reading a region", has the whole walk and the writer's rules.)
  */
 #ifndef RB_MLOG_READ_H
 #define RB_MLOG_READ_H
@@ -86,7 +87,11 @@ typedef struct rb_mlog_read_cb {
     int (*cls)(void *ctx, const rb_mlog_class *c);
     /* the base's entries, chunk after chunk in the base's order, slot order inside a chunk */
     int (*ent)(void *ctx, const rb_mlog_ent *e);
-    /* the log's records in log order (after every base entry); CLASS records also go to cls */
+    /* the same, a decoded chunk's entries at a time (used instead of ent when set and chunks are
+     * decoded by threads; a bulk loader can then prefetch) */
+    int (*ents)(void *ctx, const rb_mlog_ent *e, size_t n);
+    /* the log's records in log order (after every base entry); a CLASS record goes to cls
+     * first, then here */
     int (*rec)(void *ctx, uint64_t seq, const rb_mlog_rec *r);
     /* a damaged stretch of the base (rb_mlog_base_decode's reports) */
     int (*damage)(void *ctx, const rb_mlog_damage *d);
@@ -126,6 +131,7 @@ typedef struct rb_mlog_read_result {
     /* the log */
     uint64_t groups, records;
     uint64_t last_seq;  /* the last group replayed; sb.base.log_seq when none */
+    uint32_t last_epoch; /* the writer epoch of the last group replayed; 0 when none */
     uint64_t head;      /* ring offset where the next group goes */
     uint64_t used;      /* ring bytes from sb.ring.start to head, wrap waste included */
     int log_end;        /* RB_MLOG_END_* */

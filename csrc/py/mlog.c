@@ -182,8 +182,8 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
     if (rbpy_as_u64(a[1], "block_align", &ba) < 0 || (a[2] && a[2] != Py_None && rbpy_as_u64(a[2], "meta_total_bytes", &meta) < 0) ||
         (a[3] && rbpy_as_u64(a[3], "threads", &threads) < 0))
         return NULL;
-    if (ba == 0 || (ba & (ba - 1)) || ba > (1u << 30)) {
-        PyErr_Format(PyExc_ValueError, "block_align must be a power of two up to 2**30, got %llu",
+    if (ba != 0 && ((ba & (ba - 1)) || ba > (1u << 30))) {
+        PyErr_Format(PyExc_ValueError, "block_align must be 0 (discover) or a power of two up to 2**30, got %llu",
                      (unsigned long long)ba);
         return NULL;
     }
@@ -197,19 +197,26 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
         return NULL;
     }
     Py_DECREF(path);
-    /* The region: as given, else what a superblock at offset 0, or at LMCache's default
-     * container_bytes, records. */
-    if (meta == 0) {
-        uint64_t span = rb_mlog_sb_span(ba);
+    /* The region and block size: as given, else what a superblock at offset 0, or at LMCache's
+     * default container_bytes, records. */
+    if (meta == 0 || ba == 0) {
+        const uint64_t span = 4096;
         uint8_t *blk = PyMem_Malloc(span);
-        const uint64_t offs[2] = {0, rb_container_bytes(128ull << 20, ba)};
-        for (int k = 0; blk && k < 2 && meta == 0; k++) {
+        const uint64_t offs[2] = {0, rb_container_bytes(128ull << 20, ba ? ba : 4096)};
+        int found = 0;
+        for (int k = 0; blk && k < 2 && !found; k++) {
             rb_err e;
             rb_mlog_sb sb;
-            if (rd_pread(&r, offs[k], blk, span, &e) == 0 && rb_mlog_sb_decode(blk, span, &sb, &e) == 0)
+            if (rd_pread(&r, offs[k], blk, span, &e) == 0 && rb_mlog_sb_decode(blk, span, &sb, &e) == 0 &&
+                (ba == 0 || sb.block_align == ba) && (meta == 0 || sb.meta_total_bytes == meta)) {
                 meta = sb.meta_total_bytes;
+                ba = sb.block_align;
+                found = 1;
+            }
         }
         PyMem_Free(blk);
+        if (!found)
+            meta = 0;
     }
     PyObject *out = NULL;
     r.entries = PyDict_New();

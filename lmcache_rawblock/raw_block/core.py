@@ -11,6 +11,7 @@ import enum
 import errno
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -64,6 +65,37 @@ class RawBlockCloseOutcome:
     @property
     def may_release_backing_resources(self) -> bool:
         return self.quiescence is NativeQuiescence.PROVEN and not self.poisoned
+
+
+@dataclass(frozen=True)
+class SlotCounts:
+    """Where the core's slots are, from one status read (see :meth:`RawBlockCore.slot_counts`)."""
+
+    usable: int  # slots inside the device (max_slots less what a shrink took away)
+    indexed: int  # slots holding an entry
+    inflight: int  # slots reserved by a write that has not committed
+    free: int  # freed slots a put can take now
+    fresh: int  # never-used slots a put can take now
+    held: int  # freed slots waiting for a checkpoint that no longer lists them
+    locked: int  # indexed entries with a lock reference (pinned, or being read)
+    room_checkpoints: int  # checkpoints a put had to write to get a slot, since open
+    closed: bool
+
+    @property
+    def used(self) -> int:
+        """Slots counted as in use: indexed entries and writes in flight."""
+        return self.indexed + self.inflight
+
+    @property
+    def reusable(self) -> int:
+        """Slots a put can take without waiting for anything."""
+        return self.free + self.fresh
+
+
+# Checkpoints one reclaim writes at most: a freed slot is reusable once no durable checkpoint
+# lists it, and with the two alternating v1 containers that takes two; a log-structured core
+# needs one record. The bound keeps a reclaim finite when slots keep being freed meanwhile.
+_RECLAIM_MAX_CHECKPOINTS = 3
 
 
 def _buffer_address(buf: Any) -> tuple[int, int]:
@@ -186,6 +218,7 @@ class RawBlockCore:
         if cfg.use_uring_cmd:
             self.max_data_transfer_size = cfg.max_data_transfer_size
         self._fixed_buffers: list[Any] = []
+        self._reclaim_lock = threading.Lock()
         self._closed = False
         self._close_outcome: RawBlockCloseOutcome | None = None
         # The core checks the geometry and refuses a device that holds someone else's data
@@ -201,6 +234,7 @@ class RawBlockCore:
                            "the same device would not be refused (device=%s)", self.device_path)
         self.capacity_bytes = st["capacity_bytes"]
         self._data_base = st["data_base_offset"]
+        self.meta_total_bytes = st["data_base_offset"]  # as opened: the log format sizes a blank device's
         self._container_bytes = st["container_bytes"]
         outcome = st["recovery_outcome"]
         if outcome == "skipped":
@@ -298,6 +332,38 @@ class RawBlockCore:
         used = min(1.0, (st["indexed_key_count"] + st["inflight_key_count"]) / slots)
         return (used, used)
 
+    def slot_counts(self) -> SlotCounts:
+        """The slot counts of one status read: what eviction and the put path decide on."""
+        st = self._native.status()
+        usable = st["usable_slots"]
+        return SlotCounts(usable=usable, indexed=st["indexed_key_count"], inflight=st["inflight_key_count"],
+                          free=st["free_slot_count"], fresh=max(0, usable - st["next_slot"]),
+                          held=st["checkpoint_held_slots"], locked=st["locked_key_count"],
+                          room_checkpoints=st["checkpoints_for_room"], closed=bool(st["closed"]))
+
+    def reclaim_held_slots(self) -> int:
+        """Make the slots freed by deletes reusable now: write checkpoints while some freed slot
+        waits for one and the last one was written (a checkpoint writes only when the index
+        changed), at most ``_RECLAIM_MAX_CHECKPOINTS``. Returns how many were written; a
+        caller that finds slots still held afterwards knows the core needs a change to the
+        index before the next checkpoint frees them. One reclaim runs at a time; a caller that
+        waited for another sees what it left. A checkpoint that fails raises (its error is in
+        the status too)."""
+        written = 0
+        with self._reclaim_lock:
+            for _ in range(_RECLAIM_MAX_CHECKPOINTS):
+                counts = self.slot_counts()
+                if counts.closed or counts.held == 0:
+                    break
+                try:
+                    wrote = self._native.checkpoint_now(True)
+                finally:
+                    self._events.check()
+                if not wrote:
+                    break
+                written += 1
+        return written
+
     def _worker_error(self) -> str | None:
         """The io_uring engine's fatal error (None while it runs, and on posix)."""
         return self._native.engine_state()[2]
@@ -317,7 +383,8 @@ class RawBlockCore:
             "block_align": cfg.block_align,
             "header_bytes": cfg.header_bytes,
             "slot_bytes": cfg.slot_bytes,
-            "meta_total_bytes": cfg.meta_total_bytes,
+            "meta_total_bytes": st["data_base_offset"],  # the log format may size it itself
+            "meta_format": st["meta_format"],
             "usable_capacity_bytes": st["max_slots"] * cfg.slot_bytes,
             "indexed_key_count": st["indexed_key_count"],
             "inflight_key_count": st["inflight_key_count"],
@@ -361,6 +428,7 @@ class RawBlockCore:
             "recovery_skipped_entries": st["recovery_skipped_entries"],
             # freed slots a checkpoint container still lists, kept out of use until it is rewritten
             "checkpoint_held_slots": st["checkpoint_held_slots"],
+            "metadata_log": st.get("metadata_log"),
             "checkpoints_for_room": st["checkpoints_for_room"],
             "device_flushes": st["device_flushes"],
             # what the device did to us: slot headers refused at load (another writer, a device

@@ -268,7 +268,10 @@ def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pi
                           f"{meta} bytes of checkpoints; use a larger --size or a smaller --chunk-bytes")
     kw = config_kwargs(target.path, capacity_bytes=target.size, slot_bytes=slot_bytes, meta_total_bytes=meta,
                        io_engine=engine, use_odirect=target.kind == "block", load_checkpoint_on_init=False,
-                       allow_foreign_device=True, meta_enable_periodic=False, iouring_queue_depth=256)
+                       allow_foreign_device=True, meta_enable_periodic=False, iouring_queue_depth=256,
+                       # The replay places each checkpoint's writes where format v1 puts them (two
+                       # containers) when it records the stream for the simulator.
+                       meta_format="v1")
     if passthrough:
         kw["use_uring_cmd"] = True
     if ckpt_pid is not None:

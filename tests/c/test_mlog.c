@@ -274,7 +274,8 @@ static void test_sb(void)
         {20, 8, 1, "reserved"},
         {108, 4, 1, "reserved"},
         {180, 4, 1, "reserved"},
-        {216, 8, 1, "reserved"},
+        {220, 8, 1, "reserved"},
+        {216, 4, 0x10000, "writer epoch"},
         {248, 4, 1, "reserved"},
         {32, 8, 0, "sequence is 0"},
         {40, 8, 0, "generation is 0"},
@@ -506,7 +507,7 @@ static void test_group(void)
             const char *msg;
         } mut[] = {{0, 1, 'X', "bad magic"},
                    {36, 4, 2, "flags 0x2 have unknown bits"},
-                   {36, 4, 0x80000001u, "unknown bits"},
+                   {36, 4, 0x00008001u, "unknown bits"},
                    {36, 4, 1, "deflated body length 2 is implausible"},
                    {8, 8, 0, "is 0"},
                    {16, 8, 0, "is 0"},
@@ -523,6 +524,12 @@ static void test_group(void)
                 CHECK(0);
             }
         }
+        /* Bits 16..31 are the writer epoch: any value decodes, and is reported. */
+        memcpy(t, buf, n);
+        rb_put_le(t + 36, 0xBEEFu << 16, 4);
+        rb_put_le(t + 40, crc(t, 40), 4);
+        rb_put_le(t + 44, (uint32_t)crc32(crc32(0, t, 44), t + 48, 2), 4);
+        CHECK(rb_mlog_group_decode(t, n, 1, 0, 0, &gi, NULL, NULL, &err) == 0 && gi.epoch == 0xBEEF && gi.flags == 0);
         memcpy(t, buf, n);
         t[45] ^= 1; /* the group CRC itself */
         CHECK(rb_mlog_group_decode(t, n, 1, 0, 0, &gi, NULL, NULL, &err) == -EBADMSG && strstr(err.msg, "CRC"));

@@ -558,6 +558,21 @@ static void test_main_image(void)
     sink_free(&b);
     sink_free(&c);
 
+    /* an unreadable block past the log's end (inside the window that reads it) does not end
+     * the walk: only the bytes a group needs decide */
+    {
+        dev d;
+        dev_copy(&d, &s.d);
+        d.fail_off = d.L.ring.off + s.head + 2 * BA;
+        d.fail_len = BA;
+        sink k;
+        sink_init(&k);
+        rb_mlog_read_result r;
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        check_main(&s, &k, &r);
+        sink_free(&k);
+        free(d.b);
+    }
     /* superblock only */
     {
         rb_mlog_read_opts o = {.block_align = BA, .meta_total_bytes = MT, .sb_only = 1};
@@ -619,8 +634,9 @@ static void test_torn(void)
     const uint64_t ring = s.d.L.ring.off;
     struct {
         int g;   /* the group damaged */
-        int how; /* 0: a body byte flipped; 1: all but its first block never written (stale bytes) */
-    } cases[] = {{4, 0}, {4, 1}, {3, 0}, {3, 1}, {1, 1}, {5, 0}};
+        int how; /* 0: a body byte flipped; 1: all but its first block never written (stale bytes);
+                    2: as 1, and the group after it never written either (the last one torn) */
+    } cases[] = {{4, 0}, {4, 1}, {4, 2}, {3, 0}, {3, 1}, {1, 1}, {5, 0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         dev d;
         dev_copy(&d, &s.d);
@@ -631,6 +647,8 @@ static void test_torn(void)
         } else {
             CHECK(s.len[g] > BA);
             memset(at + BA, 0xa5, s.len[g] - BA);
+            if (cases[ci].how == 2) /* an older lap's group where the next would be */
+                put_group(&d, s.off[g + 1], GEN, 2, 1, 1, 0, 0, NULL);
         }
         for (uint32_t th = 1; th <= 4; th += 3) {
             sink k;
