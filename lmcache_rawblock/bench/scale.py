@@ -808,10 +808,9 @@ def targets(sc: dict) -> list[dict]:
                     "goal_text": goal_text, "detail": detail})
 
     for p in put_ratios(sc):
-        if p["variant"] != "ours log":
+        if p["variant"] != "ours log" or p["path"] == "each":  # "each" tells costs apart; no target of its own
             continue
-        how = {"plugin": "plugin LRU", "core": "core, MP-style batch delete", "each": "core, delete oldest + put"}[
-            p["path"]]
+        how = "plugin LRU" if p["path"] == "plugin" else "core, MP-style batch delete"
         add(f"put p50 full / room, {how}, {p['slots']:,} slots, {p['threads']} thr", p["p50_ratio"], 1.2,
             f"{p['p50_ratio']:.2f}x", "<= 1.2x", f"p99 {p['p99_ratio']:.2f}x" if p["p99_ratio"] else "")
         add(f"failed puts, {how}, {p['slots']:,} slots, {p['threads']} thr", p["failed"], 0, str(p["failed"]), "0",
