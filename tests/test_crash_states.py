@@ -1,6 +1,8 @@
 """Crash-state enumeration (tests/reliability/crashstates.py): every device image a power loss
-could leave during a recorded workload recovers without wrong bytes and without losing a
-durable key. Runs through `make test-reliability`."""
+could leave during a recorded workload recovers without wrong bytes, without losing a durable
+key and without bringing back a version the last acknowledged checkpoint no longer listed,
+in both metadata formats (format v1; the log format, and the move from v1 to it). Runs through
+`make test-reliability`."""
 
 from __future__ import annotations
 
@@ -9,27 +11,149 @@ import os
 import pytest
 
 from reliability import crashstates
+from reliability.common import HEADER, Config
 
 pytestmark = pytest.mark.skipif(os.environ.get("RB_CRASH_TESTS") != "1",
                                 reason="crash harnesses run via `make test-reliability` (RB_CRASH_TESTS=1)")
 
+WORKLOADS = list(crashstates.WORKLOADS)
+GROUP_MAGIC = b"RBMLOG02"
+BASE_MAGIC = b"RBMBASE2"
+SB_MAGIC = b"RBMETA02"
 
+
+@pytest.mark.parametrize("workload", WORKLOADS)
 @pytest.mark.parametrize("engine", ["posix", "io_uring"])
-def test_write_log_rebuilds_the_device(engine, tmp_path):
+def test_write_log_rebuilds_the_device(engine, workload, tmp_path):
     # The recorder misses nothing: the pre-workload image plus every logged write is the
     # device as the workload left it.
-    rec = crashstates.record_workload(engine, str(tmp_path))
-    assert sum(r.kind == crashstates.WRITE for r in rec.recs) >= 2 * len(crashstates.WORKLOAD)
+    wl = crashstates.WORKLOADS[workload]
+    rec = crashstates.record_workload(engine, str(tmp_path), wl)
+    assert sum(r.kind == crashstates.WRITE for r in rec.recs) >= len(wl.ops)
     assert crashstates.replay_all(rec) == rec.final
 
 
-@pytest.mark.parametrize("tear", [0, 4096], ids=["whole-writes", "torn-4k"])
+# Torn writes: 4 KiB blocks; in the log format also 1 KiB blocks of metadata writes, so a
+# one-block log group, base or superblock write can persist in part.
+TEARS = {"whole-writes": (0, 0), "torn-4k": (4096, 4096), "torn-4k-meta-1k": (4096, 1024)}
+CASES = [(w, t) for w in WORKLOADS
+         for t in (("whole-writes", "torn-4k") if crashstates.WORKLOADS[w].meta_format == "v1"
+                   else ("whole-writes", "torn-4k-meta-1k"))]
+
+
+@pytest.mark.parametrize("workload,tear", CASES, ids=[f"{w}-{t}" for w, t in CASES])
 @pytest.mark.parametrize("engine", ["posix", "io_uring"])
-def test_crash_states(engine, tear, tmp_path, capsys):
-    results = crashstates.check_recorded(engine, ["posix", "io_uring"], str(tmp_path), tear=tear)
+def test_crash_states(engine, workload, tear, tmp_path, capsys):
+    data_tear, meta_tear = TEARS[tear]
+    results = crashstates.check_recorded(engine, ["posix", "io_uring"], str(tmp_path), tear=data_tear,
+                                         tear_meta=meta_tear, workload=crashstates.WORKLOADS[workload])
     with capsys.disabled():
         for r in results:
-            print(f"\ncrash states{' (torn 4 KiB)' if tear else ''} " + r.row(), flush=True)
+            print(f"\ncrash states ({tear}) " + r.row(), flush=True)
     for r in results:
         assert r.states > r.writes and r.keys_checked > 0
-        assert (r.wrong_states, r.lost_states) == (0, 0), "\n".join(r.failures[:10])
+        assert (r.wrong_states, r.lost_states, r.stale_states) == (0, 0, 0), "\n".join(r.failures[:10])
+
+
+def _magic_writes(rec, magic):
+    return [r for r in rec.recs if r.kind == crashstates.WRITE and r.data[:8] == magic]
+
+
+def _reuses(rec):
+    """[(put op index, new key, old key, slot offset)] for every put that stored a key in a slot
+    another key held (in the setup or an earlier put) until a delete of it."""
+    owner = dict(rec.setup_slots)
+    out = []
+    for i, op in enumerate(rec.ops):
+        for k, off in op.slots.items():
+            if off in owner and owner[off] != k:
+                out.append((i, k, owner[off], off))
+            owner[off] = k
+    return out
+
+
+def test_log_workload_covers_what_it_claims(tmp_path):
+    # Records after puts and after deletes, a freed slot taken after one small record, the ring
+    # filled and compacted by a checkpoint, two compactions switching base areas.
+    rec = crashstates.record_workload("posix", str(tmp_path), crashstates.WORKLOADS["log"])
+    ml = rec.status["metadata_log"]
+    assert ml["state"] == "live" and ml["ring_full"] >= 1
+    assert ml["compactions"] >= 3  # the full ring's, then the two compact_metadata() calls
+    assert [op.synced for op in rec.ops if op.kind == "compact"] == [True, True]
+    bases = _magic_writes(rec, BASE_MAGIC)
+    sbs = _magic_writes(rec, SB_MAGIC)
+    assert len(bases) >= 3 and {b.off for b in bases} == {4096, 65536 + 4096}  # both base areas
+    assert {s.off for s in sbs} == {0, 65536}
+    assert len(_magic_writes(rec, GROUP_MAGIC)) >= 5
+    # A put into the slot of a key whose delete one checkpoint (one group, no base) made
+    # durable, and nothing else in between.
+    one_group = []
+    for i, k, old, off in _reuses(rec):
+        dels = [j for j in range(i) if rec.ops[j].kind == "delete" and old in rec.ops[j].keys]
+        lo, hi = rec.ops[dels[-1]].log_after, rec.ops[i].log_before
+        between = [r for r in rec.recs if r.kind == crashstates.WRITE and lo <= r.end <= hi]
+        if [r.data[:8] for r in between] == [GROUP_MAGIC]:
+            one_group.append((k, old, off))
+    assert one_group, _reuses(rec)
+
+
+def test_move_workload_moves_the_device(tmp_path):
+    for name, v1_write in (("move", True), ("move-c1", False)):
+        rec = crashstates.record_workload("posix", str(tmp_path), crashstates.WORKLOADS[name])
+        assert rec.pre[:8] == b"LMCIDX01" or rec.pre[65536:65544] == b"LMCIDX01"  # set up in format v1
+        assert rec.status["metadata_log"]["state"] == "live"
+        first_sb = _magic_writes(rec, SB_MAGIC)[0]
+        before = [r for r in rec.recs if r.kind == crashstates.WRITE and r.seq < first_sb.seq]
+        # move: the newest v1 checkpoint was in container 0, so one is written into container 1
+        # first; move-c1: it was in container 1 already
+        assert any(r.off == 65536 and r.data[:8] == b"LMCIDX01" for r in before) == v1_write
+        assert any(r.data[:8] == BASE_MAGIC and r.off == 4096 for r in before)
+        assert _reuses(rec)  # a key stored into a slot a v1 checkpoint had listed for another
+
+
+@pytest.mark.parametrize("at_open", [True, False], ids=["validated-at-open", "load-check-only"])
+def test_the_reuse_hazard_shows_when_the_free_record_is_missing(at_open, tmp_path):
+    """The check has teeth: take the state after a put into a slot whose FREE record was one
+    durable group old, with the new key's payload written and its slot header not, and drop
+    that group (as a core that reused the slot before the record was durable would leave it).
+    Recovery then lists the old key, whose slot header is still there, over the new key's
+    payload: wrong bytes, whichever line checks the header. With the group, the same image
+    serves neither key."""
+    rec = crashstates.record_workload("posix", str(tmp_path), crashstates.WORKLOADS["log"])
+    i, new, old, off = next((i, k, o, s) for i, k, o, s in _reuses(rec) if rec.ops[i].kind == "put")
+    put = rec.ops[i]
+    dels = [j for j in range(i) if rec.ops[j].kind == "delete" and old in rec.ops[j].keys]
+    group = [r for r in rec.recs if r.kind == crashstates.WRITE and r.data[:8] == GROUP_MAGIC
+             and rec.ops[dels[-1]].log_after <= r.end <= put.log_before][-1]
+    before = [r for r in rec.recs if r.kind == crashstates.WRITE and r.end <= put.log_before]
+    new_payload = next(r for r in rec.recs if r.kind == crashstates.WRITE and r.off == off + HEADER
+                       and put.log_before < r.end <= put.log_after)
+    cfg = Config("posix", False, False, at_open, "log")
+    allkeys = sorted(rec.versions)
+    durable, allowed = crashstates.expectations(rec, put.log_before, put.log_after)
+    images = {}
+    for name, skip in (("with the group", None), ("without it", group)):
+        img = bytearray(rec.pre)
+        for r in before + [new_payload]:
+            if r is not skip:
+                crashstates.apply(img, r)
+        images[name] = crashstates.recover_image(bytes(img), rec.dev, cfg, rec.versions, allkeys)
+    wrong, lost, stale = crashstates.judge(images["with the group"], durable, allowed)
+    assert (wrong, lost, stale) == ([], [], [])
+    assert old not in images["with the group"]["served"] and new not in images["with the group"]["served"]
+    bad = images["without it"]["wrong"]
+    assert [k for k, _ in bad] == [old] and f"tagged as key {new}" in bad[0][1], images["without it"]
+
+
+@pytest.mark.parametrize("workload", ["log", "move"])
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_second_crash_after_recovery(engine, workload, tmp_path, capsys):
+    # A crash, recovery, the next writer's operations (its first group goes where recovery
+    # found the log's end, over a torn group or a group of the dead writer), and a crash in
+    # those: 12 seeded first-crash images (metadata writes torn in 1 KiB blocks), every state
+    # of each second run.
+    r = crashstates.check_second_crash(engine, str(tmp_path), crashstates.WORKLOADS[workload], limit=12)
+    with capsys.disabled():
+        print("\ncrash states (twice) " + r.row(), flush=True)
+    assert r.states > r.writes and r.keys_checked > 0
+    assert (r.wrong_states, r.lost_states, r.stale_states) == (0, 0, 0), "\n".join(r.failures[:10])

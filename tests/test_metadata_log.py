@@ -387,3 +387,22 @@ def test_classes_no_entry_uses_leave_with_the_next_base(tmp_path):
     c = _log(dev, meta_total_bytes=128 << 10)
     assert _loads(c, [7]) == [7]
     c.close()
+
+
+def test_the_final_checkpoint_compacts_a_full_ring(tmp_path):
+    # No periodic thread: the ring is left full, with changes still journaled, when close()
+    # writes the final checkpoint; it compacts first and keeps them.
+    dev = make_device(tmp_path)
+    c = _log(dev)
+    _put(c, range(40))
+    c.checkpoint_now()
+    for i in range(32):  # 32 groups of 4 KiB: the ring is full
+        c.delete_many([okey(i).encoded])
+        c.checkpoint_now()
+    assert _status(c)["metadata_log"]["live_bytes"] == 32 * 4096
+    big = list(range(1000, 1020))
+    _put(c, big)
+    c.close()
+    c = _log(dev)
+    assert _loads(c, list(range(40)) + big) == list(range(32, 40)) + big
+    c.close()

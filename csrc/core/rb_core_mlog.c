@@ -717,9 +717,14 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
             ent_to_mlog(e, ML_CLS_ID(m->cls_disk[e->cls]), &k->e);
             k->key_at = arena.len;
             rb_buf_put(&arena, k->e.key, k->e.key_len);
-            k->pos_at = arena.len;
-            if (k->e.npos > 0)
+            if (k->e.npos > 0) {
+                static const char pad[8];
+                rb_buf_put(&arena, pad, (8 - arena.len % 8) % 8); /* positions are read as int64_t */
+                k->pos_at = arena.len;
                 rb_buf_put(&arena, (const char *)k->e.pos, (size_t)k->e.npos * 8);
+            } else {
+                k->pos_at = arena.len;
+            }
         }
         pthread_mutex_unlock(&c->mu);
         if (arena.oom) {
@@ -1043,7 +1048,7 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         return 0;
     pthread_mutex_lock(&m->cmp_mu);
     pthread_mutex_lock(&c->mu);
-    int live = m->state == RB_ML_LIVE && !c->closed;
+    int live = m->state == RB_ML_LIVE; /* also while closing: the final checkpoint may need room */
     int due = m->cmp_urgent || (m->lhead - m->lstart) * 2 > m->lay.ring.len;
     int area = (int)(m->sb.base.area ^ 1u);
     pthread_mutex_unlock(&c->mu);

@@ -73,6 +73,10 @@ static void zstate_free(void *z)
 /* CRC-32 (zlib's) of more bytes after crc; crc 0 starts one. */
 static uint32_t crc_more(uint32_t crc, const void *buf, size_t len)
 {
+#ifdef RB_HAVE_LIBDEFLATE
+    /* the same CRC-32 as zlib's, with carry-less multiplication where the CPU has it */
+    return libdeflate_crc32(crc, buf, len);
+#else
     uLong c = crc;
     const Bytef *p = buf;
     while (len) {
@@ -82,6 +86,7 @@ static uint32_t crc_more(uint32_t crc, const void *buf, size_t len)
         len -= n;
     }
     return (uint32_t)c;
+#endif
 }
 
 static int bad(rb_err *err, const char *what, const char *fmt_detail, unsigned long long a, unsigned long long b)

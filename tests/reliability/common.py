@@ -1,5 +1,7 @@
 """Shared pieces of the crash harnesses: a small geometry that makes slot reuse frequent,
-self-describing payloads, the key universe, and opening a RawBlockCore on a device file."""
+self-describing payloads, the key universe, and opening a RawBlockCore on a device file in
+either metadata format (v1: LMCache's JSON checkpoint in two containers; log: superblocks,
+bases and a ring of log groups, docs/metadata-log.md)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ from lmcache_rawblock.raw_block._lmcache import ObjectKey
 BLOCK = 4096
 HEADER = 4096
 SLOT = 16 * 1024
-META = 128 * 1024               # two 64 KiB checkpoint containers
+META = 128 * 1024               # v1: two 64 KiB checkpoint containers; log: two superblocks,
+                                # two 44 KiB base areas and a 16 KiB ring (4 one-block groups),
+                                # so the ring fills and is compacted every few checkpoints
 MAX_PAYLOAD = SLOT - HEADER     # 12 KiB
 MIN_PAYLOAD = 64
 PAYLOAD_TAG = struct.Struct("<QQ")  # (key id, version) at the start of every payload
+META_FORMATS = ("v1", "log")
 
 
 @dataclass(frozen=True)
@@ -27,18 +32,26 @@ class Config:
     odirect: bool
     checksum: bool         # verify_payload_checksum
     verify_on_load: bool   # meta_verify_on_load
+    meta_format: str = "v1"
 
     @property
     def name(self) -> str:
         return "/".join([self.engine, "odirect" if self.odirect else "buffered",
-                         "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify"])
+                         "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify",
+                         self.meta_format])
+
+    def with_format(self, meta_format: str) -> "Config":
+        return Config(self.engine, self.odirect, self.checksum, self.verify_on_load, meta_format)
 
 
-ALL_CONFIGS = [Config(e, d, s, v) for e, d, s, v in itertools.product(
-    ("posix", "io_uring"), (False, True), (False, True), (True, False))]
+ALL_CONFIGS = [Config(e, d, s, v, f) for f, e, d, s, v in itertools.product(
+    META_FORMATS, ("posix", "io_uring"), (False, True), (False, True), (True, False))]
 
 
 def config_by_name(name: str) -> Config:
+    """A configuration by name; a name without the format (engine/io/sum/verify) means v1."""
+    if name.count("/") == 3:
+        name += "/v1"
     for c in ALL_CONFIGS:
         if c.name == name:
             return c
@@ -55,13 +68,14 @@ def make_device(path: str, nslots: int) -> str:
     return path
 
 
-def open_core(path: str, cfg: Config, *, load: bool = True) -> RawBlockCore:
+def open_core(path: str, cfg: Config, *, load: bool = True, meta_format: str | None = None) -> RawBlockCore:
+    """A core on path with cfg (meta_format, when given, instead of cfg's)."""
     conf = RawBlockCoreConfig(
         device_path=path, capacity_bytes=0, block_align=BLOCK, header_bytes=HEADER, slot_bytes=SLOT,
         use_odirect=cfg.odirect, enable_zero_copy=False, meta_total_bytes=META, meta_magic=b"LMCIDX01",
         meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
         meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
-        iouring_queue_depth=16, verify_payload_checksum=cfg.checksum)
+        iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format)
     return RawBlockCore(conf, key_namespace="object")
 
 
@@ -88,19 +102,20 @@ def payload_tag(data: bytes) -> tuple[int, int]:
 
 
 class Obj:
-    """Minimal MemoryObj: a writable byte_array and a metadata record."""
+    """Minimal MemoryObj: a writable byte_array and a metadata record (shape (len,) unless
+    given)."""
 
     class _Meta:
-        def __init__(self, n: int):
-            self.shape = (n,)
+        def __init__(self, shape: tuple):
+            self.shape = shape
             self.dtype = "uint8"
             self.fmt = "BINARY"
             self.cached_positions = None
 
-    def __init__(self, data: bytes | int):
+    def __init__(self, data: bytes | int, shape: tuple | None = None):
         self._buf = bytearray(data)
         self.byte_array = memoryview(self._buf)
-        self.metadata = Obj._Meta(len(self._buf))
+        self.metadata = Obj._Meta(shape if shape is not None else (len(self._buf),))
 
     def bytes(self, n: int) -> bytes:
         return bytes(self._buf[:n])

@@ -11,14 +11,24 @@ With --tear BYTES each write is split into BYTES-sized blocks that persist indep
 (torn writes).
 
 Each image is recovered and checked like the kill loop does: every served key returns the
-bytes of a put attempted for it; every key durable in that epoch is served. Each engine
+bytes of a put attempted for it; every key durable in that epoch is served; no key comes back
+in a version the last acknowledged checkpoint no longer lists (a delete that a checkpoint made
+durable stays deleted) unless a put of that version was attempted since. Each engine
 recovers every image twice: with slot headers validated at open (meta_verify_on_load) and with
 that off, where the header check of every load is the only line between a torn slot and its
-bytes being served. A key is durable
-in epoch e when a checkpoint_now() that included it returned before the epoch began and no
-delete of it was attempted before the epoch ended.
+bytes being served. A key is durable in epoch e when a checkpoint_now() (or a
+compact_metadata() that wrote a base) that included it returned before the epoch began and
+no delete of it was attempted after that checkpoint and before the epoch ended.
 
-Run: python3 tests/reliability/crashstates.py [--engine posix|io_uring] [-v]
+Workloads (WORKLOADS): "v1", LMCache's format v1 throughout; "log", the log-structured format
+(docs/metadata-log.md): records appended by checkpoints after puts and after deletes, a freed
+slot taken by another key after one small record, the ring filled and compacted by a
+checkpoint, compact_metadata() twice (the base switching areas); "move" and "move-c1", a device
+set up in format v1 (its newest checkpoint in container 0, or in container 1) reopened with
+meta_format='log', which moves it to the log format at its first checkpoint.
+
+Run: python3 tests/reliability/crashstates.py [--workload NAME] [--engine posix|io_uring]
+     [--tear BYTES] [--random-workloads N] [--show N]
 """
 
 from __future__ import annotations
@@ -36,9 +46,9 @@ from itertools import combinations
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from reliability.common import Config, Obj, key, make_device, open_core, payload, verify_served
+    from reliability.common import META, Config, Obj, key, make_device, open_core, payload, verify_served
 else:
-    from .common import Config, Obj, key, make_device, open_core, payload, verify_served
+    from .common import META, Config, Obj, key, make_device, open_core, payload, verify_served
 
 from lmcache_rawblock import _native
 
@@ -48,7 +58,8 @@ RANDOM_SUBSETS = 48
 REC = struct.Struct("<IIQQQQQ")  # kind, 0, st_dev, st_ino, offset|barrier, length, sequence
 WRITE, FLUSH = 1, 2
 
-# Setup (not recorded, ends with a checkpoint and a clean close): keys 0-5, version 1.
+# Setup (not recorded, ends with a clean close): keys 0-5, version 1, and a checkpoint after
+# each put step.
 SETUP = [("put", [0, 1, 2, 3, 4, 5])]
 # Recorded: deletes free slots that the next put can take (LIFO) while the freed key is still
 # in the last checkpoint; versions 2+ of re-put keys have other lengths.
@@ -58,6 +69,52 @@ WORKLOAD = [
     ("delete", [3]), ("put", [9, 1]), ("checkpoint", []),
     ("delete", [7, 8]), ("put", [10, 2]),
 ]
+# The log format (16 KiB ring: four one-block groups). Crash points fall around each group,
+# around a put into a slot whose FREE record is one small durable group old (0's slot to 6,
+# then 1's and 6's to 9 and 1), around the compaction the fifth group forces (the ring is
+# full), and around two compact_metadata() calls (a base into the other area, a superblock
+# switch, and back).
+LOG_WORKLOAD = [
+    ("delete", [0]), ("checkpoint", []),                    # one FREE record
+    ("put", [6]),                                           # 6 takes 0's slot
+    ("checkpoint", []),                                     # one PUT record
+    ("put", [7, 8]), ("delete", [1, 6]), ("checkpoint", []),
+    ("put", [9, 1]), ("checkpoint", []),                    # into the slots of 1 and 6
+    ("delete", [2, 9]), ("checkpoint", []),                 # the ring is full: compacted first
+    ("put", [0, 10]), ("compact", []),                      # base into the other area
+    ("delete", [3, 7]), ("put", [2]), ("checkpoint", []),
+    ("compact", []),                                        # and back
+    ("delete", [4]), ("checkpoint", []), ("put", [11, 3]),
+]
+# A format v1 device (SETUP written with meta_format='v1') reopened with 'log': the first
+# checkpoint moves it (the newest v1 checkpoint made sure to be in container 1, container 0's
+# header cleared, the first base, both superblocks); then records and a compaction, whose
+# base goes over v1 container 1.
+MOVE_WORKLOAD = [
+    ("delete", [0]), ("put", [6]), ("checkpoint", []),      # the move
+    ("delete", [1]), ("checkpoint", []),
+    ("put", [7, 0]), ("checkpoint", []),                    # 7 into a slot a v1 checkpoint listed
+    ("compact", []),
+    ("delete", [2, 6]), ("checkpoint", []), ("put", [8]),
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    ops: list              # recorded operations: (kind, key ids), kind put|delete|checkpoint|compact
+    meta_format: str       # the format the recorded workload (and every recovery) uses
+    setup: list = field(default_factory=lambda: list(SETUP))  # unrecorded put steps
+    setup_format: str = ""  # the format the setup writes ("" = meta_format); a checkpoint follows each step
+
+
+WORKLOADS = {
+    "v1": Workload("v1", WORKLOAD, "v1"),
+    "log": Workload("log", LOG_WORKLOAD, "log"),
+    "move": Workload("move", MOVE_WORKLOAD, "log", setup_format="v1"),
+    "move-c1": Workload("move-c1", MOVE_WORKLOAD, "log", setup=[("put", [0, 1, 2]), ("put", [3, 4, 5])],
+                        setup_format="v1"),
+}
 
 
 @dataclass
@@ -75,13 +132,17 @@ class Op:
     keys: list
     log_before: int
     log_after: int
-    live_after: set
+    live_after: dict        # key id -> version of every live key when the operation returned
+    version: int = 0        # the version a put attempted
+    synced: bool = False    # a checkpoint, or a compaction that wrote a base: what was live is durable
+    slots: dict = field(default_factory=dict)  # put: key id -> slot offset of each key stored
 
 
 @dataclass
 class Result:
     recorded: str
     recovered: str
+    workload: str = "v1"
     epochs: int = 0
     flushes: int = 0
     writes: int = 0
@@ -89,13 +150,14 @@ class Result:
     keys_checked: int = 0
     wrong_states: int = 0
     lost_states: int = 0
+    stale_states: int = 0   # a key served in a version the durable state no longer lists
     failures: list[str] = field(default_factory=list)
 
     def row(self) -> str:
-        return (f"recorded {self.recorded:8s} recovered {self.recovered:13s} writes={self.writes:3d} "
-                f"flushes={self.flushes:3d} epochs={self.epochs:3d} states={self.states:5d} "
+        return (f"{self.workload:7s} recorded {self.recorded:8s} recovered {self.recovered:13s} "
+                f"writes={self.writes:3d} flushes={self.flushes:3d} epochs={self.epochs:3d} states={self.states:5d} "
                 f"keys_checked={self.keys_checked:6d} wrong_byte_states={self.wrong_states} "
-                f"lost_durable_states={self.lost_states}")
+                f"lost_durable_states={self.lost_states} stale_states={self.stale_states}")
 
 
 def _length(kid: int, version: int) -> int:
@@ -127,12 +189,16 @@ class Recording:
     recs: list          # write log records of this device
     ops: list           # workload operations with their log positions
     versions: dict      # key id -> {version: length} of every put attempted
-    durable0: set       # keys durable before the workload
+    durable0: dict      # key id -> version of the keys durable before the workload
+    workload: Workload = WORKLOADS["v1"]
+    status: dict = field(default_factory=dict)  # the core's status() when recording stopped
+    setup_slots: dict = field(default_factory=dict)  # slot offset -> key id the setup stored there
 
 
-def random_workload(rng: random.Random, rounds: int = 5, nkeys: int = 16) -> list:
+def random_workload(rng: random.Random, rounds: int = 5, nkeys: int = 16, compact: bool = False) -> list:
     """Rounds of: delete 1-3 keys, put 1-3 keys (new or deleted ones again), and mostly a
-    checkpoint; keys are drawn from the setup keys and nkeys more."""
+    checkpoint (with compact, now and then a compact_metadata() instead); keys are drawn from
+    the setup keys and nkeys more."""
     live = {k for _, kids in SETUP for k in kids}
     ops = []
     for _ in range(rounds):
@@ -142,53 +208,109 @@ def random_workload(rng: random.Random, rounds: int = 5, nkeys: int = 16) -> lis
         puts = rng.sample(free, min(len(free), rng.randint(1, 3)))
         live.update(puts)
         ops += [("delete", dels), ("put", puts)]
-        if rng.random() < 0.7:
+        r = rng.random()
+        if compact and r < 0.25:
+            ops.append(("compact", []))
+        elif r < 0.7:
             ops.append(("checkpoint", []))
     return ops
 
 
-def record_workload(engine: str, workdir: str, workload: list | None = None) -> Recording:
-    """Run SETUP (unrecorded) then workload (default WORKLOAD; recorded) on a fresh device."""
-    cfg = Config(engine, False, False, True)
-    dev = make_device(os.path.join(workdir, f"record-{engine}.img"), NSLOTS)
+def record_workload(engine: str, workdir: str, workload: list | Workload | None = None) -> Recording:
+    """Run the workload's setup (unrecorded) then its operations (recorded) on a fresh device.
+    workload: a Workload, or a list of operations in format v1 (default: WORKLOADS["v1"])."""
+    if workload is None:
+        workload = WORKLOADS["v1"]
+    elif not isinstance(workload, Workload):
+        workload = Workload("random", workload, "v1")
+    wl = workload
+    cfg = Config(engine, False, False, True, wl.meta_format)
+    dev = make_device(os.path.join(workdir, f"record-{engine}-{wl.name}.img"), NSLOTS)
     versions: dict[int, dict[int, int]] = {}
-    core = open_core(dev, cfg, load=False)
-    for _, kids in SETUP:
+    core = open_core(dev, cfg, load=False, meta_format=wl.setup_format or wl.meta_format)
+    live: dict[int, int] = {}
+    for _, kids in wl.setup:
         for k in kids:
             versions.setdefault(k, {})[1] = _length(k, 1)
         assert all(core.put_many([key(k) for k in kids], [Obj(payload(k, 1, _length(k, 1))) for k in kids]).results)
-    core.checkpoint_now()
+        live.update((k, 1) for k in kids)
+        core.checkpoint_now()
+    setup_slots = {core.entry_offset(key(k).encoded): k for k in live}
     core.close()
-    live = {k for _, kids in SETUP for k in kids}
-    durable0 = set(live)
+    durable0 = dict(live)
     with open(dev, "rb") as f:
         pre = f.read()
     logp = dev + ".wlog"
-    ops: list[Op] = []
-    ver = 1
     core = open_core(dev, cfg)
     _native._set_write_log(logp)
     try:
-        for kind, kids in (WORKLOAD if workload is None else workload):
-            before = os.path.getsize(logp)
-            if kind == "put":
-                ver += 1
-                for k in kids:
-                    versions.setdefault(k, {})[ver] = _length(k, ver)
-                res = core.put_many([key(k) for k in kids], [Obj(payload(k, ver, _length(k, ver))) for k in kids])
-                live.update(k for k, x in zip(kids, res.results) if x)
-            elif kind == "delete":
-                res = core.delete_many([key(k).encoded for k in kids])
-                live.difference_update(k for k, x in zip(kids, res) if x)
-            else:
-                core.checkpoint_now()
-            ops.append(Op(kind, kids, before, os.path.getsize(logp), set(live)))
+        ops = run_ops(core, wl.ops, logp, versions, live, 1)
     finally:
         _native._set_write_log(None)
         with open(dev, "rb") as f:
             final = f.read()   # before close: the image the recorded writes must rebuild
+        status = core._native.status()
         core.close()
-    return Recording(dev, pre, final, parse_log(logp, dev), ops, versions, durable0)
+    return Recording(dev, pre, final, parse_log(logp, dev), ops, versions, durable0, wl, status, setup_slots)
+
+
+def run_ops(core, wl_ops: list, logp: str, versions: dict, live: dict, ver: int) -> list[Op]:
+    """Run operations on core, each noted with the write log's size before and after it; a
+    put's version is ver + its number among the puts. versions and live are updated."""
+    ops: list[Op] = []
+    for kind, kids in wl_ops:
+        before = os.path.getsize(logp)
+        op = Op(kind, kids, before, 0, {})
+        if kind == "put":
+            ver += 1
+            op.version = ver
+            for k in kids:
+                versions.setdefault(k, {})[ver] = _length(k, ver)
+            res = core.put_many([key(k) for k in kids], [Obj(payload(k, ver, _length(k, ver))) for k in kids])
+            for k, x in zip(kids, res.results):
+                if x and k not in live:
+                    live[k] = ver
+                    op.slots[k] = core.entry_offset(key(k).encoded)
+        elif kind == "delete":
+            res = core.delete_many([key(k).encoded for k in kids])
+            for k, x in zip(kids, res):
+                if x:
+                    live.pop(k, None)
+        elif kind == "compact":
+            op.synced = bool(core._native.compact_metadata())
+        else:
+            core.checkpoint_now()
+            op.synced = True
+        op.log_after = os.path.getsize(logp)
+        op.live_after = dict(live)
+        ops.append(op)
+    return ops
+
+
+def expectations(rec: Recording, start_off: float, end_off: float) -> tuple[set, dict]:
+    """(durable keys, key id -> versions a crash may serve) for a crash whose image holds
+    every write logged before start_off and may hold any logged before end_off.
+
+    Durable: live when the last checkpoint acknowledged by start_off returned (or the setup's,
+    when none was), and not deleted since (a delete attempted before end_off may have landed).
+    Allowed: a key's version at that checkpoint, and any version a put attempted since (before
+    end_off) wrote."""
+    state = dict(rec.durable0)
+    last = -1
+    for i, op in enumerate(rec.ops):
+        if op.synced and op.log_after <= start_off:
+            state, last = dict(op.live_after), i
+    durable = set(state)
+    allowed = {k: {v} for k, v in state.items()}
+    for op in rec.ops[last + 1:]:
+        if op.log_before >= end_off:
+            break
+        if op.kind == "delete":
+            durable.difference_update(op.keys)
+        elif op.kind == "put":
+            for k in op.keys:
+                allowed.setdefault(k, set()).add(op.version)
+    return durable, allowed
 
 
 def replay_all(rec: "Recording") -> bytes:
@@ -242,22 +364,44 @@ def torn(w: Rec, block: int) -> list[Rec]:
     return out
 
 
+def judge(got: dict, durable: set, allowed: dict) -> tuple[list, list, list]:
+    """(wrong bytes, durable keys missing, stale versions served) of one recovered image."""
+    wrong_keys = {k for k, _ in got["wrong"]}
+    lost = sorted(k for k in durable if k not in got["served"] and k not in wrong_keys)
+    stale = sorted((k, v) for k, v in got["served"].items() if v not in allowed.get(k, ()))
+    return got["wrong"], lost, stale
+
+
+def recover_image(img: bytes, img_path: str, rcfg: Config, versions: dict, allkeys: list) -> dict:
+    with open(img_path, "wb") as f:
+        f.write(img)
+    core = open_core(img_path, rcfg)
+    try:
+        return verify_served(core, versions, allkeys)
+    finally:
+        core.close()
+
+
 def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_seed: int = 1,
-                   verbose: bool = False, tear: int = 0, workload: list | None = None) -> list[Result]:
-    """Record the workload with engine, then recover every crash state with each engine of
-    recovered_with. tear > 0 also lets each write persist partly, in tear-byte blocks."""
+                   verbose: bool = False, tear: int = 0, workload: list | Workload | None = None,
+                   rec: Recording | None = None, tear_meta: int = 0) -> list[Result]:
+    """Record the workload with engine (or take rec), then recover every crash state with each
+    engine of recovered_with. tear > 0 also lets each write persist partly, in tear-byte
+    blocks; tear_meta > 0 does so for writes into the metadata region (checkpoint containers,
+    superblocks, bases, log groups) in tear_meta-byte blocks instead."""
     logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
-    rec = record_workload(engine, workdir, workload)
-    dev, pre, recs, ops, versions, durable0 = rec.dev, rec.pre, rec.recs, rec.ops, rec.versions, rec.durable0
+    if rec is None:
+        rec = record_workload(engine, workdir, workload)
+    dev, pre, recs, versions = rec.dev, rec.pre, rec.recs, rec.versions
     allkeys = sorted(versions)
     ep = epochs_of(recs)
     results = []
     img_path = dev  # images are recovered at the recorded path (the checkpoint names its device)
     for rengine, at_open in [(r, v) for r in recovered_with for v in (True, False)]:
-        rcfg = Config(rengine, False, False, at_open)
-        res = Result(engine, f"{rengine}{'' if at_open else '/load'}", epochs=len(ep), flushes=len(ep) - 1,
-                     writes=sum(r.kind == WRITE for r in recs))
-        rng = random.Random(f"{rng_seed}/{engine}/{rengine}")
+        rcfg = Config(rengine, False, False, at_open, rec.workload.meta_format)
+        res = Result(engine, f"{rengine}{'' if at_open else '/load'}", rec.workload.name, epochs=len(ep),
+                     flushes=len(ep) - 1, writes=sum(r.kind == WRITE for r in recs))
+        rng = random.Random(f"{rng_seed}/{engine}/{rengine}/{rec.workload.name}")
         for e, (barrier, first, nxt, start_off) in enumerate(ep):
             base = bytearray(pre)
             for r in recs:
@@ -266,70 +410,200 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
             pend = [r for r in recs[first:nxt] if r.kind == WRITE] + \
                    [r for r in recs[:first] if r.kind == WRITE and r.seq >= barrier]
             pend.sort(key=lambda r: r.seq)
-            if tear:
-                pend = [p for w in pend for p in torn(w, tear)]
+            if tear or tear_meta:
+                pend = [p for w in pend
+                        for p in ((torn(w, tear_meta) if tear_meta else [w]) if w.off < META else
+                                  (torn(w, tear) if tear else [w]))]
             end_off = recs[nxt].end if nxt < len(recs) else float("inf")
-            # durable: the last checkpoint acknowledged by the start of the epoch, minus deletes
-            # attempted before its end
-            durable = set(durable0)
-            for op in ops:
-                if op.kind == "checkpoint" and op.log_after <= start_off:
-                    durable = set(op.live_after)
-            for op in ops:
-                if op.kind == "delete" and op.log_before < end_off:
-                    durable.difference_update(op.keys)
+            durable, allowed = expectations(rec, start_off, end_off)
             for subset in states_of(len(pend), rng):
                 img = bytearray(base)
                 for i in subset:
                     apply(img, pend[i])
-                with open(img_path, "wb") as f:
-                    f.write(img)
-                core = open_core(img_path, rcfg)
-                try:
-                    got = verify_served(core, versions, allkeys)
-                finally:
-                    core.close()
+                got = recover_image(img, img_path, rcfg, versions, allkeys)
                 res.states += 1
                 res.keys_checked += len(got["served"]) + len(got["wrong"])
-                wrong_keys = {k for k, _ in got["wrong"]}
-                lost = sorted(k for k in durable if k not in got["served"] and k not in wrong_keys)
-                what = f"epoch {e} writes {[pend[i].seq for i in subset]} of {[w.seq for w in pend]}"
-                if got["wrong"]:
+                wrong, lost, stale = judge(got, durable, allowed)
+                what = (f"epoch {e} writes {[(pend[i].seq, pend[i].off) for i in subset]} of "
+                        f"{[(w.seq, w.off, len(w.data)) for w in pend]}")
+                if wrong:
                     res.wrong_states += 1
-                    res.failures.append(f"{what}: wrong bytes {got['wrong']}")
+                    res.failures.append(f"{what}: wrong bytes {wrong}")
                 if lost:
                     res.lost_states += 1
-                    res.failures.append(f"{what}: durable keys missing {lost}")
+                    res.failures.append(f"{what}: durable keys missing {lost} (served {got['served']})")
+                if stale:
+                    res.stale_states += 1
+                    res.failures.append(f"{what}: (key, version) served but no longer durable nor put since "
+                                        f"{stale}")
         if verbose:
             print(res.row(), flush=True)
         results.append(res)
     return results
 
 
+# After a first crash and recovery: the next writer's operations, crashed into again. Puts of
+# keys new and old, deletes, checkpoints; the first group lands where recovery found the log's
+# end, over whatever the first crash left there (a torn group, a group of the dead writer).
+FOLLOW_UP = [
+    ("put", [20, 21]), ("checkpoint", []),
+    ("delete", [20]), ("put", [22]), ("checkpoint", []),
+    ("put", [23]), ("compact", []), ("delete", [21, 22]), ("checkpoint", []), ("put", [24]),
+]
+FOLLOW_UP_VERSION = 1000
+
+
+class WrongAtFirstRecovery(Exception):
+    """The core that recovered a first crash served wrong bytes before the follow-up began."""
+
+
+def first_crash_images(rec: Recording, tear_meta: int, per_epoch: int, rng: random.Random) -> list[tuple[str, bytes]]:
+    """A few images a first crash may leave, per epoch: the epoch's writes (metadata writes
+    torn in tear_meta blocks) cut after a random point, or a random subset of them."""
+    out = []
+    for e, (barrier, first, nxt, _start) in enumerate(epochs_of(rec.recs)):
+        base = bytearray(rec.pre)
+        for r in rec.recs:
+            if r.kind == WRITE and r.seq < barrier:
+                apply(base, r)
+        pend = sorted([r for r in rec.recs[first:nxt] if r.kind == WRITE] +
+                      [r for r in rec.recs[:first] if r.kind == WRITE and r.seq >= barrier], key=lambda r: r.seq)
+        if tear_meta:
+            pend = [p for w in pend for p in (torn(w, tear_meta) if w.off < META else [w])]
+        if not pend:
+            continue
+        picks = {tuple(range(len(pend) - 1))}   # all but the last piece
+        while len(picks) < min(per_epoch, 2 ** len(pend) - 1):
+            if rng.random() < 0.5:
+                picks.add(tuple(range(rng.randrange(len(pend)))))
+            else:
+                picks.add(tuple(i for i in range(len(pend)) if rng.random() < 0.5))
+        for subset in sorted(picks):
+            img = bytearray(base)
+            for i in subset:
+                apply(img, pend[i])
+            out.append((f"first crash in epoch {e}, writes {[(pend[i].seq, pend[i].off) for i in subset]} of "
+                        f"{[(w.seq, w.off, len(w.data)) for w in pend]}", bytes(img)))
+    return out
+
+
+def record_follow_up(rec: Recording, image: bytes, engine: str, ops: list | None = None) -> Recording:
+    """The image of a first crash recovered by a core that then runs ops (FOLLOW_UP), every
+    write from its open on recorded. The keys it serves before ops are the durable start."""
+    wl = Workload(rec.workload.name + "+2", FOLLOW_UP if ops is None else ops, rec.workload.meta_format)
+    cfg = Config(engine, False, False, True, wl.meta_format)
+    with open(rec.dev, "wb") as f:
+        f.write(image)
+    versions = {k: dict(v) for k, v in rec.versions.items()}
+    logp = rec.dev + ".wlog2"
+    if os.path.exists(logp):
+        os.unlink(logp)
+    _native._set_write_log(logp)
+    try:
+        core = open_core(rec.dev, cfg)
+        try:
+            got = verify_served(core, versions, sorted(set(versions) | {k for _, ks in wl.ops for k in ks}))
+            if got["wrong"]:
+                raise WrongAtFirstRecovery(got["wrong"])
+            live = dict(got["served"])
+            ops_done = run_ops(core, wl.ops, logp, versions, live, FOLLOW_UP_VERSION)
+            with open(rec.dev, "rb") as f:
+                final = f.read()
+            status = core._native.status()
+        finally:
+            _native._set_write_log(None)
+            core.close()
+    finally:
+        _native._set_write_log(None)
+    return Recording(rec.dev, image, final, parse_log(logp, rec.dev), ops_done, versions, dict(got["served"]), wl,
+                     status)
+
+
+def check_second_crash(engine: str, workdir: str, workload: Workload, rng_seed: int = 1, tear_meta: int = 1024,
+                       per_epoch: int = 2, second_tear_meta: int = 0, limit: int = 0) -> Result:
+    """Record workload, take first_crash_images() of it, recover each and run FOLLOW_UP on it
+    (recorded), then check every crash state of that second run (whole writes, or metadata
+    writes torn in second_tear_meta blocks) with the same engine, slot headers validated at
+    open and not. One Result for all of them; its failures name both crashes."""
+    logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
+    rng = random.Random(f"{rng_seed}/second/{engine}/{workload.name}")
+    rec = record_workload(engine, workdir, workload)
+    firsts = first_crash_images(rec, tear_meta, per_epoch, rng)
+    if limit:
+        firsts = rng.sample(firsts, min(limit, len(firsts)))
+    total = Result(engine, f"{engine}, twice", workload.name + "+2")
+    for what, image in firsts:
+        try:
+            rec2 = record_follow_up(rec, image, engine)
+        except WrongAtFirstRecovery as e:
+            total.wrong_states += 1
+            total.failures.append(f"{what}: recovered, wrong bytes {e.args[0]}")
+            continue
+        for r in check_recorded(engine, [engine], workdir, rng_seed, rec=rec2, tear_meta=second_tear_meta):
+            total.epochs += r.epochs
+            total.flushes += r.flushes
+            total.writes += r.writes
+            total.states += r.states
+            total.keys_checked += r.keys_checked
+            total.wrong_states += r.wrong_states
+            total.lost_states += r.lost_states
+            total.stale_states += r.stale_states
+            total.failures += [f"{what}; recovered, follow-up run, second crash: {f}" for f in r.failures]
+    total.recovered = f"{engine} x{len(firsts)} first crashes"
+    return total
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
+                    help="recorded workload (repeatable); default all")
     ap.add_argument("--engine", action="append", choices=["posix", "io_uring"],
                     help="engine that records the workload (repeatable); default both")
     ap.add_argument("--rng-seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=5)
     ap.add_argument("--random-workloads", type=int, default=0, metavar="N",
-                    help="instead of the fixed workload, N random ones (rounds of delete/put/checkpoint)")
+                    help="instead of each fixed workload, N random ones (rounds of delete/put/checkpoint, "
+                         "and compactions in the log format) in its format and setup")
     ap.add_argument("--tear", type=int, default=0, metavar="BYTES",
                     help="also let writes persist partly, in blocks of BYTES (e.g. 4096)")
+    ap.add_argument("--second-crash", type=int, default=0, metavar="N",
+                    help="also crash twice: N first-crash images per epoch (metadata writes torn in 1 KiB), each "
+                         "recovered and followed by FOLLOW_UP, whose every crash state is checked (log format)")
+    ap.add_argument("--tear-meta", type=int, default=None, metavar="BYTES",
+                    help="blocks of writes into the metadata region (default: --tear's), e.g. 1024 to tear a "
+                         "one-block log group or superblock write")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     bad = False
+    states = 0
     with tempfile.TemporaryDirectory(prefix="rb-crashstates-") as d:
-        for eng in a.engine or ["posix", "io_uring"]:
-            wrng = random.Random(f"{a.rng_seed}/workloads/{eng}")
-            workloads = [random_workload(wrng) for _ in range(a.random_workloads)] or [None]
-            for wl in workloads:
-                for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear, workload=wl):
-                    print(r.row(), flush=True)
-                    for f in r.failures[:a.show]:
-                        print("    " + f, flush=True)
-                    bad |= bool(r.failures)
-    print(f"elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")
+        for name in a.workload or list(WORKLOADS):
+            fixed = WORKLOADS[name]
+            for eng in a.engine or ["posix", "io_uring"]:
+                if a.random_workloads:
+                    wrng = random.Random(f"{a.rng_seed}/workloads/{eng}/{name}")
+                    workloads = [Workload(f"{name}-r{i}", random_workload(wrng, compact=fixed.meta_format == "log"),
+                                          fixed.meta_format, fixed.setup, fixed.setup_format)
+                                 for i in range(a.random_workloads)]
+                else:
+                    workloads = [fixed]
+                for wl in workloads:
+                    for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear, workload=wl,
+                                            tear_meta=a.tear if a.tear_meta is None else a.tear_meta):
+                        print(r.row(), flush=True)
+                        for f in r.failures[:a.show]:
+                            print("    " + f, flush=True)
+                        bad |= bool(r.failures)
+                        states += r.states
+                    if a.second_crash and wl.meta_format == "log":
+                        r = check_second_crash(eng, d, wl, a.rng_seed, per_epoch=a.second_crash,
+                                               second_tear_meta=a.tear_meta or 0)
+                        print(r.row(), flush=True)
+                        for f in r.failures[:a.show]:
+                            print("    " + f, flush=True)
+                        bad |= bool(r.failures)
+                        states += r.states
+    print(f"{states} states; elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")
     return 1 if bad else 0
 
 

@@ -12,6 +12,17 @@ load to the promise:
     core's counters (recovery_dropped_entries, load_dropped_entries,
     payload_checksum_failures) account for it, else as silently lost.
 
+  * a key is never served in a version that the last acknowledged checkpoint no longer listed
+    unless a put of that version was attempted since (a delete a checkpoint made durable
+    stays deleted; an older version never comes back).
+
+Both metadata formats (common.META_FORMATS). In the log format the ring is 16 KiB (four
+one-block groups), so checkpoints fill it and compact it; the writer also calls
+compact_metadata() now and then (a returned compaction that wrote a base counts like a
+checkpoint), and every MOVE_EVERY cycles the device starts over in format v1 (written by the
+parent with meta_format='v1'), so the next writer moves it to the log format at its first
+checkpoint, and may be killed doing so.
+
 One cycle in ten is killed 0-40 ms after the fork instead, while the writer opens the device
 and recovers. The writer logs each operation before starting it (intent) and after it returned (result)
 with an unbuffered write(2) - what reached the kernel survives SIGKILL, so the log is exact
@@ -50,6 +61,9 @@ MAX_KILL_MS = 300.0        # after the writer opened its core
 EARLY_KILL_SHARE = 0.1     # cycles killed 0-EARLY_KILL_MS after the fork instead (open, recovery)
 EARLY_KILL_MS = 40.0
 VERSIONS_PER_CYCLE = 1_000_000
+COMPACT_SHARE = 0.04       # log format: writer operations that are a compact_metadata()
+MOVE_EVERY = 10            # log format: cycles between starts over from a format v1 device
+MOVE_KEYS = 8              # keys the format v1 device starts with
 
 
 @dataclass
@@ -64,6 +78,10 @@ class Stats:
     wrong_bytes: int = 0
     lost_silent: int = 0       # durable keys missing with nothing in the core's counters
     lost_reported: int = 0     # durable keys missing, accounted for by the core's counters
+    stale: int = 0             # keys served in a version no longer durable and not put since
+    compactions: int = 0       # log format: acknowledged compact_metadata() calls that wrote a base
+    base_switches: int = 0     # log format: superblock switches seen by the checkers (every base)
+    moves: int = 0             # log format: cycles that began on a format v1 device
     recovery_dropped: int = 0  # stale entries dropped by header validation at open or first load
     load_dropped: int = 0      # indexed keys whose first load rejected them (unverified entries)
     load_errors: int = 0       # indexed keys whose load failed (e.g. payload checksum caught bad bytes)
@@ -73,7 +91,16 @@ class Stats:
         return (f"{self.config:34s} cycles={self.cycles:5d} ops={self.ops:7d} stored={self.stored}/{self.put_keys} "
                 f"reused_slots={self.reused} keys_checked={self.keys_checked:7d} "
                 f"wrong_bytes={self.wrong_bytes} lost_durable={self.lost_silent} lost_reported={self.lost_reported} "
-                f"stale_dropped={self.recovery_dropped} load_errors={self.load_errors}")
+                f"stale_versions={self.stale} stale_dropped={self.recovery_dropped} load_errors={self.load_errors}"
+                + (f" compactions={self.compactions} base_switches={self.base_switches} moves={self.moves}"
+                   if self.config.endswith("/log") or self.config == "total" else ""))
+
+
+def shape_of(n: int) -> tuple:
+    """The shape an object of n bytes declares: one of 12, as an LMCache cache holds objects of
+    a few shapes. (Every distinct shape is a class the log format's bases carry; a shape per
+    length would make thousands.)"""
+    return (1 + (n - 1) // 1024, 1024)
 
 
 # ---- writer (child process) --------------------------------------------------------------
@@ -101,7 +128,7 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
             for k in kids:
                 ver += 1
                 items.append((k, ver, rng.randint(MIN_PAYLOAD, MAX_PAYLOAD)))
-            objs = [Obj(payload(k, v, n)) for k, v, n in items]
+            objs = [Obj(payload(k, v, n), shape_of(n)) for k, v, n in items]
             log("P " + " ".join(f"{k}:{v}:{n}" for k, v, n in items))
             res = core.put_many([key(k) for k in kids], objs)
             # stored keys also log their slot offset, so the checker can count slot reuse
@@ -120,6 +147,10 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
             res = core.delete_many([key(k).encoded for k in kids])
             log("d " + " ".join("1" if x else "0" for x in res))
             live.difference_update(k for k, x in zip(kids, res) if x)
+        elif cfg.meta_format == "log" and r < 0.85 + COMPACT_SHARE:
+            log("K")
+            done = core._native.compact_metadata()
+            log(f"k {1 if done else 0}")
         else:
             log("C")
             core.checkpoint_now()
@@ -140,19 +171,24 @@ def _child(path, cfg, logfd, ready_fd, rng_seed, live, v0) -> None:
 
 # ---- log replay --------------------------------------------------------------------------
 
-def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, int]],
-           slot_owner: dict[str, int] | None = None, counts: dict[str, int] | None = None
-           ) -> tuple[set[int], int, str]:
-    """Apply one writer's log to the set of durable keys; record attempted versions, and in
-    counts the keys put, stored, and stored in a slot that last held another key.
+def replay(lines: list[str], durable: set[int] | dict[int, int], versions: dict[int, dict[int, int]],
+           slot_owner: dict[str, int] | None = None, counts: dict[str, int] | None = None,
+           allowed: dict[int, set[int]] | None = None) -> tuple[set[int], int, str]:
+    """Apply one writer's log to the set of durable keys (or key id -> version); record
+    attempted versions, and in counts the keys put, stored, stored in a slot that last held
+    another key, and compactions acknowledged. allowed, when given, is filled with key id ->
+    the versions a crash after this log may serve: each durable key's version at the last
+    acknowledged checkpoint, and every version a put attempted since.
 
     Returns (durable keys now, acknowledged operations, writer error or "")."""
     slot_owner = {} if slot_owner is None else slot_owner
     counts = {} if counts is None else counts
-    for n in ("put_keys", "stored", "reused"):
+    for n in ("put_keys", "stored", "reused", "compactions"):
         counts.setdefault(n, 0)
-    live = set(durable)
-    durable = set(durable)
+    start = durable if isinstance(durable, dict) else dict.fromkeys(durable, None)
+    live = dict(start)
+    durable = set(start)
+    ok_versions = {k: ({v} if v is not None else set()) for k, v in start.items()}
     acked = 0
     pending: tuple[str, list] | None = None
     err = ""
@@ -162,12 +198,13 @@ def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, in
             items = [tuple(map(int, t.split(":"))) for t in rest.split()]
             for k, v, n in items:
                 versions.setdefault(k, {})[v] = n
+                ok_versions.setdefault(k, set()).add(v)
             pending = ("P", items)
         elif tag == "p":
-            for (k, _v, _n), x in zip(pending[1], rest.split()):
+            for (k, v, _n), x in zip(pending[1], rest.split()):
                 counts["put_keys"] += 1
                 if x.startswith("1"):
-                    live.add(k)
+                    live[k] = v
                     counts["stored"] += 1
                     off = x.partition("@")[2]
                     if off in slot_owner and slot_owner[off] != k:
@@ -181,15 +218,23 @@ def replay(lines: list[str], durable: set[int], versions: dict[int, dict[int, in
         elif tag == "d":
             for k, x in zip(pending[1], rest.split()):
                 if x == "1":
-                    live.discard(k)
+                    live.pop(k, None)
             pending, acked = None, acked + 1
-        elif tag == "C":
-            pending = ("C", [])
-        elif tag == "c":
+        elif tag in ("C", "K"):
+            pending = (tag, [])
+        elif tag == "c" or (tag == "k" and rest == "1"):
+            # what was live is durable: versions no longer live may not come back
             durable = set(live)
+            ok_versions = {k: {v} for k, v in live.items()}
+            counts["compactions"] += tag == "k"
+            pending, acked = None, acked + 1
+        elif tag == "k":
             pending, acked = None, acked + 1
         elif tag == "E":
             err = rest
+    if allowed is not None:
+        allowed.clear()
+        allowed.update(ok_versions)
     return durable, acked, err
 
 
@@ -204,8 +249,29 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
     logpath = path + ".log"
     versions: dict[int, dict[int, int]] = {}
     slot_owner: dict[str, int] = {}   # slot offset -> key last stored there
-    durable: set[int] = set()
+    durable: dict[int, int] = {}      # key id -> version
+    sb_seq = 0
     for cyc in range(cycles):
+        if cfg.meta_format == "log" and cyc % MOVE_EVERY == 0:
+            # start over from a format v1 device: this cycle's writer moves it to the log format
+            make_device(path, NSLOTS)
+            slot_owner.clear()
+            ver = (cyc + 1) * VERSIONS_PER_CYCLE - VERSIONS_PER_CYCLE // 2
+            kids = rng.sample(range(NKEYS), MOVE_KEYS)
+            items = [(k, ver + i, rng.randint(MIN_PAYLOAD, MAX_PAYLOAD)) for i, k in enumerate(kids)]
+            for k, v, n in items:
+                versions.setdefault(k, {})[v] = n
+            core = open_core(path, cfg, load=False, meta_format="v1")
+            try:
+                res = core.put_many([key(k) for k, _v, _n in items],
+                                    [Obj(payload(k, v, n), shape_of(n)) for k, v, n in items])
+                assert all(res.results), res.failure
+                core.checkpoint_now()
+            finally:
+                core.close()
+            durable = {k: v for k, v, _n in items}
+            sb_seq = 0
+            st.moves += 1
         logfd = os.open(logpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         rfd, wfd = os.pipe()
         child_seed = rng.getrandbits(64)
@@ -233,11 +299,13 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         lines = text.splitlines()
         if text and not text.endswith("\n"):
             lines.pop()   # a record the kill cut short was never complete: the operation was not acknowledged
-        counts = {"put_keys": 0, "stored": 0, "reused": 0}
-        durable_now, acked, err = replay(lines, durable, versions, slot_owner, counts)
+        counts = {"put_keys": 0, "stored": 0, "reused": 0, "compactions": 0}
+        allowed: dict[int, set[int]] = {}
+        durable_now, acked, err = replay(lines, durable, versions, slot_owner, counts, allowed)
         st.put_keys += counts["put_keys"]
         st.stored += counts["stored"]
         st.reused += counts["reused"]
+        st.compactions += counts["compactions"]
         st.ops += acked
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             st.failures.append(f"cycle {cyc}: writer ended by itself (status {status}): {err or 'no error logged'}")
@@ -249,6 +317,10 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
             s = core.report_status()
         finally:
             core.close()
+        if cfg.meta_format == "log":
+            seq = int(s.get("recovery_seq") or 0)
+            st.base_switches += max(0, seq - sb_seq)
+            sb_seq = seq
         st.recovery_dropped += s["recovery_dropped_entries"] + s["load_dropped_entries"]
         st.load_dropped += len(res["dropped"])
         st.load_errors += len(res["errors"])
@@ -267,11 +339,16 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
             st.lost_silent += len(missing) - rep
             st.failures.append(f"cycle {cyc}: durable keys missing after recovery: {missing} "
                                f"(core counters account for {rep})")
+        stale = sorted((k, v) for k, v in res["served"].items() if v not in allowed.get(k, ()))
+        if stale:
+            st.stale += len(stale)
+            st.failures.append(f"cycle {cyc}: (key, version) served that the last acknowledged checkpoint no "
+                               f"longer listed and no put attempted since: {stale}")
         if verbose:
             print(f"  cycle {cyc}: ops={acked} served={len(res['served'])} durable={len(durable_now)} "
-                  f"wrong={len(res['wrong'])} missing={len(missing)}", flush=True)
+                  f"wrong={len(res['wrong'])} missing={len(missing)} stale={len(stale)}", flush=True)
         # What the checker served is the next writer's starting (durable) state.
-        durable = set(res["served"])
+        durable = dict(res["served"])
     return st
 
 
@@ -283,15 +360,20 @@ def run(configs: list[Config], cycles_per_config: int, rng_seed: int, workdir: s
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cycles", type=int, default=int(os.environ.get("RB_KILLLOOP_CYCLES", "20")),
+    ap.add_argument("--cycles", type=int, default=int(os.environ.get("RB_KILLLOOP_CYCLES", "10")),
                     help="kill cycles per configuration")
-    ap.add_argument("--config", action="append", help="configuration name (repeatable); default: all 16")
+    ap.add_argument("--config", action="append",
+                    help="configuration name, engine/io/sum/verify/format (repeatable); default: all 32")
+    ap.add_argument("--format", action="append", choices=["v1", "log"],
+                    help="only the configurations of this metadata format (repeatable)")
     ap.add_argument("--rng-seed", type=int, default=int(os.environ.get("RB_KILLLOOP_RNG_SEED", "1")))
     ap.add_argument("--workdir", default=None, help="directory for device files (default: $TMPDIR)")
     ap.add_argument("--show", type=int, default=5, help="failures listed per configuration")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     configs = [config_by_name(n) for n in a.config] if a.config else ALL_CONFIGS
+    if a.format:
+        configs = [c for c in configs if c.meta_format in a.format]
     t0 = time.monotonic()
     bad = False
     tot = Stats("total")
@@ -301,9 +383,10 @@ def main(argv=None) -> int:
             print(s.row(), flush=True)
             for f in s.failures[:a.show]:
                 print("    " + f, flush=True)
-            bad |= bool(s.wrong_bytes or s.lost_silent or s.lost_reported or s.failures)
-            for n in ("cycles", "ops", "put_keys", "stored", "reused", "keys_checked", "wrong_bytes", "lost_silent", "lost_reported",
-                      "recovery_dropped", "load_dropped", "load_errors"):
+            bad |= bool(s.wrong_bytes or s.lost_silent or s.lost_reported or s.stale or s.failures)
+            for n in ("cycles", "ops", "put_keys", "stored", "reused", "keys_checked", "wrong_bytes", "lost_silent",
+                      "lost_reported", "stale", "recovery_dropped", "load_dropped", "load_errors", "compactions",
+                      "base_switches", "moves"):
                 setattr(tot, n, getattr(tot, n) + getattr(s, n))
     print(tot.row())
     print(f"elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")
