@@ -70,6 +70,15 @@ bench-results: build lmcache-venv
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --no-progress --out benchmarks/results/full
 	$(LMC_VENV)/bin/python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json --readme README.md
 
+# The committed scale figures (benchmarks/results/scale/): both metadata formats and LMCache's
+# core side by side, in the LMCache virtualenv; fio comes with apt-deps. BENCH_SCALE_ARGS adds
+# e.g. --scale-entries 100k,1M,10M (the committed run; 10M needs ~12 GiB of page cache).
+BENCH_SCALE_ARGS ?= --scale-entries 100k,1M,10M
+.PHONY: bench-scale
+bench-scale: build lmcache-venv
+	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --parts scale --no-progress \
+	  --out benchmarks/results/scale $(BENCH_SCALE_ARGS)
+
 # The suite runs twice: over format v1 (LMCache's, whose containers many tests read back),
 # then over the log-structured format, the product default, leaving out the tests that are
 # about v1's layout (marker v1_layout).

@@ -48,6 +48,23 @@ def _sizes_arg(text: str) -> list[int]:
     return out
 
 
+def _counts_arg(text: str) -> list[int]:
+    """Entry counts: 100000, 100k, 1M, 10M (decimal multipliers)."""
+    mult = {"": 1, "k": 1000, "m": 1000 ** 2}
+    out = []
+    for item in text.split(","):
+        t = item.strip().lower()
+        num, unit = (t[:-1], t[-1]) if t and t[-1] in "km" else (t, "")
+        try:
+            n = int(float(num) * mult[unit])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid entry count {item.strip()!r}: e.g. 100k, 1M, 10M") from None
+        if n <= 0:
+            raise argparse.ArgumentTypeError(f"invalid entry count {item.strip()!r}: must be greater than zero")
+        out.append(n)
+    return sorted(set(out))
+
+
 def _list_arg(allowed: Sequence[str], what: str):
     def parse(text: str) -> list[str]:
         items = [x.strip() for x in text.split(",") if x.strip()]
@@ -129,9 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
                         "plugin (batched_remove, eviction under contention), e2e (LMCache's plugin store/retrieve path "
                         "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio), loadcheck (what the "
-                        "load-time slot-header check costs a load, on against off, on tmpfs and disk), scale (v1 checkpoint "
-                        "bytes and time, reopen and index memory against index size, puts on a full cache); "
+                        "load-time slot-header check costs a load, on against off, on tmpfs and disk), scale (both "
+                        "metadata formats and LMCache's core: checkpoint after churn beside a full base, bytes per "
+                        "entry, reopen beside fio, index memory against index size, puts on a full cache); "
                         "default all")
+    b.add_argument("--scale-entries", type=_counts_arg, metavar="LIST",
+                   help="index sizes of the scale part's checkpoint, reopen and memory rows, e.g. 1M,10M "
+                        "(default: the suite's; 10M takes about 11 GiB of page cache and several minutes)")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_tool_commands(sub)
@@ -224,6 +245,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
         parts=args.parts,
         sizes=args.sizes,
         repeats=args.repeats,
+        scale_entries=args.scale_entries,
         progress=not args.no_progress,
         argv=argv,
     )

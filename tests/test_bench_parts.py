@@ -94,28 +94,45 @@ def test_loadcheck_part_times_both_modes_on_verified_bytes(tmp_path):
     assert "check on" in text[-1] and text[-1].count("\n") == len(out["rows"]) + 1
 
 
-def test_scale_part_smoke_grows_with_entries_and_finds_the_region_limit(tmp_path):
+def test_scale_part_smoke_both_formats_side_by_side(tmp_path):
     s = replace(scale.SUITES["smoke"], sizes=[300, 1000])
     out = scale.run_scale([ours_core()], s, str(tmp_path), common._NullBar())
-    assert out["errors"] == {} and out["competitors"] == ["ours"]
-    rows = {r["entries"]: r for r in out["rows"]}
-    assert sorted(rows) == [300, 1000]
-    for n, r in rows.items():
-        assert r["impl"] == "ours" and r["churn_keys"] == max(1, n // 100)
+    assert out["errors"] == {} and out["competitors"] == ["ours"] and out["variants"] == ["ours v1", "ours log"]
+    rows = {(r["variant"], r["entries"]): r for r in out["rows"]}
+    assert sorted(rows) == [(v, n) for v in ("ours log", "ours v1") for n in (300, 1000)]
+    for (v, n), r in rows.items():
+        assert r["churn_keys"] == max(1, n // 100) and not r.get("reopen_incomplete")
         assert r["ckpt_s"] > 0 and r["reopen_s"] > 0 and r["reopen_verify_s"] > 0
-        assert 100 < r["bytes_per_entry"] < 400 and r["index_memory_per_entry"] > 0
-    assert rows[1000]["ckpt_bytes"] > 2 * rows[300]["ckpt_bytes"]  # v1 rewrites the whole index
-    (probe,) = out["limit"]["probes"]  # past what a 1 MiB region holds: our core refuses it
-    assert probe["outcome"] == "refused" and "too large" in probe["error"] and probe["too_large_count"] == 1
-    got = {(r["path"], r["full"]) for r in out["puts"]}
-    assert got == {(p, f) for p in ("plugin", "core") for f in (False, True)}
+        assert r["index_memory_per_entry"] > r["index_memory_per_entry_without_keys"] > 0
+    assert rows[("ours v1", 1000)]["ckpt_bytes"] > 2 * rows[("ours v1", 300)]["ckpt_bytes"]  # the whole index
+    for n in (300, 1000):
+        log = rows[("ours log", n)]
+        assert 100 < rows[("ours v1", n)]["bytes_per_entry"] < 400 and log["bytes_per_entry"] < 100
+        assert log["ckpt_bytes"] < log["base"]["bytes"] and log["meta_total_bytes"] == scale.DEFAULT_META
+    probes = {p["variant"]: p for p in out["limit"]["probes"]}  # past what a 1 MiB v1 region holds
+    assert probes["ours v1"]["outcome"] == "refused" and "too large" in probes["ours v1"]["error"]
+    assert probes["ours log"]["outcome"] == "written"
+    got = {(r["path"], r["variant"], r["full"]) for r in out["puts"]}
+    assert got == {(p, v, f) for p in ("plugin", "core") for v in ("ours v1", "ours log") for f in (False, True)} | {
+        ("each", v, True) for v in ("ours v1", "ours log")}
     for r in out["puts"]:
         assert r["failed"] == 0 and r["p50_s"] <= r["p99_s"] and r["threads"] == 1
-        assert r["room_ckpts_per_put"] == 0 if not r["full"] else r["room_ckpts_per_put"] > 0
+        # a full cache: checkpoints free the slots (the plugin's evictor writes them, not the put)
+        assert r["room_ckpts_per_put"] == 0 if not r["full"] else r["ckpts_per_put"] > 0
+    assert {t["label"].split(",")[0] for t in out["targets"]} >= {"put p50 full / room", "failed puts"}
     assert os.listdir(tmp_path) == []  # its files are gone
     text: list[str] = []
     report.print_scale({"scale": out}, text.append)
     assert any("ckpt bytes" in t for t in text) and any("refused" in t for t in text)
+    assert any("log / v1" in t for t in text) and any("against its targets" in t for t in text)
+
+
+def test_scale_log_region_matches_the_core_sizing_rule():
+    # the smallest region (>= 128 MiB, whole MiB) whose base areas hold 64 B per slot
+    assert scale.meta_log_for(20_000) == scale.DEFAULT_META
+    for slots in (2_000_000, 10_030_000):
+        m = scale.meta_log_for(slots)
+        assert scale._log_area(m) // 64 >= slots > scale._log_area(m - (1 << 20)) // 64
 
 
 def test_loadcheck_goal_covers_large_chunks_only():

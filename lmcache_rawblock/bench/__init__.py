@@ -9,8 +9,9 @@ core (our RawBlockCore against LMCache's, with per-key CPU beside the kernel flo
 checkpoint flush cost), recovery (slot-header validation, sequential against batched),
 plugin (batched_remove fan-out against the override, and eviction under contention) and e2e
 (LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio)
-and scale (the v1 checkpoint's bytes and time, reopen time and index memory against index size,
-and what a put costs on a full cache).
+and scale (both metadata formats and LMCache's core against index size: the checkpoint after churn
+beside a full base, bytes per entry, reopen time beside fio, index memory, and what a put costs on
+a full cache).
 Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
 check costs a load, the check on against off on one core).
 """
@@ -50,6 +51,7 @@ class Options:
     parts: list[str] = field(default_factory=lambda: list(PART_NAMES))
     sizes: list[int] | None = None
     repeats: int | None = None
+    scale_entries: list[int] | None = None
     progress: bool = True
     argv: list[str] | None = None
 
@@ -139,6 +141,8 @@ def scale_settings(opts: Options) -> scale_suite.ScaleSettings:
     s = replace(scale_suite.SUITES[opts.suite])
     if opts.repeats:
         s.ckpt_rounds = s.reopen_rounds = opts.repeats
+    if opts.scale_entries:
+        s.sizes = list(opts.scale_entries)
     return s
 
 

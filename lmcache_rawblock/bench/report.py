@@ -310,62 +310,141 @@ def _f2(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _pct_s(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.2f} %"
+
+
+_VARIANT_ORDER = {"ours log": 0, "ours v1": 1, "lmcache": 2}
+
+
+def _vkey(r: dict) -> int:
+    return _VARIANT_ORDER.get(r.get("variant", r.get("impl")), 9)
+
+
 def scale_rows(sc: dict) -> list[list[str]]:
-    return [[r["impl"], f"{r['entries']:,}", _kb(r.get("ckpt_bytes")), _f1(r.get("bytes_per_entry")),
-             fmt_time(r.get("ckpt_s")), fmt_time(r.get("ckpt_cpu_s")), fmt_time(r.get("reopen_s")),
-             fmt_time(r.get("reopen_verify_s")), _f1(r.get("index_memory_per_entry"))]
-            for r in sorted(sc.get("rows", []), key=lambda r: (r["entries"], r["impl"] != "ours"))]
+    rows = []
+    for r in sorted(sc.get("rows", []), key=lambda r: (r["entries"], _vkey(r))):
+        base = r.get("base") or {}
+        fio = r.get("fio") or {}
+        found = "" if not r.get("reopen_incomplete") else f" ({r.get('reopen_found'):,} found)"
+        rows.append([r.get("variant", r["impl"]), f"{r['entries']:,}", _kb(r.get("meta_total_bytes")),
+                     _kb(r.get("ckpt_bytes")), fmt_time(r.get("ckpt_s")), fmt_time(r.get("ckpt_cpu_s")),
+                     _kb(base.get("bytes")), fmt_time(base.get("wall_s")), _pct_s(r.get("ckpt_vs_base_bytes")),
+                     _pct_s(r.get("ckpt_vs_base_s")), _f1(r.get("bytes_per_entry")),
+                     fmt_time(r.get("reopen_s")) + found, fmt_time(r.get("reopen_verify_s")) + found,
+                     f"{fio['iops'] / 1e3:,.0f}k" if fio.get("iops") else "-",
+                     _f2(fio.get("ours_vs_fio")), _f1(r.get("index_memory_per_entry")),
+                     _f1(r.get("index_memory_per_entry_without_keys"))])
+    return rows
+
+
+def _fx(v: float | None) -> str:
+    return fmt_x(v) if v is None or v >= 0.1 else f"{v:.4f}x"
+
+
+def scale_side_rows(sc: dict) -> list[list[str]]:
+    """Per index size: the log format over v1 and over LMCache's core, for each cost."""
+    by = {(r["entries"], r.get("variant", r["impl"])): r for r in sc.get("rows", [])}
+    out = []
+    for n in sorted({r["entries"] for r in sc.get("rows", [])}):
+        log, v1, lmc = by.get((n, "ours log")), by.get((n, "ours v1")), by.get((n, "lmcache"))
+        if not log or not (v1 or lmc):
+            continue
+        for label, key in (("checkpoint bytes after churn", "ckpt_bytes"), ("checkpoint wall", "ckpt_s"),
+                           ("bytes per entry", "bytes_per_entry"), ("reopen", "reopen_s"),
+                           ("reopen verify", "reopen_verify_s"), ("index memory", "index_memory_per_entry")):
+            lv = log.get(key)
+            if log.get("reopen_incomplete") and key.startswith("reopen"):
+                lv = None
+            out.append([f"{n:,}", label, _fx(lv / v1[key] if lv and v1 and v1.get(key) else None),
+                        _fx(lv / lmc[key] if lv and lmc and lmc.get(key) else None)])
+    return out
 
 
 def scale_limit_rows(sc: dict) -> list[list[str]]:
     lim = sc.get("limit") or {}
     rows = []
     for p in lim.get("probes", []):
-        est = lim.get("by_impl", {}).get(p["impl"], {})
-        rows.append([p["impl"], f"{est.get('max_entries', 0):,}", f"{p['factor']:.2f}", f"{p['entries']:,}",
-                     p["outcome"], _kb(p.get("ckpt_bytes"))])
+        rows.append([p.get("variant", p["impl"]), f"{p.get('max_entries', 0):,}", f"{p['factor']:.2f}",
+                     f"{p['entries']:,}", p["outcome"], _kb(p.get("ckpt_bytes"))])
     return rows
 
 
 def scale_put_rows(sc: dict) -> list[list[str]]:
+    from .scale import put_ratios
+
+    ratios = {(p["path"], p["variant"], p["slots"], p["threads"]): p for p in put_ratios(sc)}
     rows = []
-    for r in sc.get("puts", []):
-        how = "plugin LRU" if r["path"] == "plugin" else ("core, delete oldest + put" if r["full"] else "core")
-        rows.append([how, r["impl"], f"{r['slots']:,}", str(r["threads"]), "full" if r["full"] else "room",
-                     str(r["puts"]), fmt_us(r.get("p50_s")), fmt_us(r.get("p99_s")), str(r.get("failed")),
-                     _f2(r.get("ckpts_per_put")), _f2(r.get("room_ckpts_per_put")), fmt_us(r.get("delete_p50_s"))])
+    order = {"plugin": 0, "core": 1, "each": 2}
+    for r in sorted(sc.get("puts", []), key=lambda r: (r["slots"], r["threads"], order.get(r["path"], 3), _vkey(r),
+                                                       r["full"])):
+        how = {"plugin": "plugin LRU", "each": "core, delete oldest + put"}.get(
+            r["path"], "core, batch delete + put" if r["full"] else "core")
+        pr = ratios.get((r["path"], r.get("variant", r["impl"]), r["slots"], r["threads"])) if r["full"] else None
+        done = f"{r.get('puts_done', r['puts'])}" + ("*" if r.get("budget_hit") else "")
+        rows.append([how, r.get("variant", r["impl"]), f"{r['slots']:,}", str(r["threads"]),
+                     "full" if r["full"] else "room", done, fmt_us(r.get("p50_s")), fmt_us(r.get("p99_s")),
+                     fmt_us(r.get("max_s")), str(r.get("failed")), fmt_x(pr["p50_ratio"]) if pr else "-",
+                     fmt_x(pr["p99_ratio"]) if pr else "-", _f2(r.get("ckpts_per_put")),
+                     _f2(r.get("room_ckpts_per_put")),
+                     fmt_time(r.get("delete_s")) + (f" ({r['delete_keys']:,})" if r.get("delete_keys") else "")
+                     if r.get("delete_s") is not None else fmt_time(r.get("delete_p50_s"))])
     return rows
 
 
 def print_scale(results: dict, p: Callable[..., None]) -> None:
     sc = results["scale"]
     s = sc["settings"]
-    p(f"Scale: v1 metadata against index size, {s['slot_bytes']} B slots ({s['header_bytes']} B header, "
-      f"{s['payload_bytes']} B payloads), LMCache-shaped object keys ({s['chunk_hash_bytes']}-byte chunk hashes), "
-      f"posix, page cache; checkpoint after {s['churn'] * 100:g} % churn (median of {s['ckpt_rounds']}): its "
-      "bytes on the device, per entry, wall and CPU time; reopen with meta_verify_on_load off / on; index "
-      "memory per entry (ours only)")
+    p(f"Scale: metadata against index size, formats v1 and log of our core and LMCache's core; {s['slot_bytes']} B "
+      f"slots ({s['header_bytes']} B header, {s['payload_bytes']} B payloads), LMCache-shaped object keys "
+      f"({s['chunk_hash_bytes']}-byte chunk hashes), posix, page cache; checkpoint after {s['churn'] * 100:g} % churn "
+      f"(median of {s['ckpt_rounds']}): its bytes on the device, wall and CPU time; full base (log: "
+      "compact_metadata()) and the churn checkpoint over it; bytes per entry on the device; reopen with "
+      "meta_verify_on_load off / on; fio's random-read IOPS at the core's header-reader depth over the same file, "
+      "and our headers per second over it; index memory per entry, with and without the key")
     for k, v in sc.get("errors", {}).items():
         p(f"  {k}: {v}")
     for note in sc.get("notes", []):
         p(f"  note: {note}")
+    for sk in sc.get("skipped", []):
+        p(f"  skipped: {sk['variant']} at {sk['entries']:,} entries: {sk['why']}")
+    for r in sc.get("rows", []):
+        if r.get("reopen_incomplete"):
+            p(f"  {r.get('variant')} {r['entries']:,}: {r['reopen_incomplete']}")
     rows = scale_rows(sc)
     if rows:
-        p(table(["impl", "entries", "ckpt bytes", "B/entry", "ckpt wall", "ckpt CPU", "reopen", "reopen verify",
-                 "index B/entry"], rows, _right(9)))
+        p(table(["variant", "entries", "region", "ckpt bytes", "ckpt wall", "ckpt CPU", "base bytes", "base wall",
+                 "ckpt/base B", "ckpt/base t", "B/entry", "reopen", "reopen verify", "fio IOPS", "hdr/s / fio",
+                 "index B/entry", "w/o key"], rows, _right(17)))
+    side = scale_side_rows(sc)
+    if side:
+        p("Scale: the log format's figures over v1's and over LMCache's core (lower is better)")
+        p(table(["entries", "figure", "log / v1", "log / lmcache"], side, [True, False, True, True]))
     lim = sc.get("limit") or {}
     if lim.get("probes"):
-        p(f"Scale: the default metadata region ({fmt_size(lim['meta_total_bytes'])}: checkpoints of at most "
-          f"{fmt_size(lim['payload_capacity'])}); entries it holds at the bytes per entry of the largest N, and "
-          "one checkpoint at a fraction of that")
-        p(table(["impl", "max entries", "factor", "entries", "checkpoint", "bytes"], scale_limit_rows(sc),
+        p(f"Scale: the default metadata region ({fmt_size(lim['meta_total_bytes'])}: v1 checkpoints of at most "
+          f"{fmt_size(lim['payload_capacity'])}); entries it holds at v1's bytes per entry of the largest N, and "
+          "one checkpoint at a fraction of that (log format: the same counts)")
+        p(table(["variant", "v1 max entries", "factor", "entries", "checkpoint", "bytes"], scale_limit_rows(sc),
                 [False, True, True, True, False, True]))
     rows = scale_put_rows(sc)
     if rows:
-        p("Scale: one-key puts into a cache of S entries with room, and full (every slot taken; a checkpoint "
-          "written after the fill); µs per put; checkpoints written per put, and those written to free a slot")
-        p(table(["path", "impl", "slots", "threads", "cache", "puts", "p50 µs", "p99 µs", "failed", "ckpts/put",
-                 "room ckpts/put", "delete p50 µs"], rows, _right(12, 2)))
+        p(f"Scale: one-key puts into a cache of S entries with room, and full (every slot taken; a checkpoint "
+          f"written after the fill); plugin: eviction_policy lru; core: one delete_many of the oldest "
+          f"{s.get('eviction_ratio', 0) * 100:g} % (LMCache's L2 eviction_ratio), then the puts (delete: that "
+          "batch); core, delete oldest + put: the plugin's one-at-a-time eviction without the plugin (delete: p50 "
+          "per key; full/room over the core's room row); µs per put; "
+          "full/room of p50 and p99; checkpoints written per put, and those written to free a slot; "
+          f"* = stopped after {s.get('put_budget_s', 0):g} s")
+        p(table(["path", "variant", "slots", "threads", "cache", "puts", "p50 µs", "p99 µs", "max µs", "failed",
+                 "p50 full/room", "p99 full/room", "ckpts/put", "room ckpts/put", "delete"], rows,
+                _right(15, 2)))
+    tg = sc.get("targets") or []
+    if tg:
+        p("Scale: the log format against its targets")
+        p(table(["figure (ours log)", "measured", "target", "met", "detail"],
+                [[t["label"], t["shown"], t["goal_text"], "yes" if t["met"] else "NO", t["detail"]] for t in tg],
+                [False, True, False, False, False]))
 
 
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
