@@ -27,6 +27,7 @@ NATIVE_LIBS = [
     ("libnvme", "nvme"),
     ("json-c", "json-c"),
     ("zlib", "z"),
+    ("libdeflate", "deflate"),  # decodes bases and log groups (zlib encodes them)
     ("blkid", "blkid"),
     ("libxxhash", "xxhash"),
 ]
@@ -72,7 +73,7 @@ def native_flags() -> tuple[list[str], list[str], list[str]]:
 
 def extension() -> Extension:
     cflags, libs, link = native_flags()
-    compile_args = ["-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", *cflags]
+    compile_args = ["-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-DRB_HAVE_LIBDEFLATE", *cflags]
     link_args = [*link, "-lpthread"]
     if os.environ.get("RB_WERROR") == "1":
         compile_args.append("-Werror")

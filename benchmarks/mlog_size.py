@@ -44,8 +44,12 @@ SRC = ["benchmarks/mlog_bench.c", "csrc/core/rb_mlog.c", "csrc/core/rb_mlog_read
 def build() -> None:
     os.makedirs(os.path.dirname(BIN), exist_ok=True)
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-Icsrc/core", *SRC,
-                    "-ljson-c", "-lz", "-lpthread", "-o", BIN], cwd=ROOT, check=True)
+    # the decoder the extension uses (libdeflate), or zlib's with RB_MLOG_DECODER=zlib
+    zlib_only = os.environ.get("RB_MLOG_DECODER") == "zlib"
+    dec = [] if zlib_only else ["-DRB_HAVE_LIBDEFLATE"]
+    libs = ([] if zlib_only else ["-ldeflate"]) + ["-ljson-c", "-lz", "-lpthread"]
+    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", *dec, "-Icsrc/core", *SRC,
+                    *libs, "-o", BIN], cwd=ROOT, check=True)
 
 
 def okey(chunk_hash: bytes, rank: int) -> ObjectKey:

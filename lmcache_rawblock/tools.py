@@ -179,9 +179,10 @@ def _log_state(r: dict) -> dict:
     classes = {}
     for cid, frag in r["classes"].items():
         try:
-            classes[cid] = json.loads("{" + frag + "}")
-        except ValueError:
-            classes[cid] = {}
+            cls = json.loads("{" + frag + "}")
+        except (ValueError, RecursionError):  # a fragment the core would refuse: its entries are shown bare
+            cls = {}
+        classes[cid] = cls if isinstance(cls, dict) else {}
     entries = {}
     for key, e in r["entries"].items():
         c = classes.get(e["class"], {})

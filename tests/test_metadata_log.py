@@ -364,3 +364,45 @@ def test_groups_a_crashed_writer_left_past_a_torn_one_are_never_replayed(tmp_pat
     c = _log(dev)
     assert _loads(c, [1, 2, 9, 20]) == [1, 2, 20]
     c.close()
+
+
+def test_classes_no_entry_uses_leave_with_the_next_base(tmp_path):
+    # Every payload a shape of its own (LMCache's last chunk of a request varies in tokens):
+    # the base carries only the classes its entries use, so a small region never fills with
+    # classes of entries long gone, across compactions and restarts.
+    dev = make_device(tmp_path, size=(128 << 10) + 64 * SLOT)
+    c = _log(dev, meta_total_bytes=128 << 10)
+    for i in range(1500):
+        k = i % 4
+        assert c.put_many([okey(k)], [Obj(payload(k, 64 + i))]).results == [True]
+        c.checkpoint_now()
+        c.delete_many([okey(k).encoded])
+        if i == 700:
+            c.close()
+            c = _log(dev, meta_total_bytes=128 << 10)
+    log = _status(c)["metadata_log"]
+    assert log["compactions"] > 10 and log["base_too_large"] == 0
+    _put(c, [7])
+    c.close()
+    c = _log(dev, meta_total_bytes=128 << 10)
+    assert _loads(c, [7]) == [7]
+    c.close()
+
+
+def test_the_final_checkpoint_compacts_a_full_ring(tmp_path):
+    # No periodic thread: the ring is left full, with changes still journaled, when close()
+    # writes the final checkpoint; it compacts first and keeps them.
+    dev = make_device(tmp_path)
+    c = _log(dev)
+    _put(c, range(40))
+    c.checkpoint_now()
+    for i in range(32):  # 32 groups of 4 KiB: the ring is full
+        c.delete_many([okey(i).encoded])
+        c.checkpoint_now()
+    assert _status(c)["metadata_log"]["live_bytes"] == 32 * 4096
+    big = list(range(1000, 1020))
+    _put(c, big)
+    c.close()
+    c = _log(dev)
+    assert _loads(c, list(range(40)) + big) == list(range(32, 40)) + big
+    c.close()

@@ -31,7 +31,7 @@ import zipfile
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-EXPECT_BUNDLED = ("libnvme", "libjson-c", "libblkid", "libxxhash")
+EXPECT_BUNDLED = ("libnvme", "libjson-c", "libblkid", "libxxhash", "libdeflate")
 
 
 def needed(data: bytes) -> list[str]:

@@ -89,7 +89,7 @@ dev=$(echo "$installed" | grep -E -- '-dev$' || true)
 [ -z "$dev" ] || errors+=("-dev packages installed: $(echo $dev)")
 if [ "${#errors[@]}" -gt 0 ]; then printf 'test-wheel-bare: %s\n' "${errors[@]}" >&2; die "the root is not bare"; fi
 present=() absent=()
-for p in libnvme1 libjson-c5 libblkid1 libxxhash0 liburing2; do
+for p in libnvme1 libjson-c5 libblkid1 libxxhash0 libdeflate0 liburing2; do
   if echo "$installed" | grep -qx "$p"; then present+=("$p"); else absent+=("$p"); fi
 done
 say "root $root: $(echo "$installed" | wc -l) packages, no compiler, no -dev package, no build headers"

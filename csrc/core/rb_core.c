@@ -653,7 +653,9 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
     rc = rb_core_ml_init(c, err);
     if (rc < 0)
         goto fail;
+    uint64_t t_rec = rb_now_ns();
     rc = rb_core_recover(c, err);
+    c->rec_ns = rb_now_ns() - t_rec;
     if (rc < 0)
         goto fail;
     if (cfg->meta_enable_periodic) {
@@ -1924,6 +1926,8 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->closed = c->closed;
     st->recovery_outcome = c->rec_outcome;
     st->recovery_seq = c->rec_seq;
+    st->recovery_ns = c->rec_ns;
+    st->recovery_read_ns = c->ml.rec_read_ns;
     st->recovery_rejected_seq = c->rec_rejected_seq;
     st->recovery_lost = c->rec_lost;
     st->held_slots = c->n_held + rb_core_ml_held_locked(c);

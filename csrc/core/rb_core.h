@@ -133,6 +133,7 @@ typedef struct rb_core_status {
     int recovery_loaded, closed;
     int recovery_outcome; /* enum rb_recovery_outcome */
     uint64_t recovery_seq, recovery_rejected_seq;
+    uint64_t recovery_ns, recovery_read_ns; /* open's recovery, and of it the log format's region read */
     int64_t recovery_lost; /* -1 unknown */
     uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes, skipped;
     /* Trust: slot headers refused at load, write-back failures and the entries they dropped,

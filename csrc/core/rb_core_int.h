@@ -83,6 +83,7 @@ typedef struct rb_mlw {
     uint64_t last_base_ns, last_switch_ns;
     /* recovery */
     uint64_t rec_groups, rec_records, rec_chunks_bad, rec_entries_lost;
+    uint64_t rec_read_ns; /* the region read (base and log into the index) */
     int rec_log_end;
 } rb_mlw;
 
@@ -148,6 +149,7 @@ struct rb_core {
 
     /* What recovery at open found (report_status, logs). */
     int rec_outcome; /* enum rb_recovery_outcome */
+    uint64_t rec_ns;  /* time recovery took at open */
     uint64_t rec_seq, rec_rejected_seq;
     int64_t rec_lost; /* entries of a rejected newer checkpoint not recovered; -1 unknown */
     uint64_t apply_skipped; /* entries of the last applied state that its checks refused */

@@ -180,9 +180,13 @@ static void hold_for_base_locked(rb_core *c, uint32_t slot)
     m->held_base[m->n_held_base++] = slot;
 }
 
-/* The id class k has in this generation's records, logging a CLASS record first when it has
- * none yet. UINT32_MAX when the record cannot be appended. */
-static uint32_t disk_class_locked(rb_core *c, uint32_t k)
+/* cls_disk[k]: class k's id in this generation (stable once given), and ML_CLS_LOGGED while
+ * the base or a live group defines it (a CLASS record since the base began, or its table). */
+#define ML_CLS_LOGGED 0x80000000u
+#define ML_CLS_ID(v) ((v) & ~ML_CLS_LOGGED)
+
+/* Class k's id in this generation, given now if it has none. UINT32_MAX when out of memory. */
+static uint32_t class_id_locked(rb_core *c, uint32_t k)
 {
     rb_mlw *m = &c->ml;
     if (k >= m->cap_cls_disk) {
@@ -196,18 +200,32 @@ static uint32_t disk_class_locked(rb_core *c, uint32_t k)
         m->cls_disk = np;
         m->cap_cls_disk = nc;
     }
-    if (m->cls_disk[k] != UINT32_MAX)
-        return m->cls_disk[k];
+    if (m->cls_disk[k] == UINT32_MAX) {
+        if (m->next_disk_cls >= ML_CLS_LOGGED)
+            return UINT32_MAX;
+        m->cls_disk[k] = m->next_disk_cls++;
+    }
+    return ML_CLS_ID(m->cls_disk[k]);
+}
+
+/* The id class k has in this generation's records, a CLASS record appended first when neither
+ * the base nor a live group defines it. UINT32_MAX when the record cannot be appended. */
+static uint32_t disk_class_locked(rb_core *c, uint32_t k)
+{
+    rb_mlw *m = &c->ml;
+    uint32_t id = class_id_locked(c, k);
+    if (id == UINT32_MAX || (m->cls_disk[k] & ML_CLS_LOGGED))
+        return id;
     rb_mlpage *p = open_page_locked(c);
     if (!p)
         return UINT32_MAX;
     const rb_class *cl = c->cls[k];
-    rb_mlog_class rc = {.id = m->next_disk_cls, .frag_len = (uint32_t)cl->json_len, .frag = cl->json};
+    rb_mlog_class rc = {.id = id, .frag_len = (uint32_t)cl->json_len, .frag = cl->json};
     rb_err e;
     if (rb_mlog_genc_class(&p->g, &rc, &e) < 0)
         return UINT32_MAX;
-    m->cls_disk[k] = m->next_disk_cls++;
-    return m->cls_disk[k];
+    m->cls_disk[k] |= ML_CLS_LOGGED;
+    return id;
 }
 
 static void ent_to_mlog(const rb_ent *e, uint32_t disk_cls, rb_mlog_ent *me)
@@ -284,6 +302,8 @@ static void drop_pages_locked(rb_core *c, size_t n)
         release_page_locked(c, m->pg[i]);
         page_free(m->pg[i]);
     }
+    if (n == 0)
+        return;
     memmove(m->pg, m->pg + n, (m->n_pg - n) * sizeof(*m->pg));
     m->n_pg -= n;
 }
@@ -569,29 +589,15 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     out->q = m->last_seq;
     out->next_slot = c->slots.next_slot < c->usable_slots ? c->slots.next_slot : c->usable_slots;
     out->n_cls_core = c->n_cls;
-    size_t frag_bytes = 0;
-    for (uint32_t k = 0; k < c->n_cls; k++) {
-        if (disk_class_locked(c, k) == UINT32_MAX) {
-            pthread_mutex_unlock(&c->mu);
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        }
-        frag_bytes += c->cls[k]->json_len;
-    }
-    tab = calloc(c->n_cls ? c->n_cls : 1, sizeof(*tab));
-    frags = malloc(frag_bytes ? frag_bytes : 1);
-    if (!tab || !frags) {
+    /* The base defines the classes its entries use, and nothing older survives it: a change
+     * journaled from now on logs its class again when it is not one of those. */
+    for (uint32_t k = 0; k < m->cap_cls_disk; k++)
+        if (m->cls_disk[k] != UINT32_MAX)
+            m->cls_disk[k] &= ~ML_CLS_LOGGED;
+    uint8_t *used = calloc(out->n_cls_core ? out->n_cls_core : 1, 1);
+    if (!used) {
         pthread_mutex_unlock(&c->mu);
-        free(tab);
-        free(frags);
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    size_t at = 0;
-    for (uint32_t k = 0; k < c->n_cls; k++) {
-        memcpy(frags + at, c->cls[k]->json, c->cls[k]->json_len);
-        tab[k].id = m->cls_disk[k];
-        tab[k].frag = frags + at;
-        tab[k].frag_len = (uint32_t)c->cls[k]->json_len;
-        at += c->cls[k]->json_len;
     }
     uint32_t n_ents = c->index.n_ents;
     size_t cap_pairs = c->index.n_live;
@@ -601,14 +607,6 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     m->cmp_q = out->q;
     pthread_mutex_unlock(&c->mu);
 
-    /* class ids in a generation are handed out in order, but sort anyway (the encoder wants
-     * them ascending) */
-    for (uint32_t i = 1; i < out->n_cls_core; i++)
-        for (uint32_t j = i; j > 0 && tab[j - 1].id > tab[j].id; j--) {
-            rb_mlog_class t = tab[j];
-            tab[j] = tab[j - 1];
-            tab[j - 1] = t;
-        }
 
     /* 1: which positions hold live entries, slice by slice */
     pairs = malloc((cap_pairs ? cap_pairs : 1) * sizeof(*pairs));
@@ -639,18 +637,62 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
             pairs[n_pairs].slot = e->slot;
             pairs[n_pairs].pos = p;
             n_pairs++;
+            used[e->cls] = 1;
         }
         pthread_mutex_unlock(&c->mu);
     }
     if (rc < 0)
         goto out;
+    /* the class table: the classes the entries use, with their ids (given now if need be) */
+    pthread_mutex_lock(&c->mu);
+    size_t frag_bytes = 0;
+    uint32_t n_tab = 0;
+    for (uint32_t k = 0; k < out->n_cls_core; k++) {
+        if (!used[k])
+            continue;
+        if (class_id_locked(c, k) == UINT32_MAX) {
+            rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+            break;
+        }
+        frag_bytes += c->cls[k]->json_len;
+        n_tab++;
+        /* defined by the base from now on, and by the live log before it (every class an entry
+         * uses was logged when the entry was) */
+        m->cls_disk[k] |= ML_CLS_LOGGED;
+    }
+    tab = rc == 0 ? calloc(n_tab ? n_tab : 1, sizeof(*tab)) : NULL;
+    frags = rc == 0 ? malloc(frag_bytes ? frag_bytes : 1) : NULL;
+    if (rc == 0 && (!tab || !frags))
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    size_t at = 0;
+    uint32_t t_i = 0;
+    for (uint32_t k = 0; rc == 0 && k < out->n_cls_core; k++) {
+        if (!used[k])
+            continue;
+        memcpy(frags + at, c->cls[k]->json, c->cls[k]->json_len);
+        tab[t_i].id = ML_CLS_ID(m->cls_disk[k]);
+        tab[t_i].frag = frags + at;
+        tab[t_i].frag_len = (uint32_t)c->cls[k]->json_len;
+        at += c->cls[k]->json_len;
+        t_i++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (rc < 0)
+        goto out;
+    /* ids are handed out in order, but sort anyway (the encoder wants them ascending) */
+    for (uint32_t i = 1; i < n_tab; i++)
+        for (uint32_t j = i; j > 0 && tab[j - 1].id > tab[j].id; j--) {
+            rb_mlog_class t = tab[j];
+            tab[j] = tab[j - 1];
+            tab[j - 1] = t;
+        }
     /* 2: slot order */
     if (sort_pairs(pairs, n_pairs) < 0) {
         rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
         goto out;
     }
     /* 3: encode, a slice of entries copied out under mu at a time, and write */
-    rc = rb_mlog_benc_init(&be, m->generation, out->q, out->next_slot, tab, out->n_cls_core, NULL, err);
+    rc = rb_mlog_benc_init(&be, m->generation, out->q, out->next_slot, tab, n_tab, NULL, err);
     if (rc < 0)
         goto out;
     have_be = 1;
@@ -672,12 +714,17 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
             if ((e->flags & RB_ENT_DEAD) || e->slot != pairs[i].slot)
                 continue; /* deleted since step 1: its FREE is in a group after Q */
             ml_copy *k = &cp[nc++];
-            ent_to_mlog(e, m->cls_disk[e->cls], &k->e);
+            ent_to_mlog(e, ML_CLS_ID(m->cls_disk[e->cls]), &k->e);
             k->key_at = arena.len;
             rb_buf_put(&arena, k->e.key, k->e.key_len);
-            k->pos_at = arena.len;
-            if (k->e.npos > 0)
+            if (k->e.npos > 0) {
+                static const char pad[8];
+                rb_buf_put(&arena, pad, (8 - arena.len % 8) % 8); /* positions are read as int64_t */
+                k->pos_at = arena.len;
                 rb_buf_put(&arena, (const char *)k->e.pos, (size_t)k->e.npos * 8);
+            } else {
+                k->pos_at = arena.len;
+            }
         }
         pthread_mutex_unlock(&c->mu);
         if (arena.oom) {
@@ -717,6 +764,7 @@ out:
         rb_mlog_benc_free(&be);
     free(tab);
     free(frags);
+    free(used);
     free(pairs);
     free(cp);
     free(bounce);
@@ -786,7 +834,7 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     pthread_mutex_lock(&c->mu);
     uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
     uint64_t lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
-    uint64_t seq = (fresh ? m->sb_seq_seen : m->sb.sb_seq) + (fresh ? 2 : 1);
+    uint64_t seq = m->sb_seq_seen + (fresh ? 2 : 1); /* above every superblock seen */
     int which = fresh ? 0 : m->sb_which ^ 1;
     rb_mlog_sb sb;
     sb_fill_locked(c, b, seq, start, &sb);
@@ -968,7 +1016,7 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
         /* The ring is full (a burst outran the periodic compaction, or there is no periodic
          * thread): compact here, then write the groups. */
         rb_err ce;
-        if (rb_core_ml_compact(c, 1, &ce) < 0)
+        if (rb_core_ml_compact(c, 0, &ce) < 0) /* not forced: one that ran meanwhile made room */
             break;
     }
     if (rc == 0 && base)
@@ -1000,7 +1048,7 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         return 0;
     pthread_mutex_lock(&m->cmp_mu);
     pthread_mutex_lock(&c->mu);
-    int live = m->state == RB_ML_LIVE && !c->closed;
+    int live = m->state == RB_ML_LIVE; /* also while closing: the final checkpoint may need room */
     int due = m->cmp_urgent || (m->lhead - m->lstart) * 2 > m->lay.ring.len;
     int area = (int)(m->sb.base.area ^ 1u);
     pthread_mutex_unlock(&c->mu);
@@ -1045,6 +1093,8 @@ typedef struct ml_rec {
     rb_err why;
 } ml_rec;
 
+static int slot_room(ml_rec *r, uint32_t slot);
+
 static int rec_sb(void *ctx, const rb_mlog_sb *sb)
 {
     ml_rec *r = ctx;
@@ -1063,6 +1113,11 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
         }
     }
     r->top = sb->base.next_slot < c->max_slots ? sb->base.next_slot : c->max_slots;
+    /* A bulk load: room for the base's entries and slots up front (best effort). */
+    uint64_t n = sb->base.n_entries < c->max_slots ? sb->base.n_entries : c->max_slots;
+    (void)rb_idx_reserve(&c->index, (uint32_t)n);
+    if (r->top)
+        (void)slot_room(r, r->top - 1);
     return 0;
 }
 
@@ -1121,11 +1176,8 @@ static int rec_cls(void *ctx, const rb_mlog_class *k)
             mi.fmt = json_object_get_string(v);
             mi.fmt_len = (size_t)json_object_get_string_len(v);
         }
-        if (mi.ndim >= -1) {
-            pthread_mutex_lock(&c->mu);
-            id = rb_core_intern_class(c, &mi);
-            pthread_mutex_unlock(&c->mu);
-        }
+        if (mi.ndim >= -1)
+            id = rb_core_intern_class(c, &mi); /* mu held by rb_core_ml_recover */
         free(dims);
     }
     if (o)
@@ -1170,7 +1222,14 @@ static void rec_vacate(ml_rec *r, uint32_t slot)
 }
 
 /* An entry of the base or a PUT record: slot S holds this key now. mu held. */
+static int rec_apply_put_h(ml_rec *r, const rb_mlog_ent *e, uint32_t h);
+
 static int rec_apply_put(ml_rec *r, const rb_mlog_ent *e)
+{
+    return rec_apply_put_h(r, e, rb_idx_hash(e->key, e->key_len));
+}
+
+static int rec_apply_put_h(ml_rec *r, const rb_mlog_ent *e, uint32_t h)
 {
     rb_core *c = r->c;
     uint32_t cls = e->cls < r->cap_map ? r->cls_map[e->cls] : UINT32_MAX;
@@ -1182,7 +1241,6 @@ static int rec_apply_put(ml_rec *r, const rb_mlog_ent *e)
     if (slot_room(r, e->slot) < 0)
         return -ENOMEM;
     rec_vacate(r, e->slot);
-    uint32_t h = rb_idx_hash(e->key, e->key_len);
     uint32_t old = rb_idx_find(&c->index, e->key, e->key_len, h);
     if (old != UINT32_MAX) /* the key moved */
         rec_vacate(r, c->index.ents[old].slot);
@@ -1209,11 +1267,29 @@ static int rec_apply_put(ml_rec *r, const rb_mlog_ent *e)
 
 static int rec_ent(void *ctx, const rb_mlog_ent *e)
 {
+    return rec_apply_put(ctx, e);
+}
+
+/* A chunk's entries: hashed and their table lines prefetched a window ahead of the inserts
+ * (each insert's probe is otherwise a cache miss into a table of millions). */
+static int rec_ents(void *ctx, const rb_mlog_ent *e, size_t n)
+{
     ml_rec *r = ctx;
-    pthread_mutex_lock(&r->c->mu);
-    int rc = rec_apply_put(r, e);
-    pthread_mutex_unlock(&r->c->mu);
-    return rc;
+    enum { W = 32 };
+    uint32_t hs[W];
+    for (size_t i0 = 0; i0 < n; i0 += W) {
+        size_t m = n - i0 < W ? n - i0 : W;
+        for (size_t j = 0; j < m; j++) {
+            hs[j] = rb_idx_hash(e[i0 + j].key, e[i0 + j].key_len);
+            rb_idx_prefetch(&r->c->index, hs[j]);
+        }
+        for (size_t j = 0; j < m; j++) {
+            int rc = rec_apply_put_h(r, &e[i0 + j], hs[j]);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
 }
 
 static int rec_rec(void *ctx, uint64_t seq, const rb_mlog_rec *x)
@@ -1221,12 +1297,10 @@ static int rec_rec(void *ctx, uint64_t seq, const rb_mlog_rec *x)
     (void)seq;
     ml_rec *r = ctx;
     int rc = 0;
-    pthread_mutex_lock(&r->c->mu);
     if (x->type == RB_MLOG_PUT)
         rc = rec_apply_put(r, &x->ent);
     else if (x->type == RB_MLOG_FREE)
         rec_vacate(r, x->slot);
-    pthread_mutex_unlock(&r->c->mu);
     return rc;
 }
 
@@ -1254,17 +1328,19 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     memset(&r, 0, sizeof r);
     r.c = c;
     rb_err_clear(&r.why);
-    rb_mlog_read_cb cb = {.ctx = &r, .sb = rec_sb, .cls = rec_cls, .ent = rec_ent, .rec = rec_rec,
-                          .damage = rec_damage};
+    rb_mlog_read_cb cb = {.ctx = &r, .sb = rec_sb, .cls = rec_cls, .ent = rec_ent, .ents = rec_ents,
+                          .rec = rec_rec, .damage = rec_damage};
     rb_mlog_read_result res;
     memset(&res, 0, sizeof res);
+    /* mu is held across the read: its callbacks run on this thread and change the index (at
+     * open, before any other thread can use the core; the device reads take no core lock). */
+    uint64_t t0 = rb_now_ns();
     pthread_mutex_lock(&c->mu);
     c->index.hold_compact++; /* slot_pos holds positions */
-    pthread_mutex_unlock(&c->mu);
     int rc = rb_mlog_read(&o, ml_pread, c, o.sb_only ? NULL : &cb, &res, err);
-    pthread_mutex_lock(&c->mu);
     c->index.hold_compact--;
     pthread_mutex_unlock(&c->mu);
+    m->rec_read_ns = rb_now_ns() - t0;
     int ours = res.found || res.sb_state[0] == RB_MLOG_SB_DAMAGED || res.sb_state[1] == RB_MLOG_SB_DAMAGED ||
                res.sb_state[0] == RB_MLOG_SB_NOBASE || res.sb_state[1] == RB_MLOG_SB_NOBASE;
     for (int k = 0; k < 2; k++)
@@ -1374,7 +1450,7 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
             m->cls_disk = np;
             m->cap_cls_disk = nc;
         }
-        m->cls_disk[k] = d;
+        m->cls_disk[k] = d | ML_CLS_LOGGED; /* the base or a live group defines it */
     }
     m->next_disk_cls = r.max_disk;
     c->meta_seq = res.last_seq;

@@ -168,6 +168,27 @@ static int rebuild_table(rb_idx *ix, uint32_t size)
     return 0;
 }
 
+int rb_idx_reserve(rb_idx *ix, uint32_t n)
+{
+    if (n > UINT32_MAX / 4)
+        return -ENOMEM;
+    if (n < 16)
+        n = 16; /* the array grows by half its size: never from fewer than 16 */
+    uint32_t tsize = ix->table ? ix->table_mask + 1 : 0, want = 16;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > tsize && rebuild_table(ix, want) < 0)
+        return -ENOMEM;
+    if (ix->cap_ents < n) {
+        rb_ent *ne = realloc(ix->ents, (size_t)n * sizeof(rb_ent));
+        if (!ne)
+            return -ENOMEM;
+        ix->ents = ne;
+        ix->cap_ents = n;
+    }
+    return 0;
+}
+
 int rb_idx_maybe_compact(rb_idx *ix)
 {
     uint32_t dead = ix->n_ents - ix->n_live;
@@ -215,7 +236,7 @@ uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, c
         if (rb_idx_maybe_compact(ix) < 0)
             return UINT32_MAX;
         if (ix->n_ents == ix->cap_ents) {
-            uint32_t nc = ix->cap_ents ? ix->cap_ents + ix->cap_ents / 2 : 16;
+            uint32_t nc = ix->cap_ents ? ix->cap_ents + ix->cap_ents / 2 + 1 : 16;
             rb_ent *ne = realloc(ix->ents, (size_t)nc * sizeof(rb_ent));
             if (!ne)
                 return UINT32_MAX;

@@ -155,6 +155,9 @@ void rb_idx_remove_at(rb_idx *ix, uint32_t pos);
 /* Removal by table slot (from rb_idx_find_slot): a lookup followed by a delete probes the
  * table once. */
 void rb_idx_remove_slot(rb_idx *ix, uint32_t tslot);
+/* Make room for n live records without growing the table or the array (a bulk load). 0 or
+ * -ENOMEM (nothing changed then but what already fitted). */
+int rb_idx_reserve(rb_idx *ix, uint32_t n);
 /* Compact the array when holes dominate; positions change. Returns 0 or -ENOMEM. */
 int rb_idx_maybe_compact(rb_idx *ix);
 
@@ -199,6 +202,13 @@ static inline uint32_t rb_idx_find_slot(const rb_idx *ix, const char *key, size_
             }
         }
     }
+}
+
+/* Bring the table line a lookup of hash starts at into the cache (bulk loads). */
+static inline void rb_idx_prefetch(const rb_idx *ix, uint32_t hash)
+{
+    if (ix->table)
+        __builtin_prefetch(&ix->table[hash & ix->table_mask], 1);
 }
 
 /* Position of the live record with this key, or UINT32_MAX. */

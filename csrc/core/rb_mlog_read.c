@@ -378,6 +378,19 @@ static void *worker(void *arg)
 /* Hand a decoded chunk's entries to cb->ent, in order. */
 static int slot_deliver(const slot *s, const rb_mlog_read_cb *cb)
 {
+    if (cb->ents && s->n) {
+        rb_mlog_ent *v = malloc(s->n * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        for (size_t i = 0; i < s->n; i++) {
+            v[i] = s->v[i].e;
+            v[i].key = s->keys.data ? s->keys.data + s->v[i].koff : "";
+            v[i].pos = v[i].npos >= 0 && s->pos ? s->pos + s->v[i].poff : NULL;
+        }
+        int rc = cb->ents(cb->ctx, v, s->n);
+        free(v);
+        return rc;
+    }
     if (!cb->ent)
         return 0;
     for (size_t i = 0; i < s->n; i++) {

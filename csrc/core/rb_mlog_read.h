@@ -87,6 +87,9 @@ typedef struct rb_mlog_read_cb {
     int (*cls)(void *ctx, const rb_mlog_class *c);
     /* the base's entries, chunk after chunk in the base's order, slot order inside a chunk */
     int (*ent)(void *ctx, const rb_mlog_ent *e);
+    /* the same, a decoded chunk's entries at a time (used instead of ent when set and chunks are
+     * decoded by threads; a bulk loader can then prefetch) */
+    int (*ents)(void *ctx, const rb_mlog_ent *e, size_t n);
     /* the log's records in log order (after every base entry); a CLASS record goes to cls
      * first, then here */
     int (*rec)(void *ctx, uint64_t seq, const rb_mlog_rec *r);

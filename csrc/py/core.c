@@ -1447,6 +1447,9 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
     PyObject *fmt = PyUnicode_FromString(st->meta_format == RB_META_LOG ? "log" : "v1");
     int rc = fmt ? PyDict_SetItemString(d, "meta_format", fmt) : -1;
     Py_XDECREF(fmt);
+    PyObject *secs = rc == 0 ? PyFloat_FromDouble((double)st->recovery_ns / 1e9) : NULL;
+    rc = secs ? PyDict_SetItemString(d, "recovery_seconds", secs) : -1;
+    Py_XDECREF(secs);
     if (rc < 0 || st->meta_format != RB_META_LOG)
         return rc;
     PyObject *l = Py_BuildValue(
@@ -1465,6 +1468,12 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
         "recovered_groups", (unsigned long long)st->log_recovered_groups, "recovered_records",
         (unsigned long long)st->log_recovered_records, "base_area_bytes", (unsigned long long)st->base_area_bytes,
         "generation", (unsigned long long)st->log_generation);
+    if (l) {
+        PyObject *rs = PyFloat_FromDouble((double)st->recovery_read_ns / 1e9);
+        if (!rs || PyDict_SetItemString(l, "recovery_read_seconds", rs) < 0)
+            Py_CLEAR(l);
+        Py_XDECREF(rs);
+    }
     rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
     Py_XDECREF(l);
     return rc;

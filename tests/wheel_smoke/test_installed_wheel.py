@@ -30,7 +30,7 @@ from lmcache_rawblock.raw_block._lmcache import ObjectKey
 MiB = 1 << 20
 SITE = Path(sysconfig.get_path("purelib")).resolve()
 # Shared libraries the extension needs besides glibc; auditwheel puts them next to the package.
-BUNDLED = ("libnvme", "libjson-c", "libblkid", "libxxhash")
+BUNDLED = ("libnvme", "libjson-c", "libblkid", "libxxhash", "libdeflate")
 
 
 def _inside(path: str | os.PathLike, root: Path) -> bool:
