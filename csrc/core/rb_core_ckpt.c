@@ -550,13 +550,18 @@ static void read_headers_uring(rb_core *c, vitem *items, size_t n)
     free(ops);
 }
 
-int rb_core_validate_entries(rb_core *c, int sequential)
+/* Validate the live entries at index positions [lo, hi) (clipped to the index). */
+static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
 {
     pthread_mutex_lock(&c->mu);
-    size_t n = c->index.n_live, key_bytes = 0;
-    for (uint32_t p = 0; p < c->index.n_ents; p++)
-        if (!(c->index.ents[p].flags & RB_ENT_DEAD))
+    if (hi > c->index.n_ents)
+        hi = c->index.n_ents;
+    size_t n = 0, key_bytes = 0;
+    for (uint32_t p = lo; p < hi; p++)
+        if (!(c->index.ents[p].flags & RB_ENT_DEAD)) {
             key_bytes += (size_t)c->index.ents[p].key_len + 1;
+            n++;
+        }
     /* the keys are copied (the index may change while the headers are read) into one block */
     vitem *items = calloc(n ? n : 1, sizeof(*items));
     char *keys = malloc(key_bytes ? key_bytes : 1);
@@ -568,7 +573,7 @@ int rb_core_validate_entries(rb_core *c, int sequential)
         return -ENOMEM;
     }
     char *kp = keys;
-    for (uint32_t p = 0; p < c->index.n_ents; p++) {
+    for (uint32_t p = lo; p < hi; p++) {
         const rb_ent *e = &c->index.ents[p];
         if (e->flags & RB_ENT_DEAD)
             continue;
@@ -646,6 +651,26 @@ int rb_core_validate_entries(rb_core *c, int sequential)
     free(keys);
     free(items);
     return 0;
+}
+
+int rb_core_validate_entries(rb_core *c, int sequential)
+{
+    return validate_range(c, sequential, 0, UINT32_MAX);
+}
+
+int rb_core_validate_sliced(rb_core *c, const int *stop)
+{
+    const uint32_t step = 1u << 16;
+    for (uint32_t lo = 0;; lo += step) {
+        pthread_mutex_lock(&c->mu);
+        uint32_t n = c->index.n_ents;
+        pthread_mutex_unlock(&c->mu);
+        if (lo >= n || __atomic_load_n(stop, __ATOMIC_RELAXED))
+            return 0;
+        int rc = validate_range(c, 0, lo, lo + step);
+        if (rc < 0)
+            return rc;
+    }
 }
 
 int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped)
@@ -1283,6 +1308,13 @@ static int recover_v1(rb_core *c, rb_err *err)
 static void *ckpt_thread(void *arg)
 {
     rb_core *c = arg;
+    if (c->ml.bg_validate) {
+        /* log format: start-up validation after open returned, in slices, so close() need not
+         * wait for the rest (records left unverified are judged by their first load). Out of
+         * memory: the same. Records that move meanwhile (the index compacts) may be skipped. */
+        (void)rb_core_validate_sliced(c, &c->thr_stop);
+        c->ml.bg_validate = 0;
+    }
     pthread_mutex_lock(&c->thr_mu);
     while (!c->thr_stop) {
         struct timespec ts;

@@ -58,6 +58,7 @@ typedef struct rb_mlw {
     uint32_t epoch;           /* this process's writer epoch (RB_MLOG_GROUP_EPOCH_SHIFT) */
     int epoch_claimed;        /* a durable superblock names it (before the first group) */
     int newgen;               /* the epochs are used up: the next base starts a new generation */
+    int bg_validate;          /* recovered entries' headers are validated by the periodic thread */
     uint64_t last_seq;        /* the sequence the last closed page got */
     uint64_t head;            /* ring offset of the next group */
     uint64_t lhead, lstart;   /* logical ring positions (wrap waste counted) of the head and of the
@@ -393,6 +394,8 @@ int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n);
 int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int target, rb_err *err);
 /* Validate the live entries' slot headers (meta_verify_on_load). 0 or -ENOMEM. */
 int rb_core_validate_entries(rb_core *c, int sequential);
+/* The same, 65,536 index positions at a time, returning early once *stop is set. */
+int rb_core_validate_sliced(rb_core *c, const int *stop);
 
 /* rb_core_mlog.c: the log-structured format. Lock order: ml.cmp_mu -> ckpt_mu -> mu. */
 #define RB_META_TOTAL_LMCACHE (128ull << 20) /* LMCache's default meta_total_bytes */

@@ -119,6 +119,24 @@ uint64_t rb_core_ml_region_bytes(rb_core *c)
     return meta;
 }
 
+/* Make v[i] exist: grow *v (capacity *cap, doubling from `first`) and fill the new elements
+ * with the byte `fill`. 0, or -ENOMEM with *v unchanged. */
+static int u32_room(uint32_t **v, uint32_t *cap, uint32_t i, uint32_t first, int fill)
+{
+    if (i < *cap)
+        return 0;
+    uint32_t nc = *cap ? *cap : first;
+    while (nc <= i)
+        nc = nc > UINT32_MAX / 2 ? i + 1 : nc * 2;
+    uint32_t *np = realloc(*v, (size_t)nc * sizeof(*np));
+    if (!np)
+        return -ENOMEM;
+    memset(np + *cap, fill, (size_t)(nc - *cap) * sizeof(*np));
+    *v = np;
+    *cap = nc;
+    return 0;
+}
+
 /* ---- the journal (mu held) ------------------------------------------------------------- */
 
 /* Close the open page, if it has records: it gets the next log sequence. */
@@ -189,17 +207,8 @@ static void hold_for_base_locked(rb_core *c, uint32_t slot)
 static uint32_t class_id_locked(rb_core *c, uint32_t k)
 {
     rb_mlw *m = &c->ml;
-    if (k >= m->cap_cls_disk) {
-        uint32_t nc = m->cap_cls_disk ? m->cap_cls_disk : 16;
-        while (nc <= k)
-            nc *= 2;
-        uint32_t *np = realloc(m->cls_disk, (size_t)nc * sizeof(*np));
-        if (!np)
-            return UINT32_MAX;
-        memset(np + m->cap_cls_disk, 0xff, (size_t)(nc - m->cap_cls_disk) * sizeof(*np));
-        m->cls_disk = np;
-        m->cap_cls_disk = nc;
-    }
+    if (u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
+        return UINT32_MAX;
     if (m->cls_disk[k] == UINT32_MAX) {
         if (m->next_disk_cls >= ML_CLS_LOGGED)
             return UINT32_MAX;
@@ -1126,18 +1135,9 @@ static int rec_cls(void *ctx, const rb_mlog_class *k)
 {
     ml_rec *r = ctx;
     rb_core *c = r->c;
-    if (k->id >= r->cap_map) {
-        uint32_t nc = r->cap_map ? r->cap_map : 16;
-        while (nc <= k->id)
-            nc = nc > UINT32_MAX / 2 ? k->id + 1 : nc * 2;
-        uint32_t *np = realloc(r->cls_map, (size_t)nc * sizeof(*np));
-        if (!np) {
-            r->oom = 1;
-            return -ENOMEM;
-        }
-        memset(np + r->cap_map, 0xff, (size_t)(nc - r->cap_map) * sizeof(*np));
-        r->cls_map = np;
-        r->cap_map = nc;
+    if (u32_room(&r->cls_map, &r->cap_map, k->id, 16, 0xff) < 0) {
+        r->oom = 1;
+        return -ENOMEM;
     }
     char *doc = malloc((size_t)k->frag_len + 3);
     if (!doc) {
@@ -1190,19 +1190,10 @@ static int rec_cls(void *ctx, const rb_mlog_class *k)
 
 static int slot_room(ml_rec *r, uint32_t slot)
 {
-    if (slot < r->cap_slots)
-        return 0;
-    uint32_t nc = r->cap_slots ? r->cap_slots : 4096;
-    while (nc <= slot)
-        nc = nc > UINT32_MAX / 2 ? slot + 1 : nc * 2;
-    uint32_t *np = realloc(r->slot_pos, (size_t)nc * sizeof(*np));
-    if (!np) {
+    if (u32_room(&r->slot_pos, &r->cap_slots, slot, 4096, 0) < 0) {
         r->oom = 1;
         return -ENOMEM;
     }
-    memset(np + r->cap_slots, 0, (size_t)(nc - r->cap_slots) * sizeof(*np));
-    r->slot_pos = np;
-    r->cap_slots = nc;
     return 0;
 }
 
@@ -1439,17 +1430,8 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
         uint32_t k = r.cls_map[d];
         if (k == UINT32_MAX)
             continue;
-        if (k >= m->cap_cls_disk) {
-            uint32_t nc = m->cap_cls_disk ? m->cap_cls_disk : 16;
-            while (nc <= k)
-                nc *= 2;
-            uint32_t *np = realloc(m->cls_disk, (size_t)nc * sizeof(*np));
-            if (!np)
-                continue; /* logged again under a new id when used */
-            memset(np + m->cap_cls_disk, 0xff, (size_t)(nc - m->cap_cls_disk) * sizeof(*np));
-            m->cls_disk = np;
-            m->cap_cls_disk = nc;
-        }
+        if (u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
+            continue; /* logged again under a new id when used */
         m->cls_disk[k] = d | ML_CLS_LOGGED; /* the base or a live group defines it */
     }
     m->next_disk_cls = r.max_disk;
@@ -1476,8 +1458,14 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     free(r.slot_pos);
     free(r.cls_map);
     if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum || res.fallback) {
-        if (rb_core_validate_entries(c, 0) < 0)
+        /* With the periodic thread, eager validation runs there, after open has returned: every
+         * load judges its entry's header until then (the same verdict), so it only decides when
+         * a bad entry leaves the index. After a fallback it runs here, before any load. */
+        if (c->cfg.meta_enable_periodic && !res.fallback) {
+            m->bg_validate = 1;
+        } else if (rb_core_validate_entries(c, 0) < 0) {
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
+        }
     }
     return 1;
 }
