@@ -40,9 +40,6 @@ class Config:
                          "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify",
                          self.meta_format])
 
-    def with_format(self, meta_format: str) -> "Config":
-        return Config(self.engine, self.odirect, self.checksum, self.verify_on_load, meta_format)
-
 
 ALL_CONFIGS = [Config(e, d, s, v, f) for f, e, d, s, v in itertools.product(
     META_FORMATS, ("posix", "io_uring"), (False, True), (False, True), (True, False))]
@@ -102,20 +99,19 @@ def payload_tag(data: bytes) -> tuple[int, int]:
 
 
 class Obj:
-    """Minimal MemoryObj: a writable byte_array and a metadata record (shape (len,) unless
-    given)."""
+    """Minimal MemoryObj: a writable byte_array and a metadata record."""
 
     class _Meta:
-        def __init__(self, shape: tuple):
-            self.shape = shape
+        def __init__(self, n: int):
+            self.shape = (n,)
             self.dtype = "uint8"
             self.fmt = "BINARY"
             self.cached_positions = None
 
-    def __init__(self, data: bytes | int, shape: tuple | None = None):
+    def __init__(self, data: bytes | int):
         self._buf = bytearray(data)
         self.byte_array = memoryview(self._buf)
-        self.metadata = Obj._Meta(shape if shape is not None else (len(self._buf),))
+        self.metadata = Obj._Meta(len(self._buf))
 
     def bytes(self, n: int) -> bytes:
         return bytes(self._buf[:n])

@@ -96,13 +96,6 @@ class Stats:
                    if self.config.endswith("/log") or self.config == "total" else ""))
 
 
-def shape_of(n: int) -> tuple:
-    """The shape an object of n bytes declares: one of 12, as an LMCache cache holds objects of
-    a few shapes. (Every distinct shape is a class the log format's bases carry; a shape per
-    length would make thousands.)"""
-    return (1 + (n - 1) // 1024, 1024)
-
-
 # ---- writer (child process) --------------------------------------------------------------
 
 def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, live: set[int], v0: int) -> None:
@@ -128,7 +121,7 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
             for k in kids:
                 ver += 1
                 items.append((k, ver, rng.randint(MIN_PAYLOAD, MAX_PAYLOAD)))
-            objs = [Obj(payload(k, v, n), shape_of(n)) for k, v, n in items]
+            objs = [Obj(payload(k, v, n)) for k, v, n in items]
             log("P " + " ".join(f"{k}:{v}:{n}" for k, v, n in items))
             res = core.put_many([key(k) for k in kids], objs)
             # stored keys also log their slot offset, so the checker can count slot reuse
@@ -263,8 +256,7 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
                 versions.setdefault(k, {})[v] = n
             core = open_core(path, cfg, load=False, meta_format="v1")
             try:
-                res = core.put_many([key(k) for k, _v, _n in items],
-                                    [Obj(payload(k, v, n), shape_of(n)) for k, v, n in items])
+                res = core.put_many([key(k) for k, _v, _n in items], [Obj(payload(k, v, n)) for k, v, n in items])
                 assert all(res.results), res.failure
                 core.checkpoint_now()
             finally:
