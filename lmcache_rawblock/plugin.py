@@ -78,7 +78,7 @@ _CLOSE_EVICTOR_WAIT_S = 30.0
 # Rounds of evict-and-retry a put that found no slot goes through before it fails: each round
 # evicts for every key of the batch still failing, so only other threads taking the freed
 # slots first make a second round necessary.
-_PUT_EVICT_ROUNDS = 16
+_PUT_EVICT_ROUNDS = 64
 
 
 # --------------------------------------------------------------------------- config access
@@ -597,7 +597,6 @@ class RustRawBlockBackend(StoragePluginInterface):
         while other threads take the slots first, at most ``_PUT_EVICT_ROUNDS`` times.
         Updates ``results`` and ``stored``; returns the failure left (None when all stored)."""
         protect = frozenset(s.encoded for s in specs)
-        retried_with_room = False
         for _ in range(_PUT_EVICT_ROUNDS):
             failed = [i for i, ok in enumerate(results) if not ok]
             if not failed:
@@ -606,11 +605,10 @@ class RustRawBlockBackend(StoragePluginInterface):
             if counts.closed:
                 return failure
             if counts.reusable >= len(failed):
-                if retried_with_room:
-                    return failure  # it failed with slots to spare: not for want of a slot
-                retried_with_room = True
+                # Slots to spare: the last retry lost them to other puts, or failed for another
+                # reason (then it ends below, as that is not a want of slots).
+                pass
             else:
-                retried_with_room = False
                 evicted = self._evict_lru(len(failed) - counts.reusable, protect)
                 with self._stats_lock:
                     self._put_evicted += evicted
