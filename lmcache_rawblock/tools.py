@@ -373,7 +373,8 @@ def inspect_device(path: str, *, sample: int = 5, **kw: Any) -> dict:
         "metadata_format": rep.metadata_format,
         "geometry": rep.geometry,
         "containers": [c.as_dict() for c in rep.containers],
-        "checkpoint_in_use": rep.chosen.index if rep.chosen else None,
+        # the copy in use: a v1 container, or in the log format the superblock recovery takes
+        "checkpoint_in_use": rep.chosen.index if rep.chosen else (rep.log or {}).get("superblock_used"),
         "sample_entries": sample_rows,
     }
     if rep.log is not None:

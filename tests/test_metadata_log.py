@@ -450,3 +450,19 @@ def test_format_v1_takes_over_a_log_device_only_when_told_to_start_empty(tmp_pat
     c = make_core(dev, meta_format="v1")
     assert _loads(c, list(range(10)) + list(range(100, 105))) == list(range(100, 105))
     c.close()
+
+
+def test_inspect_and_verify_read_a_log_device(tmp_path):
+    from lmcache_rawblock import tools
+
+    dev = make_device(tmp_path)
+    c = _log(dev)
+    _put(c, range(12))
+    c.checkpoint_now()
+    c.delete_many([okey(0).encoded])
+    c.close()
+    info = tools.inspect_device(dev)
+    assert info["metadata_format"] == "log" and info["checkpoint_in_use"] in (0, 1)
+    assert info["geometry"]["entries"] == 11 and info["metadata_log"]["log"]["frees"] == 1
+    res = tools.verify_device(dev)
+    assert res["checked"] == 11 and res["ok"] == 11
