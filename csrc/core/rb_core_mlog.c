@@ -904,18 +904,26 @@ failed:
 
 /* A block of zeros over v1 container 0's header, so a crash before the first superblock lands
  * recovers from container 1 (which holds the newest v1 checkpoint by then). */
-static int invalidate_v1_header0(rb_core *c, rb_err *err)
+/* Zero len bytes at each of the n metadata offsets, then flush. */
+static int zero_meta_blocks(rb_core *c, const uint64_t *offs, int n, uint64_t len, rb_err *err)
 {
-    const uint64_t ba = c->cfg.block_align;
-    uint8_t *z = rb_alloc_aligned(ba, ba, err);
+    uint8_t *z = rb_alloc_aligned(c->cfg.block_align, len, err);
     if (!z)
         return -ENOMEM;
-    memset(z, 0, ba);
-    int rc = rb_core_meta_write(c, 0, z, ba, err);
+    memset(z, 0, len);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = rb_core_meta_write(c, offs[i], z, len, err);
     free(z);
     if (rc == 0)
         rc = rb_core_flush(c, err);
     return rc;
+}
+
+static int invalidate_v1_header0(rb_core *c, rb_err *err)
+{
+    const uint64_t at0 = 0;
+    return zero_meta_blocks(c, &at0, 1, c->cfg.block_align, err);
 }
 
 /*
@@ -1090,17 +1098,8 @@ int rb_core_compact(rb_core *c, rb_err *err)
 
 int rb_core_ml_wipe_superblocks(rb_core *c, rb_err *err)
 {
-    const uint64_t ba = c->cfg.block_align, span = rb_mlog_sb_span(ba);
-    uint8_t *z = rb_alloc_aligned(ba, span, err);
-    if (!z)
-        return -ENOMEM;
-    memset(z, 0, span);
-    int rc = rb_core_meta_write(c, 0, z, span, err);
-    if (rc == 0)
-        rc = rb_core_meta_write(c, c->container_bytes, z, span, err);
-    free(z);
-    if (rc == 0)
-        rc = rb_core_flush(c, err);
+    const uint64_t offs[2] = {0, c->container_bytes};
+    int rc = zero_meta_blocks(c, offs, 2, rb_mlog_sb_span(c->cfg.block_align), err);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
         c->ml.wipe_sbs = 0;
