@@ -144,5 +144,5 @@ def test_simulate_lmcache_small_end_to_end():
     assert r["handles_used"] == 3
     with pytest.raises(ValueError, match="util must be in \\(0, 1\\].*1.5"):
         simulate_lmcache(g, spec, util=1.5, mode="no_fdp")
-    with pytest.raises(ValueError, match="mode must be one of no_fdp, mixed, separated, got 'fdp'"):
+    with pytest.raises(ValueError, match="mode must be one of no_fdp, mixed, separated, ckpt_apart, got 'fdp'"):
         simulate_lmcache(g, spec, util=0.9, mode="fdp")

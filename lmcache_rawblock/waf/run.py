@@ -19,22 +19,36 @@ def slot_bytes_for(spec: WorkloadSpec, geometry: Geometry, header_bytes: int = 4
     return -(-(header_bytes + spec.object_bytes) // pb) * pb
 
 
+def spec_for_slot(spec: WorkloadSpec, slot_bytes: int, header_bytes: int = 4096) -> WorkloadSpec:
+    """``spec`` with full objects of ``slot_bytes - header_bytes``: a slot of exactly
+    ``slot_bytes`` (the study's "chunk" size is the slot's)."""
+    return replace(spec, chunk_bytes=(slot_bytes - header_bytes) * spec.tp)
+
+
 def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mode: str,
                      strategy: Optional[str] = None, admission: str = "always", policy: str = "greedy",
                      isolation: str = "initial", warmup: float = 2.0, measure: float = 2.0,
-                     dealloc: bool = True, checkpoint_every: int = 2000) -> dict:
+                     dealloc: bool = True, checkpoint_every: int = 2000, reuse: str = "lifo",
+                     evict_ahead: Optional[tuple] = None, meta_format: str = "log",
+                     meta_bytes: Optional[int] = None) -> dict:
     """WAF of ``spec`` on a cache using ``util`` of the drive's logical space, after ``warmup``
     drive writes (host bytes / logical bytes), over ``measure`` more. Also the WAF from the
-    start, at each whole drive write (``cumulative``)."""
+    start, at each whole drive write (``cumulative``). ``reuse``, ``evict_ahead``,
+    ``meta_format``: :class:`.stream.CacheConfig`; with ``reuse="ru_groups"`` a group is one
+    reclaim unit's worth of slots."""
     if not 0.0 < util <= 1.0:
         raise ValueError(f"util must be in (0, 1] (fraction of the drive's logical space the cache uses), got {util!r}")
     for name, v in (("warmup", warmup), ("measure", measure)):
         if not v >= 0 or (name == "measure" and v == 0):
             raise ValueError(f"{name} must be {'> 0' if name == 'measure' else '>= 0'} drive writes, got {v!r}")
     sim = FlashSim(geometry, policy=policy, isolation=isolation)
-    meta = 4 * geometry.page_bytes
-    cfg = CacheConfig(capacity_bytes=int(util * geometry.logical_bytes), slot_bytes=slot_bytes_for(spec, geometry),
-                      meta_total_bytes=meta, dealloc=dealloc, tp=spec.tp, checkpoint_every=checkpoint_every)
+    meta = meta_bytes or 4 * geometry.page_bytes
+    slot_bytes = slot_bytes_for(spec, geometry)
+    ru_bytes = geometry.ru_pages * geometry.page_bytes
+    cfg = CacheConfig(capacity_bytes=int(util * geometry.logical_bytes), slot_bytes=slot_bytes,
+                      meta_total_bytes=meta, dealloc=dealloc, tp=spec.tp, checkpoint_every=checkpoint_every,
+                      reuse=reuse, group_slots=max(1, ru_bytes // slot_bytes), evict_ahead=evict_ahead,
+                      meta_format=meta_format, meta_io_bytes=geometry.page_bytes)
     model = CacheModel(cfg, mode, strategy, SimSink(sim), Admission(admission))
     events = generate(replace(spec, requests=0))
     L = geometry.logical_bytes
@@ -60,7 +74,8 @@ def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mod
     window_stats["hit_ratio"] = (window_stats["hits"] / window_stats["lookups"]) if window_stats["lookups"] else None
     return {
         "mode": mode, "strategy": strategy if mode == "separated" else None, "util": util, "admission": admission,
-        "gc_policy": policy, "isolation": isolation, "warmup_drive_writes": warmup, "measure_drive_writes": measure,
+        "dealloc": dealloc, "reuse": reuse, "evict_ahead": list(evict_ahead) if evict_ahead else None,
+        "meta_format": meta_format, "gc_policy": policy, "isolation": isolation, "warmup_drive_writes": warmup, "measure_drive_writes": measure,
         "waf": w.waf(), "window": w.to_dict(), "cumulative_waf": sim.counters.waf(), "cumulative": cumulative,
         "cache": window_stats, "slots": cfg.n_slots, "slot_bytes": cfg.slot_bytes,
         "handles_used": len(sim._handles), "seconds": round(time.perf_counter() - t0, 2),
