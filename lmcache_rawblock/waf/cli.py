@@ -26,15 +26,26 @@ PROG = "python -m lmcache_rawblock waf"
 
 
 def _geometry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ru-pages", type=int, default=64, help="pages per reclaim unit (default 64)")
-    p.add_argument("--rus", type=int, default=1024, help="reclaim units (default 1024)")
+    p.add_argument("--ru-pages", type=int, default=1024,
+                   help="pages per reclaim unit (default 1024: 1 GiB with 1 MiB pages)")
+    p.add_argument("--rus", type=int, default=256, help="reclaim units (default 256)")
     p.add_argument("--groups", type=int, default=1, help="reclaim groups (default 1)")
-    p.add_argument("--op", type=float, default=0.07, help="over-provisioning, spare / logical (default 0.07)")
+    p.add_argument("--op", type=float, default=0.1, help="over-provisioning, spare / logical (default 0.1)")
     p.add_argument("--page-bytes", type=int, default=1 << 20, help="bytes per simulated page (default 1 MiB)")
-    p.add_argument("--handles", type=int, default=8, help="placement handles (default 8)")
+    p.add_argument("--handles", type=int, default=4, help="placement handles (default 4)")
     p.add_argument("--gc", choices=POLICIES, default="greedy", help="victim choice (default greedy)")
     p.add_argument("--isolation", choices=ISOLATIONS, default="initial",
                    help="handle isolation: initial (GC mixes handles) or persistent (default initial)")
+
+
+def _evict_ahead(text: str):
+    if text in ("off", "none", ""):
+        return None
+    try:
+        trig, ratio = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TRIGGER,RATIO (e.g. 0.95,0.05) or off, got {text!r}") from None
+    return (trig, ratio)
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
@@ -47,14 +58,26 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                                   "the WAF in steady state, per placement mode.")
     _geometry_args(s)
     s.add_argument("--mode", default="no_fdp,mixed,separated",
-                   help="comma-separated modes: no_fdp, mixed, separated (default all)")
+                   help="comma-separated modes: no_fdp, mixed, ckpt_apart, separated (default no_fdp, mixed, "
+                        "separated)")
     s.add_argument("--strategy", default="tp_worker",
                    help=f"comma-separated strategies for separated: {', '.join(stream.STRATEGIES)} (default tp_worker)")
     s.add_argument("--util", type=float, default=0.95, help="fraction of the logical space the cache uses (0.95)")
     s.add_argument("--admission", choices=("always", "second_hit"), default="always")
     s.add_argument("--warmup", type=float, default=2.0, help="drive writes before measuring (default 2)")
     s.add_argument("--measure", type=float, default=2.0, help="drive writes measured (default 2)")
-    s.add_argument("--dealloc", action="store_true", help="deallocate evicted and deleted slots")
+    s.add_argument("--dealloc", nargs="?", const="on", default="off", choices=("on", "off"),
+                   help="deallocate freed slots when they become reusable (the core's deallocate_freed; "
+                        "--dealloc alone: on; default off)")
+    s.add_argument("--reuse", choices=stream.REUSE_ORDERS, default="lifo",
+                   help="freed-slot reuse order: lifo (the core today), fifo, ru_groups (RU-sized groups, "
+                        "region eviction) (default lifo)")
+    s.add_argument("--evict-ahead", type=_evict_ahead, default=None, metavar="TRIGGER,RATIO",
+                   help="the plugin's evict-ahead, e.g. 0.95,0.05 (default off: evict on demand)")
+    s.add_argument("--meta-format", choices=stream.META_FORMATS, default="log",
+                   help="checkpoint format: log (the core's default) or v1 (default log)")
+    s.add_argument("--chunk-bytes", type=int, default=8 << 20,
+                   help="slot bytes (header and one worker's KV of a full chunk) (default 8 MiB)")
     s.add_argument("--trace", metavar="FILE", help="a JSON-lines trace instead of the generator")
     s.add_argument("--stream", metavar="FILE", help="a recorded write stream (--record): replayed on the drive, "
                                                     "no cache model")
@@ -66,14 +89,21 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--tp", type=int, default=2)
     g.add_argument("--out", default="-", help="file (default stdout)")
-    st = ws.add_parser("study", help="the simulated study into results.json, summary.md and PNG plots")
+    st = ws.add_parser("study", help="the simulated study into results.json, summary.md and PNG plots",
+                       description="Every lever at 1 GiB reclaim units, the RU-size and chunk-size sweep, the "
+                                   "RU-count sensitivity, validation and anchors (about 25 minutes on 2 cores).")
     st.add_argument("--out", default="benchmarks/results/waf", help="directory (default benchmarks/results/waf)")
-    st.add_argument("--utils", default="0.5,0.8,0.95")
-    st.add_argument("--repeats", type=int, default=2)
+    st.add_argument("--utils", default="0.5,0.8,0.95,1.0")
+    st.add_argument("--repeats", type=int, default=2, help="seeds per lever cell (default 2)")
+    st.add_argument("--sweep-repeats", type=int, default=1, help="seeds per sweep cell (default 1)")
+    st.add_argument("--ru-sizes", default="256M,1G,4G,16G", help="reclaim unit sizes of the sweep")
+    st.add_argument("--chunks", default="8M,32M", help="chunk (slot) sizes of the sweep")
+    st.add_argument("--levers", default="all", help="comma-separated levers of the headline table (default all)")
     st.add_argument("--warmup", type=float, default=2.0)
     st.add_argument("--measure", type=float, default=2.0)
     st.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU)")
     st.add_argument("--no-plots", action="store_true")
+    st.add_argument("--no-sweep", action="store_true", help="the headline lever table only")
     st.add_argument("--no-checks", action="store_true", help="skip the validation and anchor runs")
     from . import replay
 
@@ -143,9 +173,10 @@ def cmd_simulate(a) -> int:
             if a.trace or a.record:
                 r = _simulate_io(a, geometry, mode, strat, record=a.record if not results else None)
             else:
-                r = simulate_lmcache(geometry, WorkloadSpec(seed=a.seed), util=a.util, mode=mode, strategy=strat,
+                r = simulate_lmcache(geometry, _spec(a), util=a.util, mode=mode, strategy=strat,
                                      admission=a.admission, policy=a.gc, isolation=a.isolation, warmup=a.warmup,
-                                     measure=a.measure, dealloc=a.dealloc)
+                                     measure=a.measure, dealloc=a.dealloc == "on", reuse=a.reuse,
+                                     evict_ahead=a.evict_ahead, meta_format=a.meta_format)
         except (OSError, ValueError, RuntimeError) as exc:
             return _err(str(exc))
         results.append(r)
@@ -159,6 +190,12 @@ def cmd_simulate(a) -> int:
         hr = r["cache"].get("hit_ratio")
         print(f"{lab:28} {r['waf']:7.3f} {host:9.1f} {hr if hr is None else round(hr, 3)!s:>9}")
     return 0
+
+
+def _spec(a) -> WorkloadSpec:
+    from .run import spec_for_slot
+
+    return spec_for_slot(WorkloadSpec(seed=a.seed), a.chunk_bytes)
 
 
 def _simulate_io(a, geometry: Geometry, mode: str, strat: Optional[str], record: Optional[str]) -> dict:
@@ -186,9 +223,13 @@ def _simulate_io(a, geometry: Geometry, mode: str, strat: Optional[str], record:
                     inner.dealloc_bytes(o, n)
 
             sink = Tee()
-        spec = WorkloadSpec(seed=a.seed)
-        cfg = stream.CacheConfig(capacity_bytes=int(a.util * geometry.logical_bytes), meta_total_bytes=4 * geometry.page_bytes,
-                                 slot_bytes=slot_bytes_for(spec, geometry), dealloc=a.dealloc, tp=spec.tp)
+        spec = _spec(a)
+        slot = slot_bytes_for(spec, geometry)
+        cfg = stream.CacheConfig(capacity_bytes=int(a.util * geometry.logical_bytes),
+                                 meta_total_bytes=4 * geometry.page_bytes, slot_bytes=slot, dealloc=a.dealloc == "on",
+                                 tp=spec.tp, reuse=a.reuse, evict_ahead=a.evict_ahead, meta_format=a.meta_format,
+                                 meta_io_bytes=geometry.page_bytes,
+                                 group_slots=max(1, geometry.ru_pages * geometry.page_bytes // slot))
         model = stream.CacheModel(cfg, mode, strat, sink, Admission(a.admission))
         if a.trace:
             with open(a.trace) as f:
@@ -230,23 +271,28 @@ def cmd_generate(a) -> int:
 
 
 def cmd_study(a, argv: list[str]) -> int:
+    from ..bench.common import parse_size
     from . import study
 
     try:
         utils = tuple(float(u) for u in a.utils.split(","))
-    except ValueError:
-        return _err(f"--utils {a.utils!r}: expected comma-separated fractions, e.g. 0.5,0.8,0.95")
-
-    def progress(i, n, r):
-        lab = study.label(r["mode"], r["strategy"])
-        print(f"[{i}/{n}] util {r['util']} {r['admission']} {lab}: WAF {r['waf']:.3f} ({r['seconds']} s)",
-              file=sys.stderr, flush=True)
-
-    try:
-        res = study.run_study(utils=utils, repeats=a.repeats, warmup=a.warmup, measure=a.measure, jobs=a.jobs,
-                              progress=progress)
+        rus = tuple(parse_size(x) for x in a.ru_sizes.split(",")) if not a.no_sweep else ()
+        chunks = tuple(parse_size(x) for x in a.chunks.split(",")) if not a.no_sweep else ()
+        levers = tuple(study.LEVERS) if a.levers == "all" else tuple(_split(a.levers, tuple(study.LEVERS), "levers"))
+        tasks = study.study_tasks(utils=utils, levers=levers, repeats=a.repeats, warmup=a.warmup, measure=a.measure,
+                                  sweep_ru=rus, sweep_slot=chunks, sweep_repeats=a.sweep_repeats,
+                                  ru_counts=() if a.no_sweep else (64, 128, 256, 512))
     except ValueError as exc:
         return _err(str(exc))
+    print(f"{len(tasks)} runs; scale: a page is 1/{study.PAGES_PER_SLOT} of a slot, {study.N_RUS} reclaim units "
+          f"per drive ({study.MIN_RUS} where that passes {study.MAX_PAGES} pages), the real RU / chunk ratio",
+          file=sys.stderr)
+
+    def progress(i, n, r):
+        print(f"[{i}/{n}] {r['part']} {r['geometry_tag']} util {r['util']} {r['lever']}: WAF {r['waf']:.3f} "
+              f"({r.get('seconds', '-')} s)", file=sys.stderr, flush=True)
+
+    res = study.run_study(tasks, jobs=a.jobs, progress=progress)
     val = anc = None
     if not a.no_checks:
         val, anc = study.validation(), study.anchors()

@@ -1,11 +1,24 @@
-"""The simulated study: WAF per placement mode and strategy on the LMCache-shaped workload at
-several utilisations, with write admission off and on; the validation figures; the published
-anchors. Writes results.json, summary.md and PNG plots."""
+"""The simulated study on real drive geometry: WAF of the LMCache-shaped workload per product
+lever (deallocation of freed slots, slot reuse order, evict-ahead, placement, checkpoints on
+their own handle, write admission) at 50-100% utilisation on a drive with 1 GiB reclaim units;
+a sweep of reclaim unit size (256 MiB - 16 GiB) and chunk size (8, 32 MiB); the validation
+figures (uniform random overwrites, and deallocation at the effective spare factor); the
+published anchors and a drive not in steady state. Writes results.json, summary.md and PNG
+plots, with the operator table.
+
+Scale: a simulated page is 1/8 of a slot (so a partial chunk leaves up to 7/8 of its slot's
+old bytes behind) and the drive has 256 reclaim units (128 where that would pass
+``MAX_PAGES`` pages), i.e. the drive is scaled down from a real one's thousands of reclaim
+units while the reclaim unit / chunk ratio is kept. The workload's shared prefixes and
+conversations in flight scale with the drive's slot count, so the cache sees the same working
+set to capacity ratio on every geometry. The study records both choices, and the RU-count
+sensitivity run shows what the scaling costs."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -15,22 +28,206 @@ from typing import Optional
 from .analytic import greedy_uniform_waf
 from .classes import WriteClass, cumulative_at, run_classes
 from .ftl import FlashSim, Geometry
-from .run import simulate_lmcache
+from .run import simulate_lmcache, spec_for_slot
+from .stream import CacheConfig, CacheModel, SimSink
 from .workload import WorkloadSpec
 
-STUDY_GEOMETRY = Geometry(ru_pages=64, n_rus=1024, n_groups=1, op=0.07, max_handles=8, page_bytes=1 << 20)
-CONFIGS = (("no_fdp", None), ("mixed", None), ("separated", "tp_worker"), ("separated", "prompt"),
-           ("separated", "phase"), ("separated", "cache_salt_prefix"), ("separated", "cache_salt_rank"))
+MIB = 1 << 20
+GIB = 1 << 30
+PAGES_PER_SLOT = 8
+N_RUS = 256
+MIN_RUS = 128
+MAX_PAGES = 1 << 21
+OP = 0.1
+HANDLES = 4
+HEADLINE = dict(ru_bytes=GIB, slot_bytes=8 * MIB)
+REF_SLOTS = N_RUS * GIB / (1 + OP) / (8 * MIB)  # logical slots of the headline drive: workload scale 1
+EVICT_AHEAD = (0.95, 0.05)  # the plugin's eviction_trigger_watermark / eviction_ratio defaults
 VALIDATION_GEOMETRY = dict(ru_pages=64, n_rus=256, max_handles=1, page_bytes=4096)
+
+# Levers: name -> (simulate_lmcache keywords, how to get it in the product)
+_DEALLOC = "deallocate_freed: on (auto on block devices and NVMe namespaces)"
+_AHEAD = "eviction_policy: lru, eviction_trigger_watermark: 0.95, eviction_ratio: 0.05"
+
+
+def _levers() -> dict:
+    lv = {
+        "today": (dict(mode="no_fdp"), "LIFO reuse, no deallocation, eviction on demand (the core before deallocate_freed)"),
+        "dealloc": (dict(mode="no_fdp", dealloc=True), _DEALLOC),
+        "fifo": (dict(mode="no_fdp", reuse="fifo"), "oldest-freed slot first: an allocator change, not a setting"),
+        "fifo+dealloc": (dict(mode="no_fdp", reuse="fifo", dealloc=True), "fifo reuse and " + _DEALLOC),
+        "ru_groups": (dict(mode="no_fdp", reuse="ru_groups"),
+                      "slots handed out and evicted in RU-sized groups: an allocator and eviction change, not a setting"),
+        "ru_groups+dealloc": (dict(mode="no_fdp", reuse="ru_groups", dealloc=True), "ru_groups and " + _DEALLOC),
+        "evict_ahead": (dict(mode="no_fdp", evict_ahead=EVICT_AHEAD), _AHEAD),
+        "evict_ahead+dealloc": (dict(mode="no_fdp", evict_ahead=EVICT_AHEAD, dealloc=True), _AHEAD + "; " + _DEALLOC),
+        "mixed": (dict(mode="mixed"), "fdp_enabled, fdp_data_placement_policy: none, checkpoint on the same identifier"),
+        "mixed+dealloc": (dict(mode="mixed", dealloc=True), "mixed and " + _DEALLOC),
+        "ckpt_apart": (dict(mode="ckpt_apart"), "fdp_enabled, fdp_data_placement_policy: none, "
+                                                 "meta_checkpoint_placement_id: an identifier of its own"),
+        "ckpt_apart+dealloc": (dict(mode="ckpt_apart", dealloc=True), "ckpt_apart and " + _DEALLOC),
+    }
+    for strat in ("tp_worker", "prompt", "phase", "cache_salt_prefix", "cache_salt_rank"):
+        lv[f"separated:{strat}"] = (dict(mode="separated", strategy=strat),
+                                    f"fdp_enabled, fdp_data_placement_policy: {strat}, checkpoint apart")
+        lv[f"separated:{strat}+dealloc"] = (dict(mode="separated", strategy=strat, dealloc=True),
+                                            f"separated:{strat} and " + _DEALLOC)
+    lv["second_hit"] = (dict(mode="no_fdp", admission="second_hit"), "admission: second_hit")
+    lv["second_hit+dealloc"] = (dict(mode="no_fdp", admission="second_hit", dealloc=True),
+                                "admission: second_hit and " + _DEALLOC)
+    lv["ru_groups+evict_ahead+dealloc"] = (dict(mode="no_fdp", reuse="ru_groups", evict_ahead=EVICT_AHEAD,
+                                                dealloc=True), "ru_groups, evict-ahead and " + _DEALLOC)
+    return lv
+
+
+LEVERS = _levers()
+SWEEP_LEVERS = ("today", "dealloc", "evict_ahead+dealloc", "ru_groups+dealloc")
 
 
 def label(mode: str, strategy: Optional[str]) -> str:
     return mode if mode != "separated" else f"separated:{strategy}"
 
 
+def drive(ru_bytes: int, slot_bytes: int, *, n_rus: Optional[int] = None, op: float = OP,
+          handles: int = HANDLES, pages_per_slot: int = PAGES_PER_SLOT) -> Geometry:
+    """The simulated drive for reclaim units of ``ru_bytes`` and slots of ``slot_bytes`` (see
+    the module docstring for the scale)."""
+    if slot_bytes % pages_per_slot or ru_bytes % (slot_bytes // pages_per_slot):
+        raise ValueError(f"ru_bytes={ru_bytes} and slot_bytes={slot_bytes} must be whole pages of "
+                         f"slot_bytes / {pages_per_slot}")
+    pb = slot_bytes // pages_per_slot
+    ru_pages = ru_bytes // pb
+    if n_rus is None:
+        n_rus = N_RUS
+        while n_rus > MIN_RUS and n_rus * ru_pages > MAX_PAGES:
+            n_rus //= 2
+    return Geometry(ru_pages=ru_pages, n_rus=n_rus, n_groups=1, op=op, max_handles=handles, page_bytes=pb)
+
+
+def workload_for(g: Geometry, slot_bytes: int, base: Optional[WorkloadSpec] = None) -> WorkloadSpec:
+    """``base`` with full objects filling a slot, its prefixes and conversations scaled with the
+    drive's logical slots (scale 1: the headline drive)."""
+    base = base or WorkloadSpec()
+    k = g.logical_bytes / slot_bytes / REF_SLOTS
+    return spec_for_slot(replace(base, families=max(1, round(base.families * k)),
+                                 concurrency=max(1, round(base.concurrency * k))), slot_bytes)
+
+
 def _one(args: tuple) -> dict:
-    geometry, spec, kw = args
-    return simulate_lmcache(geometry, spec, **kw)
+    tag, geometry, spec, kw = args
+    try:
+        r = simulate_lmcache(geometry, spec, **kw)
+    except RuntimeError as exc:  # GC that cannot free a reclaim unit: no steady state exists
+        r = dict(kw, waf=float("inf"), error=str(exc), cache={"hit_ratio": float("nan")}, window={})
+    r["tag"] = tag
+    r["seed"] = spec.seed
+    return r
+
+
+def _geo_tag(ru_bytes: int, slot_bytes: int) -> str:
+    ru = f"{ru_bytes // GIB}G" if ru_bytes >= GIB else f"{ru_bytes // MIB}M"
+    return f"ru{ru}-chunk{slot_bytes // MIB}M"
+
+
+def study_tasks(*, utils=(0.5, 0.8, 0.95, 1.0), levers=tuple(LEVERS), repeats: int = 2, warmup: float = 2.0,
+                measure: float = 2.0, sweep_ru=(256 * MIB, GIB, 4 * GIB, 16 * GIB), sweep_slot=(8 * MIB, 32 * MIB),
+                sweep_levers=SWEEP_LEVERS, sweep_repeats: int = 1, ru_counts=(64, 128, 256, 512),
+                base: Optional[WorkloadSpec] = None) -> list[tuple]:
+    base = base or WorkloadSpec()
+    tasks = []
+    hg = drive(**HEADLINE)
+    for util in utils:
+        for name in levers:
+            kw0 = LEVERS[name][0]
+            for rep in range(repeats):
+                spec = replace(workload_for(hg, HEADLINE["slot_bytes"], base), seed=base.seed + rep)
+                kw = dict(dict(mode="no_fdp", dealloc=False), **kw0, util=util, warmup=warmup, measure=measure)
+                tasks.append((("levers", _geo_tag(**HEADLINE), name), hg, spec, kw))
+    for ru in sweep_ru:
+        for sb in sweep_slot:
+            g = drive(ru, sb, handles=1)
+            for util in utils:
+                for name in sweep_levers:
+                    for rep in range(sweep_repeats):
+                        spec = replace(workload_for(g, sb, base), seed=base.seed + rep)
+                        kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0], util=util, warmup=warmup,
+                                  measure=measure)
+                        tasks.append((("sweep", _geo_tag(ru, sb), name), g, spec, kw))
+    for n in ru_counts:
+        g = drive(GIB, 8 * MIB, n_rus=n, handles=1)
+        for name in ("today", "dealloc"):
+            spec = workload_for(g, 8 * MIB, base)
+            kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0], util=0.95, warmup=warmup, measure=measure)
+            tasks.append((("ru_count", f"{n}", name), g, spec, kw))
+    # the big drives first, so the pool ends on the short runs
+    tasks.sort(key=lambda t: -t[1].physical_pages)
+    return tasks
+
+
+def run_study(tasks: list[tuple], *, jobs: int = 0, progress=None) -> dict:
+    jobs = jobs or max(1, min(len(tasks), os.cpu_count() or 1))
+    runs = []
+    with ProcessPoolExecutor(jobs) as ex:
+        for i, r in enumerate(ex.map(_one, tasks)):
+            t = tasks[i]
+            r["part"], r["geometry_tag"], r["lever"] = t[0]
+            r["geometry"] = t[1].to_dict()
+            r["workload"] = t[2].to_dict()
+            runs.append(r)
+            if progress:
+                progress(i + 1, len(tasks), r)
+    return {"runs": runs}
+
+
+def summarize(study: dict) -> list[dict]:
+    rows = {}
+    for r in study["runs"]:
+        rows.setdefault((r["part"], r["geometry_tag"], r["util"], r["lever"]), []).append(r)
+    out = []
+    for (part, geo, util, lever), rs in rows.items():
+        wafs = [r["waf"] for r in rs]
+        c = [r["cache"] for r in rs if "lookups" in r["cache"]]
+        g = rs[0]["geometry"]
+        row = {"part": part, "geometry": geo, "util": util, "lever": lever, "waf": statistics.mean(wafs),
+               "waf_min": min(wafs), "waf_max": max(wafs), "n": len(rs),
+               "ru_bytes": g["ru_pages"] * g["page_bytes"], "slot_bytes": rs[0]["slot_bytes"] if "slot_bytes" in
+               rs[0] else None, "n_rus": g["n_rus"], "op": g["op"],
+               "settings": LEVERS[lever][1] if lever in LEVERS else "",
+               "error": next((r["error"] for r in rs if "error" in r), None)}
+        if c:
+            row["hit_ratio"] = statistics.mean(x["hit_ratio"] for x in c)
+            row["media_mib_per_k_lookups"] = statistics.mean(
+                r["window"]["media_pages"] * g["page_bytes"] / MIB / (r["cache"]["lookups"] / 1000)
+                for r in rs if "lookups" in r["cache"])
+            row["dealloc_commands_per_gib"] = statistics.mean(
+                x["dealloc_commands"] / max(1, x["host_bytes"] / GIB) for x in c)
+            row["evictions"] = statistics.mean(x["evictions"] for x in c)
+        out.append(row)
+    order = {k: i for i, k in enumerate(LEVERS)}
+    out.sort(key=lambda r: (r["part"], r["ru_bytes"], r["slot_bytes"] or 0, r["n_rus"], r["util"],
+                            order.get(r["lever"], 99)))
+    return out
+
+
+def operator_table(rows: list[dict], target: float = 1.05) -> list[dict]:
+    """Per geometry and utilisation of the sweep: the first of today's core, deallocation,
+    deallocation with evict-ahead that meets ``target``, else the lowest of them."""
+    product = ("today", "dealloc", "evict_ahead+dealloc")
+    out = []
+    cells = {}
+    for r in rows:
+        if r["part"] == "sweep":
+            cells.setdefault((r["ru_bytes"], r["slot_bytes"], r["util"]), {})[r["lever"]] = r
+    for (ru, sb, util), levs in sorted(cells.items()):
+        cands = [levs[n] for n in product if n in levs]
+        if not cands:
+            continue
+        pick = next((c for c in cands if c["waf"] <= target), min(cands, key=lambda c: c["waf"]))
+        out.append({"ru_bytes": ru, "slot_bytes": sb, "util": util, "today": levs.get("today", {}).get("waf"),
+                    "lever": pick["lever"], "settings": LEVERS[pick["lever"]][1], "waf": pick["waf"],
+                    "hit_ratio": pick.get("hit_ratio"), "meets_target": pick["waf"] <= target,
+                    "ru_groups+dealloc": levs.get("ru_groups+dealloc", {}).get("waf")})
+    return out
 
 
 def uniform_random_waf(op: float, *, policy: str = "greedy", warmup: float = 2.0, measure: float = 2.0,
@@ -52,6 +249,65 @@ def uniform_random_waf(op: float, *, policy: str = "greedy", warmup: float = 2.0
     return sim.window().waf()
 
 
+def dealloc_uniform_waf(live: float, *, op: float = OP, dealloc: bool = True, warmup: float = 2.0,
+                        measure: float = 2.0, seed: int = 1, checkpoint_every: int = 256,
+                        geometry: Optional[dict] = None) -> dict:
+    """Uniform random slot frees through the cache model: ``live`` of the slots hold an entry;
+    each step deletes one at random and stores a new one, so each entry's death is memoryless
+    as in uniform random overwrites. Freed slots are reused oldest first, so every slot of the
+    space gets written: without deallocation the drive holds all of them (its spare is only
+    the over-provisioning); with deallocation the drive's spare is everything but the
+    live data; the analytic WAF at that effective spare factor is the model's prediction.
+    ``warmup`` / ``measure`` in writes of the slot space. Returns the simulated WAF, the mean
+    valid pages over the window and the model's WAF at the spare factor they leave."""
+    g = Geometry(op=op, **(geometry or VALIDATION_GEOMETRY))
+    sim = FlashSim(g)
+    pb = g.page_bytes
+    cfg = CacheConfig(capacity_bytes=g.logical_bytes, slot_bytes=pb, header_bytes=0, meta_total_bytes=4 * pb,
+                      meta_io_bytes=pb, checkpoint_every=checkpoint_every, dealloc=dealloc, tp=1, reuse="fifo")
+    model = CacheModel(cfg, "no_fdp", None, SimSink(sim))
+    n_live = int(live * cfg.n_slots)
+    rnd = random.Random(seed)
+    keys: list[int] = []
+    nxt = [1]
+
+    def put() -> dict:
+        k = nxt[0]
+        nxt[0] += 1
+        keys.append(k)
+        return {"op": "put", "key": f"{k:016x}", "size": pb, "worker": 0, "batch": k}
+
+    def delete() -> dict:
+        i = rnd.randrange(len(keys))
+        k = keys[i]
+        keys[i] = keys[-1]
+        keys.pop()
+        return {"op": "delete", "key": f"{k:016x}", "worker": 0}
+
+    def step() -> list:
+        return [delete(), put()]
+
+    # every slot written once, then the entries beyond ``live`` deleted at random
+    model.feed(put() for _ in range(cfg.n_slots))
+    for _ in range(cfg.n_slots - n_live):
+        model.feed([delete()])
+    for _ in range(int(warmup * cfg.n_slots)):
+        model.feed(step())
+    sim.mark()
+    valid, samples = 0, 0
+    every = max(1, cfg.n_slots // 64)
+    for i in range(int(measure * cfg.n_slots)):
+        model.feed(step())
+        if i % every == 0:
+            valid += sim.valid_pages()
+            samples += 1
+    live_pages = valid / samples
+    eff = (g.physical_pages - live_pages) / live_pages
+    return {"live": live, "dealloc": dealloc, "op": op, "waf": sim.window().waf(), "live_pages": live_pages,
+            "physical_pages": g.physical_pages, "effective_op": eff, "model": greedy_uniform_waf(eff),
+            "model_at_drive_op": greedy_uniform_waf(op)}
+
+
 def validation() -> dict:
     ops = (0.1, 0.2, 0.28, 0.5, 1.0)
     out = {"geometry": VALIDATION_GEOMETRY, "model": "Desnoyers' FIFO/LRU model, u = exp(-(1+op)(1-u)), "
@@ -59,11 +315,24 @@ def validation() -> dict:
     for op in ops:
         out["uniform"].append({"op": op, "model": greedy_uniform_waf(op), "greedy": uniform_random_waf(op),
                                "cost_benefit": uniform_random_waf(op, policy="cost_benefit")})
+    out["dealloc"] = [dealloc_uniform_waf(f) for f in (0.5, 0.75, 0.9, 0.97)]
+    out["dealloc_off"] = [dealloc_uniform_waf(f, dealloc=False) for f in (0.5, 0.9)]
     g = Geometry(ru_pages=64, n_rus=256, op=0.28, max_handles=2, page_bytes=4096)
     two = [WriteClass("short", 0.1, 0.9, "random", 1), WriteClass("long", 0.9, 0.1, "random", 1)]
     out["two_lifetimes"] = {"mixed": run_classes(g, two, separated=False)["waf"],
                             "separated": run_classes(g, two, separated=True)["waf"],
                             "separated_persistent": run_classes(g, two, separated=True, isolation="persistent")["waf"]}
+    return out
+
+
+def _not_steady(base: Optional[WorkloadSpec] = None) -> dict:
+    """A fresh drive and half a drive write: nothing to collect, every mode WAF 1."""
+    hg = drive(**HEADLINE)
+    spec = workload_for(hg, HEADLINE["slot_bytes"], base)
+    out = {}
+    for name in ("today", "dealloc", "mixed", "separated:tp_worker", "separated:prompt", "ru_groups+dealloc"):
+        kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0])
+        out[name] = simulate_lmcache(hg, spec, util=0.95, warmup=0, measure=0.5, **kw)["waf"]
     return out
 
 
@@ -91,101 +360,143 @@ def anchors() -> dict:
                                "writes, 95% takes 10%; 89% of the logical space in use, the rest unwritten; "
                                "drive op 7%; WAF from the start over 4x the space written",
                       "simulated": sims}
+    # Our own workload and levers at the anchor's 89% and 7% spare, on the 1 GiB-RU drive.
+    hg = drive(**HEADLINE, op=0.07)
+    spec = workload_for(hg, HEADLINE["slot_bytes"])
+    ours = {}
+    for name in ("today", "separated:tp_worker", "dealloc", "evict_ahead+dealloc"):
+        kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0])
+        r = simulate_lmcache(hg, spec, util=0.89, warmup=2, measure=2, **kw)
+        ours[name] = {"steady": r["waf"], "cumulative_4x": r["cumulative_waf"]}
+    res["lmcache"]["our_workload_levers"] = ours
+    res["not_steady_state"] = _not_steady()
     return res
 
 
-def run_study(*, utils=(0.5, 0.8, 0.95), admissions=("always", "second_hit"), repeats: int = 2,
-              warmup: float = 2.0, measure: float = 2.0, spec: Optional[WorkloadSpec] = None,
-              geometry: Geometry = STUDY_GEOMETRY, jobs: int = 0, progress=None) -> dict:
-    spec = spec or WorkloadSpec()
-    tasks = []
-    for util in utils:
-        for adm in admissions:
-            for mode, strat in CONFIGS:
-                for rep in range(repeats):
-                    kw = dict(util=util, mode=mode, strategy=strat, admission=adm, warmup=warmup, measure=measure,
-                              dealloc=False)
-                    tasks.append((geometry, replace(spec, seed=spec.seed + rep), kw))
-    jobs = jobs or max(1, min(len(tasks), os.cpu_count() or 1))
-    runs = []
-    with ProcessPoolExecutor(jobs) as ex:
-        for i, r in enumerate(ex.map(_one, tasks)):
-            r["seed"] = tasks[i][1].seed
-            runs.append(r)
-            if progress:
-                progress(i + 1, len(tasks), r)
-    return {"geometry": geometry.to_dict(), "workload": spec.to_dict(), "repeats": repeats, "warmup": warmup,
-            "measure": measure, "runs": runs}
+def _size(b: Optional[int]) -> str:
+    if b is None:
+        return "?"
+    return f"{b // GIB} GiB" if b >= GIB and b % GIB == 0 else f"{b // MIB} MiB"
 
 
-def summarize(study: dict) -> list[dict]:
-    rows = {}
-    for r in study["runs"]:
-        k = (r["util"], r["admission"], label(r["mode"], r["strategy"]))
-        rows.setdefault(k, []).append(r)
-    out = []
-    for (util, adm, lab), rs in sorted(rows.items()):
-        wafs = [r["waf"] for r in rs]
-        out.append({"util": util, "admission": adm, "config": lab, "waf": statistics.mean(wafs),
-                    "waf_min": min(wafs), "waf_max": max(wafs), "n": len(rs),
-                    "host_gib": statistics.mean(r["window"]["host_pages"] for r in rs) *
-                    study["geometry"]["page_bytes"] / 2**30,
-                    "hit_ratio": statistics.mean(r["cache"]["hit_ratio"] for r in rs),
-                    # the window is a fixed volume of host writes, so admission shows as more work per byte
-                    "host_mib_per_k_lookups": statistics.mean(
-                        r["window"]["host_pages"] * study["geometry"]["page_bytes"] / 2**20 /
-                        (r["cache"]["lookups"] / 1000) for r in rs),
-                    "media_mib_per_k_lookups": statistics.mean(
-                        r["window"]["media_pages"] * study["geometry"]["page_bytes"] / 2**20 /
-                        (r["cache"]["lookups"] / 1000) for r in rs),
-                    "puts_written": statistics.mean(r["cache"]["puts_written"] for r in rs),
-                    "lookups": statistics.mean(r["cache"]["lookups"] for r in rs)})
-    return out
+def _w(r: Optional[dict], spread: bool = False) -> str:
+    if r is None:
+        return "-"
+    if r.get("error"):
+        return "no steady state"
+    t = f"{r['waf']:.3f}"
+    if spread and r["n"] > 1:
+        t += f" [{r['waf_min']:.3f}, {r['waf_max']:.3f}]"
+    return t
 
 
-def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[dict], argv: list[str]) -> str:
-    g = study["geometry"]
-    lines = ["# Simulated write amplification of LMCache's SSD tier", "",
-             f"Command: `{' '.join(argv)}`", "",
-             f"Drive: {g['n_rus']} reclaim units of {g['ru_pages']} pages of {g['page_bytes'] >> 20} MiB, one "
-             f"reclaim group, over-provisioning {g['op']:.0%}, greedy GC, initially isolated handles. Workload: "
-             f"`{json.dumps(study['workload'])}`. Warm-up {study['warmup']} drive writes, WAF measured over the next "
-             f"{study['measure']}; {study['repeats']} seeds per cell (mean, [min, max]). Host writes and hit "
-             "ratio are per measured window; the window is a fixed volume of host writes, so the work done "
-             "in it is compared per 1000 lookups (host and media MiB written per 1000 lookups). No deallocation "
-             "on eviction (our core does not deallocate).", "",
-             "| util | admission | placement | WAF | host MiB / 1k lookups | media MiB / 1k lookups | hit ratio |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['util']:.0%} | {r['admission']} | {r['config']} | {r['waf']:.3f} "
-                     f"[{r['waf_min']:.3f}, {r['waf_max']:.3f}] | {r['host_mib_per_k_lookups']:.0f} | "
-                     f"{r['media_mib_per_k_lookups']:.0f} | {r['hit_ratio']:.3f} |")
+def _wm(study: dict) -> tuple:
+    r = next((r for r in study["runs"] if "warmup_drive_writes" in r), {})
+    return r.get("warmup_drive_writes"), r.get("measure_drive_writes")
+
+
+def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[dict], argv: list[str],
+             target: float = 1.05) -> str:
+    utils = sorted({r["util"] for r in rows})
+    lev = [r for r in rows if r["part"] == "levers"]
+    L = ["# Simulated write amplification of LMCache's SSD tier on real drive geometry", "",
+         f"Command: `{' '.join(argv)}`", "",
+         "Scale: a simulated page is 1/8 of a slot; a drive has 256 reclaim units (RUs), 128 where that would "
+         f"pass {MAX_PAGES} pages (4 GiB and 16 GiB RUs with 8 MiB chunks: see each table's RU count); the "
+         "RU / chunk ratio is the real one. A real drive of the same RU size has thousands of RUs "
+         "(a 7.68 TB drive: 447 of 16 GiB); the RU-count sensitivity table below shows 128 RUs and more "
+         "give the same WAF within a few percent. The workload's shared prefixes and conversations in flight "
+         "scale with the drive's slot count (the same working set / capacity ratio everywhere). Greedy GC, "
+         f"initially isolated handles, spare (over-provisioning) {OP:.0%} of the logical space. \"Chunk\" is "
+         "the slot: one TP worker's KV of one LMCache chunk plus its 4 KiB header; partial chunks (a prompt's "
+         "and an answer's last) fill 1/16 to all of it. Utilisation: the fraction of the drive's logical "
+         f"space the cache's slots take. WAF is measured over {_wm(study)[1]} drive writes after {_wm(study)[0]} "
+         "drive writes of warm-up (steady state); mean over seeds, [min, max]. Every run is in results.json.", "",
+         "## Every lever on a drive with 1 GiB reclaim units, 8 MiB chunks", ""]
+    if lev:
+        g = lev[0]
+        L.append(f"Drive: {g['n_rus']} RUs of 1 GiB, {HANDLES} placement handles, spare {g['op']:.0%}.")
+        L += ["", "| lever | " + " | ".join(f"WAF at {u:.0%}" for u in utils) + " | hit ratio at 95% | how |",
+              "|---|" + "---|" * len(utils) + "---|---|"]
+        by = {(r["lever"], r["util"]): r for r in lev}
+        for name in LEVERS:
+            if not any((name, u) in by for u in utils):
+                continue
+            hr = by.get((name, 0.95), {}).get("hit_ratio")
+            L.append(f"| {name} | " + " | ".join(_w(by.get((name, u)), True) for u in utils) +
+                     f" | {hr if hr is None else f'{hr:.3f}'} | {LEVERS[name][1]} |")
+    sw = [r for r in rows if r["part"] == "sweep"]
+    if sw:
+        L += ["", "## Reclaim unit size and chunk size (no FDP)", "",
+              "| RU | chunk | RUs simulated | lever | " + " | ".join(f"{u:.0%}" for u in utils) + " |",
+              "|---|---|---|---|" + "---|" * len(utils)]
+        cells = {}
+        for r in sw:
+            cells.setdefault((r["ru_bytes"], r["slot_bytes"], r["n_rus"], r["lever"]), {})[r["util"]] = r
+        order = {k: i for i, k in enumerate(LEVERS)}
+        for (ru, sb, n, name), byu in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0], order[kv[0][3]])):
+            L.append(f"| {_size(ru)} | {_size(sb)} | {n} | {name} | " + " | ".join(_w(byu.get(u)) for u in utils) + " |")
+    rc = [r for r in rows if r["part"] == "ru_count"]
+    if rc:
+        L += ["", "## RU-count sensitivity (1 GiB RUs, 8 MiB chunks, 95%)", "", "| RUs | today | dealloc |",
+              "|---|---|---|"]
+        cells = {}
+        for r in rc:
+            cells.setdefault(r["n_rus"], {})[r["lever"]] = r
+        for n, d in sorted(cells.items()):
+            L.append(f"| {n} | {_w(d.get('today'))} | {_w(d.get('dealloc'))} |")
+    ot = operator_table(rows, target)
+    if ot:
+        L += ["", f"## Operator table (target WAF <= {target})", "",
+              "| drive RU | chunk | utilisation | WAF today | set | expected WAF | hit ratio |", "|---|---|---|---|---|---|---|"]
+        for o in ot:
+            L.append(f"| {_size(o['ru_bytes'])} | {_size(o['slot_bytes'])} | {o['util']:.0%} | {o['today']:.3f} | "
+                     f"{o['settings']} | {o['waf']:.3f} | {o['hit_ratio']:.3f} |")
     if val:
-        lines += ["", "## Validation", "", f"Uniform random single-page overwrites, {val['geometry']}; model: "
-                  f"{val['model']}.", "", "| op | model | greedy | cost-benefit |", "|---|---|---|---|"]
+        L += ["", "## Validation", "", f"Uniform random single-page overwrites, {val['geometry']}; model: "
+              f"{val['model']}.", "", "| op | model | greedy | cost-benefit |", "|---|---|---|---|"]
         for u in val["uniform"]:
-            lines.append(f"| {u['op']} | {u['model']:.3f} | {u['greedy']:.3f} | {u['cost_benefit']:.3f} |")
+            L.append(f"| {u['op']} | {u['model']:.3f} | {u['greedy']:.3f} | {u['cost_benefit']:.3f} |")
+        L += ["", "Deallocation: uniform random slot frees through the cache model (a random live entry deleted, a "
+              "new one stored), freed slots deallocated at the checkpoint that makes them reusable (every 256 "
+              "puts); drive spare 10%. The model's WAF is taken at the effective spare factor (physical - live "
+              "pages) / live pages, live pages averaged over the window:", "",
+              "| live slots | dealloc | effective spare | simulated WAF | model at effective spare | error | "
+              "model at the drive's spare |", "|---|---|---|---|---|---|---|"]
+        for d in val.get("dealloc", []) + val.get("dealloc_off", []):
+            L.append(f"| {d['live']:.0%} | {'on' if d['dealloc'] else 'off'} | {d['effective_op']:.3f} | "
+                     f"{d['waf']:.3f} | {d['model']:.3f} | {100 * (d['waf'] - d['model']) / d['model']:+.1f}% | "
+                     f"{d['model_at_drive_op']:.3f} |")
         t = val["two_lifetimes"]
-        lines += ["", f"Two lifetimes (10% of the space takes 90% of the writes, op 28%): mixed {t['mixed']:.3f}, "
-                  f"separated {t['separated']:.3f}, separated with persistently isolated handles "
-                  f"{t['separated_persistent']:.3f}."]
+        L += ["", f"Two lifetimes (10% of the space takes 90% of the writes, op 28%): mixed {t['mixed']:.3f}, "
+              f"separated {t['separated']:.3f}, separated with persistently isolated handles "
+              f"{t['separated_persistent']:.3f}."]
     if anc:
         c, m = anc["cachelib"], anc["lmcache"]
-        lines += ["", "## Published anchors", "", f"CacheLib with FDP ({c['model']}):", "",
-                  "| util | published no FDP -> FDP | simulated no FDP -> FDP |", "|---|---|---|"]
+        L += ["", "## Published anchors", "", f"CacheLib with FDP ({c['model']}):", "",
+              "| util | published no FDP -> FDP | simulated no FDP -> FDP |", "|---|---|---|"]
         for u in ("1.0", "0.5"):
             p, s = c["published"][f"util_{u}"], c["simulated"][f"util_{u}"]
-            lines.append(f"| {float(u):.0%} | {p[0]:.2f} -> {p[1]:.2f} | {s[0]:.2f} -> {s[1]:.2f} |")
+            L.append(f"| {float(u):.0%} | {p[0]:.2f} -> {p[1]:.2f} | {s[0]:.2f} -> {s[1]:.2f} |")
         s = m["simulated"]
-        lines += ["", f"LMCache's FDP change ({m['model']}): published 2.600 -> 1.425; simulated "
-                  f"{s['mixed']['cumulative_4x']:.3f} -> {s['separated']['cumulative_4x']:.3f} (initially isolated), "
-                  f"{s['separated_persistent']['cumulative_4x']:.3f} (persistently isolated); in steady state "
-                  f"{s['mixed']['steady']:.3f} -> {s['separated']['steady']:.3f} / "
-                  f"{s['separated_persistent']['steady']:.3f}."]
-    return "\n".join(lines) + "\n"
+        L += ["", f"LMCache's FDP change ({m['model']}): published 2.600 -> 1.425; simulated "
+              f"{s['mixed']['cumulative_4x']:.3f} -> {s['separated']['cumulative_4x']:.3f} (initially isolated), "
+              f"{s['separated_persistent']['cumulative_4x']:.3f} (persistently isolated); in steady state "
+              f"{s['mixed']['steady']:.3f} -> {s['separated']['steady']:.3f} / "
+              f"{s['separated_persistent']['steady']:.3f}."]
+        o = m.get("our_workload_levers")
+        if o:
+            L += ["", "Our LMCache-shaped workload at the anchor's 89% utilisation and 7% spare (1 GiB RUs): " +
+                  ", ".join(f"{k} {v['steady']:.3f}" for k, v in o.items()) + " (steady state)."]
+        ns = anc.get("not_steady_state")
+        if ns:
+            L += ["", "A drive not in steady state (fresh, half a drive write at 95%): " +
+                  ", ".join(f"{k} {v:.3f}" for k, v in ns.items()) + ": every mode equal, WAF 1, because "
+                  "nothing has been collected yet."]
+    return "\n".join(L) + "\n"
 
 
-def plots(study: dict, rows: list[dict], out: str) -> tuple[list[str], Optional[str]]:
+def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], Optional[str]]:
     try:
         import matplotlib
 
@@ -195,63 +506,93 @@ def plots(study: dict, rows: list[dict], out: str) -> tuple[list[str], Optional[
         return [], "matplotlib is not importable: no plots (pip install matplotlib)"
     files = []
     utils = sorted({r["util"] for r in rows})
-    configs = list(dict.fromkeys(r["config"] for r in rows))
-    adms = list(dict.fromkeys(r["admission"] for r in rows))
-    fig, axes = plt.subplots(1, len(adms), figsize=(6 * len(adms), 4.5), sharey=True, squeeze=False)
-    for ax, adm in zip(axes[0], adms):
+    lev = [r for r in rows if r["part"] == "levers"]
+    if lev:
+        names = [n for n in LEVERS if any(r["lever"] == n for r in lev)]
+        fig, ax = plt.subplots(figsize=(13, 5))
         width = 0.8 / len(utils)
         for j, util in enumerate(utils):
-            sel = {r["config"]: r for r in rows if r["util"] == util and r["admission"] == adm}
-            xs = [i + j * width for i in range(len(configs))]
-            ys = [sel[c]["waf"] for c in configs]
-            err = [[sel[c]["waf"] - sel[c]["waf_min"] for c in configs], [sel[c]["waf_max"] - sel[c]["waf"]
-                                                                        for c in configs]]
-            ax.bar(xs, ys, width, yerr=err, capsize=2, label=f"util {util:.0%}")
-        ax.set_xticks([i + width * (len(utils) - 1) / 2 for i in range(len(configs))])
-        ax.set_xticklabels(configs, rotation=35, ha="right", fontsize=8)
-        ax.set_title(f"admission {adm}")
+            sel = {r["lever"]: r for r in lev if r["util"] == util}
+            xs = [i + j * width for i in range(len(names))]
+            ys = [min(sel[n]["waf"], 3) if n in sel else 0 for n in names]
+            ax.bar(xs, ys, width, label=f"util {util:.0%}")
+        ax.axhline(1.05, color="k", ls="--", lw=0.8, label="WAF 1.05")
+        ax.set_xticks([i + width * (len(utils) - 1) / 2 for i in range(len(names))])
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=7)
         ax.set_ylabel("WAF (media / host writes)")
+        ax.set_ylim(0.9, max(1.2, max(min(r["waf"], 3) for r in lev) + 0.05))
+        ax.set_title("Simulated WAF per lever, 1 GiB reclaim units, 8 MiB chunks")
         ax.legend(fontsize=8)
-    fig.suptitle("Simulated WAF per placement mode (bars: mean, whiskers: min-max over seeds)")
-    fig.tight_layout()
-    p = os.path.join(out, "waf_per_placement_mode.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files.append(p)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for c in configs:
-        for adm, style in zip(adms, ("-", "--")):
-            pts = sorted((r["util"], r["waf"]) for r in rows if r["config"] == c and r["admission"] == adm)
-            ax.plot([u for u, _ in pts], [w for _, w in pts], style, marker="o", label=f"{c} ({adm})")
-    ax.set_xlabel("utilisation (fraction of the drive's logical space the cache uses)")
-    ax.set_ylabel("WAF")
-    ax.set_title("Simulated WAF against utilisation")
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    p = os.path.join(out, "waf_vs_utilisation.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files.append(p)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for util in utils:
-        pts = []
-        for c in configs:
-            a = next((r for r in rows if r["config"] == c and r["util"] == util and r["admission"] == "always"), None)
-            b = next((r for r in rows if r["config"] == c and r["util"] == util and r["admission"] == "second_hit"),
-                     None)
-            if a and b:
-                pts.append((a["hit_ratio"] - b["hit_ratio"],
-                            1 - b["media_mib_per_k_lookups"] / a["media_mib_per_k_lookups"]))
-        ax.scatter([x for x, _ in pts], [y for _, y in pts], label=f"util {util:.0%}")
-    ax.set_xlabel("hit ratio lost to second_hit admission")
-    ax.set_ylabel("media writes per lookup saved (fraction)")
-    ax.set_title("Write admission: media writes saved against hit ratio lost")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = os.path.join(out, "admission_media_writes_saved_vs_hit_ratio_lost.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files.append(p)
+        fig.tight_layout()
+        p = os.path.join(out, "waf_per_lever.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files.append(p)
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for n in ("today", "dealloc", "evict_ahead", "evict_ahead+dealloc", "ru_groups+dealloc",
+                  "separated:tp_worker", "second_hit"):
+            pts = sorted((r["util"], r["waf"]) for r in lev if r["lever"] == n)
+            if pts:
+                ax.plot([u for u, _ in pts], [w for _, w in pts], marker="o", label=n)
+        ax.axhline(1.05, color="k", ls="--", lw=0.8)
+        ax.set_xlabel("utilisation (fraction of the drive's logical space in slots)")
+        ax.set_ylabel("WAF")
+        ax.set_title("WAF against utilisation, 1 GiB RUs, 8 MiB chunks")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = os.path.join(out, "waf_vs_utilisation.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files.append(p)
+    sw = [r for r in rows if r["part"] == "sweep"]
+    if sw:
+        show = [u for u in (0.95, 1.0) if u in utils] or utils[-1:]
+        slots = sorted({r["slot_bytes"] for r in sw})
+        fig, axes = plt.subplots(len(show), len(slots), figsize=(5.5 * len(slots), 4 * len(show)), squeeze=False,
+                                 sharey="row")
+        for i, util in enumerate(show):
+            for j, sb in enumerate(slots):
+                ax = axes[i][j]
+                for n in SWEEP_LEVERS:
+                    pts = sorted((r["ru_bytes"] / GIB, r["waf"]) for r in sw
+                                 if r["slot_bytes"] == sb and r["util"] == util and r["lever"] == n
+                                 and r["waf"] != float("inf"))
+                    if pts:
+                        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=n)
+                ax.set_xscale("log", base=2)
+                ax.axhline(1.05, color="k", ls="--", lw=0.8)
+                ax.set_xlabel("reclaim unit (GiB)")
+                ax.set_ylabel("WAF")
+                ax.set_title(f"{_size(sb)} chunks, utilisation {util:.0%}")
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = os.path.join(out, "waf_vs_ru_size.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files.append(p)
+    if val and val.get("dealloc"):
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        import math
+
+        xs = [0.1 + i * 0.02 for i in range(100)]
+        ax.plot(xs, [greedy_uniform_waf(x) for x in xs], label="analytic (greedy, uniform random)")
+        d = val["dealloc"]
+        ax.scatter([x["effective_op"] for x in d], [x["waf"] for x in d], color="C1", zorder=3,
+                   label="simulated, dealloc on (at effective spare)")
+        off = val.get("dealloc_off", [])
+        ax.scatter([x["op"] for x in off], [x["waf"] for x in off], color="C3", marker="x", zorder=3,
+                   label="simulated, dealloc off (at the drive's spare)")
+        ax.set_xscale("log")
+        ax.set_xlabel("spare factor (physical - live) / live")
+        ax.set_ylabel("WAF")
+        ax.set_title("Deallocation validation: uniform random slot frees")
+        ax.legend(fontsize=7)
+        ax.set_ylim(1, max(6, math.ceil(max(x["waf"] for x in d + off))))
+        fig.tight_layout()
+        p = os.path.join(out, "dealloc_validation.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files.append(p)
     return files, None
 
 
@@ -259,18 +600,25 @@ def write_study(out: str, study: dict, val: Optional[dict], anc: Optional[dict],
                 plot: bool = True) -> list[str]:
     os.makedirs(out, exist_ok=True)
     rows = summarize(study)
-    doc = dict(study, command=" ".join(argv), summary=rows, validation=val, anchors=anc)
+    doc = dict(study, command=" ".join(argv), scale={"pages_per_slot": PAGES_PER_SLOT, "n_rus": N_RUS,
+                                                     "min_rus": MIN_RUS, "max_pages": MAX_PAGES, "op": OP,
+                                                     "handles": HANDLES, "ref_slots": REF_SLOTS},
+               summary=rows, operator_table=operator_table(rows), validation=val, anchors=anc)
     files = []
     p = os.path.join(out, "results.json")
     with open(p, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(doc, f, indent=1, default=str)
     files.append(p)
     p = os.path.join(out, "summary.md")
     with open(p, "w") as f:
         f.write(markdown(study, rows, val, anc, argv))
     files.append(p)
+    p = os.path.join(out, "COMMAND")
+    with open(p, "w") as f:
+        f.write(" ".join(argv) + "\n")
+    files.append(p)
     if plot:
-        more, note = plots(study, rows, out)
+        more, note = plots(rows, val, out)
         files += more
         if note:
             print(f"note: {note}", file=sys.stderr)

@@ -107,7 +107,9 @@ def generate(spec: WorkloadSpec) -> Iterator[dict]:
     for f in range(spec.families):
         frnd = random.Random(spec.seed * 1_000_003 + f)
         fam_chains.append([frnd.getrandbits(63) | 1 for _ in range(frnd.randint(*spec.family_chunks))])
-    weights = [1.0 / (i + 1) ** spec.zipf for i in range(spec.families)]
+    # cumulative weights once (choices() would add them up again per call: the same draws)
+    cum = list(itertools.accumulate(1.0 / (i + 1) ** spec.zipf for i in range(spec.families)))
+    fams = range(spec.families)
     p_end = 1.0 / spec.turns
     convs: list[_Conv | None] = [None] * spec.concurrency
     t = 0.0
@@ -131,7 +133,7 @@ def generate(spec: WorkloadSpec) -> Iterator[dict]:
             turns = 1
             while rnd.random() > p_end:
                 turns += 1
-            c = convs[i] = _Conv(rnd.choices(range(spec.families), weights)[0], turns)
+            c = convs[i] = _Conv(rnd.choices(fams, cum_weights=cum)[0], turns)
         salt = salt_of(c.family)
         chain = fam_chains[c.family] + c.history
         for w in range(spec.tp):
