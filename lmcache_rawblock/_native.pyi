@@ -128,3 +128,7 @@ class Core:
         required; the others default to the table's). A wrong type is a TypeError, a value out
         of range or a bad geometry a ValueError, each naming the setting and the value; a
         device holding someone else's data is refused unless allow_foreign_device."""
+    def set_dealloc_log(self, on: bool, /) -> None:
+        """Start (cleared) or stop the journal of ranges deallocated for freed slots."""
+    def take_dealloc_log(self) -> list[tuple[int, int]]:
+        """(offset, length) of each range deallocated since the journal was started or last taken."""

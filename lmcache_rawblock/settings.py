@@ -180,6 +180,9 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
     if s.type == "choice":
         if isinstance(value, str) and value.strip().lower() in s.choices:
             return value.strip().lower()
+        # YAML 1.1 (PyYAML) reads a bare on/off/true/false as a boolean
+        if isinstance(value, bool) and {"on", "off"} <= set(s.choices):
+            return "on" if value else "off"
         if name == "io_engine":
             raise ValueError(f"io_engine must be one of: {', '.join(sorted(s.choices))}; got {value!r}")
         raise ValueError(f"{label} must be one of: {', '.join(s.choices)}; got {value!r}")

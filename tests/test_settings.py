@@ -34,7 +34,7 @@ GOOD = {
     "load_checkpoint_on_init": True, "io_engine": "posix", "iouring_queue_depth": 64, "use_uring_cmd": False,
     "meta_checkpoint_placement_id": None, "fdp_slot_affinity_enabled": False,
     "verify_payload_checksum": False, "allow_foreign_device": False, "recovery_read_threads": 2,
-    "meta_format": "log",
+    "meta_format": "log", "deallocate_freed": "auto",
 }
 
 

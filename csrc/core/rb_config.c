@@ -22,6 +22,7 @@ static const char *const reuse_policies[] = {"none", "pid_affinity", NULL};
 static const char *const phases[] = {"auto", "prefill", "decode", NULL};
 static const char *const admissions[] = {"always", "second_hit", NULL};
 static const char *const meta_formats[] = {"v1", "log", NULL};
+static const char *const dealloc_modes[] = {"auto", "on", "off", NULL};
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)
@@ -85,6 +86,9 @@ const rb_setting rb_core_settings[] = {
     {"meta_format", RB_SET_CHOICE, CFG(meta_format), 0, 1, "log", meta_formats, OURS,
      "metadata written on the device: log (a base and a log of changes; a checkpoint costs what changed, "
      "no size cap) or v1 (LMCache 0.5.6's JSON checkpoint, which LMCache's own core reads)"},
+    {"deallocate_freed", RB_SET_CHOICE, CFG(deallocate_freed), 0, 2, "auto", dealloc_modes, OURS,
+     "give freed slots back to the device once they are reusable (NVMe deallocate, discard, punched hole), "
+     "batched off the put path: auto = on for block devices and NVMe namespaces, off for regular files"},
     {"key_namespace", RB_SET_CHOICE, CFG(key_namespace), 0, 1, "object", namespaces, 0,
      "how keys are encoded: legacy (the plugin's CacheEngineKey strings) or object (ObjectKey)"},
     /* FDP placement policy (lmcache_rawblock/fdp.py): LMCache's MP adapter keys, then ours. */

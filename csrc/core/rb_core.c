@@ -437,7 +437,7 @@ static void quarantine_advance_locked(rb_core *c)
         if (c->rd_active[prev])
             return; /* readers of the previous generation may hold any slot freed since */
         for (size_t i = 0; i < c->rd_npend[prev]; i++)
-            rb_slots_release(&c->slots, c->rd_pend[prev][i]);
+            rb_core_release_slot_locked(c, c->rd_pend[prev][i]);
         c->rd_npend[prev] = 0;
         if (c->rd_npend[cur] == 0)
             return;
@@ -495,7 +495,7 @@ int rb_core_room_needed_locked(const rb_core *c, size_t n)
         return 1;
     /* never-used slots count only while they lie inside the device (it may have shrunk) */
     uint32_t fresh = c->usable_slots > c->slots.next_slot ? c->usable_slots - c->slots.next_slot : 0;
-    uint64_t avail = (uint64_t)c->slots.n_free + fresh;
+    uint64_t avail = (uint64_t)c->slots.n_free + fresh + c->dl_npend;
     return (c->n_held > 0 || rb_core_ml_held_locked(c) > 0) && avail < n;
 }
 
@@ -672,6 +672,7 @@ int rb_core_open(const rb_core_cfg *cfg, rb_core **out, rb_err *err)
         rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
         goto fail;
     }
+    rb_core_dealloc_init(c);
     rc = rb_core_ml_init(c, err);
     if (rc < 0)
         goto fail;
@@ -713,7 +714,7 @@ void rb_core_close(rb_core *c, rb_close_result *res)
         pthread_cond_wait(&c->idle_cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
 
-    int rc = rb_core_checkpoint(c, 1, &res->ckpt_err);
+    int rc = rb_core_checkpoint(c, 1, &res->ckpt_err); /* and the deallocations it allows */
     if (rc > 0)
         res->final_written = 1;
     else if (rc < 0)
@@ -741,6 +742,7 @@ void rb_core_free(rb_core *c)
     free(c->ref);
     free(c->held);
     rb_core_ml_free(c);
+    rb_core_dealloc_free(c);
     pthread_mutex_destroy(&c->ckpt_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->idle_cv);
@@ -815,6 +817,8 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
     uint32_t s;
     for (;;) {
         s = rb_slots_alloc(&c->slots, it->pid);
+        if (s == RB_SLOT_NONE && rb_core_dealloc_take_locked(c) > 0)
+            s = rb_slots_alloc(&c->slots, it->pid); /* reusable slots still waiting for deallocation */
         if (s == RB_SLOT_NONE) {
             *nospace = 1;
             PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC,
@@ -1856,9 +1860,12 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     }
     rb_idx_maybe_compact(&c->index);
     int kick = c->ml.on && c->ml.n_held > 0;
+    int dealloc = c->dl_npend > 0; /* format v1: slots no container lists are reusable at once */
     pthread_mutex_unlock(&c->mu);
     if (kick)
         rb_core_ml_kick(c);
+    if (dealloc)
+        (void)rb_core_dealloc_run(c);
     if (hs != stack)
         free(hs);
 }
@@ -1925,7 +1932,8 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     st->container_bytes = c->container_bytes;
     st->max_slots = c->max_slots;
     st->next_slot = c->slots.next_slot;
-    st->free_slots = c->slots.n_free;
+    st->free_slots = c->slots.n_free + c->dl_npend + c->dl_inflight;
+    rb_core_dealloc_status_locked(c, st);
     st->indexed = c->index.n_live;
     st->inflight_keys = c->inflight.n_live;
     st->locked_keys = c->locked_keys;

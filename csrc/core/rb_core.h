@@ -47,7 +47,15 @@ typedef struct rb_core_cfg {
     uint32_t recovery_read_threads; /* posix header readers, >= 1 */
     int key_namespace; /* enum rb_key_namespace */
     int meta_format;   /* enum rb_meta_format: what checkpoints write */
+    int deallocate_freed; /* enum rb_dealloc_mode: give freed slots back to the device */
 } rb_core_cfg;
+
+/* When freed slots are deallocated (rb_core_dealloc.c). */
+enum rb_dealloc_mode {
+    RB_DEALLOC_AUTO = 0, /* on for block devices and NVMe namespaces, off for regular files */
+    RB_DEALLOC_ON = 1,
+    RB_DEALLOC_OFF = 2,
+};
 
 /* The metadata format a core writes (docs/metadata-log.md). */
 enum rb_meta_format {
@@ -148,6 +156,12 @@ typedef struct rb_core_status {
     uint64_t bases_written, base_last_bytes, base_last_entries, base_too_large, compactions;
     uint64_t base_last_ns, log_journal_lost, log_ring_full, log_recovered_groups, log_recovered_records;
     uint64_t base_area_bytes, log_generation;
+    /* Deallocation of freed slots: the state ("on", "off", "unsupported"), what it issues, why
+     * it is unsupported, and its counters (rb_core_dealloc.c). */
+    const char *dealloc_state, *dealloc_kind;
+    char dealloc_why[200];
+    uint64_t dealloc_slots, dealloc_ranges, dealloc_cmds, dealloc_bytes, dealloc_failures, dealloc_skipped;
+    uint64_t dealloc_pending, dealloc_ns;
     uint64_t faults_total;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
     rb_fault faults[RB_FAULTS_KEPT];
@@ -197,6 +211,11 @@ size_t rb_core_get_metadata_prefix(rb_core *c, const char *const *keys, const si
 void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n);
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
                          uint8_t *results);
+/* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
+ * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]
+ * (malloc'ed, the caller frees; NULL when empty) and empties it. Returns the number of pairs. */
+void rb_core_dealloc_log_set(rb_core *c, int on);
+size_t rb_core_dealloc_log_take(rb_core *c, uint64_t **out);
 /* -1 when absent. */
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len);
 uint32_t rb_core_lock_refcount(rb_core *c, const char *key, size_t len);

@@ -344,7 +344,9 @@ static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
 
 int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
 {
-    return checkpoint_impl(c, force, 0, err);
+    int rc = checkpoint_impl(c, force, 0, err);
+    (void)rb_core_dealloc_run(c); /* the slots it made reusable (a failure is counted there) */
+    return rc;
 }
 
 int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
@@ -788,7 +790,10 @@ static int check_top(rb_core *c, const top_view *t, int64_t *next_slot, rb_err *
 /* Clear the index and slots for a new state (takes mu; returns with it held on success). */
 static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err *err)
 {
+    /* A deallocation in progress ends first: its slots must not take keys of the new state. */
+    pthread_mutex_lock(&c->dl_mu);
     pthread_mutex_lock(&c->mu);
+    pthread_mutex_unlock(&c->dl_mu);
     /* Slots reserved by puts in flight stay reserved, also those at or beyond the state's
      * next_slot: the allocator's next_slot moves past them, or it would hand them out again
      * while the put still commits its key there. */
@@ -807,6 +812,7 @@ static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err
     /* The allocator is rebuilt from the new state: a quarantined slot is either claimed by it or
      * freed again by apply_end (and quarantined anew if readers are still in flight). */
     rb_core_quarantine_reset_locked(c);
+    rb_core_dealloc_reset_locked(c);
     if (rb_slots_reset(&c->slots, (uint32_t)top) < 0) {
         pthread_mutex_unlock(&c->mu);
         free(used);
@@ -1343,8 +1349,10 @@ static void *ckpt_thread(void *arg)
         rb_core_checkpoint(c, kicked, &e);
         /* The log format compacts here, off every caller's path, once the ring is past half
          * full (or full: then groups wait for it). */
-        if (c->ml.on && rb_core_ml_compact_due(c))
+        if (c->ml.on && rb_core_ml_compact_due(c)) {
             rb_core_ml_compact(c, 0, &e);
+            (void)rb_core_dealloc_run(c);
+        }
         pthread_mutex_lock(&c->thr_mu);
     }
     pthread_mutex_unlock(&c->thr_mu);

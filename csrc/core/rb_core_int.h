@@ -183,6 +183,20 @@ struct rb_core {
 
     rb_mlw ml; /* the log-structured metadata writer (cfg.meta_format == RB_META_LOG) */
 
+    /* Deallocation of freed slots (rb_core_dealloc.c), under mu: whether it is on (the
+     * setting resolved against the device), reusable slots waiting for their deallocation
+     * (dl_pend) or in one (dl_inflight: out of every list meanwhile), statistics, and the
+     * optional journal of deallocated ranges. */
+    int dl_on;
+    uint32_t *dl_pend;
+    size_t dl_npend, dl_cap;
+    uint64_t dl_inflight;
+    pthread_mutex_t dl_mu; /* held by a run from start to end; lock order ckpt_mu -> dl_mu -> mu */
+    uint64_t dl_slots, dl_ranges, dl_cmds, dl_bytes, dl_failures, dl_skipped, dl_ns;
+    int dl_log_on;
+    rb_dev_range *dl_log;
+    size_t dl_nlog, dl_caplog;
+
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep, fault_flush;
     _Atomic uint32_t ckpt_delay_ms;
     _Atomic uint32_t load_delay_ms; /* test hook: pause loads between snapshot and reads */
@@ -300,6 +314,27 @@ void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot);
 #define RB_REF_C1 0x2u
 #define RB_REF_PEND 0x4u
 void rb_core_hold_slot_locked(rb_core *c, uint32_t slot);
+/* ---- rb_core_dealloc.c: freed slots given back to the device ---------------------------- */
+
+/* Resolve the deallocate_freed setting against the opened device (c->dev). */
+void rb_core_dealloc_init(rb_core *c);
+void rb_core_dealloc_free(rb_core *c);
+/* A slot is reusable (no durable metadata lists its old key, no reader holds it): back to the
+ * allocator, or, with deallocation on, onto the pending list first. mu held. */
+void rb_core_release_slot_locked(rb_core *c, uint32_t slot);
+/* The put path found no free slot: pending slots go to the allocator undeallocated (counted
+ * as skipped). Returns how many. mu held. */
+size_t rb_core_dealloc_take_locked(rb_core *c);
+/* Deallocate the pending slots' ranges, then return the slots to the allocator. mu not held;
+ * no GIL. 0 (also when nothing was pending), or <0 when the device call failed (counted, in
+ * the fault journal; the slots are back in use either way). */
+int rb_core_dealloc_run(rb_core *c);
+void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st);
+/* A new state replaces the allocator's contents (apply_begin, with dl_mu and mu held, so no
+ * run is deallocating): the pending slots are forgotten; the state claims them or frees them
+ * again. */
+void rb_core_dealloc_reset_locked(rb_core *c);
+
 static inline void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
 {
     if (slot < c->ref_cap && c->ref[slot]) {
@@ -307,7 +342,7 @@ static inline void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
         return;
     }
     if (c->rd_active[0] + c->rd_active[1] == 0)
-        rb_slots_release(&c->slots, slot); /* no reader in flight: free at once */
+        rb_core_release_slot_locked(c, slot); /* no reader in flight: reusable at once */
     else
         rb_core_quarantine_slot_locked(c, slot);
 }

@@ -1093,7 +1093,9 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
 
 int rb_core_compact(rb_core *c, rb_err *err)
 {
-    return rb_core_ml_compact(c, 1, err);
+    int rc = rb_core_ml_compact(c, 1, err);
+    (void)rb_core_dealloc_run(c); /* the slots the base made reusable */
+    return rc;
 }
 
 int rb_core_ml_wipe_superblocks(rb_core *c, rb_err *err)

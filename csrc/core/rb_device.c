@@ -244,6 +244,7 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     dev->max_transfer = max_transfer;
     if (dev->is_blk && dev->odirect && cfg->engine == RB_ENGINE_IOURING)
         probe_write_streams(dev, &st);
+    rb_dev_dealloc_probe(dev, &st);
     pthread_mutex_init(&dev->gate_mu, NULL);
     pthread_cond_init(&dev->gate_cv, NULL);
 

@@ -170,6 +170,32 @@ uint8_t rb_dev_stream_of(const rb_dev *dev, uint16_t pid);
 int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err);
 
 /*
+ * Deallocation: telling the device that byte ranges hold nothing any more, so an SSD stops
+ * copying them during garbage collection and a sparse file gives the blocks back. A regular
+ * file gets holes punched (fallocate PUNCH_HOLE | KEEP_SIZE), a block device discards
+ * (BLKDISCARD), an NVMe namespace through passthrough NVMe Dataset Management with the
+ * Deallocate attribute, as many ranges per command as the controller takes. A deallocated
+ * range reads back as zeros (or, on NVMe, the pattern Identify Namespace DLFEAT names).
+ */
+enum rb_dealloc_support { RB_DEALLOC_UNKNOWN = 0, RB_DEALLOC_YES = 1, RB_DEALLOC_NO = 2 };
+typedef struct rb_dev_range {
+    uint64_t off, len;
+} rb_dev_range;
+/* What the device is known to support: probed at open (NVMe: Identify Controller ONCS; a block
+ * device: its queue's discard_max_bytes), else unknown until the first attempt. *why (may be
+ * NULL) is the reason for RB_DEALLOC_NO, "" otherwise. */
+int rb_dev_dealloc_support(const rb_dev *dev, const char **why);
+/* "punch_hole", "discard" or "nvme_dsm": what rb_dev_deallocate issues on this device. */
+const char *rb_dev_dealloc_kind(const rb_dev *dev);
+/* Deallocate n ranges (whole blocks on block devices and NVMe), in order; *cmds counts the
+ * commands issued (system calls, or NVMe commands). Stops at the first failure: -errno with
+ * err set. A failure that says the device or file system cannot deallocate (EOPNOTSUPP,
+ * ENOTTY, ENOSYS; an NVMe controller refusing the command) before any command succeeded marks
+ * the device RB_DEALLOC_NO; later calls then fail at once with EOPNOTSUPP. Blocking: call
+ * without the GIL and without core locks. */
+int rb_dev_deallocate(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, rb_err *err);
+
+/*
  * One synchronous transfer with LMCache's semantics:
  *   write: payload_len bytes from buf, then zeros up to total_len, at offset.
  *   read:  total_len bytes are read at offset (EOF before that is an error); the first

@@ -37,6 +37,12 @@ struct rb_dev {
      * reclaim unit handle status lists them (the order the kernel's NVMe driver uses). */
     unsigned nstreams;
     uint16_t stream_pid[RB_MAX_WRITE_STREAMS];
+    /* Deallocation (rb_dev_dealloc.c): enum rb_dealloc_support, probed at open and settled by
+     * the first attempt where the probe could not tell; the reason when it is RB_DEALLOC_NO
+     * (written once, before the store that publishes NO); a namespace's DSM limits. */
+    _Atomic int dealloc;
+    char dealloc_why[200];
+    rb_nvme_dsm dsm;
     rb_stats stats;
     _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */
     _Atomic int nowait_fault;          /* test hook: this many no-wait attempts give up */
@@ -48,6 +54,9 @@ struct rb_dev {
     pthread_mutex_t gate_mu;
     pthread_cond_t gate_cv;
 };
+
+/* rb_dev_dealloc.c, for rb_dev_open: what the device says of deallocation (st: its fstat). */
+void rb_dev_dealloc_probe(rb_dev *dev, const struct stat *st);
 
 /* rb_dev_lock.c, for rb_dev_open. */
 

@@ -34,6 +34,29 @@ int rb_nvme_identify(int fd, rb_nvme_ns *ns, rb_err *err);
 /* NVMe Flush of the namespace (the volatile write cache made durable). Retried on EINTR. */
 int rb_nvme_flush(int fd, uint32_t nsid, rb_err *err);
 
+/*
+ * Dataset Management (deallocate) on a namespace: whether its controller takes the command
+ * (Identify Controller ONCS bit 2), its limits (the NVM command set's Identify Controller,
+ * CNS 06h: DMRL ranges per command, DMRSL logical blocks per range; 0 there means "not
+ * reported", and then the command's own limits apply: 256 ranges, 2^32 - 1 blocks) and what a
+ * read of a deallocated block returns (Identify Namespace DLFEAT bits 2:0: 0 not reported, 1
+ * zeros, 2 all ones).
+ */
+typedef struct rb_nvme_dsm {
+    int supported;
+    uint32_t max_ranges;
+    uint32_t max_range_lbas;
+    uint8_t dlfeat_read;
+} rb_nvme_dsm;
+
+#define RB_NVME_DSM_MAX_RANGES 256u
+
+int rb_nvme_dsm_caps(int fd, uint32_t nsid, rb_nvme_dsm *out, rb_err *err);
+
+/* One Dataset Management command with the Deallocate attribute over n (1..256) ranges of
+ * nlb[i] blocks from slba[i]. Retried on EINTR. Errors as the other commands here. */
+int rb_nvme_deallocate(int fd, uint32_t nsid, const uint64_t *slba, const uint32_t *nlb, size_t n, rb_err *err);
+
 /* One Reclaim Unit Handle Status descriptor (I/O Management Receive, MO 1). */
 typedef struct rb_nvme_ruh {
     uint16_t pid;    /* placement identifier: the value a write carries in DSPEC */

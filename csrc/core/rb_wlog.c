@@ -120,3 +120,11 @@ void rb_wlog_flush_done(int fd, uint64_t barrier)
         record_locked(RB_WLOG_FLUSH, fd, barrier, 0);
     pthread_mutex_unlock(&wlog_mu);
 }
+
+void rb_wlog_dealloc(int fd, uint64_t off, uint64_t len)
+{
+    pthread_mutex_lock(&wlog_mu);
+    if (wlog_fd >= 0)
+        record_locked(RB_WLOG_DEALLOC, fd, off, len);
+    pthread_mutex_unlock(&wlog_mu);
+}

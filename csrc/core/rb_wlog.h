@@ -8,9 +8,10 @@
  * relaxed load and a predictable branch while it is off.
  *
  * Log file: the 8-byte magic "RBWLOG01", then records of a 48-byte little-endian header
- *   u32 kind (1 write, 2 flush), u32 zero, u64 st_dev, u64 st_ino of the written file,
- *   u64 offset (write) or barrier (flush), u64 length (write; 0 for flush), u64 sequence
- * followed, for a write, by its bytes. Sequence numbers count records from 0 in log order.
+ *   u32 kind (1 write, 2 flush, 3 deallocation), u32 zero, u64 st_dev, u64 st_ino of the file,
+ *   u64 offset (write, deallocation) or barrier (flush), u64 length (0 for flush), u64 sequence
+ * followed, for a write, by its bytes. A deallocation carries no bytes: the range reads back
+ * as zeros once it is durable (like a write, after a flush that began after it). Sequence numbers count records from 0 in log order.
  * A write is logged once it completed, so its record comes after every record of a write
  * that completed before it. A flush record's barrier is the sequence number the log had
  * reached when the flush started: every write with a smaller sequence number is durable once
@@ -27,7 +28,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-enum { RB_WLOG_WRITE = 1, RB_WLOG_FLUSH = 2 };
+enum { RB_WLOG_WRITE = 1, RB_WLOG_FLUSH = 2, RB_WLOG_DEALLOC = 3 };
 
 extern atomic_int rb_wlog_on;
 
@@ -39,6 +40,9 @@ int rb_wlog_set(const char *path);
 /* Record len bytes written at off on fd, taken from iov after skipping `skip` bytes. */
 void rb_wlog_writev(int fd, uint64_t off, const struct iovec *iov, int iovcnt, size_t skip, size_t len);
 void rb_wlog_write(int fd, uint64_t off, const void *buf, size_t len);
+
+/* A completed deallocation of len bytes at off on fd. */
+void rb_wlog_dealloc(int fd, uint64_t off, uint64_t len);
 
 /* A flush of fd is starting: returns the barrier to pass to rb_wlog_flush_done. */
 uint64_t rb_wlog_flush_begin(void);

@@ -1410,6 +1410,31 @@ static PyObject *core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored
     return PyBool_FromLong(rc > 0);
 }
 
+static PyObject *core_set_dealloc_log(PyObject *op, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    rb_core_dealloc_log_set(core_of(op), on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_take_dealloc_log(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t *r = NULL;
+    size_t n = rb_core_dealloc_log_take(core_of(op), &r);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *t = Py_BuildValue("(KK)", (unsigned long long)r[2 * i], (unsigned long long)r[2 * i + 1]);
+        if (!t)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    free(r);
+    return l;
+}
+
 static PyObject *apply_state_json(PyObject *op, PyObject *arg, int generic)
 {
     Py_buffer b;
@@ -1441,6 +1466,22 @@ static int status_add_trust(PyObject *d, const rb_core_status *st);
 
 /* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
  * exception set. */
+/* GIL held: deallocation of freed slots, flat keys dealloc_*. 0, or -1 with an exception set. */
+static int status_add_dealloc(PyObject *d, const rb_core_status *st)
+{
+    PyObject *t = Py_BuildValue(
+        "{s:s,s:s,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "dealloc_state", st->dealloc_state, "dealloc_kind",
+        st->dealloc_kind, "dealloc_unsupported_reason", rbpy_text(st->dealloc_why), "dealloc_slots",
+        (unsigned long long)st->dealloc_slots, "dealloc_ranges", (unsigned long long)st->dealloc_ranges,
+        "dealloc_commands", (unsigned long long)st->dealloc_cmds, "dealloc_bytes",
+        (unsigned long long)st->dealloc_bytes, "dealloc_failures", (unsigned long long)st->dealloc_failures,
+        "dealloc_skipped", (unsigned long long)st->dealloc_skipped, "dealloc_pending_slots",
+        (unsigned long long)st->dealloc_pending, "dealloc_seconds", (double)st->dealloc_ns / 1e9);
+    int rc = t ? PyDict_Update(d, t) : -1;
+    Py_XDECREF(t);
+    return rc;
+}
+
 static int status_add_log(PyObject *d, const rb_core_status *st)
 {
     static const char *const states[] = {"fresh", "v1-to-move", "live"};
@@ -1521,7 +1562,7 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
         "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total", st.held_total,
         "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
         "device_flushes", st.flushes, "recovery_skipped_entries", st.skipped, "io", io);
-    if (!d || status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0)
+    if (!d || status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0 || status_add_dealloc(d, &st) < 0)
         Py_CLEAR(d);
     /* The device's lock: "exclusive", "unsupported" (no flock on its file system), "released". */
     rb_core *c = core_of(op);
@@ -1867,6 +1908,10 @@ static PyMethodDef core_methods[] = {
      "checkpoint_now(force=True) -> bool (written)"},
     {"compact_metadata", core_compact_metadata, METH_NOARGS,
      "compact_metadata() -> bool: log format, write a new base and switch to it now (False: nothing to do)"},
+    {"set_dealloc_log", core_set_dealloc_log, METH_O,
+     "set_dealloc_log(on): start (cleared) or stop the journal of deallocated ranges"},
+    {"take_dealloc_log", core_take_dealloc_log, METH_NOARGS,
+     "take_dealloc_log() -> list[(offset, length)]: ranges deallocated since the last call"},
     {"apply_state_json", core_apply_state_json, METH_O, "apply_state_json(bytes) -> (applied, reason)"},
     {"_apply_state_json_generic", core_apply_state_json_generic, METH_O,
      "test hook: apply_state_json through json-c only (no plain-form reader)"},

@@ -449,6 +449,9 @@ class RawBlockCore:
             "io_errors": st["faults"],
             # the core's lock on its device: exclusive / unsupported (no flock there) / released
             "device_lock": st["device_lock"],
+            # freed slots given back to the device (deallocate_freed): on / off / unsupported,
+            # what it issues, and what it did
+            **{k: v for k, v in st.items() if k.startswith("dealloc_")},
             "rust_io": st["io"],
         }
 

@@ -1,0 +1,223 @@
+/*
+ * rb_core_dealloc.c - freed slots given back to the device.
+ *
+ * A slot becomes reusable when no durable metadata lists its old key any more (format v1: both
+ * containers exclude it; the log format: its FREE record is durable) and no reader can still be
+ * reading it (the quarantine in rb_core.c). At that moment, with deallocation on, it does not go
+ * back to the allocator yet: it waits on a pending list until rb_core_dealloc_run deallocates
+ * its range, then returns to the allocator. So a deallocation never reaches a slot that holds a
+ * key: the slot is out of the allocator while its range is being deallocated.
+ *
+ * Runs are batched with the operation that freed the slots: the end of delete_many (format v1
+ * frees there), the checkpoint that made FREE records durable (the periodic thread, an explicit
+ * checkpoint, close), a compaction. Never on the put path: a put that finds no free slot takes
+ * pending ones without deallocating them (dealloc_skipped): the write about to land on the slot
+ * retires its old bytes on the drive anyway. Adjacent slots merge into one range; the device
+ * packs ranges into commands (rb_dev_deallocate).
+ *
+ * A failed deallocation loses nothing: the slots return to the allocator with their old bytes,
+ * the failure is counted and entered in the fault journal. A device or file system that cannot
+ * deallocate is detected once (rb_device.h) and the feature then reports itself unsupported.
+ * Lock order: mu is taken and dropped here; the device call runs with no core lock held.
+ */
+#include "rb_core_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rb_core_dealloc_init(rb_core *c)
+{
+    pthread_mutex_init(&c->dl_mu, NULL);
+    int mode = c->cfg.deallocate_freed;
+    int dev_kind_wants = c->dev->is_blk || c->dev->uring_cmd;
+    c->dl_on = mode == RB_DEALLOC_ON || (mode == RB_DEALLOC_AUTO && dev_kind_wants);
+    if (c->dl_on && rb_dev_dealloc_support(c->dev, NULL) == RB_DEALLOC_NO)
+        c->dl_on = 0;
+}
+
+void rb_core_dealloc_free(rb_core *c)
+{
+    pthread_mutex_destroy(&c->dl_mu);
+    free(c->dl_pend);
+    c->dl_pend = NULL;
+    c->dl_npend = c->dl_cap = 0;
+    free(c->dl_log);
+    c->dl_log = NULL;
+    c->dl_nlog = c->dl_caplog = 0;
+}
+
+void rb_core_release_slot_locked(rb_core *c, uint32_t slot)
+{
+    if (c->dl_on) {
+        if (c->dl_npend == c->dl_cap) {
+            size_t nc = c->dl_cap ? c->dl_cap * 2 : 256;
+            uint32_t *np = realloc(c->dl_pend, nc * sizeof(*np));
+            if (np) {
+                c->dl_pend = np;
+                c->dl_cap = nc;
+            }
+        }
+        if (c->dl_npend < c->dl_cap) {
+            c->dl_pend[c->dl_npend++] = slot;
+            return;
+        }
+        /* out of memory: the slot is reused without its deallocation */
+        c->dl_skipped++;
+    }
+    rb_slots_release(&c->slots, slot);
+}
+
+size_t rb_core_dealloc_take_locked(rb_core *c)
+{
+    size_t n = c->dl_npend;
+    for (size_t i = 0; i < n; i++)
+        rb_slots_release(&c->slots, c->dl_pend[i]);
+    c->dl_npend = 0;
+    c->dl_skipped += n;
+    return n;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorted slots as byte ranges, adjacent slots merged. Returns the number of ranges. */
+static size_t slots_to_ranges(const rb_core *c, const uint32_t *s, size_t n, rb_dev_range *r)
+{
+    size_t k = 0;
+    uint64_t sb = c->cfg.slot_bytes;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t off = rb_slot_offset(c, s[i]);
+        if (k > 0 && r[k - 1].off + r[k - 1].len == off) {
+            r[k - 1].len += sb;
+            continue;
+        }
+        r[k].off = off;
+        r[k].len = sb;
+        k++;
+    }
+    return k;
+}
+
+/* The journal a test or `waf replay` reads (rb_core_dealloc_log_take). mu held. */
+static void log_ranges_locked(rb_core *c, const rb_dev_range *r, size_t n)
+{
+    if (!c->dl_log_on)
+        return;
+    if (c->dl_nlog + n > c->dl_caplog) {
+        size_t nc = c->dl_caplog ? c->dl_caplog : 256;
+        while (nc < c->dl_nlog + n)
+            nc *= 2;
+        rb_dev_range *np = realloc(c->dl_log, nc * sizeof(*np));
+        if (!np)
+            return; /* a statistic hook: its caller sees fewer ranges than were deallocated */
+        c->dl_log = np;
+        c->dl_caplog = nc;
+    }
+    memcpy(c->dl_log + c->dl_nlog, r, n * sizeof(*r));
+    c->dl_nlog += n;
+}
+
+void rb_core_dealloc_reset_locked(rb_core *c)
+{
+    c->dl_npend = 0;
+}
+
+int rb_core_dealloc_run(rb_core *c)
+{
+    pthread_mutex_lock(&c->dl_mu);
+    pthread_mutex_lock(&c->mu);
+    if (c->dl_npend == 0) {
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->dl_mu);
+        return 0;
+    }
+    uint32_t *s = c->dl_pend;
+    size_t n = c->dl_npend;
+    c->dl_pend = NULL;
+    c->dl_npend = c->dl_cap = 0;
+    c->dl_inflight = n;
+    pthread_mutex_unlock(&c->mu);
+
+    uint64_t t0 = rb_now_ns();
+    qsort(s, n, sizeof(*s), cmp_u32);
+    rb_dev_range *r = malloc(n * sizeof(*r));
+    size_t k = r ? slots_to_ranges(c, s, n, r) : 0;
+    uint64_t cmds = 0;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc = r ? rb_dev_deallocate(c->dev, r, k, &cmds, &err) : -ENOMEM;
+    uint64_t dt = rb_now_ns() - t0;
+
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] >= c->usable_slots)
+            c->retired_slots++; /* past the end of a device that shrank meanwhile */
+        else
+            rb_slots_release(&c->slots, s[i]);
+    }
+    c->dl_inflight = 0;
+    c->dl_cmds += cmds;
+    c->dl_ns += dt;
+    if (rc == 0) {
+        c->dl_slots += n;
+        c->dl_ranges += k;
+        for (size_t i = 0; i < k; i++)
+            c->dl_bytes += r[i].len;
+        log_ranges_locked(c, r, k);
+    } else {
+        c->dl_failures++;
+        if (rc != -ENOMEM && rb_dev_dealloc_support(c->dev, NULL) == RB_DEALLOC_NO) {
+            c->dl_on = 0; /* detected once: the feature reports itself unsupported */
+            rb_core_dealloc_take_locked(c);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->dl_mu);
+    if (rc < 0 && rc != -ENOMEM)
+        rb_core_note_fault(c, "deallocate", k ? r[0].off : UINT64_MAX, &err);
+    free(r);
+    free(s);
+    return rc;
+}
+
+void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st)
+{
+    const char *why = "";
+    int sup = c->dev ? rb_dev_dealloc_support(c->dev, &why) : RB_DEALLOC_UNKNOWN;
+    st->dealloc_state = c->dl_on ? "on" : sup == RB_DEALLOC_NO ? "unsupported" : "off";
+    st->dealloc_kind = c->dev ? rb_dev_dealloc_kind(c->dev) : "";
+    snprintf(st->dealloc_why, sizeof(st->dealloc_why), "%s", sup == RB_DEALLOC_NO ? why : "");
+    st->dealloc_slots = c->dl_slots;
+    st->dealloc_ranges = c->dl_ranges;
+    st->dealloc_cmds = c->dl_cmds;
+    st->dealloc_bytes = c->dl_bytes;
+    st->dealloc_failures = c->dl_failures;
+    st->dealloc_skipped = c->dl_skipped;
+    st->dealloc_pending = c->dl_npend + c->dl_inflight;
+    st->dealloc_ns = c->dl_ns;
+}
+
+void rb_core_dealloc_log_set(rb_core *c, int on)
+{
+    pthread_mutex_lock(&c->mu);
+    c->dl_log_on = on;
+    c->dl_nlog = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+size_t rb_core_dealloc_log_take(rb_core *c, uint64_t **out)
+{
+    _Static_assert(sizeof(rb_dev_range) == 2 * sizeof(uint64_t), "rb_dev_range is an (offset, length) pair");
+    pthread_mutex_lock(&c->mu);
+    *out = (uint64_t *)c->dl_log;
+    size_t n = c->dl_nlog;
+    c->dl_log = NULL;
+    c->dl_nlog = c->dl_caplog = 0;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}

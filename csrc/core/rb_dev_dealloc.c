@@ -1,0 +1,197 @@
+/*
+ * rb_dev_dealloc.c - giving freed byte ranges back to the device (see rb_device.h): punched
+ * holes in a regular file, discards on a block device, NVMe Dataset Management (deallocate)
+ * on a passthrough namespace. What the device supports is probed once at open.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "rb_device_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "rb_wlog.h"
+
+/* discard_max_bytes of the block device st names (a partition reads its disk's queue):
+ * 0 read, -1 sysfs does not say. */
+static int blk_discard_max(const struct stat *st, uint64_t *out)
+{
+    static const char *const fmt[] = {"/sys/dev/block/%u:%u/queue/discard_max_bytes",
+                                      "/sys/dev/block/%u:%u/../queue/discard_max_bytes"};
+    for (size_t i = 0; i < sizeof(fmt) / sizeof(fmt[0]); i++) {
+        char path[96];
+        snprintf(path, sizeof(path), fmt[i], major(st->st_rdev), minor(st->st_rdev));
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        unsigned long long v;
+        int ok = fscanf(f, "%llu", &v) == 1;
+        fclose(f);
+        if (ok) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+void rb_dev_dealloc_probe(rb_dev *dev, const struct stat *st)
+{
+    dev->dealloc = RB_DEALLOC_UNKNOWN;
+    if (!dev->writable) {
+        dev->dealloc = RB_DEALLOC_NO;
+        snprintf(dev->dealloc_why, sizeof(dev->dealloc_why), "the device is open read-only");
+        return;
+    }
+    if (dev->uring_cmd) {
+        rb_err e;
+        rb_err_clear(&e);
+        if (rb_nvme_dsm_caps(dev->fd, dev->ns.nsid, &dev->dsm, &e) < 0) {
+            dev->dealloc = RB_DEALLOC_NO;
+            snprintf(dev->dealloc_why, sizeof(dev->dealloc_why), "%.190s", e.msg);
+        } else if (!dev->dsm.supported) {
+            dev->dealloc = RB_DEALLOC_NO;
+            snprintf(dev->dealloc_why, sizeof(dev->dealloc_why),
+                     "the controller does not support Dataset Management (Identify Controller ONCS bit 2 clear)");
+        } else {
+            dev->dealloc = RB_DEALLOC_YES;
+        }
+        return;
+    }
+    if (dev->is_blk) {
+        uint64_t max;
+        if (blk_discard_max(st, &max) == 0) {
+            if (max == 0) {
+                dev->dealloc = RB_DEALLOC_NO;
+                snprintf(dev->dealloc_why, sizeof(dev->dealloc_why),
+                         "the block device takes no discards (queue/discard_max_bytes is 0)");
+            } else {
+                dev->dealloc = RB_DEALLOC_YES;
+            }
+        }
+        return; /* sysfs silent: the first discard answers */
+    }
+    /* A regular file: its file system answers the first punched hole. */
+}
+
+const char *rb_dev_dealloc_kind(const rb_dev *dev)
+{
+    return dev->uring_cmd ? "nvme_dsm" : dev->is_blk ? "discard" : "punch_hole";
+}
+
+int rb_dev_dealloc_support(const rb_dev *dev, const char **why)
+{
+    if (why)
+        *why = dev->dealloc == RB_DEALLOC_NO ? dev->dealloc_why : "";
+    return dev->dealloc;
+}
+
+static int dealloc_nvme(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, rb_err *err)
+{
+    uint64_t slba[RB_NVME_DSM_MAX_RANGES];
+    uint32_t nlb[RB_NVME_DSM_MAX_RANGES];
+    unsigned shift = dev->ns.lba_shift;
+    uint32_t per_cmd = dev->dsm.max_ranges ? dev->dsm.max_ranges : RB_NVME_DSM_MAX_RANGES;
+    uint64_t per_range = dev->dsm.max_range_lbas ? dev->dsm.max_range_lbas : UINT32_MAX;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((r[i].off | r[i].len) & ((1ull << shift) - 1))
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                              "deallocate: range at offset %llu of %llu bytes is not whole %u-byte blocks",
+                              (unsigned long long)r[i].off, (unsigned long long)r[i].len, 1u << shift);
+        uint64_t lba = r[i].off >> shift, left = r[i].len >> shift;
+        while (left > 0) {
+            uint64_t take = left < per_range ? left : per_range;
+            slba[k] = lba;
+            nlb[k] = (uint32_t)take;
+            k++;
+            lba += take;
+            left -= take;
+            if (k == per_cmd) {
+                int rc = rb_nvme_deallocate(dev->fd, dev->ns.nsid, slba, nlb, k, err);
+                if (rc < 0)
+                    return rc;
+                (*cmds)++;
+                k = 0;
+            }
+        }
+    }
+    if (k > 0) {
+        int rc = rb_nvme_deallocate(dev->fd, dev->ns.nsid, slba, nlb, k, err);
+        if (rc < 0)
+            return rc;
+        (*cmds)++;
+    }
+    return 0;
+}
+
+/* One range on a block device (BLKDISCARD) or a file (a hole punched, the size kept). */
+static int dealloc_one(rb_dev *dev, const rb_dev_range *r, rb_err *err)
+{
+    int rc;
+    do {
+        if (dev->is_blk) {
+            uint64_t range[2] = {r->off, r->len};
+            rc = ioctl(dev->fd, BLKDISCARD, range);
+        } else {
+            rc = fallocate(dev->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r->off, (off_t)r->len);
+        }
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0)
+        return 0;
+    int e = errno;
+    return rb_err_set(err, RB_ERR_OS, e, "%s failed at offset %llu (%llu bytes)",
+                      dev->is_blk ? "BLKDISCARD" : "fallocate(PUNCH_HOLE)", (unsigned long long)r->off,
+                      (unsigned long long)r->len);
+}
+
+/* The errnos that say "this device or file system cannot deallocate", as opposed to a fault. */
+static int unsupported_errno(int e)
+{
+    return e == EOPNOTSUPP || e == ENOTTY || e == ENOSYS;
+}
+
+int rb_dev_deallocate(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, rb_err *err)
+{
+    *cmds = 0;
+    if (n == 0)
+        return 0;
+    if (dev->dealloc == RB_DEALLOC_NO)
+        return rb_err_set(err, RB_ERR_OS, EOPNOTSUPP, "deallocation is not supported: %s", dev->dealloc_why);
+    if (rb_dev_enter(dev) < 0)
+        return rb_err_set(err, RB_ERR_OS, ESHUTDOWN, "the device is closed");
+    int rc = 0;
+    size_t done = 0;
+    if (dev->uring_cmd) {
+        rc = dealloc_nvme(dev, r, n, cmds, err);
+        done = rc == 0 ? n : 0;
+    } else {
+        for (; done < n && rc == 0; done++) {
+            rc = dealloc_one(dev, &r[done], err);
+            if (rc == 0)
+                (*cmds)++;
+        }
+        if (rc < 0)
+            done--;
+    }
+    if (RB_WLOG_ENABLED())
+        for (size_t i = 0; i < done; i++)
+            rb_wlog_dealloc(dev->fd, r[i].off, r[i].len);
+    if (rc < 0 && unsupported_errno(err->errnum) && *cmds == 0) {
+        dev->dealloc = RB_DEALLOC_NO;
+        snprintf(dev->dealloc_why, sizeof(dev->dealloc_why), "%.190s", err->msg);
+    } else if (rc == 0 && dev->dealloc == RB_DEALLOC_UNKNOWN) {
+        dev->dealloc = RB_DEALLOC_YES;
+    }
+    rb_dev_leave(dev);
+    return rc;
+}
