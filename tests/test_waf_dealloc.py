@@ -12,7 +12,7 @@ from lmcache_rawblock.waf import stream
 from lmcache_rawblock.waf.analytic import greedy_uniform_waf
 from lmcache_rawblock.waf.ftl import Geometry
 from lmcache_rawblock.waf.run import simulate_lmcache, spec_for_slot
-from lmcache_rawblock.waf.study import GIB, MIB, dealloc_uniform_waf, drive, workload_for
+from lmcache_rawblock.waf.study import GIB, MAX_PAGES, MIB, dealloc_uniform_waf, drive, workload_for
 from lmcache_rawblock.waf.workload import WorkloadSpec
 
 SMALL = dict(ru_pages=64, n_rus=256, max_handles=1, page_bytes=4096)
@@ -167,7 +167,9 @@ def test_a_drive_not_in_steady_state_shows_no_amplification_in_any_mode():
 
 def test_study_drive_keeps_the_ru_to_chunk_ratio_and_scales_the_workload():
     g = drive(16 * GIB, 8 * MIB)
-    assert g.ru_pages * g.page_bytes == 16 * GIB and g.page_bytes == 1 * MIB and g.n_rus == 128
+    # 16 GiB RUs of 8 MiB chunks: 128 RUs and pages of a quarter slot keep it to MAX_PAGES
+    assert g.ru_pages * g.page_bytes == 16 * GIB and g.page_bytes == 2 * MIB and g.n_rus == 128
+    assert g.physical_pages <= MAX_PAGES
     assert drive(GIB, 8 * MIB).n_rus == 256
     w1, w2 = workload_for(drive(GIB, 8 * MIB), 8 * MIB), workload_for(g, 8 * MIB)
     assert w1.families == 2000 and w2.families == 16000 and w2.concurrency == 256 and w2.object_bytes == 8 * MIB - 4096

@@ -30,7 +30,7 @@ def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mod
                      isolation: str = "initial", warmup: float = 2.0, measure: float = 2.0,
                      dealloc: bool = True, checkpoint_every: int = 2000, reuse: str = "lifo",
                      evict_ahead: Optional[tuple] = None, meta_format: str = "log",
-                     meta_bytes: Optional[int] = None) -> dict:
+                     meta_bytes: Optional[int] = None, dealloc_skip_on_demand: bool = False) -> dict:
     """WAF of ``spec`` on a cache using ``util`` of the drive's logical space, after ``warmup``
     drive writes (host bytes / logical bytes), over ``measure`` more. Also the WAF from the
     start, at each whole drive write (``cumulative``). ``reuse``, ``evict_ahead``,
@@ -48,7 +48,8 @@ def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mod
     cfg = CacheConfig(capacity_bytes=int(util * geometry.logical_bytes), slot_bytes=slot_bytes,
                       meta_total_bytes=meta, dealloc=dealloc, tp=spec.tp, checkpoint_every=checkpoint_every,
                       reuse=reuse, group_slots=max(1, ru_bytes // slot_bytes), evict_ahead=evict_ahead,
-                      meta_format=meta_format, meta_io_bytes=geometry.page_bytes)
+                      meta_format=meta_format, meta_io_bytes=geometry.page_bytes,
+                      dealloc_skip_on_demand=dealloc_skip_on_demand)
     model = CacheModel(cfg, mode, strategy, SimSink(sim), Admission(admission))
     events = generate(replace(spec, requests=0))
     L = geometry.logical_bytes
@@ -74,7 +75,7 @@ def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mod
     window_stats["hit_ratio"] = (window_stats["hits"] / window_stats["lookups"]) if window_stats["lookups"] else None
     return {
         "mode": mode, "strategy": strategy if mode == "separated" else None, "util": util, "admission": admission,
-        "dealloc": dealloc, "reuse": reuse, "evict_ahead": list(evict_ahead) if evict_ahead else None,
+        "dealloc": dealloc, "dealloc_skip_on_demand": dealloc_skip_on_demand, "reuse": reuse, "evict_ahead": list(evict_ahead) if evict_ahead else None,
         "meta_format": meta_format, "gc_policy": policy, "isolation": isolation, "warmup_drive_writes": warmup, "measure_drive_writes": measure,
         "waf": w.waf(), "window": w.to_dict(), "cumulative_waf": sim.counters.waf(), "cumulative": cumulative,
         "cache": window_stats, "slots": cfg.n_slots, "slot_bytes": cfg.slot_bytes,

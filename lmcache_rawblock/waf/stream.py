@@ -23,7 +23,11 @@ Slot reuse (``reuse``):
 
 Deallocation (``dealloc``): when held slots become reusable, at the checkpoint, their ranges are
 deallocated in one batch (adjacent slots coalesced, ``DSM_RANGES`` ranges per command), before
-any put can take them: the core's ``deallocate_freed``.
+any put can take them: the core's ``deallocate_freed`` with the plugin's evict path (evict,
+write the checkpoint, retry the put). With ``dealloc_skip_on_demand`` the slots a put itself
+makes reusable are taken undeallocated (``dealloc_skipped``), as when the core writes the
+checkpoint for room inside a put: the put's own write retires the old bytes, except a shorter
+chunk's tail.
 
 Each write carries the placement identifier of the mode:
 
@@ -93,6 +97,7 @@ class CacheStats:
     dealloc_ranges: int = 0  # contiguous ranges they made
     dealloc_commands: int = 0  # deallocate commands (up to 256 ranges each, as NVMe DSM)
     dealloc_bytes: int = 0
+    dealloc_skipped: int = 0  # reusable slots a put took before their deallocation
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -288,6 +293,7 @@ class CacheConfig:
     reuse: str = LIFO
     group_slots: int = 0  # reuse ru_groups: slots per group
     evict_ahead: Optional[tuple] = None  # (trigger, ratio) of the plugin's evict-ahead, None: on demand
+    dealloc_skip_on_demand: bool = False  # slots a put frees for itself are taken undeallocated
 
     def __post_init__(self) -> None:
         if self.slot_bytes <= self.header_bytes:
@@ -469,7 +475,7 @@ class CacheModel:
         slot = self.slots.alloc(pid)
         while slot is None:
             if self.held or self.held2:
-                self._checkpoint(reclaim=True)
+                self._checkpoint(reclaim=True, on_demand=True)
             else:
                 n = self._evict_one()
                 if not n:
@@ -526,7 +532,7 @@ class CacheModel:
 
     # ---- checkpoints and deallocation -----------------------------------------------------
 
-    def _checkpoint(self, reclaim: bool = False) -> None:
+    def _checkpoint(self, reclaim: bool = False, on_demand: bool = False) -> None:
         cfg = self.cfg
         self._since_ckpt = 0
         if cfg.meta_format == META_V1:
@@ -550,14 +556,17 @@ class CacheModel:
         self.stats.host_bytes += n
         self.stats.meta_bytes += n
         if freed:
-            self._reusable(freed)
+            self._reusable(freed, skip=on_demand and self.cfg.dealloc_skip_on_demand)
 
-    def _reusable(self, freed: list) -> None:
+    def _reusable(self, freed: list, skip: bool = False) -> None:
         for x in freed:
             self.slots.release(x)
         if not self.cfg.dealloc:
             return
         st = self.stats
+        if skip:
+            st.dealloc_skipped += len(freed)
+            return
         runs = []
         for x in sorted(freed):
             if runs and runs[-1][1] == x:

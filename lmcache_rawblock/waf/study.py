@@ -37,7 +37,7 @@ GIB = 1 << 30
 PAGES_PER_SLOT = 8
 N_RUS = 256
 MIN_RUS = 128
-MAX_PAGES = 1 << 21
+MAX_PAGES = 1 << 20
 OP = 0.1
 HANDLES = 4
 HEADLINE = dict(ru_bytes=GIB, slot_bytes=8 * MIB)
@@ -54,6 +54,9 @@ def _levers() -> dict:
     lv = {
         "today": (dict(mode="no_fdp"), "LIFO reuse, no deallocation, eviction on demand (the core before deallocate_freed)"),
         "dealloc": (dict(mode="no_fdp", dealloc=True), _DEALLOC),
+        "dealloc_skipped_on_demand": (dict(mode="no_fdp", dealloc=True, dealloc_skip_on_demand=True),
+                                      "deallocate_freed on, but every slot a put frees for itself taken undeallocated "
+                                      "(the core's room-making checkpoint inside a put)"),
         "fifo": (dict(mode="no_fdp", reuse="fifo"), "oldest-freed slot first: an allocator change, not a setting"),
         "fifo+dealloc": (dict(mode="no_fdp", reuse="fifo", dealloc=True), "fifo reuse and " + _DEALLOC),
         "ru_groups": (dict(mode="no_fdp", reuse="ru_groups"),
@@ -81,7 +84,7 @@ def _levers() -> dict:
 
 
 LEVERS = _levers()
-SWEEP_LEVERS = ("today", "dealloc", "evict_ahead+dealloc", "ru_groups+dealloc")
+SWEEP_LEVERS = ("today", "dealloc", "ru_groups+dealloc")
 
 
 def label(mode: str, strategy: Optional[str]) -> str:
@@ -101,6 +104,10 @@ def drive(ru_bytes: int, slot_bytes: int, *, n_rus: Optional[int] = None, op: fl
         n_rus = N_RUS
         while n_rus > MIN_RUS and n_rus * ru_pages > MAX_PAGES:
             n_rus //= 2
+        while n_rus * ru_pages > MAX_PAGES and pages_per_slot > 4:  # coarser pages, never below 4 a slot
+            pages_per_slot //= 2
+            pb = slot_bytes // pages_per_slot
+            ru_pages = ru_bytes // pb
     return Geometry(ru_pages=ru_pages, n_rus=n_rus, n_groups=1, op=op, max_handles=handles, page_bytes=pb)
 
 
@@ -118,7 +125,8 @@ def _one(args: tuple) -> dict:
     try:
         r = simulate_lmcache(geometry, spec, **kw)
     except RuntimeError as exc:  # GC that cannot free a reclaim unit: no steady state exists
-        r = dict(kw, waf=float("inf"), error=str(exc), cache={"hit_ratio": float("nan")}, window={})
+        r = dict(kw, waf=float("inf"), error=str(exc), cache={"hit_ratio": float("nan")}, window={},
+                 slot_bytes=spec.object_bytes + 4096)
     r["tag"] = tag
     r["seed"] = spec.seed
     return r
@@ -154,11 +162,13 @@ def study_tasks(*, utils=(0.5, 0.8, 0.95, 1.0), levers=tuple(LEVERS), repeats: i
                                   measure=measure)
                         tasks.append((("sweep", _geo_tag(ru, sb), name), g, spec, kw))
     for n in ru_counts:
-        g = drive(GIB, 8 * MIB, n_rus=n, handles=1)
-        for name in ("today", "dealloc"):
-            spec = workload_for(g, 8 * MIB, base)
-            kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0], util=0.95, warmup=warmup, measure=measure)
-            tasks.append((("ru_count", f"{n}", name), g, spec, kw))
+        for pps in ((PAGES_PER_SLOT, 4) if n == N_RUS else (PAGES_PER_SLOT,)):
+            g = drive(GIB, 8 * MIB, n_rus=n, handles=1, pages_per_slot=pps)
+            for name in ("today", "dealloc"):
+                spec = workload_for(g, 8 * MIB, base)
+                kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0], util=0.95, warmup=warmup,
+                          measure=measure)
+                tasks.append((("ru_count", f"{n}x{pps}", name), g, spec, kw))
     # the big drives first, so the pool ends on the short runs
     tasks.sort(key=lambda t: -t[1].physical_pages)
     return tasks
@@ -190,7 +200,7 @@ def summarize(study: dict) -> list[dict]:
         g = rs[0]["geometry"]
         row = {"part": part, "geometry": geo, "util": util, "lever": lever, "waf": statistics.mean(wafs),
                "waf_min": min(wafs), "waf_max": max(wafs), "n": len(rs),
-               "ru_bytes": g["ru_pages"] * g["page_bytes"], "slot_bytes": rs[0]["slot_bytes"] if "slot_bytes" in
+               "page_bytes": g["page_bytes"], "ru_bytes": g["ru_pages"] * g["page_bytes"], "slot_bytes": rs[0]["slot_bytes"] if "slot_bytes" in
                rs[0] else None, "n_rus": g["n_rus"], "op": g["op"],
                "settings": LEVERS[lever][1] if lever in LEVERS else "",
                "error": next((r["error"] for r in rs if "error" in r), None)}
@@ -204,15 +214,15 @@ def summarize(study: dict) -> list[dict]:
             row["evictions"] = statistics.mean(x["evictions"] for x in c)
         out.append(row)
     order = {k: i for i, k in enumerate(LEVERS)}
-    out.sort(key=lambda r: (r["part"], r["ru_bytes"], r["slot_bytes"] or 0, r["n_rus"], r["util"],
+    out.sort(key=lambda r: (r["part"], r["ru_bytes"], r["slot_bytes"] or 0, r["n_rus"], r["page_bytes"], r["util"],
                             order.get(r["lever"], 99)))
     return out
 
 
 def operator_table(rows: list[dict], target: float = 1.05) -> list[dict]:
-    """Per geometry and utilisation of the sweep: the first of today's core, deallocation,
-    deallocation with evict-ahead that meets ``target``, else the lowest of them."""
-    product = ("today", "dealloc", "evict_ahead+dealloc")
+    """Per geometry and utilisation of the sweep: the first of today's core and deallocation
+    that meets ``target``, else the lower of them."""
+    product = ("today", "dealloc")
     out = []
     cells = {}
     for r in rows:
@@ -402,10 +412,10 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
     L = ["# Simulated write amplification of LMCache's SSD tier on real drive geometry", "",
          f"Command: `{' '.join(argv)}`", "",
          "Scale: a simulated page is 1/8 of a slot; a drive has 256 reclaim units (RUs), 128 where that would "
-         f"pass {MAX_PAGES} pages (4 GiB and 16 GiB RUs with 8 MiB chunks: see each table's RU count); the "
-         "RU / chunk ratio is the real one. A real drive of the same RU size has thousands of RUs "
+         f"pass {MAX_PAGES} pages, and where 128 still would, pages of 1/4 of a slot (16 GiB RUs with 8 MiB chunks; "
+         "see the RU count and page size per row); the RU / chunk ratio is the real one. A real drive of the same RU size has thousands of RUs "
          "(a 7.68 TB drive: 447 of 16 GiB); the RU-count sensitivity table below shows 128 RUs and more "
-         "give the same WAF within a few percent. The workload's shared prefixes and conversations in flight "
+         "give the same WAF within a few percent, and what coarser pages change. The workload's shared prefixes and conversations in flight "
          "scale with the drive's slot count (the same working set / capacity ratio everywhere). Greedy GC, "
          f"initially isolated handles, spare (over-provisioning) {OP:.0%} of the logical space. \"Chunk\" is "
          "the slot: one TP worker's KV of one LMCache chunk plus its 4 KiB header; partial chunks (a prompt's "
@@ -428,23 +438,25 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
     sw = [r for r in rows if r["part"] == "sweep"]
     if sw:
         L += ["", "## Reclaim unit size and chunk size (no FDP)", "",
-              "| RU | chunk | RUs simulated | lever | " + " | ".join(f"{u:.0%}" for u in utils) + " |",
-              "|---|---|---|---|" + "---|" * len(utils)]
+              "| RU | chunk | RUs simulated | pages per slot | lever | " + " | ".join(f"{u:.0%}" for u in utils) + " |",
+              "|---|---|---|---|---|" + "---|" * len(utils)]
         cells = {}
         for r in sw:
-            cells.setdefault((r["ru_bytes"], r["slot_bytes"], r["n_rus"], r["lever"]), {})[r["util"]] = r
+            cells.setdefault((r["ru_bytes"], r["slot_bytes"], r["n_rus"], r["slot_bytes"] // r["page_bytes"],
+                              r["lever"]), {})[r["util"]] = r
         order = {k: i for i, k in enumerate(LEVERS)}
-        for (ru, sb, n, name), byu in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0], order[kv[0][3]])):
-            L.append(f"| {_size(ru)} | {_size(sb)} | {n} | {name} | " + " | ".join(_w(byu.get(u)) for u in utils) + " |")
+        for (ru, sb, n, pps, name), byu in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0], order[kv[0][4]])):
+            L.append(f"| {_size(ru)} | {_size(sb)} | {n} | {pps} | {name} | " +
+                     " | ".join(_w(byu.get(u)) for u in utils) + " |")
     rc = [r for r in rows if r["part"] == "ru_count"]
     if rc:
-        L += ["", "## RU-count sensitivity (1 GiB RUs, 8 MiB chunks, 95%)", "", "| RUs | today | dealloc |",
-              "|---|---|---|"]
+        L += ["", "## Scale sensitivity (1 GiB RUs, 8 MiB chunks, 95%, no FDP)", "",
+              "| RUs | pages per slot | today | dealloc |", "|---|---|---|---|"]
         cells = {}
         for r in rc:
-            cells.setdefault(r["n_rus"], {})[r["lever"]] = r
-        for n, d in sorted(cells.items()):
-            L.append(f"| {n} | {_w(d.get('today'))} | {_w(d.get('dealloc'))} |")
+            cells.setdefault((r["n_rus"], r["slot_bytes"] // r["page_bytes"]), {})[r["lever"]] = r
+        for (n, pps), d in sorted(cells.items()):
+            L.append(f"| {n} | {pps} | {_w(d.get('today'))} | {_w(d.get('dealloc'))} |")
     ot = operator_table(rows, target)
     if ot:
         L += ["", f"## Operator table (target WAF <= {target})", "",
