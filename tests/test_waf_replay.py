@@ -155,7 +155,7 @@ def test_table_and_out_dir(tmp_path, capsys):
     doc = json.loads((out / "results.json").read_text())
     assert [r["admission"] for r in doc["runs"]] == ["always", "second_hit"]
     assert (out / "no_fdp-always-r0.json").exists() and (out / "summary.md").exists()
-    assert "| no_fdp | second_hit |" in (out / "summary.md").read_text()
+    assert "| no_fdp dealloc auto (off) | second_hit |" in (out / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("args, names", [
@@ -220,3 +220,37 @@ def test_block_device_with_a_file_system_is_refused_unless_forced(loop_device, c
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert json.loads(cap.out)[0]["ops"]["puts_stored"] > 0
+
+
+def test_dealloc_on_and_off_side_by_side_and_recorded(tmp_path, capsys):
+    """--dealloc on,off: the core's deallocate_freed per run (on: punched holes in the file);
+    the recorded stream of the first run has a deallocate record for every range the core
+    deallocated, and replays on the simulator."""
+    rec = tmp_path / "w.jsonl"
+    on, off = replay(capsys, tmp_path / "d.img", "--dealloc", "on,off", "--record", str(rec), "--warmup", "0.5",
+                     "--measure", "1", "--checkpoint-every", "40")
+    assert (on["dealloc"], off["dealloc"]) == ("on", "off")
+    assert (on["core"]["dealloc_state"], off["core"]["dealloc_state"]) == ("on", "off")
+    assert on["core"]["dealloc_slots"] > 0 and off["core"]["dealloc_slots"] == 0
+    assert on["core"]["dealloc_failures"] == 0
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    d = [x for x in lines if x["op"] == "deallocate"]
+    assert len(d) == on["record_deallocate_ranges"] == on["core"]["dealloc_ranges"]
+    assert sum(x["length"] for x in d) == on["core"]["dealloc_bytes"]
+    # whole slots, each written before (a chunk write starts there) and not deallocated twice
+    # without a write in between; the next write to a deallocated slot comes after it
+    assert all(x["length"] % on["slot_bytes"] == 0 for x in d)
+    live = {}
+    for x in lines:
+        if x["op"] == "write":
+            live[x["offset"]] = True
+        elif x["op"] == "deallocate":
+            for off_ in range(x["offset"], x["offset"] + x["length"], on["slot_bytes"]):
+                assert live.get(off_, False), off_
+                live[off_] = False
+    rc = cli_main(["waf", "simulate", "--stream", str(rec), "--page-bytes", "4096", "--ru-pages", "16",
+                   "--rus", "256", "--handles", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["records"] == len(lines) and out["counters"]["deallocs"] == len(d)
+    assert out["counters"]["dealloc_pages"] > 0
+    assert error(capsys, "--device", str(tmp_path / "x.img"), *SMALL, "--dealloc", "sometimes").count("--dealloc")

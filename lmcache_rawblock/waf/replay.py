@@ -12,7 +12,11 @@ with the same cache semantics as :class:`.stream.CacheModel`, but every operatio
   the admitted ones go to the core in one ``put_many`` call with their placement identifiers.
   Payloads are ``size`` bytes of a fixed pattern (one buffer per size);
 * a full span evicts its least-recently-used entries (the plugin's ``eviction_policy=lru``)
-  before the call, and again if the core still refuses keys for want of a slot;
+  before the call, and again if the core still refuses keys for want of a slot; after evicting,
+  it writes the checkpoints that make the freed slots reusable (``reclaim_held_slots``, and,
+  when the core deallocates, one more victim for format v1's second checkpoint, as the plugin's
+  evictor does), which is where the core deallocates them before a put can take them (else the
+  put takes them undeallocated: ``dealloc_skipped``);
 * ``delete`` deletes; every ``--checkpoint-every`` stored chunks the core writes a checkpoint.
 
 Placement modes: ``no_fdp`` (no directive), ``mixed`` (FDP on, data and checkpoint on the first
@@ -29,8 +33,16 @@ every repeat).
 ``--record FILE`` writes the first run's device write stream in :mod:`.stream`'s format: each
 stored chunk's slot write (offset from the core's index, length of the header and payload),
 and each checkpoint's two writes (payload, then header, at the container the core's metadata
-sequence number names; their length is what the core wrote beyond the chunks). The core does
-not deallocate freed slots, so the stream has no ``deallocate`` records.
+sequence number names; their length is what the core wrote beyond the chunks), and each range
+the core deallocated (``deallocate`` records, from the core's deallocation journal,
+``take_dealloc_log``, read after every call: before the call's chunk writes, since the core never
+deallocates a slot that holds a key).
+
+``--dealloc`` sets the core's ``deallocate_freed`` per run (comma-separated ``auto``, ``on``,
+``off``: each is a configuration of its own, side by side): ``auto`` deallocates on block devices
+and NVMe namespaces and not on files; ``on`` on a file punches holes. Each run reports the
+core's ``dealloc_*`` counters (state, slots, ranges, commands, bytes, failures, slots a put took
+before their deallocation).
 """
 
 from __future__ import annotations
@@ -57,6 +69,10 @@ MODEL_NAME = "waf-replay"
 BLOCK = 4096
 _NG = re.compile(r"ng\d+n\d+")
 FILL = 0x5A
+REPLAY_MODES = (stream.NO_FDP, stream.MIXED, stream.SEPARATED)
+DEALLOC_CHOICES = ("auto", "on", "off")
+DEALLOC_KEYS = ("dealloc_state", "dealloc_slots", "dealloc_ranges", "dealloc_commands", "dealloc_bytes",
+                "dealloc_failures", "dealloc_skipped")
 
 
 class ReplayError(Exception):
@@ -82,6 +98,9 @@ def add_arguments(p) -> None:
                    help=f"comma-separated strategies for separated: {', '.join(stream.STRATEGIES)} "
                         "(default tp_worker)")
     p.add_argument("--admission", default="always", help="comma-separated: always, second_hit (default always)")
+    p.add_argument("--dealloc", default="auto",
+                   help="comma-separated: the core's deallocate_freed per run: auto (on for block devices and NVMe "
+                        "namespaces, off for files), on, off; e.g. on,off runs both (default auto)")
     p.add_argument("--trace", metavar="FILE", help="a JSON-lines trace (waf generate) instead of the generator")
     p.add_argument("--requests", type=int, default=0,
                    help="generator: conversation turns (default 0: as many as --warmup + --measure need)")
@@ -251,7 +270,8 @@ def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], O
     return data, ckpt
 
 
-def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int]):
+def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int],
+                dealloc: str = "auto"):
     from ..bench.core import config_kwargs, meta_bytes_for
     from ..raw_block import RawBlockCoreConfig
 
@@ -277,6 +297,7 @@ def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pi
     if ckpt_pid is not None:
         kw["meta_checkpoint_placement_id"] = ckpt_pid
     kw["fdp_slot_affinity_enabled"] = mode == stream.SEPARATED
+    kw["deallocate_freed"] = dealloc
     return RawBlockCoreConfig(**kw), engine
 
 
@@ -371,6 +392,18 @@ class Replayer:
         self._batch_id = None
         self._batch: list = []
         self._gets: list = []
+        self.deallocs = 0  # ranges recorded
+        self.dealloc_on = st.get("dealloc_state") == "on"
+        if recorder is not None:
+            core._native.set_dealloc_log(True)
+
+    def _record_deallocs(self) -> None:
+        """The ranges the core deallocated since the last look, into the stream."""
+        if self.rec is None:
+            return
+        for off, n in self.core._native.take_dealloc_log():
+            self.rec.dealloc_bytes(off, n)
+            self.deallocs += 1
 
     # ---- events
 
@@ -450,6 +483,7 @@ class Replayer:
         enc = self.lru.pop(k, None)
         if enc is not None and self.core.delete_many([enc], force=True)[0]:
             self.ops.deletes += 1
+        self._record_deallocs()
 
     def _evict(self, n: int, protect: set) -> int:
         victims = []
@@ -463,6 +497,25 @@ class Replayer:
         encs = [self.lru.pop(k) for k in victims]
         done = sum(self.core.delete_many(encs, force=True))
         self.ops.evictions += done
+        self._record_deallocs()
+        if done:
+            # As the plugin's evictor does: write the checkpoints that make the freed slots
+            # reusable (the core deallocates them there) before the put that needs them; format
+            # v1 needs one more change to the index for the second checkpoint: one more victim
+            # (only when the core deallocates: otherwise the put's own checkpoint frees them,
+            # and the run evicts exactly what the simulator's cache model does).
+            self._account(0, [])
+            if self.core.reclaim_held_slots():
+                self._account(0, [], checkpoint_first=False)
+            if self.dealloc_on and self.core.slot_counts().held:
+                extra = next((k for k in self.lru if k not in protect), None)
+                if extra is not None and self.core.delete_many([self.lru.pop(extra)], force=True)[0]:
+                    self.ops.evictions += 1
+                    done += 1
+                    self._record_deallocs()
+                    self._account(0, [])
+                    if self.core.reclaim_held_slots():
+                        self._account(0, [], checkpoint_first=False)
         return done
 
     def _flush_puts(self) -> None:
@@ -581,17 +634,23 @@ class Replayer:
         elif rest:
             self.unattributed += rest
         if self.rec is not None:
+            # A deallocation the call made came before its chunk writes (the core never
+            # deallocates a slot that holds a key); one in a checkpoint, after that checkpoint.
+            if checkpoint_first:
+                self._record_deallocs()
             for off, n, pid in (ckpt_writes + writes if checkpoint_first else writes + ckpt_writes):
                 self.rec.write_bytes(off, n, pid)
+            if not checkpoint_first:
+                self._record_deallocs()
 
 
 def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: str, repeat: int,
-            spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None) -> dict:
+            spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None, dealloc: str = "auto") -> dict:
     from ..raw_block import RawBlockCore
     from . import counters
 
     ids, ckpt_pid = fdp_ids(target, mode, a.handles)
-    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid)
+    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc)
     warm, warm_desc = _amount(a.warmup, "--warmup", target.size)
     meas, meas_desc = _amount(a.measure, "--measure", target.size)
     reinit(target)
@@ -623,6 +682,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         win = counters.window(before[0], after[0])
         if before[1] or after[1]:
             win["note"] = (win.get("note") or "") + (" " if win.get("note") else "") + (before[1] or after[1])
+        r._record_deallocs()
         status = core.report_status()
     finally:
         core.close()
@@ -630,7 +690,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
     res = {
         "device": target.path, "device_kind": target.kind, "span_bytes": target.size, "engine": engine,
         "mode": mode, "strategy": strategy if mode == stream.SEPARATED else None, "admission": admission,
-        "repeat": repeat, "workload_seed": seed,
+        "dealloc": dealloc, "repeat": repeat, "workload_seed": seed,
         "workload": spec.to_dict() if spec is not None else {"trace": a.trace},
         "slot_bytes": slot_bytes, "max_slots": r.max_slots, "placement_ids": list(ids),
         "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every,
@@ -646,9 +706,11 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         "window": win, "waf": win.get("waf"),
         "steady_state_warning": counters.steady_state_warning(win.get("waf")) if win.get("available") else None,
         "core": {k: status[k] for k in ("indexed_key_count", "checkpoints_written", "checkpoints_for_room",
-                                        "fdp_slot_affinity_hit_count", "fdp_slot_affinity_fallback_count")},
+                                        "fdp_slot_affinity_hit_count", "fdp_slot_affinity_fallback_count")
+                 + tuple(k for k in DEALLOC_KEYS if k in status)},
         "unattributed_write_bytes": r.unattributed,
         "record_checkpoints_split": r.split if record_file is not None else None,
+        "record_deallocate_ranges": r.deallocs if record_file is not None else None,
     }
     return res
 
@@ -716,7 +778,16 @@ def _trace_max_size(path: str) -> int:
 
 
 def label(r: dict) -> str:
-    return r["mode"] if r["mode"] != stream.SEPARATED else f"separated:{r['strategy']}"
+    lab = r["mode"] if r["mode"] != stream.SEPARATED else f"separated:{r['strategy']}"
+    state = r.get("core", {}).get("dealloc_state")
+    return f"{lab} dealloc {r.get('dealloc', 'auto')}" + (f" ({state})" if state and r.get("dealloc") == "auto"
+                                                          else "")
+
+
+def _file_label(r: dict) -> str:
+    lab = r["mode"] if r["mode"] != stream.SEPARATED else f"{r['mode']}-{r['strategy']}"
+    dl = r.get("dealloc", "auto")
+    return lab if dl == "auto" else f"{lab}-dealloc_{dl}"
 
 
 def _fmt(v, spec: str, none: str = "n/a") -> str:
@@ -724,7 +795,7 @@ def _fmt(v, spec: str, none: str = "n/a") -> str:
 
 
 def table(runs: list[dict]) -> str:
-    lines = [f"{'mode/strategy':28} {'admission':10} {'rep':>3} {'WAF':>18} {'host GiB':>9} {'hit ratio':>9} "
+    lines = [f"{'mode/strategy, dealloc':40} {'admission':10} {'rep':>3} {'WAF':>18} {'host GiB':>9} {'hit ratio':>9} "
              f"{'p50 ms':>8} {'p99 ms':>8} {'chunk p99':>9}"]
     for r in runs:
         w = r["window"]
@@ -732,7 +803,7 @@ def table(runs: list[dict]) -> str:
         host = w.get("host_bytes")
         host_gib = (host if host is not None else r["ops"]["bytes_written"]) / 2**30
         lat = r["latency"]
-        lines.append(f"{label(r):28} {r['admission']:10} {r['repeat']:>3} {waf:>18} {host_gib:9.3f} "
+        lines.append(f"{label(r):40} {r['admission']:10} {r['repeat']:>3} {waf:>18} {host_gib:9.3f} "
                      f"{_fmt(r['ops']['hit_ratio'], '.3f'):>9} {_fmt(lat['put_many_p50_ms'], '.3f'):>8} "
                      f"{_fmt(lat['put_many_p99_ms'], '.3f'):>8} {_fmt(lat['per_chunk_p99_ms'], '.3f'):>9}")
     lines.append("p50/p99 ms: write latency per put_many call; chunk p99: per chunk (a call's time / its chunks)")
@@ -756,7 +827,7 @@ def notes(runs: list[dict]) -> list[str]:
 
 
 def summary_md(runs: list[dict], argv: list[str]) -> str:
-    rows = ["| mode/strategy | admission | repeat | WAF | host GiB | hit ratio | write p50 ms | write p99 ms "
+    rows = ["| mode/strategy, dealloc | admission | repeat | WAF | host GiB | hit ratio | write p50 ms | write p99 ms "
             "| chunk p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         w = r["window"]
@@ -772,7 +843,7 @@ def summary_md(runs: list[dict], argv: list[str]) -> str:
         groups.setdefault((label(r), r["admission"]), []).append(r)
     if any(len(g) > 1 for g in groups.values()):
         rows += ["", "Over the repeats (mean, min-max):", "",
-                 "| mode/strategy | admission | runs | WAF | hit ratio | write p99 ms | chunk p99 ms |",
+                 "| mode/strategy, dealloc | admission | runs | WAF | hit ratio | write p99 ms | chunk p99 ms |",
                  "|---|---|---|---|---|---|---|"]
         for (lab, adm), g in groups.items():
             rows.append(f"| {lab} | {adm} | {len(g)} | {_spread([r['waf'] for r in g])} | "
@@ -831,7 +902,7 @@ def write_out(out: str, runs: list[dict], argv: list[str], plots: bool = True) -
         json.dump({"command": " ".join(argv), "runs": runs}, f, indent=1)
     files.append(p)
     for r in runs:
-        name = f"{label(r).replace(':', '-')}-{r['admission']}-r{r['repeat']}.json"
+        name = f"{_file_label(r)}-{r['admission']}-r{r['repeat']}.json"
         p = os.path.join(out, name)
         with open(p, "w") as f:
             json.dump(r, f, indent=1)
@@ -852,17 +923,19 @@ def write_out(out: str, runs: list[dict], argv: list[str], plots: bool = True) -
 # --------------------------------------------------------------------------- main
 
 
-def _configs(a) -> list[tuple[str, Optional[str], str]]:
-    modes = _split(a.mode, stream.MODES, "--mode")
+def _configs(a) -> list[tuple[str, Optional[str], str, str]]:
+    modes = _split(a.mode, REPLAY_MODES, "--mode")
     strategies = _split(a.strategy, stream.STRATEGIES, "--strategy")
     admissions = _split(a.admission, ADMISSIONS, "--admission")
+    deallocs = _split(a.dealloc, DEALLOC_CHOICES, "--dealloc")
     out = []
-    for adm in admissions:
-        for m in modes:
-            if m == stream.SEPARATED:
-                out += [(m, s, adm) for s in strategies]
-            else:
-                out.append((m, None, adm))
+    for dl in deallocs:
+        for adm in admissions:
+            for m in modes:
+                if m == stream.SEPARATED:
+                    out += [(m, s, adm, dl) for s in strategies]
+                else:
+                    out.append((m, None, adm, dl))
     return out
 
 
@@ -932,7 +1005,7 @@ def main(a, argv: Optional[list[str]] = None) -> int:
         _amount(a.measure, "--measure", target.size)
         core_config(target, a.engine, slot_bytes, stream.NO_FDP, None)  # the span and the engine
         # Refuse an FDP mode on this device before any run starts.
-        for mode in dict.fromkeys(m for m, _, _ in configs):
+        for mode in dict.fromkeys(m for m, _, _, _ in configs):
             fdp_ids(target, mode, a.handles)
     except ReplayError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -950,9 +1023,9 @@ def main(a, argv: Optional[list[str]] = None) -> int:
                 print(f"{PROG}: error: --record {a.record!r}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
         for rep in range(a.repeats):
-            for mode, strat, adm in configs:
+            for mode, strat, adm, dl in configs:
                 r = run_one(a, target, mode, strat, adm, rep, spec, slot_bytes,
-                            record_file=rec_file if not runs else None)
+                            record_file=rec_file if not runs else None, dealloc=dl)
                 runs.append(r)
                 if not a.json:
                     print(f"[{len(runs)}/{len(configs) * a.repeats}] {label(r)} {adm} repeat {rep}: "
