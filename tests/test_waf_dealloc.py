@@ -188,3 +188,23 @@ def test_cli_simulate_takes_the_levers(capsys):
     assert r["dealloc"] is True and r["reuse"] == "ru_groups" and r["evict_ahead"] == [0.95, 0.05]
     assert main(["waf", "simulate", "--evict-ahead", "high"]) == 2
     assert "TRIGGER,RATIO" in capsys.readouterr().err
+
+
+def test_study_tables_pick_the_first_product_lever_that_meets_the_target(tmp_path):
+    from lmcache_rawblock.waf import study
+
+    g = Geometry(ru_pages=64, n_rus=128, op=0.1, max_handles=1, page_bytes=1 << 20)
+    spec = spec_for_slot(WorkloadSpec(families=120, concurrency=4, seed=3), 8 << 20)
+    tasks = [(("sweep", "small", name), g, spec, dict(dict(mode="no_fdp", dealloc=False), **study.LEVERS[name][0],
+                                                      util=1.0, warmup=1.5, measure=1.0))
+             for name in ("today", "dealloc")]
+    res = study.run_study(tasks, jobs=1)
+    rows = study.summarize(res)
+    (op,) = study.operator_table(rows)
+    assert op["today"] > 1.05 and op["lever"] == "dealloc" and op["waf"] <= 1.05 and op["meets_target"]
+    assert "deallocate_freed: on" in op["settings"]
+    files = study.write_study(str(tmp_path), res, None, None, ["waf", "study"], plot=False)
+    md = (tmp_path / "summary.md").read_text()
+    assert "## Operator table" in md and "| 64 MiB | 8 MiB | 100% |" in md
+    assert json.loads((tmp_path / "results.json").read_text())["operator_table"][0]["lever"] == "dealloc"
+    assert (tmp_path / "COMMAND").read_text().strip() == "waf study" and len(files) == 3
