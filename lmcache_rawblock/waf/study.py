@@ -39,7 +39,7 @@ N_RUS = 256
 MIN_RUS = 128
 MAX_PAGES = 1 << 20
 OP = 0.1
-HANDLES = 4
+HANDLES = 8  # placement handles of the drive (8 reclaim unit handles, as on the FDP drives measured)
 HEADLINE = dict(ru_bytes=GIB, slot_bytes=8 * MIB)
 REF_SLOTS = N_RUS * GIB / (1 + OP) / (8 * MIB)  # logical slots of the headline drive: workload scale 1
 EVICT_AHEAD = (0.95, 0.05)  # the plugin's eviction_trigger_watermark / eviction_ratio defaults
@@ -124,9 +124,9 @@ def _one(args: tuple) -> dict:
     tag, geometry, spec, kw = args
     try:
         r = simulate_lmcache(geometry, spec, **kw)
-    except RuntimeError as exc:  # GC that cannot free a reclaim unit: no steady state exists
-        r = dict(kw, waf=float("inf"), error=str(exc), cache={"hit_ratio": float("nan")}, window={},
-                 slot_bytes=spec.object_bytes + 4096)
+    except (RuntimeError, ValueError) as exc:  # e.g. GC that cannot free a reclaim unit: no steady state
+        r = dict(kw, waf=float("inf"), error=f"{type(exc).__name__}: {exc}", cache={"hit_ratio": float("nan")},
+                 window={}, slot_bytes=spec.object_bytes + 4096)
     r["tag"] = tag
     r["seed"] = spec.seed
     return r
@@ -572,8 +572,11 @@ def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], O
                     if pts:
                         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=n)
                 ax.set_xscale("log", base=2)
+                ticks = sorted({r["ru_bytes"] for r in sw})
+                ax.set_xticks([t / GIB for t in ticks])
+                ax.set_xticklabels([_size(t) for t in ticks])
                 ax.axhline(1.05, color="k", ls="--", lw=0.8)
-                ax.set_xlabel("reclaim unit (GiB)")
+                ax.set_xlabel("reclaim unit size")
                 ax.set_ylabel("WAF")
                 ax.set_title(f"{_size(sb)} chunks, utilisation {util:.0%}")
                 ax.legend(fontsize=7)
