@@ -234,7 +234,9 @@ def operator_table(rows: list[dict], target: float = 1.05) -> list[dict]:
             continue
         pick = next((c for c in cands if c["waf"] <= target), min(cands, key=lambda c: c["waf"]))
         out.append({"ru_bytes": ru, "slot_bytes": sb, "util": util, "today": levs.get("today", {}).get("waf"),
-                    "lever": pick["lever"], "settings": LEVERS[pick["lever"]][1], "waf": pick["waf"],
+                    "lever": pick["lever"], "waf": pick["waf"],
+                    "settings": "nothing: within the target as it is" if pick["lever"] == "today" and pick["waf"] <= target
+                    else LEVERS[pick["lever"]][1],
                     "hit_ratio": pick.get("hit_ratio"), "meets_target": pick["waf"] <= target,
                     "ru_groups+dealloc": levs.get("ru_groups+dealloc", {}).get("waf")})
     return out
@@ -414,7 +416,7 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
          "Scale: a simulated page is 1/8 of a slot; a drive has 256 reclaim units (RUs), 128 where that would "
          f"pass {MAX_PAGES} pages, and where 128 still would, pages of 1/4 of a slot (16 GiB RUs with 8 MiB chunks; "
          "see the RU count and page size per row); the RU / chunk ratio is the real one. A real drive of the same RU size has thousands of RUs "
-         "(a 7.68 TB drive: 447 of 16 GiB); the RU-count sensitivity table below shows 128 RUs and more "
+         "(a 7.68 TB drive: 447 of 16 GiB); the scale sensitivity table below shows 128 RUs and more "
          "give the same WAF within a few percent, and what coarser pages change. The workload's shared prefixes and conversations in flight "
          "scale with the drive's slot count (the same working set / capacity ratio everywhere). Greedy GC, "
          f"initially isolated handles, spare (over-provisioning) {OP:.0%} of the logical space. \"Chunk\" is "
