@@ -208,3 +208,17 @@ def test_study_tables_pick_the_first_product_lever_that_meets_the_target(tmp_pat
     assert "## Operator table" in md and "| 64 MiB | 8 MiB | 100% |" in md
     assert json.loads((tmp_path / "results.json").read_text())["operator_table"][0]["lever"] == "dealloc"
     assert (tmp_path / "COMMAND").read_text().strip() == "waf study" and len(files) == 3
+
+
+def test_the_default_drive_has_1_gib_reclaim_units_and_room_for_separated_placement():
+    from lmcache_rawblock.waf.cli import add_arguments
+    import argparse
+
+    g = Geometry()
+    assert g.ru_pages * g.page_bytes == GIB and g.n_rus == 256 and g.op == 0.1
+    p = argparse.ArgumentParser()
+    add_arguments(p.add_subparsers(dest="command"))
+    a = p.parse_args(["waf", "simulate"])
+    assert a.ru_pages * a.page_bytes == GIB and a.rus == 256 and a.op == 0.1
+    # four data identifiers and the checkpoint's: five handles must fit
+    assert a.handles >= 5 and a.dealloc == "off" and a.reuse == "lifo" and a.evict_ahead is None

@@ -3,8 +3,10 @@
 * ``waf simulate``: a workload (generated, a JSON-lines trace, or a recorded write stream) on a
   simulated FDP drive, WAF per placement mode;
 * ``waf generate``: write the LMCache-shaped workload as a JSON-lines trace;
-* ``waf study``: the simulated study (every mode and strategy, utilisations, admission off and
-  on, validation, published anchors) into results.json, summary.md and PNG plots;
+* ``waf study``: the simulated study (every lever: deallocation, reuse order, evict-ahead,
+  placement, checkpoints apart, admission; on 1 GiB reclaim units at 50-100% utilisation; the
+  reclaim unit and chunk size sweep; validation; published anchors) into results.json,
+  summary.md, PNG plots and the operator table;
 * ``waf replay``: the same workload through our real core on a device or file, with the drive's
   wear counters read around the measured window (WAF, op counts, write latency), and the
   device write stream it produced (``--record``, for ``waf simulate --stream``);
@@ -32,7 +34,9 @@ def _geometry_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--groups", type=int, default=1, help="reclaim groups (default 1)")
     p.add_argument("--op", type=float, default=0.1, help="over-provisioning, spare / logical (default 0.1)")
     p.add_argument("--page-bytes", type=int, default=1 << 20, help="bytes per simulated page (default 1 MiB)")
-    p.add_argument("--handles", type=int, default=4, help="placement handles (default 4)")
+    p.add_argument("--handles", type=int, default=8,
+                   help="placement handles (default 8: separated placement uses up to 4 for data and 1 for "
+                        "checkpoints)")
     p.add_argument("--gc", choices=POLICIES, default="greedy", help="victim choice (default greedy)")
     p.add_argument("--isolation", choices=ISOLATIONS, default="initial",
                    help="handle isolation: initial (GC mixes handles) or persistent (default initial)")

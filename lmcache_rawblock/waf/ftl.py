@@ -45,14 +45,15 @@ ISOLATIONS = (INITIAL, PERSISTENT)
 
 @dataclass(frozen=True)
 class Geometry:
-    """A simulated drive. ``op`` is the spare factor (physical - logical) / logical."""
+    """A simulated drive. ``op`` is the spare factor (physical - logical) / logical. The default
+    is a drive with reclaim units of 1 GiB (1024 pages of 1 MiB), 256 of them, 10% spare."""
 
-    ru_pages: int = 64
+    ru_pages: int = 1024
     n_rus: int = 256
     n_groups: int = 1
-    op: float = 0.28
+    op: float = 0.1
     max_handles: int = 8
-    page_bytes: int = 64 << 10
+    page_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         for name in ("ru_pages", "n_rus", "n_groups", "max_handles", "page_bytes"):
