@@ -254,3 +254,16 @@ def test_dealloc_on_and_off_side_by_side_and_recorded(tmp_path, capsys):
     assert rc == 0 and out["records"] == len(lines) and out["counters"]["deallocs"] == len(d)
     assert out["counters"]["dealloc_pages"] > 0
     assert error(capsys, "--device", str(tmp_path / "x.img"), *SMALL, "--dealloc", "sometimes").count("--dealloc")
+
+
+def test_evict_batch_evicts_ahead_so_deallocation_precedes_reuse(tmp_path, capsys):
+    """--evict-batch 0.05 evicts in batches, as the plugin's evict-ahead does: the core then
+    deallocates nearly every freed slot before a put takes it, and deallocation on and off make
+    the same cache decisions within a few evictions."""
+    on, off = replay(capsys, tmp_path / "d.img", "--size", "32M", "--dealloc", "on,off", "--evict-batch", "0.05",
+                     "--warmup", "1", "--measure", "1", "--checkpoint-every", "100")
+    c = on["core"]
+    assert c["dealloc_slots"] > 0 and c["dealloc_skipped"] * 5 < c["dealloc_slots"], c
+    assert abs(on["ops"]["evictions"] - off["ops"]["evictions"]) <= 0.05 * off["ops"]["evictions"] + 2
+    assert on["evict_batch"] == 0.05
+    assert "--evict-batch 1.5" in error(capsys, "--device", str(tmp_path / "x.img"), *SMALL, "--evict-batch", "1.5")

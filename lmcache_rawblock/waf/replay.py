@@ -122,6 +122,10 @@ def add_arguments(p) -> None:
                    help="stored chunks between checkpoints (default 2000, as the simulator; 0: none)")
     p.add_argument("--handles", type=int, default=4,
                    help="placement identifiers for KV data in separated mode (default 4, as the simulator)")
+    p.add_argument("--evict-batch", type=float, default=0.0,
+                   help="when a put needs room, evict at least this fraction of the slots in one batch (the "
+                        "plugin's evict-ahead evicts eviction_ratio = 0.05 at a time; default 0: only what the "
+                        "put needs)")
     p.add_argument("--load", action="store_true", help="read every hit back (load_many_into)")
     p.add_argument("--record", metavar="FILE", help="write the first run's device write stream to FILE "
                                                     "(for waf simulate --stream)")
@@ -360,7 +364,7 @@ class Replayer:
 
     def __init__(self, core, mode: str, strategy: Optional[str], ids: tuple, admission: str, *, tp: int,
                  checkpoint_every: int, load: bool = False, recorder=None, ckpt_pid: Optional[int] = None,
-                 chunk_align: int = 1) -> None:
+                 chunk_align: int = 1, evict_batch: float = 0.0) -> None:
         self.core = core
         self.mode = mode
         self.ids = ids
@@ -392,6 +396,7 @@ class Replayer:
         self._batch_id = None
         self._batch: list = []
         self._gets: list = []
+        self.evict_batch = int(evict_batch * self.max_slots)
         self.deallocs = 0  # ranges recorded
         self.dealloc_on = st.get("dealloc_state") == "on"
         if recorder is not None:
@@ -554,7 +559,7 @@ class Replayer:
         protect = {k for k, _, _ in todo}
         over = len(self.lru) + len(todo) - self.max_slots
         if over > 0:
-            self._evict(over, protect)
+            self._evict(max(over, self.evict_batch), protect)
         stored = self._put(todo)
         left = [t for t, ok in zip(todo, stored) if not ok]
         if left and self._evict(len(left), protect):
@@ -661,7 +666,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         rec = stream.Recorder(record_file) if record_file is not None else None
         r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
                      checkpoint_every=a.checkpoint_every, load=a.load, recorder=rec, ckpt_pid=ckpt_pid,
-                     chunk_align=align)
+                     chunk_align=align, evict_batch=a.evict_batch)
         if spec is not None:
             events = _generated(spec, repeat)
             seed = spec.seed + repeat
@@ -693,7 +698,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         "dealloc": dealloc, "repeat": repeat, "workload_seed": seed,
         "workload": spec.to_dict() if spec is not None else {"trace": a.trace},
         "slot_bytes": slot_bytes, "max_slots": r.max_slots, "placement_ids": list(ids),
-        "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every,
+        "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every, "evict_batch": a.evict_batch,
         "warmup": warm_desc, "warmup_bytes": warm, "measure": meas_desc, "measure_bytes": meas,
         "input_ended_early": ended_early,
         "ops": ops, "warmup_ops": warm_ops.to_dict(),
@@ -969,6 +974,8 @@ def _refuse_foreign(device: str, force: bool) -> None:
 
 
 def _check_ints(a) -> None:
+    if not 0.0 <= a.evict_batch < 1.0:
+        raise ReplayError(f"--evict-batch {a.evict_batch}: must be a fraction of the slots in [0, 1)")
     for opt, v, low in (("--repeats", a.repeats, 1), ("--checkpoint-every", a.checkpoint_every, 0),
                         ("--handles", a.handles, 1), ("--requests", a.requests, 0), ("--tp", a.tp, 1),
                         ("--families", a.families, 1)):
