@@ -16,7 +16,8 @@ with the same cache semantics as :class:`.stream.CacheModel`, but every operatio
   it writes the checkpoints that make the freed slots reusable (``reclaim_held_slots``, and,
   when the core deallocates, one more victim for format v1's second checkpoint, as the plugin's
   evictor does), which is where the core deallocates them before a put can take them (else the
-  put takes them undeallocated: ``dealloc_skipped``);
+  put takes them undeallocated: ``dealloc_skipped``); ``--evict-batch F`` evicts at least F of
+  the slots at a time, as the plugin's evict-ahead does;
 * ``delete`` deletes; every ``--checkpoint-every`` stored chunks the core writes a checkpoint.
 
 Placement modes: ``no_fdp`` (no directive), ``mixed`` (FDP on, data and checkpoint on the first
