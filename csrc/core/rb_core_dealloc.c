@@ -27,6 +27,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Slots per deallocation batch: what a put that finds no free slot cannot take meanwhile (the
+ * rest stay pending, where it can), and the batch's scratch (12 bytes a slot). */
+#define RB_DEALLOC_BATCH 8192u
+
 void rb_core_dealloc_init(rb_core *c)
 {
     pthread_mutex_init(&c->dl_mu, NULL);
@@ -127,19 +131,23 @@ void rb_core_dealloc_reset_locked(rb_core *c)
     c->dl_npend = 0;
 }
 
-int rb_core_dealloc_run(rb_core *c)
+/* One batch of at most RB_DEALLOC_BATCH pending slots (the newest): 1 done, 0 nothing pending,
+ * <0 the device call failed. dl_mu held. */
+static int run_batch(rb_core *c)
 {
-    pthread_mutex_lock(&c->dl_mu);
     pthread_mutex_lock(&c->mu);
     if (c->dl_npend == 0) {
         pthread_mutex_unlock(&c->mu);
-        pthread_mutex_unlock(&c->dl_mu);
         return 0;
     }
-    uint32_t *s = c->dl_pend;
-    size_t n = c->dl_npend;
-    c->dl_pend = NULL;
-    c->dl_npend = c->dl_cap = 0;
+    size_t n = c->dl_npend < RB_DEALLOC_BATCH ? c->dl_npend : RB_DEALLOC_BATCH;
+    uint32_t *s = malloc(n * sizeof(*s));
+    if (!s) {
+        pthread_mutex_unlock(&c->mu);
+        return -ENOMEM;
+    }
+    c->dl_npend -= n;
+    memcpy(s, c->dl_pend + c->dl_npend, n * sizeof(*s));
     c->dl_inflight = n;
     pthread_mutex_unlock(&c->mu);
 
@@ -177,11 +185,20 @@ int rb_core_dealloc_run(rb_core *c)
         }
     }
     pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->dl_mu);
     if (rc < 0 && rc != -ENOMEM)
         rb_core_note_fault(c, "deallocate", k ? r[0].off : UINT64_MAX, &err);
     free(r);
     free(s);
+    return rc < 0 ? rc : 1;
+}
+
+int rb_core_dealloc_run(rb_core *c)
+{
+    pthread_mutex_lock(&c->dl_mu);
+    int rc;
+    while ((rc = run_batch(c)) > 0)
+        ;
+    pthread_mutex_unlock(&c->dl_mu);
     return rc;
 }
 
