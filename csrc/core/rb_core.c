@@ -1860,12 +1860,9 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     }
     rb_idx_maybe_compact(&c->index);
     int kick = c->ml.on && c->ml.n_held > 0;
-    int dealloc = c->dl_npend > 0; /* format v1: slots no container lists are reusable at once */
     pthread_mutex_unlock(&c->mu);
     if (kick)
         rb_core_ml_kick(c);
-    if (dealloc)
-        (void)rb_core_dealloc_run(c);
     if (hs != stack)
         free(hs);
 }

@@ -8,9 +8,10 @@
  * its range, then returns to the allocator. So a deallocation never reaches a slot that holds a
  * key: the slot is out of the allocator while its range is being deallocated.
  *
- * Runs are batched with the operation that freed the slots: the end of delete_many (format v1
- * frees there), the checkpoint that made FREE records durable (the periodic thread, an explicit
- * checkpoint, close), a compaction. Never on the put path: a put that finds no free slot takes
+ * Runs are batched with the operation that freed the slots: the checkpoint that made FREE
+ * records durable (the periodic thread, an explicit checkpoint, close), a compaction, and in
+ * format v1, which frees at the delete itself, delete_many (its binding runs it after the call,
+ * without the GIL). Never on the put path: a put that finds no free slot takes
  * pending ones without deallocating them (dealloc_skipped): the write about to land on the slot
  * retires its old bytes on the drive anyway. Adjacent slots merge into one range; the device
  * packs ranges into commands (rb_dev_deallocate).
@@ -18,7 +19,7 @@
  * A failed deallocation loses nothing: the slots return to the allocator with their old bytes,
  * the failure is counted and entered in the fault journal. A device or file system that cannot
  * deallocate is detected once (rb_device.h) and the feature then reports itself unsupported.
- * Lock order: mu is taken and dropped here; the device call runs with no core lock held.
+ * Lock order: dl_mu (one run at a time) before mu; the device call runs with neither held.
  */
 #include "rb_core_int.h"
 
@@ -190,6 +191,14 @@ static int run_batch(rb_core *c)
     free(r);
     free(s);
     return rc < 0 ? rc : 1;
+}
+
+int rb_core_dealloc_pending(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int n = c->dl_npend > 0;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 int rb_core_dealloc_run(rb_core *c)

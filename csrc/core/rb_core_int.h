@@ -325,10 +325,6 @@ void rb_core_release_slot_locked(rb_core *c, uint32_t slot);
 /* The put path found no free slot: pending slots go to the allocator undeallocated (counted
  * as skipped). Returns how many. mu held. */
 size_t rb_core_dealloc_take_locked(rb_core *c);
-/* Deallocate the pending slots' ranges, then return the slots to the allocator. mu not held;
- * no GIL. 0 (also when nothing was pending), or <0 when the device call failed (counted, in
- * the fault journal; the slots are back in use either way). */
-int rb_core_dealloc_run(rb_core *c);
 void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st);
 /* A new state replaces the allocator's contents (apply_begin, with dl_mu and mu held, so no
  * run is deallocating): the pending slots are forgotten; the state claims them or frees them

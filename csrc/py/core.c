@@ -1176,7 +1176,15 @@ static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_
 static PyObject *core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "force"};
-    return keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
+    PyObject *r = keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
+    /* Format v1 makes a slot no container lists reusable at its delete: deallocate it now. */
+    rb_core *c = r ? core_of(op) : NULL;
+    if (c && rb_core_dealloc_pending(c)) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)rb_core_dealloc_run(c);
+        Py_END_ALLOW_THREADS
+    }
+    return r;
 }
 
 static PyObject *core_unlock_many(PyObject *op, PyObject *keys)
