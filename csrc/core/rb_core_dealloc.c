@@ -13,8 +13,9 @@
  * format v1, which frees at the delete itself, delete_many (its binding runs it after the call,
  * without the GIL). Never on the put path: a put that finds no free slot takes
  * pending ones without deallocating them (dealloc_skipped): the write about to land on the slot
- * retires its old bytes on the drive anyway. Adjacent slots merge into one range; the device
- * packs ranges into commands (rb_dev_deallocate).
+ * retires its old bytes on the drive anyway. Only when every freed slot is in a batch being
+ * deallocated does a put wait, for that batch (at most RB_DEALLOC_BATCH slots) to end. Adjacent
+ * slots merge into one range; the device packs ranges into commands (rb_dev_deallocate).
  *
  * A failed deallocation loses nothing: the slots return to the allocator with their old bytes,
  * the failure is counted and entered in the fault journal. A device or file system that cannot
@@ -35,6 +36,7 @@
 void rb_core_dealloc_init(rb_core *c)
 {
     pthread_mutex_init(&c->dl_mu, NULL);
+    pthread_cond_init(&c->dl_cv, NULL);
     int mode = c->cfg.deallocate_freed;
     int dev_kind_wants = c->dev->is_blk || c->dev->uring_cmd;
     c->dl_on = mode == RB_DEALLOC_ON || (mode == RB_DEALLOC_AUTO && dev_kind_wants);
@@ -45,6 +47,7 @@ void rb_core_dealloc_init(rb_core *c)
 void rb_core_dealloc_free(rb_core *c)
 {
     pthread_mutex_destroy(&c->dl_mu);
+    pthread_cond_destroy(&c->dl_cv);
     free(c->dl_pend);
     c->dl_pend = NULL;
     c->dl_npend = c->dl_cap = 0;
@@ -170,6 +173,7 @@ static int run_batch(rb_core *c)
             rb_slots_release(&c->slots, s[i]);
     }
     c->dl_inflight = 0;
+    pthread_cond_broadcast(&c->dl_cv);
     c->dl_cmds += cmds;
     c->dl_ns += dt;
     if (rc == 0) {

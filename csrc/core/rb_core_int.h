@@ -192,6 +192,8 @@ struct rb_core {
     size_t dl_npend, dl_cap;
     uint64_t dl_inflight;
     pthread_mutex_t dl_mu; /* held by a run from start to end; lock order ckpt_mu -> dl_mu -> mu */
+    pthread_cond_t dl_cv;  /* with mu: a batch's slots are back (dl_inflight 0); a put out of
+                            * slots waits for it rather than fail */
     uint64_t dl_slots, dl_ranges, dl_cmds, dl_bytes, dl_failures, dl_skipped, dl_ns;
     int dl_log_on;
     rb_dev_range *dl_log;
