@@ -1418,13 +1418,19 @@ static PyObject *core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored
     return PyBool_FromLong(rc > 0);
 }
 
-static PyObject *core_set_dealloc_log(PyObject *op, PyObject *arg)
+/* A hook that takes one truth value: fn(core, bool(arg)). */
+static PyObject *set_flag(PyObject *op, PyObject *arg, void (*fn)(rb_core *, int))
 {
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
-    rb_core_dealloc_log_set(core_of(op), on);
+    fn(core_of(op), on);
     Py_RETURN_NONE;
+}
+
+static PyObject *core_set_dealloc_log(PyObject *op, PyObject *arg)
+{
+    return set_flag(op, arg, rb_core_dealloc_log_set);
 }
 
 static PyObject *core_take_dealloc_log(PyObject *op, PyObject *Py_UNUSED(ignored))
@@ -1845,20 +1851,12 @@ static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
 /* _set_load_check_off(bool): benchmark hook, loads of verified records skip the header check. */
 static PyObject *core_set_load_check_off(PyObject *op, PyObject *arg)
 {
-    int off = PyObject_IsTrue(arg);
-    if (off < 0)
-        return NULL;
-    rb_core_set_load_check_off(core_of(op), off);
-    Py_RETURN_NONE;
+    return set_flag(op, arg, rb_core_set_load_check_off);
 }
 
 static PyObject *core_set_ckpt_no_flush(PyObject *op, PyObject *arg)
 {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
-        return NULL;
-    rb_core_set_ckpt_no_flush(core_of(op), on);
-    Py_RETURN_NONE;
+    return set_flag(op, arg, rb_core_set_ckpt_no_flush);
 }
 
 static PyObject *core_set_load_delay(PyObject *op, PyObject *arg)
