@@ -1656,9 +1656,16 @@ static PyObject *core_nvme_info(PyObject *op, PyObject *unused)
     rb_nvme_ns ns;
     if (!c || !c->dev || !rb_dev_nvme_ns(c->dev, &ns))
         Py_RETURN_NONE;
-    return Py_BuildValue("{s:I,s:I,s:I,s:n,s:K}", "nsid", ns.nsid, "lba_shift", ns.lba_shift, "lba_size",
-                         ns.lba_size, "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev), "size_bytes",
-                         (unsigned long long)rb_dev_size(c->dev));
+    /* Dataset Management as the controller describes it (zeros on the three when it did not). */
+    static const char *const reads[] = {"not reported", "zeros", "ones"};
+    rb_nvme_dsm dsm;
+    rb_dev_nvme_dsm(c->dev, &dsm);
+    return Py_BuildValue("{s:I,s:I,s:I,s:n,s:K,s:O,s:I,s:I,s:s}", "nsid", ns.nsid, "lba_shift", ns.lba_shift,
+                         "lba_size", ns.lba_size, "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev),
+                         "size_bytes", (unsigned long long)rb_dev_size(c->dev), "dsm_supported",
+                         dsm.supported ? Py_True : Py_False, "dsm_max_ranges", dsm.max_ranges,
+                         "dsm_max_range_blocks", dsm.max_range_lbas, "deallocated_reads",
+                         dsm.dlfeat_read < 3 ? reads[dsm.dlfeat_read] : "reserved");
 }
 
 /*

@@ -200,6 +200,13 @@ def test_controller_advertises_dataset_management_and_auto_turns_it_on(nvme_char
         assert st["dealloc_state"] == "on" and st["dealloc_kind"] == "nvme_dsm"
         assert st["dealloc_unsupported_reason"] == ""
         assert st["dealloc_commands"] == 0 and st["dealloc_pending_slots"] == 0
+        # the core read the same Identify data
+        info = c._native.nvme_info()
+        assert info["dsm_supported"] is True
+        assert info["dsm_max_ranges"] == (ident["dmrl"] if 0 < ident["dmrl"] < 256 else 256)
+        assert info["dsm_max_range_blocks"] == (ident["dmrsl"] or 0xFFFFFFFF)
+        assert info["deallocated_reads"] == {0: "not reported", 1: "zeros", 2: "ones"}.get(
+            ident["dlfeat_read"], "reserved")
     finally:
         c.close()
 
