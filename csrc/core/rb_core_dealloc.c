@@ -29,9 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Slots per deallocation batch: what a put that finds no free slot cannot take meanwhile (the
- * rest stay pending, where it can), and the batch's scratch (12 bytes a slot). */
+/* A deallocation batch: at most RB_DEALLOC_BATCH slots (its scratch, 20 bytes a slot) in at
+ * most RB_DEALLOC_RANGES ranges after merging (a system call each on files and block devices,
+ * one NVMe command). A put that finds no free slot cannot take a batch's slots while it runs;
+ * the rest stay pending, where it can. */
 #define RB_DEALLOC_BATCH 8192u
+#define RB_DEALLOC_RANGES 256u
 
 void rb_core_dealloc_init(rb_core *c)
 {
@@ -56,23 +59,27 @@ void rb_core_dealloc_free(rb_core *c)
     c->dl_nlog = c->dl_caplog = 0;
 }
 
+/* Onto the pending list: 0, or -ENOMEM (the list cannot grow). mu held. */
+static int pend_push_locked(rb_core *c, uint32_t slot)
+{
+    if (c->dl_npend == c->dl_cap) {
+        size_t nc = c->dl_cap ? c->dl_cap * 2 : 256;
+        uint32_t *np = realloc(c->dl_pend, nc * sizeof(*np));
+        if (!np)
+            return -ENOMEM;
+        c->dl_pend = np;
+        c->dl_cap = nc;
+    }
+    c->dl_pend[c->dl_npend++] = slot;
+    return 0;
+}
+
 void rb_core_release_slot_locked(rb_core *c, uint32_t slot)
 {
     if (c->dl_on) {
-        if (c->dl_npend == c->dl_cap) {
-            size_t nc = c->dl_cap ? c->dl_cap * 2 : 256;
-            uint32_t *np = realloc(c->dl_pend, nc * sizeof(*np));
-            if (np) {
-                c->dl_pend = np;
-                c->dl_cap = nc;
-            }
-        }
-        if (c->dl_npend < c->dl_cap) {
-            c->dl_pend[c->dl_npend++] = slot;
+        if (pend_push_locked(c, slot) == 0)
             return;
-        }
-        /* out of memory: the slot is reused without its deallocation */
-        c->dl_skipped++;
+        c->dl_skipped++; /* out of memory: the slot is reused without its deallocation */
     }
     rb_slots_release(&c->slots, slot);
 }
@@ -159,6 +166,25 @@ static int run_batch(rb_core *c)
     qsort(s, n, sizeof(*s), cmp_u32);
     rb_dev_range *r = malloc(n * sizeof(*r));
     size_t k = r ? slots_to_ranges(c, s, n, r) : 0;
+    /* The cost is per range (a system call each on files and block devices): the slots past
+     * the first RB_DEALLOC_RANGES ranges wait for the next batch, where a put can take them. */
+    size_t m = n;
+    if (k > RB_DEALLOC_RANGES) {
+        m = 0;
+        for (size_t i = 0; i < RB_DEALLOC_RANGES; i++)
+            m += (size_t)(r[i].len / c->cfg.slot_bytes);
+        k = RB_DEALLOC_RANGES;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = m; i < n; i++)
+            if (pend_push_locked(c, s[i]) < 0) {
+                rb_slots_release(&c->slots, s[i]); /* out of memory: reused undeallocated */
+                c->dl_skipped++;
+            }
+        c->dl_inflight = m;
+        pthread_cond_broadcast(&c->dl_cv);
+        pthread_mutex_unlock(&c->mu);
+        n = m;
+    }
     uint64_t cmds = 0;
     rb_err err;
     rb_err_clear(&err);
@@ -207,12 +233,19 @@ int rb_core_dealloc_pending(rb_core *c)
 
 int rb_core_dealloc_run(rb_core *c)
 {
-    pthread_mutex_lock(&c->dl_mu);
-    int rc;
-    while ((rc = run_batch(c)) > 0)
-        ;
-    pthread_mutex_unlock(&c->dl_mu);
-    return rc;
+    /* A run in progress goes on until nothing is pending, this caller's slots included: a
+     * checkpoint does not wait for it. A run that ends checks once more after letting go, for
+     * slots that came after its last look. */
+    for (;;) {
+        if (pthread_mutex_trylock(&c->dl_mu) != 0)
+            return 0;
+        int rc;
+        while ((rc = run_batch(c)) > 0)
+            ;
+        pthread_mutex_unlock(&c->dl_mu);
+        if (rc < 0 || !rb_core_dealloc_pending(c))
+            return rc;
+    }
 }
 
 void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st)
