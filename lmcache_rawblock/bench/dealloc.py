@@ -85,7 +85,7 @@ class DeallocSettings:
 SUITES = {
     "smoke": DeallocSettings(plans=[DeallocPlan(8, 2, 1), DeallocPlan(24, 2)], slot_bytes=16 * KiB, media=["file"]),
     "quick": DeallocSettings(plans=[DeallocPlan(100, 5, 1), DeallocPlan(10_000, 1)], slot_bytes=16 * KiB),
-    "full": DeallocSettings(plans=[DeallocPlan(100, 15, 2), DeallocPlan(10_000, 5)], slot_bytes=64 * KiB),
+    "full": DeallocSettings(plans=[DeallocPlan(100, 15, 2), DeallocPlan(10_000, 3)], slot_bytes=64 * KiB),
 }
 
 
