@@ -780,7 +780,8 @@ def _plot_dealloc(plt: Any, rows: list[dict], settings: dict, out_dir: str) -> s
             ratio = [r["ratio" if not what else "put_ratio"] for r in sel]
             for x, y, q in zip(xs, on, ratio):
                 if q is not None:
-                    ax.annotate(f"{q:.2g}x", (x + w / 2, y), ha="center", va="bottom", fontsize=7)
+                    ax.annotate(f"{q:,.0f}x" if q >= 10 else f"{q:.2f}x", (x + w / 2, y), ha="center",
+                                va="bottom", fontsize=7)
             ax.set_yscale("log")
             ax.set_xticks(list(xs))
             ax.set_xticklabels(labels, fontsize=7)
