@@ -131,6 +131,11 @@ def test_dealloc_part_reports_a_medium_it_cannot_set_up(tmp_path, monkeypatch):
     out = dealloc.run_dealloc(s, common._NullBar())
     assert out["rows"] == [] and out["errors"] == {}
     assert out["notes"] == ["loop device: not measured: loop devices need root"]
+    s = replace(s, media=["file"], plans=[dealloc.DeallocPlan(4, 1, media=["loop device"])])
+    assert dealloc.steps(s) == 0
+    out = dealloc.run_dealloc(s, common._NullBar())
+    assert out["rows"] == [] and out["notes"] == ["file, 4 keys: not measured: not in this suite"]
+    assert os.listdir(tmp_path) == []
 
 
 def test_scale_part_smoke_both_formats_side_by_side(tmp_path):

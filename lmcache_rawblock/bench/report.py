@@ -319,7 +319,8 @@ def print_dealloc(results: dict, p: Callable[..., None]) -> None:
     dl = results["dealloc"]
     s = dl["settings"]
     plans = "; ".join(f"{q['keys']:,} keys: {q['rounds']} round{'s' if q['rounds'] != 1 else ''}"
-                      + (f" (+{q['warmup']} warm-up)" if q["warmup"] else "") for q in s["plans"])
+                      + (f" (+{q['warmup']} warm-up)" if q["warmup"] else "")
+                      + (f", {' and '.join(q['media'])} only" if q.get("media") else "") for q in s["plans"])
     p(f"Dealloc: an eviction batch (delete_many of N keys + the checkpoint that makes their slots reusable, "
       f"log format) and the put of N keys into those slots, deallocate_freed on against off, one core each, "
       f"order alternating per round ({plans}); {fmt_size(s['slot_bytes'])} slots, "
