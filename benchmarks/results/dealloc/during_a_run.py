@@ -1,8 +1,9 @@
 """During a long deallocation run (10,000 scattered slots), what a put and a second checkpoint see.
 
-    python3 benchmarks/results/dealloc/during_a_run.py on|off    (from the repository root)
+    python3 benchmarks/results/dealloc/during_a_run.py on|off [N]    (from the repository root)
 
-A core on a 2 x 10,000-slot sparse file in /var/tmp, every slot taken; every other key deleted;
+A core on a 2 x N-slot sparse file in /var/tmp (N = 10,000 by default), every slot taken; every
+other key deleted;
 one thread runs the checkpoint that deallocates them; 0.2 s in, the main thread reads the status,
 puts one key, and a third thread asks for another checkpoint.
 """
@@ -10,7 +11,7 @@ import os, sys, threading, time
 sys.path.insert(0, os.getcwd())
 from lmcache_rawblock.bench.core import open_core, ours_core, object_keys, Arena, close_core
 from lmcache_rawblock.bench.common import sparse, MiB, KiB
-N = 10000; slot = 64 * KiB; meta = 128 * MiB
+N = int(sys.argv[2]) if len(sys.argv) > 2 else 10000; slot = 64 * KiB; meta = 128 * MiB
 mode = sys.argv[1]
 path = sparse(f"/var/tmp/during-a-run-{mode}.img", meta + 2 * N * slot)
 core = open_core(ours_core(), path, slot_bytes=slot, meta_total_bytes=meta, meta_format="log",
@@ -35,5 +36,5 @@ def ck2():
     t = time.perf_counter(); core.checkpoint_now(); res["ckpt2_s"] = time.perf_counter() - t
 th2 = threading.Thread(target=ck2); th2.start(); th2.join(); th.join()
 res["dealloc_s"] = core._native.status()["dealloc_seconds"]
-print(mode, res)
+print(mode, N, res)
 close_core(core); os.unlink(path)
