@@ -142,12 +142,24 @@ void rb_core_dealloc_reset_locked(rb_core *c)
     c->dl_npend = 0;
 }
 
+/* ref_unknown bit 0x4: a log on the device that this core did not read or replaced without
+ * journaling (a state applied at run time, a start told to ignore the device) may list any slot
+ * until the first base is durable; puts reuse no slot meanwhile (rb_core.c). No slot is
+ * deallocated either: after a crash that log is what recovery reads, and its keys must find
+ * their bytes. The slots wait; the run after that base deallocates them. (Format v1's bits for
+ * a container not read at open do not stop deallocation: recovery reads that container only
+ * when the newer one is unreadable, which a crash alone does not cause.) mu held. */
+static int dealloc_allowed_locked(const rb_core *c)
+{
+    return !(c->ref_unknown & 0x4u);
+}
+
 /* One batch of at most RB_DEALLOC_BATCH pending slots (the newest): 1 done, 0 nothing pending,
  * <0 the device call failed. dl_mu held. */
 static int run_batch(rb_core *c)
 {
     pthread_mutex_lock(&c->mu);
-    if (c->dl_npend == 0) {
+    if (c->dl_npend == 0 || !dealloc_allowed_locked(c)) {
         pthread_mutex_unlock(&c->mu);
         return 0;
     }
@@ -226,7 +238,7 @@ static int run_batch(rb_core *c)
 int rb_core_dealloc_pending(rb_core *c)
 {
     pthread_mutex_lock(&c->mu);
-    int n = c->dl_npend > 0;
+    int n = c->dl_npend > 0 && dealloc_allowed_locked(c); /* slots a run would deallocate now */
     pthread_mutex_unlock(&c->mu);
     return n;
 }
