@@ -18,7 +18,6 @@ pytestmark = pytest.mark.skipif(os.environ.get("RB_CRASH_TESTS") != "1",
                                 reason="crash harnesses run via `make test-reliability` (RB_CRASH_TESTS=1)")
 
 WORKLOADS = list(crashstates.WORKLOADS)
-DEALLOC_WORKLOADS = [w for w in WORKLOADS if crashstates.WORKLOADS[w].dealloc]
 GROUP_MAGIC = b"RBMLOG02"
 BASE_MAGIC = b"RBMBASE2"
 SB_MAGIC = b"RBMETA02"

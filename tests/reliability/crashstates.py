@@ -468,11 +468,17 @@ def recover_image(img: bytes, img_path: str, rcfg: Config, versions: dict, allke
 
 def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_seed: int = 1,
                    verbose: bool = False, tear: int = 0, workload: list | Workload | None = None,
-                   rec: Recording | None = None, tear_meta: int = 0) -> list[Result]:
+                   rec: Recording | None = None, tear_meta: int = 0, recover_dealloc: bool = False) -> list[Result]:
     """Record the workload with engine (or take rec), then recover every crash state with each
     engine of recovered_with. tear > 0 also lets each write persist partly, in tear-byte
     blocks; tear_meta > 0 does so for writes into the metadata region (checkpoint containers,
-    superblocks, bases, log groups) in tear_meta-byte blocks instead."""
+    superblocks, bases, log groups) in tear_meta-byte blocks instead.
+
+    The recovering cores run with deallocation off unless recover_dealloc (and the workload has
+    it on): a core deallocates nothing before its first checkpoint, delete or close, and what it
+    serves is judged before that, so the outcome is the same; with it on, the close that ends
+    each check punches the holes of every free slot and costs about three times as long. (The
+    kill loop's checkers and the second-crash follow-up runs deallocate.)"""
     logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
     if rec is None:
         rec = record_workload(engine, workdir, workload)
@@ -482,7 +488,8 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
     results = []
     img_path = dev  # images are recovered at the recorded path (the checkpoint names its device)
     for rengine, at_open in [(r, v) for r in recovered_with for v in (True, False)]:
-        rcfg = Config(rengine, False, False, at_open, rec.workload.meta_format, rec.workload.dealloc)
+        rcfg = Config(rengine, False, False, at_open, rec.workload.meta_format,
+                      rec.workload.dealloc and recover_dealloc)
         res = Result(engine, f"{rengine}{'' if at_open else '/load'}", rec.workload.name, epochs=len(ep),
                      flushes=len(ep) - 1, writes=sum(r.kind == WRITE for r in recs),
                      deallocs=sum(r.kind == DEALLOC for r in recs))
@@ -656,6 +663,8 @@ def main(argv=None) -> int:
     ap.add_argument("--second-crash", type=int, default=0, metavar="N",
                     help="also crash twice: N first-crash images per epoch (metadata writes torn in 1 KiB), each "
                          "recovered and followed by FOLLOW_UP, whose every crash state is checked (log format)")
+    ap.add_argument("--recover-dealloc", action="store_true",
+                    help="recover the images of workloads with deallocation with it on as well (slower, same outcome)")
     ap.add_argument("--tear-meta", type=int, default=None, metavar="BYTES",
                     help="blocks of writes into the metadata region (default: --tear's), e.g. 1024 to tear a "
                          "one-block log group or superblock write")
@@ -677,7 +686,8 @@ def main(argv=None) -> int:
                     workloads = [fixed]
                 for wl in workloads:
                     for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear, workload=wl,
-                                            tear_meta=a.tear if a.tear_meta is None else a.tear_meta):
+                                            tear_meta=a.tear if a.tear_meta is None else a.tear_meta,
+                                            recover_dealloc=a.recover_dealloc):
                         print(r.row(), flush=True)
                         for f in r.failures[:a.show]:
                             print("    " + f, flush=True)
