@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
                         "plugin (batched_remove, eviction under contention), e2e (LMCache's plugin store/retrieve path "
                         "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio), loadcheck (what the "
-                        "load-time slot-header check costs a load, on against off, on tmpfs and disk), scale (both "
+                        "load-time slot-header check costs a load, on against off, on tmpfs and disk), dealloc (an "
+                        "eviction batch, delete_many and the checkpoint that frees its slots, and the puts after "
+                        "it, with deallocate_freed on against off, on a file and a loop device), scale (both "
                         "metadata formats and LMCache's core: checkpoint after churn beside a full base, bytes per "
                         "entry, reopen beside fio, index memory against index size, puts on a full cache); "
                         "default all")

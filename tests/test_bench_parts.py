@@ -1,6 +1,6 @@
 """Pieces of the benchmark harness that the CLI runs do not pin down: the kernel-floor program
 (compiled on demand from the package), its mapping onto the per-key CPU media, the load-check
-part on a tiny grid, and the wording of what the harness prints. No timing is asserted."""
+part and the dealloc part on tiny grids, and the wording of what the harness prints. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_rawblock.bench import common, cpu, floor, loadcheck, report, scale
+from lmcache_rawblock.bench import common, cpu, dealloc, floor, loadcheck, report, scale
 from lmcache_rawblock.bench.core import ours_core
 from lmcache_rawblock.bench.target import supports_odirect
 
@@ -92,6 +92,50 @@ def test_loadcheck_part_times_both_modes_on_verified_bytes(tmp_path):
     text: list[str] = []
     report.print_loadcheck({"loadcheck": out}, text.append)
     assert "check on" in text[-1] and text[-1].count("\n") == len(out["rows"]) + 1
+
+
+def test_dealloc_part_on_rows_deallocate_exactly_what_each_batch_freed(tmp_path):
+    s = replace(dealloc.SUITES["smoke"], directory=str(tmp_path))
+    out = dealloc.run_dealloc(s, common._NullBar())
+    assert out["errors"] == {} and out["notes"] == []
+    got = [(r["medium"], r["keys"], r["layout"]) for r in out["rows"]]
+    assert got == [("file", p.keys, lay) for p in s.plans for lay in dealloc.LAYOUTS]
+    for r in out["rows"]:
+        n, plan = r["keys"], next(p for p in s.plans if p.keys == r["keys"])
+        assert r["kind"] == "punch_hole" and r["deallocated_as_freed"] is True
+        assert r["rounds"] == plan.rounds and r["slot_bytes"] == s.slot_bytes
+        for mode in dealloc.MODES:
+            assert all(len(v) == plan.rounds for v in r["samples_s"][mode].values())
+        assert len(r["ratios"]) == len(r["put_ratios"]) == plan.rounds
+        # "on": every batch deallocated its N slots, merged into one range when adjacent
+        on, off = r["counters_per_batch"]["on"], r["counters_per_batch"]["off"]
+        ranges = 1 if r["layout"] == "adjacent" else n
+        assert (on["dealloc_slots"], on["dealloc_ranges"], on["dealloc_bytes"]) == (n, ranges, n * s.slot_bytes)
+        assert on["dealloc_commands"] >= 1 and on["dealloc_failures"] == 0 and on["dealloc_seconds"] > 0
+        assert (r["dealloc_slots"], r["dealloc_ranges"]) == (n, ranges)
+        # "off": nothing
+        assert off["dealloc_slots"] == off["dealloc_commands"] == off["dealloc_bytes"] == 0
+        assert off["dealloc_seconds"] == 0
+        for k in ("off_per_key_s", "on_per_key_s", "off_put_per_key_s", "on_put_per_key_s", "ratio", "put_ratio"):
+            assert r[k] > 0
+    assert os.listdir(tmp_path) == []  # its files and directory are gone
+    text: list[str] = []
+    report.print_dealloc({"dealloc": out}, text.append)
+    assert "batch on" in text[-1] and text[-1].count("\n") == len(out["rows"]) + 1
+
+
+def test_dealloc_part_reports_a_medium_it_cannot_set_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(dealloc, "can_loop", lambda: "loop devices need root")
+    s = replace(dealloc.SUITES["smoke"], directory=str(tmp_path), media=["loop device"],
+                plans=[dealloc.DeallocPlan(4, 1)])
+    out = dealloc.run_dealloc(s, common._NullBar())
+    assert out["rows"] == [] and out["errors"] == {}
+    assert out["notes"] == ["loop device: not measured: loop devices need root"]
+    s = replace(s, media=["file"], plans=[dealloc.DeallocPlan(4, 1, media=["loop device"])])
+    assert dealloc.steps(s) == 0
+    out = dealloc.run_dealloc(s, common._NullBar())
+    assert out["rows"] == [] and out["notes"] == ["file, 4 keys: not measured: not in this suite"]
+    assert os.listdir(tmp_path) == []
 
 
 def test_scale_part_smoke_both_formats_side_by_side(tmp_path):

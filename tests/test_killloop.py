@@ -18,7 +18,8 @@ from reliability.common import ALL_CONFIGS, Config, Obj, key, make_device, open_
 ENABLED = os.environ.get("RB_CRASH_TESTS") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="crash harnesses run via `make test-reliability` "
                                                     "(RB_CRASH_TESTS=1): they fork and kill writer processes")
-CI_CYCLES = int(os.environ.get("RB_KILLLOOP_CYCLES", "10"))          # x32 configurations (both formats) = 320
+CI_CYCLES = int(os.environ.get("RB_KILLLOOP_CYCLES", "10"))          # x32 configurations (both formats, deallocation
+                                                                     # on in half) = 320
 LONG_CYCLES = int(os.environ.get("RB_KILLLOOP_LONG_CYCLES", "157"))  # x32 = 5024
 RNG_SEED = int(os.environ.get("RB_KILLLOOP_RNG_SEED", "1"))
 
@@ -31,6 +32,9 @@ def _run(cfg: Config, cycles: int, tmp_path, capsys) -> None:
     assert st.keys_checked > 0
     assert (st.wrong_bytes, st.lost_silent, st.lost_reported, st.stale) == (0, 0, 0, 0), "\n".join(st.failures[:10])
     assert not st.failures, "\n".join(st.failures[:10])
+    if cfg.dealloc:
+        # freed slots were deallocated (punched holes) and reused between the kills
+        assert st.dealloc_slots > 0 and st.reused > 0, st.row()
     if cfg.meta_format == "log":
         # the loop exercised the log format's own paths: the move from v1, and bases written
         # (compactions of a full ring, compact_metadata() calls)

@@ -400,3 +400,19 @@ def test_readme_table_gives_the_defaults():
             rows[cells[0].strip("`")] = cells[1]
     assert float(rows["eviction_trigger_watermark"]) == DEFAULT_EVICTION_TRIGGER_WATERMARK
     assert float(rows["eviction_ratio"]) == DEFAULT_EVICTION_RATIO
+
+
+def test_evicted_slots_are_deallocated_off_the_put_path(open_backend, tmp_path):
+    """With ``rust_raw_block.deallocate_freed: true`` (YAML's boolean for on), the evictor's
+    batches deallocate the slots they free (punched holes in this file) before puts reuse them;
+    no put fails and the keys stored last load their own bytes."""
+    be, usable = fill_full(open_backend, 128, eviction_policy="lru", deallocate_freed=True)
+    attempted, errors, done = _run_threads(be, 2, first=usable, total=600, batch=1)
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert errors == [], f"{len(errors)} of {attempted} puts failed; first: {errors[0]}"
+    assert st["dealloc_state"] == "on" and st["dealloc_kind"] == "punch_hole"
+    assert st["dealloc_failures"] == 0
+    assert st["dealloc_slots"] > 0, st
+    assert st["dealloc_slots"] + st["dealloc_skipped"] >= st["evicted_ahead_entries"] > 0
+    assert_loads(be, done[-16:])

@@ -864,6 +864,15 @@ static int reserve_room_locked(rb_core *c, const rb_put_item *it, size_t want, u
     for (int tries = 0;; tries++) {
         int was_clear = fail && fail->kind == RB_ERR_NONE, nospace = 0;
         int r = reserve_locked(c, it, slot, fail, &nospace);
+        if (r == 0 && nospace && c->dl_inflight > 0 && !c->closed) {
+            /* The only freed slots are in a deallocation: they are back in use when it ends. */
+            if (was_clear)
+                rb_err_clear(fail);
+            while (c->dl_inflight > 0)
+                pthread_cond_wait(&c->dl_cv, &c->mu);
+            tries--;
+            continue;
+        }
         if (r != 0 || !nospace || tries == 4 || c->closed || !rb_core_room_needed_locked(c, 1))
             return r;
         if (was_clear)
@@ -1860,12 +1869,9 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     }
     rb_idx_maybe_compact(&c->index);
     int kick = c->ml.on && c->ml.n_held > 0;
-    int dealloc = c->dl_npend > 0; /* format v1: slots no container lists are reusable at once */
     pthread_mutex_unlock(&c->mu);
     if (kick)
         rb_core_ml_kick(c);
-    if (dealloc)
-        (void)rb_core_dealloc_run(c);
     if (hs != stack)
         free(hs);
 }

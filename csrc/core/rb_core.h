@@ -211,6 +211,13 @@ size_t rb_core_get_metadata_prefix(rb_core *c, const char *const *keys, const si
 void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n);
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
                          uint8_t *results);
+/* Freed slots waiting for their deallocation (rb_core_dealloc.c): pending says whether any
+ * do; run deallocates them and returns them to use (blocking: no GIL; 0, or <0 when the device
+ * call failed, which is counted and journaled: the slots are back in use either way).
+ * Checkpoints, compactions and close run it themselves; after delete_many (where format v1
+ * makes slots reusable at once) the caller runs it when pending says so. */
+int rb_core_dealloc_pending(rb_core *c);
+int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]
  * (malloc'ed, the caller frees; NULL when empty) and empties it. Returns the number of pairs. */

@@ -8,17 +8,19 @@
  * its range, then returns to the allocator. So a deallocation never reaches a slot that holds a
  * key: the slot is out of the allocator while its range is being deallocated.
  *
- * Runs are batched with the operation that freed the slots: the end of delete_many (format v1
- * frees there), the checkpoint that made FREE records durable (the periodic thread, an explicit
- * checkpoint, close), a compaction. Never on the put path: a put that finds no free slot takes
+ * Runs are batched with the operation that freed the slots: the checkpoint that made FREE
+ * records durable (the periodic thread, an explicit checkpoint, close), a compaction, and in
+ * format v1, which frees at the delete itself, delete_many (its binding runs it after the call,
+ * without the GIL). Never on the put path: a put that finds no free slot takes
  * pending ones without deallocating them (dealloc_skipped): the write about to land on the slot
- * retires its old bytes on the drive anyway. Adjacent slots merge into one range; the device
- * packs ranges into commands (rb_dev_deallocate).
+ * retires its old bytes on the drive anyway. Only when every freed slot is in a batch being
+ * deallocated does a put wait, for that batch (at most RB_DEALLOC_BATCH slots) to end. Adjacent
+ * slots merge into one range; the device packs ranges into commands (rb_dev_deallocate).
  *
  * A failed deallocation loses nothing: the slots return to the allocator with their old bytes,
  * the failure is counted and entered in the fault journal. A device or file system that cannot
  * deallocate is detected once (rb_device.h) and the feature then reports itself unsupported.
- * Lock order: mu is taken and dropped here; the device call runs with no core lock held.
+ * Lock order: dl_mu (one run at a time) before mu; the device call runs with neither held.
  */
 #include "rb_core_int.h"
 
@@ -27,9 +29,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A deallocation batch: at most RB_DEALLOC_BATCH slots (its scratch, 20 bytes a slot) in at
+ * most RB_DEALLOC_RANGES ranges after merging (a system call each on files and block devices,
+ * one NVMe command). A put that finds no free slot cannot take a batch's slots while it runs;
+ * the rest stay pending, where it can. */
+#define RB_DEALLOC_BATCH 8192u
+#define RB_DEALLOC_RANGES 256u
+
 void rb_core_dealloc_init(rb_core *c)
 {
     pthread_mutex_init(&c->dl_mu, NULL);
+    pthread_cond_init(&c->dl_cv, NULL);
     int mode = c->cfg.deallocate_freed;
     int dev_kind_wants = c->dev->is_blk || c->dev->uring_cmd;
     c->dl_on = mode == RB_DEALLOC_ON || (mode == RB_DEALLOC_AUTO && dev_kind_wants);
@@ -40,6 +50,7 @@ void rb_core_dealloc_init(rb_core *c)
 void rb_core_dealloc_free(rb_core *c)
 {
     pthread_mutex_destroy(&c->dl_mu);
+    pthread_cond_destroy(&c->dl_cv);
     free(c->dl_pend);
     c->dl_pend = NULL;
     c->dl_npend = c->dl_cap = 0;
@@ -48,23 +59,27 @@ void rb_core_dealloc_free(rb_core *c)
     c->dl_nlog = c->dl_caplog = 0;
 }
 
+/* Onto the pending list: 0, or -ENOMEM (the list cannot grow). mu held. */
+static int pend_push_locked(rb_core *c, uint32_t slot)
+{
+    if (c->dl_npend == c->dl_cap) {
+        size_t nc = c->dl_cap ? c->dl_cap * 2 : 256;
+        uint32_t *np = realloc(c->dl_pend, nc * sizeof(*np));
+        if (!np)
+            return -ENOMEM;
+        c->dl_pend = np;
+        c->dl_cap = nc;
+    }
+    c->dl_pend[c->dl_npend++] = slot;
+    return 0;
+}
+
 void rb_core_release_slot_locked(rb_core *c, uint32_t slot)
 {
     if (c->dl_on) {
-        if (c->dl_npend == c->dl_cap) {
-            size_t nc = c->dl_cap ? c->dl_cap * 2 : 256;
-            uint32_t *np = realloc(c->dl_pend, nc * sizeof(*np));
-            if (np) {
-                c->dl_pend = np;
-                c->dl_cap = nc;
-            }
-        }
-        if (c->dl_npend < c->dl_cap) {
-            c->dl_pend[c->dl_npend++] = slot;
+        if (pend_push_locked(c, slot) == 0)
             return;
-        }
-        /* out of memory: the slot is reused without its deallocation */
-        c->dl_skipped++;
+        c->dl_skipped++; /* out of memory: the slot is reused without its deallocation */
     }
     rb_slots_release(&c->slots, slot);
 }
@@ -127,19 +142,35 @@ void rb_core_dealloc_reset_locked(rb_core *c)
     c->dl_npend = 0;
 }
 
-int rb_core_dealloc_run(rb_core *c)
+/* ref_unknown bit 0x4: a log on the device that this core did not read or replaced without
+ * journaling (a state applied at run time, a start told to ignore the device) may list any slot
+ * until the first base is durable; puts reuse no slot meanwhile (rb_core.c). No slot is
+ * deallocated either: after a crash that log is what recovery reads, and its keys must find
+ * their bytes. The slots wait; the run after that base deallocates them. (Format v1's bits for
+ * a container not read at open do not stop deallocation: recovery reads that container only
+ * when the newer one is unreadable, which a crash alone does not cause.) mu held. */
+static int dealloc_allowed_locked(const rb_core *c)
 {
-    pthread_mutex_lock(&c->dl_mu);
+    return !(c->ref_unknown & 0x4u);
+}
+
+/* One batch of at most RB_DEALLOC_BATCH pending slots (the newest): 1 done, 0 nothing pending,
+ * <0 the device call failed. dl_mu held. */
+static int run_batch(rb_core *c)
+{
     pthread_mutex_lock(&c->mu);
-    if (c->dl_npend == 0) {
+    if (c->dl_npend == 0 || !dealloc_allowed_locked(c)) {
         pthread_mutex_unlock(&c->mu);
-        pthread_mutex_unlock(&c->dl_mu);
         return 0;
     }
-    uint32_t *s = c->dl_pend;
-    size_t n = c->dl_npend;
-    c->dl_pend = NULL;
-    c->dl_npend = c->dl_cap = 0;
+    size_t n = c->dl_npend < RB_DEALLOC_BATCH ? c->dl_npend : RB_DEALLOC_BATCH;
+    uint32_t *s = malloc(n * sizeof(*s));
+    if (!s) {
+        pthread_mutex_unlock(&c->mu);
+        return -ENOMEM;
+    }
+    c->dl_npend -= n;
+    memcpy(s, c->dl_pend + c->dl_npend, n * sizeof(*s));
     c->dl_inflight = n;
     pthread_mutex_unlock(&c->mu);
 
@@ -147,6 +178,25 @@ int rb_core_dealloc_run(rb_core *c)
     qsort(s, n, sizeof(*s), cmp_u32);
     rb_dev_range *r = malloc(n * sizeof(*r));
     size_t k = r ? slots_to_ranges(c, s, n, r) : 0;
+    /* The cost is per range (a system call each on files and block devices): the slots past
+     * the first RB_DEALLOC_RANGES ranges wait for the next batch, where a put can take them. */
+    size_t m = n;
+    if (k > RB_DEALLOC_RANGES) {
+        m = 0;
+        for (size_t i = 0; i < RB_DEALLOC_RANGES; i++)
+            m += (size_t)(r[i].len / c->cfg.slot_bytes);
+        k = RB_DEALLOC_RANGES;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = m; i < n; i++)
+            if (pend_push_locked(c, s[i]) < 0) {
+                rb_slots_release(&c->slots, s[i]); /* out of memory: reused undeallocated */
+                c->dl_skipped++;
+            }
+        c->dl_inflight = m;
+        pthread_cond_broadcast(&c->dl_cv);
+        pthread_mutex_unlock(&c->mu);
+        n = m;
+    }
     uint64_t cmds = 0;
     rb_err err;
     rb_err_clear(&err);
@@ -161,6 +211,7 @@ int rb_core_dealloc_run(rb_core *c)
             rb_slots_release(&c->slots, s[i]);
     }
     c->dl_inflight = 0;
+    pthread_cond_broadcast(&c->dl_cv);
     c->dl_cmds += cmds;
     c->dl_ns += dt;
     if (rc == 0) {
@@ -177,12 +228,36 @@ int rb_core_dealloc_run(rb_core *c)
         }
     }
     pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->dl_mu);
     if (rc < 0 && rc != -ENOMEM)
         rb_core_note_fault(c, "deallocate", k ? r[0].off : UINT64_MAX, &err);
     free(r);
     free(s);
-    return rc;
+    return rc < 0 ? rc : 1;
+}
+
+int rb_core_dealloc_pending(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int n = c->dl_npend > 0 && dealloc_allowed_locked(c); /* slots a run would deallocate now */
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+int rb_core_dealloc_run(rb_core *c)
+{
+    /* A run in progress goes on until nothing is pending, this caller's slots included: a
+     * checkpoint does not wait for it. A run that ends checks once more after letting go, for
+     * slots that came after its last look. */
+    for (;;) {
+        if (pthread_mutex_trylock(&c->dl_mu) != 0)
+            return 0;
+        int rc;
+        while ((rc = run_batch(c)) > 0)
+            ;
+        pthread_mutex_unlock(&c->dl_mu);
+        if (rc < 0 || !rb_core_dealloc_pending(c))
+            return rc;
+    }
 }
 
 void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st)

@@ -192,6 +192,8 @@ struct rb_core {
     size_t dl_npend, dl_cap;
     uint64_t dl_inflight;
     pthread_mutex_t dl_mu; /* held by a run from start to end; lock order ckpt_mu -> dl_mu -> mu */
+    pthread_cond_t dl_cv;  /* with mu: a batch's slots are back (dl_inflight 0); a put out of
+                            * slots waits for it rather than fail */
     uint64_t dl_slots, dl_ranges, dl_cmds, dl_bytes, dl_failures, dl_skipped, dl_ns;
     int dl_log_on;
     rb_dev_range *dl_log;
@@ -325,10 +327,6 @@ void rb_core_release_slot_locked(rb_core *c, uint32_t slot);
 /* The put path found no free slot: pending slots go to the allocator undeallocated (counted
  * as skipped). Returns how many. mu held. */
 size_t rb_core_dealloc_take_locked(rb_core *c);
-/* Deallocate the pending slots' ranges, then return the slots to the allocator. mu not held;
- * no GIL. 0 (also when nothing was pending), or <0 when the device call failed (counted, in
- * the fault journal; the slots are back in use either way). */
-int rb_core_dealloc_run(rb_core *c);
 void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st);
 /* A new state replaces the allocator's contents (apply_begin, with dl_mu and mu held, so no
  * run is deallocating): the pending slots are forgotten; the state claims them or frees them

@@ -1435,7 +1435,7 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     }
     for (uint32_t s = 0; s < top; s++)
         if (s >= r.cap_slots || r.slot_pos[s] == 0)
-            rb_slots_release(&c->slots, s); /* no durable record lists it */
+            rb_core_release_slot_locked(c, s); /* no durable record lists it */
     m->sb = res.sb;
     m->sb_which = res.which;
     m->generation = res.sb.generation;

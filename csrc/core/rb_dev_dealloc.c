@@ -83,6 +83,11 @@ void rb_dev_dealloc_probe(rb_dev *dev, const struct stat *st)
     /* A regular file: its file system answers the first punched hole. */
 }
 
+void rb_dev_nvme_dsm(const rb_dev *dev, rb_nvme_dsm *out)
+{
+    *out = dev->dsm;
+}
+
 const char *rb_dev_dealloc_kind(const rb_dev *dev)
 {
     return dev->uring_cmd ? "nvme_dsm" : dev->is_blk ? "discard" : "punch_hole";

@@ -156,6 +156,9 @@ const char *rb_dev_lock_name(const rb_dev *dev);
 void rb_dev_inject_lock_errno(int errnum);
 /* NVMe passthrough: 1 and *ns filled when the device was opened with uring_cmd, else 0. */
 int rb_dev_nvme_ns(const rb_dev *dev, rb_nvme_ns *ns);
+/* NVMe passthrough: the namespace's Dataset Management description probed at open (all zeros
+ * on other devices, or when the controller did not answer). */
+void rb_dev_nvme_dsm(const rb_dev *dev, rb_nvme_dsm *out);
 /* Bytes per NVMe command on a passthrough device (0 otherwise). */
 size_t rb_dev_max_transfer(const rb_dev *dev);
 /* Write streams usable for FDP placement through the block device (0: none). Detected at open

@@ -1176,7 +1176,15 @@ static PyObject *core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_
 static PyObject *core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "force"};
-    return keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
+    PyObject *r = keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
+    /* Format v1 makes a slot no container lists reusable at its delete: deallocate it now. */
+    rb_core *c = r ? core_of(op) : NULL;
+    if (c && rb_core_dealloc_pending(c)) {
+        Py_BEGIN_ALLOW_THREADS
+        (void)rb_core_dealloc_run(c);
+        Py_END_ALLOW_THREADS
+    }
+    return r;
 }
 
 static PyObject *core_unlock_many(PyObject *op, PyObject *keys)
@@ -1410,13 +1418,19 @@ static PyObject *core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored
     return PyBool_FromLong(rc > 0);
 }
 
-static PyObject *core_set_dealloc_log(PyObject *op, PyObject *arg)
+/* A hook that takes one truth value: fn(core, bool(arg)). */
+static PyObject *set_flag(PyObject *op, PyObject *arg, void (*fn)(rb_core *, int))
 {
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
-    rb_core_dealloc_log_set(core_of(op), on);
+    fn(core_of(op), on);
     Py_RETURN_NONE;
+}
+
+static PyObject *core_set_dealloc_log(PyObject *op, PyObject *arg)
+{
+    return set_flag(op, arg, rb_core_dealloc_log_set);
 }
 
 static PyObject *core_take_dealloc_log(PyObject *op, PyObject *Py_UNUSED(ignored))
@@ -1642,9 +1656,16 @@ static PyObject *core_nvme_info(PyObject *op, PyObject *unused)
     rb_nvme_ns ns;
     if (!c || !c->dev || !rb_dev_nvme_ns(c->dev, &ns))
         Py_RETURN_NONE;
-    return Py_BuildValue("{s:I,s:I,s:I,s:n,s:K}", "nsid", ns.nsid, "lba_shift", ns.lba_shift, "lba_size",
-                         ns.lba_size, "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev), "size_bytes",
-                         (unsigned long long)rb_dev_size(c->dev));
+    /* Dataset Management as the controller describes it (zeros on the three when it did not). */
+    static const char *const reads[] = {"not reported", "zeros", "ones"};
+    rb_nvme_dsm dsm;
+    rb_dev_nvme_dsm(c->dev, &dsm);
+    return Py_BuildValue("{s:I,s:I,s:I,s:n,s:K,s:O,s:I,s:I,s:s}", "nsid", ns.nsid, "lba_shift", ns.lba_shift,
+                         "lba_size", ns.lba_size, "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev),
+                         "size_bytes", (unsigned long long)rb_dev_size(c->dev), "dsm_supported",
+                         dsm.supported ? Py_True : Py_False, "dsm_max_ranges", dsm.max_ranges,
+                         "dsm_max_range_blocks", dsm.max_range_lbas, "deallocated_reads",
+                         dsm.dlfeat_read < 3 ? reads[dsm.dlfeat_read] : "reserved");
 }
 
 /*
@@ -1837,20 +1858,12 @@ static PyObject *core_set_ckpt_delay(PyObject *op, PyObject *arg)
 /* _set_load_check_off(bool): benchmark hook, loads of verified records skip the header check. */
 static PyObject *core_set_load_check_off(PyObject *op, PyObject *arg)
 {
-    int off = PyObject_IsTrue(arg);
-    if (off < 0)
-        return NULL;
-    rb_core_set_load_check_off(core_of(op), off);
-    Py_RETURN_NONE;
+    return set_flag(op, arg, rb_core_set_load_check_off);
 }
 
 static PyObject *core_set_ckpt_no_flush(PyObject *op, PyObject *arg)
 {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
-        return NULL;
-    rb_core_set_ckpt_no_flush(core_of(op), on);
-    Py_RETURN_NONE;
+    return set_flag(op, arg, rb_core_set_ckpt_no_flush);
 }
 
 static PyObject *core_set_load_delay(PyObject *op, PyObject *arg)

@@ -13,7 +13,8 @@ and scale (both metadata formats and LMCache's core against index size: the chec
 beside a full base, bytes per entry, reopen time beside fio, index memory, and what a put costs on
 a full cache).
 Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
-check costs a load, the check on against off on one core).
+check costs a load, the check on against off on one core) and dealloc (what deallocating freed
+slots costs an eviction batch and the puts after it, on against off, on a file and a loop device).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 from . import common, device, limit
 from . import core as core_suite
+from . import dealloc as dealloc_suite
 from . import e2e as e2e_suite
 from . import loadcheck as loadcheck_suite
 from . import plugin as plugin_suite
@@ -36,10 +38,10 @@ from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck", "scale")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck", "dealloc", "scale")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e", "scale")  # the parts that compare with LMCache, on files of their own
-OWN_PARTS = ("loadcheck",)  # ours only, on files of their own in directories they choose
+OWN_PARTS = ("loadcheck", "dealloc")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -137,6 +139,13 @@ def loadcheck_settings(opts: Options) -> loadcheck_suite.LoadCheckSettings:
     return s
 
 
+def dealloc_settings(opts: Options) -> dealloc_suite.DeallocSettings:
+    s = replace(dealloc_suite.SUITES[opts.suite])
+    if opts.repeats:
+        s.plans = [replace(p, rounds=opts.repeats) for p in s.plans]
+    return s
+
+
 def scale_settings(opts: Options) -> scale_suite.ScaleSettings:
     s = replace(scale_suite.SUITES[opts.suite])
     if opts.repeats:
@@ -171,6 +180,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["e2e"] = e2e_settings(opts)
     if "loadcheck" in parts:
         part_settings["loadcheck"] = loadcheck_settings(opts)
+    if "dealloc" in parts:
+        part_settings["dealloc"] = dealloc_settings(opts)
     if "scale" in parts:
         part_settings["scale"] = scale_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
@@ -200,6 +211,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "plugin": plugin_suite.steps(part_settings["plugin"]) if "plugin" in parts else 0,
         "e2e": e2e_suite.steps(part_settings["e2e"]) if "e2e" in parts else 0,
         "loadcheck": loadcheck_suite.steps(part_settings["loadcheck"]) if "loadcheck" in parts else 0,
+        "dealloc": dealloc_suite.steps(part_settings["dealloc"]) if "dealloc" in parts else 0,
         "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
@@ -215,6 +227,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "plugin": lambda bar: plugin_suite.run_plugin(core_comps, part_settings["plugin"], workdir, bar),
         "e2e": lambda bar: e2e_suite.run_e2e(part_settings["e2e"], workdir, bar),
         "loadcheck": lambda bar: loadcheck_suite.run_loadcheck(part_settings["loadcheck"], bar),
+        "dealloc": lambda bar: dealloc_suite.run_dealloc(part_settings["dealloc"], bar),
         "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
     }
     total = sum(steps[p] for p in parts)

@@ -296,6 +296,50 @@ def print_loadcheck(results: dict, p: Callable[..., None]) -> None:
                  "IQR", "min-max", "µs/key added", "bytes ok"], rows, _right(14, 3)[:-1] + [False]))
 
 
+def _us(sec: float | None) -> str:
+    if sec is None:
+        return "-"
+    us = sec * 1e6
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}" if us < 1000 else f"{us:,.0f}"
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def dealloc_rows(dl: dict) -> list[list[str]]:
+    return [[r["medium"], r["layout"], f"{r['keys']:,}", str(r["rounds"]), _us(r["off_per_key_s"]),
+             _us(r["on_per_key_s"]), _f2(r["ratio"]), _range([r["ratio_q1"], r["ratio_q3"]]),
+             _us(r["dealloc_per_key_s"]), _n(r["dealloc_commands"]), _n(r["dealloc_ranges"]),
+             _us(r["off_put_per_key_s"]), _us(r["on_put_per_key_s"]), _f2(r["put_ratio"]),
+             "yes" if r.get("deallocated_as_freed") else "NO"] for r in dl.get("rows", [])]
+
+
+def print_dealloc(results: dict, p: Callable[..., None]) -> None:
+    dl = results["dealloc"]
+    s = dl["settings"]
+    plans = "; ".join(f"{q['keys']:,} keys: {q['rounds']} round{'s' if q['rounds'] != 1 else ''}"
+                      + (f" (+{q['warmup']} warm-up)" if q["warmup"] else "")
+                      + (f", {' and '.join(q['media'])} only" if q.get("media") else "") for q in s["plans"])
+    p(f"Dealloc: an eviction batch (delete_many of N keys + the checkpoint that makes their slots reusable, "
+      f"log format) and the put of N keys into those slots, deallocate_freed on against off, one core each, "
+      f"order alternating per round ({plans}); {fmt_size(s['slot_bytes'])} slots, "
+      f"{fmt_size(s['payload_bytes'])} payloads, O_DIRECT, posix engine; µs per key (medians); on/off = median "
+      "of the per-round ratios and their IQR; dealloc = the deallocation's own time (dealloc_seconds) per key; "
+      "commands and ranges per batch; adjacent: N slots in a row, scattered: every other slot")
+    for k, v in dl.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    for note in dl.get("notes", []):
+        p(f"  {note}")
+    for name, d in dl.get("media", {}).items():
+        p(f"  {name}: in {d['directory']} ({d.get('fs_type')} on {d.get('source')})")
+    rows = dealloc_rows(dl)
+    if rows:
+        p(table(["medium", "layout", "N", "rounds", "batch off", "batch on", "on/off", "IQR", "dealloc", "cmds",
+                 "ranges", "put off", "put on", "put on/off", "freed = deallocated"], rows,
+                _right(14, 2) + [False]))
+
+
 def _kb(n: float | None) -> str:
     if n is None:
         return "-"
@@ -449,7 +493,7 @@ def print_scale(results: dict, p: Callable[..., None]) -> None:
 
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
             "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck,
-            "scale": print_scale}
+            "dealloc": print_dealloc, "scale": print_scale}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -642,6 +686,9 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
     lrows = (results.get("loadcheck") or {}).get("rows", [])
     if lrows:
         files.append(_plot_loadcheck(plt, lrows, results["loadcheck"]["settings"], out_dir))
+    drows = (results.get("dealloc") or {}).get("rows", [])
+    if drows:
+        files.append(_plot_dealloc(plt, drows, results["dealloc"]["settings"], out_dir))
     bars = [g for g in goals(results) if g["higher_is_better"]]
     if bars:
         files.append(_plot_speedups(plt, bars, out_dir))
@@ -711,6 +758,41 @@ def _plot_loadcheck(plt: Any, rows: list[dict], settings: dict, out_dir: str) ->
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("What the load-time slot-header check costs a load (lower is better, 1.0 = free)")
     return _save(plt, fig, out_dir, "loadcheck_ratio.png")
+
+
+def _plot_dealloc(plt: Any, rows: list[dict], settings: dict, out_dir: str) -> str:
+    media = list(dict.fromkeys(r["medium"] for r in rows))
+    fig, axes = plt.subplots(2, len(media), figsize=(5.5 * len(media), 8), squeeze=False)
+    for col, medium in enumerate(media):
+        sel = [r for r in rows if r["medium"] == medium]
+        xs = range(len(sel))
+        labels = [f"{r['layout']}\nN={r['keys']:,}" for r in sel]
+        for row, (what, title) in enumerate((("", "eviction batch: delete_many + checkpoint"),
+                                             ("put_", "put of N keys into the freed slots"))):
+            ax = axes[row][col]
+            w = 0.38
+            off = [r[f"off_{what}per_key_s"] * 1e6 for r in sel]
+            on = [r[f"on_{what}per_key_s"] * 1e6 for r in sel]
+            ax.bar([x - w / 2 for x in xs], off, w, label="deallocate_freed off", color="tab:blue")
+            ax.bar([x + w / 2 for x in xs], on, w, label="deallocate_freed on", color="tab:orange")
+            if not what:
+                ax.scatter([x + w / 2 for x in xs], [r["dealloc_per_key_s"] * 1e6 for r in sel], marker="_", s=200,
+                           color="black", zorder=3, label="of which the deallocation")
+            ratio = [r["ratio" if not what else "put_ratio"] for r in sel]
+            for x, y, q in zip(xs, on, ratio):
+                if q is not None:
+                    ax.annotate(f"{q:,.0f}x" if q >= 10 else f"{q:.2f}x", (x + w / 2, y), ha="center",
+                                va="bottom", fontsize=7)
+            ax.set_yscale("log")
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels(labels, fontsize=7)
+            ax.set_ylabel("µs per key (median)")
+            ax.set_title(f"{medium}: {title}", fontsize=9)
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"Deallocating freed slots, on against off ({fmt_size(settings['slot_bytes'])} slots, "
+                 "log format; lower is better; label: on/off)")
+    return _save(plt, fig, out_dir, "dealloc_per_key.png")
 
 
 def _plot_speedups(plt: Any, bars: list[dict], out_dir: str) -> str:

@@ -33,26 +33,42 @@ class Config:
     checksum: bool         # verify_payload_checksum
     verify_on_load: bool   # meta_verify_on_load
     meta_format: str = "v1"
+    dealloc: bool = False  # deallocate_freed "on" (on a file: freed slots become punched holes), else "off"
 
     @property
     def name(self) -> str:
         return "/".join([self.engine, "odirect" if self.odirect else "buffered",
                          "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify",
-                         self.meta_format])
+                         self.meta_format] + (["dealloc"] if self.dealloc else []))
 
 
-ALL_CONFIGS = [Config(e, d, s, v, f) for f, e, d, s, v in itertools.product(
+# Deallocation of freed slots is on in half of the configurations: for each format, engine,
+# O_DIRECT and validation setting exactly one of the two checksum settings (and the other way
+# round), so every other axis meets it on and off without doubling the matrix.
+ALL_CONFIGS = [Config(e, d, s, v, f, d ^ s ^ v) for f, e, d, s, v in itertools.product(
     META_FORMATS, ("posix", "io_uring"), (False, True), (False, True), (True, False))]
 
 
 def config_by_name(name: str) -> Config:
-    """A configuration by name; a name without the format (engine/io/sum/verify) means v1."""
-    if name.count("/") == 3:
-        name += "/v1"
-    for c in ALL_CONFIGS:
-        if c.name == name:
-            return c
-    raise ValueError(f"unknown configuration {name!r}; known: {', '.join(c.name for c in ALL_CONFIGS)}")
+    """A configuration by name, engine/io/sum/verify[/format][/dealloc]: a name without the
+    format means v1, one without "dealloc" has deallocation off. Any combination is accepted,
+    not only the ones in ALL_CONFIGS."""
+    parts = name.split("/")
+    dealloc = parts[-1] == "dealloc"
+    if dealloc:
+        parts.pop()
+    if len(parts) == 4:
+        parts.append("v1")
+    cfg = None
+    if len(parts) == 5:
+        e, io, s, v, f = parts
+        if (e in ("posix", "io_uring") and io in ("buffered", "odirect") and s in ("sum", "nosum")
+                and v in ("verify", "noverify") and f in META_FORMATS):
+            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc)
+    if cfg is None:
+        raise ValueError(f"unknown configuration {name!r}: engine/io/sum/verify[/format][/dealloc], e.g. "
+                         f"{ALL_CONFIGS[0].name} or {ALL_CONFIGS[-1].name}")
+    return cfg
 
 
 def device_size(nslots: int) -> int:
@@ -72,7 +88,8 @@ def open_core(path: str, cfg: Config, *, load: bool = True, meta_format: str | N
         use_odirect=cfg.odirect, enable_zero_copy=False, meta_total_bytes=META, meta_magic=b"LMCIDX01",
         meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
         meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
-        iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format)
+        iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format,
+        deallocate_freed="on" if cfg.dealloc else "off")
     return RawBlockCore(conf, key_namespace="object")
 
 

@@ -10,6 +10,12 @@ subset when it has at most MAX_EXHAUSTIVE writes, else RANDOM_SUBSETS seeded ran
 With --tear BYTES each write is split into BYTES-sized blocks that persist independently
 (torn writes).
 
+Deallocations (deallocate_freed="on"; on these device files, punched holes) are kind-3 records
+of the write log: an offset and a length, no bytes. Each is modelled as a write of zeros over
+its range: durable after a flush that began after it, before that lost or landed
+independently of the other writes of its epoch, applied in issue order, and torn like a data
+write with --tear (a drive may deallocate part of a range).
+
 Each image is recovered and checked like the kill loop does: every served key returns the
 bytes of a put attempted for it; every key durable in that epoch is served; no key comes back
 in a version the last acknowledged checkpoint no longer lists (a delete that a checkpoint made
@@ -25,10 +31,15 @@ Workloads (WORKLOADS): "v1", LMCache's format v1 throughout; "log", the log-stru
 slot taken by another key after one small record, the ring filled and compacted by a
 checkpoint, compact_metadata() twice (the base switching areas); "move" and "move-c1", a device
 set up in format v1 (its newest checkpoint in container 0, or in container 1) reopened with
-meta_format='log', which moves it to the log format at its first checkpoint.
+meta_format='log', which moves it to the log format at its first checkpoint. Each of these
+again with deallocation on ("+dealloc"), and the workloads written for it: "reuse" and
+"reuse-log" (slots freed, deallocated once no durable metadata lists their keys, then taken by
+puts; in v1 also a key no container listed, freed and deallocated by its delete), "full" and
+"full-log" (an 8-slot device on which a put makes room itself and takes freed slots before
+their deallocation ran).
 
 Run: python3 tests/reliability/crashstates.py [--workload NAME] [--engine posix|io_uring]
-     [--tear BYTES] [--random-workloads N] [--show N]
+     [--tear BYTES] [--tear-meta BYTES] [--random-workloads N] [--second-crash N] [--show N]
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ NSLOTS = 24
 MAX_EXHAUSTIVE = 10
 RANDOM_SUBSETS = 48
 REC = struct.Struct("<IIQQQQQ")  # kind, 0, st_dev, st_ino, offset|barrier, length, sequence
-WRITE, FLUSH = 1, 2
+WRITE, FLUSH, DEALLOC = 1, 2, 3
 
 # Setup (not recorded, ends with a clean close): keys 0-5, version 1, and a checkpoint after
 # each put step.
@@ -97,6 +108,51 @@ MOVE_WORKLOAD = [
     ("compact", []),
     ("delete", [2, 6]), ("checkpoint", []), ("put", [8]),
 ]
+# Deallocation (deallocate_freed="on"; on a file a punched hole): a freed slot is deallocated
+# once no durable metadata lists its old key, then goes back to the allocator, and the next
+# put (LIFO) takes it. Crash points all around: between the metadata that frees a slot and its
+# deallocation, between the deallocation and a put into the slot, between that put's writes and
+# the checkpoint that lists it. Format v1: both containers list the setup's keys, so a deleted
+# key's slot is deallocated after the second checkpoint that excludes it; a key no container
+# lists is freed and deallocated by its delete.
+REUSE_WORKLOAD = [
+    ("delete", [0, 1]), ("checkpoint", []),                 # one container excludes 0 and 1
+    ("put", [6]),
+    ("put", [7]), ("delete", [7]),                          # 7 listed nowhere: deallocated by the delete
+    ("put", [8]),                                           # into 7's slot, in the same flush epoch
+    ("checkpoint", []),                                     # both exclude 0 and 1: deallocated
+    ("put", [9, 0]),                                        # into their slots
+    ("delete", [6, 2]), ("checkpoint", []),
+    ("put", [11]), ("checkpoint", []),                      # 6 and 2 deallocated
+    ("put", [1, 10]),                                       # into their slots
+    ("delete", [9]), ("checkpoint", []), ("put", [2]),
+]
+# The log format: a checkpoint's FREE group makes slots reusable (deallocated right after it),
+# a compaction's base does (deallocated after the compaction); a key whose PUT record was never
+# written is freed by its delete.
+REUSE_LOG_WORKLOAD = [
+    ("delete", [0, 1]), ("checkpoint", []),                 # FREE group durable: deallocated
+    ("put", [6]),                                           # into a deallocated slot
+    ("put", [7]), ("delete", [7]),                          # 7 never in a group
+    ("put", [8]),
+    ("checkpoint", []),
+    ("delete", [6, 2]), ("compact", []),                    # the base without them
+    ("put", [9, 0]),                                        # into the deallocated slots
+    ("checkpoint", []),
+    ("delete", [9]), ("checkpoint", []), ("put", [1, 10]),
+]
+
+# A full device (8 slots): a put that finds no free slot writes the metadata that makes freed
+# slots reusable itself and takes them before any deallocation ran (dealloc_skipped); the slots
+# it did not take go back to the allocator undeallocated. Later frees are deallocated again.
+FULL_WORKLOAD = [
+    ("put", [6, 7]), ("checkpoint", []),                    # every slot holds a key
+    ("delete", [0, 1]), ("put", [8]),                       # 8 makes room, takes a freed slot
+    ("checkpoint", []),
+    ("delete", [2, 8]), ("checkpoint", []), ("put", [9]), ("checkpoint", []),
+    ("put", [0, 10]),                                       # into deallocated slots
+    ("delete", [3]), ("checkpoint", []), ("put", [2]),
+]
 
 
 @dataclass(frozen=True)
@@ -106,6 +162,12 @@ class Workload:
     meta_format: str       # the format the recorded workload (and every recovery) uses
     setup: list = field(default_factory=lambda: list(SETUP))  # unrecorded put steps
     setup_format: str = ""  # the format the setup writes ("" = meta_format); a checkpoint follows each step
+    dealloc: bool = False   # deallocate_freed "on" while recording and recovering (files: punched holes)
+    nslots: int = NSLOTS    # slots of the device
+
+    def with_dealloc(self) -> "Workload":
+        return Workload(self.name + "+dealloc", self.ops, self.meta_format, self.setup, self.setup_format, True,
+                        self.nslots)
 
 
 WORKLOADS = {
@@ -114,7 +176,15 @@ WORKLOADS = {
     "move": Workload("move", MOVE_WORKLOAD, "log", setup_format="v1"),
     "move-c1": Workload("move-c1", MOVE_WORKLOAD, "log", setup=[("put", [0, 1, 2]), ("put", [3, 4, 5])],
                         setup_format="v1"),
+    "reuse": Workload("reuse", REUSE_WORKLOAD, "v1", dealloc=True),
+    "reuse-log": Workload("reuse-log", REUSE_LOG_WORKLOAD, "log", dealloc=True),
+    "full": Workload("full", FULL_WORKLOAD, "v1", dealloc=True, nslots=8),
+    "full-log": Workload("full-log", FULL_WORKLOAD, "log", dealloc=True, nslots=8),
 }
+# The workloads above without deallocation (the core's default on a file) again with it on.
+for _name in ("v1", "log", "move", "move-c1"):
+    WORKLOADS[_name + "+dealloc"] = WORKLOADS[_name].with_dealloc()
+del _name
 
 
 @dataclass
@@ -146,6 +216,7 @@ class Result:
     epochs: int = 0
     flushes: int = 0
     writes: int = 0
+    deallocs: int = 0       # deallocation records (kind 3) in the recorded log
     states: int = 0
     keys_checked: int = 0
     wrong_states: int = 0
@@ -155,7 +226,8 @@ class Result:
 
     def row(self) -> str:
         return (f"{self.workload:7s} recorded {self.recorded:8s} recovered {self.recovered:13s} "
-                f"writes={self.writes:3d} flushes={self.flushes:3d} epochs={self.epochs:3d} states={self.states:5d} "
+                f"writes={self.writes:3d} deallocs={self.deallocs:2d} flushes={self.flushes:3d} "
+                f"epochs={self.epochs:3d} states={self.states:5d} "
                 f"keys_checked={self.keys_checked:6d} wrong_byte_states={self.wrong_states} "
                 f"lost_durable_states={self.lost_states} stale_states={self.stale_states}")
 
@@ -176,9 +248,21 @@ def parse_log(path: str, dev_path: str) -> list[Rec]:
         pos += REC.size
         data = raw[pos:pos + ln] if kind == WRITE else b""
         pos += len(data)
+        if kind == DEALLOC:
+            data = bytes(ln)   # a deallocated range reads back as zeros (punched hole, discard, DSM)
         if (sdev, sino) == (st.st_dev, st.st_ino):
             out.append(Rec(seq, kind, off, data, pos))
     return out
+
+
+def lands(r: Rec) -> bool:
+    """A record that changes the device's bytes once durable: a write, or a deallocation
+    (zeros over its range)."""
+    return r.kind == WRITE or r.kind == DEALLOC
+
+
+def describe(w: Rec) -> tuple:
+    return (w.seq, w.off, len(w.data)) + (("dealloc",) if w.kind == DEALLOC else ())
 
 
 @dataclass
@@ -224,8 +308,8 @@ def record_workload(engine: str, workdir: str, workload: list | Workload | None 
     elif not isinstance(workload, Workload):
         workload = Workload("random", workload, "v1")
     wl = workload
-    cfg = Config(engine, False, False, True, wl.meta_format)
-    dev = make_device(os.path.join(workdir, f"record-{engine}-{wl.name}.img"), NSLOTS)
+    cfg = Config(engine, False, False, True, wl.meta_format, wl.dealloc)
+    dev = make_device(os.path.join(workdir, f"record-{engine}-{wl.name}.img"), wl.nslots)
     versions: dict[int, dict[int, int]] = {}
     core = open_core(dev, cfg, load=False, meta_format=wl.setup_format or wl.meta_format)
     live: dict[int, int] = {}
@@ -316,7 +400,7 @@ def expectations(rec: Recording, start_off: float, end_off: float) -> tuple[set,
 def replay_all(rec: "Recording") -> bytes:
     img = bytearray(rec.pre)
     for r in rec.recs:
-        if r.kind == WRITE:
+        if lands(r):
             apply(img, r)
     return bytes(img)
 
@@ -359,7 +443,7 @@ def torn(w: Rec, block: int) -> list[Rec]:
     out, pos = [], 0
     while pos < len(w.data):
         n = min(block - (w.off + pos) % block, len(w.data) - pos)
-        out.append(Rec(w.seq, WRITE, w.off + pos, w.data[pos:pos + n], w.end))
+        out.append(Rec(w.seq, w.kind, w.off + pos, w.data[pos:pos + n], w.end))
         pos += n
     return out
 
@@ -384,11 +468,17 @@ def recover_image(img: bytes, img_path: str, rcfg: Config, versions: dict, allke
 
 def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_seed: int = 1,
                    verbose: bool = False, tear: int = 0, workload: list | Workload | None = None,
-                   rec: Recording | None = None, tear_meta: int = 0) -> list[Result]:
+                   rec: Recording | None = None, tear_meta: int = 0, recover_dealloc: bool = False) -> list[Result]:
     """Record the workload with engine (or take rec), then recover every crash state with each
     engine of recovered_with. tear > 0 also lets each write persist partly, in tear-byte
     blocks; tear_meta > 0 does so for writes into the metadata region (checkpoint containers,
-    superblocks, bases, log groups) in tear_meta-byte blocks instead."""
+    superblocks, bases, log groups) in tear_meta-byte blocks instead.
+
+    The recovering cores run with deallocation off unless recover_dealloc (and the workload has
+    it on): a core deallocates nothing before its first checkpoint, delete or close, and what it
+    serves is judged before that, so the outcome is the same; with it on, the close that ends
+    each check punches the holes of every free slot and costs about three times as long. (The
+    kill loop's checkers and the second-crash follow-up runs deallocate.)"""
     logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
     if rec is None:
         rec = record_workload(engine, workdir, workload)
@@ -398,17 +488,19 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
     results = []
     img_path = dev  # images are recovered at the recorded path (the checkpoint names its device)
     for rengine, at_open in [(r, v) for r in recovered_with for v in (True, False)]:
-        rcfg = Config(rengine, False, False, at_open, rec.workload.meta_format)
+        rcfg = Config(rengine, False, False, at_open, rec.workload.meta_format,
+                      rec.workload.dealloc and recover_dealloc)
         res = Result(engine, f"{rengine}{'' if at_open else '/load'}", rec.workload.name, epochs=len(ep),
-                     flushes=len(ep) - 1, writes=sum(r.kind == WRITE for r in recs))
+                     flushes=len(ep) - 1, writes=sum(r.kind == WRITE for r in recs),
+                     deallocs=sum(r.kind == DEALLOC for r in recs))
         rng = random.Random(f"{rng_seed}/{engine}/{rengine}/{rec.workload.name}")
         for e, (barrier, first, nxt, start_off) in enumerate(ep):
             base = bytearray(pre)
             for r in recs:
-                if r.kind == WRITE and r.seq < barrier:
+                if lands(r) and r.seq < barrier:
                     apply(base, r)
-            pend = [r for r in recs[first:nxt] if r.kind == WRITE] + \
-                   [r for r in recs[:first] if r.kind == WRITE and r.seq >= barrier]
+            pend = [r for r in recs[first:nxt] if lands(r)] + \
+                   [r for r in recs[:first] if lands(r) and r.seq >= barrier]
             pend.sort(key=lambda r: r.seq)
             if tear or tear_meta:
                 pend = [p for w in pend
@@ -424,8 +516,8 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
                 res.states += 1
                 res.keys_checked += len(got["served"]) + len(got["wrong"])
                 wrong, lost, stale = judge(got, durable, allowed)
-                what = (f"epoch {e} writes {[(pend[i].seq, pend[i].off) for i in subset]} of "
-                        f"{[(w.seq, w.off, len(w.data)) for w in pend]}")
+                what = (f"epoch {e} writes {[describe(pend[i])[:2] for i in subset]} of "
+                        f"{[describe(w) for w in pend]}")
                 if wrong:
                     res.wrong_states += 1
                     res.failures.append(f"{what}: wrong bytes {wrong}")
@@ -464,10 +556,10 @@ def first_crash_images(rec: Recording, tear_meta: int, per_epoch: int, rng: rand
     for e, (barrier, first, nxt, _start) in enumerate(epochs_of(rec.recs)):
         base = bytearray(rec.pre)
         for r in rec.recs:
-            if r.kind == WRITE and r.seq < barrier:
+            if lands(r) and r.seq < barrier:
                 apply(base, r)
-        pend = sorted([r for r in rec.recs[first:nxt] if r.kind == WRITE] +
-                      [r for r in rec.recs[:first] if r.kind == WRITE and r.seq >= barrier], key=lambda r: r.seq)
+        pend = sorted([r for r in rec.recs[first:nxt] if lands(r)] +
+                      [r for r in rec.recs[:first] if lands(r) and r.seq >= barrier], key=lambda r: r.seq)
         if tear_meta:
             pend = [p for w in pend for p in (torn(w, tear_meta) if w.off < META else [w])]
         if not pend:
@@ -482,16 +574,17 @@ def first_crash_images(rec: Recording, tear_meta: int, per_epoch: int, rng: rand
             img = bytearray(base)
             for i in subset:
                 apply(img, pend[i])
-            out.append((f"first crash in epoch {e}, writes {[(pend[i].seq, pend[i].off) for i in subset]} of "
-                        f"{[(w.seq, w.off, len(w.data)) for w in pend]}", bytes(img)))
+            out.append((f"first crash in epoch {e}, writes {[describe(pend[i])[:2] for i in subset]} of "
+                        f"{[describe(w) for w in pend]}", bytes(img)))
     return out
 
 
 def record_follow_up(rec: Recording, image: bytes, engine: str, ops: list | None = None) -> Recording:
     """The image of a first crash recovered by a core that then runs ops (FOLLOW_UP), every
     write from its open on recorded. The keys it serves before ops are the durable start."""
-    wl = Workload(rec.workload.name + "+2", FOLLOW_UP if ops is None else ops, rec.workload.meta_format)
-    cfg = Config(engine, False, False, True, wl.meta_format)
+    wl = Workload(rec.workload.name + "+2", FOLLOW_UP if ops is None else ops, rec.workload.meta_format,
+                  dealloc=rec.workload.dealloc)
+    cfg = Config(engine, False, False, True, wl.meta_format, wl.dealloc)
     with open(rec.dev, "wb") as f:
         f.write(image)
     versions = {k: dict(v) for k, v in rec.versions.items()}
@@ -543,6 +636,7 @@ def check_second_crash(engine: str, workdir: str, workload: Workload, rng_seed: 
             total.epochs += r.epochs
             total.flushes += r.flushes
             total.writes += r.writes
+            total.deallocs += r.deallocs
             total.states += r.states
             total.keys_checked += r.keys_checked
             total.wrong_states += r.wrong_states
@@ -569,6 +663,8 @@ def main(argv=None) -> int:
     ap.add_argument("--second-crash", type=int, default=0, metavar="N",
                     help="also crash twice: N first-crash images per epoch (metadata writes torn in 1 KiB), each "
                          "recovered and followed by FOLLOW_UP, whose every crash state is checked (log format)")
+    ap.add_argument("--recover-dealloc", action="store_true",
+                    help="recover the images of workloads with deallocation with it on as well (slower, same outcome)")
     ap.add_argument("--tear-meta", type=int, default=None, metavar="BYTES",
                     help="blocks of writes into the metadata region (default: --tear's), e.g. 1024 to tear a "
                          "one-block log group or superblock write")
@@ -583,13 +679,15 @@ def main(argv=None) -> int:
                 if a.random_workloads:
                     wrng = random.Random(f"{a.rng_seed}/workloads/{eng}/{name}")
                     workloads = [Workload(f"{name}-r{i}", random_workload(wrng, compact=fixed.meta_format == "log"),
-                                          fixed.meta_format, fixed.setup, fixed.setup_format)
+                                          fixed.meta_format, fixed.setup, fixed.setup_format, fixed.dealloc,
+                                          fixed.nslots)
                                  for i in range(a.random_workloads)]
                 else:
                     workloads = [fixed]
                 for wl in workloads:
                     for r in check_recorded(eng, ["posix", "io_uring"], d, a.rng_seed, tear=a.tear, workload=wl,
-                                            tear_meta=a.tear if a.tear_meta is None else a.tear_meta):
+                                            tear_meta=a.tear if a.tear_meta is None else a.tear_meta,
+                                            recover_dealloc=a.recover_dealloc):
                         print(r.row(), flush=True)
                         for f in r.failures[:a.show]:
                             print("    " + f, flush=True)

@@ -23,6 +23,12 @@ checkpoint), and every MOVE_EVERY cycles the device starts over in format v1 (wr
 parent with meta_format='v1'), so the next writer moves it to the log format at its first
 checkpoint, and may be killed doing so.
 
+Deallocation of freed slots (deallocate_freed="on": punched holes in the device file) is on
+in half of the configurations (common.ALL_CONFIGS; names end in "/dealloc"). Its writers log
+the core's dealloc_slots / dealloc_skipped counters after every delete, checkpoint and
+compaction ("x" lines, statistics only), so a run shows that slots were deallocated and then
+reused while it was being killed.
+
 One cycle in ten is killed 0-40 ms after the fork instead, while the writer opens the device
 and recovers. The writer logs each operation before starting it (intent) and after it returned (result)
 with an unbuffered write(2) - what reached the kernel survives SIGKILL, so the log is exact
@@ -85,15 +91,19 @@ class Stats:
     recovery_dropped: int = 0  # stale entries dropped by header validation at open or first load
     load_dropped: int = 0      # indexed keys whose first load rejected them (unverified entries)
     load_errors: int = 0       # indexed keys whose load failed (e.g. payload checksum caught bad bytes)
+    dealloc_slots: int = 0     # deallocate_freed on: slots the writers deallocated (last count each cycle logged)
+    dealloc_skipped: int = 0   # of the reusable slots, taken by a put before their deallocation ran
     failures: list[str] = field(default_factory=list)
 
     def row(self) -> str:
-        return (f"{self.config:34s} cycles={self.cycles:5d} ops={self.ops:7d} stored={self.stored}/{self.put_keys} "
+        return (f"{self.config:44s} cycles={self.cycles:5d} ops={self.ops:7d} stored={self.stored}/{self.put_keys} "
                 f"reused_slots={self.reused} keys_checked={self.keys_checked:7d} "
                 f"wrong_bytes={self.wrong_bytes} lost_durable={self.lost_silent} lost_reported={self.lost_reported} "
                 f"stale_versions={self.stale} stale_dropped={self.recovery_dropped} load_errors={self.load_errors}"
                 + (f" compactions={self.compactions} base_switches={self.base_switches} moves={self.moves}"
-                   if self.config.endswith("/log") or self.config == "total" else ""))
+                   if "/log" in self.config or self.config == "total" else "")
+                + (f" dealloc_slots={self.dealloc_slots} dealloc_skipped={self.dealloc_skipped}"
+                   if self.config.endswith("/dealloc") or self.config == "total" else ""))
 
 
 # ---- writer (child process) --------------------------------------------------------------
@@ -105,6 +115,11 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
         os.write(logfd, line.encode() + b"\n")
         if do_sync:
             os.fsync(logfd)
+
+    def dealloc_counts() -> None:
+        if cfg.dealloc:
+            st = core._native.status()
+            log(f"x {st['dealloc_slots']} {st['dealloc_skipped']}")
 
     core = open_core(path, cfg)
     os.write(ready_fd, b"r")
@@ -140,14 +155,17 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
             res = core.delete_many([key(k).encoded for k in kids])
             log("d " + " ".join("1" if x else "0" for x in res))
             live.difference_update(k for k, x in zip(kids, res) if x)
+            dealloc_counts()
         elif cfg.meta_format == "log" and r < 0.85 + COMPACT_SHARE:
             log("K")
             done = core._native.compact_metadata()
             log(f"k {1 if done else 0}")
+            dealloc_counts()
         else:
             log("C")
             core.checkpoint_now()
             log("c")
+            dealloc_counts()
 
 
 def _child(path, cfg, logfd, ready_fd, rng_seed, live, v0) -> None:
@@ -299,6 +317,10 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         st.reused += counts["reused"]
         st.compactions += counts["compactions"]
         st.ops += acked
+        xs = [ln.split() for ln in lines if ln.startswith("x ")]
+        if xs:
+            st.dealloc_slots += int(xs[-1][1])
+            st.dealloc_skipped += int(xs[-1][2])
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             st.failures.append(f"cycle {cyc}: writer ended by itself (status {status}): {err or 'no error logged'}")
             break
@@ -355,7 +377,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", type=int, default=int(os.environ.get("RB_KILLLOOP_CYCLES", "10")),
                     help="kill cycles per configuration")
     ap.add_argument("--config", action="append",
-                    help="configuration name, engine/io/sum/verify/format (repeatable); default: all 32")
+                    help="configuration name, engine/io/sum/verify[/format][/dealloc] (repeatable); default: all 32 "
+                         "(deallocation on in half of them)")
     ap.add_argument("--format", action="append", choices=["v1", "log"],
                     help="only the configurations of this metadata format (repeatable)")
     ap.add_argument("--rng-seed", type=int, default=int(os.environ.get("RB_KILLLOOP_RNG_SEED", "1")))
@@ -378,7 +401,7 @@ def main(argv=None) -> int:
             bad |= bool(s.wrong_bytes or s.lost_silent or s.lost_reported or s.stale or s.failures)
             for n in ("cycles", "ops", "put_keys", "stored", "reused", "keys_checked", "wrong_bytes", "lost_silent",
                       "lost_reported", "stale", "recovery_dropped", "load_dropped", "load_errors", "compactions",
-                      "base_switches", "moves"):
+                      "base_switches", "moves", "dealloc_slots", "dealloc_skipped"):
                 setattr(tot, n, getattr(tot, n) + getattr(s, n))
     print(tot.row())
     print(f"elapsed {time.monotonic() - t0:.1f} s; {'FAIL' if bad else 'ok'}")

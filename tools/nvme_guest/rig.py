@@ -549,7 +549,10 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
     qcmd = [
         qemu, "-accel", "tcg", "-m", str(args.mem), "-smp", str(args.smp), "-nographic", "-no-reboot",
         "-kernel", str(vmlinuz), "-initrd", str(initrd), "-append", cmdline,
-        "-drive", f"file={img},if=none,id=nvm,format=raw",
+        # discard=unmap: a Dataset Management deallocate (or a discard) punches a hole in the
+        # backing file. QEMU's default (ignore) completes the command and keeps the data, so a
+        # read would not return the zeros the namespace promises (Identify Namespace DLFEAT 1).
+        "-drive", f"file={img},if=none,id=nvm,format=raw,discard=unmap",
         "-device", f"nvme-subsys,id=subsys0,nqn=subsys0,fdp=on,fdp.runs={runs_size >> 20}M,fdp.nrg=1,fdp.nruh={NS_HANDLES}",
         "-device", "nvme,id=ctrl0,serial=deadbeef,subsys=subsys0",
         "-device", f"nvme-ns,drive=nvm,nsid=1,logical_block_size={LBA},physical_block_size={LBA},fdp.ruhs=0-{NS_HANDLES - 1}",
