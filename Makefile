@@ -1,5 +1,5 @@
 # lmcache-rawblock: set-up, build, tests and the main job.
-# The two README commands are `make demo` (main job) and `make test` (test suite);
+# The two commands of the README's set-up are `make demo` (main job) and `make test` (test suite);
 # both install what is missing first (Debian packages with apt-get, Python ones with pip).
 
 # Debian's own python3 is "externally managed" (PEP 668: /usr/lib/python3.X/EXTERNALLY-MANAGED,
@@ -61,14 +61,14 @@ demo: build
 
 bench: demo
 
-# The committed benchmark run behind the README's results table: the full suite in the LMCache
+# The committed benchmark run behind the results table of docs/benchmarks.md: the full suite in the LMCache
 # virtualenv (every competitor in one process), written to benchmarks/results/full/ (results.json,
 # summary.txt, plots), then the table regenerated from it. About 17 minutes on 2 cores.
 .PHONY: bench-results
 bench-results: build lmcache-venv
 	@$(LMC_VENV)/bin/python -c 'import tqdm, matplotlib' 2>/dev/null || $(LMC_VENV)/bin/python -m pip install -q tqdm matplotlib
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --no-progress --out benchmarks/results/full
-	$(LMC_VENV)/bin/python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json --readme README.md
+	$(LMC_VENV)/bin/python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json --doc docs/benchmarks.md
 
 # The committed scale figures (benchmarks/results/scale/): both metadata formats and LMCache's
 # core side by side, in the LMCache virtualenv; fio comes with apt-deps. BENCH_SCALE_ARGS adds

@@ -5,8 +5,8 @@ LMCache loads it from ``extra_config``::
     storage_plugin.raw_block.module_path: lmcache_rawblock.plugin
     storage_plugin.raw_block.class_name: RustRawBlockBackend
 
-and it reads the same ``rust_raw_block.*`` keys as LMCache's plugin (see the README for the
-table). Beyond LMCache:
+and it reads the same ``rust_raw_block.*`` keys as LMCache's plugin (see docs/configuration.md
+for the table). Beyond LMCache:
 
 * ``batched_remove`` takes the pin lock once and deletes every key with one native
   ``delete_many`` call (which runs without the GIL), instead of one lock and one call per key;

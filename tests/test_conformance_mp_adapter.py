@@ -1,4 +1,4 @@
-"""LMCache 0.5.6's MP-mode raw-block L2 adapter on our core, selected by the README's
+"""LMCache 0.5.6's MP-mode raw-block L2 adapter on our core, selected by docs/configuration.md's
 ``--l2-adapter`` JSON through LMCache's own parser and factory (the ``plugin`` adapter type).
 
 Marked ``lmcache``: run with ``make test-lmcache``.
@@ -44,8 +44,8 @@ SLOT = 4096 + 16384
 
 
 def _readme_json() -> dict:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text[text.index("### As the core of LMCache's MP-mode L2 adapter"):]
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    section = text[text.index("## As the core of LMCache's MP-mode L2 adapter"):]
     return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
 
 

@@ -394,7 +394,7 @@ def test_readme_table_gives_the_defaults():
     from lmcache_rawblock.plugin import DEFAULT_EVICTION_RATIO, DEFAULT_EVICTION_TRIGGER_WATERMARK
 
     rows = {}
-    for line in (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines():
+    for line in (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text().splitlines():
         if line.startswith("| `"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             rows[cells[0].strip("`")] = cells[1]

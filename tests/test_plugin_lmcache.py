@@ -75,7 +75,7 @@ def _readme_examples() -> tuple[str, dict[str, str]]:
     import shlex
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text[text.index("### As LMCache's raw-block storage plugin"):]
+    section = text[text.index("## Configure it in LMCache (the plugin)"):]
     yaml_block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     sh_block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     env = {}

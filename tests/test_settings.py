@@ -286,13 +286,13 @@ def test_plugin_passes_allow_foreign_device(tmp_path):
 
 
 def test_readme_lists_every_plugin_key_with_its_default():
-    """The README's rust_raw_block.* table has a row for every key the plugin reads, and the
+    """docs/configuration.md's rust_raw_block.* table has a row for every key the plugin reads, and the
     booleans' defaults there are the table's."""
     from pathlib import Path
 
     from lmcache_rawblock.plugin import _PLUGIN_KEYS
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
     rows = {}
     for line in readme.splitlines():
         if line.startswith("| `") and "|" in line[1:]:
@@ -302,7 +302,7 @@ def test_readme_lists_every_plugin_key_with_its_default():
     for s in SETTINGS.values():
         if not s.plugin:
             continue
-        assert s.name in rows, f"README's plugin table has no row for rust_raw_block.{s.name}"
+        assert s.name in rows, f"docs/configuration.md's plugin table has no row for rust_raw_block.{s.name}"
         if s.type == "bool" and "," not in rows[s.name]:
             assert rows[s.name] == str(s.default).lower(), s.name
     for key in _PLUGIN_KEYS - {"use_iouring", "use_uring"}:

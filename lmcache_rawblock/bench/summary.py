@@ -1,11 +1,12 @@
-"""The README's benchmark table, from one run's results.json.
+"""The benchmark table of docs/benchmarks.md, from one run's results.json.
 
-    python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json [--readme README.md]
+    python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json [--doc docs/benchmarks.md]
 
-Rewrites the README's text between ``<!-- results:start -->`` and ``<!-- results:end -->``
+Rewrites the document's text between ``<!-- results:start -->`` and ``<!-- results:end -->``
 (the markers are added at the end of the "## Benchmark results" section when missing): one row
 per measurement of that run that has a goal, and a line naming the command, the commit, the
-date and the machine the figures come from. Nothing else in the README is touched.
+date and the machine the figures come from; the link to results.json is relative to the
+document. Nothing else in the document is touched.
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ def update_readme(text: str, block: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock.bench.summary",
-                                 description="Write the README's benchmark table from one run's results.json.")
+                                 description="Write the benchmark table of docs/benchmarks.md from one run's results.json.")
     ap.add_argument("results", help="results.json of the run, e.g. benchmarks/results/full/results.json")
-    ap.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")
+    ap.add_argument("--doc", "--readme", dest="readme", default="docs/benchmarks.md",
+                    help="document to update (default ./docs/benchmarks.md); --readme is the older name")
     args = ap.parse_args(argv)
     with open(args.results, encoding="utf-8") as f:
         results = json.load(f)

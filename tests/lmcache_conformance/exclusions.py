@@ -11,7 +11,7 @@ both other modes, or ``run.py`` fails. An entry that starts passing is reported,
     calls, so the patch has no effect on our stack. ``covered_by`` names a test of ours that
     checks the same public behaviour on a real file.
 ``differs``
-    Our behaviour differs from LMCache's on purpose (README, Compatibility notes).
+    Our behaviour differs from LMCache's on purpose (docs/compatibility.md).
     ``covered_by`` names the test of ours that pins our behaviour.
 
 ``test`` is a pytest node id relative to the sdist's root; ``fnmatch`` patterns are allowed

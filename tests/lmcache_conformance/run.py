@@ -6,6 +6,8 @@ test-conformance``)::
     .venv-lmcache/bin/python tests/lmcache_conformance/run.py [--modes baseline,compat,native]
                                                               [--write-readme]
 
+``--write-readme`` replaces the table of LMCache's own tests in ``docs/compatibility.md``.
+
 1. The test files come from the ``lmcache`` sdist of the installed version, downloaded with pip
    into ``build/lmcache-sdist/<version>/`` (only its ``tests/`` tree and ``pytest.ini`` are
    kept: the sdist's ``lmcache/`` sources must not shadow the installed package). Nothing of
@@ -43,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SDIST_CACHE = REPO / "build" / "lmcache-sdist"
 OUT = REPO / "build" / "lmcache-conformance"
-README = REPO / "README.md"
+README = REPO / "docs" / "compatibility.md"  # the table of LMCache's own tests
 MODES = ("baseline", "compat", "native")
 TABLE_BEGIN = "<!-- lmcache-conformance-table:begin -->"
 TABLE_END = "<!-- lmcache-conformance-table:end -->"
@@ -251,11 +253,11 @@ def compare(results: dict[str, dict]) -> tuple[list[str], list[str], list[str]]:
 def write_readme(lines: list[str]) -> None:
     text = README.read_text()
     if TABLE_BEGIN not in text or TABLE_END not in text:
-        sys.exit(f"README.md has no {TABLE_BEGIN} ... {TABLE_END} block")
+        sys.exit(f"{README.relative_to(REPO)} has no {TABLE_BEGIN} ... {TABLE_END} block")
     head, rest = text.split(TABLE_BEGIN, 1)
     _, tail = rest.split(TABLE_END, 1)
     README.write_text(head + TABLE_BEGIN + "\n" + "\n".join(lines) + "\n" + TABLE_END + tail)
-    log("README.md table updated")
+    log(f"{README.relative_to(REPO)} table updated")
 
 
 def main() -> int:
@@ -263,7 +265,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--write-readme", action="store_true",
-                    help="replace the table in README.md (LMCache's own tests) with this run's")
+                    help="replace the table in docs/compatibility.md (LMCache's own tests) with this run's")
     ap.add_argument("--files", help="comma-separated globs of LMCache test files (relative to the sdist) "
                     "instead of the raw-block set, e.g. the NVMe ones in the emulated NVMe guest")
     ap.add_argument("--out", help=f"directory for the records and logs (default {OUT})")
