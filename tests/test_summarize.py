@@ -156,3 +156,15 @@ def test_readme_without_section_or_with_one_marker_is_refused(tmp_path, capsys):
     readme.write_text("# x\n")
     assert summary.main([str(res), "--readme", str(readme)]) == 2
     assert "no '## Benchmark results'" in capsys.readouterr().err
+
+
+def test_main_links_from_a_document_in_a_subdirectory(tmp_path):
+    """docs/benchmarks.md (the default target): the run's file is shown from the tree's root and
+    linked relative to the document."""
+    res, readme = write_tree(tmp_path)
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.parent.mkdir()
+    doc.write_text(README)
+    assert summary.main([str(res), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert "[`benchmarks/results/full/results.json`](../benchmarks/results/full/results.json)" in text

@@ -29,9 +29,10 @@ def _esc(s: str) -> str:
     return s.replace("|", "\\|")
 
 
-def provenance(results: dict, source: str, base: str = ".") -> str:
+def provenance(results: dict, source: str, base: str = ".", href: str | None = None) -> str:
     """Where the figures come from: file, command, commit, date, machine. The interpreter is
-    named relative to *base* when it lives below it (a project virtualenv)."""
+    named relative to *base* when it lives below it (a project virtualenv). The file is shown
+    as *source* and linked as *href* (default *source*), relative to the document."""
     m = results.get("machine", {})
     cmd = " ".join(m.get("command") or [])
     py = m.get("python_executable") or ""
@@ -43,12 +44,12 @@ def provenance(results: dict, source: str, base: str = ".") -> str:
     if src.get("modified"):
         commit += f" (with uncommitted changes in {', '.join(src['modified'])})"
     when = (m.get("timestamp") or "")[:10]
-    return (f"From one run, [`{source}`]({source}): `{cmd}` on {commit}, {when}, "
+    return (f"From one run, [`{source}`]({href or source}): `{cmd}` on {commit}, {when}, "
             f"{machine_summary(m)}; {results.get('elapsed_s', 0) / 60:.0f} min.")
 
 
-def readme_block(results: dict, source: str, base: str = ".") -> str:
-    lines = [START, "", provenance(results, source, base), "",
+def readme_block(results: dict, source: str, base: str = ".", href: str | None = None) -> str:
+    lines = [START, "", provenance(results, source, base, href), "",
              "| measurement | result | goal | figures |", "|---|---|---|---|"]
     for g in goals(results):
         lines.append(f"| {_esc(g['label'])} | {g['shown']} | {g['goal_text']} | {_esc(g['detail'])} |")
@@ -84,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with open(args.results, encoding="utf-8") as f:
         results = json.load(f)
+    results_path = os.path.abspath(args.results)
     readme_dir = os.path.dirname(os.path.abspath(args.readme))
-    source = os.path.relpath(os.path.abspath(args.results), readme_dir)
+    # Shown relative to the tree both live in (the repository), linked relative to the document.
+    root = os.path.commonpath([results_path, readme_dir])
+    source = os.path.relpath(results_path, root)
+    href = os.path.relpath(results_path, readme_dir)
     with open(args.readme, encoding="utf-8") as f:
         text = f.read()
     try:
-        new = update_readme(text, readme_block(results, source, readme_dir))
+        new = update_readme(text, readme_block(results, source, root, href))
     except ValueError as exc:
         print(f"error: {args.readme}: {exc}", file=sys.stderr)
         return 2
