@@ -152,3 +152,15 @@ def odirect_ok(path: str) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def merged_ranges(offsets: list[int], length: int) -> list[tuple[int, int]]:
+    """Sorted (offset, length) ranges of equal-sized slots at offsets, adjacent ones merged: the
+    ranges a deallocation of those slots issues."""
+    out: list[list[int]] = []
+    for off in sorted(offsets):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1][1] += length
+        else:
+            out.append([off, length])
+    return [(o, n) for o, n in out]

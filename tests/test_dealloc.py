@@ -19,6 +19,7 @@ import pytest
 
 from conftest import _can_losetup
 from core_helpers import BLOCK, HEADER, MiB, SLOT, Obj, make_core, make_device, okey, payload
+from core_helpers import merged_ranges as merged
 
 FULL = SLOT - HEADER  # a payload that fills its slot: every block of the slot is allocated
 FORMATS = ["v1", "log"]
@@ -27,17 +28,6 @@ FORMATS = ["v1", "log"]
 def allocated(path: str) -> int:
     """Bytes the file system has allocated to path."""
     return os.stat(path).st_blocks * 512
-
-
-def merged(offsets: list[int], length: int) -> list[tuple[int, int]]:
-    """Sorted (offset, length) ranges of slots at offsets, adjacent ones merged."""
-    out: list[list[int]] = []
-    for off in sorted(offsets):
-        if out and out[-1][0] + out[-1][1] == off:
-            out[-1][1] += length
-        else:
-            out.append([off, length])
-    return [tuple(r) for r in out]
 
 
 def dealloc_status(core) -> dict:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import Obj, make_config, okey, payload
+from core_helpers import Obj, make_config, merged_ranges as merged, okey, payload
 from lmcache_rawblock.raw_block import RawBlockCore
 from lmcache_rawblock.waf import counters
 
@@ -99,17 +99,6 @@ def read_direct(path: str, offset: int, length: int) -> bytes:
         os.close(fd)
     assert got == length, f"short read at {offset}: {got} of {length}"
     return bytes(buf)
-
-
-def merged(offsets: list[int], length: int) -> list[tuple[int, int]]:
-    """Sorted (offset, length) ranges of equal-sized slots, adjacent ones merged."""
-    out: list[list[int]] = []
-    for off in sorted(offsets):
-        if out and out[-1][0] + out[-1][1] == off:
-            out[-1][1] += length
-        else:
-            out.append([off, length])
-    return [(o, n) for o, n in out]
 
 
 def deallocated_byte(dlfeat_read: int) -> int:
