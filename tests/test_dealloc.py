@@ -369,8 +369,10 @@ def test_free_slots_found_at_open_are_deallocated_at_the_first_checkpoint(tmp_pa
 
 
 def test_a_large_free_runs_in_batches_and_merges_adjacent_slots(tmp_path):
-    """More freed slots than one batch takes (8,192): every one is deallocated, adjacent ones as
-    one range per batch, scattered ones one range each."""
+    """More freed slots than one batch takes (8,192 slots in at most 256 ranges), and more
+    ranges than one checkpoint deallocates (4,096): the rest wait for the next checkpoints,
+    and in the end every slot is deallocated, adjacent ones merged, scattered ones one range
+    each."""
     n = 20_000
     path = make_device(tmp_path, size=META_PLUS(n + 16))
     core = make_core(path, meta_format="log", deallocate_freed="on", meta_total_bytes=1 * MiB)
@@ -386,6 +388,13 @@ def test_a_large_free_runs_in_batches_and_merges_adjacent_slots(tmp_path):
         assert all(core.delete_many([keys[i].encoded for i in gone]))
         core.checkpoint_now()
         st = dealloc_status(core)
+        assert st["dealloc_ranges"] <= 16 * 256 and st["dealloc_pending_slots"] > 0
+        calls = 1
+        while dealloc_status(core)["dealloc_pending_slots"] and calls < 10:
+            core.checkpoint_now()
+            calls += 1
+        st = dealloc_status(core)
+        assert calls > 1 and st["dealloc_pending_slots"] == 0
         assert st["dealloc_slots"] == len(gone) and st["dealloc_failures"] == 0
         log = core._native.take_dealloc_log()
         covered = sum(length for _, length in log)
@@ -396,5 +405,31 @@ def test_a_large_free_runs_in_batches_and_merges_adjacent_slots(tmp_path):
             assert all(off + j * SLOT in want for j in range(length // SLOT))
         assert len(log) == st["dealloc_ranges"] < len(gone)
         check_loads(core, keys[:64], {i for i in range(1, 64, 2)}, size=64)
+    finally:
+        core.close()
+
+
+def test_the_periodic_thread_works_off_a_backlog_between_its_checkpoints(tmp_path):
+    """More scattered freed slots than one call deallocates (4,096 ranges): the periodic thread
+    comes back for the rest at once, without an explicit checkpoint or a new delete."""
+    import time
+
+    n = 12_000
+    path = make_device(tmp_path, size=META_PLUS(n + 16))
+    core = make_core(path, meta_format="log", deallocate_freed="on", meta_total_bytes=1 * MiB,
+                     meta_enable_periodic=True, meta_checkpoint_interval_sec=3600)
+    try:
+        keys = [okey(i) for i in range(n)]
+        for lo in range(0, n, 2000):
+            assert all(core.put_many(keys[lo:lo + 2000], [Obj(payload(i, 64)) for i in range(lo, lo + 2000)]).results)
+        core.checkpoint_now()
+        gone = [keys[i].encoded for i in range(0, n, 2)]  # 6,000 ranges
+        assert all(core.delete_many(gone))
+        deadline = time.monotonic() + 60
+        while dealloc_status(core)["dealloc_slots"] < len(gone) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = dealloc_status(core)
+        assert st["dealloc_slots"] == len(gone) == st["dealloc_ranges"]
+        assert st["dealloc_pending_slots"] == 0
     finally:
         core.close()

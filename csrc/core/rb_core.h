@@ -212,8 +212,9 @@ void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
                          uint8_t *results);
 /* Freed slots waiting for their deallocation (rb_core_dealloc.c): pending says whether any
- * do; run deallocates them and returns them to use (blocking: no GIL; 0, or <0 when the device
- * call failed, which is counted and journaled: the slots are back in use either way).
+ * do; run deallocates them, up to 4,096 ranges a call, and returns them to use (blocking: no
+ * GIL; 0, or <0 when the device call failed, which is counted and journaled: the slots are back
+ * in use either way).
  * Checkpoints, compactions and close run it themselves; after delete_many (where format v1
  * makes slots reusable at once) the caller runs it when pending says so. */
 int rb_core_dealloc_pending(rb_core *c);

@@ -1330,12 +1330,20 @@ static void *ckpt_thread(void *arg)
         c->ml.bg_validate = 0;
     }
     pthread_mutex_lock(&c->thr_mu);
+    int backlog = 0; /* freed slots still wait for their deallocation: the next round soon */
     while (!c->thr_stop) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
-        while (!c->thr_stop && !c->thr_kick &&
-               pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
+        if (backlog) {
+            ts.tv_nsec += 10 * 1000 * 1000; /* 10 ms: another thread's run may hold the batch */
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+        } else {
+            ts.tv_sec += c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
+        }
+        while (!c->thr_stop && !c->thr_kick && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
             ;
         if (c->thr_stop)
             break;
@@ -1353,6 +1361,7 @@ static void *ckpt_thread(void *arg)
             rb_core_ml_compact(c, 0, &e);
             (void)rb_core_dealloc_run(c);
         }
+        backlog = rb_core_dealloc_pending(c);
         pthread_mutex_lock(&c->thr_mu);
     }
     pthread_mutex_unlock(&c->thr_mu);

@@ -35,6 +35,7 @@
  * the rest stay pending, where it can. */
 #define RB_DEALLOC_BATCH 8192u
 #define RB_DEALLOC_RANGES 256u
+#define RB_DEALLOC_RUN_BATCHES 16u /* per rb_core_dealloc_run call: 4,096 ranges */
 
 void rb_core_dealloc_init(rb_core *c)
 {
@@ -245,18 +246,24 @@ int rb_core_dealloc_pending(rb_core *c)
 
 int rb_core_dealloc_run(rb_core *c)
 {
-    /* A run in progress goes on until nothing is pending, this caller's slots included: a
-     * checkpoint does not wait for it. A run that ends checks once more after letting go, for
-     * slots that came after its last look. */
+    /* A run in progress goes on while slots are pending, this caller's included: a checkpoint
+     * does not wait for it. A run that ends looks once more after letting go, for slots that
+     * came after its last look. At most RB_DEALLOC_RUN_BATCHES batches a call: a backlog (a
+     * restart's free slots on a device with slow discards) is worked off over the periodic
+     * thread's next rounds, between its checkpoints, and what close leaves is deallocated after
+     * the next open. */
+    unsigned done = 0;
     for (;;) {
         if (pthread_mutex_trylock(&c->dl_mu) != 0)
             return 0;
-        int rc;
-        while ((rc = run_batch(c)) > 0)
-            ;
+        int rc = 0;
+        while (done < RB_DEALLOC_RUN_BATCHES && (rc = run_batch(c)) > 0)
+            done++;
         pthread_mutex_unlock(&c->dl_mu);
-        if (rc < 0 || !rb_core_dealloc_pending(c))
+        if (rc < 0)
             return rc;
+        if (done >= RB_DEALLOC_RUN_BATCHES || !rb_core_dealloc_pending(c))
+            return 0;
     }
 }
 
