@@ -44,3 +44,27 @@ def test_lazy_names_are_raw_block_api():
         assert "no_such_name" in str(e)
     else:
         raise AssertionError("an unknown attribute must raise AttributeError")
+
+
+def test_the_stub_names_everything_the_extension_has():
+    """_native.pyi declares every function of the module and every method of its two types (the
+    test and benchmark hooks included), and nothing the extension lacks."""
+    import ast
+    from pathlib import Path
+
+    from lmcache_rawblock import _native
+
+    tree = ast.parse((Path(_native.__file__).parent / "_native.pyi").read_text())
+
+    def declared(body) -> set[str]:
+        return {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+            t.id for n in body if isinstance(n, ast.AnnAssign) for t in [n.target] if isinstance(t, ast.Name)}
+
+    def public(obj) -> set[str]:
+        return {n for n in dir(obj) if not (n.startswith("__") and n.endswith("__"))}
+
+    assert public(_native) == declared(tree.body) - {"__version__"}
+    for cls in ("RawBlockDevice", "Core"):
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        got = {n for n in declared(node.body) if not (n.startswith("__") and n.endswith("__"))}
+        assert got == public(getattr(_native, cls)), cls

@@ -1937,8 +1937,8 @@ static PyMethodDef core_methods[] = {
      "fetch_fdp_status() -> [(placement_id, ruh_id), ...]: the FDP reclaim unit handles of the passthrough "
      "device."},
     {"nvme_info", core_nvme_info, METH_NOARGS,
-     "nvme_info() -> dict | None: namespace id, LBA shift and size, and bytes per NVMe command of a "
-     "passthrough core."},
+     "nvme_info() -> dict | None: namespace id, LBA shift and size, bytes per NVMe command and the "
+     "controller's Dataset Management limits of a passthrough core."},
     {"engine_state", core_engine_state, METH_NOARGS,
      "engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
     {"_inject_engine_fault", core_inject_engine_fault, METH_O,
