@@ -408,15 +408,8 @@ static void quarantine_advance_locked(rb_core *c);
 void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot)
 {
     unsigned g = (unsigned)(c->rd_gen & 1);
-    if (c->rd_npend[g] == c->rd_cap[g]) {
-        size_t nc = c->rd_cap[g] ? c->rd_cap[g] * 2 : 64;
-        uint32_t *np = realloc(c->rd_pend[g], nc * sizeof(uint32_t));
-        if (!np)
-            return; /* kept out of use (see rb_core_int.h) */
-        c->rd_pend[g] = np;
-        c->rd_cap[g] = nc;
-    }
-    c->rd_pend[g][c->rd_npend[g]++] = slot;
+    if (rb_slot_list_push(&c->rd_pend[g], &c->rd_npend[g], &c->rd_cap[g], slot) < 0)
+        return; /* kept out of use (see rb_core_int.h) */
     c->rd_quarantined++;
     /* Start a new generation now if the previous one has no readers left, so readers that
      * begin after this free do not hold the slot back. */
@@ -461,15 +454,8 @@ void rb_core_quarantine_reset_locked(rb_core *c)
 
 void rb_core_hold_slot_locked(rb_core *c, uint32_t slot)
 {
-    if (c->n_held == c->cap_held) {
-        size_t nc = c->cap_held ? c->cap_held * 2 : 64;
-        uint32_t *np = realloc(c->held, nc * sizeof(uint32_t));
-        if (!np)
-            return; /* kept out of use until the next recovery: never reused unsafely */
-        c->held = np;
-        c->cap_held = nc;
-    }
-    c->held[c->n_held++] = slot;
+    if (rb_slot_list_push(&c->held, &c->n_held, &c->cap_held, slot) < 0)
+        return; /* kept out of use until the next recovery: never reused unsafely */
     c->held_total++;
 }
 
@@ -883,16 +869,6 @@ static int reserve_room_locked(rb_core *c, const rb_put_item *it, size_t want, u
     }
 }
 
-/* A reservation's slot goes back to the allocator, or, past the end of a device that shrank
- * meanwhile, out of use. mu held. */
-static void slot_back_locked(rb_core *c, uint32_t slot)
-{
-    if (slot >= c->usable_slots)
-        c->retired_slots++;
-    else
-        rb_slots_release(&c->slots, slot);
-}
-
 /* Commit (ok) or roll back the reservation of item under mu. Returns the result (0 failed, 1
  * already indexed, 2 committed). A write that was in progress while a flush failed is rolled
  * back (its bytes may be among those the failed write-back lost), and so is one whose slot a
@@ -916,10 +892,10 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
     if (ok && !(r.flags & RB_ENT_CANCELED)) {
         if (rb_idx_find(&c->index, it->key, it->key_len, h) != UINT32_MAX) {
             /* A state applied meanwhile already holds this key: keep that entry. */
-            slot_back_locked(c, r.slot);
+            rb_core_slot_back_locked(c, r.slot);
             result = 1;
         } else if (rb_core_write_committed_locked(c, r.slot) < 0) {
-            slot_back_locked(c, r.slot);
+            rb_core_slot_back_locked(c, r.slot);
             PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         } else {
             uint32_t q = rb_idx_insert(&c->index, it->key, it->key_len, h, rb_ent_pos(&r), rb_ent_npos(&r));
@@ -936,12 +912,12 @@ static int commit_locked(rb_core *c, const rb_put_item *it, int ok, uint64_t sum
                     rb_core_ml_put_locked(c, e);
                 result = 2;
             } else {
-                slot_back_locked(c, r.slot);
+                rb_core_slot_back_locked(c, r.slot);
                 PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
             }
         }
     } else {
-        slot_back_locked(c, r.slot);
+        rb_core_slot_back_locked(c, r.slot);
         if (ok)
             PUT_FAIL(fail, RB_ERR_RUNTIME, ECANCELED, "the key was deleted while it was being written");
     }

@@ -60,25 +60,10 @@ void rb_core_dealloc_free(rb_core *c)
     c->dl_nlog = c->dl_caplog = 0;
 }
 
-/* Onto the pending list: 0, or -ENOMEM (the list cannot grow). mu held. */
-static int pend_push_locked(rb_core *c, uint32_t slot)
-{
-    if (c->dl_npend == c->dl_cap) {
-        size_t nc = c->dl_cap ? c->dl_cap * 2 : 256;
-        uint32_t *np = realloc(c->dl_pend, nc * sizeof(*np));
-        if (!np)
-            return -ENOMEM;
-        c->dl_pend = np;
-        c->dl_cap = nc;
-    }
-    c->dl_pend[c->dl_npend++] = slot;
-    return 0;
-}
-
 void rb_core_release_slot_locked(rb_core *c, uint32_t slot)
 {
     if (c->dl_on) {
-        if (pend_push_locked(c, slot) == 0)
+        if (rb_slot_list_push(&c->dl_pend, &c->dl_npend, &c->dl_cap, slot) == 0)
             return;
         c->dl_skipped++; /* out of memory: the slot is reused without its deallocation */
     }
@@ -189,7 +174,7 @@ static int run_batch(rb_core *c)
         k = RB_DEALLOC_RANGES;
         pthread_mutex_lock(&c->mu);
         for (size_t i = m; i < n; i++)
-            if (pend_push_locked(c, s[i]) < 0) {
+            if (rb_slot_list_push(&c->dl_pend, &c->dl_npend, &c->dl_cap, s[i]) < 0) {
                 rb_slots_release(&c->slots, s[i]); /* out of memory: reused undeallocated */
                 c->dl_skipped++;
             }
@@ -205,12 +190,8 @@ static int run_batch(rb_core *c)
     uint64_t dt = rb_now_ns() - t0;
 
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] >= c->usable_slots)
-            c->retired_slots++; /* past the end of a device that shrank meanwhile */
-        else
-            rb_slots_release(&c->slots, s[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        rb_core_slot_back_locked(c, s[i]);
     c->dl_inflight = 0;
     pthread_cond_broadcast(&c->dl_cv);
     c->dl_cmds += cmds;

@@ -5,8 +5,10 @@
 #ifndef RB_CORE_INT_H
 #define RB_CORE_INT_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #include "rb_ckpt.h"
 #include "rb_core.h"
@@ -316,6 +318,31 @@ void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot);
 #define RB_REF_C1 0x2u
 #define RB_REF_PEND 0x4u
 void rb_core_hold_slot_locked(rb_core *c, uint32_t slot);
+/* Append slot to a growable list of slots (*v, *n of *cap): 0, or -ENOMEM with the list as it
+ * was. The quarantine, the held lists and the deallocation list all grow this way. */
+static inline int rb_slot_list_push(uint32_t **v, size_t *n, size_t *cap, uint32_t slot)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        uint32_t *np = realloc(*v, nc * sizeof(*np));
+        if (!np)
+            return -ENOMEM;
+        *v = np;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = slot;
+    return 0;
+}
+/* A slot goes back to the allocator, or, past the end of a device that shrank meanwhile, out of
+ * use (retired_slots). mu held. */
+static inline void rb_core_slot_back_locked(rb_core *c, uint32_t slot)
+{
+    if (slot >= c->usable_slots)
+        c->retired_slots++;
+    else
+        rb_slots_release(&c->slots, slot);
+}
+
 /* ---- rb_core_dealloc.c: freed slots given back to the device ---------------------------- */
 
 /* Resolve the deallocate_freed setting against the opened device (c->dev). */

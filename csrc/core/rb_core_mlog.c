@@ -187,15 +187,8 @@ static void journal_lost_locked(rb_core *c)
 static void hold_for_base_locked(rb_core *c, uint32_t slot)
 {
     rb_mlw *m = &c->ml;
-    if (m->n_held_base == m->cap_held_base) {
-        size_t nc = m->cap_held_base ? m->cap_held_base * 2 : 64;
-        uint32_t *np = realloc(m->held_base, nc * sizeof(*np));
-        if (!np)
-            return; /* kept out of use until the next recovery: never reused unsafely */
-        m->held_base = np;
-        m->cap_held_base = nc;
-    }
-    m->held_base[m->n_held_base++] = slot;
+    /* out of memory: kept out of use until the next recovery, never reused unsafely */
+    (void)rb_slot_list_push(&m->held_base, &m->n_held_base, &m->cap_held_base, slot);
 }
 
 /* cls_disk[k]: class k's id in this generation (stable once given), and ML_CLS_LOGGED while
