@@ -510,6 +510,15 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
     return "\n".join(L) + "\n"
 
 
+def _save(plt, fig, out: str, name: str) -> str:
+    """Lay out, write and close one figure: its path."""
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], Optional[str]]:
     try:
         import matplotlib
@@ -537,11 +546,7 @@ def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], O
         ax.set_ylim(0.9, max(1.2, max(min(r["waf"], 3) for r in lev) + 0.05))
         ax.set_title("Simulated WAF per lever, 1 GiB reclaim units, 8 MiB chunks")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = os.path.join(out, "waf_per_lever.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        files.append(_save(plt, fig, out, "waf_per_lever.png"))
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
         for n in ("today", "dealloc", "evict_ahead", "evict_ahead+dealloc", "ru_groups+dealloc",
                   "separated:tp_worker", "second_hit"):
@@ -553,11 +558,7 @@ def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], O
         ax.set_ylabel("WAF")
         ax.set_title("WAF against utilisation, 1 GiB RUs, 8 MiB chunks")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = os.path.join(out, "waf_vs_utilisation.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        files.append(_save(plt, fig, out, "waf_vs_utilisation.png"))
     sw = [r for r in rows if r["part"] == "sweep"]
     if sw:
         show = [u for u in (0.95, 1.0) if u in utils] or utils[-1:]
@@ -582,11 +583,7 @@ def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], O
                 ax.set_ylabel("WAF")
                 ax.set_title(f"{_size(sb)} chunks, utilisation {util:.0%}")
                 ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = os.path.join(out, "waf_vs_ru_size.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        files.append(_save(plt, fig, out, "waf_vs_ru_size.png"))
     if val and val.get("dealloc"):
         fig, ax = plt.subplots(figsize=(6, 4.5))
         import math
@@ -605,11 +602,7 @@ def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], O
         ax.set_title("Deallocation validation: uniform random slot frees")
         ax.legend(fontsize=7)
         ax.set_ylim(1, max(6, math.ceil(max(x["waf"] for x in d + off))))
-        fig.tight_layout()
-        p = os.path.join(out, "dealloc_validation.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        files.append(_save(plt, fig, out, "dealloc_validation.png"))
     return files, None
 
 
