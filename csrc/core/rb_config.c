@@ -16,8 +16,8 @@
 static const char *const engines[] = {"posix", "io_uring", NULL};
 static const char *const namespaces[] = {"legacy", "object", NULL};
 /* LMCache's MP adapter policies first, then the three strategies of lmcache_rawblock/fdp.py. */
-static const char *const data_policies[] = {"none",   "cache_salt_prefix", "cache_salt_rank",
-                                            "tp_worker", "prompt",          "phase", NULL};
+static const char *const data_policies[] = {
+    "none", "cache_salt_prefix", "cache_salt_rank", "tp_worker", "prompt", "phase", NULL};
 static const char *const reuse_policies[] = {"none", "pid_affinity", NULL};
 static const char *const phases[] = {"auto", "prefill", "decode", NULL};
 static const char *const admissions[] = {"always", "second_hit", NULL};
@@ -172,8 +172,7 @@ int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_er
         return 0;
     case RB_SET_CHOICE:
         if (v >= nchoices(s))
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: no choice number %llu", s->name,
-                              (unsigned long long)v);
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: no choice number %llu", s->name, (unsigned long long)v);
         *(int *)member(cfg, s) = (int)v;
         return 0;
     case RB_SET_UINT:
@@ -197,8 +196,7 @@ int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text,
     switch (s->type) {
     case RB_SET_PATH:
         if (len == 0 || memchr(text, 0, len))
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be a non-empty path without NUL bytes",
-                              s->name);
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be a non-empty path without NUL bytes", s->name);
         *(const char **)member(cfg, s) = text;
         return 0;
     case RB_SET_MAGIC:
@@ -251,8 +249,7 @@ int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text,
     default:
         break;
     }
-    return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: cannot read %.*s", s->name, (int)(len > 64 ? 64 : len),
-                      text);
+    return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: cannot read %.*s", s->name, (int)(len > 64 ? 64 : len), text);
 }
 
 void rb_core_cfg_init(rb_core_cfg *cfg)
@@ -305,23 +302,20 @@ int rb_core_cfg_check(const rb_core_cfg *cfg, rb_err *err)
     int rc = check_ranges(cfg, err);
     if (rc < 0)
         return rc;
-    unsigned long long ba = cfg->block_align, hb = cfg->header_bytes, sb = cfg->slot_bytes,
-                       mt = cfg->meta_total_bytes;
+    unsigned long long ba = cfg->block_align, hb = cfg->header_bytes, sb = cfg->slot_bytes, mt = cfg->meta_total_bytes;
     if (hb % ba)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "header_bytes must be a multiple of block_align (header_bytes=%llu, block_align=%llu)",
-                          hb, ba);
+                          "header_bytes must be a multiple of block_align (header_bytes=%llu, block_align=%llu)", hb,
+                          ba);
     if (sb < hb + 1)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                           "slot_bytes must be >= header_bytes + 1 (slot_bytes=%llu, header_bytes=%llu)", sb, hb);
     if (sb % ba)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "slot_bytes must be a multiple of block_align (slot_bytes=%llu, block_align=%llu)", sb,
-                          ba);
+                          "slot_bytes must be a multiple of block_align (slot_bytes=%llu, block_align=%llu)", sb, ba);
     if (mt <= ba)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "meta_total_bytes must be > block_align (meta_total_bytes=%llu, block_align=%llu)", mt,
-                          ba);
+                          "meta_total_bytes must be > block_align (meta_total_bytes=%llu, block_align=%llu)", mt, ba);
     if (mt % ba)
         return rb_err_set(
             err, RB_ERR_VALUE, EINVAL,
@@ -339,7 +333,6 @@ int rb_core_cfg_check(const rb_core_cfg *cfg, rb_err *err)
                           "meta_checkpoint_placement_id requires io_engine='io_uring' and use_uring_cmd=true");
     if (cfg->verify_payload_checksum && hb < RB_SUM_END)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "verify_payload_checksum requires header_bytes >= %d (header_bytes=%llu)",
-                          RB_SUM_END, hb);
+                          "verify_payload_checksum requires header_bytes >= %d (header_bytes=%llu)", RB_SUM_END, hb);
     return 0;
 }

@@ -19,11 +19,11 @@
 #include "rb_err.h"
 
 enum rb_setting_type {
-    RB_SET_PATH,   /* const char *, non-empty */
-    RB_SET_UINT,   /* uint64_t or uint32_t member (size says which), min..max */
-    RB_SET_BOOL,   /* int member, 0 or 1 */
-    RB_SET_CHOICE, /* int member: index into choices */
-    RB_SET_MAGIC,  /* uint8_t[8] member: exactly 8 ASCII bytes */
+    RB_SET_PATH,    /* const char *, non-empty */
+    RB_SET_UINT,    /* uint64_t or uint32_t member (size says which), min..max */
+    RB_SET_BOOL,    /* int member, 0 or 1 */
+    RB_SET_CHOICE,  /* int member: index into choices */
+    RB_SET_MAGIC,   /* uint8_t[8] member: exactly 8 ASCII bytes */
     RB_SET_ID_LIST, /* RB_SET_POLICY only: a list of distinct integers in min..max */
 };
 
@@ -50,14 +50,14 @@ enum rb_setting_type {
 
 typedef struct rb_setting {
     const char *name;
-    int type;           /* enum rb_setting_type */
-    size_t offset;      /* of the member in rb_core_cfg */
-    size_t size;        /* of the member, bytes */
-    uint64_t min, max;  /* RB_SET_UINT: the range the core accepts, inclusive */
-    const char *deflt;  /* default as text (what rust_raw_block.<name> defaults to); NULL: none
+    int type;                   /* enum rb_setting_type */
+    size_t offset;              /* of the member in rb_core_cfg */
+    size_t size;                /* of the member, bytes */
+    uint64_t min, max;          /* RB_SET_UINT: the range the core accepts, inclusive */
+    const char *deflt;          /* default as text (what rust_raw_block.<name> defaults to); NULL: none
                          * (RB_SET_POLICY: unset, the entry point decides) */
     const char *const *choices; /* RB_SET_CHOICE: NULL-terminated */
-    unsigned flags;     /* RB_SET_LMCACHE, ... */
+    unsigned flags;             /* RB_SET_LMCACHE, ... */
     const char *help;
 } rb_setting;
 

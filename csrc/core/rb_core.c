@@ -67,8 +67,8 @@ out:
     return rc;
 }
 
-int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
-                      size_t total_len, int data, rb_err *err)
+int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len, size_t total_len,
+                      int data, rb_err *err)
 {
     return dev_xfer(c, 1, off, (void *)buf, buf_len, payload_len, total_len, data, NULL, 0, err);
 }
@@ -306,11 +306,10 @@ static int class_is(const rb_class *k, const rb_meta_in *m)
 {
     if (k->ndim != m->ndim || (m->ndim > 0 && memcmp(k->dims, m->dims, (size_t)m->ndim * sizeof(int64_t)) != 0))
         return 0;
-    if (!k->dtype != !m->dtype || (m->dtype && (strlen(k->dtype) != m->dtype_len ||
-                                                 memcmp(k->dtype, m->dtype, m->dtype_len) != 0)))
+    if (!k->dtype != !m->dtype ||
+        (m->dtype && (strlen(k->dtype) != m->dtype_len || memcmp(k->dtype, m->dtype, m->dtype_len) != 0)))
         return 0;
-    return !k->fmt == !m->fmt &&
-           (!m->fmt || (strlen(k->fmt) == m->fmt_len && memcmp(k->fmt, m->fmt, m->fmt_len) == 0));
+    return !k->fmt == !m->fmt && (!m->fmt || (strlen(k->fmt) == m->fmt_len && memcmp(k->fmt, m->fmt, m->fmt_len) == 0));
 }
 
 uint32_t rb_core_intern_class(rb_core *c, const rb_meta_in *m)
@@ -755,10 +754,10 @@ static void io_end_locked(rb_core *c, uint64_t n)
 }
 
 /* The first failure of a put_many call, for its caller (kept when one is already there). */
-#define PUT_FAIL(fail, ...)                                                                        \
-    do {                                                                                           \
-        if ((fail) && (fail)->kind == RB_ERR_NONE)                                                 \
-            rb_err_set((fail), __VA_ARGS__);                                                       \
+#define PUT_FAIL(fail, ...)                                                                                            \
+    do {                                                                                                               \
+        if ((fail) && (fail)->kind == RB_ERR_NONE)                                                                     \
+            rb_err_set((fail), __VA_ARGS__);                                                                           \
     } while (0)
 
 /* Reserve a slot for item under mu. Returns 1 (already indexed: result True), 0 (failed:
@@ -973,7 +972,7 @@ static int write_slot(rb_core *c, const rb_put_item *it, uint32_t slot, uint8_t 
 #define RB_PUT_CHUNK 64
 
 typedef struct put_scratch {
-    uint8_t *hdrs; /* RB_PUT_CHUNK aligned header blocks */
+    uint8_t *hdrs;                /* RB_PUT_CHUNK aligned header blocks */
     rb_uop ops[2 * RB_PUT_CHUNK]; /* payloads, then headers */
     uint32_t plan[RB_PUT_CHUNK];
     uint32_t slot[RB_PUT_CHUNK];
@@ -1246,8 +1245,8 @@ static inline void erase_read(const rb_core *c, rb_load_item *it, uint64_t size)
 /* The verdict on a slot header read for a record (see above): want is the identity the key's
  * header must carry (want_ok 0: the key has none, so no header is its). payload: also check it
  * against the header's checksum record (records not yet verified), else NULL. */
-static int judge_slot(uint64_t want, int want_ok, uint64_t size, int rec_has_sum, uint64_t rec_sum,
-                      const uint8_t *hdr, size_t hdr_len, const uint8_t *payload, uint64_t *sum_fail)
+static int judge_slot(uint64_t want, int want_ok, uint64_t size, int rec_has_sum, uint64_t rec_sum, const uint8_t *hdr,
+                      size_t hdr_len, const uint8_t *payload, uint64_t *sum_fail)
 {
     uint64_t ident, len, sum;
     int has_sum;
@@ -1282,11 +1281,11 @@ struct load_run {
     rb_load_item *items;
     struct load_snap *s;
     size_t n, n_found, n_unv;
-    int no_check;    /* the benchmark hook: verified records are not judged */
-    int uring;       /* reads go through the io_uring batch (else posix, one at a time) */
-    size_t hl;       /* bytes of one header read */
-    rb_uop *ops;     /* io_uring: the batch, nops used */
-    uint8_t *hdrs;   /* header buffers: io_uring one per found key (hl each), posix one */
+    int no_check;  /* the benchmark hook: verified records are not judged */
+    int uring;     /* reads go through the io_uring batch (else posix, one at a time) */
+    size_t hl;     /* bytes of one header read */
+    rb_uop *ops;   /* io_uring: the batch, nops used */
+    uint8_t *hdrs; /* header buffers: io_uring one per found key (hl each), posix one */
     size_t nops, nhdr;
     uint64_t sum_fail; /* payload checksum failures seen */
     size_t n_sumbad;   /* keys failed by verify_payload_checksum */
@@ -1314,8 +1313,8 @@ static void load_snapshot_locked(struct load_run *r)
     rb_load_item *items = r->items;
     struct load_snap *s = r->s;
     for (size_t i = 0; i < r->n; i++) {
-        uint32_t p = rb_idx_find(&c->index, items[i].key, items[i].key_len,
-                                 rb_idx_hash(items[i].key, items[i].key_len));
+        uint32_t p =
+            rb_idx_find(&c->index, items[i].key, items[i].key_len, rb_idx_hash(items[i].key, items[i].key_len));
         if (p == UINT32_MAX) {
             s[i].slot = RB_SLOT_NONE;
             continue;
@@ -1389,8 +1388,8 @@ static int load_item_readable(const struct load_snap *sn, rb_load_item *it)
     }
     size_t len = sn->size;
     if (it->buf_len < len) {
-        it->status = rb_err_set(&it->err, RB_ERR_VALUE, EINVAL, "output buffer too small: cap=%zu need=%zu",
-                                it->buf_len, len);
+        it->status =
+            rb_err_set(&it->err, RB_ERR_VALUE, EINVAL, "output buffer too small: cap=%zu need=%zu", it->buf_len, len);
         return 0;
     }
     return 1;
@@ -1484,8 +1483,8 @@ static void load_read_posix(struct load_run *r, rb_load_item *it, struct load_sn
     size_t len = sn->size;
     size_t blen = c->cfg.enable_zero_copy ? it->buf_len : len;
     uint64_t off = rb_slot_offset(c, sn->slot) + c->cfg.header_bytes;
-    int rc = rb_core_dev_read_headed(c, off, r->hdrs, sn->judged ? r->hl : 0, it->buf, blen, len,
-                                     rb_xfer_len(c, len), &it->err);
+    int rc = rb_core_dev_read_headed(c, off, r->hdrs, sn->judged ? r->hl : 0, it->buf, blen, len, rb_xfer_len(c, len),
+                                     &it->err);
     if (rc < 0) {
         it->status = rc;
         r->n_failed++;
@@ -1591,8 +1590,8 @@ static void load_check_sums(struct load_run *r)
 
 /* c->mu held: apply one judged key's verdict to its record, unless the record changed since
  * the snapshot (deleted, re-put on another slot). Counts what it removes from the index. */
-static void load_settle_one_locked(rb_core *c, const rb_load_item *it, const struct load_snap *sn,
-                                   uint64_t *dropped, uint64_t *unv_dropped, uint64_t *sum_dropped)
+static void load_settle_one_locked(rb_core *c, const rb_load_item *it, const struct load_snap *sn, uint64_t *dropped,
+                                   uint64_t *unv_dropped, uint64_t *sum_dropped)
 {
     uint32_t p = rb_idx_find(&c->index, it->key, it->key_len, rb_idx_hash(it->key, it->key_len));
     if (p == UINT32_MAX)
@@ -1723,8 +1722,7 @@ static uint32_t *batch_hashes(const char *const *keys, const size_t *lens, size_
     return h;
 }
 
-void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
-                         uint8_t *results)
+void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock, uint8_t *results)
 {
     uint32_t stack[HASH_STACK];
     uint32_t *hs = batch_hashes(keys, lens, n, stack);
@@ -1770,8 +1768,7 @@ static void fill_meta_locked(rb_core *c, const rb_ent *e, rb_meta_out *o)
     }
 }
 
-void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n,
-                               rb_meta_out *out)
+void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, rb_meta_out *out)
 {
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
@@ -1815,8 +1812,7 @@ void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens
     pthread_mutex_unlock(&c->mu);
 }
 
-void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
-                         uint8_t *results)
+void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force, uint8_t *results)
 {
     uint32_t stack[HASH_STACK];
     uint32_t *hs = batch_hashes(keys, lens, n, stack);

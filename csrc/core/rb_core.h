@@ -37,17 +37,17 @@ typedef struct rb_core_cfg {
     uint32_t meta_idle_quiet_ms;
     int meta_enable_periodic, meta_verify_on_load, load_checkpoint_on_init;
     uint64_t max_data_transfer_size; /* 0 = derive (passthrough only) */
-    int io_engine; /* enum rb_engine_kind */
+    int io_engine;                   /* enum rb_engine_kind */
     uint32_t iouring_queue_depth;
     int use_uring_cmd;
     uint32_t meta_checkpoint_placement_id; /* 0 = none */
     int fdp_slot_affinity_enabled;
     int verify_payload_checksum;
-    int allow_foreign_device; /* 0: refuse a device with a file system, RAID/LVM member or partition table */
+    int allow_foreign_device;       /* 0: refuse a device with a file system, RAID/LVM member or partition table */
     uint32_t recovery_read_threads; /* posix header readers, >= 1 */
-    int key_namespace; /* enum rb_key_namespace */
-    int meta_format;   /* enum rb_meta_format: what checkpoints write */
-    int deallocate_freed; /* enum rb_dealloc_mode: give freed slots back to the device */
+    int key_namespace;              /* enum rb_key_namespace */
+    int meta_format;                /* enum rb_meta_format: what checkpoints write */
+    int deallocate_freed;           /* enum rb_dealloc_mode: give freed slots back to the device */
 } rb_core_cfg;
 
 /* When freed slots are deallocated (rb_core_dealloc.c). */
@@ -110,24 +110,24 @@ typedef struct rb_meta_out {
 
 /* What recovery at open did with the checkpoint containers. */
 enum rb_recovery_outcome {
-    RB_REC_BLANK = 0,    /* no checkpoint of ours on the device */
-    RB_REC_SKIPPED,      /* load_on_init off */
-    RB_REC_LOADED,       /* the newest checkpoint was loaded */
-    RB_REC_FALLBACK,     /* the newest was unreadable; the older one was loaded */
-    RB_REC_REJECTED,     /* a readable checkpoint failed the layout checks; started empty */
-    RB_REC_UNREADABLE,   /* the device had a checkpoint but none could be read; started empty */
+    RB_REC_BLANK = 0,  /* no checkpoint of ours on the device */
+    RB_REC_SKIPPED,    /* load_on_init off */
+    RB_REC_LOADED,     /* the newest checkpoint was loaded */
+    RB_REC_FALLBACK,   /* the newest was unreadable; the older one was loaded */
+    RB_REC_REJECTED,   /* a readable checkpoint failed the layout checks; started empty */
+    RB_REC_UNREADABLE, /* the device had a checkpoint but none could be read; started empty */
 };
 
 /* One I/O fault the core met (a failed device write, read or flush), kept until it is closed. */
 #define RB_FAULTS_KEPT 8
 #define RB_ERRNO_SLOTS 134 /* per-errno counts for errno 1..133; slot 0 counts any other */
 typedef struct rb_fault {
-    uint64_t seq;     /* 1 = the first fault since open */
-    int64_t time_ns;  /* wall clock (CLOCK_REALTIME) */
-    uint64_t offset;  /* device offset of the transfer; UINT64_MAX for a flush */
+    uint64_t seq;    /* 1 = the first fault since open */
+    int64_t time_ns; /* wall clock (CLOCK_REALTIME) */
+    uint64_t offset; /* device offset of the transfer; UINT64_MAX for a flush */
     int errnum;
-    char op[16];      /* "write", "read", "flush" */
-    char text[320];   /* the whole story: operation, offset, path, errno name and text */
+    char op[16];    /* "write", "read", "flush" */
+    char text[320]; /* the whole story: operation, offset, path, errno name and text */
 } rb_fault;
 
 typedef struct rb_core_status {
@@ -142,7 +142,7 @@ typedef struct rb_core_status {
     int recovery_outcome; /* enum rb_recovery_outcome */
     uint64_t recovery_seq, recovery_rejected_seq;
     uint64_t recovery_ns, recovery_read_ns; /* open's recovery, and of it the log format's region read */
-    int64_t recovery_lost; /* -1 unknown */
+    int64_t recovery_lost;                  /* -1 unknown */
     uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes, skipped;
     /* Trust: slot headers refused at load, write-back failures and the entries they dropped,
      * device shrink, and the fault journal (newest last in faults[0..n_faults_kept)). */
@@ -171,9 +171,9 @@ typedef struct rb_core_status {
 } rb_core_status;
 
 typedef struct rb_close_result {
-    int repeat;          /* this was not the first close */
-    int final_written;   /* the final checkpoint was written */
-    int ckpt_failed;     /* the final checkpoint raised */
+    int repeat;        /* this was not the first close */
+    int final_written; /* the final checkpoint was written */
+    int ckpt_failed;   /* the final checkpoint raised */
     int dev_close_failed;
     rb_err ckpt_err, dev_err;
 } rb_close_result;
@@ -200,11 +200,9 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
  * read of the call has ended and the in-flight I/O count is back when this returns.
  * -ESHUTDOWN with RuntimeError text after close. */
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err);
-void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
-                         uint8_t *results);
+void rb_core_exists_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock, uint8_t *results);
 int rb_core_exists_inflight(rb_core *c, const char *key, size_t len);
-void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n,
-                               rb_meta_out *out);
+void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, rb_meta_out *out);
 /* Returns the length of the prefix of hits (out[0..ret) filled). skip may be NULL. */
 size_t rb_core_get_metadata_prefix(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
                                    const uint8_t *skip, rb_meta_out *out);

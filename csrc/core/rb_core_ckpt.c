@@ -14,7 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 /* ---- writer ---------------------------------------------------------------------------- */
 
 static int encode_state_locked(rb_core *c, rb_buf *b)
@@ -99,8 +98,14 @@ int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *
 {
     if (!rb_core_uses_uring(c))
         return rb_core_dev_write(c, off, buf, len, len, len, 0, err);
-    rb_uop o = {.off = off, .buf = buf, .buf_len = len, .payload_len = len, .total_len = len,
-                .copy_len = (size_t)-1, .write = 1, .pid = (uint16_t)c->cfg.meta_checkpoint_placement_id};
+    rb_uop o = {.off = off,
+                .buf = buf,
+                .buf_len = len,
+                .payload_len = len,
+                .total_len = len,
+                .copy_len = (size_t)-1,
+                .write = 1,
+                .pid = (uint16_t)c->cfg.meta_checkpoint_placement_id};
     int rc = rb_core_uring_ops(c, &o, 1, 0, 0, err);
     if (rc == 0 && o.rc < 0) {
         *err = o.err;
@@ -205,8 +210,7 @@ int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
     if (room_n)
         return !c->closed && rb_core_room_needed_locked(c, room_n);
     int dirty = c->dirty_total > c->persisted;
-    int idle = c->inflight_io == 0 &&
-               rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
+    int idle = c->inflight_io == 0 && rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
     return dirty && (force || idle);
 }
 
@@ -250,9 +254,8 @@ int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target
     }
     pthread_mutex_unlock(&c->mu);
     if (b.len > c->payload_cap) {
-        rc = rb_err_set(err, RB_ERR_RUNTIME, EFBIG,
-                        "metadata payload too large (%zu > %llu), checkpoint not written", b.len,
-                        (unsigned long long)c->payload_cap);
+        rc = rb_err_set(err, RB_ERR_RUNTIME, EFBIG, "metadata payload too large (%zu > %llu), checkpoint not written",
+                        b.len, (unsigned long long)c->payload_cap);
         pthread_mutex_lock(&c->mu);
         c->ckpt_too_large++;
         pthread_mutex_unlock(&c->mu);
@@ -330,7 +333,6 @@ out:
     rb_buf_free(&b);
     return rc;
 }
-
 
 static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
 {
@@ -768,9 +770,8 @@ static int check_top(rb_core *c, const top_view *t, int64_t *next_slot, rb_err *
             return 0;
         }
     }
-    if (t->str_st[RB_FTOP_META_MAGIC] &&
-        (t->str_st[RB_FTOP_META_MAGIC] != 1 || t->str_len[RB_FTOP_META_MAGIC] != 8 ||
-         memcmp(t->str[RB_FTOP_META_MAGIC], c->cfg.meta_magic, 8) != 0)) {
+    if (t->str_st[RB_FTOP_META_MAGIC] && (t->str_st[RB_FTOP_META_MAGIC] != 1 || t->str_len[RB_FTOP_META_MAGIC] != 8 ||
+                                          memcmp(t->str[RB_FTOP_META_MAGIC], c->cfg.meta_magic, 8) != 0)) {
         rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_magic mismatch; ignoring metadata");
         return 0;
     }
@@ -951,9 +952,8 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
     uint64_t loaded = 0, skipped = 0;
     int oom = 0;
     if (bad_entries) /* an "entries" that is not an object: whatever it held is lost */
-        skipped += json_object_get_type(entries_raw) == json_type_array
-                       ? (uint64_t)json_object_array_length(entries_raw)
-                       : 1;
+        skipped +=
+            json_object_get_type(entries_raw) == json_type_array ? (uint64_t)json_object_array_length(entries_raw) : 1;
     if (entries) {
         json_object_object_foreach(entries, key, val)
         {
@@ -972,10 +972,9 @@ static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
             }
             uint64_t sum = 0;
             int has_sum = json_object_object_get_ex(val, RB_ENT_SUM_FIELD, &fo);
-            if (has_sum && (json_object_get_type(fo) != json_type_string ||
-                            rb_sum_parse_hex(json_object_get_string(fo), (size_t)json_object_get_string_len(fo),
-                                             &sum) < 0))
-            {
+            if (has_sum &&
+                (json_object_get_type(fo) != json_type_string ||
+                 rb_sum_parse_hex(json_object_get_string(fo), (size_t)json_object_get_string_len(fo), &sum) < 0)) {
                 skipped++;
                 continue; /* a checksum we cannot read: the entry cannot be trusted */
             }
@@ -1222,7 +1221,7 @@ static int recover_v1(rb_core *c, rb_err *err)
         order[0] = 1;
         order[1] = 0;
     }
-    int bad = -1;              /* newer container that could not be read */
+    int bad = -1; /* newer container that could not be read */
     char bad_why[96] = "";
     uint8_t *bad_payload = NULL; /* its bytes, when they could be read (CRC mismatch) */
     int rc = 0;
@@ -1290,8 +1289,7 @@ static int recover_v1(rb_core *c, rb_err *err)
         c->rec_lost = damaged[bad] ? -1 : count_lost(c, bad_payload, h[bad].payload_len);
         char lost[96];
         if (c->rec_lost >= 0)
-            snprintf(lost, sizeof lost, "%lld entries it listed are not in the older one",
-                     (long long)c->rec_lost);
+            snprintf(lost, sizeof lost, "%lld entries it listed are not in the older one", (long long)c->rec_lost);
         else
             snprintf(lost, sizeof lost, "entries written between the two checkpoints are lost");
         char bad_seq[32] = "seq unknown";

@@ -311,10 +311,9 @@ static int document(fj *j)
     return j->p == j->end;
 }
 
-const char *const rb_ftop_names[RB_FTOP_N] = {"version",          "device_path", "capacity_bytes", "block_align",
-                                              "header_bytes",     "slot_bytes",  "meta_total_bytes",
-                                              "meta_magic",       "meta_version", "data_base_offset",
-                                              "next_slot",        "entries"};
+const char *const rb_ftop_names[RB_FTOP_N] = {"version",      "device_path",      "capacity_bytes",   "block_align",
+                                              "header_bytes", "slot_bytes",       "meta_total_bytes", "meta_magic",
+                                              "meta_version", "data_base_offset", "next_slot",        "entries"};
 
 int rb_fstate_parse(const char *buf, size_t len, rb_fstate *st)
 {

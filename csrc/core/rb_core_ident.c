@@ -51,29 +51,29 @@ static void compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int la
     v[12] ^= t; /* low word of the byte counter; inputs here never exceed 2^64 bytes */
     if (last)
         v[14] = ~v[14];
-#define G(a, b, c, d, x, y)                                                                        \
-    do {                                                                                           \
-        v[a] = v[a] + v[b] + (x);                                                                  \
-        v[d] = rotr64(v[d] ^ v[a], 32);                                                            \
-        v[c] = v[c] + v[d];                                                                        \
-        v[b] = rotr64(v[b] ^ v[c], 24);                                                            \
-        v[a] = v[a] + v[b] + (y);                                                                  \
-        v[d] = rotr64(v[d] ^ v[a], 16);                                                            \
-        v[c] = v[c] + v[d];                                                                        \
-        v[b] = rotr64(v[b] ^ v[c], 63);                                                            \
+#define G(a, b, c, d, x, y)                                                                                            \
+    do {                                                                                                               \
+        v[a] = v[a] + v[b] + (x);                                                                                      \
+        v[d] = rotr64(v[d] ^ v[a], 32);                                                                                \
+        v[c] = v[c] + v[d];                                                                                            \
+        v[b] = rotr64(v[b] ^ v[c], 24);                                                                                \
+        v[a] = v[a] + v[b] + (y);                                                                                      \
+        v[d] = rotr64(v[d] ^ v[a], 16);                                                                                \
+        v[c] = v[c] + v[d];                                                                                            \
+        v[b] = rotr64(v[b] ^ v[c], 63);                                                                                \
     } while (0)
-    /* Rounds written out with constant schedule indices, so the message words and v[] stay in
+        /* Rounds written out with constant schedule indices, so the message words and v[] stay in
      * registers (the rolled loop cost ~0.4 us per key, 30% of a page-cache header check). */
-#define ROUND(r)                                                                                   \
-    do {                                                                                           \
-        G(0, 4, 8, 12, m[sigma[r][0]], m[sigma[r][1]]);                                            \
-        G(1, 5, 9, 13, m[sigma[r][2]], m[sigma[r][3]]);                                            \
-        G(2, 6, 10, 14, m[sigma[r][4]], m[sigma[r][5]]);                                           \
-        G(3, 7, 11, 15, m[sigma[r][6]], m[sigma[r][7]]);                                           \
-        G(0, 5, 10, 15, m[sigma[r][8]], m[sigma[r][9]]);                                           \
-        G(1, 6, 11, 12, m[sigma[r][10]], m[sigma[r][11]]);                                         \
-        G(2, 7, 8, 13, m[sigma[r][12]], m[sigma[r][13]]);                                          \
-        G(3, 4, 9, 14, m[sigma[r][14]], m[sigma[r][15]]);                                          \
+#define ROUND(r)                                                                                                       \
+    do {                                                                                                               \
+        G(0, 4, 8, 12, m[sigma[r][0]], m[sigma[r][1]]);                                                                \
+        G(1, 5, 9, 13, m[sigma[r][2]], m[sigma[r][3]]);                                                                \
+        G(2, 6, 10, 14, m[sigma[r][4]], m[sigma[r][5]]);                                                               \
+        G(3, 7, 11, 15, m[sigma[r][6]], m[sigma[r][7]]);                                                               \
+        G(0, 5, 10, 15, m[sigma[r][8]], m[sigma[r][9]]);                                                               \
+        G(1, 6, 11, 12, m[sigma[r][10]], m[sigma[r][11]]);                                                             \
+        G(2, 7, 8, 13, m[sigma[r][12]], m[sigma[r][13]]);                                                              \
+        G(3, 4, 9, 14, m[sigma[r][14]], m[sigma[r][15]]);                                                              \
     } while (0)
     ROUND(0);
     ROUND(1);
@@ -151,10 +151,10 @@ __attribute__((target("avx2"))) static void blake2b64_x4(const uint8_t *const ms
     __m256i m[16];
     for (int i = 0; i < 16; i++)
         m[i] = _mm256_load_si256((const __m256i *)mw[i]);
-    const __m256i rot24 = _mm256_setr_epi8(3, 4, 5, 6, 7, 0, 1, 2, 11, 12, 13, 14, 15, 8, 9, 10, 3, 4, 5, 6, 7, 0,
-                                           1, 2, 11, 12, 13, 14, 15, 8, 9, 10);
-    const __m256i rot16 = _mm256_setr_epi8(2, 3, 4, 5, 6, 7, 0, 1, 10, 11, 12, 13, 14, 15, 8, 9, 2, 3, 4, 5, 6, 7,
-                                           0, 1, 10, 11, 12, 13, 14, 15, 8, 9);
+    const __m256i rot24 = _mm256_setr_epi8(3, 4, 5, 6, 7, 0, 1, 2, 11, 12, 13, 14, 15, 8, 9, 10, 3, 4, 5, 6, 7, 0, 1, 2,
+                                           11, 12, 13, 14, 15, 8, 9, 10);
+    const __m256i rot16 = _mm256_setr_epi8(2, 3, 4, 5, 6, 7, 0, 1, 10, 11, 12, 13, 14, 15, 8, 9, 2, 3, 4, 5, 6, 7, 0, 1,
+                                           10, 11, 12, 13, 14, 15, 8, 9);
     const uint64_t h0 = blake2b_iv[0] ^ 0x01010000ULL ^ 8u; /* digest length 8, no key */
     __m256i v[16];
     v[0] = _mm256_set1_epi64x((long long)h0);
@@ -162,33 +162,33 @@ __attribute__((target("avx2"))) static void blake2b64_x4(const uint8_t *const ms
         v[i] = _mm256_set1_epi64x((long long)blake2b_iv[i]);
     for (int i = 8; i < 16; i++)
         v[i] = _mm256_set1_epi64x((long long)blake2b_iv[i - 8]);
-    v[12] = _mm256_xor_si256(v[12], _mm256_setr_epi64x((long long)len[0], (long long)len[1], (long long)len[2],
-                                                       (long long)len[3]));
+    v[12] = _mm256_xor_si256(
+        v[12], _mm256_setr_epi64x((long long)len[0], (long long)len[1], (long long)len[2], (long long)len[3]));
     v[14] = _mm256_xor_si256(v[14], _mm256_set1_epi64x(-1)); /* the last block */
 #define ADD(x, y) _mm256_add_epi64(x, y)
 #define XOR(x, y) _mm256_xor_si256(x, y)
-#define G4(a, b, c, d, x, y)                                                                       \
-    do {                                                                                           \
-        v[a] = ADD(ADD(v[a], v[b]), x);                                                            \
-        v[d] = _mm256_shuffle_epi32(XOR(v[d], v[a]), _MM_SHUFFLE(2, 3, 0, 1));                     \
-        v[c] = ADD(v[c], v[d]);                                                                    \
-        v[b] = _mm256_shuffle_epi8(XOR(v[b], v[c]), rot24);                                        \
-        v[a] = ADD(ADD(v[a], v[b]), y);                                                            \
-        v[d] = _mm256_shuffle_epi8(XOR(v[d], v[a]), rot16);                                        \
-        v[c] = ADD(v[c], v[d]);                                                                    \
-        v[b] = XOR(v[b], v[c]);                                                                    \
-        v[b] = _mm256_or_si256(_mm256_srli_epi64(v[b], 63), ADD(v[b], v[b]));                      \
+#define G4(a, b, c, d, x, y)                                                                                           \
+    do {                                                                                                               \
+        v[a] = ADD(ADD(v[a], v[b]), x);                                                                                \
+        v[d] = _mm256_shuffle_epi32(XOR(v[d], v[a]), _MM_SHUFFLE(2, 3, 0, 1));                                         \
+        v[c] = ADD(v[c], v[d]);                                                                                        \
+        v[b] = _mm256_shuffle_epi8(XOR(v[b], v[c]), rot24);                                                            \
+        v[a] = ADD(ADD(v[a], v[b]), y);                                                                                \
+        v[d] = _mm256_shuffle_epi8(XOR(v[d], v[a]), rot16);                                                            \
+        v[c] = ADD(v[c], v[d]);                                                                                        \
+        v[b] = XOR(v[b], v[c]);                                                                                        \
+        v[b] = _mm256_or_si256(_mm256_srli_epi64(v[b], 63), ADD(v[b], v[b]));                                          \
     } while (0)
-#define ROUND4(r)                                                                                  \
-    do {                                                                                           \
-        G4(0, 4, 8, 12, m[sigma[r][0]], m[sigma[r][1]]);                                           \
-        G4(1, 5, 9, 13, m[sigma[r][2]], m[sigma[r][3]]);                                           \
-        G4(2, 6, 10, 14, m[sigma[r][4]], m[sigma[r][5]]);                                          \
-        G4(3, 7, 11, 15, m[sigma[r][6]], m[sigma[r][7]]);                                          \
-        G4(0, 5, 10, 15, m[sigma[r][8]], m[sigma[r][9]]);                                          \
-        G4(1, 6, 11, 12, m[sigma[r][10]], m[sigma[r][11]]);                                        \
-        G4(2, 7, 8, 13, m[sigma[r][12]], m[sigma[r][13]]);                                         \
-        G4(3, 4, 9, 14, m[sigma[r][14]], m[sigma[r][15]]);                                         \
+#define ROUND4(r)                                                                                                      \
+    do {                                                                                                               \
+        G4(0, 4, 8, 12, m[sigma[r][0]], m[sigma[r][1]]);                                                               \
+        G4(1, 5, 9, 13, m[sigma[r][2]], m[sigma[r][3]]);                                                               \
+        G4(2, 6, 10, 14, m[sigma[r][4]], m[sigma[r][5]]);                                                              \
+        G4(3, 7, 11, 15, m[sigma[r][6]], m[sigma[r][7]]);                                                              \
+        G4(0, 5, 10, 15, m[sigma[r][8]], m[sigma[r][9]]);                                                              \
+        G4(1, 6, 11, 12, m[sigma[r][10]], m[sigma[r][11]]);                                                            \
+        G4(2, 7, 8, 13, m[sigma[r][12]], m[sigma[r][13]]);                                                             \
+        G4(3, 4, 9, 14, m[sigma[r][14]], m[sigma[r][15]]);                                                             \
     } while (0)
     ROUND4(0);
     ROUND4(1);

@@ -39,10 +39,10 @@ typedef struct rb_mlpage {
     rb_mlog_genc g;
     uint32_t *frees;
     size_t n_frees, cap_frees;
-    uint64_t seq;     /* 0 while open; the group's sequence once closed */
-    uint8_t *img;     /* the sealed group (block-aligned), once sealed */
+    uint64_t seq; /* 0 while open; the group's sequence once closed */
+    uint8_t *img; /* the sealed group (block-aligned), once sealed */
     size_t img_len;
-    int placed;       /* pos and lpos hold where its group goes (the first write attempt) */
+    int placed; /* pos and lpos hold where its group goes (the first write attempt) */
     uint64_t pos, lpos;
 } rb_mlpage;
 
@@ -53,33 +53,33 @@ typedef struct rb_mlw {
     int state; /* RB_ML_FRESH: no generation of ours on the device yet; MIGRATE: the device holds
                 * format v1 (recovered); LIVE: a superblock of ours is current */
     rb_mlog_layout lay;
-    rb_mlog_sb sb;    /* the current superblock (LIVE) */
-    int sb_which;     /* where it is: 0 or 1 */
+    rb_mlog_sb sb;        /* the current superblock (LIVE) */
+    int sb_which;         /* where it is: 0 or 1 */
     uint64_t sb_seq_seen; /* the highest sb_seq of ours seen on the device (a new one goes above) */
     uint64_t generation;
-    uint32_t epoch;           /* this process's writer epoch (RB_MLOG_GROUP_EPOCH_SHIFT) */
-    int epoch_claimed;        /* a durable superblock names it (before the first group) */
-    int newgen;               /* the epochs are used up: the next base starts a new generation */
-    int bg_validate;          /* recovered entries' headers are validated by the periodic thread */
-    int wipe_sbs;             /* format v1 over a log device: clear both superblocks first */
-    uint64_t last_seq;        /* the sequence the last closed page got */
-    uint64_t head;            /* ring offset of the next group */
-    uint64_t lhead, lstart;   /* logical ring positions (wrap waste counted) of the head and of the
+    uint32_t epoch;         /* this process's writer epoch (RB_MLOG_GROUP_EPOCH_SHIFT) */
+    int epoch_claimed;      /* a durable superblock names it (before the first group) */
+    int newgen;             /* the epochs are used up: the next base starts a new generation */
+    int bg_validate;        /* recovered entries' headers are validated by the periodic thread */
+    int wipe_sbs;           /* format v1 over a log device: clear both superblocks first */
+    uint64_t last_seq;      /* the sequence the last closed page got */
+    uint64_t head;          /* ring offset of the next group */
+    uint64_t lhead, lstart; /* logical ring positions (wrap waste counted) of the head and of the
                                * superblock's ring.start: lhead - lstart bytes are live */
-    rb_mlpage **pg;           /* closed pages in sequence order, then the open page (seq 0) */
+    rb_mlpage **pg;         /* closed pages in sequence order, then the open page (seq 0) */
     size_t n_pg, cap_pg;
-    uint32_t *cls_disk;       /* per core class id: its id in this generation, UINT32_MAX none */
+    uint32_t *cls_disk; /* per core class id: its id in this generation, UINT32_MAX none */
     uint32_t cap_cls_disk, next_disk_cls;
-    uint64_t n_held;          /* slots waiting in pages for their FREE to be durable */
-    uint32_t *held_base;      /* slots freed while the journal was incomplete: back at the next base */
+    uint64_t n_held;     /* slots waiting in pages for their FREE to be durable */
+    uint32_t *held_base; /* slots freed while the journal was incomplete: back at the next base */
     size_t n_held_base, cap_held_base;
-    uint64_t need_base;       /* nonzero: the journal lost a change (out of memory) or the index was
+    uint64_t need_base; /* nonzero: the journal lost a change (out of memory) or the index was
                                * replaced; the next checkpoint writes a whole base */
     /* compaction in progress (under mu): the log sequence it covers, and where group Q + 1 went */
     int cmp_active, cmp_placed;
     uint64_t cmp_q, cmp_pos, cmp_lpos;
-    int cmp_urgent;           /* the ring is full: compact before the next group */
-    pthread_mutex_t cmp_mu;   /* one base being built at a time */
+    int cmp_urgent;         /* the ring is full: compact before the next group */
+    pthread_mutex_t cmp_mu; /* one base being built at a time */
     /* statistics */
     uint64_t groups_written, group_bytes, last_group_bytes, last_group_records;
     uint64_t bases_written, last_base_bytes, last_base_entries, base_too_large, compactions;
@@ -153,13 +153,13 @@ struct rb_core {
 
     /* What recovery at open found (report_status, logs). */
     int rec_outcome; /* enum rb_recovery_outcome */
-    uint64_t rec_ns;  /* time recovery took at open */
+    uint64_t rec_ns; /* time recovery took at open */
     uint64_t rec_seq, rec_rejected_seq;
-    int64_t rec_lost; /* entries of a rejected newer checkpoint not recovered; -1 unknown */
-    uint64_t apply_skipped; /* entries of the last applied state that its checks refused */
-    uint64_t sum_dropped; /* entries dropped because their payload failed its checksum */
-    _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
-    _Atomic int no_flush;     /* benchmark hook: checkpoints skip their flushes */
+    int64_t rec_lost;          /* entries of a rejected newer checkpoint not recovered; -1 unknown */
+    uint64_t apply_skipped;    /* entries of the last applied state that its checks refused */
+    uint64_t sum_dropped;      /* entries dropped because their payload failed its checksum */
+    _Atomic uint64_t flushes;  /* device flushes the checkpoint writer issued */
+    _Atomic int no_flush;      /* benchmark hook: checkpoints skip their flushes */
     _Atomic int no_load_check; /* benchmark hook: loads of verified records skip the header check */
 
     /* Trust (rb_core_trust.c). Under mu: per slot, the first flush generation that proves the
@@ -172,7 +172,7 @@ struct rb_core {
     uint32_t slot_gen_cap;
     uint64_t flush_begun, durable_gen;
     uint64_t commits, commits_at_begin, commits_proven; /* for undurable_writes */
-    uint32_t wb_epoch; /* flushes that failed */
+    uint32_t wb_epoch;                                  /* flushes that failed */
     _Atomic uint64_t wb_dropped; /* entries dropped because a flush failed before they were durable */
     uint64_t dev_size_seen;
     uint32_t usable_slots; /* slots below this lie wholly inside the device (<= max_slots) */
@@ -227,8 +227,8 @@ static inline uint64_t rb_xfer_len(const rb_core *c, uint64_t len)
 }
 /* Synchronous device transfers (EINTR retried), honouring the test fault hooks. A failed data
  * transfer or metadata write is entered in the fault journal (err is left as it was). */
-int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len,
-                      size_t total_len, int data, rb_err *err);
+int rb_core_dev_write(rb_core *c, uint64_t off, const void *buf, size_t buf_len, size_t payload_len, size_t total_len,
+                      int data, rb_err *err);
 int rb_core_dev_read(rb_core *c, uint64_t off, void *buf, size_t buf_len, size_t payload_len, size_t total_len,
                      int data, rb_err *err);
 /* A data read of a slot's payload at off with the head_len bytes before it (the slot header)
@@ -243,8 +243,8 @@ typedef struct rb_uop {
     size_t copy_len; /* reads: bytes copied back after a bounced read */
     int write;
     uint16_t pid; /* writes: FDP placement id (a directive on a passthrough device), 0 = none */
-    int rc;     /* out: 0 done, <0 failed (err) */
-    rb_err err; /* out */
+    int rc;       /* out: 0 done, <0 failed (err) */
+    rb_err err;   /* out */
 } rb_uop;
 
 /* Run ops through the device's io_uring engine: batches of at most per_batch requests (0 = one
@@ -266,8 +266,7 @@ typedef struct rb_uops_run {
     size_t unsent_from; /* ops from here on that a failed submission left unsent (n: none) */
     int unsent_rc;
 } rb_uops_run;
-int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, size_t per_batch, int data,
-                            rb_err *err);
+int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, size_t per_batch, int data, rb_err *err);
 void rb_core_uring_ops_finish(rb_uops_run *r);
 static inline int rb_core_uses_uring(const rb_core *c)
 {
@@ -383,16 +382,26 @@ int rb_core_ref_reserve_locked(rb_core *c, uint32_t n);
 int rb_core_room_needed_locked(const rb_core *c, size_t n);
 /* rb_core_fastjson.c: the plain form of a state v1 document, read without json-c. */
 enum {
-    RB_FTOP_VERSION, RB_FTOP_DEVICE_PATH, RB_FTOP_CAPACITY, RB_FTOP_BLOCK_ALIGN, RB_FTOP_HEADER_BYTES,
-    RB_FTOP_SLOT_BYTES, RB_FTOP_META_TOTAL, RB_FTOP_META_MAGIC, RB_FTOP_META_VERSION, RB_FTOP_DATA_BASE,
-    RB_FTOP_NEXT_SLOT, RB_FTOP_ENTRIES, RB_FTOP_N
+    RB_FTOP_VERSION,
+    RB_FTOP_DEVICE_PATH,
+    RB_FTOP_CAPACITY,
+    RB_FTOP_BLOCK_ALIGN,
+    RB_FTOP_HEADER_BYTES,
+    RB_FTOP_SLOT_BYTES,
+    RB_FTOP_META_TOTAL,
+    RB_FTOP_META_MAGIC,
+    RB_FTOP_META_VERSION,
+    RB_FTOP_DATA_BASE,
+    RB_FTOP_NEXT_SLOT,
+    RB_FTOP_ENTRIES,
+    RB_FTOP_N
 };
 extern const char *const rb_ftop_names[RB_FTOP_N];
 typedef struct rb_fent {
-    const char *key; /* into the document, not NUL-terminated */
+    const char *key;         /* into the document, not NUL-terminated */
     const char *dtype, *fmt; /* NULL = null or absent */
     int64_t off, size;
-    uint64_t sum; /* "xxh3" (ours): the payload checksum, when has_sum */
+    uint64_t sum;       /* "xxh3" (ours): the payload checksum, when has_sum */
     int64_t ndim, npos; /* -1 = null or absent */
     uint32_t klen, hash, dims_at, pos_at, dtype_len, fmt_len;
     uint8_t has_off, has_size, has_sum;

@@ -514,7 +514,7 @@ typedef struct ml_copy {
 } ml_copy;
 
 typedef struct ml_base {
-    uint64_t q;          /* the log sequence it covers */
+    uint64_t q; /* the log sequence it covers */
     uint32_t next_slot;
     uint32_t n_cls_core; /* core classes that existed when it began */
     uint64_t len;        /* bytes on the device (padded) */
@@ -608,7 +608,6 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     m->cmp_placed = 0;
     m->cmp_q = out->q;
     pthread_mutex_unlock(&c->mu);
-
 
     /* 1: which positions hold live entries, slice by slice */
     pairs = malloc((cap_pairs ? cap_pairs : 1) * sizeof(*pairs));
@@ -1109,9 +1108,9 @@ typedef struct ml_rec {
     rb_core *c;
     uint32_t *slot_pos; /* per slot: index position + 1, 0 = free */
     uint32_t cap_slots;
-    uint32_t *cls_map;  /* disk class id -> core class id (UINT32_MAX unknown) */
+    uint32_t *cls_map; /* disk class id -> core class id (UINT32_MAX unknown) */
     uint32_t cap_map, max_disk;
-    uint32_t top;       /* slot high-water mark seen */
+    uint32_t top; /* slot high-water mark seen */
     uint64_t loaded, skipped, replaced;
     int geometry_bad, oom;
     rb_err why;
@@ -1334,8 +1333,13 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     memset(&r, 0, sizeof r);
     r.c = c;
     rb_err_clear(&r.why);
-    rb_mlog_read_cb cb = {.ctx = &r, .sb = rec_sb, .cls = rec_cls, .ent = rec_ent, .ents = rec_ents,
-                          .rec = rec_rec, .damage = rec_damage};
+    rb_mlog_read_cb cb = {.ctx = &r,
+                          .sb = rec_sb,
+                          .cls = rec_cls,
+                          .ent = rec_ent,
+                          .ents = rec_ents,
+                          .rec = rec_rec,
+                          .damage = rec_damage};
     rb_mlog_read_result res;
     memset(&res, 0, sizeof res);
     /* mu is held across the read: its callbacks run on this thread and change the index (at
@@ -1456,7 +1460,7 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
         if (k == UINT32_MAX)
             continue;
         if (u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
-            continue; /* logged again under a new id when used */
+            continue;                       /* logged again under a new id when used */
         m->cls_disk[k] = d | ML_CLS_LOGGED; /* the base or a live group defines it */
     }
     m->next_disk_cls = r.max_disk;
@@ -1475,8 +1479,8 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
                  res.sb_why[res.which ^ 1].msg, (unsigned long long)res.sb.sb_seq);
     else if (res.base.chunks_bad || res.log_end == RB_MLOG_END_IOERR)
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s",
-                 res.base.chunks_bad, (long long)res.base.entries_lost,
+                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s", res.base.chunks_bad,
+                 (long long)res.base.entries_lost,
                  res.log_end == RB_MLOG_END_IOERR ? "cut short by a read error" : "complete");
     rb_idx_maybe_compact(&c->index);
     pthread_mutex_unlock(&c->mu);

@@ -56,7 +56,8 @@ int rb_dev_check_mode(const char *path, unsigned mode, rb_err *err)
         return 0;
     return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                       "device path '%s' is %s; a raw-block device must be a regular file or a block or "
-                      "character device", path, mode_name(mode));
+                      "character device",
+                      path, mode_name(mode));
 }
 
 int rb_dev_check_path(const char *path, rb_err *err)
@@ -87,8 +88,9 @@ static int open_passthrough(const rb_dev_config *cfg, int fd, const struct stat 
     if (rc < 0)
         return rc;
     if (cfg->alignment == 0 || cfg->alignment % ns->lba_size != 0)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "alignment (%zu) must be a non-zero multiple of NVMe LBA size (%u)",
-                          cfg->alignment, ns->lba_size);
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "alignment (%zu) must be a non-zero multiple of NVMe LBA size (%u)", cfg->alignment,
+                          ns->lba_size);
     uint64_t mt = cfg->max_transfer;
     if (mt) {
         if (mt % ns->lba_size != 0)
@@ -154,8 +156,7 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
     /* An exclusive writer opens a block device with O_EXCL (rb_dev_open_excl): the kernel then
      * refuses it while it is mounted or claimed by anyone else, and refuses them while we hold it. */
     struct stat pst;
-    int excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 &&
-               S_ISBLK(pst.st_mode);
+    int excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
     int fd;
     if (excl) {
         fd = rb_dev_open_excl(cfg->path, flags | O_NONBLOCK, &pst, err);
@@ -464,8 +465,8 @@ int rb_dev_check_range(const rb_dev *dev, int write, uint64_t offset, size_t tot
     return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
 }
 
-int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,
-                 size_t buf_len, size_t payload_len, size_t total_len, rb_err *err)
+int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf, size_t buf_len,
+                 size_t payload_len, size_t total_len, rb_err *err)
 {
     memset(x, 0, sizeof(*x));
     x->write = write;
@@ -477,8 +478,7 @@ int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void
     if (payload_len > buf_len) {
         if (write)
             return rb_err_set(err, RB_ERR_VALUE, EINVAL, "payload_len exceeds buffer length");
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "output buffer too small: cap=%zu need=%zu",
-                          buf_len, payload_len);
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "output buffer too small: cap=%zu need=%zu", buf_len, payload_len);
     }
     if (total_len < payload_len)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "total_len must be >= payload_len");

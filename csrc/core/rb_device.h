@@ -78,7 +78,7 @@ typedef struct rb_dev_config {
     int engine; /* enum rb_engine_kind */
     int uring_cmd;
     size_t alignment;
-    unsigned queue_depth; /* io_uring ring size, >= 1 */
+    unsigned queue_depth;  /* io_uring ring size, >= 1 */
     uint64_t max_transfer; /* uring_cmd: bytes per NVMe command; 0 = from sysfs */
     int lock;              /* enum rb_dev_lock_mode; 0 (NONE) when not set */
 } rb_dev_config;
@@ -225,18 +225,18 @@ typedef struct rb_xfer {
 
     struct iovec iov[3];
     int iovcnt;
-    size_t done;     /* bytes of the plan already transferred */
-    size_t want;     /* total bytes of the plan (== total_len) */
-    uint8_t *bounce; /* owned; freed by rb_xfer_release */
+    size_t done;          /* bytes of the plan already transferred */
+    size_t want;          /* total bytes of the plan (== total_len) */
+    uint8_t *bounce;      /* owned; freed by rb_xfer_release */
     size_t copy_back_off; /* reads: copy bounce[0..copy_back_len) to buf + copy_back_off */
     size_t copy_back_len;
-    uint16_t pid; /* writes on a passthrough device: FDP placement id, 0 = none (set after init) */
+    uint16_t pid;  /* writes on a passthrough device: FDP placement id, 0 = none (set after init) */
     uint8_t *head; /* reads: the head_len bytes before offset land here (rb_xfer_set_head) */
     size_t head_len;
 } rb_xfer;
 
-int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf,
-                 size_t buf_len, size_t payload_len, size_t total_len, rb_err *err);
+int rb_xfer_init(const rb_dev *dev, rb_xfer *x, int write, uint64_t offset, void *buf, size_t buf_len,
+                 size_t payload_len, size_t total_len, rb_err *err);
 /* Reads on a device with read(2) (not passthrough), between init and prepare: also read the
  * head_len bytes that precede the transfer into head, in the same system call (a slot header
  * read with its payload). The transfer then starts head_len bytes earlier; with O_DIRECT, head

@@ -24,10 +24,10 @@ struct rb_dev {
     int engine;
     size_t alignment;
     uint64_t size;
-    int size_known; /* regular file or block device: I/O beyond size is refused */
-    int is_blk;     /* block device (size from BLKGETSIZE64) */
-    int lock_state; /* enum rb_dev_lock_state */
-    int lock_fd2;   /* passthrough: /dev/nvmeXnY held open (O_EXCL, locked) for the lifetime; -1 none */
+    int size_known;         /* regular file or block device: I/O beyond size is refused */
+    int is_blk;             /* block device (size from BLKGETSIZE64) */
+    int lock_state;         /* enum rb_dev_lock_state */
+    int lock_fd2;           /* passthrough: /dev/nvmeXnY held open (O_EXCL, locked) for the lifetime; -1 none */
     struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
     int uring_cmd;          /* NVMe passthrough: every transfer is an NVMe command on the ring */
     rb_nvme_ns ns;          /* uring_cmd: the namespace (id, LBA format, size) */

@@ -26,8 +26,7 @@ typedef struct rb_err {
 } rb_err;
 
 /* Fill *err (which may be NULL) and return -errnum, or -EINVAL when errnum is 0. */
-int rb_err_set(rb_err *err, int kind, int errnum, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int rb_err_set(rb_err *err, int kind, int errnum, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 static inline void rb_err_clear(rb_err *err)
 {

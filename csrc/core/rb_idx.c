@@ -239,8 +239,7 @@ int rb_idx_maybe_compact(rb_idx *ix)
     return rebuild_table(ix, size);
 }
 
-uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos,
-                       int64_t npos)
+uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos, int64_t npos)
 {
     if (len > UINT32_MAX - 64 || ix->n_ents == UINT32_MAX - 1)
         return UINT32_MAX;
@@ -335,7 +334,8 @@ void rb_idx_remove_slot(rb_idx *ix, uint32_t i)
 
 size_t rb_idx_mem_bytes(const rb_idx *ix)
 {
-    size_t b = (size_t)ix->cap_ents * sizeof(rb_ent) + (ix->table ? ((size_t)ix->table_mask + 1) * sizeof(uint64_t) : 0);
+    size_t b =
+        (size_t)ix->cap_ents * sizeof(rb_ent) + (ix->table ? ((size_t)ix->table_mask + 1) * sizeof(uint64_t) : 0);
     b += ix->pool.slab_bytes;
     for (uint32_t p = 0; p < ix->n_ents; p++) {
         const rb_ent *e = &ix->ents[p];

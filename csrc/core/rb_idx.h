@@ -37,11 +37,11 @@ typedef struct rb_ent {
     uint64_t checksum; /* xxh3-64 of the payload when RB_ENT_HAS_SUM */
     uint32_t slot;     /* slot number (index, in-flight) */
     uint32_t hash;
-    uint32_t refcnt;   /* lock refcount (index); in flight: the write-back failure epoch at reservation */
-    uint32_t cls;      /* interned metadata class id (index, in-flight) */
+    uint32_t refcnt; /* lock refcount (index); in flight: the write-back failure epoch at reservation */
+    uint32_t cls;    /* interned metadata class id (index, in-flight) */
     uint32_t key_len;
     uint16_t flags;
-    uint16_t pid;      /* placement id requested at put time (in-flight), 0 = none */
+    uint16_t pid; /* placement id requested at put time (in-flight), 0 = none */
 } rb_ent;
 
 /*
@@ -59,10 +59,10 @@ typedef struct rb_ent {
 
 typedef struct rb_pool {
     void *free[RB_POOL_CLASSES]; /* free chunks per class, linked through their first 8 bytes */
-    char *cur;                    /* bump region of the newest slab */
+    char *cur;                   /* bump region of the newest slab */
     size_t left;
-    void *slabs;                  /* slab list, linked through each slab's first 16 bytes */
-    size_t slab_bytes;            /* bytes held in slabs (for rb_idx_mem_bytes) */
+    void *slabs;       /* slab list, linked through each slab's first 16 bytes */
+    size_t slab_bytes; /* bytes held in slabs (for rb_idx_mem_bytes) */
 } rb_pool;
 
 typedef struct rb_idx {
@@ -70,10 +70,10 @@ typedef struct rb_idx {
     uint32_t n_ents; /* used array length, live + dead */
     uint32_t cap_ents;
     uint32_t n_live;
-    uint32_t first_live; /* hint: no live record below this position */
+    uint32_t first_live;   /* hint: no live record below this position */
     uint32_t hold_compact; /* while nonzero, positions never change (no compaction) */
-    uint64_t *table;     /* low 32 bits: position + 1 (0 = empty); high 32 bits: the hash */
-    uint32_t table_mask; /* table size - 1 (size is a power of two), 0 when no table */
+    uint64_t *table;       /* low 32 bits: position + 1 (0 = empty); high 32 bits: the hash */
+    uint32_t table_mask;   /* table size - 1 (size is a power of two), 0 when no table */
     rb_pool pool;
 } rb_idx;
 
@@ -148,8 +148,7 @@ static inline __attribute__((always_inline)) uint32_t rb_idx_hash(const char *ke
 /* Append a new record (key must be absent). npos < 0: no positions. Returns the position,
  * or UINT32_MAX when out of memory. The returned record is zeroed except key fields and the
  * index's pool bits in flags (RB_ENT_POOL_MASK). */
-uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos,
-                       int64_t npos);
+uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos, int64_t npos);
 /* Delete the live record at pos (frees its blob). */
 void rb_idx_remove_at(rb_idx *ix, uint32_t pos);
 /* Removal by table slot (from rb_idx_find_slot): a lookup followed by a delete probes the
@@ -182,8 +181,7 @@ static inline const int64_t *rb_ent_pos(const rb_ent *e)
 
 /* rb_idx_find that also gives the table slot holding the record. Inline: a lookup is a few
  * dozen instructions, and a call's register saves were a good part of them. */
-static inline uint32_t rb_idx_find_slot(const rb_idx *ix, const char *key, size_t len, uint32_t hash,
-                                        uint32_t *tslot)
+static inline uint32_t rb_idx_find_slot(const rb_idx *ix, const char *key, size_t len, uint32_t hash, uint32_t *tslot)
 {
     if (!ix->table)
         return UINT32_MAX;

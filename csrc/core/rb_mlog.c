@@ -135,12 +135,12 @@ static inline uint8_t *put_varint(uint8_t *p, uint64_t v)
 
 static inline uint64_t zigzag(uint64_t d) /* d: a two's complement difference */
 {
-    return (d << 1) ^ (uint64_t)-(int64_t)(d >> 63);
+    return (d << 1) ^ (uint64_t) - (int64_t)(d >> 63);
 }
 
 static inline uint64_t unzigzag(uint64_t z)
 {
-    return (z >> 1) ^ (uint64_t)-(int64_t)(z & 1);
+    return (z >> 1) ^ (uint64_t) - (int64_t)(z & 1);
 }
 
 enum { V_OK = 0, V_TRUNC = -1, V_OVERFLOW = -2, V_OVERLONG = -3 };
@@ -179,7 +179,7 @@ static inline int get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *o
 enum { RD_GROUP, RD_CLASS, RD_CHUNK };
 typedef struct rd {
     const uint8_t *p, *end, *start;
-    int kind;       /* RD_*: "log group record <i>", "base class <i>", "base chunk <c> entry <i>" */
+    int kind; /* RD_*: "log group record <i>", "base class <i>", "base chunk <c> entry <i>" */
     uint32_t c, i;
     rb_err *err;
 } rd;
@@ -395,21 +395,21 @@ static int sb_check(const rb_mlog_sb *s, rb_err *err)
     if (!is_pow2(ba) || ba > (1ull << 30))
         return bad(err, W, "block_align %llu is not a power of two up to 2^30", ba, 0);
     if (s->header_bytes < 24 || s->header_bytes % ba)
-        return bad(err, W, "header_bytes %llu is not a multiple of block_align %llu of at least 24",
-                   s->header_bytes, ba);
+        return bad(err, W, "header_bytes %llu is not a multiple of block_align %llu of at least 24", s->header_bytes,
+                   ba);
     if (s->slot_bytes <= s->header_bytes || s->slot_bytes % ba)
-        return bad(err, W, "slot_bytes %llu is not a multiple of block_align above header_bytes %llu",
-                   s->slot_bytes, s->header_bytes);
+        return bad(err, W, "slot_bytes %llu is not a multiple of block_align above header_bytes %llu", s->slot_bytes,
+                   s->header_bytes);
     if (s->meta_total_bytes <= ba || s->meta_total_bytes % ba)
-        return bad(err, W, "meta_total_bytes %llu is not a multiple of block_align %llu above it",
-                   s->meta_total_bytes, ba);
+        return bad(err, W, "meta_total_bytes %llu is not a multiple of block_align %llu above it", s->meta_total_bytes,
+                   ba);
     if (s->container_bytes != s->meta_total_bytes / 2 / ba * ba)
         return bad(err, W, "container_bytes %llu is not half of the metadata region in blocks (%llu)",
                    s->container_bytes, s->meta_total_bytes / 2 / ba * ba);
     const uint64_t span = rb_mlog_sb_span(ba);
     if (s->container_bytes < span)
-        return bad(err, W, "container_bytes %llu leaves no room for a superblock of %llu bytes",
-                   s->container_bytes, span);
+        return bad(err, W, "container_bytes %llu leaves no room for a superblock of %llu bytes", s->container_bytes,
+                   span);
     if (s->data_base != s->meta_total_bytes)
         return bad(err, W, "data_base %llu is not meta_total_bytes %llu", s->data_base, s->meta_total_bytes);
     if (s->capacity <= s->data_base)
@@ -454,8 +454,7 @@ static int sb_check(const rb_mlog_sb *s, rb_err *err)
     if (s->ring.start >= s->ring.len || s->ring.start % ba)
         return bad(err, WR, "start %llu is not a block inside the ring (%llu bytes)", s->ring.start, s->ring.len);
     if (s->base.log_seq == UINT64_MAX || s->ring.start_seq != s->base.log_seq + 1)
-        return bad(err, WR, "first sequence %llu does not follow the base's %llu", s->ring.start_seq,
-                   s->base.log_seq);
+        return bad(err, WR, "first sequence %llu does not follow the base's %llu", s->ring.start_seq, s->base.log_seq);
     return 0;
 }
 
@@ -612,9 +611,10 @@ int rb_mlog_genc_put(rb_mlog_genc *g, const rb_mlog_ent *e, rb_err *err)
         return rb_err_set(err, RB_ERR_VALUE, E2BIG, "log group PUT: %lld positions, at most %u", (long long)e->npos,
                           RB_MLOG_POS_MAX);
     if (npos_of(e) > RB_MLOG_POS_BUDGET - g->n_pos)
-        return rb_err_set(err, RB_ERR_VALUE, E2BIG, "log group PUT: the group holds %llu positions, %lld more "
-                          "would pass %u; start another group", (unsigned long long)g->n_pos, (long long)e->npos,
-                          RB_MLOG_POS_BUDGET);
+        return rb_err_set(err, RB_ERR_VALUE, E2BIG,
+                          "log group PUT: the group holds %llu positions, %lld more "
+                          "would pass %u; start another group",
+                          (unsigned long long)g->n_pos, (long long)e->npos, RB_MLOG_POS_BUDGET);
     int rc = genc_room(g, 1 + 2 * VARINT_MAX + e->key_len + tb, err);
     if (rc < 0)
         return rc;
@@ -687,13 +687,14 @@ static void group_header(uint8_t *out, uint64_t generation, uint64_t seq, uint64
     rb_put_le(out + GRP_CRC_OFF, crc, 4);
 }
 
-int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align,
-                        uint8_t *out, size_t out_len, rb_err *err)
+int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align, uint8_t *out,
+                        size_t out_len, rb_err *err)
 {
     if (!is_pow2(block_align) || generation == 0 || seq == 0)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "log group: block_align %llu, generation %llu, seq %llu: "
-                          "a power of two and nonzero ids needed", (unsigned long long)block_align,
-                          (unsigned long long)generation, (unsigned long long)seq);
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "log group: block_align %llu, generation %llu, seq %llu: "
+                          "a power of two and nonzero ids needed",
+                          (unsigned long long)block_align, (unsigned long long)generation, (unsigned long long)seq);
     if (g->body.oom)
         return nomem(err, "log group");
     uint64_t total = rb_mlog_genc_len(g, block_align);
@@ -711,10 +712,11 @@ int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, 
                       rb_buf *out, rb_err *err)
 {
     if (!is_pow2(block_align) || generation == 0 || seq == 0 || level < 0 || level > 9)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "log group: block_align %llu, generation %llu, seq %llu, "
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "log group: block_align %llu, generation %llu, seq %llu, "
                           "level %d: a power of two, nonzero ids and a level 0..9 needed",
-                          (unsigned long long)block_align, (unsigned long long)generation,
-                          (unsigned long long)seq, level);
+                          (unsigned long long)block_align, (unsigned long long)generation, (unsigned long long)seq,
+                          level);
     if (g->body.oom || out->oom)
         return nomem(err, "log group");
     const uint64_t raw_total = rb_mlog_genc_len(g, block_align);
@@ -804,8 +806,8 @@ int rb_mlog_group_head(const uint8_t *in, size_t len, uint64_t block_align, uint
         return rb_err_set(err, RB_ERR_VALUE, ESTALE, "%s: generation %llu, expected %llu", W,
                           (unsigned long long)g.generation, (unsigned long long)expect_gen);
     if (expect_seq && g.seq != expect_seq)
-        return rb_err_set(err, RB_ERR_VALUE, ESTALE, "%s: sequence %llu, expected %llu", W,
-                          (unsigned long long)g.seq, (unsigned long long)expect_seq);
+        return rb_err_set(err, RB_ERR_VALUE, ESTALE, "%s: sequence %llu, expected %llu", W, (unsigned long long)g.seq,
+                          (unsigned long long)expect_seq);
     return 0;
 }
 
@@ -883,8 +885,8 @@ void rb_mlog_gdec_free(rb_mlog_gdec *d)
 }
 
 /* Inflate a deflated body (after its CRC was checked) into d->raw; *raw_len its length. */
-static int group_inflate(rb_mlog_gdec *d, const uint8_t *body, uint64_t body_len, uint32_t n_records,
-                         uint64_t *raw_len, rb_err *err)
+static int group_inflate(rb_mlog_gdec *d, const uint8_t *body, uint64_t body_len, uint32_t n_records, uint64_t *raw_len,
+                         rb_err *err)
 {
     static const char W[] = "log group";
     uint64_t raw = rb_get_le(body, GRP_ZHDR), comp = body_len - GRP_ZHDR;
@@ -904,8 +906,10 @@ static int group_inflate(rb_mlog_gdec *d, const uint8_t *body, uint64_t body_len
     if (zr < 0)
         return nomem(err, W);
     if (zr)
-        return rb_err_set(err, RB_ERR_VALUE, EBADMSG, "%s: deflated body does not inflate to its %llu raw bytes "
-                          "(%zu out, %zu in left)", W, (unsigned long long)raw, got, left);
+        return rb_err_set(err, RB_ERR_VALUE, EBADMSG,
+                          "%s: deflated body does not inflate to its %llu raw bytes "
+                          "(%zu out, %zu in left)",
+                          W, (unsigned long long)raw, got, left);
     *raw_len = raw;
     return 0;
 }
@@ -945,8 +949,8 @@ int rb_mlog_gdec_group(rb_mlog_gdec *d, const uint8_t *in, size_t len, uint64_t 
     return rc;
 }
 
-int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
-                         uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err)
+int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen, uint64_t expect_seq,
+                         rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err)
 {
     rb_mlog_gdec d;
     rb_mlog_gdec_init(&d);
@@ -1184,8 +1188,10 @@ int rb_mlog_benc_finish(rb_mlog_benc *e, uint64_t block_align, rb_err *err)
 {
     static const char W[] = "base encoder";
     if (e->finished || !e->z || !is_pow2(block_align))
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: finish of an encoder not started or already finished, "
-                          "or block_align %llu not a power of two", W, (unsigned long long)block_align);
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "%s: finish of an encoder not started or already finished, "
+                          "or block_align %llu not a power of two",
+                          W, (unsigned long long)block_align);
     int rc = benc_flush(e, err);
     if (rc < 0)
         return rc;
@@ -1261,8 +1267,8 @@ static int class_table(const uint8_t *tab, uint64_t tab_len, uint32_t n, uint32_
     return 0;
 }
 
-int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_base_info *bi,
-                      const rb_mlog_base_cb *cb, rb_err *err)
+int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_base_info *bi, const rb_mlog_base_cb *cb,
+                      rb_err *err)
 {
     static const char W[] = "base";
     d->cb_rc = 0;
@@ -1337,8 +1343,8 @@ int rb_mlog_base_at(const uint8_t *in, size_t len, uint64_t off, const rb_mlog_b
                           (unsigned long long)gen, (unsigned long long)seq, (unsigned long long)bi->generation,
                           (unsigned long long)bi->log_seq);
     if (!is_chunk) {
-        rb_mlog_base_end e = {.off = rb_get_le(h + 32, 8), .n_chunks = (uint32_t)rb_get_le(h + 40, 4),
-                              .n_entries = rb_get_le(h + 24, 8)};
+        rb_mlog_base_end e = {
+            .off = rb_get_le(h + 32, 8), .n_chunks = (uint32_t)rb_get_le(h + 40, 4), .n_entries = rb_get_le(h + 24, 8)};
         if (e.off != off)
             return bad(err, W, "the end record says it is at byte %llu", e.off, 0);
         if (e.n_entries > bi->next_slot || e.n_chunks > e.n_entries)
@@ -1387,8 +1393,7 @@ uint64_t rb_mlog_base_resync(const uint8_t *in, size_t len, uint64_t off, const 
 }
 
 /* Parse a chunk's raw stream; deliver the entries when deliver. */
-static int chunk_entries(rb_mlog_bdec *d, const rb_mlog_chunk *ch, const rb_mlog_base_cb *cb, int deliver,
-                         rb_err *err)
+static int chunk_entries(rb_mlog_bdec *d, const rb_mlog_chunk *ch, const rb_mlog_base_cb *cb, int deliver, rb_err *err)
 {
     rd r = {.p = d->raw, .end = d->raw + ch->raw_len, .start = d->raw, .kind = RD_CHUNK, .c = ch->index, .err = err};
     uint64_t prev_slot = 0, prev_size = 0, budget = RB_MLOG_POS_BUDGET;
@@ -1627,8 +1632,7 @@ void rb_mlog_bjudge_end(rb_mlog_bjudge *j, const rb_mlog_bstep *st)
     res->complete = res->chunks_bad == 0 && st->end.n_chunks == st->expect && st->end.n_entries == res->entries;
 }
 
-int rb_mlog_base_decode(const uint8_t *in, size_t len, const rb_mlog_base_cb *cb, rb_mlog_base_result *res,
-                        rb_err *err)
+int rb_mlog_base_decode(const uint8_t *in, size_t len, const rb_mlog_base_cb *cb, rb_mlog_base_result *res, rb_err *err)
 {
     memset(res, 0, sizeof *res);
     res->entries_lost = -1;
@@ -1688,8 +1692,8 @@ int rb_mlog_base_matches(const rb_mlog_sb *sb, const rb_mlog_base_result *res, r
     if (!res->have_end)
         return bad(err, W, "no end record", 0, 0);
     if (res->end.n_entries != sb->base.n_entries || res->end.n_chunks != sb->base.n_chunks)
-        return bad(err, W, "end record counts %llu entries and %llu chunks, not the superblock's",
-                   res->end.n_entries, res->end.n_chunks);
+        return bad(err, W, "end record counts %llu entries and %llu chunks, not the superblock's", res->end.n_entries,
+                   res->end.n_chunks);
     if (res->len > sb->base.len)
         return bad(err, W, "%llu bytes long, the superblock says %llu", res->len, sb->base.len);
     return 0;

@@ -80,16 +80,16 @@ typedef struct rb_mlog_sb {
     uint32_t max_slots;
     rb_mlog_area areas[2]; /* the two base areas */
     struct {
-        uint32_t area;     /* 0 or 1: the area holding the current base */
+        uint32_t area; /* 0 or 1: the area holding the current base */
         uint32_t n_chunks;
-        uint64_t len;      /* bytes of the base in its area (a multiple of block_align) */
+        uint64_t len; /* bytes of the base in its area (a multiple of block_align) */
         uint64_t n_entries;
-        uint64_t log_seq;  /* the base holds the index after log group log_seq (0: none) */
+        uint64_t log_seq;   /* the base holds the index after log group log_seq (0: none) */
         uint32_t next_slot; /* slot high-water mark at log_seq */
     } base;
     struct {
-        uint64_t off, len; /* the log ring, device bytes [off, off + len) */
-        uint64_t start;    /* offset in the ring of the first live group (block-aligned) */
+        uint64_t off, len;  /* the log ring, device bytes [off, off + len) */
+        uint64_t start;     /* offset in the ring of the first live group (block-aligned) */
         uint64_t start_seq; /* its sequence: base.log_seq + 1 */
     } ring;
     /* The writer epoch claimed by the process that wrote this superblock (see
@@ -136,9 +136,9 @@ enum rb_mlog_rec_type { RB_MLOG_PUT = 1, RB_MLOG_FREE = 2, RB_MLOG_CLASS = 3 };
 /* A decoded record. Pointers refer to the group's buffer or the decoder's scratch and are
  * valid only during the callback. */
 typedef struct rb_mlog_rec {
-    int type;       /* enum rb_mlog_rec_type */
-    rb_mlog_ent ent; /* RB_MLOG_PUT */
-    uint32_t slot;  /* RB_MLOG_FREE */
+    int type;          /* enum rb_mlog_rec_type */
+    rb_mlog_ent ent;   /* RB_MLOG_PUT */
+    uint32_t slot;     /* RB_MLOG_FREE */
     rb_mlog_class cls; /* RB_MLOG_CLASS */
 } rb_mlog_rec;
 
@@ -168,8 +168,8 @@ uint64_t rb_mlog_genc_len(const rb_mlog_genc *g, uint64_t block_align);
  * rb_mlog_genc_len(g, block_align); the padding and any bytes past it are zeroed. The
  * encoder keeps its records (call reset for the next group).
  */
-int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align,
-                        uint8_t *out, size_t out_len, rb_err *err);
+int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align, uint8_t *out,
+                        size_t out_len, rb_err *err);
 
 /*
  * Seal the group: append it whole to out (header, body, zeros up to a multiple of block_align
@@ -195,7 +195,7 @@ int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, 
 
 typedef struct rb_mlog_group_info {
     uint64_t generation, seq;
-    uint64_t body_len;  /* the header's body length: bytes stored after the header */
+    uint64_t body_len; /* the header's body length: bytes stored after the header */
     uint32_t n_records;
     uint64_t total_len; /* header + body padded to block_align: the step to the next group */
     uint32_t flags;     /* RB_MLOG_GROUP_DEFLATE */
@@ -226,8 +226,8 @@ typedef int (*rb_mlog_rec_fn)(void *ctx, const rb_mlog_rec *r);
  * Record rules: known type, lengths inside the body, varints canonical and in range (slots
  * and class ids 32-bit), only known flag bits, the body ends with the last record.
  */
-int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen,
-                         uint64_t expect_seq, rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err);
+int rb_mlog_group_decode(const uint8_t *in, size_t len, uint64_t block_align, uint64_t expect_gen, uint64_t expect_seq,
+                         rb_mlog_group_info *gi, rb_mlog_rec_fn fn, void *ctx, rb_err *err);
 
 /* Group decoder state: the inflate stream and scratch buffers, kept from one group to the
  * next (a reader walking a log decodes many). */
@@ -358,8 +358,8 @@ void rb_mlog_bdec_free(rb_mlog_bdec *d);
  * strictly ascending, each fragment inside it), each class handed to cb->cls (cb and its
  * callbacks may be NULL). Keeps the class ids and next_slot in d for chunk decoding.
  */
-int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_base_info *bi,
-                      const rb_mlog_base_cb *cb, rb_err *err);
+int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_base_info *bi, const rb_mlog_base_cb *cb,
+                      rb_err *err);
 
 /* End record of a base. */
 typedef struct rb_mlog_base_end {
@@ -398,8 +398,8 @@ typedef struct rb_mlog_base_result {
     int64_t entries_lost;           /* the end record's count minus entries; -1 without it */
     int complete;                   /* no damage, and the end record agrees with what was seen */
     int have_end;
-    rb_mlog_base_end end;           /* when have_end */
-    uint64_t len;                   /* bytes up to the end of the end record, 0 if none */
+    rb_mlog_base_end end; /* when have_end */
+    uint64_t len;         /* bytes up to the end of the end record, 0 if none */
 } rb_mlog_base_result;
 
 /*
@@ -428,12 +428,12 @@ int rb_mlog_base_decode(const uint8_t *in, size_t len, const rb_mlog_base_cb *cb
 enum { RB_MLOG_STEP_CHUNK = 1, RB_MLOG_STEP_GAP = 2, RB_MLOG_STEP_END = 3 };
 
 typedef struct rb_mlog_bstep {
-    int kind;              /* RB_MLOG_STEP_* */
-    int out_of_order;      /* CHUNK: its index is below the next expected one */
-    uint32_t expect;       /* CHUNK: the next expected index; END: chunks the walk accounted for */
-    rb_mlog_chunk ch;      /* CHUNK */
-    rb_mlog_base_end end;  /* END */
-    rb_mlog_damage dm;     /* GAP */
+    int kind;             /* RB_MLOG_STEP_* */
+    int out_of_order;     /* CHUNK: its index is below the next expected one */
+    uint32_t expect;      /* CHUNK: the next expected index; END: chunks the walk accounted for */
+    rb_mlog_chunk ch;     /* CHUNK */
+    rb_mlog_base_end end; /* END */
+    rb_mlog_damage dm;    /* GAP */
 } rb_mlog_bstep;
 
 typedef struct rb_mlog_bwalk { /* private */

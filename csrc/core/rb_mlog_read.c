@@ -39,8 +39,8 @@ int rb_mlog_layout_of(uint64_t meta_total_bytes, uint64_t block_align, rb_mlog_l
     if (r < 4 * ba || c < s + r + 4 * ba)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                           "%s: meta_total_bytes %llu is too small: the log ring (%llu bytes) and each base area "
-                          "need 4 blocks of %llu at least", W, (unsigned long long)mt, (unsigned long long)r,
-                          (unsigned long long)ba);
+                          "need 4 blocks of %llu at least",
+                          W, (unsigned long long)mt, (unsigned long long)r, (unsigned long long)ba);
     memset(out, 0, sizeof *out);
     out->meta_total_bytes = mt;
     out->container_bytes = c;
@@ -147,10 +147,11 @@ static void sb_read(rdr *r, const rb_mlog_read_opts *o, int which, uint64_t off,
     }
     res->sb_meta_total[which] = sb->meta_total_bytes;
     if (sb->block_align != o->block_align || sb->meta_total_bytes != o->meta_total_bytes) {
-        rb_err_set(why, RB_ERR_VALUE, EBADMSG, "metadata superblock %d: block_align %llu and meta_total_bytes %llu, "
-                   "not the %llu and %llu it is read with", which, (unsigned long long)sb->block_align,
-                   (unsigned long long)sb->meta_total_bytes, (unsigned long long)o->block_align,
-                   (unsigned long long)o->meta_total_bytes);
+        rb_err_set(why, RB_ERR_VALUE, EBADMSG,
+                   "metadata superblock %d: block_align %llu and meta_total_bytes %llu, "
+                   "not the %llu and %llu it is read with",
+                   which, (unsigned long long)sb->block_align, (unsigned long long)sb->meta_total_bytes,
+                   (unsigned long long)o->block_align, (unsigned long long)o->meta_total_bytes);
         res->sb_state[which] = RB_MLOG_SB_DAMAGED;
         return;
     }
@@ -362,8 +363,7 @@ static void *worker(void *arg)
             s->rc = rb_mlog_bdec_chunk(&d, b->buf, (size_t)b->len, ch, &acb, &s->why);
             if (s->rc != 0 && d.cb_rc) {
                 s->rc = -ENOMEM;
-                rb_err_set(&s->why, RB_ERR_NOMEM, ENOMEM, "base chunk %u: out of memory for its entries",
-                           ch->index);
+                rb_err_set(&s->why, RB_ERR_NOMEM, ENOMEM, "base chunk %u: out of memory for its entries", ch->index);
             }
         }
         pthread_mutex_lock(&p->mu);
@@ -560,8 +560,8 @@ typedef struct win {
 /* in[0, need) = ring bytes at p (p + need <= ring.len): from the window, or the window read
  * again from p (wsize bytes, or need when more, never past the ring's end; need bytes alone
  * when that read fails). 0; 1: the read failed (why); -ENOMEM. */
-static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_t p, uint64_t need,
-                   const uint8_t **in, rb_err *why)
+static int win_get(rdr *r, const rb_mlog_sb *sb, win *w, uint64_t wsize, uint64_t p, uint64_t need, const uint8_t **in,
+                   rb_err *why)
 {
     if (w->len && p >= w->off && p + need <= w->off + w->len) {
         *in = w->buf + (p - w->off);
@@ -625,8 +625,8 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
     for (;;) {
         if (used >= rl) {
             res->log_end = RB_MLOG_END_FULL;
-            rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC, "metadata log: the walk covered the whole ring (%llu bytes)",
-                       (unsigned long long)rl);
+            rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC,
+                       "metadata log: the walk covered the whole ring (%llu bytes)", (unsigned long long)rl);
             break;
         }
         /* The group of sequence seq: at p, else (a group that did not fit before the ring's
@@ -752,9 +752,10 @@ int rb_mlog_read(const rb_mlog_read_opts *o, rb_mlog_pread_fn rd, void *rctx, co
     res->base.entries_lost = -1;
     const uint64_t ba = o->block_align, mt = o->meta_total_bytes;
     if (!is_pow2(ba) || ba > (1ull << 30) || mt % ba)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata read: block_align %llu, meta_total_bytes %llu: a power "
-                          "of two up to 2^30 and a multiple of it needed", (unsigned long long)ba,
-                          (unsigned long long)mt);
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "metadata read: block_align %llu, meta_total_bytes %llu: a power "
+                          "of two up to 2^30 and a multiple of it needed",
+                          (unsigned long long)ba, (unsigned long long)mt);
     const uint64_t c = mt / 2 / ba * ba, span = rb_mlog_sb_span(ba);
     if (c < span || c + span > mt)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata read: meta_total_bytes %llu holds no two superblocks",

@@ -108,15 +108,15 @@ enum {
 
 /* Why the log walk ended. */
 enum {
-    RB_MLOG_END_NONE = 0,  /* the next position holds no group of ours of this generation */
-    RB_MLOG_END_TORN,      /* a group of the expected generation and sequence failed its checks */
-    RB_MLOG_END_FULL,      /* the walk covered the whole ring */
-    RB_MLOG_END_IOERR,     /* a read failed (log_why) */
+    RB_MLOG_END_NONE = 0, /* the next position holds no group of ours of this generation */
+    RB_MLOG_END_TORN,     /* a group of the expected generation and sequence failed its checks */
+    RB_MLOG_END_FULL,     /* the walk covered the whole ring */
+    RB_MLOG_END_IOERR,    /* a read failed (log_why) */
 };
 
 typedef struct rb_mlog_read_result {
-    int found;       /* 1: a superblock was chosen (sb); 0: no usable superblock of ours */
-    int which;       /* the superblock used, 0 or 1 */
+    int found; /* 1: a superblock was chosen (sb); 0: no usable superblock of ours */
+    int which; /* the superblock used, 0 or 1 */
     /* 1 when the superblock used is not the newest one of ours: the other one was damaged, had
      * an I/O error, or had the higher sequence but its base was unusable */
     int fallback;
@@ -130,13 +130,13 @@ typedef struct rb_mlog_read_result {
     rb_mlog_base_result base; /* what the base delivered (see rb_mlog.h) */
     /* the log */
     uint64_t groups, records;
-    uint64_t last_seq;  /* the last group replayed; sb.base.log_seq when none */
+    uint64_t last_seq;   /* the last group replayed; sb.base.log_seq when none */
     uint32_t last_epoch; /* the writer epoch of the last group replayed; 0 when none */
-    uint64_t head;      /* ring offset where the next group goes */
-    uint64_t used;      /* ring bytes from sb.ring.start to head, wrap waste included */
-    int log_end;        /* RB_MLOG_END_* */
+    uint64_t head;       /* ring offset where the next group goes */
+    uint64_t used;       /* ring bytes from sb.ring.start to head, wrap waste included */
+    int log_end;         /* RB_MLOG_END_* */
     rb_err log_why;
-    uint64_t torn_at;   /* ring offset of the torn group (RB_MLOG_END_TORN) */
+    uint64_t torn_at; /* ring offset of the torn group (RB_MLOG_END_TORN) */
     uint64_t bytes_read;
 } rb_mlog_read_result;
 

@@ -23,8 +23,8 @@ typedef struct rb_nvme_ns {
     uint32_t nsid;
     uint32_t lba_shift; /* log2 of the LBA data size */
     uint32_t lba_size;
-    uint64_t nsze;      /* namespace size in LBAs */
-    uint16_t endgid;    /* endurance group of the namespace (FDP log pages are per group) */
+    uint64_t nsze;   /* namespace size in LBAs */
+    uint16_t endgid; /* endurance group of the namespace (FDP log pages are per group) */
 } rb_nvme_ns;
 
 /* Namespace id (NVME_IOCTL_ID) and Identify Namespace (CNS 0): the LBA format in use.

@@ -89,8 +89,7 @@ static int holds_valid_container(int fd, uint64_t size)
 }
 
 /* One probe of len bytes at off (len 0: to the end). 1 found, 0 none, -1 libblkid error. */
-static int probe_at(blkid_probe pr, int fd, uint64_t off, uint64_t len, int partitions, char *what,
-                    size_t what_len)
+static int probe_at(blkid_probe pr, int fd, uint64_t off, uint64_t len, int partitions, char *what, size_t what_len)
 {
     if (blkid_probe_set_device(pr, fd, (blkid_loff_t)off, (blkid_loff_t)len) != 0)
         return -1;
@@ -167,8 +166,7 @@ int rb_probe_foreign(const char *path, char *what, size_t what_len, rb_err *err)
      */
     if (!found && size && !holds_valid_container(fd, size)) {
         uint64_t limit = size < RB_PROBE_SPAN ? size : RB_PROBE_SPAN;
-        for (uint64_t off = 63 * 512; off < limit && !found;
-             off = off < (1u << 20) ? (1u << 20) : off + (1u << 20)) {
+        for (uint64_t off = 63 * 512; off < limit && !found; off = off < (1u << 20) ? (1u << 20) : off + (1u << 20)) {
             if (size - off < RB_PROBE_MIN_FS)
                 break;
             uint8_t m[8];

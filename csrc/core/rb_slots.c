@@ -48,12 +48,12 @@ static int grow(rb_slots *s, uint32_t need)
     uint32_t nc = s->cap ? s->cap : 64;
     while (nc < need)
         nc = nc > UINT32_MAX / 2 ? need : nc * 2;
-#define GROW(field, T)                                                                             \
-    do {                                                                                           \
-        T *p = realloc(s->field, (size_t)nc * sizeof(T));                                          \
-        if (!p)                                                                                    \
-            return -ENOMEM;                                                                        \
-        s->field = p;                                                                              \
+#define GROW(field, T)                                                                                                 \
+    do {                                                                                                               \
+        T *p = realloc(s->field, (size_t)nc * sizeof(T));                                                              \
+        if (!p)                                                                                                        \
+            return -ENOMEM;                                                                                            \
+        s->field = p;                                                                                                  \
     } while (0)
     GROW(gprev, uint32_t);
     GROW(gnext, uint32_t);

@@ -19,7 +19,7 @@
 typedef struct rb_slots {
     uint32_t max_slots;
     uint32_t next_slot;
-    uint32_t cap;       /* length of the per-slot arrays (>= next_slot) */
+    uint32_t cap;            /* length of the per-slot arrays (>= next_slot) */
     uint32_t *gprev, *gnext; /* global free list links */
     uint32_t ghead, gtail;   /* tail = most recently added */
     uint32_t n_free;

@@ -12,29 +12,29 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define RB_STATS_FIELDS(X)                                                                         \
-    X(read_attempts)                                                                               \
-    X(write_attempts)                                                                              \
-    X(read_submitted_bytes)                                                                        \
-    X(write_submitted_bytes)                                                                       \
-    X(completed_attempts)                                                                          \
-    X(failed_attempts)                                                                             \
-    X(bounce_attempts)                                                                             \
-    X(bounce_submitted_bytes)                                                                      \
-    X(fixed_buffer_attempts)                                                                       \
-    X(fixed_buffer_submitted_bytes)                                                                \
-    X(outstanding_requests)                                                                        \
-    X(peak_outstanding_requests)                                                                   \
-    X(queued_requests)                                                                             \
-    X(peak_queued_requests)                                                                        \
-    X(queue_full_events)                                                                           \
-    X(read_completed_bytes)                                                                        \
-    X(write_completed_bytes)                                                                       \
-    X(short_io_resubmits)                                                                          \
-    X(max_batch_size)                                                                              \
-    X(batches_submitted)                                                                           \
-    X(nowait_hits)                                                                                 \
-    X(nowait_misses)                                                                               \
+#define RB_STATS_FIELDS(X)                                                                                             \
+    X(read_attempts)                                                                                                   \
+    X(write_attempts)                                                                                                  \
+    X(read_submitted_bytes)                                                                                            \
+    X(write_submitted_bytes)                                                                                           \
+    X(completed_attempts)                                                                                              \
+    X(failed_attempts)                                                                                                 \
+    X(bounce_attempts)                                                                                                 \
+    X(bounce_submitted_bytes)                                                                                          \
+    X(fixed_buffer_attempts)                                                                                           \
+    X(fixed_buffer_submitted_bytes)                                                                                    \
+    X(outstanding_requests)                                                                                            \
+    X(peak_outstanding_requests)                                                                                       \
+    X(queued_requests)                                                                                                 \
+    X(peak_queued_requests)                                                                                            \
+    X(queue_full_events)                                                                                               \
+    X(read_completed_bytes)                                                                                            \
+    X(write_completed_bytes)                                                                                           \
+    X(short_io_resubmits)                                                                                              \
+    X(max_batch_size)                                                                                                  \
+    X(batches_submitted)                                                                                               \
+    X(nowait_hits)                                                                                                     \
+    X(nowait_misses)                                                                                                   \
     X(fixed_buffer_fallbacks)
 
 typedef struct rb_stats {
@@ -56,8 +56,7 @@ typedef struct rb_stats_snapshot {
 static inline void rb_stat_max(_Atomic uint64_t *peak, uint64_t v)
 {
     uint64_t cur = atomic_load_explicit(peak, memory_order_relaxed);
-    while (cur < v &&
-           !atomic_compare_exchange_weak_explicit(peak, &cur, v, memory_order_relaxed, memory_order_relaxed))
+    while (cur < v && !atomic_compare_exchange_weak_explicit(peak, &cur, v, memory_order_relaxed, memory_order_relaxed))
         ;
 }
 

@@ -38,8 +38,8 @@
 /* The write_stream byte of Linux >= 6.16 shares the slot of splice_fd_in / file_index. */
 _Static_assert(offsetof(struct io_uring_sqe, splice_fd_in) == 44, "write_stream is SQE byte 44");
 
-#define POLL_TAG ((uint64_t)1)          /* user_data of the eventfd poll; requests use pointers */
-#define MAX_ATTEMPT ((size_t)1 << 30)   /* one SQE moves at most 1 GiB (sqe->len is 32 bits) */
+#define POLL_TAG ((uint64_t)1)        /* user_data of the eventfd poll; requests use pointers */
+#define MAX_ATTEMPT ((size_t)1 << 30) /* one SQE moves at most 1 GiB (sqe->len is 32 bits) */
 #define MAX_FIXED 65536u
 #define MAX_FIXED_SIZE ((uint64_t)1 << 30)
 
@@ -81,8 +81,8 @@ struct rb_uring {
     int stopping;
     struct rb_ctl *ctl;
 
-    _Atomic int stopped;          /* mirror of stopping for lock-free checks */
-    _Atomic uint32_t done_gen;    /* futex: bumped after completions that finished a batch/ctl */
+    _Atomic int stopped;       /* mirror of stopping for lock-free checks */
+    _Atomic uint32_t done_gen; /* futex: bumped after completions that finished a batch/ctl */
     _Atomic int waiters;
 
     pthread_mutex_t reg_mu;
@@ -95,18 +95,18 @@ struct rb_uring {
 
     /* Worker-private from here on. */
     struct io_uring ring;
-    int fixed_file;            /* device fd registered as file 0 */
+    int fixed_file; /* device fd registered as file 0 */
     int poll_armed;
-    int no_submit;             /* fatal submit error: only reap from now on */
-    unsigned inflight;         /* requests with an SQE prepared and no CQE yet */
-    rb_req **sq_fifo;          /* prepared, not yet accepted by the kernel (for stats) */
+    int no_submit;     /* fatal submit error: only reap from now on */
+    unsigned inflight; /* requests with an SQE prepared and no CQE yet */
+    rb_req **sq_fifo;  /* prepared, not yet accepted by the kernel (for stats) */
     unsigned sq_cap, sq_head, sq_count;
     rb_req *retry_head, *retry_tail; /* remainders of short transfers, resubmitted first */
-    rb_req *kern;              /* accepted by the kernel, CQE not reaped (kprev/knext list) */
-    _Atomic int fault;         /* RB_URING_FAULT_* test hooks, consumed by the worker */
+    rb_req *kern;                    /* accepted by the kernel, CQE not reaped (kprev/knext list) */
+    _Atomic int fault;               /* RB_URING_FAULT_* test hooks, consumed by the worker */
     struct fixed_region *regions;
     unsigned nregions;
-    int batch_finished;        /* this round finished a batch or a ctl: wake waiters */
+    int batch_finished; /* this round finished a batch or a ctl: wake waiters */
 };
 
 /* ------------------------------------------------------------------ small helpers */
@@ -182,8 +182,8 @@ void rb_batch_free(rb_batch *b)
     free(b);
 }
 
-int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t offset, void *buf,
-                 size_t buf_len, size_t payload_len, size_t total_len, size_t read_copy_len, rb_err *err)
+int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t offset, void *buf, size_t buf_len,
+                 size_t payload_len, size_t total_len, size_t read_copy_len, rb_err *err)
 {
     rb_req *r = &b->reqs[i];
     if (op == RB_REQ_WRITE) {
@@ -228,9 +228,9 @@ int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
         if (r->total_len == 0) {
             need = 0;
         } else if (r->op == RB_REQ_WRITE) {
-            need = (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len ||
-                   (r->total_len > r->payload_len &&
-                    !all_zero(r->ubuf + r->payload_len, r->total_len - r->payload_len));
+            need =
+                (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len ||
+                (r->total_len > r->payload_len && !all_zero(r->ubuf + r->payload_len, r->total_len - r->payload_len));
         } else {
             need = (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len;
         }
@@ -286,8 +286,7 @@ int rb_batch_result(const rb_batch *b, uint32_t i, rb_err *err)
     case RB_REQ_NOT_SUBMITTED:
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped before submission");
     case RB_REQ_SHORT_SHUTDOWN:
-        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN,
-                          "io_uring worker shutting down: short I/O during shutdown");
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker shutting down: short I/O during shutdown");
     case RB_REQ_NVME_STATUS:
         return rb_err_set(err, RB_ERR_OS, r->errnum, "io_uring_cmd NVMe error");
     case RB_REQ_LBA_OFFSET:
@@ -379,8 +378,8 @@ int rb_uring_sync(struct rb_uring *u, int op, uint64_t offset, void *buf, size_t
     rb_batch *b = rb_batch_new(1, 0);
     if (!b)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    int rc = rb_batch_set(u, b, 0, op, offset, buf, buf_len, payload_len, total_len, op == RB_REQ_READ ? payload_len : 0,
-                          err);
+    int rc = rb_batch_set(u, b, 0, op, offset, buf, buf_len, payload_len, total_len,
+                          op == RB_REQ_READ ? payload_len : 0, err);
     b->reqs[0].pid = pid;
     if (rc == 0)
         rc = rb_batch_prepare(u, b, err);
@@ -428,8 +427,7 @@ static int ctl_pred(void *arg)
     return atomic_load(&((struct rb_ctl *)arg)->done);
 }
 
-int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n,
-                              rb_err *err)
+int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err)
 {
     if (n == 0)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "at least one buffer must be provided");
@@ -466,8 +464,8 @@ int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const ui
     for (size_t i = 1; i < n; i++) {
         if (regs[i].start < regs[i - 1].end) {
             rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer regions overlap: [0x%lx, 0x%lx) and [0x%lx, 0x%lx)",
-                       (unsigned long)regs[i - 1].start, (unsigned long)regs[i - 1].end,
-                       (unsigned long)regs[i].start, (unsigned long)regs[i].end);
+                       (unsigned long)regs[i - 1].start, (unsigned long)regs[i - 1].end, (unsigned long)regs[i].start,
+                       (unsigned long)regs[i].end);
             free(regs);
             free(iov);
             return -EINVAL;
@@ -587,7 +585,7 @@ static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, s
     cmd->cdw11 = (uint32_t)(slba >> 32);
     cmd->cdw12 = nlb & 0xffff;
     if (r->op == RB_REQ_WRITE && r->pid) {
-        cmd->cdw12 |= 2u << 20;           /* DTYPE 2: Data Placement */
+        cmd->cdw12 |= 2u << 20;              /* DTYPE 2: Data Placement */
         cmd->cdw13 = (uint32_t)r->pid << 16; /* DSPEC: the placement id */
     }
 }
@@ -932,7 +930,7 @@ struct worker_round {
     rb_req *shutdown;   /* stopping: everything that was queued, to fail */
     struct rb_ctl *ctl; /* a pending control request (buffer registration), or NULL */
     int stopping;
-    int starved;        /* requests stayed queued for want of room */
+    int starved; /* requests stayed queued for want of room */
 };
 
 /* Worker thread: create the ring and report the outcome to rb_uring_create through the

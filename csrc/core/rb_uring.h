@@ -58,38 +58,38 @@ enum rb_req_op { RB_REQ_READ = 0, RB_REQ_WRITE = 1 };
 enum rb_req_status {
     RB_REQ_PENDING = 0,
     RB_REQ_OK,
-    RB_REQ_EIO,           /* OSError(errnum, "io_uring I/O error") */
-    RB_REQ_EOF,           /* RuntimeError("Unexpected short I/O: internal error") */
-    RB_REQ_SHUTDOWN,      /* RuntimeError("io_uring worker shutting down") */
-    RB_REQ_REFUSED,       /* RuntimeError("io_uring worker stopped") */
-    RB_REQ_NOT_SUBMITTED, /* RuntimeError("io_uring worker stopped before submission") */
+    RB_REQ_EIO,            /* OSError(errnum, "io_uring I/O error") */
+    RB_REQ_EOF,            /* RuntimeError("Unexpected short I/O: internal error") */
+    RB_REQ_SHUTDOWN,       /* RuntimeError("io_uring worker shutting down") */
+    RB_REQ_REFUSED,        /* RuntimeError("io_uring worker stopped") */
+    RB_REQ_NOT_SUBMITTED,  /* RuntimeError("io_uring worker stopped before submission") */
     RB_REQ_SHORT_SHUTDOWN, /* RuntimeError("io_uring worker shutting down: short I/O during shutdown") */
     /* NVMe passthrough (errnum holds the NVMe status, or the LBA size for the build errors,
      * which are reported per request as LMCache's device does, never for the whole batch): */
-    RB_REQ_NVME_STATUS,   /* OSError(status, "io_uring_cmd NVMe error") */
-    RB_REQ_LBA_OFFSET,    /* ValueError("offset must be aligned to LBA size (<n> bytes), got offset=<o>") */
-    RB_REQ_LBA_LENGTH,    /* ValueError("length must be aligned to LBA size (<n> bytes), got len=<l>") */
-    RB_REQ_ZERO_LENGTH    /* ValueError("length must be non-zero") */
+    RB_REQ_NVME_STATUS, /* OSError(status, "io_uring_cmd NVMe error") */
+    RB_REQ_LBA_OFFSET,  /* ValueError("offset must be aligned to LBA size (<n> bytes), got offset=<o>") */
+    RB_REQ_LBA_LENGTH,  /* ValueError("length must be aligned to LBA size (<n> bytes), got len=<l>") */
+    RB_REQ_ZERO_LENGTH  /* ValueError("length must be non-zero") */
 };
 
 typedef struct rb_req {
-    struct rb_req *next;   /* FIFO / worker retry list link */
+    struct rb_req *next;          /* FIFO / worker retry list link */
     struct rb_req *kprev, *knext; /* worker: accepted by the kernel, completion not reaped yet */
     struct rb_batch *batch;
-    uint8_t *ubuf;         /* caller memory */
+    uint8_t *ubuf; /* caller memory */
     size_t ubuf_len;
-    size_t payload_len;    /* writes: bytes taken from ubuf; the rest up to total_len is zeros */
-    size_t total_len;      /* device bytes transferred */
-    uint8_t *bounce;       /* slice of the batch's bounce arena, or NULL */
-    size_t copy_len;       /* reads through a bounce: bytes copied back to ubuf on success */
+    size_t payload_len; /* writes: bytes taken from ubuf; the rest up to total_len is zeros */
+    size_t total_len;   /* device bytes transferred */
+    uint8_t *bounce;    /* slice of the batch's bounce arena, or NULL */
+    size_t copy_len;    /* reads through a bounce: bytes copied back to ubuf on success */
     /* Progress (worker only): the next attempt transfers cur_len bytes at cur_off from/to cur_buf. */
     uint64_t cur_off;
     uint8_t *cur_buf;
     size_t cur_len;
-    size_t att_len;   /* length of the attempt in flight (for stats and short-I/O detection) */
+    size_t att_len; /* length of the attempt in flight (for stats and short-I/O detection) */
     int32_t errnum;
-    uint8_t op;     /* enum rb_req_op */
-    uint8_t status; /* enum rb_req_status; written by the worker before the batch count drops */
+    uint8_t op;        /* enum rb_req_op */
+    uint8_t status;    /* enum rb_req_status; written by the worker before the batch count drops */
     uint8_t att_fixed; /* the attempt in flight uses a registered (fixed) buffer */
     uint8_t in_kern;   /* linked on the worker's kprev/knext list */
     uint16_t pid;      /* writes on a passthrough device: FDP placement id (DSPEC), 0 = none.
@@ -99,9 +99,9 @@ typedef struct rb_req {
 typedef struct rb_batch {
     _Atomic uint32_t pending; /* requests not yet terminal; 0 = done */
     uint32_t n;
-    uint8_t *arena;           /* bounce arena (one aligned allocation), or NULL */
+    uint8_t *arena; /* bounce arena (one aligned allocation), or NULL */
     size_t arena_len;
-    void *user;               /* user_bytes of trailing space, zeroed */
+    void *user; /* user_bytes of trailing space, zeroed */
     rb_req reqs[];
 } rb_batch;
 
@@ -125,8 +125,8 @@ void rb_batch_free(rb_batch *b);
  * read_copy_len: bytes copied back after a bounced read; pass (size_t)-1 for
  * min(buf_len, total_len) (batched_read) or payload_len (read_uring).
  */
-int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t offset, void *buf,
-                 size_t buf_len, size_t payload_len, size_t total_len, size_t read_copy_len, rb_err *err);
+int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t offset, void *buf, size_t buf_len,
+                 size_t payload_len, size_t total_len, size_t read_copy_len, rb_err *err);
 
 /* Decide bounce vs direct per request, allocate the batch's bounce arena, copy write payloads
  * and zero padding. No GIL needed (touches caller memory, which the caller keeps pinned). */
@@ -160,8 +160,7 @@ int rb_batch_result(const rb_batch *b, uint32_t i, rb_err *err);
  * Validates first (count <= 65535, non-null, non-zero, <= 1 GiB each, no overlaps,
  * not already registered) and touches no state on failure. Blocks until the worker did it.
  */
-int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n,
-                              rb_err *err);
+int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err);
 
 /* (registered, total registered bytes). */
 void rb_uring_fixed_status(struct rb_uring *u, int *registered, uint64_t *bytes);

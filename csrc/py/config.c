@@ -62,8 +62,8 @@ static int set_uint_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v)
             u = (uint64_t)ll;
         }
         if (bad) {
-            PyErr_Format(PyExc_ValueError, "%s must be in %llu..%llu, got %.200R", s->name,
-                         (unsigned long long)s->min, (unsigned long long)s->max, v);
+            PyErr_Format(PyExc_ValueError, "%s must be in %llu..%llu, got %.200R", s->name, (unsigned long long)s->min,
+                         (unsigned long long)s->max, v);
             return -1;
         }
     }
@@ -127,8 +127,7 @@ static int set_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, PyObject
     }
 }
 
-int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds, rb_core_cfg *cfg,
-                              PyObject **path_out)
+int rbpy_core_cfg_from_kwargs(const char *fname, PyObject *args, PyObject *kwds, rb_core_cfg *cfg, PyObject **path_out)
 {
     *path_out = NULL;
     if (args && PyTuple_GET_SIZE(args) > 0) {
@@ -230,11 +229,12 @@ static PyObject *setting_dict(const rb_setting *s, const rb_core_cfg *defaults)
     }
     unsigned f = s->flags;
     PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:K,s:K,s:N,s:N,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", s->name, "type", type_name(s->type),
-        "min", (unsigned long long)s->min, "max", (unsigned long long)s->max, "default", deflt, "choices", choices,
-        "lmcache", (f & RB_SET_LMCACHE) ? Py_True : Py_False, "required", (f & RB_SET_REQUIRED) ? Py_True : Py_False,
-        "config", (f & RB_SET_CONFIG) ? Py_True : Py_False, "plugin", (f & RB_SET_PLUGIN) ? Py_True : Py_False,
-        "nonpositive_is_zero", (f & RB_SET_NONPOSITIVE_IS_ZERO) ? Py_True : Py_False, "clamp_to_min",
+        "{s:s,s:s,s:K,s:K,s:N,s:N,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", s->name, "type",
+        type_name(s->type), "min", (unsigned long long)s->min, "max", (unsigned long long)s->max, "default", deflt,
+        "choices", choices, "lmcache", (f & RB_SET_LMCACHE) ? Py_True : Py_False, "required",
+        (f & RB_SET_REQUIRED) ? Py_True : Py_False, "config", (f & RB_SET_CONFIG) ? Py_True : Py_False, "plugin",
+        (f & RB_SET_PLUGIN) ? Py_True : Py_False, "nonpositive_is_zero",
+        (f & RB_SET_NONPOSITIVE_IS_ZERO) ? Py_True : Py_False, "clamp_to_min",
         (f & RB_SET_CLAMP_TO_MIN) ? Py_True : Py_False, "power_of_two", (f & RB_SET_POWER_OF_TWO) ? Py_True : Py_False,
         "none_is_zero", (f & RB_SET_NONE_IS_ZERO) ? Py_True : Py_False, "policy",
         (f & RB_SET_POLICY) ? Py_True : Py_False, "lmcache_mp", (f & RB_SET_LMCACHE_MP) ? Py_True : Py_False, "help",

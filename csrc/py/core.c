@@ -31,12 +31,11 @@ typedef struct {
 } meta_names;
 
 typedef struct {
-    PyObject_HEAD
-    rb_core *core;
+    PyObject_HEAD rb_core *core;
     int closed;
     PyObject *close_result; /* dict returned by the first close() */
     PyObject *weakreflist;
-    PyObject *namer;        /* the namer the entries of names came from (the first one passed) */
+    PyObject *namer; /* the namer the entries of names came from (the first one passed) */
     int n_names;
     meta_names names[RBPY_META_NAMES];
     /* _set_metadata_shortcut: instances of exactly meta_type have their metadata read as the
@@ -52,7 +51,7 @@ typedef struct {
 typedef struct {
     PyObject *tuple; /* owns the key objects (the list or tuple itself when one was passed) */
     const char **keys;
-    size_t *lens;    /* inside the keys allocation */
+    size_t *lens; /* inside the keys allocation */
     Py_ssize_t n;
 } keyvec;
 
@@ -187,8 +186,7 @@ static int memobj_check_storage(PyObject *raw, Py_ssize_t i, unsigned long long 
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             return -1;
         PyErr_Clear(); /* no storage to check against: only raw_data's own bytes are known */
-        PyErr_Format(PyExc_ValueError, "payload %zd: get_size() = %llu exceeds raw_data's %llu bytes", i, size,
-                     nbytes);
+        PyErr_Format(PyExc_ValueError, "payload %zd: get_size() = %llu exceeds raw_data's %llu bytes", i, size, nbytes);
         return -1;
     }
     int rc = call_u64(storage, "data_ptr", &sptr);
@@ -215,7 +213,8 @@ static int memobj_payload(rbpy_state *st, PyObject *o, Py_ssize_t i, payload *p)
     int cpu, contig;
     if (!raw)
         return -1;
-    if ((cpu = attr_true(st, raw, RBPY_NAME_IS_CPU, 0)) < 0 || (contig = attr_true(st, raw, RBPY_NAME_IS_CONTIGUOUS, 1)) < 0)
+    if ((cpu = attr_true(st, raw, RBPY_NAME_IS_CPU, 0)) < 0 ||
+        (contig = attr_true(st, raw, RBPY_NAME_IS_CONTIGUOUS, 1)) < 0)
         goto fail;
     if (!cpu || !contig) {
         PyErr_Format(PyExc_ValueError, "payload %zd: raw_data must be a contiguous tensor in host memory", i);
@@ -388,10 +387,9 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_open(&cfg, &core, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_open(&cfg, &core, &err);
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         rbpy_raise_err_path(&err, path);
         Py_DECREF(path);
         return NULL;
@@ -400,11 +398,9 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     CoreObject *self = (CoreObject *)type->tp_alloc(type, 0);
     if (!self) {
         rb_close_result res;
-        Py_BEGIN_ALLOW_THREADS
-        rb_core_close(core, &res);
+        Py_BEGIN_ALLOW_THREADS rb_core_close(core, &res);
         rb_core_free(core);
-        Py_END_ALLOW_THREADS
-        return NULL;
+        Py_END_ALLOW_THREADS return NULL;
     }
     self->core = core;
     return (PyObject *)self;
@@ -413,10 +409,8 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static PyObject *do_close(CoreObject *self)
 {
     rb_close_result res;
-    Py_BEGIN_ALLOW_THREADS
-    rb_core_close(self->core, &res);
-    Py_END_ALLOW_THREADS
-    self->closed = 1;
+    Py_BEGIN_ALLOW_THREADS rb_core_close(self->core, &res);
+    Py_END_ALLOW_THREADS self->closed = 1;
     if (res.repeat) {
         PyObject *d = self->close_result ? PyDict_Copy(self->close_result) : PyDict_New();
         if (d && PyDict_SetItemString(d, "repeat", Py_True) < 0)
@@ -462,8 +456,7 @@ static void core_dealloc(PyObject *op)
         rb_core *core = self->core;
         self->core = NULL;
         rb_close_result res;
-        Py_BEGIN_ALLOW_THREADS
-        rb_core_close(core, &res);
+        Py_BEGIN_ALLOW_THREADS rb_core_close(core, &res);
         rb_core_free(core);
         Py_END_ALLOW_THREADS
     }
@@ -522,7 +515,7 @@ typedef struct {
     Py_ssize_t n;                        /* keys */
     Py_ssize_t nviews;                   /* views[0..nviews) are held */
     rb_put_item *items;
-    int64_t (*dims)[RBPY_INLINE_DIMS];   /* items[i].meta.dims is dims[i] for a short shape */
+    int64_t (*dims)[RBPY_INLINE_DIMS]; /* items[i].meta.dims is dims[i] for a short shape */
     payload *views;
     uint8_t *results;
     uint32_t *stored;
@@ -590,7 +583,8 @@ static int put_pid_from(PyObject *pid, rb_put_item *it)
     if (v == -1 && PyErr_Occurred())
         return -1;
     if (v < 1 || v > 65535) {
-        PyErr_SetString(PyExc_ValueError, "placement_ids must contain placement identifiers in range 1..=65535 or None");
+        PyErr_SetString(PyExc_ValueError,
+                        "placement_ids must contain placement identifiers in range 1..=65535 or None");
         return -1;
     }
     it->pid = (uint16_t)v;
@@ -667,8 +661,8 @@ static int i64_from_iter(PyObject *o, int64_t *inl, Py_ssize_t cap, int64_t **ou
             goto fail;
         if (len == cap) {
             Py_ssize_t ncap = cap < 8 ? 16 : cap * 2;
-            int64_t *nv = ncap <= PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) ? PyMem_Malloc(ncap * sizeof(int64_t))
-                                                                                : NULL;
+            int64_t *nv =
+                ncap <= PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) ? PyMem_Malloc(ncap * sizeof(int64_t)) : NULL;
             if (!nv) {
                 PyErr_NoMemory();
                 goto fail;
@@ -882,11 +876,10 @@ static int put_call_run(PyObject *op, put_call *pc)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_put_many(core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored, &pc->n_stored, &pc->fail,
-                          &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_put_many(core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored,
+                                                 &pc->n_stored, &pc->fail, &err);
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         rbpy_raise_err(&err);
         return -1;
     }
@@ -972,8 +965,8 @@ static PyObject *core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t n
  * None): None as it is, a list of ints through conv (the facade's positions_from_list). -1
  * with an exception set on the first failure.
  */
-static int load_set_positions(rbpy_state *st, CoreObject *self, PyObject *bufs, const rb_load_item *items,
-                              Py_ssize_t n, PyObject *conv)
+static int load_set_positions(rbpy_state *st, CoreObject *self, PyObject *bufs, const rb_load_item *items, Py_ssize_t n,
+                              PyObject *conv)
 {
     PyTypeObject *direct = metadata_direct_type(st, self);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1098,10 +1091,9 @@ static PyObject *core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t 
         rb_err err;
         rb_err_clear(&err);
         int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = rb_core_load_many(core_of(op), items, (size_t)n, &err);
-        Py_END_ALLOW_THREADS
-        if (rc < 0) {
+        Py_BEGIN_ALLOW_THREADS rc = rb_core_load_many(core_of(op), items, (size_t)n, &err);
+        Py_END_ALLOW_THREADS if (rc < 0)
+        {
             rbpy_raise_err(&err);
             goto done;
         }
@@ -1154,8 +1146,7 @@ static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *con
         PyErr_NoMemory();
     } else {
         if (kv.n > RBPY_NOGIL_KEYS) {
-            Py_BEGIN_ALLOW_THREADS
-            fn(core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
+            Py_BEGIN_ALLOW_THREADS fn(core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
             Py_END_ALLOW_THREADS
         } else {
             fn(core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
@@ -1180,8 +1171,7 @@ static PyObject *core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_
     /* Format v1 makes a slot no container lists reusable at its delete: deallocate it now. */
     rb_core *c = r ? core_of(op) : NULL;
     if (c && rb_core_dealloc_pending(c)) {
-        Py_BEGIN_ALLOW_THREADS
-        (void)rb_core_dealloc_run(c);
+        Py_BEGIN_ALLOW_THREADS(void) rb_core_dealloc_run(c);
         Py_END_ALLOW_THREADS
     }
     return r;
@@ -1193,8 +1183,7 @@ static PyObject *core_unlock_many(PyObject *op, PyObject *keys)
     if (keyvec_from(keys, &kv) < 0)
         return NULL;
     if (kv.n > RBPY_NOGIL_KEYS) {
-        Py_BEGIN_ALLOW_THREADS
-        rb_core_unlock_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n);
+        Py_BEGIN_ALLOW_THREADS rb_core_unlock_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n);
         Py_END_ALLOW_THREADS
     } else {
         rb_core_unlock_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n);
@@ -1255,18 +1244,15 @@ static PyObject *core_get_metadata_many(PyObject *op, PyObject *keys)
     if (!out) {
         PyErr_NoMemory();
     } else {
-        Py_BEGIN_ALLOW_THREADS
-        rb_core_get_metadata_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, out);
-        Py_END_ALLOW_THREADS
-        ret = meta_list(out, kv.n, kv.n, 1);
+        Py_BEGIN_ALLOW_THREADS rb_core_get_metadata_many(core_of(op), kv.keys, kv.lens, (size_t)kv.n, out);
+        Py_END_ALLOW_THREADS ret = meta_list(out, kv.n, kv.n, 1);
     }
     PyMem_Free(out);
     keyvec_free(&kv);
     return ret;
 }
 
-static PyObject *core_get_metadata_prefix(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
-                                          PyObject *kwnames)
+static PyObject *core_get_metadata_prefix(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "lock", "skip"};
     PyObject *a[3];
@@ -1294,10 +1280,9 @@ static PyObject *core_get_metadata_prefix(PyObject *op, PyObject *const *args, P
         }
     }
     size_t m;
-    Py_BEGIN_ALLOW_THREADS
-    m = rb_core_get_metadata_prefix(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, skip, out);
-    Py_END_ALLOW_THREADS
-    ret = meta_list(out, (Py_ssize_t)m, (Py_ssize_t)m, 0);
+    Py_BEGIN_ALLOW_THREADS m =
+        rb_core_get_metadata_prefix(core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, skip, out);
+    Py_END_ALLOW_THREADS ret = meta_list(out, (Py_ssize_t)m, (Py_ssize_t)m, 0);
 done:
     PyMem_Free(out);
     PyMem_Free(skip);
@@ -1362,11 +1347,8 @@ static PyObject *core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssiz
     char **keys = NULL;
     size_t *lens = NULL;
     int64_t n;
-    Py_BEGIN_ALLOW_THREADS
-    n = rb_core_snapshot_keys(core_of(op), limit, &keys, &lens);
-    Py_END_ALLOW_THREADS
-    if (n < 0)
-        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS n = rb_core_snapshot_keys(core_of(op), limit, &keys, &lens);
+    Py_END_ALLOW_THREADS if (n < 0) return PyErr_NoMemory();
     PyObject *l = PyList_New((Py_ssize_t)n);
     for (int64_t i = 0; i < n; i++) {
         if (l) {
@@ -1397,11 +1379,8 @@ static PyObject *core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssi
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_checkpoint(core_of(op), force, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return rbpy_raise_err(&err);
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_checkpoint(core_of(op), force, &err);
+    Py_END_ALLOW_THREADS if (rc < 0) return rbpy_raise_err(&err);
     return PyBool_FromLong(rc > 0);
 }
 
@@ -1410,11 +1389,8 @@ static PyObject *core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_compact(core_of(op), &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return rbpy_raise_err(&err);
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_compact(core_of(op), &err);
+    Py_END_ALLOW_THREADS if (rc < 0) return rbpy_raise_err(&err);
     return PyBool_FromLong(rc > 0);
 }
 
@@ -1457,10 +1433,8 @@ static PyObject *apply_state_json(PyObject *op, PyObject *arg, int generic)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_apply_state_json_ex(core_of(op), b.buf, (size_t)b.len, generic, &err);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&b);
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_apply_state_json_ex(core_of(op), b.buf, (size_t)b.len, generic, &err);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
     if (rc < 0)
         return rbpy_raise_err(&err);
     return Py_BuildValue("(Os)", rc > 0 ? Py_True : Py_False, rc > 0 ? "" : err.msg);
@@ -1511,15 +1485,14 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
         "{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K}", "state",
         st->log_state >= 0 && st->log_state < 3 ? states[st->log_state] : "?", "ring_bytes",
         (unsigned long long)st->log_ring_bytes, "live_bytes", (unsigned long long)st->log_live_bytes, "seq",
-        (unsigned long long)st->log_seq, "groups_written", (unsigned long long)st->log_groups_written,
-        "bytes_written", (unsigned long long)st->log_bytes_written, "last_group_bytes",
-        (unsigned long long)st->log_last_group_bytes, "last_group_records",
-        (unsigned long long)st->log_last_group_records, "pending_pages", (unsigned long long)st->log_pending_pages,
-        "bases_written", (unsigned long long)st->bases_written, "base_last_bytes",
-        (unsigned long long)st->base_last_bytes, "base_last_entries", (unsigned long long)st->base_last_entries,
-        "base_too_large", (unsigned long long)st->base_too_large, "compactions",
-        (unsigned long long)st->compactions, "base_last_seconds", (double)st->base_last_ns / 1e9, "journal_lost",
-        (unsigned long long)st->log_journal_lost, "ring_full", (unsigned long long)st->log_ring_full,
+        (unsigned long long)st->log_seq, "groups_written", (unsigned long long)st->log_groups_written, "bytes_written",
+        (unsigned long long)st->log_bytes_written, "last_group_bytes", (unsigned long long)st->log_last_group_bytes,
+        "last_group_records", (unsigned long long)st->log_last_group_records, "pending_pages",
+        (unsigned long long)st->log_pending_pages, "bases_written", (unsigned long long)st->bases_written,
+        "base_last_bytes", (unsigned long long)st->base_last_bytes, "base_last_entries",
+        (unsigned long long)st->base_last_entries, "base_too_large", (unsigned long long)st->base_too_large,
+        "compactions", (unsigned long long)st->compactions, "base_last_seconds", (double)st->base_last_ns / 1e9,
+        "journal_lost", (unsigned long long)st->log_journal_lost, "ring_full", (unsigned long long)st->log_ring_full,
         "recovered_groups", (unsigned long long)st->log_recovered_groups, "recovered_records",
         (unsigned long long)st->log_recovered_records, "base_area_bytes", (unsigned long long)st->base_area_bytes,
         "generation", (unsigned long long)st->log_generation);
@@ -1542,15 +1515,15 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     PyObject *io = PyDict_New();
     if (!io)
         return NULL;
-#define RBPY_IO(name)                                                                              \
-    do {                                                                                           \
-        PyObject *v = PyLong_FromUnsignedLongLong(st.io.name);                                     \
-        if (!v || PyDict_SetItemString(io, #name, v) < 0) {                                        \
-            Py_XDECREF(v);                                                                         \
-            Py_DECREF(io);                                                                         \
-            return NULL;                                                                           \
-        }                                                                                          \
-        Py_DECREF(v);                                                                              \
+#define RBPY_IO(name)                                                                                                  \
+    do {                                                                                                               \
+        PyObject *v = PyLong_FromUnsignedLongLong(st.io.name);                                                         \
+        if (!v || PyDict_SetItemString(io, #name, v) < 0) {                                                            \
+            Py_XDECREF(v);                                                                                             \
+            Py_DECREF(io);                                                                                             \
+            return NULL;                                                                                               \
+        }                                                                                                              \
+        Py_DECREF(v);                                                                                                  \
     } while (0);
     RB_STATS_FIELDS(RBPY_IO)
 #undef RBPY_IO
@@ -1559,22 +1532,20 @@ static PyObject *core_status(PyObject *op, PyObject *unused)
     PyObject *d = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
         "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
-        "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes",
-        st.container_bytes, "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count",
-        st.free_slots, "indexed_key_count", st.indexed, "inflight_key_count", st.inflight_keys,
-        "locked_key_count", st.locked_keys, "inflight_io_count", st.inflight_io, "metadata_seq", st.meta_seq,
-        "metadata_dirty_total", st.dirty_total, "metadata_persisted", st.persisted,
-        "fdp_slot_affinity_hit_count", st.affinity_hits, "fdp_slot_affinity_fallback_count",
+        "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes", st.container_bytes,
+        "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count", st.free_slots, "indexed_key_count",
+        st.indexed, "inflight_key_count", st.inflight_keys, "locked_key_count", st.locked_keys, "inflight_io_count",
+        st.inflight_io, "metadata_seq", st.meta_seq, "metadata_dirty_total", st.dirty_total, "metadata_persisted",
+        st.persisted, "fdp_slot_affinity_hit_count", st.affinity_hits, "fdp_slot_affinity_fallback_count",
         st.affinity_fallbacks, "checkpoints_written", st.ckpt_written, "checkpoint_failures", st.ckpt_failures,
         "checkpoint_too_large_count", st.ckpt_too_large, "payload_checksum_failures", st.checksum_failures,
         "recovery_dropped_entries", st.recovery_dropped, "recovery_loaded_entries", st.recovery_entries_loaded,
-        "unverified_entry_count", st.unverified, "load_verified_entries", st.deferred_verified,
-        "load_dropped_entries", st.deferred_dropped,
-        "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed", st.closed ? Py_True : Py_False,
-        "checkpoint_last_error", rbpy_text(st.ckpt_error), "recovery_outcome", outcome, "recovery_seq", st.recovery_seq,
-        "recovery_rejected_seq", st.recovery_rejected_seq, "recovery_lost_entries", (long long)st.recovery_lost,
-        "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total", st.held_total,
-        "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
+        "unverified_entry_count", st.unverified, "load_verified_entries", st.deferred_verified, "load_dropped_entries",
+        st.deferred_dropped, "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed",
+        st.closed ? Py_True : Py_False, "checkpoint_last_error", rbpy_text(st.ckpt_error), "recovery_outcome", outcome,
+        "recovery_seq", st.recovery_seq, "recovery_rejected_seq", st.recovery_rejected_seq, "recovery_lost_entries",
+        (long long)st.recovery_lost, "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total",
+        st.held_total, "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
         "device_flushes", st.flushes, "recovery_skipped_entries", st.skipped, "io", io);
     if (!d || status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0 || status_add_dealloc(d, &st) < 0)
         Py_CLEAR(d);
@@ -1598,8 +1569,8 @@ static int status_add_trust(PyObject *d, const rb_core_status *st)
         const rb_fault *f = &st->faults[k];
         PyObject *off = f->offset == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(f->offset);
         PyObject *fd = Py_BuildValue("{s:K,s:d,s:s,s:N,s:i,s:N}", "seq", (unsigned long long)f->seq, "time",
-                                     (double)f->time_ns / 1e9, "op", f->op, "offset", off, "errno", f->errnum,
-                                     "text", rbpy_text(f->text));
+                                     (double)f->time_ns / 1e9, "op", f->op, "offset", off, "errno", f->errnum, "text",
+                                     rbpy_text(f->text));
         rc = fd ? PyList_Append(faults, fd) : -1;
         Py_XDECREF(fd);
     }
@@ -1611,12 +1582,14 @@ static int status_add_trust(PyObject *d, const rb_core_status *st)
         Py_XDECREF(k);
         Py_XDECREF(v);
     }
-    PyObject *t = rc == 0 ? Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O}", "load_rejected_entries", st->load_rejected,
-        "writeback_failures", st->writeback_failures, "writeback_dropped_entries", st->writeback_dropped,
-        "shrink_dropped_entries", st->shrink_dropped, "retired_slots", st->retired_slots, "undurable_writes",
-        st->undurable_writes, "usable_slots", st->usable_slots, "device_size_bytes", st->device_size, "faults_total",
-        st->faults_total, "faults", faults, "fault_counts", counts) : NULL;
+    PyObject *t = rc == 0 ? Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O}", "load_rejected_entries",
+                                          st->load_rejected, "writeback_failures", st->writeback_failures,
+                                          "writeback_dropped_entries", st->writeback_dropped, "shrink_dropped_entries",
+                                          st->shrink_dropped, "retired_slots", st->retired_slots, "undurable_writes",
+                                          st->undurable_writes, "usable_slots", st->usable_slots, "device_size_bytes",
+                                          st->device_size, "faults_total", st->faults_total, "faults", faults,
+                                          "fault_counts", counts)
+                          : NULL;
     rc = t ? PyDict_Update(d, t) : -1;
     Py_XDECREF(t);
     Py_XDECREF(faults);
@@ -1663,8 +1636,8 @@ static PyObject *core_nvme_info(PyObject *op, PyObject *unused)
     return Py_BuildValue("{s:I,s:I,s:I,s:n,s:K,s:O,s:I,s:I,s:s}", "nsid", ns.nsid, "lba_shift", ns.lba_shift,
                          "lba_size", ns.lba_size, "max_data_transfer_size", (Py_ssize_t)rb_dev_max_transfer(c->dev),
                          "size_bytes", (unsigned long long)rb_dev_size(c->dev), "dsm_supported",
-                         dsm.supported ? Py_True : Py_False, "dsm_max_ranges", dsm.max_ranges,
-                         "dsm_max_range_blocks", dsm.max_range_lbas, "deallocated_reads",
+                         dsm.supported ? Py_True : Py_False, "dsm_max_ranges", dsm.max_ranges, "dsm_max_range_blocks",
+                         dsm.max_range_lbas, "deallocated_reads",
                          dsm.dlfeat_read < 3 ? reads[dsm.dlfeat_read] : "reserved");
 }
 
@@ -1755,13 +1728,9 @@ static PyObject *core_register_buffers(PyObject *op, PyObject *const *args, Py_s
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_register_buffers(core_of(op), ptrs, sizes, (size_t)n, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        rbpy_raise_err(&err);
-    else
-        ret = Py_NewRef(Py_None);
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_register_buffers(core_of(op), ptrs, sizes, (size_t)n, &err);
+    Py_END_ALLOW_THREADS if (rc < 0) rbpy_raise_err(&err);
+    else ret = Py_NewRef(Py_None);
 done:
     PyMem_Free(ptrs);
     PyMem_Free(sizes);
@@ -1803,11 +1772,8 @@ static PyObject *core_revalidate(PyObject *op, PyObject *arg)
         return NULL;
     uint64_t dropped = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_core_revalidate(core_of(op), seq, &dropped);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_revalidate(core_of(op), seq, &dropped);
+    Py_END_ALLOW_THREADS if (rc < 0) return PyErr_NoMemory();
     return PyLong_FromUnsignedLongLong(dropped);
 }
 

@@ -55,8 +55,8 @@ static int lock_mode_of(PyObject *o, int *mode)
     static const struct {
         const char *name;
         int mode;
-    } modes[] = {{"check", RB_LOCK_CHECK}, {"shared", RB_LOCK_SHARED}, {"exclusive", RB_LOCK_EXCLUSIVE},
-                 {"none", RB_LOCK_NONE}};
+    } modes[] = {
+        {"check", RB_LOCK_CHECK}, {"shared", RB_LOCK_SHARED}, {"exclusive", RB_LOCK_EXCLUSIVE}, {"none", RB_LOCK_NONE}};
     const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
     if (PyUnicode_Check(o) && !s)
         return -1;
@@ -66,22 +66,28 @@ static int lock_mode_of(PyObject *o, int *mode)
             return 0;
         }
     }
-    PyErr_Format(PyExc_ValueError, "lock must be one of 'check', 'shared', 'exclusive', 'none' or None, got %.200R",
-                 o);
+    PyErr_Format(PyExc_ValueError, "lock must be one of 'check', 'shared', 'exclusive', 'none' or None, got %.200R", o);
     return -1;
 }
 
 static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"path", "writable", "use_odirect", "use_iouring", "use_uring_cmd",
-                             "alignment", "io_engine", "iouring_queue_depth", "max_data_transfer_size", "lock",
+    static char *kwlist[] = {"path",
+                             "writable",
+                             "use_odirect",
+                             "use_iouring",
+                             "use_uring_cmd",
+                             "alignment",
+                             "io_engine",
+                             "iouring_queue_depth",
+                             "max_data_transfer_size",
+                             "lock",
                              NULL};
     PyObject *path, *o_writable, *o_odirect = NULL, *o_iouring = NULL, *o_uring_cmd = NULL;
     PyObject *o_alignment = NULL, *o_depth = NULL, *o_mdts = NULL, *o_lock = NULL;
     PyObject *io_engine = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$O:RawBlockDevice", kwlist, &path, &o_writable,
-                                     &o_odirect, &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth,
-                                     &o_mdts, &o_lock))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$O:RawBlockDevice", kwlist, &path, &o_writable, &o_odirect,
+                                     &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth, &o_mdts, &o_lock))
         return NULL;
     /* Our keyword-only extension: how the device is locked (LMCache's device takes no lock). */
     int lock_mode;
@@ -148,8 +154,8 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         if (m == -1 && !overflow && PyErr_Occurred())
             return NULL;
         if (overflow || m < 0 || m > (1LL << 30)) {
-            PyErr_Format(PyExc_ValueError, "max_data_transfer_size must be 0 (from sysfs) or at most 2^30 bytes, got %.200R",
-                         o_mdts);
+            PyErr_Format(PyExc_ValueError,
+                         "max_data_transfer_size must be 0 (from sysfs) or at most 2^30 bytes, got %.200R", o_mdts);
             return NULL;
         }
         max_transfer = (uint64_t)m;
@@ -201,10 +207,9 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (use_uring_cmd) {
         struct stat st;
         int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = stat(cfg.path, &st);
-        Py_END_ALLOW_THREADS
-        if (rc != 0) {
+        Py_BEGIN_ALLOW_THREADS rc = stat(cfg.path, &st);
+        Py_END_ALLOW_THREADS if (rc != 0)
+        {
             int e = errno;
             Py_DECREF(bpath);
             rb_err err;
@@ -224,10 +229,9 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_dev_open(&cfg, &dev, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_BEGIN_ALLOW_THREADS rc = rb_dev_open(&cfg, &dev, &err);
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         rbpy_raise_err_path(&err, bpath); /* OSError's filename is the path */
         Py_DECREF(bpath);
         return NULL;
@@ -236,10 +240,8 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
     RawBlockDeviceObject *self = (RawBlockDeviceObject *)type->tp_alloc(type, 0);
     if (!self) {
-        Py_BEGIN_ALLOW_THREADS
-        rb_dev_free(dev);
-        Py_END_ALLOW_THREADS
-        return NULL;
+        Py_BEGIN_ALLOW_THREADS rb_dev_free(dev);
+        Py_END_ALLOW_THREADS return NULL;
     }
     self->dev = dev;
     self->use_iouring = iouring;
@@ -250,11 +252,10 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static void device_close_locked_gil(RawBlockDeviceObject *self, rb_err *err, int *rc)
 {
     rb_dev *dev = self->dev;
-    Py_BEGIN_ALLOW_THREADS
-    *rc = rb_dev_close(dev, err);
+    Py_BEGIN_ALLOW_THREADS *rc = rb_dev_close(dev, err);
     Py_END_ALLOW_THREADS
-    /* The engine has stopped: nothing references the caller's buffers any more. */
-    rbpy_uring_batches_free(self);
+        /* The engine has stopped: nothing references the caller's buffers any more. */
+        rbpy_uring_batches_free(self);
 }
 
 static void device_dealloc(PyObject *op)
@@ -344,13 +345,11 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
          * the GIL and wait. */
         rc = rb_xfer_prepare(dev, &x, &err);
         if (rc == 0 && !rb_xfer_try_nowait(dev, &x)) {
-            Py_BEGIN_ALLOW_THREADS
-            rc = rb_xfer_run(dev, &x, &err);
+            Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, &x, &err);
             Py_END_ALLOW_THREADS
         }
     } else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = rb_xfer_prepare(dev, &x, &err);
+        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_prepare(dev, &x, &err);
         if (rc == 0)
             rc = rb_xfer_run(dev, &x, &err);
         Py_END_ALLOW_THREADS
@@ -358,8 +357,7 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
     while (rc == -EINTR) {
         if (PyErr_CheckSignals() < 0)
             break;
-        Py_BEGIN_ALLOW_THREADS
-        rc = rb_xfer_run(dev, &x, &err);
+        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, &x, &err);
         Py_END_ALLOW_THREADS
     }
     rb_xfer_release(&x);
@@ -402,8 +400,7 @@ static PyObject *sync_method(PyObject *op, int write, const char *fname, const c
     return r;
 }
 
-static PyObject *device_pwrite_from_buffer(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
-                                           PyObject *kwnames)
+static PyObject *device_pwrite_from_buffer(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"offset", "data", "payload_len", "total_len"};
     return sync_method(op, 1, "pwrite_from_buffer", names, args, nargs, kwnames);
@@ -423,15 +420,15 @@ static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-#define RBPY_PUT(name)                                                                             \
-    do {                                                                                           \
-        PyObject *v = PyLong_FromUnsignedLongLong(s.name);                                         \
-        if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                         \
-            Py_XDECREF(v);                                                                         \
-            Py_DECREF(d);                                                                          \
-            return NULL;                                                                           \
-        }                                                                                          \
-        Py_DECREF(v);                                                                              \
+#define RBPY_PUT(name)                                                                                                 \
+    do {                                                                                                               \
+        PyObject *v = PyLong_FromUnsignedLongLong(s.name);                                                             \
+        if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                                             \
+            Py_XDECREF(v);                                                                                             \
+            Py_DECREF(d);                                                                                              \
+            return NULL;                                                                                               \
+        }                                                                                                              \
+        Py_DECREF(v);                                                                                                  \
     } while (0);
     RB_STATS_FIELDS(RBPY_PUT)
 #undef RBPY_PUT
@@ -508,10 +505,9 @@ PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_dev_fdp_status(dev, &v, &n, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_BEGIN_ALLOW_THREADS rc = rb_dev_fdp_status(dev, &v, &n, &err);
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         if (not_enabled && err.kind == RB_ERR_RUNTIME && err.errnum == EINVAL)
             rb_err_set(&err, RB_ERR_RUNTIME, EINVAL, "%s", not_enabled);
         return rbpy_raise_err(&err);

@@ -263,7 +263,9 @@ static PyObject *err_text(const rb_err *err)
         Py_DECREF(exc);
         return s;
     }
-    const char *tn = err->kind == RB_ERR_VALUE ? "ValueError" : err->kind == RB_ERR_NOMEM ? "MemoryError" : "RuntimeError";
+    const char *tn = err->kind == RB_ERR_VALUE   ? "ValueError"
+                     : err->kind == RB_ERR_NOMEM ? "MemoryError"
+                                                 : "RuntimeError";
     return PyUnicode_FromFormat("%s: %s", tn, err->msg);
 }
 
@@ -299,12 +301,11 @@ static PyObject *queue_batch(RawBlockDeviceObject *self, rb_batch *b)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_batch_prepare(u, b, &err);
+    Py_BEGIN_ALLOW_THREADS rc = rb_batch_prepare(u, b, &err);
     if (rc == 0)
         (void)rb_uring_submit(u, b); /* refused: every entry reports "io_uring worker stopped" */
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         t->reserved--;
         batch_release(b);
         rb_dev_leave(dev);
@@ -398,8 +399,7 @@ PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t
     PyObject *offs = NULL, *bufs = NULL, *tots = NULL, *pids = NULL, *pays = NULL, *ret = NULL;
     rb_batch *b = NULL;
     int entered = 0;
-    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) ||
-        !(tots = as_seq(a[2], "total_lens")))
+    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) || !(tots = as_seq(a[2], "total_lens")))
         goto done;
     if (a[3] && a[3] != Py_None && !(pids = as_seq(a[3], "placement_ids")))
         goto done;
@@ -494,8 +494,7 @@ PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t 
     PyObject *offs = NULL, *bufs = NULL, *tots = NULL, *ret = NULL;
     rb_batch *b = NULL;
     int entered = 0;
-    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) ||
-        !(tots = as_seq(a[2], "total_lens")))
+    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) || !(tots = as_seq(a[2], "total_lens")))
         goto done;
     /* Entry checks first (their errors come first); the user reference only once no more
      * Python code (__index__) runs: code there that closes the device would wait for it. */
@@ -570,8 +569,7 @@ PyObject *rbpy_dev_wait_iouring(PyObject *op, PyObject *const *args, Py_ssize_t 
         return Py_BuildValue("([][])");
     }
     if (!rb_batch_done(b)) {
-        Py_BEGIN_ALLOW_THREADS
-        rb_uring_wait(rb_dev_uring(dev), b);
+        Py_BEGIN_ALLOW_THREADS rb_uring_wait(rb_dev_uring(dev), b);
         Py_END_ALLOW_THREADS
     }
     rb_dev_leave(dev);
@@ -622,8 +620,7 @@ static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t off
         return rbpy_raise_err(&err);
     }
     if (rb_uring_submit(u, b) == 0 && !rb_batch_done(b)) {
-        Py_BEGIN_ALLOW_THREADS
-        rb_uring_wait(u, b);
+        Py_BEGIN_ALLOW_THREADS rb_uring_wait(u, b);
         Py_END_ALLOW_THREADS
     }
     rc = rb_batch_result(b, 0, &err);
@@ -639,8 +636,8 @@ static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t off
  * the user reference last, as in take_views. Returns 0 with *v held and the call entered, or
  * -1 with an exception.
  */
-static int single_begin(RawBlockDeviceObject *self, PyObject *const *a, int flags, uint64_t *offset,
-                        size_t *payload, size_t *total, Py_buffer *v)
+static int single_begin(RawBlockDeviceObject *self, PyObject *const *a, int flags, uint64_t *offset, size_t *payload,
+                        size_t *total, Py_buffer *v)
 {
     if (item_u64(a[0], "offset", offset) < 0 || item_size(a[2], "payload_len", payload) < 0)
         return -1;
@@ -763,10 +760,8 @@ PyObject *rbpy_dev_register_fixed_buffers(PyObject *op, PyObject *const *args, P
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, (size_t)np, &err);
-    Py_END_ALLOW_THREADS
-    rb_dev_leave(self->dev);
+    Py_BEGIN_ALLOW_THREADS rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, (size_t)np, &err);
+    Py_END_ALLOW_THREADS rb_dev_leave(self->dev);
     if (rc < 0)
         rbpy_raise_err(&err);
     else

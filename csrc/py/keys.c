@@ -34,17 +34,17 @@
 
 enum { F_MODEL, F_WORLD, F_WORKER, F_HASH, F_DTYPE, F_TAGS, F_LAYER, F_COUNT };
 static const char *const field_names[F_COUNT] = {"model_name", "world_size", "worker_id", "chunk_hash",
-                                                 "_dtype_str", "tags", "layer_id"};
+                                                 "_dtype_str", "tags",       "layer_id"};
 
 #define PLAN_SLOTS 4
 
 typedef struct {
-    PyTypeObject *tp;          /* borrowed: the keys being encoded keep it alive */
-    int fast;                  /* 0: to_string() for this type */
-    int layer;                 /* LayerCacheEngineKey: layer_id after the dtype */
-    int verified;              /* bit (hash is bytes) * 2 + (has tags): checked against to_string() */
-    int direct;                /* every field is a slot member: encode_direct() may be tried */
-    Py_ssize_t off[F_COUNT];   /* member offset, or -1: generic getattr */
+    PyTypeObject *tp;        /* borrowed: the keys being encoded keep it alive */
+    int fast;                /* 0: to_string() for this type */
+    int layer;               /* LayerCacheEngineKey: layer_id after the dtype */
+    int verified;            /* bit (hash is bytes) * 2 + (has tags): checked against to_string() */
+    int direct;              /* every field is a slot member: encode_direct() may be tried */
+    Py_ssize_t off[F_COUNT]; /* member offset, or -1: generic getattr */
 } key_plan;
 
 typedef struct {
@@ -466,11 +466,11 @@ static int encode_fast(const key_plan *pl, PyObject *key, kbuf *b, int *combo)
             goto out;
         has_tags = PyTuple_GET_SIZE(tags) != 0;
     }
-#define STEP(expr)                  \
-    do {                            \
-        rc = (expr);                \
-        if (rc <= 0)                \
-            goto out;               \
+#define STEP(expr)                                                                                                     \
+    do {                                                                                                               \
+        rc = (expr);                                                                                                   \
+        if (rc <= 0)                                                                                                   \
+            goto out;                                                                                                  \
     } while (0)
     STEP(kbuf_put_str(b, f[F_MODEL]));
     STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
@@ -939,8 +939,7 @@ PyObject *rbpy_delete_legacy_keys(PyObject *mod, PyObject *const *args, Py_ssize
     }
     rb_core *core = rbpy_core_ptr(a[0]);
     if (n > 64) {
-        Py_BEGIN_ALLOW_THREADS
-        rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
+        Py_BEGIN_ALLOW_THREADS rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
         Py_END_ALLOW_THREADS
     } else {
         rb_core_delete_many(core, kp, lens, (size_t)n, force, res);

@@ -35,8 +35,8 @@ static int rd_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
-            return rb_err_set(err, RB_ERR_OS, n < 0 ? errno : EIO, "read of %zu bytes at offset %llu failed",
-                              len, (unsigned long long)off);
+            return rb_err_set(err, RB_ERR_OS, n < 0 ? errno : EIO, "read of %zu bytes at offset %llu failed", len,
+                              (unsigned long long)off);
         done += (size_t)n;
     }
     return 0;
@@ -46,16 +46,15 @@ static PyObject *sb_dict(const rb_mlog_sb *sb)
 {
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:((K,K),(K,K)),s:{s:I,s:I,s:K,s:K,s:K,s:I},s:{s:K,s:K,s:K,s:K}}",
-        "sb_seq", (unsigned long long)sb->sb_seq, "generation", (unsigned long long)sb->generation,
-        "block_align", (unsigned long long)sb->block_align, "header_bytes", (unsigned long long)sb->header_bytes,
-        "slot_bytes", (unsigned long long)sb->slot_bytes, "data_base_offset", (unsigned long long)sb->data_base,
-        "capacity_bytes", (unsigned long long)sb->capacity, "meta_total_bytes",
-        (unsigned long long)sb->meta_total_bytes, "container_bytes", (unsigned long long)sb->container_bytes,
-        "max_slots", (unsigned)sb->max_slots, "base_areas", (unsigned long long)sb->areas[0].off,
-        (unsigned long long)sb->areas[0].len, (unsigned long long)sb->areas[1].off,
-        (unsigned long long)sb->areas[1].len, "base", "area", (unsigned)sb->base.area, "chunks",
-        (unsigned)sb->base.n_chunks, "bytes", (unsigned long long)sb->base.len, "entries",
-        (unsigned long long)sb->base.n_entries, "log_seq", (unsigned long long)sb->base.log_seq, "next_slot",
+        "sb_seq", (unsigned long long)sb->sb_seq, "generation", (unsigned long long)sb->generation, "block_align",
+        (unsigned long long)sb->block_align, "header_bytes", (unsigned long long)sb->header_bytes, "slot_bytes",
+        (unsigned long long)sb->slot_bytes, "data_base_offset", (unsigned long long)sb->data_base, "capacity_bytes",
+        (unsigned long long)sb->capacity, "meta_total_bytes", (unsigned long long)sb->meta_total_bytes,
+        "container_bytes", (unsigned long long)sb->container_bytes, "max_slots", (unsigned)sb->max_slots, "base_areas",
+        (unsigned long long)sb->areas[0].off, (unsigned long long)sb->areas[0].len,
+        (unsigned long long)sb->areas[1].off, (unsigned long long)sb->areas[1].len, "base", "area",
+        (unsigned)sb->base.area, "chunks", (unsigned)sb->base.n_chunks, "bytes", (unsigned long long)sb->base.len,
+        "entries", (unsigned long long)sb->base.n_entries, "log_seq", (unsigned long long)sb->base.log_seq, "next_slot",
         (unsigned)sb->base.next_slot, "ring", "offset", (unsigned long long)sb->ring.off, "bytes",
         (unsigned long long)sb->ring.len, "start", (unsigned long long)sb->ring.start, "start_seq",
         (unsigned long long)sb->ring.start_seq);
@@ -123,9 +122,9 @@ static int put_ent(rd_ctx *r, const rb_mlog_ent *e)
     PyObject *sum = (e->flags & RB_MLOG_ENT_SUM) ? PyLong_FromUnsignedLongLong(e->checksum) : Py_NewRef(Py_None);
     d = sum ? Py_BuildValue("{s:I,s:K,s:K,s:I,s:N,s:O}", "slot", (unsigned)e->slot, "offset",
                             (unsigned long long)(r->data_base + (uint64_t)e->slot * r->slot_bytes), "size",
-                            (unsigned long long)e->size, "class", (unsigned)e->cls, "checksum", sum,
-                            "cached_positions", pos)
-              : NULL;
+                            (unsigned long long)e->size, "class", (unsigned)e->cls, "checksum", sum, "cached_positions",
+                            pos)
+            : NULL;
     if (d && PyDict_SetItem(r->entries, key, d) == 0 && PyDict_SetItem(r->by_slot, slot, key) == 0)
         rc = 0;
 out:
@@ -162,10 +161,10 @@ static int cb_rec(void *ctx, uint64_t seq, const rb_mlog_rec *x)
 static int cb_damage(void *ctx, const rb_mlog_damage *d)
 {
     rd_ctx *r = ctx;
-    PyObject *o = Py_BuildValue("{s:I,s:I,s:L,s:K,s:K,s:N}", "chunk", (unsigned)d->index, "chunks",
-                                (unsigned)d->n_chunks, "entries_lost", (long long)d->n_entries, "offset",
-                                (unsigned long long)d->off, "bytes", (unsigned long long)d->len, "why",
-                                rbpy_text(d->why.msg));
+    PyObject *o =
+        Py_BuildValue("{s:I,s:I,s:L,s:K,s:K,s:N}", "chunk", (unsigned)d->index, "chunks", (unsigned)d->n_chunks,
+                      "entries_lost", (long long)d->n_entries, "offset", (unsigned long long)d->off, "bytes",
+                      (unsigned long long)d->len, "why", rbpy_text(d->why.msg));
     int rc = o ? PyList_Append(r->damage, o) : -1;
     Py_XDECREF(o);
     return rc;
@@ -179,7 +178,8 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
     if (rbpy_unpack("read_metadata_log", names, 4, 2, args, nargs, kwnames, a) < 0)
         return NULL;
     uint64_t ba, meta = 0, threads = 2;
-    if (rbpy_as_u64(a[1], "block_align", &ba) < 0 || (a[2] && a[2] != Py_None && rbpy_as_u64(a[2], "meta_total_bytes", &meta) < 0) ||
+    if (rbpy_as_u64(a[1], "block_align", &ba) < 0 ||
+        (a[2] && a[2] != Py_None && rbpy_as_u64(a[2], "meta_total_bytes", &meta) < 0) ||
         (a[3] && rbpy_as_u64(a[3], "threads", &threads) < 0))
         return NULL;
     if (ba != 0 && ((ba & (ba - 1)) || ba > (1u << 30))) {
@@ -246,11 +246,11 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
     const char *sbs[2];
     for (int k = 0; k < 2; k++) {
         int s = res.sb_state[k];
-        sbs[k] = s == RB_MLOG_SB_VALID    ? states[2]
-                 : s == RB_MLOG_SB_ABSENT ? states[1]
+        sbs[k] = s == RB_MLOG_SB_VALID     ? states[2]
+                 : s == RB_MLOG_SB_ABSENT  ? states[1]
                  : s == RB_MLOG_SB_DAMAGED ? states[0]
-                 : s == RB_MLOG_SB_NOBASE ? states[3]
-                                          : states[4];
+                 : s == RB_MLOG_SB_NOBASE  ? states[3]
+                                           : states[4];
     }
     out = Py_BuildValue(
         "{s:O,s:i,s:O,s:(ss),s:(NN),s:O,s:{s:K,s:I,s:I,s:L,s:O},s:{s:K,s:K,s:K,s:K,s:K,s:s,s:N,s:K,s:K},s:O,s:O,"
@@ -264,8 +264,8 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
         (unsigned long long)res.records, "last_seq", (unsigned long long)res.last_seq, "head",
         (unsigned long long)res.head, "live_bytes", (unsigned long long)res.used, "end",
         res.log_end >= 0 && res.log_end < 4 ? ends[res.log_end] : "?", "why", rbpy_text(res.log_why.msg), "puts",
-        (unsigned long long)r.puts, "frees", (unsigned long long)r.frees, "classes", r.classes, "entries",
-        r.entries, "damage", r.damage, "bytes_read", (unsigned long long)res.bytes_read);
+        (unsigned long long)r.puts, "frees", (unsigned long long)r.frees, "classes", r.classes, "entries", r.entries,
+        "damage", r.damage, "bytes_read", (unsigned long long)res.bytes_read);
 done:
     close(r.fd);
     Py_XDECREF(r.entries);

@@ -69,9 +69,9 @@ PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path)
     if (err->kind != RB_ERR_OS || !path)
         return rbpy_raise_err(err);
     /* OSError(errno, msg, filename): str() shows the path, strerror stays the message. */
-    PyObject *name = PyBytes_Check(path) ? PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(path),
-                                                                            PyBytes_GET_SIZE(path))
-                                         : Py_NewRef(path);
+    PyObject *name = PyBytes_Check(path)
+                         ? PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path))
+                         : Py_NewRef(path);
     if (!name)
         return NULL;
     PyObject *msg = rbpy_text(err->msg);
@@ -87,14 +87,13 @@ PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path)
     return NULL;
 }
 
-int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required,
-                PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required, PyObject *const *args,
+                Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
 {
     for (int i = 0; i < nnames; i++)
         out[i] = NULL;
     if (nargs > nnames) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname,
-                     nnames, nargs);
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname, nnames, nargs);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++)
@@ -124,8 +123,7 @@ int rbpy_unpack(const char *fname, const char *const *names, int nnames, int req
     }
     for (int i = 0; i < required; i++) {
         if (!out[i]) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname, names[i],
-                         i + 1);
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname, names[i], i + 1);
             return -1;
         }
     }
@@ -183,8 +181,7 @@ static PyObject *rbpy_xxh3_64(PyObject *mod, PyObject *arg)
         return NULL;
     XXH64_hash_t h;
     if (view.len >= 65536) {
-        Py_BEGIN_ALLOW_THREADS
-        h = XXH3_64bits(view.buf, (size_t)view.len);
+        Py_BEGIN_ALLOW_THREADS h = XXH3_64bits(view.buf, (size_t)view.len);
         Py_END_ALLOW_THREADS
     } else {
         h = XXH3_64bits(view.buf, (size_t)view.len);
@@ -204,10 +201,8 @@ static PyObject *rbpy_probe_foreign(PyObject *mod, PyObject *arg)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rb_probe_foreign(PyBytes_AS_STRING(bytes), what, sizeof(what), &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(bytes);
+    Py_BEGIN_ALLOW_THREADS rc = rb_probe_foreign(PyBytes_AS_STRING(bytes), what, sizeof(what), &err);
+    Py_END_ALLOW_THREADS Py_DECREF(bytes);
     if (rc < 0)
         return rbpy_raise_err(&err);
     if (rc == 0)
@@ -318,8 +313,8 @@ static int rbpy_exec(PyObject *mod)
 {
     rbpy_state *st = PyModule_GetState(mod);
     static const char *const names[RBPY_N_NAMES] = {
-        "raw_data", "is_cpu", "is_contiguous", "nbytes", "data_ptr", "get_size", "byte_array",
-        "metadata", "dtype",  "fmt",           "shape",  "cached_positions",     "tolist"};
+        "raw_data", "is_cpu", "is_contiguous", "nbytes", "data_ptr",         "get_size", "byte_array",
+        "metadata", "dtype",  "fmt",           "shape",  "cached_positions", "tolist"};
     for (int i = 0; i < RBPY_N_NAMES; i++)
         if (!(st->names[i] = PyUnicode_InternFromString(names[i])))
             return -1;

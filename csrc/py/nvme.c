@@ -88,16 +88,15 @@ static int run_on_namespace(PyObject *path, int (*fn)(int fd, void *ctx, rb_err 
     rb_err err;
     rb_err_clear(&err);
     int rc, fd;
-    Py_BEGIN_ALLOW_THREADS
-    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    Py_BEGIN_ALLOW_THREADS fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
     } else {
         rc = fn(fd, ctx, &err);
         close(fd);
     }
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         if (err.errnum == ENOTTY && (err.kind == RB_ERR_OS || err.kind == RB_ERR_VALUE))
             rb_err_set(&err, RB_ERR_VALUE, ENOTTY, "'%s' is not an NVMe namespace (the NVMe ioctls are not supported)",
                        p);
@@ -153,8 +152,7 @@ static PyObject *wear_dict(const rb_nvme_wear *w)
     if (!(smart = PyDict_New()) || put_u64(smart, "data_units_written", w->data_units_written) < 0 ||
         put_u64(smart, "data_units_read", w->data_units_read) < 0 ||
         put_u64(smart, "host_write_commands", w->host_write_commands) < 0 ||
-        put_u64(smart, "host_read_commands", w->host_read_commands) < 0 ||
-        PyDict_SetItemString(d, "smart", smart) < 0)
+        put_u64(smart, "host_read_commands", w->host_read_commands) < 0 || PyDict_SetItemString(d, "smart", smart) < 0)
         goto fail;
     if (w->have_fdp_stats) {
         if (!(stats = PyDict_New()) || put_u64(stats, "hbmw", w->hbmw) < 0 || put_u64(stats, "mbmw", w->mbmw) < 0 ||

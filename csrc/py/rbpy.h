@@ -16,9 +16,22 @@ typedef struct rbpy_keyplans rbpy_keyplans;
 
 /* Attribute names looked up per payload object, interned once per module (module.c): the
  * payload's, then its metadata's (read by put_many / load_many_into, core.c). */
-enum { RBPY_NAME_RAW_DATA, RBPY_NAME_IS_CPU, RBPY_NAME_IS_CONTIGUOUS, RBPY_NAME_NBYTES, RBPY_NAME_DATA_PTR,
-       RBPY_NAME_GET_SIZE, RBPY_NAME_BYTE_ARRAY, RBPY_NAME_METADATA, RBPY_NAME_DTYPE, RBPY_NAME_FMT,
-       RBPY_NAME_SHAPE, RBPY_NAME_CACHED_POSITIONS, RBPY_NAME_TOLIST, RBPY_N_NAMES };
+enum {
+    RBPY_NAME_RAW_DATA,
+    RBPY_NAME_IS_CPU,
+    RBPY_NAME_IS_CONTIGUOUS,
+    RBPY_NAME_NBYTES,
+    RBPY_NAME_DATA_PTR,
+    RBPY_NAME_GET_SIZE,
+    RBPY_NAME_BYTE_ARRAY,
+    RBPY_NAME_METADATA,
+    RBPY_NAME_DTYPE,
+    RBPY_NAME_FMT,
+    RBPY_NAME_SHAPE,
+    RBPY_NAME_CACHED_POSITIONS,
+    RBPY_NAME_TOLIST,
+    RBPY_N_NAMES
+};
 
 typedef struct {
     PyTypeObject *device_type;
@@ -35,8 +48,7 @@ typedef struct {
 typedef struct rbpy_uring_batches rbpy_uring_batches;
 
 typedef struct {
-    PyObject_HEAD
-    rb_dev *dev;                 /* owned; freed in dealloc */
+    PyObject_HEAD rb_dev *dev; /* owned; freed in dealloc */
     int use_iouring;
     int use_uring_cmd;
     rbpy_uring_batches *batches; /* io_uring batch tracking (device_uring.c), or NULL */
@@ -61,8 +73,8 @@ PyObject *rbpy_raise_err_path(const rb_err *err, PyObject *path);
  * Slots not given stay NULL. Raises TypeError like CPython for unknown, duplicate or
  * missing (first `required` names) arguments. Returns 0 or -1.
  */
-int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required,
-                PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out);
+int rbpy_unpack(const char *fname, const char *const *names, int nnames, int required, PyObject *const *args,
+                Py_ssize_t nargs, PyObject *kwnames, PyObject **out);
 
 /* Integer conversions naming the parameter in their errors. NULL / None -> dflt / *present=0. */
 int rbpy_as_u64(PyObject *o, const char *name, uint64_t *out);
