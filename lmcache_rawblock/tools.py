@@ -86,6 +86,20 @@ def check_state(st: Any) -> dict:
         raise BadCheckpoint("version is missing")
     if _check_int("version", st["version"], 0) != 1:
         raise BadCheckpoint(f"version = {st['version']} is not the supported state version 1")
+    _check_geometry(st)
+    entries = st.get("entries")
+    if entries is None:
+        return st
+    if not isinstance(entries, dict):
+        raise BadCheckpoint(f"entries must be an object (key -> entry), got {type(entries).__name__}")
+    for key, e in entries.items():
+        _check_entry(f"entry {_short(key)}", e)
+    return st
+
+
+def _check_geometry(st: dict) -> None:
+    """BadCheckpoint for the first geometry field of a state v1 document present with a wrong
+    type or range (absent ones are allowed)."""
     for k in ("capacity_bytes", "data_base_offset", "next_slot", "meta_version"):
         if st.get(k) is not None:
             _check_int(k, st[k])
@@ -104,31 +118,28 @@ def check_state(st: Any) -> dict:
     for k in ("device_path", "meta_magic"):
         if st.get(k) is not None and not isinstance(st[k], str):
             raise BadCheckpoint(f"{k} must be a string, got {type(st[k]).__name__} {_short(st[k])}")
-    entries = st.get("entries")
-    if entries is None:
-        return st
-    if not isinstance(entries, dict):
-        raise BadCheckpoint(f"entries must be an object (key -> entry), got {type(entries).__name__}")
-    for key, e in entries.items():
-        where = f"entry {_short(key)}"
-        if not isinstance(e, dict):
-            raise BadCheckpoint(f"{where} must be an object, got {type(e).__name__} {_short(e)}")
-        for f in ENTRY_INT_FIELDS:
-            if f not in e:
-                raise BadCheckpoint(f"{where}: {f} is missing")
-            _check_int(f"{where}: {f}", e[f])
-        for f in ENTRY_STR_FIELDS:
-            if e.get(f) is not None and not isinstance(e[f], str):
-                raise BadCheckpoint(f"{where}: {f} must be a string or null, got {type(e[f]).__name__}")
-        for f in ENTRY_LIST_FIELDS:
-            v = e.get(f)
-            if v is None:
-                continue
-            if not isinstance(v, list):
-                raise BadCheckpoint(f"{where}: {f} must be a list of integers or null, got {type(v).__name__}")
-            for x in v:
-                _check_int(f"{where}: {f} element", x, -U63)
-    return st
+
+
+def _check_entry(where: str, e: Any) -> None:
+    """BadCheckpoint for the first field of one index entry with a wrong type or range
+    (``where`` names the entry); offset and size are required."""
+    if not isinstance(e, dict):
+        raise BadCheckpoint(f"{where} must be an object, got {type(e).__name__} {_short(e)}")
+    for f in ENTRY_INT_FIELDS:
+        if f not in e:
+            raise BadCheckpoint(f"{where}: {f} is missing")
+        _check_int(f"{where}: {f}", e[f])
+    for f in ENTRY_STR_FIELDS:
+        if e.get(f) is not None and not isinstance(e[f], str):
+            raise BadCheckpoint(f"{where}: {f} must be a string or null, got {type(e[f]).__name__}")
+    for f in ENTRY_LIST_FIELDS:
+        v = e.get(f)
+        if v is None:
+            continue
+        if not isinstance(v, list):
+            raise BadCheckpoint(f"{where}: {f} must be a list of integers or null, got {type(v).__name__}")
+        for x in v:
+            _check_int(f"{where}: {f} element", x, -U63)
 
 
 @dataclass
@@ -291,10 +302,7 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
                 magic: bytes | None = b"LMCIDX01", ignore_lock: bool = False) -> DeviceReport:
     """Find and decode both checkpoint containers; raises NotARawBlockDevice if neither is valid,
     OSError(EBUSY) if a raw-block writer holds the device (unless ``ignore_lock``)."""
-    if block_align is not None and (block_align <= 0 or block_align & (block_align - 1) or block_align > 1 << 30):
-        raise NotARawBlockDevice(f"--block-align must be a power of two between 1 and 2^30, got {block_align}")
-    if meta_total_bytes is not None and not 2 <= meta_total_bytes < U63:
-        raise NotARawBlockDevice(f"--meta-total-bytes must be >= 2, got {meta_total_bytes}")
+    _check_overrides(block_align, meta_total_bytes)
     max_payload = max(MAX_CONTAINER_PAYLOAD, meta_total_bytes // 2) if meta_total_bytes else MAX_CONTAINER_PAYLOAD
     with _open(path, ignore_lock=ignore_lock) as dev:
         size = dev.size_bytes()
@@ -303,48 +311,94 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
         if rep is not None:
             return rep
         aligns = (block_align,) if block_align else CANDIDATE_ALIGNS
-        first: Container | None = None
-        align_used = aligns[0]
+        first, align_used = _find_container0(dev, aligns, magic, max_payload)
+        metas, align_used = _meta_totals(meta_total_bytes, first, align_used)
+        second, meta_used, align_used = _find_container1(
+            dev, metas, (align_used,) if first is not None else aligns, magic, max_payload)
+    return _v1_report(path, size, magic, [first, second], meta_used, align_used)
+
+
+def _check_overrides(block_align: int | None, meta_total_bytes: int | None) -> None:
+    """NotARawBlockDevice for a --block-align or --meta-total-bytes no device can have."""
+    if block_align is not None and (block_align <= 0 or block_align & (block_align - 1) or block_align > 1 << 30):
+        raise NotARawBlockDevice(f"--block-align must be a power of two between 1 and 2^30, got {block_align}")
+    if meta_total_bytes is not None and not 2 <= meta_total_bytes < U63:
+        raise NotARawBlockDevice(f"--meta-total-bytes must be >= 2, got {meta_total_bytes}")
+
+
+def _better(c: Container | None, best: Container | None) -> bool:
+    """Whether reading ``c`` replaces ``best``: it is the first header found, or the first
+    CRC-valid one."""
+    return c is not None and (best is None or (c.crc_ok and not best.crc_ok))
+
+
+def _find_container0(dev: RawBlockDevice, aligns: tuple[int, ...], magic: bytes | None,
+                     max_payload: int) -> tuple[Container | None, int]:
+    """Container 0 (header at offset 0, payload one alignment later) tried with each alignment
+    of ``aligns``: the first CRC-valid reading, else the first header found (None: no header),
+    and the alignment that reading used (``aligns[0]`` when there is none)."""
+    first: Container | None = None
+    align_used = aligns[0]
+    for a in aligns:
+        c = _parse_container(dev, 0, 0, a, magic, max_payload)
+        if c is None:
+            break  # no header at offset 0: alignment does not matter
+        if _better(c, first):
+            first, align_used = c, a
+        if c.crc_ok:
+            break
+    return first, align_used
+
+
+def _meta_totals(meta_total_bytes: int | None, first: Container | None,
+                 align_used: int) -> tuple[tuple[int, ...], int]:
+    """The metadata region sizes to look for container 1 with, and the alignment: the
+    override, else what container 0's checkpoint says, else LMCache's usual sizes."""
+    if meta_total_bytes:
+        return (meta_total_bytes,), align_used
+    if first is not None and first.state and first.state.get("meta_total_bytes") is not None:
+        return (first.state["meta_total_bytes"],), first.state.get("block_align") or align_used
+    return DEFAULT_META_TOTALS, align_used
+
+
+def _find_container1(dev: RawBlockDevice, metas: tuple[int, ...], aligns: tuple[int, ...], magic: bytes | None,
+                     max_payload: int) -> tuple[Container | None, int, int]:
+    """Container 1 (one copy's size in) tried with each region size of ``metas`` and each
+    alignment of ``aligns``: the first CRC-valid reading, else the first header found (None:
+    no header), with the region size and alignment it used (the first of each when none)."""
+    second: Container | None = None
+    meta_used, align_used = metas[0], aligns[0]
+    for mt in metas:
         for a in aligns:
-            c = _parse_container(dev, 0, 0, a, magic, max_payload)
-            if c is None:
-                break  # no header at offset 0: alignment does not matter
-            if first is None or (c.crc_ok and not first.crc_ok):
-                first, align_used = c, a
-            if c.crc_ok:
-                break
-        metas: tuple[int, ...]
-        if meta_total_bytes:
-            metas = (meta_total_bytes,)
-        elif first is not None and first.state and first.state.get("meta_total_bytes") is not None:
-            metas = (first.state["meta_total_bytes"],)
-            align_used = first.state.get("block_align") or align_used
-        else:
-            metas = DEFAULT_META_TOTALS
-        second: Container | None = None
-        meta_used = metas[0]
-        for mt in metas:
-            for a in ((align_used,) if first else aligns):
-                off = container_bytes(mt, a)
-                c = _parse_container(dev, 1, off, a, magic, max_payload)
-                if c is not None and (second is None or (c.crc_ok and not second.crc_ok)):
-                    second, meta_used = c, mt
-                    if first is None:
-                        align_used = a
-                if second is not None and second.crc_ok:
-                    break
+            c = _parse_container(dev, 1, container_bytes(mt, a), a, magic, max_payload)
+            if _better(c, second):
+                second, meta_used, align_used = c, mt, a
             if second is not None and second.crc_ok:
-                break
-    containers = [c for c in (first, second) if c is not None]
+                return second, meta_used, align_used
+    return second, meta_used, align_used
+
+
+def _v1_report(path: str, size: int, magic: bytes | None, found: list[Container | None], meta_used: int,
+               align_used: int) -> DeviceReport:
+    """The reading of a format v1 device from its containers: the valid one with the highest
+    sequence is in use; NotARawBlockDevice when none is valid."""
+    containers = [c for c in found if c is not None]
     valid = [c for c in containers if c.crc_ok and c.state is not None]
     if not valid:
-        found = ", ".join(f"container {c.index}: {c.error}" for c in containers) or "no container header"
+        found_text = ", ".join(f"container {c.index}: {c.error}" for c in containers) or "no container header"
         raise NotARawBlockDevice(
-            f"{path}: no valid LMCache raw-block checkpoint (magic {magic!r}) found ({found}); "
+            f"{path}: no valid LMCache raw-block checkpoint (magic {magic!r}) found ({found_text}); "
             f"this device was not written by LMCache's raw-block tier or lmcache_rawblock")
     chosen = max(valid, key=lambda c: (c.seq, -c.index))
     st = chosen.state or {}
     meta_total = st.get("meta_total_bytes") or meta_used
+    return DeviceReport(path, size, st.get("block_align") or align_used, meta_total, containers, chosen,
+                        _v1_geometry(st, size, meta_total))
+
+
+def _v1_geometry(st: dict, size: int, meta_total: int) -> dict:
+    """The geometry a state v1 checkpoint names, with the slot counts it gives a device of
+    ``size`` bytes (None when it names no slot size)."""
     geometry = {k: st.get(k) for k in ("version", "device_path", "capacity_bytes", "block_align", "header_bytes",
                                        "slot_bytes", "meta_total_bytes", "meta_magic", "meta_version",
                                        "data_base_offset", "next_slot")}
@@ -358,7 +412,7 @@ def read_device(path: str, *, block_align: int | None = None, meta_total_bytes: 
         used = len(entries)
         geometry["used_slots"] = used
         geometry["free_slots"] = geometry["max_slots"] - used
-    return DeviceReport(path, size, st.get("block_align") or align_used, meta_total, containers, chosen, geometry)
+    return geometry
 
 
 def inspect_device(path: str, *, sample: int = 5, **kw: Any) -> dict:
@@ -413,79 +467,117 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
     header carries our xxh3-64 record and compare it. Locking as read_device."""
     rep = read_device(path, ignore_lock=ignore_lock, **kw)
     st = rep.state
-    header_bytes = st.get("header_bytes") or 4096
     entries = list((st.get("entries") or {}).items())
-    res = VerifyResult()
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(entries), unit="slot", desc="verify", file=sys.stderr)
-        except ImportError:
-            bar = None
-    try:
-        dev = _open(path, ignore_lock=ignore_lock, io_engine="io_uring", iouring_queue_depth=min(batch, 256))
-    except (RuntimeError, OSError) as e:
-        if isinstance(e, OSError) and e.errno == errno.EBUSY:
-            raise
-        dev = _open(path, ignore_lock=ignore_lock)
-    with dev:
-        dev_size = dev.size_bytes()
+    bar = _progress_bar(len(entries)) if progress else None
+    with _open_for_headers(path, ignore_lock, batch) as dev:
+        check = _SlotCheck(dev, st.get("header_bytes") or 4096, checksums, dev.size_bytes())
         for chunk in _header_batches(entries, batch):
-            # Entries whose header lies (partly) past the end of the device are reported, not read.
-            inside = [e["offset"] + header_bytes <= dev_size for _k, e in chunk]
-            rd = [(e["offset"], i) for i, (_k, e) in enumerate(chunk) if inside[i]]
-            bufs = [bytearray(header_bytes) for _ in chunk]
-            ok = [False] * len(chunk)
-            if dev.io_engine == "io_uring" and rd:
-                got, _errs = dev.wait_iouring(dev.batched_read([o for o, _i in rd], [bufs[i] for _o, i in rd],
-                                                               [header_bytes] * len(rd)))
-                if len(got) == len(rd):
-                    for (_o, i), g in zip(rd, got):
-                        ok[i] = g
-            else:
-                for off, i in rd:
-                    try:
-                        dev.pread_into(off, bufs[i], header_bytes)
-                        ok[i] = True
-                    except (OSError, RuntimeError):
-                        pass
-            for (key, e), good, hdr, within in zip(chunk, ok, bufs, inside):
-                res.checked += 1
-                problem = None
-                size = e["size"]
-                if not within:
-                    problem = f"slot header at {e['offset']} lies beyond the end of the device ({dev_size} bytes)"
-                elif not good:
-                    problem = "header unreadable"
-                else:
-                    magic, ident, plen = SLOT_HEADER.unpack_from(hdr)
-                    try:
-                        expected = slot_identity_from_encoded_key(key, _namespace_of(key))
-                    except Exception as ex:  # noqa: BLE001
-                        expected, problem = None, f"cannot derive identity from key: {ex}"
-                    if problem is None and magic != SLOT_MAGIC:
-                        problem = "no slot header (magic)"
-                    elif problem is None and ident != expected:
-                        problem = f"identity {ident:#x} != expected {expected:#x}"
-                    elif problem is None and plen != size:
-                        problem = f"payload length {plen} != checkpoint size {size}"
-                    elif problem is None and checksums and len(hdr) >= 40 and hdr[24:32] == CHECKSUM_MAGIC:
-                        want = struct.unpack_from("<Q", hdr, 32)[0]
-                        data = _read(dev, e["offset"] + header_bytes, size)
-                        res.checksums_checked += 1
-                        if data is None or xxh3_64(data) != want:
-                            problem = "payload checksum mismatch"
-                if problem:
-                    res.mismatches.append({"key": key, "offset": e.get("offset"), "problem": problem})
-                else:
-                    res.ok += 1
+            check.check(chunk)
             if bar is not None:
                 bar.update(len(chunk))
     if bar is not None:
         bar.close()
-    return {"device": path, "geometry": rep.geometry, **res.as_dict()}
+    return {"device": path, "geometry": rep.geometry, **check.res.as_dict()}
+
+
+def _progress_bar(total: int) -> Any:
+    """A tqdm progress bar on stderr counting slots, or None when tqdm is not installed."""
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="slot", desc="verify", file=sys.stderr)
+    except ImportError:
+        return None
+
+
+def _open_for_headers(path: str, ignore_lock: bool, batch: int) -> RawBlockDevice:
+    """The device opened for verify: through io_uring (``batch`` header reads at a time) where
+    it can be, else for plain reads; a device a writer holds (EBUSY) is not retried."""
+    try:
+        return _open(path, ignore_lock=ignore_lock, io_engine="io_uring", iouring_queue_depth=min(batch, 256))
+    except (RuntimeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno == errno.EBUSY:
+            raise
+        return _open(path, ignore_lock=ignore_lock)
+
+
+@dataclass
+class _SlotCheck:
+    """verify's pass over an open device: reads the slot headers of a batch of entries and
+    records in ``res`` what each says against its entry."""
+
+    dev: RawBlockDevice
+    header_bytes: int
+    checksums: bool
+    dev_size: int
+    res: VerifyResult = field(default_factory=VerifyResult)
+
+    def check(self, chunk: list[tuple[str, dict]]) -> None:
+        """Reads the headers of ``chunk`` ((key, entry) pairs) and records each one's result."""
+        inside, ok, bufs = self._read_headers(chunk)
+        for (key, e), good, hdr, within in zip(chunk, ok, bufs, inside):
+            self.res.checked += 1
+            problem = self._slot_problem(key, e, within, good, hdr)
+            if problem:
+                self.res.mismatches.append({"key": key, "offset": e.get("offset"), "problem": problem})
+            else:
+                self.res.ok += 1
+
+    def _read_headers(self, chunk: list[tuple[str, dict]]) -> tuple[list[bool], list[bool], list[bytearray]]:
+        """Per entry of ``chunk``: whether its header lies inside the device, whether it was
+        read, and its bytes. Headers (partly) past the end of the device are not read."""
+        hb = self.header_bytes
+        inside = [e["offset"] + hb <= self.dev_size for _k, e in chunk]
+        rd = [(e["offset"], i) for i, (_k, e) in enumerate(chunk) if inside[i]]
+        bufs = [bytearray(hb) for _ in chunk]
+        ok = [False] * len(chunk)
+        if self.dev.io_engine == "io_uring" and rd:
+            got, _errs = self.dev.wait_iouring(self.dev.batched_read([o for o, _i in rd], [bufs[i] for _o, i in rd],
+                                                                     [hb] * len(rd)))
+            if len(got) == len(rd):
+                for (_o, i), g in zip(rd, got):
+                    ok[i] = g
+        else:
+            for off, i in rd:
+                try:
+                    self.dev.pread_into(off, bufs[i], hb)
+                    ok[i] = True
+                except (OSError, RuntimeError):
+                    pass
+        return inside, ok, bufs
+
+    def _slot_problem(self, key: str, e: dict, within: bool, good: bool, hdr: bytearray) -> str | None:
+        """What is wrong with one entry's slot (None: nothing): its header out of the device
+        or unreadable, or what the header says against the entry."""
+        size = e["size"]
+        if not within:
+            return f"slot header at {e['offset']} lies beyond the end of the device ({self.dev_size} bytes)"
+        if not good:
+            return "header unreadable"
+        magic, ident, plen = SLOT_HEADER.unpack_from(hdr)
+        try:
+            expected = slot_identity_from_encoded_key(key, _namespace_of(key))
+        except Exception as ex:  # noqa: BLE001 - a key the codec refuses is a mismatch to report
+            return f"cannot derive identity from key: {ex}"
+        if magic != SLOT_MAGIC:
+            return "no slot header (magic)"
+        if ident != expected:
+            return f"identity {ident:#x} != expected {expected:#x}"
+        if plen != size:
+            return f"payload length {plen} != checkpoint size {size}"
+        if self.checksums and len(hdr) >= 40 and hdr[24:32] == CHECKSUM_MAGIC:
+            return self._checksum_problem(e, hdr)
+        return None
+
+    def _checksum_problem(self, e: dict, hdr: bytearray) -> str | None:
+        """Re-reads the payload of a slot whose header carries our xxh3-64 record and compares
+        it (counted in ``res.checksums_checked``)."""
+        want = struct.unpack_from("<Q", hdr, 32)[0]
+        data = _read(self.dev, e["offset"] + self.header_bytes, e["size"])
+        self.res.checksums_checked += 1
+        if data is None or xxh3_64(data) != want:
+            return "payload checksum mismatch"
+        return None
 
 
 def _printable(v: Any) -> str:
@@ -512,7 +604,8 @@ def format_inspect(info: dict) -> str:
                      + (", FALLBACK: the other one is unusable" if ml["fallback"] else "") + ")")
         lines.append(f"base: {b['entries']} entries in {b['chunks_ok']} chunks ({sb['base']['bytes']} bytes, area "
                      f"{sb['base']['area']}), covers log sequence {sb['base']['log_seq']}"
-                     + ("" if b["complete"] else f"; DAMAGED: {b['chunks_bad']} chunks, {b['entries_lost']} entries lost"))
+                     + ("" if b["complete"]
+                        else f"; DAMAGED: {b['chunks_bad']} chunks, {b['entries_lost']} entries lost"))
         lines.append(f"log: {lg['groups']} groups, {lg['records']} records ({lg['puts']} puts, {lg['frees']} frees), "
                      f"{lg['live_bytes']} of {sb['ring']['bytes']} ring bytes live, ends: {lg['end']}"
                      + (f" ({_printable(lg['why'])})" if lg["end"] == "torn" else ""))
