@@ -1,11 +1,11 @@
 """Type stubs for the C extension lmcache_rawblock._native."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal, Self, final
 
-from typing_extensions import Buffer, Self
+from typing_extensions import Buffer
 
 __version__: str
 
@@ -17,17 +17,17 @@ def encode_legacy_keys(keys: Iterable[object], /) -> list[str]:
 def delete_legacy_keys(core: object, keys: Iterable[object], force: bool = False) -> int:
     """``core`` is a ``_native.Core``: ``core.delete_many(encode_legacy_keys(keys), force).count(True)``
     without creating the str objects."""
-def settings() -> tuple[dict[str, object], ...]:
+def settings() -> tuple[dict[str, Any], ...]:
     """The core's settings table: one dict per setting (name, type, min, max, default, choices,
     lmcache, required, config, plugin, nonpositive_is_zero, clamp_to_min, power_of_two,
     none_is_zero, policy, lmcache_mp, help), in RawBlockCoreConfig's order, then the FDP
     placement-policy settings (policy=True; type "id_list" is a list of distinct integers).
     Core() takes exactly the names that are not policy settings."""
-def nvme_fdp_report(path: str | PathLike[str], /) -> dict[str, object]:
+def nvme_fdp_report(path: str | PathLike[str], /) -> dict[str, Any]:
     """An NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, size_bytes,
     endgid, fdp_enabled, config (index, fdpa, nrg, nruh, maxpids, nnss, runs) or None, ruhs
     (pid, ruhid, earutr, ruamw per reclaim unit handle), stats (hbmw, mbmw, mbe) or None."""
-def nvme_wear_counters(path: str | PathLike[str], /) -> dict[str, object]:
+def nvme_wear_counters(path: str | PathLike[str], /) -> dict[str, Any]:
     """Wear counters of an NVMe namespace (ngXnY or nvmeXnY): nsid, endgid, fdp_enabled,
     smart (data_units_written, data_units_read in units of 1000 x 512 bytes,
     host_write_commands, host_read_commands; low 64 bits), fdp_stats (hbmw, mbmw, mbe bytes)
@@ -39,7 +39,7 @@ def container_bytes(meta_total_bytes: int, block_align: int, /) -> int:
     """Bytes of one of the two checkpoint copies; container 1 starts at this offset."""
 def read_metadata_log(
     path: str | PathLike[str], block_align: int, meta_total_bytes: int = 0, threads: int = 2
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The log-format metadata region of a device read back (superblocks, base, log, the entries
     they replay to); found=False when no superblock of ours is there. Only reads."""
 def _set_memobj_type(cls: type | None, /) -> None:
@@ -51,6 +51,7 @@ def _inject_lock_errno(errnum: int, /) -> None:
 def _forget_key_plans() -> None:
     """Drop the cached key-encoding plans (tests: the next call re-checks against to_string())."""
 
+@final
 class RawBlockDevice:
     """A raw block device or pre-sized file; drop-in for lmcache_rust_raw_block_io.RawBlockDevice."""
 
@@ -129,6 +130,7 @@ class RawBlockDevice:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool: ...
 
+@final
 class Core:
     """The C core: index, slots, checkpoints, recovery and the device. Built by RawBlockCore."""
 
@@ -140,8 +142,8 @@ class Core:
     # ---- keys and payloads
     def put_many(
         self, keys: Sequence[str], identities: Sequence[int], payloads: Sequence[object],
-        placement_ids: Sequence[int] | None, metas: object,
-    ) -> tuple[list[bool], list[int], str | None]:
+        placement_ids: Sequence[int | None] | None, metas: object,
+    ) -> tuple[list[bool], list[int], BaseException | None]:
         """(results, indices of the keys stored by this call in commit order, why the first
         refused key failed or None)."""
     def load_many_into(
@@ -154,8 +156,9 @@ class Core:
     def unlock_many(self, keys: Sequence[str], /) -> None: ...
     def get_metadata_many(self, keys: Sequence[str], /) -> list[tuple[object, ...] | None]: ...
     def get_metadata_prefix(
-        self, keys: Sequence[str], lock: bool = False, skip: Sequence[bool] | None = None
-    ) -> list[tuple[object, ...]]: ...
+        self, keys: Sequence[str], lock: bool = False, skip: Container[str] | None = None
+    ) -> list[tuple[object, ...]]:
+        """``skip``: keys that end the prefix as if they were missing (``key in skip``)."""
     def exists_inflight(self, key: str, /) -> bool: ...
     def entry_offset(self, key: str, /) -> int | None: ...
     def lock_refcount(self, key: str, /) -> int: ...
@@ -166,11 +169,11 @@ class Core:
     def compact_metadata(self) -> bool: ...
     def apply_state_json(self, state: Buffer, /) -> tuple[bool, str]: ...
     # ---- state
-    def status(self) -> dict[str, object]: ...
+    def status(self) -> dict[str, Any]: ...
     def trust_counters(self) -> tuple[int, int, int, int]: ...
-    def engine_state(self) -> tuple[bool, int, BaseException | None]: ...
+    def engine_state(self) -> tuple[bool, int, str | None]: ...
     def mem_bytes(self) -> int: ...
-    def nvme_info(self) -> dict[str, object] | None:
+    def nvme_info(self) -> dict[str, Any] | None:
         """Passthrough only: nsid, lba_shift, lba_size, max_data_transfer_size, size_bytes,
         dsm_supported, dsm_max_ranges, dsm_max_range_blocks, deallocated_reads."""
     def fetch_fdp_status(self) -> list[tuple[int, int]]: ...
@@ -179,7 +182,7 @@ class Core:
         """Start (cleared) or stop the journal of ranges deallocated for freed slots."""
     def take_dealloc_log(self) -> list[tuple[int, int]]:
         """(offset, length) of each range deallocated since the journal was started or last taken."""
-    def close(self) -> dict[str, object]: ...
+    def close(self) -> dict[str, Any]: ...
     # ---- test and benchmark hooks (not a stable API)
     def _apply_state_json_generic(self, state: Buffer, /) -> tuple[bool, str]: ...
     def _inject_engine_fault(self, kinds: int, /) -> None: ...
