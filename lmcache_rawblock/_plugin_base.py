@@ -16,7 +16,7 @@ from typing import Any
 
 HAVE_LMCACHE_PLUGIN_API = False
 try:  # pragma: no cover - depends on the environment
-    from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface  # type: ignore
+    from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
     HAVE_LMCACHE_PLUGIN_API = True
 except Exception:  # noqa: BLE001

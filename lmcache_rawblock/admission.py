@@ -12,7 +12,7 @@ admitted early when it collides with others (rarely, at the default size).
 from __future__ import annotations
 
 import threading
-from typing import Hashable
+from collections.abc import Hashable
 
 ALWAYS = "always"
 SECOND_HIT = "second_hit"

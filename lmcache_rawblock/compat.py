@@ -19,7 +19,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from typing import Sequence
+from collections.abc import Sequence
 
 RUST_MODULE = "lmcache_rust_raw_block_io"
 INNER_MODULE = f"{RUST_MODULE}.{RUST_MODULE}"
@@ -38,13 +38,13 @@ class RawBlockShimLoader(importlib.abc.Loader):
         from . import _native
 
         module.__doc__ = "lmcache_rawblock's C RawBlockDevice, registered by lmcache_rawblock.compat"
-        module.RawBlockDevice = _native.RawBlockDevice  # type: ignore[attr-defined]
-        module.__all__ = ["RawBlockDevice"]  # type: ignore[attr-defined]
-        module.__lmcache_rawblock__ = True  # type: ignore[attr-defined]
+        # Attributes ModuleType does not declare go straight into the module's namespace.
+        vars(module).update(RawBlockDevice=_native.RawBlockDevice, __all__=["RawBlockDevice"],
+                            __lmcache_rawblock__=True)
         if module.__name__ == RUST_MODULE:
             inner = sys.modules.get(INNER_MODULE)
             if inner is not None and getattr(inner, "__lmcache_rawblock__", False):
-                module.lmcache_rust_raw_block_io = inner  # type: ignore[attr-defined]
+                vars(module)[RUST_MODULE] = inner
 
 
 class RawBlockShimFinder(importlib.abc.MetaPathFinder):
@@ -103,7 +103,7 @@ def install(*, replace: bool = True) -> types.ModuleType:
         return current
     inner = _load(INNER_MODULE)
     outer = _load(RUST_MODULE)
-    outer.lmcache_rust_raw_block_io = inner  # type: ignore[attr-defined]
+    vars(outer)[RUST_MODULE] = inner
     for name, mod in ((RUST_MODULE, outer), (INNER_MODULE, inner)):
         if name not in _installed:
             _installed[name] = sys.modules.get(name)

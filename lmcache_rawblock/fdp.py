@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def chain_runs(facts: Sequence[KeyFacts]) -> list[range]:
     return runs
 
 
-def phase_of_run(run_len: int, role: Optional[str]) -> str:
+def phase_of_run(run_len: int, role: str | None) -> str:
     """Prefill or decode for a chain of ``run_len`` chunks written in one store.
 
     A known role wins (an instance that only prefills or only decodes: ``fdp_phase``, or
@@ -160,14 +161,14 @@ def phase_of_run(run_len: int, role: Optional[str]) -> str:
     return DECODE if run_len == 1 else PREFILL
 
 
-def route(policy: str, facts: Sequence[KeyFacts], ids: PlacementIds, *, role: Optional[str] = None
-          ) -> list[Optional[int]]:
+def route(policy: str, facts: Sequence[KeyFacts], ids: PlacementIds, *, role: str | None = None
+          ) -> list[int | None]:
     """Placement identifier of each key of one store batch under one of the three strategies."""
     if policy == TP_WORKER:
         return [tp_worker_placement(f, ids) for f in facts]
     if policy not in (PROMPT, PHASE):
         raise ValueError(f"fdp_data_placement_policy {policy!r} is not one of {', '.join(STRATEGIES)}")
-    out: list[Optional[int]] = [None] * len(facts)
+    out: list[int | None] = [None] * len(facts)
     for run in chain_runs(facts):
         if policy == PROMPT:
             pid = prompt_placement(facts[run.start].chunk_hash, ids)
@@ -178,7 +179,7 @@ def route(policy: str, facts: Sequence[KeyFacts], ids: PlacementIds, *, role: Op
     return out
 
 
-def role_phase(fdp_phase: str, lmcache_config: Any = None) -> Optional[str]:
+def role_phase(fdp_phase: str, lmcache_config: Any = None) -> str | None:
     """The phase every write of this instance has, or None when it is decided per store.
     ``fdp_phase`` prefill/decode says so; with ``auto`` a disaggregated LMCache instance
     (``enable_pd``) is the prefiller when its ``pd_role`` is ``sender`` and the decoder when it
@@ -186,14 +187,14 @@ def role_phase(fdp_phase: str, lmcache_config: Any = None) -> Optional[str]:
     if fdp_phase in (PREFILL, DECODE):
         return fdp_phase
     if lmcache_config is not None and getattr(lmcache_config, "enable_pd", False):
-        return {"sender": PREFILL, "receiver": DECODE}.get(getattr(lmcache_config, "pd_role", None))
+        return {"sender": PREFILL, "receiver": DECODE}.get(getattr(lmcache_config, "pd_role", ""))
     return None
 
 
 # --------------------------------------------------------------------------- cache salt
 
 
-def salt_bucket(salt: str) -> Optional[str]:
+def salt_bucket(salt: str) -> str | None:
     """The bucket of a cache salt: its case-folded prefix before ':'; None without one."""
     head, sep, _ = (salt or "").partition(SALT_BUCKET_SEPARATOR)
     if not sep:
@@ -219,7 +220,7 @@ class SaltPlacements:
         self._warned = False
         self.fallback_count = 0
 
-    def placement(self, facts: KeyFacts) -> Optional[int]:
+    def placement(self, facts: KeyFacts) -> int | None:
         bucket = salt_bucket(facts.salt)
         if bucket is None:
             return None
@@ -250,7 +251,7 @@ class FdpSettings:
     device: see :func:`data_placement_ids`)."""
 
     enabled: bool = False
-    placement_ids: Optional[tuple[int, ...]] = None  # None: every identifier the device reports
+    placement_ids: tuple[int, ...] | None = None  # None: every identifier the device reports
     data_policy: str = NONE
     slot_reuse_policy: str = NONE
     phase: str = AUTO
@@ -261,7 +262,7 @@ class FdpSettings:
 
 
 def resolve_settings(values: Mapping[str, Any], *, io_engine: str, use_uring_cmd: bool,
-                     meta_checkpoint_placement_id: Optional[int], default_policy: str,
+                     meta_checkpoint_placement_id: int | None, default_policy: str,
                      label: Callable[[str], str] = str) -> FdpSettings:
     """FdpSettings from parsed values (absent or None: unset). ``default_policy`` is the data
     policy when FDP is on and none is given (the plugin's and LMCache's defaults differ);
@@ -299,8 +300,8 @@ def resolve_settings(values: Mapping[str, Any], *, io_engine: str, use_uring_cmd
                        slot_reuse_policy=reuse or PID_AFFINITY, phase=phase)
 
 
-def data_placement_ids(reported: Iterable[tuple[int, int]], configured: Optional[Sequence[int]],
-                       meta_checkpoint_placement_id: Optional[int], *, device: str, policy: str = NONE,
+def data_placement_ids(reported: Iterable[tuple[int, int]], configured: Sequence[int] | None,
+                       meta_checkpoint_placement_id: int | None, *, device: str, policy: str = NONE,
                        label: Callable[[str], str] = str) -> tuple[int, ...]:
     """The identifiers KV data is written with, checked against the device's report
     (``fetch_fdp_status()``: (placement id, reclaim unit handle id) pairs): the configured ones,
@@ -334,14 +335,14 @@ def data_placement_ids(reported: Iterable[tuple[int, int]], configured: Optional
 class PlacementRouter:
     """The plugin's router: one policy over the identifiers, for one store batch at a time."""
 
-    def __init__(self, policy: str, ids: PlacementIds, *, role: Optional[str] = None, ranks: int = 1) -> None:
+    def __init__(self, policy: str, ids: PlacementIds, *, role: str | None = None, ranks: int = 1) -> None:
         self.policy = policy
         self.ids = tuple(ids)
         self.role = role
         self.salts = SaltPlacements(policy, self.ids, ranks=ranks) if policy in (CACHE_SALT_PREFIX,
                                                                                   CACHE_SALT_RANK) else None
 
-    def placements(self, facts: Sequence[KeyFacts]) -> Optional[list[Optional[int]]]:
+    def placements(self, facts: Sequence[KeyFacts]) -> list[int | None] | None:
         """Identifiers aligned with ``facts``; None when no key gets a directive."""
         if self.policy == NONE or not facts:
             return None

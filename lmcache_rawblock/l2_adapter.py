@@ -13,8 +13,8 @@ from the ``--l2-adapter`` JSON alone, without changing anything in LMCache::
 ``RawBlockL2AdapterConfig.from_dict`` parses them; LMCache finds the config class here by the
 ``<class_name>Config`` convention), plus ours: ``verify_payload_checksum``,
 ``allow_foreign_device``, ``recovery_read_threads``, ``meta_format`` and ``deallocate_freed``
-(the core's own settings, from its settings table), ``fdp_phase``, and three more values of ``fdp_data_placement_policy``:
-``tp_worker``, ``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
+(the core's own settings, from its settings table), ``fdp_phase``, and three more values of
+``fdp_data_placement_policy``: ``tp_worker``, ``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
 
 FDP: with ``fdp_enabled`` LMCache's adapter code asks our core for the device's placement
 identifiers (``fetch_fdp_status``) and passes each store's identifiers to our core's
@@ -44,12 +44,12 @@ import logging
 import types
 from typing import Any
 
-from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc  # type: ignore[import-not-found]
+from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc
 
 from . import fdp
 from .raw_block import RawBlockCore as _OurCore
-from .reclaim import Reclaimer
 from .raw_block import RawBlockCoreConfig as _OurConfig
+from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_value
 
 __all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig"]
@@ -68,7 +68,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
     holding their defaults, set below from the settings table)."""
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RawBlockL2AdapterConfig":
+    def from_dict(cls, d: dict) -> RawBlockL2AdapterConfig:
         d = dict(d)
         ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
         # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
@@ -95,7 +95,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
             default_policy=fdp.CACHE_SALT_PREFIX)
         return cfg
 
-    def to_core_config(self) -> _OurConfig:  # type: ignore[override]
+    def to_core_config(self) -> _OurConfig:
         """The core config LMCache's adapter builds, as ours, with our settings."""
         return _to_our_config(super().to_core_config(),
                               **{s.name: getattr(self, s.name, s.default) for s in _OURS})

@@ -52,10 +52,9 @@ from itertools import compress
 from typing import Any
 
 from . import fdp
-from .admission import Admission
-from .reclaim import Reclaimer
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
+from .admission import Admission
 from .raw_block import (
     RawBlockCore,
     RawBlockCoreConfig,
@@ -63,6 +62,7 @@ from .raw_block import (
     round_up,
 )
 from .raw_block.key_codec import decode_legacy_key
+from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_bool, parse_value
 
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
@@ -318,7 +318,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             if self._core.io_engine == "io_uring":
                 try:
                     self._core.register_fixed_buffers_from_allocator(local_cpu_backend.get_memory_allocator())
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - any allocator: plain buffers still work
                     logger.warning("io_uring fixed-buffer registration failed (%s). Falling back to non-fixed "
                                    "buffer mode", e)
             self._warn_on_cross_rank_device(metadata)
@@ -386,7 +386,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             return
         try:
             stored_worker = int(decode_legacy_key(first).worker_id)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a key of another layout: nothing to compare
             return
         current = int(getattr(metadata, "worker_id", 0))
         if stored_worker != current:
@@ -809,7 +809,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                     if ok:
                         try:
                             on_complete_callback(key)
-                        except Exception:  # noqa: BLE001
+                        except Exception:
                             logger.exception("on_complete_callback failed for %s", key)
             if failed:
                 why = f": {failure}" if failure is not None else ""

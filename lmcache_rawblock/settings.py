@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, overload
 
 from . import _native
 
@@ -28,7 +28,7 @@ class Setting:
     min: int
     max: int
     default: Any  # None: no default (required, or unset)
-    choices: Optional[tuple]
+    choices: tuple[str, ...] | None  # the values of a "choice" setting, else None
     lmcache: bool  # a field of LMCache's RawBlockCoreConfig
     required: bool  # RawBlockCoreConfig has no default for it
     config: bool  # a RawBlockCoreConfig field (LMCache's or ours)
@@ -98,6 +98,10 @@ def _check_range(s: Setting, v: int, label: str, logger: logging.Logger | None) 
     return v
 
 
+@overload
+def check_placement_id(pid: Any, label: str, *, allow_none: Literal[False], show_value: bool = False) -> int: ...
+@overload
+def check_placement_id(pid: Any, label: str, *, allow_none: bool = True, show_value: bool = False) -> int | None: ...
 def check_placement_id(pid: Any, label: str, *, allow_none: bool = True, show_value: bool = False) -> int | None:
     """One FDP placement identifier: None (no directive, when allowed) or 1..=65535, with
     LMCache's messages (``show_value`` appends the value given)."""
@@ -178,14 +182,15 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
             raise ValueError(f"{label} must be non-empty")
         raise ValueError(f"{label} must be a path, got {value!r}")
     if s.type == "choice":
-        if isinstance(value, str) and value.strip().lower() in s.choices:
+        choices = s.choices or ()
+        if isinstance(value, str) and value.strip().lower() in choices:
             return value.strip().lower()
         # YAML 1.1 (PyYAML) reads a bare on/off/true/false as a boolean
-        if isinstance(value, bool) and {"on", "off"} <= set(s.choices):
+        if isinstance(value, bool) and {"on", "off"} <= set(choices):
             return "on" if value else "off"
         if name == "io_engine":
-            raise ValueError(f"io_engine must be one of: {', '.join(sorted(s.choices))}; got {value!r}")
-        raise ValueError(f"{label} must be one of: {', '.join(s.choices)}; got {value!r}")
+            raise ValueError(f"io_engine must be one of: {', '.join(sorted(choices))}; got {value!r}")
+        raise ValueError(f"{label} must be one of: {', '.join(choices)}; got {value!r}")
     if s.type == "bytes":
         if isinstance(value, str):
             if not value.isascii():

@@ -25,28 +25,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:  # pragma: no cover - depends on the environment
-    import torch  # type: ignore[import-not-found]
+    import torch
 except Exception:  # noqa: BLE001
-    torch = None  # type: ignore[assignment]
+    torch = None
 
 HAVE_LMCACHE = False
 try:  # pragma: no cover - depends on the environment
-    from lmcache.utils import CacheEngineKey, DiskCacheMetadata, LayerCacheEngineKey  # type: ignore
-    from lmcache.utils import parse_cache_key  # type: ignore
-    from lmcache.v1.memory_management import MemoryFormat  # type: ignore
+    from lmcache.utils import CacheEngineKey, DiskCacheMetadata, LayerCacheEngineKey, parse_cache_key
+    from lmcache.v1.memory_management import MemoryFormat
 
     try:
-        from lmcache.v1.distributed.api import ObjectKey  # type: ignore
+        from lmcache.v1.distributed.api import ObjectKey
     except Exception:  # noqa: BLE001
-        from lmcache.v1.multiprocess.custom_types import ObjectKey  # type: ignore
+        from lmcache.v1.multiprocess.custom_types import ObjectKey
     HAVE_LMCACHE = True
 except Exception:  # noqa: BLE001
     HAVE_LMCACHE = False
 
 try:  # pragma: no cover - depends on the environment
-    from lmcache.v1.memory_management import TensorMemoryObj  # type: ignore
+    from lmcache.v1.memory_management import TensorMemoryObj
 except Exception:  # noqa: BLE001
-    TensorMemoryObj = None  # type: ignore[assignment,misc]
+    TensorMemoryObj = None
 if TensorMemoryObj is not None:
     # Payloads of this class are read by the C core from raw_data.data_ptr() / get_size(),
     # the bytes its byte_array exposes, without building a ctypes memoryview per object.
@@ -94,6 +93,7 @@ _TORCH_ATTR_TO_SHORT = {
     "float8_e5m2fnuz": "fp8_e5m2fnuz",
 }
 
+# The stand-ins rebind the names the failed imports above may have bound (mypy: no-redef).
 if not HAVE_LMCACHE:
 
     class MemoryFormat(enum.Enum):  # type: ignore[no-redef]
@@ -157,7 +157,7 @@ if not HAVE_LMCACHE:
             return s
 
         @staticmethod
-        def from_string(s: str) -> "CacheEngineKey":
+        def from_string(s: str) -> CacheEngineKey:
             parts = s.split("@")
             if len(parts) < 5:
                 raise ValueError(f"Invalid key string: {s}")
@@ -181,7 +181,7 @@ if not HAVE_LMCACHE:
                 s += f"@{k}%{v}"
             return s
 
-    def parse_cache_key(s: str) -> "CacheEngineKey":  # type: ignore[no-redef]
+    def parse_cache_key(s: str) -> CacheEngineKey:
         parts = s.split("@")
         if len(parts) >= 6 and parts[5].isdigit():
             base = CacheEngineKey.from_string("@".join(parts[:5] + parts[6:]))

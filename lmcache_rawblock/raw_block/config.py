@@ -13,13 +13,15 @@ import logging
 import os
 import re
 import stat
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from ..settings import SETTINGS, check_placement_id, parse_value
 
-PlacementId = Optional[int]
+# Also the run-time type of the placement-id fields of RawBlockCoreConfig (dataclasses.fields).
+PlacementId = Optional[int]  # noqa: UP045 - kept as the typing object those fields have always had
 
-RAW_BLOCK_IO_ENGINES = frozenset(SETTINGS["io_engine"].choices)
+RAW_BLOCK_IO_ENGINES = frozenset(SETTINGS["io_engine"].choices or ())
 DEFAULT_IOURING_QUEUE_DEPTH = SETTINGS["iouring_queue_depth"].default
 DEFAULT_RECOVERY_READ_THREADS = SETTINGS["recovery_read_threads"].default
 _NG_NAME = re.compile(r"ng(\d+)n(\d+)")
@@ -67,7 +69,7 @@ def _read_sysfs_int(path: str) -> int | None:
     try:
         with open(path, encoding="ascii") as f:
             return int(f.read().strip())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - missing or unreadable sysfs attribute: unknown
         return None
 
 
@@ -95,12 +97,25 @@ def _native_kwargs(self, *, key_namespace: str) -> dict[str, Any]:
     return kw
 
 
-RawBlockCoreConfig = dataclasses.make_dataclass(
-    "RawBlockCoreConfig",
-    [_config_field(s) for s in SETTINGS.values() if s.config],
-    frozen=True,
-    namespace={"__post_init__": _post_init, "native_kwargs": _native_kwargs, "__module__": __name__},
-)
+if TYPE_CHECKING:
+
+    class RawBlockCoreConfig:
+        """What the type checker sees of the class below: its fields come from the settings
+        table at run time, so it knows them only as attributes of any type."""
+
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+        def __init__(self, **fields: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+        def native_kwargs(self, *, key_namespace: str) -> dict[str, Any]: ...
+
+else:
+    RawBlockCoreConfig = dataclasses.make_dataclass(
+        "RawBlockCoreConfig",
+        [_config_field(s) for s in SETTINGS.values() if s.config],
+        frozen=True,
+        namespace={"__post_init__": _post_init, "native_kwargs": _native_kwargs, "__module__": __name__},
+    )
 RawBlockCoreConfig.__doc__ = """Geometry and behaviour of one raw-block core.
 
 LMCache's fields, names, order and defaults, then ours (``verify_payload_checksum``,

@@ -12,8 +12,9 @@ import errno
 import json
 import logging
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .. import _native
 from ..settings import SETTINGS
@@ -24,8 +25,8 @@ from ._lmcache import (
     memory_format_from_name,
     memory_format_name,
     positions_from_list,
-    shape_from_list,
     positions_to_list,
+    shape_from_list,
     short_name_to_dtype,
     torch,
 )
@@ -147,10 +148,10 @@ def _meta_names(dtype: Any, fmt: Any) -> tuple[str | None, str | None, bool]:
         if len(_META_NAMES) < 256:
             try:
                 _META_NAMES[(dtype, fmt)] = names
-                return names + (True,)
+                return (*names, True)
             except TypeError:
                 pass
-        return names + (False,)
+        return (*names, False)
 
 
 def _meta_of(obj: Any) -> tuple[Any, Any, Any, Any]:
@@ -188,7 +189,7 @@ class RawBlockCore:
     """One raw block device (or pre-sized file) used as a slot store with an on-device index."""
 
     def __init__(self, config: RawBlockCoreConfig, *, key_namespace: str) -> None:
-        if key_namespace not in SETTINGS["key_namespace"].choices:
+        if key_namespace not in (SETTINGS["key_namespace"].choices or ()):
             raise ValueError(f"Unsupported raw-block key namespace: {key_namespace!r}")
         self.config = config
         self.key_namespace = key_namespace
@@ -546,7 +547,7 @@ class RawBlockCore:
         return int(self._native.mem_bytes())
 
     @property
-    def hooks(self) -> "CoreHooks":
+    def hooks(self) -> CoreHooks:
         """Internal hooks for this project's benchmarks and tests; not a stable API."""
         return CoreHooks(self._native)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # The kinds of event, as trust_counters() orders them.
 _FAULTS, _REJECTED, _WRITEBACK, _SHRINK = range(4)

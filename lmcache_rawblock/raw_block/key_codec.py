@@ -101,8 +101,8 @@ def decode_object_key(encoded: str) -> Any:
         model, rank, chunk = parts[:3]
         salt = parts[3] if len(parts) == 4 else ""
         group = 0
-    kw: dict[str, Any] = dict(chunk_hash=bytes.fromhex(chunk), model_name=unquote(model), kv_rank=int(rank, 16),
-                              cache_salt=salt)
+    kw: dict[str, Any] = {"chunk_hash": bytes.fromhex(chunk), "model_name": unquote(model),
+                          "kv_rank": int(rank, 16), "cache_salt": salt}
     if OBJECT_KEYS_HAVE_GROUP:
         kw["object_group_id"] = group
     elif group:
