@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from core_helpers import (
-    BLOCK, CONTAINER, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
+    BLOCK, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
     read_containers, read_slot, write_container, write_slot,
 )
 from lmcache_rawblock.raw_block import encode_legacy_key, encode_object_key

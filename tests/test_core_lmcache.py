@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from core_helpers import BLOCK, HEADER, META, SLOT, make_config, make_device
+from core_helpers import META, SLOT, make_config, make_device
 
 pytestmark = pytest.mark.lmcache
 

@@ -4,7 +4,6 @@ checkpoint still lists it, so the order in which they land does not matter), bat
 recovery header validation through the io_uring engine. Faults come from the core's own
 hooks (_native.Core._inject_fault); batch shapes from the device counters (rust_io)."""
 
-import os
 import struct
 
 import pytest

@@ -17,7 +17,7 @@ import pytest
 from lmcache_rawblock.raw_block import encode_object_key
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
-from core_helpers import META, MiB, SLOT, Obj, make_core, make_device, okey, payload, read_containers
+from core_helpers import META, SLOT, Obj, make_core, make_device, okey, payload, read_containers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]

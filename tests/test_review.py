@@ -118,7 +118,8 @@ def test_state_applied_during_put_keeps_the_inflight_slot_reserved(tmp_path):
         c = make_core(path, slot_bytes=slot, meta_verify_on_load=False)
         try:
             res = {}
-            t = threading.Thread(target=lambda: res.setdefault("a", c.put_many([a], [Obj(slot - HEADER)]).results))
+            t = threading.Thread(  # joined below, in this iteration: the loop's res and c it sees are current
+                target=lambda: res.setdefault("a", c.put_many([a], [Obj(slot - HEADER)]).results))  # noqa: B023
             t.start()
             seen = False
             while t.is_alive() and not seen:
