@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The static checks of `make lint`, in one place. Each check runs even when an earlier one
+# failed; the script prints each one's verdict and time and fails if any failed.
+#
+#   ruff          lint of the runtime package lmcache_rawblock and of tests/
+#                 (rules and exclusions: pyproject.toml, [tool.ruff])
+#   mypy          types of the runtime package (pyproject.toml, [tool.mypy])
+#   stubtest      lmcache_rawblock/_native.pyi against the built extension
+#                 (exceptions, each with its reason: tools/stubtest-allowlist.txt)
+#   clang-format  csrc/*/*.[ch] exactly as .clang-format formats them (clang-format 18.1.8)
+#   lizard        no C function in csrc/ over 80 lines or cyclomatic complexity 15
+#                 (docs/development.md: how to split one, when "#lizard forgives" is fine)
+#
+# Usage: tools/lint.sh [PYTHON]. PYTHON (default python3) must have the tools installed at the
+# versions the Makefile's LINT_TOOLS pins, which `make lint` does first, and the extension
+# built in place (`make build`), which stubtest imports.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-python3}
+CLANG_FORMAT_VERSION=18.1.8
+
+# The clang-format of PYTHON's scripts directory (the PyPI wheel), else the one on PATH; it
+# must be CLANG_FORMAT_VERSION, since other versions format some constructs differently.
+clang_format() {
+  local bin
+  bin="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/clang-format"
+  [ -x "$bin" ] || bin=$(command -v clang-format) || { echo "clang-format not found: pip install clang-format==$CLANG_FORMAT_VERSION" >&2; return 1; }
+  if ! "$bin" --version | grep -q "version $CLANG_FORMAT_VERSION"; then
+    echo "$bin is not clang-format $CLANG_FORMAT_VERSION: pip install clang-format==$CLANG_FORMAT_VERSION" >&2
+    return 1
+  fi
+  "$bin" --dry-run -Werror csrc/*/*.[ch]
+}
+
+# lizard lists every C function over a limit (-w: warnings only) and exits non-zero if any is.
+c_function_sizes() {
+  local out
+  out=$("$PY" -m lizard -l c -C 15 -L 80 -w csrc) && return 0
+  printf '%s\n' "$out"
+  echo "$(printf '%s\n' "$out" | grep -c ': warning: ') C function(s) over 80 lines or CCN 15"
+  return 1
+}
+
+failed=()
+check() {
+  local name=$1 t0=$SECONDS
+  shift
+  echo "lint: $name"
+  if "$@"; then
+    echo "lint: $name passed in $((SECONDS - t0)) s"
+  else
+    echo "lint: $name FAILED in $((SECONDS - t0)) s"
+    failed+=("$name")
+  fi
+}
+
+check ruff "$PY" -m ruff check lmcache_rawblock tests
+check mypy "$PY" -m mypy
+check stubtest env PYTHONPATH="$PWD" "$PY" -m mypy.stubtest lmcache_rawblock._native \
+  --allowlist tools/stubtest-allowlist.txt
+check clang-format clang_format
+check lizard c_function_sizes
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "lint: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "lint: all checks passed"
