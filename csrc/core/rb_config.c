@@ -189,63 +189,98 @@ int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_er
     }
 }
 
+/* A path setting: non-empty, no NUL bytes; cfg keeps the pointer to text. */
+static int set_path(rb_core_cfg *cfg, const rb_setting *s, const char *text, size_t len, rb_err *err)
+{
+    if (len == 0 || memchr(text, 0, len))
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be a non-empty path without NUL bytes", s->name);
+    *(const char **)member(cfg, s) = text;
+    return 0;
+}
+
+/* meta_magic: exactly 8 ASCII bytes. */
+static int set_magic(rb_core_cfg *cfg, const rb_setting *s, const char *text, size_t len, rb_err *err)
+{
+    if (len != 8)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "meta_magic must be exactly 8 bytes, got %zu", len);
+    for (size_t i = 0; i < 8; i++)
+        if ((unsigned char)text[i] > 0x7f)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "meta_magic must be ASCII bytes");
+    memcpy(member(cfg, s), text, 8);
+    return 0;
+}
+
+/* A choice setting set by name; an unknown name's error lists the choices. */
+static int set_choice(rb_core_cfg *cfg, const rb_setting *s, const char *text, size_t len, rb_err *err)
+{
+    for (size_t i = 0; s->choices[i]; i++)
+        if (strlen(s->choices[i]) == len && memcmp(s->choices[i], text, len) == 0)
+            return rb_setting_set_uint(cfg, s, i, err);
+    if (s->choices == engines)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "io_engine must be one of: io_uring, posix; got '%.*s'",
+                          (int)(len > 64 ? 64 : len), text);
+    if (s->choices == namespaces)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "key_namespace must be one of: legacy, object; got '%.*s'",
+                          (int)(len > 64 ? 64 : len), text);
+    char names[128] = "";
+    size_t at = 0;
+    for (size_t i = 0; s->choices[i] && at < sizeof names; i++)
+        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", s->choices[i]);
+    return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be one of: %s; got '%.*s'", s->name, names,
+                      (int)(len > 64 ? 64 : len), text);
+}
+
+/* text as "true" (1) or "false" (0) in *v: 0, or -1 when it is neither. */
+static int parse_bool(const char *text, size_t len, uint64_t *v)
+{
+    if (len == 4 && memcmp(text, "true", 4) == 0)
+        *v = 1;
+    else if (len == 5 && memcmp(text, "false", 5) == 0)
+        *v = 0;
+    else
+        return -1;
+    return 0;
+}
+
+/* text as a decimal number that fits 64 bits (1 to 20 digits, nothing else) in *v: 0, or -1. */
+static int parse_uint(const char *text, size_t len, uint64_t *v)
+{
+    uint64_t n = 0;
+    if (len == 0 || len > 20)
+        return -1;
+    size_t i = 0;
+    for (; i < len && text[i] >= '0' && text[i] <= '9'; i++) {
+        uint64_t d = (uint64_t)(text[i] - '0');
+        if (n > (UINT64_MAX - d) / 10)
+            break;
+        n = n * 10 + d;
+    }
+    if (i != len)
+        return -1;
+    *v = n;
+    return 0;
+}
+
 int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text, size_t len, rb_err *err)
 {
     if (s->flags & RB_SET_POLICY)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s is a placement-policy setting, not the core's", s->name);
+    uint64_t v = 0;
     switch (s->type) {
     case RB_SET_PATH:
-        if (len == 0 || memchr(text, 0, len))
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be a non-empty path without NUL bytes", s->name);
-        *(const char **)member(cfg, s) = text;
-        return 0;
+        return set_path(cfg, s, text, len, err);
     case RB_SET_MAGIC:
-        if (len != 8)
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "meta_magic must be exactly 8 bytes, got %zu", len);
-        for (size_t i = 0; i < 8; i++)
-            if ((unsigned char)text[i] > 0x7f)
-                return rb_err_set(err, RB_ERR_VALUE, EINVAL, "meta_magic must be ASCII bytes");
-        memcpy(member(cfg, s), text, 8);
-        return 0;
+        return set_magic(cfg, s, text, len, err);
     case RB_SET_CHOICE:
-        for (size_t i = 0; s->choices[i]; i++)
-            if (strlen(s->choices[i]) == len && memcmp(s->choices[i], text, len) == 0)
-                return rb_setting_set_uint(cfg, s, i, err);
-        if (s->choices == engines)
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "io_engine must be one of: io_uring, posix; got '%.*s'",
-                              (int)(len > 64 ? 64 : len), text);
-        if (s->choices == namespaces)
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "key_namespace must be one of: legacy, object; got '%.*s'",
-                              (int)(len > 64 ? 64 : len), text);
-        {
-            char names[128] = "";
-            size_t at = 0;
-            for (size_t i = 0; s->choices[i] && at < sizeof names; i++)
-                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", s->choices[i]);
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be one of: %s; got '%.*s'", s->name, names,
-                              (int)(len > 64 ? 64 : len), text);
-        }
+        return set_choice(cfg, s, text, len, err);
     case RB_SET_BOOL:
-        if (len == 4 && memcmp(text, "true", 4) == 0)
-            return rb_setting_set_uint(cfg, s, 1, err);
-        if (len == 5 && memcmp(text, "false", 5) == 0)
-            return rb_setting_set_uint(cfg, s, 0, err);
+        if (parse_bool(text, len, &v) == 0)
+            return rb_setting_set_uint(cfg, s, v, err);
         break;
-    case RB_SET_UINT: {
-        uint64_t v = 0;
-        if (len == 0 || len > 20)
-            break;
-        size_t i = 0;
-        for (; i < len && text[i] >= '0' && text[i] <= '9'; i++) {
-            uint64_t d = (uint64_t)(text[i] - '0');
-            if (v > (UINT64_MAX - d) / 10)
-                break;
-            v = v * 10 + d;
-        }
-        if (i != len)
-            break;
-        return rb_setting_set_uint(cfg, s, v, err);
-    }
+    case RB_SET_UINT:
+        if (parse_uint(text, len, &v) == 0)
+            return rb_setting_set_uint(cfg, s, v, err);
+        break;
     default:
         break;
     }

@@ -165,6 +165,40 @@ static int unsupported_errno(int e)
     return e == EOPNOTSUPP || e == ENOTTY || e == ENOSYS;
 }
 
+/* Deallocate r[0..n) in order, *cmds counting the commands that succeeded; *done the ranges
+ * deallocated before the first failure (all of them or none for NVMe's one batch). */
+static int dealloc_ranges(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, size_t *done, rb_err *err)
+{
+    int rc = 0;
+    size_t k = 0;
+    if (dev->uring_cmd) {
+        rc = dealloc_nvme(dev, r, n, cmds, err);
+        k = rc == 0 ? n : 0;
+    } else {
+        for (; k < n && rc == 0; k++) {
+            rc = dealloc_one(dev, &r[k], err);
+            if (rc == 0)
+                (*cmds)++;
+        }
+        if (rc < 0)
+            k--;
+    }
+    *done = k;
+    return rc;
+}
+
+/* What a batch's outcome rc says of the device: it cannot deallocate (its first command
+ * failed as unsupported), or it can (the first success). */
+static void dealloc_learn(rb_dev *dev, int rc, uint64_t cmds, const rb_err *err)
+{
+    if (rc < 0 && unsupported_errno(err->errnum) && cmds == 0) {
+        dev->dealloc = RB_DEALLOC_NO;
+        snprintf(dev->dealloc_why, sizeof(dev->dealloc_why), "%.190s", err->msg);
+    } else if (rc == 0 && dev->dealloc == RB_DEALLOC_UNKNOWN) {
+        dev->dealloc = RB_DEALLOC_YES;
+    }
+}
+
 int rb_dev_deallocate(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, rb_err *err)
 {
     *cmds = 0;
@@ -174,29 +208,12 @@ int rb_dev_deallocate(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cm
         return rb_err_set(err, RB_ERR_OS, EOPNOTSUPP, "deallocation is not supported: %s", dev->dealloc_why);
     if (rb_dev_enter(dev) < 0)
         return rb_err_set(err, RB_ERR_OS, ESHUTDOWN, "the device is closed");
-    int rc = 0;
     size_t done = 0;
-    if (dev->uring_cmd) {
-        rc = dealloc_nvme(dev, r, n, cmds, err);
-        done = rc == 0 ? n : 0;
-    } else {
-        for (; done < n && rc == 0; done++) {
-            rc = dealloc_one(dev, &r[done], err);
-            if (rc == 0)
-                (*cmds)++;
-        }
-        if (rc < 0)
-            done--;
-    }
+    int rc = dealloc_ranges(dev, r, n, cmds, &done, err);
     if (RB_WLOG_ENABLED())
         for (size_t i = 0; i < done; i++)
             rb_wlog_dealloc(dev->fd, r[i].off, r[i].len);
-    if (rc < 0 && unsupported_errno(err->errnum) && *cmds == 0) {
-        dev->dealloc = RB_DEALLOC_NO;
-        snprintf(dev->dealloc_why, sizeof(dev->dealloc_why), "%.190s", err->msg);
-    } else if (rc == 0 && dev->dealloc == RB_DEALLOC_UNKNOWN) {
-        dev->dealloc = RB_DEALLOC_YES;
-    }
+    dealloc_learn(dev, rc, *cmds, err);
     rb_dev_leave(dev);
     return rc;
 }

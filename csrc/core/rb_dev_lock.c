@@ -170,6 +170,31 @@ static void sleep_ms(long ms)
 /* See rb_device_int.h. A refused lock is retried while the holder may be on its way out:
  * shared holders and a holder that let go while /proc/locks was read for RB_LOCK_WAIT_MS, a
  * holder whose process has exited for RB_LOCK_EXIT_WAIT_MS; a live exclusive holder at once. */
+/* A lock of mode is held on fd: a probe (RB_LOCK_CHECK) lets it go at once; *state says
+ * what is kept. */
+static void lock_taken(int fd, int mode, int *state)
+{
+    if (mode == RB_LOCK_CHECK) {
+        (void)flock(fd, LOCK_UN); /* only a probe: nobody else writes it */
+        return;
+    }
+    *state = mode == RB_LOCK_EXCLUSIVE ? RB_LOCKST_EXCLUSIVE : RB_LOCKST_SHARED;
+}
+
+/* After a refused attempt that began waiting at start, holder h: 1 when the refusal is final
+ * (a live exclusive holder, or the wait for this kind of holder is over), 0 to try again.
+ * Shared holders (udev probing the device, a short read), a holder that let go before
+ * /proc/locks was read and one whose process has exited are waited out. */
+static int lock_refusal_final(const lock_holder *h, long long start)
+{
+    long long waited = now_ms() - start;
+    int exited = h->found && process_exited(h->pid);
+    return (h->found && h->write && !exited) || waited >= (exited ? RB_LOCK_EXIT_WAIT_MS : RB_LOCK_WAIT_MS);
+}
+
+/* See rb_device_int.h. A refused lock is retried while the holder may be on its way out:
+ * shared holders and a holder that let go while /proc/locks was read for RB_LOCK_WAIT_MS, a
+ * holder whose process has exited for RB_LOCK_EXIT_WAIT_MS; a live exclusive holder at once. */
 int rb_dev_lock_fd(int fd, const struct stat *st, const char *path, int mode, int *state, rb_err *err)
 {
     *state = RB_LOCKST_NONE;
@@ -181,11 +206,7 @@ int rb_dev_lock_fd(int fd, const struct stat *st, const char *path, int mode, in
     for (int attempt = 0;; attempt++) {
         int rc = flock_nb(fd, op);
         if (rc == 0) {
-            if (mode == RB_LOCK_CHECK) {
-                (void)flock(fd, LOCK_UN); /* only a probe: nobody else writes it */
-                return 0;
-            }
-            *state = mode == RB_LOCK_EXCLUSIVE ? RB_LOCKST_EXCLUSIVE : RB_LOCKST_SHARED;
+            lock_taken(fd, mode, state);
             return 0;
         }
         if (lock_unsupported(-rc)) {
@@ -198,12 +219,7 @@ int rb_dev_lock_fd(int fd, const struct stat *st, const char *path, int mode, in
         /* A shared probe is only blocked by an exclusive lock: one of this process's is allowed. */
         if (mode == RB_LOCK_CHECK && h.found && h.write && h.pid == (long)getpid())
             return 0;
-        /* Wait out shared holders (udev probing the device, a short read), a holder that let
-         * go before /proc/locks was read, and one whose process has exited; a live exclusive
-         * holder is final. */
-        long long waited = now_ms() - start;
-        int exited = h.found && process_exited(h.pid);
-        if ((h.found && h.write && !exited) || waited >= (exited ? RB_LOCK_EXIT_WAIT_MS : RB_LOCK_WAIT_MS))
+        if (lock_refusal_final(&h, start))
             break;
         sleep_ms(attempt < 5 ? 2 : 20);
     }
@@ -352,29 +368,31 @@ int rb_dev_open_excl(const char *path, int flags, const struct stat *st, rb_err 
     }
 }
 
-/* See rb_device_int.h. */
-int rb_dev_lock_sibling(const char *path, int mode, int *fd_out, int *state, rb_err *err)
+/* The block device of the NVMe namespace whose generic character device is path
+ * (/dev/ngXnY -> /dev/nvmeXnY) in blk, its stat in *st: 1, or 0 when path is no such device or
+ * the namespace has no block device (e.g. a format the block layer skips). */
+static int sibling_path(const char *path, char *blk, size_t n, struct stat *st)
 {
-    *fd_out = -1;
-    *state = RB_LOCKST_NONE;
-    if (mode == RB_LOCK_NONE)
-        return 0;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     unsigned ctrl, nsn;
     char tail;
     if (sscanf(base, "ng%un%u%c", &ctrl, &nsn, &tail) != 2)
         return 0;
-    char blk[64];
-    snprintf(blk, sizeof(blk), "/dev/nvme%un%u", ctrl, nsn);
-    struct stat st;
-    if (stat(blk, &st) != 0 || !S_ISBLK(st.st_mode))
-        return 0; /* no block device for this namespace (e.g. a format the block layer skips) */
+    snprintf(blk, n, "/dev/nvme%un%u", ctrl, nsn);
+    return stat(blk, st) == 0 && S_ISBLK(st->st_mode);
+}
+
+/* Open blk (stat st) read-only for a lock of mode, O_EXCL for an exclusive one, into *fd_out:
+ * 0 (*fd_out -1 when the device is gone since the stat), or <0 with err set. */
+static int sibling_open(const char *blk, const struct stat *st, int mode, int *fd_out, rb_err *err)
+{
     const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
     int fd;
+    *fd_out = -1;
     if (mode == RB_LOCK_EXCLUSIVE) {
         rb_err e;
-        fd = rb_dev_open_excl(blk, flags, &st, &e);
+        fd = rb_dev_open_excl(blk, flags, st, &e);
         if (fd == -EBUSY) {
             *err = e;
             return fd;
@@ -390,8 +408,27 @@ int rb_dev_lock_sibling(const char *path, int mode, int *fd_out, int *state, rb_
         return 0; /* gone since the stat */
     if (fd < 0)
         return rb_err_set(err, RB_ERR_OS, -fd, "open failed on the namespace's block device '%s'", blk);
+    *fd_out = fd;
+    return 0;
+}
+
+/* See rb_device_int.h. */
+int rb_dev_lock_sibling(const char *path, int mode, int *fd_out, int *state, rb_err *err)
+{
+    *fd_out = -1;
+    *state = RB_LOCKST_NONE;
+    if (mode == RB_LOCK_NONE)
+        return 0;
+    char blk[64];
+    struct stat st;
+    if (!sibling_path(path, blk, sizeof(blk), &st))
+        return 0;
+    int fd;
+    int rc = sibling_open(blk, &st, mode, &fd, err);
+    if (rc < 0 || fd < 0)
+        return rc;
     struct stat fst;
-    int rc = fstat(fd, &fst) == 0 ? 0 : rb_err_set(err, RB_ERR_OS, errno, "fstat failed on '%s'", blk);
+    rc = fstat(fd, &fst) == 0 ? 0 : rb_err_set(err, RB_ERR_OS, errno, "fstat failed on '%s'", blk);
     if (rc == 0)
         rc = rb_dev_lock_fd(fd, &fst, blk, mode, state, err);
     if (rc < 0 || mode == RB_LOCK_CHECK || *state == RB_LOCKST_UNSUPPORTED) {

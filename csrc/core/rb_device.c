@@ -144,130 +144,167 @@ static void probe_write_streams(rb_dev *dev, const struct stat *st)
     free(ruh);
 }
 
-int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
-{
-    int flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
-    if (cfg->odirect && !cfg->uring_cmd)
-        flags |= O_DIRECT;
+/* What rb_dev_open learns of the device, phase by phase, before the rb_dev exists. */
+typedef struct dev_opening {
+    int fd, flags, excl;
+    int lock_fd2, lock_state;
+    struct stat st;
+    uint64_t size;
+    int size_known;
+    rb_nvme_ns ns;
+    size_t max_transfer;
+} dev_opening;
 
-    int rc0 = rb_dev_check_path(cfg->path, err);
-    if (rc0 < 0)
-        return rc0;
-    /* An exclusive writer opens a block device with O_EXCL (rb_dev_open_excl): the kernel then
-     * refuses it while it is mounted or claimed by anyone else, and refuses them while we hold it. */
+/* Open cfg->path with the flags cfg asks for (O_NONBLOCK on top, to guard the open) into
+ * o->fd: an exclusive writer of a block device with O_EXCL (rb_dev_open_excl), so the kernel
+ * refuses it while it is mounted or claimed by anyone else, and refuses them while we hold it.
+ * 0, or <0 with err set (nothing left open). */
+static int dev_open_fd(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    o->flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
+    if (cfg->odirect && !cfg->uring_cmd)
+        o->flags |= O_DIRECT;
+    int rc = rb_dev_check_path(cfg->path, err);
+    if (rc < 0)
+        return rc;
     struct stat pst;
-    int excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
+    o->excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
     int fd;
-    if (excl) {
-        fd = rb_dev_open_excl(cfg->path, flags | O_NONBLOCK, &pst, err);
+    if (o->excl) {
+        fd = rb_dev_open_excl(cfg->path, o->flags | O_NONBLOCK, &pst, err);
         if (fd < 0)
             return fd;
     } else {
         do {
-            fd = open(cfg->path, flags | O_NONBLOCK);
+            fd = open(cfg->path, o->flags | O_NONBLOCK);
         } while (fd < 0 && errno == EINTR);
         if (fd < 0)
             return rb_err_set(err, RB_ERR_OS, errno, "open failed");
     }
+    o->fd = fd;
+    return 0;
+}
 
-    int lock_fd2 = -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc0 = rb_err_set(err, RB_ERR_OS, errno, "fstat failed");
-        goto fail_fd;
-    }
-    rc0 = rb_dev_check_mode(cfg->path, (unsigned)st.st_mode, err);
-    if (rc0 < 0)
-        goto fail_fd;
-    if (cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && S_ISBLK(st.st_mode) && !excl) {
+/* The open descriptor's stat in o->st, checked to be a kind of file we take (and the O_EXCL
+ * claim a block device needs, present), then made blocking. 0, or <0 with err set. */
+static int dev_check_opened(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    if (fstat(o->fd, &o->st) != 0)
+        return rb_err_set(err, RB_ERR_OS, errno, "fstat failed");
+    int rc = rb_dev_check_mode(cfg->path, (unsigned)o->st.st_mode, err);
+    if (rc < 0)
+        return rc;
+    if (cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && S_ISBLK(o->st.st_mode) && !o->excl)
         /* The path became a block device between stat and open: its O_EXCL claim is missing. */
-        rc0 = rb_err_set(err, RB_ERR_OS, EAGAIN, "device_path changed while it was opened; retry. device_path='%s'",
-                         cfg->path);
-        goto fail_fd;
-    }
+        return rb_err_set(err, RB_ERR_OS, EAGAIN, "device_path changed while it was opened; retry. device_path='%s'",
+                          cfg->path);
     /* O_NONBLOCK only guarded the open; I/O on the device blocks as usual. */
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-        rc0 = rb_err_set(err, RB_ERR_OS, errno, "fcntl failed");
-        goto fail_fd;
-    }
-    /* The lock, right after the descriptor is open: nothing below reads or writes the device
-     * before it is held (the passthrough Identify is an admin command, no data). */
-    int lock_state = RB_LOCKST_NONE;
-    rc0 = rb_dev_lock_fd(fd, &st, cfg->path, cfg->lock, &lock_state, err);
-    if (rc0 < 0)
-        goto fail_fd;
-    if (cfg->uring_cmd && S_ISCHR(st.st_mode)) {
+    int fl = fcntl(o->fd, F_GETFL);
+    if (fl < 0 || fcntl(o->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return rb_err_set(err, RB_ERR_OS, errno, "fcntl failed");
+    return 0;
+}
+
+/* The lock cfg asks for, on the descriptor and (a passthrough character device) on its
+ * namespace's block device, in o->lock_state and o->lock_fd2. 0, or <0 with err set. */
+static int dev_take_locks(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    int rc = rb_dev_lock_fd(o->fd, &o->st, cfg->path, cfg->lock, &o->lock_state, err);
+    if (rc < 0)
+        return rc;
+    if (cfg->uring_cmd && S_ISCHR(o->st.st_mode)) {
         int sib_state = RB_LOCKST_NONE;
-        rc0 = rb_dev_lock_sibling(cfg->path, cfg->lock, &lock_fd2, &sib_state, err);
-        if (rc0 < 0)
-            goto fail_fd;
+        rc = rb_dev_lock_sibling(cfg->path, cfg->lock, &o->lock_fd2, &sib_state, err);
+        if (rc < 0)
+            return rc;
         if (sib_state == RB_LOCKST_UNSUPPORTED)
-            lock_state = RB_LOCKST_UNSUPPORTED;
+            o->lock_state = RB_LOCKST_UNSUPPORTED;
     }
-    uint64_t size = (uint64_t)st.st_size;
-    int size_known = S_ISREG(st.st_mode);
-    rb_nvme_ns ns;
-    size_t max_transfer = 0;
-    memset(&ns, 0, sizeof(ns));
+    return 0;
+}
+
+/* The device's size (o->size, o->size_known) and, for passthrough, its namespace and transfer
+ * limit (o->ns, o->max_transfer). 0, or <0 with err set. */
+static int dev_find_size(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    o->size = (uint64_t)o->st.st_size;
+    o->size_known = S_ISREG(o->st.st_mode);
     if (cfg->uring_cmd) {
-        rc0 = open_passthrough(cfg, fd, &st, &ns, &max_transfer, err);
-        if (rc0 < 0)
-            goto fail_fd;
-        size = ns.nsze << ns.lba_shift;
-        size_known = 1;
+        int rc = open_passthrough(cfg, o->fd, &o->st, &o->ns, &o->max_transfer, err);
+        if (rc < 0)
+            return rc;
+        o->size = o->ns.nsze << o->ns.lba_shift;
+        o->size_known = 1;
     }
-    if (S_ISBLK(st.st_mode)) {
+    if (S_ISBLK(o->st.st_mode)) {
         uint64_t bsz = 0;
-        if (ioctl(fd, BLKGETSIZE64, &bsz) == 0) {
-            size = bsz;
-            size_known = 1;
+        if (ioctl(o->fd, BLKGETSIZE64, &bsz) == 0) {
+            o->size = bsz;
+            o->size_known = 1;
         }
     }
+    return 0;
+}
 
+/* The rb_dev of what o holds (it owns o's descriptors from now on), with its io_uring engine
+ * when cfg asks for one. 0, or <0 with err set (nothing allocated; o's descriptors still open). */
+static int dev_new(const rb_dev_config *cfg, const dev_opening *o, rb_dev **out, rb_err *err)
+{
     rb_dev *dev = calloc(1, sizeof(*dev));
-    if (!dev) {
-        rc0 = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        goto fail_fd;
-    }
-    dev->fd = fd;
-    dev->lock_fd2 = lock_fd2;
-    dev->lock_state = lock_state;
+    if (!dev)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    dev->fd = o->fd;
+    dev->lock_fd2 = o->lock_fd2;
+    dev->lock_state = o->lock_state;
     dev->writable = cfg->writable;
-    dev->odirect = (flags & O_DIRECT) != 0;
+    dev->odirect = (o->flags & O_DIRECT) != 0;
     dev->engine = cfg->engine;
     dev->alignment = cfg->alignment;
-    dev->size = size;
-    dev->size_known = size_known;
-    dev->is_blk = S_ISBLK(st.st_mode);
+    dev->size = o->size;
+    dev->size_known = o->size_known;
+    dev->is_blk = S_ISBLK(o->st.st_mode);
     dev->uring_cmd = cfg->uring_cmd;
-    dev->ns = ns;
-    dev->max_transfer = max_transfer;
+    dev->ns = o->ns;
+    dev->max_transfer = o->max_transfer;
     if (dev->is_blk && dev->odirect && cfg->engine == RB_ENGINE_IOURING)
-        probe_write_streams(dev, &st);
-    rb_dev_dealloc_probe(dev, &st);
+        probe_write_streams(dev, &o->st);
+    rb_dev_dealloc_probe(dev, &o->st);
     pthread_mutex_init(&dev->gate_mu, NULL);
     pthread_cond_init(&dev->gate_cv, NULL);
-
     if (cfg->engine == RB_ENGINE_IOURING) {
         int rc = rb_uring_create(dev, cfg->queue_depth ? cfg->queue_depth : 1, &dev->uring, err);
         if (rc < 0) {
             pthread_mutex_destroy(&dev->gate_mu);
             pthread_cond_destroy(&dev->gate_cv);
             free(dev);
-            rc0 = rc;
-            goto fail_fd;
+            return rc;
         }
     }
     *out = dev;
     return 0;
+}
 
-fail_fd:
-    /* Closing the descriptors drops their locks and the O_EXCL claims. */
-    if (lock_fd2 >= 0)
-        close(lock_fd2);
-    close(fd);
-    return rc0;
+/* Open, check, lock (right after the descriptor is open: nothing reads or writes the device
+ * before the lock is held; the passthrough Identify is an admin command, no data), size, then
+ * the rb_dev itself. */
+int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
+{
+    dev_opening o;
+    memset(&o, 0, sizeof(o));
+    o.lock_fd2 = -1;
+    o.lock_state = RB_LOCKST_NONE;
+    int rc = dev_open_fd(cfg, &o, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = dev_check_opened(cfg, &o, err)) < 0 || (rc = dev_take_locks(cfg, &o, err)) < 0 ||
+        (rc = dev_find_size(cfg, &o, err)) < 0 || (rc = dev_new(cfg, &o, out, err)) < 0) {
+        /* Closing the descriptors drops their locks and the O_EXCL claims. */
+        if (o.lock_fd2 >= 0)
+            close(o.lock_fd2);
+        close(o.fd);
+        return rc;
+    }
+    return 0;
 }
 
 int rb_dev_enter(rb_dev *dev)
@@ -503,74 +540,88 @@ int rb_xfer_set_head(const rb_dev *dev, rb_xfer *x, void *head, size_t head_len,
     return 0;
 }
 
+/* Append the iovec [base, base + len) to x's plan. */
+static void xfer_iov_add(rb_xfer *x, void *base, size_t len)
+{
+    x->iov[x->iovcnt].iov_base = base;
+    x->iov[x->iovcnt].iov_len = len;
+    x->iovcnt++;
+}
+
+/* How much of the transfer the caller's (suitably aligned) memory takes directly: the payload,
+ * with O_DIRECT the whole transfer for a read that fits, or the payload's aligned prefix when
+ * padding follows it. */
+static size_t xfer_direct_len(const rb_dev *dev, const rb_xfer *x)
+{
+    size_t direct = x->payload_len;
+    if (dev->odirect) {
+        if (!x->write && x->buf_len >= x->total_len)
+            direct = x->total_len; /* read everything straight into the buffer */
+        else if (x->total_len != x->payload_len)
+            direct -= direct % dev->alignment; /* aligned prefix; the tail is bounced */
+    }
+    return direct;
+}
+
+/* The caller's memory takes the first direct bytes; the rest goes through a bounce (aligned
+ * for O_DIRECT; zeros to write, or padding to read and drop, when buffered). */
+static int xfer_plan_direct(rb_dev *dev, rb_xfer *x, rb_err *err)
+{
+    const size_t a = dev->alignment;
+    size_t direct = xfer_direct_len(dev, x);
+    if (direct)
+        xfer_iov_add(x, x->buf, direct);
+    size_t rest = x->total_len - direct;
+    if (!rest)
+        return 0;
+    size_t tail = x->payload_len > direct ? x->payload_len - direct : 0;
+    if (dev->odirect) {
+        x->bounce = rb_alloc_aligned(a, rest, err);
+        if (!x->bounce)
+            return -ENOMEM;
+        if (x->write) {
+            memcpy(x->bounce, x->buf + direct, tail);
+            memset(x->bounce + tail, 0, rest - tail);
+        }
+    } else {
+        x->bounce = calloc(1, rest);
+        if (!x->bounce)
+            return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "bounce allocation failed: %zu bytes", rest);
+    }
+    xfer_iov_add(x, x->bounce, rest);
+    x->copy_back_off = direct;
+    x->copy_back_len = x->write ? 0 : tail;
+    return 0;
+}
+
+/* O_DIRECT with unaligned caller memory: one aligned bounce of the whole transfer. */
+static int xfer_plan_bounce(rb_dev *dev, rb_xfer *x, rb_err *err)
+{
+    x->bounce = rb_alloc_aligned(dev->alignment, x->total_len, err);
+    if (!x->bounce)
+        return -ENOMEM;
+    if (x->write) {
+        memcpy(x->bounce, x->buf, x->payload_len);
+        memset(x->bounce + x->payload_len, 0, x->total_len - x->payload_len);
+    }
+    xfer_iov_add(x, x->bounce, x->total_len);
+    x->copy_back_off = 0;
+    x->copy_back_len = x->write ? 0 : x->payload_len;
+    return 0;
+}
+
 /* Build the iovecs of the transfer (the head's, then at most two); see rb_device.h. */
 int rb_xfer_prepare(rb_dev *dev, rb_xfer *x, rb_err *err)
 {
-    const size_t a = dev->alignment;
-    const size_t pad = x->total_len - x->payload_len;
     x->want = x->head_len + x->total_len;
     x->iovcnt = 0;
     if (dev->uring_cmd)
         return 0; /* the engine plans (and bounces) the transfer itself */
-    if (x->head_len) {
-        x->iov[0].iov_base = x->head;
-        x->iov[0].iov_len = x->head_len;
-        x->iovcnt = 1;
-    }
-
-    if (!dev->odirect || is_aligned_ptr(x->buf, a)) {
-        /* The caller's memory can take (part of) the transfer directly. */
-        size_t direct = x->payload_len;
-        if (dev->odirect) {
-            if (!x->write && x->buf_len >= x->total_len)
-                direct = x->total_len; /* read everything straight into the buffer */
-            else if (pad)
-                direct -= direct % a; /* aligned prefix; the tail is bounced */
-        }
-        if (direct) {
-            x->iov[x->iovcnt].iov_base = x->buf;
-            x->iov[x->iovcnt].iov_len = direct;
-            x->iovcnt++;
-        }
-        size_t rest = x->total_len - direct;
-        if (rest) {
-            size_t tail = x->payload_len > direct ? x->payload_len - direct : 0;
-            if (dev->odirect) {
-                x->bounce = rb_alloc_aligned(a, rest, err);
-                if (!x->bounce)
-                    return -ENOMEM;
-                if (x->write) {
-                    memcpy(x->bounce, x->buf + direct, tail);
-                    memset(x->bounce + tail, 0, rest - tail);
-                }
-            } else {
-                /* Buffered: zeros to write, or padding to read and drop. */
-                x->bounce = calloc(1, rest);
-                if (!x->bounce)
-                    return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "bounce allocation failed: %zu bytes", rest);
-            }
-            x->iov[x->iovcnt].iov_base = x->bounce;
-            x->iov[x->iovcnt].iov_len = rest;
-            x->iovcnt++;
-            x->copy_back_off = direct;
-            x->copy_back_len = x->write ? 0 : tail;
-        }
-    } else {
-        /* O_DIRECT with unaligned caller memory: one aligned bounce of the whole transfer. */
-        x->bounce = rb_alloc_aligned(a, x->total_len, err);
-        if (!x->bounce)
-            return -ENOMEM;
-        if (x->write) {
-            memcpy(x->bounce, x->buf, x->payload_len);
-            memset(x->bounce + x->payload_len, 0, pad);
-        }
-        x->iov[x->iovcnt].iov_base = x->bounce;
-        x->iov[x->iovcnt].iov_len = x->total_len;
-        x->iovcnt++;
-        x->copy_back_off = 0;
-        x->copy_back_len = x->write ? 0 : x->payload_len;
-    }
-    return 0;
+    if (x->head_len)
+        xfer_iov_add(x, x->head, x->head_len);
+    if (!dev->odirect || is_aligned_ptr(x->buf, dev->alignment))
+        return xfer_plan_direct(dev, x, err); /* the caller's memory can take (part of) it */
+    return xfer_plan_bounce(dev, x, err);
 }
 
 /* One preadv2/pwritev2 attempt over what is left of the plan; returns its result (errno kept). */

@@ -384,7 +384,9 @@ static int overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
     return a < b + blen && b < a + alen;
 }
 
-static int sb_check(const rb_mlog_sb *s, rb_err *err)
+/* The superblock's ids and block sizes: nonzero ids, block_align a power of two up to 2^30,
+ * header_bytes, slot_bytes and meta_total_bytes multiples of it in that order. */
+static int sb_check_sizes(const rb_mlog_sb *s, rb_err *err)
 {
     static const char W[] = "metadata superblock";
     const uint64_t ba = s->block_align;
@@ -403,6 +405,15 @@ static int sb_check(const rb_mlog_sb *s, rb_err *err)
     if (s->meta_total_bytes <= ba || s->meta_total_bytes % ba)
         return bad(err, W, "meta_total_bytes %llu is not a multiple of block_align %llu above it", s->meta_total_bytes,
                    ba);
+    return 0;
+}
+
+/* The superblock's geometry: the containers halve the metadata region and hold a superblock,
+ * the data follows the region, and max_slots is what the data area holds. */
+static int sb_check_geometry(const rb_mlog_sb *s, rb_err *err)
+{
+    static const char W[] = "metadata superblock";
+    const uint64_t ba = s->block_align;
     if (s->container_bytes != s->meta_total_bytes / 2 / ba * ba)
         return bad(err, W, "container_bytes %llu is not half of the metadata region in blocks (%llu)",
                    s->container_bytes, s->meta_total_bytes / 2 / ba * ba);
@@ -417,29 +428,37 @@ static int sb_check(const rb_mlog_sb *s, rb_err *err)
     uint64_t ms = (s->capacity - s->data_base) / s->slot_bytes;
     if (ms == 0 || ms > UINT32_MAX - 1 || s->max_slots != ms)
         return bad(err, W, "max_slots %llu does not match the geometry (%llu)", s->max_slots, ms);
-    /* Regions: the two base areas and the ring. */
-    const uint64_t mt = s->meta_total_bytes;
-    const rb_mlog_area reg[3] = {s->areas[0], s->areas[1], {s->ring.off, s->ring.len}};
+    return 0;
+}
+
+/* Region i of reg (the two base areas and the ring): non-empty, block-aligned, inside the
+ * metadata region, clear of both superblocks and of the regions before it. */
+static int sb_check_region(const rb_mlog_sb *s, const rb_mlog_area *reg, int i, rb_err *err)
+{
     static const char *const rname[3] = {"base area 0", "base area 1", "log ring"};
-    for (int i = 0; i < 3; i++) {
-        char what[64];
-        snprintf(what, sizeof what, "%s %s", W, rname[i]);
-        if (reg[i].len == 0 || reg[i].off % ba || reg[i].len % ba)
-            return bad(err, what, "offset %llu, length %llu: empty or not block-aligned", reg[i].off, reg[i].len);
-        if (reg[i].off > mt || reg[i].len > mt - reg[i].off)
-            return bad(err, what, "ends at %llu, past the metadata region (%llu bytes)",
-                       reg[i].off > mt ? reg[i].off : reg[i].off + reg[i].len, mt);
-        if (overlaps(reg[i].off, reg[i].len, 0, span) || overlaps(reg[i].off, reg[i].len, s->container_bytes, span))
-            return bad(err, what, "at offset %llu overlaps a superblock (at 0 and %llu)", reg[i].off,
-                       s->container_bytes);
-        for (int j = 0; j < i; j++)
-            if (overlaps(reg[i].off, reg[i].len, reg[j].off, reg[j].len))
-                return bad(err, what, "at offset %llu overlaps the region at offset %llu", reg[i].off, reg[j].off);
-    }
+    const uint64_t ba = s->block_align, mt = s->meta_total_bytes, span = rb_mlog_sb_span(ba);
+    char what[64];
+    snprintf(what, sizeof what, "metadata superblock %s", rname[i]);
+    if (reg[i].len == 0 || reg[i].off % ba || reg[i].len % ba)
+        return bad(err, what, "offset %llu, length %llu: empty or not block-aligned", reg[i].off, reg[i].len);
+    if (reg[i].off > mt || reg[i].len > mt - reg[i].off)
+        return bad(err, what, "ends at %llu, past the metadata region (%llu bytes)",
+                   reg[i].off > mt ? reg[i].off : reg[i].off + reg[i].len, mt);
+    if (overlaps(reg[i].off, reg[i].len, 0, span) || overlaps(reg[i].off, reg[i].len, s->container_bytes, span))
+        return bad(err, what, "at offset %llu overlaps a superblock (at 0 and %llu)", reg[i].off, s->container_bytes);
+    for (int j = 0; j < i; j++)
+        if (overlaps(reg[i].off, reg[i].len, reg[j].off, reg[j].len))
+            return bad(err, what, "at offset %llu overlaps the region at offset %llu", reg[i].off, reg[j].off);
+    return 0;
+}
+
+/* The base the superblock points at: in area 0 or 1 and within it, its counts plausible. */
+static int sb_check_base(const rb_mlog_sb *s, rb_err *err)
+{
     static const char WB[] = "metadata superblock base";
     if (s->base.area > 1)
         return bad(err, WB, "area %llu is not 0 or 1", s->base.area, 0);
-    if (s->base.len == 0 || s->base.len % ba || s->base.len > s->areas[s->base.area].len)
+    if (s->base.len == 0 || s->base.len % s->block_align || s->base.len > s->areas[s->base.area].len)
         return bad(err, WB, "length %llu is empty, not block-aligned or past its area (%llu bytes)", s->base.len,
                    s->areas[s->base.area].len);
     if (s->base.next_slot > s->max_slots)
@@ -450,12 +469,34 @@ static int sb_check(const rb_mlog_sb *s, rb_err *err)
         return bad(err, WB, "%llu chunks cannot hold %llu entries", s->base.n_chunks, s->base.n_entries);
     if ((uint64_t)s->base.n_chunks > s->base.len / RB_MLOG_CHUNK_HDR_LEN)
         return bad(err, WB, "%llu chunks cannot fit in %llu bytes", s->base.n_chunks, s->base.len);
+    return 0;
+}
+
+/* The log ring starts at a block inside it, with the sequence after the base's. */
+static int sb_check_ring(const rb_mlog_sb *s, rb_err *err)
+{
     static const char WR[] = "metadata superblock log ring";
-    if (s->ring.start >= s->ring.len || s->ring.start % ba)
+    if (s->ring.start >= s->ring.len || s->ring.start % s->block_align)
         return bad(err, WR, "start %llu is not a block inside the ring (%llu bytes)", s->ring.start, s->ring.len);
     if (s->base.log_seq == UINT64_MAX || s->ring.start_seq != s->base.log_seq + 1)
         return bad(err, WR, "first sequence %llu does not follow the base's %llu", s->ring.start_seq, s->base.log_seq);
     return 0;
+}
+
+/* Every field of a superblock, in the order a reader meets them: sizes, geometry, the regions,
+ * the base, the ring. 0, or -EBADMSG with err saying what is wrong. */
+static int sb_check(const rb_mlog_sb *s, rb_err *err)
+{
+    int rc = sb_check_sizes(s, err);
+    if (rc < 0 || (rc = sb_check_geometry(s, err)) < 0)
+        return rc;
+    const rb_mlog_area reg[3] = {s->areas[0], s->areas[1], {s->ring.off, s->ring.len}};
+    for (int i = 0; i < 3; i++)
+        if ((rc = sb_check_region(s, reg, i, err)) < 0)
+            return rc;
+    if ((rc = sb_check_base(s, err)) < 0)
+        return rc;
+    return sb_check_ring(s, err);
 }
 
 int rb_mlog_sb_encode(const rb_mlog_sb *sb, uint8_t *out, size_t out_len, rb_err *err)
@@ -708,6 +749,36 @@ int rb_mlog_genc_finish(const rb_mlog_genc *g, uint64_t generation, uint64_t seq
     return 0;
 }
 
+/* Deflate g's body into the group at h (after the header: its raw length, then the stream)
+ * where that saves a block: the compressed group must end at least one block before the raw
+ * one (raw_total bytes), so the stream gets that much room and no more (deflate stops early
+ * when the body does not compress enough). *stored: the stored body's length when deflated.
+ * 1 deflated, 0 not, -ENOMEM. */
+static int group_deflate(const rb_mlog_genc *g, uint8_t *h, uint64_t raw_total, uint64_t block_align, int level,
+                         uint64_t *stored)
+{
+    if (level <= 0 || raw_total <= block_align || g->body.len > RB_MLOG_CHUNK_RAW_MAX ||
+        raw_total - block_align <= RB_MLOG_GROUP_HDR_LEN + GRP_ZHDR)
+        return 0;
+    uint64_t room = raw_total - block_align - RB_MLOG_GROUP_HDR_LEN - GRP_ZHDR;
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return -ENOMEM;
+    z.next_in = (const Bytef *)g->body.data;
+    z.avail_in = (uInt)g->body.len;
+    z.next_out = h + RB_MLOG_GROUP_HDR_LEN + GRP_ZHDR;
+    z.avail_out = (uInt)(room < UINT_MAX ? room : UINT_MAX);
+    int zr = deflate(&z, Z_FINISH);
+    uint64_t comp = z.total_out;
+    deflateEnd(&z);
+    if (zr != Z_STREAM_END)
+        return 0;
+    rb_put_le(h + RB_MLOG_GROUP_HDR_LEN, g->body.len, GRP_ZHDR);
+    *stored = GRP_ZHDR + comp;
+    return 1;
+}
+
 int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, uint64_t block_align, int level,
                       rb_buf *out, rb_err *err)
 {
@@ -727,36 +798,38 @@ int rb_mlog_genc_seal(const rb_mlog_genc *g, uint64_t generation, uint64_t seq, 
     }
     uint8_t *h = (uint8_t *)out->data + at;
     uint64_t stored = g->body.len;
-    uint32_t flags = 0;
-    /* Deflate only where it can save a block: the compressed group must end at least one block
-     * before the raw one, so the stream gets that much room and no more (deflate stops early
-     * when the body does not compress enough). */
-    if (level > 0 && raw_total > block_align && g->body.len <= RB_MLOG_CHUNK_RAW_MAX &&
-        raw_total - block_align > RB_MLOG_GROUP_HDR_LEN + GRP_ZHDR) {
-        uint64_t room = raw_total - block_align - RB_MLOG_GROUP_HDR_LEN - GRP_ZHDR;
-        z_stream z;
-        memset(&z, 0, sizeof z);
-        if (deflateInit2(&z, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-            return nomem(err, "log group");
-        z.next_in = (const Bytef *)g->body.data;
-        z.avail_in = (uInt)g->body.len;
-        z.next_out = h + RB_MLOG_GROUP_HDR_LEN + GRP_ZHDR;
-        z.avail_out = (uInt)(room < UINT_MAX ? room : UINT_MAX);
-        int zr = deflate(&z, Z_FINISH);
-        uint64_t comp = z.total_out;
-        deflateEnd(&z);
-        if (zr == Z_STREAM_END) {
-            rb_put_le(h + RB_MLOG_GROUP_HDR_LEN, g->body.len, GRP_ZHDR);
-            stored = GRP_ZHDR + comp;
-            flags = RB_MLOG_GROUP_DEFLATE;
-        }
-    }
+    int z = group_deflate(g, h, raw_total, block_align, level, &stored);
+    if (z < 0)
+        return nomem(err, "log group");
+    uint32_t flags = z ? RB_MLOG_GROUP_DEFLATE : 0;
     if (!flags && g->body.len)
         memcpy(h + RB_MLOG_GROUP_HDR_LEN, g->body.data, g->body.len);
     group_header(h, generation, seq, stored, g->n_records, flags | ((uint32_t)g->epoch << RB_MLOG_GROUP_EPOCH_SHIFT));
     uint64_t total = round_up(RB_MLOG_GROUP_HDR_LEN + stored, block_align);
     memset(h + RB_MLOG_GROUP_HDR_LEN + stored, 0, (size_t)(total - RB_MLOG_GROUP_HDR_LEN - stored));
     out->len = at + (size_t)total;
+    return 0;
+}
+
+/* A group header's body length and record count fit each other (a deflated body: its raw
+ * length then a stream of 2 bytes at least, the records in the raw bytes); g->raw_len is the
+ * body's when stored raw, 0 (not known yet) when deflated. */
+static int group_body_plausible(rb_mlog_group_info *g, rb_err *err)
+{
+    static const char W[] = "log group";
+    if (g->flags & RB_MLOG_GROUP_DEFLATE) {
+        if (g->body_len < GRP_ZHDR + 2 || g->body_len > GRP_ZHDR + (uint64_t)RB_MLOG_CHUNK_RAW_MAX)
+            return bad(err, W, "deflated body length %llu is implausible", g->body_len, 0);
+        if ((uint64_t)g->n_records > RB_MLOG_CHUNK_RAW_MAX / 2)
+            return bad(err, W, "%llu records cannot fit in a deflated body", g->n_records, 0);
+        g->raw_len = 0;
+        return 0;
+    }
+    if (g->body_len > (1ull << 62))
+        return bad(err, W, "body length %llu is implausible", g->body_len, 0);
+    if ((uint64_t)g->n_records > g->body_len / 2) /* a record takes 2 bytes at least */
+        return bad(err, W, "%llu records cannot fit in %llu body bytes", g->n_records, g->body_len);
+    g->raw_len = g->body_len;
     return 0;
 }
 
@@ -786,20 +859,9 @@ int rb_mlog_group_head(const uint8_t *in, size_t len, uint64_t block_align, uint
     g.n_records = (uint32_t)rb_get_le(in + 32, 4);
     if (g.generation == 0 || g.seq == 0)
         return bad(err, W, "generation %llu or sequence %llu is 0", g.generation, g.seq);
-    if (g.flags & RB_MLOG_GROUP_DEFLATE) {
-        /* [raw length][a deflate stream of 2 bytes at least]; the records are in the raw bytes */
-        if (g.body_len < GRP_ZHDR + 2 || g.body_len > GRP_ZHDR + (uint64_t)RB_MLOG_CHUNK_RAW_MAX)
-            return bad(err, W, "deflated body length %llu is implausible", g.body_len, 0);
-        if ((uint64_t)g.n_records > RB_MLOG_CHUNK_RAW_MAX / 2)
-            return bad(err, W, "%llu records cannot fit in a deflated body", g.n_records, 0);
-        g.raw_len = 0;
-    } else {
-        if (g.body_len > (1ull << 62))
-            return bad(err, W, "body length %llu is implausible", g.body_len, 0);
-        if ((uint64_t)g.n_records > g.body_len / 2) /* a record takes 2 bytes at least */
-            return bad(err, W, "%llu records cannot fit in %llu body bytes", g.n_records, g.body_len);
-        g.raw_len = g.body_len;
-    }
+    int rc = group_body_plausible(&g, err);
+    if (rc < 0)
+        return rc;
     g.total_len = round_up(RB_MLOG_GROUP_HDR_LEN + g.body_len, block_align);
     *gi = g;
     if (expect_gen && g.generation != expect_gen)
@@ -811,6 +873,64 @@ int rb_mlog_group_head(const uint8_t *in, size_t len, uint64_t block_align, uint
     return 0;
 }
 
+/* A PUT record after its type byte: key, slot, then the entry tail. */
+static int rd_put(rd *r, rb_mlog_rec *rec, int64_t **pos, size_t *pos_cap, uint64_t *budget)
+{
+    const uint8_t *k = NULL;
+    uint64_t v;
+    int rc;
+    if ((rc = rd_varint(r, "key length", UINT32_MAX, &v)) < 0 || (rc = rd_bytes(r, "key", v, &k)) < 0)
+        return rc;
+    rec->ent.key = (const char *)k;
+    rec->ent.key_len = (uint32_t)v;
+    if ((rc = rd_varint(r, "slot", UINT32_MAX, &v)) < 0)
+        return rc;
+    rec->ent.slot = (uint32_t)v;
+    return rd_tail(r, &rec->ent, &rec->ent.size, pos, pos_cap, budget);
+}
+
+/* A CLASS record after its type byte: the class id, then its fragment. */
+static int rd_class(rd *r, rb_mlog_class *cls)
+{
+    const uint8_t *f = NULL;
+    uint64_t v;
+    int rc;
+    if ((rc = rd_varint(r, "class id", UINT32_MAX, &v)) < 0)
+        return rc;
+    cls->id = (uint32_t)v;
+    if ((rc = rd_varint(r, "fragment length", UINT32_MAX, &v)) < 0 || (rc = rd_bytes(r, "fragment", v, &f)) < 0)
+        return rc;
+    cls->frag = (const char *)f;
+    cls->frag_len = (uint32_t)v;
+    return 0;
+}
+
+/* One record of a body into *rec (zeroed first). */
+static int rd_record(rd *r, rb_mlog_rec *rec, int64_t **pos, size_t *pos_cap, uint64_t *budget)
+{
+    const uint8_t *tp = NULL;
+    uint64_t v;
+    int rc;
+    memset(rec, 0, sizeof *rec);
+    if ((rc = rd_bytes(r, "type", 1, &tp)) < 0)
+        return rc;
+    rec->type = *tp;
+    switch (*tp) {
+    case RB_MLOG_PUT:
+        return rd_put(r, rec, pos, pos_cap, budget);
+    case RB_MLOG_FREE:
+        if ((rc = rd_varint(r, "slot", UINT32_MAX, &v)) < 0)
+            return rc;
+        rec->slot = (uint32_t)v;
+        return 0;
+    case RB_MLOG_CLASS:
+        return rd_class(r, &rec->cls);
+    default:
+        r->p--;
+        return rd_fail(r, "type", "is unknown");
+    }
+}
+
 /* Parse the records of a body; deliver them to fn when fn is set. */
 static int group_records(const uint8_t *body, uint64_t body_len, uint32_t n, rb_mlog_rec_fn fn, void *ctx,
                          int64_t **pos, size_t *pos_cap, rb_err *err)
@@ -820,48 +940,9 @@ static int group_records(const uint8_t *body, uint64_t body_len, uint32_t n, rb_
     for (uint32_t i = 0; i < n; i++) {
         r.i = i;
         rb_mlog_rec rec;
-        memset(&rec, 0, sizeof rec);
-        const uint8_t *tp = NULL;
-        uint64_t v;
-        int rc;
-        if ((rc = rd_bytes(&r, "type", 1, &tp)) < 0)
+        int rc = rd_record(&r, &rec, pos, pos_cap, &budget);
+        if (rc < 0)
             return rc;
-        rec.type = *tp;
-        switch (*tp) {
-        case RB_MLOG_PUT: {
-            const uint8_t *k = NULL;
-            if ((rc = rd_varint(&r, "key length", UINT32_MAX, &v)) < 0 || (rc = rd_bytes(&r, "key", v, &k)) < 0)
-                return rc;
-            rec.ent.key = (const char *)k;
-            rec.ent.key_len = (uint32_t)v;
-            if ((rc = rd_varint(&r, "slot", UINT32_MAX, &v)) < 0)
-                return rc;
-            rec.ent.slot = (uint32_t)v;
-            if ((rc = rd_tail(&r, &rec.ent, &rec.ent.size, pos, pos_cap, &budget)) < 0)
-                return rc;
-            break;
-        }
-        case RB_MLOG_FREE:
-            if ((rc = rd_varint(&r, "slot", UINT32_MAX, &v)) < 0)
-                return rc;
-            rec.slot = (uint32_t)v;
-            break;
-        case RB_MLOG_CLASS: {
-            const uint8_t *f = NULL;
-            if ((rc = rd_varint(&r, "class id", UINT32_MAX, &v)) < 0)
-                return rc;
-            rec.cls.id = (uint32_t)v;
-            if ((rc = rd_varint(&r, "fragment length", UINT32_MAX, &v)) < 0 ||
-                (rc = rd_bytes(&r, "fragment", v, &f)) < 0)
-                return rc;
-            rec.cls.frag = (const char *)f;
-            rec.cls.frag_len = (uint32_t)v;
-            break;
-        }
-        default:
-            r.p--;
-            return rd_fail(&r, "type", "is unknown");
-        }
         if (fn && (rc = fn(ctx, &rec)) != 0)
             return rc;
     }
@@ -984,41 +1065,23 @@ static int class_known(const uint32_t *ids, uint32_t n, uint32_t id)
 
 /* ---- base encoder ------------------------------------------------------------------------ */
 
-int rb_mlog_benc_init(rb_mlog_benc *e, uint64_t generation, uint64_t log_seq, uint32_t next_slot,
-                      const rb_mlog_class *cls, uint32_t n_cls, const rb_mlog_benc_opts *opts, rb_err *err)
+/* The class table's ids ascend strictly; *tab: the most bytes it takes encoded. */
+static int benc_class_bound(const rb_mlog_class *cls, uint32_t n_cls, size_t *tab, rb_err *err)
 {
-    static const char W[] = "base encoder";
-    memset(e, 0, sizeof *e);
-    int level = opts && opts->level ? opts->level : RB_MLOG_LEVEL_DEFAULT;
-    uint32_t chunk_raw = opts && opts->chunk_raw ? opts->chunk_raw : RB_MLOG_CHUNK_RAW_DEFAULT;
-    if (generation == 0 || level < 1 || level > 9 || chunk_raw > RB_MLOG_CHUNK_RAW_MAX)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: generation %llu, level %d, chunk_raw %u: out of range", W,
-                          (unsigned long long)generation, level, chunk_raw);
-    size_t tab = 0;
+    *tab = 0;
     for (uint32_t i = 0; i < n_cls; i++) {
         if (i && cls[i].id <= cls[i - 1].id)
-            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: class ids not strictly ascending (%u after %u)", W,
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL, "base encoder: class ids not strictly ascending (%u after %u)",
                               cls[i].id, cls[i - 1].id);
-        tab += 2 * VARINT_MAX + cls[i].frag_len;
+        *tab += 2 * VARINT_MAX + cls[i].frag_len;
     }
-    e->chunk_raw = chunk_raw;
-    e->generation = generation;
-    e->log_seq = log_seq;
-    e->next_slot = next_slot;
-    e->cls_ids = malloc((n_cls ? n_cls : 1) * sizeof *e->cls_ids);
-    z_stream *z = calloc(1, sizeof *z);
-    if (!e->cls_ids || !z || rb_buf_reserve(&e->out, RB_MLOG_BASE_HDR_LEN + tab) < 0) {
-        free(z);
-        rb_mlog_benc_free(e);
-        return nomem(err, W);
-    }
-    if (deflateInit2(z, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-        free(z);
-        rb_mlog_benc_free(e);
-        return nomem(err, W);
-    }
-    e->z = z;
-    e->n_cls = n_cls;
+    return 0;
+}
+
+/* Write the base header and class table at the start of e->out (room reserved) and keep the
+ * class ids in e->cls_ids. */
+static void benc_header(rb_mlog_benc *e, const rb_mlog_class *cls, uint32_t n_cls)
+{
     uint8_t *h = (uint8_t *)e->out.data, *p = h + RB_MLOG_BASE_HDR_LEN;
     for (uint32_t i = 0; i < n_cls; i++) {
         e->cls_ids[i] = cls[i].id;
@@ -1032,15 +1095,46 @@ int rb_mlog_benc_init(rb_mlog_benc *e, uint64_t generation, uint64_t log_seq, ui
     memcpy(h, RB_MLOG_BASE_MAGIC, 8);
     rb_put_le(h + 8, RB_MLOG_VERSION, 4);
     rb_put_le(h + 12, 0, 4);
-    rb_put_le(h + 16, generation, 8);
-    rb_put_le(h + 24, log_seq, 8);
-    rb_put_le(h + 32, next_slot, 4);
+    rb_put_le(h + 16, e->generation, 8);
+    rb_put_le(h + 24, e->log_seq, 8);
+    rb_put_le(h + 32, e->next_slot, 4);
     rb_put_le(h + 36, n_cls, 4);
     rb_put_le(h + 40, tab_len, 8);
     rb_put_le(h + 48, crc_more(0, h + RB_MLOG_BASE_HDR_LEN, (size_t)tab_len), 4);
     rb_put_le(h + BASE_HCRC_OFF, crc_more(0, h, BASE_HCRC_OFF), 4);
     e->out.len = (size_t)(p - h);
     e->produced = e->out.len;
+}
+
+int rb_mlog_benc_init(rb_mlog_benc *e, uint64_t generation, uint64_t log_seq, uint32_t next_slot,
+                      const rb_mlog_class *cls, uint32_t n_cls, const rb_mlog_benc_opts *opts, rb_err *err)
+{
+    static const char W[] = "base encoder";
+    memset(e, 0, sizeof *e);
+    int level = opts && opts->level ? opts->level : RB_MLOG_LEVEL_DEFAULT;
+    uint32_t chunk_raw = opts && opts->chunk_raw ? opts->chunk_raw : RB_MLOG_CHUNK_RAW_DEFAULT;
+    if (generation == 0 || level < 1 || level > 9 || chunk_raw > RB_MLOG_CHUNK_RAW_MAX)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: generation %llu, level %d, chunk_raw %u: out of range", W,
+                          (unsigned long long)generation, level, chunk_raw);
+    size_t tab = 0;
+    int rc = benc_class_bound(cls, n_cls, &tab, err);
+    if (rc < 0)
+        return rc;
+    e->chunk_raw = chunk_raw;
+    e->generation = generation;
+    e->log_seq = log_seq;
+    e->next_slot = next_slot;
+    e->cls_ids = malloc((n_cls ? n_cls : 1) * sizeof *e->cls_ids);
+    z_stream *z = calloc(1, sizeof *z);
+    if (!e->cls_ids || !z || rb_buf_reserve(&e->out, RB_MLOG_BASE_HDR_LEN + tab) < 0 ||
+        deflateInit2(z, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+        free(z);
+        rb_mlog_benc_free(e);
+        return nomem(err, W);
+    }
+    e->z = z;
+    e->n_cls = n_cls;
+    benc_header(e, cls, n_cls);
     return 0;
 }
 
@@ -1114,7 +1208,9 @@ static int benc_flush(rb_mlog_benc *e, rb_err *err)
     return 0;
 }
 
-int rb_mlog_benc_add(rb_mlog_benc *e, const rb_mlog_ent *ent, rb_err *err)
+/* ent may follow what e holds: e started, its slot above the last and below next_slot, a
+ * class of the table, known flags, and a size a chunk can hold; *tb the tail's bound. */
+static int benc_check(const rb_mlog_benc *e, const rb_mlog_ent *ent, size_t *tb, rb_err *err)
 {
     static const char W[] = "base encoder";
     if (e->finished || !e->z)
@@ -1130,57 +1226,76 @@ int rb_mlog_benc_add(rb_mlog_benc *e, const rb_mlog_ent *ent, rb_err *err)
                           ent->slot, ent->cls);
     if (ent->flags & ~RB_MLOG_ENT_SUM)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s: slot %u has unknown flags 0x%x", W, ent->slot, ent->flags);
-    size_t tb = tail_bound(ent);
-    if (tb == 0 || ent->key_len > RB_MLOG_CHUNK_RAW_MAX)
+    *tb = tail_bound(ent);
+    if (*tb == 0 || ent->key_len > RB_MLOG_CHUNK_RAW_MAX)
         return rb_err_set(err, RB_ERR_VALUE, E2BIG, "%s: slot %u: the entry cannot fit a chunk", W, ent->slot);
-    if (e->chunk_n && (e->raw.len >= e->chunk_raw || npos_of(ent) > RB_MLOG_POS_BUDGET - e->chunk_pos)) {
-        int rc = benc_flush(e, err);
-        if (rc < 0)
-            return rc;
+    return 0;
+}
+
+/* Encode ent after the raw stream's end (room reserved), its key sharing shared bytes with the
+ * previous one (first: it starts a chunk, deltas from 0); the bytes it takes. */
+static size_t benc_encode(rb_mlog_benc *e, const rb_mlog_ent *ent, size_t shared, int first)
+{
+    uint8_t *p0 = (uint8_t *)e->raw.data + e->raw.len, *p = p0;
+    p = put_varint(p, shared);
+    p = put_varint(p, ent->key_len - shared);
+    if (ent->key_len > shared)
+        memcpy(p, ent->key + shared, ent->key_len - shared);
+    p += ent->key_len - shared;
+    p = put_varint(p, first ? 0 : (uint64_t)ent->slot - e->prev_slot - 1);
+    p = put_tail(p, ent, zigzag(ent->size - (first ? 0 : e->prev_size)));
+    return (size_t)(p - p0);
+}
+
+/* Keep ent's n encoded bytes: its key becomes the previous one (the tail of the buffer only
+ * when it differs) and the chunk's counts take it. Out of memory for the key drops the entry
+ * and closes the chunk, so the encoder stays consistent. */
+static int benc_commit(rb_mlog_benc *e, const rb_mlog_ent *ent, size_t shared, size_t n, int first, rb_err *err)
+{
+    if (key_set(&e->key, shared, ent->key_len > shared ? ent->key + shared : NULL, ent->key_len - shared) < 0) {
+        e->key.len = 0; /* the next entry starts a chunk */
+        if (e->chunk_n) {
+            int rc = benc_flush(e, err);
+            if (rc < 0)
+                return rc;
+        }
+        return nomem(err, "base encoder");
     }
+    e->raw.len += n;
+    if (first)
+        e->first_slot = ent->slot;
+    e->prev_slot = ent->slot;
+    e->prev_size = ent->size;
+    e->chunk_n++;
+    e->chunk_pos += npos_of(ent);
+    e->n_entries++;
+    e->any = 1;
+    return 0;
+}
+
+int rb_mlog_benc_add(rb_mlog_benc *e, const rb_mlog_ent *ent, rb_err *err)
+{
+    static const char W[] = "base encoder";
+    size_t tb = 0;
+    int rc = benc_check(e, ent, &tb, err);
+    if (rc < 0)
+        return rc;
+    if (e->chunk_n && (e->raw.len >= e->chunk_raw || npos_of(ent) > RB_MLOG_POS_BUDGET - e->chunk_pos) &&
+        (rc = benc_flush(e, err)) < 0)
+        return rc;
     for (;;) {
         int first = e->chunk_n == 0;
         if (rb_buf_reserve(&e->raw, 3 * VARINT_MAX + (size_t)ent->key_len + tb) < 0)
             return nomem(err, W);
         size_t shared = first ? 0 : common_prefix(e->key.data, e->key.len, ent->key, ent->key_len);
-        uint8_t *p0 = (uint8_t *)e->raw.data + e->raw.len, *p = p0;
-        p = put_varint(p, shared);
-        p = put_varint(p, ent->key_len - shared);
-        if (ent->key_len > shared)
-            memcpy(p, ent->key + shared, ent->key_len - shared);
-        p += ent->key_len - shared;
-        p = put_varint(p, first ? 0 : (uint64_t)ent->slot - e->prev_slot - 1);
-        p = put_tail(p, ent, zigzag(ent->size - (first ? 0 : e->prev_size)));
-        size_t n = (size_t)(p - p0);
-        if (e->raw.len + n > RB_MLOG_CHUNK_RAW_MAX) {
-            if (first)
-                return rb_err_set(err, RB_ERR_VALUE, E2BIG, "%s: slot %u: the entry takes %zu bytes, a chunk %u", W,
-                                  ent->slot, n, RB_MLOG_CHUNK_RAW_MAX);
-            int rc = benc_flush(e, err);
-            if (rc < 0)
-                return rc;
-            continue;
-        }
-        /* The key becomes the previous one (the tail of the buffer only when it differs). */
-        if (key_set(&e->key, shared, ent->key_len > shared ? ent->key + shared : NULL, ent->key_len - shared) < 0) {
-            e->key.len = 0; /* keeps the encoder consistent: the next entry starts a chunk */
-            if (e->chunk_n) {
-                int rc = benc_flush(e, err);
-                if (rc < 0)
-                    return rc;
-            }
-            return nomem(err, W);
-        }
-        e->raw.len += n;
+        size_t n = benc_encode(e, ent, shared, first);
+        if (e->raw.len + n <= RB_MLOG_CHUNK_RAW_MAX)
+            return benc_commit(e, ent, shared, n, first, err);
         if (first)
-            e->first_slot = ent->slot;
-        e->prev_slot = ent->slot;
-        e->prev_size = ent->size;
-        e->chunk_n++;
-        e->chunk_pos += npos_of(ent);
-        e->n_entries++;
-        e->any = 1;
-        return 0;
+            return rb_err_set(err, RB_ERR_VALUE, E2BIG, "%s: slot %u: the entry takes %zu bytes, a chunk %u", W,
+                              ent->slot, n, RB_MLOG_CHUNK_RAW_MAX);
+        if ((rc = benc_flush(e, err)) < 0)
+            return rc;
     }
 }
 
@@ -1267,13 +1382,12 @@ static int class_table(const uint8_t *tab, uint64_t tab_len, uint32_t n, uint32_
     return 0;
 }
 
-int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_base_info *bi, const rb_mlog_base_cb *cb,
-                      rb_err *err)
+/* The base header at in (len >= its length): magic, version, CRC, flags, a nonzero generation
+ * and a class table that fits and passes its CRC; its fields in *b, the table's length in
+ * *tab_len. */
+static int base_header(const uint8_t *in, size_t len, rb_mlog_base_info *b, uint64_t *tab_len, rb_err *err)
 {
     static const char W[] = "base";
-    d->cb_rc = 0;
-    if (len < RB_MLOG_BASE_HDR_LEN)
-        return bad(err, W, "%llu bytes, the header needs %llu", len, RB_MLOG_BASE_HDR_LEN);
     if (memcmp(in, RB_MLOG_BASE_MAGIC, 8) != 0)
         return bad(err, W, "bad magic", 0, 0);
     uint32_t ver = (uint32_t)rb_get_le(in + 8, 4);
@@ -1285,29 +1399,43 @@ int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_ba
         return bad(err, W, "header CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
     if (rb_get_le(in + 12, 4) != 0)
         return bad(err, W, "flags are not zero", 0, 0);
-    rb_mlog_base_info b;
-    b.generation = rb_get_le(in + 16, 8);
-    b.log_seq = rb_get_le(in + 24, 8);
-    b.next_slot = (uint32_t)rb_get_le(in + 32, 4);
-    b.n_classes = (uint32_t)rb_get_le(in + 36, 4);
-    uint64_t tab_len = rb_get_le(in + 40, 8);
-    if (b.generation == 0)
+    b->generation = rb_get_le(in + 16, 8);
+    b->log_seq = rb_get_le(in + 24, 8);
+    b->next_slot = (uint32_t)rb_get_le(in + 32, 4);
+    b->n_classes = (uint32_t)rb_get_le(in + 36, 4);
+    *tab_len = rb_get_le(in + 40, 8);
+    if (b->generation == 0)
         return bad(err, W, "generation is 0", 0, 0);
-    if (tab_len > len - RB_MLOG_BASE_HDR_LEN)
-        return bad(err, W, "class table of %llu bytes runs past the end (%llu given)", tab_len, len);
-    if ((uint64_t)b.n_classes > tab_len / 2)
-        return bad(err, W, "%llu classes cannot fit in %llu bytes", b.n_classes, tab_len);
-    const uint8_t *tab = in + RB_MLOG_BASE_HDR_LEN;
+    if (*tab_len > len - RB_MLOG_BASE_HDR_LEN)
+        return bad(err, W, "class table of %llu bytes runs past the end (%llu given)", *tab_len, len);
+    if ((uint64_t)b->n_classes > *tab_len / 2)
+        return bad(err, W, "%llu classes cannot fit in %llu bytes", b->n_classes, *tab_len);
     stored = (uint32_t)rb_get_le(in + 48, 4);
-    crc = crc_more(0, tab, (size_t)tab_len);
+    crc = crc_more(0, in + RB_MLOG_BASE_HDR_LEN, (size_t)*tab_len);
     if (stored != crc)
         return bad(err, "base class table", "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
+    return 0;
+}
+
+int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_base_info *bi, const rb_mlog_base_cb *cb,
+                      rb_err *err)
+{
+    static const char W[] = "base";
+    d->cb_rc = 0;
+    if (len < RB_MLOG_BASE_HDR_LEN)
+        return bad(err, W, "%llu bytes, the header needs %llu", len, RB_MLOG_BASE_HDR_LEN);
+    rb_mlog_base_info b;
+    uint64_t tab_len = 0;
+    int rc = base_header(in, len, &b, &tab_len, err);
+    if (rc < 0)
+        return rc;
+    const uint8_t *tab = in + RB_MLOG_BASE_HDR_LEN;
     uint32_t *ids = realloc(d->cls_ids, (b.n_classes ? b.n_classes : 1) * sizeof *ids);
     if (!ids)
         return nomem(err, W);
     d->cls_ids = ids;
     d->n_cls = 0;
-    int rc = class_table(tab, tab_len, b.n_classes, ids, cb, 0, err);
+    rc = class_table(tab, tab_len, b.n_classes, ids, cb, 0, err);
     if (rc == 0 && cb && cb->cls)
         rc = class_table(tab, tab_len, b.n_classes, ids, cb, 1, err);
     if (rc != 0)
@@ -1317,6 +1445,46 @@ int rb_mlog_base_open(const uint8_t *in, size_t len, rb_mlog_bdec *d, rb_mlog_ba
     b.chunks_off = RB_MLOG_BASE_HDR_LEN + tab_len;
     *bi = b;
     return 0;
+}
+
+/* The end record at h (header checked) of the base bi, which must say it is at off. */
+static int base_end_at(const uint8_t *h, uint64_t off, const rb_mlog_base_info *bi, rb_mlog_base_end *end,
+                       const char *W, rb_err *err)
+{
+    rb_mlog_base_end e = {
+        .off = rb_get_le(h + 32, 8), .n_chunks = (uint32_t)rb_get_le(h + 40, 4), .n_entries = rb_get_le(h + 24, 8)};
+    if (e.off != off)
+        return bad(err, W, "the end record says it is at byte %llu", e.off, 0);
+    if (e.n_entries > bi->next_slot || e.n_chunks > e.n_entries)
+        return bad(err, W, "end record: %llu entries in %llu chunks is implausible", e.n_entries, e.n_chunks);
+    *end = e;
+    return 0;
+}
+
+/* The chunk header at h (header checked) at off of the base bi: deflate, its slots and
+ * lengths plausible. */
+static int base_chunk_at(const uint8_t *h, uint64_t off, const rb_mlog_base_info *bi, rb_mlog_chunk *ch, const char *W,
+                         rb_err *err)
+{
+    rb_mlog_chunk c = {.off = off,
+                       .index = (uint32_t)rb_get_le(h + 24, 4),
+                       .n_entries = (uint32_t)rb_get_le(h + 28, 4),
+                       .raw_len = (uint32_t)rb_get_le(h + 32, 4),
+                       .comp_len = (uint32_t)rb_get_le(h + 36, 4),
+                       .first_slot = (uint32_t)rb_get_le(h + 40, 4),
+                       .last_slot = (uint32_t)rb_get_le(h + 44, 4),
+                       .crc = (uint32_t)rb_get_le(h + 52, 4)};
+    if (rb_get_le(h + 48, 4) != CHUNK_METHOD_DEFLATE)
+        return bad(err, W, "chunk method/reserved word 0x%llx is not 1 (deflate)", rb_get_le(h + 48, 4), 0);
+    if (c.n_entries == 0 || c.first_slot > c.last_slot || c.last_slot >= bi->next_slot ||
+        c.n_entries - 1 > c.last_slot - c.first_slot)
+        return bad(err, W, "chunk of %llu entries cannot span its slots (up to next_slot %llu)", c.n_entries,
+                   bi->next_slot);
+    if (c.raw_len > RB_MLOG_CHUNK_RAW_MAX || c.raw_len < (uint64_t)ENT_MIN_RAW * c.n_entries ||
+        c.raw_len > (uint64_t)DEFLATE_MAX_RATIO * c.comp_len)
+        return bad(err, W, "chunk raw length %llu is implausible (compressed %llu)", c.raw_len, c.comp_len);
+    *ch = c;
+    return 1;
 }
 
 int rb_mlog_base_at(const uint8_t *in, size_t len, uint64_t off, const rb_mlog_base_info *bi, rb_mlog_chunk *ch,
@@ -1342,35 +1510,7 @@ int rb_mlog_base_at(const uint8_t *in, size_t len, uint64_t off, const rb_mlog_b
                           "%s: belongs to the base of generation %llu at log sequence %llu, not %llu at %llu", W,
                           (unsigned long long)gen, (unsigned long long)seq, (unsigned long long)bi->generation,
                           (unsigned long long)bi->log_seq);
-    if (!is_chunk) {
-        rb_mlog_base_end e = {
-            .off = rb_get_le(h + 32, 8), .n_chunks = (uint32_t)rb_get_le(h + 40, 4), .n_entries = rb_get_le(h + 24, 8)};
-        if (e.off != off)
-            return bad(err, W, "the end record says it is at byte %llu", e.off, 0);
-        if (e.n_entries > bi->next_slot || e.n_chunks > e.n_entries)
-            return bad(err, W, "end record: %llu entries in %llu chunks is implausible", e.n_entries, e.n_chunks);
-        *end = e;
-        return 0;
-    }
-    rb_mlog_chunk c = {.off = off,
-                       .index = (uint32_t)rb_get_le(h + 24, 4),
-                       .n_entries = (uint32_t)rb_get_le(h + 28, 4),
-                       .raw_len = (uint32_t)rb_get_le(h + 32, 4),
-                       .comp_len = (uint32_t)rb_get_le(h + 36, 4),
-                       .first_slot = (uint32_t)rb_get_le(h + 40, 4),
-                       .last_slot = (uint32_t)rb_get_le(h + 44, 4),
-                       .crc = (uint32_t)rb_get_le(h + 52, 4)};
-    if (rb_get_le(h + 48, 4) != CHUNK_METHOD_DEFLATE)
-        return bad(err, W, "chunk method/reserved word 0x%llx is not 1 (deflate)", rb_get_le(h + 48, 4), 0);
-    if (c.n_entries == 0 || c.first_slot > c.last_slot || c.last_slot >= bi->next_slot ||
-        c.n_entries - 1 > c.last_slot - c.first_slot)
-        return bad(err, W, "chunk of %llu entries cannot span its slots (up to next_slot %llu)", c.n_entries,
-                   bi->next_slot);
-    if (c.raw_len > RB_MLOG_CHUNK_RAW_MAX || c.raw_len < (uint64_t)ENT_MIN_RAW * c.n_entries ||
-        c.raw_len > (uint64_t)DEFLATE_MAX_RATIO * c.comp_len)
-        return bad(err, W, "chunk raw length %llu is implausible (compressed %llu)", c.raw_len, c.comp_len);
-    *ch = c;
-    return 1;
+    return is_chunk ? base_chunk_at(h, off, bi, ch, W, err) : base_end_at(h, off, bi, end, W, err);
 }
 
 uint64_t rb_mlog_base_resync(const uint8_t *in, size_t len, uint64_t off, const rb_mlog_base_info *bi)
@@ -1392,6 +1532,22 @@ uint64_t rb_mlog_base_resync(const uint8_t *in, size_t len, uint64_t off, const 
     return len;
 }
 
+/* An entry's key: the bytes it shares with the previous key in *key, then its suffix; *key
+ * becomes it. */
+static int rd_key(rd *r, rb_buf *key)
+{
+    uint64_t shared, suf;
+    const uint8_t *s = NULL;
+    int rc;
+    if ((rc = rd_varint(r, "shared key length", key->len, &shared)) < 0 ||
+        (rc = rd_varint(r, "key suffix length", UINT32_MAX - shared, &suf)) < 0 ||
+        (rc = rd_bytes(r, "key suffix", suf, &s)) < 0)
+        return rc;
+    if (key_set(key, (size_t)shared, s, (size_t)suf) < 0)
+        return rd_nomem(r);
+    return 0;
+}
+
 /* Parse a chunk's raw stream; deliver the entries when deliver. */
 static int chunk_entries(rb_mlog_bdec *d, const rb_mlog_chunk *ch, const rb_mlog_base_cb *cb, int deliver, rb_err *err)
 {
@@ -1400,16 +1556,9 @@ static int chunk_entries(rb_mlog_bdec *d, const rb_mlog_chunk *ch, const rb_mlog
     d->key.len = 0;
     for (uint32_t i = 0; i < ch->n_entries; i++) {
         r.i = i;
-        uint64_t shared, suf, v;
-        const uint8_t *s = NULL;
+        uint64_t v;
         int rc;
-        if ((rc = rd_varint(&r, "shared key length", d->key.len, &shared)) < 0 ||
-            (rc = rd_varint(&r, "key suffix length", UINT32_MAX - shared, &suf)) < 0 ||
-            (rc = rd_bytes(&r, "key suffix", suf, &s)) < 0)
-            return rc;
-        if (key_set(&d->key, (size_t)shared, s, (size_t)suf) < 0)
-            return rd_nomem(&r);
-        if ((rc = rd_varint(&r, "slot delta", i ? UINT32_MAX : 0, &v)) < 0)
+        if ((rc = rd_key(&r, &d->key)) < 0 || (rc = rd_varint(&r, "slot delta", i ? UINT32_MAX : 0, &v)) < 0)
             return rc;
         uint64_t slot = i ? prev_slot + 1 + v : ch->first_slot;
         if (slot > ch->last_slot)
@@ -1484,6 +1633,88 @@ void rb_mlog_bwalk_init(rb_mlog_bwalk *w, const uint8_t *in, size_t len, const r
     w->off = bi->chunks_off;
 }
 
+/* *st := a GAP step of the walk's damage: n_chunks chunks lost from the one expected, the
+ * bytes [off, off + len). */
+static void bwalk_gap(const rb_mlog_bwalk *w, rb_mlog_bstep *st, uint32_t n_chunks, uint64_t off, uint64_t len)
+{
+    memset(st, 0, sizeof *st);
+    st->kind = RB_MLOG_STEP_GAP;
+    st->dm = w->dm;
+    st->dm.index = w->expect;
+    st->dm.n_chunks = n_chunks;
+    st->dm.n_entries = -1;
+    st->dm.first_slot = st->dm.last_slot = UINT32_MAX;
+    st->dm.off = off;
+    st->dm.len = len;
+}
+
+/* The next chunk or end header from w->off on: 1 a chunk (*ch), 0 the end record (*end), at
+ * *off; -1 when the base ends first. A damaged header starts a gap (w->gap, w->gap_off and
+ * w->dm say where and why) and the walk resyncs at the next header. */
+static int bwalk_find(rb_mlog_bwalk *w, rb_mlog_chunk *ch, rb_mlog_base_end *end, uint64_t *off_out)
+{
+    const uint8_t *in = w->in;
+    const size_t len = w->len;
+    for (;;) {
+        rb_err e;
+        const uint64_t off = w->off;
+        int at = off < len ? rb_mlog_base_at(in, len, off, &w->bi, ch, end, &e) : -EBADMSG;
+        if (off >= len)
+            rb_err_set(&e, RB_ERR_VALUE, EBADMSG, "base: ends at byte %llu without its end record",
+                       (unsigned long long)len);
+        if (at < 0 && !w->gap) { /* a damaged header: find the next one, then say what was lost */
+            w->gap = 1;
+            w->gap_off = off;
+            memset(&w->dm, 0, sizeof w->dm);
+            w->dm.why = e;
+        }
+        if (at >= 0) {
+            *off_out = off;
+            return at;
+        }
+        if (off >= len)
+            return -1;
+        w->off = rb_mlog_base_resync(in, len, off, &w->bi);
+    }
+}
+
+/* *st := the GAP step before the header at off whose chunk index is next_index: the damage
+ * since w->gap_off, or (no damaged header) the chunks missing from the one expected. */
+static void bwalk_gap_before(rb_mlog_bwalk *w, rb_mlog_bstep *st, uint64_t off, uint32_t next_index)
+{
+    if (!w->gap) {
+        memset(&w->dm, 0, sizeof w->dm);
+        rb_err_set(&w->dm.why, RB_ERR_VALUE, EBADMSG, "base: chunks %u to %u are missing", w->expect, next_index - 1);
+        w->gap_off = off;
+    }
+    bwalk_gap(w, st, next_index > w->expect ? next_index - w->expect : 0, w->gap_off, off - w->gap_off);
+    w->gap = 0;
+    if (next_index > w->expect)
+        w->expect = next_index;
+}
+
+/* *st := the step of the header found at off (at: 1 a chunk, 0 the end record); the walk
+ * moves past a chunk, and is over after the end record unless a GAP step precedes it. */
+static void bwalk_header(rb_mlog_bwalk *w, rb_mlog_bstep *st, int at, const rb_mlog_chunk *ch,
+                         const rb_mlog_base_end *end, uint64_t off, int gap_step)
+{
+    memset(st, 0, sizeof *st);
+    st->expect = w->expect;
+    if (at == 0) {
+        st->kind = RB_MLOG_STEP_END;
+        st->end = *end;
+        if (!gap_step)
+            w->over = 1;
+        return;
+    }
+    st->kind = RB_MLOG_STEP_CHUNK;
+    st->ch = *ch;
+    st->out_of_order = ch->index < w->expect;
+    if (ch->index >= w->expect)
+        w->expect = ch->index + 1;
+    w->off = off + RB_MLOG_CHUNK_HDR_LEN + (uint64_t)ch->comp_len;
+}
+
 int rb_mlog_bwalk_next(rb_mlog_bwalk *w, rb_mlog_bstep *st)
 {
     if (w->pending) {
@@ -1495,83 +1726,26 @@ int rb_mlog_bwalk_next(rb_mlog_bwalk *w, rb_mlog_bstep *st)
     }
     if (w->over)
         return 0;
-    const uint8_t *in = w->in;
-    const size_t len = w->len;
-    for (;;) {
-        rb_mlog_chunk ch;
-        rb_mlog_base_end end;
-        rb_err e;
-        const uint64_t off = w->off;
-        int at = off < len ? rb_mlog_base_at(in, len, off, &w->bi, &ch, &end, &e) : -EBADMSG;
-        if (off >= len)
-            rb_err_set(&e, RB_ERR_VALUE, EBADMSG, "base: ends at byte %llu without its end record",
-                       (unsigned long long)len);
-        if (at < 0 && !w->gap) { /* a damaged header: find the next one, then say what was lost */
-            w->gap = 1;
-            w->gap_off = off;
-            memset(&w->dm, 0, sizeof w->dm);
-            w->dm.why = e;
-        }
-        if (at < 0) {
-            if (off >= len) {
-                memset(st, 0, sizeof *st);
-                st->kind = RB_MLOG_STEP_GAP;
-                st->dm = w->dm;
-                st->dm.index = w->expect;
-                st->dm.n_chunks = 0;
-                st->dm.n_entries = -1;
-                st->dm.first_slot = st->dm.last_slot = UINT32_MAX;
-                st->dm.off = w->gap_off < len ? w->gap_off : len;
-                st->dm.len = len - st->dm.off;
-                w->over = 1;
-                return 1;
-            }
-            w->off = rb_mlog_base_resync(in, len, off, &w->bi);
-            continue;
-        }
-        int gap_step = 0;
-        rb_mlog_bstep *next = st;
-        uint32_t next_index = at == 1 ? ch.index : end.n_chunks;
-        if (w->gap || next_index > w->expect) {
-            if (!w->gap) {
-                memset(&w->dm, 0, sizeof w->dm);
-                rb_err_set(&w->dm.why, RB_ERR_VALUE, EBADMSG, "base: chunks %u to %u are missing", w->expect,
-                           next_index - 1);
-                w->gap_off = off;
-            }
-            memset(st, 0, sizeof *st);
-            st->kind = RB_MLOG_STEP_GAP;
-            st->dm = w->dm;
-            st->dm.index = w->expect;
-            st->dm.n_chunks = next_index > w->expect ? next_index - w->expect : 0;
-            st->dm.n_entries = -1;
-            st->dm.first_slot = st->dm.last_slot = UINT32_MAX;
-            st->dm.off = w->gap_off;
-            st->dm.len = off - w->gap_off;
-            w->gap = 0;
-            if (next_index > w->expect)
-                w->expect = next_index;
-            gap_step = 1;
-            next = &w->pend;
-            w->pending = 1;
-        }
-        memset(next, 0, sizeof *next);
-        next->expect = w->expect;
-        if (at == 0) {
-            next->kind = RB_MLOG_STEP_END;
-            next->end = end;
-            if (!gap_step)
-                w->over = 1;
-        } else {
-            next->kind = RB_MLOG_STEP_CHUNK;
-            next->ch = ch;
-            next->out_of_order = ch.index < w->expect;
-            if (ch.index >= w->expect)
-                w->expect = ch.index + 1;
-            w->off = off + RB_MLOG_CHUNK_HDR_LEN + (uint64_t)ch.comp_len;
-        }
+    rb_mlog_chunk ch;
+    rb_mlog_base_end end;
+    uint64_t off = 0;
+    int at = bwalk_find(w, &ch, &end, &off);
+    if (at < 0) { /* the damage runs to the base's end */
+        const uint64_t len = w->len, from = w->gap_off < len ? w->gap_off : len;
+        bwalk_gap(w, st, 0, from, len - from);
+        w->over = 1;
         return 1;
     }
+    /* A GAP step comes first when headers were damaged or chunks are missing; the header's
+     * step is then kept for the next call. */
+    const uint32_t next_index = at == 1 ? ch.index : end.n_chunks;
+    const int gap_step = w->gap || next_index > w->expect;
+    if (gap_step) {
+        bwalk_gap_before(w, st, off, next_index);
+        w->pending = 1;
+    }
+    bwalk_header(w, gap_step ? &w->pend : st, at, &ch, &end, off, gap_step);
+    return 1;
 }
 
 void rb_mlog_bjudge_init(rb_mlog_bjudge *j, rb_mlog_base_result *res, const rb_mlog_base_info *bi)

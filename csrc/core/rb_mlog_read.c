@@ -404,148 +404,217 @@ static int slot_deliver(const slot *s, const rb_mlog_read_cb *cb)
     return 0;
 }
 
-/* Deliver the base of b: its class table, then every step in walk order, chunks decoded on
- * the calling thread (threads <= 1) or by a pool with a window of 2 chunks per thread. */
-static int base_deliver(const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const baseld *b,
-                        rb_mlog_base_result *res, rb_err *err)
-{
+/* A base being delivered: the judge, the calling thread's decoder, and the pool (nth threads
+ * started; 0: every chunk is decoded on the calling thread). */
+typedef struct dlv {
+    const rb_mlog_read_cb *cb;
+    const baseld *b;
+    rb_err *err;
     rb_mlog_bjudge j;
-    rb_mlog_bjudge_init(&j, res, &b->bi);
     rb_mlog_bdec d;
-    rb_mlog_bdec_init(&d);
-    rb_mlog_base_info bi;
-    rb_mlog_base_cb ccb = {.cls = cb->cls, .ctx = cb->ctx};
-    int rc = rb_mlog_base_open(b->buf, (size_t)b->len, &d, &bi, &ccb, err);
-    if (rc != 0) {
-        rb_mlog_bdec_free(&d);
-        return rc;
-    }
     pool p;
-    memset(&p, 0, sizeof p);
-    pthread_t *th = NULL;
-    size_t nth = o->threads > 1 ? o->threads : 0;
+    pthread_t *th;
+    size_t nth, job;
+} dlv;
+
+/* Start up to threads decoders (at most one a chunk; none for one chunk or fewer threads than
+ * 2) on b's chunks in walk order, with a window of 2 chunks per thread: v->nth says how many
+ * run (0: none could be had, decode here). 0, or -ENOMEM with v->err set. */
+static int pool_start(dlv *v, size_t threads)
+{
+    const baseld *b = v->b;
+    pool *p = &v->p;
+    size_t nth = threads > 1 ? threads : 0;
     if (nth > b->nchunks)
         nth = b->nchunks;
-    if (nth > 1) {
-        p.b = b;
-        p.w = 2 * nth;
-        p.limit = p.w;
-        p.jobs = malloc((b->nchunks ? b->nchunks : 1) * sizeof *p.jobs);
-        p.slots = calloc(p.w, sizeof *p.slots);
-        th = calloc(nth, sizeof *th);
-        if (!p.jobs || !p.slots || !th) {
-            free(p.jobs);
-            free(p.slots);
-            free(th);
-            rb_mlog_bdec_free(&d);
-            return nomem(err, "metadata base");
-        }
-        for (size_t k = 0; k < b->n; k++)
-            if (b->st[k].kind == RB_MLOG_STEP_CHUNK && !b->st[k].out_of_order)
-                p.jobs[p.njobs++] = k;
-        pthread_mutex_init(&p.mu, NULL);
-        pthread_cond_init(&p.work, NULL);
-        pthread_cond_init(&p.done, NULL);
-        size_t started = 0;
-        while (started < nth && pthread_create(&th[started], NULL, worker, &p) == 0)
-            started++;
-        nth = started;
-        if (nth == 0) { /* no thread to be had: decode here */
-            pthread_mutex_destroy(&p.mu);
-            pthread_cond_destroy(&p.work);
-            pthread_cond_destroy(&p.done);
-            free(p.jobs);
-            free(p.slots);
-            free(th);
-            th = NULL;
-        }
-    } else {
-        nth = 0;
+    v->nth = 0;
+    if (nth <= 1)
+        return 0;
+    p->b = b;
+    p->w = 2 * nth;
+    p->limit = p->w;
+    p->jobs = malloc((b->nchunks ? b->nchunks : 1) * sizeof *p->jobs);
+    p->slots = calloc(p->w, sizeof *p->slots);
+    v->th = calloc(nth, sizeof *v->th);
+    if (!p->jobs || !p->slots || !v->th) {
+        free(p->jobs);
+        free(p->slots);
+        free(v->th);
+        return nomem(v->err, "metadata base");
     }
-    const rb_mlog_base_cb ecb = {.ent = cb->ent, .ctx = cb->ctx};
-    size_t job = 0;
+    for (size_t k = 0; k < b->n; k++)
+        if (b->st[k].kind == RB_MLOG_STEP_CHUNK && !b->st[k].out_of_order)
+            p->jobs[p->njobs++] = k;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work, NULL);
+    pthread_cond_init(&p->done, NULL);
+    size_t started = 0;
+    while (started < nth && pthread_create(&v->th[started], NULL, worker, p) == 0)
+        started++;
+    if (started == 0) { /* no thread to be had: decode here */
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->work);
+        pthread_cond_destroy(&p->done);
+        free(p->jobs);
+        free(p->slots);
+        free(v->th);
+        v->th = NULL;
+    }
+    v->nth = started;
+    return 0;
+}
+
+/* Stop the pool's threads, join them and free what the pool holds. */
+static void pool_stop(dlv *v)
+{
+    pool *p = &v->p;
+    if (!v->nth)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    for (size_t i = 0; i < v->nth; i++)
+        pthread_join(v->th[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work);
+    pthread_cond_destroy(&p->done);
+    for (size_t i = 0; i < p->w; i++) {
+        free(p->slots[i].v);
+        rb_buf_free(&p->slots[i].keys);
+        free(p->slots[i].pos);
+    }
+    free(p->slots);
+    free(p->jobs);
+    free(v->th);
+}
+
+/* The slot of the pool's job-th chunk, once its worker is done with it. */
+static slot *pool_wait(pool *p, size_t job)
+{
+    slot *s = &p->slots[job % p->w];
+    pthread_mutex_lock(&p->mu);
+    while (!s->done)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    return s;
+}
+
+/* Give slot s back: the window moves on by one chunk. */
+static void pool_release(pool *p, slot *s)
+{
+    pthread_mutex_lock(&p->mu);
+    s->done = 0;
+    p->limit++;
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* How a chunk step ends: delivered, damaged (reported, then the walk goes on), or the
+ * delivery stops (with the value to return). */
+enum { CH_OK, CH_BAD, CH_STOP };
+
+/* Decode the admitted chunk c on the calling thread, its entries to the callback: CH_OK,
+ * CH_BAD (dm->why says why), or CH_STOP with *rc (a callback's value, or an error in v->err). */
+static int chunk_here(dlv *v, const cstep *c, rb_mlog_damage *dm, int *rc)
+{
+    const rb_mlog_base_cb ecb = {.ent = v->cb->ent, .ctx = v->cb->ctx};
+    *rc = rb_mlog_bdec_chunk(&v->d, v->b->buf, (size_t)v->b->len, &c->ch, &ecb, &dm->why);
+    if (*rc == 0)
+        return CH_OK;
+    if (v->d.cb_rc)
+        return CH_STOP; /* a callback stopped: its value is returned */
+    if (*rc != -EBADMSG) {
+        *v->err = dm->why;
+        return CH_STOP;
+    }
+    *rc = 0;
+    return CH_BAD;
+}
+
+/* Take the pool's next chunk and (admitted) hand its decoded entries to the callbacks: as
+ * chunk_here. */
+static int chunk_pooled(dlv *v, int admit, rb_mlog_damage *dm, int *rc)
+{
+    slot *s = pool_wait(&v->p, v->job++);
+    int ok = 0;
+    if (admit) {
+        if (s->rc == 0) {
+            *rc = slot_deliver(s, v->cb);
+            ok = *rc == 0;
+        } else if (s->rc == -EBADMSG) {
+            dm->why = s->why;
+        } else {
+            *rc = s->rc;
+            *v->err = s->why;
+        }
+    }
+    pool_release(&v->p, s);
+    if (*rc != 0)
+        return CH_STOP;
+    return ok ? CH_OK : CH_BAD;
+}
+
+/* A CHUNK step: judged, then decoded here or taken from the pool (a chunk out of order is
+ * never decoded). As chunk_here; *dm describes the chunk. */
+static int chunk_step(dlv *v, const cstep *c, rb_mlog_damage *dm, int *rc)
+{
+    rb_mlog_bstep st = {.kind = c->kind, .out_of_order = c->out_of_order, .expect = c->expect, .ch = c->ch};
+    int admit = rb_mlog_bjudge_admit(&v->j, &st, dm);
+    *rc = 0;
+    if (v->nth == 0)
+        return admit ? chunk_here(v, c, dm, rc) : CH_BAD;
+    return c->out_of_order ? CH_BAD : chunk_pooled(v, admit, dm, rc);
+}
+
+/* Every step of the base in walk order up to its end record: chunks judged and delivered,
+ * gaps and damaged chunks reported. 0, or the value that stopped the delivery. */
+static int deliver_steps(dlv *v)
+{
+    const baseld *b = v->b;
+    int rc = 0;
     for (size_t k = 0; k < b->n; k++) {
         const cstep *c = &b->st[k];
         rb_mlog_damage dm;
         if (c->kind == RB_MLOG_STEP_END) {
             rb_mlog_bstep st = {.kind = c->kind, .expect = c->expect, .end = c->end};
-            rb_mlog_bjudge_end(&j, &st);
+            rb_mlog_bjudge_end(&v->j, &st);
             break;
         }
-        if (c->kind == RB_MLOG_STEP_GAP) {
+        int how = CH_BAD;
+        if (c->kind == RB_MLOG_STEP_GAP)
             dm = b->gaps[c->gap];
-        } else {
-            rb_mlog_bstep st = {.kind = c->kind, .out_of_order = c->out_of_order, .expect = c->expect, .ch = c->ch};
-            int admit = rb_mlog_bjudge_admit(&j, &st, &dm);
-            if (nth == 0 && admit) {
-                rc = rb_mlog_bdec_chunk(&d, b->buf, (size_t)b->len, &c->ch, &ecb, &dm.why);
-                if (rc == 0) {
-                    rb_mlog_bjudge_ok(&j, &c->ch);
-                    continue;
-                }
-                if (d.cb_rc)
-                    break; /* a callback stopped: its value is returned */
-                if (rc != -EBADMSG) {
-                    *err = dm.why;
-                    break;
-                }
-                rc = 0;
-            } else if (nth && !c->out_of_order) {
-                slot *s = &p.slots[job % p.w];
-                pthread_mutex_lock(&p.mu);
-                while (!s->done)
-                    pthread_cond_wait(&p.done, &p.mu);
-                pthread_mutex_unlock(&p.mu);
-                job++;
-                int ok = 0;
-                if (admit) {
-                    if (s->rc == 0) {
-                        rc = slot_deliver(s, cb);
-                        ok = rc == 0;
-                    } else if (s->rc == -EBADMSG) {
-                        dm.why = s->why;
-                    } else {
-                        rc = s->rc;
-                        *err = s->why;
-                    }
-                }
-                pthread_mutex_lock(&p.mu);
-                s->done = 0;
-                p.limit++;
-                pthread_cond_broadcast(&p.work);
-                pthread_mutex_unlock(&p.mu);
-                if (rc != 0)
-                    break;
-                if (ok) {
-                    rb_mlog_bjudge_ok(&j, &c->ch);
-                    continue;
-                }
-            }
+        else
+            how = chunk_step(v, c, &dm, &rc);
+        if (how == CH_STOP)
+            break;
+        if (how == CH_OK) {
+            rb_mlog_bjudge_ok(&v->j, &c->ch);
+            continue;
         }
-        rb_mlog_bjudge_bad(&j);
-        if (cb->damage && (rc = cb->damage(cb->ctx, &dm)) != 0)
+        rb_mlog_bjudge_bad(&v->j);
+        if (v->cb->damage && (rc = v->cb->damage(v->cb->ctx, &dm)) != 0)
             break;
     }
-    if (nth) {
-        pthread_mutex_lock(&p.mu);
-        p.stop = 1;
-        pthread_cond_broadcast(&p.work);
-        pthread_mutex_unlock(&p.mu);
-        for (size_t i = 0; i < nth; i++)
-            pthread_join(th[i], NULL);
-        pthread_mutex_destroy(&p.mu);
-        pthread_cond_destroy(&p.work);
-        pthread_cond_destroy(&p.done);
-        for (size_t i = 0; i < p.w; i++) {
-            free(p.slots[i].v);
-            rb_buf_free(&p.slots[i].keys);
-            free(p.slots[i].pos);
-        }
-        free(p.slots);
-        free(p.jobs);
-        free(th);
+    return rc;
+}
+
+/* Deliver the base of b: its class table, then every step in walk order, chunks decoded on
+ * the calling thread (threads <= 1) or by a pool with a window of 2 chunks per thread. */
+static int base_deliver(const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const baseld *b,
+                        rb_mlog_base_result *res, rb_err *err)
+{
+    dlv v = {.cb = cb, .b = b, .err = err};
+    rb_mlog_bjudge_init(&v.j, res, &b->bi);
+    rb_mlog_bdec_init(&v.d);
+    rb_mlog_base_info bi;
+    rb_mlog_base_cb ccb = {.cls = cb->cls, .ctx = cb->ctx};
+    int rc = rb_mlog_base_open(b->buf, (size_t)b->len, &v.d, &bi, &ccb, err);
+    if (rc == 0 && (rc = pool_start(&v, o->threads)) == 0) {
+        rc = deliver_steps(&v);
+        pool_stop(&v);
     }
-    rb_mlog_bdec_free(&d);
+    rb_mlog_bdec_free(&v.d);
     return rc;
 }
 
@@ -605,139 +674,298 @@ static int on_grec(void *ctx, const rb_mlog_rec *rec)
     return g->cb->rec ? g->cb->rec(g->cb->ctx, g->seq, rec) : 0;
 }
 
+/* The walk of the log ring: where it is (ring offset p, bytes used, the next sequence), the
+ * window of ring bytes read last, the group decoder. */
+typedef struct walk {
+    rdr *r;
+    const rb_mlog_sb *sb;
+    rb_mlog_read_result *res;
+    uint64_t ba, rl, gen, hneed, wsize;
+    uint64_t p, used, seq;
+    win w;
+    rb_mlog_gdec gd;
+    grec g;
+} walk;
+
+/* The header of group k->seq at ring offset at: 1 (*gi), or 0 with why saying why not; *wr a
+ * window read's failure (1: the read failed, why; <0: out of memory, why). A group of an
+ * epoch below the last group's was left by a writer that crashed before the one whose group
+ * came last: not this one. */
+static int group_at(walk *k, uint64_t at, rb_mlog_group_info *gi, rb_err *why, int *wr)
+{
+    const uint8_t *in = NULL;
+    *wr = 0;
+    if (k->hneed > k->rl - at) {
+        rb_err_set(why, RB_ERR_VALUE, EBADMSG, "metadata log: no room for a group header at ring offset %llu",
+                   (unsigned long long)at);
+        return 0;
+    }
+    if ((*wr = win_get(k->r, k->sb, &k->w, k->wsize, at, k->hneed, &in, why)) != 0)
+        return 0;
+    if (rb_mlog_group_head(in, (size_t)k->hneed, k->ba, k->gen, k->seq, gi, why) != 0)
+        return 0;
+    if (k->res->groups && gi->epoch < k->res->last_epoch) {
+        rb_err_set(why, RB_ERR_VALUE, ESTALE,
+                   "metadata log: group %llu at ring offset %llu is of writer epoch %u, below %u before it",
+                   (unsigned long long)k->seq, (unsigned long long)at, gi->epoch, k->res->last_epoch);
+        return 0;
+    }
+    return 1;
+}
+
+/* Find group k->seq: at k->p, else (a group that did not fit before the ring's end) at ring
+ * offset 0, the bytes from k->p to the end wasted. 1 (*at, *waste, *gi); 0 when the walk ends
+ * there (res says why; on running out of memory *rc and err). */
+static int group_find(walk *k, uint64_t *at_out, uint64_t *waste_out, rb_mlog_group_info *gi, int *rc, rb_err *err)
+{
+    rb_mlog_read_result *res = k->res;
+    uint64_t at = k->p, waste = 0;
+    rb_err why, first;
+    rb_err_clear(&first);
+    int found, wr;
+    for (;;) {
+        found = group_at(k, at, gi, &why, &wr);
+        if (found || wr)
+            break;
+        if (at == k->p)
+            first = why;
+        if (at == 0)
+            break;
+        waste = k->rl - at;
+        at = 0;
+    }
+    if (wr < 0) {
+        *err = why;
+        *rc = wr;
+        return 0;
+    }
+    if (wr > 0) {
+        res->log_end = RB_MLOG_END_IOERR;
+        res->log_why = why;
+        return 0;
+    }
+    if (!found) {
+        res->log_end = RB_MLOG_END_NONE;
+        res->log_why = first;
+        return 0;
+    }
+    *at_out = at;
+    *waste_out = waste;
+    return 1;
+}
+
+/* The log ends torn at ring offset at (why says how); waste bytes were skipped to reach it. */
+static void walk_torn(walk *k, uint64_t at, uint64_t waste)
+{
+    k->res->log_end = RB_MLOG_END_TORN;
+    k->res->torn_at = k->res->head = at;
+    k->res->used = k->used + waste;
+}
+
+/* Group k->seq of t bytes at ring offset at fits: within the ring, and short of where the log
+ * starts. 1, or 0 when the walk ends there (res says why). */
+static int group_fits(walk *k, uint64_t at, uint64_t waste, uint64_t t)
+{
+    rb_mlog_read_result *res = k->res;
+    if (t > k->rl - at) {
+        walk_torn(k, at, waste);
+        rb_err_set(&res->log_why, RB_ERR_VALUE, EBADMSG,
+                   "metadata log: group %llu at ring offset %llu: its %llu bytes run past the ring's end",
+                   (unsigned long long)k->seq, (unsigned long long)at, (unsigned long long)t);
+        return 0;
+    }
+    if (k->used + waste + t > k->rl) {
+        res->log_end = RB_MLOG_END_FULL;
+        rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC,
+                   "metadata log: group %llu at ring offset %llu would pass where the log starts",
+                   (unsigned long long)k->seq, (unsigned long long)at);
+        return 0;
+    }
+    return 1;
+}
+
+/* Read group k->seq of t bytes at ring offset at and hand its records to the callbacks: 1;
+ * 0 when the walk ends there (res says why: unreadable or torn), or stops with *rc (a
+ * callback's value, or out of memory in err). */
+static int group_read(walk *k, uint64_t at, uint64_t waste, uint64_t t, rb_mlog_group_info *gi, int *rc, rb_err *err)
+{
+    const uint8_t *in = NULL;
+    rb_err why;
+    int wr = win_get(k->r, k->sb, &k->w, k->wsize, at, t, &in, &why);
+    if (wr < 0) {
+        *err = why;
+        *rc = wr;
+        return 0;
+    }
+    if (wr > 0) {
+        k->res->log_end = RB_MLOG_END_IOERR;
+        k->res->log_why = why;
+        return 0;
+    }
+    k->g.seq = k->seq;
+    int dr = rb_mlog_gdec_group(&k->gd, in, (size_t)t, k->ba, k->gen, k->seq, gi, on_grec, &k->g, &why);
+    if (dr == 0)
+        return 1;
+    if (k->gd.cb_rc) { /* a callback stopped */
+        *rc = dr;
+        return 0;
+    }
+    if (dr == -ENOMEM) {
+        *err = why;
+        *rc = dr;
+        return 0;
+    }
+    walk_torn(k, at, waste);
+    k->res->log_why = why;
+    return 0;
+}
+
+/* Group k->seq of t bytes at ring offset at is in: count it and move past it. */
+static void group_done(walk *k, uint64_t at, uint64_t waste, uint64_t t, const rb_mlog_group_info *gi)
+{
+    rb_mlog_read_result *res = k->res;
+    res->groups++;
+    res->records += gi->n_records;
+    res->last_seq = k->seq;
+    res->last_epoch = gi->epoch;
+    k->used += waste + t;
+    k->p = at + t == k->rl ? 0 : at + t;
+    k->seq++;
+    res->head = k->p;
+    res->used = k->used;
+}
+
 static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const rb_mlog_sb *sb, rb_err *err)
 {
-    rb_mlog_read_result *res = r->res;
-    const uint64_t ba = sb->block_align, rl = sb->ring.len, gen = sb->generation;
-    const uint64_t hneed = round_up(RB_MLOG_GROUP_HDR_LEN, ba);
-    uint64_t wsize = o->log_window ? o->log_window / ba * ba : RB_MLOG_READ_WINDOW;
-    if (wsize < hneed)
-        wsize = hneed;
-    uint64_t p = sb->ring.start, used = 0, seq = sb->ring.start_seq;
-    res->last_seq = sb->base.log_seq;
-    res->head = p;
-    res->log_end = RB_MLOG_END_NONE;
-    win w = {0};
-    rb_mlog_gdec gd;
-    rb_mlog_gdec_init(&gd);
-    grec g = {.cb = cb};
+    walk k = {.r = r, .sb = sb, .res = r->res, .ba = sb->block_align, .rl = sb->ring.len, .gen = sb->generation};
+    k.hneed = round_up(RB_MLOG_GROUP_HDR_LEN, k.ba);
+    k.wsize = o->log_window ? o->log_window / k.ba * k.ba : RB_MLOG_READ_WINDOW;
+    if (k.wsize < k.hneed)
+        k.wsize = k.hneed;
+    k.p = sb->ring.start;
+    k.seq = sb->ring.start_seq;
+    k.g.cb = cb;
+    k.res->last_seq = sb->base.log_seq;
+    k.res->head = k.p;
+    k.res->log_end = RB_MLOG_END_NONE;
+    rb_mlog_gdec_init(&k.gd);
     int rc = 0;
     for (;;) {
-        if (used >= rl) {
-            res->log_end = RB_MLOG_END_FULL;
-            rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC,
-                       "metadata log: the walk covered the whole ring (%llu bytes)", (unsigned long long)rl);
+        if (k.used >= k.rl) {
+            k.res->log_end = RB_MLOG_END_FULL;
+            rb_err_set(&k.res->log_why, RB_ERR_VALUE, ENOSPC,
+                       "metadata log: the walk covered the whole ring (%llu bytes)", (unsigned long long)k.rl);
             break;
         }
-        /* The group of sequence seq: at p, else (a group that did not fit before the ring's
-         * end) at ring offset 0, the bytes from p to the end wasted. */
-        uint64_t at = p, waste = 0;
+        uint64_t at = 0, waste = 0;
         rb_mlog_group_info gi;
-        const uint8_t *in = NULL;
-        rb_err why, first;
-        rb_err_clear(&first);
-        int found = 0, wr = 0;
-        for (;;) {
-            if (hneed <= rl - at) {
-                if ((wr = win_get(r, sb, &w, wsize, at, hneed, &in, &why)) != 0)
-                    break;
-                found = rb_mlog_group_head(in, (size_t)hneed, ba, gen, seq, &gi, &why) == 0;
-                if (found && res->groups && gi.epoch < res->last_epoch) {
-                    /* left by a writer that crashed before the one whose group came last */
-                    found = 0;
-                    rb_err_set(&why, RB_ERR_VALUE, ESTALE,
-                               "metadata log: group %llu at ring offset %llu is of writer epoch %u, below %u before it",
-                               (unsigned long long)seq, (unsigned long long)at, gi.epoch, res->last_epoch);
-                }
-            } else {
-                rb_err_set(&why, RB_ERR_VALUE, EBADMSG, "metadata log: no room for a group header at ring offset %llu",
-                           (unsigned long long)at);
-            }
-            if (found)
-                break;
-            if (at == p)
-                first = why;
-            if (at == 0)
-                break;
-            waste = rl - at;
-            at = 0;
-        }
-        if (wr < 0) {
-            *err = why;
-            rc = wr;
+        if (!group_find(&k, &at, &waste, &gi, &rc, err))
             break;
-        }
-        if (wr > 0) {
-            res->log_end = RB_MLOG_END_IOERR;
-            res->log_why = why;
-            break;
-        }
-        if (!found) {
-            res->log_end = RB_MLOG_END_NONE;
-            res->log_why = first;
-            break;
-        }
         const uint64_t t = gi.total_len;
-        if (t > rl - at) {
-            res->log_end = RB_MLOG_END_TORN;
-            res->torn_at = res->head = at;
-            res->used = used + waste;
-            rb_err_set(&res->log_why, RB_ERR_VALUE, EBADMSG,
-                       "metadata log: group %llu at ring offset %llu: its %llu bytes run past the ring's end",
-                       (unsigned long long)seq, (unsigned long long)at, (unsigned long long)t);
+        if (!group_fits(&k, at, waste, t) || !group_read(&k, at, waste, t, &gi, &rc, err))
             break;
-        }
-        if (used + waste + t > rl) {
-            res->log_end = RB_MLOG_END_FULL;
-            rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC,
-                       "metadata log: group %llu at ring offset %llu would pass where the log starts",
-                       (unsigned long long)seq, (unsigned long long)at);
-            break;
-        }
-        if ((wr = win_get(r, sb, &w, wsize, at, t, &in, &why)) != 0) {
-            if (wr < 0) {
-                *err = why;
-                rc = wr;
-            } else {
-                res->log_end = RB_MLOG_END_IOERR;
-                res->log_why = why;
-            }
-            break;
-        }
-        g.seq = seq;
-        int dr = rb_mlog_gdec_group(&gd, in, (size_t)t, ba, gen, seq, &gi, on_grec, &g, &why);
-        if (dr != 0) {
-            if (gd.cb_rc) { /* a callback stopped */
-                rc = dr;
-                break;
-            }
-            if (dr == -ENOMEM) {
-                *err = why;
-                rc = dr;
-                break;
-            }
-            res->log_end = RB_MLOG_END_TORN;
-            res->torn_at = res->head = at;
-            res->used = used + waste;
-            res->log_why = why;
-            break;
-        }
-        res->groups++;
-        res->records += gi.n_records;
-        res->last_seq = seq;
-        res->last_epoch = gi.epoch;
-        used += waste + t;
-        p = at + t == rl ? 0 : at + t;
-        seq++;
-        res->head = p;
-        res->used = used;
+        group_done(&k, at, waste, t, &gi);
     }
-    free(w.buf);
-    rb_mlog_gdec_free(&gd);
+    free(k.w.buf);
+    rb_mlog_gdec_free(&k.gd);
     return rc;
 }
 
 /* ---- the whole read ---------------------------------------------------------------------- */
+
+/* o's geometry can hold the region: block_align a power of two up to 2^30, meta_total_bytes
+ * a multiple of it with room for two superblocks; *c the second one's offset. */
+static int read_check_opts(const rb_mlog_read_opts *o, uint64_t *c, rb_err *err)
+{
+    const uint64_t ba = o->block_align, mt = o->meta_total_bytes;
+    if (!is_pow2(ba) || ba > (1ull << 30) || mt % ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "metadata read: block_align %llu, meta_total_bytes %llu: a power "
+                          "of two up to 2^30 and a multiple of it needed",
+                          (unsigned long long)ba, (unsigned long long)mt);
+    const uint64_t span = rb_mlog_sb_span(ba);
+    *c = mt / 2 / ba * ba;
+    if (*c < span || *c + span > mt)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata read: meta_total_bytes %llu holds no two superblocks",
+                          (unsigned long long)mt);
+    return 0;
+}
+
+/* Both superblocks (at 0 and c) into sbs, their states in the result. 0, or -ENOMEM. */
+static int read_sbs(rdr *r, const rb_mlog_read_opts *o, uint64_t c, rb_mlog_sb sbs[2], rb_err *err)
+{
+    const uint64_t span = rb_mlog_sb_span(o->block_align);
+    memset(sbs, 0, 2 * sizeof *sbs);
+    uint8_t *sbuf = abuf(o->block_align, span);
+    if (!sbuf)
+        return nomem(err, "metadata read");
+    sb_read(r, o, 0, 0, sbuf, span, &sbs[0]);
+    sb_read(r, o, 1, c, sbuf, span, &sbs[1]);
+    free(sbuf);
+    return 0;
+}
+
+/* The superblock to read on with: of the valid ones, the higher sequence first, the first
+ * whose base loads (into b) and matches it (with sb_only the first, its base not read); one
+ * whose base does not is marked RB_MLOG_SB_NOBASE. *chosen its index, -1 when none. 0, or <0
+ * when a read failed or memory ran out (err). */
+static int read_choose(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_sb sbs[2], baseld *b, int *chosen, rb_err *err)
+{
+    rb_mlog_read_result *res = r->res;
+    int cand[2], nc = 0;
+    for (int k = 0; k < 2; k++)
+        if (res->sb_state[k] == RB_MLOG_SB_VALID)
+            cand[nc++] = k;
+    if (nc == 2 && sbs[1].sb_seq > sbs[0].sb_seq) {
+        cand[0] = 1;
+        cand[1] = 0;
+    }
+    *chosen = -1;
+    for (int i = 0; i < nc; i++) {
+        int k = cand[i];
+        if (o->sb_only) {
+            *chosen = k;
+            return 0;
+        }
+        rb_err why;
+        rb_err_clear(&why);
+        int lr = base_load(r, &sbs[k], b, &why, err);
+        if (lr < 0)
+            return lr;
+        if (lr == 0) {
+            *chosen = k;
+            return 0;
+        }
+        res->sb_state[k] = RB_MLOG_SB_NOBASE;
+        res->sb_why[k] = why;
+        baseld_free(b);
+    }
+    return 0;
+}
+
+/* The chosen superblock in the result, to the callback, then (unless sb_only) its base and
+ * the log walk. 0, or the value that stopped the read. */
+static int read_deliver(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const rb_mlog_sb *sb, baseld *b,
+                        rb_err *err)
+{
+    rb_mlog_read_result *res = r->res;
+    res->found = 1;
+    res->sb = *sb;
+    int os = res->sb_state[1 - res->which];
+    res->fallback = os == RB_MLOG_SB_DAMAGED || os == RB_MLOG_SB_IOERR || os == RB_MLOG_SB_NOBASE;
+    res->last_seq = res->sb.base.log_seq;
+    res->head = res->sb.ring.start;
+    int rc;
+    if (cb->sb && (rc = cb->sb(cb->ctx, &res->sb)) != 0)
+        return rc;
+    if (o->sb_only)
+        return 0;
+    rc = base_deliver(o, cb, b, &res->base, err);
+    baseld_free(b);
+    if (rc != 0)
+        return rc;
+    return log_walk(r, o, cb, &res->sb, err);
+}
 
 int rb_mlog_read(const rb_mlog_read_opts *o, rb_mlog_pread_fn rd, void *rctx, const rb_mlog_read_cb *cb,
                  rb_mlog_read_result *res, rb_err *err)
@@ -750,78 +978,22 @@ int rb_mlog_read(const rb_mlog_read_opts *o, rb_mlog_pread_fn rd, void *rctx, co
         cb = &none;
     memset(res, 0, sizeof *res);
     res->base.entries_lost = -1;
-    const uint64_t ba = o->block_align, mt = o->meta_total_bytes;
-    if (!is_pow2(ba) || ba > (1ull << 30) || mt % ba)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "metadata read: block_align %llu, meta_total_bytes %llu: a power "
-                          "of two up to 2^30 and a multiple of it needed",
-                          (unsigned long long)ba, (unsigned long long)mt);
-    const uint64_t c = mt / 2 / ba * ba, span = rb_mlog_sb_span(ba);
-    if (c < span || c + span > mt)
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata read: meta_total_bytes %llu holds no two superblocks",
-                          (unsigned long long)mt);
-    rdr r = {.fn = rd, .ctx = rctx, .res = res, .ba = ba};
+    uint64_t c = 0;
+    int rc = read_check_opts(o, &c, err);
+    if (rc < 0)
+        return rc;
+    rdr r = {.fn = rd, .ctx = rctx, .res = res, .ba = o->block_align};
     rb_mlog_sb sbs[2];
-    memset(sbs, 0, sizeof sbs);
-    uint8_t *sbuf = abuf(ba, span);
-    if (!sbuf)
-        return nomem(err, "metadata read");
-    sb_read(&r, o, 0, 0, sbuf, span, &sbs[0]);
-    sb_read(&r, o, 1, c, sbuf, span, &sbs[1]);
-    free(sbuf);
-
-    /* The valid superblocks, the higher sequence first. */
-    int cand[2], nc = 0;
-    for (int k = 0; k < 2; k++)
-        if (res->sb_state[k] == RB_MLOG_SB_VALID)
-            cand[nc++] = k;
-    if (nc == 2 && sbs[1].sb_seq > sbs[0].sb_seq) {
-        cand[0] = 1;
-        cand[1] = 0;
-    }
+    if ((rc = read_sbs(&r, o, c, sbs, err)) < 0)
+        return rc;
     baseld b;
     memset(&b, 0, sizeof b);
-    int chosen = -1, rc = 0;
-    for (int i = 0; i < nc; i++) {
-        int k = cand[i];
-        if (o->sb_only) {
-            chosen = k;
-            break;
-        }
-        rb_err why;
-        rb_err_clear(&why);
-        int lr = base_load(&r, &sbs[k], &b, &why, err);
-        if (lr < 0) {
-            rc = lr;
-            goto out;
-        }
-        if (lr == 0) {
-            chosen = k;
-            break;
-        }
-        res->sb_state[k] = RB_MLOG_SB_NOBASE;
-        res->sb_why[k] = why;
-        baseld_free(&b);
+    int chosen = -1;
+    rc = read_choose(&r, o, sbs, &b, &chosen, err);
+    if (rc == 0 && chosen >= 0) {
+        res->which = chosen;
+        rc = read_deliver(&r, o, cb, &sbs[chosen], &b, err);
     }
-    if (chosen < 0)
-        goto out;
-    res->found = 1;
-    res->which = chosen;
-    res->sb = sbs[chosen];
-    int os = res->sb_state[1 - chosen];
-    res->fallback = os == RB_MLOG_SB_DAMAGED || os == RB_MLOG_SB_IOERR || os == RB_MLOG_SB_NOBASE;
-    res->last_seq = res->sb.base.log_seq;
-    res->head = res->sb.ring.start;
-    if (cb->sb && (rc = cb->sb(cb->ctx, &res->sb)) != 0)
-        goto out;
-    if (o->sb_only)
-        goto out;
-    rc = base_deliver(o, cb, &b, &res->base, err);
-    baseld_free(&b);
-    if (rc != 0)
-        goto out;
-    rc = log_walk(&r, o, cb, &res->sb, err);
-out:
     baseld_free(&b);
     return rc;
 }

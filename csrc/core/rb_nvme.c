@@ -218,6 +218,68 @@ static uint64_t le_u128_low(const uint8_t b[16])
     return le64toh(lo);
 }
 
+/* Find the configuration in use (out->config_index) in the FDP Configurations log of size
+ * bytes at log, and fill out's have_config and its fields from it. */
+static void fdp_pick_config(const uint8_t *log, uint32_t size, rb_nvme_fdp *out)
+{
+    uint32_t nconf = (uint32_t)le16toh(((const struct nvme_fdp_config_log *)log)->n) + 1; /* 0-based */
+    size_t pos = sizeof(struct nvme_fdp_config_log);
+    for (uint32_t i = 0; i < nconf && pos + sizeof(struct nvme_fdp_config_desc) <= size; i++) {
+        const struct nvme_fdp_config_desc *d = (const void *)(log + pos);
+        uint16_t dsz = le16toh(d->size);
+        if (i == out->config_index) {
+            out->have_config = 1;
+            out->fdpa = d->fdpa;
+            out->nrg = le32toh(d->nrg);
+            out->nruh = le16toh(d->nruh);
+            out->maxpids = le16toh(d->maxpids);
+            out->nnss = le32toh(d->nnss);
+            out->runs = le64toh(d->runs);
+            break;
+        }
+        if (dsz < sizeof(*d))
+            break;
+        pos += dsz;
+    }
+}
+
+/* FDP Configurations log (0x20): the header says the total size; read it whole, then take
+ * the descriptor in use. 0 (have_config says whether it was found), or <0 with err set. */
+static int fdp_read_config(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err)
+{
+    struct nvme_fdp_config_log hdr;
+    memset(&hdr, 0, sizeof(hdr));
+    errno = 0;
+    int rc = nvme_get_log_fdp_configurations(fd, ns->endgid, 0, sizeof(hdr), &hdr);
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_OS, errno ? errno : EIO, "NVMe FDP configurations log ioctl failed");
+    uint32_t size = le32toh(hdr.size);
+    if (rc != 0 || size < sizeof(hdr) || size > (1u << 20))
+        return 0;
+    uint8_t *log = calloc(1, size);
+    if (!log)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    errno = 0;
+    if (nvme_get_log_fdp_configurations(fd, ns->endgid, 0, size, log) == 0)
+        fdp_pick_config(log, size, out);
+    free(log);
+    return 0;
+}
+
+/* FDP Statistics log (0x22): have_stats and the byte counts when it reads. */
+static void fdp_read_stats(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out)
+{
+    struct nvme_fdp_stats_log stats;
+    memset(&stats, 0, sizeof(stats));
+    errno = 0;
+    if (nvme_get_log_fdp_stats(fd, ns->endgid, 0, sizeof(stats), &stats) == 0) {
+        out->have_stats = 1;
+        out->hbmw = le_u128_low(stats.hbmw);
+        out->mbmw = le_u128_low(stats.mbmw);
+        out->mbe = le_u128_low(stats.mbe);
+    }
+}
+
 int rb_nvme_fdp_info(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err)
 {
     memset(out, 0, sizeof(*out));
@@ -239,54 +301,10 @@ int rb_nvme_fdp_info(int fd, const rb_nvme_ns *ns, rb_nvme_fdp *out, rb_err *err
     if (!out->enabled)
         return 0;
 
-    /* FDP Configurations log (0x20): the header says the total size; read it whole, then
-     * walk to the descriptor in use. */
-    struct nvme_fdp_config_log hdr;
-    memset(&hdr, 0, sizeof(hdr));
-    errno = 0;
-    rc = nvme_get_log_fdp_configurations(fd, ns->endgid, 0, sizeof(hdr), &hdr);
+    rc = fdp_read_config(fd, ns, out, err);
     if (rc < 0)
-        return rb_err_set(err, RB_ERR_OS, errno ? errno : EIO, "NVMe FDP configurations log ioctl failed");
-    uint32_t size = le32toh(hdr.size);
-    if (rc == 0 && size >= sizeof(hdr) && size <= (1u << 20)) {
-        uint8_t *log = calloc(1, size);
-        if (!log)
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        errno = 0;
-        if (nvme_get_log_fdp_configurations(fd, ns->endgid, 0, size, log) == 0) {
-            uint32_t nconf = (uint32_t)le16toh(((struct nvme_fdp_config_log *)log)->n) + 1; /* 0-based */
-            size_t pos = sizeof(struct nvme_fdp_config_log);
-            for (uint32_t i = 0; i < nconf && pos + sizeof(struct nvme_fdp_config_desc) <= size; i++) {
-                const struct nvme_fdp_config_desc *d = (const void *)(log + pos);
-                uint16_t dsz = le16toh(d->size);
-                if (i == out->config_index) {
-                    out->have_config = 1;
-                    out->fdpa = d->fdpa;
-                    out->nrg = le32toh(d->nrg);
-                    out->nruh = le16toh(d->nruh);
-                    out->maxpids = le16toh(d->maxpids);
-                    out->nnss = le32toh(d->nnss);
-                    out->runs = le64toh(d->runs);
-                    break;
-                }
-                if (dsz < sizeof(*d))
-                    break;
-                pos += dsz;
-            }
-        }
-        free(log);
-    }
-
-    /* FDP Statistics log (0x22). */
-    struct nvme_fdp_stats_log stats;
-    memset(&stats, 0, sizeof(stats));
-    errno = 0;
-    if (nvme_get_log_fdp_stats(fd, ns->endgid, 0, sizeof(stats), &stats) == 0) {
-        out->have_stats = 1;
-        out->hbmw = le_u128_low(stats.hbmw);
-        out->mbmw = le_u128_low(stats.mbmw);
-        out->mbe = le_u128_low(stats.mbe);
-    }
+        return rc;
+    fdp_read_stats(fd, ns, out);
     return 0;
 }
 

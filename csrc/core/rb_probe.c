@@ -114,10 +114,10 @@ static int probe_at(blkid_probe pr, int fd, uint64_t off, uint64_t len, int part
     return rc < 0 ? -1 : 0;
 }
 
-int rb_probe_foreign(const char *path, char *what, size_t what_len, rb_err *err)
+/* Open path for the probe (read-only, blocking once open) after the checks a device path
+ * passes, and its size in *size (0 when unknown): the descriptor, or <0 with err set. */
+static int probe_open(const char *path, uint64_t *size, rb_err *err)
 {
-    if (what_len)
-        what[0] = '\0';
     int rc = rb_dev_check_path(path, err);
     if (rc < 0)
         return rc;
@@ -138,12 +138,52 @@ int rb_probe_foreign(const char *path, char *what, size_t what_len, rb_err *err)
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    uint64_t size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
+    *size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
     if (S_ISBLK(st.st_mode)) {
         uint64_t b = 0;
         if (ioctl(fd, BLKGETSIZE64, &b) == 0)
-            size = b;
+            *size = b;
     }
+    return fd;
+}
+
+/*
+ * A file system inside a partition whose table was wiped starts further in. Everything
+ * we write first (the checkpoint containers of the metadata region, 128 MiB by default
+ * and 256 MiB in LMCache's multi-process example, then the first slots) lies in the first
+ * RB_PROBE_SPAN bytes, so every partition start there is probed: each MiB (where
+ * partitioning tools have placed partitions since 2008) and the old DOS start at sector 63.
+ * 1 found (what says what), 0 none.
+ */
+static int probe_partition_starts(blkid_probe pr, int fd, uint64_t size, char *what, size_t what_len)
+{
+    int found = 0;
+    uint64_t limit = size < RB_PROBE_SPAN ? size : RB_PROBE_SPAN;
+    for (uint64_t off = 63 * 512; off < limit && !found; off = off < (1u << 20) ? (1u << 20) : off + (1u << 20)) {
+        if (size - off < RB_PROBE_MIN_FS)
+            break;
+        uint8_t m[8];
+        if (read_full(fd, m, sizeof(m), off) == 0 && memcmp(m, "LMCBLK01", 8) == 0)
+            continue; /* one of our slots starts here */
+        /* A window, not the rest of the device: the superblock sits at the start of a
+         * partition, and some probers scan the whole of a large window (1 GiB: 0.9 s for
+         * all starts; 16 MiB windows: 0.08 s). */
+        uint64_t len = size - off < RB_PROBE_WINDOW ? size - off : RB_PROBE_WINDOW;
+        found = probe_at(pr, fd, off, len, 0, what, what_len);
+        if (found < 0)
+            found = 0; /* an unreadable window is not a signature */
+    }
+    return found;
+}
+
+int rb_probe_foreign(const char *path, char *what, size_t what_len, rb_err *err)
+{
+    if (what_len)
+        what[0] = '\0';
+    uint64_t size = 0;
+    int fd = probe_open(path, &size, err);
+    if (fd < 0)
+        return fd;
     blkid_probe pr = blkid_new_probe();
     if (!pr) {
         close(fd);
@@ -156,31 +196,10 @@ int rb_probe_foreign(const char *path, char *what, size_t what_len, rb_err *err)
         close(fd);
         return rb_err_set(err, RB_ERR_OS, EIO, "libblkid failed to probe %s", path);
     }
-    /*
-     * A file system inside a partition whose table was wiped starts further in. Everything
-     * we write first (the checkpoint containers of the metadata region, 128 MiB by default
-     * and 256 MiB in LMCache's multi-process example, then the first slots) lies in the first
-     * RB_PROBE_SPAN bytes, so every partition start there is probed: each MiB (where
-     * partitioning tools have placed partitions since 2008) and the old DOS start at sector 63.
-     * Skipped on a device that already holds a valid checkpoint container (ours or LMCache's).
-     */
-    if (!found && size && !holds_valid_container(fd, size)) {
-        uint64_t limit = size < RB_PROBE_SPAN ? size : RB_PROBE_SPAN;
-        for (uint64_t off = 63 * 512; off < limit && !found; off = off < (1u << 20) ? (1u << 20) : off + (1u << 20)) {
-            if (size - off < RB_PROBE_MIN_FS)
-                break;
-            uint8_t m[8];
-            if (read_full(fd, m, sizeof(m), off) == 0 && memcmp(m, "LMCBLK01", 8) == 0)
-                continue; /* one of our slots starts here */
-            /* A window, not the rest of the device: the superblock sits at the start of a
-             * partition, and some probers scan the whole of a large window (1 GiB: 0.9 s for
-             * all starts; 16 MiB windows: 0.08 s). */
-            uint64_t len = size - off < RB_PROBE_WINDOW ? size - off : RB_PROBE_WINDOW;
-            found = probe_at(pr, fd, off, len, 0, what, what_len);
-            if (found < 0)
-                found = 0; /* an unreadable window is not a signature */
-        }
-    }
+    /* Then the partition starts, skipped on a device that already holds a valid checkpoint
+     * container (ours or LMCache's). */
+    if (!found && size && !holds_valid_container(fd, size))
+        found = probe_partition_starts(pr, fd, size, what, what_len);
     blkid_free_probe(pr);
     /* The probers read tens of MiB of scattered windows (28 MiB of a 96 MiB sparse file), which
      * stay in the page cache as small pages; the slots written there later reuse them, and

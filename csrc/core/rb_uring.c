@@ -214,6 +214,36 @@ int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t o
     return 0;
 }
 
+/* r goes through a bounce: its memory is too short for the transfer, unaligned where the device
+ * DMAs to it (direct), or (a write) its padding is not already zeros. */
+static int req_needs_bounce(const rb_dev *dev, int direct, const rb_req *r)
+{
+    if (r->total_len == 0)
+        return 0;
+    if ((direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len)
+        return 1;
+    return r->op == RB_REQ_WRITE && r->total_len > r->payload_len &&
+           !all_zero(r->ubuf + r->payload_len, r->total_len - r->payload_len);
+}
+
+/* Set up r's first attempt: its bounce (offset + 1 in the arena until now) becomes a pointer
+ * and takes a write's payload and zero padding. */
+static void req_first_attempt(rb_batch *b, rb_req *r)
+{
+    if (r->bounce) {
+        r->bounce = b->arena + ((uintptr_t)r->bounce - 1);
+        if (r->op == RB_REQ_WRITE) {
+            memcpy(r->bounce, r->ubuf, r->payload_len);
+            memset(r->bounce + r->payload_len, 0, r->total_len - r->payload_len);
+        }
+        r->cur_buf = r->bounce;
+    } else {
+        r->cur_buf = r->ubuf;
+    }
+    r->cur_len = r->total_len;
+    r->status = RB_REQ_PENDING;
+}
+
 int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
 {
     const rb_dev *dev = u->dev;
@@ -224,25 +254,15 @@ int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
     /* Pass 1: which requests bounce, and where their slice starts (stored as an offset). */
     for (uint32_t i = 0; i < b->n; i++) {
         rb_req *r = &b->reqs[i];
-        int need;
-        if (r->total_len == 0) {
-            need = 0;
-        } else if (r->op == RB_REQ_WRITE) {
-            need =
-                (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len ||
-                (r->total_len > r->payload_len && !all_zero(r->ubuf + r->payload_len, r->total_len - r->payload_len));
-        } else {
-            need = (direct && !is_aligned_ptr(r->ubuf, dev->alignment)) || r->ubuf_len < r->total_len;
-        }
-        if (need) {
-            r->bounce = (uint8_t *)(uintptr_t)(arena + 1); /* offset + 1; 0 means "no bounce" */
-            size_t slice = (r->total_len + a - 1) / a * a;
-            if (slice < r->total_len || arena + slice < arena)
-                return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "bounce buffer size overflows");
-            arena += slice;
-        } else {
+        if (!req_needs_bounce(dev, direct, r)) {
             r->bounce = NULL;
+            continue;
         }
+        r->bounce = (uint8_t *)(uintptr_t)(arena + 1); /* offset + 1; 0 means "no bounce" */
+        size_t slice = (r->total_len + a - 1) / a * a;
+        if (slice < r->total_len || arena + slice < arena)
+            return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "bounce buffer size overflows");
+        arena += slice;
     }
     if (arena) {
         b->arena = rb_alloc_aligned(a, arena, err);
@@ -251,21 +271,8 @@ int rb_batch_prepare(struct rb_uring *u, rb_batch *b, rb_err *err)
         b->arena_len = arena;
     }
     /* Pass 2: fill the bounces, set up the first attempt. */
-    for (uint32_t i = 0; i < b->n; i++) {
-        rb_req *r = &b->reqs[i];
-        if (r->bounce) {
-            r->bounce = b->arena + ((uintptr_t)r->bounce - 1);
-            if (r->op == RB_REQ_WRITE) {
-                memcpy(r->bounce, r->ubuf, r->payload_len);
-                memset(r->bounce + r->payload_len, 0, r->total_len - r->payload_len);
-            }
-            r->cur_buf = r->bounce;
-        } else {
-            r->cur_buf = r->ubuf;
-        }
-        r->cur_len = r->total_len;
-        r->status = RB_REQ_PENDING;
-    }
+    for (uint32_t i = 0; i < b->n; i++)
+        req_first_attempt(b, &b->reqs[i]);
     return 0;
 }
 
@@ -427,13 +434,15 @@ static int ctl_pred(void *arg)
     return atomic_load(&((struct rb_ctl *)arg)->done);
 }
 
-int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err)
+/* The n buffers can be registered: non-null, non-empty, at most 1 GiB each, inside the address
+ * space; their total size in *total. 0, or <0 with err set. */
+static int fixed_check(const uint64_t *ptrs, const uint64_t *sizes, size_t n, uint64_t *total, rb_err *err)
 {
     if (n == 0)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "at least one buffer must be provided");
     if (n > MAX_FIXED)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "too many fixed buffers: %zu exceeds the u16 index space", n);
-    uint64_t total = 0;
+    *total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ptrs[i] == 0)
             return rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer %zu has a null pointer", i);
@@ -444,8 +453,16 @@ int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const ui
                               (unsigned long long)sizes[i]);
         if (ptrs[i] > UINTPTR_MAX - sizes[i])
             return rb_err_set(err, RB_ERR_VALUE, EINVAL, "fixed buffer %zu range overflows the address space", i);
-        total += sizes[i];
+        *total += sizes[i];
     }
+    return 0;
+}
+
+/* The n buffers as iovecs (*iov_out) and as regions sorted by start (*regs_out), both
+ * malloc'ed, checked not to overlap. 0, or <0 with err set (nothing left allocated). */
+static int fixed_tables(const uint64_t *ptrs, const uint64_t *sizes, size_t n, struct fixed_region **regs_out,
+                        struct iovec **iov_out, rb_err *err)
+{
     struct fixed_region *regs = malloc(n * sizeof(*regs));
     struct iovec *iov = malloc(n * sizeof(*iov));
     if (!regs || !iov) {
@@ -471,20 +488,21 @@ int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const ui
             return -EINVAL;
         }
     }
+    *regs_out = regs;
+    *iov_out = iov;
+    return 0;
+}
 
-    int rc = 0;
-    pthread_mutex_lock(&u->reg_mu);
-    if (atomic_load(&u->fixed_registered)) {
-        rc = rb_err_set(err, RB_ERR_RUNTIME, EBUSY, "fixed buffers are already registered");
-        goto out;
-    }
+/* Have the worker register the buffers (the caller holds reg_mu): 0 (the worker owns regs
+ * now), or <0 with err set. */
+static int fixed_register(struct rb_uring *u, struct iovec *iov, struct fixed_region *regs, size_t n, rb_err *err)
+{
     struct rb_ctl ctl = {.iov = iov, .n = (unsigned)n, .regions = regs};
     atomic_init(&ctl.done, 0);
     pthread_mutex_lock(&u->q_mu);
     if (u->stopping) {
         pthread_mutex_unlock(&u->q_mu);
-        rc = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
-        goto out;
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
     }
     u->ctl = &ctl;
     pthread_mutex_unlock(&u->q_mu);
@@ -493,13 +511,29 @@ int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const ui
     if (ctl.rc < 0) {
         char msg[200];
         fmt_os_error(msg, sizeof(msg), "register_buffers failed", -ctl.rc);
-        rc = rb_err_set(err, RB_ERR_RUNTIME, -ctl.rc, "%s", msg);
-        goto out;
+        return rb_err_set(err, RB_ERR_RUNTIME, -ctl.rc, "%s", msg);
     }
-    regs = NULL; /* the worker owns them now */
-    atomic_store(&u->fixed_bytes, total);
-    atomic_store(&u->fixed_registered, 1);
-out:
+    return 0;
+}
+
+int rb_uring_register_buffers(struct rb_uring *u, const uint64_t *ptrs, const uint64_t *sizes, size_t n, rb_err *err)
+{
+    uint64_t total = 0;
+    struct fixed_region *regs = NULL;
+    struct iovec *iov = NULL;
+    int rc = fixed_check(ptrs, sizes, n, &total, err);
+    if (rc < 0 || (rc = fixed_tables(ptrs, sizes, n, &regs, &iov, err)) < 0)
+        return rc;
+    pthread_mutex_lock(&u->reg_mu);
+    if (atomic_load(&u->fixed_registered))
+        rc = rb_err_set(err, RB_ERR_RUNTIME, EBUSY, "fixed buffers are already registered");
+    else
+        rc = fixed_register(u, iov, regs, n, err);
+    if (rc == 0) {
+        regs = NULL; /* the worker owns them now */
+        atomic_store(&u->fixed_bytes, total);
+        atomic_store(&u->fixed_registered, 1);
+    }
     pthread_mutex_unlock(&u->reg_mu);
     free(regs);
     free(iov);
@@ -590,24 +624,22 @@ static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, s
     }
 }
 
-static void prep_req(struct rb_uring *u, rb_req *r)
+/* The length of r's next attempt: what is left, at most MAX_ATTEMPT (and a passthrough
+ * command's limit). */
+static size_t attempt_len(const struct rb_uring *u, const rb_req *r)
 {
-    if (u->nvme && r->cur_len == r->total_len) {
-        int bad = nvme_check(u, r);
-        if (bad) {
-            finish(u, r, bad, (int)u->lba_size);
-            return;
-        }
-    }
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring); /* room is guaranteed by the caller */
     size_t len = r->cur_len < MAX_ATTEMPT ? r->cur_len : MAX_ATTEMPT;
     if (u->nvme && len > u->max_xfer)
         len = u->max_xfer;
-    int idx = (!r->bounce && u->nregions && len && !u->nvme_no_fixed) ? lookup_fixed(u, r->cur_buf, len) : -1;
+    return len;
+}
+
+/* A read or write of len bytes at r->cur_off from/to r->cur_buf (registered buffer idx when
+ * idx >= 0) on the device file. */
+static void prep_rw(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, size_t len, int idx)
+{
     int fd = u->fixed_file ? 0 : u->fd;
-    if (u->nvme) {
-        prep_nvme(u, sqe, r, len, idx);
-    } else if (r->op == RB_REQ_READ) {
+    if (r->op == RB_REQ_READ) {
         if (idx >= 0)
             io_uring_prep_read_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
         else
@@ -618,16 +650,40 @@ static void prep_req(struct rb_uring *u, rb_req *r)
         else
             io_uring_prep_write(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
     }
-    if (u->fixed_file && !u->nvme)
+    if (u->fixed_file)
         sqe->flags |= IOSQE_FIXED_FILE;
-    if (u->streams && r->pid && r->op == RB_REQ_WRITE) {
-        /* Linux >= 6.16: the SQE's write_stream byte (offset 44, after personality; liburing
-         * 2.3 has no name for it). The NVMe driver turns stream s into the Data Placement
-         * directive for the s-th placement id. An id the device does not list is not placed. */
-        uint8_t s = rb_dev_stream_of(u->dev, r->pid);
-        if (s)
-            ((uint8_t *)sqe)[44] = s;
+}
+
+/* A placed write through the block device's write streams: Linux >= 6.16 takes the SQE's
+ * write_stream byte (offset 44, after personality; liburing 2.3 has no name for it). The NVMe
+ * driver turns stream s into the Data Placement directive for the s-th placement id. An id the
+ * device does not list is not placed. */
+static void set_write_stream(struct rb_uring *u, struct io_uring_sqe *sqe, const rb_req *r)
+{
+    if (!u->streams || !r->pid || r->op != RB_REQ_WRITE)
+        return;
+    uint8_t s = rb_dev_stream_of(u->dev, r->pid);
+    if (s)
+        ((uint8_t *)sqe)[44] = s;
+}
+
+static void prep_req(struct rb_uring *u, rb_req *r)
+{
+    if (u->nvme && r->cur_len == r->total_len) {
+        int bad = nvme_check(u, r);
+        if (bad) {
+            finish(u, r, bad, (int)u->lba_size);
+            return;
+        }
     }
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring); /* room is guaranteed by the caller */
+    size_t len = attempt_len(u, r);
+    int idx = (!r->bounce && u->nregions && len && !u->nvme_no_fixed) ? lookup_fixed(u, r->cur_buf, len) : -1;
+    if (u->nvme)
+        prep_nvme(u, sqe, r, len, idx);
+    else
+        prep_rw(u, sqe, r, len, idx);
+    set_write_stream(u, sqe, r);
     io_uring_sqe_set_data(sqe, r);
     r->att_len = len;
     r->att_fixed = idx >= 0;
@@ -706,66 +762,57 @@ static void retry_push(struct rb_uring *u, rb_req *r)
     u->retry_tail = r;
 }
 
-static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint64_t *cnt)
+/* The eventfd poll completed: drain the eventfd; the poll is re-armed when it ended. */
+static void handle_poll(struct rb_uring *u, const struct io_uring_cqe *cqe)
 {
-    uint64_t ud = io_uring_cqe_get_data64(cqe);
-    if (ud == POLL_TAG) {
-        uint64_t v;
-        while (read(u->efd, &v, sizeof(v)) < 0 && errno == EINTR)
-            ;
-        if (!(cqe->flags & IORING_CQE_F_MORE))
-            u->poll_armed = 0;
+    uint64_t v;
+    while (read(u->efd, &v, sizeof(v)) < 0 && errno == EINTR)
+        ;
+    if (!(cqe->flags & IORING_CQE_F_MORE))
+        u->poll_armed = 0;
+}
+
+/* Take r off the list of attempts in the kernel. */
+static void kern_unlink(struct rb_uring *u, rb_req *r)
+{
+    if (!r->in_kern)
         return;
-    }
-    rb_req *r = (rb_req *)(uintptr_t)ud;
-    int res = cqe->res;
-    u->inflight--;
-    if (r->in_kern) {
-        if (r->kprev)
-            r->kprev->knext = r->knext;
-        else
-            u->kern = r->knext;
-        if (r->knext)
-            r->knext->kprev = r->kprev;
-        r->in_kern = 0;
-    }
-    if (u->nvme && res == -EINVAL && r->att_fixed && !u->no_submit) {
-        /* Some kernels (Debian 12's 6.1) take registered buffers for io_uring but refuse them in
-         * NVMe passthrough commands. Stop using them for passthrough and send this command
-         * again from the same memory: nothing was transferred. */
-        u->nvme_no_fixed = 1;
-        RB_STAT_ADD(&u->dev->stats, fixed_buffer_fallbacks, 1);
-        retry_push(u, r);
-        return;
-    }
-    if (u->nvme && res >= 0) {
-        /* An NVMe command moves all of att_len or fails with its status: res is 0 or the
-         * status, never a byte count. */
-        if (res > 0) {
+    if (r->kprev)
+        r->kprev->knext = r->knext;
+    else
+        u->kern = r->knext;
+    if (r->knext)
+        r->knext->kprev = r->kprev;
+    r->in_kern = 0;
+}
+
+/* Count r's attempt that ended with *res in cnt (completed, failed, bytes read, written). An
+ * NVMe command moves all of att_len or fails with its status: res is 0 or the status, never a
+ * byte count, so a success becomes att_len in *res. 1 when r is finished (an NVMe status). */
+static int count_attempt(struct rb_uring *u, rb_req *r, int *res, uint64_t *cnt)
+{
+    if (u->nvme && *res >= 0) {
+        if (*res > 0) {
             cnt[1]++;
-            finish(u, r, RB_REQ_NVME_STATUS, res);
-            return;
+            finish(u, r, RB_REQ_NVME_STATUS, *res);
+            return 1;
         }
         cnt[0]++;
         cnt[r->op == RB_REQ_READ ? 2 : 3] += r->att_len;
-        res = (int)r->att_len;
-    } else if (res > 0 || (res == 0 && r->att_len == 0)) {
+        *res = (int)r->att_len;
+    } else if (*res > 0 || (*res == 0 && r->att_len == 0)) {
         cnt[0]++; /* completed */
-        if (r->op == RB_REQ_READ)
-            cnt[2] += (uint64_t)res;
-        else
-            cnt[3] += (uint64_t)res;
+        cnt[r->op == RB_REQ_READ ? 2 : 3] += (uint64_t)*res;
     } else {
         cnt[1]++; /* failed */
     }
-    if (res < 0) {
-        finish(u, r, RB_REQ_EIO, -res);
-        return;
-    }
-    if (res == 0 && r->att_len > 0) {
-        finish(u, r, RB_REQ_EOF, EIO);
-        return;
-    }
+    return 0;
+}
+
+/* res bytes of r moved (res >= 0, 0 only for an empty attempt): r is finished when nothing is
+ * left (a bounced read copied out), else its next attempt is queued. */
+static void advance(struct rb_uring *u, rb_req *r, int res, uint64_t *cnt)
+{
     if (RB_WLOG_ENABLED() && r->op == RB_REQ_WRITE && res > 0)
         rb_wlog_write(u->fd, r->cur_off, r->cur_buf, (size_t)res);
     r->cur_off += (uint64_t)res;
@@ -784,6 +831,39 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         return;
     }
     retry_push(u, r);
+}
+
+static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint64_t *cnt)
+{
+    uint64_t ud = io_uring_cqe_get_data64(cqe);
+    if (ud == POLL_TAG) {
+        handle_poll(u, cqe);
+        return;
+    }
+    rb_req *r = (rb_req *)(uintptr_t)ud;
+    int res = cqe->res;
+    u->inflight--;
+    kern_unlink(u, r);
+    if (u->nvme && res == -EINVAL && r->att_fixed && !u->no_submit) {
+        /* Some kernels (Debian 12's 6.1) take registered buffers for io_uring but refuse them in
+         * NVMe passthrough commands. Stop using them for passthrough and send this command
+         * again from the same memory: nothing was transferred. */
+        u->nvme_no_fixed = 1;
+        RB_STAT_ADD(&u->dev->stats, fixed_buffer_fallbacks, 1);
+        retry_push(u, r);
+        return;
+    }
+    if (count_attempt(u, r, &res, cnt))
+        return;
+    if (res < 0) {
+        finish(u, r, RB_REQ_EIO, -res);
+        return;
+    }
+    if (res == 0 && r->att_len > 0) {
+        finish(u, r, RB_REQ_EOF, EIO);
+        return;
+    }
+    advance(u, r, res, cnt);
 }
 
 static void reap(struct rb_uring *u)
