@@ -45,6 +45,7 @@ void rb_core_set_load_delay_ms(rb_core *c, uint32_t ms)
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
+
 /* Refuse a device that holds someone else's data (a file system, a RAID/LVM member, a
  * partition table): the first checkpoint would overwrite it. A path the probe cannot open is
  * left to rb_dev_open, which reports it. */

@@ -1,6 +1,6 @@
 /*
- * rb_core_int.h - the rb_core structure and the internal functions its files share. The core
- * is one concern a file:
+ * rb_core_int.h - the rb_core structure and the internal functions its files share. Each of
+ * the core's files owns one concern:
  *   rb_core.c          lifecycle (open, layout, close, free), status, test hooks
  *   rb_core_xfer.c     synchronous device transfers, the fault hooks
  *   rb_core_uring.c    io_uring batches of transfers (rb_core_uring_ops), fixed buffers
