@@ -3,10 +3,10 @@
  *
  * A slot becomes reusable when no durable metadata lists its old key any more (format v1: both
  * containers exclude it; the log format: its FREE record is durable) and no reader can still be
- * reading it (the quarantine in rb_core.c). At that moment, with deallocation on, it does not go
- * back to the allocator yet: it waits on a pending list until rb_core_dealloc_run deallocates
- * its range, then returns to the allocator. So a deallocation never reaches a slot that holds a
- * key: the slot is out of the allocator while its range is being deallocated.
+ * reading it (the quarantine in rb_core_hold.c). At that moment, with deallocation on, it does
+ * not go back to the allocator yet: it waits on a pending list until rb_core_dealloc_run
+ * deallocates its range, then returns to the allocator. So a deallocation never reaches a slot
+ * that holds a key: the slot is out of the allocator while its range is being deallocated.
  *
  * Runs are batched with the operation that freed the slots: the checkpoint that made FREE
  * records durable (the periodic thread, an explicit checkpoint, close), a compaction, and in
@@ -130,7 +130,7 @@ void rb_core_dealloc_reset_locked(rb_core *c)
 
 /* ref_unknown bit 0x4: a log on the device that this core did not read or replaced without
  * journaling (a state applied at run time, a start told to ignore the device) may list any slot
- * until the first base is durable; puts reuse no slot meanwhile (rb_core.c). No slot is
+ * until the first base is durable; puts reuse no slot meanwhile (rb_core_put.c). No slot is
  * deallocated either: after a crash that log is what recovery reads, and its keys must find
  * their bytes. The slots wait; the run after that base deallocates them. (Format v1's bits for
  * a container not read at open do not stop deallocation: recovery reads that container only
@@ -140,55 +140,55 @@ static int dealloc_allowed_locked(const rb_core *c)
     return !(c->ref_unknown & 0x4u);
 }
 
-/* One batch of at most RB_DEALLOC_BATCH pending slots (the newest): 1 done, 0 nothing pending,
- * <0 the device call failed. dl_mu held. */
-static int run_batch(rb_core *c)
+/* Take a batch of at most RB_DEALLOC_BATCH pending slots (the newest) into *s (*n of them,
+ * counted in dl_inflight, the caller frees *s): 1 taken, 0 nothing may be deallocated now,
+ * -ENOMEM. */
+static int batch_take(rb_core *c, uint32_t **s, size_t *n)
 {
     pthread_mutex_lock(&c->mu);
     if (c->dl_npend == 0 || !dealloc_allowed_locked(c)) {
         pthread_mutex_unlock(&c->mu);
         return 0;
     }
-    size_t n = c->dl_npend < RB_DEALLOC_BATCH ? c->dl_npend : RB_DEALLOC_BATCH;
-    uint32_t *s = malloc(n * sizeof(*s));
-    if (!s) {
+    *n = c->dl_npend < RB_DEALLOC_BATCH ? c->dl_npend : RB_DEALLOC_BATCH;
+    *s = malloc(*n * sizeof(**s));
+    if (!*s) {
         pthread_mutex_unlock(&c->mu);
         return -ENOMEM;
     }
-    c->dl_npend -= n;
-    memcpy(s, c->dl_pend + c->dl_npend, n * sizeof(*s));
-    c->dl_inflight = n;
+    c->dl_npend -= *n;
+    memcpy(*s, c->dl_pend + c->dl_npend, *n * sizeof(**s));
+    c->dl_inflight = *n;
     pthread_mutex_unlock(&c->mu);
+    return 1;
+}
 
-    uint64_t t0 = rb_now_ns();
-    qsort(s, n, sizeof(*s), cmp_u32);
-    rb_dev_range *r = malloc(n * sizeof(*r));
-    size_t k = r ? slots_to_ranges(c, s, n, r) : 0;
-    /* The cost is per range (a system call each on files and block devices): the slots past
-     * the first RB_DEALLOC_RANGES ranges wait for the next batch, where a put can take them. */
-    size_t m = n;
-    if (k > RB_DEALLOC_RANGES) {
-        m = 0;
-        for (size_t i = 0; i < RB_DEALLOC_RANGES; i++)
-            m += (size_t)(r[i].len / c->cfg.slot_bytes);
-        k = RB_DEALLOC_RANGES;
-        pthread_mutex_lock(&c->mu);
-        for (size_t i = m; i < n; i++)
-            if (rb_slot_list_push(&c->dl_pend, &c->dl_npend, &c->dl_cap, s[i]) < 0) {
-                rb_slots_release(&c->slots, s[i]); /* out of memory: reused undeallocated */
-                c->dl_skipped++;
-            }
-        c->dl_inflight = m;
-        pthread_cond_broadcast(&c->dl_cv);
-        pthread_mutex_unlock(&c->mu);
-        n = m;
-    }
-    uint64_t cmds = 0;
-    rb_err err;
-    rb_err_clear(&err);
-    int rc = r ? rb_dev_deallocate(c->dev, r, k, &cmds, &err) : -ENOMEM;
-    uint64_t dt = rb_now_ns() - t0;
+/* The cost is per range (a system call each on files and block devices): the slots of the
+ * batch s[0..n) past its first RB_DEALLOC_RANGES ranges r go back to the pending list, where a
+ * put can take them (out of memory: to the allocator undeallocated). Returns the slots kept. */
+static size_t batch_trim(rb_core *c, const uint32_t *s, size_t n, const rb_dev_range *r)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < RB_DEALLOC_RANGES; i++)
+        m += (size_t)(r[i].len / c->cfg.slot_bytes);
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = m; i < n; i++)
+        if (rb_slot_list_push(&c->dl_pend, &c->dl_npend, &c->dl_cap, s[i]) < 0) {
+            rb_slots_release(&c->slots, s[i]); /* out of memory: reused undeallocated */
+            c->dl_skipped++;
+        }
+    c->dl_inflight = m;
+    pthread_cond_broadcast(&c->dl_cv);
+    pthread_mutex_unlock(&c->mu);
+    return m;
+}
 
+/* After the device call (rc, cmds commands, dt ns) over the k ranges r of the batch's n slots
+ * s: the slots back in use, the statistics and the journal; a device that reports itself
+ * unable to deallocate turns the feature off. Takes mu. */
+static void batch_settle(rb_core *c, const uint32_t *s, size_t n, const rb_dev_range *r, size_t k, int rc,
+                         uint64_t cmds, uint64_t dt)
+{
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++)
         rb_core_slot_back_locked(c, s[i]);
@@ -210,6 +210,30 @@ static int run_batch(rb_core *c)
         }
     }
     pthread_mutex_unlock(&c->mu);
+}
+
+/* One batch of at most RB_DEALLOC_BATCH pending slots (the newest): 1 done, 0 nothing pending,
+ * <0 the device call failed. dl_mu held. */
+static int run_batch(rb_core *c)
+{
+    uint32_t *s;
+    size_t n;
+    int got = batch_take(c, &s, &n);
+    if (got <= 0)
+        return got;
+    uint64_t t0 = rb_now_ns();
+    qsort(s, n, sizeof(*s), cmp_u32);
+    rb_dev_range *r = malloc(n * sizeof(*r));
+    size_t k = r ? slots_to_ranges(c, s, n, r) : 0;
+    if (k > RB_DEALLOC_RANGES) {
+        n = batch_trim(c, s, n, r);
+        k = RB_DEALLOC_RANGES;
+    }
+    uint64_t cmds = 0;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc = r ? rb_dev_deallocate(c->dev, r, k, &cmds, &err) : -ENOMEM;
+    batch_settle(c, s, n, r, k, rc, cmds, rb_now_ns() - t0);
     if (rc < 0 && rc != -ENOMEM)
         rb_core_note_fault(c, "deallocate", k ? r[0].off : UINT64_MAX, &err);
     free(r);

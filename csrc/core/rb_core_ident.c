@@ -270,23 +270,10 @@ static int hexval(char c)
     return -1;
 }
 
-int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out)
+/* The hash field [p, at) of a legacy key (an optional sign and 0x, then hex digits) into *out
+ * modulo 2**64: 0, or -EINVAL when it is not one. */
+static int parse_hash_field(const char *p, const char *at, uint64_t *out)
 {
-    if (ns == RB_NS_OBJECT) {
-        *out = blake2b64(key, len);
-        return 0;
-    }
-    /* legacy: model@world@worker@<hash hex>@dtype[...]; the model has no '@' in LMCache. */
-    const char *p = key, *end = key + len;
-    for (int field = 0; field < 3; field++) {
-        const char *at = memchr(p, '@', (size_t)(end - p));
-        if (!at)
-            return -EINVAL;
-        p = at + 1;
-    }
-    const char *at = memchr(p, '@', (size_t)(end - p));
-    if (!at)
-        return -EINVAL; /* a legacy key has a dtype field after the hash */
     int neg = 0;
     if (p < at && (*p == '-' || *p == '+')) {
         neg = *p == '-';
@@ -305,4 +292,24 @@ int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out)
     }
     *out = neg ? (uint64_t)(0 - v) : v;
     return 0;
+}
+
+int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out)
+{
+    if (ns == RB_NS_OBJECT) {
+        *out = blake2b64(key, len);
+        return 0;
+    }
+    /* legacy: model@world@worker@<hash hex>@dtype[...]; the model has no '@' in LMCache. */
+    const char *p = key, *end = key + len;
+    for (int field = 0; field < 3; field++) {
+        const char *at = memchr(p, '@', (size_t)(end - p));
+        if (!at)
+            return -EINVAL;
+        p = at + 1;
+    }
+    const char *at = memchr(p, '@', (size_t)(end - p));
+    if (!at)
+        return -EINVAL; /* a legacy key has a dtype field after the hash */
+    return parse_hash_field(p, at, out);
 }

@@ -1,6 +1,20 @@
 /*
- * rb_core_int.h - the rb_core structure and helpers shared by rb_core.c (operations) and
- * rb_core_ckpt.c (checkpoint, recovery, periodic thread). Lock order: see rb_core.h.
+ * rb_core_int.h - the rb_core structure and the internal functions its files share. Each of
+ * the core's files owns one concern:
+ *   rb_core.c          lifecycle (open, layout, close, free), status, test hooks
+ *   rb_core_xfer.c     synchronous device transfers, the fault hooks
+ *   rb_core_uring.c    io_uring batches of transfers (rb_core_uring_ops), fixed buffers
+ *   rb_core_put.c      the put path: slot reservation, writes, commit, make_room
+ *   rb_core_load.c     the load path: snapshot, reads, slot-header verdicts, settling
+ *   rb_core_keys.c     lookups, pins, deletes, the key snapshot
+ *   rb_core_class.c    metadata classes (interning)
+ *   rb_core_hold.c     slot reuse: readers' quarantine, held slots, container references
+ *   rb_core_ckpt.c     format v1: checkpoints, recovery, header validation, periodic thread
+ *   rb_core_mlog.c     the log-structured metadata format, core side
+ *   rb_core_dealloc.c  freed slots given back to the device
+ *   rb_core_trust.c    faults, write durability, device shrink
+ *   rb_core_fastjson.c the plain v1 state reader
+ * Lock order: see struct rb_core below and rb_core.h.
  */
 #ifndef RB_CORE_INT_H
 #define RB_CORE_INT_H
@@ -91,49 +105,54 @@ typedef struct rb_mlw {
     int rec_log_end;
 } rb_mlw;
 
+/*
+ * The core, its fields grouped by concern. Locks, in lock order: ml.cmp_mu (the log format's
+ * compaction) -> ckpt_mu (one checkpoint writer, held across its device writes) -> dl_mu (a
+ * deallocation run) -> mu (the core mutex) -> thr_mu (the periodic thread); fault_mu and the
+ * device's gate_mu are leaves (rb_core.h). mu guards what the operations share: the index,
+ * in-flight table, classes, slots, reuse lists and counters; it is never held across device
+ * I/O. Configuration and layout are set at open and read without a lock; the atomics are read
+ * and written without one.
+ */
 struct rb_core {
+    /* ---- configuration, device and layout (rb_core.c: set at open) ---------------------- */
     rb_core_cfg cfg;
     char *path;
     rb_dev *dev;
     uint64_t capacity, data_base, container_bytes, payload_cap, slot_cap;
     uint32_t max_slots;
 
+    /* ---- locks and the periodic thread (rb_core_ckpt.c) --------------------------------- */
     pthread_mutex_t ckpt_mu;
     pthread_mutex_t mu;
-    pthread_cond_t idle_cv; /* with mu: inflight_io or in-flight keys dropped */
-    rb_idx index, inflight, classes;
-    rb_class **cls;
-    uint32_t n_cls, cap_cls;
-    uint32_t last_cls; /* the class rb_core_intern_class last returned (a hint, compared in full) */
-    rb_slots slots;
-    uint64_t dirty_total, persisted, meta_seq;
-    int good_container; /* container holding the newest checkpoint we trust, or -1 */
-    uint64_t inflight_io;
-    uint64_t last_io_ns;
-    uint64_t locked_keys;
-    int closed;
-    uint64_t ckpt_written, ckpt_failures, ckpt_too_large, checksum_failures;
-    uint64_t recovery_dropped, recovery_entries_loaded;
-    uint64_t n_unverified;      /* live index records carrying RB_ENT_UNVERIFIED */
-    uint64_t deferred_verified; /* unverified records whose header a load accepted */
-    uint64_t deferred_dropped;  /* ... and rejected (also counted in recovery_dropped) */
-    int recovery_loaded;
-    char ckpt_error[512];
-
-    pthread_mutex_t thr_mu;
+    pthread_mutex_t thr_mu; /* with thr_cv: the thread's stop flag and wake-up */
     pthread_cond_t thr_cv;
     pthread_t thr;
     int thr_started, thr_stop;
     int thr_kick; /* log format: freed slots wait for a group; write one now */
 
-    /* Slot quarantine (rb_core_reader_begin/end below): readers in flight per generation,
-     * and the slots freed meanwhile, per generation, that nobody may reuse yet. */
+    /* ---- index, metadata classes and slots (under mu) ----------------------------------- */
+    rb_idx index, inflight, classes;
+    rb_class **cls; /* rb_core_class.c */
+    uint32_t n_cls, cap_cls;
+    uint32_t last_cls; /* the class rb_core_intern_class last returned (a hint, compared in full) */
+    rb_slots slots;
+    uint64_t locked_keys; /* index records pinned (refcnt > 0) */
+
+    /* ---- calls in flight (under mu): close waits for them ------------------------------- */
+    pthread_cond_t idle_cv; /* with mu: inflight_io or in-flight keys dropped */
+    uint64_t inflight_io;
+    uint64_t last_io_ns;
+    int closed;
+
+    /* ---- slot reuse (rb_core_hold.c, under mu) ------------------------------------------ */
+    /* Slot quarantine (rb_core_reader_begin/end): readers in flight per generation, and the
+     * slots freed meanwhile, per generation, that nobody may reuse yet. */
     uint64_t rd_gen;
     uint32_t rd_active[2];
     uint32_t *rd_pend[2];
     size_t rd_npend[2], rd_cap[2];
     uint64_t rd_quarantined; /* slots that ever waited (a statistic for tests) */
-
     /* Slots the checkpoint containers on the device may list (crash safety, see
      * rb_core_free_slot_locked): per slot, RB_REF_C0 / RB_REF_C1 when container 0 / 1 lists it
      * as far as we know, RB_REF_PEND when the checkpoint being written lists it. ref covers
@@ -149,24 +168,39 @@ struct rb_core {
     uint64_t held_total; /* slots that ever waited for a checkpoint (a statistic) */
     uint64_t room_ckpts; /* checkpoints written because only a checkpoint could free slots */
 
+    /* ---- checkpoints (rb_core_ckpt.c) --------------------------------------------------- */
+    uint64_t dirty_total, persisted, meta_seq;
+    int good_container;  /* container holding the newest checkpoint we trust, or -1 */
     int apply_container; /* recovery: the container whose state is being applied, else -1 */
+    uint64_t ckpt_written, ckpt_failures, ckpt_too_large;
+    char ckpt_error[512];
+    _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
 
-    /* What recovery at open found (report_status, logs). */
+    /* ---- recovery: what it found at open (report_status, logs) -------------------------- */
+    uint64_t recovery_dropped, recovery_entries_loaded;
+    int recovery_loaded;
     int rec_outcome; /* enum rb_recovery_outcome */
     uint64_t rec_ns; /* time recovery took at open */
     uint64_t rec_seq, rec_rejected_seq;
-    int64_t rec_lost;          /* entries of a rejected newer checkpoint not recovered; -1 unknown */
-    uint64_t apply_skipped;    /* entries of the last applied state that its checks refused */
-    uint64_t sum_dropped;      /* entries dropped because their payload failed its checksum */
-    _Atomic uint64_t flushes;  /* device flushes the checkpoint writer issued */
-    _Atomic int no_flush;      /* benchmark hook: checkpoints skip their flushes */
-    _Atomic int no_load_check; /* benchmark hook: loads of verified records skip the header check */
+    int64_t rec_lost;       /* entries of a rejected newer checkpoint not recovered; -1 unknown */
+    uint64_t apply_skipped; /* entries of the last applied state that its checks refused */
 
-    /* Trust (rb_core_trust.c). Under mu: per slot, the first flush generation that proves the
-     * key last committed on it durable (slot_gen[s], 0 for slots never written by this process:
-     * covers [0, slot_gen_cap)); flushes begun and the newest generation proven; the write-back
-     * failure epoch (an in-flight record carries the epoch it began in; a failure in between
-     * rolls it back); the device size last seen and the slots wholly inside it. The counters
+    /* ---- verification of what loads read (rb_core_load.c, under mu) --------------------- */
+    uint64_t checksum_failures;
+    uint64_t n_unverified;      /* live index records carrying RB_ENT_UNVERIFIED */
+    uint64_t deferred_verified; /* unverified records whose header a load accepted */
+    uint64_t deferred_dropped;  /* ... and rejected (also counted in recovery_dropped) */
+    uint64_t sum_dropped;       /* entries dropped because their payload failed its checksum */
+
+    /* ---- the log-structured metadata writer (cfg.meta_format == RB_META_LOG) ------------ */
+    rb_mlw ml;
+
+    /* ---- trust (rb_core_trust.c) -------------------------------------------------------- */
+    /* Under mu: per slot, the first flush generation that proves the key last committed on it
+     * durable (slot_gen[s], 0 for slots never written by this process: covers [0,
+     * slot_gen_cap)); flushes begun and the newest generation proven; the write-back failure
+     * epoch (an in-flight record carries the epoch it began in; a failure in between rolls it
+     * back); the device size last seen and the slots wholly inside it. The counters
      * trust_counts reads are atomics (read without locks). Under fault_mu: the fault journal. */
     uint64_t *slot_gen;
     uint32_t slot_gen_cap;
@@ -183,12 +217,10 @@ struct rb_core {
     _Atomic uint64_t n_faults;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
 
-    rb_mlw ml; /* the log-structured metadata writer (cfg.meta_format == RB_META_LOG) */
-
-    /* Deallocation of freed slots (rb_core_dealloc.c), under mu: whether it is on (the
-     * setting resolved against the device), reusable slots waiting for their deallocation
-     * (dl_pend) or in one (dl_inflight: out of every list meanwhile), statistics, and the
-     * optional journal of deallocated ranges. */
+    /* ---- deallocation of freed slots (rb_core_dealloc.c) -------------------------------- */
+    /* Under mu: whether it is on (the setting resolved against the device), reusable slots
+     * waiting for their deallocation (dl_pend) or in one (dl_inflight: out of every list
+     * meanwhile), statistics, and the optional journal of deallocated ranges. */
     int dl_on;
     uint32_t *dl_pend;
     size_t dl_npend, dl_cap;
@@ -201,12 +233,51 @@ struct rb_core {
     rb_dev_range *dl_log;
     size_t dl_nlog, dl_caplog;
 
+    /* ---- test and benchmark hooks (atomics) --------------------------------------------- */
+    _Atomic int no_flush;      /* benchmark hook: checkpoints skip their flushes */
+    _Atomic int no_load_check; /* benchmark hook: loads of verified records skip the header check */
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep, fault_flush;
     _Atomic uint32_t ckpt_delay_ms;
     _Atomic uint32_t load_delay_ms; /* test hook: pause loads between snapshot and reads */
 };
 
 uint64_t rb_now_ns(void);
+
+/* ---- shared helpers of the core's files ------------------------------------------------- */
+
+/* A test fault hook's countdown (fault_write and friends): 1 when this call is the one to
+ * fail (the countdown reaches zero), 0 otherwise or when it is off (<= 0). */
+static inline int rb_core_take_fault(_Atomic int64_t *ctr)
+{
+    int64_t v = atomic_load(ctr);
+    while (v > 0) {
+        if (atomic_compare_exchange_weak(ctr, &v, v - 1))
+            return v == 1;
+    }
+    return 0;
+}
+/* A call enters (n transfers) / leaves the I/O accounting close waits on. mu held. */
+static inline void rb_core_io_begin_locked(rb_core *c, uint64_t n)
+{
+    c->inflight_io += n;
+}
+static inline void rb_core_io_end_locked(rb_core *c, uint64_t n)
+{
+    c->inflight_io -= n;
+    c->last_io_ns = rb_now_ns();
+    if (c->inflight_io == 0)
+        pthread_cond_broadcast(&c->idle_cv);
+}
+/* rb_core_class.c: a NUL-terminated copy of s[0..n), or NULL (ENOMEM). */
+char *rb_core_dupn(const char *s, size_t n);
+/* rb_core_class.c: free the interned classes and their index (rb_core_free). */
+void rb_core_classes_free(rb_core *c);
+/* rb_core_hold.c: free the quarantine, held and reference lists (rb_core_free). */
+void rb_core_hold_free(rb_core *c);
+/* rb_core_hold.c: account for the index record at p leaving the index (lock refcount,
+ * unverified count) and free its slot; the caller removes the record. mu held. */
+void rb_core_drop_accounting_locked(rb_core *c, uint32_t p);
+
 static inline uint64_t rb_round_up(uint64_t x, uint64_t a)
 {
     return (x + a - 1) / a * a;

@@ -239,41 +239,60 @@ int rb_idx_maybe_compact(rb_idx *ix)
     return rebuild_table(ix, size);
 }
 
-uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos, int64_t npos)
+/* Room for one more record: the table at most half full of live records (dead records' table
+ * entries are removed, so only live ones count), the array grown after a compaction when it is
+ * full. 0, or -1 when out of memory. */
+static int insert_room(rb_idx *ix)
 {
-    if (len > UINT32_MAX - 64 || ix->n_ents == UINT32_MAX - 1)
-        return UINT32_MAX;
-    /* Keep the load factor of the table at most 1/2 (counting dead records' slots too, since
-     * their table entries were removed, only live ones count). */
     uint32_t tsize = ix->table ? ix->table_mask + 1 : 0;
     if ((uint64_t)(ix->n_live + 1) * 2 > tsize) {
         uint32_t ns = tsize ? tsize * 2 : 16;
         if (rebuild_table(ix, ns) < 0)
-            return UINT32_MAX;
+            return -1;
     }
+    if (ix->n_ents < ix->cap_ents)
+        return 0;
+    if (rb_idx_maybe_compact(ix) < 0)
+        return -1;
     if (ix->n_ents == ix->cap_ents) {
-        if (rb_idx_maybe_compact(ix) < 0)
-            return UINT32_MAX;
-        if (ix->n_ents == ix->cap_ents) {
-            uint32_t nc = ix->cap_ents ? ix->cap_ents + ix->cap_ents / 2 + 1 : 16;
-            rb_ent *ne = realloc(ix->ents, (size_t)nc * sizeof(rb_ent));
-            if (!ne)
-                return UINT32_MAX;
-            ix->ents = ne;
-            ix->cap_ents = nc;
-        }
+        uint32_t nc = ix->cap_ents ? ix->cap_ents + ix->cap_ents / 2 + 1 : 16;
+        rb_ent *ne = realloc(ix->ents, (size_t)nc * sizeof(rb_ent));
+        if (!ne)
+            return -1;
+        ix->ents = ne;
+        ix->cap_ents = nc;
     }
+    return 0;
+}
+
+/* A record's blob (layout in rb_idx.h) holding the key and its positions, from the pool (its
+ * class in *tag, 0 when malloc'd), or NULL when out of memory. */
+static uint8_t *blob_new(rb_idx *ix, const char *key, size_t len, const int64_t *pos, int64_t npos, unsigned *tag)
+{
     size_t np = npos > 0 ? (size_t)npos : 0;
     size_t nb = blob_bytes(len, npos);
-    unsigned tag = pool_tag(nb);
-    uint8_t *blob = pool_alloc(&ix->pool, tag, nb);
+    *tag = pool_tag(nb);
+    uint8_t *blob = pool_alloc(&ix->pool, *tag, nb);
     if (!blob)
-        return UINT32_MAX;
+        return NULL;
     memcpy(blob, &npos, 8);
     if (np)
         memcpy(blob + 8, pos, np * 8);
     memcpy(blob + 8 + np * 8, key, len);
     blob[8 + np * 8 + len] = 0;
+    return blob;
+}
+
+uint32_t rb_idx_insert(rb_idx *ix, const char *key, size_t len, uint32_t hash, const int64_t *pos, int64_t npos)
+{
+    if (len > UINT32_MAX - 64 || ix->n_ents == UINT32_MAX - 1)
+        return UINT32_MAX;
+    if (insert_room(ix) < 0)
+        return UINT32_MAX;
+    unsigned tag;
+    uint8_t *blob = blob_new(ix, key, len, pos, npos, &tag);
+    if (!blob)
+        return UINT32_MAX;
 
     uint32_t p = ix->n_ents++;
     rb_ent *e = &ix->ents[p];
