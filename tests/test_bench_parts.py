@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_rawblock.bench import common, cpu, dealloc, floor, loadcheck, report, scale
-from lmcache_rawblock.bench.core import ours_core
-from lmcache_rawblock.bench.target import supports_odirect
+from lmcache_rawblock_bench import common, cpu, dealloc, floor, loadcheck, report, scale
+from lmcache_rawblock_bench.core import ours_core
+from lmcache_rawblock_bench.target import supports_odirect
 
 PKG = Path(__file__).resolve().parent.parent / "lmcache_rawblock"
 

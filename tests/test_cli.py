@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from lmcache_rawblock.__main__ import main
-from lmcache_rawblock.bench import common, device, limit
-from lmcache_rawblock.bench.common import Competitor, parse_size
+from lmcache_rawblock_bench import common, device, limit
+from lmcache_rawblock_bench.common import Competitor, parse_size
 
 from conftest import rust_module
 
@@ -387,7 +387,7 @@ def test_limit_without_fio_says_how_to_install(tmp_path, monkeypatch):
 
 
 def _no_lmcache(monkeypatch):
-    from lmcache_rawblock.bench import core
+    from lmcache_rawblock_bench import core
 
     missing = Competitor(name="lmcache", dist="lmcache", module=core.LMCACHE_MODULE, error="not installed",
                          install=core.LMCACHE_PIP)
@@ -459,7 +459,7 @@ def test_install_competitors_installs_lmcache_only_for_core_parts(tmp_path, caps
 
 
 def test_install_lmcache_one_command_pins_cpu_torch_into_separate_dir(tmp_path):
-    from lmcache_rawblock.bench import core
+    from lmcache_rawblock_bench import core
 
     seen = []
 

@@ -306,7 +306,7 @@ def test_inspect_in_process_refuses_while_a_core_of_this_process_writes(tmp_path
 
 
 def test_benchmark_target_is_held_exclusively_and_refused_while_a_core_holds_it(tmp_path):
-    from lmcache_rawblock.bench.target import TargetError, open_target
+    from lmcache_rawblock_bench.target import TargetError, open_target
 
     path = make_device(tmp_path)
     with Holder(path) as h:
@@ -328,8 +328,8 @@ def test_benchmark_target_is_held_exclusively_and_refused_while_a_core_holds_it(
 
 
 def test_waf_precondition_and_replay_refuse_a_device_a_core_holds(tmp_path):
-    from lmcache_rawblock.bench.target import TargetError
-    from lmcache_rawblock.waf import precondition, replay
+    from lmcache_rawblock_bench.target import TargetError
+    from lmcache_rawblock_bench.waf import precondition, replay
 
     path = make_device(tmp_path, size=8 << 20)
     before = open(path, "rb").read()

@@ -1,6 +1,7 @@
 """The documentation stays true to the tree: the README's front page stays short, every relative
 link in README.md and docs/*.md reaches a file (and, with an anchor, a heading of that file), and
-docs/architecture.md names every C file under csrc/ and every module of the runtime package.
+docs/architecture.md names every C file under csrc/ and every module of the runtime package and
+of the benchmark package (benchmarks/lmcache_rawblock_bench).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 FRONT_PAGE_MAX_LINES = 250
-# Packages the architecture map may name as a whole instead of module by module.
-WHOLE_PACKAGES = ("bench", "waf")
+# The Python packages whose every module the architecture map names: the runtime and the benchmarks.
+PACKAGES = (ROOT / "lmcache_rawblock", ROOT / "benchmarks" / "lmcache_rawblock_bench")
 
 
 def _prose(text: str) -> str:
@@ -77,17 +78,14 @@ def test_architecture_names_every_c_file():
     assert not missing, f"docs/architecture.md does not name {missing}"
 
 
-def test_architecture_names_every_python_module():
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.name)
+def test_architecture_names_every_python_module(pkg: Path):
     text = (ROOT / "docs" / "architecture.md").read_text()
-    pkg = ROOT / "lmcache_rawblock"
+    assert (pkg / "__init__.py").is_file(), pkg
     missing = []
     for p in sorted(pkg.rglob("*.py")):
         rel = p.relative_to(pkg)
-        if rel.parts[0] in WHOLE_PACKAGES:
-            if not _named(text, rel.parts[0] + "/"):
-                missing.append(f"lmcache_rawblock/{rel.parts[0]}/")
-            continue
         # A module in a subpackage is named under its package's line: both must appear.
-        if not _named(text, p.name) or any(not _named(text, d + "/") for d in rel.parts[:-1]):
-            missing.append(f"lmcache_rawblock/{rel}")
+        if not _named(text, p.name) or any(not _named(text, d + "/") for d in (pkg.name, *rel.parts[:-1])):
+            missing.append(str(p.relative_to(ROOT)))
     assert not missing, f"docs/architecture.md does not name {sorted(set(missing))}"

@@ -1,4 +1,4 @@
-"""lmcache_rawblock.bench.summary: the README's benchmark table from one run's results.json.
+"""lmcache_rawblock_bench.summary: the README's benchmark table from one run's results.json.
 
 Every test builds its own inputs, so it fails if the goal judgement, the provenance line or
 the README rewrite changes behaviour; no timing is measured here.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_rawblock.bench import report, summary
+from lmcache_rawblock_bench import report, summary
 
 README = """# Project
 

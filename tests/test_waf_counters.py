@@ -1,4 +1,4 @@
-"""Wear counters (lmcache_rawblock.waf.counters) and `waf precondition` on the host: the window
+"""Wear counters (lmcache_rawblock_bench.waf.counters) and `waf precondition` on the host: the window
 arithmetic, the steady-state warning, a regular file (no counters) and preconditioning a small
 sparse file. The NVMe side runs in the emulated guest (tests/nvme/test_waf_counters_guest.py)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lmcache_rawblock import _native
-from lmcache_rawblock.waf import counters, precondition
+from lmcache_rawblock_bench.waf import counters, precondition
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]

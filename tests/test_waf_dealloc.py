@@ -8,12 +8,12 @@ import json
 import pytest
 
 from lmcache_rawblock.admission import Admission
-from lmcache_rawblock.waf import stream
-from lmcache_rawblock.waf.analytic import greedy_uniform_waf
-from lmcache_rawblock.waf.ftl import Geometry
-from lmcache_rawblock.waf.run import simulate_lmcache, spec_for_slot
-from lmcache_rawblock.waf.study import GIB, MAX_PAGES, MIB, dealloc_uniform_waf, drive, workload_for
-from lmcache_rawblock.waf.workload import WorkloadSpec
+from lmcache_rawblock_bench.waf import stream
+from lmcache_rawblock_bench.waf.analytic import greedy_uniform_waf
+from lmcache_rawblock_bench.waf.ftl import Geometry
+from lmcache_rawblock_bench.waf.run import simulate_lmcache, spec_for_slot
+from lmcache_rawblock_bench.waf.study import GIB, MAX_PAGES, MIB, dealloc_uniform_waf, drive, workload_for
+from lmcache_rawblock_bench.waf.workload import WorkloadSpec
 
 SMALL = dict(ru_pages=64, n_rus=256, max_handles=1, page_bytes=4096)
 
@@ -191,7 +191,7 @@ def test_cli_simulate_takes_the_levers(capsys):
 
 
 def test_study_tables_pick_the_first_product_lever_that_meets_the_target(tmp_path):
-    from lmcache_rawblock.waf import study
+    from lmcache_rawblock_bench.waf import study
 
     g = Geometry(ru_pages=64, n_rus=128, op=0.1, max_handles=1, page_bytes=1 << 20)
     spec = spec_for_slot(WorkloadSpec(families=120, concurrency=4, seed=3), 8 << 20)
@@ -211,7 +211,7 @@ def test_study_tables_pick_the_first_product_lever_that_meets_the_target(tmp_pat
 
 
 def test_the_default_drive_has_1_gib_reclaim_units_and_room_for_separated_placement():
-    from lmcache_rawblock.waf.cli import add_arguments
+    from lmcache_rawblock_bench.waf.cli import add_arguments
     import argparse
 
     g = Geometry()

@@ -9,8 +9,8 @@ import pytest
 
 from lmcache_rawblock.__main__ import main as cli_main
 from lmcache_rawblock.admission import Admission
-from lmcache_rawblock.waf import stream
-from lmcache_rawblock.waf.workload import WorkloadSpec, generate
+from lmcache_rawblock_bench.waf import stream
+from lmcache_rawblock_bench.waf.workload import WorkloadSpec, generate
 
 SMALL = ["--size", "8M", "--chunk-bytes", "64K", "--families", "30", "--destroy-data"]
 
@@ -131,7 +131,7 @@ def test_generated_trace_replays(tmp_path, capsys):
 
 
 def test_trace_input_matches_the_generator(tmp_path, capsys):
-    from lmcache_rawblock.waf.workload import write_trace
+    from lmcache_rawblock_bench.waf.workload import write_trace
 
     trace = tmp_path / "t.jsonl"
     spec = WorkloadSpec(requests=120, seed=5, chunk_bytes=64 << 10, families=30)

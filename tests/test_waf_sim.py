@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from lmcache_rawblock.waf.analytic import greedy_uniform_waf, victim_valid_fraction
-from lmcache_rawblock.waf.classes import WriteClass, run_classes
-from lmcache_rawblock.waf.ftl import FlashSim, Geometry
-from lmcache_rawblock.waf.study import uniform_random_waf
+from lmcache_rawblock_bench.waf.analytic import greedy_uniform_waf, victim_valid_fraction
+from lmcache_rawblock_bench.waf.classes import WriteClass, run_classes
+from lmcache_rawblock_bench.waf.ftl import FlashSim, Geometry
+from lmcache_rawblock_bench.waf.study import uniform_random_waf
 
 
 def test_analytic_model_values():

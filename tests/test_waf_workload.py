@@ -11,10 +11,10 @@ import pytest
 
 from lmcache_rawblock import fdp
 from lmcache_rawblock.admission import Admission, FrequencySketch
-from lmcache_rawblock.waf import stream
-from lmcache_rawblock.waf.ftl import Geometry
-from lmcache_rawblock.waf.run import simulate_lmcache
-from lmcache_rawblock.waf.workload import WorkloadSpec, generate, read_trace, write_trace
+from lmcache_rawblock_bench.waf import stream
+from lmcache_rawblock_bench.waf.ftl import Geometry
+from lmcache_rawblock_bench.waf.run import simulate_lmcache
+from lmcache_rawblock_bench.waf.workload import WorkloadSpec, generate, read_trace, write_trace
 
 SPEC = WorkloadSpec(requests=150, families=40, tp=2, chunk_bytes=2 << 20, seed=5)
 

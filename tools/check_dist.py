@@ -6,8 +6,12 @@ on that manylinux policy's list, the libraries the extension is built against (l
 libblkid, xxhash) are bundled, and liburing is not needed at all (linked statically).
 
 `sdist SDIST`: the source distribution holds what a build from source and the tests need
-(setup.py, pyproject.toml, every C source and header under csrc/, the tests) and nothing
-generated (no shared library, object file, build/ or dist/ tree, virtualenv or bytecode cache).
+(setup.py, pyproject.toml, every C source and header under csrc/, the tests, the benchmark
+package the tests of the harness import) and nothing generated (no shared library, object file,
+build/ or dist/ tree, virtualenv or bytecode cache).
+
+Both: the runtime package only, never the benchmark package (benchmarks/, its own distribution)
+inside the wheel or inside lmcache_rawblock/.
 
     python tools/check_dist.py sdist dist/lmcache_rawblock-*.tar.gz
     python tools/check_dist.py wheel dist/lmcache_rawblock-*.whl
@@ -94,12 +98,17 @@ def check_wheel(path: str) -> int:
     for want in EXPECT_BUNDLED:
         if not any(b.startswith(want + "-") for b in bundled):
             errors.append(f"{want} is not bundled in the wheel")
+    with zipfile.ZipFile(path) as zf:
+        errors += [f"tooling in the runtime wheel: {n}" for n in zf.namelist() if TOOLING_IN_RUNTIME.match(n)]
     print(f"check_dist wheel: {os.path.basename(path)}: {os.path.getsize(path) / 1e6:.2f} MB, tag {tag}; "
           f"bundled: {', '.join(sorted(bundled))}; external (manylinux policy): {', '.join(sorted(external))}")
     for e in errors:
         print(f"check_dist wheel: FAIL: {e}", file=sys.stderr)
     return 1 if errors else 0
 
+
+# The benchmark package, or the tooling's old places inside the runtime package.
+TOOLING_IN_RUNTIME = re.compile(r"(lmcache_rawblock_bench|lmcache_rawblock/(bench|waf))/")
 
 # Generated or local-only paths that must never be in the sdist (matched per path component).
 SDIST_FORBIDDEN = re.compile(r"(^|/)(build|dist|bench-out|__pycache__|\.pytest_cache|\.venv[^/]*|\.git)(/|$)"
@@ -111,9 +120,14 @@ def check_sdist(path: str) -> int:
         names = [n.split("/", 1)[1] for n in tf.getnames() if "/" in n]
     files = set(names)
     errors = [f"generated file in the sdist: {n}" for n in sorted(files) if SDIST_FORBIDDEN.search(n)]
+    errors += [f"tooling inside the runtime package: {n}" for n in sorted(files) if n.startswith("lmcache_rawblock/")
+               and TOOLING_IN_RUNTIME.match(n)]
+    errors += [f"benchmark results or scripts in the sdist: {n}" for n in sorted(files)
+               if re.match(r"benchmarks/(results|scripts)/", n)]
     for need in ("setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "Makefile", "PKG-INFO",
                  "lmcache_rawblock/__init__.py", "lmcache_rawblock/_native.pyi", "lmcache_rawblock/py.typed",
-                 "tests/conftest.py", "tests/c/test_core_ds.c"):
+                 "tests/conftest.py", "tests/c/test_core_ds.c", "benchmarks/pyproject.toml",
+                 "benchmarks/lmcache_rawblock_bench/__init__.py"):
         if need not in files:
             errors.append(f"missing from the sdist: {need}")
     c_files = sorted(n for n in files if n.startswith("csrc/") and n.endswith((".c", ".h")))

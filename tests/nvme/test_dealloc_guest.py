@@ -31,7 +31,7 @@ import pytest
 
 from core_helpers import Obj, make_config, merged_ranges as merged, okey, payload
 from lmcache_rawblock.raw_block import RawBlockCore
-from lmcache_rawblock.waf import counters
+from lmcache_rawblock_bench.waf import counters
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from lmcache_rawblock import _native
-from lmcache_rawblock.waf import counters
+from lmcache_rawblock_bench.waf import counters
 
 MiB = 1 << 20
 

@@ -676,7 +676,7 @@ def main() -> int:
     if commands and args.pytest_args:
         ap.error("arguments after -- extend the default pytest command; with --cmd/--script put them in the command")
     if not commands:
-        commands = [f"PYTHONPATH=tests {shlex.quote(args.guest_python)} -m pytest -m nvme tests/nvme "
+        commands = [f"PYTHONPATH=tests:benchmarks {shlex.quote(args.guest_python)} -m pytest -m nvme tests/nvme "
                     f"-p no:cacheprovider -p strict_skips -q {shlex.join(args.pytest_args)}".rstrip()]
     try:
         CACHE.mkdir(parents=True, exist_ok=True)

@@ -39,8 +39,8 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from ..bench.common import MiB, aligned_buffer, fmt_size, parse_size
-from ..bench.target import TargetError, hold_exclusive, open_target
+from ..common import MiB, aligned_buffer, fmt_size, parse_size
+from ..target import TargetError, hold_exclusive, open_target
 from . import counters
 
 ALIGN = 4096

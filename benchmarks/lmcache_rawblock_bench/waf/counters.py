@@ -41,7 +41,7 @@ def read_counters(path: str) -> Optional[dict]:
 
     None when ``path`` is not an NVMe namespace (a regular file, a loop or other block device).
     OSError when it cannot be opened; RuntimeError when the controller fails the SMART log."""
-    from .. import _native
+    from lmcache_rawblock import _native
 
     try:
         c = _native.nvme_wear_counters(path)

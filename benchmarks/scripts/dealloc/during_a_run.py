@@ -1,6 +1,6 @@
 """During a long deallocation run (10,000 scattered slots), what a put and a second checkpoint see.
 
-    python3 benchmarks/results/dealloc/during_a_run.py on|off [N]    (from the repository root)
+    python3 benchmarks/scripts/dealloc/during_a_run.py on|off [N]    (from the repository root)
 
 A core on a 2 x N-slot sparse file in /var/tmp (N = 10,000 by default), every slot taken; every
 other key deleted;
@@ -8,9 +8,9 @@ one thread runs the checkpoint that deallocates them; 0.2 s in, the main thread 
 puts one key, and a third thread asks for another checkpoint.
 """
 import os, sys, threading, time
-sys.path.insert(0, os.getcwd())
-from lmcache_rawblock.bench.core import open_core, ours_core, object_keys, Arena, close_core
-from lmcache_rawblock.bench.common import sparse, MiB, KiB
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "benchmarks")]
+from lmcache_rawblock_bench.core import open_core, ours_core, object_keys, Arena, close_core
+from lmcache_rawblock_bench.common import sparse, MiB, KiB
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 10000; slot = 64 * KiB; meta = 128 * MiB
 mode = sys.argv[1]
 path = sparse(f"/var/tmp/during-a-run-{mode}.img", meta + 2 * N * slot)

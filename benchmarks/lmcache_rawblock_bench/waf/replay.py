@@ -59,8 +59,9 @@ import time
 from collections import OrderedDict
 from typing import Iterable, Optional
 
-from .. import fdp
-from ..admission import POLICIES as ADMISSIONS, Admission
+from lmcache_rawblock import fdp
+from lmcache_rawblock.admission import POLICIES as ADMISSIONS, Admission
+
 from . import stream
 from .workload import WorkloadSpec
 
@@ -137,7 +138,7 @@ def add_arguments(p) -> None:
 
 
 def _size(text: str, opt: str) -> int:
-    from ..bench.common import parse_size
+    from ..common import parse_size
 
     try:
         return parse_size(str(text))
@@ -190,7 +191,7 @@ def refuse_held(path: str) -> None:
     the device exclusively themselves while they run."""
     if not os.path.exists(path):
         return
-    from .._native import RawBlockDevice
+    from lmcache_rawblock._native import RawBlockDevice
 
     try:
         RawBlockDevice(path, False).close()  # lock="check": refused only while another process writes it
@@ -229,7 +230,7 @@ def open_target(path: str, size_text: Optional[str]) -> Target:
                 f.truncate(size)
         return Target(path, "file", size)
     if stat.S_ISCHR(st.st_mode) and _NG.fullmatch(os.path.basename(path)):
-        from .. import _native
+        from lmcache_rawblock import _native
 
         try:
             have = int(_native.nvme_fdp_report(path)["size_bytes"])
@@ -255,7 +256,7 @@ def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], O
         what = {"file": "a regular file", "block": "a block device"}[target.kind]
         raise ReplayError(f"--mode {mode} needs an FDP NVMe namespace through passthrough (/dev/ngXnY); "
                           f"--device {target.path} is {what}: use --mode no_fdp")
-    from .. import _native
+    from lmcache_rawblock import _native
 
     try:
         rep = _native.nvme_fdp_report(target.path)
@@ -277,8 +278,9 @@ def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], O
 
 def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int],
                 dealloc: str = "auto"):
-    from ..bench.core import config_kwargs, meta_bytes_for
-    from ..raw_block import RawBlockCoreConfig
+    from lmcache_rawblock.raw_block import RawBlockCoreConfig
+
+    from ..core import config_kwargs, meta_bytes_for
 
     passthrough = target.kind == "nvme_char"
     if engine == "auto":
@@ -322,7 +324,7 @@ class _Obj:
     __slots__ = ("byte_array", "metadata")
 
     def __init__(self, n: int) -> None:
-        from ..bench.core import _Meta
+        from ..core import _Meta
 
         self.byte_array = memoryview(bytearray([FILL]) * n)
         self.metadata = _Meta(n)
@@ -444,8 +446,8 @@ class Replayer:
         k = self._key(e)
         s = self.specs.get(k)
         if s is None:
-            from ..raw_block import encode_object_key
-            from ..raw_block._lmcache import ObjectKey
+            from lmcache_rawblock.raw_block import encode_object_key
+            from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
             s = encode_object_key(ObjectKey(chunk_hash=k[0].to_bytes(8, "big"), model_name=MODEL_NAME,
                                             kv_rank=k[1], cache_salt=e.get("salt", "") or ""))
@@ -652,7 +654,7 @@ class Replayer:
 
 def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: str, repeat: int,
             spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None, dealloc: str = "auto") -> dict:
-    from ..raw_block import RawBlockCore
+    from lmcache_rawblock.raw_block import RawBlockCore
     from . import counters
 
     ids, ckpt_pid = fdp_ids(target, mode, a.handles)
@@ -960,7 +962,7 @@ def _refuse_foreign(device: str, force: bool) -> None:
     """A device that holds a file system or partition table is not ours: refused unless
     ``--force`` (the bench's and precondition's check; an NVMe generic device is probed through
     its block device)."""
-    from ..bench.target import TargetError, find_signature
+    from ..target import TargetError, find_signature
     from .precondition import write_path_for
 
     try:

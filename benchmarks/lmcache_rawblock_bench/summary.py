@@ -1,6 +1,6 @@
 """The benchmark table of docs/benchmarks.md, from one run's results.json.
 
-    python -m lmcache_rawblock.bench.summary benchmarks/results/full/results.json [--doc docs/benchmarks.md]
+    python -m lmcache_rawblock_bench.summary benchmarks/results/full/results.json [--doc docs/benchmarks.md]
 
 Rewrites the document's text between ``<!-- results:start -->`` and ``<!-- results:end -->``
 (the markers are added at the end of the "## Benchmark results" section when missing): one row
@@ -77,7 +77,7 @@ def update_readme(text: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock.bench.summary",
+    ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock_bench.summary",
                                  description="Write the benchmark table of docs/benchmarks.md from one run's results.json.")
     ap.add_argument("results", help="results.json of the run, e.g. benchmarks/results/full/results.json")
     ap.add_argument("--doc", "--readme", dest="readme", default="docs/benchmarks.md",

@@ -23,15 +23,15 @@ our core is measured and the competitor is reported as not installed.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import logging
 import os
 import time
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
+
+from lmcache_rawblock._quiet import quiet_imports
 
 from .common import (MiB, Competitor, _dist_version, aligned_buffer, interleaved_order, median, pip_install,
                      remove_file, sparse, spread)
@@ -87,19 +87,6 @@ def steps(s: CoreSettings) -> int:
 
 
 # --------------------------------------------------------------------------- competitor
-
-
-@contextlib.contextmanager
-def quiet_imports() -> Iterator[None]:
-    """LMCache logs its platform detection at import, and torch warns: keep both off the output."""
-    before = logging.root.manager.disable
-    logging.disable(max(before, logging.WARNING))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(before)
 
 
 def lmcache_core() -> Competitor:

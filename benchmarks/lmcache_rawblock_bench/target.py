@@ -96,7 +96,7 @@ def find_signature(path: str) -> str | None:
     The same probe RawBlockCore runs before it writes to a device. Raises TargetError when
     the probe cannot be made.
     """
-    from .._native import probe_foreign
+    from lmcache_rawblock._native import probe_foreign
 
     try:
         return probe_foreign(path)
@@ -110,7 +110,7 @@ def hold_exclusive(path: str) -> Any:
     O_EXCL on a block device) until it is closed. Writes through other descriptors of this
     process go on beside it; a core, or a RawBlockDevice of another process, is refused while it
     is held. TargetError naming the holder when the device is held or mounted."""
-    from .._native import RawBlockDevice
+    from lmcache_rawblock._native import RawBlockDevice
 
     try:
         return RawBlockDevice(path, False, lock="exclusive")

@@ -1,7 +1,7 @@
 """NVMe passthrough (io_uring_cmd) reads and writes, ours against LMCache's Rust device, on the
 same namespace in one process.
 
-    python -m lmcache_rawblock.bench.passthrough --device /dev/ng0n1 [--out DIR]
+    python -m lmcache_rawblock_bench.passthrough --device /dev/ng0n1 [--out DIR]
 
 Cells: operation (write, read) x size (4 KiB, 1 MiB) x queue depth (1, 32). Queue depth d
 means batches of d transfers submitted together and waited for together. Each cell runs
@@ -145,7 +145,7 @@ def markdown(res: dict, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock.bench.passthrough", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock_bench.passthrough", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", required=True, help="NVMe generic character device, e.g. /dev/ng0n1")
     ap.add_argument("--repeats", type=int, default=5)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     res = measure(a.device, a.repeats, a.seconds, a.region)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        cmd = "python -m lmcache_rawblock.bench.passthrough " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = "python -m lmcache_rawblock_bench.passthrough " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(os.path.join(a.out, "passthrough.json"), "w") as f:
             json.dump(res, f, indent=1)
         with open(os.path.join(a.out, "passthrough.md"), "w") as f:

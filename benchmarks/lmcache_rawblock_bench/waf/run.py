@@ -7,7 +7,8 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from ..admission import Admission
+from lmcache_rawblock.admission import Admission
+
 from .ftl import FlashSim, Geometry
 from .stream import CacheConfig, CacheModel, SimSink
 from .workload import WorkloadSpec, generate

@@ -205,7 +205,7 @@ def _spec(a) -> WorkloadSpec:
 def _simulate_io(a, geometry: Geometry, mode: str, strat: Optional[str], record: Optional[str]) -> dict:
     """A trace file and/or a recorded stream: the whole input, WAF from the start and over the
     part after ``--warmup`` drive writes."""
-    from ..admission import Admission
+    from lmcache_rawblock.admission import Admission
     from .run import slot_bytes_for
     from .workload import generate, read_trace
 
@@ -275,7 +275,7 @@ def cmd_generate(a) -> int:
 
 
 def cmd_study(a, argv: list[str]) -> int:
-    from ..bench.common import parse_size
+    from ..common import parse_size
     from . import study
 
     try:

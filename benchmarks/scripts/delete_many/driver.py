@@ -5,7 +5,7 @@ import sys
 import tempfile
 
 import lmcache_rawblock._native as _nat
-from lmcache_rawblock.bench.core import object_keys, config_kwargs, meta_bytes_for
+from lmcache_rawblock_bench.core import object_keys, config_kwargs, meta_bytes_for
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig
 
 print("native:", _nat.__file__, file=sys.stderr)

@@ -58,8 +58,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Optional
 
-from .. import fdp
-from ..admission import Admission
+from lmcache_rawblock import fdp
+from lmcache_rawblock.admission import Admission
 
 NO_FDP = "no_fdp"
 MIXED = "mixed"
@@ -122,7 +122,7 @@ class Recorder:
 
 
 class SimSink:
-    """A sink that feeds :class:`lmcache_rawblock.waf.ftl.FlashSim` (bytes to pages: a write
+    """A sink that feeds :class:`lmcache_rawblock_bench.waf.ftl.FlashSim` (bytes to pages: a write
     covers every page it touches, a deallocation only the pages it covers whole)."""
 
     def __init__(self, sim) -> None:

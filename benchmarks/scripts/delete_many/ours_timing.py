@@ -1,6 +1,6 @@
 """Our delete_many of N keys only: min and median over R fresh fills (put N, time one delete_many)."""
 import os, sys, tempfile, time, statistics
-from lmcache_rawblock.bench.core import object_keys, config_kwargs, meta_bytes_for
+from lmcache_rawblock_bench.core import object_keys, config_kwargs, meta_bytes_for
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig
 import lmcache_rawblock._native as nat
 class Obj:

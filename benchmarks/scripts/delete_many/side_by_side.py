@@ -1,7 +1,7 @@
 """delete_many of N keys, ours vs LMCache's RawBlockCore, through the bench's own measure_size
 (interleaved rounds, fresh sparse files, medians)."""
 import sys, tempfile, json
-from lmcache_rawblock.bench.core import measure_size, ours_core, lmcache_core
+from lmcache_rawblock_bench.core import measure_size, ours_core, lmcache_core
 import lmcache_rawblock._native as nat
 n = int(sys.argv[1]); rounds = int(sys.argv[2])
 comps = [ours_core(), lmcache_core()]

@@ -1,7 +1,7 @@
 """Interleaved A/B of put_many / load_many_into per-key CPU in one process, with LMCache's real
 TensorMemoryObjs (run it with the LMCache virtualenv's python from the repository root):
 
-    PYTHONPATH=. .venv-lmcache/bin/python benchmarks/results/floor/ab_metadata.py ENGINE MEDIUM ROUNDS
+    PYTHONPATH=.:benchmarks .venv-lmcache/bin/python benchmarks/scripts/floor/ab_metadata.py ENGINE MEDIUM ROUNDS
 
 ENGINE is posix or io_uring; MEDIUM pc (page cache), od (O_DIRECT) or reg (O_DIRECT, registered
 buffers). Three ways of doing the same 64 x 64 KiB put and load on one core, in turns (the order
@@ -30,9 +30,9 @@ import time
 
 import torch
 
-from lmcache_rawblock.bench.core import (BLOCK, CPU_KEYS, CPU_SIZE, MiB, Arena, clear, object_keys, open_core,
+from lmcache_rawblock_bench.core import (BLOCK, CPU_KEYS, CPU_SIZE, MiB, Arena, clear, object_keys, open_core,
                                          ours_core, payload)
-from lmcache_rawblock.bench.cpu import MEDIA, REGISTERED, sparse, written
+from lmcache_rawblock_bench.cpu import MEDIA, REGISTERED, sparse, written
 from lmcache_rawblock.raw_block import core as C
 from lmcache_rawblock.raw_block._lmcache import positions_from_list
 from lmcache_rawblock.raw_block.config import RawBlockPutManyResult, normalize_raw_block_placement_ids

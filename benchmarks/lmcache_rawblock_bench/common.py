@@ -351,7 +351,8 @@ def source_info() -> dict | None:
     commit = git("rev-parse", "HEAD") if top and os.path.realpath(top) == os.path.realpath(pkg) else None
     if commit:
         info["commit"] = commit
-        status = git("status", "--porcelain", "--untracked-files=no", "--", "csrc", "lmcache_rawblock") or ""
+        status = git("status", "--porcelain", "--untracked-files=no", "--", "csrc", "lmcache_rawblock",
+                     "benchmarks/lmcache_rawblock_bench") or ""
         info["modified"] = [line[3:] for line in status.splitlines() if len(line) > 3]
     return info
 

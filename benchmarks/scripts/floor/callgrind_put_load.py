@@ -3,7 +3,7 @@ posix page-cache core, for callgrind (valgrind deadlocks on the io_uring worker)
 inside functools.reduce, so its C function marks them for --toggle-collect:
 
     valgrind --tool=callgrind --collect-atstart=no --toggle-collect=functools_reduce \\
-        /root/.pyenv/versions/3.11.7/bin/python3 benchmarks/results/floor/callgrind_put_load.py 100
+        /root/.pyenv/versions/3.11.7/bin/python3 benchmarks/scripts/floor/callgrind_put_load.py 100
 
 (the interpreter's real binary: the pyenv shim breaks valgrind). The LMCache virtualenv's
 site-packages are put first on sys.path; TREE (default: this checkout) is the tree imported, so
@@ -19,15 +19,16 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.environ.get("TREE", os.path.normpath(os.path.join(HERE, "..", "..", ".."))))
+TREE = os.environ.get("TREE", os.path.normpath(os.path.join(HERE, "..", "..", "..")))
+sys.path[:0] = [TREE, os.path.join(TREE, "benchmarks")]
 sys.path[:0] = [os.path.join(os.path.normpath(os.path.join(HERE, "..", "..", "..")), ".venv-lmcache", "lib",
                              f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")]
 
 import torch  # noqa: E402
 
-from lmcache_rawblock.bench.core import (BLOCK, CPU_KEYS, CPU_SIZE, MiB, Arena,  # noqa: E402
+from lmcache_rawblock_bench.core import (BLOCK, CPU_KEYS, CPU_SIZE, MiB, Arena,  # noqa: E402
                                          object_keys, open_core, ours_core)
-from lmcache_rawblock.bench.cpu import MEDIA, sparse  # noqa: E402
+from lmcache_rawblock_bench.cpu import MEDIA, sparse  # noqa: E402
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """A fixed number of load_many_into calls of one load-check cell, the header check on or off, for
 perf (``perf record -e cpu-clock -g``; this VM has no hardware counters) or callgrind:
 
-    PYTHONPATH=. perf record -e cpu-clock -F 4999 -g -o on.data -- \\
-        python3 benchmarks/results/load-check/profile_loads.py io_uring O_DIRECT /dev/shm on 20000
+    PYTHONPATH=.:benchmarks perf record -e cpu-clock -F 4999 -g -o on.data -- \\
+        python3 benchmarks/scripts/load-check/profile_loads.py io_uring O_DIRECT /dev/shm on 20000
 
 Arguments: engine (posix, io_uring), medium (O_DIRECT, "page cache"), directory, mode (on, off),
 calls, and optionally chunk size in bytes (default 65536) and keys per call (default 64). The core
-is built as the bench part builds it (lmcache_rawblock/bench/loadcheck.py); prints the wall and
-CPU time per call. Same calls in both modes, so sample counts compare directly.
+is built as the bench part builds it (benchmarks/lmcache_rawblock_bench/loadcheck.py); prints the
+wall and CPU time per call. Same calls in both modes, so sample counts compare directly.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 
-from lmcache_rawblock.bench.common import MiB, sparse
-from lmcache_rawblock.bench.core import BLOCK, Arena, PlainObj, close_core, object_keys, open_core, ours_core
-from lmcache_rawblock.bench.loadcheck import MEDIA
+from lmcache_rawblock_bench.common import MiB, sparse
+from lmcache_rawblock_bench.core import BLOCK, Arena, PlainObj, close_core, object_keys, open_core, ours_core
+from lmcache_rawblock_bench.loadcheck import MEDIA
 
 
 def main() -> None:
