@@ -10,6 +10,8 @@
 #   clang-format  csrc/*/*.[ch] exactly as .clang-format formats them (clang-format 18.1.8)
 #   lizard        no C function in csrc/ over 80 lines or cyclomatic complexity 15
 #                 (docs/development.md: how to split one, when "#lizard forgives" is fine)
+#   commits       every commit since the tree was first formatted has a subject of at most
+#                 72 characters and, unless it is a merge, a body saying why
 #
 # Usage: tools/lint.sh [PYTHON]. PYTHON (default python3) must have the tools installed at the
 # versions the Makefile's LINT_TOOLS pins, which `make lint` does first, and the extension
@@ -41,6 +43,23 @@ c_function_sizes() {
   return 1
 }
 
+# The commits since SUBJECTS_SINCE (the first one made under this rule): a subject of at most 72
+# characters, and a body (the why) on every commit but a merge. Older history is left as it is.
+# A checkout without that commit (a shallow clone, an sdist) has nothing to check.
+SUBJECTS_SINCE=9d60e69
+commit_messages() {
+  git rev-parse -q --verify "$SUBJECTS_SINCE^{commit}" >/dev/null 2>&1 || { echo "no $SUBJECTS_SINCE in this checkout: nothing to check"; return 0; }
+  local bad
+  bad=$(git log --format='%h%x09%p%x09%s%x09%b%x1e' "$SUBJECTS_SINCE^..HEAD" | awk -v RS='\x1e' -F'\t' '
+    NF < 3 { next }
+    { sub(/^\n+/, "", $1); merge = split($2, parents, " ") > 1 }
+    length($3) > 72 { print $1 ": subject of " length($3) " characters (at most 72): " $3 }
+    !merge && $4 !~ /[^[:space:]]/ { print $1 ": no body saying why: " $3 }')
+  [ -z "$bad" ] && return 0
+  printf '%s\n' "$bad"
+  return 1
+}
+
 failed=()
 check() {
   local name=$1 t0=$SECONDS
@@ -60,6 +79,7 @@ check stubtest env PYTHONPATH="$PWD" "$PY" -m mypy.stubtest lmcache_rawblock._na
   --allowlist tools/stubtest-allowlist.txt
 check clang-format clang_format
 check lizard c_function_sizes
+check commits commit_messages
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "lint: FAILED: ${failed[*]}"
