@@ -5,7 +5,6 @@ move from format v1, and what format v1 readers (ours, LMCache's) make of a log 
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from lmcache_rawblock.raw_block import encode_object_key
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
 from core_helpers import META, SLOT, Obj, make_core, make_device, okey, payload, read_containers
+from helpers import TESTS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]
 ENGINE_IDS = ["posix", "io_uring", "posix-odirect", "io_uring-odirect"]
 SIZE = 2000
@@ -62,7 +61,7 @@ def _run_child(dev: str, body: str, **cfg) -> None:
     """body in a child process over a core on dev, then the child dies without closing it."""
     code = textwrap.dedent(f"""
         import os, sys
-        sys.path.insert(0, {HERE!r})
+        sys.path.insert(0, {str(TESTS)!r})
         from core_helpers import Obj, make_core, okey, payload
         c = make_core({dev!r}, meta_enable_periodic=False, meta_format="log", **{cfg!r})
     """) + textwrap.dedent(body) + "\nos._exit(0)\n"

@@ -17,6 +17,7 @@ import threading
 
 import pytest
 
+from helpers import REPO
 from lmcache_rawblock.plugin import RustRawBlockBackend
 from plugin_fakes import (
     FMT,
@@ -389,12 +390,10 @@ def test_settings_without_lru_are_reported_unused(open_backend, caplog):
 
 
 def test_readme_table_gives_the_defaults():
-    from pathlib import Path
-
     from lmcache_rawblock.plugin import DEFAULT_EVICTION_RATIO, DEFAULT_EVICTION_TRIGGER_WATERMARK
 
     rows = {}
-    for line in (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text().splitlines():
+    for line in (REPO / "docs" / "configuration.md").read_text().splitlines():
         if line.startswith("| `"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             rows[cells[0].strip("`")] = cells[1]

@@ -17,7 +17,7 @@ from lmcache_rawblock.bench import common, cpu, dealloc, floor, loadcheck, repor
 from lmcache_rawblock.bench.core import ours_core
 from lmcache_rawblock.bench.target import supports_odirect
 
-PKG = Path(__file__).resolve().parent.parent / "lmcache_rawblock"
+PKG = Path(__file__).resolve().parents[2] / "lmcache_rawblock"
 
 
 def _have_liburing_headers() -> bool:

@@ -8,7 +8,6 @@ checksum, a damaged checksum marker, and checkpoint containers that cannot be re
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from core_helpers import (
     HEADER, META, SLOT, Obj, base_state, make_core, make_device, okey, payload, read_containers,
     write_container, write_slot,
 )
+from helpers import TESTS
 
 # Reads format v1's containers or relies on its slot-reuse rule.
 pytestmark = pytest.mark.v1_layout
@@ -26,7 +26,6 @@ pytestmark = pytest.mark.v1_layout
 ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]
 ENGINE_IDS = ["posix", "io_uring", "posix-odirect", "io_uring-odirect"]
 N = 5000
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _entry(slot, size):
@@ -45,7 +44,7 @@ def _run_writer(dev: str, body: str, **cfg) -> None:
     core (no final checkpoint, nothing flushed by us): what a crash leaves behind."""
     code = textwrap.dedent(f"""
         import os, sys
-        sys.path.insert(0, {HERE!r})
+        sys.path.insert(0, {str(TESTS)!r})
         from core_helpers import Obj, make_core, okey, payload
         c = make_core({dev!r}, meta_enable_periodic=False, **{cfg!r})
     """) + textwrap.dedent(body) + "\nos._exit(0)\n"

@@ -18,7 +18,7 @@ from lmcache_rawblock import _native
 from lmcache_rawblock.waf import counters, precondition
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def snap(hbmw=0, mbmw=0, mbe=0, duw=0, dur=0, hwc=0, hrc=0, ev_host=0, ev_ctrl=0, t=0.0, fdp=True, nsid=1, endgid=1):

@@ -53,6 +53,7 @@ pytestmark = [pytest.mark.lmcache,
               pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or "")]
 
 from conftest import rust_module  # noqa: E402
+from helpers import REPO  # noqa: E402
 
 MiB = 1 << 20
 MODEL = "lmc-test-model"
@@ -74,7 +75,7 @@ def _readme_examples() -> tuple[str, dict[str, str]]:
     import re
     import shlex
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     section = text[text.index("## Configure it in LMCache (the plugin)"):]
     yaml_block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     sh_block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)

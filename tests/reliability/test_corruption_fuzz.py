@@ -33,6 +33,7 @@ import zlib
 import pytest
 
 from core_helpers import Obj, make_core, okey
+from helpers import REPO
 from lmcache_rawblock import tools
 
 MiB = 1 << 20
@@ -263,7 +264,7 @@ def test_fuzz_regressions_replay():
     """Every input under fuzz/regressions/ (a crash the libFuzzer targets once found) is
     replayed through the Python surface of the same code: the state readers via
     apply_state_json, slot headers via verify's decoder."""
-    root = os.path.join(os.path.dirname(__file__), "..", "fuzz", "regressions")
+    root = str(REPO / "fuzz" / "regressions")
     files = [os.path.join(dp, f) for dp, _d, fs in os.walk(root) for f in fs if not f.startswith(".")]
     if not files:
         pytest.skip("no regression inputs recorded under fuzz/regressions/ (no fuzzer crash found so far)")

@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+from helpers import TESTS
+
 pytest.importorskip("numpy")
 
 
@@ -171,7 +173,7 @@ def test_put_many_metas_list_mutated_during_put(tmp_path):
         (_, _, _, dtype) = n.get_metadata_many([k1])[0][:4]
         print("seen" if seen else "missed", dtype == "".join(chr(97 + (i %% 26)) for i in range(4000)))
         c.close()
-    """ % (os.path.dirname(os.path.abspath(__file__)),)
+    """ % (str(TESTS),)
     for _ in range(5):
         r = run_child(code, timeout=60)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO
+
+ROOT = str(REPO)
 
 
 def test_index_probe_chains_and_pool_classes(tmp_path):

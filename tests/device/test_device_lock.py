@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from core_helpers import Obj, make_core, make_device, okey, payload
+from helpers import TESTS
 from lmcache_rawblock import RawBlockDevice, _native, tools
 
-TESTS = Path(__file__).resolve().parent
 PKG_ROOT = Path(_native.__file__).resolve().parent.parent
 # -P: the child imports the same lmcache_rawblock as this process, not one from its cwd.
 PYTHON = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else [])]

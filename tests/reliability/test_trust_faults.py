@@ -26,6 +26,7 @@ import pytest
 
 from conftest import _can_losetup
 from core_helpers import Obj, make_core, newest_state, odirect_ok, okey
+from helpers import REPO, TESTS
 from lmcache_rawblock.plugin import RustRawBlockBackend
 from lmcache_rawblock.raw_block import RawBlockCore
 from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key, make_obj
@@ -38,8 +39,6 @@ META = 4 * MiB  # two containers of 2 MiB
 CONTAINER = META // 2
 PAYLOAD = 900 * KiB
 CORE_LOGGER = "lmcache.v1.storage_backend.raw_block.core"
-TESTS_DIR = Path(__file__).resolve().parent
-REPO_DIR = TESTS_DIR.parent
 
 
 # ---- rigs ----------------------------------------------------------------------------------
@@ -309,7 +308,7 @@ _CHILD = r"""
 import json, os, sys, time
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
-import test_trust_faults as t
+import reliability.test_trust_faults as t
 dev, fs, out, sums, verify = sys.argv[3], Path(sys.argv[4]), sys.argv[5], sys.argv[6] == "1", sys.argv[7] == "1"
 
 expected = {}
@@ -331,7 +330,7 @@ def test_writeback_failure_then_kill_9_on_thin_loop_device(rig, tmp_path, sums, 
     dev, fs = thin_loop(rig)
     out = tmp_path / "child.json"
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(REPO_DIR), str(TESTS_DIR), dev, str(fs), str(out),
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(REPO), str(TESTS), dev, str(fs), str(out),
                              "1" if sums else "0", "1" if verify else "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

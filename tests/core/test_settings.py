@@ -16,6 +16,7 @@ import os
 
 import pytest
 
+from helpers import REPO
 from lmcache_rawblock import _native
 from lmcache_rawblock.plugin import RustRawBlockBackend, build_core_config
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig
@@ -288,11 +289,9 @@ def test_plugin_passes_allow_foreign_device(tmp_path):
 def test_readme_lists_every_plugin_key_with_its_default():
     """docs/configuration.md's rust_raw_block.* table has a row for every key the plugin reads, and the
     booleans' defaults there are the table's."""
-    from pathlib import Path
-
     from lmcache_rawblock.plugin import _PLUGIN_KEYS
 
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    readme = (REPO / "docs" / "configuration.md").read_text()
     rows = {}
     for line in readme.splitlines():
         if line.startswith("| `") and "|" in line[1:]:

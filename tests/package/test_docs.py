@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = REPO
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 FRONT_PAGE_MAX_LINES = 250
 # Packages the architecture map may name as a whole instead of module by module.

@@ -22,7 +22,7 @@ from lmcache_rawblock.bench.common import Competitor, parse_size
 from conftest import rust_module
 
 MiB = 1 << 20
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = ["bench", "--suite", "smoke", "--no-progress"]
 
 

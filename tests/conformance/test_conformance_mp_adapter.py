@@ -14,9 +14,10 @@ import re
 import select
 import threading
 import warnings
-from pathlib import Path
 
 import pytest
+
+from helpers import REPO
 
 pytestmark = pytest.mark.lmcache
 
@@ -44,7 +45,7 @@ SLOT = 4096 + 16384
 
 
 def _readme_json() -> dict:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    text = (REPO / "docs" / "configuration.md").read_text()
     section = text[text.index("## As the core of LMCache's MP-mode L2 adapter"):]
     return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from pathlib import Path
 
-RUNNER = Path(__file__).resolve().parent / "lmcache_conformance" / "run.py"
+from helpers import TESTS
+
+RUNNER = TESTS / "lmcache_conformance" / "run.py"
 
 
 def _runner():
@@ -28,7 +29,7 @@ def test_every_exclusion_names_an_existing_test_of_ours():
 def test_a_missing_equivalent_is_reported(monkeypatch):
     run = _runner()
     e = run.EXCLUSIONS[0]
-    bad = dataclasses.replace(e, covered_by="tests/test_core_uring.py::test_that_does_not_exist")
+    bad = dataclasses.replace(e, covered_by="tests/core/test_core_uring.py::test_that_does_not_exist")
     monkeypatch.setattr(run, "EXCLUSIONS", [bad])
     problems = run.check_exclusions()
     assert len(problems) == 1 and "test_that_does_not_exist" in problems[0]
