@@ -5,7 +5,6 @@ No test asserts on timings: the machine is shared, so only shapes and fields are
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ from lmcache_rawblock.__main__ import main
 from lmcache_rawblock.bench import common, device, limit
 from lmcache_rawblock.bench.common import Competitor, parse_size
 
-from conftest import rust_module
+from helpers import rust_module, sha256_file as sha
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +41,6 @@ def run_cli(args, capsys):
 def load(out_dir: Path) -> dict:
     with open(out_dir / "results.json", encoding="utf-8") as f:
         return json.load(f)
-
-
-def sha(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def mkfs_ext4(path: str) -> None:

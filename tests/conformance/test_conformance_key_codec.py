@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import warnings
 from dataclasses import dataclass
 
 import pytest
 
 from core_helpers import Obj, make_core, make_device, payload
+from helpers import lmcache_imports
 from lmcache_rawblock.raw_block import decode_object_key, encode_object_key, key_codec, object_key_to_string
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
@@ -115,18 +115,14 @@ def test_core_serves_each_group_its_own_bytes(tmp_path, engine):
 
 # ---- against LMCache 0.5.6 itself ------------------------------------------------------------
 
-_SKIP = None
-try:
-    warnings.simplefilter("ignore")
+with lmcache_imports() as lmc:
     import torch
     from lmcache.v1.distributed.api import ObjectKey as LmcObjectKey
     from lmcache.v1.memory_allocators.host_memory_allocator import HostMemoryAllocator
     from lmcache.v1.memory_management import MemoryFormat
     from lmcache.v1.storage_backend import raw_block as lmc_rb
-except Exception as e:  # noqa: BLE001
-    _SKIP = f"LMCache is not importable here ({type(e).__name__}: {e}); run make test-lmcache"
 
-lmcache_only = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+lmcache_only = lmc.skip
 logging.getLogger("LMCache").setLevel(logging.ERROR)
 
 

@@ -13,17 +13,12 @@ import os
 import re
 import select
 import threading
-import warnings
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, lmcache_imports
 
-pytestmark = pytest.mark.lmcache
-
-_SKIP = None
-try:
-    warnings.simplefilter("ignore")
+with lmcache_imports() as lmc:
     import torch
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
     from lmcache.v1.distributed.internal_api import L1MemoryDesc
@@ -32,11 +27,8 @@ try:
     from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
     from lmcache.v1.storage_backend.raw_block import RawBlockCore as LmcCore
-except Exception as e:  # noqa: BLE001
-    _SKIP = f"LMCache is not importable here ({type(e).__name__}: {e}); run make test-lmcache"
 
-if _SKIP:
-    pytestmark = [pytest.mark.lmcache, pytest.mark.skip(reason=_SKIP)]
+pytestmark = lmc.marks
 
 logging.getLogger("LMCache").setLevel(logging.ERROR)
 

@@ -9,29 +9,22 @@ deselects them. Each test skips with the reason when LMCache is not importable.
 from __future__ import annotations
 
 import logging
-import warnings
 
 import pytest
 
 from core_helpers import META, SLOT, make_config, make_device
+from helpers import lmcache_imports
 
-pytestmark = pytest.mark.lmcache
-
-_SKIP = None
-try:
-    warnings.simplefilter("ignore")
+with lmcache_imports() as lmc:
     import torch
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.memory_allocators.host_memory_allocator import HostMemoryAllocator
     from lmcache.v1.memory_management import MemoryFormat
     from lmcache.v1.storage_backend import raw_block as lmc_rb
-except Exception as e:  # noqa: BLE001
-    _SKIP = f"LMCache is not importable here ({type(e).__name__}: {e}); run make test-lmcache"
 
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig  # noqa: E402
 
-if _SKIP:
-    pytestmark = [pytest.mark.lmcache, pytest.mark.skip(reason=_SKIP)]
+pytestmark = lmc.marks
 
 logging.getLogger("LMCache").setLevel(logging.ERROR)
 

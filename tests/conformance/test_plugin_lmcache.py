@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 
 from core_helpers import odirect_ok
+from helpers import REPO, lmcache_imports, rust_module
 
-_SKIP_REASON = None
-try:
+with lmcache_imports() as lmc:
     import torch
     from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
@@ -45,15 +45,8 @@ try:
     from lmcache.v1.storage_backend import storage_plugin_launcher
     from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-except Exception as e:  # noqa: BLE001
-    _SKIP_REASON = (f"the real LMCache (and torch) is not importable here ({type(e).__name__}: {e}); "
-                    "run `make test-lmcache`, which uses the .venv-lmcache virtualenv")
 
-pytestmark = [pytest.mark.lmcache,
-              pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or "")]
-
-from conftest import rust_module  # noqa: E402
-from helpers import REPO  # noqa: E402
+pytestmark = lmc.marks
 
 MiB = 1 << 20
 MODEL = "lmc-test-model"

@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 
 import pytest
 
 from core_helpers import Obj, make_core, make_device, okey, payload
-
-
-def _sha(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+from helpers import sha256_file
 
 
 @pytest.mark.skipif(not shutil.which("mkfs.ext4"), reason="mkfs.ext4 (e2fsprogs) is not installed")
 def test_file_system_is_refused_and_left_untouched(tmp_path):
     path = make_device(tmp_path)
     subprocess.run(["mkfs.ext4", "-q", "-F", path], check=True)
-    before = _sha(path)
+    before = sha256_file(path)
     with pytest.raises(ValueError, match=r"holds a ext4 file system.*allow_foreign_device"):
         make_core(path)
-    assert _sha(path) == before, "nothing may be written to a refused device"
+    assert sha256_file(path) == before, "nothing may be written to a refused device"
 
 
 @pytest.mark.skipif(not shutil.which("sfdisk"), reason="sfdisk (fdisk package) is not installed")

@@ -11,13 +11,9 @@ indexed load intact, and nothing is deallocated before its slot is reusable.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import _can_losetup
 from core_helpers import BLOCK, HEADER, MiB, SLOT, Obj, make_core, make_device, okey, payload
 from core_helpers import merged_ranges as merged
 
@@ -219,35 +215,10 @@ def test_the_periodic_thread_deallocates_after_a_delete(tmp_path):
 # ---- file systems and block devices that cannot deallocate ---------------------------------
 
 
-def _why_no_mount() -> str | None:
-    if os.geteuid() != 0:
-        return "mounting a ramfs needs root"
-    if not shutil.which("mount"):
-        return "mount is not installed (util-linux)"
-    return None
-
-
 @pytest.fixture
-def ramfs(tmp_path):
+def ramfs(rig):
     """A ramfs mount: a file system without fallocate (so no punched holes) and no O_DIRECT."""
-    why = _why_no_mount()
-    if why:
-        pytest.skip(why)
-    d = tmp_path / "ramfs"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a ramfs: {r.stderr.strip()}")
-    yield d
-    for dev in _attached_to(d):
-        subprocess.run(["losetup", "-d", dev], capture_output=True)
-    if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
-
-
-def _attached_to(d: Path) -> list[str]:
-    r = subprocess.run(["losetup", "-j", str(d / "dev.img")], capture_output=True, text=True)
-    return [line.split(":")[0] for line in r.stdout.splitlines() if line]
+    return rig.ramfs()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -277,18 +248,8 @@ def test_a_file_system_without_punch_hole_turns_the_feature_off_once(ramfs, fmt,
         core.close()
 
 
-def _losetup(backing: str) -> str:
-    why = _can_losetup()
-    if why:
-        pytest.skip(why)
-    r = subprocess.run(["losetup", "-f", "--show", backing], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"losetup failed: {r.stderr.strip()}")
-    return r.stdout.strip()
-
-
-def test_a_block_device_without_discard_is_known_unsupported_at_open(ramfs):
-    dev = _losetup(make_device(ramfs, size=16 * MiB))
+def test_a_block_device_without_discard_is_known_unsupported_at_open(ramfs, rig):
+    dev = rig.attach(make_device(ramfs, size=16 * MiB))
     core = make_core(dev, meta_format="log")  # auto: on for block devices, where supported
     try:
         st = dealloc_status(core)

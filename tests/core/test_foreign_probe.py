@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from helpers import sha256_file
 from lmcache_rawblock import _native
 
 
@@ -54,13 +55,6 @@ needs_mkfs = pytest.mark.skipif(not shutil.which("mkfs.ext4") or not shutil.whic
                                 reason="mkfs.ext4 / e2fsck (e2fsprogs) are not installed")
 
 
-def _sha(path):
-    import hashlib
-
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def _mkfs_at(target: str, offset: int, fs_size: str = "32M") -> None:
     subprocess.run(["mkfs.ext4", "-q", "-F", "-E", f"offset={offset}", target, fs_size], check=True,
                    capture_output=True)
@@ -88,7 +82,7 @@ def test_core_refuses_ext4_at_1mib_and_leaves_it_intact(tmp_path):
 
     p = _img(tmp_path)
     _mkfs_at(p, MiB)
-    before = _sha(p)
+    before = sha256_file(p)
     assert _fsck_region(p, MiB, 32 * MiB, tmp_path).returncode == 0
     for meta in (MiB, 4 * MiB):
         with pytest.raises(ValueError, match=r"holds a ext4 file system at byte offset 1048576.*allow_foreign_device"):
@@ -96,7 +90,7 @@ def test_core_refuses_ext4_at_1mib_and_leaves_it_intact(tmp_path):
             core.put_many([okey(1)], [Obj(payload(1, 100))])  # reached only without the refusal
             core.checkpoint_now()
             core.close()
-    assert _sha(p) == before, "nothing may be written to a refused device"
+    assert sha256_file(p) == before, "nothing may be written to a refused device"
     r = _fsck_region(p, MiB, 32 * MiB, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -107,10 +101,10 @@ def test_core_refuses_ext4_at_1mib_on_a_loop_device(tmp_path, loop_device):
 
     dev = loop_device(64 * MiB)
     _mkfs_at(dev, MiB)
-    before = _sha(dev)
+    before = sha256_file(dev)
     with pytest.raises(ValueError, match="ext4 file system at byte offset 1048576"):
         make_core(dev)
-    assert _sha(dev) == before
+    assert sha256_file(dev) == before
     r = _fsck_region(dev, MiB, 32 * MiB, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -8,7 +8,7 @@ import pytest
 
 from lmcache_rawblock import RawBlockDevice as Ours
 
-from conftest import rust_module
+from helpers import rust_module
 
 rust = rust_module()
 pytestmark = pytest.mark.skipif(rust is None, reason="lmcache-rust-raw-block-io is not installed (pip install lmcache-rust-raw-block-io)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import subprocess
@@ -11,6 +10,7 @@ import sys
 import pytest
 
 from core_helpers import Obj, make_core, make_device, okey, payload
+from helpers import sha256_file
 from lmcache_rawblock import tools
 
 # Reads format v1's containers or relies on its slot-reuse rule.
@@ -26,21 +26,16 @@ def _populated(tmp_path, n=12, **kw):
     return path
 
 
-def _sha(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def test_inspect_reports_geometry_containers_and_sample(tmp_path):
     path = _populated(tmp_path)
-    before = _sha(path)
+    before = sha256_file(path)
     info = tools.inspect_device(path, sample=3)
     g = info["geometry"]
     assert g["block_align"] == 4096 and g["slot_bytes"] == 65536 and g["meta_total_bytes"] == 1 << 20
     assert g["entries"] == 12 and g["used_slots"] == 12 and g["free_slots"] == g["max_slots"] - 12
     assert info["containers"][0]["crc_ok"] and info["containers"][0]["entries"] == 12
     assert len(info["sample_entries"]) == 3 and info["sample_entries"][0]["size"] == 9000
-    assert _sha(path) == before, "inspect must not write"
+    assert sha256_file(path) == before, "inspect must not write"
 
 
 def test_inspect_picks_the_newest_container(tmp_path):

@@ -6,22 +6,13 @@ Marked ``lmcache``: run with ``make test-lmcache``.
 
 from __future__ import annotations
 
-import warnings
+from helpers import lmcache_imports
 
-import pytest
-
-pytestmark = pytest.mark.lmcache
-
-_SKIP = None
-try:
-    warnings.simplefilter("ignore")
+with lmcache_imports() as lmc:
     import torch
     from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
-except Exception as e:  # noqa: BLE001
-    _SKIP = f"LMCache is not importable here ({type(e).__name__}: {e}); run make test-lmcache"
 
-if _SKIP:
-    pytestmark = [pytest.mark.lmcache, pytest.mark.skip(reason=_SKIP)]
+pytestmark = lmc.marks
 
 from lmcache_rawblock import fdp  # noqa: E402
 

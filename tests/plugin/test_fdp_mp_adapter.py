@@ -12,15 +12,12 @@ from __future__ import annotations
 import json
 import os
 import select
-import warnings
 
 import pytest
 
-pytestmark = pytest.mark.lmcache
+from helpers import lmcache_imports
 
-_SKIP = None
-try:
-    warnings.simplefilter("ignore")
+with lmcache_imports() as lmc:
     import torch
     from lmcache.v1.distributed.api import ObjectKey
     from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
@@ -28,11 +25,8 @@ try:
 
     from lmcache_rawblock import l2_adapter
     from lmcache_rawblock.l2_adapter import RawBlockL2Adapter, RawBlockL2AdapterConfig
-except Exception as e:  # noqa: BLE001
-    _SKIP = f"LMCache is not importable here ({type(e).__name__}: {e}); run make test-lmcache"
 
-if _SKIP:
-    pytestmark = [pytest.mark.lmcache, pytest.mark.skip(reason=_SKIP)]
+pytestmark = lmc.marks
 
 from fdp_fakes import FdpCoreOnFile  # noqa: E402
 

@@ -16,7 +16,6 @@ import os
 import random
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _can_losetup
 from core_helpers import Obj, make_core, newest_state, odirect_ok, okey
-from helpers import REPO, TESTS
+from helpers import REPO, TESTS, Rig, why_no_losetup, why_no_mount
 from lmcache_rawblock.plugin import RustRawBlockBackend
 from lmcache_rawblock.raw_block import RawBlockCore
 from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key, make_obj
@@ -44,76 +42,6 @@ CORE_LOGGER = "lmcache.v1.storage_backend.raw_block.core"
 # ---- rigs ----------------------------------------------------------------------------------
 
 
-def _why_no_mount() -> str | None:
-    if os.geteuid() != 0:
-        return "mounting a tmpfs needs root"
-    if not shutil.which("mount") or not shutil.which("umount"):
-        return "mount/umount are not installed (util-linux)"
-    return None
-
-
-def _why_no_loop() -> str | None:
-    return _can_losetup()
-
-
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-class Rig:
-    """Small tmpfs mounts and loop devices made by one test, undone in reverse order."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.mounts: list[Path] = []
-        self.loops: list[str] = []
-
-    def tmpfs(self, size_mib: int, name: str = "fs") -> Path:
-        why = _why_no_mount()
-        if why:
-            pytest.skip(why)
-        d = self.root / name
-        d.mkdir()
-        r = _run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(d)])
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
-        self.mounts.append(d)
-        return d
-
-    def remount(self, d: Path, size_mib: int) -> None:
-        r = _run(["mount", "-o", f"remount,size={size_mib}m", str(d)])
-        assert r.returncode == 0, r.stderr
-
-    def attach(self, backing: str) -> str:
-        why = _why_no_loop()
-        if why:
-            pytest.skip(why)
-        r = _run(["losetup", "-f", "--show", backing])
-        if r.returncode != 0:
-            pytest.skip(f"losetup failed: {r.stderr.strip()}")
-        dev = r.stdout.strip()
-        self.loops.append(dev)
-        return dev
-
-    def reread_size(self, dev: str) -> None:
-        r = _run(["losetup", "-c", dev])
-        assert r.returncode == 0, r.stderr
-
-    def undo(self) -> None:
-        for dev in reversed(self.loops):
-            _run(["losetup", "-d", dev])
-        for d in reversed(self.mounts):
-            if _run(["umount", str(d)]).returncode != 0:
-                _run(["umount", "-l", str(d)])  # still held by a loop device being released
-
-
-@pytest.fixture
-def rig(tmp_path):
-    r = Rig(tmp_path)
-    yield r
-    r.undo()
-
-
 def sparse(path: Path, size: int) -> str:
     with open(path, "wb") as f:
         f.truncate(size)
@@ -123,7 +51,7 @@ def sparse(path: Path, size: int) -> str:
 def thin_loop(rig: Rig, fs_mib: int = 24, dev_mib: int = 256) -> tuple[str, Path]:
     """A loop device over a sparse dev_mib file on a fs_mib tmpfs: buffered writes succeed into
     its page cache and fail at write-back once the tmpfs is full."""
-    why = _why_no_mount() or _why_no_loop()
+    why = why_no_mount("tmpfs") or why_no_losetup()
     if why:
         pytest.skip(why)
     fs = rig.tmpfs(fs_mib)
