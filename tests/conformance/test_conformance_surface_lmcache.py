@@ -141,7 +141,7 @@ def test_set_raw_device_for_testing_is_refused_clearly(tmp_path):
 
 
 def test_plugin_instance_surface_matches_lmcache(tmp_path):
-    from test_plugin_lmcache import LMC_MODULE, OUR_MODULE, Stack, make_config as plugin_config, small_extra
+    from lmcache_stack import LMC_MODULE, OUR_MODULE, Stack, make_config as plugin_config, small_extra
 
     made = []
     try:

@@ -20,7 +20,6 @@ StorageManager has), and is then driven with real ``MemoryObj``s:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import logging
@@ -35,13 +34,15 @@ import pytest
 
 from core_helpers import odirect_ok
 from helpers import REPO, lmcache_imports, rust_module
+from lmcache_stack import (
+    CHUNK, LMC_MODULE, MODEL, OUR_CLASS, OUR_MODULE, PLUGIN_NAME, Stack, make_config, make_metadata, small_extra,
+)
 
 with lmcache_imports() as lmc:
     import torch
     from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.memory_management import MemoryFormat
-    from lmcache.v1.metadata import LMCacheMetadata
     from lmcache.v1.storage_backend import storage_plugin_launcher
     from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
@@ -49,13 +50,6 @@ with lmcache_imports() as lmc:
 pytestmark = lmc.marks
 
 MiB = 1 << 20
-MODEL = "lmc-test-model"
-CHUNK = 16  # tokens per chunk: kv_shape (2 layers, K+V, 16 tokens, 4 heads, 32 dims) -> 16 KiB bf16
-KV_SHAPE = (2, 2, CHUNK, 4, 32)
-PLUGIN_NAME = "raw_block"
-OUR_MODULE = "lmcache_rawblock.plugin"
-OUR_CLASS = "RustRawBlockBackend"
-LMC_MODULE = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
 
 # ---------------------------------------------------------------------------------------
 # The README examples, verbatim. Tests substitute README_DEVICE with a sparse file and add
@@ -90,31 +84,6 @@ def sparse(path: Path, size: int) -> str:
     return str(path)
 
 
-def make_metadata(world_size: int = 1, worker_id: int = 0) -> "LMCacheMetadata":
-    return LMCacheMetadata(model_name=MODEL, world_size=world_size, local_world_size=world_size,
-                           worker_id=worker_id, local_worker_id=worker_id, kv_dtype=torch.bfloat16,
-                           kv_shape=KV_SHAPE, chunk_size=CHUNK)
-
-
-def small_extra(device: str, module: str = OUR_MODULE, **keys) -> dict:
-    extra = {
-        f"storage_plugin.{PLUGIN_NAME}.module_path": module,
-        f"storage_plugin.{PLUGIN_NAME}.class_name": OUR_CLASS,
-        "rust_raw_block.device_path": device,
-        "rust_raw_block.meta_total_bytes": 4 * MiB,
-        "rust_raw_block.meta_enable_periodic": False,
-    }
-    extra.update({f"rust_raw_block.{k}": v for k, v in keys.items()})
-    return extra
-
-
-def make_config(extra: dict, **fields) -> "LMCacheEngineConfig":
-    kw = dict(chunk_size=CHUNK, max_local_cpu_size=0.05, local_cpu=False,
-              storage_plugins=[PLUGIN_NAME], extra_config=extra)
-    kw.update(fields)
-    return LMCacheEngineConfig.from_defaults(**kw)
-
-
 def key(i: int, *, worker: int = 0, world: int = 1, dtype=None, tags: dict | None = None) -> "CacheEngineKey":
     return CacheEngineKey(MODEL, world, worker, 0xABC000 + i, dtype or torch.bfloat16,
                           dict(tags) if tags else {})
@@ -124,50 +93,6 @@ def active_allocations(local: "LocalCPUBackend") -> int:
     alloc = local.get_memory_allocator()
     inner = getattr(alloc, "pin_allocator", alloc)
     return int(inner.num_active_allocations)
-
-
-class Stack:
-    """A LocalCPUBackend + storage-manager-like loop thread + plugins loaded by LMCache."""
-
-    def __init__(self, config, metadata=None):
-        self.config = config
-        self.metadata = metadata or make_metadata()
-        self.local = LocalCPUBackend(config, self.metadata, "cpu")
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="storage-manager-event-loop",
-                                       daemon=True)
-        self.thread.start()
-        self.backends: list = []
-
-    def launch(self):
-        """Load the configured plugins through LMCache's own loader; the backend or None."""
-        found: collections.OrderedDict = collections.OrderedDict()
-        storage_plugin_launcher(self.config, self.metadata, self.loop, self.local, "cpu", found)
-        be = found.get(PLUGIN_NAME)
-        if be is not None:
-            self.backends.append(be)
-        return be
-
-    def run(self, coro, timeout=30):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def alloc(self, fill: int, tokens: int = CHUNK, dtype=None, positions: bool = False):
-        shape = self.metadata.get_shapes(tokens)[0]
-        obj = self.local.allocate(shape, dtype or torch.bfloat16)
-        assert obj is not None
-        raw = obj.tensor.view(torch.uint8)
-        g = torch.Generator().manual_seed(fill)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
-        if positions:
-            obj.metadata.cached_positions = torch.arange(fill, fill + tokens, dtype=torch.long)
-        return obj
-
-    def close(self):
-        for be in self.backends:
-            be.close()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.local.close()
 
 
 @pytest.fixture
