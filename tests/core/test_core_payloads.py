@@ -4,7 +4,7 @@ LMCache's TensorMemoryObj is read by the C side from ``raw_data.data_ptr()`` and
 ``get_size()`` (what its ``byte_array`` exposes) once the class is registered with
 ``_native._set_memobj_type``; anything else goes through the buffer protocol or
 ``byte_array``. These tests register a stand-in class with the same attributes, so they run
-without torch; ``test_core_lmcache.py`` covers the real class.
+without torch; ``tests/conformance/test_core_lmcache.py`` covers the real class.
 """
 
 from __future__ import annotations

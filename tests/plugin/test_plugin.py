@@ -1,7 +1,7 @@
 """RustRawBlockBackend: LMCache's plugin behaviour, batched_remove, eviction policies.
 
 These run against stand-ins for LMCache's MemoryObj / LocalCPUBackend / config
-(tests/plugin_fakes.py) so they need neither lmcache nor torch; tests/test_plugin_lmcache.py
+(tests/plugin_fakes.py) so they need neither lmcache nor torch; tests/conformance/test_plugin_lmcache.py
 repeats the essentials inside the real LMCache.
 """
 

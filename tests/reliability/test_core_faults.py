@@ -2,7 +2,7 @@
 fails (as fdatasync reports a write-back error), a write that fails, and how that is reported
 (the fault journal, put failures with their cause, log lines once per burst). The same faults on
 real devices (a thin-provisioned loop device, a full file system, a truncated file) are in
-tests/test_trust_faults.py."""
+tests/reliability/test_trust_faults.py."""
 
 from __future__ import annotations
 
