@@ -125,8 +125,8 @@ test-asan: py-deps
 	PYTHONPATH=$(ASAN_BUILD) $(ASAN_ENV) $(PYTHON) -P -c 'import lmcache_rawblock._native as m; assert m.__file__.startswith("$(CURDIR)/$(ASAN_BUILD)"), m.__file__'
 	PYTHONPATH=$(ASAN_PATH) $(ASAN_ENV) $(PYTHON) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 	PYTHONPATH=$(ASAN_PATH) $(ASAN_ENV) RB_TEST_META_FORMAT=log $(PYTHON) -P -m pytest -q -p no:cacheprovider \
-	  -m '$(LOG_FORMAT_MARKS)' tests/test_metadata_log.py tests/test_core.py tests/test_core_payloads.py \
-	  tests/test_trust_faults.py tests/test_core_faults.py tests/test_plugin.py $(PYTEST_ARGS)
+	  -m '$(LOG_FORMAT_MARKS)' tests/core/test_metadata_log.py tests/core/test_core.py tests/core/test_core_payloads.py \
+	  tests/reliability/test_trust_faults.py tests/reliability/test_core_faults.py tests/plugin/test_plugin.py $(PYTEST_ARGS)
 
 # The metadata-log codec and its region reader, as the C tests, the fuzzers, the seed corpus
 # maker and the size benchmark build them.
@@ -164,11 +164,11 @@ bench-mlog:
 # verification/metadata-format configurations (10 cycles each) and crash-state enumeration of
 # recorded workloads in both metadata formats and the move from v1 to the log format.
 test-reliability: build
-	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/test_killloop.py tests/test_crash_states.py) $(PYTEST_ARGS)
+	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py) $(PYTEST_ARGS)
 
 # The long kill loop: 157 cycles per configuration (5,024 in all, both formats), at low priority.
 test-killloop-long: build
-	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/test_killloop.py $(PYTEST_ARGS)
+	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py $(PYTEST_ARGS)
 
 # Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in its own
 # virtual environment, so the default run stays lean. The in-place extension is imported from
@@ -198,14 +198,14 @@ test-lmcache: build lmcache-venv
 	$(lmcache-native-check)
 	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m lmcache $(PYTEST_ARGS)
 
-# Tests marked `torch` (tests/test_device_torch.py): our device with torch CPU tensors the way
+# Tests marked `torch` (tests/device/test_device_torch.py): our device with torch CPU tensors the way
 # LMCache passes them, in the LMCache virtualenv, which has torch. Under a minute.
 test-torch: build lmcache-venv
 	$(lmcache-native-check)
 	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m torch $(PYTEST_ARGS)
 
 # The default suite under Python 3.12 or newer, where buffers can be implemented in Python
-# (PEP 688, tested in tests/test_device.py and tests/test_uring.py): the first interpreter of
+# (PEP 688, tested in tests/device/test_device.py and tests/device/test_uring.py): the first interpreter of
 # PY312_CANDIDATES that runs and is >= 3.12 (or PY312=/path/to/python), its own virtualenv
 # .venv-py312, and the extension built in place for it (a second, ABI-tagged .so next to the
 # default one). Fails, saying so, when no such interpreter exists. About 3 minutes (4 the first time).

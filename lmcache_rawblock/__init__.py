@@ -17,7 +17,7 @@ from ._native import RawBlockDevice, __version__
 # LMCache's raw-block API, re-exported from .raw_block. That package uses LMCache's own
 # classes (and torch) when they are installed, which takes seconds to import, so it is loaded
 # on first use of one of these names: ``import lmcache_rawblock`` imports neither torch nor
-# lmcache. tests/test_package.py checks this list against raw_block.__all__.
+# lmcache. tests/package/test_package.py checks this list against raw_block.__all__.
 _RAW_BLOCK_NAMES = (
     "DEFAULT_IOURING_QUEUE_DEPTH", "NativeQuiescence", "RAW_BLOCK_IO_ENGINES", "RawBlockCloseOutcome",
     "RawBlockCore", "RawBlockCoreConfig", "RawBlockKeyNamespace", "RawBlockKeySpec", "RawBlockPutManyResult",

@@ -4,7 +4,7 @@ the ``lmcache`` package: a MemoryObj with LMCache's fields (``byte_array``, ``me
 ``get_full_chunk_size_bytes``, an engine config with ``extra_config``, the worker metadata,
 and an asyncio loop running in a thread (as StorageManager's is).
 
-The tests marked ``lmcache`` use the real classes instead (tests/test_plugin_lmcache.py).
+The tests marked ``lmcache`` use the real classes instead (tests/conformance/test_plugin_lmcache.py).
 """
 
 from __future__ import annotations

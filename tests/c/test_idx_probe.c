@@ -4,7 +4,7 @@
  * and rebuilds must agree with a plain reference model whatever the hashes are. Also: the hash
  * on both sides of the inline/XXH3 length boundary, and blob pool classes kept in the flags
  * (small, large and mixed blobs freed and reused), with the owner's flag bits set meanwhile.
- * Build/run: tests/test_idx_probe.py (or the cc line in tests/c/README with this file).
+ * Build/run: tests/core/test_idx_probe.py (or the cc line in tests/c/README with this file).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -37,10 +37,10 @@ EXCLUSIONS: list[Exclusion] = []
 CORE = "tests/v1/storage_backend/test_raw_block_core.py::"
 BACKEND = "tests/v1/storage_backend/test_rust_raw_block_backend.py::"
 URING_CMD = "tests/v1/storage_backend/test_raw_block_uring_cmd.py::"
-OURS_CORE = "tests/test_core.py::"
-OURS_URING = "tests/test_core_uring.py::"
-OURS_PLUGIN = "tests/test_plugin.py::"
-OURS_EQUIV = "tests/test_conformance_equivalents.py::"
+OURS_CORE = "tests/core/test_core.py::"
+OURS_URING = "tests/core/test_core_uring.py::"
+OURS_PLUGIN = "tests/plugin/test_plugin.py::"
+OURS_EQUIV = "tests/conformance/test_conformance_equivalents.py::"
 NATIVE = ("native",)
 
 FAKE_RAWDEV = ("replaces the device LMCache's core obtains from its private _rawdev() with a recording "
@@ -100,7 +100,7 @@ EXCLUSIONS += [
     # --- recovery validation: LMCache's private header readers.
     _private(CORE + "test_raw_block_core_uses_bounded_posix_recovery_read_tasks",
              "patches the private _validate_loaded_entries / _read_slot_header; our recovery runs in C",
-             "tests/test_core_format.py::test_verify_on_load_drops_bad_headers"),
+             "tests/core/test_core_format.py::test_verify_on_load_drops_bad_headers"),
     _private(CORE + "test_raw_block_core_iouring_recovery_does_not_use_posix_threads",
              "patches the private _validate_loaded_entries / _read_slot_headers_batched; our recovery runs in C",
              OURS_URING + "test_recovery_validation_uring_batches_with_odirect"),
@@ -159,7 +159,7 @@ EXCLUSIONS += [
              "tests/nvme/test_passthrough_config.py::test_explicit_transfer_limit_must_be_block_aligned"),
     _private(URING_CMD + "test_uring_cmd_disabled",
              "patches RawBlockCore._rawdev / _ensure_capacity_and_layout / _load_checkpoint_from_device and "
-             "the plugin's private _raw", "tests/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),
+             "the plugin's private _raw", "tests/core/test_core_config.py::test_uring_cmd_rejects_block_or_regular_file"),
     # --- LMCache's core on a fake device module (test_rust_raw_block_backend.py).
     _private(BACKEND + "test_raw_block_core_iouring_read_rejects_short_completion_bitmap[[]*[]]", FAKE_MODULE,
              OURS_URING + "test_load_many_uring_errors"),
@@ -208,7 +208,7 @@ EXCLUSIONS += [
     Exclusion(NATIVE, BACKEND + "test_rust_raw_block_backend_recovers_legacy_key_dtype", "differs",
               "with meta_verify_on_load=False an entry recovered without validation has its slot header checked "
               "at its first load; the test applies a checkpoint entry whose slot was never written, which LMCache "
-              "serves (zeros) and we treat as a miss", "tests/test_core_hazards.py::"
+              "serves (zeros) and we treat as a miss", "tests/core/test_core_hazards.py::"
               "test_unverified_entry_with_torn_header_is_a_miss"),
     Exclusion(NATIVE, BACKEND + "test_rust_raw_block_backend_warns_on_cross_rank_metadata_load", "differs",
               "our plugin logs the cross-rank warning through its own logger with its own wording; the test "

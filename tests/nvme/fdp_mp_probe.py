@@ -29,13 +29,10 @@ except ImportError as e:  # exit 77: the caller skips, naming the reason
     print(f"{type(e).__name__}: {e}", file=sys.stderr)
     sys.exit(77)
 
-from lmcache_rawblock import _native  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
+from helpers import ruamw  # noqa: E402
 
 SLOT = 4096 + 16384
-
-
-def ruamw(dev: str) -> dict[int, int]:
-    return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(dev)["ruhs"]}
 
 
 CHECKPOINT_PID = 1

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ruamw
 from lmcache_rawblock import _native, fdp
 from lmcache_rawblock.plugin import RustRawBlockBackend
 from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -31,10 +32,6 @@ LBA = 4096
 PLUGIN_KEY_BLOCKS = 3  # header + 8 KiB payload
 MP_KEY_BLOCKS = 2  # header + 4 KiB payload
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def ruamw(dev: str) -> dict[int, int]:
-    return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(dev)["ruhs"]}
 
 
 CHECKPOINT_PID = 1

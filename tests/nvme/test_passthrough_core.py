@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core_helpers import Obj, make_config, okey, payload
-from lmcache_rawblock import _native
+from helpers import ruamw
 from lmcache_rawblock.raw_block import RawBlockCore
 
 MiB = 1 << 20
@@ -21,10 +21,6 @@ def pt_core(path: str, **kw) -> RawBlockCore:
     kw.setdefault("meta_format", "log")  # the product default (the namespace is shared by the tests)
     cfg = make_config(path, io_engine="io_uring", use_uring_cmd=True, iouring_queue_depth=64, **kw)
     return RawBlockCore(cfg, key_namespace="object")
-
-
-def ruamw(path: str) -> dict[int, int]:
-    return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(path)["ruhs"]}
 
 
 def drops(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:

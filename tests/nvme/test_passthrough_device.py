@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from helpers import ruamw
 from lmcache_rawblock import RawBlockDevice, _native
 
 LBA = 4096
@@ -42,10 +43,6 @@ def read_block_direct(block: str, offset: int, n: int) -> bytes:
             buf.close()
     finally:
         os.close(fd)
-
-
-def ruamw(path: str) -> dict[int, int]:
-    return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(path)["ruhs"]}
 
 
 def test_identify_matches_the_block_device(nvme_char, nvme_block):

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import json
 
-from lmcache_rawblock import _native, fdp
+from helpers import ruamw
+from lmcache_rawblock import fdp
 from lmcache_rawblock.__main__ import main as cli_main
 
 MiB = 1 << 20
-
-
-def ruamw(dev: str) -> dict[int, int]:
-    return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(dev)["ruhs"]}
 
 
 def test_replay_every_mode_on_the_emulated_fdp_namespace(nvme_char, tmp_path, capsys):

@@ -16,7 +16,8 @@ import re
 import pytest
 
 from core_helpers import Obj, make_config, okey
-from lmcache_rawblock import RawBlockDevice, _native
+from helpers import ruamw
+from lmcache_rawblock import RawBlockDevice
 from lmcache_rawblock.raw_block import RawBlockCore
 
 LBA = 4096
@@ -26,10 +27,6 @@ MiB = 1 << 20
 def kernel_has_write_streams() -> bool:
     m = re.match(r"(\d+)\.(\d+)", os.uname().release)
     return m is not None and (int(m.group(1)), int(m.group(2))) >= (6, 16)
-
-
-def ruamw(path: str) -> dict[int, int]:
-    return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(path)["ruhs"]}
 
 
 def drops(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:

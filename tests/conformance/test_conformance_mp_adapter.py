@@ -1,0 +1,349 @@
+"""LMCache 0.5.6's MP-mode raw-block L2 adapter on our core, selected by docs/configuration.md's
+``--l2-adapter`` JSON through LMCache's own parser and factory (the ``plugin`` adapter type).
+
+Marked ``lmcache``: run with ``make test-lmcache``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import select
+import threading
+
+import pytest
+
+from helpers import REPO, lmcache_imports
+
+with lmcache_imports() as lmc:
+    import torch
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.distributed.internal_api import L1MemoryDesc
+    from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as lmc_adapter
+    from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
+    from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+    from lmcache.v1.storage_backend.raw_block import RawBlockCore as LmcCore
+
+pytestmark = lmc.marks
+
+logging.getLogger("LMCache").setLevel(logging.ERROR)
+
+README_DEVICE = "/dev/nvme0n1"
+SLOT = 4096 + 16384
+
+
+def _readme_json() -> dict:
+    text = (REPO / "docs" / "configuration.md").read_text()
+    section = text[text.index("## As the core of LMCache's MP-mode L2 adapter"):]
+    return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+
+
+def _adapter_json(device: str, **params) -> str:
+    d = _readme_json()
+    assert d["adapter_params"]["device_path"] == README_DEVICE
+    d["adapter_params"].update(device_path=device, slot_bytes=SLOT, meta_total_bytes=1 << 20,
+                               meta_enable_periodic=False, use_odirect=False, io_engine="posix")
+    d["adapter_params"].update(params)
+    return json.dumps(d)
+
+
+def _parse(spec: str):
+    parser = add_l2_adapters_args(argparse.ArgumentParser())
+    return parse_args_to_l2_adapters_config(parser.parse_args(["--l2-adapter", spec]))
+
+
+def _adapters(cfgs):
+    return list(cfgs.adapters if hasattr(cfgs, "adapters") else cfgs)
+
+
+def _device(tmp_path, name="dev.img", size=32 << 20) -> str:
+    p = tmp_path / name
+    with open(p, "wb") as f:
+        f.truncate(size)
+    return str(p)
+
+
+def _key(i: int, group: int = 0, salt: str = "") -> "ObjectKey":
+    return ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name="org/mp-model", kv_rank=0, object_group_id=group,
+                     cache_salt=salt)
+
+
+def _obj(n_floats: int, seed: int) -> "TensorMemoryObj":
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.rand(n_floats, generator=g, dtype=torch.float32)
+    meta = MemoryObjMetadata(shape=torch.Size([n_floats]), dtype=torch.float32, address=0, phy_size=n_floats * 4,
+                             fmt=MemoryFormat.KV_2LTD, ref_count=1)
+    return TensorMemoryObj(raw, meta, parent_allocator=None)
+
+
+def _wait(fd: int, timeout: float = 10.0) -> None:
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    assert poll.poll(timeout * 1000), "the adapter never signalled its event fd"
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass
+
+
+def _store(adapter, keys, objs) -> bool:
+    tid = adapter.submit_store_task(keys, objs)
+    _wait(adapter.get_store_event_fd())
+    return adapter.pop_completed_store_tasks()[tid].is_successful()
+
+
+def _lookup(adapter, keys) -> list[int]:
+    tid = adapter.submit_lookup_and_lock_task(keys, {0: MemoryLayoutDesc(shapes=[], dtypes=[])})
+    _wait(adapter.get_lookup_and_lock_event_fd())
+    return adapter.query_lookup_and_lock_result(tid).get_indices_list()
+
+
+def _load(adapter, keys, objs) -> list[int]:
+    tid = adapter.submit_load_task(keys, objs)
+    _wait(adapter.get_load_event_fd())
+    return adapter.query_load_result(tid).get_indices_list()
+
+
+def test_readme_example_selects_our_core(tmp_path):
+    from lmcache_rawblock.l2_adapter import RawBlockL2Adapter, RawBlockL2AdapterConfig
+    from lmcache_rawblock.raw_block import RawBlockCore
+
+    cfgs = _parse(_adapter_json(_device(tmp_path), verify_payload_checksum=True))
+    adapter = create_l2_adapter_from_registry(_adapters(cfgs)[0])
+    try:
+        assert type(adapter) is RawBlockL2Adapter
+        assert isinstance(adapter, lmc_adapter.RawBlockL2Adapter)
+        assert type(adapter._core) is RawBlockCore and not isinstance(adapter._core, LmcCore)
+        assert adapter._core.report_status()["verify_payload_checksum"] is True
+        assert RawBlockL2AdapterConfig.from_dict({"device_path": "x", "slot_bytes": SLOT}).verify_payload_checksum \
+            is False
+    finally:
+        adapter.close()
+    # LMCache's own names are untouched: the built-in type still builds LMCache's core.
+    assert lmc_adapter.RawBlockCore is LmcCore
+
+
+def test_adapter_config_rejects_a_bad_boolean(tmp_path):
+    cfg = _adapters(_parse(_adapter_json(_device(tmp_path), allow_foreign_device="maybe")))[0]
+    with pytest.raises(ValueError, match=r"allow_foreign_device must be a boolean \(true/false\), got 'maybe'"):
+        create_l2_adapter_from_registry(cfg)  # the plugin type builds the config when it creates
+    from lmcache_rawblock.l2_adapter import RawBlockL2AdapterConfig
+
+    with pytest.raises(ValueError, match=r"allow_foreign_device must be a boolean \(true/false\), got 'maybe'"):
+        RawBlockL2AdapterConfig.from_dict({"device_path": "x", "slot_bytes": SLOT, "allow_foreign_device": "maybe"})
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_adapter_behaviour_on_our_core_and_devices_shared_with_lmcache(tmp_path, engine):
+    """Store / lookup-and-lock / load / delete-while-locked / unlock through LMCache's adapter
+    code on our core; then LMCache's built-in raw_block adapter reopens the device and finds
+    the same keys and bytes, and ours reads what LMCache's adapter wrote."""
+    dev = _device(tmp_path)
+    keys = [_key(1), _key(1, group=1), _key(2, salt="tenant-a"), _key(3)]
+    objs = [_obj(1024 + 256 * i, seed=i) for i in range(len(keys))]
+    miss = _key(99)
+    ours = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine, meta_format="v1")))[0])
+    try:
+        assert _store(ours, keys[:3], objs[:3]) is True
+        assert _lookup(ours, [keys[0], miss, keys[1], keys[2]]) == [0, 2, 3]
+        outs = [_obj(o.raw_data.numel(), seed=1000) for o in objs[:3]]
+        assert _load(ours, [keys[0], keys[1], keys[2]], outs) == [0, 1, 2]
+        assert all(torch.equal(a.raw_data, b.raw_data) for a, b in zip(outs, objs[:3]))
+        # keys[0] is locked by the lookup: a delete leaves it until unlocked
+        ours.delete([keys[0]])
+        assert _lookup(ours, [keys[0]]) == [0]
+        ours.submit_unlock([keys[0], keys[0], keys[1], keys[2]])
+        ours.delete([keys[0]])
+        assert _lookup(ours, [keys[0], keys[1]]) == [1]
+        ours.submit_unlock([keys[1]])
+        st = ours.report_status()
+        assert st["is_healthy"] is True
+    finally:
+        ours.close()
+
+    # ours wrote format v1 (meta_format), which LMCache's own core reads
+    builtin = json.loads(_adapter_json(dev, io_engine=engine))
+    builtin = dict(builtin["adapter_params"], type="raw_block")
+    theirs = create_l2_adapter_from_registry(_adapters(_parse(json.dumps(builtin)))[0])
+    try:
+        assert isinstance(theirs._core, LmcCore)
+        assert _lookup(theirs, [keys[0], keys[1], keys[2]]) == [1, 2]
+        outs = [_obj(o.raw_data.numel(), seed=2000) for o in objs[1:3]]
+        assert _load(theirs, keys[1:3], outs) == [0, 1]
+        assert all(torch.equal(a.raw_data, b.raw_data) for a, b in zip(outs, objs[1:3]))
+        theirs.submit_unlock(keys[1:3])
+        assert _store(theirs, [keys[3]], [objs[3]]) is True
+    finally:
+        theirs.close()
+
+    again = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, io_engine=engine, meta_format="v1")))[0])
+    try:
+        assert _lookup(again, [keys[1], keys[2], keys[3]]) == [0, 1, 2]
+        out = [_obj(objs[3].raw_data.numel(), seed=3000)]
+        assert _load(again, [keys[3]], out) == [0]
+        assert torch.equal(out[0].raw_data, objs[3].raw_data)
+        again.submit_unlock([keys[1], keys[2], keys[3]])
+    finally:
+        again.close()
+
+
+def test_fixed_buffer_registration_of_the_l1_arena(tmp_path):
+    """On io_uring with zero-copy, LMCache's adapter registers the stable L1 arena through
+    register_fixed_buffer_range; on our core the registration shows in report_status()."""
+    arena = torch.zeros(4 << 20, dtype=torch.uint8)
+    desc = L1MemoryDesc(ptr=arena.data_ptr(), size=arena.numel(), align_bytes=4096,
+                        stable_registration_size=arena.numel())
+    cfg = _adapters(_parse(_adapter_json(_device(tmp_path), io_engine="io_uring", enable_zero_copy=True)))[0]
+    adapter = create_l2_adapter_from_registry(cfg, desc)
+    try:
+        st = adapter._core.report_status()
+        assert (st["fixed_buffers_registered"], st["fixed_buffer_registered_bytes"]) == (True, arena.numel())
+        key, obj = _key(7), _obj(2048, seed=7)
+        assert _store(adapter, [key], [obj]) is True
+    finally:
+        adapter.close()
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_load_of_a_slot_holding_another_keys_header_is_a_miss(tmp_path, engine):
+    """Another key's slot header over a key's slot (a second writer, a stale slot) with
+    checksums off: LMCache's adapter code gets a miss for that key, never the bytes read."""
+    dev = _device(tmp_path)
+    keys = [_key(11), _key(12)]
+    objs = [_obj(2048, seed=11), _obj(2048, seed=12)]  # the same length: only the identity differs
+    adapter = create_l2_adapter_from_registry(
+        _adapters(_parse(_adapter_json(dev, io_engine=engine, verify_payload_checksum=False)))[0])
+    try:
+        assert _store(adapter, keys, objs) is True
+        core = adapter._core
+        enc = [lmc_adapter.encode_object_key(k).encoded for k in keys]
+        with open(dev, "r+b") as f:
+            f.seek(core.entry_offset(enc[1]))
+            hdr = f.read(core.header_bytes)
+            f.seek(core.entry_offset(enc[0]))
+            f.write(hdr)
+        assert _lookup(adapter, keys) == [0, 1]
+        outs = [_obj(2048, seed=1000), _obj(2048, seed=1001)]
+        assert _load(adapter, keys, outs) == [1]
+        assert int(torch.count_nonzero(outs[0].raw_data)) == 0  # what was read is erased
+        assert torch.equal(outs[1].raw_data, objs[1].raw_data)
+        assert core._native.status()["load_rejected_entries"] == 1
+        adapter.submit_unlock(keys)
+        assert _lookup(adapter, keys) == [1]
+        adapter.submit_unlock([keys[1]])
+        assert adapter.report_status()["is_healthy"] is True
+    finally:
+        adapter.close()
+
+
+# --------------------------------------------------------------------------- deletes free their slots
+
+
+def _full_adapter(tmp_path, slots: int):
+    """Our adapter on a device of ``slots`` slots, every one holding an entry that a checkpoint
+    lists (filled, closed, reopened): (adapter, keys, objects)."""
+    dev = _device(tmp_path, size=(1 << 20) + slots * SLOT)
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev)))[0])
+    usable = adapter._core.slot_counts().usable
+    keys = [_key(1000 + i) for i in range(usable)]
+    objs = [_obj(1024, seed=i) for i in range(usable)]
+    try:
+        for k in range(0, usable, 8):
+            assert _store(adapter, keys[k:k + 8], objs[k:k + 8]) is True
+    finally:
+        adapter.close()
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev)))[0])
+    c = adapter._core.slot_counts()
+    assert (c.indexed, c.reusable, c.held) == (usable, 0, 0)
+    return adapter, keys, objs
+
+
+def test_deletes_free_their_slots_off_the_callers_thread(tmp_path):
+    """LMCache's adapter code deletes a batch (one delete_many(force=False)); ours then writes
+    the checkpoint that makes the freed slots reusable on its reclaim thread, so the stores
+    that follow find slots without writing checkpoints of their own."""
+    adapter, keys, objs = _full_adapter(tmp_path, 24)
+    core = adapter._core
+    try:
+        assert _store(adapter, [_key(1)], [_obj(1024, seed=1)]) is False  # full: LMCache's answer
+        threads = []
+        real = core.reclaim_held_slots
+
+        def recording():
+            threads.append(threading.current_thread().name)
+            return real()
+
+        core.reclaim_held_slots = recording
+        written = core._native.status()["checkpoints_written"]
+        adapter.delete(keys[:8])
+        assert adapter._reclaimer.wait_idle(60)
+        assert threads and set(threads) == {"rawblock-l2-reclaim"}, threads
+        assert core._native.status()["checkpoints_written"] > written
+        assert _lookup(adapter, keys[:9]) == [8]
+        adapter.submit_unlock([keys[8]])
+        c = core.slot_counts()
+        assert (c.indexed, c.held + c.reusable) == (len(keys) - 8, 8)
+
+        new = [_key(2000 + i) for i in range(8)]
+        new_objs = [_obj(1024, seed=2000 + i) for i in range(8)]
+        assert _store(adapter, new, new_objs) is True
+        # Without the reclaim the store writes one checkpoint per v1 container (two) first; a
+        # core that frees held slots at the first checkpoint after a delete leaves it none.
+        assert core.slot_counts().room_checkpoints <= 1
+        outs = [_obj(1024, seed=9000 + i) for i in range(8)]
+        assert _load(adapter, new, outs) == list(range(8))
+        assert all(torch.equal(a.raw_data, b.raw_data) for a, b in zip(outs, new_objs))
+        st = adapter.report_status()
+        assert st["reclaim"]["passes"] >= 1 and st["reclaim"]["errors"] == 0
+        reclaimer = adapter._reclaimer
+    finally:
+        adapter.close()
+    assert not reclaimer.running, "close stops the reclaim thread"
+
+
+def test_lmcache_eviction_controller_frees_slots_through_our_adapter(tmp_path):
+    """LMCache's own L2 eviction controller (LRU, trigger_watermark / eviction_ratio) on our
+    adapter: its deletes land as batches, the reclaim thread frees their slots, and stores go
+    on succeeding on a device that was full."""
+    from lmcache.v1.distributed.config import EvictionConfig
+    from lmcache.v1.distributed.storage_controllers.eviction_controller import (
+        L2AdapterEvictionState,
+        L2EvictionController,
+    )
+
+    adapter, keys, objs = _full_adapter(tmp_path, 24)
+    core = adapter._core
+    deletes = []
+    real_delete = core.delete_many
+
+    def recording(encoded, *, force=False):
+        deletes.append(len(encoded))
+        return real_delete(encoded, force=force)
+
+    core.delete_many = recording
+    state = L2AdapterEvictionState(0, adapter, EvictionConfig("LRU", trigger_watermark=0.9, eviction_ratio=0.5))
+    controller = L2EvictionController([state])
+    controller.start()
+    try:
+        # The controller checks once a second: wait (bounded) for its first eviction.
+        for _ in range(300):
+            if adapter.get_usage().usage_fraction < 0.9:
+                break
+            threading.Event().wait(0.1)
+        assert adapter.get_usage().usage_fraction < 0.9, "LMCache's controller never evicted"
+        assert adapter._reclaimer.wait_idle(60)
+        assert deletes and max(deletes) > 1, f"deletes came one key at a time: {deletes}"
+        found = _lookup(adapter, keys)
+        adapter.submit_unlock([keys[i] for i in found])
+        assert len(found) < len(keys)
+        new = [_key(3000 + i) for i in range(8)]
+        new_objs = [_obj(1024, seed=3000 + i) for i in range(8)]
+        assert _store(adapter, new, new_objs) is True
+        assert adapter.report_status()["reclaim"]["passes"] >= 1
+    finally:
+        controller.stop()
+        adapter.close()

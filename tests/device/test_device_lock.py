@@ -1,0 +1,404 @@
+"""One writer per device: a core holds flock LOCK_EX on its device (and O_EXCL on a block device)
+for its lifetime; a second writer, in another process or this one, is refused with EBUSY and a
+message naming the path and the holder. RawBlockDevice only checks (LMCache's low-level handle
+may open a path twice, beside a core of its own process); inspect and verify read under a shared
+lock; the raw writers of the benchmark and the waf tools hold the exclusive lock."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core_helpers import Obj, make_core, make_device, okey, payload
+from helpers import TESTS
+from lmcache_rawblock import RawBlockDevice, _native, tools
+
+PKG_ROOT = Path(_native.__file__).resolve().parent.parent
+# -P: the child imports the same lmcache_rawblock as this process, not one from its cwd.
+PYTHON = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else [])]
+
+HOLDER = r"""
+import os, sys
+kind, path, engine, lock = sys.argv[1:5]
+if kind == "core":
+    from core_helpers import make_core
+    held = make_core(path, io_engine=engine, allow_foreign_device=True)
+elif kind == "device":
+    from lmcache_rawblock import RawBlockDevice
+    held = RawBlockDevice(path, True, io_engine=engine, lock=lock)
+else:  # an exclusive opener that takes no flock (as mkfs or a foreign tool would)
+    held = os.open(path, os.O_RDONLY | os.O_EXCL)
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(PKG_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+class Holder:
+    """Another process holding path open: a core, a RawBlockDevice, or a bare O_EXCL descriptor.
+    It keeps it until stop() (stdin closed: a clean exit) or kill() (SIGKILL)."""
+
+    def __init__(self, path: str, kind: str = "core", engine: str = "posix", lock: str = "check"):
+        self.proc = subprocess.Popen([*PYTHON, "-c", HOLDER, kind, path, engine, lock], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        line = self.proc.stdout.readline().split()
+        if line[:1] != ["ready"]:
+            self.proc.kill()
+            raise AssertionError(f"holder did not start: {self.proc.communicate()[1]}")
+        self.pid = int(line[1])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+    def __enter__(self) -> "Holder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=60)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f and not f.closed:
+                f.close()
+
+
+def _refused(exc: pytest.ExceptionInfo, path: str) -> str:
+    assert exc.value.errno == errno.EBUSY, exc.value
+    msg = exc.value.strerror
+    assert f"device_path='{path}'" in msg, msg
+    return msg
+
+
+ENGINES = ["posix", "io_uring"]
+
+
+# ---- files ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_second_process_is_refused_and_told_the_path_and_the_holders_pid(tmp_path, engine):
+    path = make_device(tmp_path)
+    with Holder(path, engine=engine) as h:
+        with pytest.raises(OSError) as exc:
+            make_core(path, io_engine=engine)
+        msg = _refused(exc, path)
+        assert f"held by another raw-block writer (pid {h.pid})" in msg
+        assert "corrupt each other's cache" in msg and "in this process" not in msg
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_second_core_in_the_same_process_is_refused_and_told_it_is_this_process(tmp_path, engine):
+    path = make_device(tmp_path)
+    core = make_core(path, io_engine=engine)
+    try:
+        with pytest.raises(OSError) as exc:
+            make_core(path, io_engine=engine)
+        msg = _refused(exc, path)
+        assert f"in this process (pid {os.getpid()})" in msg and "close the other first" in msg
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_close_releases_the_lock_for_the_next_core(tmp_path, engine):
+    path = make_device(tmp_path)
+    for i in range(3):  # with io_uring the ring lets go of its file only later: close unlocks first
+        core = make_core(path, io_engine=engine)
+        assert core.report_status()["device_lock"] == "exclusive"
+        assert all(core.put_many([okey(i)], [Obj(payload(i, 100))]).results)
+        core.close()
+        assert core.report_status()["device_lock"] == "released"
+    core = make_core(path, io_engine=engine)
+    assert core.contains_key(okey(2).encoded)
+    core.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_killed_holders_lock_goes_with_it(tmp_path, engine):
+    path = make_device(tmp_path)
+    with Holder(path, engine=engine) as h:
+        h.kill()  # with io_uring the kernel drops the lock as it tears the ring down, just after the exit
+        core = make_core(path, io_engine=engine)
+        assert core.report_status()["device_lock"] == "exclusive"
+        core.close()
+
+
+def test_a_stopped_holder_releases_the_device(tmp_path):
+    path = make_device(tmp_path)
+    with Holder(path) as h:
+        with pytest.raises(OSError):
+            make_core(path)
+        h.stop()
+        make_core(path).close()
+
+
+def test_raw_block_device_beside_a_core_of_the_same_process_is_allowed(tmp_path):
+    path = make_device(tmp_path)
+    core = make_core(path)
+    try:
+        for engine in ENGINES:  # LMCache's own tests open the path beside a core of theirs
+            with RawBlockDevice(path, True, io_engine=engine) as dev:
+                assert dev.device_lock == "none"
+                buf = bytearray(4096)
+                dev.pread_into(0, buf, 4096)
+    finally:
+        core.close()
+
+
+def test_raw_block_device_is_refused_while_another_processs_core_holds_the_path(tmp_path):
+    path = make_device(tmp_path)
+    with Holder(path) as h:
+        for kw in ({}, {"lock": "check"}, {"lock": "exclusive"}):
+            with pytest.raises(OSError) as exc:
+                RawBlockDevice(path, True, **kw)
+            assert f"held by another raw-block writer (pid {h.pid})" in _refused(exc, path)
+        with pytest.raises(OSError) as exc:
+            RawBlockDevice(path, False, lock="shared")
+        assert f"held by a raw-block writer (pid {h.pid})" in _refused(exc, path)
+        # lock="none" is LMCache's device exactly: no check at all.
+        RawBlockDevice(path, False, lock="none").close()
+
+
+def test_a_core_is_refused_while_another_process_holds_an_exclusive_raw_block_device(tmp_path):
+    path = make_device(tmp_path)
+    with Holder(path, kind="device", lock="exclusive") as h:
+        with pytest.raises(OSError) as exc:
+            make_core(path)
+        assert f"(pid {h.pid})" in _refused(exc, path)
+
+
+def test_a_checking_raw_block_device_holds_no_lock(tmp_path):
+    path = make_device(tmp_path)
+    with Holder(path, kind="device", lock="check"):
+        make_core(path).close()  # only writers that lock are seen
+
+
+def test_readers_share_the_device_and_keep_a_core_out(tmp_path):
+    path = make_device(tmp_path)
+    a = RawBlockDevice(path, False, lock="shared")
+    b = RawBlockDevice(path, False, lock="shared")
+    assert a.device_lock == b.device_lock == "shared"
+    with pytest.raises(OSError) as exc:  # readers are waited for briefly, then refused
+        make_core(path)
+    assert "being read in this process" in _refused(exc, path)
+    a.close()
+    b.close()
+    assert a.device_lock == "released"
+    make_core(path).close()
+
+
+def test_lock_is_a_keyword_only_extension(tmp_path):
+    path = make_device(tmp_path)
+    with pytest.raises(ValueError, match="lock must be one of"):
+        RawBlockDevice(path, True, lock="exclusively")
+    with pytest.raises(ValueError, match="lock must be one of"):
+        RawBlockDevice(path, True, lock=1)
+    with pytest.raises(TypeError):
+        RawBlockDevice(path, True, False, False, False, 4096, None, 256, None, "exclusive")
+    with RawBlockDevice(path, True, lock=None) as dev:
+        assert dev.device_lock == "none"
+    with RawBlockDevice(path, True, lock="exclusive") as dev:
+        assert dev.device_lock == "exclusive"
+        with pytest.raises(OSError) as exc:
+            make_core(path)
+        assert "in this process" in _refused(exc, path)
+
+
+@pytest.mark.parametrize("errnum", [errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL])
+def test_a_file_system_without_flock_opens_unlocked_and_says_so(tmp_path, caplog, errnum):
+    path = make_device(tmp_path)
+    _native._inject_lock_errno(errnum)
+    try:
+        with caplog.at_level("WARNING", logger="lmcache.v1.storage_backend.raw_block.core"):
+            core = make_core(path)
+    finally:
+        _native._inject_lock_errno(0)
+    assert core.report_status()["device_lock"] == "unsupported"
+    assert any("device lock unsupported on this file system" in r.getMessage() for r in caplog.records)
+    core.close()
+    _native._inject_lock_errno(errnum)
+    try:
+        dev = RawBlockDevice(path, True, lock="exclusive")
+    finally:
+        _native._inject_lock_errno(0)
+    assert dev.device_lock == "unsupported"
+    dev.close()
+
+
+def test_another_flock_error_is_reported(tmp_path):
+    path = make_device(tmp_path)
+    _native._inject_lock_errno(errno.EIO)
+    try:
+        with pytest.raises(OSError) as exc:
+            make_core(path)
+    finally:
+        _native._inject_lock_errno(0)
+    assert exc.value.errno == errno.EIO and "flock failed" in str(exc.value)
+
+
+# ---- inspect / verify -------------------------------------------------------------------------
+
+
+def _populated(tmp_path) -> str:
+    path = make_device(tmp_path)
+    core = make_core(path)
+    assert all(core.put_many([okey(i) for i in range(3)], [Obj(payload(i, 5000)) for i in range(3)]).results)
+    core.close()
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*PYTHON, "-m", "lmcache_rawblock", *args], capture_output=True, text=True, timeout=120,
+                          env=_env())
+
+
+@pytest.mark.parametrize("cmd", ["inspect", "verify"])
+def test_inspect_and_verify_refuse_a_device_a_writer_holds_and_read_it_after(tmp_path, cmd):
+    path = _populated(tmp_path)
+    with Holder(path) as h:
+        r = _cli(cmd, path, "--json")
+        assert r.returncode == tools.EXIT_BUSY, r.stderr
+        assert path in r.stderr and f"pid {h.pid}" in r.stderr and "--ignore-lock" in r.stderr
+        assert r.stdout == ""
+        r = _cli(cmd, path, "--json", "--ignore-lock")
+        assert r.returncode == 0, r.stderr
+        assert "warning:" in r.stderr and f"pid {h.pid}" in r.stderr
+        assert json.loads(r.stdout)["geometry"]["entries"] == 3
+        h.stop()
+    r = _cli(cmd, path, "--json")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["geometry"]["entries"] == 3
+
+
+def test_inspect_in_process_refuses_while_a_core_of_this_process_writes(tmp_path):
+    path = _populated(tmp_path)
+    core = make_core(path)
+    try:
+        with pytest.raises(OSError) as exc:
+            tools.inspect_device(path)
+        assert "held by a raw-block writer in this process" in _refused(exc, path)
+        assert tools.verify_device(path, ignore_lock=True)["ok"] == 3
+    finally:
+        core.close()
+    assert tools.verify_device(path)["ok"] == 3
+
+
+# ---- raw writers outside a core ---------------------------------------------------------------
+
+
+def test_benchmark_target_is_held_exclusively_and_refused_while_a_core_holds_it(tmp_path):
+    from lmcache_rawblock_bench.target import TargetError, open_target
+
+    path = make_device(tmp_path)
+    with Holder(path) as h:
+        with pytest.raises(TargetError, match=f"pid {h.pid}"):
+            open_target(path, None)
+    target = open_target(path, None)
+    try:
+        assert target.guard.device_lock == "exclusive"
+        with RawBlockDevice(path, True) as dev:  # the benchmark's own devices open beside the guard
+            dev.pwrite_from_buffer(0, b"x" * 4096)
+        with pytest.raises(OSError):
+            make_core(path)
+        r = subprocess.run([*PYTHON, "-c", f"from lmcache_rawblock import RawBlockDevice as R; R({path!r}, True)"],
+                           capture_output=True, text=True, timeout=60, env=_env())
+        assert r.returncode != 0 and "Errno 16" in r.stderr
+    finally:
+        target.cleanup()
+    make_core(path).close()
+
+
+def test_waf_precondition_and_replay_refuse_a_device_a_core_holds(tmp_path):
+    from lmcache_rawblock_bench.target import TargetError
+    from lmcache_rawblock_bench.waf import precondition, replay
+
+    path = make_device(tmp_path, size=8 << 20)
+    before = open(path, "rb").read()
+    with Holder(path) as h:
+        with pytest.raises(TargetError, match=f"pid {h.pid}"):
+            precondition.run(path, None, 1 << 20, 128 << 10, 0.0, 0.0, 1, 1, force=True)
+        with pytest.raises(replay.ReplayError, match=f"pid {h.pid}"):
+            replay.refuse_held(path)
+    assert open(path, "rb").read() == before
+    replay.refuse_held(path)
+
+
+# ---- block devices ----------------------------------------------------------------------------
+
+
+def test_a_loop_device_takes_one_writer(loop_device):
+    dev = loop_device()
+    with Holder(dev) as h:
+        with pytest.raises(OSError) as exc:
+            make_core(dev, allow_foreign_device=True)
+        assert f"held by another raw-block writer (pid {h.pid})" in _refused(exc, dev)
+        with pytest.raises(OSError) as exc:
+            RawBlockDevice(dev, True)
+        assert f"(pid {h.pid})" in _refused(exc, dev)
+        h.kill()
+        core = make_core(dev, allow_foreign_device=True)
+    try:
+        with pytest.raises(OSError) as exc:
+            make_core(dev, allow_foreign_device=True)
+        assert f"in this process (pid {os.getpid()})" in _refused(exc, dev)
+        # An exclusive opener of the block device is refused by O_EXCL alone, without a flock.
+        r = subprocess.run([*PYTHON, "-c", f"import os; os.open({dev!r}, os.O_RDONLY | os.O_EXCL)"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "Device or resource busy" in r.stderr
+        with RawBlockDevice(dev, True) as raw:  # the low-level handle of this process still opens
+            assert raw.device_lock == "none"
+    finally:
+        core.close()
+    make_core(dev, allow_foreign_device=True).close()
+
+
+def test_an_exclusive_opener_without_a_lock_is_named(loop_device):
+    dev = loop_device()
+    with Holder(dev, kind="excl") as h:
+        with pytest.raises(OSError) as exc:
+            make_core(dev, allow_foreign_device=True)
+        msg = _refused(exc, dev)
+        assert "opened exclusively by another process" in msg and f"pid {h.pid} has it open" in msg
+
+
+@pytest.mark.skipif(not shutil.which("mkfs.ext4"), reason="mkfs.ext4 (e2fsprogs) is not installed")
+def test_a_mounted_loop_device_is_refused(loop_device, tmp_path):
+    dev = loop_device(size=32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", dev], check=True, capture_output=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", dev, str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount ext4 on a loop device here: {r.stderr.strip()}")
+    try:
+        # O_EXCL refuses it; with the foreign-device probe on, the mount is still what is reported.
+        for allow in (True, False):
+            with pytest.raises(OSError) as exc:
+                make_core(dev, allow_foreign_device=allow)
+            assert f"mounted on {mnt}" in _refused(exc, dev)
+        # Readers neither claim the device nor see a raw-block writer: inspect says what it finds.
+        with pytest.raises(tools.NotARawBlockDevice):
+            tools.inspect_device(dev)
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+    with pytest.raises(ValueError, match="ext4"):
+        make_core(dev)  # unmounted: the probe refuses its file system, as before
