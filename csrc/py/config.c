@@ -34,39 +34,13 @@ static int set_err(const rb_err *err)
     return -1;
 }
 
-/* An int for an RB_SET_UINT setting: a ValueError names the setting, the value and the range. */
+/* An int for an RB_SET_UINT setting (None is 0 where the setting says so): a ValueError names
+ * the setting, the value and the range. */
 static int set_uint_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v)
 {
-    if (v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO))
-        v = NULL;
-    else if (!PyLong_Check(v) || PyBool_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
-        return -1;
-    }
     uint64_t u = 0;
-    if (v) {
-        int overflow = 0;
-        long long ll = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (ll == -1 && !overflow && PyErr_Occurred())
-            return -1;
-        int bad = overflow < 0 || (!overflow && ll < 0);
-        if (!bad && overflow > 0) {
-            u = PyLong_AsUnsignedLongLong(v);
-            if (u == (uint64_t)-1 && PyErr_Occurred()) {
-                if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-                    return -1;
-                PyErr_Clear();
-                bad = 1;
-            }
-        } else if (!bad) {
-            u = (uint64_t)ll;
-        }
-        if (bad) {
-            PyErr_Format(PyExc_ValueError, "%s must be in %llu..%llu, got %.200R", s->name, (unsigned long long)s->min,
-                         (unsigned long long)s->max, v);
-            return -1;
-        }
-    }
+    if (!(v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO)) && rbpy_bounded_u64(v, s->name, s->min, s->max, &u) < 0)
+        return -1;
     rb_err err;
     rb_err_clear(&err);
     return rb_setting_set_uint(cfg, s, u, &err) < 0 ? set_err(&err) : 0;
