@@ -315,9 +315,37 @@ static PyObject *device_size_bytes(PyObject *op, PyObject *unused)
 }
 
 /*
- * Run one synchronous transfer with the GIL released. EINTR goes back to Python to run
- * signal handlers (an exception from one aborts the transfer), then the transfer resumes.
+ * Prepare and run x, the GIL released around anything that may sleep: a small buffered transfer
+ * first tries once without sleeping (the page cache usually serves it, which costs less than
+ * handing the GIL over twice). EINTR goes back to Python to run signal handlers, then the
+ * transfer resumes. 0, -EINTR when a handler raised, or <0 with err filled.
  */
+static int xfer_run(rb_dev *dev, rb_xfer *x, size_t total, rb_err *err)
+{
+    int rc;
+    if (!rb_dev_odirect(dev) && total <= RB_NOWAIT_MAX) {
+        rc = rb_xfer_prepare(dev, x, err);
+        if (rc == 0 && !rb_xfer_try_nowait(dev, x)) {
+            Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, x, err);
+            Py_END_ALLOW_THREADS
+        }
+    } else {
+        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_prepare(dev, x, err);
+        if (rc == 0)
+            rc = rb_xfer_run(dev, x, err);
+        Py_END_ALLOW_THREADS
+    }
+    while (rc == -EINTR) {
+        if (PyErr_CheckSignals() < 0)
+            break;
+        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, x, err);
+        Py_END_ALLOW_THREADS
+    }
+    return rc;
+}
+
+/* One synchronous transfer of view: payload_len defaults to the view's length, total_len to
+ * payload_len. */
 static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset, Py_buffer *view,
                           PyObject *payload_obj, PyObject *total_obj)
 {
@@ -340,28 +368,7 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
         PyErr_SetString(PyExc_RuntimeError, "device is closed");
         return NULL;
     }
-    int rc;
-    if (!rb_dev_odirect(dev) && total <= RB_NOWAIT_MAX) {
-        /* Small buffered transfer: the page cache usually serves it without sleeping, which
-         * costs less than handing the GIL over twice. Only if it would block do we release
-         * the GIL and wait. */
-        rc = rb_xfer_prepare(dev, &x, &err);
-        if (rc == 0 && !rb_xfer_try_nowait(dev, &x)) {
-            Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, &x, &err);
-            Py_END_ALLOW_THREADS
-        }
-    } else {
-        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_prepare(dev, &x, &err);
-        if (rc == 0)
-            rc = rb_xfer_run(dev, &x, &err);
-        Py_END_ALLOW_THREADS
-    }
-    while (rc == -EINTR) {
-        if (PyErr_CheckSignals() < 0)
-            break;
-        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, &x, &err);
-        Py_END_ALLOW_THREADS
-    }
+    int rc = xfer_run(dev, &x, total, &err);
     rb_xfer_release(&x);
     rb_dev_leave(dev);
     if (rc == -EINTR)
