@@ -102,6 +102,95 @@ static PyObject *load_result_lists(const rb_load_item *items, Py_ssize_t n)
     return ret;
 }
 
+/* One load_many_into call: the key snapshot, the buffers (a tuple), and the items and payload
+ * views it holds until it returns. The core fills items (ok, status, err, positions) without
+ * the GIL. */
+typedef struct {
+    keyvec kv;
+    PyObject *bufs;
+    Py_ssize_t n, nviews; /* keys; views[0..nviews) are held */
+    rb_load_item *items;
+    payload *views;
+} load_call;
+
+/* GIL held: the buffers (as many as keys) and a writable view of each into lc->items. 0, or -1
+ * with an exception set. */
+static int load_call_open(rbpy_state *st, load_call *lc, PyObject *buffers)
+{
+    Py_ssize_t n = lc->n;
+    if (!(lc->bufs = rbpy_fast_tuple(buffers, "buffers must be a sequence")))
+        return -1;
+    if (PyTuple_GET_SIZE(lc->bufs) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys and buffers must have equal lengths");
+        return -1;
+    }
+    lc->items = PyMem_Calloc(n ? n : 1, sizeof(*lc->items));
+    lc->views = PyMem_Calloc(n ? n : 1, sizeof(*lc->views));
+    if (!lc->items || !lc->views) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyTypeObject *fast = rbpy_memobj_fast_type(st);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        payload *v = &lc->views[i];
+        if (rbpy_payload_get(st, fast, PyTuple_GET_ITEM(lc->bufs, i), i, 1, v) < 0)
+            return -1;
+        lc->nviews = i + 1;
+        lc->items[i] =
+            (rb_load_item){.key = lc->kv.keys[i], .key_len = lc->kv.lens[i], .buf = v->buf, .buf_len = v->len};
+    }
+    return 0;
+}
+
+/* Called with the GIL, which it releases around rb_core_load_many. 0, or -1 with the core's
+ * error raised. */
+static int load_call_run(PyObject *op, load_call *lc)
+{
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = rb_core_load_many(rbpy_core_of(op), lc->items, (size_t)lc->n, &err);
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
+        rbpy_raise_err(&err);
+        return -1;
+    }
+    return 0;
+}
+
+/* GIL held: with a positions converter, the positions go onto the objects and the result is
+ * (results, errors or None); without, (results, positions, errors). */
+static PyObject *load_call_result(rbpy_state *st, PyObject *op, const load_call *lc, PyObject *conv)
+{
+    const rb_load_item *items = lc->items;
+    Py_ssize_t n = lc->n;
+    if (!conv)
+        return load_result_lists(items, n);
+    if (load_set_positions(st, (CoreObject *)op, lc->bufs, items, n, conv) < 0)
+        return NULL;
+    PyObject *ret = NULL, *rl = PyList_New(n), *el = rl ? load_errors(items, n) : NULL;
+    for (Py_ssize_t i = 0; el && i < n; i++)
+        PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
+    if (el)
+        ret = PyTuple_Pack(2, rl, el);
+    Py_XDECREF(rl);
+    Py_XDECREF(el);
+    return ret;
+}
+
+/* GIL held: release everything the call holds, whichever stage it reached. */
+static void load_call_close(load_call *lc)
+{
+    for (Py_ssize_t i = 0; lc->items && i < lc->n; i++)
+        free(lc->items[i].pos); /* the core's (NULL unless a key loaded with positions) */
+    for (Py_ssize_t i = 0; i < lc->nviews; i++)
+        rbpy_payload_release(&lc->views[i]);
+    PyMem_Free(lc->items);
+    PyMem_Free(lc->views);
+    Py_XDECREF(lc->bufs);
+    rbpy_keyvec_free(&lc->kv);
+}
+
 /*
  * load_many_into(keys, buffers, set_positions=None). Without set_positions: (results,
  * positions, errors), a list each. With it (a callable taking a list of ints): each loaded
@@ -119,66 +208,15 @@ PyObject *rbpy_core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "set_positions must be callable or None");
         return NULL;
     }
-    keyvec kv;
-    if (rbpy_keyvec_from(a[0], &kv) < 0)
+    load_call lc;
+    memset(&lc, 0, sizeof(lc));
+    if (rbpy_keyvec_from(a[0], &lc.kv) < 0)
         return NULL;
-    Py_ssize_t n = kv.n, nviews = 0;
-    PyObject *bufs = rbpy_fast_tuple(a[1], "buffers must be a sequence"), *ret = NULL;
-    rb_load_item *items = NULL;
-    payload *views = NULL;
-    if (!bufs)
-        goto done;
-    if (PyTuple_GET_SIZE(bufs) != n) {
-        PyErr_SetString(PyExc_ValueError, "keys and buffers must have equal lengths");
-        goto done;
-    }
-    items = PyMem_Calloc(n ? n : 1, sizeof(*items));
-    views = PyMem_Calloc(n ? n : 1, sizeof(*views));
-    if (!items || !views) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    lc.n = lc.kv.n;
     rbpy_state *st = rbpy_state_of_type(Py_TYPE(op));
-    PyTypeObject *fast = rbpy_memobj_fast_type(st);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (rbpy_payload_get(st, fast, PyTuple_GET_ITEM(bufs, i), i, 1, &views[i]) < 0)
-            goto done;
-        nviews = i + 1;
-        items[i].key = kv.keys[i];
-        items[i].key_len = kv.lens[i];
-        items[i].buf = views[i].buf;
-        items[i].buf_len = views[i].len;
-    }
-    {
-        rb_err err;
-        rb_err_clear(&err);
-        int rc;
-        Py_BEGIN_ALLOW_THREADS rc = rb_core_load_many(rbpy_core_of(op), items, (size_t)n, &err);
-        Py_END_ALLOW_THREADS if (rc < 0)
-        {
-            rbpy_raise_err(&err);
-            goto done;
-        }
-    }
-    if (!conv) {
-        ret = load_result_lists(items, n);
-    } else if (load_set_positions(st, (CoreObject *)op, bufs, items, n, conv) == 0) {
-        PyObject *rl = PyList_New(n), *el = rl ? load_errors(items, n) : NULL;
-        for (Py_ssize_t i = 0; el && i < n; i++)
-            PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
-        if (el)
-            ret = PyTuple_Pack(2, rl, el);
-        Py_XDECREF(rl);
-        Py_XDECREF(el);
-    }
-done:
-    for (Py_ssize_t i = 0; items && i < n; i++)
-        free(items[i].pos); /* the core's (NULL unless a key loaded with positions) */
-    for (Py_ssize_t i = 0; i < nviews; i++)
-        rbpy_payload_release(&views[i]);
-    PyMem_Free(items);
-    PyMem_Free(views);
-    Py_XDECREF(bufs);
-    rbpy_keyvec_free(&kv);
+    PyObject *ret = NULL;
+    if (load_call_open(st, &lc, a[1]) == 0 && load_call_run(op, &lc) == 0)
+        ret = load_call_result(st, op, &lc, conv);
+    load_call_close(&lc);
     return ret;
 }

@@ -7,8 +7,6 @@
 
 #include <string.h>
 
-/* ---- metadata read from the payload objects ---- */
-
 #if PY_VERSION_HEX >= 0x030D0000
 #define lookup_attr PyObject_GetOptionalAttr
 #else
@@ -28,60 +26,76 @@ static PyObject *attr_or_none(PyObject *o, PyObject *name)
     return rc ? v : Py_NewRef(Py_None);
 }
 
+/* int(x) as int64 into *y: 0, or -1 with an exception (int()'s, or OverflowError past 64
+ * bits). Exact ints are read without int(). */
+static int as_i64(PyObject *x, int64_t *y)
+{
+    long long v;
+    if (PyLong_CheckExact(x)) {
+        v = PyLong_AsLongLong(x);
+    } else {
+        PyObject *l = PyNumber_Long(x);
+        v = l ? PyLong_AsLongLong(l) : -1;
+        Py_XDECREF(l);
+    }
+    *y = v;
+    return v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Room for one more entry in *v (len of *cap used; inl is the caller's array): a PyMem array
+ * twice as large (at least 16) with the entries copied, freeing the old one unless it is inl.
+ * 0, or -1 with MemoryError (*v unchanged). */
+static int i64_grow(int64_t **v, Py_ssize_t len, Py_ssize_t *cap, const int64_t *inl)
+{
+    Py_ssize_t ncap = *cap < 8 ? 16 : *cap * 2;
+    int64_t *nv = ncap <= PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) ? PyMem_Malloc(ncap * sizeof(int64_t)) : NULL;
+    if (!nv) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (len)
+        memcpy(nv, *v, len * sizeof(int64_t));
+    if (*v != inl)
+        PyMem_Free(*v);
+    *v = nv;
+    *cap = ncap;
+    return 0;
+}
+
 /* [int(x) for x in o] as int64: into inl while it has room (cap entries), else a PyMem array
- * (*out is inl or that array). -1 with an exception set (int()'s, the iteration's, or
- * OverflowError past 64 bits). */
+ * (*out is inl or that array, never NULL). -1 with an exception set (int()'s, the iteration's,
+ * or OverflowError past 64 bits). */
 static int i64_from_iter(PyObject *o, int64_t *inl, Py_ssize_t cap, int64_t **out, int64_t *n)
 {
     PyObject *iter = PyObject_GetIter(o), *x;
     if (!iter)
         return -1;
-    int64_t *v = inl;
+    int64_t *v = inl, y;
     Py_ssize_t len = 0;
-    while ((x = PyIter_Next(iter)) != NULL) {
-        long long y;
-        if (PyLong_CheckExact(x)) {
-            y = PyLong_AsLongLong(x);
-        } else {
-            PyObject *l = PyNumber_Long(x);
-            y = l ? PyLong_AsLongLong(l) : -1;
-            Py_XDECREF(l);
-        }
+    int rc = 0;
+    while (rc == 0 && (x = PyIter_Next(iter)) != NULL) {
+        rc = as_i64(x, &y);
         Py_DECREF(x);
-        if (y == -1 && PyErr_Occurred())
-            goto fail;
-        if (len == cap) {
-            Py_ssize_t ncap = cap < 8 ? 16 : cap * 2;
-            int64_t *nv =
-                ncap <= PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) ? PyMem_Malloc(ncap * sizeof(int64_t)) : NULL;
-            if (!nv) {
-                PyErr_NoMemory();
-                goto fail;
-            }
-            if (len)
-                memcpy(nv, v, len * sizeof(int64_t));
-            if (v != inl)
-                PyMem_Free(v);
-            v = nv;
-            cap = ncap;
-        }
-        v[len++] = y;
+        if (rc == 0 && len == cap)
+            rc = i64_grow(&v, len, &cap, inl);
+        if (rc == 0)
+            v[len++] = y;
     }
-    if (PyErr_Occurred())
-        goto fail;
-    if (!v && !(v = PyMem_Malloc(sizeof(int64_t)))) { /* none, and no inl: never a NULL array */
+    if (rc == 0 && PyErr_Occurred())
+        rc = -1;
+    if (rc == 0 && !v && !(v = PyMem_Malloc(sizeof(int64_t)))) { /* none, and no inl: never a NULL array */
         PyErr_NoMemory();
-        goto fail;
+        rc = -1;
     }
     Py_DECREF(iter);
+    if (rc < 0) {
+        if (v != inl)
+            PyMem_Free(v);
+        return -1;
+    }
     *out = v;
     *n = len;
     return 0;
-fail:
-    if (v != inl)
-        PyMem_Free(v);
-    Py_DECREF(iter);
-    return -1;
 }
 
 /* The class whose instances' metadata is read directly (rbpy_metadata_of), if its metadata attribute
@@ -114,23 +128,54 @@ PyObject *rbpy_metadata_of(rbpy_state *st, CoreObject *self, PyTypeObject *direc
     return attr_or_none(o, st->names[RBPY_NAME_METADATA]);
 }
 
+/* The names the core keeps for (dtype, fmt) into mi, when they came from pc's namer: 1 found,
+ * 0 not there. */
+static int meta_names_kept(const CoreObject *self, const put_call *pc, PyObject *dtype, PyObject *fmt, rb_meta_in *mi)
+{
+    if (pc->namer != self->namer)
+        return 0;
+    for (int j = 0; j < self->n_names; j++) {
+        const meta_names *e = &self->names[j];
+        if (e->dtype == dtype && e->fmt == fmt) {
+            mi->dtype = e->ds;
+            mi->dtype_len = e->dl;
+            mi->fmt = e->fs;
+            mi->fmt_len = e->fl;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Keep the namer's answer r for (dtype, fmt) (names already in mi) on the core. The namer ran
+ * Python code: another thread may have added entries meanwhile, so there must still be room
+ * and the entries must still be this namer's. 1 kept, 0 not (the call holds r instead). */
+static int meta_names_keep(CoreObject *self, const put_call *pc, PyObject *dtype, PyObject *fmt, PyObject *r,
+                           const rb_meta_in *mi)
+{
+    if (self->n_names >= RBPY_META_NAMES || (self->namer && self->namer != pc->namer))
+        return 0;
+    if (!self->namer)
+        self->namer = Py_NewRef(pc->namer);
+    meta_names *e = &self->names[self->n_names++];
+    e->dtype = Py_NewRef(dtype);
+    e->fmt = Py_NewRef(fmt);
+    e->dname = Py_NewRef(PyTuple_GET_ITEM(r, 0));
+    e->fname = Py_NewRef(PyTuple_GET_ITEM(r, 1));
+    e->ds = mi->dtype;
+    e->dl = mi->dtype_len;
+    e->fs = mi->fmt;
+    e->fl = mi->fmt_len;
+    return 1;
+}
+
 /* GIL held: the checkpoint names of (dtype, fmt) into mi: from the core's entries when the pair
  * is there (by identity), else namer(dtype, fmt) -> (dtype name, format name, cacheable), kept
  * on the core when cacheable and there is room, else held by the call. */
 static int meta_names_of(CoreObject *self, put_call *pc, PyObject *dtype, PyObject *fmt, rb_meta_in *mi)
 {
-    if (pc->namer == self->namer) {
-        for (int j = 0; j < self->n_names; j++) {
-            const meta_names *e = &self->names[j];
-            if (e->dtype == dtype && e->fmt == fmt) {
-                mi->dtype = e->ds;
-                mi->dtype_len = e->dl;
-                mi->fmt = e->fs;
-                mi->fmt_len = e->fl;
-                return 0;
-            }
-        }
-    }
+    if (meta_names_kept(self, pc, dtype, fmt, mi))
+        return 0;
     PyObject *r = PyObject_CallFunctionObjArgs(pc->namer, dtype, fmt, NULL);
     if (!r)
         return -1;
@@ -144,22 +189,9 @@ static int meta_names_of(CoreObject *self, put_call *pc, PyObject *dtype, PyObje
     mi->fmt = mi->dtype || dn == Py_None ? rbpy_opt_str(fn, &mi->fmt_len) : NULL;
     if (PyErr_Occurred() || (cache = PyObject_IsTrue(PyTuple_GET_ITEM(r, 2))) < 0)
         goto done;
-    /* The namer ran Python code: another thread may have added entries meanwhile. */
-    if (cache && self->n_names < RBPY_META_NAMES && (!self->namer || self->namer == pc->namer)) {
-        if (!self->namer)
-            self->namer = Py_NewRef(pc->namer);
-        meta_names *e = &self->names[self->n_names++];
-        e->dtype = Py_NewRef(dtype);
-        e->fmt = Py_NewRef(fmt);
-        e->dname = Py_NewRef(dn);
-        e->fname = Py_NewRef(fn);
-        e->ds = mi->dtype;
-        e->dl = mi->dtype_len;
-        e->fs = mi->fmt;
-        e->fl = mi->fmt_len;
-    } else if ((!pc->holds && !(pc->holds = PyList_New(0))) || PyList_Append(pc->holds, r) < 0) {
+    if (!(cache && meta_names_keep(self, pc, dtype, fmt, r, mi)) &&
+        ((!pc->holds && !(pc->holds = PyList_New(0))) || PyList_Append(pc->holds, r) < 0))
         cache = -1;
-    }
 done:
     Py_DECREF(r);
     return cache < 0 ? -1 : 0;

@@ -6,10 +6,6 @@
 
 #include "../core/rb_uring.h"
 
-static int status_add_trust(PyObject *d, const rb_core_status *st);
-
-/* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
- * exception set. */
 /* GIL held: deallocation of freed slots, flat keys dealloc_*. 0, or -1 with an exception set. */
 static int status_add_dealloc(PyObject *d, const rb_core_status *st)
 {
@@ -26,6 +22,8 @@ static int status_add_dealloc(PyObject *d, const rb_core_status *st)
     return rc;
 }
 
+/* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
+ * exception set. */
 static int status_add_log(PyObject *d, const rb_core_status *st)
 {
     static const char *const states[] = {"fresh", "v1-to-move", "live"};
@@ -61,57 +59,6 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
     rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
     Py_XDECREF(l);
     return rc;
-}
-
-PyObject *rbpy_core_status(PyObject *op, PyObject *unused)
-{
-    (void)unused;
-    rb_core_status st;
-    rb_core_status_get(rbpy_core_of(op), &st);
-    PyObject *io = PyDict_New();
-    if (!io)
-        return NULL;
-#define RBPY_IO(name)                                                                                                  \
-    do {                                                                                                               \
-        PyObject *v = PyLong_FromUnsignedLongLong(st.io.name);                                                         \
-        if (!v || PyDict_SetItemString(io, #name, v) < 0) {                                                            \
-            Py_XDECREF(v);                                                                                             \
-            Py_DECREF(io);                                                                                             \
-            return NULL;                                                                                               \
-        }                                                                                                              \
-        Py_DECREF(v);                                                                                                  \
-    } while (0);
-    RB_STATS_FIELDS(RBPY_IO)
-#undef RBPY_IO
-    static const char *const outcomes[] = {"blank", "skipped", "loaded", "fallback", "rejected", "unreadable"};
-    const char *outcome = st.recovery_outcome >= 0 && st.recovery_outcome < 6 ? outcomes[st.recovery_outcome] : "?";
-    PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
-        "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
-        "capacity_bytes", st.capacity_bytes, "data_base_offset", st.data_base, "container_bytes", st.container_bytes,
-        "max_slots", st.max_slots, "next_slot", st.next_slot, "free_slot_count", st.free_slots, "indexed_key_count",
-        st.indexed, "inflight_key_count", st.inflight_keys, "locked_key_count", st.locked_keys, "inflight_io_count",
-        st.inflight_io, "metadata_seq", st.meta_seq, "metadata_dirty_total", st.dirty_total, "metadata_persisted",
-        st.persisted, "fdp_slot_affinity_hit_count", st.affinity_hits, "fdp_slot_affinity_fallback_count",
-        st.affinity_fallbacks, "checkpoints_written", st.ckpt_written, "checkpoint_failures", st.ckpt_failures,
-        "checkpoint_too_large_count", st.ckpt_too_large, "payload_checksum_failures", st.checksum_failures,
-        "recovery_dropped_entries", st.recovery_dropped, "recovery_loaded_entries", st.recovery_entries_loaded,
-        "unverified_entry_count", st.unverified, "load_verified_entries", st.deferred_verified, "load_dropped_entries",
-        st.deferred_dropped, "recovery_loaded", st.recovery_loaded ? Py_True : Py_False, "closed",
-        st.closed ? Py_True : Py_False, "checkpoint_last_error", rbpy_text(st.ckpt_error), "recovery_outcome", outcome,
-        "recovery_seq", st.recovery_seq, "recovery_rejected_seq", st.recovery_rejected_seq, "recovery_lost_entries",
-        (long long)st.recovery_lost, "checkpoint_held_slots", st.held_slots, "checkpoint_held_slots_total",
-        st.held_total, "checkpoints_for_room", st.room_ckpts, "payload_checksum_dropped_entries", st.checksum_dropped,
-        "device_flushes", st.flushes, "recovery_skipped_entries", st.skipped, "io", io);
-    if (!d || status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0 || status_add_dealloc(d, &st) < 0)
-        Py_CLEAR(d);
-    /* The device's lock: "exclusive", "unsupported" (no flock on its file system), "released". */
-    rb_dev *dev = rb_core_device(rbpy_core_of(op));
-    PyObject *lock = d ? PyUnicode_FromString(dev ? rb_dev_lock_name(dev) : "released") : NULL;
-    if (d && (!lock || PyDict_SetItemString(d, "device_lock", lock) < 0))
-        Py_CLEAR(d);
-    Py_XDECREF(lock);
-    return d;
 }
 
 /* GIL held: the trust fields of a status dict: header refusals at load, write-back failures,
@@ -151,6 +98,57 @@ static int status_add_trust(PyObject *d, const rb_core_status *st)
     Py_XDECREF(faults);
     Py_XDECREF(counts);
     return rc;
+}
+
+/* GIL held: status()'s core-wide figures, io (the device's counters, stolen) among them. A new
+ * dict, or NULL with an exception set. */
+static PyObject *status_base(const rb_core_status *st, PyObject *io)
+{
+    static const char *const outcomes[] = {"blank", "skipped", "loaded", "fallback", "rejected", "unreadable"};
+    const char *outcome = st->recovery_outcome >= 0 && st->recovery_outcome < 6 ? outcomes[st->recovery_outcome] : "?";
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
+        "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
+        "capacity_bytes", st->capacity_bytes, "data_base_offset", st->data_base, "container_bytes", st->container_bytes,
+        "max_slots", st->max_slots, "next_slot", st->next_slot, "free_slot_count", st->free_slots, "indexed_key_count",
+        st->indexed, "inflight_key_count", st->inflight_keys, "locked_key_count", st->locked_keys, "inflight_io_count",
+        st->inflight_io, "metadata_seq", st->meta_seq, "metadata_dirty_total", st->dirty_total, "metadata_persisted",
+        st->persisted, "fdp_slot_affinity_hit_count", st->affinity_hits, "fdp_slot_affinity_fallback_count",
+        st->affinity_fallbacks, "checkpoints_written", st->ckpt_written, "checkpoint_failures", st->ckpt_failures,
+        "checkpoint_too_large_count", st->ckpt_too_large, "payload_checksum_failures", st->checksum_failures,
+        "recovery_dropped_entries", st->recovery_dropped, "recovery_loaded_entries", st->recovery_entries_loaded,
+        "unverified_entry_count", st->unverified, "load_verified_entries", st->deferred_verified,
+        "load_dropped_entries", st->deferred_dropped, "recovery_loaded", st->recovery_loaded ? Py_True : Py_False,
+        "closed", st->closed ? Py_True : Py_False, "checkpoint_last_error", rbpy_text(st->ckpt_error),
+        "recovery_outcome", outcome, "recovery_seq", st->recovery_seq, "recovery_rejected_seq",
+        st->recovery_rejected_seq, "recovery_lost_entries", (long long)st->recovery_lost, "checkpoint_held_slots",
+        st->held_slots, "checkpoint_held_slots_total", st->held_total, "checkpoints_for_room", st->room_ckpts,
+        "payload_checksum_dropped_entries", st->checksum_dropped, "device_flushes", st->flushes,
+        "recovery_skipped_entries", st->skipped, "io", io);
+}
+
+/* GIL held: d["device_lock"], the device's lock: "exclusive", "unsupported" (no flock on its
+ * file system), "released". 0, or -1 with an exception set. */
+static int status_add_lock(PyObject *d, rb_core *c)
+{
+    rb_dev *dev = rb_core_device(c);
+    PyObject *lock = PyUnicode_FromString(dev ? rb_dev_lock_name(dev) : "released");
+    int rc = lock ? PyDict_SetItemString(d, "device_lock", lock) : -1;
+    Py_XDECREF(lock);
+    return rc;
+}
+
+PyObject *rbpy_core_status(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core_status st;
+    rb_core_status_get(rbpy_core_of(op), &st);
+    PyObject *io = rbpy_io_stats_dict(&st.io);
+    PyObject *d = io ? status_base(&st, io) : NULL;
+    if (d && (status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0 || status_add_dealloc(d, &st) < 0 ||
+              status_add_lock(d, rbpy_core_of(op)) < 0))
+        Py_CLEAR(d);
+    return d;
 }
 
 /* trust_counters() -> (faults_total, load_rejected_entries, writeback_dropped_entries,

@@ -421,17 +421,14 @@ static PyObject *device_pread_into(PyObject *op, PyObject *const *args, Py_ssize
     return sync_method(op, 0, "pread_into", names, args, nargs, kwnames);
 }
 
-static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
+PyObject *rbpy_io_stats_dict(const rb_stats_snapshot *s)
 {
-    (void)unused;
-    rb_stats_snapshot s;
-    rb_dev_stats_read(((RawBlockDeviceObject *)op)->dev, &s);
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
 #define RBPY_PUT(name)                                                                                                 \
     do {                                                                                                               \
-        PyObject *v = PyLong_FromUnsignedLongLong(s.name);                                                             \
+        PyObject *v = PyLong_FromUnsignedLongLong(s->name);                                                            \
         if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                                             \
             Py_XDECREF(v);                                                                                             \
             Py_DECREF(d);                                                                                              \
@@ -442,6 +439,14 @@ static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
     RB_STATS_FIELDS(RBPY_PUT)
 #undef RBPY_PUT
     return d;
+}
+
+static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_stats_snapshot s;
+    rb_dev_stats_read(((RawBlockDeviceObject *)op)->dev, &s);
+    return rbpy_io_stats_dict(&s);
 }
 
 /* The namespace of a passthrough device, or RuntimeError naming what is not available. */

@@ -124,6 +124,9 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
+/* A device's lifetime I/O counters as a dict, one key per RB_STATS_FIELDS name. */
+struct rb_stats_snapshot;
+PyObject *rbpy_io_stats_dict(const struct rb_stats_snapshot *s);
 /* fetch_fdp_status() of a device, without the GIL: [(placement_id, ruh_id), ...]. A device
  * that can place no writes raises its RuntimeError, with not_enabled as the text if given. */
 PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled);
