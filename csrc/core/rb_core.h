@@ -279,4 +279,11 @@ void rb_core_set_load_check_off(rb_core *c, int off);
 /* Test hook: loads pause ms milliseconds between their index snapshot and their reads. */
 void rb_core_set_load_delay_ms(rb_core *c, uint32_t ms);
 
+/* ---- Accessors for callers outside the core (the binding) --------------------------------
+ * What a caller may read of a core without the core's internal header (rb_core_access.c). */
+struct rb_dev;
+/* The core's device, opened by rb_core_open and freed by rb_core_free (NULL for c NULL). Close
+ * does not clear it: the device refuses new users (rb_dev_enter) once the core has closed it. */
+struct rb_dev *rb_core_device(rb_core *c);
+
 #endif /* RB_CORE_H */

@@ -34,93 +34,82 @@ static int set_err(const rb_err *err)
     return -1;
 }
 
-/* An int for an RB_SET_UINT setting: a ValueError names the setting, the value and the range. */
+/* An int for an RB_SET_UINT setting (None is 0 where the setting says so): a ValueError names
+ * the setting, the value and the range. */
 static int set_uint_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v)
 {
-    if (v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO))
-        v = NULL;
-    else if (!PyLong_Check(v) || PyBool_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
-        return -1;
-    }
     uint64_t u = 0;
-    if (v) {
-        int overflow = 0;
-        long long ll = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (ll == -1 && !overflow && PyErr_Occurred())
-            return -1;
-        int bad = overflow < 0 || (!overflow && ll < 0);
-        if (!bad && overflow > 0) {
-            u = PyLong_AsUnsignedLongLong(v);
-            if (u == (uint64_t)-1 && PyErr_Occurred()) {
-                if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-                    return -1;
-                PyErr_Clear();
-                bad = 1;
-            }
-        } else if (!bad) {
-            u = (uint64_t)ll;
-        }
-        if (bad) {
-            PyErr_Format(PyExc_ValueError, "%s must be in %llu..%llu, got %.200R", s->name, (unsigned long long)s->min,
-                         (unsigned long long)s->max, v);
-            return -1;
-        }
-    }
+    if (!(v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO)) && rbpy_bounded_u64(v, s->name, s->min, s->max, &u) < 0)
+        return -1;
     rb_err err;
     rb_err_clear(&err);
     return rb_setting_set_uint(cfg, s, u, &err) < 0 ? set_err(&err) : 0;
 }
 
-/* One keyword's value into cfg. A path is converted into *path_out (a new bytes object the
- * caller keeps alive while cfg is used). */
+/* A path: str, bytes or os.PathLike, converted into *path_out (a new bytes object the caller
+ * keeps alive while cfg is used). */
+static int set_path_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, PyObject **path_out, rb_err *err)
+{
+    PyObject *b = NULL;
+    if (!PyUnicode_Check(v) && !PyBytes_Check(v) && !PyObject_HasAttrString(v, "__fspath__")) {
+        PyErr_Format(PyExc_TypeError, "%s must be a path (str, bytes or os.PathLike), got %.80s %.200R", s->name,
+                     Py_TYPE(v)->tp_name, v);
+        return -1;
+    }
+    if (!PyUnicode_FSConverter(v, &b))
+        return -1;
+    Py_XSETREF(*path_out, b);
+    if (rb_setting_set_text(cfg, s, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), err) < 0)
+        return set_err(err);
+    return 0;
+}
+
+/* A choice: the str naming it. */
+static int set_choice_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, rb_err *err)
+{
+    if (!PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a str, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+        return -1;
+    }
+    Py_ssize_t n;
+    const char *t = PyUnicode_AsUTF8AndSize(v, &n);
+    if (!t)
+        return -1;
+    return rb_setting_set_text(cfg, s, t, (size_t)n, err) < 0 ? set_err(err) : 0;
+}
+
+/* The checkpoint magic: bytes or a bytearray. */
+static int set_magic_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, rb_err *err)
+{
+    if (!PyBytes_Check(v) && !PyByteArray_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
+        return -1;
+    }
+    const char *t = PyBytes_Check(v) ? PyBytes_AS_STRING(v) : PyByteArray_AS_STRING(v);
+    Py_ssize_t n = PyBytes_Check(v) ? PyBytes_GET_SIZE(v) : PyByteArray_GET_SIZE(v);
+    return rb_setting_set_text(cfg, s, t, (size_t)n, err) < 0 ? set_err(err) : 0;
+}
+
+/* One keyword's value into cfg, by the setting's type. A path is converted into *path_out (a
+ * new bytes object the caller keeps alive while cfg is used). */
 static int set_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v, PyObject **path_out)
 {
     rb_err err;
     rb_err_clear(&err);
+    int b;
     switch (s->type) {
-    case RB_SET_PATH: {
-        PyObject *b = NULL;
-        if (!PyUnicode_Check(v) && !PyBytes_Check(v) && !PyObject_HasAttrString(v, "__fspath__")) {
-            PyErr_Format(PyExc_TypeError, "%s must be a path (str, bytes or os.PathLike), got %.80s %.200R", s->name,
-                         Py_TYPE(v)->tp_name, v);
-            return -1;
-        }
-        if (!PyUnicode_FSConverter(v, &b))
-            return -1;
-        Py_XSETREF(*path_out, b);
-        if (rb_setting_set_text(cfg, s, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), &err) < 0)
-            return set_err(&err);
-        return 0;
-    }
+    case RB_SET_PATH:
+        return set_path_from(cfg, s, v, path_out, &err);
     case RB_SET_UINT:
         return set_uint_from(cfg, s, v);
-    case RB_SET_BOOL: {
-        int b;
+    case RB_SET_BOOL:
         if (rbpy_as_bool(v, s->name, &b) < 0)
             return -1;
         return rb_setting_set_uint(cfg, s, (uint64_t)b, &err) < 0 ? set_err(&err) : 0;
-    }
-    case RB_SET_CHOICE: {
-        if (!PyUnicode_Check(v)) {
-            PyErr_Format(PyExc_TypeError, "%s must be a str, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
-            return -1;
-        }
-        Py_ssize_t n;
-        const char *t = PyUnicode_AsUTF8AndSize(v, &n);
-        if (!t)
-            return -1;
-        return rb_setting_set_text(cfg, s, t, (size_t)n, &err) < 0 ? set_err(&err) : 0;
-    }
-    case RB_SET_MAGIC: {
-        if (!PyBytes_Check(v) && !PyByteArray_Check(v)) {
-            PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.80s %.200R", s->name, Py_TYPE(v)->tp_name, v);
-            return -1;
-        }
-        const char *t = PyBytes_Check(v) ? PyBytes_AS_STRING(v) : PyByteArray_AS_STRING(v);
-        Py_ssize_t n = PyBytes_Check(v) ? PyBytes_GET_SIZE(v) : PyByteArray_GET_SIZE(v);
-        return rb_setting_set_text(cfg, s, t, (size_t)n, &err) < 0 ? set_err(&err) : 0;
-    }
+    case RB_SET_CHOICE:
+        return set_choice_from(cfg, s, v, &err);
+    case RB_SET_MAGIC:
+        return set_magic_from(cfg, s, v, &err);
     default:
         PyErr_Format(PyExc_SystemError, "setting %s has an unknown type", s->name);
         return -1;
@@ -203,42 +192,60 @@ static PyObject *default_of(const rb_setting *s, const rb_core_cfg *defaults)
     }
 }
 
+/* The choices of s as a tuple of str, or None when it has none. */
+static PyObject *choices_of(const rb_setting *s)
+{
+    if (!s->choices)
+        Py_RETURN_NONE;
+    Py_ssize_t n = 0;
+    while (s->choices[n])
+        n++;
+    PyObject *choices = PyTuple_New(n);
+    for (Py_ssize_t i = 0; choices && i < n; i++) {
+        PyObject *c = PyUnicode_FromString(s->choices[i]);
+        if (!c)
+            Py_CLEAR(choices);
+        else
+            PyTuple_SET_ITEM(choices, i, c);
+    }
+    return choices;
+}
+
+/* The flags a settings() dict shows, as bools, in its key order. */
+static const struct {
+    const char *key;
+    unsigned bit;
+} setting_flags[] = {
+    {"lmcache", RB_SET_LMCACHE},
+    {"required", RB_SET_REQUIRED},
+    {"config", RB_SET_CONFIG},
+    {"plugin", RB_SET_PLUGIN},
+    {"nonpositive_is_zero", RB_SET_NONPOSITIVE_IS_ZERO},
+    {"clamp_to_min", RB_SET_CLAMP_TO_MIN},
+    {"power_of_two", RB_SET_POWER_OF_TWO},
+    {"none_is_zero", RB_SET_NONE_IS_ZERO},
+    {"policy", RB_SET_POLICY},
+    {"lmcache_mp", RB_SET_LMCACHE_MP},
+};
+
+/* One entry of settings(): name, type, min, max, default, choices, the flags, help. */
 static PyObject *setting_dict(const rb_setting *s, const rb_core_cfg *defaults)
 {
-    PyObject *choices = Py_None, *deflt = default_of(s, defaults);
-    if (!deflt)
-        return NULL;
-    if (s->choices) {
-        Py_ssize_t n = 0;
-        while (s->choices[n])
-            n++;
-        choices = PyTuple_New(n);
-        for (Py_ssize_t i = 0; choices && i < n; i++) {
-            PyObject *c = PyUnicode_FromString(s->choices[i]);
-            if (!c)
-                Py_CLEAR(choices);
-            else
-                PyTuple_SET_ITEM(choices, i, c);
-        }
-        if (!choices) {
-            Py_DECREF(deflt);
-            return NULL;
-        }
-    } else {
-        Py_INCREF(choices);
-    }
-    unsigned f = s->flags;
-    PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:K,s:K,s:N,s:N,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", s->name, "type",
-        type_name(s->type), "min", (unsigned long long)s->min, "max", (unsigned long long)s->max, "default", deflt,
-        "choices", choices, "lmcache", (f & RB_SET_LMCACHE) ? Py_True : Py_False, "required",
-        (f & RB_SET_REQUIRED) ? Py_True : Py_False, "config", (f & RB_SET_CONFIG) ? Py_True : Py_False, "plugin",
-        (f & RB_SET_PLUGIN) ? Py_True : Py_False, "nonpositive_is_zero",
-        (f & RB_SET_NONPOSITIVE_IS_ZERO) ? Py_True : Py_False, "clamp_to_min",
-        (f & RB_SET_CLAMP_TO_MIN) ? Py_True : Py_False, "power_of_two", (f & RB_SET_POWER_OF_TWO) ? Py_True : Py_False,
-        "none_is_zero", (f & RB_SET_NONE_IS_ZERO) ? Py_True : Py_False, "policy",
-        (f & RB_SET_POLICY) ? Py_True : Py_False, "lmcache_mp", (f & RB_SET_LMCACHE_MP) ? Py_True : Py_False, "help",
-        s->help);
+    PyObject *deflt = default_of(s, defaults);
+    PyObject *choices = deflt ? choices_of(s) : NULL;
+    PyObject *d = choices ? Py_BuildValue("{s:s,s:s,s:K,s:K,s:O,s:O}", "name", s->name, "type", type_name(s->type),
+                                          "min", (unsigned long long)s->min, "max", (unsigned long long)s->max,
+                                          "default", deflt, "choices", choices)
+                          : NULL;
+    Py_XDECREF(deflt);
+    Py_XDECREF(choices);
+    for (size_t i = 0; d && i < sizeof(setting_flags) / sizeof(setting_flags[0]); i++)
+        if (PyDict_SetItemString(d, setting_flags[i].key, (s->flags & setting_flags[i].bit) ? Py_True : Py_False) < 0)
+            Py_CLEAR(d);
+    PyObject *help = !d ? NULL : s->help ? PyUnicode_FromString(s->help) : Py_NewRef(Py_None);
+    if (d && (!help || PyDict_SetItemString(d, "help", help) < 0))
+        Py_CLEAR(d);
+    Py_XDECREF(help);
     return d;
 }
 

@@ -70,6 +70,152 @@ static int lock_mode_of(PyObject *o, int *mode)
     return -1;
 }
 
+/* RawBlockDevice's arguments as given (NULL: not given). */
+typedef struct {
+    PyObject *path, *writable, *odirect, *iouring, *uring_cmd, *alignment, *engine, *depth, *mdts, *lock;
+} dev_args;
+
+/* The integer keywords. As LMCache's device: alignment 0 or a power of two up to 2^30, a queue
+ * depth below 1 taken as 1 and above the kernel's limit refused. Ours: max_data_transfer_size,
+ * the bytes per NVMe command on a passthrough device (None or 0: the kernel's limit from sysfs;
+ * LMCache splits transfers in Python, ours splits them here). */
+#define ALIGNMENT_WORDS "must be 0 or a power of two up to 2^30"
+static const rbpy_int_range alignment_range = {
+    .name = "alignment", .lo = 0, .hi = 1 << 30, .below = "must be >= 0", .above = ALIGNMENT_WORDS};
+static const rbpy_int_range depth_range = {.name = "iouring_queue_depth",
+                                           .lo = 1,
+                                           .hi = 32768,
+                                           .above = "must be <= 32768 (the kernel's limit)",
+                                           .clamp_low = 1};
+#define MDTS_WORDS "must be 0 (from sysfs) or at most 2^30 bytes"
+static const rbpy_int_range mdts_range = {.name = "max_data_transfer_size",
+                                          .lo = 0,
+                                          .hi = 1 << 30,
+                                          .below = MDTS_WORDS,
+                                          .above = MDTS_WORDS,
+                                          .kind = "an int or None"};
+
+/* The boolean keywords (strict: "false" is not true) into cfg. 0, or -1 with TypeError. */
+static int dev_bools_from(const dev_args *a, rb_dev_config *cfg, int *use_iouring)
+{
+    if (rbpy_as_bool(a->writable, "writable", &cfg->writable) < 0 ||
+        (a->odirect && rbpy_as_bool(a->odirect, "use_odirect", &cfg->odirect) < 0) ||
+        (a->iouring && rbpy_as_bool(a->iouring, "use_iouring", use_iouring) < 0) ||
+        (a->uring_cmd && rbpy_as_bool(a->uring_cmd, "use_uring_cmd", &cfg->uring_cmd) < 0))
+        return -1;
+    return 0;
+}
+
+/* The integer keywords into cfg (defaults: alignment 4096, depth 256, transfer size 0). 0, or
+ * -1 with an exception naming the keyword and its value. */
+static int dev_ints_from(const dev_args *a, rb_dev_config *cfg)
+{
+    int64_t alignment = 4096, depth = 256, mdts = 0;
+    if (a->alignment && rbpy_bounded_i64(a->alignment, &alignment_range, &alignment) < 0)
+        return -1;
+    if (alignment & (alignment - 1))
+        return rbpy_int_refused(a->alignment, "alignment", ALIGNMENT_WORDS);
+    if (a->depth && a->depth != Py_None && rbpy_bounded_i64(a->depth, &depth_range, &depth) < 0)
+        return -1;
+    if (a->mdts && a->mdts != Py_None && rbpy_bounded_i64(a->mdts, &mdts_range, &mdts) < 0)
+        return -1;
+    cfg->alignment = (size_t)alignment;
+    cfg->queue_depth = (unsigned)depth;
+    cfg->max_transfer = (uint64_t)mdts;
+    return 0;
+}
+
+/* The engine: a non-empty io_engine ("posix" or "io_uring") wins over use_iouring. *iouring
+ * comes in as use_iouring. 0, or -1 with an exception. */
+static int dev_engine_of(PyObject *io_engine, int *iouring)
+{
+    if (!io_engine || io_engine == Py_None)
+        return 0;
+    if (!PyUnicode_Check(io_engine)) {
+        PyErr_Format(PyExc_TypeError, "io_engine must be a str or None, got %.80s %.200R", Py_TYPE(io_engine)->tp_name,
+                     io_engine);
+        return -1;
+    }
+    const char *eng = PyUnicode_AsUTF8(io_engine);
+    if (!eng)
+        return -1;
+    if (strcmp(eng, "posix") == 0) {
+        *iouring = 0;
+    } else if (strcmp(eng, "io_uring") == 0) {
+        *iouring = 1;
+    } else if (eng[0] != '\0') {
+        PyErr_Format(PyExc_ValueError, "io_engine must be one of posix, io_uring; got %s", eng);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every keyword but the path into cfg, checked in LMCache's order (our lock first). 0, or -1
+ * with an exception. */
+static int dev_config_from(const dev_args *a, rb_dev_config *cfg)
+{
+    int use_iouring = 0;
+    /* Our keyword-only extension: how the device is locked (LMCache's device takes no lock). */
+    if (lock_mode_of(a->lock, &cfg->lock) < 0 || dev_bools_from(a, cfg, &use_iouring) < 0 || dev_ints_from(a, cfg) < 0)
+        return -1;
+    /* 1. engine selection; 2. passthrough needs io_uring. */
+    if (dev_engine_of(a->engine, &use_iouring) < 0)
+        return -1;
+    cfg->engine = use_iouring ? RB_ENGINE_IOURING : RB_ENGINE_POSIX;
+    if (cfg->uring_cmd && !use_iouring) {
+        PyErr_SetString(PyExc_ValueError, "use_uring_cmd requires use_iouring to be enabled");
+        return -1;
+    }
+    return 0;
+}
+
+/* use_uring_cmd: the path must be a character device (an NVMe namespace, e.g. /dev/ng0n1); a
+ * missing path is reported as opening it would, as LMCache's device does. stat(2) runs without
+ * the GIL. 0, or -1 with an exception. */
+static int dev_check_uring_cmd_path(const char *path)
+{
+    struct stat st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = stat(path, &st);
+    Py_END_ALLOW_THREADS if (rc != 0)
+    {
+        int e = errno;
+        rb_err err;
+        rb_err_set(&err, RB_ERR_OS, e, e == ENOENT ? "open failed" : "stat failed");
+        rbpy_raise_err(&err);
+        return -1;
+    }
+    if (!S_ISCHR(st.st_mode)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "use_uring_cmd requires an NVMe namespace character device (e.g., /dev/ng0n1)");
+        return -1;
+    }
+    return 0;
+}
+
+/* 3. the path: encoded, checked for passthrough, opened without the GIL. The device, or NULL
+ * with an exception (an OSError names the path). */
+static rb_dev *dev_open_path(PyObject *path, rb_dev_config *cfg)
+{
+    PyObject *bpath = encode_path(path);
+    if (!bpath)
+        return NULL;
+    cfg->path = PyBytes_AS_STRING(bpath);
+    rb_dev *dev = NULL;
+    if (cfg->uring_cmd && dev_check_uring_cmd_path(cfg->path) < 0) {
+        Py_DECREF(bpath);
+        return NULL;
+    }
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = rb_dev_open(cfg, &dev, &err);
+    Py_END_ALLOW_THREADS if (rc < 0) rbpy_raise_err_path(&err, bpath); /* OSError's filename is the path */
+    Py_DECREF(bpath);
+    cfg->path = NULL;
+    return rc < 0 ? NULL : dev;
+}
+
 static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path",
@@ -83,169 +229,25 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                              "max_data_transfer_size",
                              "lock",
                              NULL};
-    PyObject *path, *o_writable, *o_odirect = NULL, *o_iouring = NULL, *o_uring_cmd = NULL;
-    PyObject *o_alignment = NULL, *o_depth = NULL, *o_mdts = NULL, *o_lock = NULL;
-    PyObject *io_engine = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$O:RawBlockDevice", kwlist, &path, &o_writable, &o_odirect,
-                                     &o_iouring, &o_uring_cmd, &o_alignment, &io_engine, &o_depth, &o_mdts, &o_lock))
+    dev_args a = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$O:RawBlockDevice", kwlist, &a.path, &a.writable,
+                                     &a.odirect, &a.iouring, &a.uring_cmd, &a.alignment, &a.engine, &a.depth, &a.mdts,
+                                     &a.lock))
         return NULL;
-    /* Our keyword-only extension: how the device is locked (LMCache's device takes no lock). */
-    int lock_mode;
-    if (lock_mode_of(o_lock, &lock_mode) < 0)
+    rb_dev_config cfg = {0};
+    if (dev_config_from(&a, &cfg) < 0)
         return NULL;
-    /* Strict booleans ("false" is not true) and integers whose errors name the parameter. */
-    int writable, use_odirect = 0, use_iouring = 0, use_uring_cmd = 0;
-    uint64_t alignment = 4096, queue_depth = 256;
-    if (rbpy_as_bool(o_writable, "writable", &writable) < 0 ||
-        (o_odirect && rbpy_as_bool(o_odirect, "use_odirect", &use_odirect) < 0) ||
-        (o_iouring && rbpy_as_bool(o_iouring, "use_iouring", &use_iouring) < 0) ||
-        (o_uring_cmd && rbpy_as_bool(o_uring_cmd, "use_uring_cmd", &use_uring_cmd) < 0))
+    rb_dev *dev = dev_open_path(a.path, &cfg);
+    if (!dev)
         return NULL;
-    if (o_alignment) {
-        if (!PyLong_Check(o_alignment) || PyBool_Check(o_alignment)) {
-            PyErr_Format(PyExc_TypeError, "alignment must be an int, got %.80s %.200R", Py_TYPE(o_alignment)->tp_name,
-                         o_alignment);
-            return NULL;
-        }
-        int overflow = 0;
-        long long a = PyLong_AsLongLongAndOverflow(o_alignment, &overflow);
-        if (a == -1 && !overflow && PyErr_Occurred())
-            return NULL;
-        if (overflow < 0 || (!overflow && a < 0)) {
-            PyErr_Format(PyExc_ValueError, "alignment must be >= 0, got %.200R", o_alignment);
-            return NULL;
-        }
-        if (overflow > 0 || a > (1 << 30) || (a & (a - 1))) {
-            PyErr_Format(PyExc_ValueError, "alignment must be 0 or a power of two up to 2^30, got %.200R", o_alignment);
-            return NULL;
-        }
-        alignment = (uint64_t)a;
-    }
-    if (o_depth && o_depth != Py_None) {
-        /* As LMCache's device, a depth below 1 is taken as 1; above the kernel's limit is an error. */
-        if (!PyLong_Check(o_depth) || PyBool_Check(o_depth)) {
-            PyErr_Format(PyExc_TypeError, "iouring_queue_depth must be an int, got %.80s %.200R",
-                         Py_TYPE(o_depth)->tp_name, o_depth);
-            return NULL;
-        }
-        int overflow = 0;
-        long long d = PyLong_AsLongLongAndOverflow(o_depth, &overflow);
-        if (d == -1 && !overflow && PyErr_Occurred())
-            return NULL;
-        if (overflow > 0 || d > 32768) {
-            PyErr_Format(PyExc_ValueError, "iouring_queue_depth must be <= 32768 (the kernel's limit), got %.200R",
-                         o_depth);
-            return NULL;
-        }
-        queue_depth = overflow < 0 || d < 1 ? 1 : (uint64_t)d;
-    }
-
-    /* Our extension: the bytes per NVMe command on a passthrough device (None or 0: the
-     * kernel's limit from sysfs). LMCache splits transfers in Python; ours splits them here. */
-    uint64_t max_transfer = 0;
-    if (o_mdts && o_mdts != Py_None) {
-        if (!PyLong_Check(o_mdts) || PyBool_Check(o_mdts)) {
-            PyErr_Format(PyExc_TypeError, "max_data_transfer_size must be an int or None, got %.80s %.200R",
-                         Py_TYPE(o_mdts)->tp_name, o_mdts);
-            return NULL;
-        }
-        int overflow = 0;
-        long long m = PyLong_AsLongLongAndOverflow(o_mdts, &overflow);
-        if (m == -1 && !overflow && PyErr_Occurred())
-            return NULL;
-        if (overflow || m < 0 || m > (1LL << 30)) {
-            PyErr_Format(PyExc_ValueError,
-                         "max_data_transfer_size must be 0 (from sysfs) or at most 2^30 bytes, got %.200R", o_mdts);
-            return NULL;
-        }
-        max_transfer = (uint64_t)m;
-    }
-
-    /* 1. engine selection: a non-empty io_engine wins over use_iouring. */
-    int iouring = use_iouring;
-    if (io_engine != Py_None) {
-        if (!PyUnicode_Check(io_engine)) {
-            PyErr_Format(PyExc_TypeError, "io_engine must be a str or None, got %.80s %.200R",
-                         Py_TYPE(io_engine)->tp_name, io_engine);
-            return NULL;
-        }
-        const char *eng = PyUnicode_AsUTF8(io_engine);
-        if (!eng)
-            return NULL;
-        if (eng[0] != '\0') {
-            if (strcmp(eng, "posix") == 0)
-                iouring = 0;
-            else if (strcmp(eng, "io_uring") == 0)
-                iouring = 1;
-            else {
-                PyErr_Format(PyExc_ValueError, "io_engine must be one of posix, io_uring; got %s", eng);
-                return NULL;
-            }
-        }
-    }
-    /* 2. passthrough needs io_uring. */
-    if (use_uring_cmd && !iouring) {
-        PyErr_SetString(PyExc_ValueError, "use_uring_cmd requires use_iouring to be enabled");
-        return NULL;
-    }
-    /* 3. path. */
-    PyObject *bpath = encode_path(path);
-    if (!bpath)
-        return NULL;
-
-    rb_dev_config cfg = {
-        .path = PyBytes_AS_STRING(bpath),
-        .writable = writable,
-        .odirect = use_odirect,
-        .engine = iouring ? RB_ENGINE_IOURING : RB_ENGINE_POSIX,
-        .uring_cmd = use_uring_cmd,
-        .alignment = (size_t)alignment,
-        .queue_depth = (unsigned)queue_depth,
-        .max_transfer = max_transfer,
-        .lock = lock_mode,
-    };
-    if (use_uring_cmd) {
-        struct stat st;
-        int rc;
-        Py_BEGIN_ALLOW_THREADS rc = stat(cfg.path, &st);
-        Py_END_ALLOW_THREADS if (rc != 0)
-        {
-            int e = errno;
-            Py_DECREF(bpath);
-            rb_err err;
-            /* Opening reports a missing path first, as LMCache's device does. */
-            rb_err_set(&err, RB_ERR_OS, e, e == ENOENT ? "open failed" : "stat failed");
-            return rbpy_raise_err(&err);
-        }
-        if (!S_ISCHR(st.st_mode)) {
-            Py_DECREF(bpath);
-            PyErr_SetString(PyExc_ValueError,
-                            "use_uring_cmd requires an NVMe namespace character device (e.g., /dev/ng0n1)");
-            return NULL;
-        }
-    }
-
-    rb_dev *dev = NULL;
-    rb_err err;
-    rb_err_clear(&err);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_dev_open(&cfg, &dev, &err);
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
-        rbpy_raise_err_path(&err, bpath); /* OSError's filename is the path */
-        Py_DECREF(bpath);
-        return NULL;
-    }
-    Py_DECREF(bpath);
-
     RawBlockDeviceObject *self = (RawBlockDeviceObject *)type->tp_alloc(type, 0);
     if (!self) {
         Py_BEGIN_ALLOW_THREADS rb_dev_free(dev);
         Py_END_ALLOW_THREADS return NULL;
     }
     self->dev = dev;
-    self->use_iouring = iouring;
-    self->use_uring_cmd = use_uring_cmd;
+    self->use_iouring = cfg.engine == RB_ENGINE_IOURING;
+    self->use_uring_cmd = cfg.uring_cmd;
     return (PyObject *)self;
 }
 
@@ -313,9 +315,37 @@ static PyObject *device_size_bytes(PyObject *op, PyObject *unused)
 }
 
 /*
- * Run one synchronous transfer with the GIL released. EINTR goes back to Python to run
- * signal handlers (an exception from one aborts the transfer), then the transfer resumes.
+ * Prepare and run x, the GIL released around anything that may sleep: a small buffered transfer
+ * first tries once without sleeping (the page cache usually serves it, which costs less than
+ * handing the GIL over twice). EINTR goes back to Python to run signal handlers, then the
+ * transfer resumes. 0, -EINTR when a handler raised, or <0 with err filled.
  */
+static int xfer_run(rb_dev *dev, rb_xfer *x, size_t total, rb_err *err)
+{
+    int rc;
+    if (!rb_dev_odirect(dev) && total <= RB_NOWAIT_MAX) {
+        rc = rb_xfer_prepare(dev, x, err);
+        if (rc == 0 && !rb_xfer_try_nowait(dev, x)) {
+            Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, x, err);
+            Py_END_ALLOW_THREADS
+        }
+    } else {
+        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_prepare(dev, x, err);
+        if (rc == 0)
+            rc = rb_xfer_run(dev, x, err);
+        Py_END_ALLOW_THREADS
+    }
+    while (rc == -EINTR) {
+        if (PyErr_CheckSignals() < 0)
+            break;
+        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, x, err);
+        Py_END_ALLOW_THREADS
+    }
+    return rc;
+}
+
+/* One synchronous transfer of view: payload_len defaults to the view's length, total_len to
+ * payload_len. */
 static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset, Py_buffer *view,
                           PyObject *payload_obj, PyObject *total_obj)
 {
@@ -338,28 +368,7 @@ static PyObject *run_sync(RawBlockDeviceObject *self, int write, uint64_t offset
         PyErr_SetString(PyExc_RuntimeError, "device is closed");
         return NULL;
     }
-    int rc;
-    if (!rb_dev_odirect(dev) && total <= RB_NOWAIT_MAX) {
-        /* Small buffered transfer: the page cache usually serves it without sleeping, which
-         * costs less than handing the GIL over twice. Only if it would block do we release
-         * the GIL and wait. */
-        rc = rb_xfer_prepare(dev, &x, &err);
-        if (rc == 0 && !rb_xfer_try_nowait(dev, &x)) {
-            Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, &x, &err);
-            Py_END_ALLOW_THREADS
-        }
-    } else {
-        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_prepare(dev, &x, &err);
-        if (rc == 0)
-            rc = rb_xfer_run(dev, &x, &err);
-        Py_END_ALLOW_THREADS
-    }
-    while (rc == -EINTR) {
-        if (PyErr_CheckSignals() < 0)
-            break;
-        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, &x, &err);
-        Py_END_ALLOW_THREADS
-    }
+    int rc = xfer_run(dev, &x, total, &err);
     rb_xfer_release(&x);
     rb_dev_leave(dev);
     if (rc == -EINTR)
@@ -412,17 +421,14 @@ static PyObject *device_pread_into(PyObject *op, PyObject *const *args, Py_ssize
     return sync_method(op, 0, "pread_into", names, args, nargs, kwnames);
 }
 
-static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
+PyObject *rbpy_io_stats_dict(const rb_stats_snapshot *s)
 {
-    (void)unused;
-    rb_stats_snapshot s;
-    rb_dev_stats_read(((RawBlockDeviceObject *)op)->dev, &s);
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
 #define RBPY_PUT(name)                                                                                                 \
     do {                                                                                                               \
-        PyObject *v = PyLong_FromUnsignedLongLong(s.name);                                                             \
+        PyObject *v = PyLong_FromUnsignedLongLong(s->name);                                                            \
         if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                                             \
             Py_XDECREF(v);                                                                                             \
             Py_DECREF(d);                                                                                              \
@@ -433,6 +439,14 @@ static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
     RB_STATS_FIELDS(RBPY_PUT)
 #undef RBPY_PUT
     return d;
+}
+
+static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_stats_snapshot s;
+    rb_dev_stats_read(((RawBlockDeviceObject *)op)->dev, &s);
+    return rbpy_io_stats_dict(&s);
 }
 
 /* The namespace of a passthrough device, or RuntimeError naming what is not available. */
@@ -565,13 +579,15 @@ static PyObject *device_get_lock(PyObject *op, void *closure)
 static PyObject *dev_inject_nowait_miss(PyObject *op, PyObject *arg)
 {
     RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
+    static const rbpy_int_range range = {.name = "_inject_nowait_miss: n",
+                                         .lo = 0,
+                                         .hi = INT_MAX,
+                                         .below = "must be in [0, 2147483647]",
+                                         .above = "must be in [0, 2147483647]",
+                                         .index_ok = 1};
+    int64_t n;
+    if (rbpy_bounded_i64(arg, &range, &n) < 0)
         return NULL;
-    if (n < 0 || n > INT_MAX) {
-        PyErr_Format(PyExc_ValueError, "_inject_nowait_miss: n must be in [0, %d], got %ld", INT_MAX, n);
-        return NULL;
-    }
     if (rbpy_device_check_open(self) < 0)
         return NULL;
     rb_dev_inject_nowait_miss(self->dev, (int)n);

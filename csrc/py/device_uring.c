@@ -389,164 +389,208 @@ static int take_views(RawBlockDeviceObject *self, rb_batch *b, PyObject *bufs, P
     return enter_uring(self);
 }
 
-PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* The sequences of a batched call (PySequence_Fast objects; pids and pays NULL when not given,
+ * and always for reads) and their common length. */
+typedef struct {
+    PyObject *offs, *bufs, *tots, *pids, *pays;
+    Py_ssize_t n;
+} batch_args;
+
+static void batch_args_clear(batch_args *ba)
 {
-    static const char *const names[] = {"offsets", "buffers", "total_lens", "placement_ids", "payload_lens"};
-    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
-    PyObject *a[5];
-    if (rbpy_unpack("batched_write", names, 5, 3, args, nargs, kwnames, a) < 0)
-        return NULL;
-    PyObject *offs = NULL, *bufs = NULL, *tots = NULL, *pids = NULL, *pays = NULL, *ret = NULL;
-    rb_batch *b = NULL;
-    int entered = 0;
-    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) || !(tots = as_seq(a[2], "total_lens")))
-        goto done;
-    if (a[3] && a[3] != Py_None && !(pids = as_seq(a[3], "placement_ids")))
-        goto done;
-    if (a[4] && a[4] != Py_None && !(pays = as_seq(a[4], "payload_lens")))
-        goto done;
-    /* Entry checks first (their errors come first); the user reference only once no more
-     * Python code (__index__) runs: code there that closes the device would wait for it. */
-    if (enter_uring(self) < 0)
-        goto done;
-    rb_dev_leave(self->dev);
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(offs);
-    if (PySequence_Fast_GET_SIZE(bufs) != n || PySequence_Fast_GET_SIZE(tots) != n) {
+    Py_XDECREF(ba->offs);
+    Py_XDECREF(ba->bufs);
+    Py_XDECREF(ba->tots);
+    Py_XDECREF(ba->pids);
+    Py_XDECREF(ba->pays);
+}
+
+/* The lengths of the sequences, and every placement id (checked before payload_lens' length,
+ * as LMCache does). 0, or -1 with ValueError. */
+static int batch_lengths(batch_args *ba)
+{
+    Py_ssize_t n = ba->n = PySequence_Fast_GET_SIZE(ba->offs);
+    if (PySequence_Fast_GET_SIZE(ba->bufs) != n || PySequence_Fast_GET_SIZE(ba->tots) != n) {
         PyErr_SetString(PyExc_ValueError, "All vectors must have same length");
-        goto done;
+        return -1;
     }
-    if (pids) {
-        if (PySequence_Fast_GET_SIZE(pids) != n) {
+    if (ba->pids) {
+        if (PySequence_Fast_GET_SIZE(ba->pids) != n) {
             PyErr_SetString(PyExc_ValueError, "placement_ids must have same length as offsets");
-            goto done;
+            return -1;
         }
         uint16_t pid;
         for (Py_ssize_t i = 0; i < n; i++)
-            if (check_placement(PySequence_Fast_GET_ITEM(pids, i), "placement_ids", &pid) < 0)
-                goto done;
+            if (check_placement(PySequence_Fast_GET_ITEM(ba->pids, i), "placement_ids", &pid) < 0)
+                return -1;
     }
-    if (pays && PySequence_Fast_GET_SIZE(pays) != n) {
+    if (ba->pays && PySequence_Fast_GET_SIZE(ba->pays) != n) {
         PyErr_SetString(PyExc_ValueError, "payload_lens must have same length as offsets");
-        goto done;
+        return -1;
     }
-    if (n == 0) {
-        ret = fresh_id(self);
-        goto done;
-    }
-    if (!(b = new_batch(n)))
-        goto done;
-    /* Numbers first, checked before any buffer is touched (as LMCache does). */
-    if (batch_numbers(b, offs, tots, pays) < 0)
-        goto done;
+    return 0;
+}
+
+/* The arguments of batched_write (write) or batched_read: the sequences, then the entry checks
+ * (their errors come after the sequences' and before the lengths'), then the lengths. The user
+ * reference is taken again only once no more Python code (__index__) runs: code there that
+ * closes the device would wait for it. 0, or -1 with an exception. */
+static int batch_args_from(RawBlockDeviceObject *self, PyObject *const *a, int write, batch_args *ba)
+{
+    if (!(ba->offs = as_seq(a[0], "offsets")) || !(ba->bufs = as_seq(a[1], "buffers")) ||
+        !(ba->tots = as_seq(a[2], "total_lens")))
+        return -1;
+    if (write && a[3] && a[3] != Py_None && !(ba->pids = as_seq(a[3], "placement_ids")))
+        return -1;
+    if (write && a[4] && a[4] != Py_None && !(ba->pays = as_seq(a[4], "payload_lens")))
+        return -1;
+    if (enter_uring(self) < 0)
+        return -1;
+    rb_dev_leave(self->dev);
+    return batch_lengths(ba);
+}
+
+/* Writes: every request's lengths and range, before any buffer is touched. A write past the end
+ * of the device is refused for the whole batch (a file would grow; see rb_dev_check_range). */
+static int write_ranges_check(RawBlockDeviceObject *self, rb_batch *b)
+{
     rb_err err;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < b->n; i++) {
         rb_req *r = &b->reqs[i];
         if (r->payload_len > r->total_len) {
             PyErr_SetString(PyExc_ValueError, "total_len must be >= payload_len");
-            goto done;
+            return -1;
         }
-        /* A write past the end of the device is refused for the whole batch before any
-         * buffer is touched (a file would grow; see rb_dev_check_range). */
         if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0 ||
             rb_dev_check_range(self->dev, 1, r->cur_off, r->total_len, &err) < 0) {
             rbpy_raise_err(&err);
-            goto done;
+            return -1;
         }
     }
+    return 0;
+}
+
+/* Writes: each request set on its view, with its placement id (validated by batch_lengths). */
+static int write_reqs_set(RawBlockDeviceObject *self, rb_batch *b, PyObject *pids)
+{
     batch_ext *ext = b->user;
-    if (take_views(self, b, bufs, n, 0) < 0)
-        goto done;
-    entered = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    rb_err err;
+    for (uint32_t i = 0; i < b->n; i++) {
         rb_req *r = &b->reqs[i];
         Py_buffer *v = &ext->views[i];
-        if (rb_batch_set(rb_dev_uring(self->dev), b, (uint32_t)i, RB_REQ_WRITE, r->cur_off, v->buf, (size_t)v->len,
+        if (rb_batch_set(rb_dev_uring(self->dev), b, i, RB_REQ_WRITE, r->cur_off, v->buf, (size_t)v->len,
                          r->payload_len, r->total_len, 0, &err) < 0) {
             rbpy_raise_err(&err);
-            goto done;
+            return -1;
         }
-        if (pids) /* validated above */
+        if (pids)
             (void)check_placement(PySequence_Fast_GET_ITEM(pids, i), "placement_ids", &r->pid);
     }
-    ret = queue_batch(self, b); /* owns b and the user reference */
-    b = NULL;
-    entered = 0;
-done:
-    if (b)
+    return 0;
+}
+
+/* Reads: each request checked and set on its (writable) view. */
+static int read_reqs_set(RawBlockDeviceObject *self, rb_batch *b)
+{
+    batch_ext *ext = b->user;
+    rb_err err;
+    for (uint32_t i = 0; i < b->n; i++) {
+        rb_req *r = &b->reqs[i];
+        Py_buffer *v = &ext->views[i];
+        if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0) {
+            rbpy_raise_err(&err);
+            return -1;
+        }
+        if (v->len == 0 && r->total_len > 0) {
+            PyErr_Format(PyExc_ValueError, "output buffer too small: cap=0 need=%zu", r->total_len);
+            return -1;
+        }
+        if (rb_batch_set(rb_dev_uring(self->dev), b, i, RB_REQ_READ, r->cur_off, v->buf, (size_t)v->len, r->total_len,
+                         r->total_len, (size_t)-1, &err) < 0) {
+            rbpy_raise_err(&err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The batch of batched_write (write) or batched_read once its arguments are in: a fresh id for
+ * no entries; else the numbers (checked before any buffer is touched, as LMCache does), the
+ * write ranges, the views and the user reference, each request, and the queue. The batch id,
+ * or NULL with an exception. */
+static PyObject *batch_run(RawBlockDeviceObject *self, const batch_args *ba, int write)
+{
+    if (ba->n == 0)
+        return fresh_id(self);
+    rb_batch *b = new_batch(ba->n);
+    if (!b)
+        return NULL;
+    if (batch_numbers(b, ba->offs, ba->tots, ba->pays) < 0 || (write && write_ranges_check(self, b) < 0) ||
+        take_views(self, b, ba->bufs, ba->n, !write) < 0) {
         batch_release(b);
-    if (entered)
+        return NULL;
+    }
+    if ((write ? write_reqs_set(self, b, ba->pids) : read_reqs_set(self, b)) < 0) {
+        batch_release(b);
         rb_dev_leave(self->dev);
-    Py_XDECREF(offs);
-    Py_XDECREF(bufs);
-    Py_XDECREF(tots);
-    Py_XDECREF(pids);
-    Py_XDECREF(pays);
+        return NULL;
+    }
+    return queue_batch(self, b); /* owns b and the user reference */
+}
+
+PyObject *rbpy_dev_batched_write(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"offsets", "buffers", "total_lens", "placement_ids", "payload_lens"};
+    PyObject *a[5];
+    if (rbpy_unpack("batched_write", names, 5, 3, args, nargs, kwnames, a) < 0)
+        return NULL;
+    batch_args ba = {0};
+    PyObject *ret = NULL;
+    if (batch_args_from((RawBlockDeviceObject *)op, a, 1, &ba) == 0)
+        ret = batch_run((RawBlockDeviceObject *)op, &ba, 1);
+    batch_args_clear(&ba);
     return ret;
 }
 
 PyObject *rbpy_dev_batched_read(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"offsets", "buffers", "total_lens"};
-    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
     PyObject *a[3];
     if (rbpy_unpack("batched_read", names, 3, 3, args, nargs, kwnames, a) < 0)
         return NULL;
-    PyObject *offs = NULL, *bufs = NULL, *tots = NULL, *ret = NULL;
-    rb_batch *b = NULL;
-    int entered = 0;
-    if (!(offs = as_seq(a[0], "offsets")) || !(bufs = as_seq(a[1], "buffers")) || !(tots = as_seq(a[2], "total_lens")))
+    batch_args ba = {0};
+    PyObject *ret = NULL;
+    if (batch_args_from((RawBlockDeviceObject *)op, a, 0, &ba) == 0)
+        ret = batch_run((RawBlockDeviceObject *)op, &ba, 0);
+    batch_args_clear(&ba);
+    return ret;
+}
+
+/* wait_iouring's answer for a completed batch: ([success per entry], [(index, "<ExcType>:
+ * <text>"), ...] for the entries that failed). */
+static PyObject *batch_results(rb_batch *b)
+{
+    PyObject *ok = PyList_New(b->n), *errs = PyList_New(0), *ret = NULL;
+    if (!ok || !errs)
         goto done;
-    /* Entry checks first (their errors come first); the user reference only once no more
-     * Python code (__index__) runs: code there that closes the device would wait for it. */
-    if (enter_uring(self) < 0)
-        goto done;
-    rb_dev_leave(self->dev);
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(offs);
-    if (PySequence_Fast_GET_SIZE(bufs) != n || PySequence_Fast_GET_SIZE(tots) != n) {
-        PyErr_SetString(PyExc_ValueError, "All vectors must have same length");
-        goto done;
-    }
-    if (n == 0) {
-        ret = fresh_id(self);
-        goto done;
-    }
-    if (!(b = new_batch(n)))
-        goto done;
-    if (batch_numbers(b, offs, tots, NULL) < 0)
-        goto done;
-    batch_ext *ext = b->user;
-    rb_err err;
-    if (take_views(self, b, bufs, n, 1) < 0)
-        goto done;
-    entered = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        rb_req *r = &b->reqs[i];
-        Py_buffer *v = &ext->views[i];
-        if (rb_dev_check_direct(self->dev, r->cur_off, r->total_len, &err) < 0) {
-            rbpy_raise_err(&err);
+    for (uint32_t i = 0; i < b->n; i++) {
+        rb_err err;
+        int rc = rb_batch_result(b, i, &err);
+        PyList_SET_ITEM(ok, i, Py_NewRef(rc == 0 ? Py_True : Py_False));
+        if (rc == 0)
+            continue;
+        PyObject *msg = err_text(&err);
+        PyObject *item = msg ? Py_BuildValue("(IN)", i, msg) : NULL;
+        if (!item || PyList_Append(errs, item) < 0) {
+            Py_XDECREF(item);
             goto done;
         }
-        if (v->len == 0 && r->total_len > 0) {
-            PyErr_Format(PyExc_ValueError, "output buffer too small: cap=0 need=%zu", r->total_len);
-            goto done;
-        }
-        if (rb_batch_set(rb_dev_uring(self->dev), b, (uint32_t)i, RB_REQ_READ, r->cur_off, v->buf, (size_t)v->len,
-                         r->total_len, r->total_len, (size_t)-1, &err) < 0) {
-            rbpy_raise_err(&err);
-            goto done;
-        }
+        Py_DECREF(item);
     }
-    ret = queue_batch(self, b);
-    b = NULL;
-    entered = 0;
+    ret = PyTuple_Pack(2, ok, errs);
 done:
-    if (b)
-        batch_release(b);
-    if (entered)
-        rb_dev_leave(self->dev);
-    Py_XDECREF(offs);
-    Py_XDECREF(bufs);
-    Py_XDECREF(tots);
+    Py_XDECREF(ok);
+    Py_XDECREF(errs);
     return ret;
 }
 
@@ -573,28 +617,7 @@ PyObject *rbpy_dev_wait_iouring(PyObject *op, PyObject *const *args, Py_ssize_t 
         Py_END_ALLOW_THREADS
     }
     rb_dev_leave(dev);
-
-    PyObject *ok = PyList_New(b->n), *errs = PyList_New(0), *ret = NULL;
-    if (!ok || !errs)
-        goto done;
-    for (uint32_t i = 0; i < b->n; i++) {
-        rb_err err;
-        int rc = rb_batch_result(b, i, &err);
-        PyList_SET_ITEM(ok, i, Py_NewRef(rc == 0 ? Py_True : Py_False));
-        if (rc == 0)
-            continue;
-        PyObject *msg = err_text(&err);
-        PyObject *item = msg ? Py_BuildValue("(IN)", i, msg) : NULL;
-        if (!item || PyList_Append(errs, item) < 0) {
-            Py_XDECREF(item);
-            goto done;
-        }
-        Py_DECREF(item);
-    }
-    ret = PyTuple_Pack(2, ok, errs);
-done:
-    Py_XDECREF(ok);
-    Py_XDECREF(errs);
+    PyObject *ret = batch_results(b);
     batch_release(b);
     return ret;
 }
@@ -723,48 +746,55 @@ PyObject *rbpy_dev_write_uring(PyObject *op, PyObject *const *args, Py_ssize_t n
 
 /* ------------------------------------------------------------------ fixed buffers, status */
 
+/* The n unsigned ints of seq (a PySequence_Fast object) as a PyMem array, or NULL with an
+ * exception naming the argument. */
+static uint64_t *u64_items(PyObject *seq, const char *name)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *v = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (!v)
+        return (uint64_t *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item_u64(PySequence_Fast_GET_ITEM(seq, i), name, &v[i]) < 0) {
+            PyMem_Free(v);
+            return NULL;
+        }
+    }
+    return v;
+}
+
+/* Register n fixed buffers with the engine (entered here, the GIL released). 0 or -1. */
+static int register_buffers(RawBlockDeviceObject *self, const uint64_t *ptrs, const uint64_t *sizes, size_t n)
+{
+    if (enter_uring(self) < 0)
+        return -1;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, n, &err);
+    Py_END_ALLOW_THREADS rb_dev_leave(self->dev);
+    if (rc < 0)
+        rbpy_raise_err(&err);
+    return rc < 0 ? -1 : 0;
+}
+
 PyObject *rbpy_dev_register_fixed_buffers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"buffer_ptrs", "buffer_sizes"};
-    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
     PyObject *a[2];
     if (rbpy_unpack("register_fixed_buffers", names, 2, 2, args, nargs, kwnames, a) < 0)
         return NULL;
     PyObject *ps = NULL, *ss = NULL, *ret = NULL;
     uint64_t *ptrs = NULL, *sizes = NULL;
-    if (!(ps = as_seq(a[0], "buffer_ptrs")) || !(ss = as_seq(a[1], "buffer_sizes")))
+    if (!(ps = as_seq(a[0], "buffer_ptrs")) || !(ss = as_seq(a[1], "buffer_sizes")) ||
+        !(ptrs = u64_items(ps, "buffer_ptrs")) || !(sizes = u64_items(ss, "buffer_sizes")))
         goto done;
-    Py_ssize_t np = PySequence_Fast_GET_SIZE(ps), ns = PySequence_Fast_GET_SIZE(ss);
-    ptrs = PyMem_Malloc((size_t)(np ? np : 1) * sizeof(uint64_t));
-    sizes = PyMem_Malloc((size_t)(ns ? ns : 1) * sizeof(uint64_t));
-    if (!ptrs || !sizes) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < np; i++)
-        if (item_u64(PySequence_Fast_GET_ITEM(ps, i), "buffer_ptrs", &ptrs[i]) < 0)
-            goto done;
-    for (Py_ssize_t i = 0; i < ns; i++)
-        if (item_u64(PySequence_Fast_GET_ITEM(ss, i), "buffer_sizes", &sizes[i]) < 0)
-            goto done;
-    if (np != ns) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ps);
+    if (PySequence_Fast_GET_SIZE(ss) != n)
         PyErr_SetString(PyExc_ValueError, "buffer_ptrs and buffer_sizes must have same length");
-        goto done;
-    }
-    if (np == 0) {
+    else if (n == 0)
         PyErr_SetString(PyExc_ValueError, "at least one buffer must be provided");
-        goto done;
-    }
-    if (enter_uring(self) < 0)
-        goto done;
-    rb_err err;
-    rb_err_clear(&err);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, (size_t)np, &err);
-    Py_END_ALLOW_THREADS rb_dev_leave(self->dev);
-    if (rc < 0)
-        rbpy_raise_err(&err);
-    else
+    else if (register_buffers((RawBlockDeviceObject *)op, ptrs, sizes, (size_t)n) == 0)
         ret = Py_NewRef(Py_None);
 done:
     PyMem_Free(ptrs);

@@ -282,22 +282,54 @@ static inline char *put_hex(char *d, int neg, uint64_t u)
     return d + nd;
 }
 
-/* chunk_hash: exact bytes -> bytes.hex(); exact int -> format(h, "x"). Sets *is_bytes. */
+/* Exact bytes -> bytes.hex(). 1, or -1 on error. */
+static int kbuf_put_bytes_hex(kbuf *b, PyObject *o)
+{
+    size_t n = (size_t)PyBytes_GET_SIZE(o);
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(o);
+    if (kbuf_reserve(b, 2 * n) < 0)
+        return -1;
+    char *d = b->p + b->len;
+    for (size_t i = 0; i < n; i++) {
+        d[2 * i] = hexdig[s[i] >> 4];
+        d[2 * i + 1] = hexdig[s[i] & 15];
+    }
+    b->len += 2 * n;
+    return 1;
+}
+
+/* An int beyond 64 bits -> format(v, "x"), from hex()'s "0x..." or "-0x..." (lower case).
+ * 1 appended, 0 an unexpected form (to_string() decides), -1 error. */
+static int kbuf_put_big_hex(kbuf *b, PyObject *o)
+{
+    PyObject *h = PyNumber_ToBase(o, 16);
+    if (!h)
+        return -1;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(h, &n);
+    int rc = -1;
+    if (s) {
+        int minus = s[0] == '-';
+        if (n >= 2 + minus && s[minus] == '0' && s[minus + 1] == 'x') {
+            rc = minus ? kbuf_put(b, "-", 1) : 0;
+            if (rc == 0)
+                rc = kbuf_put(b, s + minus + 2, (size_t)(n - minus - 2));
+            rc = rc < 0 ? -1 : 1;
+        } else {
+            rc = 0;
+        }
+    }
+    Py_DECREF(h);
+    return rc;
+}
+
+/* chunk_hash: exact bytes -> bytes.hex(); exact int -> format(h, "x"). Sets *is_bytes.
+ * 1 appended, 0 not a fast-path hash, -1 error. */
 static int kbuf_put_hash(kbuf *b, PyObject *o, int *is_bytes)
 {
     if (PyBytes_CheckExact(o)) {
         *is_bytes = 1;
-        size_t n = (size_t)PyBytes_GET_SIZE(o);
-        const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(o);
-        if (kbuf_reserve(b, 2 * n) < 0)
-            return -1;
-        char *d = b->p + b->len;
-        for (size_t i = 0; i < n; i++) {
-            d[2 * i] = hexdig[s[i] >> 4];
-            d[2 * i + 1] = hexdig[s[i] & 15];
-        }
-        b->len += 2 * n;
-        return 1;
+        return kbuf_put_bytes_hex(b, o);
     }
     if (!PyLong_CheckExact(o))
         return 0;
@@ -307,30 +339,8 @@ static int kbuf_put_hash(kbuf *b, PyObject *o, int *is_bytes)
     int fits = int_mag64(o, &neg, &mag);
     if (fits < 0)
         return -1;
-    if (!fits) {
-        /* Beyond 64 bits: hex() gives "0x..." or "-0x...", lower case. */
-        PyObject *h = PyNumber_ToBase(o, 16);
-        if (!h)
-            return -1;
-        Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(h, &n);
-        int rc = -1;
-        if (s) {
-            int minus = s[0] == '-';
-            if (n >= 2 + minus && s[minus] == '0' && s[minus + 1] == 'x') {
-                rc = 0;
-                if (minus)
-                    rc = kbuf_put(b, "-", 1);
-                if (rc == 0)
-                    rc = kbuf_put(b, s + minus + 2, (size_t)(n - minus - 2));
-                rc = rc < 0 ? -1 : 1;
-            } else {
-                rc = 0; /* unexpected form: let to_string() decide */
-            }
-        }
-        Py_DECREF(h);
-        return rc;
-    }
+    if (!fits)
+        return kbuf_put_big_hex(b, o);
     if (kbuf_reserve(b, 17) < 0)
         return -1;
     b->len = (size_t)(put_hex(b->p + b->len, neg, mag) - b->p);
@@ -350,15 +360,12 @@ static int str_is(PyObject *o, const char *s)
     return strcmp(u, s) == 0;
 }
 
-/* Decide how keys of type tp are encoded. *fn_out: the class's own to_string function (new
- * reference) when the plan is fast, else NULL. Returns 0 or -1 (error set). */
-static int plan_build(key_plan *pl, PyTypeObject *tp, PyObject **fn_out)
+/* LMCache's key class tp is, by its module (lmcache.utils) and qualified name: *cls =
+ * "CacheEngineKey" or "LayerCacheEngineKey", or NULL for any other class. 0, or -1 with an
+ * exception. */
+static int key_class_of(PyTypeObject *tp, const char **cls)
 {
-    *fn_out = NULL;
-    memset(pl, 0, sizeof(*pl));
-    pl->tp = tp;
-    for (int i = 0; i < F_COUNT; i++)
-        pl->off[i] = -1;
+    *cls = NULL;
     if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE))
         return 0;
     PyObject *mod = PyObject_GetAttrString((PyObject *)tp, "__module__");
@@ -373,19 +380,22 @@ static int plan_build(key_plan *pl, PyTypeObject *tp, PyObject **fn_out)
     PyObject *qual = PyType_GetQualName(tp);
     if (!qual)
         return -1;
-    const char *cls = NULL;
     if (str_is(qual, "CacheEngineKey"))
-        cls = "CacheEngineKey";
+        *cls = "CacheEngineKey";
     else if (str_is(qual, "LayerCacheEngineKey"))
-        cls = "LayerCacheEngineKey";
+        *cls = "LayerCacheEngineKey";
     Py_DECREF(qual);
-    if (!cls)
-        return 0;
-    /* to_string must be the class's own function (not a subclass's or a patched one). */
+    return 0;
+}
+
+/* tp's to_string when it is the class's own function (<cls>.to_string of lmcache.utils, not a
+ * subclass's or a patched one), as a new reference; else NULL, no exception. */
+static PyObject *own_to_string(PyTypeObject *tp, const char *cls)
+{
     PyObject *fn = PyObject_GetAttrString((PyObject *)tp, "to_string");
     if (!fn) {
         PyErr_Clear();
-        return 0;
+        return NULL;
     }
     int own = 0;
     if (PyFunction_Check(fn)) {
@@ -395,12 +405,16 @@ static int plan_build(key_plan *pl, PyTypeObject *tp, PyObject **fn_out)
         snprintf(want, sizeof(want), "%s.to_string", cls);
         own = str_is(fq, want) && str_is(fm, "lmcache.utils");
     }
-    if (!own) {
-        Py_DECREF(fn);
-        return 0;
-    }
-    *fn_out = fn;
-    pl->layer = cls[0] == 'L';
+    if (!own)
+        Py_CLEAR(fn);
+    return fn;
+}
+
+/* The member offsets of tp's key fields into pl->off (slots members; -1 stays for instance
+ * attributes). 1, or 0 when a field is a descriptor we do not know (a property): keys of tp
+ * then stay on to_string(). */
+static int plan_offsets(key_plan *pl, PyTypeObject *tp)
+{
     int nfields = pl->layer ? F_COUNT : F_LAYER;
     for (int i = 0; i < nfields; i++) {
         PyObject *d = PyObject_GetAttrString((PyObject *)tp, field_names[i]);
@@ -408,22 +422,46 @@ static int plan_build(key_plan *pl, PyTypeObject *tp, PyObject **fn_out)
             PyErr_Clear(); /* not a slots class: instance attributes */
             continue;
         }
+        int known = 1;
         if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
             PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
             if (m->type == T_OBJECT_EX && !(m->flags & READ_RESTRICTED) &&
                 PyType_IsSubtype(tp, ((PyDescrObject *)d)->d_type))
                 pl->off[i] = m->offset;
-        } else if (PyObject_HasAttrString(d, "__get__")) {
-            /* A property or other descriptor we do not know: stay on to_string(). */
-            Py_DECREF(d);
-            Py_CLEAR(*fn_out);
-            return 0;
+        } else {
+            known = !PyObject_HasAttrString(d, "__get__");
         }
         Py_DECREF(d);
+        if (!known)
+            return 0;
     }
+    return 1;
+}
+
+/* Decide how keys of type tp are encoded. *fn_out: the class's own to_string function (new
+ * reference) when the plan is fast, else NULL. Returns 0 or -1 (error set). */
+static int plan_build(key_plan *pl, PyTypeObject *tp, PyObject **fn_out)
+{
+    *fn_out = NULL;
+    memset(pl, 0, sizeof(*pl));
+    pl->tp = tp;
+    for (int i = 0; i < F_COUNT; i++)
+        pl->off[i] = -1;
+    const char *cls;
+    if (key_class_of(tp, &cls) < 0)
+        return -1;
+    PyObject *fn = cls ? own_to_string(tp, cls) : NULL;
+    if (!fn)
+        return 0;
+    pl->layer = cls[0] == 'L';
+    if (!plan_offsets(pl, tp)) {
+        Py_DECREF(fn);
+        return 0;
+    }
+    *fn_out = fn;
     pl->fast = 1;
     pl->direct = 1;
-    for (int i = 0; i < nfields; i++)
+    for (int i = 0; i < (pl->layer ? F_COUNT : F_LAYER); i++)
         if (pl->off[i] < 0)
             pl->direct = 0;
     return 0;
@@ -441,6 +479,57 @@ static PyObject *plan_field(const key_plan *pl, PyObject *key, int i)
         PyErr_Clear();
     return v;
 }
+
+/* kbuf_putc as a step of the encoders: 1 appended, -1 error. */
+static inline int kbuf_sep(kbuf *b, char ch)
+{
+    return kbuf_putc(b, ch) < 0 ? -1 : 1;
+}
+
+/* A step of the encoders: its result (1 done, 0 not a fast-path shape, -1 error) ends the
+ * function unless it is 1. */
+#define STEP(expr)                                                                                                     \
+    do {                                                                                                               \
+        int step_rc_ = (expr);                                                                                         \
+        if (step_rc_ <= 0)                                                                                             \
+            return step_rc_;                                                                                           \
+    } while (0)
+
+/* model@world@worker@<hash hex>@<dtype>[@layer] from the fields f. 1 / 0 / -1 as STEP. */
+static int put_fields(const key_plan *pl, PyObject *const *f, kbuf *b, int *is_bytes)
+{
+    STEP(kbuf_put_str(b, f[F_MODEL]));
+    STEP(kbuf_sep(b, '@'));
+    STEP(kbuf_put_dec(b, f[F_WORLD]));
+    STEP(kbuf_sep(b, '@'));
+    STEP(kbuf_put_dec(b, f[F_WORKER]));
+    STEP(kbuf_sep(b, '@'));
+    STEP(kbuf_put_hash(b, f[F_HASH], is_bytes));
+    STEP(kbuf_sep(b, '@'));
+    STEP(kbuf_put_str(b, f[F_DTYPE]));
+    if (pl->layer) {
+        STEP(kbuf_sep(b, '@'));
+        STEP(kbuf_put_dec(b, f[F_LAYER]));
+    }
+    return 1;
+}
+
+/* @k%v for every (k, v) of the tags tuple (exact 2-tuples of exact str). 1 / 0 / -1 as STEP. */
+static int put_tags(PyObject *tags, kbuf *b)
+{
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(tags); t++) {
+        PyObject *kv = PyTuple_GET_ITEM(tags, t);
+        if (!PyTuple_CheckExact(kv) || PyTuple_GET_SIZE(kv) != 2)
+            return 0;
+        STEP(kbuf_sep(b, '@'));
+        STEP(kbuf_put_str(b, PyTuple_GET_ITEM(kv, 0)));
+        STEP(kbuf_sep(b, '%'));
+        STEP(kbuf_put_str(b, PyTuple_GET_ITEM(kv, 1)));
+    }
+    return 1;
+}
+
+#undef STEP
 
 /*
  * Fast encoding of key appended to b (b->ascii reset first). Returns 1 encoded (*combo =
@@ -466,47 +555,38 @@ static int encode_fast(const key_plan *pl, PyObject *key, kbuf *b, int *combo)
             goto out;
         has_tags = PyTuple_GET_SIZE(tags) != 0;
     }
-#define STEP(expr)                                                                                                     \
-    do {                                                                                                               \
-        rc = (expr);                                                                                                   \
-        if (rc <= 0)                                                                                                   \
-            goto out;                                                                                                  \
-    } while (0)
-    STEP(kbuf_put_str(b, f[F_MODEL]));
-    STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
-    STEP(kbuf_put_dec(b, f[F_WORLD]));
-    STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
-    STEP(kbuf_put_dec(b, f[F_WORKER]));
-    STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
-    STEP(kbuf_put_hash(b, f[F_HASH], &is_bytes));
-    STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
-    STEP(kbuf_put_str(b, f[F_DTYPE]));
-    if (pl->layer) {
-        STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
-        STEP(kbuf_put_dec(b, f[F_LAYER]));
-    }
-    if (has_tags) {
-        for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(tags); t++) {
-            PyObject *kv = PyTuple_GET_ITEM(tags, t);
-            if (!PyTuple_CheckExact(kv) || PyTuple_GET_SIZE(kv) != 2) {
-                rc = 0;
-                goto out;
-            }
-            STEP(kbuf_putc(b, '@') < 0 ? -1 : 1);
-            STEP(kbuf_put_str(b, PyTuple_GET_ITEM(kv, 0)));
-            STEP(kbuf_putc(b, '%') < 0 ? -1 : 1);
-            STEP(kbuf_put_str(b, PyTuple_GET_ITEM(kv, 1)));
-        }
-    }
-#undef STEP
-    *combo = 1 << (is_bytes * 2 + has_tags);
-    rc = 1;
+    rc = put_fields(pl, f, b, &is_bytes);
+    if (rc == 1 && has_tags)
+        rc = put_tags(tags, b);
+    if (rc == 1)
+        *combo = 1 << (is_bytes * 2 + has_tags);
 out:
     if (rc != 1)
         b->len = start;
     for (int i = 0; i < F_COUNT; i++)
         Py_XDECREF(f[i]);
     return rc;
+}
+
+/* An exact str of ASCII characters only. */
+static inline int ascii_str(PyObject *o)
+{
+    return PyUnicode_CheckExact(o) && PyUnicode_IS_COMPACT_ASCII(o);
+}
+
+/* The fields of the common shape, borrowed (f[F_LAYER] NULL for a key without a layer): 1 when
+ * every one is set, tags are None or (), and model and dtype are ASCII str; else 0. */
+static inline int direct_fields(const key_plan *pl, PyObject *key, PyObject **f)
+{
+    int nfields = pl->layer ? F_COUNT : F_LAYER;
+    f[F_LAYER] = NULL;
+    for (int i = 0; i < nfields; i++)
+        if (!(f[i] = *(PyObject *const *)((const char *)key + pl->off[i])))
+            return 0;
+    PyObject *tags = f[F_TAGS];
+    if (tags != Py_None && !(PyTuple_CheckExact(tags) && PyTuple_GET_SIZE(tags) == 0))
+        return 0;
+    return ascii_str(f[F_MODEL]) && ascii_str(f[F_DTYPE]);
 }
 
 /*
@@ -517,24 +597,15 @@ out:
  */
 static int encode_direct(const key_plan *pl, PyObject *key, kbuf *b, int *combo)
 {
-    const char *base = (const char *)key;
-#define FIELD(i) (*(PyObject *const *)(base + pl->off[i]))
-    PyObject *model = FIELD(F_MODEL), *world = FIELD(F_WORLD), *worker = FIELD(F_WORKER);
-    PyObject *hash = FIELD(F_HASH), *dtype = FIELD(F_DTYPE), *tags = FIELD(F_TAGS);
-    PyObject *layer = pl->layer ? FIELD(F_LAYER) : NULL;
-#undef FIELD
-    if (!model || !world || !worker || !hash || !dtype || !tags || (pl->layer && !layer))
+    PyObject *f[F_COUNT];
+    if (!direct_fields(pl, key, f))
         return 0;
-    if (tags != Py_None && !(PyTuple_CheckExact(tags) && PyTuple_GET_SIZE(tags) == 0))
-        return 0;
-    if (!PyUnicode_CheckExact(model) || !PyUnicode_IS_COMPACT_ASCII(model) || !PyUnicode_CheckExact(dtype) ||
-        !PyUnicode_IS_COMPACT_ASCII(dtype))
-        return 0;
+    PyObject *model = f[F_MODEL], *dtype = f[F_DTYPE], *layer = f[F_LAYER];
     long long w, k, l = 0;
     uint64_t h;
     int rc, hneg;
-    if ((rc = small_int(world, &w)) <= 0 || (rc = small_int(worker, &k)) <= 0 ||
-        (rc = int_mag64(hash, &hneg, &h)) <= 0 || (layer && (rc = small_int(layer, &l)) <= 0))
+    if ((rc = small_int(f[F_WORLD], &w)) <= 0 || (rc = small_int(f[F_WORKER], &k)) <= 0 ||
+        (rc = int_mag64(f[F_HASH], &hneg, &h)) <= 0 || (layer && (rc = small_int(layer, &l)) <= 0))
         return rc;
     size_t ml = (size_t)PyUnicode_GET_LENGTH(model), dl = (size_t)PyUnicode_GET_LENGTH(dtype);
     /* model @ int @ int @ -hex16 @ dtype [@ int] */
@@ -876,6 +947,49 @@ PyObject *rbpy_encode_legacy_keys(PyObject *mod, PyObject *keys)
     return out;
 }
 
+/* Append key's encoded form (UTF-8) to c->buf: the fast path's bytes, or a str's (a str key,
+ * to_string()'s result). 0, or -1 with an exception. */
+static int enc_append(enc_ctx *c, PyObject *key)
+{
+    PyObject *s;
+    if (enc_one(c, key, &s) < 0)
+        return -1;
+    if (!s)
+        return 0;
+    int rc = -1;
+    if (!PyUnicode_Check(s)) {
+        PyErr_Format(PyExc_TypeError, "encoded keys must be str, got %.100s", Py_TYPE(s)->tp_name);
+    } else {
+        Py_ssize_t l;
+        const char *u = PyUnicode_AsUTF8AndSize(s, &l);
+        rc = u ? kbuf_put(&c->buf, u, (size_t)l) : -1;
+    }
+    Py_DECREF(s);
+    return rc;
+}
+
+/* Delete the n keys encoded back to back in c->buf (key i at offs[i]..offs[i + 1]) with one
+ * rb_core_delete_many call, without the GIL above 64 keys. kp, lens and res have room for n.
+ * Returns how many were removed. */
+static Py_ssize_t delete_encoded(rb_core *core, const enc_ctx *c, const size_t *offs, Py_ssize_t n, int force,
+                                 const char **kp, size_t *lens, uint8_t *res)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        kp[i] = c->buf.p + offs[i];
+        lens[i] = offs[i + 1] - offs[i];
+    }
+    if (n > 64) {
+        Py_BEGIN_ALLOW_THREADS rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
+        Py_END_ALLOW_THREADS
+    } else {
+        rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
+    }
+    Py_ssize_t removed = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        removed += res[i];
+    return removed;
+}
+
 /*
  * delete_legacy_keys(core, keys, force=False) -> int: Core.delete_many(encode_legacy_keys(keys),
  * force).count(True) without the intermediate str objects: the keys are encoded into one
@@ -908,47 +1022,21 @@ PyObject *rbpy_delete_legacy_keys(PyObject *mod, PyObject *const *args, Py_ssize
     }
     const char **kp = (const char **)(offs + nn + 1);
     size_t *lens = (size_t *)(kp + nn);
-    uint8_t *res = (uint8_t *)(lens + nn);
     PyObject *ret = NULL;
     enc_ctx c;
     enc_ctx_init(&c, st);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *s;
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
         offs[i] = c.buf.len;
         enc_prefetch(&c, &PyTuple_GET_ITEM(t, 0), i, n);
-        if (enc_one(&c, PyTuple_GET_ITEM(t, i), &s) < 0)
-            goto done;
-        if (s) {
-            int rc = -1;
-            if (!PyUnicode_Check(s)) {
-                PyErr_Format(PyExc_TypeError, "encoded keys must be str, got %.100s", Py_TYPE(s)->tp_name);
-            } else {
-                Py_ssize_t l;
-                const char *u = PyUnicode_AsUTF8AndSize(s, &l);
-                rc = u ? kbuf_put(&c.buf, u, (size_t)l) : -1;
-            }
-            Py_DECREF(s);
-            if (rc < 0)
-                goto done;
-        }
+        if (enc_append(&c, PyTuple_GET_ITEM(t, i)) < 0)
+            break;
     }
-    offs[n] = c.buf.len;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        kp[i] = c.buf.p + offs[i];
-        lens[i] = offs[i + 1] - offs[i];
+    if (i == n) {
+        offs[n] = c.buf.len;
+        ret = PyLong_FromSsize_t(
+            delete_encoded(rbpy_core_ptr(a[0]), &c, offs, n, force, kp, lens, (uint8_t *)(lens + nn)));
     }
-    rb_core *core = rbpy_core_ptr(a[0]);
-    if (n > 64) {
-        Py_BEGIN_ALLOW_THREADS rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
-        Py_END_ALLOW_THREADS
-    } else {
-        rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
-    }
-    Py_ssize_t removed = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        removed += res[i];
-    ret = PyLong_FromSsize_t(removed);
-done:
     enc_ctx_free(&c);
     PyMem_Free(offs);
     Py_DECREF(t);

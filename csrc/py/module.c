@@ -172,6 +172,89 @@ int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present)
     return rbpy_as_size(o, name, out);
 }
 
+/* ---- bounded integers ------------------------------------------------------------------ */
+
+/* o (an int) against [lo, hi] (ints; NULL when making them failed): 0 inside, 1 below, 2
+ * above, -1 with an exception set. Compared as Python ints, so any size is placed right. */
+static int int_side(PyObject *o, PyObject *lo, PyObject *hi)
+{
+    if (!lo || !hi)
+        return -1;
+    int below = PyObject_RichCompareBool(o, lo, Py_LT);
+    int above = below == 0 ? PyObject_RichCompareBool(o, hi, Py_GT) : 0;
+    if (below < 0 || above < 0)
+        return -1;
+    return below ? 1 : above ? 2 : 0;
+}
+
+/* o as an int, new reference: o itself when it is one (a bool only with index_ok); with
+ * index_ok also o.__index__() (PyNumber_Index's TypeError otherwise). NULL with TypeError
+ * "<name> must be <kind>, got <type> <repr>" for anything else. */
+static PyObject *int_of(PyObject *o, const char *name, const char *kind, int index_ok)
+{
+    if (index_ok)
+        return PyNumber_Index(o);
+    if (PyLong_Check(o) && !PyBool_Check(o))
+        return Py_NewRef(o);
+    PyErr_Format(PyExc_TypeError, "%s must be %s, got %.80s %.200R", name, kind ? kind : "an int", Py_TYPE(o)->tp_name,
+                 o);
+    return NULL;
+}
+
+int rbpy_int_refused(PyObject *o, const char *name, const char *words)
+{
+    PyErr_Format(PyExc_ValueError, "%s %s, got %.200R", name, words, o);
+    return -1;
+}
+
+/* The ValueError of a value v outside r, on side 1 (below) or 2 (above); returns -1. */
+static int range_error(PyObject *v, const rbpy_int_range *r, int side)
+{
+    const char *words = side == 1 ? r->below : r->above;
+    if (words)
+        return rbpy_int_refused(v, r->name, words);
+    PyErr_Format(PyExc_ValueError, "%s must be in %lld..%lld, got %.200R", r->name, (long long)r->lo, (long long)r->hi,
+                 v);
+    return -1;
+}
+
+int rbpy_bounded_i64(PyObject *o, const rbpy_int_range *r, int64_t *out)
+{
+    PyObject *v = int_of(o, r->name, r->kind, r->index_ok);
+    if (!v)
+        return -1;
+    PyObject *lo = PyLong_FromLongLong(r->lo), *hi = lo ? PyLong_FromLongLong(r->hi) : NULL;
+    int side = int_side(v, lo, hi), rc = 0;
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    if (side == 0)
+        *out = PyLong_AsLongLong(v); /* in range: cannot fail */
+    else if (side == 1 && r->clamp_low)
+        *out = r->lo;
+    else
+        rc = side < 0 ? -1 : range_error(v, r, side);
+    Py_DECREF(v);
+    return rc;
+}
+
+int rbpy_bounded_u64(PyObject *o, const char *name, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    PyObject *v = int_of(o, name, NULL, 0);
+    if (!v)
+        return -1;
+    PyObject *l = PyLong_FromUnsignedLongLong(lo), *h = l ? PyLong_FromUnsignedLongLong(hi) : NULL;
+    int side = int_side(v, l, h);
+    Py_XDECREF(l);
+    Py_XDECREF(h);
+    if (side == 0)
+        *out = PyLong_AsUnsignedLongLong(v); /* in range: cannot fail */
+    else if (side > 0)
+        PyErr_Format(PyExc_ValueError, "%s must be in %llu..%llu, got %.200R", name, (unsigned long long)lo,
+                     (unsigned long long)hi, v);
+    Py_DECREF(v);
+    return side == 0 ? 0 : -1;
+}
+
 /* xxh3_64(data) -> int: the payload checksum stored in slot headers (for offline verify). */
 static PyObject *rbpy_xxh3_64(PyObject *mod, PyObject *arg)
 {
@@ -256,13 +339,15 @@ static PyObject *rbpy_set_write_log(PyObject *mod, PyObject *arg)
 static PyObject *rbpy_inject_lock_errno(PyObject *mod, PyObject *arg)
 {
     (void)mod;
-    long e = PyLong_AsLong(arg);
-    if (e == -1 && PyErr_Occurred())
+    static const rbpy_int_range range = {.name = "_inject_lock_errno: errnum",
+                                         .lo = 0,
+                                         .hi = 4095,
+                                         .below = "must be in [0, 4095]",
+                                         .above = "must be in [0, 4095]",
+                                         .index_ok = 1};
+    int64_t e;
+    if (rbpy_bounded_i64(arg, &range, &e) < 0)
         return NULL;
-    if (e < 0 || e > 4095) {
-        PyErr_Format(PyExc_ValueError, "_inject_lock_errno: errnum must be in [0, 4095], got %ld", e);
-        return NULL;
-    }
     rb_dev_inject_lock_errno((int)e);
     Py_RETURN_NONE;
 }

@@ -11,68 +11,85 @@
 
 #include "../core/rb_nvme.h"
 
-/* d[key] = PyLong(v); 0 or -1. */
-static int put_u64(PyObject *d, const char *key, unsigned long long v)
+/* d[keys[i]] = PyLong(v[i]) for i < n; 0 or -1. */
+static int put_u64s(PyObject *d, const char *const *keys, const unsigned long long *v, size_t n)
 {
-    PyObject *o = PyLong_FromUnsignedLongLong(v);
-    if (!o)
-        return -1;
-    int rc = PyDict_SetItemString(d, key, o);
-    Py_DECREF(o);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = PyLong_FromUnsignedLongLong(v[i]);
+        int rc = o ? PyDict_SetItemString(d, keys[i], o) : -1;
+        Py_XDECREF(o);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+#define NKEYS(keys) (sizeof(keys) / sizeof((keys)[0]))
+
+/* A new dict {keys[i]: v[i]}, or NULL with an exception set. */
+static PyObject *u64_dict(const char *const *keys, const unsigned long long *v, size_t n)
+{
+    PyObject *d = PyDict_New();
+    if (d && put_u64s(d, keys, v, n) < 0)
+        Py_CLEAR(d);
+    return d;
+}
+
+/* d[key] = o (a new reference, stolen; NULL fails); 0 or -1. */
+static int put_new(PyObject *d, const char *key, PyObject *o)
+{
+    int rc = o ? PyDict_SetItemString(d, key, o) : -1;
+    Py_XDECREF(o);
     return rc;
+}
+
+/* fdp-status's FDP configuration: index, fdpa, nrg, nruh, maxpids, nnss, runs; None without. */
+static PyObject *fdp_config_dict(const rb_nvme_fdp *fi)
+{
+    static const char *const keys[] = {"index", "fdpa", "nrg", "nruh", "maxpids", "nnss", "runs"};
+    if (!fi->have_config)
+        Py_RETURN_NONE;
+    const unsigned long long v[] = {fi->config_index, fi->fdpa, fi->nrg, fi->nruh, fi->maxpids, fi->nnss, fi->runs};
+    return u64_dict(keys, v, NKEYS(keys));
+}
+
+/* The FDP statistics (hbmw, mbmw, mbe bytes), or None when the log was not read. */
+static PyObject *fdp_stats_dict(int have, uint64_t hbmw, uint64_t mbmw, uint64_t mbe)
+{
+    static const char *const keys[] = {"hbmw", "mbmw", "mbe"};
+    if (!have)
+        Py_RETURN_NONE;
+    const unsigned long long v[] = {hbmw, mbmw, mbe};
+    return u64_dict(keys, v, NKEYS(keys));
+}
+
+/* The reclaim unit handles: [{pid, ruhid, earutr, ruamw}, ...] (empty when not read). */
+static PyObject *ruh_dicts(const rb_nvme_ruh *ruh, size_t nruh, int have_ruh)
+{
+    static const char *const keys[] = {"pid", "ruhid", "earutr", "ruamw"};
+    PyObject *ruhs = PyList_New(0);
+    for (size_t i = 0; ruhs && have_ruh && i < nruh; i++) {
+        const unsigned long long v[] = {ruh[i].pid, ruh[i].ruhid, ruh[i].earutr, ruh[i].ruamw};
+        PyObject *e = u64_dict(keys, v, NKEYS(keys));
+        if (!e || PyList_Append(ruhs, e) < 0)
+            Py_CLEAR(ruhs);
+        Py_XDECREF(e);
+    }
+    return ruhs;
 }
 
 static PyObject *report_dict(const rb_nvme_ns *ns, const rb_nvme_fdp *fi, const rb_nvme_ruh *ruh, size_t nruh,
                              int have_ruh)
 {
-    PyObject *d = PyDict_New(), *config = NULL, *stats = NULL, *ruhs = NULL;
-    if (!d)
-        return NULL;
-    if (put_u64(d, "nsid", ns->nsid) < 0 || put_u64(d, "lba_size", ns->lba_size) < 0 ||
-        put_u64(d, "size_bytes", ns->nsze << ns->lba_shift) < 0 || put_u64(d, "endgid", ns->endgid) < 0 ||
-        PyDict_SetItemString(d, "fdp_enabled", fi->enabled ? Py_True : Py_False) < 0)
-        goto fail;
-    if (fi->have_config) {
-        if (!(config = PyDict_New()) || put_u64(config, "index", fi->config_index) < 0 ||
-            put_u64(config, "fdpa", fi->fdpa) < 0 || put_u64(config, "nrg", fi->nrg) < 0 ||
-            put_u64(config, "nruh", fi->nruh) < 0 || put_u64(config, "maxpids", fi->maxpids) < 0 ||
-            put_u64(config, "nnss", fi->nnss) < 0 || put_u64(config, "runs", fi->runs) < 0)
-            goto fail;
-    }
-    if (PyDict_SetItemString(d, "config", config ? config : Py_None) < 0)
-        goto fail;
-    if (fi->have_stats) {
-        if (!(stats = PyDict_New()) || put_u64(stats, "hbmw", fi->hbmw) < 0 || put_u64(stats, "mbmw", fi->mbmw) < 0 ||
-            put_u64(stats, "mbe", fi->mbe) < 0)
-            goto fail;
-    }
-    if (PyDict_SetItemString(d, "stats", stats ? stats : Py_None) < 0)
-        goto fail;
-    if (!(ruhs = PyList_New(0)))
-        goto fail;
-    for (size_t i = 0; have_ruh && i < nruh; i++) {
-        PyObject *e = PyDict_New();
-        if (!e)
-            goto fail;
-        int bad = put_u64(e, "pid", ruh[i].pid) < 0 || put_u64(e, "ruhid", ruh[i].ruhid) < 0 ||
-                  put_u64(e, "earutr", ruh[i].earutr) < 0 || put_u64(e, "ruamw", ruh[i].ruamw) < 0 ||
-                  PyList_Append(ruhs, e) < 0;
-        Py_DECREF(e);
-        if (bad)
-            goto fail;
-    }
-    if (PyDict_SetItemString(d, "ruhs", ruhs) < 0)
-        goto fail;
-    Py_XDECREF(config);
-    Py_XDECREF(stats);
-    Py_DECREF(ruhs);
+    static const char *const keys[] = {"nsid", "lba_size", "size_bytes", "endgid"};
+    const unsigned long long v[] = {ns->nsid, ns->lba_size, ns->nsze << ns->lba_shift, ns->endgid};
+    PyObject *d = u64_dict(keys, v, NKEYS(keys));
+    if (d && (PyDict_SetItemString(d, "fdp_enabled", fi->enabled ? Py_True : Py_False) < 0 ||
+              put_new(d, "config", fdp_config_dict(fi)) < 0 ||
+              put_new(d, "stats", fdp_stats_dict(fi->have_stats, fi->hbmw, fi->mbmw, fi->mbe)) < 0 ||
+              put_new(d, "ruhs", ruh_dicts(ruh, nruh, have_ruh)) < 0))
+        Py_CLEAR(d);
     return d;
-fail:
-    Py_XDECREF(config);
-    Py_XDECREF(stats);
-    Py_XDECREF(ruhs);
-    Py_DECREF(d);
-    return NULL;
 }
 
 /*
@@ -140,58 +157,44 @@ PyObject *rbpy_nvme_fdp_report(PyObject *mod, PyObject *path)
     return d;
 }
 
+/* The FDP events: {host, controller, by_type: {type: count}}, or None when not read. */
+static PyObject *fdp_events_dict(const rb_nvme_wear *w)
+{
+    static const char *const keys[] = {"host", "controller"};
+    if (!w->have_fdp_events)
+        Py_RETURN_NONE;
+    const unsigned long long v[] = {w->events_host, w->events_controller};
+    PyObject *events = u64_dict(keys, v, NKEYS(keys)), *types = events ? PyDict_New() : NULL;
+    for (int t = 0; types && t < 256; t++) {
+        if (!w->event_types[t])
+            continue;
+        PyObject *k = PyLong_FromLong(t), *n = PyLong_FromUnsignedLong(w->event_types[t]);
+        if (!k || !n || PyDict_SetItem(types, k, n) < 0)
+            Py_CLEAR(types);
+        Py_XDECREF(k);
+        Py_XDECREF(n);
+    }
+    if (events && put_new(events, "by_type", types) < 0)
+        Py_CLEAR(events);
+    return events;
+}
+
 /* _native.nvme_wear_counters(path): the SMART / FDP wear counters (see rb_nvme_wear). */
 static PyObject *wear_dict(const rb_nvme_wear *w)
 {
-    PyObject *d = PyDict_New(), *smart = NULL, *stats = NULL, *events = NULL, *types = NULL;
-    if (!d)
-        return NULL;
-    if (put_u64(d, "nsid", w->nsid) < 0 || put_u64(d, "endgid", w->endgid) < 0 ||
-        PyDict_SetItemString(d, "fdp_enabled", w->fdp_enabled ? Py_True : Py_False) < 0)
-        goto fail;
-    if (!(smart = PyDict_New()) || put_u64(smart, "data_units_written", w->data_units_written) < 0 ||
-        put_u64(smart, "data_units_read", w->data_units_read) < 0 ||
-        put_u64(smart, "host_write_commands", w->host_write_commands) < 0 ||
-        put_u64(smart, "host_read_commands", w->host_read_commands) < 0 || PyDict_SetItemString(d, "smart", smart) < 0)
-        goto fail;
-    if (w->have_fdp_stats) {
-        if (!(stats = PyDict_New()) || put_u64(stats, "hbmw", w->hbmw) < 0 || put_u64(stats, "mbmw", w->mbmw) < 0 ||
-            put_u64(stats, "mbe", w->mbe) < 0)
-            goto fail;
-    }
-    if (PyDict_SetItemString(d, "fdp_stats", stats ? stats : Py_None) < 0)
-        goto fail;
-    if (w->have_fdp_events) {
-        if (!(events = PyDict_New()) || put_u64(events, "host", w->events_host) < 0 ||
-            put_u64(events, "controller", w->events_controller) < 0 || !(types = PyDict_New()))
-            goto fail;
-        for (int t = 0; t < 256; t++) {
-            if (!w->event_types[t])
-                continue;
-            PyObject *k = PyLong_FromLong(t), *v = PyLong_FromUnsignedLong(w->event_types[t]);
-            int bad = !k || !v || PyDict_SetItem(types, k, v) < 0;
-            Py_XDECREF(k);
-            Py_XDECREF(v);
-            if (bad)
-                goto fail;
-        }
-        if (PyDict_SetItemString(events, "by_type", types) < 0)
-            goto fail;
-    }
-    if (PyDict_SetItemString(d, "fdp_events", events ? events : Py_None) < 0)
-        goto fail;
-    Py_DECREF(smart);
-    Py_XDECREF(stats);
-    Py_XDECREF(events);
-    Py_XDECREF(types);
+    static const char *const keys[] = {"nsid", "endgid"};
+    const unsigned long long v[] = {w->nsid, w->endgid};
+    static const char *const smart_keys[] = {"data_units_written", "data_units_read", "host_write_commands",
+                                             "host_read_commands"};
+    const unsigned long long smart[] = {w->data_units_written, w->data_units_read, w->host_write_commands,
+                                        w->host_read_commands};
+    PyObject *d = u64_dict(keys, v, NKEYS(keys));
+    if (d && (PyDict_SetItemString(d, "fdp_enabled", w->fdp_enabled ? Py_True : Py_False) < 0 ||
+              put_new(d, "smart", u64_dict(smart_keys, smart, NKEYS(smart_keys))) < 0 ||
+              put_new(d, "fdp_stats", fdp_stats_dict(w->have_fdp_stats, w->hbmw, w->mbmw, w->mbe)) < 0 ||
+              put_new(d, "fdp_events", fdp_events_dict(w)) < 0))
+        Py_CLEAR(d);
     return d;
-fail:
-    Py_XDECREF(smart);
-    Py_XDECREF(stats);
-    Py_XDECREF(events);
-    Py_XDECREF(types);
-    Py_DECREF(d);
-    return NULL;
 }
 
 static int read_wear(int fd, void *ctx, rb_err *err)

@@ -81,6 +81,30 @@ int rbpy_as_u64(PyObject *o, const char *name, uint64_t *out);
 int rbpy_as_size(PyObject *o, const char *name, size_t *out);
 int rbpy_as_opt_size(PyObject *o, const char *name, size_t *out, int *present);
 
+/*
+ * Bounded integer arguments, one rule for the binding: a Python int that must lie in [lo, hi],
+ * its errors naming the parameter and the value. A TypeError "<name> must be <kind>, got <type>
+ * <repr>" refuses anything that is not an int (bools too); a ValueError "<name> <words>, got
+ * <repr>" a value outside the range (of any size), words being "must be in <lo>..<hi>" unless
+ * the range gives its own.
+ */
+typedef struct {
+    const char *name;  /* the parameter: the first words of every error */
+    int64_t lo, hi;    /* the accepted range */
+    const char *below; /* the ValueError's words for a value below lo (NULL: "must be in lo..hi") */
+    const char *above; /* the same for a value above hi */
+    const char *kind;  /* the TypeError's words after "must be" (NULL: "an int") */
+    int clamp_low;     /* a value below lo is taken as lo instead of refused */
+    int index_ok;      /* anything with __index__ is an int, bools included (PyNumber_Index's
+                        * TypeError otherwise), as PyLong_AsLong reads its argument */
+} rbpy_int_range;
+int rbpy_bounded_i64(PyObject *o, const rbpy_int_range *r, int64_t *out);
+/* The same over unsigned 64-bit bounds, with the plain words. */
+int rbpy_bounded_u64(PyObject *o, const char *name, uint64_t lo, uint64_t hi, uint64_t *out);
+/* ValueError "<name> <words>, got <repr of o>" (a check past the range, e.g. a power of two);
+ * returns -1. */
+int rbpy_int_refused(PyObject *o, const char *name, const char *words);
+
 /* config.c: rb_core_cfg from _native.Core's keywords (keyword-only, the settings table's
  * names; defaults from the table); *path_out receives the converted device path, which the
  * caller keeps alive while cfg is used and then releases. Returns 0 or -1 with an exception
@@ -100,6 +124,9 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
+/* A device's lifetime I/O counters as a dict, one key per RB_STATS_FIELDS name. */
+struct rb_stats_snapshot;
+PyObject *rbpy_io_stats_dict(const struct rb_stats_snapshot *s);
 /* fetch_fdp_status() of a device, without the GIL: [(placement_id, ruh_id), ...]. A device
  * that can place no writes raises its RuntimeError, with not_enabled as the text if given. */
 PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled);

@@ -1,0 +1,242 @@
+/*
+ * core_index.c - the index queries of _native.Core: exists / delete / unlock, metadata
+ * lookups, one-key queries and the key snapshot.
+ */
+#include "core.h"
+
+#include <stdlib.h>
+
+/* Above this many keys exists_many/unlock_many/delete_many release the GIL. */
+#define RBPY_NOGIL_KEYS 64
+
+/* ---- index queries --------------------------------------------------------------------- */
+
+/* exists_many(keys, lock=False) and delete_many(keys, force=False): a key list and one flag
+ * in, one bool per key out; the GIL is released for more than RBPY_NOGIL_KEYS keys. */
+typedef void (*keys_flag_fn)(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int flag,
+                             uint8_t *results);
+
+static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *const names[2], keys_flag_fn fn,
+                                PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    if (rbpy_unpack(fname, names, 2, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int flag = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (flag < 0)
+        return NULL;
+    keyvec kv;
+    if (rbpy_keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    uint8_t *r = PyMem_Calloc(kv.n ? kv.n : 1, 1);
+    PyObject *ret = NULL;
+    if (!r) {
+        PyErr_NoMemory();
+    } else {
+        if (kv.n > RBPY_NOGIL_KEYS) {
+            Py_BEGIN_ALLOW_THREADS fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
+            Py_END_ALLOW_THREADS
+        } else {
+            fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
+        }
+        ret = rbpy_bool_list(r, kv.n);
+    }
+    PyMem_Free(r);
+    rbpy_keyvec_free(&kv);
+    return ret;
+}
+
+PyObject *rbpy_core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "lock"};
+    return keys_flag_call(op, "exists_many", names, rb_core_exists_many, args, nargs, kwnames);
+}
+
+PyObject *rbpy_core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "force"};
+    PyObject *r = keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
+    /* Format v1 makes a slot no container lists reusable at its delete: deallocate it now. */
+    rb_core *c = r ? rbpy_core_of(op) : NULL;
+    if (c && rb_core_dealloc_pending(c)) {
+        Py_BEGIN_ALLOW_THREADS(void) rb_core_dealloc_run(c);
+        Py_END_ALLOW_THREADS
+    }
+    return r;
+}
+
+PyObject *rbpy_core_unlock_many(PyObject *op, PyObject *keys)
+{
+    keyvec kv;
+    if (rbpy_keyvec_from(keys, &kv) < 0)
+        return NULL;
+    if (kv.n > RBPY_NOGIL_KEYS) {
+        Py_BEGIN_ALLOW_THREADS rb_core_unlock_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n);
+        Py_END_ALLOW_THREADS
+    } else {
+        rb_core_unlock_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n);
+    }
+    rbpy_keyvec_free(&kv);
+    Py_RETURN_NONE;
+}
+
+static PyObject *meta_tuple(const rb_meta_out *m)
+{
+    PyObject *shape;
+    if (m->ndim < 0) {
+        shape = Py_NewRef(Py_None);
+    } else {
+        shape = PyTuple_New((Py_ssize_t)m->ndim);
+        for (int64_t i = 0; shape && i < m->ndim; i++) {
+            PyObject *x = PyLong_FromLongLong(m->dims[i]);
+            if (!x) {
+                Py_CLEAR(shape);
+                break;
+            }
+            PyTuple_SET_ITEM(shape, (Py_ssize_t)i, x);
+        }
+    }
+    PyObject *pos = shape ? rbpy_i64_list(m->pos, m->npos) : NULL;
+    PyObject *t = NULL;
+    if (shape && pos)
+        t = Py_BuildValue("(KKOzzO)", (unsigned long long)m->offset, (unsigned long long)m->size, shape, m->dtype,
+                          m->fmt, pos);
+    Py_XDECREF(shape);
+    Py_XDECREF(pos);
+    return t;
+}
+
+static PyObject *meta_list(rb_meta_out *out, Py_ssize_t n, Py_ssize_t upto, int none_for_missing)
+{
+    PyObject *l = PyList_New(none_for_missing ? n : upto);
+    for (Py_ssize_t i = 0; l && i < (none_for_missing ? n : upto); i++) {
+        PyObject *t = out[i].found ? meta_tuple(&out[i]) : Py_NewRef(Py_None);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, t);
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        free(out[i].pos);
+    return l;
+}
+
+PyObject *rbpy_core_get_metadata_many(PyObject *op, PyObject *keys)
+{
+    keyvec kv;
+    if (rbpy_keyvec_from(keys, &kv) < 0)
+        return NULL;
+    rb_meta_out *out = PyMem_Calloc(kv.n ? kv.n : 1, sizeof(*out));
+    PyObject *ret = NULL;
+    if (!out) {
+        PyErr_NoMemory();
+    } else {
+        Py_BEGIN_ALLOW_THREADS rb_core_get_metadata_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, out);
+        Py_END_ALLOW_THREADS ret = meta_list(out, kv.n, kv.n, 1);
+    }
+    PyMem_Free(out);
+    rbpy_keyvec_free(&kv);
+    return ret;
+}
+
+PyObject *rbpy_core_get_metadata_prefix(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"keys", "lock", "skip"};
+    PyObject *a[3];
+    if (rbpy_unpack("get_metadata_prefix", names, 3, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    int lock = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (lock < 0)
+        return NULL;
+    keyvec kv;
+    if (rbpy_keyvec_from(a[0], &kv) < 0)
+        return NULL;
+    PyObject *ret = NULL;
+    rb_meta_out *out = PyMem_Calloc(kv.n ? kv.n : 1, sizeof(*out));
+    uint8_t *skip = PyMem_Calloc(kv.n ? kv.n : 1, 1);
+    if (!out || !skip) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (a[2] && a[2] != Py_None) {
+        for (Py_ssize_t i = 0; i < kv.n; i++) {
+            int r = PySequence_Contains(a[2], PyTuple_GET_ITEM(kv.tuple, i));
+            if (r < 0)
+                goto done;
+            skip[i] = (uint8_t)r;
+        }
+    }
+    size_t m;
+    Py_BEGIN_ALLOW_THREADS m =
+        rb_core_get_metadata_prefix(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, skip, out);
+    Py_END_ALLOW_THREADS ret = meta_list(out, (Py_ssize_t)m, (Py_ssize_t)m, 0);
+done:
+    PyMem_Free(out);
+    PyMem_Free(skip);
+    rbpy_keyvec_free(&kv);
+    return ret;
+}
+
+PyObject *rbpy_core_exists_inflight(PyObject *op, PyObject *key)
+{
+    const char *s;
+    size_t l;
+    if (rbpy_one_key(key, &s, &l) < 0)
+        return NULL;
+    return PyBool_FromLong(rb_core_exists_inflight(rbpy_core_of(op), s, l));
+}
+
+PyObject *rbpy_core_entry_offset(PyObject *op, PyObject *key)
+{
+    const char *s;
+    size_t l;
+    if (rbpy_one_key(key, &s, &l) < 0)
+        return NULL;
+    int64_t off = rb_core_entry_offset(rbpy_core_of(op), s, l);
+    if (off < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(off);
+}
+
+PyObject *rbpy_core_lock_refcount(PyObject *op, PyObject *key)
+{
+    const char *s;
+    size_t l;
+    if (rbpy_one_key(key, &s, &l) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLong(rb_core_lock_refcount(rbpy_core_of(op), s, l));
+}
+
+PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"limit"};
+    PyObject *a[1];
+    if (rbpy_unpack("snapshot_keys", names, 1, 0, args, nargs, kwnames, a) < 0)
+        return NULL;
+    size_t limit = SIZE_MAX;
+    int present;
+    if (rbpy_as_opt_size(a[0], "limit", &limit, &present) < 0)
+        return NULL;
+    if (!present)
+        limit = SIZE_MAX;
+    char **keys = NULL;
+    size_t *lens = NULL;
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS n = rb_core_snapshot_keys(rbpy_core_of(op), limit, &keys, &lens);
+    Py_END_ALLOW_THREADS if (n < 0) return PyErr_NoMemory();
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        if (l) {
+            PyObject *s = PyUnicode_DecodeUTF8(keys[i], (Py_ssize_t)lens[i], "surrogatepass");
+            if (!s)
+                Py_CLEAR(l);
+            else
+                PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+        }
+        free(keys[i]);
+    }
+    free(keys);
+    free(lens);
+    return l;
+}
