@@ -597,26 +597,26 @@ static PyObject *dev_inject_nowait_miss(PyObject *op, PyObject *arg)
 static PyMethodDef device_methods[] = {
     {"size_bytes", device_size_bytes, METH_NOARGS, "Device or file size in bytes (cached at open)."},
     {"pwrite_from_buffer", FASTKW(device_pwrite_from_buffer),
-     "pwrite_from_buffer(offset, data, payload_len=None, total_len=None)\n--\n\n"
+     "pwrite_from_buffer($self, offset, data, payload_len=None, total_len=None)\n--\n\n"
      "Write payload_len bytes of data at offset, then zeros up to total_len."},
     {"pread_into", FASTKW(device_pread_into),
-     "pread_into(offset, out, payload_len, total_len=None)\n--\n\n"
+     "pread_into($self, offset, out, payload_len, total_len=None)\n--\n\n"
      "Read total_len bytes at offset; the first payload_len land in out."},
     {"batched_write", FASTKW(rbpy_dev_batched_write),
-     "batched_write(offsets, buffers, total_lens, placement_ids=None, payload_lens=None)\n--\n\n"
+     "batched_write($self, offsets, buffers, total_lens, placement_ids=None, payload_lens=None)\n--\n\n"
      "Queue writes on the io_uring worker; returns a batch id for wait_iouring()."},
     {"batched_read", FASTKW(rbpy_dev_batched_read),
-     "batched_read(offsets, buffers, total_lens)\n--\n\n"
+     "batched_read($self, offsets, buffers, total_lens)\n--\n\n"
      "Queue reads on the io_uring worker; returns a batch id for wait_iouring()."},
     {"wait_iouring", FASTKW(rbpy_dev_wait_iouring),
-     "wait_iouring(batch_id)\n--\n\n"
+     "wait_iouring($self, batch_id)\n--\n\n"
      "Wait for a batch; returns (per-entry success list, [(index, message), ...])."},
     {"read_uring", FASTKW(rbpy_dev_read_uring),
-     "read_uring(offset, data, payload_len, total_len=None)\n--\n\nDeprecated single read."},
+     "read_uring($self, offset, data, payload_len, total_len=None)\n--\n\nDeprecated single read."},
     {"write_uring", FASTKW(rbpy_dev_write_uring),
-     "write_uring(offset, data, payload_len, total_len=None, placement_id=None)\n--\n\nSingle write."},
+     "write_uring($self, offset, data, payload_len, total_len=None, placement_id=None)\n--\n\nSingle write."},
     {"register_fixed_buffers", FASTKW(rbpy_dev_register_fixed_buffers),
-     "register_fixed_buffers(buffer_ptrs, buffer_sizes)\n--\n\nRegister io_uring fixed buffers."},
+     "register_fixed_buffers($self, buffer_ptrs, buffer_sizes)\n--\n\nRegister io_uring fixed buffers."},
     {"worker_error", rbpy_dev_worker_error, METH_NOARGS, "Terminal io_uring worker error, or None."},
     {"_inject_engine_fault", rbpy_dev_inject_engine_fault, METH_O,
      "test hook: 1 = the next kernel submission reports a hard failure after the kernel took the "
