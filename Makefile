@@ -106,10 +106,11 @@ test: build
 
 # Static checks (tools/lint.sh runs them and says what each covers): ruff and mypy over the
 # runtime package, ruff over tests/, stubtest of the built extension against _native.pyi,
-# clang-format and lizard's function limits (80 lines, CCN 15) over csrc/. The tools are pinned
-# so Debian 12 and 13 report the same (clang-format 18.1.8 is what .clang-format is written for;
-# Debian's packages are other versions) and installed into $(PYTHON) with pip when missing or
-# at another version. About 10 s after the build, 10 s more when pip installs the tools.
+# clang-format, and lizard's function limits (80 lines, CCN 15) over csrc/ and the runtime
+# package. The tools are pinned so Debian 12 and 13 report the same (clang-format 18.1.8 is
+# what .clang-format is written for; Debian's packages are other versions) and installed into
+# $(PYTHON) with pip when missing or at another version. About 10 s after the build, 10 s more
+# when pip installs the tools.
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8 lizard==1.24.3
 LINT_TOOLS_OK := -c 'import importlib.metadata as m, sys; sys.exit(any(m.version(n) != v for n, v in (a.split("==") for a in sys.argv[1:])))'
 .PHONY: lint

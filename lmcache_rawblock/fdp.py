@@ -274,18 +274,31 @@ def resolve_settings(values: Mapping[str, Any], *, io_engine: str, use_uring_cmd
     reuse = values.get("fdp_slot_reuse_policy")
     phase = values.get("fdp_phase") or AUTO
     if not enabled:
-        # Each of these only means something with FDP on; taking it silently would leave the
-        # user believing writes are placed.
-        for name, value, idle in (("fdp_placement_ids", ids, None), ("fdp_data_placement_policy", policy, NONE),
-                                  ("fdp_slot_reuse_policy", reuse, NONE), ("fdp_phase", phase, AUTO)):
-            if value is not None and value != idle:
-                shown = list(value) if isinstance(value, tuple) else value
-                raise ValueError(f"{label(name)}={shown!r} requires {label('fdp_enabled')}=true")
+        _check_unused_when_off(ids, policy, reuse, phase, label)
         return FdpSettings(phase=phase)
     if io_engine != "io_uring" or not use_uring_cmd:
         raise ValueError(f"{label('fdp_enabled')}=true requires {label('io_engine')}='io_uring' and "
                          f"{label('use_uring_cmd')}=true (got io_engine={io_engine!r}, use_uring_cmd={use_uring_cmd})")
     policy = policy or default_policy
+    _check_on_settings(ids, policy, phase, meta_checkpoint_placement_id, label)
+    return FdpSettings(enabled=True, placement_ids=None if ids is None else tuple(ids), data_policy=policy,
+                       slot_reuse_policy=reuse or PID_AFFINITY, phase=phase)
+
+
+def _check_unused_when_off(ids: Any, policy: Any, reuse: Any, phase: str, label: Callable[[str], str]) -> None:
+    """With FDP off, raise for the first FDP setting given a value other than its idle one."""
+    # Each of these only means something with FDP on; taking it silently would leave the
+    # user believing writes are placed.
+    for name, value, idle in (("fdp_placement_ids", ids, None), ("fdp_data_placement_policy", policy, NONE),
+                              ("fdp_slot_reuse_policy", reuse, NONE), ("fdp_phase", phase, AUTO)):
+        if value is not None and value != idle:
+            shown = list(value) if isinstance(value, tuple) else value
+            raise ValueError(f"{label(name)}={shown!r} requires {label('fdp_enabled')}=true")
+
+
+def _check_on_settings(ids: Any, policy: str, phase: str, meta_checkpoint_placement_id: int | None,
+                       label: Callable[[str], str]) -> None:
+    """With FDP on, raise when the identifiers, the data policy and the phase disagree."""
     if ids is not None and meta_checkpoint_placement_id is not None and meta_checkpoint_placement_id in ids:
         raise ValueError(f"{label('fdp_placement_ids')}={list(ids)} must not contain "
                          f"{label('meta_checkpoint_placement_id')}={meta_checkpoint_placement_id}: checkpoint "
@@ -296,8 +309,6 @@ def resolve_settings(values: Mapping[str, Any], *, io_engine: str, use_uring_cmd
     if phase != AUTO and policy != PHASE:
         raise ValueError(f"{label('fdp_phase')}={phase!r} applies to {label('fdp_data_placement_policy')}='phase' "
                          f"only (it is {policy!r})")
-    return FdpSettings(enabled=True, placement_ids=None if ids is None else tuple(ids), data_policy=policy,
-                       slot_reuse_policy=reuse or PID_AFFINITY, phase=phase)
 
 
 def data_placement_ids(reported: Iterable[tuple[int, int]], configured: Sequence[int] | None,
@@ -307,14 +318,7 @@ def data_placement_ids(reported: Iterable[tuple[int, int]], configured: Sequence
     (``fetch_fdp_status()``: (placement id, reclaim unit handle id) pairs): the configured ones,
     each of which the device must report, or every non-zero reported one except the
     checkpoint's."""
-    reported = [(int(p), int(r)) for p, r in reported]
-    device_ids = [p for p, _ in reported if p != 0]
-    if not device_ids:
-        raise RuntimeError(f"FDP is enabled but {device} reports no non-zero placement identifiers "
-                           f"(reclaim unit handle status: {reported})")
-    if meta_checkpoint_placement_id is not None and meta_checkpoint_placement_id not in device_ids:
-        raise ValueError(f"{label('meta_checkpoint_placement_id')}={meta_checkpoint_placement_id} is not a "
-                         f"placement identifier of {device} (it reports {device_ids})")
+    device_ids = _device_placement_ids(reported, meta_checkpoint_placement_id, device, label)
     if configured is not None:
         missing = [p for p in configured if p not in device_ids]
         if missing:
@@ -330,6 +334,21 @@ def data_placement_ids(reported: Iterable[tuple[int, int]], configured: Sequence
         raise ValueError(f"{label('fdp_data_placement_policy')}='phase' needs two placement identifiers for KV "
                          f"data (prefill, decode); {device} leaves {list(ids)}")
     return ids
+
+
+def _device_placement_ids(reported: Iterable[tuple[int, int]], meta_checkpoint_placement_id: int | None,
+                          device: str, label: Callable[[str], str]) -> list[int]:
+    """The non-zero placement identifiers the device reports; raises when there is none or
+    when the checkpoint's identifier is not among them."""
+    reported = [(int(p), int(r)) for p, r in reported]
+    device_ids = [p for p, _ in reported if p != 0]
+    if not device_ids:
+        raise RuntimeError(f"FDP is enabled but {device} reports no non-zero placement identifiers "
+                           f"(reclaim unit handle status: {reported})")
+    if meta_checkpoint_placement_id is not None and meta_checkpoint_placement_id not in device_ids:
+        raise ValueError(f"{label('meta_checkpoint_placement_id')}={meta_checkpoint_placement_id} is not a "
+                         f"placement identifier of {device} (it reports {device_ids})")
+    return device_ids
 
 
 class PlacementRouter:

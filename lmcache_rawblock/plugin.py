@@ -290,6 +290,25 @@ def _space_failure(failure: BaseException | None) -> bool:
     return isinstance(failure, RuntimeError)
 
 
+def _notify_stored(items: list, results: list[bool], on_complete_callback: Any) -> None:
+    """Call ``on_complete_callback(key)`` for each put item whose write succeeded; a callback
+    that raises is logged and the others still run."""
+    for (key, *_rest), ok in zip(items, results):
+        if ok:
+            try:
+                on_complete_callback(key)
+            except Exception:
+                logger.exception("on_complete_callback failed for %s", key)
+
+
+def _persist_error(failed: list[str], count: int, failure: BaseException | None) -> RuntimeError:
+    """The error of a put of ``count`` keys whose ``failed`` (encoded) keys were not stored."""
+    why = f": {failure}" if failure is not None else ""
+    if count == 1:
+        return RuntimeError(f"Failed to persist raw-block key {failed[0]}{why}")
+    return RuntimeError(f"Failed to persist raw-block keys: {', '.join(failed)}{why}")
+
+
 # --------------------------------------------------------------------------- the plugin
 
 
@@ -604,38 +623,47 @@ class RustRawBlockBackend(StoragePluginInterface):
             counts = self._core.slot_counts()
             if counts.closed:
                 return failure
-            if counts.reusable >= len(failed):
-                # Slots to spare: the last retry lost them to other puts, or failed for another
-                # reason (then it ends below, as that is not a want of slots).
-                pass
-            else:
-                evicted = self._evict_lru(len(failed) - counts.reusable, protect)
-                with self._stats_lock:
-                    self._put_evicted += evicted
-                if evicted or counts.held:
-                    try:
-                        self._core.reclaim_held_slots()
-                    except Exception as e:  # noqa: BLE001 - the put's error says it below
-                        logger.warning("raw-block put could not write the checkpoint that frees slots: %s", e)
-                after = self._core.slot_counts()
-                if after.reusable == 0 and after.held == 0 and not evicted:
-                    return self._no_room(failure, "no slot is free and nothing is left to evict")
-                # Slots still held wait for the checkpoint the core writes for a put that needs
-                # them (one more after a change to the index): the retry gets them.
-            retry = self._core.put_many([specs[i] for i in failed], [objs[i] for i in failed],
-                                        placement_ids=None if pids is None else [pids[i] for i in failed])
-            with self._stats_lock:
-                self._put_retries += 1
-            for i, ok in zip(failed, retry.results):
-                results[i] = ok
-            stored += list(retry.stored_keys)
-            self._lru_touch(list(retry.stored_keys))
-            failure = retry.failure
+            # With slots to spare the last retry lost them to other puts, or failed for another
+            # reason (then it ends below, as that is not a want of slots): retry at once.
+            if counts.reusable < len(failed) and not self._make_room(len(failed) - counts.reusable, protect,
+                                                                     counts.held):
+                return self._no_room(failure, "no slot is free and nothing is left to evict")
+            failure = self._put_retry(specs, objs, pids, failed, results, stored)
             if all(results):
                 return None
             if not _space_failure(failure):
                 return failure
         return self._no_room(failure, f"other puts took the freed slots first {_PUT_EVICT_ROUNDS} times")
+
+    def _make_room(self, want: int, protect: frozenset[str], held: int) -> bool:
+        """Evict up to ``want`` entries outside ``protect`` and write the checkpoint that makes
+        freed (and ``held``) slots reusable; False when there is nothing to retry with."""
+        evicted = self._evict_lru(want, protect)
+        with self._stats_lock:
+            self._put_evicted += evicted
+        if evicted or held:
+            try:
+                self._core.reclaim_held_slots()
+            except Exception as e:  # noqa: BLE001 - the put's error says it below
+                logger.warning("raw-block put could not write the checkpoint that frees slots: %s", e)
+        after = self._core.slot_counts()
+        # Slots still held wait for the checkpoint the core writes for a put that needs them
+        # (one more after a change to the index): the retry gets them.
+        return not (after.reusable == 0 and after.held == 0 and not evicted)
+
+    def _put_retry(self, specs: list, objs: list, pids: list | None, failed: list[int],
+                   results: list[bool], stored: list[str]) -> BaseException | None:
+        """Put the keys at indexes ``failed`` again, updating ``results`` and ``stored``;
+        returns why the first of them that failed again did (None when none did)."""
+        retry = self._core.put_many([specs[i] for i in failed], [objs[i] for i in failed],
+                                    placement_ids=None if pids is None else [pids[i] for i in failed])
+        with self._stats_lock:
+            self._put_retries += 1
+        for i, ok in zip(failed, retry.results):
+            results[i] = ok
+        stored += list(retry.stored_keys)
+        self._lru_touch(list(retry.stored_keys))
+        return retry.failure
 
     def _put_with_policy(self, specs: list, objs: list,
                          pids: list | None = None) -> tuple[list[bool], BaseException | None]:
@@ -753,6 +781,14 @@ class RustRawBlockBackend(StoragePluginInterface):
         # Placement is decided over the whole store, before keys already stored drop out: the
         # first chunk of a prompt's chain anchors it even when it is skipped here.
         pids = self._placements(keys)
+        queued = self._claim_puts(keys, objs, pids)
+        if not queued:
+            return None
+        return self._schedule_puts(queued, on_complete_callback, self.loop)
+
+    def _claim_puts(self, keys: list, objs: Any, pids: list | None) -> list[tuple[Any, Any, Any, Any]]:
+        """The (key, spec, obj, placement id) of each key to write: not being written, stored
+        or refused by admission; each is marked as a put task and its object referenced."""
         queued: list[tuple[Any, Any, Any, Any]] = []
         for i, (key, obj) in enumerate(zip(keys, objs)):
             spec = encode_legacy_key(key)
@@ -767,8 +803,12 @@ class RustRawBlockBackend(StoragePluginInterface):
                 continue
             obj.ref_count_up()
             queued.append((key, spec, obj, None if pids is None else pids[i]))
-        if not queued:
-            return None
+        return queued
+
+    def _schedule_puts(self, queued: list, on_complete_callback: Any,
+                       loop: asyncio.AbstractEventLoop) -> list:
+        """Run the writes of ``queued`` on ``loop`` (one batch under io_uring, else one per
+        key): their futures; if scheduling fails, what was not scheduled is released."""
         if self._core.io_engine == "io_uring" and len(queued) > 1:
             batches = [queued]
         else:
@@ -777,7 +817,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         for n, batch in enumerate(batches):
             coro = self._put_coro(batch, on_complete_callback)
             try:
-                fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+                fut = asyncio.run_coroutine_threadsafe(coro, loop)
             except BaseException:
                 coro.close()
                 # Nothing scheduled from here on will run: give back what it would have released.
@@ -805,17 +845,9 @@ class RustRawBlockBackend(StoragePluginInterface):
             results, failure = await asyncio.to_thread(self._put_with_policy, *args)
             failed = [spec.encoded for spec, ok in zip(specs, results) if not ok]
             if on_complete_callback is not None:
-                for (key, *_rest), ok in zip(items, results):
-                    if ok:
-                        try:
-                            on_complete_callback(key)
-                        except Exception:
-                            logger.exception("on_complete_callback failed for %s", key)
+                _notify_stored(items, results, on_complete_callback)
             if failed:
-                why = f": {failure}" if failure is not None else ""
-                if len(items) == 1:
-                    raise RuntimeError(f"Failed to persist raw-block key {failed[0]}{why}") from failure
-                raise RuntimeError(f"Failed to persist raw-block keys: {', '.join(failed)}{why}") from failure
+                raise _persist_error(failed, len(items), failure) from failure
         finally:
             self._release_put_items(items)
 
@@ -832,27 +864,10 @@ class RustRawBlockBackend(StoragePluginInterface):
                 locked = encoded[: len(metas)]
         allocated: list = []
         try:
-            for meta in metas:
-                if meta.shape is None or meta.dtype is None:
-                    logger.warning("raw-block entry without shape or dtype; stopping the prefix there")
-                    break
-                obj = self.local_cpu_backend.allocate(meta.shape, meta.dtype, meta.fmt)
-                if obj is None:
-                    logger.error("local_cpu_backend.allocate returned None; stopping the prefix there")
-                    break
-                allocated.append(obj)
+            self._allocate_prefix(metas, allocated)
             if not allocated:
                 return []
-            results = self._core.load_many_into(encoded[: len(allocated)], allocated, raise_on_error=True)
-            loaded = 0
-            for ok in results:
-                if not ok:
-                    break
-                loaded += 1
-            for obj in allocated[loaded:]:
-                obj.ref_count_down()
-            self._lru_touch(encoded[:loaded])
-            return allocated[:loaded]
+            return self._load_prefix(encoded, allocated)
         except BaseException:
             for obj in allocated:
                 obj.ref_count_down()
@@ -860,6 +875,33 @@ class RustRawBlockBackend(StoragePluginInterface):
         finally:
             if locked:
                 self._core.unlock_many(locked)
+
+    def _allocate_prefix(self, metas: list, allocated: list) -> None:
+        """Append to ``allocated`` a buffer for each entry of ``metas`` in order, stopping
+        (with a log line) at the first entry without shape or dtype or that gets no buffer."""
+        for meta in metas:
+            if meta.shape is None or meta.dtype is None:
+                logger.warning("raw-block entry without shape or dtype; stopping the prefix there")
+                break
+            obj = self.local_cpu_backend.allocate(meta.shape, meta.dtype, meta.fmt)
+            if obj is None:
+                logger.error("local_cpu_backend.allocate returned None; stopping the prefix there")
+                break
+            allocated.append(obj)
+
+    def _load_prefix(self, encoded: list[str], allocated: list) -> list:
+        """Load the first ``len(allocated)`` keys of ``encoded`` into ``allocated``: the buffers
+        of the prefix that loaded; the others are released (raises as the core's load does)."""
+        results = self._core.load_many_into(encoded[: len(allocated)], allocated, raise_on_error=True)
+        loaded = 0
+        for ok in results:
+            if not ok:
+                break
+            loaded += 1
+        for obj in allocated[loaded:]:
+            obj.ref_count_down()
+        self._lru_touch(encoded[:loaded])
+        return allocated[:loaded]
 
     def get_blocking(self, key: Any) -> Any:
         objs = self._batched_get_prefix([key])

@@ -126,6 +126,18 @@ def parse_id_list(value: Any, label: str, s: Setting) -> tuple[int, ...]:
     """A list of distinct identifiers in ``s.min..s.max``: a list or tuple, or the text of one
     ("1,2,3" or "[1, 2, 3]", as YAML templates and the environment give it). Each element is
     checked as a placement identifier; the message names the setting and the whole value."""
+    ids = [_id_list_element(item, value, label, s) for item in _id_list_items(value, label)]
+    if not ids:
+        raise ValueError(f"{label} must not be empty, got {value!r}")
+    dups = sorted({i for i in ids if ids.count(i) > 1})
+    if dups:
+        raise ValueError(f"{label} must not contain duplicates, got {value!r} ({', '.join(map(str, dups))} repeated)")
+    return tuple(ids)
+
+
+def _id_list_items(value: Any, label: str) -> list | tuple:
+    """The elements of an identifier list: ``value`` itself when a list or tuple, the
+    comma-separated words of a string (brackets optional); anything else raises."""
     items = value
     if isinstance(value, str):
         text = value.strip()
@@ -134,26 +146,24 @@ def parse_id_list(value: Any, label: str, s: Setting) -> tuple[int, ...]:
         items = [t.strip() for t in text.split(",")] if text.strip() else []
     if not isinstance(items, (list, tuple)):
         raise ValueError(f"{label} must be a list of integers, got {value!r}")
-    ids = []
-    for item in items:
-        if isinstance(item, str):
-            try:
-                item = int(item, 10)
-            except ValueError:
-                raise ValueError(f"{label} must contain integers, got {value!r}") from None
+    return items
+
+
+def _id_list_element(item: Any, value: Any, label: str, s: Setting) -> int:
+    """One element of the identifier list ``value`` (a decimal string or an int) as a placement
+    identifier in ``s.min..s.max``; errors name the whole list."""
+    if isinstance(item, str):
         try:
-            pid = check_placement_id(item, label, allow_none=False, show_value=True)
-        except ValueError as e:
-            raise ValueError(f"{e} (in {value!r})") from None
-        if pid < s.min or pid > s.max:  # the table's range (1..65535 for placement ids)
-            raise ValueError(f"{label} must contain integers in {s.min}..{s.max}, got {value!r}")
-        ids.append(pid)
-    if not ids:
-        raise ValueError(f"{label} must not be empty, got {value!r}")
-    dups = sorted({i for i in ids if ids.count(i) > 1})
-    if dups:
-        raise ValueError(f"{label} must not contain duplicates, got {value!r} ({', '.join(map(str, dups))} repeated)")
-    return tuple(ids)
+            item = int(item, 10)
+        except ValueError:
+            raise ValueError(f"{label} must contain integers, got {value!r}") from None
+    try:
+        pid = check_placement_id(item, label, allow_none=False, show_value=True)
+    except ValueError as e:
+        raise ValueError(f"{e} (in {value!r})") from None
+    if pid < s.min or pid > s.max:  # the table's range (1..65535 for placement ids)
+        raise ValueError(f"{label} must contain integers in {s.min}..{s.max}, got {value!r}")
+    return pid
 
 
 def parse_value(name: str, value: Any, *, label: str | None = None,
@@ -174,31 +184,45 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
     if s.type == "int":
         return _check_range(s, parse_int(value, label), label, logger)
     if s.type == "path":
-        if isinstance(value, (str, bytes, os.PathLike)):
-            path = os.fsdecode(value)
-            if path:
-                return path
-        if value is None or value == "":
-            raise ValueError(f"{label} must be non-empty")
-        raise ValueError(f"{label} must be a path, got {value!r}")
+        return _parse_path(value, label)
     if s.type == "choice":
-        choices = s.choices or ()
-        if isinstance(value, str) and value.strip().lower() in choices:
-            return value.strip().lower()
-        # YAML 1.1 (PyYAML) reads a bare on/off/true/false as a boolean
-        if isinstance(value, bool) and {"on", "off"} <= set(choices):
-            return "on" if value else "off"
-        if name == "io_engine":
-            raise ValueError(f"io_engine must be one of: {', '.join(sorted(choices))}; got {value!r}")
-        raise ValueError(f"{label} must be one of: {', '.join(choices)}; got {value!r}")
+        return _parse_choice(name, value, label, s.choices or ())
     if s.type == "bytes":
-        if isinstance(value, str):
-            if not value.isascii():
-                raise ValueError(f"{label} must be ASCII bytes, got {value!r}")
-            value = value.encode("ascii")
-        if not isinstance(value, (bytes, bytearray)) or len(value) != 8:
-            raise ValueError(f"{label} must be exactly 8 bytes, got {value!r}")
-        if not bytes(value).isascii():
-            raise ValueError(f"{label} must be ASCII bytes, got {bytes(value)!r}")
-        return bytes(value)
+        return _parse_bytes(value, label)
     raise AssertionError(f"setting {name} has unknown type {s.type}")
+
+
+def _parse_path(value: Any, label: str) -> str:
+    """A non-empty path (str, bytes or os.PathLike) as a str; anything else raises."""
+    if isinstance(value, (str, bytes, os.PathLike)):
+        path = os.fsdecode(value)
+        if path:
+            return path
+    if value is None or value == "":
+        raise ValueError(f"{label} must be non-empty")
+    raise ValueError(f"{label} must be a path, got {value!r}")
+
+
+def _parse_choice(name: str, value: Any, label: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, given in any case (or a YAML boolean for an on/off choice)."""
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return value.strip().lower()
+    # YAML 1.1 (PyYAML) reads a bare on/off/true/false as a boolean
+    if isinstance(value, bool) and {"on", "off"} <= set(choices):
+        return "on" if value else "off"
+    if name == "io_engine":
+        raise ValueError(f"io_engine must be one of: {', '.join(sorted(choices))}; got {value!r}")
+    raise ValueError(f"{label} must be one of: {', '.join(choices)}; got {value!r}")
+
+
+def _parse_bytes(value: Any, label: str) -> bytes:
+    """Exactly 8 ASCII bytes, given as bytes, a bytearray or an ASCII str."""
+    if isinstance(value, str):
+        if not value.isascii():
+            raise ValueError(f"{label} must be ASCII bytes, got {value!r}")
+        value = value.encode("ascii")
+    if not isinstance(value, (bytes, bytearray)) or len(value) != 8:
+        raise ValueError(f"{label} must be exactly 8 bytes, got {value!r}")
+    if not bytes(value).isascii():
+        raise ValueError(f"{label} must be ASCII bytes, got {bytes(value)!r}")
+    return bytes(value)

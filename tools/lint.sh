@@ -8,7 +8,8 @@
 #   stubtest      lmcache_rawblock/_native.pyi against the built extension
 #                 (exceptions, each with its reason: tools/stubtest-allowlist.txt)
 #   clang-format  csrc/*/*.[ch] exactly as .clang-format formats them (clang-format 18.1.8)
-#   lizard        no C function in csrc/ over 80 lines or cyclomatic complexity 15
+#   lizard        no C function in csrc/ and no Python function of the runtime package
+#                 lmcache_rawblock over 80 lines or cyclomatic complexity 15
 #                 (docs/development.md: how to split one, when "#lizard forgives" is fine)
 #   commits       every commit since the tree was first formatted has a subject of at most
 #                 72 characters and, unless it is a merge, a body saying why
@@ -34,12 +35,22 @@ clang_format() {
   "$bin" --dry-run -Werror csrc/*/*.[ch]
 }
 
-# lizard lists every C function over a limit (-w: warnings only) and exits non-zero if any is.
-c_function_sizes() {
+# lizard lists every function over a limit (-w: warnings only) and exits non-zero if any is:
+# the C of csrc/ and the Python of the runtime package, with the same limits. Both run, so one
+# verdict lists every finding.
+function_sizes() {
+  local rc=0
+  lizard_over c "C" csrc || rc=1
+  lizard_over python "Python" lmcache_rawblock || rc=1
+  return $rc
+}
+
+# lizard_over LANGUAGE NAME PATH: lizard's findings for LANGUAGE under PATH, and their count.
+lizard_over() {
   local out
-  out=$("$PY" -m lizard -l c -C 15 -L 80 -w csrc) && return 0
+  out=$("$PY" -m lizard -l "$1" -C 15 -L 80 -w "$3") && return 0
   printf '%s\n' "$out"
-  echo "$(printf '%s\n' "$out" | grep -c ': warning: ') C function(s) over 80 lines or CCN 15"
+  echo "$(printf '%s\n' "$out" | grep -c ': warning: ') $2 function(s) in $3 over 80 lines or CCN 15"
   return 1
 }
 
@@ -78,7 +89,7 @@ check mypy "$PY" -m mypy
 check stubtest env PYTHONPATH="$PWD" "$PY" -m mypy.stubtest lmcache_rawblock._native \
   --allowlist tools/stubtest-allowlist.txt
 check clang-format clang_format
-check lizard c_function_sizes
+check lizard function_sizes
 check commits commit_messages
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -372,6 +372,11 @@ class RawBlockCore:
     def report_status(self) -> dict:
         st = self._native.status()
         fixed_registered, fixed_bytes, worker_error = self._native.engine_state()
+        return {**self._status_layout(st, worker_error), **self._status_engine(st, fixed_registered, fixed_bytes),
+                **self._status_metadata(st), **self._status_device(st)}
+
+    def _status_layout(self, st: dict, worker_error: str | None) -> dict:
+        """report_status's health, identity, geometry and index counts (LMCache's keys)."""
         cfg = self._cfg
         return {
             "is_healthy": not st["closed"] and worker_error is None,
@@ -397,6 +402,12 @@ class RawBlockCore:
             "metadata_dirty_total": st["metadata_dirty_total"],
             "metadata_persisted": st["metadata_persisted"],
             "inflight_io_count": st["inflight_io_count"],
+        }
+
+    def _status_engine(self, st: dict, fixed_registered: bool, fixed_bytes: int) -> dict:
+        """report_status's I/O engine settings, fixed buffers and FDP slot affinity (LMCache's keys)."""
+        cfg = self._cfg
+        return {
             "use_odirect": cfg.use_odirect,
             "enable_zero_copy": cfg.enable_zero_copy,
             "fixed_buffers_registered": fixed_registered,
@@ -407,6 +418,12 @@ class RawBlockCore:
             "fdp_slot_affinity_enabled": cfg.fdp_slot_affinity_enabled,
             "fdp_slot_affinity_hit_count": st["fdp_slot_affinity_hit_count"],
             "fdp_slot_affinity_fallback_count": st["fdp_slot_affinity_fallback_count"],
+        }
+
+    def _status_metadata(self, st: dict) -> dict:
+        """report_status's own keys on checksums, checkpoints, recovery and the metadata log."""
+        cfg = self._cfg
+        return {
             # ours
             "verify_payload_checksum": cfg.verify_payload_checksum,
             "payload_checksum_failures": st["payload_checksum_failures"],
@@ -432,6 +449,12 @@ class RawBlockCore:
             "metadata_log": st.get("metadata_log"),
             "checkpoints_for_room": st["checkpoints_for_room"],
             "device_flushes": st["device_flushes"],
+        }
+
+    def _status_device(self, st: dict) -> dict:
+        """report_status's keys on what the device did: refused loads, failed flushes, faults,
+        the device lock, deallocation and the native I/O counters."""
+        return {
             # what the device did to us: slot headers refused at load (another writer, a device
             # that shrank and grew back), flushes that failed and the entries they dropped (not
             # proven durable), a device that shrank, and the last faults with per-errno counts
