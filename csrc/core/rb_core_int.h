@@ -533,7 +533,8 @@ void rb_core_set_ckpt_error(rb_core *c, const rb_err *err);
 int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n);
 /* The v1 writer, ckpt_mu held: target -1 chooses the container, 0 or 1 forces it. */
 int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int target, rb_err *err);
-/* Validate the live entries' slot headers (meta_verify_on_load). 0 or -ENOMEM. */
+/* rb_core_validate.c: validate the live entries' slot headers (meta_verify_on_load). 0 or
+ * -ENOMEM. */
 int rb_core_validate_entries(rb_core *c, int sequential);
 /* The same, 65,536 index positions at a time, returning early once *stop is set. */
 int rb_core_validate_sliced(rb_core *c, const int *stop);
