@@ -147,6 +147,65 @@ static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
     v->hdr_ok = rb_slot_header_decode(buf, rb_header_read_len(c), &v->identity, &v->len, &v->has_sum, &v->sum) == 0;
 }
 
+/* The io_uring header reader's state: two groups of reads, one buffer half and one ops half
+ * each (group g uses half g & 1). */
+typedef struct hdr_ring {
+    rb_core *c;
+    vitem *items;
+    size_t n;
+    size_t hb;    /* stride and read length of one header */
+    size_t qd;    /* reads per batch */
+    size_t group; /* headers per group */
+    uint8_t *buf; /* 2 * group headers */
+    uint8_t *one; /* one header, for a read done again alone */
+    rb_uop *ops;  /* 2 * group */
+    rb_uops_run run[2];
+} hdr_ring;
+
+/* Headers per group: at least 256 (several batches when the queue depth is small), at most
+ * 2 MiB of buffer, at most n. */
+static size_t ring_group_size(size_t qd, size_t hb, size_t n)
+{
+    size_t group = qd < 256 ? (256 + qd - 1) / qd * qd : qd;
+    size_t cap = ((size_t)2 << 20) / hb;
+    if (group > cap)
+        group = cap ? cap : 1;
+    return group > n ? n : group;
+}
+
+/* Submit the reads of group g. */
+static void ring_submit(hdr_ring *r, size_t g)
+{
+    size_t lo = g * r->group, cnt = r->n - lo < r->group ? r->n - lo : r->group;
+    rb_uop *o = r->ops + (g & 1) * r->group;
+    uint8_t *b = r->buf + (g & 1) * r->group * r->hb;
+    for (size_t j = 0; j < cnt; j++) {
+        o[j].off = rb_slot_offset(r->c, r->items[lo + j].slot);
+        o[j].buf = b + j * r->hb;
+        o[j].buf_len = o[j].payload_len = o[j].total_len = o[j].copy_len = r->hb;
+        o[j].write = 0;
+    }
+    rb_err e;
+    (void)rb_core_uring_ops_begin(r->c, &r->run[g & 1], o, cnt, r->qd, 0, &e);
+}
+
+/* Finish group g: its keys' identities hashed while the engine reads, then its headers
+ * decoded (a failed read is done again alone, synchronously). */
+static void ring_finish(hdr_ring *r, size_t g)
+{
+    size_t lo = g * r->group, cnt = r->n - lo < r->group ? r->n - lo : r->group;
+    rb_uop *o = r->ops + (g & 1) * r->group;
+    uint8_t *b = r->buf + (g & 1) * r->group * r->hb;
+    want_identities(r->c, r->items, lo, lo + cnt);
+    rb_core_uring_ops_finish(&r->run[g & 1]);
+    for (size_t j = 0; j < cnt; j++) {
+        if (o[j].rc == 0)
+            decode_header_into(r->c, &r->items[lo + j], b + j * r->hb);
+        else
+            read_header_into(r->c, &r->items[lo + j], r->one);
+    }
+}
+
 /*
  * io_uring: the headers are read in groups of batches of iouring_queue_depth reads, two groups
  * in flight: while the engine reads group g+1, the calling thread computes the identities group
@@ -157,69 +216,38 @@ static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
  */
 static void read_headers_uring(rb_core *c, vitem *items, size_t n)
 {
-    const size_t hb = rb_header_read_len(c); /* stride and read length of one header */
-    size_t qd = c->cfg.iouring_queue_depth ? c->cfg.iouring_queue_depth : 1;
-    /* At least 256 headers per group (several batches when the queue depth is small), at most
-     * 2 MiB of buffer per group. */
-    size_t group = qd < 256 ? (256 + qd - 1) / qd * qd : qd;
-    size_t cap = ((size_t)2 << 20) / hb;
-    if (group > cap)
-        group = cap ? cap : 1;
-    if (group > n)
-        group = n;
+    hdr_ring r = {.c = c, .items = items, .n = n, .hb = rb_header_read_len(c)};
+    r.qd = c->cfg.iouring_queue_depth ? c->cfg.iouring_queue_depth : 1;
+    r.group = ring_group_size(r.qd, r.hb, n);
     rb_err e;
-    uint8_t *buf = rb_alloc_aligned(c->cfg.block_align, 2 * group * hb, &e);
-    uint8_t *one = rb_alloc_aligned(c->cfg.block_align, hb, &e);
-    rb_uop *ops = calloc(2 * group, sizeof(*ops));
-    if (!buf || !one || !ops) {
-        free(buf);
-        free(one);
-        free(ops);
+    r.buf = rb_alloc_aligned(c->cfg.block_align, 2 * r.group * r.hb, &e);
+    r.one = rb_alloc_aligned(c->cfg.block_align, r.hb, &e);
+    r.ops = calloc(2 * r.group, sizeof(*r.ops));
+    const int ready = r.buf && r.one && r.ops;
+    if (ready) {
+        /* Touch the buffer once: a buffered read into a page not yet faulted in cannot complete
+         * inline and is handed to an io-wq kernel thread (several times slower per header). */
+        memset(r.buf, 0, 2 * r.group * r.hb);
+        size_t ngroups = (n + r.group - 1) / r.group;
+        for (size_t g = 0; g <= ngroups; g++) {
+            if (g < ngroups)
+                ring_submit(&r, g); /* into half g & 1 */
+            if (g > 0)
+                ring_finish(&r, g - 1); /* the other half */
+        }
+    }
+    free(r.buf);
+    free(r.one);
+    free(r.ops);
+    if (!ready)
         read_headers_parallel(c, items, n);
-        return;
-    }
-    /* Touch the buffer once: a buffered read into a page not yet faulted in cannot complete
-     * inline and is handed to an io-wq kernel thread (several times slower per header). */
-    memset(buf, 0, 2 * group * hb);
-    size_t ngroups = (n + group - 1) / group;
-    rb_uops_run run[2];
-    for (size_t g = 0; g <= ngroups; g++) {
-        /* submit group g (half g & 1), then finish group g - 1 (the other half) */
-        if (g < ngroups) {
-            size_t lo = g * group, cnt = n - lo < group ? n - lo : group;
-            rb_uop *o = ops + (g & 1) * group;
-            uint8_t *b = buf + (g & 1) * group * hb;
-            for (size_t j = 0; j < cnt; j++) {
-                o[j].off = rb_slot_offset(c, items[lo + j].slot);
-                o[j].buf = b + j * hb;
-                o[j].buf_len = o[j].payload_len = o[j].total_len = o[j].copy_len = hb;
-                o[j].write = 0;
-            }
-            (void)rb_core_uring_ops_begin(c, &run[g & 1], o, cnt, qd, 0, &e);
-        }
-        if (g == 0)
-            continue;
-        size_t p = g - 1, lo = p * group, cnt = n - lo < group ? n - lo : group;
-        rb_uop *o = ops + (p & 1) * group;
-        uint8_t *b = buf + (p & 1) * group * hb;
-        want_identities(c, items, lo, lo + cnt);
-        rb_core_uring_ops_finish(&run[p & 1]);
-        for (size_t j = 0; j < cnt; j++) {
-            if (o[j].rc == 0)
-                decode_header_into(c, &items[lo + j], b + j * hb);
-            else
-                read_header_into(c, &items[lo + j], one);
-        }
-    }
-    free(buf);
-    free(one);
-    free(ops);
 }
 
-/* Validate the live entries at index positions [lo, hi) (clipped to the index). */
-static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
+/* Copy the live entries at index positions [lo, hi) (clipped to the index) into *items, their
+ * keys into one block *keys (the index may change while the headers are read). mu held. The
+ * number copied, or -ENOMEM. */
+static int64_t snapshot_items_locked(rb_core *c, uint32_t lo, uint32_t hi, vitem **items, char **keys)
 {
-    pthread_mutex_lock(&c->mu);
     if (hi > c->index.n_ents)
         hi = c->index.n_ents;
     size_t n = 0, key_bytes = 0;
@@ -228,36 +256,36 @@ static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
             key_bytes += (size_t)c->index.ents[p].key_len + 1;
             n++;
         }
-    /* the keys are copied (the index may change while the headers are read) into one block */
-    vitem *items = calloc(n ? n : 1, sizeof(*items));
-    char *keys = malloc(key_bytes ? key_bytes : 1);
-    size_t k = 0;
-    if (!items || !keys) {
-        pthread_mutex_unlock(&c->mu);
-        free(items);
-        free(keys);
+    *items = calloc(n ? n : 1, sizeof(**items));
+    *keys = malloc(key_bytes ? key_bytes : 1);
+    if (!*items || !*keys) {
+        free(*items);
+        free(*keys);
         return -ENOMEM;
     }
-    char *kp = keys;
+    char *kp = *keys;
+    size_t k = 0;
     for (uint32_t p = lo; p < hi; p++) {
         const rb_ent *e = &c->index.ents[p];
         if (e->flags & RB_ENT_DEAD)
             continue;
-        items[k].key = kp;
+        vitem *v = &(*items)[k++];
+        v->key = kp;
         memcpy(kp, rb_ent_key(e), e->key_len + 1);
         kp += e->key_len + 1;
-        items[k].key_len = e->key_len;
-        items[k].slot = e->slot;
-        items[k].size = e->size;
-        items[k].checksum = e->checksum;
-        items[k].flags = e->flags;
-        k++;
+        v->key_len = e->key_len;
+        v->slot = e->slot;
+        v->size = e->size;
+        v->checksum = e->checksum;
+        v->flags = e->flags;
     }
-    if (k)
-        c->inflight_io++;
-    uint64_t rd_gen = rb_core_reader_begin_locked(c);
-    pthread_mutex_unlock(&c->mu);
+    return (int64_t)k;
+}
 
+/* Read the headers of items[0..k) and compute the identities they must carry, on the path
+ * that suits the device. No lock held. */
+static void read_items(rb_core *c, int sequential, vitem *items, size_t k)
+{
     if (sequential) {
         vjob j = {c, items, 0, k};
         vjob_run(&j);
@@ -269,26 +297,46 @@ static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
     } else {
         read_headers_parallel(c, items, k);
     }
-
     want_identities(c, items, 0, k); /* whatever a failed path left out */
+}
+
+/* 1 when v's header does not vouch for its entry: unread, another key's identity, another
+ * size, or, for a record that carries a checksum (from the checkpoint), not the same one in
+ * the header (a header whose marker was damaged must not turn the check off). */
+static int item_bad(const vitem *v)
+{
+    return !v->hdr_ok || v->want_state != 1 || v->want != v->identity || v->len != v->size ||
+           ((v->flags & RB_ENT_HAS_SUM) && (!v->has_sum || v->sum != v->checksum));
+}
+
+/* The index record v was copied from, or NULL when it changed meanwhile: gone, moved, or
+ * deleted and put again (LIFO slot reuse gives it the same slot), or judged by a load: the
+ * header read may be the old record's. mu held. */
+static rb_ent *item_record_locked(rb_core *c, const vitem *v, uint32_t *pos)
+{
+    uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
+    if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
+        return NULL;
+    rb_ent *e = &c->index.ents[p];
+    if (e->size != v->size || e->checksum != v->checksum ||
+        ((e->flags ^ v->flags) & (RB_ENT_HAS_SUM | RB_ENT_UNVERIFIED)))
+        return NULL;
+    *pos = p;
+    return e;
+}
+
+/* Apply the verdicts on items[0..k): a bad entry leaves the index, a good one is verified
+ * (and takes the header's checksum). mu held. Returns how many were dropped. */
+static uint64_t judge_items_locked(rb_core *c, const vitem *items, size_t k)
+{
     uint64_t dropped = 0;
-    pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < k; i++) {
-        vitem *v = &items[i];
-        /* A record that carries a checksum (from the checkpoint) needs the same one in the
-         * header: a header whose marker was damaged must not turn the check off. */
-        int bad = !v->hdr_ok || v->want_state != 1 || v->want != v->identity || v->len != v->size ||
-                  ((v->flags & RB_ENT_HAS_SUM) && (!v->has_sum || v->sum != v->checksum));
-        uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
-        if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
-            continue; /* changed meanwhile */
-        rb_ent *e = &c->index.ents[p];
-        /* Deleted and put again (LIFO slot reuse gives it the same slot), or judged by a
-         * load: the header read above may be the old record's. */
-        if (e->size != v->size || e->checksum != v->checksum ||
-            ((e->flags ^ v->flags) & (RB_ENT_HAS_SUM | RB_ENT_UNVERIFIED)))
+        const vitem *v = &items[i];
+        uint32_t p;
+        rb_ent *e = item_record_locked(c, v, &p);
+        if (!e)
             continue;
-        if (bad) {
+        if (item_bad(v)) {
             rb_core_drop_locked(c, p);
             dropped++;
             continue;
@@ -302,6 +350,30 @@ static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
             e->flags |= RB_ENT_HAS_SUM;
         }
     }
+    return dropped;
+}
+
+/* Validate the live entries at index positions [lo, hi) (clipped to the index). */
+static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
+{
+    vitem *items;
+    char *keys;
+    pthread_mutex_lock(&c->mu);
+    int64_t got = snapshot_items_locked(c, lo, hi, &items, &keys);
+    if (got < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return -ENOMEM;
+    }
+    const size_t k = (size_t)got;
+    if (k)
+        c->inflight_io++;
+    uint64_t rd_gen = rb_core_reader_begin_locked(c);
+    pthread_mutex_unlock(&c->mu);
+
+    read_items(c, sequential, items, k);
+
+    pthread_mutex_lock(&c->mu);
+    uint64_t dropped = judge_items_locked(c, items, k);
     if (dropped) {
         c->dirty_total++;
         c->recovery_dropped += dropped;
