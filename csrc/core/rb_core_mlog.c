@@ -1322,58 +1322,70 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
     return 0;
 }
 
-/* A class fragment "shape":...,"dtype":...,"fmt":... read back into the core's table. */
-static int rec_cls(void *ctx, const rb_mlog_class *k)
+/* The metadata a class fragment's document o names into mi (the dimensions into *dims, which
+ * the caller frees): ndim -2 when a dimension is not an integer, -1 with no shape. */
+static void frag_meta(struct json_object *o, rb_meta_in *mi, int64_t **dims)
 {
-    ml_rec *r = ctx;
-    rb_core *c = r->c;
-    if (u32_room(&r->cls_map, &r->cap_map, k->id, 16, 0xff) < 0) {
-        r->oom = 1;
-        return -ENOMEM;
+    struct json_object *v;
+    mi->ndim = -1;
+    mi->npos = -1;
+    if (json_object_object_get_ex(o, "shape", &v) && json_object_get_type(v) == json_type_array) {
+        size_t n = json_object_array_length(v);
+        *dims = malloc((n ? n : 1) * sizeof(**dims));
+        if (*dims) {
+            mi->ndim = (int64_t)n;
+            for (size_t i = 0; i < n; i++)
+                if (rb_json_as_i64(json_object_array_get_idx(v, i), &(*dims)[i]) < 0)
+                    mi->ndim = -2;
+        }
+        mi->dims = *dims;
     }
+    if (json_object_object_get_ex(o, "dtype", &v) && json_object_get_type(v) == json_type_string) {
+        mi->dtype = json_object_get_string(v);
+        mi->dtype_len = (size_t)json_object_get_string_len(v);
+    }
+    if (json_object_object_get_ex(o, "fmt", &v) && json_object_get_type(v) == json_type_string) {
+        mi->fmt = json_object_get_string(v);
+        mi->fmt_len = (size_t)json_object_get_string_len(v);
+    }
+}
+
+/* *id: the core class of fragment k ("shape":...,"dtype":...,"fmt":...), interned, or
+ * UINT32_MAX when it does not read. mu held. 0 or -ENOMEM. */
+static int frag_class(rb_core *c, const rb_mlog_class *k, uint32_t *id)
+{
     char *doc = malloc((size_t)k->frag_len + 3);
-    if (!doc) {
-        r->oom = 1;
+    if (!doc)
         return -ENOMEM;
-    }
     doc[0] = '{';
     memcpy(doc + 1, k->frag, k->frag_len);
     doc[k->frag_len + 1] = '}';
     doc[k->frag_len + 2] = 0;
     struct json_object *o = rb_json_parse(doc, (size_t)k->frag_len + 2);
     free(doc);
-    uint32_t id = UINT32_MAX;
+    *id = UINT32_MAX;
     if (o && json_object_get_type(o) == json_type_object) {
         rb_meta_in mi = {0};
-        struct json_object *v;
         int64_t *dims = NULL;
-        mi.ndim = -1;
-        mi.npos = -1;
-        if (json_object_object_get_ex(o, "shape", &v) && json_object_get_type(v) == json_type_array) {
-            size_t n = json_object_array_length(v);
-            dims = malloc((n ? n : 1) * sizeof(*dims));
-            if (dims) {
-                mi.ndim = (int64_t)n;
-                for (size_t i = 0; i < n; i++)
-                    if (rb_json_as_i64(json_object_array_get_idx(v, i), &dims[i]) < 0)
-                        mi.ndim = -2;
-            }
-            mi.dims = dims;
-        }
-        if (json_object_object_get_ex(o, "dtype", &v) && json_object_get_type(v) == json_type_string) {
-            mi.dtype = json_object_get_string(v);
-            mi.dtype_len = (size_t)json_object_get_string_len(v);
-        }
-        if (json_object_object_get_ex(o, "fmt", &v) && json_object_get_type(v) == json_type_string) {
-            mi.fmt = json_object_get_string(v);
-            mi.fmt_len = (size_t)json_object_get_string_len(v);
-        }
+        frag_meta(o, &mi, &dims);
         if (mi.ndim >= -1)
-            id = rb_core_intern_class(c, &mi); /* mu held by rb_core_ml_recover */
+            *id = rb_core_intern_class(c, &mi);
         free(dims);
     }
     if (o)
         json_object_put(o);
+    return 0;
+}
+
+/* A class record of the base or the log read back into the core's table. */
+static int rec_cls(void *ctx, const rb_mlog_class *k)
+{
+    ml_rec *r = ctx;
+    uint32_t id;
+    if (u32_room(&r->cls_map, &r->cap_map, k->id, 16, 0xff) < 0 || frag_class(r->c, k, &id) < 0) {
+        r->oom = 1;
+        return -ENOMEM;
+    }
     r->cls_map[k->id] = id; /* UINT32_MAX: its entries are skipped */
     if (k->id + 1 > r->max_disk)
         r->max_disk = k->id + 1;
@@ -1500,179 +1512,238 @@ static int ml_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
     return rb_core_dev_read(c, off, buf, len, len, len, 0, err);
 }
 
-int rb_core_ml_recover(rb_core *c, rb_err *err)
+/* Read the region (superblocks only, unless the log format is on and loading is asked) into
+ * the index under mu, the callbacks rebuilding it into r. As rb_mlog_read. */
+static int ml_read(rb_core *c, ml_rec *r, rb_mlog_read_result *res, rb_err *err)
 {
     rb_mlw *m = &c->ml;
     rb_mlog_read_opts o = {.block_align = c->cfg.block_align,
                            .meta_total_bytes = c->cfg.meta_total_bytes,
                            .threads = c->cfg.recovery_read_threads > 4 ? 4 : c->cfg.recovery_read_threads,
                            .sb_only = !m->on || !c->cfg.load_checkpoint_on_init};
-    ml_rec r;
-    memset(&r, 0, sizeof r);
-    r.c = c;
-    rb_err_clear(&r.why);
-    rb_mlog_read_cb cb = {.ctx = &r,
-                          .sb = rec_sb,
-                          .cls = rec_cls,
-                          .ent = rec_ent,
-                          .ents = rec_ents,
-                          .rec = rec_rec,
-                          .damage = rec_damage};
-    rb_mlog_read_result res;
-    memset(&res, 0, sizeof res);
+    memset(r, 0, sizeof(*r));
+    r->c = c;
+    rb_err_clear(&r->why);
+    rb_mlog_read_cb cb = {
+        .ctx = r, .sb = rec_sb, .cls = rec_cls, .ent = rec_ent, .ents = rec_ents, .rec = rec_rec, .damage = rec_damage};
+    memset(res, 0, sizeof(*res));
     /* mu is held across the read: its callbacks run on this thread and change the index (at
      * open, before any other thread can use the core; the device reads take no core lock). */
     uint64_t t0 = rb_now_ns();
     pthread_mutex_lock(&c->mu);
     c->index.hold_compact++; /* slot_pos holds positions */
-    int rc = rb_mlog_read(&o, ml_pread, c, o.sb_only ? NULL : &cb, &res, err);
+    int rc = rb_mlog_read(&o, ml_pread, c, o.sb_only ? NULL : &cb, res, err);
     c->index.hold_compact--;
     pthread_mutex_unlock(&c->mu);
     m->rec_read_ns = rb_now_ns() - t0;
-    int ours = res.found || res.sb_state[0] == RB_MLOG_SB_DAMAGED || res.sb_state[1] == RB_MLOG_SB_DAMAGED ||
-               res.sb_state[0] == RB_MLOG_SB_NOBASE || res.sb_state[1] == RB_MLOG_SB_NOBASE;
-    for (int k = 0; k < 2; k++)
-        if (res.sb_seq_seen[k] > m->sb_seq_seen)
-            m->sb_seq_seen = res.sb_seq_seen[k];
-    if (!m->on) {
-        free(r.slot_pos);
-        free(r.cls_map);
-        if (!ours)
-            return 0;
-        if (!c->cfg.load_checkpoint_on_init) {
-            /* Told to start empty: format v1 takes the device over. Its first checkpoint clears
-             * both superblocks first; until then no slot is reused (the log may list any). */
-            pthread_mutex_lock(&c->mu);
-            m->wipe_sbs = 1;
-            c->ref_unknown |= 0x4u;
-            c->rec_outcome = RB_REC_SKIPPED;
-            pthread_mutex_unlock(&c->mu);
-            return 1;
-        }
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "the device holds the log-structured metadata format, which meta_format='v1' does not "
-                          "write: set meta_format='log' (LMCache 0.5.6's own core cannot read this device). "
-                          "device_path='%s'",
-                          c->path);
+    return rc;
+}
+
+/* 1 when the region holds the log format: a superblock read, or one damaged or without a
+ * readable base. */
+static int ml_ours(const rb_mlog_read_result *res)
+{
+    return res->found || res->sb_state[0] == RB_MLOG_SB_DAMAGED || res->sb_state[1] == RB_MLOG_SB_DAMAGED ||
+           res->sb_state[0] == RB_MLOG_SB_NOBASE || res->sb_state[1] == RB_MLOG_SB_NOBASE;
+}
+
+/* Format v1 configured (meta_format='v1'): 0 with no log on the device; with one, 1 when told
+ * to start empty (format v1 takes the device over), else an error. */
+static int ml_found_under_v1(rb_core *c, int ours, rb_err *err)
+{
+    if (!ours)
+        return 0;
+    if (!c->cfg.load_checkpoint_on_init) {
+        /* Its first checkpoint clears both superblocks first; until then no slot is reused
+         * (the log may list any). */
+        pthread_mutex_lock(&c->mu);
+        c->ml.wipe_sbs = 1;
+        c->ref_unknown |= 0x4u;
+        c->rec_outcome = RB_REC_SKIPPED;
+        pthread_mutex_unlock(&c->mu);
+        return 1;
     }
-    int outcome = -1;
-    if (rc > 0 && r.geometry_bad) {
-        outcome = RB_REC_REJECTED;
-        rc = 0;
-    } else if (rc < 0 || rc > 0) {
-        free(r.slot_pos);
-        free(r.cls_map);
-        if (rc > 0)
-            rc = r.oom ? -ENOMEM : -EIO;
-        if (err->kind == RB_ERR_NONE)
-            rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory reading the metadata log");
-        return rc;
-    }
-    if (!ours) {
-        free(r.slot_pos);
-        free(r.cls_map);
-        return 0; /* blank or format v1 */
-    }
+    return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                      "the device holds the log-structured metadata format, which meta_format='v1' does not "
+                      "write: set meta_format='log' (LMCache 0.5.6's own core cannot read this device). "
+                      "device_path='%s'",
+                      c->path);
+}
+
+/* The outcome when the log is not read (REJECTED already, SKIPPED, UNREADABLE), or -1 when it
+ * was read. */
+static int ml_unread_outcome(rb_core *c, const rb_mlog_read_result *res, int outcome)
+{
     if (outcome < 0 && !c->cfg.load_checkpoint_on_init)
         outcome = RB_REC_SKIPPED;
-    if (outcome < 0 && !res.found) {
+    if (outcome < 0 && !res->found) {
         outcome = RB_REC_UNREADABLE;
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
                  "the device holds log-format metadata but no superblock with a readable base (%.150s; %.150s); "
                  "started with an empty index",
-                 res.sb_why[0].msg, res.sb_why[1].msg);
+                 res->sb_why[0].msg, res->sb_why[1].msg);
     }
-    if (outcome >= 0) {
-        /* Not read: a new generation is written at the first checkpoint, and until then no slot
-         * is reused (what is on the device may list any). */
-        pthread_mutex_lock(&c->mu);
-        rb_idx_clear(&c->index);
-        c->n_unverified = 0;
-        c->ref_unknown |= 0x4u;
-        c->rec_outcome = outcome;
-        c->rec_rejected_seq = res.found ? res.sb.sb_seq : 0;
-        if (outcome == RB_REC_REJECTED)
-            snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata rejected by checks: %.400s", r.why.msg);
-        m->state = RB_ML_FRESH;
-        pthread_mutex_unlock(&c->mu);
-        free(r.slot_pos);
-        free(r.cls_map);
-        return 1;
-    }
+    return outcome;
+}
 
+/* Not read (outcome): a new generation is written at the first checkpoint, and until then no
+ * slot is reused (what is on the device may list any). */
+static void ml_start_fresh(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res, int outcome)
+{
     pthread_mutex_lock(&c->mu);
-    uint32_t top = r.top;
-    if (rb_slots_reset(&c->slots, top) < 0) {
-        pthread_mutex_unlock(&c->mu);
-        free(r.slot_pos);
-        free(r.cls_map);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    for (uint32_t s = 0; s < top; s++)
-        if (s >= r.cap_slots || r.slot_pos[s] == 0)
-            rb_core_release_slot_locked(c, s); /* no durable record lists it */
-    m->sb = res.sb;
-    m->sb_which = res.which;
-    m->generation = res.sb.generation;
-    /* This writer's epoch: above every one the log and the superblock name (the latter covers a
-     * writer that crashed before any of its groups survived). Used up: a new generation. */
-    m->epoch = (res.last_epoch > res.sb.epoch ? res.last_epoch : res.sb.epoch) + 1;
+    rb_idx_clear(&c->index);
+    c->n_unverified = 0;
+    c->ref_unknown |= 0x4u;
+    c->rec_outcome = outcome;
+    c->rec_rejected_seq = res->found ? res->sb.sb_seq : 0;
+    if (outcome == RB_REC_REJECTED)
+        snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata rejected by checks: %.400s", r->why.msg);
+    c->ml.state = RB_ML_FRESH;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The writer's state from what was read: the superblock, the generation, this writer's epoch
+ * (above every one the log and the superblock name, the latter covering a writer that crashed
+ * before any of its groups survived; used up: a new generation), the ring, the counters. mu
+ * held. */
+static void ml_adopt_log_locked(rb_core *c, const rb_mlog_read_result *res)
+{
+    rb_mlw *m = &c->ml;
+    m->sb = res->sb;
+    m->sb_which = res->which;
+    m->generation = res->sb.generation;
+    m->epoch = (res->last_epoch > res->sb.epoch ? res->last_epoch : res->sb.epoch) + 1;
     m->epoch_claimed = 0;
     if (m->epoch > RB_MLOG_EPOCH_MAX) {
         m->newgen = 1;
         m->need_base++;
     }
-    m->last_seq = res.last_seq;
-    m->head = res.head;
+    m->last_seq = res->last_seq;
+    m->head = res->head;
     m->lstart = 0;
-    m->lhead = res.used;
+    m->lhead = res->used;
     m->state = RB_ML_LIVE;
-    m->rec_groups = res.groups;
-    m->rec_records = res.records;
-    m->rec_log_end = res.log_end;
-    m->rec_chunks_bad = res.base.chunks_bad;
-    m->rec_entries_lost = res.base.entries_lost > 0 ? (uint64_t)res.base.entries_lost : 0;
-    /* the classes keep their ids in this generation */
-    for (uint32_t d = 0; d < r.max_disk && d < r.cap_map; d++) {
-        uint32_t k = r.cls_map[d];
+    m->rec_groups = res->groups;
+    m->rec_records = res->records;
+    m->rec_log_end = res->log_end;
+    m->rec_chunks_bad = res->base.chunks_bad;
+    m->rec_entries_lost = res->base.entries_lost > 0 ? (uint64_t)res->base.entries_lost : 0;
+}
+
+/* The classes keep their ids in this generation; the next new one follows them. mu held. */
+static void ml_adopt_classes_locked(rb_core *c, const ml_rec *r)
+{
+    rb_mlw *m = &c->ml;
+    for (uint32_t d = 0; d < r->max_disk && d < r->cap_map; d++) {
+        uint32_t k = r->cls_map[d];
         if (k == UINT32_MAX)
             continue;
         if (u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
             continue;                       /* logged again under a new id when used */
         m->cls_disk[k] = d | ML_CLS_LOGGED; /* the base or a live group defines it */
     }
-    m->next_disk_cls = r.max_disk;
-    c->meta_seq = res.last_seq;
-    c->recovery_loaded = 1;
-    c->recovery_entries_loaded = c->index.n_live;
-    c->apply_skipped = r.skipped;
-    c->rec_seq = res.sb.sb_seq;
-    c->rec_outcome = res.fallback ? RB_REC_FALLBACK : RB_REC_LOADED;
-    c->dirty_total = 0;
-    c->persisted = 0;
-    if (res.fallback)
+    m->next_disk_cls = r->max_disk;
+}
+
+/* The recovery outcome, LOADED or FALLBACK, and what was lost on the way. mu held. */
+static void ml_report_locked(rb_core *c, const rb_mlog_read_result *res)
+{
+    c->rec_outcome = res->fallback ? RB_REC_FALLBACK : RB_REC_LOADED;
+    if (res->fallback)
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
                  "the newest metadata superblock is unusable (%.150s); recovered from the other one (sequence "
                  "%llu), every entry's slot header checked",
-                 res.sb_why[res.which ^ 1].msg, (unsigned long long)res.sb.sb_seq);
-    else if (res.base.chunks_bad || res.log_end == RB_MLOG_END_IOERR)
+                 res->sb_why[res->which ^ 1].msg, (unsigned long long)res->sb.sb_seq);
+    else if (res->base.chunks_bad || res->log_end == RB_MLOG_END_IOERR)
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s", res.base.chunks_bad,
-                 (long long)res.base.entries_lost,
-                 res.log_end == RB_MLOG_END_IOERR ? "cut short by a read error" : "complete");
+                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s", res->base.chunks_bad,
+                 (long long)res->base.entries_lost,
+                 res->log_end == RB_MLOG_END_IOERR ? "cut short by a read error" : "complete");
+}
+
+/* The index holds what was read: the allocator rebuilt (a slot no durable record lists is
+ * free), the writer's state and the core's counters set. 0 or -ENOMEM. */
+static int ml_adopt(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res, rb_err *err)
+{
+    pthread_mutex_lock(&c->mu);
+    if (rb_slots_reset(&c->slots, r->top) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    for (uint32_t s = 0; s < r->top; s++)
+        if (s >= r->cap_slots || r->slot_pos[s] == 0)
+            rb_core_release_slot_locked(c, s);
+    ml_adopt_log_locked(c, res);
+    ml_adopt_classes_locked(c, r);
+    c->meta_seq = res->last_seq;
+    c->recovery_loaded = 1;
+    c->recovery_entries_loaded = c->index.n_live;
+    c->apply_skipped = r->skipped;
+    c->rec_seq = res->sb.sb_seq;
+    c->dirty_total = 0;
+    c->persisted = 0;
+    ml_report_locked(c, res);
     rb_idx_maybe_compact(&c->index);
     pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+/* After the read (rc as rb_mlog_read): 0 nothing of ours (blank or format v1), 1 handled
+ * (*loaded when the index now holds the log's state), <0 error. */
+static int ml_settle(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res, int rc, int *loaded, rb_err *err)
+{
+    const int ours = ml_ours(res);
+    if (!c->ml.on)
+        return ml_found_under_v1(c, ours, err);
+    int outcome = -1;
+    if (rc > 0 && r->geometry_bad) {
+        outcome = RB_REC_REJECTED;
+    } else if (rc != 0) {
+        if (rc > 0)
+            rc = r->oom ? -ENOMEM : -EIO;
+        if (err->kind == RB_ERR_NONE)
+            rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory reading the metadata log");
+        return rc;
+    }
+    if (!ours)
+        return 0;
+    outcome = ml_unread_outcome(c, res, outcome);
+    if (outcome >= 0) {
+        ml_start_fresh(c, r, res, outcome);
+        return 1;
+    }
+    rc = ml_adopt(c, r, res, err);
+    *loaded = rc == 0;
+    return rc < 0 ? rc : 1;
+}
+
+/* Validation of what was loaded, when configured or after a fallback. With the periodic
+ * thread it runs there, after open has returned: every load judges its entry's header until
+ * then (the same verdict), so it only decides when a bad entry leaves the index. After a
+ * fallback it runs here, before any load. 1, or -ENOMEM. */
+static int ml_validate(rb_core *c, int fallback, rb_err *err)
+{
+    if (!c->cfg.meta_verify_on_load && !c->cfg.verify_payload_checksum && !fallback)
+        return 1;
+    if (c->cfg.meta_enable_periodic && !fallback)
+        c->ml.bg_validate = 1;
+    else if (rb_core_validate_entries(c, 0) < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
+    return 1;
+}
+
+int rb_core_ml_recover(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    ml_rec r;
+    rb_mlog_read_result res;
+    int rc = ml_read(c, &r, &res, err);
+    for (int k = 0; k < 2; k++)
+        if (res.sb_seq_seen[k] > m->sb_seq_seen)
+            m->sb_seq_seen = res.sb_seq_seen[k];
+    int loaded = 0;
+    rc = ml_settle(c, &r, &res, rc, &loaded, err);
     free(r.slot_pos);
     free(r.cls_map);
-    if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum || res.fallback) {
-        /* With the periodic thread, eager validation runs there, after open has returned: every
-         * load judges its entry's header until then (the same verdict), so it only decides when
-         * a bad entry leaves the index. After a fallback it runs here, before any load. */
-        if (c->cfg.meta_enable_periodic && !res.fallback) {
-            m->bg_validate = 1;
-        } else if (rb_core_validate_entries(c, 0) < 0) {
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
-        }
-    }
-    return 1;
+    return loaded ? ml_validate(c, res.fallback, err) : rc;
 }
