@@ -201,6 +201,65 @@ static size_t utf8_next(const unsigned char *s, size_t n, uint32_t *cp)
     return l;
 }
 
+/* The escape of ASCII byte c (a control character, '"' or '\\') at o, as json.dumps writes
+ * it; returns its length. */
+static size_t ascii_escape(char *o, unsigned c)
+{
+    char e;
+    switch (c) {
+    case '"':
+        e = '"';
+        break;
+    case '\\':
+        e = '\\';
+        break;
+    case '\n':
+        e = 'n';
+        break;
+    case '\r':
+        e = 'r';
+        break;
+    case '\t':
+        e = 't';
+        break;
+    case '\b':
+        e = 'b';
+        break;
+    case '\f':
+        e = 'f';
+        break;
+    default:
+        put_u16esc(o, c);
+        return 6;
+    }
+    o[0] = '\\';
+    o[1] = e;
+    return 2;
+}
+
+/* The escape of the non-ASCII sequence at s[0..n) at o: \uXXXX, a surrogate pair past the
+ * BMP, or \u00XX of the lone byte when it is not valid UTF-8. *used: the input bytes it
+ * covers. Returns its length (at most 12). */
+static size_t utf8_escape(char *o, const unsigned char *s, size_t n, size_t *used)
+{
+    uint32_t cp;
+    size_t l = utf8_next(s, n, &cp);
+    if (l == 0) {
+        put_u16esc(o, s[0]);
+        *used = 1;
+        return 6;
+    }
+    *used = l;
+    if (cp < 0x10000) {
+        put_u16esc(o, cp);
+        return 6;
+    }
+    uint32_t v = cp - 0x10000;
+    put_u16esc(o, 0xd800 | (v >> 10));
+    put_u16esc(o + 6, 0xdc00 | (v & 0x3ff));
+    return 12;
+}
+
 int rb_buf_json_str(rb_buf *b, const char *str, size_t n)
 {
     /* Worst case 12 output bytes per input byte (a lone byte as \u00XX is 6). */
@@ -215,58 +274,14 @@ int rb_buf_json_str(rb_buf *b, const char *str, size_t n)
         if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
             *o++ = (char)c;
             i++;
-            continue;
-        }
-        if (c < 0x80) {
-            *o++ = '\\';
-            switch (c) {
-            case '"':
-                *o++ = '"';
-                break;
-            case '\\':
-                *o++ = '\\';
-                break;
-            case '\n':
-                *o++ = 'n';
-                break;
-            case '\r':
-                *o++ = 'r';
-                break;
-            case '\t':
-                *o++ = 't';
-                break;
-            case '\b':
-                *o++ = 'b';
-                break;
-            case '\f':
-                *o++ = 'f';
-                break;
-            default:
-                o--;
-                put_u16esc(o, c);
-                o += 6;
-            }
+        } else if (c < 0x80) {
+            o += ascii_escape(o, c);
             i++;
-            continue;
-        }
-        uint32_t cp;
-        size_t l = utf8_next(s + i, n - i, &cp);
-        if (l == 0) {
-            put_u16esc(o, c);
-            o += 6;
-            i++;
-            continue;
-        }
-        if (cp >= 0x10000) {
-            uint32_t v = cp - 0x10000;
-            put_u16esc(o, 0xd800 | (v >> 10));
-            put_u16esc(o + 6, 0xdc00 | (v & 0x3ff));
-            o += 12;
         } else {
-            put_u16esc(o, cp);
-            o += 6;
+            size_t used;
+            o += utf8_escape(o, s + i, n - i, &used);
+            i += used;
         }
-        i += l;
     }
     *o++ = '"';
     b->len = (size_t)(o - b->data);
@@ -301,6 +316,30 @@ struct json_object *rb_json_parse(const char *buf, size_t len)
     return o;
 }
 
+/* int() of a JSON float: truncated toward zero. 0, or -1 when not finite or out of range. */
+static int double_as_i64(double d, int64_t *out)
+{
+    if (!isfinite(d) || d < -9.2e18 || d > 9.2e18)
+        return -1;
+    *out = (int64_t)d;
+    return 0;
+}
+
+/* int() of a JSON string: a decimal integer, leading white space (strtoll's) and trailing
+ * spaces, tabs and newlines allowed. 0 or -1. */
+static int string_as_i64(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    while (*end == ' ' || *end == '\t' || *end == '\n')
+        end++;
+    if (errno || end == s || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int rb_json_as_i64(struct json_object *o, int64_t *out)
 {
     if (!o)
@@ -310,28 +349,13 @@ int rb_json_as_i64(struct json_object *o, int64_t *out)
         errno = 0;
         *out = json_object_get_int64(o);
         return errno ? -1 : 0;
-    case json_type_double: {
-        double d = json_object_get_double(o);
-        if (!isfinite(d) || d < -9.2e18 || d > 9.2e18)
-            return -1;
-        *out = (int64_t)d; /* int(float) truncates toward zero */
-        return 0;
-    }
+    case json_type_double:
+        return double_as_i64(json_object_get_double(o), out);
     case json_type_boolean:
         *out = json_object_get_boolean(o) ? 1 : 0;
         return 0;
-    case json_type_string: {
-        const char *s = json_object_get_string(o);
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        while (*end == ' ' || *end == '\t' || *end == '\n')
-            end++;
-        if (errno || end == s || *end)
-            return -1;
-        *out = v;
-        return 0;
-    }
+    case json_type_string:
+        return string_as_i64(json_object_get_string(o), out);
     default:
         return -1;
     }

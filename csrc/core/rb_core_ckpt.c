@@ -1,10 +1,9 @@
 /*
- * rb_core_ckpt.c - checkpoint writer (state v1 JSON into the two mirrored containers),
- * recovery (newest valid container, layout checks, free-list rebuild, slot-header
- * validation with parallel readers) and the periodic checkpoint thread.
+ * rb_core_ckpt.c - format v1's checkpoint writer (state v1 JSON into the two mirrored
+ * containers), recovery (the newest valid container, applied by rb_core_apply.c; a fallback
+ * to the older one reported with what it lost) and the periodic checkpoint thread.
  */
 #include "rb_core_int.h"
-#include "rb_core_ident.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -214,123 +213,176 @@ int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
     return dirty && (force || idle);
 }
 
-int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target, rb_err *err)
+/* One v1 checkpoint being written. */
+typedef struct v1_ckpt {
+    rb_buf b;            /* the state v1 document */
+    uint64_t seq;        /* its container sequence */
+    uint64_t dirty_snap; /* dirty_total it covers */
+    int target;          /* the container it goes into */
+    int outcome;         /* settle_refs_locked's, should the write fail */
+    uint8_t *payload;    /* the document, zero-padded to block_align */
+    uint8_t *hdr;        /* the container header block */
+    uint64_t padded;     /* payload bytes */
+} v1_ckpt;
+
+/* 1 when a checkpoint is to be written (want_target >= 0 always writes), else 0. A device that
+ * shrank is checked first: what lies past its end is not listed. Takes and drops mu. */
+static int v1_ckpt_wanted(rb_core *c, int force, size_t room_n, int want_target)
 {
     pthread_mutex_lock(&c->mu);
     int go = want_target >= 0 || rb_core_ckpt_due_locked(c, force, room_n);
-    if (!go) {
-        pthread_mutex_unlock(&c->mu);
-        return 0;
-    }
-    /* A device that shrank: what lies past its end is not listed (a system call, so without
-     * mu; the entries it drops only make the state dirtier, so the decision above stands). */
     pthread_mutex_unlock(&c->mu);
-    (void)rb_core_check_size(c);
+    /* A system call, so without mu; the entries it drops only make the state dirtier, so the
+     * decision stands. */
+    if (go)
+        (void)rb_core_check_size(c);
+    return go;
+}
+
+/* The sequence of the next checkpoint: one past meta_seq, or two so it goes into want_target
+ * (>= 0), or never into the container that holds the newest checkpoint we trust. mu held. */
+static uint64_t v1_next_seq_locked(const rb_core *c, int want_target)
+{
+    uint64_t seq = c->meta_seq + 1;
+    int lands = (int)((seq - 1) % 2);
+    if (want_target >= 0 ? lands != want_target : c->good_container >= 0 && lands == c->good_container)
+        seq++;
+    return seq;
+}
+
+/* Under mu: the core still open, the state encoded, the sequence and the container chosen.
+ * 0, or <0 with err set (closed; out of memory, the references then settled as unwritten). */
+static int v1_ckpt_snapshot(rb_core *c, int want_target, v1_ckpt *w, rb_err *err)
+{
     pthread_mutex_lock(&c->mu);
     if (c->dev == NULL || rb_dev_enter(c->dev) < 0) {
         pthread_mutex_unlock(&c->mu);
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
     }
     rb_dev_leave(c->dev);
-    rb_buf b = {0};
-    int rc = encode_state_locked(c, &b);
-    uint64_t dirty_snap = c->dirty_total;
-    uint64_t seq = c->meta_seq + 1;
-    /* Never overwrite the container that holds the newest checkpoint we trust. */
-    if (want_target >= 0) {
-        if ((int)((seq - 1) % 2) != want_target)
-            seq++;
-    } else if (c->good_container >= 0 && (int)((seq - 1) % 2) == c->good_container) {
-        seq++;
-    }
-    const int target = (int)((seq - 1) % 2);
-    int outcome = 0; /* settle_refs_locked */
-    uint8_t *payload = NULL, *hdr = NULL;
-    if (rc < 0) {
-        settle_refs_locked(c, target, 0);
-        pthread_mutex_unlock(&c->mu);
-        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory serialising the checkpoint");
-        goto out;
-    }
+    int rc = encode_state_locked(c, &w->b);
+    w->dirty_snap = c->dirty_total;
+    w->seq = v1_next_seq_locked(c, want_target);
+    w->target = (int)((w->seq - 1) % 2);
+    if (rc < 0)
+        settle_refs_locked(c, w->target, 0);
     pthread_mutex_unlock(&c->mu);
-    if (b.len > c->payload_cap) {
-        rc = rb_err_set(err, RB_ERR_RUNTIME, EFBIG, "metadata payload too large (%zu > %llu), checkpoint not written",
-                        b.len, (unsigned long long)c->payload_cap);
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory serialising the checkpoint");
+    return 0;
+}
+
+/* The payload and header blocks of w's document, after the size check and the test delay.
+ * 0 or <0 (too large for a container, out of memory). */
+static int v1_ckpt_images(rb_core *c, v1_ckpt *w, rb_err *err)
+{
+    if (w->b.len > c->payload_cap) {
+        int rc =
+            rb_err_set(err, RB_ERR_RUNTIME, EFBIG, "metadata payload too large (%zu > %llu), checkpoint not written",
+                       w->b.len, (unsigned long long)c->payload_cap);
         pthread_mutex_lock(&c->mu);
         c->ckpt_too_large++;
         pthread_mutex_unlock(&c->mu);
-        goto failed;
+        return rc;
     }
     uint32_t delay = atomic_load(&c->ckpt_delay_ms);
     if (delay)
         usleep(delay * 1000u);
-
     const uint64_t ba = c->cfg.block_align;
-    uint64_t padded = rb_round_up(b.len, ba);
-    payload = rb_alloc_aligned(ba, padded, err);
-    hdr = rb_alloc_aligned(ba, ba, err);
-    if (!payload || !hdr) {
-        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        goto failed;
-    }
-    memcpy(payload, b.data, b.len);
-    memset(payload + b.len, 0, padded - b.len);
-    memset(hdr, 0, ba);
+    w->padded = rb_round_up(w->b.len, ba);
+    w->payload = rb_alloc_aligned(ba, w->padded, err);
+    w->hdr = rb_alloc_aligned(ba, ba, err);
+    if (!w->payload || !w->hdr)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    memcpy(w->payload, w->b.data, w->b.len);
+    memset(w->payload + w->b.len, 0, w->padded - w->b.len);
+    memset(w->hdr, 0, ba);
     rb_ckpt_header h;
     memcpy(h.magic, c->cfg.meta_magic, 8);
     h.version = c->cfg.meta_version;
-    h.seq = seq;
-    h.payload_len = b.len;
-    h.crc = rb_crc32(b.data, b.len);
-    rb_ckpt_header_encode(&h, hdr);
-    uint64_t base = (uint64_t)target * c->container_bytes;
+    h.seq = w->seq;
+    h.payload_len = w->b.len;
+    h.crc = rb_crc32(w->b.data, w->b.len);
+    rb_ckpt_header_encode(&h, w->hdr);
+    return 0;
+}
+
+/* One metadata write of w's container, a failure told whole. */
+static int v1_ckpt_put(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    int rc = rb_core_meta_write(c, off, buf, len, err);
+    if (rc < 0)
+        rb_core_explain_device_error(c, "checkpoint write", off, err);
+    return rc;
+}
+
+/* The device writes, in the order the durability rules above need (superblocks of a log the
+ * device held wiped first). 0 or <0; w->outcome says whether the container may have changed. */
+static int v1_ckpt_write(rb_core *c, v1_ckpt *w, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align;
+    const uint64_t base = (uint64_t)w->target * c->container_bytes;
+    int rc = 0;
     if (c->ml.wipe_sbs) {
         /* The device held the log format: neither superblock may outlive this checkpoint. */
-        outcome = -1;
+        w->outcome = -1;
         rc = rb_core_ml_wipe_superblocks(c, err);
-        if (rc < 0)
-            goto failed;
-    }
-    rc = rb_core_flush(c, err);
-    if (rc < 0)
-        goto failed;
-    outcome = -1; /* from here on the container may have changed */
-    rc = rb_core_meta_write(c, base + ba, payload, padded, err);
-    if (rc < 0)
-        rb_core_explain_device_error(c, "checkpoint write", base + ba, err);
-    if (rc == 0)
-        rc = rb_core_flush(c, err);
-    if (rc == 0) {
-        rc = rb_core_meta_write(c, base, hdr, ba, err);
-        if (rc < 0)
-            rb_core_explain_device_error(c, "checkpoint write", base, err);
     }
     if (rc == 0)
         rc = rb_core_flush(c, err);
     if (rc < 0)
-        goto failed;
+        return rc;
+    w->outcome = -1; /* from here on the container may have changed */
+    rc = v1_ckpt_put(c, base + ba, w->payload, w->padded, err);
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    if (rc == 0)
+        rc = v1_ckpt_put(c, base, w->hdr, ba, err);
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    return rc;
+}
+
+/* w is durable: its container lists exactly the slots it named. */
+static void v1_ckpt_done(rb_core *c, const v1_ckpt *w, size_t room_n)
+{
     pthread_mutex_lock(&c->mu);
-    settle_refs_locked(c, target, 1);
+    settle_refs_locked(c, w->target, 1);
     c->ref_unknown &= (uint8_t)~0x4u; /* a log the device held is gone (wipe_sbs) */
-    c->meta_seq = seq;
-    c->good_container = target;
-    if (dirty_snap > c->persisted)
-        c->persisted = dirty_snap;
+    c->meta_seq = w->seq;
+    c->good_container = w->target;
+    if (w->dirty_snap > c->persisted)
+        c->persisted = w->dirty_snap;
     c->ckpt_written++;
     if (room_n)
         c->room_ckpts++;
     pthread_mutex_unlock(&c->mu);
-    rc = 1;
-    goto out;
-failed:
-    pthread_mutex_lock(&c->mu);
-    settle_refs_locked(c, target, outcome);
-    pthread_mutex_unlock(&c->mu);
-    rb_core_set_ckpt_error(c, err);
-out:
-    free(payload);
-    free(hdr);
-    rb_buf_free(&b);
+}
+
+int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target, rb_err *err)
+{
+    if (!v1_ckpt_wanted(c, force, room_n, want_target))
+        return 0;
+    v1_ckpt w;
+    memset(&w, 0, sizeof w);
+    int rc = v1_ckpt_snapshot(c, want_target, &w, err);
+    if (rc == 0) {
+        rc = v1_ckpt_images(c, &w, err);
+        if (rc == 0)
+            rc = v1_ckpt_write(c, &w, err);
+        if (rc == 0) {
+            v1_ckpt_done(c, &w, room_n);
+            rc = 1;
+        } else {
+            pthread_mutex_lock(&c->mu);
+            settle_refs_locked(c, w.target, w.outcome);
+            pthread_mutex_unlock(&c->mu);
+            rb_core_set_ckpt_error(c, err);
+        }
+    }
+    free(w.payload);
+    free(w.hdr);
+    rb_buf_free(&w.b);
     return rc;
 }
 
@@ -354,770 +406,6 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
 int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
 {
     return checkpoint_impl(c, 1, n ? n : 1, err);
-}
-
-/* ---- apply + validation ---------------------------------------------------------------- */
-
-typedef struct vitem {
-    char *key;
-    size_t key_len;
-    uint32_t slot;
-    uint64_t size;
-    uint64_t checksum; /* the record's checksum and flags at the snapshot */
-    uint16_t flags;
-    /* results */
-    int hdr_ok, has_sum;
-    uint64_t identity, len, sum;
-    /* the identity the key's header must carry, computed off the core mutex (want_state: 0 not
-     * yet, 1 computed, -1 the key has none, i.e. the entry is bad) */
-    int want_state;
-    uint64_t want;
-} vitem;
-
-typedef struct vjob {
-    rb_core *c;
-    vitem *items;
-    size_t lo, hi;
-} vjob;
-
-static void read_header_into(rb_core *c, vitem *v, uint8_t *buf)
-{
-    rb_err e;
-    size_t n = rb_header_read_len(c);
-    v->hdr_ok = 0;
-    if (rb_core_dev_read(c, rb_slot_offset(c, v->slot), buf, n, n, n, 0, &e) < 0)
-        return;
-    if (rb_slot_header_decode(buf, n, &v->identity, &v->len, &v->has_sum, &v->sum) == 0)
-        v->hdr_ok = 1;
-}
-
-enum { ID_GROUP = 64 }; /* object keys hashed per rb_blake2b64_many call */
-
-/* who[j]->want = the object-key identity of msg[j] (len[j] bytes), for j < k <= ID_GROUP. */
-static void set_identities(vitem **who, const uint8_t *const *msg, const size_t *len, size_t k)
-{
-    uint64_t dig[ID_GROUP];
-    rb_blake2b64_many(msg, len, k, dig);
-    for (size_t j = 0; j < k; j++) {
-        who[j]->want = dig[j];
-        who[j]->want_state = 1;
-    }
-}
-
-/* The key identity items[lo..hi) expect (BLAKE2b of the key: about as costly as reading a
- * cached header, so the readers compute it beside their I/O rather than the judge after it). */
-static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi)
-{
-    if (c->cfg.key_namespace != RB_NS_OBJECT) {
-        for (size_t i = lo; i < hi; i++) {
-            vitem *v = &items[i];
-            if (v->want_state == 0)
-                v->want_state = rb_key_identity(c->cfg.key_namespace, v->key, v->key_len, &v->want) == 0 ? 1 : -1;
-        }
-        return;
-    }
-    /* object keys: BLAKE2b of groups of keys, several per pass (rb_blake2b64_many) */
-    const uint8_t *msg[ID_GROUP];
-    size_t len[ID_GROUP];
-    vitem *who[ID_GROUP];
-    size_t k = 0;
-    for (size_t i = lo; i < hi; i++) {
-        vitem *v = &items[i];
-        if (v->want_state != 0)
-            continue;
-        msg[k] = (const uint8_t *)v->key;
-        len[k] = v->key_len;
-        who[k++] = v;
-        if (k == ID_GROUP) {
-            set_identities(who, msg, len, k);
-            k = 0;
-        }
-    }
-    if (k)
-        set_identities(who, msg, len, k);
-}
-
-static void *vjob_run(void *arg)
-{
-    vjob *j = arg;
-    rb_err e;
-    uint8_t *buf = rb_alloc_aligned(j->c->cfg.block_align, j->c->cfg.header_bytes, &e);
-    if (buf) {
-        for (size_t i = j->lo; i < j->hi; i++)
-            read_header_into(j->c, &j->items[i], buf);
-        free(buf);
-    } /* else hdr_ok stays 0: those entries are dropped */
-    want_identities(j->c, j->items, j->lo, j->hi);
-    return NULL;
-}
-
-/* Read the headers of items[0..n) with up to recovery_threads parallel readers, each given at
- * least 16 headers, when the reads wait for the device. From the page cache a header costs
- * about a microsecond and the readers only contend: two or eight threads were no faster than
- * the calling thread alone at 500 to 30,000 headers (and up to 4x slower at 500), so cached
- * headers are read on the calling thread. */
-static void read_headers_parallel(rb_core *c, vitem *items, size_t n)
-{
-    size_t workers = rb_block_transfers(c) ? c->cfg.recovery_read_threads : 1;
-    if (workers > (n + 15) / 16)
-        workers = (n + 15) / 16;
-    if (workers <= 1) {
-        vjob j = {c, items, 0, n};
-        vjob_run(&j);
-        return;
-    }
-    size_t per = (n + workers - 1) / workers;
-    vjob jobs[64];
-    pthread_t th[64];
-    int started[64] = {0};
-    if (workers > 64)
-        workers = 64;
-    per = (n + workers - 1) / workers;
-    for (size_t w = 0; w < workers; w++) {
-        size_t lo = w * per, hi = lo + per > n ? n : lo + per;
-        jobs[w] = (vjob){c, items, lo, hi};
-        if (lo >= hi)
-            continue;
-        if (pthread_create(&th[w], NULL, vjob_run, &jobs[w]) == 0)
-            started[w] = 1;
-        else
-            vjob_run(&jobs[w]);
-    }
-    for (size_t w = 0; w < workers; w++)
-        if (started[w])
-            pthread_join(th[w], NULL);
-}
-
-static void decode_header_into(rb_core *c, vitem *v, const uint8_t *buf)
-{
-    v->hdr_ok = rb_slot_header_decode(buf, rb_header_read_len(c), &v->identity, &v->len, &v->has_sum, &v->sum) == 0;
-}
-
-/*
- * io_uring: the headers are read in groups of batches of iouring_queue_depth reads, two groups
- * in flight: while the engine reads group g+1, the calling thread computes the identities group
- * g's keys expect and decodes group g's headers, so the hashing and the reads run on both cores
- * and the engine never waits for the judge. A header whose read failed is read again alone with
- * a synchronous pread; a failed submission means every header of it is. The verdicts are
- * therefore the ones the posix readers reach.
- */
-static void read_headers_uring(rb_core *c, vitem *items, size_t n)
-{
-    const size_t hb = rb_header_read_len(c); /* stride and read length of one header */
-    size_t qd = c->cfg.iouring_queue_depth ? c->cfg.iouring_queue_depth : 1;
-    /* At least 256 headers per group (several batches when the queue depth is small), at most
-     * 2 MiB of buffer per group. */
-    size_t group = qd < 256 ? (256 + qd - 1) / qd * qd : qd;
-    size_t cap = ((size_t)2 << 20) / hb;
-    if (group > cap)
-        group = cap ? cap : 1;
-    if (group > n)
-        group = n;
-    rb_err e;
-    uint8_t *buf = rb_alloc_aligned(c->cfg.block_align, 2 * group * hb, &e);
-    uint8_t *one = rb_alloc_aligned(c->cfg.block_align, hb, &e);
-    rb_uop *ops = calloc(2 * group, sizeof(*ops));
-    if (!buf || !one || !ops) {
-        free(buf);
-        free(one);
-        free(ops);
-        read_headers_parallel(c, items, n);
-        return;
-    }
-    /* Touch the buffer once: a buffered read into a page not yet faulted in cannot complete
-     * inline and is handed to an io-wq kernel thread (several times slower per header). */
-    memset(buf, 0, 2 * group * hb);
-    size_t ngroups = (n + group - 1) / group;
-    rb_uops_run run[2];
-    for (size_t g = 0; g <= ngroups; g++) {
-        /* submit group g (half g & 1), then finish group g - 1 (the other half) */
-        if (g < ngroups) {
-            size_t lo = g * group, cnt = n - lo < group ? n - lo : group;
-            rb_uop *o = ops + (g & 1) * group;
-            uint8_t *b = buf + (g & 1) * group * hb;
-            for (size_t j = 0; j < cnt; j++) {
-                o[j].off = rb_slot_offset(c, items[lo + j].slot);
-                o[j].buf = b + j * hb;
-                o[j].buf_len = o[j].payload_len = o[j].total_len = o[j].copy_len = hb;
-                o[j].write = 0;
-            }
-            (void)rb_core_uring_ops_begin(c, &run[g & 1], o, cnt, qd, 0, &e);
-        }
-        if (g == 0)
-            continue;
-        size_t p = g - 1, lo = p * group, cnt = n - lo < group ? n - lo : group;
-        rb_uop *o = ops + (p & 1) * group;
-        uint8_t *b = buf + (p & 1) * group * hb;
-        want_identities(c, items, lo, lo + cnt);
-        rb_core_uring_ops_finish(&run[p & 1]);
-        for (size_t j = 0; j < cnt; j++) {
-            if (o[j].rc == 0)
-                decode_header_into(c, &items[lo + j], b + j * hb);
-            else
-                read_header_into(c, &items[lo + j], one);
-        }
-    }
-    free(buf);
-    free(one);
-    free(ops);
-}
-
-/* Validate the live entries at index positions [lo, hi) (clipped to the index). */
-static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
-{
-    pthread_mutex_lock(&c->mu);
-    if (hi > c->index.n_ents)
-        hi = c->index.n_ents;
-    size_t n = 0, key_bytes = 0;
-    for (uint32_t p = lo; p < hi; p++)
-        if (!(c->index.ents[p].flags & RB_ENT_DEAD)) {
-            key_bytes += (size_t)c->index.ents[p].key_len + 1;
-            n++;
-        }
-    /* the keys are copied (the index may change while the headers are read) into one block */
-    vitem *items = calloc(n ? n : 1, sizeof(*items));
-    char *keys = malloc(key_bytes ? key_bytes : 1);
-    size_t k = 0;
-    if (!items || !keys) {
-        pthread_mutex_unlock(&c->mu);
-        free(items);
-        free(keys);
-        return -ENOMEM;
-    }
-    char *kp = keys;
-    for (uint32_t p = lo; p < hi; p++) {
-        const rb_ent *e = &c->index.ents[p];
-        if (e->flags & RB_ENT_DEAD)
-            continue;
-        items[k].key = kp;
-        memcpy(kp, rb_ent_key(e), e->key_len + 1);
-        kp += e->key_len + 1;
-        items[k].key_len = e->key_len;
-        items[k].slot = e->slot;
-        items[k].size = e->size;
-        items[k].checksum = e->checksum;
-        items[k].flags = e->flags;
-        k++;
-    }
-    if (k)
-        c->inflight_io++;
-    uint64_t rd_gen = rb_core_reader_begin_locked(c);
-    pthread_mutex_unlock(&c->mu);
-
-    if (sequential) {
-        vjob j = {c, items, 0, k};
-        vjob_run(&j);
-    } else if (rb_core_uses_uring(c) && k > 1 && rb_block_transfers(c)) {
-        /* Batches pay off where a read waits for the device. A buffered read through the ring
-         * completes inline, on the engine thread, so there the batch only adds the hand-off:
-         * page-cache headers are read as the posix engine reads them. */
-        read_headers_uring(c, items, k);
-    } else {
-        read_headers_parallel(c, items, k);
-    }
-
-    want_identities(c, items, 0, k); /* whatever a failed path left out */
-    uint64_t dropped = 0;
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < k; i++) {
-        vitem *v = &items[i];
-        /* A record that carries a checksum (from the checkpoint) needs the same one in the
-         * header: a header whose marker was damaged must not turn the check off. */
-        int bad = !v->hdr_ok || v->want_state != 1 || v->want != v->identity || v->len != v->size ||
-                  ((v->flags & RB_ENT_HAS_SUM) && (!v->has_sum || v->sum != v->checksum));
-        uint32_t p = rb_idx_find(&c->index, v->key, v->key_len, rb_idx_hash(v->key, v->key_len));
-        if (p == UINT32_MAX || c->index.ents[p].slot != v->slot)
-            continue; /* changed meanwhile */
-        rb_ent *e = &c->index.ents[p];
-        /* Deleted and put again (LIFO slot reuse gives it the same slot), or judged by a
-         * load: the header read above may be the old record's. */
-        if (e->size != v->size || e->checksum != v->checksum ||
-            ((e->flags ^ v->flags) & (RB_ENT_HAS_SUM | RB_ENT_UNVERIFIED)))
-            continue;
-        if (bad) {
-            rb_core_drop_locked(c, p);
-            dropped++;
-            continue;
-        }
-        if (e->flags & RB_ENT_UNVERIFIED) {
-            e->flags &= (uint16_t)~RB_ENT_UNVERIFIED;
-            c->n_unverified--;
-        }
-        if (v->has_sum) {
-            e->checksum = v->sum;
-            e->flags |= RB_ENT_HAS_SUM;
-        }
-    }
-    if (dropped) {
-        c->dirty_total++;
-        c->recovery_dropped += dropped;
-    }
-    if (k)
-        c->inflight_io--;
-    rb_core_reader_end_locked(c, rd_gen);
-    c->last_io_ns = rb_now_ns();
-    if (c->inflight_io == 0)
-        pthread_cond_broadcast(&c->idle_cv);
-    rb_idx_maybe_compact(&c->index);
-    pthread_mutex_unlock(&c->mu);
-    free(keys);
-    free(items);
-    return 0;
-}
-
-int rb_core_validate_entries(rb_core *c, int sequential)
-{
-    return validate_range(c, sequential, 0, UINT32_MAX);
-}
-
-int rb_core_validate_sliced(rb_core *c, const int *stop)
-{
-    const uint32_t step = 1u << 16;
-    for (uint32_t lo = 0;; lo += step) {
-        pthread_mutex_lock(&c->mu);
-        uint32_t n = c->index.n_ents;
-        pthread_mutex_unlock(&c->mu);
-        if (lo >= n || __atomic_load_n(stop, __ATOMIC_RELAXED))
-            return 0;
-        int rc = validate_range(c, 0, lo, lo + step);
-        if (rc < 0)
-            return rc;
-    }
-}
-
-int rb_core_revalidate(rb_core *c, int sequential, uint64_t *dropped)
-{
-    pthread_mutex_lock(&c->mu);
-    uint64_t before = c->recovery_dropped;
-    pthread_mutex_unlock(&c->mu);
-    int rc = rb_core_validate_entries(c, sequential);
-    pthread_mutex_lock(&c->mu);
-    *dropped = c->recovery_dropped - before;
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-static int64_t *json_int_list(struct json_object *o, int64_t *n, int *bad)
-{
-    *bad = 0;
-    *n = -1;
-    if (!o || json_object_get_type(o) == json_type_null)
-        return NULL;
-    if (json_object_get_type(o) != json_type_array) {
-        *bad = 1;
-        return NULL;
-    }
-    size_t len = json_object_array_length(o);
-    int64_t *v = malloc((len ? len : 1) * sizeof(int64_t));
-    if (!v) {
-        *bad = 1;
-        return NULL;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (rb_json_as_i64(json_object_array_get_idx(o, i), &v[i]) < 0) {
-            free(v);
-            *bad = 1;
-            return NULL;
-        }
-    }
-    *n = (int64_t)len;
-    return v;
-}
-
-static const char *json_opt_str(struct json_object *o, size_t *len)
-{
-    if (!o || json_object_get_type(o) != json_type_string)
-        return NULL; /* null (or a non-string, stored as null) */
-    *len = (size_t)json_object_get_string_len(o);
-    return json_object_get_string(o);
-}
-
-/*
- * A checkpoint's top-level fields, from either reader. Integer fields: st 0 absent, 1 an
- * integer (val), 2 present but not convertible. Strings: str_st 0 absent, 1 a string, 2 other.
- */
-typedef struct top_view {
-    uint8_t st[RB_FTOP_N];
-    int64_t val[RB_FTOP_N];
-    uint8_t str_st[RB_FTOP_N];
-    const char *str[RB_FTOP_N];
-    size_t str_len[RB_FTOP_N];
-} top_view;
-
-static int top_matches(const top_view *t, int f, uint64_t want)
-{
-    return t->st[f] == 0 || (t->st[f] == 1 && t->val[f] >= 0 && (uint64_t)t->val[f] == want);
-}
-
-/* 1 acceptable (next_slot set), 0 rejected (err says why). */
-static int check_top(rb_core *c, const top_view *t, int64_t *next_slot, rb_err *err)
-{
-    if (t->st[RB_FTOP_VERSION] != 1 || t->val[RB_FTOP_VERSION] != 1) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata version unsupported; ignoring metadata");
-        return 0;
-    }
-    if (t->str_st[RB_FTOP_DEVICE_PATH] == 1 && t->str_len[RB_FTOP_DEVICE_PATH] > 0 &&
-        strcmp(t->str[RB_FTOP_DEVICE_PATH], c->path) != 0) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata device_path mismatch; ignoring metadata");
-        return 0;
-    }
-    static const int fields[] = {RB_FTOP_BLOCK_ALIGN, RB_FTOP_HEADER_BYTES, RB_FTOP_SLOT_BYTES, RB_FTOP_META_TOTAL};
-    const uint64_t want[] = {c->cfg.block_align, c->cfg.header_bytes, c->cfg.slot_bytes, c->cfg.meta_total_bytes};
-    for (int i = 0; i < 4; i++) {
-        if (!top_matches(t, fields[i], want[i])) {
-            rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata %s mismatch; ignoring metadata",
-                       rb_ftop_names[fields[i]]);
-            return 0;
-        }
-    }
-    if (t->str_st[RB_FTOP_META_MAGIC] && (t->str_st[RB_FTOP_META_MAGIC] != 1 || t->str_len[RB_FTOP_META_MAGIC] != 8 ||
-                                          memcmp(t->str[RB_FTOP_META_MAGIC], c->cfg.meta_magic, 8) != 0)) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_magic mismatch; ignoring metadata");
-        return 0;
-    }
-    if (!top_matches(t, RB_FTOP_META_VERSION, c->cfg.meta_version)) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata meta_version mismatch; ignoring metadata");
-        return 0;
-    }
-    int64_t ns = t->val[RB_FTOP_NEXT_SLOT];
-    if (t->st[RB_FTOP_NEXT_SLOT] != 1 || ns < 0 || (uint64_t)ns > c->max_slots) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "Device metadata next_slot invalid; ignoring metadata");
-        return 0;
-    }
-    *next_slot = ns;
-    return 1;
-}
-
-/* Clear the index and slots for a new state (takes mu; returns with it held on success). */
-static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err *err)
-{
-    /* A deallocation in progress ends first: its slots must not take keys of the new state. */
-    pthread_mutex_lock(&c->dl_mu);
-    pthread_mutex_lock(&c->mu);
-    pthread_mutex_unlock(&c->dl_mu);
-    /* Slots reserved by puts in flight stay reserved, also those at or beyond the state's
-     * next_slot: the allocator's next_slot moves past them, or it would hand them out again
-     * while the put still commits its key there. */
-    int64_t top = next_slot;
-    for (uint32_t p = 0; p < c->inflight.n_ents; p++)
-        if (!(c->inflight.ents[p].flags & RB_ENT_DEAD) && c->inflight.ents[p].slot >= (uint64_t)top)
-            top = (int64_t)c->inflight.ents[p].slot + 1;
-    uint8_t *used = calloc((size_t)top + 1, 1);
-    if (!used) {
-        pthread_mutex_unlock(&c->mu);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    rb_idx_clear(&c->index);
-    c->locked_keys = 0;
-    c->n_unverified = 0;
-    /* The allocator is rebuilt from the new state: a quarantined slot is either claimed by it or
-     * freed again by apply_end (and quarantined anew if readers are still in flight). */
-    rb_core_quarantine_reset_locked(c);
-    rb_core_dealloc_reset_locked(c);
-    if (rb_slots_reset(&c->slots, (uint32_t)top) < 0) {
-        pthread_mutex_unlock(&c->mu);
-        free(used);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    for (uint32_t p = 0; p < c->inflight.n_ents; p++)
-        if (!(c->inflight.ents[p].flags & RB_ENT_DEAD))
-            used[c->inflight.ents[p].slot] = 1;
-    *used_out = used;
-    return 0;
-}
-
-/* The slot an entry takes, or -1 when it is skipped: LMCache's offset/size rules, plus ours
- * (a slot never handed out, or one already claimed). mu held. */
-static int64_t entry_slot(const rb_core *c, const uint8_t *used, int64_t next_slot, int has_off, int64_t off,
-                          int has_size, int64_t size)
-{
-    if (!has_off || !has_size)
-        return -1;
-    if (off < 0 || (uint64_t)off < c->data_base || ((uint64_t)off - c->data_base) % c->cfg.slot_bytes)
-        return -1;
-    uint64_t slot = ((uint64_t)off - c->data_base) / c->cfg.slot_bytes;
-    if (slot >= c->max_slots || size <= 0 || (uint64_t)size > c->slot_cap)
-        return -1;
-    if (slot >= (uint64_t)next_slot || used[slot])
-        return -1;
-    return (int64_t)slot;
-}
-
-/* Add one entry (mu held). 0, or -1 when out of memory. */
-static int insert_entry(rb_core *c, uint8_t *used, const char *key, size_t klen, uint32_t h, uint32_t slot,
-                        int64_t size, uint32_t cls, const int64_t *pos, int64_t npos, int has_sum, uint64_t sum)
-{
-    uint32_t p = cls == UINT32_MAX ? UINT32_MAX : rb_idx_insert(&c->index, key, klen, h, pos, npos);
-    if (p == UINT32_MAX)
-        return -1;
-    rb_ent *e = &c->index.ents[p];
-    e->slot = slot;
-    e->size = (uint64_t)size;
-    e->cls = cls;
-    if (has_sum) {
-        e->checksum = sum;
-        e->flags |= RB_ENT_HAS_SUM;
-    }
-    /* Judged by validate_entries right after (verify_on_load), else by its first load. */
-    e->flags |= RB_ENT_UNVERIFIED;
-    c->n_unverified++;
-    used[slot] = 1;
-    return 0;
-}
-
-/* Free the unclaimed slots, reset the dirty state, drop mu; then validate if configured. */
-static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, uint64_t skipped, int oom, rb_err *err)
-{
-    c->apply_skipped = skipped; /* entries the state lists that its checks refused */
-    if (c->apply_container >= 0) {
-        /* Recovery: what the container lists, exactly, before validation drops anything (a
-         * dropped entry's slot stays listed on the device until a checkpoint replaces it). */
-        const uint8_t bit = (uint8_t)(1u << c->apply_container);
-        if (rb_core_ref_reserve_locked(c, c->slots.next_slot) < 0) {
-            oom = 1;
-            c->ref_unknown |= bit; /* keeps every slot out of use until it is rewritten */
-        } else {
-            for (uint32_t s = 0; s < c->slots.next_slot; s++)
-                if (used[s])
-                    c->ref[s] |= bit;
-            c->ref_unknown &= (uint8_t)~bit;
-        }
-    }
-    for (uint32_t s = 0; s < c->slots.next_slot; s++) /* the state's, or past the in-flight slots */
-        if (!used[s])
-            rb_core_free_slot_locked(c, s); /* quarantined while readers of the old state run */
-    c->dirty_total = 0;
-    c->persisted = 0;
-    c->recovery_entries_loaded = loaded;
-    if (c->ml.on && c->apply_container < 0) {
-        /* A state applied at run time replaced the index without journaling it: the next
-         * checkpoint writes a whole base, and until it is durable no slot is reused (the log on
-         * the device may list any). */
-        c->ml.need_base++;
-        c->ref_unknown |= 0x4u;
-        c->dirty_total = 1;
-    }
-    pthread_mutex_unlock(&c->mu);
-    free(used);
-    if (oom)
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory applying metadata");
-    if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum) {
-        if (rb_core_validate_entries(c, 0) < 0)
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
-    }
-    return 1;
-}
-
-static void json_top_view(struct json_object *st, top_view *t)
-{
-    memset(t, 0, sizeof(*t));
-    for (int f = 0; f < RB_FTOP_N; f++) {
-        struct json_object *o;
-        if (f == RB_FTOP_ENTRIES || !json_object_object_get_ex(st, rb_ftop_names[f], &o))
-            continue;
-        t->st[f] = rb_json_as_i64(o, &t->val[f]) == 0 ? 1 : 2;
-        if (json_object_get_type(o) == json_type_string) {
-            t->str_st[f] = 1;
-            t->str[f] = json_object_get_string(o);
-            t->str_len[f] = (size_t)json_object_get_string_len(o);
-        } else {
-            t->str_st[f] = 2;
-        }
-    }
-}
-
-/* 1 applied, 0 rejected (reason in err->msg), <0 error. Runs without any core lock held. */
-static int apply_state(rb_core *c, struct json_object *st, rb_err *err)
-{
-    if (!st || json_object_get_type(st) != json_type_object) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata is not an object");
-        return 0;
-    }
-    top_view t;
-    json_top_view(st, &t);
-    int64_t next_slot;
-    if (!check_top(c, &t, &next_slot, err))
-        return 0;
-    struct json_object *entries = NULL;
-    json_object_object_get_ex(st, "entries", &entries);
-    struct json_object *entries_raw = entries;
-    int bad_entries = entries && json_object_get_type(entries) != json_type_object;
-    if (bad_entries)
-        entries = NULL;
-
-    uint8_t *used;
-    int rc = apply_begin(c, next_slot, &used, err);
-    if (rc < 0)
-        return rc;
-    uint64_t loaded = 0, skipped = 0;
-    int oom = 0;
-    if (bad_entries) /* an "entries" that is not an object: whatever it held is lost */
-        skipped +=
-            json_object_get_type(entries_raw) == json_type_array ? (uint64_t)json_object_array_length(entries_raw) : 1;
-    if (entries) {
-        json_object_object_foreach(entries, key, val)
-        {
-            if (!val || json_object_get_type(val) != json_type_object) {
-                skipped++;
-                continue;
-            }
-            struct json_object *fo, *fs;
-            int64_t off = 0, size = 0;
-            int has_off = json_object_object_get_ex(val, "offset", &fo) && rb_json_as_i64(fo, &off) == 0;
-            int has_size = json_object_object_get_ex(val, "size", &fs) && rb_json_as_i64(fs, &size) == 0;
-            int64_t slot = entry_slot(c, used, next_slot, has_off, off, has_size, size);
-            if (slot < 0) {
-                skipped++;
-                continue;
-            }
-            uint64_t sum = 0;
-            int has_sum = json_object_object_get_ex(val, RB_ENT_SUM_FIELD, &fo);
-            if (has_sum &&
-                (json_object_get_type(fo) != json_type_string ||
-                 rb_sum_parse_hex(json_object_get_string(fo), (size_t)json_object_get_string_len(fo), &sum) < 0)) {
-                skipped++;
-                continue; /* a checksum we cannot read: the entry cannot be trusted */
-            }
-            size_t klen = strlen(key);
-            uint32_t h = rb_idx_hash(key, klen);
-            if (rb_idx_find(&c->index, key, klen, h) != UINT32_MAX) {
-                skipped++;
-                continue;
-            }
-            struct json_object *jo;
-            int bad_shape, bad_pos;
-            int64_t ndim, npos;
-            int64_t *dims = json_int_list(json_object_object_get_ex(val, "shape", &jo) ? jo : NULL, &ndim, &bad_shape);
-            int64_t *pos =
-                json_int_list(json_object_object_get_ex(val, "cached_positions", &jo) ? jo : NULL, &npos, &bad_pos);
-            rb_meta_in m = {0};
-            m.ndim = bad_shape ? -1 : ndim;
-            m.dims = dims;
-            m.npos = bad_pos ? -1 : npos;
-            m.pos = pos;
-            m.dtype = json_opt_str(json_object_object_get_ex(val, "dtype", &jo) ? jo : NULL, &m.dtype_len);
-            m.fmt = json_opt_str(json_object_object_get_ex(val, "fmt", &jo) ? jo : NULL, &m.fmt_len);
-            uint32_t cls = rb_core_intern_class(c, &m);
-            int r = insert_entry(c, used, key, klen, h, (uint32_t)slot, size, cls, m.pos, m.npos, has_sum, sum);
-            free(dims);
-            free(pos);
-            if (r < 0) {
-                oom = 1;
-                break;
-            }
-            loaded++;
-        }
-    }
-    return apply_end(c, used, loaded, skipped, oom, err);
-}
-
-static int same_class(const rb_fstate *fs, const rb_fent *a, const rb_fent *b)
-{
-    return a->ndim == b->ndim &&
-           (a->ndim <= 0 || memcmp(fs->pool + a->dims_at, fs->pool + b->dims_at, (size_t)a->ndim * 8) == 0) &&
-           !a->dtype == !b->dtype && a->dtype_len == b->dtype_len &&
-           (!a->dtype || memcmp(a->dtype, b->dtype, a->dtype_len) == 0) && !a->fmt == !b->fmt &&
-           a->fmt_len == b->fmt_len && (!a->fmt || memcmp(a->fmt, b->fmt, a->fmt_len) == 0);
-}
-
-/* apply_state for a document read by rb_fstate_parse: same checks, same rules, same order. */
-static int apply_fstate(rb_core *c, const rb_fstate *fs, rb_err *err)
-{
-    top_view t;
-    memset(&t, 0, sizeof(t));
-    char path_buf[4096];
-    for (int f = 0; f < RB_FTOP_N; f++) {
-        if (f == RB_FTOP_ENTRIES || !fs->has[f])
-            continue;
-        if (f == RB_FTOP_DEVICE_PATH || f == RB_FTOP_META_MAGIC) {
-            t.str_st[f] = 1;
-            t.str[f] = fs->str[f];
-            t.str_len[f] = fs->str_len[f];
-        } else {
-            t.st[f] = 1;
-            t.val[f] = fs->num[f];
-            t.str_st[f] = 2;
-        }
-    }
-    /* check_top compares the device path as a C string. */
-    if (t.str_st[RB_FTOP_DEVICE_PATH] == 1) {
-        size_t n = t.str_len[RB_FTOP_DEVICE_PATH];
-        if (n >= sizeof path_buf)
-            n = sizeof path_buf - 1; /* longer than PATH_MAX: cannot equal c->path either */
-        memcpy(path_buf, t.str[RB_FTOP_DEVICE_PATH], n);
-        path_buf[n] = 0;
-        t.str[RB_FTOP_DEVICE_PATH] = path_buf;
-    }
-    int64_t next_slot;
-    if (!check_top(c, &t, &next_slot, err))
-        return 0;
-    uint8_t *used;
-    int rc = apply_begin(c, next_slot, &used, err);
-    if (rc < 0)
-        return rc;
-    uint64_t loaded = 0, skipped = 0;
-    int oom = 0;
-    const rb_fent *prev = NULL; /* last interned entry: consecutive entries mostly share a class */
-    uint32_t prev_cls = UINT32_MAX;
-    for (size_t i = 0; i < fs->n; i++) {
-        const rb_fent *e = &fs->ents[i];
-        int64_t slot = entry_slot(c, used, next_slot, e->has_off, e->off, e->has_size, e->size);
-        if (slot < 0) {
-            skipped++;
-            continue; /* keys are distinct (rb_fstate_parse): no index lookup needed */
-        }
-        uint32_t cls;
-        if (prev && same_class(fs, prev, e)) {
-            cls = prev_cls;
-        } else {
-            rb_meta_in m = {0};
-            m.ndim = e->ndim;
-            m.dims = e->ndim > 0 ? fs->pool + e->dims_at : NULL;
-            m.dtype = e->dtype;
-            m.dtype_len = e->dtype_len;
-            m.fmt = e->fmt;
-            m.fmt_len = e->fmt_len;
-            m.npos = e->npos;
-            cls = rb_core_intern_class(c, &m);
-            prev = cls == UINT32_MAX ? NULL : e;
-            prev_cls = cls;
-        }
-        if (insert_entry(c, used, e->key, e->klen, e->hash, (uint32_t)slot, e->size, cls,
-                         e->npos > 0 ? fs->pool + e->pos_at : NULL, e->npos, e->has_sum, e->sum) < 0) {
-            oom = 1;
-            break;
-        }
-        loaded++;
-    }
-    return apply_end(c, used, loaded, skipped, oom, err);
-}
-
-int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err)
-{
-    if (!generic) {
-        rb_fstate fs;
-        int rc = rb_fstate_parse(json, len, &fs);
-        if (rc < 0)
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory reading metadata");
-        if (rc > 0) {
-            rc = apply_fstate(c, &fs, err);
-            rb_fstate_free(&fs);
-            return rc;
-        }
-    }
-    struct json_object *st = rb_json_parse(json, len);
-    if (!st) {
-        rb_err_set(err, RB_ERR_VALUE, EINVAL, "metadata payload is not valid JSON");
-        return 0;
-    }
-    int rc = apply_state(c, st, err);
-    json_object_put(st);
-    return rc;
-}
-
-int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *err)
-{
-    return rb_core_apply_state_json_ex(c, json, len, 0, err);
 }
 
 /* ---- recovery at open ------------------------------------------------------------------ */
@@ -1170,45 +458,187 @@ int rb_core_recover(rb_core *c, rb_err *err)
     return rc;
 }
 
-static int recover_v1(rb_core *c, rb_err *err)
+/* What recovery learned of the two containers before it applies one. */
+typedef struct v1_rec {
+    rb_ckpt_header h[2];
+    int ours[2]; /* a valid header of this core's magic and version */
+    /* A header that was ours before something damaged it: 1 the magic one byte off, or a
+     * payload still there under a header zeroed or overwritten; 2 the magic intact and a field
+     * out of range (its seq may be readable). Not loadable, but not a blank container either. */
+    int damaged[2];
+    uint64_t max_seq;     /* the newest valid header's */
+    int bad;              /* newer container that could not be read, -1 none */
+    char bad_why[96];     /* why */
+    uint8_t *bad_payload; /* its bytes, when they could be read (CRC mismatch) */
+} v1_rec;
+
+/* Judge container k's header, read into hb (ba bytes). */
+static void v1_judge_header(rb_core *c, v1_rec *r, int k, uint8_t *hb)
+{
+    const uint64_t ba = c->cfg.block_align;
+    rb_ckpt_header *h = &r->h[k];
+    rb_err e;
+    if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes, hb, ba, ba, ba, 0, &e) < 0)
+        return;
+    rb_ckpt_header_decode(hb, h);
+    int magic_off = 0;
+    for (int i = 0; i < 8; i++)
+        magic_off += h->magic[i] != c->cfg.meta_magic[i];
+    if (magic_off != 0 || h->version != c->cfg.meta_version || h->payload_len == 0 || h->payload_len > c->payload_cap) {
+        r->damaged[k] = magic_off == 0 ? 2 : magic_off == 1 ? 1 : 0;
+        /* A header zeroed or overwritten over a checkpoint payload that is still there. */
+        static const char doc[] = "{\"version\":";
+        if (!r->damaged[k] && rb_core_dev_read(c, (uint64_t)k * c->container_bytes + ba, hb, ba, ba, ba, 0, &e) == 0 &&
+            memcmp(hb, doc, sizeof doc - 1) == 0)
+            r->damaged[k] = 1;
+        return;
+    }
+    r->ours[k] = 1;
+    c->ref_unknown |= (uint8_t)(1u << k);
+    if (h->seq > r->max_seq)
+        r->max_seq = h->seq;
+}
+
+/* Read and judge both container headers. 0 or -ENOMEM. */
+static int v1_read_headers(rb_core *c, v1_rec *r, rb_err *err)
 {
     const uint64_t ba = c->cfg.block_align;
     uint8_t *hb = rb_alloc_aligned(ba, ba, err);
     if (!hb)
         return -ENOMEM;
-    rb_ckpt_header h[2];
-    int ours[2] = {0, 0};
-    /* A header that was ours before something damaged it: the magic one byte off, or the magic
-     * intact and a field out of range. Not loadable, but not a blank container either. */
-    int damaged[2] = {0, 0};
-    uint64_t max_hdr_seq = 0;
-    for (int k = 0; k < 2; k++) {
-        rb_err e;
-        if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes, hb, ba, ba, ba, 0, &e) < 0)
-            continue;
-        rb_ckpt_header_decode(hb, &h[k]);
-        int magic_off = 0;
-        for (int i = 0; i < 8; i++)
-            magic_off += h[k].magic[i] != c->cfg.meta_magic[i];
-        if (magic_off != 0 || h[k].version != c->cfg.meta_version || h[k].payload_len == 0 ||
-            h[k].payload_len > c->payload_cap) {
-            damaged[k] = magic_off == 0 ? 2 : magic_off == 1 ? 1 : 0; /* 2: its seq may be readable */
-            /* A header zeroed or overwritten over a checkpoint payload that is still there. */
-            static const char doc[] = "{\"version\":";
-            if (!damaged[k] && rb_core_dev_read(c, (uint64_t)k * c->container_bytes + ba, hb, ba, ba, ba, 0, &e) == 0 &&
-                memcmp(hb, doc, sizeof doc - 1) == 0)
-                damaged[k] = 1;
-            continue;
-        }
-        ours[k] = 1;
-        c->ref_unknown |= (uint8_t)(1u << k);
-        if (h[k].seq > max_hdr_seq)
-            max_hdr_seq = h[k].seq;
-    }
+    for (int k = 0; k < 2; k++)
+        v1_judge_header(c, r, k, hb);
     free(hb);
+    return 0;
+}
+
+/* Note container k as the newer one that could not be read, unless one already is. */
+static int v1_note_bad(v1_rec *r, int k, const char *why)
+{
+    if (r->bad >= 0)
+        return 0;
+    r->bad = k;
+    snprintf(r->bad_why, sizeof r->bad_why, "%s", why);
+    return 1;
+}
+
+/* Container k's payload into *out (block-aligned, CRC checked). 1 read, 0 unreadable (noted
+ * in r), -ENOMEM. */
+static int v1_read_payload(rb_core *c, v1_rec *r, int k, uint8_t **out, rb_err *err)
+{
+    const uint64_t ba = c->cfg.block_align;
+    uint64_t padded = rb_round_up(r->h[k].payload_len, ba);
+    uint8_t *p = rb_alloc_aligned(ba, padded, err);
+    if (!p)
+        return -ENOMEM;
+    rb_err e;
+    if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes + ba, p, padded, padded, padded, 0, &e) < 0) {
+        char why[96];
+        snprintf(why, sizeof why, "read failed: %.60s", e.msg);
+        v1_note_bad(r, k, why);
+        free(p);
+        return 0;
+    }
+    if (rb_crc32(p, r->h[k].payload_len) != r->h[k].crc) {
+        if (v1_note_bad(r, k, "payload CRC mismatch"))
+            r->bad_payload = p;
+        else
+            free(p);
+        return 0;
+    }
+    *out = p;
+    return 1;
+}
+
+/* Container k was applied, and the newer container bad could not be: the outcome FALLBACK,
+ * told with what the older checkpoint lacks. */
+static void v1_report_fallback(rb_core *c, const v1_rec *r, int k)
+{
+    const int bad = r->bad;
+    c->rec_outcome = RB_REC_FALLBACK;
+    c->rec_rejected_seq = r->damaged[bad] == 1 ? 0 : r->h[bad].seq;
+    c->rec_lost = r->damaged[bad] ? -1 : count_lost(c, r->bad_payload, r->h[bad].payload_len);
+    char lost[96];
+    if (c->rec_lost >= 0)
+        snprintf(lost, sizeof lost, "%lld entries it listed are not in the older one", (long long)c->rec_lost);
+    else
+        snprintf(lost, sizeof lost, "entries written between the two checkpoints are lost");
+    char bad_seq[32] = "seq unknown";
+    if (r->damaged[bad] != 1)
+        snprintf(bad_seq, sizeof bad_seq, "seq %llu", (unsigned long long)r->h[bad].seq);
+    snprintf(c->ckpt_error, sizeof c->ckpt_error,
+             "newest checkpoint (container %d, %s) is unreadable (%s); recovered the older checkpoint "
+             "(container %d, seq %llu): %s",
+             bad, bad_seq, r->bad_why, k, (unsigned long long)r->h[k].seq, lost);
+}
+
+/* Container k was applied: the outcome LOADED, or FALLBACK when a newer one was unreadable
+ * or the other header damaged. */
+static void v1_loaded(rb_core *c, v1_rec *r, int k)
+{
+    c->recovery_loaded = 1;
+    c->good_container = k;
+    c->rec_seq = r->h[k].seq;
+    /* The other header was damaged: it may have been the newer checkpoint (its seq field is no
+     * more trustworthy than the rest of it). */
+    if (r->damaged[k ^ 1])
+        v1_note_bad(r, k ^ 1, "damaged header");
+    if (r->bad < 0)
+        c->rec_outcome = RB_REC_LOADED;
+    else
+        v1_report_fallback(c, r, k);
+}
+
+/* Read, check and apply container k. 1 applied or rejected (the outcome set), 0 unreadable
+ * (the next container is tried), <0 error. */
+static int v1_try_container(rb_core *c, v1_rec *r, int k, rb_err *err)
+{
+    uint8_t *p = NULL;
+    int rc = v1_read_payload(c, r, k, &p, err);
+    if (rc <= 0)
+        return rc;
+    rb_err why;
+    rb_err_clear(&why);
+    c->apply_container = k;
+    rc = rb_core_apply_state_json(c, (const char *)p, r->h[k].payload_len, &why);
+    c->apply_container = -1;
+    free(p);
+    if (rc < 0) {
+        *err = why;
+        return rc;
+    }
+    if (rc == 0) {
+        c->rec_outcome = RB_REC_REJECTED;
+        snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata payload rejected by checks: %.200s", why.msg);
+        return 1;
+    }
+    v1_loaded(c, r, k);
+    return 1;
+}
+
+/* No container could be read: the outcome UNREADABLE, the index empty. */
+static void v1_report_unreadable(rb_core *c, v1_rec *r)
+{
+    c->rec_outcome = RB_REC_UNREADABLE;
+    c->rec_rejected_seq = r->max_seq;
+    if (r->bad < 0)
+        snprintf(r->bad_why, sizeof r->bad_why, "damaged header");
+    snprintf(c->ckpt_error, sizeof c->ckpt_error,
+             "the device holds a checkpoint (newest seq %llu) but none is readable (%s); started with an "
+             "empty index",
+             (unsigned long long)r->max_seq, r->bad_why);
+}
+
+static int recover_v1(rb_core *c, rb_err *err)
+{
+    v1_rec r;
+    memset(&r, 0, sizeof r);
+    r.bad = -1;
+    if (v1_read_headers(c, &r, err) < 0)
+        return -ENOMEM;
     /* Resume the sequence from the newest valid header, whatever happens to its payload. */
-    c->meta_seq = max_hdr_seq;
-    if (!ours[0] && !ours[1] && !damaged[0] && !damaged[1]) {
+    c->meta_seq = r.max_seq;
+    if (!r.ours[0] && !r.ours[1] && !r.damaged[0] && !r.damaged[1]) {
         c->rec_outcome = RB_REC_BLANK;
         return 0;
     }
@@ -1216,102 +646,16 @@ static int recover_v1(rb_core *c, rb_err *err)
         c->rec_outcome = RB_REC_SKIPPED;
         return 0;
     }
-    int order[2] = {0, 1};
-    if (ours[1] && (!ours[0] || h[1].seq > h[0].seq)) {
-        order[0] = 1;
-        order[1] = 0;
-    }
-    int bad = -1; /* newer container that could not be read */
-    char bad_why[96] = "";
-    uint8_t *bad_payload = NULL; /* its bytes, when they could be read (CRC mismatch) */
+    const int newest = r.ours[1] && (!r.ours[0] || r.h[1].seq > r.h[0].seq);
     int rc = 0;
-    for (int i = 0; i < 2; i++) {
-        int k = order[i];
-        if (!ours[k])
-            continue;
-        uint64_t padded = rb_round_up(h[k].payload_len, ba);
-        uint8_t *p = rb_alloc_aligned(ba, padded, err);
-        if (!p) {
-            rc = -ENOMEM;
-            break;
-        }
-        rb_err e;
-        if (rb_core_dev_read(c, (uint64_t)k * c->container_bytes + ba, p, padded, padded, padded, 0, &e) < 0) {
-            if (bad < 0) {
-                bad = k;
-                snprintf(bad_why, sizeof bad_why, "read failed: %.60s", e.msg);
-            }
-            free(p);
-            continue;
-        }
-        if (rb_crc32(p, h[k].payload_len) != h[k].crc) {
-            if (bad < 0) {
-                bad = k;
-                snprintf(bad_why, sizeof bad_why, "payload CRC mismatch");
-                bad_payload = p;
-            } else {
-                free(p);
-            }
-            continue;
-        }
-        rb_err why;
-        rb_err_clear(&why);
-        c->apply_container = k;
-        rc = rb_core_apply_state_json(c, (const char *)p, h[k].payload_len, &why);
-        c->apply_container = -1;
-        free(p);
-        if (rc < 0) {
-            *err = why;
-            break;
-        }
-        if (rc == 0) {
-            c->rec_outcome = RB_REC_REJECTED;
-            snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata payload rejected by checks: %.200s", why.msg);
-            break;
-        }
+    for (int i = 0; i < 2 && rc == 0; i++)
+        if (r.ours[newest ^ i])
+            rc = v1_try_container(c, &r, newest ^ i, err);
+    if (rc > 0)
         rc = 0;
-        c->recovery_loaded = 1;
-        c->good_container = k;
-        c->rec_seq = h[k].seq;
-        int other = k ^ 1;
-        if (bad < 0 && damaged[other]) {
-            /* The other header was damaged: it may have been the newer checkpoint (its seq field
-             * is no more trustworthy than the rest of it). */
-            bad = other;
-            snprintf(bad_why, sizeof bad_why, "damaged header");
-        }
-        if (bad < 0) {
-            c->rec_outcome = RB_REC_LOADED;
-            break;
-        }
-        c->rec_outcome = RB_REC_FALLBACK;
-        c->rec_rejected_seq = damaged[bad] == 1 ? 0 : h[bad].seq;
-        c->rec_lost = damaged[bad] ? -1 : count_lost(c, bad_payload, h[bad].payload_len);
-        char lost[96];
-        if (c->rec_lost >= 0)
-            snprintf(lost, sizeof lost, "%lld entries it listed are not in the older one", (long long)c->rec_lost);
-        else
-            snprintf(lost, sizeof lost, "entries written between the two checkpoints are lost");
-        char bad_seq[32] = "seq unknown";
-        if (damaged[bad] != 1)
-            snprintf(bad_seq, sizeof bad_seq, "seq %llu", (unsigned long long)h[bad].seq);
-        snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "newest checkpoint (container %d, %s) is unreadable (%s); recovered the older checkpoint "
-                 "(container %d, seq %llu): %s",
-                 bad, bad_seq, bad_why, k, (unsigned long long)h[k].seq, lost);
-        break;
-    }
-    if (rc == 0 && c->rec_outcome == RB_REC_BLANK) { /* no container was loaded or rejected */
-        c->rec_outcome = RB_REC_UNREADABLE;
-        c->rec_rejected_seq = max_hdr_seq;
-        if (bad < 0)
-            snprintf(bad_why, sizeof bad_why, "damaged header");
-        snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "the device holds a checkpoint (newest seq %llu) but none is readable (%s); started with an "
-                 "empty index",
-                 (unsigned long long)max_hdr_seq, bad_why);
-    }
-    free(bad_payload);
+    if (rc == 0 && c->rec_outcome == RB_REC_BLANK) /* no container was loaded or rejected */
+        v1_report_unreadable(c, &r);
+    free(r.bad_payload);
     return rc;
 }
 

@@ -10,8 +10,9 @@
  * mode accepts, and any document outside that subset (escapes, non-ASCII, floats, booleans,
  * string numbers, unknown or repeated fields, repeated keys, very long integers...) makes it
  * return 0, after which the caller parses the document with json-c as before. For a document
- * inside the subset the two readers yield the same values in the same (insertion) order, and
- * apply_state in rb_core_ckpt.c applies both through the same per-field and per-entry rules.
+ * inside the subset the two readers yield the same values in the same (insertion) order:
+ * rb_core_apply.c reads json-c's tree into this same plain form and applies both with one
+ * applier.
  */
 #include "rb_core_int.h"
 
@@ -151,6 +152,47 @@ static int opt_str(fj *j, const char **s, uint32_t *n)
     return 1;
 }
 
+/* The field named k (kn bytes) of entry e: its value read, *bit set to the field's bit in the
+ * seen mask. 1 read, 0 outside the plain form (an unknown field too), -ENOMEM. */
+static int entry_field(fj *j, const char *k, size_t kn, rb_fent *e, unsigned *bit)
+{
+    if (key_is(k, kn, "offset")) {
+        *bit = 1;
+        e->has_off = 1;
+        return num(j, &e->off);
+    }
+    if (key_is(k, kn, "size")) {
+        *bit = 2;
+        e->has_size = 1;
+        return num(j, &e->size);
+    }
+    if (key_is(k, kn, "shape")) {
+        *bit = 4;
+        return int_list(j, &e->ndim, &e->dims_at);
+    }
+    if (key_is(k, kn, "dtype")) {
+        *bit = 8;
+        return opt_str(j, &e->dtype, &e->dtype_len);
+    }
+    if (key_is(k, kn, "fmt")) {
+        *bit = 16;
+        return opt_str(j, &e->fmt, &e->fmt_len);
+    }
+    if (key_is(k, kn, "cached_positions")) {
+        *bit = 32;
+        return int_list(j, &e->npos, &e->pos_at);
+    }
+    if (key_is(k, kn, RB_ENT_SUM_FIELD)) {
+        const char *hs;
+        size_t hn;
+        *bit = 64;
+        e->has_sum = 1;
+        return str(j, &hs, &hn) && rb_sum_parse_hex(hs, hn, &e->sum) == 0;
+    }
+    return 0;
+}
+
+/* One entry object into e (each field at most once). 1, 0 outside the plain form, -ENOMEM. */
 static int entry(fj *j, rb_fent *e)
 {
     memset(e, 0, sizeof(*e));
@@ -166,37 +208,8 @@ static int entry(fj *j, rb_fent *e)
         size_t kn;
         if (!str(j, &k, &kn) || !lit(j, ':'))
             return 0;
-        unsigned bit;
-        int rc;
-        if (key_is(k, kn, "offset")) {
-            bit = 1;
-            rc = num(j, &e->off);
-            e->has_off = 1;
-        } else if (key_is(k, kn, "size")) {
-            bit = 2;
-            rc = num(j, &e->size);
-            e->has_size = 1;
-        } else if (key_is(k, kn, "shape")) {
-            bit = 4;
-            rc = int_list(j, &e->ndim, &e->dims_at);
-        } else if (key_is(k, kn, "dtype")) {
-            bit = 8;
-            rc = opt_str(j, &e->dtype, &e->dtype_len);
-        } else if (key_is(k, kn, "fmt")) {
-            bit = 16;
-            rc = opt_str(j, &e->fmt, &e->fmt_len);
-        } else if (key_is(k, kn, "cached_positions")) {
-            bit = 32;
-            rc = int_list(j, &e->npos, &e->pos_at);
-        } else if (key_is(k, kn, RB_ENT_SUM_FIELD)) {
-            const char *hs;
-            size_t hn;
-            bit = 64;
-            rc = str(j, &hs, &hn) && rb_sum_parse_hex(hs, hn, &e->sum) == 0;
-            e->has_sum = 1;
-        } else {
-            return 0;
-        }
+        unsigned bit = 0;
+        int rc = entry_field(j, k, kn, e, &bit);
         if (rc <= 0)
             return rc;
         if (seen & bit)

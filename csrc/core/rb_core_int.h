@@ -9,8 +9,11 @@
  *   rb_core_keys.c     lookups, pins, deletes, the key snapshot
  *   rb_core_class.c    metadata classes (interning)
  *   rb_core_hold.c     slot reuse: readers' quarantine, held slots, container references
- *   rb_core_ckpt.c     format v1: checkpoints, recovery, header validation, periodic thread
- *   rb_core_mlog.c     the log-structured metadata format, core side
+ *   rb_core_ckpt.c     format v1: checkpoints, recovery, periodic thread
+ *   rb_core_apply.c    a state v1 document applied to the index (one applier, both readers)
+ *   rb_core_validate.c slot-header validation of the indexed entries
+ *   rb_core_mlog.c     the log-structured metadata format, core side: journal, groups, bases
+ *   rb_core_mlog_rec.c its recovery from base and log
  *   rb_core_dealloc.c  freed slots given back to the device
  *   rb_core_trust.c    faults, write durability, device shrink
  *   rb_core_fastjson.c the plain v1 state reader
@@ -533,7 +536,8 @@ void rb_core_set_ckpt_error(rb_core *c, const rb_err *err);
 int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n);
 /* The v1 writer, ckpt_mu held: target -1 chooses the container, 0 or 1 forces it. */
 int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int target, rb_err *err);
-/* Validate the live entries' slot headers (meta_verify_on_load). 0 or -ENOMEM. */
+/* rb_core_validate.c: validate the live entries' slot headers (meta_verify_on_load). 0 or
+ * -ENOMEM. */
 int rb_core_validate_entries(rb_core *c, int sequential);
 /* The same, 65,536 index positions at a time, returning early once *stop is set. */
 int rb_core_validate_sliced(rb_core *c, const int *stop);

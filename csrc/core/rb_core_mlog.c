@@ -2,7 +2,8 @@
  * rb_core_mlog.c - the core's side of the log-structured metadata format
  * (docs/metadata-log.md): the change journal, the checkpoint that writes it as log groups,
  * compaction into a new base beside the current one and the superblock switch, the first
- * format of a blank or format v1 device, and recovery from the base and the log.
+ * format of a blank or format v1 device. Recovery from the base and the log is in
+ * rb_core_mlog_rec.c.
  *
  * Durability rules:
  *   - A checkpoint flushes (every payload and header its PUT records name is durable), writes
@@ -19,16 +20,13 @@
  *
  * Lock order: ml.cmp_mu -> ckpt_mu -> mu.
  */
-#include "rb_core_int.h"
+#include "rb_core_mlog_int.h"
 #include "rb_config.h"
 
 #include <errno.h>
-#include <json-c/json.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
 /* A page is closed once its records reach this many bytes: groups stay small enough to seal
@@ -119,24 +117,6 @@ uint64_t rb_core_ml_region_bytes(rb_core *c)
     return meta;
 }
 
-/* Make v[i] exist: grow *v (capacity *cap, doubling from `first`) and fill the new elements
- * with the byte `fill`. 0, or -ENOMEM with *v unchanged. */
-static int u32_room(uint32_t **v, uint32_t *cap, uint32_t i, uint32_t first, int fill)
-{
-    if (i < *cap)
-        return 0;
-    uint32_t nc = *cap ? *cap : first;
-    while (nc <= i)
-        nc = nc > UINT32_MAX / 2 ? i + 1 : nc * 2;
-    uint32_t *np = realloc(*v, (size_t)nc * sizeof(*np));
-    if (!np)
-        return -ENOMEM;
-    memset(np + *cap, fill, (size_t)(nc - *cap) * sizeof(*np));
-    *v = np;
-    *cap = nc;
-    return 0;
-}
-
 /* ---- the journal (mu held) ------------------------------------------------------------- */
 
 /* Close the open page, if it has records: it gets the next log sequence. */
@@ -191,16 +171,11 @@ static void hold_for_base_locked(rb_core *c, uint32_t slot)
     (void)rb_slot_list_push(&m->held_base, &m->n_held_base, &m->cap_held_base, slot);
 }
 
-/* cls_disk[k]: class k's id in this generation (stable once given), and ML_CLS_LOGGED while
- * the base or a live group defines it (a CLASS record since the base began, or its table). */
-#define ML_CLS_LOGGED 0x80000000u
-#define ML_CLS_ID(v) ((v) & ~ML_CLS_LOGGED)
-
 /* Class k's id in this generation, given now if it has none. UINT32_MAX when out of memory. */
 static uint32_t class_id_locked(rb_core *c, uint32_t k)
 {
     rb_mlw *m = &c->ml;
-    if (u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
+    if (ml_u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
         return UINT32_MAX;
     if (m->cls_disk[k] == UINT32_MAX) {
         if (m->next_disk_cls >= ML_CLS_LOGGED)
@@ -374,35 +349,36 @@ static int place_page_locked(rb_core *c, rb_mlpage *p, rb_err *err)
     return 0;
 }
 
-/* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed. */
-static int write_groups(rb_core *c, rb_err *err)
+/* The closed pages, copied into *pages (they stay put until this writer drops them); *k their
+ * number, *dirty_snap the dirty_total they cover. With none, the changes cancelled out and are
+ * counted persisted. 0, or -ENOMEM. Takes and drops mu. */
+static int take_closed_pages(rb_core *c, rb_mlpage ***pages, size_t *k, uint64_t *dirty_snap)
 {
     rb_mlw *m = &c->ml;
     pthread_mutex_lock(&c->mu);
     close_page_locked(c);
-    size_t k = m->n_pg;
-    if (k && m->pg[k - 1]->seq == 0)
-        k--;
-    uint64_t dirty_snap = c->dirty_total;
-    if (k == 0) {
-        if (dirty_snap > c->persisted)
-            c->persisted = dirty_snap; /* nothing journaled: the changes cancelled out */
-        pthread_mutex_unlock(&c->mu);
-        return 0;
-    }
-    rb_mlpage **pages = malloc(k * sizeof(*pages));
-    if (!pages) {
-        pthread_mutex_unlock(&c->mu);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    memcpy(pages, m->pg, k * sizeof(*pages)); /* closed pages stay put until this writer drops them */
+    size_t n = m->n_pg;
+    if (n && m->pg[n - 1]->seq == 0)
+        n--;
+    *k = n;
+    *dirty_snap = c->dirty_total;
+    *pages = NULL;
+    if (n == 0 && *dirty_snap > c->persisted)
+        c->persisted = *dirty_snap; /* nothing journaled: the changes cancelled out */
+    if (n)
+        *pages = malloc(n * sizeof(**pages));
+    if (n && *pages)
+        memcpy(*pages, m->pg, n * sizeof(**pages));
     pthread_mutex_unlock(&c->mu);
+    return n && !*pages ? -ENOMEM : 0;
+}
 
-    uint32_t delay = atomic_load(&c->ckpt_delay_ms);
-    if (delay)
-        usleep(delay * 1000u);
-    /* This process's first group: its epoch is claimed first, in a superblock (the current one
-     * with the next sequence, in the other place), made durable by the flush below. */
+/* Before the groups: this process's first group claims its epoch in a superblock (the current
+ * one with the next sequence, in the other place), made durable by the flush that makes every
+ * payload the groups name durable. 0 or <0. */
+static int groups_prologue(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
     int rc = 0;
     rb_mlog_sb claim;
     int claiming = !m->epoch_claimed;
@@ -424,39 +400,54 @@ static int write_groups(rb_core *c, rb_err *err)
         m->epoch_claimed = 1;
         pthread_mutex_unlock(&c->mu);
     }
-    uint64_t bytes = 0, records = 0;
-    for (size_t i = 0; rc == 0 && i < k; i++) {
+    return rc;
+}
+
+/* Seal, place and write pages[0..k) at the ring's head; *bytes and *records what they hold.
+ * 0 or <0 (the first failure). */
+static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, uint64_t *bytes, uint64_t *records, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    for (size_t i = 0; i < k; i++) {
         rb_mlpage *p = pages[i];
-        rc = seal_page(c, p, err);
+        int rc = seal_page(c, p, err);
         if (rc < 0)
-            break;
+            return rc;
         pthread_mutex_lock(&c->mu);
         rc = place_page_locked(c, p, err);
         pthread_mutex_unlock(&c->mu);
         if (rc < 0)
-            break;
+            return rc;
         uint64_t off = m->lay.ring.off + p->pos;
         rc = rb_core_meta_write(c, off, p->img, p->img_len, err);
-        if (rc < 0)
+        if (rc < 0) {
             rb_core_explain_device_error(c, "metadata log write", off, err);
-        bytes += p->img_len;
-        records += p->g.n_records;
-    }
-    if (rc == 0)
-        rc = rb_core_flush(c, err);
-    free(pages);
-    if (rc < 0) {
-        if (err->errnum != ENOSPC || err->kind != RB_ERR_RUNTIME) {
-            /* A failed write or flush: entries the trust layer dropped were journaled after
-             * their PUT records, in a later page, and the two groups are not atomic together.
-             * A whole base, written next, says at once what is durable. */
-            pthread_mutex_lock(&c->mu);
-            m->need_base++;
-            pthread_mutex_unlock(&c->mu);
+            return rc;
         }
-        rb_core_set_ckpt_error(c, err);
-        return rc;
+        *bytes += p->img_len;
+        *records += p->g.n_records;
     }
+    return 0;
+}
+
+/* The groups could not be written (err says why). A failed write or flush: entries the trust
+ * layer dropped were journaled after their PUT records, in a later page, and the two groups
+ * are not atomic together, so a whole base, written next, says at once what is durable. A
+ * full ring only waits for a compaction. */
+static void groups_failed(rb_core *c, const rb_err *err)
+{
+    if (err->errnum != ENOSPC || err->kind != RB_ERR_RUNTIME) {
+        pthread_mutex_lock(&c->mu);
+        c->ml.need_base++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    rb_core_set_ckpt_error(c, err);
+}
+
+/* The first k pages are durable: dropped (their FREE slots released), the counters moved. */
+static void groups_done(rb_core *c, size_t k, uint64_t dirty_snap, uint64_t bytes, uint64_t records)
+{
+    rb_mlw *m = &c->ml;
     pthread_mutex_lock(&c->mu);
     drop_pages_locked(c, k);
     if (dirty_snap > c->persisted)
@@ -468,6 +459,33 @@ static int write_groups(rb_core *c, rb_err *err)
     m->last_group_bytes = bytes;
     m->last_group_records = records;
     pthread_mutex_unlock(&c->mu);
+}
+
+/* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed. */
+static int write_groups(rb_core *c, rb_err *err)
+{
+    rb_mlpage **pages;
+    size_t k;
+    uint64_t dirty_snap;
+    if (take_closed_pages(c, &pages, &k, &dirty_snap) < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    if (k == 0)
+        return 0;
+    uint32_t delay = atomic_load(&c->ckpt_delay_ms);
+    if (delay)
+        usleep(delay * 1000u);
+    uint64_t bytes = 0, records = 0;
+    int rc = groups_prologue(c, err);
+    if (rc == 0)
+        rc = write_pages(c, pages, k, &bytes, &records, err);
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
+    free(pages);
+    if (rc < 0) {
+        groups_failed(c, err);
+        return rc;
+    }
+    groups_done(c, k, dirty_snap, bytes, records);
     return 1;
 }
 
@@ -564,28 +582,33 @@ static int base_drain(rb_core *c, rb_mlog_benc *be, const rb_mlog_area *area, ui
     return 0;
 }
 
-/*
- * Build a base of the index into base area `area` (no lock held on entry; cmp_mu held).
- * Begins under mu: the open page is closed (Q = its sequence), every class gets an id in the
- * generation, the positions are frozen (hold_compact). Then slices.
- */
-static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
-{
-    rb_mlw *m = &c->ml;
-    const uint64_t ba = c->cfg.block_align;
-    uint64_t t0 = rb_now_ns();
-    memset(out, 0, sizeof(*out));
-    out->area = area;
-    rb_mlog_class *tab = NULL;
-    char *frags = NULL;
-    ml_pair *pairs = NULL;
-    ml_copy *cp = NULL;
-    rb_buf arena = {0};
-    uint8_t *bounce = NULL;
+/* One base being built (build_base). */
+typedef struct base_build {
+    rb_core *c;
+    ml_base *out;
+    uint8_t *used;   /* per core class that existed when it began: an entry uses it */
+    uint32_t n_ents; /* index positions when it began */
+    ml_pair *pairs;  /* live entries: slot and index position */
+    size_t n_pairs, cap_pairs;
+    rb_mlog_class *tab; /* the class table, ids ascending */
+    char *frags;        /* its fragments */
+    uint32_t n_tab;
     rb_mlog_benc be;
-    memset(&be, 0, sizeof be);
-    int have_be = 0, rc = 0;
+    int have_be;
+    ml_copy *cp;      /* one slice of entries copied out of the index */
+    rb_buf arena;     /* their keys and positions */
+    uint8_t *bounce;  /* block-aligned write buffer */
+    uint64_t written; /* bytes written into the area */
+} base_build;
 
+/* Begin under mu: the open page closed (Q = its sequence), the generation's classes to be
+ * defined again by the base, the positions frozen (hold_compact). 0, or -ENOMEM before any of
+ * that. */
+static int base_begin(base_build *bb)
+{
+    rb_core *c = bb->c;
+    rb_mlw *m = &c->ml;
+    ml_base *out = bb->out;
     pthread_mutex_lock(&c->mu);
     close_page_locked(c);
     out->q = m->last_seq;
@@ -596,161 +619,224 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     for (uint32_t k = 0; k < m->cap_cls_disk; k++)
         if (m->cls_disk[k] != UINT32_MAX)
             m->cls_disk[k] &= ~ML_CLS_LOGGED;
-    uint8_t *used = calloc(out->n_cls_core ? out->n_cls_core : 1, 1);
-    if (!used) {
+    bb->used = calloc(out->n_cls_core ? out->n_cls_core : 1, 1);
+    if (!bb->used) {
         pthread_mutex_unlock(&c->mu);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        return -ENOMEM;
     }
-    uint32_t n_ents = c->index.n_ents;
-    size_t cap_pairs = c->index.n_live;
+    bb->n_ents = c->index.n_ents;
+    bb->cap_pairs = c->index.n_live;
     c->index.hold_compact++;
     m->cmp_active = 1;
     m->cmp_placed = 0;
     m->cmp_q = out->q;
     pthread_mutex_unlock(&c->mu);
+    return 0;
+}
 
-    /* 1: which positions hold live entries, slice by slice */
-    pairs = malloc((cap_pairs ? cap_pairs : 1) * sizeof(*pairs));
-    if (!pairs) {
-        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        goto out;
+/* The live entries of index positions [p0, p1) that the base covers onto bb->pairs. mu held.
+ * 0 or -ENOMEM. */
+static int collect_slice_locked(base_build *bb, uint32_t p0, uint32_t p1)
+{
+    const rb_core *c = bb->c;
+    for (uint32_t p = p0; p < p1; p++) {
+        const rb_ent *e = &c->index.ents[p];
+        if ((e->flags & RB_ENT_DEAD) || e->slot >= bb->out->next_slot || e->cls >= bb->out->n_cls_core)
+            continue; /* put after Q began: in a later group */
+        if (bb->n_pairs == bb->cap_pairs) {
+            size_t nc = bb->cap_pairs * 2 + 1024;
+            ml_pair *np = realloc(bb->pairs, nc * sizeof(*np));
+            if (!np)
+                return -ENOMEM;
+            bb->pairs = np;
+            bb->cap_pairs = nc;
+        }
+        bb->pairs[bb->n_pairs].slot = e->slot;
+        bb->pairs[bb->n_pairs].pos = p;
+        bb->n_pairs++;
+        bb->used[e->cls] = 1;
     }
-    size_t n_pairs = 0;
-    for (uint32_t p0 = 0; p0 < n_ents && rc == 0; p0 += 65536) {
+    return 0;
+}
+
+/* Step 1: which positions hold live entries, slice by slice (mu per slice). 0 or <0. */
+static int base_collect(base_build *bb, rb_err *err)
+{
+    rb_core *c = bb->c;
+    bb->pairs = malloc((bb->cap_pairs ? bb->cap_pairs : 1) * sizeof(*bb->pairs));
+    if (!bb->pairs)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    for (uint32_t p0 = 0; p0 < bb->n_ents; p0 += 65536) {
         pthread_mutex_lock(&c->mu);
-        uint32_t p1 = p0 + 65536 < n_ents ? p0 + 65536 : n_ents;
+        uint32_t p1 = p0 + 65536 < bb->n_ents ? p0 + 65536 : bb->n_ents;
         if (p1 > c->index.n_ents)
             p1 = c->index.n_ents; /* cleared meanwhile (a state applied at run time) */
-        for (uint32_t p = p0; p < p1; p++) {
-            const rb_ent *e = &c->index.ents[p];
-            if ((e->flags & RB_ENT_DEAD) || e->slot >= out->next_slot || e->cls >= out->n_cls_core)
-                continue; /* put after Q began: in a later group */
-            if (n_pairs == cap_pairs) {
-                size_t nc = cap_pairs * 2 + 1024;
-                ml_pair *np = realloc(pairs, nc * sizeof(*np));
-                if (!np) {
-                    rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-                    break;
-                }
-                pairs = np;
-                cap_pairs = nc;
-            }
-            pairs[n_pairs].slot = e->slot;
-            pairs[n_pairs].pos = p;
-            n_pairs++;
-            used[e->cls] = 1;
-        }
+        int rc = collect_slice_locked(bb, p0, p1);
         pthread_mutex_unlock(&c->mu);
+        if (rc < 0)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     }
-    if (rc < 0)
-        goto out;
-    /* the class table: the classes the entries use, with their ids (given now if need be) */
-    pthread_mutex_lock(&c->mu);
-    size_t frag_bytes = 0;
-    uint32_t n_tab = 0;
-    for (uint32_t k = 0; k < out->n_cls_core; k++) {
-        if (!used[k])
+    return 0;
+}
+
+/* An id in the generation for every class the entries use, now defined by the base (and by
+ * the live log before it: every class an entry uses was logged when the entry was); counted
+ * into bb->n_tab and *frag_bytes. mu held. 0 or -ENOMEM. */
+static int class_ids_locked(base_build *bb, size_t *frag_bytes)
+{
+    rb_core *c = bb->c;
+    rb_mlw *m = &c->ml;
+    for (uint32_t k = 0; k < bb->out->n_cls_core; k++) {
+        if (!bb->used[k])
             continue;
-        if (class_id_locked(c, k) == UINT32_MAX) {
-            rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-            break;
-        }
-        frag_bytes += c->cls[k]->json_len;
-        n_tab++;
-        /* defined by the base from now on, and by the live log before it (every class an entry
-         * uses was logged when the entry was) */
+        if (class_id_locked(c, k) == UINT32_MAX)
+            return -ENOMEM;
+        *frag_bytes += c->cls[k]->json_len;
+        bb->n_tab++;
         m->cls_disk[k] |= ML_CLS_LOGGED;
     }
-    tab = rc == 0 ? calloc(n_tab ? n_tab : 1, sizeof(*tab)) : NULL;
-    frags = rc == 0 ? malloc(frag_bytes ? frag_bytes : 1) : NULL;
-    if (rc == 0 && (!tab || !frags))
-        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    return 0;
+}
+
+/* bb->tab and bb->frags filled with the classes the entries use. mu held. */
+static void class_table_fill_locked(base_build *bb)
+{
+    const rb_core *c = bb->c;
     size_t at = 0;
     uint32_t t_i = 0;
-    for (uint32_t k = 0; rc == 0 && k < out->n_cls_core; k++) {
-        if (!used[k])
+    for (uint32_t k = 0; k < bb->out->n_cls_core; k++) {
+        if (!bb->used[k])
             continue;
-        memcpy(frags + at, c->cls[k]->json, c->cls[k]->json_len);
-        tab[t_i].id = ML_CLS_ID(m->cls_disk[k]);
-        tab[t_i].frag = frags + at;
-        tab[t_i].frag_len = (uint32_t)c->cls[k]->json_len;
+        memcpy(bb->frags + at, c->cls[k]->json, c->cls[k]->json_len);
+        bb->tab[t_i].id = ML_CLS_ID(c->ml.cls_disk[k]);
+        bb->tab[t_i].frag = bb->frags + at;
+        bb->tab[t_i].frag_len = (uint32_t)c->cls[k]->json_len;
         at += c->cls[k]->json_len;
         t_i++;
     }
+}
+
+/* The class table: the classes the entries use, with their ids (given now if need be),
+ * ascending by id. 0 or <0. */
+static int base_class_table(base_build *bb, rb_err *err)
+{
+    rb_core *c = bb->c;
+    size_t frag_bytes = 0;
+    pthread_mutex_lock(&c->mu);
+    int rc = class_ids_locked(bb, &frag_bytes);
+    if (rc == 0) {
+        bb->tab = calloc(bb->n_tab ? bb->n_tab : 1, sizeof(*bb->tab));
+        bb->frags = malloc(frag_bytes ? frag_bytes : 1);
+        if (!bb->tab || !bb->frags)
+            rc = -ENOMEM;
+    }
+    if (rc == 0)
+        class_table_fill_locked(bb);
     pthread_mutex_unlock(&c->mu);
     if (rc < 0)
-        goto out;
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     /* ids are handed out in order, but sort anyway (the encoder wants them ascending) */
-    for (uint32_t i = 1; i < n_tab; i++)
+    rb_mlog_class *tab = bb->tab;
+    for (uint32_t i = 1; i < bb->n_tab; i++)
         for (uint32_t j = i; j > 0 && tab[j - 1].id > tab[j].id; j--) {
             rb_mlog_class t = tab[j];
             tab[j] = tab[j - 1];
             tab[j - 1] = t;
         }
-    /* 2: slot order */
-    if (sort_pairs(pairs, n_pairs) < 0) {
-        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        goto out;
+    return 0;
+}
+
+/* Copy entry e into k, its key and positions into the arena (positions 8-byte aligned: they
+ * are read as int64_t). mu held. */
+static void copy_entry_locked(base_build *bb, const rb_ent *e, ml_copy *k)
+{
+    static const char pad[8];
+    rb_buf *arena = &bb->arena;
+    ent_to_mlog(e, ML_CLS_ID(bb->c->ml.cls_disk[e->cls]), &k->e);
+    k->key_at = arena->len;
+    rb_buf_put(arena, k->e.key, k->e.key_len);
+    if (k->e.npos > 0) {
+        rb_buf_put(arena, pad, (8 - arena->len % 8) % 8);
+        k->pos_at = arena->len;
+        rb_buf_put(arena, (const char *)k->e.pos, (size_t)k->e.npos * 8);
+    } else {
+        k->pos_at = arena->len;
     }
-    /* 3: encode, a slice of entries copied out under mu at a time, and write */
-    rc = rb_mlog_benc_init(&be, m->generation, out->q, out->next_slot, tab, n_tab, NULL, err);
+}
+
+/* Copy pairs [i0, i1) still live into bb->cp (mu taken for the slice). Returns how many. */
+static size_t copy_slice(base_build *bb, size_t i0, size_t i1)
+{
+    rb_core *c = bb->c;
+    size_t nc = 0;
+    bb->arena.len = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = i0; i < i1; i++) {
+        uint32_t p = bb->pairs[i].pos;
+        if (p >= c->index.n_ents)
+            continue;
+        const rb_ent *e = &c->index.ents[p];
+        if ((e->flags & RB_ENT_DEAD) || e->slot != bb->pairs[i].slot)
+            continue; /* deleted since step 1: its FREE is in a group after Q */
+        copy_entry_locked(bb, e, &bb->cp[nc++]);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return nc;
+}
+
+/* Hand the nc copied entries to the encoder. 0 or <0. */
+static int encode_slice(base_build *bb, size_t nc, rb_err *err)
+{
+    for (size_t j = 0; j < nc; j++) {
+        ml_copy *k = &bb->cp[j];
+        k->e.key = bb->arena.data + k->key_at;
+        k->e.pos = k->e.npos > 0 ? (const int64_t *)(bb->arena.data + k->pos_at) : NULL;
+        int rc = rb_mlog_benc_add(&bb->be, &k->e, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Step 3: encode, a slice of entries copied out under mu at a time, and write into area. */
+static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
+{
+    rb_core *c = bb->c;
+    const uint64_t ba = c->cfg.block_align;
+    ml_base *out = bb->out;
+    int rc = rb_mlog_benc_init(&bb->be, c->ml.generation, out->q, out->next_slot, bb->tab, bb->n_tab, NULL, err);
     if (rc < 0)
-        goto out;
-    have_be = 1;
-    cp = malloc(ML_SLICE * sizeof(*cp));
-    if (!cp) {
-        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-        goto out;
-    }
-    uint64_t written = 0;
-    for (size_t i0 = 0; i0 < n_pairs && rc == 0; i0 += ML_SLICE) {
-        size_t i1 = i0 + ML_SLICE < n_pairs ? i0 + ML_SLICE : n_pairs, nc = 0;
-        arena.len = 0;
-        pthread_mutex_lock(&c->mu);
-        for (size_t i = i0; i < i1; i++) {
-            uint32_t p = pairs[i].pos;
-            if (p >= c->index.n_ents)
-                continue;
-            const rb_ent *e = &c->index.ents[p];
-            if ((e->flags & RB_ENT_DEAD) || e->slot != pairs[i].slot)
-                continue; /* deleted since step 1: its FREE is in a group after Q */
-            ml_copy *k = &cp[nc++];
-            ent_to_mlog(e, ML_CLS_ID(m->cls_disk[e->cls]), &k->e);
-            k->key_at = arena.len;
-            rb_buf_put(&arena, k->e.key, k->e.key_len);
-            if (k->e.npos > 0) {
-                static const char pad[8];
-                rb_buf_put(&arena, pad, (8 - arena.len % 8) % 8); /* positions are read as int64_t */
-                k->pos_at = arena.len;
-                rb_buf_put(&arena, (const char *)k->e.pos, (size_t)k->e.npos * 8);
-            } else {
-                k->pos_at = arena.len;
-            }
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (arena.oom) {
-            rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-            break;
-        }
-        for (size_t j = 0; j < nc && rc == 0; j++) {
-            ml_copy *k = &cp[j];
-            k->e.key = arena.data + k->key_at;
-            k->e.pos = k->e.npos > 0 ? (const int64_t *)(arena.data + k->pos_at) : NULL;
-            rc = rb_mlog_benc_add(&be, &k->e, err);
-        }
+        return rc;
+    bb->have_be = 1;
+    bb->cp = malloc(ML_SLICE * sizeof(*bb->cp));
+    if (!bb->cp)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    for (size_t i0 = 0; i0 < bb->n_pairs && rc == 0; i0 += ML_SLICE) {
+        size_t nc = copy_slice(bb, i0, i0 + ML_SLICE < bb->n_pairs ? i0 + ML_SLICE : bb->n_pairs);
+        if (bb->arena.oom)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        rc = encode_slice(bb, nc, err);
         if (rc == 0)
-            rc = base_drain(c, &be, &m->lay.areas[area], &written, &bounce, 0, err);
+            rc = base_drain(c, &bb->be, area, &bb->written, &bb->bounce, 0, err);
     }
     if (rc == 0)
-        rc = rb_mlog_benc_finish(&be, ba, err);
+        rc = rb_mlog_benc_finish(&bb->be, ba, err);
     if (rc == 0)
-        rc = base_drain(c, &be, &m->lay.areas[area], &written, &bounce, 1, err);
+        rc = base_drain(c, &bb->be, area, &bb->written, &bb->bounce, 1, err);
     if (rc == 0) {
-        out->len = rb_round_up(written, ba);
-        out->n_entries = be.n_entries;
-        out->n_chunks = be.n_chunks;
+        out->len = rb_round_up(bb->written, ba);
+        out->n_entries = bb->be.n_entries;
+        out->n_chunks = bb->be.n_chunks;
     }
-out:
+    return rc;
+}
+
+/* The build is over (rc its result): positions unfrozen, a failed build no longer active,
+ * its time recorded, everything it held freed. */
+static void base_end(base_build *bb, int rc, uint64_t t0)
+{
+    rb_core *c = bb->c;
+    rb_mlw *m = &c->ml;
     pthread_mutex_lock(&c->mu);
     c->index.hold_compact--;
     rb_idx_maybe_compact(&c->index);
@@ -761,15 +847,40 @@ out:
     }
     m->last_base_ns = rb_now_ns() - t0;
     pthread_mutex_unlock(&c->mu);
-    if (have_be)
-        rb_mlog_benc_free(&be);
-    free(tab);
-    free(frags);
-    free(used);
-    free(pairs);
-    free(cp);
-    free(bounce);
-    rb_buf_free(&arena);
+    if (bb->have_be)
+        rb_mlog_benc_free(&bb->be);
+    free(bb->tab);
+    free(bb->frags);
+    free(bb->used);
+    free(bb->pairs);
+    free(bb->cp);
+    free(bb->bounce);
+    rb_buf_free(&bb->arena);
+}
+
+/*
+ * Build a base of the index into base area `area` (no lock held on entry; cmp_mu held): begin
+ * under mu, then 1: the live positions, the class table, 2: slot order, 3: encode and write.
+ */
+static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
+{
+    uint64_t t0 = rb_now_ns();
+    memset(out, 0, sizeof(*out));
+    out->area = area;
+    base_build bb;
+    memset(&bb, 0, sizeof bb);
+    bb.c = c;
+    bb.out = out;
+    if (base_begin(&bb) < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    int rc = base_collect(&bb, err);
+    if (rc == 0)
+        rc = base_class_table(&bb, err);
+    if (rc == 0 && sort_pairs(bb.pairs, bb.n_pairs) < 0)
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = base_encode(&bb, &c->ml.lay.areas[area], err);
+    base_end(&bb, rc, t0);
     return rc;
 }
 
@@ -820,47 +931,36 @@ static int write_sb(rb_core *c, const rb_mlog_sb *sb, int which, rb_err *err)
     return rc;
 }
 
-/*
- * Make base b current (ckpt_mu held). fresh: the device gets its first superblocks of this
- * generation (both copies, so a damaged one falls back to the same state); else the other
- * superblock than the current one.
- */
-static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
+/* A fresh base replaced the v1 containers (or an older generation): what they listed is no
+ * longer a hazard, and the slots held for them return to use. mu held. */
+static void forget_v1_refs_locked(rb_core *c)
+{
+    c->ref_unknown = 0;
+    free(c->ref);
+    c->ref = NULL;
+    c->ref_cap = 0;
+    for (size_t i = 0; i < c->n_held; i++)
+        rb_core_free_slot_locked(c, c->held[i]);
+    c->n_held = 0;
+    c->good_container = -1;
+}
+
+/* Superblock sb (written into place which, sequence seq) made base b current: the log starts
+ * at lstart, the pages up to Q are covered by the base (unwritten ones are never written, and
+ * the slots their FREE records name are free in the base), as are the slots held for it; t0
+ * when the switch began. mu held. */
+static void switch_done_locked(rb_core *c, const ml_base *b, const rb_mlog_sb *sb, int which, uint64_t lstart,
+                               int fresh, uint64_t t0)
 {
     rb_mlw *m = &c->ml;
-    uint64_t t0 = rb_now_ns();
-    int rc = rb_core_flush(c, err); /* the base, and every payload it names */
-    if (rc < 0)
-        goto failed;
-    pthread_mutex_lock(&c->mu);
-    uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
-    uint64_t lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
-    uint64_t seq = m->sb_seq_seen + (fresh ? 2 : 1); /* above every superblock seen */
-    int which = fresh ? 0 : m->sb_which ^ 1;
-    rb_mlog_sb sb;
-    sb_fill_locked(c, b, seq, start, &sb);
-    pthread_mutex_unlock(&c->mu);
-    rc = write_sb(c, &sb, which, err);
-    if (rc == 0 && fresh) {
-        rb_mlog_sb mirror = sb;
-        mirror.sb_seq = seq - 1;
-        rc = write_sb(c, &mirror, 1, err);
-    }
-    if (rc == 0)
-        rc = rb_core_flush(c, err);
-    if (rc < 0)
-        goto failed;
-    pthread_mutex_lock(&c->mu);
-    m->sb = sb;
+    m->sb = *sb;
     m->sb_which = which;
-    m->sb_seq_seen = seq;
+    m->sb_seq_seen = sb->sb_seq;
     m->lstart = lstart;
     m->state = RB_ML_LIVE;
     m->epoch_claimed = 1; /* the superblock just written names it */
     m->cmp_active = 0;
     m->cmp_urgent = 0;
-    /* Pages up to Q are covered by the base: unwritten ones are never written, and the slots
-     * their FREE records name are free in the base. */
     size_t n = 0;
     while (n < m->n_pg && m->pg[n]->seq != 0 && m->pg[n]->seq <= b->q)
         n++;
@@ -872,24 +972,46 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     m->last_base_bytes = b->len;
     m->last_base_entries = b->n_entries;
     m->last_switch_ns = rb_now_ns() - t0;
-    if (fresh) {
-        /* The v1 containers (or an older generation) are gone: what they listed is no longer a
-         * hazard, and the slots held for them return to use. */
-        c->ref_unknown = 0;
-        free(c->ref);
-        c->ref = NULL;
-        c->ref_cap = 0;
-        for (size_t i = 0; i < c->n_held; i++)
-            rb_core_free_slot_locked(c, c->held[i]);
-        c->n_held = 0;
-        c->good_container = -1;
-    }
+    if (fresh)
+        forget_v1_refs_locked(c);
     c->ref_unknown &= (uint8_t)~0x4u;
-    pthread_mutex_unlock(&c->mu);
-    return 0;
-failed:
+}
+
+/*
+ * Make base b current (ckpt_mu held). fresh: the device gets its first superblocks of this
+ * generation (both copies, so a damaged one falls back to the same state); else the other
+ * superblock than the current one.
+ */
+static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    uint64_t t0 = rb_now_ns();
+    int rc = rb_core_flush(c, err); /* the base, and every payload it names */
+    rb_mlog_sb sb;
+    uint64_t lstart = 0;
+    int which = 0;
+    if (rc == 0) {
+        pthread_mutex_lock(&c->mu);
+        uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
+        lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
+        uint64_t seq = m->sb_seq_seen + (fresh ? 2 : 1); /* above every superblock seen */
+        which = fresh ? 0 : m->sb_which ^ 1;
+        sb_fill_locked(c, b, seq, start, &sb);
+        pthread_mutex_unlock(&c->mu);
+        rc = write_sb(c, &sb, which, err);
+    }
+    if (rc == 0 && fresh) {
+        rb_mlog_sb mirror = sb;
+        mirror.sb_seq = sb.sb_seq - 1;
+        rc = write_sb(c, &mirror, 1, err);
+    }
+    if (rc == 0)
+        rc = rb_core_flush(c, err);
     pthread_mutex_lock(&c->mu);
-    m->cmp_active = 0;
+    if (rc == 0)
+        switch_done_locked(c, b, &sb, which, lstart, fresh, t0);
+    else
+        m->cmp_active = 0;
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -918,6 +1040,39 @@ static int invalidate_v1_header0(rb_core *c, rb_err *err)
     return zero_meta_blocks(c, &at0, 1, c->cfg.block_align, err);
 }
 
+/* A new generation: nothing of an older one on the device is read as its own. Its writer
+ * epochs start again at 1; a fresh one starts the ring at 0. */
+static void new_generation(rb_core *c, int fresh)
+{
+    rb_mlw *m = &c->ml;
+    uint64_t g = 0;
+    while (g == 0 || g == m->generation)
+        if (getrandom(&g, sizeof g, 0) != (ssize_t)sizeof g)
+            g = rb_now_ns() ^ ((uint64_t)getpid() << 32);
+    m->generation = g;
+    m->epoch = 1;
+    m->newgen = 0;
+    if (fresh)
+        m->head = m->lhead = m->lstart = 0;
+}
+
+/* The move of a format v1 device: its newest checkpoint made sure to be in container 1 (good:
+ * the container that holds it now), then container 0's header cleared. 0 or <0. */
+static int leave_v1(rb_core *c, int good, rb_err *err)
+{
+    if (good != 1) {
+        rb_err e;
+        int rc = rb_core_ckpt_v1_locked(c, 1, 0, 1, &e);
+        if (rc < 0 && e.errnum != EFBIG) {
+            *err = e;
+            return rc;
+        }
+        /* too large for v1: no v1 copy survives the move (a crash before the superblock lands
+         * loses the index, never misreads it) */
+    }
+    return invalidate_v1_header0(c, err);
+}
+
 /*
  * A whole base now (ckpt_mu and cmp_mu held): the first one of a blank device, the move of a
  * format v1 device (its newest checkpoint first made sure to be in container 1, container 0's
@@ -933,36 +1088,11 @@ static int rebase_locked(rb_core *c, rb_err *err)
     int good = c->good_container;
     pthread_mutex_unlock(&c->mu);
     int fresh = state != RB_ML_LIVE;
-    int rc = 0;
-    if (fresh || m->newgen) {
-        /* A new generation: nothing of an older one on the device is read as its own. Its
-         * writer epochs start again at 1. */
-        uint64_t g = 0;
-        while (g == 0 || g == m->generation)
-            if (getrandom(&g, sizeof g, 0) != (ssize_t)sizeof g)
-                g = rb_now_ns() ^ ((uint64_t)getpid() << 32);
-        m->generation = g;
-        m->epoch = 1;
-        m->newgen = 0;
-        if (fresh)
-            m->head = m->lhead = m->lstart = 0;
-    }
-    if (state == RB_ML_MIGRATE) {
-        if (good != 1) {
-            rb_err e;
-            rc = rb_core_ckpt_v1_locked(c, 1, 0, 1, &e);
-            if (rc < 0 && e.errnum != EFBIG) {
-                *err = e;
-                return rc;
-            }
-            /* too large for v1: no v1 copy survives the move (a crash before the superblock
-             * lands loses the index, never misreads it) */
-            rc = 0;
-        }
-        rc = invalidate_v1_header0(c, err);
-        if (rc < 0)
-            return rc;
-    }
+    if (fresh || m->newgen)
+        new_generation(c, fresh);
+    int rc = state == RB_ML_MIGRATE ? leave_v1(c, good, err) : 0;
+    if (rc < 0)
+        return rc;
     ml_base b;
     int area = fresh ? 0 : (int)(m->sb.base.area ^ 1u);
     rc = build_base(c, area, &b, err);
@@ -970,10 +1100,8 @@ static int rebase_locked(rb_core *c, rb_err *err)
         rc = switch_base(c, &b, fresh, err);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
-        if (m->need_base == need)
-            m->need_base = 0; /* else a change was lost while the base was built */
-        else
-            m->need_base = 1;
+        /* a change lost while the base was built needs another */
+        m->need_base = m->need_base == need ? 0 : 1;
         pthread_mutex_unlock(&c->mu);
     }
     return rc;
@@ -982,6 +1110,56 @@ static int rebase_locked(rb_core *c, rb_err *err)
 static int ring_full_err(const rb_err *e)
 {
     return e->kind == RB_ERR_RUNTIME && e->errnum == ENOSPC;
+}
+
+/* A whole base when the state or a lost change needs one (checked again under the locks).
+ * 1 written, 0 none needed, <0 failed (recorded). */
+static int base_if_needed(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&m->cmp_mu);
+    pthread_mutex_lock(&c->ckpt_mu);
+    pthread_mutex_lock(&c->mu);
+    int base = m->state != RB_ML_LIVE || m->need_base;
+    pthread_mutex_unlock(&c->mu);
+    int rc = base ? rebase_locked(c, err) : 0;
+    pthread_mutex_unlock(&c->ckpt_mu);
+    pthread_mutex_unlock(&m->cmp_mu);
+    if (rc < 0) {
+        rb_core_set_ckpt_error(c, err);
+        return rc;
+    }
+    return base;
+}
+
+/* 1 when groups are to be written: the state is LIVE and a base was just written (base), this
+ * is a retry, a checkpoint is due, or a page holds something. mu held. */
+static int groups_wanted_locked(rb_core *c, int base, int round, size_t room_n)
+{
+    rb_mlw *m = &c->ml;
+    return m->state == RB_ML_LIVE && (base || round || rb_core_ckpt_due_locked(c, 1, room_n) ||
+                                      (m->n_pg && (m->pg[0]->seq != 0 || m->pg[0]->g.n_records)));
+}
+
+/* Write the groups (ckpt_mu per round); when the ring is full (a burst outran the periodic
+ * compaction, or there is no periodic thread), compact here and write them again once. As
+ * write_groups. */
+static int write_groups_rounds(rb_core *c, int base, size_t room_n, rb_err *err)
+{
+    int rc = 0;
+    for (int round = 0;; round++) {
+        pthread_mutex_lock(&c->ckpt_mu);
+        pthread_mutex_lock(&c->mu);
+        int go = groups_wanted_locked(c, base, round, room_n);
+        pthread_mutex_unlock(&c->mu);
+        rc = go ? write_groups(c, err) : 0;
+        pthread_mutex_unlock(&c->ckpt_mu);
+        if (rc >= 0 || round || !ring_full_err(err))
+            return rc;
+        rb_err ce;
+        if (rb_core_ml_compact(c, 0, &ce) < 0) /* not forced: one that ran meanwhile made room */
+            return rc;
+    }
 }
 
 int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
@@ -997,37 +1175,12 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
     if (c->dev == NULL || rb_dev_enter(c->dev) < 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
     rb_dev_leave(c->dev);
-    int rc = 0;
     if (base) {
-        pthread_mutex_lock(&m->cmp_mu);
-        pthread_mutex_lock(&c->ckpt_mu);
-        pthread_mutex_lock(&c->mu);
-        base = m->state != RB_ML_LIVE || m->need_base;
-        pthread_mutex_unlock(&c->mu);
-        rc = base ? rebase_locked(c, err) : 0;
-        pthread_mutex_unlock(&c->ckpt_mu);
-        pthread_mutex_unlock(&m->cmp_mu);
-        if (rc < 0) {
-            rb_core_set_ckpt_error(c, err);
-            return rc;
-        }
+        base = base_if_needed(c, err);
+        if (base < 0)
+            return base;
     }
-    for (int round = 0;; round++) {
-        pthread_mutex_lock(&c->ckpt_mu);
-        pthread_mutex_lock(&c->mu);
-        go = m->state == RB_ML_LIVE && (base || round || rb_core_ckpt_due_locked(c, 1, room_n) ||
-                                        (m->n_pg && (m->pg[0]->seq != 0 || m->pg[0]->g.n_records)));
-        pthread_mutex_unlock(&c->mu);
-        rc = go ? write_groups(c, err) : 0;
-        pthread_mutex_unlock(&c->ckpt_mu);
-        if (rc >= 0 || round || !ring_full_err(err))
-            break;
-        /* The ring is full (a burst outran the periodic compaction, or there is no periodic
-         * thread): compact here, then write the groups. */
-        rb_err ce;
-        if (rb_core_ml_compact(c, 0, &ce) < 0) /* not forced: one that ran meanwhile made room */
-            break;
-    }
+    int rc = write_groups_rounds(c, base, room_n, err);
     if (rc == 0 && base)
         rc = 1;
     if (rc > 0 && room_n) {
@@ -1100,401 +1253,4 @@ int rb_core_ml_wipe_superblocks(rb_core *c, rb_err *err)
         pthread_mutex_unlock(&c->mu);
     }
     return rc;
-}
-
-/* ---- recovery -------------------------------------------------------------------------- */
-
-typedef struct ml_rec {
-    rb_core *c;
-    uint32_t *slot_pos; /* per slot: index position + 1, 0 = free */
-    uint32_t cap_slots;
-    uint32_t *cls_map; /* disk class id -> core class id (UINT32_MAX unknown) */
-    uint32_t cap_map, max_disk;
-    uint32_t top; /* slot high-water mark seen */
-    uint64_t loaded, skipped, replaced;
-    int geometry_bad, oom;
-    rb_err why;
-} ml_rec;
-
-static int slot_room(ml_rec *r, uint32_t slot);
-
-static int rec_sb(void *ctx, const rb_mlog_sb *sb)
-{
-    ml_rec *r = ctx;
-    rb_core *c = r->c;
-    static const char *const names[] = {"block_align", "header_bytes", "slot_bytes", "meta_total_bytes"};
-    const uint64_t have[] = {sb->block_align, sb->header_bytes, sb->slot_bytes, sb->meta_total_bytes};
-    const uint64_t want[] = {c->cfg.block_align, c->cfg.header_bytes, c->cfg.slot_bytes, c->cfg.meta_total_bytes};
-    for (int i = 0; i < 4; i++) {
-        if (have[i] != want[i]) {
-            rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
-                       "Device metadata %s mismatch (the device says %llu, the configuration %llu); ignoring "
-                       "metadata",
-                       names[i], (unsigned long long)have[i], (unsigned long long)want[i]);
-            r->geometry_bad = 1;
-            return 1;
-        }
-    }
-    r->top = sb->base.next_slot < c->max_slots ? sb->base.next_slot : c->max_slots;
-    /* A bulk load: room for the base's entries and slots up front (best effort). */
-    uint64_t n = sb->base.n_entries < c->max_slots ? sb->base.n_entries : c->max_slots;
-    (void)rb_idx_reserve(&c->index, (uint32_t)n);
-    if (r->top)
-        (void)slot_room(r, r->top - 1);
-    return 0;
-}
-
-/* A class fragment "shape":...,"dtype":...,"fmt":... read back into the core's table. */
-static int rec_cls(void *ctx, const rb_mlog_class *k)
-{
-    ml_rec *r = ctx;
-    rb_core *c = r->c;
-    if (u32_room(&r->cls_map, &r->cap_map, k->id, 16, 0xff) < 0) {
-        r->oom = 1;
-        return -ENOMEM;
-    }
-    char *doc = malloc((size_t)k->frag_len + 3);
-    if (!doc) {
-        r->oom = 1;
-        return -ENOMEM;
-    }
-    doc[0] = '{';
-    memcpy(doc + 1, k->frag, k->frag_len);
-    doc[k->frag_len + 1] = '}';
-    doc[k->frag_len + 2] = 0;
-    struct json_object *o = rb_json_parse(doc, (size_t)k->frag_len + 2);
-    free(doc);
-    uint32_t id = UINT32_MAX;
-    if (o && json_object_get_type(o) == json_type_object) {
-        rb_meta_in mi = {0};
-        struct json_object *v;
-        int64_t *dims = NULL;
-        mi.ndim = -1;
-        mi.npos = -1;
-        if (json_object_object_get_ex(o, "shape", &v) && json_object_get_type(v) == json_type_array) {
-            size_t n = json_object_array_length(v);
-            dims = malloc((n ? n : 1) * sizeof(*dims));
-            if (dims) {
-                mi.ndim = (int64_t)n;
-                for (size_t i = 0; i < n; i++)
-                    if (rb_json_as_i64(json_object_array_get_idx(v, i), &dims[i]) < 0)
-                        mi.ndim = -2;
-            }
-            mi.dims = dims;
-        }
-        if (json_object_object_get_ex(o, "dtype", &v) && json_object_get_type(v) == json_type_string) {
-            mi.dtype = json_object_get_string(v);
-            mi.dtype_len = (size_t)json_object_get_string_len(v);
-        }
-        if (json_object_object_get_ex(o, "fmt", &v) && json_object_get_type(v) == json_type_string) {
-            mi.fmt = json_object_get_string(v);
-            mi.fmt_len = (size_t)json_object_get_string_len(v);
-        }
-        if (mi.ndim >= -1)
-            id = rb_core_intern_class(c, &mi); /* mu held by rb_core_ml_recover */
-        free(dims);
-    }
-    if (o)
-        json_object_put(o);
-    r->cls_map[k->id] = id; /* UINT32_MAX: its entries are skipped */
-    if (k->id + 1 > r->max_disk)
-        r->max_disk = k->id + 1;
-    return 0;
-}
-
-static int slot_room(ml_rec *r, uint32_t slot)
-{
-    if (u32_room(&r->slot_pos, &r->cap_slots, slot, 4096, 0) < 0) {
-        r->oom = 1;
-        return -ENOMEM;
-    }
-    return 0;
-}
-
-/* Whatever the index holds at slot (mu held) leaves it. */
-static void rec_vacate(ml_rec *r, uint32_t slot)
-{
-    rb_core *c = r->c;
-    if (slot >= r->cap_slots || r->slot_pos[slot] == 0)
-        return;
-    uint32_t p = r->slot_pos[slot] - 1;
-    rb_ent *e = &c->index.ents[p];
-    if (e->flags & RB_ENT_UNVERIFIED)
-        c->n_unverified--;
-    rb_idx_remove_at(&c->index, p);
-    r->slot_pos[slot] = 0;
-    r->replaced++;
-}
-
-/* An entry of the base or a PUT record: slot S holds this key now. mu held. */
-static int rec_apply_put_h(ml_rec *r, const rb_mlog_ent *e, uint32_t h);
-
-static int rec_apply_put(ml_rec *r, const rb_mlog_ent *e)
-{
-    return rec_apply_put_h(r, e, rb_idx_hash(e->key, e->key_len));
-}
-
-static int rec_apply_put_h(ml_rec *r, const rb_mlog_ent *e, uint32_t h)
-{
-    rb_core *c = r->c;
-    uint32_t cls = e->cls < r->cap_map ? r->cls_map[e->cls] : UINT32_MAX;
-    if (e->slot >= c->max_slots || e->size == 0 || e->size > c->slot_cap || cls == UINT32_MAX) {
-        rec_vacate(r, e->slot); /* the slot no longer holds what it held; nor this key */
-        r->skipped++;
-        return 0;
-    }
-    if (slot_room(r, e->slot) < 0)
-        return -ENOMEM;
-    rec_vacate(r, e->slot);
-    uint32_t old = rb_idx_find(&c->index, e->key, e->key_len, h);
-    if (old != UINT32_MAX) /* the key moved */
-        rec_vacate(r, c->index.ents[old].slot);
-    uint32_t p = rb_idx_insert(&c->index, e->key, e->key_len, h, e->pos, e->npos);
-    if (p == UINT32_MAX) {
-        r->oom = 1;
-        return -ENOMEM;
-    }
-    rb_ent *x = &c->index.ents[p];
-    x->slot = e->slot;
-    x->size = e->size;
-    x->cls = cls;
-    if (e->flags & RB_MLOG_ENT_SUM) {
-        x->checksum = e->checksum;
-        x->flags |= RB_ENT_HAS_SUM;
-    }
-    x->flags |= RB_ENT_UNVERIFIED; /* judged at its first load, or by validation */
-    c->n_unverified++;
-    r->slot_pos[e->slot] = p + 1;
-    if (e->slot + 1 > r->top)
-        r->top = e->slot + 1;
-    return 0;
-}
-
-static int rec_ent(void *ctx, const rb_mlog_ent *e)
-{
-    return rec_apply_put(ctx, e);
-}
-
-/* A chunk's entries: hashed and their table lines prefetched a window ahead of the inserts
- * (each insert's probe is otherwise a cache miss into a table of millions). */
-static int rec_ents(void *ctx, const rb_mlog_ent *e, size_t n)
-{
-    ml_rec *r = ctx;
-    enum { W = 32 };
-    uint32_t hs[W];
-    for (size_t i0 = 0; i0 < n; i0 += W) {
-        size_t m = n - i0 < W ? n - i0 : W;
-        for (size_t j = 0; j < m; j++) {
-            hs[j] = rb_idx_hash(e[i0 + j].key, e[i0 + j].key_len);
-            rb_idx_prefetch(&r->c->index, hs[j]);
-        }
-        for (size_t j = 0; j < m; j++) {
-            int rc = rec_apply_put_h(r, &e[i0 + j], hs[j]);
-            if (rc != 0)
-                return rc;
-        }
-    }
-    return 0;
-}
-
-static int rec_rec(void *ctx, uint64_t seq, const rb_mlog_rec *x)
-{
-    (void)seq;
-    ml_rec *r = ctx;
-    int rc = 0;
-    if (x->type == RB_MLOG_PUT)
-        rc = rec_apply_put(r, &x->ent);
-    else if (x->type == RB_MLOG_FREE)
-        rec_vacate(r, x->slot);
-    return rc;
-}
-
-static int rec_damage(void *ctx, const rb_mlog_damage *d)
-{
-    (void)ctx;
-    (void)d;
-    return 0; /* counted from the result */
-}
-
-static int ml_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
-{
-    rb_core *c = ctx;
-    return rb_core_dev_read(c, off, buf, len, len, len, 0, err);
-}
-
-int rb_core_ml_recover(rb_core *c, rb_err *err)
-{
-    rb_mlw *m = &c->ml;
-    rb_mlog_read_opts o = {.block_align = c->cfg.block_align,
-                           .meta_total_bytes = c->cfg.meta_total_bytes,
-                           .threads = c->cfg.recovery_read_threads > 4 ? 4 : c->cfg.recovery_read_threads,
-                           .sb_only = !m->on || !c->cfg.load_checkpoint_on_init};
-    ml_rec r;
-    memset(&r, 0, sizeof r);
-    r.c = c;
-    rb_err_clear(&r.why);
-    rb_mlog_read_cb cb = {.ctx = &r,
-                          .sb = rec_sb,
-                          .cls = rec_cls,
-                          .ent = rec_ent,
-                          .ents = rec_ents,
-                          .rec = rec_rec,
-                          .damage = rec_damage};
-    rb_mlog_read_result res;
-    memset(&res, 0, sizeof res);
-    /* mu is held across the read: its callbacks run on this thread and change the index (at
-     * open, before any other thread can use the core; the device reads take no core lock). */
-    uint64_t t0 = rb_now_ns();
-    pthread_mutex_lock(&c->mu);
-    c->index.hold_compact++; /* slot_pos holds positions */
-    int rc = rb_mlog_read(&o, ml_pread, c, o.sb_only ? NULL : &cb, &res, err);
-    c->index.hold_compact--;
-    pthread_mutex_unlock(&c->mu);
-    m->rec_read_ns = rb_now_ns() - t0;
-    int ours = res.found || res.sb_state[0] == RB_MLOG_SB_DAMAGED || res.sb_state[1] == RB_MLOG_SB_DAMAGED ||
-               res.sb_state[0] == RB_MLOG_SB_NOBASE || res.sb_state[1] == RB_MLOG_SB_NOBASE;
-    for (int k = 0; k < 2; k++)
-        if (res.sb_seq_seen[k] > m->sb_seq_seen)
-            m->sb_seq_seen = res.sb_seq_seen[k];
-    if (!m->on) {
-        free(r.slot_pos);
-        free(r.cls_map);
-        if (!ours)
-            return 0;
-        if (!c->cfg.load_checkpoint_on_init) {
-            /* Told to start empty: format v1 takes the device over. Its first checkpoint clears
-             * both superblocks first; until then no slot is reused (the log may list any). */
-            pthread_mutex_lock(&c->mu);
-            m->wipe_sbs = 1;
-            c->ref_unknown |= 0x4u;
-            c->rec_outcome = RB_REC_SKIPPED;
-            pthread_mutex_unlock(&c->mu);
-            return 1;
-        }
-        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "the device holds the log-structured metadata format, which meta_format='v1' does not "
-                          "write: set meta_format='log' (LMCache 0.5.6's own core cannot read this device). "
-                          "device_path='%s'",
-                          c->path);
-    }
-    int outcome = -1;
-    if (rc > 0 && r.geometry_bad) {
-        outcome = RB_REC_REJECTED;
-        rc = 0;
-    } else if (rc < 0 || rc > 0) {
-        free(r.slot_pos);
-        free(r.cls_map);
-        if (rc > 0)
-            rc = r.oom ? -ENOMEM : -EIO;
-        if (err->kind == RB_ERR_NONE)
-            rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory reading the metadata log");
-        return rc;
-    }
-    if (!ours) {
-        free(r.slot_pos);
-        free(r.cls_map);
-        return 0; /* blank or format v1 */
-    }
-    if (outcome < 0 && !c->cfg.load_checkpoint_on_init)
-        outcome = RB_REC_SKIPPED;
-    if (outcome < 0 && !res.found) {
-        outcome = RB_REC_UNREADABLE;
-        snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "the device holds log-format metadata but no superblock with a readable base (%.150s; %.150s); "
-                 "started with an empty index",
-                 res.sb_why[0].msg, res.sb_why[1].msg);
-    }
-    if (outcome >= 0) {
-        /* Not read: a new generation is written at the first checkpoint, and until then no slot
-         * is reused (what is on the device may list any). */
-        pthread_mutex_lock(&c->mu);
-        rb_idx_clear(&c->index);
-        c->n_unverified = 0;
-        c->ref_unknown |= 0x4u;
-        c->rec_outcome = outcome;
-        c->rec_rejected_seq = res.found ? res.sb.sb_seq : 0;
-        if (outcome == RB_REC_REJECTED)
-            snprintf(c->ckpt_error, sizeof c->ckpt_error, "metadata rejected by checks: %.400s", r.why.msg);
-        m->state = RB_ML_FRESH;
-        pthread_mutex_unlock(&c->mu);
-        free(r.slot_pos);
-        free(r.cls_map);
-        return 1;
-    }
-
-    pthread_mutex_lock(&c->mu);
-    uint32_t top = r.top;
-    if (rb_slots_reset(&c->slots, top) < 0) {
-        pthread_mutex_unlock(&c->mu);
-        free(r.slot_pos);
-        free(r.cls_map);
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
-    for (uint32_t s = 0; s < top; s++)
-        if (s >= r.cap_slots || r.slot_pos[s] == 0)
-            rb_core_release_slot_locked(c, s); /* no durable record lists it */
-    m->sb = res.sb;
-    m->sb_which = res.which;
-    m->generation = res.sb.generation;
-    /* This writer's epoch: above every one the log and the superblock name (the latter covers a
-     * writer that crashed before any of its groups survived). Used up: a new generation. */
-    m->epoch = (res.last_epoch > res.sb.epoch ? res.last_epoch : res.sb.epoch) + 1;
-    m->epoch_claimed = 0;
-    if (m->epoch > RB_MLOG_EPOCH_MAX) {
-        m->newgen = 1;
-        m->need_base++;
-    }
-    m->last_seq = res.last_seq;
-    m->head = res.head;
-    m->lstart = 0;
-    m->lhead = res.used;
-    m->state = RB_ML_LIVE;
-    m->rec_groups = res.groups;
-    m->rec_records = res.records;
-    m->rec_log_end = res.log_end;
-    m->rec_chunks_bad = res.base.chunks_bad;
-    m->rec_entries_lost = res.base.entries_lost > 0 ? (uint64_t)res.base.entries_lost : 0;
-    /* the classes keep their ids in this generation */
-    for (uint32_t d = 0; d < r.max_disk && d < r.cap_map; d++) {
-        uint32_t k = r.cls_map[d];
-        if (k == UINT32_MAX)
-            continue;
-        if (u32_room(&m->cls_disk, &m->cap_cls_disk, k, 16, 0xff) < 0)
-            continue;                       /* logged again under a new id when used */
-        m->cls_disk[k] = d | ML_CLS_LOGGED; /* the base or a live group defines it */
-    }
-    m->next_disk_cls = r.max_disk;
-    c->meta_seq = res.last_seq;
-    c->recovery_loaded = 1;
-    c->recovery_entries_loaded = c->index.n_live;
-    c->apply_skipped = r.skipped;
-    c->rec_seq = res.sb.sb_seq;
-    c->rec_outcome = res.fallback ? RB_REC_FALLBACK : RB_REC_LOADED;
-    c->dirty_total = 0;
-    c->persisted = 0;
-    if (res.fallback)
-        snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "the newest metadata superblock is unusable (%.150s); recovered from the other one (sequence "
-                 "%llu), every entry's slot header checked",
-                 res.sb_why[res.which ^ 1].msg, (unsigned long long)res.sb.sb_seq);
-    else if (res.base.chunks_bad || res.log_end == RB_MLOG_END_IOERR)
-        snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s", res.base.chunks_bad,
-                 (long long)res.base.entries_lost,
-                 res.log_end == RB_MLOG_END_IOERR ? "cut short by a read error" : "complete");
-    rb_idx_maybe_compact(&c->index);
-    pthread_mutex_unlock(&c->mu);
-    free(r.slot_pos);
-    free(r.cls_map);
-    if (c->cfg.meta_verify_on_load || c->cfg.verify_payload_checksum || res.fallback) {
-        /* With the periodic thread, eager validation runs there, after open has returned: every
-         * load judges its entry's header until then (the same verdict), so it only decides when
-         * a bad entry leaves the index. After a fallback it runs here, before any load. */
-        if (c->cfg.meta_enable_periodic && !res.fallback) {
-            m->bg_validate = 1;
-        } else if (rb_core_validate_entries(c, 0) < 0) {
-            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory validating slot headers");
-        }
-    }
-    return 1;
 }
