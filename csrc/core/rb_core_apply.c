@@ -390,8 +390,9 @@ static const char *json_opt_str(struct json_object *o, uint32_t *len)
 /* 1 when val names no checksum or one that reads (into e), 0 when it names one that does not. */
 static int json_sum(struct json_object *val, rb_fent *e)
 {
-    struct json_object *o = json_field(val, RB_ENT_SUM_FIELD);
-    if (!o)
+    struct json_object *o;
+    /* get_ex, not json_field: a checksum given as null is present and unreadable, not absent */
+    if (!json_object_object_get_ex(val, RB_ENT_SUM_FIELD, &o))
         return 1;
     e->has_sum = 1;
     return json_object_get_type(o) == json_type_string &&

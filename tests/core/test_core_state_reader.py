@@ -201,3 +201,16 @@ def test_recovery_at_open_uses_the_same_rules(tmp_path):
     assert len(opened[0]) == 499
     fast, slow = both(path, json.dumps(st).encode())
     assert fast[1] == slow[1] == opened
+
+
+@pytest.mark.parametrize("value", [None, 5, "zz", ["0123456789abcdef"]])
+def test_an_unreadable_checksum_refuses_its_entry(tmp_path, value):
+    """A checksum field that is present but unreadable (null included) makes the entry untrusted:
+    both readers skip it, where an absent field indexes the entry without a checksum."""
+    path = make_device(tmp_path)
+    st = state(path, n=3)
+    keys = list(st["entries"])
+    st["entries"][keys[1]]["xxh3"] = value
+    (r, snap) = check(path, st)
+    assert r[0] == "ok"
+    assert snap[0] == [keys[0], keys[2]]
