@@ -30,9 +30,10 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_open(&cfg, &core, &err);
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_open(&cfg, &core, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         rbpy_raise_err_path(&err, path);
         Py_DECREF(path);
         return NULL;
@@ -41,9 +42,11 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     CoreObject *self = (CoreObject *)type->tp_alloc(type, 0);
     if (!self) {
         rb_close_result res;
-        Py_BEGIN_ALLOW_THREADS rb_core_close(core, &res);
-        rb_core_free(core);
-        Py_END_ALLOW_THREADS return NULL;
+        Py_BEGIN_ALLOW_THREADS
+            rb_core_close(core, &res);
+            rb_core_free(core);
+        Py_END_ALLOW_THREADS
+        return NULL;
     }
     self->core = core;
     return (PyObject *)self;
@@ -52,8 +55,10 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static PyObject *do_close(CoreObject *self)
 {
     rb_close_result res;
-    Py_BEGIN_ALLOW_THREADS rb_core_close(self->core, &res);
-    Py_END_ALLOW_THREADS self->closed = 1;
+    Py_BEGIN_ALLOW_THREADS
+        rb_core_close(self->core, &res);
+    Py_END_ALLOW_THREADS
+    self->closed = 1;
     if (res.repeat) {
         PyObject *d = self->close_result ? PyDict_Copy(self->close_result) : PyDict_New();
         if (d && PyDict_SetItemString(d, "repeat", Py_True) < 0)
@@ -99,8 +104,9 @@ static void core_dealloc(PyObject *op)
         rb_core *core = self->core;
         self->core = NULL;
         rb_close_result res;
-        Py_BEGIN_ALLOW_THREADS rb_core_close(core, &res);
-        rb_core_free(core);
+        Py_BEGIN_ALLOW_THREADS
+            rb_core_close(core, &res);
+            rb_core_free(core);
         Py_END_ALLOW_THREADS
     }
     Py_CLEAR(self->close_result);

@@ -24,8 +24,11 @@ PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_checkpoint(rbpy_core_of(op), force, &err);
-    Py_END_ALLOW_THREADS if (rc < 0) return rbpy_raise_err(&err);
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_checkpoint(rbpy_core_of(op), force, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
     return PyBool_FromLong(rc > 0);
 }
 
@@ -34,8 +37,11 @@ PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored))
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_compact(rbpy_core_of(op), &err);
-    Py_END_ALLOW_THREADS if (rc < 0) return rbpy_raise_err(&err);
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_compact(rbpy_core_of(op), &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
     return PyBool_FromLong(rc > 0);
 }
 
@@ -78,8 +84,10 @@ static PyObject *apply_state_json(PyObject *op, PyObject *arg, int generic)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_apply_state_json_ex(rbpy_core_of(op), b.buf, (size_t)b.len, generic, &err);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_apply_state_json_ex(rbpy_core_of(op), b.buf, (size_t)b.len, generic, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
     if (rc < 0)
         return rbpy_raise_err(&err);
     return Py_BuildValue("(Os)", rc > 0 ? Py_True : Py_False, rc > 0 ? "" : err.msg);
@@ -149,9 +157,13 @@ PyObject *rbpy_core_register_buffers(PyObject *op, PyObject *const *args, Py_ssi
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_register_buffers(rbpy_core_of(op), ptrs, sizes, (size_t)n, &err);
-    Py_END_ALLOW_THREADS if (rc < 0) rbpy_raise_err(&err);
-    else ret = Py_NewRef(Py_None);
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_register_buffers(rbpy_core_of(op), ptrs, sizes, (size_t)n, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        rbpy_raise_err(&err);
+    else
+        ret = Py_NewRef(Py_None);
 done:
     PyMem_Free(ptrs);
     PyMem_Free(sizes);
@@ -193,8 +205,11 @@ PyObject *rbpy_core_revalidate(PyObject *op, PyObject *arg)
         return NULL;
     uint64_t dropped = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_revalidate(rbpy_core_of(op), seq, &dropped);
-    Py_END_ALLOW_THREADS if (rc < 0) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_revalidate(rbpy_core_of(op), seq, &dropped);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_NoMemory();
     return PyLong_FromUnsignedLongLong(dropped);
 }
 

@@ -34,7 +34,8 @@ static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *con
         PyErr_NoMemory();
     } else {
         if (kv.n > RBPY_NOGIL_KEYS) {
-            Py_BEGIN_ALLOW_THREADS fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
+            Py_BEGIN_ALLOW_THREADS
+                fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
             Py_END_ALLOW_THREADS
         } else {
             fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
@@ -59,7 +60,8 @@ PyObject *rbpy_core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t 
     /* Format v1 makes a slot no container lists reusable at its delete: deallocate it now. */
     rb_core *c = r ? rbpy_core_of(op) : NULL;
     if (c && rb_core_dealloc_pending(c)) {
-        Py_BEGIN_ALLOW_THREADS(void) rb_core_dealloc_run(c);
+        Py_BEGIN_ALLOW_THREADS(void)
+            rb_core_dealloc_run(c);
         Py_END_ALLOW_THREADS
     }
     return r;
@@ -71,7 +73,8 @@ PyObject *rbpy_core_unlock_many(PyObject *op, PyObject *keys)
     if (rbpy_keyvec_from(keys, &kv) < 0)
         return NULL;
     if (kv.n > RBPY_NOGIL_KEYS) {
-        Py_BEGIN_ALLOW_THREADS rb_core_unlock_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n);
+        Py_BEGIN_ALLOW_THREADS
+            rb_core_unlock_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n);
         Py_END_ALLOW_THREADS
     } else {
         rb_core_unlock_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n);
@@ -132,8 +135,10 @@ PyObject *rbpy_core_get_metadata_many(PyObject *op, PyObject *keys)
     if (!out) {
         PyErr_NoMemory();
     } else {
-        Py_BEGIN_ALLOW_THREADS rb_core_get_metadata_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, out);
-        Py_END_ALLOW_THREADS ret = meta_list(out, kv.n, kv.n, 1);
+        Py_BEGIN_ALLOW_THREADS
+            rb_core_get_metadata_many(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, out);
+        Py_END_ALLOW_THREADS
+        ret = meta_list(out, kv.n, kv.n, 1);
     }
     PyMem_Free(out);
     rbpy_keyvec_free(&kv);
@@ -168,9 +173,10 @@ PyObject *rbpy_core_get_metadata_prefix(PyObject *op, PyObject *const *args, Py_
         }
     }
     size_t m;
-    Py_BEGIN_ALLOW_THREADS m =
-        rb_core_get_metadata_prefix(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, skip, out);
-    Py_END_ALLOW_THREADS ret = meta_list(out, (Py_ssize_t)m, (Py_ssize_t)m, 0);
+    Py_BEGIN_ALLOW_THREADS
+        m = rb_core_get_metadata_prefix(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, lock, skip, out);
+    Py_END_ALLOW_THREADS
+    ret = meta_list(out, (Py_ssize_t)m, (Py_ssize_t)m, 0);
 done:
     PyMem_Free(out);
     PyMem_Free(skip);
@@ -223,8 +229,11 @@ PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_
     char **keys = NULL;
     size_t *lens = NULL;
     int64_t n;
-    Py_BEGIN_ALLOW_THREADS n = rb_core_snapshot_keys(rbpy_core_of(op), limit, &keys, &lens);
-    Py_END_ALLOW_THREADS if (n < 0) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+        n = rb_core_snapshot_keys(rbpy_core_of(op), limit, &keys, &lens);
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        return PyErr_NoMemory();
     PyObject *l = PyList_New((Py_ssize_t)n);
     for (int64_t i = 0; i < n; i++) {
         if (l) {

@@ -149,9 +149,10 @@ static int load_call_run(PyObject *op, load_call *lc)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_load_many(rbpy_core_of(op), lc->items, (size_t)lc->n, &err);
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_load_many(rbpy_core_of(op), lc->items, (size_t)lc->n, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         rbpy_raise_err(&err);
         return -1;
     }

@@ -171,10 +171,11 @@ static int put_call_run(PyObject *op, put_call *pc)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_core_put_many(rbpy_core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored,
-                                                 &pc->n_stored, &pc->fail, &err);
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_put_many(rbpy_core_of(op), pc->items, (size_t)pc->n, pc->results, pc->stored, &pc->n_stored,
+                              &pc->fail, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         rbpy_raise_err(&err);
         return -1;
     }

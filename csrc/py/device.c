@@ -176,9 +176,10 @@ static int dev_check_uring_cmd_path(const char *path)
 {
     struct stat st;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = stat(path, &st);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = stat(path, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         int e = errno;
         rb_err err;
         rb_err_set(&err, RB_ERR_OS, e, e == ENOENT ? "open failed" : "stat failed");
@@ -209,8 +210,11 @@ static rb_dev *dev_open_path(PyObject *path, rb_dev_config *cfg)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_dev_open(cfg, &dev, &err);
-    Py_END_ALLOW_THREADS if (rc < 0) rbpy_raise_err_path(&err, bpath); /* OSError's filename is the path */
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_dev_open(cfg, &dev, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        rbpy_raise_err_path(&err, bpath); /* OSError's filename is the path */
     Py_DECREF(bpath);
     cfg->path = NULL;
     return rc < 0 ? NULL : dev;
@@ -242,8 +246,10 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     RawBlockDeviceObject *self = (RawBlockDeviceObject *)type->tp_alloc(type, 0);
     if (!self) {
-        Py_BEGIN_ALLOW_THREADS rb_dev_free(dev);
-        Py_END_ALLOW_THREADS return NULL;
+        Py_BEGIN_ALLOW_THREADS
+            rb_dev_free(dev);
+        Py_END_ALLOW_THREADS
+        return NULL;
     }
     self->dev = dev;
     self->use_iouring = cfg.engine == RB_ENGINE_IOURING;
@@ -254,10 +260,11 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static void device_close_locked_gil(RawBlockDeviceObject *self, rb_err *err, int *rc)
 {
     rb_dev *dev = self->dev;
-    Py_BEGIN_ALLOW_THREADS *rc = rb_dev_close(dev, err);
+    Py_BEGIN_ALLOW_THREADS
+        *rc = rb_dev_close(dev, err);
     Py_END_ALLOW_THREADS
-        /* The engine has stopped: nothing references the caller's buffers any more. */
-        rbpy_uring_batches_free(self);
+    /* The engine has stopped: nothing references the caller's buffers any more. */
+    rbpy_uring_batches_free(self);
 }
 
 static void device_dealloc(PyObject *op)
@@ -326,19 +333,22 @@ static int xfer_run(rb_dev *dev, rb_xfer *x, size_t total, rb_err *err)
     if (!rb_dev_odirect(dev) && total <= RB_NOWAIT_MAX) {
         rc = rb_xfer_prepare(dev, x, err);
         if (rc == 0 && !rb_xfer_try_nowait(dev, x)) {
-            Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, x, err);
+            Py_BEGIN_ALLOW_THREADS
+                rc = rb_xfer_run(dev, x, err);
             Py_END_ALLOW_THREADS
         }
     } else {
-        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_prepare(dev, x, err);
-        if (rc == 0)
-            rc = rb_xfer_run(dev, x, err);
+        Py_BEGIN_ALLOW_THREADS
+            rc = rb_xfer_prepare(dev, x, err);
+            if (rc == 0)
+                rc = rb_xfer_run(dev, x, err);
         Py_END_ALLOW_THREADS
     }
     while (rc == -EINTR) {
         if (PyErr_CheckSignals() < 0)
             break;
-        Py_BEGIN_ALLOW_THREADS rc = rb_xfer_run(dev, x, err);
+        Py_BEGIN_ALLOW_THREADS
+            rc = rb_xfer_run(dev, x, err);
         Py_END_ALLOW_THREADS
     }
     return rc;
@@ -519,9 +529,10 @@ PyObject *rbpy_fdp_status(rb_dev *dev, const char *not_enabled)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_dev_fdp_status(dev, &v, &n, &err);
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_dev_fdp_status(dev, &v, &n, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         if (not_enabled && err.kind == RB_ERR_RUNTIME && err.errnum == EINVAL)
             rb_err_set(&err, RB_ERR_RUNTIME, EINVAL, "%s", not_enabled);
         return rbpy_raise_err(&err);

@@ -301,11 +301,12 @@ static PyObject *queue_batch(RawBlockDeviceObject *self, rb_batch *b)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_batch_prepare(u, b, &err);
-    if (rc == 0)
-        (void)rb_uring_submit(u, b); /* refused: every entry reports "io_uring worker stopped" */
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_batch_prepare(u, b, &err);
+        if (rc == 0)
+            (void)rb_uring_submit(u, b); /* refused: every entry reports "io_uring worker stopped" */
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         t->reserved--;
         batch_release(b);
         rb_dev_leave(dev);
@@ -613,7 +614,8 @@ PyObject *rbpy_dev_wait_iouring(PyObject *op, PyObject *const *args, Py_ssize_t 
         return Py_BuildValue("([][])");
     }
     if (!rb_batch_done(b)) {
-        Py_BEGIN_ALLOW_THREADS rb_uring_wait(rb_dev_uring(dev), b);
+        Py_BEGIN_ALLOW_THREADS
+            rb_uring_wait(rb_dev_uring(dev), b);
         Py_END_ALLOW_THREADS
     }
     rb_dev_leave(dev);
@@ -643,7 +645,8 @@ static PyObject *run_single(RawBlockDeviceObject *self, int opcode, uint64_t off
         return rbpy_raise_err(&err);
     }
     if (rb_uring_submit(u, b) == 0 && !rb_batch_done(b)) {
-        Py_BEGIN_ALLOW_THREADS rb_uring_wait(u, b);
+        Py_BEGIN_ALLOW_THREADS
+            rb_uring_wait(u, b);
         Py_END_ALLOW_THREADS
     }
     rc = rb_batch_result(b, 0, &err);
@@ -771,8 +774,10 @@ static int register_buffers(RawBlockDeviceObject *self, const uint64_t *ptrs, co
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, n, &err);
-    Py_END_ALLOW_THREADS rb_dev_leave(self->dev);
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_uring_register_buffers(rb_dev_uring(self->dev), ptrs, sizes, n, &err);
+    Py_END_ALLOW_THREADS
+    rb_dev_leave(self->dev);
     if (rc < 0)
         rbpy_raise_err(&err);
     return rc < 0 ? -1 : 0;

@@ -979,7 +979,8 @@ static Py_ssize_t delete_encoded(rb_core *core, const enc_ctx *c, const size_t *
         lens[i] = offs[i + 1] - offs[i];
     }
     if (n > 64) {
-        Py_BEGIN_ALLOW_THREADS rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
+        Py_BEGIN_ALLOW_THREADS
+            rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
         Py_END_ALLOW_THREADS
     } else {
         rb_core_delete_many(core, kp, lens, (size_t)n, force, res);

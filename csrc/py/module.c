@@ -264,7 +264,8 @@ static PyObject *rbpy_xxh3_64(PyObject *mod, PyObject *arg)
         return NULL;
     XXH64_hash_t h;
     if (view.len >= 65536) {
-        Py_BEGIN_ALLOW_THREADS h = XXH3_64bits(view.buf, (size_t)view.len);
+        Py_BEGIN_ALLOW_THREADS
+            h = XXH3_64bits(view.buf, (size_t)view.len);
         Py_END_ALLOW_THREADS
     } else {
         h = XXH3_64bits(view.buf, (size_t)view.len);
@@ -284,8 +285,10 @@ static PyObject *rbpy_probe_foreign(PyObject *mod, PyObject *arg)
     rb_err err;
     rb_err_clear(&err);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = rb_probe_foreign(PyBytes_AS_STRING(bytes), what, sizeof(what), &err);
-    Py_END_ALLOW_THREADS Py_DECREF(bytes);
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_probe_foreign(PyBytes_AS_STRING(bytes), what, sizeof(what), &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bytes);
     if (rc < 0)
         return rbpy_raise_err(&err);
     if (rc == 0)

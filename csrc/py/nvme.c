@@ -105,15 +105,16 @@ static int run_on_namespace(PyObject *path, int (*fn)(int fd, void *ctx, rb_err 
     rb_err err;
     rb_err_clear(&err);
     int rc, fd;
-    Py_BEGIN_ALLOW_THREADS fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
-    } else {
-        rc = fn(fd, ctx, &err);
-        close(fd);
-    }
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0) {
+            rc = rb_err_set(&err, RB_ERR_OS, errno, "open failed");
+        } else {
+            rc = fn(fd, ctx, &err);
+            close(fd);
+        }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         if (err.errnum == ENOTTY && (err.kind == RB_ERR_OS || err.kind == RB_ERR_VALUE))
             rb_err_set(&err, RB_ERR_VALUE, ENOTTY, "'%s' is not an NVMe namespace (the NVMe ioctls are not supported)",
                        p);
