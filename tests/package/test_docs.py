@@ -91,3 +91,27 @@ def test_architecture_names_every_python_module(pkg: Path):
         if not _named(text, p.name) or any(not _named(text, d + "/") for d in (pkg.name, *rel.parts[:-1])):
             missing.append(str(p.relative_to(ROOT)))
     assert not missing, f"docs/architecture.md does not name {sorted(set(missing))}"
+
+
+def _quoted_includes(path: Path) -> list[Path]:
+    return [(path.parent / m).resolve() for m in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M)]
+
+
+def test_the_binding_reaches_the_core_through_public_headers_only():
+    """No file under csrc/py includes, directly or through another header, a private core header
+    (csrc/core/*_int.h): the binding sees the core only as rb_core.h and its siblings declare it."""
+    private = {p.resolve() for p in (ROOT / "csrc" / "core").glob("*_int.h")}
+    assert private, "no private core headers found"
+    offenders = []
+    for src in sorted((ROOT / "csrc" / "py").glob("*.[ch]")):
+        seen: set[Path] = set()
+        todo = _quoted_includes(src)
+        while todo:
+            h = todo.pop()
+            if h in seen or not h.exists():
+                continue
+            seen.add(h)
+            if h in private:
+                offenders.append(f"{src.name} -> {h.name}")
+            todo.extend(_quoted_includes(h))
+    assert not offenders, offenders
