@@ -7,20 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The exception object an rb_err describes (not raised), or NULL with an error set. */
-static PyObject *err_object(const rb_err *err)
-{
-    PyObject *type, *value, *tb;
-    rbpy_raise_err(err);
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (value && tb)
-        PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    return value;
-}
-
 /*
  * GIL held, after the reads: obj.metadata.cached_positions = the key's stored positions for
  * every key that loaded and whose object has metadata (getattr(obj, "metadata", None) not
@@ -66,7 +52,7 @@ static PyObject *load_errors(const rb_load_item *items, Py_ssize_t n)
         return Py_NewRef(Py_None);
     PyObject *el = PyList_New(n);
     for (i = 0; el && i < n; i++) {
-        PyObject *e = items[i].status < 0 ? err_object(&items[i].err) : Py_NewRef(Py_None);
+        PyObject *e = items[i].status < 0 ? rbpy_err_object(&items[i].err) : Py_NewRef(Py_None);
         if (!e)
             Py_CLEAR(el);
         else
@@ -84,7 +70,7 @@ static PyObject *load_result_lists(const rb_load_item *items, Py_ssize_t n)
     for (Py_ssize_t i = 0; rl && pl && el && i < n; i++) {
         PyList_SET_ITEM(rl, i, Py_NewRef(items[i].ok ? Py_True : Py_False));
         PyObject *p = items[i].ok ? rbpy_i64_list(items[i].pos, items[i].npos) : Py_NewRef(Py_None);
-        PyObject *e = items[i].status < 0 ? err_object(&items[i].err) : Py_NewRef(Py_None);
+        PyObject *e = items[i].status < 0 ? rbpy_err_object(&items[i].err) : Py_NewRef(Py_None);
         if (!p || !e) {
             Py_XDECREF(p);
             Py_XDECREF(e);
