@@ -172,3 +172,23 @@ def ruamw(dev: str) -> dict[int, int]:
     from lmcache_rawblock import _native
 
     return {r["pid"]: r["ruamw"] for r in _native.nvme_fdp_report(dev)["ruhs"]}
+
+
+class PythonBuffer:
+    """A buffer implemented in Python (PEP 688), counting how often it is taken and released."""
+
+    def __init__(self, data: bytes):
+        self.mem = bytearray(data)
+        self.taken = self.released = 0
+
+    def __buffer__(self, flags):
+        self.taken += 1
+        return memoryview(self.mem)
+
+    def __release_buffer__(self, view):
+        self.released += 1
+        view.release()
+
+
+PEP688 = pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
+                                                             "needs Python 3.12+: make test-py312 runs it")

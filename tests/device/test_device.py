@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import pytest
 
+from helpers import PEP688, PythonBuffer
 from lmcache_rawblock import RawBlockDevice
 
 KiB = 1 << 10
@@ -115,26 +116,6 @@ def test_buffer_protocol_sources(sparse_file, make):
         out = np.zeros(64 * KiB, dtype=np.uint8)
         dev.pread_into(0, out, 64 * KiB)
     assert out.tobytes() == memoryview(src).tobytes(order="A")
-
-
-class PythonBuffer:
-    """A buffer implemented in Python (PEP 688), counting how often it is taken and released."""
-
-    def __init__(self, data: bytes):
-        self.mem = bytearray(data)
-        self.taken = self.released = 0
-
-    def __buffer__(self, flags):
-        self.taken += 1
-        return memoryview(self.mem)
-
-    def __release_buffer__(self, view):
-        self.released += 1
-        view.release()
-
-
-PEP688 = pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
-                                                             "needs Python 3.12+: make test-py312 runs it")
 
 
 @PEP688

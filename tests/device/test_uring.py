@@ -21,6 +21,7 @@ import warnings
 
 import pytest
 
+from helpers import PEP688, PythonBuffer
 from lmcache_rawblock import RawBlockDevice
 
 np = pytest.importorskip("numpy", reason="numpy gives stable, registrable buffer addresses")
@@ -974,27 +975,10 @@ def test_submit_failure_alone_still_delivers_what_the_kernel_completed(data_file
     dev.close()
 
 
-PEP688 = pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
-                                                             "needs Python 3.12+: make test-py312 runs it")
-
-
 @PEP688
 def test_buffer_implemented_in_python_is_held_until_wait(data_file):
     """A batch takes each buffer once when it is queued and releases it when wait_iouring
     returns, not before (the kernel may still write into it)."""
-
-    class PythonBuffer:
-        def __init__(self, data: bytes):
-            self.mem = bytearray(data)
-            self.taken = self.released = 0
-
-        def __buffer__(self, flags):
-            self.taken += 1
-            return memoryview(self.mem)
-
-        def __release_buffer__(self, view):
-            self.released += 1
-            view.release()
 
     dev = open_dev(data_file, depth=4)
     try:
