@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 PROG = "python -m lmcache_rawblock"
 # The commands of lmcache_rawblock_bench, with the one-line help the command list shows.
