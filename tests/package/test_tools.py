@@ -26,6 +26,18 @@ def _populated(tmp_path, n=12, **kw):
     return path
 
 
+def _two_checkpoints(tmp_path):
+    """A device with one key checkpointed into each of the two v1 containers, in turn."""
+    path = make_device(tmp_path)
+    core = make_core(path)
+    core.put_many([okey(1)], [Obj(payload(1, 100))])
+    core.checkpoint_now()
+    core.put_many([okey(2)], [Obj(payload(2, 100))])
+    core.checkpoint_now()
+    core.close()
+    return path
+
+
 def test_inspect_reports_geometry_containers_and_sample(tmp_path):
     path = _populated(tmp_path)
     before = sha256_file(path)
@@ -39,13 +51,7 @@ def test_inspect_reports_geometry_containers_and_sample(tmp_path):
 
 
 def test_inspect_picks_the_newest_container(tmp_path):
-    path = make_device(tmp_path)
-    core = make_core(path)
-    core.put_many([okey(1)], [Obj(payload(1, 100))])
-    core.checkpoint_now()
-    core.put_many([okey(2)], [Obj(payload(2, 100))])
-    core.checkpoint_now()
-    core.close()
+    path = _two_checkpoints(tmp_path)
     info = tools.inspect_device(path)
     seqs = {c["index"]: c["seq"] for c in info["containers"]}
     assert len(seqs) == 2
@@ -86,13 +92,7 @@ def test_not_ours_is_refused(tmp_path):
 
 
 def test_torn_newest_container_falls_back(tmp_path):
-    path = make_device(tmp_path)
-    core = make_core(path)
-    core.put_many([okey(1)], [Obj(payload(1, 100))])
-    core.checkpoint_now()
-    core.put_many([okey(2)], [Obj(payload(2, 100))])
-    core.checkpoint_now()
-    core.close()
+    path = _two_checkpoints(tmp_path)
     info = tools.inspect_device(path)
     assert len(info["containers"]) == 2
     newest = max(info["containers"], key=lambda c: c["seq"])
@@ -106,13 +106,7 @@ def test_torn_newest_container_falls_back(tmp_path):
 
 
 def test_damaged_container0_still_finds_container1(tmp_path):
-    path = make_device(tmp_path)
-    core = make_core(path)
-    core.put_many([okey(1)], [Obj(payload(1, 100))])
-    core.checkpoint_now()
-    core.put_many([okey(2)], [Obj(payload(2, 100))])
-    core.checkpoint_now()
-    core.close()
+    path = _two_checkpoints(tmp_path)
     with open(path, "r+b") as f:  # container 0's payload is torn: geometry must be rediscovered
         f.seek(4096)
         f.write(b"}")
