@@ -60,7 +60,7 @@ static void set_identities(vitem **who, const uint8_t *const *msg, const size_t 
 
 /* The key identity and key hash items[lo..hi) expect (BLAKE2b of the key: about as costly as
  * reading a cached header, so the readers compute it beside their I/O rather than the judge
- * after it; the key hash, xxh3, is ~20 ns). */
+ * after it; the key hash, xxh3 of ~100 bytes, ~12 ns). */
 static void want_identities(const rb_core *c, vitem *items, size_t lo, size_t hi)
 {
     for (size_t i = lo; i < hi; i++)
