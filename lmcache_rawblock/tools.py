@@ -34,6 +34,8 @@ CONTAINER_HEADER = struct.Struct("<8sIQQI")  # magic, version, seq, payload_len,
 SLOT_HEADER = struct.Struct("<8sQQ")  # magic, slot identity, payload length
 SLOT_MAGIC = b"LMCBLK01"
 CHECKSUM_MAGIC = b"RBXXH3v1"  # ours, at slot-header bytes 24..40
+KEY_HASH = struct.Struct("<Q")  # ours, at slot-header bytes 40..48: xxh3-64 of the key (0: not written)
+KEY_HASH_OFF = 40
 CANDIDATE_ALIGNS = (4096, 512, 1024, 2048, 8192, 16384, 65536)
 DEFAULT_META_TOTALS = (128 << 20, 256 << 20, 64 << 20, 32 << 20, 16 << 20, 8 << 20, 4 << 20, 2 << 20, 1 << 20)
 
@@ -565,6 +567,9 @@ class _SlotCheck:
             return f"identity {ident:#x} != expected {expected:#x}"
         if plen != size:
             return f"payload length {plen} != checkpoint size {size}"
+        problem = _key_hash_problem(key, hdr)
+        if problem:
+            return problem
         if self.checksums and len(hdr) >= 40 and hdr[24:32] == CHECKSUM_MAGIC:
             return self._checksum_problem(e, hdr)
         return None
@@ -578,6 +583,22 @@ class _SlotCheck:
         if data is None or xxh3_64(data) != want:
             return "payload checksum mismatch"
         return None
+
+
+def _key_hash_problem(key: str, hdr: bytearray) -> str | None:
+    """A slot header's key hash (ours; 0 where LMCache or an older writer left none) that is
+    not the one of ``key``: another key of the same slot identity wrote the slot."""
+    if len(hdr) < KEY_HASH_OFF + KEY_HASH.size:
+        return None
+    got = KEY_HASH.unpack_from(hdr, KEY_HASH_OFF)[0]
+    if not got:
+        return None
+    try:
+        raw = key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # not the bytes the core hashed: nothing to compare with
+        return None
+    want = xxh3_64(raw) or 1
+    return None if got == want else f"key hash {got:#x} != expected {want:#x} (another key's slot)"
 
 
 def _printable(v: Any) -> str:

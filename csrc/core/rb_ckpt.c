@@ -45,31 +45,33 @@ uint32_t rb_crc32(const void *buf, size_t len)
     return (uint32_t)c;
 }
 
-void rb_slot_header_encode(uint8_t *out, size_t hdr_len, uint64_t identity, uint64_t payload_len, int has_sum,
-                           uint64_t sum)
+void rb_slot_header_encode(uint8_t *out, size_t hdr_len, const rb_slot_hdr *h)
 {
     memset(out, 0, hdr_len);
     memcpy(out, RB_SLOT_MAGIC, 8);
-    rb_put_le(out + 8, identity, 8);
-    rb_put_le(out + 16, payload_len, 8);
-    if (has_sum && hdr_len >= RB_SUM_END) {
+    rb_put_le(out + 8, h->identity, 8);
+    rb_put_le(out + 16, h->payload_len, 8);
+    if (h->has_sum && hdr_len >= RB_SUM_END) {
         memcpy(out + 24, RB_SUM_MAGIC, 8);
-        rb_put_le(out + 32, sum, 8);
+        rb_put_le(out + 32, h->sum, 8);
     }
+    if (hdr_len >= RB_KEYHASH_END)
+        rb_put_le(out + RB_KEYHASH_OFF, h->key_hash, 8);
 }
 
-int rb_slot_header_decode(const uint8_t *in, size_t len, uint64_t *identity, uint64_t *payload_len, int *has_sum,
-                          uint64_t *sum)
+int rb_slot_header_decode(const uint8_t *in, size_t len, rb_slot_hdr *h)
 {
     if (len < RB_SLOT_HEADER_LEN || memcmp(in, RB_SLOT_MAGIC, 8) != 0)
         return -1;
-    *identity = rb_get_le(in + 8, 8);
-    *payload_len = rb_get_le(in + 16, 8);
-    *has_sum = 0;
+    h->identity = rb_get_le(in + 8, 8);
+    h->payload_len = rb_get_le(in + 16, 8);
+    h->has_sum = 0;
+    h->sum = 0;
     if (len >= RB_SUM_END && memcmp(in + 24, RB_SUM_MAGIC, 8) == 0) {
-        *has_sum = 1;
-        *sum = rb_get_le(in + 32, 8);
+        h->has_sum = 1;
+        h->sum = rb_get_le(in + 32, 8);
     }
+    h->key_hash = len >= RB_KEYHASH_END ? rb_get_le(in + RB_KEYHASH_OFF, 8) : 0;
     return 0;
 }
 

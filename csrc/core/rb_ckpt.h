@@ -1,7 +1,8 @@
 /*
  * rb_ckpt.h - the on-disk codecs of format v1: checkpoint container header (LMCIDX01-style,
  * packed little-endian <8sIQQI>, CRC-32), slot header (LMCBLK01 + identity + length, plus our
- * optional checksum record in bytes LMCache never reads), a growable byte buffer with
+ * optional checksum record and the whole key's hash in bytes LMCache never reads) and the rule
+ * by which a slot header vouches for an index record, a growable byte buffer with
  * Python-json-compatible string escaping for the state v1 writer, and json-c helpers for
  * the reader.
  */
@@ -19,6 +20,12 @@ struct json_object;
 /* Ours, at slot-header bytes 24..40: marker then xxh3-64 of the payload (LE). */
 #define RB_SUM_MAGIC "RBXXH3v1"
 #define RB_SUM_END 40
+/* Ours, at slot-header bytes 40..48: the hash of the whole encoded key (rb_key_hash, LE), never
+ * 0; 0 means "not written" (LMCache writes zeros there, and so did our versions before it). It
+ * tells apart keys that share the slot identity (legacy keys of one chunk hash). Written and
+ * read only when the header has room for it (header_bytes >= 48). */
+#define RB_KEYHASH_OFF 40
+#define RB_KEYHASH_END 48
 
 typedef struct rb_ckpt_header {
     uint8_t magic[8];
@@ -32,13 +39,42 @@ void rb_ckpt_header_encode(const rb_ckpt_header *h, uint8_t out[RB_CKPT_HEADER_L
 void rb_ckpt_header_decode(const uint8_t in[RB_CKPT_HEADER_LEN], rb_ckpt_header *h);
 uint32_t rb_crc32(const void *buf, size_t len);
 
-/* Slot header: writes all hdr_len bytes (zero beyond the fields). has_sum: write our record. */
-void rb_slot_header_encode(uint8_t *out, size_t hdr_len, uint64_t identity, uint64_t payload_len, int has_sum,
-                           uint64_t sum);
-/* 0 if the bytes hold a slot header (fills identity/len and, when present, *sum with
- * *has_sum = 1), -1 otherwise ("no header"). */
-int rb_slot_header_decode(const uint8_t *in, size_t len, uint64_t *identity, uint64_t *payload_len, int *has_sum,
-                          uint64_t *sum);
+/* A slot header's fields: LMCache's (identity, payload_len) and ours (the checksum record when
+ * has_sum, the key hash when key_hash != 0). */
+typedef struct rb_slot_hdr {
+    uint64_t identity, payload_len;
+    uint64_t sum;
+    uint64_t key_hash; /* 0: not in the header */
+    int has_sum;
+} rb_slot_hdr;
+
+/* Slot header: writes all hdr_len bytes (zero beyond the fields): the checksum record when
+ * h->has_sum, the key hash when it is not 0, each only where hdr_len has room for it. */
+void rb_slot_header_encode(uint8_t *out, size_t hdr_len, const rb_slot_hdr *h);
+/* 0 if the bytes hold a slot header (fills *h: the checksum record and the key hash when the
+ * len bytes hold them, else has_sum 0 / key_hash 0), -1 otherwise ("no header"). */
+int rb_slot_header_decode(const uint8_t *in, size_t len, rb_slot_hdr *h);
+
+/* What an index record expects of its slot header: the key's identity and hash, the payload
+ * length, and the checksum the record carries (has_sum) if any. */
+typedef struct rb_slot_want {
+    uint64_t identity, key_hash, size, sum;
+    int has_sum;
+} rb_slot_want;
+
+/* The one rule (loads and start-up validation alike): 1 when a decoded header vouches for the
+ * record, 0 when not. Its identity and length must be the record's; a key hash in the header
+ * must be the key's (a header without one, LMCache's, is judged on the identity alone); a
+ * record with a checksum needs the header's record to hold the same one (a header whose marker
+ * was damaged does not turn the check off). */
+static inline int rb_slot_header_vouches(const rb_slot_hdr *h, const rb_slot_want *w)
+{
+    if (h->identity != w->identity || h->payload_len != w->size)
+        return 0;
+    if (h->key_hash && h->key_hash != w->key_hash)
+        return 0;
+    return !w->has_sum || (h->has_sum && h->sum == w->sum);
+}
 
 /* Little-endian fields of n bytes (n <= 8), as every on-disk structure packs them. */
 static inline void rb_put_le(uint8_t *p, uint64_t v, int n)

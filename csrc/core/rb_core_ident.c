@@ -1,10 +1,12 @@
 /*
- * rb_core_ident.c - BLAKE2b-64 (RFC 7693) and legacy chunk-hash parsing (see rb_core_ident.h).
+ * rb_core_ident.c - BLAKE2b-64 (RFC 7693), legacy chunk-hash parsing and the whole-key hash
+ * (see rb_core_ident.h).
  */
 #include "rb_core_ident.h"
 
 #include <errno.h>
 #include <string.h>
+#include <xxhash.h>
 
 static const uint64_t blake2b_iv[8] = {
     0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
@@ -312,4 +314,10 @@ int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out)
     if (!at)
         return -EINVAL; /* a legacy key has a dtype field after the hash */
     return parse_hash_field(p, at, out);
+}
+
+uint64_t rb_key_hash(const char *key, size_t len)
+{
+    uint64_t h = XXH3_64bits(key, len);
+    return h ? h : 1;
 }

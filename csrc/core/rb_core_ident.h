@@ -3,7 +3,8 @@
  *
  * Owns: BLAKE2b (RFC 7693, unkeyed, 8-byte digest; no library among the project's
  * dependencies offers a BLAKE2b with a digest length parameter) and the legacy-key parse
- * (4th '@' field = chunk hash in hex, possibly negative, masked to 64 bits).
+ * (4th '@' field = chunk hash in hex, possibly negative, masked to 64 bits); and the hash of the
+ * whole key our slot headers carry beside the identity.
  */
 #ifndef RB_CORE_IDENT_H
 #define RB_CORE_IDENT_H
@@ -23,5 +24,11 @@ void rb_blake2b64_many(const uint8_t *const *msg, const size_t *len, size_t n, u
 
 /* Identity of key in namespace ns. 0 on success, -EINVAL if a legacy key does not parse. */
 int rb_key_identity(int ns, const char *key, size_t len, uint64_t *out);
+
+/* The hash of the whole encoded key that our slot headers carry beside the identity
+ * (RB_KEYHASH_OFF in rb_ckpt.h): xxh3-64 (seed 0) of its bytes, 1 where that is 0 (0 marks a
+ * header without the field). Keys that share an identity (legacy keys of one chunk hash under
+ * two tenants, dtypes or layers) differ here. */
+uint64_t rb_key_hash(const char *key, size_t len);
 
 #endif /* RB_CORE_IDENT_H */

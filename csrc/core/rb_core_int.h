@@ -347,18 +347,20 @@ static inline int rb_core_uses_uring(const rb_core *c)
     return c->cfg.io_engine == RB_ENGINE_IOURING && c->dev && c->dev->uring;
 }
 /*
- * Bytes of a slot header read to judge it. Validation needs the first RB_SUM_END (40) bytes
- * (magic, identity, length, checksum record); the rest of header_bytes is padding. Buffered
+ * Bytes of a slot header read to judge it. Validation needs the first RB_KEYHASH_END (48)
+ * bytes (magic, identity, length, checksum record, key hash); the rest of header_bytes is
+ * padding. Buffered
  * devices read one 64-byte line (a buffered 4 KiB read is a 4 KiB copy: ~1.7 us of the ~2 us
  * per header on the page cache). O_DIRECT devices keep the whole header: our O_DIRECT rule is
  * block_align-sized transfers (and passthrough's whole LBAs), and on this path the request
  * latency, not its size, dominates.
  * Same verdicts: every indexed slot lies wholly inside the device size checked at open
  * (slot < max_slots), so a prefix read succeeds exactly when the whole-header read does, and
- * the decoder looks at nothing past RB_SUM_END. (Only an I/O error confined to the unread
+ * the decoder looks at nothing past RB_KEYHASH_END. (Only an I/O error confined to the unread
  * padding would now keep an entry the full read dropped; its payload is elsewhere.)
  */
 #define RB_HDR_PROBE 64u
+_Static_assert(RB_HDR_PROBE >= RB_KEYHASH_END, "a header probe reads every field the decoder judges");
 static inline size_t rb_header_read_len(const rb_core *c)
 {
     size_t hb = c->cfg.header_bytes;

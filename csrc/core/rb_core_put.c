@@ -249,6 +249,19 @@ static void put_write_failed(const rb_core *c, uint64_t off, const rb_err *werr,
     fail->errnum = werr->errnum;
 }
 
+/* The slot header of item (header_bytes bytes at out): LMCache's fields, the checksum record
+ * when has_sum, and the hash of the whole key, so that a key sharing the identity (a legacy key
+ * of the same chunk hash) can never be served from this slot. */
+static void put_header_encode(const rb_core *c, const rb_put_item *it, int has_sum, uint64_t sum, uint8_t *out)
+{
+    const rb_slot_hdr h = {.identity = it->identity,
+                           .payload_len = it->len,
+                           .sum = sum,
+                           .key_hash = rb_key_hash(it->key, it->key_len),
+                           .has_sum = has_sum};
+    rb_slot_header_encode(out, c->cfg.header_bytes, &h);
+}
+
 /* ---- posix path ------------------------------------------------------------------------ */
 
 /* posix put of one key: header, then payload. *woff: the offset of a write that failed. */
@@ -258,7 +271,7 @@ static int write_slot(rb_core *c, const rb_put_item *it, uint32_t slot, uint8_t 
     uint64_t off = rb_slot_offset(c, slot);
     int has_sum = c->cfg.verify_payload_checksum;
     *sum = has_sum ? XXH3_64bits(it->buf, it->len) : 0;
-    rb_slot_header_encode(hdr, c->cfg.header_bytes, it->identity, it->len, has_sum, *sum);
+    put_header_encode(c, it, has_sum, *sum, hdr);
     *woff = off;
     int rc = rb_core_dev_write(c, off, hdr, c->cfg.header_bytes, c->cfg.header_bytes, c->cfg.header_bytes, 1, err);
     if (rc < 0)
@@ -418,7 +431,7 @@ static int chunk_prepare_key(put_call *pc, size_t p)
     }
     int has_sum = c->cfg.verify_payload_checksum;
     w->sum[p] = has_sum ? XXH3_64bits(it->buf, it->len) : 0;
-    rb_slot_header_encode(w->hdrs + p * hb, hb, it->identity, it->len, has_sum, w->sum[p]);
+    put_header_encode(c, it, has_sum, w->sum[p], w->hdrs + p * hb);
     w->prepared[p] = 1;
     return 1;
 }

@@ -1,8 +1,9 @@
 /*
  * test_core_ds.c - C-level tests of the core's data structures (no Python): the ordered
  * hash index (insert/find/remove/compaction under churn), the slot allocator (LIFO,
- * high-water mark, affinity pools) and BLAKE2b against RFC 7693's test vector
- * and against its many-keys-at-once form.
+ * high-water mark, affinity pools), BLAKE2b against RFC 7693's test vector
+ * and against its many-keys-at-once form, and the whole-key hash with the slot-header rule that
+ * tells apart keys sharing an identity.
  * Build/run: see tests/c/README (cc ... && ./test_core_ds); exit 0 = pass.
  */
 #include <assert.h>
@@ -10,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
+#include "rb_ckpt.h"
 #include "rb_core_ident.h"
 #include "rb_idx.h"
 #include "rb_slots.h"
@@ -145,12 +149,44 @@ static void test_blake2b_many(void)
     check_many(msg, len, N, got);
 }
 
+/* Two legacy keys of one chunk hash (two lmcache.tag.* tenants) have one identity and two key
+ * hashes; a header written for one vouches for it and not for the other, and a header without
+ * a key hash (LMCache's) vouches on the identity as before. */
+static void test_key_hash(void)
+{
+    static const char ka[] = "m@1@0@ff@half@tenant%a", kb[] = "m@1@0@ff@half@tenant%b";
+    uint64_t ia, ib;
+    CHECK(rb_key_identity(RB_NS_LEGACY, ka, strlen(ka), &ia) == 0 &&
+          rb_key_identity(RB_NS_LEGACY, kb, strlen(kb), &ib) == 0);
+    CHECK(ia == 255 && ib == 255);
+    const uint64_t ha = rb_key_hash(ka, strlen(ka)), hb = rb_key_hash(kb, strlen(kb));
+    CHECK(ha == XXH3_64bits(ka, strlen(ka)) && ha != 0 && ha != hb);
+    rb_slot_hdr written_a = {.identity = ia, .payload_len = 100, .key_hash = ha};
+    rb_slot_want want_a = {.identity = ia, .key_hash = ha, .size = 100};
+    rb_slot_want want_b = {.identity = ib, .key_hash = hb, .size = 100};
+    CHECK(rb_slot_header_vouches(&written_a, &want_a));
+    CHECK(!rb_slot_header_vouches(&written_a, &want_b));
+    rb_slot_hdr lmcache = {.identity = ia, .payload_len = 100}; /* zeros from byte 24 */
+    CHECK(rb_slot_header_vouches(&lmcache, &want_a) && rb_slot_header_vouches(&lmcache, &want_b));
+    /* the identity, the length and a record's checksum still decide as before */
+    want_a.size = 99;
+    CHECK(!rb_slot_header_vouches(&written_a, &want_a));
+    want_a.size = 100;
+    want_a.has_sum = 1;
+    want_a.sum = 5;
+    CHECK(!rb_slot_header_vouches(&written_a, &want_a));
+    written_a.has_sum = 1;
+    written_a.sum = 5;
+    CHECK(rb_slot_header_vouches(&written_a, &want_a));
+}
+
 int main(void)
 {
     test_idx();
     test_slots();
     test_blake2b();
     test_blake2b_many();
+    test_key_hash();
     puts("test_core_ds: ok");
     return 0;
 }

@@ -10,6 +10,7 @@ from core_helpers import (
     BLOCK, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
     read_containers, read_slot, write_container, write_slot,
 )
+from lmcache_rawblock._native import xxh3_64
 from lmcache_rawblock.raw_block import encode_legacy_key, encode_object_key
 from lmcache_rawblock.raw_block._lmcache import CacheEngineKey, ObjectKey
 
@@ -143,7 +144,10 @@ def test_device_written_by_us_decodes_with_independent_reader(tmp_path):
     for spec, obj, ent in zip(specs, objs, (e0, e1)):
         magic, ident, plen, hdr, data = read_slot(dev, ent["offset"])
         assert magic == b"LMCBLK01" and ident == spec.slot_identity and plen == ent["size"]
-        assert hdr[24:] == bytes(HEADER - 24)  # LMCache writes zeros there (checksum off)
+        # LMCache writes zeros from byte 24 and never reads them; ours (checksum off) holds the
+        # xxh3-64 of the whole encoded key at 40..48 and zeros elsewhere
+        assert hdr[24:40] == bytes(16) and hdr[48:] == bytes(HEADER - 48)
+        assert struct.unpack_from("<Q", hdr, 40)[0] == (xxh3_64(spec.encoded.encode()) or 1)
         assert data == obj.bytes()
 
 

@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from core_helpers import HEADER, META, SLOT, Obj, make_core, make_device, odirect_ok, okey, payload, read_slot
+from lmcache_rawblock._native import xxh3_64
 
 
 def ucore(dev, **kw):
@@ -393,6 +394,9 @@ def _whole_header_verdict(dev, off, key):
     if len(hdr) < HEADER or hdr[:8] != b"LMCBLK01":
         return False
     ident, plen = struct.unpack_from("<QQ", hdr, 8)
+    key_hash = struct.unpack_from("<Q", hdr, 40)[0]  # ours; 0 when not written
+    if key_hash and key_hash != (xxh3_64(key.encoded.encode()) or 1):
+        return False
     return ident == key.slot_identity and plen == 100
 
 
@@ -414,16 +418,17 @@ def test_short_header_reads_judge_like_whole_headers(tmp_path, engine, sequentia
     _patch(dev, off[by_slot[2].encoded] + 8, struct.pack("<Q", 7))          # wrong identity
     _patch(dev, off[by_slot[3].encoded] + 16, struct.pack("<Q", 99))        # wrong length
     _patch(dev, off[by_slot[4].encoded] + 24, b"NOTASUM!")                  # checksum record erased
-    _patch(dev, off[by_slot[5].encoded] + 40, b"\xff" * 24)                  # bytes 40..63
+    _patch(dev, off[by_slot[5].encoded] + 48, b"\xff" * 16)                  # bytes 48..63: unused
+    _patch(dev, off[by_slot[8].encoded] + 40, b"\xff" * 8)                   # another key's hash
     _patch(dev, off[by_slot[-1].encoded], b"LMCBLK00")                      # last slot of the device
     # The checkpoint records each payload's checksum, so a header that lost its checksum
     # record is as bad as one with a wrong identity.
     expected = {k.encoded for k in keys if _whole_header_verdict(dev, off[k.encoded], k)} - {by_slot[4].encoded}
-    assert len(expected) == n - 5
+    assert len(expected) == n - 6
     c = make_core(dev, io_engine=engine, iouring_queue_depth=4, meta_verify_on_load=False,
                   verify_payload_checksum=False)
     try:
-        assert c._native._revalidate(sequential) == 5
+        assert c._native._revalidate(sequential) == 6
         assert set(c.snapshot_indexed_keys()) == expected
     finally:
         c._native.close()

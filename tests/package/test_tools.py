@@ -73,13 +73,18 @@ def test_verify_clean_and_corrupted(tmp_path):
         f.write(struct.pack("<Q", 1))
         f.seek(entries[3][1]["offset"])  # the magic
         f.write(b"XXXXXXXX")
+        f.seek(entries[4][1]["offset"] + 40)  # the key hash: another key's
+        f.write(struct.pack("<Q", 9))
+        f.seek(entries[5][1]["offset"] + 40)  # no key hash (LMCache's header): fine
+        f.write(bytes(8))
     res = tools.verify_device(path)
     problems = {m["key"]: m["problem"] for m in res["mismatches"]}
-    assert res["ok"] == 8 and len(problems) == 4
+    assert res["ok"] == 7 and len(problems) == 5
     assert problems[entries[0][0]] == "payload checksum mismatch"
     assert problems[entries[1][0]].startswith("identity 0x7 != expected")
     assert problems[entries[2][0]] == "payload length 1 != checkpoint size 9000"
     assert problems[entries[3][0]] == "no slot header (magic)"
+    assert problems[entries[4][0]].startswith("key hash 0x9 != expected")
     assert tools.verify_device(path, checksums=False)["checksums_checked"] == 0
 
 
