@@ -12,6 +12,10 @@ for the table). Beyond LMCache:
   ``delete_many`` call (which runs without the GIL), instead of one lock and one call per key;
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
   in LMCache today) or ``"lru"`` (evict least-recently-used entries that nobody has pinned);
+  under either, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
+  under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
+  reusable, so the put that next needs one does not (unless the core's periodic thread, which
+  a delete wakes, writes it: log format);
 * ``rust_raw_block.eviction_trigger_watermark`` / ``rust_raw_block.eviction_ratio`` (``lru``
   only; 0.95 and 0.05): evict ahead, as LMCache's MP eviction controller does with its
   ``trigger_watermark`` and ``eviction_ratio``. When the slots in use (indexed + being written)
