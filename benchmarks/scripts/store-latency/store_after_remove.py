@@ -7,8 +7,10 @@ Each round, for each plugin in alternating order, on a device whose every slot h
     needs the slot whose checkpoint its background thread has only just begun;
   * "settled": remove the next oldest key, wait for the plugin's background work, then store
     one new chunk (timed).
-Usage: python store_after_remove.py [rounds] [slots]  (in the LMCache virtualenv, with
-lmcache_rawblock and lmcache_rawblock_bench importable). Prints p50s, ratios and the load.
+Usage: python store_after_remove.py [rounds] [slots] [clean]  (in the LMCache virtualenv, with
+lmcache_rawblock and lmcache_rawblock_bench importable). With "clean", each plugin's file is
+fdatasync'ed before its "settled" store, so both store onto written-back pages (ours are after
+its checkpoint; LMCache's never are otherwise). Prints p50s, ratios and the load.
 """
 import os
 import sys
@@ -20,6 +22,7 @@ from lmcache_rawblock_bench.common import interleaved_order, sparse
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
 slots = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+clean = len(sys.argv) > 3 and sys.argv[3] == "clean"
 mods, why = e2e.lmcache_modules()
 if mods is None:
     sys.exit(why)
@@ -58,6 +61,10 @@ with tempfile.TemporaryDirectory() as d:
                     sys.exit(f"{p.name}: remove failed")
                 if what == "settled":
                     p.remove([])  # waits for the plugin's background work
+                    if clean:
+                        fd = os.open(p.path, os.O_RDWR)
+                        os.fdatasync(fd)
+                        os.close(fd)
                 k = key_cls("store-after-remove", 1, 0, serial, torch.bfloat16)
                 serial += 1
                 t0 = time.perf_counter()
@@ -72,7 +79,8 @@ with tempfile.TemporaryDirectory() as d:
 obj.ref_count_down()
 stack.close()
 p50 = {n: {w: e2e.percentile(v, 50) for w, v in t.items()} for n, t in times.items()}
-print(f"load average {os.getloadavg()}; {rounds} rounds, {slots} slots of {chunk >> 20} MiB, page cache")
+print(f"load average {os.getloadavg()}; {rounds} rounds, {slots} slots of {chunk >> 20} MiB, page cache"
+      + (", files flushed before the settled store" if clean else ""))
 for n, t in p50.items():
     print(f"{n:8s} right after p50 {t['right_after'] * 1e3:7.2f} ms   settled p50 {t['settled'] * 1e3:7.2f} ms")
 if len(p50) == 2:
