@@ -12,6 +12,10 @@ for the table). Beyond LMCache:
   ``delete_many`` call (which runs without the GIL), instead of one lock and one call per key;
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
   in LMCache today) or ``"lru"`` (evict least-recently-used entries that nobody has pinned);
+  under either, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
+  under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
+  reusable, so the put that next needs one does not (unless the core's periodic thread, which
+  a delete wakes, writes it: log format);
 * ``rust_raw_block.eviction_trigger_watermark`` / ``rust_raw_block.eviction_ratio`` (``lru``
   only; 0.95 and 0.05): evict ahead, as LMCache's MP eviction controller does with its
   ``trigger_watermark`` and ``eviction_ratio``. When the slots in use (indexed + being written)
@@ -355,11 +359,15 @@ class RustRawBlockBackend(StoragePluginInterface):
             # Recovered entries start in index order (oldest checkpointed first).
             for enc in self._core.snapshot_indexed_keys():
                 self._lru[enc] = None
-        # Evict-ahead and the reclaim of slots freed by removes: one thread, started by the
-        # first signal (lru only).
-        self._evictor: Reclaimer | None = None
-        if self.eviction_policy == "lru":
-            self._evictor = Reclaimer("rawblock-evictor", self._evictor_pass, logger)
+        # One background thread, started by the first signal: it writes the checkpoint that
+        # makes slots freed by removes reusable (so a put that needs them neither writes it nor
+        # waits for its flush), and under lru it also evicts ahead. Under policy none it is
+        # signalled only where the core has no thread of its own that a delete wakes for that
+        # checkpoint (the log format's periodic thread).
+        work = self._evictor_pass if self.eviction_policy == "lru" else self._reclaim_pass
+        self._evictor = Reclaimer("rawblock-evictor", work, logger)
+        self._reclaim_removes = self.eviction_policy == "lru" or not (
+            self._core.meta_enable_periodic and self._core.report_status()["meta_format"] == "log")
         self._stats_lock = threading.Lock()
         self._evicted_ahead = 0  # entries the evictor deleted
         self._put_evicted = 0  # entries puts that found no slot deleted
@@ -481,7 +489,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         status["eviction_policy"] = self.eviction_policy
         status["eviction_trigger_watermark"] = self.eviction_trigger_watermark
         status["eviction_ratio"] = self.eviction_ratio
-        evictor = self._evictor.status() if self._evictor is not None else {}
+        evictor = self._evictor.status()
         status["evictor_running"] = bool(evictor.get("running", False))
         status["evictor_passes"] = evictor.get("passes", 0)
         status["evictor_errors"] = evictor.get("errors", 0)
@@ -593,9 +601,27 @@ class RustRawBlockBackend(StoragePluginInterface):
                 self._evicted_ahead += evicted
         return evicted > 0
 
+    def _reclaim_pass(self) -> bool:
+        """One pass of the background thread under policy ``none``: make the slots that removes
+        freed reusable (the checkpoint that no longer lists them)."""
+        self._core.reclaim_held_slots()
+        return False
+
     def _signal_evictor(self) -> None:
-        if self._evictor is not None:
+        self._evictor.signal()
+
+    def _slots_freed(self) -> None:
+        """Removes freed slots: have the checkpoint that makes them reusable written now, off
+        the caller's thread, rather than by the put that next needs them."""
+        if self._reclaim_removes:
             self._evictor.signal()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the plugin's background thread (the checkpoint that makes slots freed by
+        removes reusable; evict-ahead under lru) has no pass running or asked for. False when
+        ``timeout`` (seconds) ran out first. Not in LMCache's plugin: for tests and benchmarks
+        that want no background metadata I/O during what they measure next."""
+        return self._evictor.wait_idle(timeout)
 
     def _no_room(self, failure: BaseException | None, why: str) -> RuntimeError:
         """The error of a put that found no slot even after evicting, with the counts that
@@ -721,7 +747,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                 self._pinned_keys.discard(enc)
         if removed:
             self._lru_forget([enc])
-            self._signal_evictor()  # its slot becomes reusable after a checkpoint
+            self._slots_freed()  # its slot becomes reusable after a checkpoint
         return removed
 
     def batched_remove(self, keys: Any, force: bool = True) -> int:
@@ -740,16 +766,18 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not self._pinned_keys and self.eviction_policy != "lru":
                 # Nothing to reconcile afterwards: encode into one C buffer and delete in the
                 # same native call (no str objects, GIL released for the whole batch).
-                return self._core.delete_legacy_keys(keys, force)
-            encoded = encode_legacy_keys(keys)
-            results = self._core.delete_many(encoded, force=force)
-            if self._pinned_keys:
-                self._pinned_keys.difference_update(compress(encoded, results))
-        removed = results.count(True)
-        if self.eviction_policy == "lru":
+                removed = self._core.delete_legacy_keys(keys, force)
+                encoded, results = None, None
+            else:
+                encoded = encode_legacy_keys(keys)
+                results = self._core.delete_many(encoded, force=force)
+                if self._pinned_keys:
+                    self._pinned_keys.difference_update(compress(encoded, results))
+                removed = results.count(True)
+        if encoded is not None and results is not None:
             self._lru_forget(list(compress(encoded, results)))
-            if removed:
-                self._signal_evictor()  # their slots become reusable after a checkpoint
+        if removed:
+            self._slots_freed()  # their slots become reusable after a checkpoint
         return removed
 
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
@@ -939,7 +967,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                     pending = len(self._put_tasks)
                 logger.warning("closing with %d raw-block puts still pending after %.0f s", pending,
                                _CLOSE_PUT_WAIT_S)
-            if self._evictor is not None and not self._evictor.stop(_CLOSE_EVICTOR_WAIT_S):
+            if not self._evictor.stop(_CLOSE_EVICTOR_WAIT_S):
                 logger.warning("the raw-block evictor thread is still in a pass after %.0f s; closing anyway",
                                _CLOSE_EVICTOR_WAIT_S)
             self._core.close()

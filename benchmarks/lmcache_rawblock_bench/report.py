@@ -222,7 +222,8 @@ def print_e2e(results: dict, p: Callable[..., None]) -> None:
     s = e2e["settings"]
     p(f"End to end: LMCache's plugin API (batched_submit_put_task, batched_get_blocking) with its LocalCPUBackend "
       f"and MemoryObjs, {s['tokens']}-token bfloat16 KV chunks, {s['batch']} chunks per call (median of "
-      f"{s['rounds']} interleaved rounds); GB/s (10^9 B); p50/p99: one chunk on its own; CPU: process CPU s per GB; "
+      f"{s['rounds']} interleaved rounds); GB/s (10^9 B); p50/p99: one chunk on its own; remove: batched_remove "
+      "of a round's keys and the background work it starts; CPU: process CPU s per GB; "
       "of fio: share of fio at the same block size and depth on the same file")
     for k, v in e2e.get("errors", {}).items():
         p(f"  {k}: {v}")
@@ -231,13 +232,14 @@ def print_e2e(results: dict, p: Callable[..., None]) -> None:
             p(f"  fio, {c['model']} {c['config']}: {c['fio_error']}")
     rows = [[r["model"], fmt_size(r["chunk_bytes"]), r["config"], r["backend"], _gbs(r["store_bytes_per_s"]),
              _gbs(r["retrieve_bytes_per_s"]), fmt_time(r["store_p50_s"]), fmt_time(r["store_p99_s"]),
-             fmt_time(r["retrieve_p50_s"]), fmt_time(r["retrieve_p99_s"]), f"{r['store_cpu_s_per_gb']:.3f}",
+             fmt_time(r["retrieve_p50_s"]), fmt_time(r["retrieve_p99_s"]), fmt_time(r.get("remove_p50_s")),
+             f"{r['store_cpu_s_per_gb']:.3f}",
              f"{r['retrieve_cpu_s_per_gb']:.3f}", _frac(r["store_of_limit"]), _frac(r["retrieve_of_limit"]),
              "yes" if r["bytes_match"] else "NO"] for r in e2e.get("rows", [])]
     if rows:
         p(table(["model", "chunk", "config", "plugin", "store GB/s", "retr GB/s", "store p50", "store p99",
-                 "retr p50", "retr p99", "store CPU/GB", "retr CPU/GB", "store of fio", "retr of fio", "bytes ok"],
-                rows, _right(15, 4)[:-1] + [False]))
+                 "retr p50", "retr p99", "remove p50", "store CPU/GB", "retr CPU/GB", "store of fio", "retr of fio",
+                 "bytes ok"], rows, _right(16, 4)[:-1] + [False]))
     if e2e.get("ratios"):
         p("")
         p("ours / LMCache's plugin (GB/s: higher is better; p50 and CPU per GB: lower is better)")

@@ -73,7 +73,7 @@ def test_tiny_grid_in_lmcache_round_trips_and_fills_every_row(tmp_path):
     for r in out["rows"]:
         assert r["bytes_match"] is True and r["chunk_bytes"] == chunk and r["model"] == "tiny"
         for k in ("store_bytes_per_s", "retrieve_bytes_per_s", "store_p50_s", "store_p99_s", "retrieve_p50_s",
-                  "retrieve_p99_s", "store_cpu_s_per_gb", "retrieve_cpu_s_per_gb"):
+                  "retrieve_p99_s", "remove_p50_s", "store_cpu_s_per_gb", "retrieve_cpu_s_per_gb"):
             assert r[k] is not None and r[k] >= 0, k
         assert r["store_p99_s"] >= r["store_p50_s"] and r["latency_samples"] == 2
         assert r["fio_write_bytes_per_s"] == 2e9 and r["store_of_limit"] == pytest.approx(r["store_bytes_per_s"] / 2e9)

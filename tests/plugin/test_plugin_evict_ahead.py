@@ -3,7 +3,9 @@
 ``rust_raw_block.eviction_trigger_watermark`` / ``eviction_ratio`` start a background evictor
 that deletes least-recently-used unpinned entries in one batch and writes the checkpoint that
 makes their slots reusable; a put that still finds no slot evicts for its whole batch and
-retries. Real files in tmp_path, real threads, the stand-in LMCache objects of
+retries. Under either policy, the slots a remove frees are made reusable on that background
+thread, not by the put that next needs them. Real files in tmp_path, real threads, the
+stand-in LMCache objects of
 tests/plugin_fakes.py. Nothing here is timed: waits are for a condition, with a generous
 bound that only a hang reaches.
 """
@@ -304,10 +306,10 @@ def test_evictor_starts_lazily_and_stops_at_close(open_backend):
     assert not thread.is_alive(), "close stops the evictor"
     be._signal_evictor()  # a late signal (a remove racing close) starts nothing
     assert not be._evictor.running and be._evictor._thread is thread
-    # policy none has no evictor at all
+    # policy none: puts never start the thread (only a remove does, see below)
     none = open_backend(name="none.img")
-    assert none._evictor is None
     assert not put_keys(none, [1])
+    assert not none._evictor.running
     assert none.report_status()["evictor_running"] is False
 
 
@@ -338,6 +340,62 @@ def test_evictor_errors_are_logged_and_counted(open_backend, caplog):
     assert be._evictor.wait_idle(IDLE_WAIT_S)
     assert len(calls) >= 2 and be.report_status()["evicted_ahead_entries"] > 0
     assert be.report_status()["evictor_errors"] == 1
+
+
+# --------------------------------------------------------------------------- slots freed by removes
+
+
+def _status(be) -> tuple[int, int, int]:
+    st = be.report_status()
+    return st["checkpoint_held_slots"], st["checkpoints_for_room"], st["checkpoints_written"]
+
+
+@pytest.mark.parametrize("meta_format", ["log", "v1"])
+def test_removes_free_their_slots_off_the_put_path(open_backend, meta_format):
+    """Policy none, no periodic checkpoint: the checkpoint that makes removed entries' slots
+    reusable is written by the plugin's thread after the remove, so the puts that take those
+    slots write none themselves (the log format; v1 needs both containers rewritten, the put
+    writes the second one) and never load another key's bytes."""
+    be = open_backend(slots=16, meta_format=meta_format)
+    usable = be._core.slot_counts().usable
+    assert not put_keys(be, list(range(usable)))
+    be._core.checkpoint_now()  # the entries are durable: their slots are held once removed
+    before = _status(be)[2]
+    assert be.batched_remove([make_key(i) for i in range(usable // 2)]) == usable // 2
+    assert be.remove(make_key(usable - 1))
+    assert be.wait_idle(IDLE_WAIT_S)
+    held, room, written = _status(be)
+    assert written > before, "the removes' checkpoint was written in the background"
+    assert room == 0
+    if meta_format == "log":
+        assert held == 0, "every slot the removes freed is reusable before any put"
+    freed = list(range(usable // 2)) + [usable - 1]
+    fresh = [1000 + i for i in freed]
+    assert not put_keys(be, fresh)
+    held_after, room_after, _ = _status(be)
+    assert room_after == (0 if meta_format == "log" else 1)
+    assert held_after == 0
+    assert be.report_status()["evictor_passes"] >= 1
+    assert_loads(be, fresh + list(range(usable // 2, usable - 1)))
+
+
+def test_with_the_cores_periodic_thread_the_plugin_leaves_it_the_reclaim(open_backend):
+    """Log format with the periodic checkpoint on: a delete wakes the core's own thread to write
+    the checkpoint, so the plugin's thread is not started for it."""
+    be = open_backend(slots=16, meta_enable_periodic=True)
+    usable = be._core.slot_counts().usable
+    assert not put_keys(be, list(range(usable)))
+    be._core.checkpoint_now()
+    assert be.batched_remove([make_key(i) for i in range(4)]) == 4
+    assert be.wait_idle(IDLE_WAIT_S)
+    assert not be._evictor.running
+    deadline = IDLE_WAIT_S
+    while _status(be)[0] and deadline > 0:  # the core's thread frees them; a bound only a hang reaches
+        threading.Event().wait(0.01)
+        deadline -= 0.01
+    assert _status(be)[0] == 0
+    assert not put_keys(be, [1000, 1001, 1002, 1003])
+    assert _status(be)[1] == 0, "no put wrote a checkpoint for room"
 
 
 # --------------------------------------------------------------------------- settings
@@ -384,7 +442,7 @@ def test_bad_settings_are_rejected_naming_the_key(open_backend, name, value, bou
 def test_settings_without_lru_are_reported_unused(open_backend, caplog):
     with caplog.at_level(logging.WARNING, logger="lmcache.v1.storage_backend.plugins.rust_raw_block_backend"):
         be = open_backend(eviction_ratio=0.1)
-    assert be._evictor is None
+    assert be._evictor._work == be._reclaim_pass, "the background thread only reclaims, it never evicts"
     assert any("rust_raw_block.eviction_ratio'] has no effect without rust_raw_block.eviction_policy: lru"
                in r.getMessage() for r in caplog.records)
 
