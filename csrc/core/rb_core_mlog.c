@@ -24,6 +24,7 @@
 #include "rb_config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -152,8 +153,83 @@ static rb_mlpage *open_page_locked(rb_core *c)
     if (!p)
         return NULL;
     rb_mlog_genc_init(&p->g);
+    p->t0_ns = rb_now_ns();
     m->pg[m->n_pg++] = p;
+    /* Every RB_ML_PENDING_MAX bytes of full pages waiting: the periodic thread writes them,
+     * busy or not (a checkpoint that failed is tried again at the next such step). */
+    size_t waiting = m->n_pg - 1, step = RB_ML_PENDING_MAX / ML_PAGE_RAW;
+    if (waiting && waiting % step == 0)
+        rb_core_ml_kick(c);
     return p;
+}
+
+/* The oldest page holding a change no durable group has, or NULL. */
+static const rb_mlpage *oldest_page_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    for (size_t i = 0; i < m->n_pg; i++)
+        if (m->pg[i]->g.n_records || m->pg[i]->n_frees)
+            return m->pg[i];
+    return NULL;
+}
+
+static uint64_t period_ns(const rb_core *c)
+{
+    uint64_t s = c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
+    return s * 1000000000ull;
+}
+
+int rb_core_ml_overdue_locked(const rb_core *c, uint64_t now_ns)
+{
+    const rb_mlw *m = &c->ml;
+    if (!m->on)
+        return 0;
+    if (m->need_base) /* a change the journal lost: its age is unknown */
+        return 1;
+    const rb_mlpage *p = oldest_page_locked(c);
+    if (p && now_ns - p->t0_ns >= period_ns(c))
+        return 1;
+    uint64_t raw = 0;
+    for (size_t i = 0; i < m->n_pg; i++)
+        raw += m->pg[i]->g.body.len;
+    return raw >= RB_ML_PENDING_MAX;
+}
+
+uint64_t rb_core_ml_wait_ns(rb_core *c, uint64_t period)
+{
+    if (!c->ml.on)
+        return period;
+    pthread_mutex_lock(&c->mu);
+    const rb_mlpage *p = oldest_page_locked(c);
+    uint64_t t0 = p ? p->t0_ns : 0;
+    pthread_mutex_unlock(&c->mu);
+    uint64_t now = rb_now_ns();
+    /* Overdue already (the checkpoint just tried failed, or the period changed): the next
+     * attempt one period on, never a busy loop. */
+    if (!t0 || t0 + period <= now)
+        return period;
+    return t0 + period - now;
+}
+
+size_t rb_core_ml_journal_bytes_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    size_t b = m->cap_pg * sizeof(*m->pg) + (size_t)m->cap_cls_disk * sizeof(*m->cls_disk) +
+               m->cap_held_base * sizeof(*m->held_base);
+    for (size_t i = 0; i < m->n_pg; i++) {
+        const rb_mlpage *p = m->pg[i];
+        b += sizeof(*p) + p->g.body.cap + p->cap_frees * sizeof(*p->frees) + (p->img ? p->img_len : 0);
+    }
+    return b;
+}
+
+uint64_t rb_core_ml_pending_records_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->n_pg; i++)
+        n += m->pg[i]->g.n_records;
+    return n;
 }
 
 /* The journal could not take a change: the next checkpoint writes a whole base instead. */
@@ -1141,6 +1217,24 @@ static int groups_wanted_locked(rb_core *c, int base, int round, size_t room_n)
                                       (m->n_pg && (m->pg[0]->seq != 0 || m->pg[0]->g.n_records)));
 }
 
+/* The ring is full and the compaction that would empty it failed (ce): the error names that
+ * cause (a base too large for its area says which setting to enlarge), and so does the status's
+ * last checkpoint error (the failure itself is counted once, by groups_failed). */
+static void ring_full_cause(rb_core *c, rb_err *err, const rb_err *ce)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    uint64_t live = m->lhead - m->lstart, len = m->lay.ring.len;
+    pthread_mutex_unlock(&c->mu);
+    rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
+               "the metadata log is full (%llu of %llu bytes live) and the compaction "
+               "that would empty it failed: %s",
+               (unsigned long long)live, (unsigned long long)len, ce->msg);
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->ckpt_error, sizeof c->ckpt_error, "%s", err->msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Write the groups (ckpt_mu per round); when the ring is full (a burst outran the periodic
  * compaction, or there is no periodic thread), compact here and write them again once. As
  * write_groups. */
@@ -1157,8 +1251,10 @@ static int write_groups_rounds(rb_core *c, int base, size_t room_n, rb_err *err)
         if (rc >= 0 || round || !ring_full_err(err))
             return rc;
         rb_err ce;
-        if (rb_core_ml_compact(c, 0, &ce) < 0) /* not forced: one that ran meanwhile made room */
+        if (rb_core_ml_compact(c, 0, &ce) < 0) { /* not forced: one that ran meanwhile made room */
+            ring_full_cause(c, err, &ce);
             return rc;
+        }
     }
 }
 
@@ -1181,11 +1277,13 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
             return base;
     }
     int rc = write_groups_rounds(c, base, room_n, err);
-    if (rc == 0 && base)
+    int base_only = rc == 0 && base; /* the base covered every change: a checkpoint too */
+    if (base_only)
         rc = 1;
-    if (rc > 0 && room_n) {
+    if (rc > 0 && (room_n || base_only)) {
         pthread_mutex_lock(&c->mu);
-        c->room_ckpts++;
+        c->room_ckpts += room_n ? 1 : 0;
+        c->ckpt_written += base_only;
         pthread_mutex_unlock(&c->mu);
     }
     return rc;
