@@ -675,6 +675,7 @@ typedef struct base_build {
     rb_buf arena;     /* their keys and positions */
     uint8_t *bounce;  /* block-aligned write buffer */
     uint64_t written; /* bytes written into the area */
+    int meanwhile;    /* the caller holds no ckpt_mu: due groups are written between slices */
 } base_build;
 
 /* Begin under mu: the open page closed (Q = its sequence), the generation's classes to be
@@ -875,6 +876,26 @@ static int encode_slice(base_build *bb, size_t nc, rb_err *err)
 }
 
 /* Step 3: encode, a slice of entries copied out under mu at a time, and write into area. */
+/* Between two slices of a base that takes seconds (millions of entries), the changes made
+ * meanwhile go on being written as groups when a checkpoint is due (rb_core_ckpt_due_locked:
+ * the log's age and size bounds hold during a compaction too). Not once the ring is full: the
+ * groups wait for this compaction then. A failure is recorded as any checkpoint's. */
+static void groups_meanwhile(base_build *bb)
+{
+    rb_core *c = bb->c;
+    if (!bb->meanwhile)
+        return;
+    pthread_mutex_lock(&c->mu);
+    int due = c->ml.state == RB_ML_LIVE && !c->closed && !c->ml.cmp_urgent && rb_core_ckpt_due_locked(c, 0, 0);
+    pthread_mutex_unlock(&c->mu);
+    if (!due)
+        return;
+    rb_err e;
+    pthread_mutex_lock(&c->ckpt_mu);
+    (void)write_groups(c, &e);
+    pthread_mutex_unlock(&c->ckpt_mu);
+}
+
 static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
 {
     rb_core *c = bb->c;
@@ -894,6 +915,7 @@ static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
         rc = encode_slice(bb, nc, err);
         if (rc == 0)
             rc = base_drain(c, &bb->be, area, &bb->written, &bb->bounce, 0, err);
+        groups_meanwhile(bb);
     }
     if (rc == 0)
         rc = rb_mlog_benc_finish(&bb->be, ba, err);
@@ -938,7 +960,7 @@ static void base_end(base_build *bb, int rc, uint64_t t0)
  * Build a base of the index into base area `area` (no lock held on entry; cmp_mu held): begin
  * under mu, then 1: the live positions, the class table, 2: slot order, 3: encode and write.
  */
-static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
+static int build_base(rb_core *c, int area, int meanwhile, ml_base *out, rb_err *err)
 {
     uint64_t t0 = rb_now_ns();
     memset(out, 0, sizeof(*out));
@@ -947,6 +969,7 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     memset(&bb, 0, sizeof bb);
     bb.c = c;
     bb.out = out;
+    bb.meanwhile = meanwhile;
     if (base_begin(&bb) < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     int rc = base_collect(&bb, err);
@@ -1171,7 +1194,7 @@ static int rebase_locked(rb_core *c, rb_err *err)
         return rc;
     ml_base b;
     int area = fresh ? 0 : (int)(m->sb.base.area ^ 1u);
-    rc = build_base(c, area, &b, err);
+    rc = build_base(c, area, 0, &b, err); /* ckpt_mu held */
     if (rc == 0)
         rc = switch_base(c, &b, fresh, err);
     if (rc == 0) {
@@ -1317,7 +1340,7 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         return 0;
     }
     ml_base b;
-    int rc = build_base(c, area, &b, err);
+    int rc = build_base(c, area, 1, &b, err);
     if (rc == 0) {
         pthread_mutex_lock(&c->ckpt_mu);
         rc = switch_base(c, &b, 0, err);
