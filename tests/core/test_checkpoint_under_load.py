@@ -113,3 +113,28 @@ def test_a_checkpoint_that_wrote_a_base_is_counted(tmp_path):
         assert st["metadata_persisted"] == st["metadata_dirty_total"]
     finally:
         c.close()
+
+
+def test_a_compaction_writes_the_groups_that_are_due_while_it_builds_its_base(tmp_path):
+    # No periodic thread; a 1 s interval, never idle. After the first base, 20 changes are
+    # journaled and left to age past the interval; a compaction of 10,020 entries (three
+    # slices of 4,096) then writes them as a group between its slices, where before it left
+    # them to its base and wrote no group.
+    dev = make_device(tmp_path, size=1 << 30)
+    c = _log(dev, slot_bytes=SLOT8K, meta_total_bytes=16 << 20, meta_checkpoint_interval_sec=1,
+             meta_idle_quiet_ms=NEVER_IDLE_MS)
+    try:
+        obj = Obj(10)
+        for b in range(0, 10000, 1000):
+            assert all(c.put_many([okey(i) for i in range(b, b + 1000)], [obj] * 1000).results)
+        c.checkpoint_now()
+        assert all(c.put_many([okey(i) for i in range(10000, 10020)], [obj] * 20).results)
+        time.sleep(1.5)  # the 20 changes are now older than the interval: a checkpoint is due
+        before = _status(c)["metadata_log"]
+        assert before["pending_records"] >= 20
+        c._native.compact_metadata()
+        after = _status(c)["metadata_log"]
+        assert after["compactions"] == before["compactions"] + 1
+        assert after["groups_written"] > before["groups_written"], (before, after)
+    finally:
+        c.close()
