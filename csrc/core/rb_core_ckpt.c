@@ -703,9 +703,9 @@ static void *ckpt_thread(void *arg)
          * in the status. */
         rb_core_checkpoint(c, kicked, &e);
         /* The log format compacts here, off every caller's path, once the ring is past half
-         * full (or full: then groups wait for it). */
+         * full (or full: then groups wait for it); stopped by a close. */
         if (c->ml.on && rb_core_ml_compact_due(c)) {
-            rb_core_ml_compact(c, 0, &e);
+            rb_core_ml_compact_periodic(c, &e);
             (void)rb_core_dealloc_run(c);
         }
         backlog = rb_core_dealloc_pending(c);

@@ -568,6 +568,9 @@ int rb_core_ml_compact_due(rb_core *c);
 /* Compact: a new base beside the current one, then the superblock switch. 1 done, 0 not
  * needed (force 0) or not possible yet, <0 failed. */
 int rb_core_ml_compact(rb_core *c, int force, rb_err *err);
+/* The periodic thread's compaction (force 0): the same, but it stops between two slices of
+ * its base once the core is closing (0: close's final checkpoint compacts if it must). */
+int rb_core_ml_compact_periodic(rb_core *c, rb_err *err);
 /* Deletes freed slots: ask the periodic thread for a group now, so a put finds them
  * reusable without writing one itself. Any lock but thr_mu. */
 void rb_core_ml_kick(rb_core *c);

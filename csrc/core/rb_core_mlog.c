@@ -615,6 +615,7 @@ typedef struct ml_base {
     uint64_t n_entries;
     uint32_t n_chunks;
     int area;
+    int stopped; /* the build stopped because the core is closing (ML_BB_STOP_ON_CLOSE) */
 } ml_base;
 
 /* Write the bytes the encoder has produced into the area (all of them when final, else whole
@@ -675,8 +676,14 @@ typedef struct base_build {
     rb_buf arena;     /* their keys and positions */
     uint8_t *bounce;  /* block-aligned write buffer */
     uint64_t written; /* bytes written into the area */
-    int meanwhile;    /* the caller holds no ckpt_mu: due groups are written between slices */
+    int flags;        /* ML_BB_* */
 } base_build;
+
+/* build_base's flags: the caller holds no ckpt_mu, so due groups are written between slices;
+ * the build stops (-ECANCELED) once the core is closing (the periodic thread's compaction:
+ * close's own checkpoint compacts if it must). */
+#define ML_BB_MEANWHILE 1
+#define ML_BB_STOP_ON_CLOSE 2
 
 /* Begin under mu: the open page closed (Q = its sequence), the generation's classes to be
  * defined again by the base, the positions frozen (hold_compact). 0, or -ENOMEM before any of
@@ -876,6 +883,14 @@ static int encode_slice(base_build *bb, size_t nc, rb_err *err)
 }
 
 /* Step 3: encode, a slice of entries copied out under mu at a time, and write into area. */
+static int closing(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
+    return closed;
+}
+
 /* Between two slices of a base that takes seconds (millions of entries), the changes made
  * meanwhile go on being written as groups when a checkpoint is due (rb_core_ckpt_due_locked:
  * the log's age and size bounds hold during a compaction too). Not once the ring is full: the
@@ -883,7 +898,7 @@ static int encode_slice(base_build *bb, size_t nc, rb_err *err)
 static void groups_meanwhile(base_build *bb)
 {
     rb_core *c = bb->c;
-    if (!bb->meanwhile)
+    if (!(bb->flags & ML_BB_MEANWHILE))
         return;
     pthread_mutex_lock(&c->mu);
     int due = c->ml.state == RB_ML_LIVE && !c->closed && !c->ml.cmp_urgent && rb_core_ckpt_due_locked(c, 0, 0);
@@ -916,6 +931,10 @@ static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
         if (rc == 0)
             rc = base_drain(c, &bb->be, area, &bb->written, &bb->bounce, 0, err);
         groups_meanwhile(bb);
+        if (rc == 0 && (bb->flags & ML_BB_STOP_ON_CLOSE) && closing(c)) {
+            out->stopped = 1;
+            rc = rb_err_set(err, RB_ERR_RUNTIME, ECANCELED, "compaction stopped: the core is closing");
+        }
     }
     if (rc == 0)
         rc = rb_mlog_benc_finish(&bb->be, ba, err);
@@ -960,7 +979,7 @@ static void base_end(base_build *bb, int rc, uint64_t t0)
  * Build a base of the index into base area `area` (no lock held on entry; cmp_mu held): begin
  * under mu, then 1: the live positions, the class table, 2: slot order, 3: encode and write.
  */
-static int build_base(rb_core *c, int area, int meanwhile, ml_base *out, rb_err *err)
+static int build_base(rb_core *c, int area, int flags, ml_base *out, rb_err *err)
 {
     uint64_t t0 = rb_now_ns();
     memset(out, 0, sizeof(*out));
@@ -969,7 +988,7 @@ static int build_base(rb_core *c, int area, int meanwhile, ml_base *out, rb_err 
     memset(&bb, 0, sizeof bb);
     bb.c = c;
     bb.out = out;
-    bb.meanwhile = meanwhile;
+    bb.flags = flags;
     if (base_begin(&bb) < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     int rc = base_collect(&bb, err);
@@ -1324,7 +1343,7 @@ int rb_core_ml_compact_due(rb_core *c)
     return due;
 }
 
-int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
+static int compact_impl(rb_core *c, int force, int flags, rb_err *err)
 {
     rb_mlw *m = &c->ml;
     if (!m->on)
@@ -1340,7 +1359,7 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         return 0;
     }
     ml_base b;
-    int rc = build_base(c, area, 1, &b, err);
+    int rc = build_base(c, area, flags, &b, err);
     if (rc == 0) {
         pthread_mutex_lock(&c->ckpt_mu);
         rc = switch_base(c, &b, 0, err);
@@ -1350,11 +1369,21 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         pthread_mutex_lock(&c->mu);
         m->compactions++;
         pthread_mutex_unlock(&c->mu);
-    } else {
+    } else if (!b.stopped) {
         rb_core_set_ckpt_error(c, err);
     }
     pthread_mutex_unlock(&m->cmp_mu);
-    return rc < 0 ? rc : 1;
+    return b.stopped ? 0 : rc < 0 ? rc : 1;
+}
+
+int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
+{
+    return compact_impl(c, force, ML_BB_MEANWHILE, err);
+}
+
+int rb_core_ml_compact_periodic(rb_core *c, rb_err *err)
+{
+    return compact_impl(c, 0, ML_BB_MEANWHILE | ML_BB_STOP_ON_CLOSE, err);
 }
 
 int rb_core_compact(rb_core *c, rb_err *err)

@@ -31,7 +31,10 @@ def _fmt(fmt: str, v) -> str:
 
 
 def main(paths: list[str]) -> None:
-    runs = [json.load(open(p)) for p in paths]
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append(json.load(f))
     print("| figure | " + " | ".join(paths) + " |")
     print("|---|" + "---:|" * len(runs))
     for label, key, fmt in ROWS:
