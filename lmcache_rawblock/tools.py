@@ -17,6 +17,7 @@ cannot open the device (it waits briefly for readers, then is refused).
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -418,6 +419,8 @@ def _v1_geometry(st: dict, size: int, meta_total: int) -> dict:
 
 
 def inspect_device(path: str, *, sample: int = 5, **kw: Any) -> dict:
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise ValueError(f"sample must be an integer >= 0, got {sample!r}")
     rep = read_device(path, **kw)
     entries = rep.state.get("entries", {}) or {}
     sample_rows = []
@@ -686,6 +689,18 @@ def main_verify(args: Any) -> int:
     return 1 if res["mismatch_count"] else 0
 
 
+def _count_arg(text: str) -> int:
+    """argparse type of a count (--sample): an integer >= 0; anything else is refused with the
+    value (argparse names the option)."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def add_arguments(p: Any, verify: bool) -> None:
     p.add_argument("device", help="raw block device or file written by LMCache's raw-block tier (opened read-only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -698,7 +713,7 @@ def add_arguments(p: Any, verify: bool) -> None:
     if verify:
         p.add_argument("--no-checksums", action="store_true", help="skip payload checksum re-reads")
     else:
-        p.add_argument("--sample", type=int, default=5, help="how many entries to list (default 5)")
+        p.add_argument("--sample", type=_count_arg, default=5, help="how many entries to list (default 5)")
 
 
 # --------------------------------------------------------------------------- fdp-status

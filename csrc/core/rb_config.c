@@ -56,7 +56,9 @@ const rb_setting rb_core_settings[] = {
     {"meta_checkpoint_interval_sec", RB_SET_UINT, CFG(meta_checkpoint_interval_sec), 1, U32MAX, "60", NULL,
      LR | RB_SET_CLAMP_TO_MIN, "seconds between periodic checkpoints"},
     {"meta_idle_quiet_ms", RB_SET_UINT, CFG(meta_idle_quiet_ms), 0, U32MAX, "100", NULL,
-     LR | RB_SET_NONPOSITIVE_IS_ZERO, "a periodic checkpoint waits until no I/O has run for this long"},
+     LR | RB_SET_NONPOSITIVE_IS_ZERO,
+     "a periodic checkpoint waits until no I/O has run for this long (format v1; the log format writes anyway once "
+     "its oldest change is one period old or 16 MiB of changes wait)"},
     {"meta_enable_periodic", RB_SET_BOOL, CFG(meta_enable_periodic), 0, 1, "true", NULL, LR,
      "run the background checkpoint thread"},
     {"meta_verify_on_load", RB_SET_BOOL, CFG(meta_verify_on_load), 0, 1, "true", NULL, LR,

@@ -137,6 +137,19 @@ static rb_core *core_new(const rb_core_cfg *cfg)
     return c;
 }
 
+/* A device open that failed: the errno's text and name in the message ("open failed: No such
+ * file or directory (ENOENT)"), as the core's other device errors give them; the binding adds
+ * the path (OSError's filename). */
+static void name_open_errno(rb_err *err)
+{
+    const char *name = err->kind == RB_ERR_OS && err->errnum > 0 ? strerrorname_np(err->errnum) : NULL;
+    if (!name || strncmp(err->msg, "open failed", 11) != 0 || strstr(err->msg, name))
+        return;
+    char was[sizeof err->msg];
+    memcpy(was, err->msg, sizeof was);
+    rb_err_set(err, RB_ERR_OS, err->errnum, "%s: %s (%s)", was, strerror(err->errnum), name);
+}
+
 /* Open the device (exclusively) and, unless allowed, refuse one holding foreign data. */
 static int open_device(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
 {
@@ -152,8 +165,10 @@ static int open_device(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
         .lock = RB_LOCK_EXCLUSIVE, /* one writer per device, until close */
     };
     int rc = rb_dev_open(&dc, &c->dev, err);
-    if (rc < 0)
+    if (rc < 0) {
+        name_open_errno(err);
         return rc;
+    }
     /* The read-only foreign-device probe runs once the lock is held: a device another writer
      * holds, or a mounted one, is reported as such rather than by what its bytes look like. */
     if (!cfg->allow_foreign_device && !looks_ours(c))
@@ -370,6 +385,8 @@ static void status_log_locked(const rb_core *c, rb_core_status *st)
     st->log_last_group_bytes = m->last_group_bytes;
     st->log_last_group_records = m->last_group_records;
     st->log_pending_pages = m->n_pg;
+    st->log_pending_records = rb_core_ml_pending_records_locked(c);
+    st->log_journal_bytes = rb_core_ml_journal_bytes_locked(c);
     st->bases_written = m->bases_written;
     st->base_last_bytes = m->last_base_bytes;
     st->base_last_entries = m->last_base_entries;
@@ -428,7 +445,7 @@ size_t rb_core_mem_bytes(rb_core *c)
 {
     pthread_mutex_lock(&c->mu);
     size_t b = rb_idx_mem_bytes(&c->index) + rb_idx_mem_bytes(&c->inflight) + rb_slots_mem_bytes(&c->slots) +
-               rb_core_trust_mem_bytes(c);
+               rb_core_trust_mem_bytes(c) + (c->ml.on ? rb_core_ml_journal_bytes_locked(c) : 0);
     pthread_mutex_unlock(&c->mu);
     return b;
 }

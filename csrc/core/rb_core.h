@@ -153,6 +153,7 @@ typedef struct rb_core_status {
     int meta_format, log_state; /* enum rb_meta_format; 0 fresh, 1 v1 to move, 2 live */
     uint64_t log_ring_bytes, log_live_bytes, log_seq, log_groups_written, log_bytes_written;
     uint64_t log_last_group_bytes, log_last_group_records, log_pending_pages;
+    uint64_t log_pending_records, log_journal_bytes; /* changes no durable group has; the journal's memory */
     uint64_t bases_written, base_last_bytes, base_last_entries, base_too_large, compactions;
     uint64_t base_last_ns, log_journal_lost, log_ring_full, log_recovered_groups, log_recovered_records;
     uint64_t base_area_bytes, log_generation;
@@ -249,6 +250,8 @@ void rb_core_status_get(rb_core *c, rb_core_status *st);
  * entered in the journal, [1] slot headers refused at load, [2] entries dropped by failed
  * flushes, [3] entries dropped because the device shrank. */
 void rb_core_trust_counts(rb_core *c, uint64_t out[4]);
+/* Bytes the index, the in-flight table, the slot allocator, the durability state and (log
+ * format) the change journal hold. */
 size_t rb_core_mem_bytes(rb_core *c);
 
 /* Register fixed buffers with the io_uring engine (IORING_REGISTER_BUFFERS); later transfers

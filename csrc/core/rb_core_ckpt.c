@@ -209,8 +209,12 @@ int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
     if (room_n)
         return !c->closed && rb_core_room_needed_locked(c, room_n);
     int dirty = c->dirty_total > c->persisted;
-    int idle = c->inflight_io == 0 && rb_now_ns() - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
-    return dirty && (force || idle);
+    if (!dirty || force)
+        return dirty;
+    uint64_t now = rb_now_ns();
+    int idle = c->inflight_io == 0 && now - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
+    /* the log format: also when its journal is overdue, busy or not (rb_core_ml_overdue_locked) */
+    return idle || rb_core_ml_overdue_locked(c, now);
 }
 
 /* One v1 checkpoint being written. */
@@ -671,20 +675,20 @@ static void *ckpt_thread(void *arg)
         (void)rb_core_validate_sliced(c, &c->thr_stop);
         c->ml.bg_validate = 0;
     }
-    pthread_mutex_lock(&c->thr_mu);
+    const uint64_t period =
+        (uint64_t)(c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1) * 1000000000ull;
     int backlog = 0; /* freed slots still wait for their deallocation: the next round soon */
-    while (!c->thr_stop) {
+    for (;;) {
+        /* 10 ms with a backlog (another thread's run may hold the batch); else the period, or
+         * less: until the oldest journaled change is one period old (log format). Computed
+         * before thr_mu (it takes mu). */
+        uint64_t wait = backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period);
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        if (backlog) {
-            ts.tv_nsec += 10 * 1000 * 1000; /* 10 ms: another thread's run may hold the batch */
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-        } else {
-            ts.tv_sec += c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
-        }
+        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
+        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_mutex_lock(&c->thr_mu);
         while (!c->thr_stop && !c->thr_kick && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
             ;
         if (c->thr_stop)
@@ -693,18 +697,18 @@ static void *ckpt_thread(void *arg)
         c->thr_kick = 0;
         pthread_mutex_unlock(&c->thr_mu);
         rb_err e;
-        /* A kick (log format: deletes freed slots) writes the small group that makes them
-         * reusable now; the period's checkpoint waits for an idle moment. Failures are
-         * recorded in the status. */
+        /* A kick (log format: deletes freed slots, or the journal passed RB_ML_PENDING_MAX)
+         * writes what is journaled now; the period's checkpoint waits for an idle moment, or
+         * in the log format for its oldest change to be a period old. Failures are recorded
+         * in the status. */
         rb_core_checkpoint(c, kicked, &e);
         /* The log format compacts here, off every caller's path, once the ring is past half
-         * full (or full: then groups wait for it). */
+         * full (or full: then groups wait for it); stopped by a close. */
         if (c->ml.on && rb_core_ml_compact_due(c)) {
-            rb_core_ml_compact(c, 0, &e);
+            rb_core_ml_compact_periodic(c, &e);
             (void)rb_core_dealloc_run(c);
         }
         backlog = rb_core_dealloc_pending(c);
-        pthread_mutex_lock(&c->thr_mu);
     }
     pthread_mutex_unlock(&c->thr_mu);
     return NULL;

@@ -56,8 +56,9 @@ typedef struct rb_mlpage {
     rb_mlog_genc g;
     uint32_t *frees;
     size_t n_frees, cap_frees;
-    uint64_t seq; /* 0 while open; the group's sequence once closed */
-    uint8_t *img; /* the sealed group (block-aligned), once sealed */
+    uint64_t seq;   /* 0 while open; the group's sequence once closed */
+    uint64_t t0_ns; /* when it took its first record (rb_now_ns): the age of its changes */
+    uint8_t *img;   /* the sealed group (block-aligned), once sealed */
     size_t img_len;
     int placed; /* pos and lpos hold where its group goes (the first write attempt) */
     uint64_t pos, lpos;
@@ -569,9 +570,28 @@ int rb_core_ml_compact_due(rb_core *c);
 /* Compact: a new base beside the current one, then the superblock switch. 1 done, 0 not
  * needed (force 0) or not possible yet, <0 failed. */
 int rb_core_ml_compact(rb_core *c, int force, rb_err *err);
+/* The periodic thread's compaction (force 0): the same, but it stops between two slices of
+ * its base once the core is closing (0: close's final checkpoint compacts if it must). */
+int rb_core_ml_compact_periodic(rb_core *c, rb_err *err);
 /* Deletes freed slots: ask the periodic thread for a group now, so a put finds them
  * reusable without writing one itself. Any lock but thr_mu. */
 void rb_core_ml_kick(rb_core *c);
+/*
+ * Checkpoints under sustained load. The periodic checkpoint waits for an idle moment
+ * (meta_idle_quiet_ms), which a cache filling at full speed never has; in the log format a
+ * checkpoint costs what changed, so it is also due, whatever the I/O, once the oldest change
+ * the journal holds is meta_checkpoint_interval_sec old, or once the journal holds
+ * RB_ML_PENDING_MAX bytes of records (the periodic thread is woken then). mu held.
+ */
+#define RB_ML_PENDING_MAX (16u << 20)
+int rb_core_ml_overdue_locked(const rb_core *c, uint64_t now_ns);
+/* How long the periodic thread may sleep, at most period_ns: until the oldest journaled change
+ * is one period old (log format), else the period. Takes and drops mu. */
+uint64_t rb_core_ml_wait_ns(rb_core *c, uint64_t period_ns);
+/* The journal's memory (pages, their sealed groups, freed-slot lists) and the changes it holds
+ * that no durable group has yet. mu held. */
+size_t rb_core_ml_journal_bytes_locked(const rb_core *c);
+uint64_t rb_core_ml_pending_records_locked(const rb_core *c);
 /* Slots held for a durable FREE (room accounting). mu held. */
 static inline uint64_t rb_core_ml_held_locked(const rb_core *c)
 {

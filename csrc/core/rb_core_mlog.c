@@ -24,6 +24,7 @@
 #include "rb_config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -152,8 +153,83 @@ static rb_mlpage *open_page_locked(rb_core *c)
     if (!p)
         return NULL;
     rb_mlog_genc_init(&p->g);
+    p->t0_ns = rb_now_ns();
     m->pg[m->n_pg++] = p;
+    /* Every RB_ML_PENDING_MAX bytes of full pages waiting: the periodic thread writes them,
+     * busy or not (a checkpoint that failed is tried again at the next such step). */
+    size_t waiting = m->n_pg - 1, step = RB_ML_PENDING_MAX / ML_PAGE_RAW;
+    if (waiting && waiting % step == 0)
+        rb_core_ml_kick(c);
     return p;
+}
+
+/* The oldest page holding a change no durable group has, or NULL. */
+static const rb_mlpage *oldest_page_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    for (size_t i = 0; i < m->n_pg; i++)
+        if (m->pg[i]->g.n_records || m->pg[i]->n_frees)
+            return m->pg[i];
+    return NULL;
+}
+
+static uint64_t period_ns(const rb_core *c)
+{
+    uint64_t s = c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1;
+    return s * 1000000000ull;
+}
+
+int rb_core_ml_overdue_locked(const rb_core *c, uint64_t now_ns)
+{
+    const rb_mlw *m = &c->ml;
+    if (!m->on)
+        return 0;
+    if (m->need_base) /* a change the journal lost: its age is unknown */
+        return 1;
+    const rb_mlpage *p = oldest_page_locked(c);
+    if (p && now_ns - p->t0_ns >= period_ns(c))
+        return 1;
+    uint64_t raw = 0;
+    for (size_t i = 0; i < m->n_pg; i++)
+        raw += m->pg[i]->g.body.len;
+    return raw >= RB_ML_PENDING_MAX;
+}
+
+uint64_t rb_core_ml_wait_ns(rb_core *c, uint64_t period)
+{
+    if (!c->ml.on)
+        return period;
+    pthread_mutex_lock(&c->mu);
+    const rb_mlpage *p = oldest_page_locked(c);
+    uint64_t t0 = p ? p->t0_ns : 0;
+    pthread_mutex_unlock(&c->mu);
+    uint64_t now = rb_now_ns();
+    /* Overdue already (the checkpoint just tried failed, or the period changed): the next
+     * attempt one period on, never a busy loop. */
+    if (!t0 || t0 + period <= now)
+        return period;
+    return t0 + period - now;
+}
+
+size_t rb_core_ml_journal_bytes_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    size_t b = m->cap_pg * sizeof(*m->pg) + (size_t)m->cap_cls_disk * sizeof(*m->cls_disk) +
+               m->cap_held_base * sizeof(*m->held_base);
+    for (size_t i = 0; i < m->n_pg; i++) {
+        const rb_mlpage *p = m->pg[i];
+        b += sizeof(*p) + p->g.body.cap + p->cap_frees * sizeof(*p->frees) + (p->img ? p->img_len : 0);
+    }
+    return b;
+}
+
+uint64_t rb_core_ml_pending_records_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->n_pg; i++)
+        n += m->pg[i]->g.n_records;
+    return n;
 }
 
 /* The journal could not take a change: the next checkpoint writes a whole base instead. */
@@ -539,6 +615,7 @@ typedef struct ml_base {
     uint64_t n_entries;
     uint32_t n_chunks;
     int area;
+    int stopped; /* the build stopped because the core is closing (ML_BB_STOP_ON_CLOSE) */
 } ml_base;
 
 /* Write the bytes the encoder has produced into the area (all of them when final, else whole
@@ -599,7 +676,14 @@ typedef struct base_build {
     rb_buf arena;     /* their keys and positions */
     uint8_t *bounce;  /* block-aligned write buffer */
     uint64_t written; /* bytes written into the area */
+    int flags;        /* ML_BB_* */
 } base_build;
+
+/* build_base's flags: the caller holds no ckpt_mu, so due groups are written between slices;
+ * the build stops (-ECANCELED) once the core is closing (the periodic thread's compaction:
+ * close's own checkpoint compacts if it must). */
+#define ML_BB_MEANWHILE 1
+#define ML_BB_STOP_ON_CLOSE 2
 
 /* Begin under mu: the open page closed (Q = its sequence), the generation's classes to be
  * defined again by the base, the positions frozen (hold_compact). 0, or -ENOMEM before any of
@@ -799,6 +883,34 @@ static int encode_slice(base_build *bb, size_t nc, rb_err *err)
 }
 
 /* Step 3: encode, a slice of entries copied out under mu at a time, and write into area. */
+static int closing(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
+    return closed;
+}
+
+/* Between two slices of a base that takes seconds (millions of entries), the changes made
+ * meanwhile go on being written as groups when a checkpoint is due (rb_core_ckpt_due_locked:
+ * the log's age and size bounds hold during a compaction too). Not once the ring is full: the
+ * groups wait for this compaction then. A failure is recorded as any checkpoint's. */
+static void groups_meanwhile(base_build *bb)
+{
+    rb_core *c = bb->c;
+    if (!(bb->flags & ML_BB_MEANWHILE))
+        return;
+    pthread_mutex_lock(&c->mu);
+    int due = c->ml.state == RB_ML_LIVE && !c->closed && !c->ml.cmp_urgent && rb_core_ckpt_due_locked(c, 0, 0);
+    pthread_mutex_unlock(&c->mu);
+    if (!due)
+        return;
+    rb_err e;
+    pthread_mutex_lock(&c->ckpt_mu);
+    (void)write_groups(c, &e);
+    pthread_mutex_unlock(&c->ckpt_mu);
+}
+
 static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
 {
     rb_core *c = bb->c;
@@ -818,6 +930,11 @@ static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
         rc = encode_slice(bb, nc, err);
         if (rc == 0)
             rc = base_drain(c, &bb->be, area, &bb->written, &bb->bounce, 0, err);
+        groups_meanwhile(bb);
+        if (rc == 0 && (bb->flags & ML_BB_STOP_ON_CLOSE) && closing(c)) {
+            out->stopped = 1;
+            rc = rb_err_set(err, RB_ERR_RUNTIME, ECANCELED, "compaction stopped: the core is closing");
+        }
     }
     if (rc == 0)
         rc = rb_mlog_benc_finish(&bb->be, ba, err);
@@ -862,7 +979,7 @@ static void base_end(base_build *bb, int rc, uint64_t t0)
  * Build a base of the index into base area `area` (no lock held on entry; cmp_mu held): begin
  * under mu, then 1: the live positions, the class table, 2: slot order, 3: encode and write.
  */
-static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
+static int build_base(rb_core *c, int area, int flags, ml_base *out, rb_err *err)
 {
     uint64_t t0 = rb_now_ns();
     memset(out, 0, sizeof(*out));
@@ -871,6 +988,7 @@ static int build_base(rb_core *c, int area, ml_base *out, rb_err *err)
     memset(&bb, 0, sizeof bb);
     bb.c = c;
     bb.out = out;
+    bb.flags = flags;
     if (base_begin(&bb) < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     int rc = base_collect(&bb, err);
@@ -1095,7 +1213,7 @@ static int rebase_locked(rb_core *c, rb_err *err)
         return rc;
     ml_base b;
     int area = fresh ? 0 : (int)(m->sb.base.area ^ 1u);
-    rc = build_base(c, area, &b, err);
+    rc = build_base(c, area, 0, &b, err); /* ckpt_mu held */
     if (rc == 0)
         rc = switch_base(c, &b, fresh, err);
     if (rc == 0) {
@@ -1141,6 +1259,24 @@ static int groups_wanted_locked(rb_core *c, int base, int round, size_t room_n)
                                       (m->n_pg && (m->pg[0]->seq != 0 || m->pg[0]->g.n_records)));
 }
 
+/* The ring is full and the compaction that would empty it failed (ce): the error names that
+ * cause (a base too large for its area says which setting to enlarge), and so does the status's
+ * last checkpoint error (the failure itself is counted once, by groups_failed). */
+static void ring_full_cause(rb_core *c, rb_err *err, const rb_err *ce)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    uint64_t live = m->lhead - m->lstart, len = m->lay.ring.len;
+    pthread_mutex_unlock(&c->mu);
+    rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
+               "the metadata log is full (%llu of %llu bytes live) and the compaction "
+               "that would empty it failed: %s",
+               (unsigned long long)live, (unsigned long long)len, ce->msg);
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->ckpt_error, sizeof c->ckpt_error, "%s", err->msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Write the groups (ckpt_mu per round); when the ring is full (a burst outran the periodic
  * compaction, or there is no periodic thread), compact here and write them again once. As
  * write_groups. */
@@ -1157,8 +1293,10 @@ static int write_groups_rounds(rb_core *c, int base, size_t room_n, rb_err *err)
         if (rc >= 0 || round || !ring_full_err(err))
             return rc;
         rb_err ce;
-        if (rb_core_ml_compact(c, 0, &ce) < 0) /* not forced: one that ran meanwhile made room */
+        if (rb_core_ml_compact(c, 0, &ce) < 0) { /* not forced: one that ran meanwhile made room */
+            ring_full_cause(c, err, &ce);
             return rc;
+        }
     }
 }
 
@@ -1181,11 +1319,13 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
             return base;
     }
     int rc = write_groups_rounds(c, base, room_n, err);
-    if (rc == 0 && base)
+    int base_only = rc == 0 && base; /* the base covered every change: a checkpoint too */
+    if (base_only)
         rc = 1;
-    if (rc > 0 && room_n) {
+    if (rc > 0 && (room_n || base_only)) {
         pthread_mutex_lock(&c->mu);
-        c->room_ckpts++;
+        c->room_ckpts += room_n ? 1 : 0;
+        c->ckpt_written += base_only;
         pthread_mutex_unlock(&c->mu);
     }
     return rc;
@@ -1203,7 +1343,7 @@ int rb_core_ml_compact_due(rb_core *c)
     return due;
 }
 
-int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
+static int compact_impl(rb_core *c, int force, int flags, rb_err *err)
 {
     rb_mlw *m = &c->ml;
     if (!m->on)
@@ -1219,7 +1359,7 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         return 0;
     }
     ml_base b;
-    int rc = build_base(c, area, &b, err);
+    int rc = build_base(c, area, flags, &b, err);
     if (rc == 0) {
         pthread_mutex_lock(&c->ckpt_mu);
         rc = switch_base(c, &b, 0, err);
@@ -1229,11 +1369,21 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
         pthread_mutex_lock(&c->mu);
         m->compactions++;
         pthread_mutex_unlock(&c->mu);
-    } else {
+    } else if (!b.stopped) {
         rb_core_set_ckpt_error(c, err);
     }
     pthread_mutex_unlock(&m->cmp_mu);
-    return rc < 0 ? rc : 1;
+    return b.stopped ? 0 : rc < 0 ? rc : 1;
+}
+
+int rb_core_ml_compact(rb_core *c, int force, rb_err *err)
+{
+    return compact_impl(c, force, ML_BB_MEANWHILE, err);
+}
+
+int rb_core_ml_compact_periodic(rb_core *c, rb_err *err)
+{
+    return compact_impl(c, 0, ML_BB_MEANWHILE | ML_BB_STOP_ON_CLOSE, err);
 }
 
 int rb_core_compact(rb_core *c, rb_err *err)

@@ -36,20 +36,21 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
     if (rc < 0 || st->meta_format != RB_META_LOG)
         return rc;
     PyObject *l = Py_BuildValue(
-        "{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K}", "state",
+        "{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K}", "state",
         st->log_state >= 0 && st->log_state < 3 ? states[st->log_state] : "?", "ring_bytes",
         (unsigned long long)st->log_ring_bytes, "live_bytes", (unsigned long long)st->log_live_bytes, "seq",
         (unsigned long long)st->log_seq, "groups_written", (unsigned long long)st->log_groups_written, "bytes_written",
         (unsigned long long)st->log_bytes_written, "last_group_bytes", (unsigned long long)st->log_last_group_bytes,
         "last_group_records", (unsigned long long)st->log_last_group_records, "pending_pages",
-        (unsigned long long)st->log_pending_pages, "bases_written", (unsigned long long)st->bases_written,
-        "base_last_bytes", (unsigned long long)st->base_last_bytes, "base_last_entries",
-        (unsigned long long)st->base_last_entries, "base_too_large", (unsigned long long)st->base_too_large,
-        "compactions", (unsigned long long)st->compactions, "base_last_seconds", (double)st->base_last_ns / 1e9,
-        "journal_lost", (unsigned long long)st->log_journal_lost, "ring_full", (unsigned long long)st->log_ring_full,
-        "recovered_groups", (unsigned long long)st->log_recovered_groups, "recovered_records",
-        (unsigned long long)st->log_recovered_records, "base_area_bytes", (unsigned long long)st->base_area_bytes,
-        "generation", (unsigned long long)st->log_generation);
+        (unsigned long long)st->log_pending_pages, "pending_records", (unsigned long long)st->log_pending_records,
+        "journal_bytes", (unsigned long long)st->log_journal_bytes, "bases_written",
+        (unsigned long long)st->bases_written, "base_last_bytes", (unsigned long long)st->base_last_bytes,
+        "base_last_entries", (unsigned long long)st->base_last_entries, "base_too_large",
+        (unsigned long long)st->base_too_large, "compactions", (unsigned long long)st->compactions, "base_last_seconds",
+        (double)st->base_last_ns / 1e9, "journal_lost", (unsigned long long)st->log_journal_lost, "ring_full",
+        (unsigned long long)st->log_ring_full, "recovered_groups", (unsigned long long)st->log_recovered_groups,
+        "recovered_records", (unsigned long long)st->log_recovered_records, "base_area_bytes",
+        (unsigned long long)st->base_area_bytes, "generation", (unsigned long long)st->log_generation);
     if (l) {
         PyObject *rs = PyFloat_FromDouble((double)st->recovery_read_ns / 1e9);
         if (!rs || PyDict_SetItemString(l, "recovery_read_seconds", rs) < 0)

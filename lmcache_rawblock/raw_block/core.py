@@ -566,7 +566,8 @@ class RawBlockCore:
         return _native.delete_legacy_keys(self._native, keys, bool(force))
 
     def index_memory_bytes(self) -> int:
-        """Bytes the C core holds for its index, in-flight table and slot allocator."""
+        """Bytes the C core holds for its index, in-flight table, slot allocator and (log format)
+        the journal of changes not yet checkpointed."""
         return int(self._native.mem_bytes())
 
     @property
@@ -655,9 +656,11 @@ class RawBlockCore:
         if self._close_outcome is not None:
             return self._close_outcome
         res = self._native.close()
-        if res.get("repeat"):
-            return self._close_outcome or RawBlockCloseOutcome(
-                NativeQuiescence.NOT_ATTEMPTED, False, "a close was already in progress or complete")
+        if res.get("repeat") and "final_checkpoint_written" not in res:
+            # another thread's close has not returned yet: nothing is known of its outcome
+            return RawBlockCloseOutcome(NativeQuiescence.NOT_ATTEMPTED, False, "a close is in progress")
+        # A repeat carries the completed native close's result: an earlier close() that was
+        # interrupted (KeyboardInterrupt) after the core closed is reported as it ended.
         if res["checkpoint_error"]:
             logger.warning("RawBlockCore final checkpoint failed: %s", res["checkpoint_error"])
         if res["device_close_error"]:

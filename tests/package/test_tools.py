@@ -134,3 +134,14 @@ def test_cli_json_and_exit_codes(tmp_path, cmd):
     r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", cmd, str(tmp_path / "missing")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cannot open" in r.stderr and "missing" in r.stderr
+
+
+def test_a_negative_sample_is_refused_naming_the_option_and_the_value(tmp_path):
+    path = _populated(tmp_path, n=20)
+    r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "inspect", path, "--sample", "-3"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert "--sample" in r.stderr and "-3" in r.stderr, r.stderr
+    with pytest.raises(ValueError, match=r"sample must be an integer >= 0, got -3"):
+        tools.inspect_device(path, sample=-3)
+    assert len(tools.inspect_device(path, sample=0)["sample_entries"]) == 0
