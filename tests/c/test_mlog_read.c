@@ -53,8 +53,7 @@ static int dev_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err
     if (off >= d->L.ring.off && off < d->L.ring.off + d->L.ring.len)
         d->ring_reads++;
     if (d->fail_len && off < d->fail_off + d->fail_len && d->fail_off < off + len)
-        return rb_err_set(err, RB_ERR_OS, EIO, "injected EIO reading %zu bytes at %llu", len,
-                          (unsigned long long)off);
+        return rb_err_set(err, RB_ERR_OS, EIO, "injected EIO reading %zu bytes at %llu", len, (unsigned long long)off);
     memcpy(buf, d->b + off, len);
     return 0;
 }
@@ -81,8 +80,8 @@ static void dev_copy(dev *to, const dev *from)
 /* ---- what the reader delivers, as text (so two reads compare with memcmp) ------------------ */
 
 typedef struct sink {
-    rb_buf base; /* classes (the base's, then the log's CLASS records), entries, damage */
-    rb_buf log;  /* sb, records */
+    rb_buf base;            /* classes (the base's, then the log's CLASS records), entries, damage */
+    rb_buf log;             /* sb, records */
     int stop_ent, stop_rec; /* return 9 at this entry / record (-1: never) */
     long n_ent, n_rec;
     uint64_t last_seq_seen;
@@ -130,8 +129,7 @@ static int s_sb(void *ctx, const rb_mlog_sb *sb)
 {
     sink *s = ctx;
     char t[128];
-    snprintf(t, sizeof t, "SB seq=%llu gen=%llu\n", (unsigned long long)sb->sb_seq,
-             (unsigned long long)sb->generation);
+    snprintf(t, sizeof t, "SB seq=%llu gen=%llu\n", (unsigned long long)sb->sb_seq, (unsigned long long)sb->generation);
     CHECK(rb_buf_puts(&s->log, t) == 0);
     return 0;
 }
@@ -193,7 +191,18 @@ static int s_rec(void *ctx, uint64_t seq, const rb_mlog_rec *r)
     return 0;
 }
 
-static const rb_mlog_read_cb CB = {.sb = s_sb, .cls = s_cls, .ent = s_ent, .rec = s_rec, .damage = s_dmg};
+static int s_gap(void *ctx, const rb_mlog_gap *g)
+{
+    sink *s = ctx;
+    char t[160];
+    snprintf(t, sizeof t, "GAP %llu..%llu at=%llu next_at=%llu records=%lld\n", (unsigned long long)g->seq,
+             (unsigned long long)g->next_seq, (unsigned long long)g->at, (unsigned long long)g->next_at,
+             (long long)g->records);
+    CHECK(rb_buf_puts(&s->log, t) == 0);
+    return 0;
+}
+
+static const rb_mlog_read_cb CB = {.sb = s_sb, .cls = s_cls, .ent = s_ent, .rec = s_rec, .damage = s_dmg, .gap = s_gap};
 
 /* ---- building an image ------------------------------------------------------------------- */
 
@@ -320,8 +329,12 @@ static uint64_t put_group(dev *d, uint64_t at, uint64_t gen, uint64_t seq, int n
         CHECK(gkey_n < 4096);
         char *k = gkeys[gkey_n++];
         int kl = snprintf(k, 64, "meta-llama%%2FLlama@0x%08x@0@%016llx", i % 8, (unsigned long long)rnd());
-        rb_mlog_ent e = {.key = k, .key_len = (uint32_t)kl, .slot = (uint32_t)(seq * 1000 + (uint64_t)i),
-                         .size = 8u << 20, .cls = 0, .npos = -1};
+        rb_mlog_ent e = {.key = k,
+                         .key_len = (uint32_t)kl,
+                         .slot = (uint32_t)(seq * 1000 + (uint64_t)i),
+                         .size = 8u << 20,
+                         .cls = 0,
+                         .npos = -1};
         CHECK(rb_mlog_genc_put(&g, &e, &err) == 0);
         rb_mlog_rec r = {.type = RB_MLOG_PUT, .ent = e};
         s_rec(&tmp, seq, &r);
@@ -359,6 +372,8 @@ typedef struct scene {
     expect ex;      /* REC lines of groups 11..15 */
     size_t ex_at13; /* bytes of ex before group 13 */
     size_t ex_at14;
+    size_t ex_at[7];  /* bytes of ex before group 10 + i (ex_at[6]: all) */
+    uint32_t nrec[6]; /* records of group 10 + i */
 } scene;
 
 static void build(scene *s)
@@ -377,24 +392,30 @@ static void build(scene *s)
     put_sb(d, 0, 3, GEN, 0, &s->ba, s->start);
     uint64_t p = s->start;
     s->off[1] = p;
+    s->ex_at[1] = s->ex.log.len;
     s->len[1] = put_group(d, p, GEN, 11, 150, 3, 0, 0, &s->ex);
     p += s->len[1];
     s->off[2] = p;
+    s->ex_at[2] = s->ex.log.len;
     s->len[2] = put_group(d, p, GEN, 12, 1, 2, 0, 1, &s->ex);
     p += s->len[2];
     CHECK(s->len[2] == BA && p < rl);
     uint64_t rem = rl - p;
     put_group(d, p, GEN + 1, 13, 1, 0, 0, 0, NULL); /* another generation's, where 13 did not fit */
-    s->ex_at13 = s->ex.log.len;
+    s->ex_at13 = s->ex_at[3] = s->ex.log.len;
     s->off[3] = 0;
     s->len[3] = put_group(d, 0, GEN, 13, 60, 0, 0, 0, &s->ex);
     CHECK(s->len[3] > rem);
-    s->ex_at14 = s->ex.log.len;
+    s->ex_at14 = s->ex_at[4] = s->ex.log.len;
     s->off[4] = s->len[3];
     s->len[4] = put_group(d, s->off[4], GEN, 14, 100, 20, 0, 1, &s->ex);
     CHECK(rb_get_le(d->b + d->L.ring.off + s->off[4] + 36, 4) == RB_MLOG_GROUP_DEFLATE && s->len[4] > 3 * BA);
     s->off[5] = s->off[4] + s->len[4];
+    s->ex_at[5] = s->ex.log.len;
     s->len[5] = put_group(d, s->off[5], GEN, 15, 0, 5, 1, 0, &s->ex);
+    s->ex_at[6] = s->ex.log.len;
+    const uint32_t nrec[6] = {0, 153, 3, 60, 120, 6};
+    memcpy(s->nrec, nrec, sizeof nrec);
     s->head = s->off[5] + s->len[5];
     CHECK(s->head < s->start);
     put_group(d, s->head, GEN + 1, 16, 1, 0, 0, 0, NULL); /* another generation, the expected sequence */
@@ -626,6 +647,24 @@ static void test_main_image(void)
     scene_free(&s);
 }
 
+/* The log text a read of s delivers when group 10 + g is skipped as damage at ring offset at
+ * (records: what the reader could count of it). */
+static void check_gap(const scene *s, const sink *k, const rb_mlog_read_result *r, int g, uint64_t at, int64_t records)
+{
+    CHECK(r->gaps == 1 && r->groups_lost == 1 && r->gap_seq == 10 + (uint64_t)g && r->gap_at == at);
+    CHECK(r->records_lost == records && strstr(r->gap_why.msg, "group"));
+    CHECK(r->groups == 4 && r->last_seq == 15 && r->head == s->head && r->used == s->used);
+    CHECK(r->log_end == RB_MLOG_END_NONE && k->order_ok);
+    char line[160];
+    snprintf(line, sizeof line, "GAP %d..%d at=%llu next_at=%llu records=%lld\n", 10 + g, 11 + g,
+             (unsigned long long)at, (unsigned long long)s->off[g + 1], (long long)records);
+    const char *first = strchr(k->log.data, '\n') + 1, *end = k->log.data + k->log.len;
+    size_t a = s->ex_at[g], l = strlen(line), b = s->ex.log.len - s->ex_at[g + 1];
+    CHECK((size_t)(end - first) == a + l + b);
+    CHECK(!memcmp(first, s->ex.log.data, a) && !memcmp(first + a, line, l));
+    CHECK(!memcmp(first + a + l, s->ex.log.data + s->ex_at[g + 1], b));
+}
+
 static void test_torn(void)
 {
     scene s;
@@ -650,42 +689,55 @@ static void test_torn(void)
             if (cases[ci].how == 2) /* an older lap's group where the next would be */
                 put_group(&d, s.off[g + 1], GEN, 2, 1, 1, 0, 0, NULL);
         }
+        /* a later group follows (the last group, or the one after it gone, is a torn tail) */
+        int tail = g == 5 || cases[ci].how == 2;
         for (uint32_t th = 1; th <= 4; th += 3) {
             sink k;
             sink_init(&k);
             rb_mlog_read_result r;
             CHECK(rd(&d, th, 0, &k, &r, &err) == 0);
+            if (!tail) {
+                check_gap(&s, &k, &r, g, s.off[g], s.nrec[g]);
+                sink_free(&k);
+                continue;
+            }
+            CHECK(r.gaps == 0 && r.groups_lost == 0 && r.records_lost == 0);
             CHECK(r.log_end == RB_MLOG_END_TORN && r.torn_at == s.off[g] && r.head == s.off[g]);
             CHECK(r.groups == (uint64_t)g - 1 && r.last_seq == 10 + (uint64_t)g - 1);
             uint64_t used = g >= 3 ? (s.d.L.ring.len - s.start) + s.off[g] : s.off[g] - s.start;
             CHECK(r.used == used);
             CHECK(strstr(r.log_why.msg, "log group"));
             /* only the groups before it were delivered */
-            size_t want = g == 3 ? s.ex_at13 : g == 4 ? s.ex_at14 : 0;
-            if (g == 3 || g == 4) {
-                const char *first = strchr(k.log.data, '\n');
-                CHECK(k.log.len - (size_t)(first + 1 - k.log.data) == want && !memcmp(first + 1, s.ex.log.data, want));
-            }
+            const char *first = strchr(k.log.data, '\n');
+            size_t want = s.ex_at[g];
+            CHECK(k.log.len - (size_t)(first + 1 - k.log.data) == want && !memcmp(first + 1, s.ex.log.data, want));
             sink_free(&k);
         }
         free(d.b);
     }
-    /* A torn header (its CRC fails) is no group: the walk ends there, NONE, after the retry at 0. */
-    {
+    /* A damaged header (its CRC fails) is no group: as the walk finds group 13 after it, group
+     * 12 is damage of unknown size; with 13..15 gone too, the log ends there, NONE. */
+    for (int gone = 0; gone < 2; gone++) {
         dev d;
         dev_copy(&d, &s.d);
         d.b[ring + s.off[2] + 20] ^= 1;
+        if (gone)
+            memset(d.b + ring, 0, s.head); /* groups 13..15 */
         sink k;
         sink_init(&k);
         rb_mlog_read_result r;
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
-        CHECK(r.log_end == RB_MLOG_END_NONE && r.groups == 1 && r.head == s.off[2] && r.last_seq == 11);
-        CHECK(r.used == s.off[2] - s.start && strstr(r.log_why.msg, "header CRC"));
+        if (!gone) {
+            check_gap(&s, &k, &r, 2, s.off[2], -1);
+        } else {
+            CHECK(r.log_end == RB_MLOG_END_NONE && r.groups == 1 && r.head == s.off[2] && r.last_seq == 11);
+            CHECK(r.gaps == 0 && r.used == s.off[2] - s.start && strstr(r.log_why.msg, "header CRC"));
+        }
         sink_free(&k);
         free(d.b);
     }
     /* A group of the expected generation and sequence whose length runs past the ring's end:
-     * the header says it is ours and expected, so it is torn. */
+     * the header says it is ours and expected, so it is torn (damage: group 13 follows). */
     {
         dev d;
         dev_copy(&d, &s.d);
@@ -697,7 +749,8 @@ static void test_torn(void)
         sink_init(&k);
         rb_mlog_read_result r;
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
-        CHECK(r.log_end == RB_MLOG_END_TORN && r.torn_at == s.off[2] && strstr(r.log_why.msg, "ring's end"));
+        check_gap(&s, &k, &r, 2, s.off[2], 1);
+        CHECK(strstr(r.gap_why.msg, "ring's end"));
         sink_free(&k);
         free(d.b);
     }
@@ -729,7 +782,8 @@ static void test_sb_choice(void)
         const char *first = strchr(a.log.data, '\n');
         size_t want = s.ex.log.len - s.ex_at13;
         CHECK(!strncmp(a.log.data, "SB seq=4", 8));
-        CHECK(a.log.len - (size_t)(first + 1 - a.log.data) == want && !memcmp(first + 1, s.ex.log.data + s.ex_at13, want));
+        CHECK(a.log.len - (size_t)(first + 1 - a.log.data) == want &&
+              !memcmp(first + 1, s.ex.log.data + s.ex_at13, want));
     }
     sink_init(&b);
     CHECK(rd(&s.d, 4, 0, &b, &rb, &err) == 0);
@@ -789,7 +843,7 @@ static void test_sb_choice(void)
                 memset(a1, 0, 2 * BA);
             } else if (how == 1) {
                 memcpy(a1, d.b + s.d.L.areas[0].off, s.ba.len); /* base A's bytes: another log_seq */
-            } else { /* its end record */
+            } else {                                            /* its end record */
                 rb_mlog_base_result br;
                 CHECK(rb_mlog_base_decode(a1, s.bb.len, NULL, &br, &err) == 0 && br.have_end);
                 a1[br.end.off + 20] ^= 0x10;
@@ -857,13 +911,22 @@ static void test_sb_choice(void)
         sink_init(&k);
         d.fail_off = s.d.L.ring.off; /* ring offset 0: where group 13 is */
         CHECK(rd(&d, 4, 0, &k, &r, &err) == 0);
-        CHECK(r.which == 1 && r.log_end == RB_MLOG_END_IOERR && r.groups == 0 && r.head == 0 && r.last_seq == 12);
+        /* groups 14 and 15 follow the unreadable one: it is damage, skipped */
+        CHECK(r.which == 1 && r.gaps == 1 && r.gap_seq == 13 && r.gap_at == 0 && r.records_lost == -1);
+        CHECK(strstr(r.gap_why.msg, "injected") && r.groups == 2 && r.head == s.head && r.last_seq == 15);
         sink_free(&k);
         /* superblock 0 alone: the ring read fails after group 12 (at the wrap) */
         put_sb(&d, 1, 1, GEN, 1, &s.bb, 0); /* older now */
         sink_init(&k);
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
-        CHECK(r.which == 0 && r.log_end == RB_MLOG_END_IOERR && r.groups == 2 && r.last_seq == 12);
+        CHECK(r.which == 0 && r.gaps == 1 && r.gap_seq == 13 && r.gap_at == s.off[2] + s.len[2]);
+        CHECK(r.groups == 4 && r.last_seq == 15 && r.head == s.head && strstr(r.gap_why.msg, "injected"));
+        sink_free(&k);
+        /* and with groups 14 and 15 gone, the log ends at the read error */
+        memset(d.b + d.L.ring.off + s.off[4], 0, s.len[4] + s.len[5]);
+        sink_init(&k);
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        CHECK(r.which == 0 && r.log_end == RB_MLOG_END_IOERR && r.groups == 2 && r.last_seq == 12 && r.gaps == 0);
         CHECK(r.head == s.off[2] + s.len[2] && strstr(r.log_why.msg, "injected"));
         sink_free(&k);
         free(d.b);
@@ -993,14 +1056,30 @@ static void test_full_ring(void)
         CHECK(strstr(r.log_why.msg, "would pass"));
         sink_free(&k);
     }
-    /* the group at the start is of another generation: nothing replayed */
+    /* the group at the start is of another generation: the groups after it are replayed past
+     * the gap, and past the one that says it is too long (its body fails) to the last one (the
+     * ring is no longer the bound: the sequences are) */
     put_group(&d, start, GEN + 5, 11, 1, 1, 0, 0, NULL);
     {
         sink k;
         sink_init(&k);
         rb_mlog_read_result r;
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        CHECK(r.gaps == 2 && r.groups_lost == 2 && r.gap_seq == 11 && r.gap_at == start && r.records_lost == -1);
+        CHECK(r.groups == n - 2 && r.last_seq == 10 + n && r.log_end == RB_MLOG_END_NONE && k.order_ok);
+        CHECK(r.head == start && r.used == rl);
+        sink_free(&k);
+    }
+    /* nothing of this generation after it: nothing replayed */
+    for (uint64_t k = 1; k < n; k++)
+        put_group(&d, (start + k * BA) % rl, GEN + 5, 11 + k, 1, 1, 0, 0, NULL);
+    {
+        sink k;
+        sink_init(&k);
+        rb_mlog_read_result r;
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
         CHECK(r.log_end == RB_MLOG_END_NONE && r.groups == 0 && r.head == start && r.used == 0 && r.last_seq == 10);
+        CHECK(r.gaps == 0);
         sink_free(&k);
     }
     free(d.b);
