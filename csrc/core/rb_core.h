@@ -116,6 +116,7 @@ enum rb_recovery_outcome {
     RB_REC_FALLBACK,   /* the newest was unreadable; the older one was loaded */
     RB_REC_REJECTED,   /* a readable checkpoint failed the layout checks; started empty */
     RB_REC_UNREADABLE, /* the device had a checkpoint but none could be read; started empty */
+    RB_REC_DAMAGED,    /* loaded, but part of the metadata was damaged: what it alone listed is lost */
 };
 
 /* One I/O fault the core met (a failed device write, read or flush), kept until it is closed. */

@@ -104,8 +104,9 @@ static int status_add_trust(PyObject *d, const rb_core_status *st)
  * dict, or NULL with an exception set. */
 static PyObject *status_base(const rb_core_status *st, PyObject *io)
 {
-    static const char *const outcomes[] = {"blank", "skipped", "loaded", "fallback", "rejected", "unreadable"};
-    const char *outcome = st->recovery_outcome >= 0 && st->recovery_outcome < 6 ? outcomes[st->recovery_outcome] : "?";
+    static const char *const outcomes[] = {"blank",    "skipped",    "loaded", "fallback",
+                                           "rejected", "unreadable", "damaged"};
+    const char *outcome = st->recovery_outcome >= 0 && st->recovery_outcome < 7 ? outcomes[st->recovery_outcome] : "?";
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
         "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
