@@ -1085,6 +1085,241 @@ static void test_full_ring(void)
     free(d.b);
 }
 
+/* ---- damage, exhaustively: every bit of a small log and of both superblocks -------------- */
+
+/* The index a read rebuilds, per slot: a hash of the key it holds (0: free), the base's entries
+ * then the log's records applied as the core does (a PUT vacates the slot and moves the key). */
+#define DS_SLOTS 256
+typedef struct dstate {
+    uint64_t slot[DS_SLOTS];
+    uint64_t gaps_seen;
+} dstate;
+
+static uint64_t key_hash(const char *k, uint32_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)k[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+static void ds_put(dstate *d, const rb_mlog_ent *e)
+{
+    CHECK(e->slot < DS_SLOTS);
+    uint64_t h = key_hash(e->key, e->key_len);
+    for (uint32_t s = 0; s < DS_SLOTS; s++)
+        if (d->slot[s] == h)
+            d->slot[s] = 0;
+    d->slot[e->slot] = h;
+}
+
+static int ds_ent(void *ctx, const rb_mlog_ent *e)
+{
+    ds_put(ctx, e);
+    return 0;
+}
+
+static int ds_rec(void *ctx, uint64_t seq, const rb_mlog_rec *r)
+{
+    (void)seq;
+    dstate *d = ctx;
+    if (r->type == RB_MLOG_PUT)
+        ds_put(d, &r->ent);
+    else if (r->type == RB_MLOG_FREE && r->slot < DS_SLOTS)
+        d->slot[r->slot] = 0;
+    return 0;
+}
+
+static int ds_gap(void *ctx, const rb_mlog_gap *g)
+{
+    (void)g;
+    ((dstate *)ctx)->gaps_seen++;
+    return 0;
+}
+
+/* A small log: base of 20 entries, groups 11..15 from block 59 of 64 (group 14, deflated, does
+ * not fit at the end and is at 0); records that free base slots, reuse them, move keys. The
+ * slots each group's records name, to bound what damage to it may change. */
+typedef struct dscene {
+    dev d;
+    ents base;
+    uint64_t off[6], len[6], body[6];
+    uint32_t nrec[6];
+    uint8_t touched[6][DS_SLOTS];
+    char keys[64][40];
+    int kslot[64]; /* where each key was last put, -1: nowhere yet */
+} dscene;
+
+typedef struct drec {
+    int free; /* 1: FREE slot; 0: PUT key (an index into dscene.keys) at slot */
+    uint32_t slot;
+    int key;
+} drec;
+
+static uint64_t dgroup(dscene *s, int g, uint64_t at, const drec *r, int n, int level)
+{
+    rb_err err;
+    rb_mlog_genc e;
+    rb_mlog_genc_init(&e);
+    e.epoch = 3;
+    for (int i = 0; i < n; i++) {
+        s->touched[g][r[i].slot] = 1;
+        if (r[i].free) {
+            CHECK(rb_mlog_genc_free_slot(&e, r[i].slot, &err) == 0);
+            continue;
+        }
+        const char *k = s->keys[r[i].key];
+        rb_mlog_ent me = {.key = k, .key_len = (uint32_t)strlen(k), .slot = r[i].slot, .size = 4096, .npos = -1};
+        CHECK(rb_mlog_genc_put(&e, &me, &err) == 0);
+        /* a key moved: its old slot changes too */
+        if (s->kslot[r[i].key] >= 0)
+            s->touched[g][s->kslot[r[i].key]] = 1;
+        s->kslot[r[i].key] = (int)r[i].slot;
+    }
+    rb_buf out = {0};
+    CHECK(rb_mlog_genc_seal(&e, GEN, 10 + (uint64_t)g, BA, level, &out, &err) == 0);
+    CHECK(at + out.len <= s->d.L.ring.len);
+    memcpy(s->d.b + s->d.L.ring.off + at, out.data, out.len);
+    s->off[g] = at;
+    s->len[g] = out.len;
+    s->body[g] = rb_get_le((const uint8_t *)out.data + 24, 8);
+    s->nrec[g] = (uint32_t)n;
+    rb_buf_free(&out);
+    rb_mlog_genc_free(&e);
+    return at + s->len[g];
+}
+
+static void dbuild(dscene *s)
+{
+    memset(s, 0, sizeof *s);
+    dev_init(&s->d);
+    mk_ents(&s->base, 20, 3);
+    CHECK(s->base.e[19].slot < 80);
+    for (int i = 0; i < 64; i++) {
+        snprintf(s->keys[i], sizeof s->keys[i], "model@0x%08x@0@%016llx", i % 8, (unsigned long long)rnd());
+        s->kslot[i] = -1;
+    }
+    base_desc bd = put_base(&s->d, 0, GEN, 10, &s->base, 300);
+    const uint64_t start = 59 * BA;
+    put_sb(&s->d, 0, 5, GEN, 0, &bd, start);
+    put_sb(&s->d, 1, 4, GEN, 0, &bd, start); /* the mirror a first format writes */
+    const uint32_t b2 = s->base.e[2].slot, b5 = s->base.e[5].slot, b7 = s->base.e[7].slot;
+    const drec g11[] = {{0, 100, 0}, {1, b2, 0}, {0, 101, 1}};
+    const drec g12[] = {{0, b2, 2}, {1, b5, 0}, {0, 102, 3}, {1, 100, 0}};
+    drec g13[24], g14[30];
+    for (int i = 0; i < 23; i++)
+        g13[i] = (drec){0, 110 + (uint32_t)i, 4 + i};
+    g13[23] = (drec){1, b7, 0};
+    for (int i = 0; i < 30; i++) /* keys of group 13 moved, and new ones */
+        g14[i] = (drec){0, 140 + (uint32_t)i, i < 5 ? 4 + i : 22 + i};
+    const drec g15[] = {{1, 140, 0}, {0, b5, 60}, {1, 101, 0}};
+    uint64_t p = dgroup(s, 1, start, g11, 3, 0);
+    p = dgroup(s, 2, p, g12, 4, 0);
+    p = dgroup(s, 3, p, g13, 24, 1); /* deflated */
+    CHECK(rb_get_le(s->d.b + s->d.L.ring.off + s->off[3] + 36, 4) & RB_MLOG_GROUP_DEFLATE);
+    p = dgroup(s, 4, 0, g14, 30, 0); /* does not fit before the ring's end: at 0 */
+    CHECK(s->len[4] > s->d.L.ring.len - s->off[3] - s->len[3] && s->off[3] > s->off[2]);
+    dgroup(s, 5, p, g15, 3, 0);
+}
+
+static void dread(dev *d, dstate *st, rb_mlog_read_result *r)
+{
+    memset(st, 0, sizeof *st);
+    rb_mlog_read_opts o = {.block_align = BA, .meta_total_bytes = MT, .threads = 1};
+    rb_mlog_read_cb cb = {.ctx = st, .ent = ds_ent, .rec = ds_rec, .gap = ds_gap};
+    rb_err err;
+    CHECK(rb_mlog_read(&o, dev_pread, d, &cb, r, &err) == 0);
+    CHECK(r->gaps == st->gaps_seen);
+}
+
+/* Slots whose key differs from the truth t, all of them among the slots group g's records name
+ * (g 0: none may differ); how many keys of t are not where they were. */
+static uint32_t ds_diff(const dscene *s, const dstate *t, const dstate *x, int g)
+{
+    uint32_t lost = 0;
+    for (uint32_t k = 0; k < DS_SLOTS; k++) {
+        if (t->slot[k] == x->slot[k])
+            continue;
+        CHECK(g > 0 && s->touched[g][k]);
+        lost += t->slot[k] != 0;
+    }
+    return lost;
+}
+
+/* One bit of group g flipped: the read's state differs from the truth only in the group's
+ * slots, keys lost at most its records; damage before the last group is reported as a gap. */
+static void dflip_group(const dscene *s, dev *d, const dstate *truth, int g, uint64_t bit)
+{
+    const uint64_t at = d->L.ring.off + s->off[g] + bit / 8;
+    d->b[at] ^= (uint8_t)(1u << (bit % 8));
+    dstate st;
+    rb_mlog_read_result r;
+    dread(d, &st, &r);
+    d->b[at] ^= (uint8_t)(1u << (bit % 8));
+    /* header: a byte the header CRC covers, or that CRC (the group CRC after it is the body's) */
+    const int inside = bit / 8 < RB_MLOG_GROUP_HDR_LEN + s->body[g], header = bit / 8 < 44;
+    uint32_t lost = ds_diff(s, truth, &st, inside ? g : 0);
+    CHECK(lost <= s->nrec[g]);
+    CHECK(r.found && r.which == 0 && !r.fallback);
+    if (!inside) { /* padding: no part of the group */
+        CHECK(r.gaps == 0 && r.groups == 5);
+    } else if (g < 5) {
+        CHECK(r.gaps == 1 && r.groups_lost == 1 && r.gap_seq == 10 + (uint64_t)g && r.groups == 4);
+        /* a header that does not read is looked for where the walk stood (its group may be at 0) */
+        const uint64_t stood = g == 4 && header ? s->off[3] + s->len[3] : s->off[g];
+        CHECK(r.last_seq == 15 && r.gap_at == stood && r.head == s->off[5] + s->len[5]);
+        CHECK(r.records_lost == (header ? -1 : (int64_t)s->nrec[g]));
+    } else { /* the last group: a torn tail */
+        CHECK(r.gaps == 0 && r.groups == 4 && r.last_seq == 14 && r.head == s->off[5]);
+    }
+}
+
+static void test_damage_every_bit(void)
+{
+    dscene s;
+    dbuild(&s);
+    dstate truth;
+    rb_mlog_read_result r;
+    dread(&s.d, &truth, &r);
+    CHECK(r.groups == 5 && r.gaps == 0 && r.last_seq == 15 && r.log_end == RB_MLOG_END_NONE);
+    uint64_t flips = 0;
+    for (int g = 1; g <= 5; g++)
+        for (uint64_t bit = 0; bit < s.len[g] * 8; bit++, flips++)
+            dflip_group(&s, &s.d, &truth, g, bit);
+    /* both superblocks: one damaged, the other (a mirror) recovers the same state, reported as
+     * a fallback; past its 256 bytes the span is no part of it */
+    for (int w = 0; w < 2; w++)
+        for (uint64_t bit = 0; bit < BA * 8; bit++, flips++) {
+            uint8_t *at = s.d.b + (w ? s.d.L.container_bytes : 0) + bit / 8;
+            *at ^= (uint8_t)(1u << (bit % 8));
+            dstate st;
+            dread(&s.d, &st, &r);
+            *at ^= (uint8_t)(1u << (bit % 8));
+            CHECK(ds_diff(&s, &truth, &st, 0) == 0 && r.groups == 5 && r.gaps == 0);
+            CHECK(r.fallback == (bit / 8 < 256) && r.which == (bit / 8 < 256 ? 1 - w : 0));
+        }
+    /* the log cut at every group boundary (groups g.. gone): a torn tail, nothing reported,
+     * only the cut groups' slots differ */
+    for (int g = 1; g <= 5; g++) {
+        dev d;
+        dev_copy(&d, &s.d);
+        for (int k = g; k <= 5; k++)
+            memset(d.b + d.L.ring.off + s.off[k], 0, s.len[k]);
+        dstate st;
+        dread(&d, &st, &r);
+        CHECK(r.gaps == 0 && r.groups == (uint64_t)g - 1);
+        for (uint32_t k = 0; k < DS_SLOTS; k++) {
+            int cut = 0;
+            for (int j = g; j <= 5; j++)
+                cut |= s.touched[j][k];
+            CHECK(truth.slot[k] == st.slot[k] || cut);
+        }
+        free(d.b);
+    }
+    printf("test_mlog_read: %llu bits flipped one at a time, 5 cuts\n", (unsigned long long)flips);
+    free(s.d.b);
+}
+
 int main(void)
 {
     test_layout();
@@ -1093,6 +1328,7 @@ int main(void)
     test_sb_choice();
     test_parallel_equals_serial();
     test_full_ring();
+    test_damage_every_bit();
     printf("test_mlog_read: all passed\n");
     return 0;
 }
