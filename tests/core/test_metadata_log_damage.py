@@ -304,3 +304,23 @@ def test_verify_and_inspect_report_a_damaged_log(tmp_path, images):
         r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "inspect", dev], capture_output=True,
                            text=True, timeout=120, cwd=str(REPO))
         assert r.returncode == 0 and ("log: DAMAGED: group 4 at ring offset" in r.stdout) == damaged, r.stdout
+
+
+def test_each_group_of_a_checkpoint_is_durable_before_the_next(tmp_path):
+    """A checkpoint of several pages flushes between its groups, so a crash can tear only the
+    last group of the log: a failed group with a later one after it is damage, never a torn
+    tail (which is what lets recovery report it)."""
+    dev = make_device(tmp_path)
+    c = _open(dev, "object", False)
+    keys = [okey(i, model="m" * 900) for i in range(800)]  # about 1 KiB a record
+    assert all(c.put_many(keys[:5], [Obj(payload(i, 100)) for i in range(5)]).results)
+    c.checkpoint_now()  # the first base
+    assert all(c.put_many(keys[5:], [Obj(payload(i, 100)) for i in range(5, 800)]).results)
+    st0 = c._native.status()
+    c.checkpoint_now()
+    st1 = c._native.status()
+    groups = st1["metadata_log"]["groups_written"] - st0["metadata_log"]["groups_written"]
+    assert groups >= 3  # 256 KiB of records a page
+    # one flush before the groups (the payloads they name), then one after each group
+    assert st1["device_flushes"] - st0["device_flushes"] == groups + 1
+    c.close()
