@@ -851,28 +851,52 @@ static void group_done(walk *k, uint64_t at, uint64_t waste, uint64_t t, const r
 
 /* ---- damage in the middle of the log ------------------------------------------------------- */
 
-/* Every block of the ring whose bytes read as a group header of the walk's generation, into
- * k->hs (a window that cannot be read is passed over). 0, or -ENOMEM (err). */
-static int ring_scan(walk *k, rb_err *err)
+/* The group headers of the walk's generation in buf, ring bytes [at, at + n), into k->hs.
+ * 0, or -ENOMEM (err). */
+static int scan_headers(walk *k, uint64_t at, const uint8_t *buf, uint64_t n, rb_err *err)
 {
-    k->scanned = 1;
-    for (uint64_t q = 0; q + k->hneed <= k->rl; q += k->ba) {
-        const uint8_t *in = NULL;
-        rb_err why;
-        int wr = win_get(k->r, k->sb, &k->w, k->wsize, q, k->hneed, &in, &why);
-        if (wr < 0) {
-            *err = why;
-            return wr;
-        }
+    for (uint64_t o = 0; o + k->hneed <= n; o += k->ba) {
         rb_mlog_group_info gi;
-        if (wr > 0 || memcmp(in, RB_MLOG_GROUP_MAGIC, 8) != 0 ||
-            rb_mlog_group_head(in, (size_t)k->hneed, k->ba, k->gen, 0, &gi, &why) != 0 || gi.total_len > k->rl - q)
+        rb_err why;
+        if (memcmp(buf + o, RB_MLOG_GROUP_MAGIC, 8) != 0 ||
+            rb_mlog_group_head(buf + o, (size_t)k->hneed, k->ba, k->gen, 0, &gi, &why) != 0 ||
+            gi.total_len > k->rl - (at + o))
             continue;
         if (grow((void **)&k->hs, &k->hcap, k->nh, sizeof *k->hs) < 0)
             return nomem(err, "metadata log scan");
-        k->hs[k->nh++] = (ghdr){.at = q, .seq = gi.seq, .len = gi.total_len, .epoch = gi.epoch};
+        k->hs[k->nh++] = (ghdr){.at = at + o, .seq = gi.seq, .len = gi.total_len, .epoch = gi.epoch};
     }
     return 0;
+}
+
+/* Every block of the ring whose bytes read as a group header of the walk's generation, into
+ * k->hs: the ring read in windows; a window that cannot be read, a header's bytes at a time
+ * (a block that cannot be read is passed over). 0, or -ENOMEM (err). */
+static int ring_scan(walk *k, rb_err *err)
+{
+    k->scanned = 1;
+    uint8_t *one = abuf(k->ba, k->hneed);
+    if (!one)
+        return nomem(err, "metadata log scan");
+    int rc = 0;
+    for (uint64_t w0 = 0; w0 < k->rl && rc == 0; w0 += k->wsize) {
+        const uint64_t n = k->rl - w0 < k->wsize ? k->rl - w0 : k->wsize;
+        const uint8_t *in = NULL;
+        rb_err why;
+        int wr = win_get(k->r, k->sb, &k->w, k->wsize, w0, n, &in, &why);
+        if (wr < 0) {
+            *err = why;
+            rc = wr;
+        } else if (wr == 0) {
+            rc = scan_headers(k, w0, in, n, err);
+        } else {
+            for (uint64_t q = w0; q + k->hneed <= w0 + n && rc == 0; q += k->ba)
+                if (dev_read(k->r, k->sb->ring.off + q, one, k->hneed, &why) == 0)
+                    rc = scan_headers(k, q, one, k->hneed, err);
+        }
+    }
+    free(one);
+    return rc;
 }
 
 /* The header to go on with after group k->seq was not found at k->p: of those with a higher

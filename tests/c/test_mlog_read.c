@@ -715,6 +715,23 @@ static void test_torn(void)
         }
         free(d.b);
     }
+    /* The scan for later groups passes over a block it cannot read, a header's bytes at a time
+     * for the window that holds it (not the window again for each block). */
+    {
+        dev d;
+        dev_copy(&d, &s.d);
+        d.b[ring + s.off[4] + RB_MLOG_GROUP_HDR_LEN + 3] ^= 0x04;
+        d.fail_off = ring + s.start - BA; /* an older lap's block */
+        d.fail_len = BA;
+        sink k;
+        sink_init(&k);
+        rb_mlog_read_result r;
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        check_gap(&s, &k, &r, 4, s.off[4], s.nrec[4]);
+        CHECK(d.reads < 2 * (s.d.L.ring.len / BA)); /* a window read again per block: twice that */
+        sink_free(&k);
+        free(d.b);
+    }
     /* A damaged header (its CRC fails) is no group: as the walk finds group 13 after it, group
      * 12 is damage of unknown size; with 13..15 gone too, the log ends there, NONE. */
     for (int gone = 0; gone < 2; gone++) {
