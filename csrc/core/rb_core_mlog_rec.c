@@ -367,6 +367,9 @@ static void ml_adopt_log_locked(rb_core *c, const rb_mlog_read_result *res)
     m->state = RB_ML_LIVE;
     m->rec_groups = res->groups;
     m->rec_records = res->records;
+    m->rec_gaps = res->gaps;
+    m->rec_groups_lost = res->groups_lost;
+    m->rec_records_lost = res->records_lost;
     m->rec_log_end = res->log_end;
     m->rec_chunks_bad = res->base.chunks_bad;
     m->rec_entries_lost = res->base.entries_lost > 0 ? (uint64_t)res->base.entries_lost : 0;

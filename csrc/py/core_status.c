@@ -56,6 +56,14 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
             Py_CLEAR(l);
         Py_XDECREF(rs);
     }
+    if (l) { /* damage the recovery went on past (docs/metadata-log.md, "What damage costs") */
+        PyObject *g = Py_BuildValue("{s:K,s:K,s:L}", "recovered_gaps", (unsigned long long)st->log_recovered_gaps,
+                                    "recovered_groups_lost", (unsigned long long)st->log_recovered_groups_lost,
+                                    "recovered_records_lost", (long long)st->log_recovered_records_lost);
+        if (!g || PyDict_Update(l, g) < 0)
+            Py_CLEAR(l);
+        Py_XDECREF(g);
+    }
     rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
     Py_XDECREF(l);
     return rc;

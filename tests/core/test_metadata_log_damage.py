@@ -175,6 +175,11 @@ def test_a_flipped_bit_in_a_log_group_is_reported_and_costs_only_that_group(tmp_
                 assert st["recovery_outcome"] == "damaged", what
                 assert st["is_healthy"] is False, what
                 assert f"ring offset {off - _current_sb(img0)['ring'][0]}" in st["checkpoint_last_error"], what
+                ml = st["metadata_log"]
+                assert (ml["recovered_gaps"], ml["recovered_groups_lost"]) == (1, 1), what
+                # the group's records when its header reads (its PUT and FREE records), else -1
+                assert ml["recovered_records_lost"] in (-1, len(puts) + len(dels)), what
+                assert (ml["recovered_records_lost"] == -1) == (part == "header" and bit < 44 * 8), what
             else:  # the padding is no part of the group; the last group torn is a torn tail
                 assert st["recovery_outcome"] == "loaded" and st["is_healthy"], what
 
