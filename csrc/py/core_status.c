@@ -22,6 +22,18 @@ static int status_add_dealloc(PyObject *d, const rb_core_status *st)
     return rc;
 }
 
+/* GIL held: into the metadata_log dict l, the damage the recovery's log walk went on past
+ * (docs/metadata-log.md, "What damage costs"). 0, or -1 with an exception set. */
+static int log_add_damage(PyObject *l, const rb_core_status *st)
+{
+    PyObject *g = Py_BuildValue("{s:K,s:K,s:L}", "recovered_gaps", (unsigned long long)st->log_recovered_gaps,
+                                "recovered_groups_lost", (unsigned long long)st->log_recovered_groups_lost,
+                                "recovered_records_lost", (long long)st->log_recovered_records_lost);
+    int rc = g ? PyDict_Update(l, g) : -1;
+    Py_XDECREF(g);
+    return rc;
+}
+
 /* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
  * exception set. */
 static int status_add_log(PyObject *d, const rb_core_status *st)
@@ -56,14 +68,8 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
             Py_CLEAR(l);
         Py_XDECREF(rs);
     }
-    if (l) { /* damage the recovery went on past (docs/metadata-log.md, "What damage costs") */
-        PyObject *g = Py_BuildValue("{s:K,s:K,s:L}", "recovered_gaps", (unsigned long long)st->log_recovered_gaps,
-                                    "recovered_groups_lost", (unsigned long long)st->log_recovered_groups_lost,
-                                    "recovered_records_lost", (long long)st->log_recovered_records_lost);
-        if (!g || PyDict_Update(l, g) < 0)
-            Py_CLEAR(l);
-        Py_XDECREF(g);
-    }
+    if (l && log_add_damage(l, st) < 0)
+        Py_CLEAR(l);
     rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
     Py_XDECREF(l);
     return rc;
