@@ -10,8 +10,11 @@
  * group at ring offset p the next is at p + total_len; a group never spans the ring's end,
  * the writer puts one that does not fit in [p, ring.len) at ring offset 0 instead. So a
  * reader that finds no group of the expected (generation, sequence) at p, p != 0, tries
- * offset 0 once; finding none there either, the log ends. The walk also ends after it has
- * covered ring.len bytes (wrap waste included). Where it ends is where the next group goes.
+ * offset 0 once; finding none there either (or a group there that fails), it scans the ring for
+ * a later group of the same writer: one that follows makes the stretch damage, skipped and
+ * reported (rb_mlog_gap); with none, the log ends. The walk also ends after it has covered
+ * ring.len bytes (wrap waste included; after a gap the sequences bound it). Where it ends is
+ * where the next group goes.
  * (docs/metadata-log.md, "Reading a region", has the whole walk and the writer's rules.)
  */
 #ifndef RB_MLOG_READ_H
