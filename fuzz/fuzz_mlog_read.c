@@ -12,7 +12,9 @@
  *
  * Each image is read twice, with 1 thread and with 3 (and maybe another window): everything
  * delivered and the results must be the same; the base part must also be what
- * rb_mlog_base_decode gives from the same bytes. Any difference aborts.
+ * rb_mlog_base_decode gives from the same bytes; the log's sequences must all be accounted
+ * for (replayed, or lost in a reported gap: damage the walk went on past), records and gaps
+ * delivered in sequence order. Any difference aborts.
  */
 #define ZLIB_CONST
 #include <errno.h>
@@ -55,7 +57,10 @@ static int img_read(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
 /* ---- what a read delivers, hashed ------------------------------------------------------- */
 
 typedef struct hsh {
-    uint64_t base, cls, log; /* the base's entries and damage; classes (the base's, then the log's); sb, records */
+    uint64_t base, cls,
+        log; /* the base's entries and damage; classes (the base's, then the log's); sb, records, gaps */
+    uint64_t gaps, last_seq; /* gaps reported; the sequence of the last record or gap */
+    int order_bad;           /* a record or gap out of sequence order */
 } hsh;
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -109,9 +114,22 @@ static int h_dmg(void *ctx, const rb_mlog_damage *d)
     h->base = mix_bytes(mix(mix(h->base, d->len), d->first_slot), d->why.msg, strlen(d->why.msg));
     return 0;
 }
+static int h_gap(void *ctx, const rb_mlog_gap *g)
+{
+    hsh *h = ctx;
+    h->log = mix(mix(mix(mix(mix(mix(h->log, 3), g->seq), g->next_seq), g->at), g->next_at), (uint64_t)g->records);
+    h->log = mix_bytes(h->log, g->why.msg, strlen(g->why.msg));
+    /* a gap lies after every record before it, and skips at least one group */
+    h->order_bad |= g->seq <= h->last_seq || g->next_seq <= g->seq || g->records < -1;
+    h->last_seq = g->next_seq;
+    h->gaps++;
+    return 0;
+}
 static int h_rec(void *ctx, uint64_t seq, const rb_mlog_rec *r)
 {
     hsh *h = ctx;
+    h->order_bad |= seq < h->last_seq;
+    h->last_seq = seq;
     h->log = mix(mix(h->log, seq), (uint64_t)r->type);
     if (r->type == RB_MLOG_PUT)
         h->log = mix_ent(h->log, &r->ent);
@@ -125,11 +143,32 @@ static int h_rec(void *ctx, uint64_t seq, const rb_mlog_rec *r)
 static uint64_t res_hash(const rb_mlog_read_result *r)
 {
     uint64_t h = 0;
-    const uint64_t v[] = {(uint64_t)r->found, (uint64_t)r->which, (uint64_t)r->fallback, (uint64_t)r->sb_state[0],
-                          (uint64_t)r->sb_state[1], r->sb_seq_seen[0], r->sb_seq_seen[1], r->base.entries,
-                          r->base.chunks_ok, r->base.chunks_bad, (uint64_t)r->base.entries_lost,
-                          (uint64_t)r->base.complete, (uint64_t)r->base.have_end, r->base.len, r->groups,
-                          r->records, r->last_seq, r->head, r->used, (uint64_t)r->log_end, r->torn_at};
+    const uint64_t v[] = {(uint64_t)r->found,
+                          (uint64_t)r->which,
+                          (uint64_t)r->fallback,
+                          (uint64_t)r->sb_state[0],
+                          (uint64_t)r->sb_state[1],
+                          r->sb_seq_seen[0],
+                          r->sb_seq_seen[1],
+                          r->base.entries,
+                          r->base.chunks_ok,
+                          r->base.chunks_bad,
+                          (uint64_t)r->base.entries_lost,
+                          (uint64_t)r->base.complete,
+                          (uint64_t)r->base.have_end,
+                          r->base.len,
+                          r->groups,
+                          r->records,
+                          r->last_seq,
+                          r->head,
+                          r->used,
+                          (uint64_t)r->log_end,
+                          r->torn_at,
+                          r->gaps,
+                          r->groups_lost,
+                          (uint64_t)r->records_lost,
+                          r->gap_at,
+                          r->gap_seq};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         h = mix(h, v[i]);
     return h;
@@ -207,7 +246,8 @@ static void fix_image(uint8_t *b)
 static void one_read(img *m, uint32_t threads, uint64_t window, hsh *h, rb_mlog_read_result *res, int *rc)
 {
     rb_mlog_read_opts o = {.block_align = FZ_BA, .meta_total_bytes = FZ_MT, .threads = threads, .log_window = window};
-    rb_mlog_read_cb cb = {.ctx = h, .sb = h_sb, .cls = h_cls, .ent = h_ent, .rec = h_rec, .damage = h_dmg};
+    rb_mlog_read_cb cb = {
+        .ctx = h, .sb = h_sb, .cls = h_cls, .ent = h_ent, .rec = h_rec, .damage = h_dmg, .gap = h_gap};
     rb_err err;
     memset(h, 0, sizeof *h);
     *rc = rb_mlog_read(&o, img_read, m, &cb, res, &err);
@@ -247,9 +287,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             br.chunks_bad != r1.base.chunks_bad || br.entries_lost != r1.base.entries_lost ||
             br.complete != r1.base.complete || br.len != r1.base.len)
             abort();
-        /* the log's accounting */
+        /* the log's accounting: every sequence from the base's on replayed or counted lost */
         if (r1.used > sb->ring.len || r1.head >= sb->ring.len || r1.head % FZ_BA || r1.last_seq < sb->base.log_seq ||
-            r1.last_seq - sb->base.log_seq != r1.groups)
+            r1.last_seq - sb->base.log_seq != r1.groups + r1.groups_lost)
+            abort();
+        /* gaps: as many as reported, in order, none without a group lost, the first one's where
+         * the callbacks saw it */
+        if (h1.order_bad || h1.gaps != r1.gaps || (r1.gaps == 0) != (r1.groups_lost == 0) || r1.gaps > r1.groups_lost ||
+            r1.records_lost < -1 || (r1.gaps == 0 && r1.records_lost != 0) ||
+            (r1.gaps && (r1.gap_seq <= sb->base.log_seq || r1.gap_seq > r1.last_seq || r1.gap_at % FZ_BA ||
+                         r1.gap_at >= sb->ring.len)))
             abort();
         if (r1.log_end == RB_MLOG_END_TORN && r1.torn_at != r1.head)
             abort();

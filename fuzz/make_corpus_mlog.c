@@ -91,8 +91,15 @@ static void groups(void)
     static const int64_t pos[] = {100, 101, 102, 103, -5, 7, 7, 7};
     rb_mlog_ent puts[] = {
         {.key = "raw_block_ci@0x00000000@0@00000001", .key_len = 34, .slot = 0, .size = 100, .npos = -1},
-        {.key = "raw_block_ci@0x00000000@0@00000002", .key_len = 34, .slot = 1, .size = 61440, .cls = 3,
-         .flags = RB_MLOG_ENT_SUM, .checksum = 0x0123456789abcdefull, .npos = 8, .pos = pos},
+        {.key = "raw_block_ci@0x00000000@0@00000002",
+         .key_len = 34,
+         .slot = 1,
+         .size = 61440,
+         .cls = 3,
+         .flags = RB_MLOG_ENT_SUM,
+         .checksum = 0x0123456789abcdefull,
+         .npos = 8,
+         .pos = pos},
         {.key = "\0\xff", .key_len = 2, .slot = 300, .size = 1, .cls = 7, .npos = 0, .pos = pos},
     };
     rb_mlog_genc g;
@@ -157,8 +164,13 @@ static void base(const char *name, size_t n, uint32_t chunk_raw, int damage)
         char key[64];
         int kl = snprintf(key, sizeof key, "meta-llama%%2FLlama-3.1-8B@0x%08x@0@%016llx", (unsigned)(i % 8),
                           (unsigned long long)i * 0x9e3779b97f4a7c15ull);
-        rb_mlog_ent x = {.key = key, .key_len = (uint32_t)kl, .slot = (uint32_t)(2 * i), .size = 8u << 20,
-                         .cls = cls[i % 3].id, .npos = i % 4 ? -1 : (int64_t)(i % 16), .pos = pos};
+        rb_mlog_ent x = {.key = key,
+                         .key_len = (uint32_t)kl,
+                         .slot = (uint32_t)(2 * i),
+                         .size = 8u << 20,
+                         .cls = cls[i % 3].id,
+                         .npos = i % 4 ? -1 : (int64_t)(i % 16),
+                         .pos = pos};
         if (i % 5 == 0) {
             x.flags = RB_MLOG_ENT_SUM;
             x.checksum = i * 0x5851f42d4c957f2dull;
@@ -207,8 +219,13 @@ static rbase r_base(uint8_t *img, const rb_mlog_layout *l, int area, uint64_t lo
         char key[64];
         int kl = snprintf(key, sizeof key, "meta-llama%%2FLlama@0x%08x@0@%016llx", (unsigned)(i % 8),
                           (unsigned long long)rnext());
-        rb_mlog_ent x = {.key = key, .key_len = (uint32_t)kl, .slot = (uint32_t)(2 * i), .size = 8u << 20,
-                         .cls = cls[i % 3].id, .npos = i % 3 ? -1 : 4, .pos = pos};
+        rb_mlog_ent x = {.key = key,
+                         .key_len = (uint32_t)kl,
+                         .slot = (uint32_t)(2 * i),
+                         .size = 8u << 20,
+                         .cls = cls[i % 3].id,
+                         .npos = i % 3 ? -1 : 4,
+                         .pos = pos};
         if (rb_mlog_benc_add(&e, &x, &err))
             die("region base", &err);
     }
@@ -266,8 +283,12 @@ static uint64_t r_group(uint8_t *img, const rb_mlog_layout *l, uint64_t at, uint
         char key[64];
         int kl = snprintf(key, sizeof key, "meta-llama%%2FLlama@0x%08x@0@%08llx", i % 8,
                           (unsigned long long)(rnext() & 0xffffffffu));
-        rb_mlog_ent x = {.key = key, .key_len = (uint32_t)kl, .slot = (uint32_t)(seq * 100 + (uint64_t)i),
-                         .size = 8u << 20, .cls = 0, .npos = -1};
+        rb_mlog_ent x = {.key = key,
+                         .key_len = (uint32_t)kl,
+                         .slot = (uint32_t)(seq * 100 + (uint64_t)i),
+                         .size = 8u << 20,
+                         .cls = 0,
+                         .npos = -1};
         if (rb_mlog_genc_put(&g, &x, &err))
             die("region group", &err);
     }
@@ -305,23 +326,34 @@ static void regions(void)
     if (rb_mlog_layout_of(R_MT, R_BA, &l, &err))
         die("region layout", &err);
     uint8_t *img = calloc(1, R_MT);
-    const uint64_t rl = l.ring.len; /* 8 blocks */
+    const uint64_t rl = l.ring.len;          /* 8 blocks */
     for (uint64_t k = 0; k < rl / R_BA; k++) /* an older lap */
         r_group(img, &l, k * R_BA, R_GEN, 1 + k, 1, 1, 0, 0);
     rbase a = r_base(img, &l, 0, 10, 40);
     r_sb(img, &l, 0, 2, 0, &a, 3 * R_BA);
     uint64_t p = 3 * R_BA;
-    p += r_group(img, &l, p, R_GEN, 11, 2, 1, 0, 0);              /* block 3 */
-    p += r_group(img, &l, p, R_GEN, 12, 10, 0, 0, 0);             /* blocks 4.. */
-    r_group(img, &l, p, R_GEN + 1, 13, 1, 0, 0, 0);               /* another generation where 13 did not fit */
-    uint64_t q = r_group(img, &l, 0, R_GEN, 13, 15, 5, 0, 1);     /* deflated, at 0 */
+    p += r_group(img, &l, p, R_GEN, 11, 2, 1, 0, 0);          /* block 3 */
+    p += r_group(img, &l, p, R_GEN, 12, 10, 0, 0, 0);         /* blocks 4.. */
+    r_group(img, &l, p, R_GEN + 1, 13, 1, 0, 0, 0);           /* another generation where 13 did not fit */
+    uint64_t q = r_group(img, &l, 0, R_GEN, 13, 15, 5, 0, 1); /* deflated, at 0 */
     if (rb_get_le(img + l.ring.off + 36, 4) != RB_MLOG_GROUP_DEFLATE || q != R_BA)
         die("region group 13: not deflated into one block", &err);
-    q += r_group(img, &l, q, R_GEN, 14, 0, 3, 1, 0);              /* a CLASS */
+    q += r_group(img, &l, q, R_GEN, 14, 0, 3, 1, 0); /* a CLASS */
     r_out("region-one-sb-fix", 1, 0, img);
     r_out("region-one-sb", 0, 0, img);
     r_out("region-one-sb-window-fix", 3, 0, img);
     r_out("region-one-sb-ioerr-ring", 5, (uint16_t)((l.ring.off) / R_BA), img);
+    /* damage in the middle of the log: group 12's body, then its header (13 and 14 follow) */
+    {
+        uint8_t *d = malloc(R_MT);
+        memcpy(d, img, R_MT);
+        d[l.ring.off + 4 * R_BA + RB_MLOG_GROUP_HDR_LEN + 7] ^= 0x20;
+        r_out("region-one-sb-damaged-body", 0, 0, d);
+        memcpy(d, img, R_MT);
+        d[l.ring.off + 4 * R_BA + 17] ^= 0x01;
+        r_out("region-one-sb-damaged-header", 2, 0, d);
+        free(d);
+    }
     rbase b = r_base(img, &l, 1, 12, 25);
     r_sb(img, &l, 1, 3, 1, &b, 0);
     r_out("region-two-sb-fix", 1, 0, img);
@@ -347,9 +379,9 @@ int main(int argc, char **argv)
     base("base-40-chunks-fix", 40, 256, 0);
     base("base-40-damaged", 40, 256, 1);
     /* mode 3: n(2) first(2) last(2) raw entry stream */
-    static const uint8_t chunk1[] = {2, 0, 10, 0, 13, 0, 0x00, 0x01, 'a', 0x00, 0x00, 0x00, 0x00,
-                                     0x01, 0x01, 'b', 0x02, 0x00, 0x03, 0x03, 0x01, 1, 2, 3, 4, 5, 6, 7, 8,
-                                     0x03, 0x04, 0x02, 0x02, 0x05, 0x0a, 0x00};
+    static const uint8_t chunk1[] = {2,    0,    10,   0,   13,   0,    0x00, 0x01, 'a',  0x00, 0x00, 0x00,
+                                     0x00, 0x01, 0x01, 'b', 0x02, 0x00, 0x03, 0x03, 0x01, 1,    2,    3,
+                                     4,    5,    6,    7,   8,    0x03, 0x04, 0x02, 0x02, 0x05, 0x0a, 0x00};
     out("chunk-2", 3, chunk1, sizeof chunk1);
     /* mode 4: control bytes for the round trip */
     uint8_t rt[512];

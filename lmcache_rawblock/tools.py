@@ -482,7 +482,8 @@ def verify_device(path: str, *, checksums: bool = True, progress: bool = False, 
                 bar.update(len(chunk))
     if bar is not None:
         bar.close()
-    return {"device": path, "geometry": rep.geometry, **check.res.as_dict()}
+    return {"device": path, "geometry": rep.geometry, **check.res.as_dict(),
+            "metadata_damage": metadata_damage(rep.log)}
 
 
 def _progress_bar(total: int) -> Any:
@@ -633,6 +634,8 @@ def format_inspect(info: dict) -> str:
         lines.append(f"log: {lg['groups']} groups, {lg['records']} records ({lg['puts']} puts, {lg['frees']} frees), "
                      f"{lg['live_bytes']} of {sb['ring']['bytes']} ring bytes live, ends: {lg['end']}"
                      + (f" ({_printable(lg['why'])})" if lg["end"] == "torn" else ""))
+        if lg["gaps"]:
+            lines.append("log: DAMAGED: " + _log_damage_text(lg))
         lines.append(f"index: {g.get('entries')} entries")
     else:
         lines.append(f"checkpoint in use: container {info['checkpoint_in_use']}, {g.get('entries')} entries")
@@ -642,6 +645,28 @@ def format_inspect(info: dict) -> str:
     return "\n".join(lines)
 
 
+def _log_damage_text(lg: dict) -> str:
+    """What a log walk that went on past damage lost (read_metadata_log's "log" dict)."""
+    recs = "uncounted" if lg["records_lost"] < 0 else str(lg["records_lost"])
+    return (f"group {lg['gap_seq']} at ring offset {lg['gap_at']} failed ({_printable(lg['gap_why'])}) and later "
+            f"groups follow: {lg['groups_lost']} groups lost in {lg['gaps']} places (records: {recs})")
+
+
+def metadata_damage(log: dict | None) -> list[str]:
+    """What a log-format reading says was lost to damage: log groups skipped with later ones
+    after them, damaged base chunks. Empty for format v1 and for an intact region. (A newest
+    superblock that does not read is no loss by itself: a crash during its write leaves one.)"""
+    if log is None:
+        return []
+    out = []
+    if log["log"]["gaps"]:
+        out.append("metadata log damaged: " + _log_damage_text(log["log"]))
+    if log["base"]["chunks_bad"]:
+        out.append(f"metadata base damaged: {log['base']['chunks_bad']} chunks, "
+                   f"{log['base']['entries_lost']} entries lost")
+    return out
+
+
 def format_verify(res: dict) -> str:
     lines = [f"verified {res['checked']} slot headers on {res['device']}: {res['ok']} ok, "
              f"{res['mismatch_count']} mismatched; {res['checksums_checked']} payload checksums checked"]
@@ -649,6 +674,7 @@ def format_verify(res: dict) -> str:
         lines.append(f"  {_printable(m['key'])} @ {m['offset']}: {_printable(m['problem'])}")
     if res["mismatch_count"] > 50:
         lines.append(f"  ... and {res['mismatch_count'] - 50} more")
+    lines += [f"DAMAGED: {_printable(d)}" for d in res.get("metadata_damage", ())]
     return "\n".join(lines)
 
 
@@ -686,7 +712,7 @@ def main_verify(args: Any) -> int:
     if rc:
         return rc
     print(json.dumps(res, indent=2) if args.json else format_verify(res))
-    return 1 if res["mismatch_count"] else 0
+    return 1 if res["mismatch_count"] or res["metadata_damage"] else 0
 
 
 def _count_arg(text: str) -> int:

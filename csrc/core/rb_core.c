@@ -397,6 +397,9 @@ static void status_log_locked(const rb_core *c, rb_core_status *st)
     st->log_ring_full = m->ring_full;
     st->log_recovered_groups = m->rec_groups;
     st->log_recovered_records = m->rec_records;
+    st->log_recovered_gaps = m->rec_gaps;
+    st->log_recovered_groups_lost = m->rec_groups_lost;
+    st->log_recovered_records_lost = m->rec_records_lost;
     st->base_area_bytes = m->lay.areas[0].len;
     st->log_generation = m->generation;
 }

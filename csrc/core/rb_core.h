@@ -116,6 +116,7 @@ enum rb_recovery_outcome {
     RB_REC_FALLBACK,   /* the newest was unreadable; the older one was loaded */
     RB_REC_REJECTED,   /* a readable checkpoint failed the layout checks; started empty */
     RB_REC_UNREADABLE, /* the device had a checkpoint but none could be read; started empty */
+    RB_REC_DAMAGED,    /* loaded, but part of the metadata was damaged: what it alone listed is lost */
 };
 
 /* One I/O fault the core met (a failed device write, read or flush), kept until it is closed. */
@@ -157,6 +158,10 @@ typedef struct rb_core_status {
     uint64_t bases_written, base_last_bytes, base_last_entries, base_too_large, compactions;
     uint64_t base_last_ns, log_journal_lost, log_ring_full, log_recovered_groups, log_recovered_records;
     uint64_t base_area_bytes, log_generation;
+    /* damage the recovery's log walk went on past: stretches, groups lost, their records (-1:
+     * not all countable) */
+    uint64_t log_recovered_gaps, log_recovered_groups_lost;
+    int64_t log_recovered_records_lost;
     /* Deallocation of freed slots: the state ("on", "off", "unsupported"), what it issues, why
      * it is unsupported, and its counters (rb_core_dealloc.c). */
     const char *dealloc_state, *dealloc_kind;

@@ -107,6 +107,8 @@ typedef struct rb_mlw {
     uint64_t rec_groups, rec_records, rec_chunks_bad, rec_entries_lost;
     uint64_t rec_read_ns; /* the region read (base and log into the index) */
     int rec_log_end;
+    uint64_t rec_gaps, rec_groups_lost; /* damage the log walk went on past */
+    int64_t rec_records_lost;           /* -1: not all countable */
 } rb_mlw;
 
 /*

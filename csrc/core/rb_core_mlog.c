@@ -7,7 +7,8 @@
  *
  * Durability rules:
  *   - A checkpoint flushes (every payload and header its PUT records name is durable), writes
- *     its groups at the ring's head, flushes again; only then do the slots its FREE records
+ *     its groups at the ring's head, each flushed before the next (so a group that fails with
+ *     a later one after it is damage, not a torn tail), flushes again; only then do the slots its FREE records
  *     name return to the allocator. A failed write leaves its pages queued: they are written
  *     again, the same bytes at the same ring offsets.
  *   - A base is built from the index in slices (mu taken and dropped per slice, never held for
@@ -479,8 +480,8 @@ static int groups_prologue(rb_core *c, rb_err *err)
     return rc;
 }
 
-/* Seal, place and write pages[0..k) at the ring's head; *bytes and *records what they hold.
- * 0 or <0 (the first failure). */
+/* Seal, place and write pages[0..k) at the ring's head, a flush between two groups (the caller
+ * flushes after the last); *bytes and *records what they hold. 0 or <0 (the first failure). */
 static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, uint64_t *bytes, uint64_t *records, rb_err *err)
 {
     rb_mlw *m = &c->ml;
@@ -502,6 +503,10 @@ static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, uint64_t *bytes,
         }
         *bytes += p->img_len;
         *records += p->g.n_records;
+        /* each group durable before the next is written: a group that fails its checks with a
+         * later one after it is then damage, never a torn tail (rb_mlog_read's gaps) */
+        if (i + 1 < k && (rc = rb_core_flush(c, err)) < 0)
+            return rc;
     }
     return 0;
 }

@@ -335,6 +335,12 @@ static void ml_start_fresh(rb_core *c, const ml_rec *r, const rb_mlog_read_resul
     pthread_mutex_unlock(&c->mu);
 }
 
+/* 1 when what was read lost something to damage: log groups skipped, base chunks dropped. */
+static int ml_damaged(const rb_mlog_read_result *res)
+{
+    return res->gaps || res->base.chunks_bad;
+}
+
 /* The writer's state from what was read: the superblock, the generation, this writer's epoch
  * (above every one the log and the superblock name, the latter covering a writer that crashed
  * before any of its groups survived; used up: a new generation), the ring, the counters. mu
@@ -347,7 +353,10 @@ static void ml_adopt_log_locked(rb_core *c, const rb_mlog_read_result *res)
     m->generation = res->sb.generation;
     m->epoch = (res->last_epoch > res->sb.epoch ? res->last_epoch : res->sb.epoch) + 1;
     m->epoch_claimed = 0;
-    if (m->epoch > RB_MLOG_EPOCH_MAX) {
+    /* Epochs used up, or damage read past: the next checkpoint writes a whole base in a new
+     * generation (so the damaged stretch is never read again, and what was skipped past is in
+     * the base), before any group of this one. */
+    if (m->epoch > RB_MLOG_EPOCH_MAX || ml_damaged(res)) {
         m->newgen = 1;
         m->need_base++;
     }
@@ -358,6 +367,9 @@ static void ml_adopt_log_locked(rb_core *c, const rb_mlog_read_result *res)
     m->state = RB_ML_LIVE;
     m->rec_groups = res->groups;
     m->rec_records = res->records;
+    m->rec_gaps = res->gaps;
+    m->rec_groups_lost = res->groups_lost;
+    m->rec_records_lost = res->records_lost;
     m->rec_log_end = res->log_end;
     m->rec_chunks_bad = res->base.chunks_bad;
     m->rec_entries_lost = res->base.entries_lost > 0 ? (uint64_t)res->base.entries_lost : 0;
@@ -378,15 +390,35 @@ static void ml_adopt_classes_locked(rb_core *c, const ml_rec *r)
     m->next_disk_cls = r->max_disk;
 }
 
-/* The recovery outcome, LOADED or FALLBACK, and what was lost on the way. mu held. */
+/* ckpt_error for a log that went on past damage (mu held). */
+static void ml_report_gaps_locked(rb_core *c, const rb_mlog_read_result *res)
+{
+    char recs[32] = "uncounted";
+    if (res->records_lost >= 0)
+        snprintf(recs, sizeof recs, "%lld", (long long)res->records_lost);
+    snprintf(c->ckpt_error, sizeof c->ckpt_error,
+             "metadata log damaged: group %llu at ring offset %llu (device offset %llu) failed (%.96s) and later "
+             "groups follow: %llu groups lost in %llu places (records: %s), the later ones replayed%s; entries are "
+             "checked against their slot headers, the next checkpoint writes a whole base",
+             (unsigned long long)res->gap_seq, (unsigned long long)res->gap_at,
+             (unsigned long long)(res->sb.ring.off + res->gap_at), res->gap_why.msg,
+             (unsigned long long)res->groups_lost, (unsigned long long)res->gaps, recs,
+             res->fallback ? "; the newest superblock is unusable" : "");
+}
+
+/* The recovery outcome, LOADED, FALLBACK or DAMAGED (a part lost: log groups skipped past,
+ * base chunks), and what was lost on the way. mu held. */
 static void ml_report_locked(rb_core *c, const rb_mlog_read_result *res)
 {
-    c->rec_outcome = res->fallback ? RB_REC_FALLBACK : RB_REC_LOADED;
-    if (res->fallback)
+    c->rec_outcome = ml_damaged(res) ? RB_REC_DAMAGED : res->fallback ? RB_REC_FALLBACK : RB_REC_LOADED;
+    if (res->gaps)
+        ml_report_gaps_locked(c, res);
+    else if (res->fallback)
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
                  "the newest metadata superblock is unusable (%.150s); recovered from the other one (sequence "
-                 "%llu), every entry's slot header checked",
-                 res->sb_why[res->which ^ 1].msg, (unsigned long long)res->sb.sb_seq);
+                 "%llu), every entry's slot header checked%s",
+                 res->sb_why[res->which ^ 1].msg, (unsigned long long)res->sb.sb_seq,
+                 res->base.chunks_bad ? "; base chunks damaged too" : "");
     else if (res->base.chunks_bad || res->log_end == RB_MLOG_END_IOERR)
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
                  "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s", res->base.chunks_bad,
@@ -413,7 +445,7 @@ static int ml_adopt(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res,
     c->recovery_entries_loaded = c->index.n_live;
     c->apply_skipped = r->skipped;
     c->rec_seq = res->sb.sb_seq;
-    c->dirty_total = 0;
+    c->dirty_total = ml_damaged(res); /* then the whole base is due at the next checkpoint, or at close */
     c->persisted = 0;
     ml_report_locked(c, res);
     rb_idx_maybe_compact(&c->index);
@@ -450,13 +482,13 @@ static int ml_settle(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res
     return rc < 0 ? rc : 1;
 }
 
-/* Validation of what was loaded, when configured or after a fallback. With the periodic
- * thread it runs there, after open has returned: every load judges its entry's header until
- * then (the same verdict), so it only decides when a bad entry leaves the index. After a
+/* Validation of what was loaded, when configured, after damage or after a fallback. With the
+ * periodic thread it runs there, after open has returned: every load judges its entry's header
+ * until then (the same verdict), so it only decides when a bad entry leaves the index. After a
  * fallback it runs here, before any load. 1, or -ENOMEM. */
-static int ml_validate(rb_core *c, int fallback, rb_err *err)
+static int ml_validate(rb_core *c, int fallback, int damaged, rb_err *err)
 {
-    if (!c->cfg.meta_verify_on_load && !c->cfg.verify_payload_checksum && !fallback)
+    if (!c->cfg.meta_verify_on_load && !c->cfg.verify_payload_checksum && !fallback && !damaged)
         return 1;
     if (c->cfg.meta_enable_periodic && !fallback)
         c->ml.bg_validate = 1;
@@ -478,5 +510,5 @@ int rb_core_ml_recover(rb_core *c, rb_err *err)
     rc = ml_settle(c, &r, &res, rc, &loaded, err);
     free(r.slot_pos);
     free(r.cls_map);
-    return loaded ? ml_validate(c, res.fallback, err) : rc;
+    return loaded ? ml_validate(c, res.fallback, ml_damaged(&res), err) : rc;
 }

@@ -674,17 +674,31 @@ static int on_grec(void *ctx, const rb_mlog_rec *rec)
     return g->cb->rec ? g->cb->rec(g->cb->ctx, g->seq, rec) : 0;
 }
 
+/* A group header the ring scan found (one of the walk's generation): where, its sequence,
+ * epoch and length; bad once its body failed. */
+typedef struct ghdr {
+    uint64_t at, seq, len;
+    uint32_t epoch;
+    int bad;
+} ghdr;
+
 /* The walk of the log ring: where it is (ring offset p, bytes used, the next sequence), the
- * window of ring bytes read last, the group decoder. */
+ * window of ring bytes read last, the group decoder; the headers the ring scan found (once
+ * the walk first fails to find its next group), and whether it skipped damage (then the used
+ * bytes no longer bound it: sequences do). */
 typedef struct walk {
     rdr *r;
     const rb_mlog_sb *sb;
     rb_mlog_read_result *res;
+    const rb_mlog_read_cb *cb;
     uint64_t ba, rl, gen, hneed, wsize;
     uint64_t p, used, seq;
     win w;
     rb_mlog_gdec gd;
     grec g;
+    ghdr *hs;
+    size_t nh, hcap;
+    int scanned, jumped;
 } walk;
 
 /* The header of group k->seq at ring offset at: 1 (*gi), or 0 with why saying why not; *wr a
@@ -774,7 +788,7 @@ static int group_fits(walk *k, uint64_t at, uint64_t waste, uint64_t t)
                    (unsigned long long)k->seq, (unsigned long long)at, (unsigned long long)t);
         return 0;
     }
-    if (k->used + waste + t > k->rl) {
+    if (!k->jumped && k->used + waste + t > k->rl) {
         res->log_end = RB_MLOG_END_FULL;
         rb_err_set(&res->log_why, RB_ERR_VALUE, ENOSPC,
                    "metadata log: group %llu at ring offset %llu would pass where the log starts",
@@ -832,12 +846,176 @@ static void group_done(walk *k, uint64_t at, uint64_t waste, uint64_t t, const r
     k->p = at + t == k->rl ? 0 : at + t;
     k->seq++;
     res->head = k->p;
-    res->used = k->used;
+    res->used = k->used < k->rl ? k->used : k->rl;
+}
+
+/* ---- damage in the middle of the log ------------------------------------------------------- */
+
+/* The group headers of the walk's generation in buf, ring bytes [at, at + n), into k->hs.
+ * 0, or -ENOMEM (err). */
+static int scan_headers(walk *k, uint64_t at, const uint8_t *buf, uint64_t n, rb_err *err)
+{
+    for (uint64_t o = 0; o + k->hneed <= n; o += k->ba) {
+        rb_mlog_group_info gi;
+        rb_err why;
+        if (memcmp(buf + o, RB_MLOG_GROUP_MAGIC, 8) != 0 ||
+            rb_mlog_group_head(buf + o, (size_t)k->hneed, k->ba, k->gen, 0, &gi, &why) != 0 ||
+            gi.total_len > k->rl - (at + o))
+            continue;
+        if (grow((void **)&k->hs, &k->hcap, k->nh, sizeof *k->hs) < 0)
+            return nomem(err, "metadata log scan");
+        k->hs[k->nh++] = (ghdr){.at = at + o, .seq = gi.seq, .len = gi.total_len, .epoch = gi.epoch};
+    }
+    return 0;
+}
+
+/* Every block of the ring whose bytes read as a group header of the walk's generation, into
+ * k->hs: the ring read in windows; a window that cannot be read, a header's bytes at a time
+ * (a block that cannot be read is passed over). 0, or -ENOMEM (err). */
+static int ring_scan(walk *k, rb_err *err)
+{
+    k->scanned = 1;
+    uint8_t *one = abuf(k->ba, k->hneed);
+    if (!one)
+        return nomem(err, "metadata log scan");
+    int rc = 0;
+    for (uint64_t w0 = 0; w0 < k->rl && rc == 0; w0 += k->wsize) {
+        const uint64_t n = k->rl - w0 < k->wsize ? k->rl - w0 : k->wsize;
+        const uint8_t *in = NULL;
+        rb_err why;
+        int wr = win_get(k->r, k->sb, &k->w, k->wsize, w0, n, &in, &why);
+        if (wr < 0) {
+            *err = why;
+            rc = wr;
+        } else if (wr == 0) {
+            rc = scan_headers(k, w0, in, n, err);
+        } else {
+            for (uint64_t q = w0; q + k->hneed <= w0 + n && rc == 0; q += k->ba)
+                if (dev_read(k->r, k->sb->ring.off + q, one, k->hneed, &why) == 0)
+                    rc = scan_headers(k, q, one, k->hneed, err);
+        }
+    }
+    free(one);
+    return rc;
+}
+
+/* The header to go on with after group k->seq was not found at k->p: of those with a higher
+ * sequence and an epoch of at least minep, the lowest sequence, then the highest epoch (a dead
+ * writer's group of the same sequence has a lower one), then the nearest after k->p. -1: none. */
+static long gap_pick(const walk *k, uint32_t minep)
+{
+    long best = -1;
+    for (size_t i = 0; i < k->nh; i++) {
+        const ghdr *h = &k->hs[i], *b = best >= 0 ? &k->hs[best] : NULL;
+        if (h->bad || h->seq <= k->seq || h->epoch < minep)
+            continue;
+        uint64_t dh = (h->at + k->rl - k->p) % k->rl;
+        if (!b || h->seq < b->seq || (h->seq == b->seq && h->epoch > b->epoch) ||
+            (h->seq == b->seq && h->epoch == b->epoch && dh < (b->at + k->rl - k->p) % k->rl))
+            best = (long)i;
+    }
+    return best;
+}
+
+/* 1 when the group of header h reads whole and passes every check (its records not handed
+ * out); 0 when not; <0 out of memory (err). */
+static int gap_group_ok(walk *k, const ghdr *h, rb_err *err)
+{
+    const uint8_t *in = NULL;
+    rb_err why;
+    int wr = win_get(k->r, k->sb, &k->w, k->wsize, h->at, h->len, &in, &why);
+    if (wr < 0) {
+        *err = why;
+        return wr;
+    }
+    rb_mlog_group_info gi;
+    if (wr > 0)
+        return 0;
+    int dr = rb_mlog_gdec_group(&k->gd, in, (size_t)h->len, k->ba, k->gen, h->seq, &gi, NULL, NULL, &why);
+    if (dr == -ENOMEM) {
+        *err = why;
+        return dr;
+    }
+    return dr == 0;
+}
+
+/* The walk skips to the group of header h: the stretch from k->p is reported (records: what
+ * the failed group held when its header read, else -1). 0, or a callback's value. */
+static int gap_take(walk *k, const ghdr *h, int64_t records)
+{
+    rb_mlog_read_result *res = k->res;
+    rb_mlog_gap g = {.seq = k->seq, .next_seq = h->seq, .next_at = h->at, .why = res->log_why};
+    g.at = res->log_end == RB_MLOG_END_TORN ? res->torn_at : k->p; /* a torn group may be at 0 */
+    g.records = h->seq == k->seq + 1 ? records : -1;
+    if (res->gaps++ == 0) {
+        res->gap_at = g.at;
+        res->gap_seq = g.seq;
+        res->gap_why = g.why;
+    }
+    res->groups_lost += h->seq - k->seq;
+    if (g.records < 0 || res->records_lost < 0)
+        res->records_lost = -1;
+    else
+        res->records_lost += g.records;
+    k->used += (h->at + k->rl - k->p) % k->rl;
+    k->p = h->at;
+    k->seq = h->seq;
+    k->jumped = 1;
+    res->log_end = RB_MLOG_END_NONE;
+    res->torn_at = 0;
+    rb_err_clear(&res->log_why);
+    return k->cb->gap ? k->cb->gap(k->cb->ctx, &g) : 0;
+}
+
+/* The walk found no good group k->seq at k->p (res says why): when a later group of the same
+ * writer follows (a valid header of this generation, a higher sequence, an epoch of at least
+ * minep, a body that passes), the groups between are damage: reported, and the walk goes on
+ * there (1). 0: none follows, the log ends here. <0 (*rc): out of memory or a callback's stop. */
+static int walk_resume(walk *k, uint32_t minep, int64_t records, int *rc, rb_err *err)
+{
+    if (!k->scanned && (*rc = ring_scan(k, err)) != 0)
+        return 0;
+    for (;;) {
+        long i = gap_pick(k, minep);
+        if (i < 0)
+            return 0;
+        int ok = gap_group_ok(k, &k->hs[i], err);
+        if (ok < 0) {
+            *rc = ok;
+            return 0;
+        }
+        if (ok) {
+            *rc = gap_take(k, &k->hs[i], records);
+            return *rc == 0;
+        }
+        k->hs[i].bad = 1;
+    }
+}
+
+/* One step of the walk: group k->seq found, read and handed out (1), or the walk ends or goes
+ * on past damage (0: res says how; *rc a stop). */
+static int walk_step(walk *k, int *rc, rb_err *err)
+{
+    uint64_t at = 0, waste = 0;
+    rb_mlog_group_info gi;
+    int have = group_find(k, &at, &waste, &gi, rc, err);
+    if (have && group_fits(k, at, waste, gi.total_len) && group_read(k, at, waste, gi.total_len, &gi, rc, err)) {
+        group_done(k, at, waste, gi.total_len, &gi);
+        return 1;
+    }
+    if (*rc || k->res->log_end == RB_MLOG_END_FULL)
+        return 0;
+    /* not found, torn or unreadable: damage when a later group of this writer follows */
+    uint32_t minep = k->res->groups ? k->res->last_epoch : 0;
+    if (have && gi.epoch > minep)
+        minep = gi.epoch;
+    return walk_resume(k, minep, have ? (int64_t)gi.n_records : -1, rc, err);
 }
 
 static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *cb, const rb_mlog_sb *sb, rb_err *err)
 {
-    walk k = {.r = r, .sb = sb, .res = r->res, .ba = sb->block_align, .rl = sb->ring.len, .gen = sb->generation};
+    walk k = {
+        .r = r, .sb = sb, .res = r->res, .cb = cb, .ba = sb->block_align, .rl = sb->ring.len, .gen = sb->generation};
     k.hneed = round_up(RB_MLOG_GROUP_HDR_LEN, k.ba);
     k.wsize = o->log_window ? o->log_window / k.ba * k.ba : RB_MLOG_READ_WINDOW;
     if (k.wsize < k.hneed)
@@ -851,22 +1029,17 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
     rb_mlog_gdec_init(&k.gd);
     int rc = 0;
     for (;;) {
-        if (k.used >= k.rl) {
+        if (!k.jumped && k.used >= k.rl) {
             k.res->log_end = RB_MLOG_END_FULL;
             rb_err_set(&k.res->log_why, RB_ERR_VALUE, ENOSPC,
                        "metadata log: the walk covered the whole ring (%llu bytes)", (unsigned long long)k.rl);
             break;
         }
-        uint64_t at = 0, waste = 0;
-        rb_mlog_group_info gi;
-        if (!group_find(&k, &at, &waste, &gi, &rc, err))
+        if (!walk_step(&k, &rc, err))
             break;
-        const uint64_t t = gi.total_len;
-        if (!group_fits(&k, at, waste, t) || !group_read(&k, at, waste, t, &gi, &rc, err))
-            break;
-        group_done(&k, at, waste, t, &gi);
     }
     free(k.w.buf);
+    free(k.hs);
     rb_mlog_gdec_free(&k.gd);
     return rc;
 }

@@ -10,8 +10,11 @@
  * group at ring offset p the next is at p + total_len; a group never spans the ring's end,
  * the writer puts one that does not fit in [p, ring.len) at ring offset 0 instead. So a
  * reader that finds no group of the expected (generation, sequence) at p, p != 0, tries
- * offset 0 once; finding none there either, the log ends. The walk also ends after it has
- * covered ring.len bytes (wrap waste included). Where it ends is where the next group goes.
+ * offset 0 once; finding none there either (or a group there that fails), it scans the ring for
+ * a later group of the same writer: one that follows makes the stretch damage, skipped and
+ * reported (rb_mlog_gap); with none, the log ends. The walk also ends after it has covered
+ * ring.len bytes (wrap waste included; after a gap the sequences bound it). Where it ends is
+ * where the next group goes.
  * (docs/metadata-log.md, "Reading a region", has the whole walk and the writer's rules.)
  */
 #ifndef RB_MLOG_READ_H
@@ -77,6 +80,18 @@ typedef struct rb_mlog_read_opts {
 
 #define RB_MLOG_READ_WINDOW (8ull << 20)
 
+/* Groups the log walk skipped: group seq (expected at ring offset at) failed its checks, could
+ * not be read or was not there, and group next_seq of the same generation, with an epoch not
+ * below the last one replayed (nor the failed group's, when its header reads), follows at
+ * next_at. Groups seq .. next_seq - 1 are lost; records is how many records they held when
+ * that is known (a single group whose header reads), else -1. */
+typedef struct rb_mlog_gap {
+    uint64_t seq, next_seq;
+    uint64_t at, next_at;
+    int64_t records;
+    rb_err why; /* why group seq was not replayed */
+} rb_mlog_gap;
+
 /* Callbacks, all on the calling thread; a nonzero return stops reading and is returned. Any
  * may be NULL. Pointers are valid only during the call. */
 typedef struct rb_mlog_read_cb {
@@ -95,6 +110,9 @@ typedef struct rb_mlog_read_cb {
     int (*rec)(void *ctx, uint64_t seq, const rb_mlog_rec *r);
     /* a damaged stretch of the base (rb_mlog_base_decode's reports) */
     int (*damage)(void *ctx, const rb_mlog_damage *d);
+    /* damage in the middle of the log: groups skipped because later ones follow (before the
+     * records of the group the walk goes on with) */
+    int (*gap)(void *ctx, const rb_mlog_gap *g);
 } rb_mlog_read_cb;
 
 /* Superblock states in rb_mlog_read_result.sb_state. */
@@ -137,6 +155,13 @@ typedef struct rb_mlog_read_result {
     int log_end;         /* RB_MLOG_END_* */
     rb_err log_why;
     uint64_t torn_at; /* ring offset of the torn group (RB_MLOG_END_TORN) */
+    /* damage in the middle of the log (see rb_mlog_gap): stretches skipped, groups lost in
+     * them, their records (-1 when some count is unknown), the first one's ring offset,
+     * sequence and reason */
+    uint64_t gaps, groups_lost;
+    int64_t records_lost;
+    uint64_t gap_at, gap_seq;
+    rb_err gap_why;
     uint64_t bytes_read;
 } rb_mlog_read_result;
 
@@ -144,7 +169,10 @@ typedef struct rb_mlog_read_result {
  * Read the region: both superblocks; the valid one with the higher sb_seq whose base opens
  * and matches it (rb_mlog_base_matches), else the other (fallback); its base, chunks decoded
  * by opts->threads threads and delivered in order; then the log walk from ring.start. A
- * damaged chunk is reported and skipped; a torn group ends the log (result says so).
+ * damaged chunk is reported and skipped. Where the walk finds no good group of the expected
+ * sequence, the ring is scanned for later groups of the same writer (rb_mlog_gap): when one
+ * follows, the stretch before it is damage, reported and skipped, and the walk goes on from
+ * there; when none does, the log ends there (a torn tail; the result says how).
  * Returns 0 (res->found says whether a superblock was used), a negative errno for an out of
  * memory or a base read that failed (err), or what a callback returned to stop.
  */

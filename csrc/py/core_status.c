@@ -22,6 +22,18 @@ static int status_add_dealloc(PyObject *d, const rb_core_status *st)
     return rc;
 }
 
+/* GIL held: into the metadata_log dict l, the damage the recovery's log walk went on past
+ * (docs/metadata-log.md, "What damage costs"). 0, or -1 with an exception set. */
+static int log_add_damage(PyObject *l, const rb_core_status *st)
+{
+    PyObject *g = Py_BuildValue("{s:K,s:K,s:L}", "recovered_gaps", (unsigned long long)st->log_recovered_gaps,
+                                "recovered_groups_lost", (unsigned long long)st->log_recovered_groups_lost,
+                                "recovered_records_lost", (long long)st->log_recovered_records_lost);
+    int rc = g ? PyDict_Update(l, g) : -1;
+    Py_XDECREF(g);
+    return rc;
+}
+
 /* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
  * exception set. */
 static int status_add_log(PyObject *d, const rb_core_status *st)
@@ -57,6 +69,8 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
             Py_CLEAR(l);
         Py_XDECREF(rs);
     }
+    if (l && log_add_damage(l, st) < 0)
+        Py_CLEAR(l);
     rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
     Py_XDECREF(l);
     return rc;
@@ -105,8 +119,9 @@ static int status_add_trust(PyObject *d, const rb_core_status *st)
  * dict, or NULL with an exception set. */
 static PyObject *status_base(const rb_core_status *st, PyObject *io)
 {
-    static const char *const outcomes[] = {"blank", "skipped", "loaded", "fallback", "rejected", "unreadable"};
-    const char *outcome = st->recovery_outcome >= 0 && st->recovery_outcome < 6 ? outcomes[st->recovery_outcome] : "?";
+    static const char *const outcomes[] = {"blank",    "skipped",    "loaded", "fallback",
+                                           "rejected", "unreadable", "damaged"};
+    const char *outcome = st->recovery_outcome >= 0 && st->recovery_outcome < 7 ? outcomes[st->recovery_outcome] : "?";
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
         "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",

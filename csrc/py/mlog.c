@@ -247,25 +247,36 @@ static const char *sb_state_name(int s)
     }
 }
 
-/* read_metadata_log's dict of a region that was read (r holds what the callbacks built). */
-static PyObject *result_dict(const rb_mlog_read_result *res, const rd_ctx *r)
+/* read_metadata_log's "log" dict: the walk, and the damage it went on past. */
+static PyObject *log_dict(const rb_mlog_read_result *res, const rd_ctx *r)
 {
     static const char *const ends[] = {"end", "torn", "full", "io-error"};
     return Py_BuildValue(
-        "{s:O,s:i,s:O,s:(ss),s:(NN),s:O,s:{s:K,s:I,s:I,s:L,s:O},s:{s:K,s:K,s:K,s:K,s:K,s:s,s:N,s:K,s:K},s:O,s:O,"
-        "s:O,s:K}",
-        "found", res->found ? Py_True : Py_False, "superblock_used", res->which, "fallback",
-        res->fallback ? Py_True : Py_False, "superblock_states", sb_state_name(res->sb_state[0]),
-        sb_state_name(res->sb_state[1]), "superblock_errors", rbpy_text(res->sb_why[0].msg),
-        rbpy_text(res->sb_why[1].msg), "superblock", r->sb ? r->sb : Py_None, "base", "entries",
-        (unsigned long long)res->base.entries, "chunks_ok", (unsigned)res->base.chunks_ok, "chunks_bad",
-        (unsigned)res->base.chunks_bad, "entries_lost", (long long)res->base.entries_lost, "complete",
-        res->base.complete ? Py_True : Py_False, "log", "groups", (unsigned long long)res->groups, "records",
-        (unsigned long long)res->records, "last_seq", (unsigned long long)res->last_seq, "head",
+        "{s:K,s:K,s:K,s:K,s:K,s:s,s:N,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:N}", "groups", (unsigned long long)res->groups,
+        "records", (unsigned long long)res->records, "last_seq", (unsigned long long)res->last_seq, "head",
         (unsigned long long)res->head, "live_bytes", (unsigned long long)res->used, "end",
         res->log_end >= 0 && res->log_end < 4 ? ends[res->log_end] : "?", "why", rbpy_text(res->log_why.msg), "puts",
-        (unsigned long long)r->puts, "frees", (unsigned long long)r->frees, "classes", r->classes, "entries",
-        r->entries, "damage", r->damage, "bytes_read", (unsigned long long)res->bytes_read);
+        (unsigned long long)r->puts, "frees", (unsigned long long)r->frees, "gaps", (unsigned long long)res->gaps,
+        "groups_lost", (unsigned long long)res->groups_lost, "records_lost", (long long)res->records_lost, "gap_at",
+        (unsigned long long)res->gap_at, "gap_seq", (unsigned long long)res->gap_seq, "gap_why",
+        rbpy_text(res->gap_why.msg));
+}
+
+/* read_metadata_log's dict of a region that was read (r holds what the callbacks built). */
+static PyObject *result_dict(const rb_mlog_read_result *res, const rd_ctx *r)
+{
+    PyObject *log = log_dict(res, r);
+    if (!log)
+        return NULL;
+    return Py_BuildValue(
+        "{s:O,s:i,s:O,s:(ss),s:(NN),s:O,s:{s:K,s:I,s:I,s:L,s:O},s:N,s:O,s:O,s:O,s:K}", "found",
+        res->found ? Py_True : Py_False, "superblock_used", res->which, "fallback", res->fallback ? Py_True : Py_False,
+        "superblock_states", sb_state_name(res->sb_state[0]), sb_state_name(res->sb_state[1]), "superblock_errors",
+        rbpy_text(res->sb_why[0].msg), rbpy_text(res->sb_why[1].msg), "superblock", r->sb ? r->sb : Py_None, "base",
+        "entries", (unsigned long long)res->base.entries, "chunks_ok", (unsigned)res->base.chunks_ok, "chunks_bad",
+        (unsigned)res->base.chunks_bad, "entries_lost", (long long)res->base.entries_lost, "complete",
+        res->base.complete ? Py_True : Py_False, "log", log, "classes", r->classes, "entries", r->entries, "damage",
+        r->damage, "bytes_read", (unsigned long long)res->bytes_read);
 }
 
 /* Read the region of r->fd (the GIL held: the callbacks build Python objects) into the dict, or

@@ -240,10 +240,13 @@ class RawBlockCore:
         outcome = st["recovery_outcome"]
         if outcome == "skipped":
             logger.info("RawBlockCore skipping checkpoint load (load_checkpoint_on_init=False)")
-        elif outcome in ("loaded", "fallback"):
+        elif outcome in ("loaded", "fallback", "damaged"):
             if outcome == "fallback":
                 # The newest checkpoint was damaged: what it alone listed is gone.
                 logger.warning("RawBlockCore %s (device=%s)", st["checkpoint_last_error"], self.device_path)
+            elif outcome == "damaged":
+                # Part of the metadata was damaged (the text names where): what it alone listed is lost.
+                logger.error("RawBlockCore %s (device=%s)", st["checkpoint_last_error"], self.device_path)
             logger.info("RawBlockCore loaded checkpoint (entries=%d next_slot=%d seq=%d device=%s)",
                         st["indexed_key_count"], st["next_slot"], st["recovery_seq"], self.device_path)
             if st["recovery_dropped_entries"]:
@@ -379,7 +382,8 @@ class RawBlockCore:
         """report_status's health, identity, geometry and index counts (LMCache's keys)."""
         cfg = self._cfg
         return {
-            "is_healthy": not st["closed"] and worker_error is None,
+            # not after a recovery that lost metadata to damage (recovery_outcome "damaged")
+            "is_healthy": not st["closed"] and worker_error is None and st["recovery_outcome"] != "damaged",
             "poisoned": False,
             "quarantined_slot_count": 0,
             "worker_error": worker_error,
@@ -437,7 +441,7 @@ class RawBlockCore:
             "load_verified_entries": st["load_verified_entries"],
             "load_dropped_entries": st["load_dropped_entries"],
             "payload_checksum_dropped_entries": st["payload_checksum_dropped_entries"],
-            # recovery at open: blank / skipped / loaded / fallback / rejected / unreadable
+            # recovery at open: blank / skipped / loaded / fallback / rejected / unreadable / damaged
             "recovery_outcome": st["recovery_outcome"],
             "recovery_seq": st["recovery_seq"],
             "recovery_rejected_seq": st["recovery_rejected_seq"],

@@ -53,8 +53,7 @@ static int dev_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err
     if (off >= d->L.ring.off && off < d->L.ring.off + d->L.ring.len)
         d->ring_reads++;
     if (d->fail_len && off < d->fail_off + d->fail_len && d->fail_off < off + len)
-        return rb_err_set(err, RB_ERR_OS, EIO, "injected EIO reading %zu bytes at %llu", len,
-                          (unsigned long long)off);
+        return rb_err_set(err, RB_ERR_OS, EIO, "injected EIO reading %zu bytes at %llu", len, (unsigned long long)off);
     memcpy(buf, d->b + off, len);
     return 0;
 }
@@ -81,8 +80,8 @@ static void dev_copy(dev *to, const dev *from)
 /* ---- what the reader delivers, as text (so two reads compare with memcmp) ------------------ */
 
 typedef struct sink {
-    rb_buf base; /* classes (the base's, then the log's CLASS records), entries, damage */
-    rb_buf log;  /* sb, records */
+    rb_buf base;            /* classes (the base's, then the log's CLASS records), entries, damage */
+    rb_buf log;             /* sb, records */
     int stop_ent, stop_rec; /* return 9 at this entry / record (-1: never) */
     long n_ent, n_rec;
     uint64_t last_seq_seen;
@@ -130,8 +129,7 @@ static int s_sb(void *ctx, const rb_mlog_sb *sb)
 {
     sink *s = ctx;
     char t[128];
-    snprintf(t, sizeof t, "SB seq=%llu gen=%llu\n", (unsigned long long)sb->sb_seq,
-             (unsigned long long)sb->generation);
+    snprintf(t, sizeof t, "SB seq=%llu gen=%llu\n", (unsigned long long)sb->sb_seq, (unsigned long long)sb->generation);
     CHECK(rb_buf_puts(&s->log, t) == 0);
     return 0;
 }
@@ -193,7 +191,18 @@ static int s_rec(void *ctx, uint64_t seq, const rb_mlog_rec *r)
     return 0;
 }
 
-static const rb_mlog_read_cb CB = {.sb = s_sb, .cls = s_cls, .ent = s_ent, .rec = s_rec, .damage = s_dmg};
+static int s_gap(void *ctx, const rb_mlog_gap *g)
+{
+    sink *s = ctx;
+    char t[160];
+    snprintf(t, sizeof t, "GAP %llu..%llu at=%llu next_at=%llu records=%lld\n", (unsigned long long)g->seq,
+             (unsigned long long)g->next_seq, (unsigned long long)g->at, (unsigned long long)g->next_at,
+             (long long)g->records);
+    CHECK(rb_buf_puts(&s->log, t) == 0);
+    return 0;
+}
+
+static const rb_mlog_read_cb CB = {.sb = s_sb, .cls = s_cls, .ent = s_ent, .rec = s_rec, .damage = s_dmg, .gap = s_gap};
 
 /* ---- building an image ------------------------------------------------------------------- */
 
@@ -320,8 +329,12 @@ static uint64_t put_group(dev *d, uint64_t at, uint64_t gen, uint64_t seq, int n
         CHECK(gkey_n < 4096);
         char *k = gkeys[gkey_n++];
         int kl = snprintf(k, 64, "meta-llama%%2FLlama@0x%08x@0@%016llx", i % 8, (unsigned long long)rnd());
-        rb_mlog_ent e = {.key = k, .key_len = (uint32_t)kl, .slot = (uint32_t)(seq * 1000 + (uint64_t)i),
-                         .size = 8u << 20, .cls = 0, .npos = -1};
+        rb_mlog_ent e = {.key = k,
+                         .key_len = (uint32_t)kl,
+                         .slot = (uint32_t)(seq * 1000 + (uint64_t)i),
+                         .size = 8u << 20,
+                         .cls = 0,
+                         .npos = -1};
         CHECK(rb_mlog_genc_put(&g, &e, &err) == 0);
         rb_mlog_rec r = {.type = RB_MLOG_PUT, .ent = e};
         s_rec(&tmp, seq, &r);
@@ -359,6 +372,8 @@ typedef struct scene {
     expect ex;      /* REC lines of groups 11..15 */
     size_t ex_at13; /* bytes of ex before group 13 */
     size_t ex_at14;
+    size_t ex_at[7];  /* bytes of ex before group 10 + i (ex_at[6]: all) */
+    uint32_t nrec[6]; /* records of group 10 + i */
 } scene;
 
 static void build(scene *s)
@@ -377,24 +392,30 @@ static void build(scene *s)
     put_sb(d, 0, 3, GEN, 0, &s->ba, s->start);
     uint64_t p = s->start;
     s->off[1] = p;
+    s->ex_at[1] = s->ex.log.len;
     s->len[1] = put_group(d, p, GEN, 11, 150, 3, 0, 0, &s->ex);
     p += s->len[1];
     s->off[2] = p;
+    s->ex_at[2] = s->ex.log.len;
     s->len[2] = put_group(d, p, GEN, 12, 1, 2, 0, 1, &s->ex);
     p += s->len[2];
     CHECK(s->len[2] == BA && p < rl);
     uint64_t rem = rl - p;
     put_group(d, p, GEN + 1, 13, 1, 0, 0, 0, NULL); /* another generation's, where 13 did not fit */
-    s->ex_at13 = s->ex.log.len;
+    s->ex_at13 = s->ex_at[3] = s->ex.log.len;
     s->off[3] = 0;
     s->len[3] = put_group(d, 0, GEN, 13, 60, 0, 0, 0, &s->ex);
     CHECK(s->len[3] > rem);
-    s->ex_at14 = s->ex.log.len;
+    s->ex_at14 = s->ex_at[4] = s->ex.log.len;
     s->off[4] = s->len[3];
     s->len[4] = put_group(d, s->off[4], GEN, 14, 100, 20, 0, 1, &s->ex);
     CHECK(rb_get_le(d->b + d->L.ring.off + s->off[4] + 36, 4) == RB_MLOG_GROUP_DEFLATE && s->len[4] > 3 * BA);
     s->off[5] = s->off[4] + s->len[4];
+    s->ex_at[5] = s->ex.log.len;
     s->len[5] = put_group(d, s->off[5], GEN, 15, 0, 5, 1, 0, &s->ex);
+    s->ex_at[6] = s->ex.log.len;
+    const uint32_t nrec[6] = {0, 153, 3, 60, 120, 6};
+    memcpy(s->nrec, nrec, sizeof nrec);
     s->head = s->off[5] + s->len[5];
     CHECK(s->head < s->start);
     put_group(d, s->head, GEN + 1, 16, 1, 0, 0, 0, NULL); /* another generation, the expected sequence */
@@ -626,6 +647,24 @@ static void test_main_image(void)
     scene_free(&s);
 }
 
+/* The log text a read of s delivers when group 10 + g is skipped as damage at ring offset at
+ * (records: what the reader could count of it). */
+static void check_gap(const scene *s, const sink *k, const rb_mlog_read_result *r, int g, uint64_t at, int64_t records)
+{
+    CHECK(r->gaps == 1 && r->groups_lost == 1 && r->gap_seq == 10 + (uint64_t)g && r->gap_at == at);
+    CHECK(r->records_lost == records && strstr(r->gap_why.msg, "group"));
+    CHECK(r->groups == 4 && r->last_seq == 15 && r->head == s->head && r->used == s->used);
+    CHECK(r->log_end == RB_MLOG_END_NONE && k->order_ok);
+    char line[160];
+    snprintf(line, sizeof line, "GAP %d..%d at=%llu next_at=%llu records=%lld\n", 10 + g, 11 + g,
+             (unsigned long long)at, (unsigned long long)s->off[g + 1], (long long)records);
+    const char *first = strchr(k->log.data, '\n') + 1, *end = k->log.data + k->log.len;
+    size_t a = s->ex_at[g], l = strlen(line), b = s->ex.log.len - s->ex_at[g + 1];
+    CHECK((size_t)(end - first) == a + l + b);
+    CHECK(!memcmp(first, s->ex.log.data, a) && !memcmp(first + a, line, l));
+    CHECK(!memcmp(first + a + l, s->ex.log.data + s->ex_at[g + 1], b));
+}
+
 static void test_torn(void)
 {
     scene s;
@@ -650,42 +689,72 @@ static void test_torn(void)
             if (cases[ci].how == 2) /* an older lap's group where the next would be */
                 put_group(&d, s.off[g + 1], GEN, 2, 1, 1, 0, 0, NULL);
         }
+        /* a later group follows (the last group, or the one after it gone, is a torn tail) */
+        int tail = g == 5 || cases[ci].how == 2;
         for (uint32_t th = 1; th <= 4; th += 3) {
             sink k;
             sink_init(&k);
             rb_mlog_read_result r;
             CHECK(rd(&d, th, 0, &k, &r, &err) == 0);
+            if (!tail) {
+                check_gap(&s, &k, &r, g, s.off[g], s.nrec[g]);
+                sink_free(&k);
+                continue;
+            }
+            CHECK(r.gaps == 0 && r.groups_lost == 0 && r.records_lost == 0);
             CHECK(r.log_end == RB_MLOG_END_TORN && r.torn_at == s.off[g] && r.head == s.off[g]);
             CHECK(r.groups == (uint64_t)g - 1 && r.last_seq == 10 + (uint64_t)g - 1);
             uint64_t used = g >= 3 ? (s.d.L.ring.len - s.start) + s.off[g] : s.off[g] - s.start;
             CHECK(r.used == used);
             CHECK(strstr(r.log_why.msg, "log group"));
             /* only the groups before it were delivered */
-            size_t want = g == 3 ? s.ex_at13 : g == 4 ? s.ex_at14 : 0;
-            if (g == 3 || g == 4) {
-                const char *first = strchr(k.log.data, '\n');
-                CHECK(k.log.len - (size_t)(first + 1 - k.log.data) == want && !memcmp(first + 1, s.ex.log.data, want));
-            }
+            const char *first = strchr(k.log.data, '\n');
+            size_t want = s.ex_at[g];
+            CHECK(k.log.len - (size_t)(first + 1 - k.log.data) == want && !memcmp(first + 1, s.ex.log.data, want));
             sink_free(&k);
         }
         free(d.b);
     }
-    /* A torn header (its CRC fails) is no group: the walk ends there, NONE, after the retry at 0. */
+    /* The scan for later groups passes over a block it cannot read, a header's bytes at a time
+     * for the window that holds it (not the window again for each block). */
     {
         dev d;
         dev_copy(&d, &s.d);
-        d.b[ring + s.off[2] + 20] ^= 1;
+        d.b[ring + s.off[4] + RB_MLOG_GROUP_HDR_LEN + 3] ^= 0x04;
+        d.fail_off = ring + s.start - BA; /* an older lap's block */
+        d.fail_len = BA;
         sink k;
         sink_init(&k);
         rb_mlog_read_result r;
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
-        CHECK(r.log_end == RB_MLOG_END_NONE && r.groups == 1 && r.head == s.off[2] && r.last_seq == 11);
-        CHECK(r.used == s.off[2] - s.start && strstr(r.log_why.msg, "header CRC"));
+        check_gap(&s, &k, &r, 4, s.off[4], s.nrec[4]);
+        CHECK(d.reads < 2 * (s.d.L.ring.len / BA)); /* a window read again per block: twice that */
+        sink_free(&k);
+        free(d.b);
+    }
+    /* A damaged header (its CRC fails) is no group: as the walk finds group 13 after it, group
+     * 12 is damage of unknown size; with 13..15 gone too, the log ends there, NONE. */
+    for (int gone = 0; gone < 2; gone++) {
+        dev d;
+        dev_copy(&d, &s.d);
+        d.b[ring + s.off[2] + 20] ^= 1;
+        if (gone)
+            memset(d.b + ring, 0, s.head); /* groups 13..15 */
+        sink k;
+        sink_init(&k);
+        rb_mlog_read_result r;
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        if (!gone) {
+            check_gap(&s, &k, &r, 2, s.off[2], -1);
+        } else {
+            CHECK(r.log_end == RB_MLOG_END_NONE && r.groups == 1 && r.head == s.off[2] && r.last_seq == 11);
+            CHECK(r.gaps == 0 && r.used == s.off[2] - s.start && strstr(r.log_why.msg, "header CRC"));
+        }
         sink_free(&k);
         free(d.b);
     }
     /* A group of the expected generation and sequence whose length runs past the ring's end:
-     * the header says it is ours and expected, so it is torn. */
+     * the header says it is ours and expected, so it is torn (damage: group 13 follows). */
     {
         dev d;
         dev_copy(&d, &s.d);
@@ -697,7 +766,8 @@ static void test_torn(void)
         sink_init(&k);
         rb_mlog_read_result r;
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
-        CHECK(r.log_end == RB_MLOG_END_TORN && r.torn_at == s.off[2] && strstr(r.log_why.msg, "ring's end"));
+        check_gap(&s, &k, &r, 2, s.off[2], 1);
+        CHECK(strstr(r.gap_why.msg, "ring's end"));
         sink_free(&k);
         free(d.b);
     }
@@ -729,7 +799,8 @@ static void test_sb_choice(void)
         const char *first = strchr(a.log.data, '\n');
         size_t want = s.ex.log.len - s.ex_at13;
         CHECK(!strncmp(a.log.data, "SB seq=4", 8));
-        CHECK(a.log.len - (size_t)(first + 1 - a.log.data) == want && !memcmp(first + 1, s.ex.log.data + s.ex_at13, want));
+        CHECK(a.log.len - (size_t)(first + 1 - a.log.data) == want &&
+              !memcmp(first + 1, s.ex.log.data + s.ex_at13, want));
     }
     sink_init(&b);
     CHECK(rd(&s.d, 4, 0, &b, &rb, &err) == 0);
@@ -789,7 +860,7 @@ static void test_sb_choice(void)
                 memset(a1, 0, 2 * BA);
             } else if (how == 1) {
                 memcpy(a1, d.b + s.d.L.areas[0].off, s.ba.len); /* base A's bytes: another log_seq */
-            } else { /* its end record */
+            } else {                                            /* its end record */
                 rb_mlog_base_result br;
                 CHECK(rb_mlog_base_decode(a1, s.bb.len, NULL, &br, &err) == 0 && br.have_end);
                 a1[br.end.off + 20] ^= 0x10;
@@ -857,13 +928,22 @@ static void test_sb_choice(void)
         sink_init(&k);
         d.fail_off = s.d.L.ring.off; /* ring offset 0: where group 13 is */
         CHECK(rd(&d, 4, 0, &k, &r, &err) == 0);
-        CHECK(r.which == 1 && r.log_end == RB_MLOG_END_IOERR && r.groups == 0 && r.head == 0 && r.last_seq == 12);
+        /* groups 14 and 15 follow the unreadable one: it is damage, skipped */
+        CHECK(r.which == 1 && r.gaps == 1 && r.gap_seq == 13 && r.gap_at == 0 && r.records_lost == -1);
+        CHECK(strstr(r.gap_why.msg, "injected") && r.groups == 2 && r.head == s.head && r.last_seq == 15);
         sink_free(&k);
         /* superblock 0 alone: the ring read fails after group 12 (at the wrap) */
         put_sb(&d, 1, 1, GEN, 1, &s.bb, 0); /* older now */
         sink_init(&k);
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
-        CHECK(r.which == 0 && r.log_end == RB_MLOG_END_IOERR && r.groups == 2 && r.last_seq == 12);
+        CHECK(r.which == 0 && r.gaps == 1 && r.gap_seq == 13 && r.gap_at == s.off[2] + s.len[2]);
+        CHECK(r.groups == 4 && r.last_seq == 15 && r.head == s.head && strstr(r.gap_why.msg, "injected"));
+        sink_free(&k);
+        /* and with groups 14 and 15 gone, the log ends at the read error */
+        memset(d.b + d.L.ring.off + s.off[4], 0, s.len[4] + s.len[5]);
+        sink_init(&k);
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        CHECK(r.which == 0 && r.log_end == RB_MLOG_END_IOERR && r.groups == 2 && r.last_seq == 12 && r.gaps == 0);
         CHECK(r.head == s.off[2] + s.len[2] && strstr(r.log_why.msg, "injected"));
         sink_free(&k);
         free(d.b);
@@ -993,17 +1073,268 @@ static void test_full_ring(void)
         CHECK(strstr(r.log_why.msg, "would pass"));
         sink_free(&k);
     }
-    /* the group at the start is of another generation: nothing replayed */
+    /* the group at the start is of another generation: the groups after it are replayed past
+     * the gap, and past the one that says it is too long (its body fails) to the last one (the
+     * ring is no longer the bound: the sequences are) */
     put_group(&d, start, GEN + 5, 11, 1, 1, 0, 0, NULL);
     {
         sink k;
         sink_init(&k);
         rb_mlog_read_result r;
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        CHECK(r.gaps == 2 && r.groups_lost == 2 && r.gap_seq == 11 && r.gap_at == start && r.records_lost == -1);
+        CHECK(r.groups == n - 2 && r.last_seq == 10 + n && r.log_end == RB_MLOG_END_NONE && k.order_ok);
+        CHECK(r.head == start && r.used == rl);
+        sink_free(&k);
+    }
+    /* nothing of this generation after it: nothing replayed */
+    for (uint64_t k = 1; k < n; k++)
+        put_group(&d, (start + k * BA) % rl, GEN + 5, 11 + k, 1, 1, 0, 0, NULL);
+    {
+        sink k;
+        sink_init(&k);
+        rb_mlog_read_result r;
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
         CHECK(r.log_end == RB_MLOG_END_NONE && r.groups == 0 && r.head == start && r.used == 0 && r.last_seq == 10);
+        CHECK(r.gaps == 0);
         sink_free(&k);
     }
     free(d.b);
+}
+
+/* ---- damage, exhaustively: every bit of a small log and of both superblocks -------------- */
+
+/* The index a read rebuilds, per slot: a hash of the key it holds (0: free), the base's entries
+ * then the log's records applied as the core does (a PUT vacates the slot and moves the key). */
+#define DS_SLOTS 256
+typedef struct dstate {
+    uint64_t slot[DS_SLOTS];
+    uint64_t gaps_seen;
+} dstate;
+
+static uint64_t key_hash(const char *k, uint32_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)k[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+static void ds_put(dstate *d, const rb_mlog_ent *e)
+{
+    CHECK(e->slot < DS_SLOTS);
+    uint64_t h = key_hash(e->key, e->key_len);
+    for (uint32_t s = 0; s < DS_SLOTS; s++)
+        if (d->slot[s] == h)
+            d->slot[s] = 0;
+    d->slot[e->slot] = h;
+}
+
+static int ds_ent(void *ctx, const rb_mlog_ent *e)
+{
+    ds_put(ctx, e);
+    return 0;
+}
+
+static int ds_rec(void *ctx, uint64_t seq, const rb_mlog_rec *r)
+{
+    (void)seq;
+    dstate *d = ctx;
+    if (r->type == RB_MLOG_PUT)
+        ds_put(d, &r->ent);
+    else if (r->type == RB_MLOG_FREE && r->slot < DS_SLOTS)
+        d->slot[r->slot] = 0;
+    return 0;
+}
+
+static int ds_gap(void *ctx, const rb_mlog_gap *g)
+{
+    (void)g;
+    ((dstate *)ctx)->gaps_seen++;
+    return 0;
+}
+
+/* A small log: base of 20 entries, groups 11..15 from block 59 of 64 (group 14, deflated, does
+ * not fit at the end and is at 0); records that free base slots, reuse them, move keys. The
+ * slots each group's records name, to bound what damage to it may change. */
+typedef struct dscene {
+    dev d;
+    ents base;
+    uint64_t off[6], len[6], body[6];
+    uint32_t nrec[6];
+    uint8_t touched[6][DS_SLOTS];
+    char keys[64][40];
+    int kslot[64]; /* where each key was last put, -1: nowhere yet */
+} dscene;
+
+typedef struct drec {
+    int free; /* 1: FREE slot; 0: PUT key (an index into dscene.keys) at slot */
+    uint32_t slot;
+    int key;
+} drec;
+
+static uint64_t dgroup(dscene *s, int g, uint64_t at, const drec *r, int n, int level)
+{
+    rb_err err;
+    rb_mlog_genc e;
+    rb_mlog_genc_init(&e);
+    e.epoch = 3;
+    for (int i = 0; i < n; i++) {
+        s->touched[g][r[i].slot] = 1;
+        if (r[i].free) {
+            CHECK(rb_mlog_genc_free_slot(&e, r[i].slot, &err) == 0);
+            continue;
+        }
+        const char *k = s->keys[r[i].key];
+        rb_mlog_ent me = {.key = k, .key_len = (uint32_t)strlen(k), .slot = r[i].slot, .size = 4096, .npos = -1};
+        CHECK(rb_mlog_genc_put(&e, &me, &err) == 0);
+        /* a key moved: its old slot changes too */
+        if (s->kslot[r[i].key] >= 0)
+            s->touched[g][s->kslot[r[i].key]] = 1;
+        s->kslot[r[i].key] = (int)r[i].slot;
+    }
+    rb_buf out = {0};
+    CHECK(rb_mlog_genc_seal(&e, GEN, 10 + (uint64_t)g, BA, level, &out, &err) == 0);
+    CHECK(at + out.len <= s->d.L.ring.len);
+    memcpy(s->d.b + s->d.L.ring.off + at, out.data, out.len);
+    s->off[g] = at;
+    s->len[g] = out.len;
+    s->body[g] = rb_get_le((const uint8_t *)out.data + 24, 8);
+    s->nrec[g] = (uint32_t)n;
+    rb_buf_free(&out);
+    rb_mlog_genc_free(&e);
+    return at + s->len[g];
+}
+
+static void dbuild(dscene *s)
+{
+    memset(s, 0, sizeof *s);
+    dev_init(&s->d);
+    mk_ents(&s->base, 20, 3);
+    CHECK(s->base.e[19].slot < 80);
+    for (int i = 0; i < 64; i++) {
+        snprintf(s->keys[i], sizeof s->keys[i], "model@0x%08x@0@%016llx", i % 8, (unsigned long long)rnd());
+        s->kslot[i] = -1;
+    }
+    base_desc bd = put_base(&s->d, 0, GEN, 10, &s->base, 300);
+    const uint64_t start = 59 * BA;
+    put_sb(&s->d, 0, 5, GEN, 0, &bd, start);
+    put_sb(&s->d, 1, 4, GEN, 0, &bd, start); /* the mirror a first format writes */
+    const uint32_t b2 = s->base.e[2].slot, b5 = s->base.e[5].slot, b7 = s->base.e[7].slot;
+    const drec g11[] = {{0, 100, 0}, {1, b2, 0}, {0, 101, 1}};
+    const drec g12[] = {{0, b2, 2}, {1, b5, 0}, {0, 102, 3}, {1, 100, 0}};
+    drec g13[24], g14[30];
+    for (int i = 0; i < 23; i++)
+        g13[i] = (drec){0, 110 + (uint32_t)i, 4 + i};
+    g13[23] = (drec){1, b7, 0};
+    for (int i = 0; i < 30; i++) /* keys of group 13 moved, and new ones */
+        g14[i] = (drec){0, 140 + (uint32_t)i, i < 5 ? 4 + i : 22 + i};
+    const drec g15[] = {{1, 140, 0}, {0, b5, 60}, {1, 101, 0}};
+    uint64_t p = dgroup(s, 1, start, g11, 3, 0);
+    p = dgroup(s, 2, p, g12, 4, 0);
+    p = dgroup(s, 3, p, g13, 24, 1); /* deflated */
+    CHECK(rb_get_le(s->d.b + s->d.L.ring.off + s->off[3] + 36, 4) & RB_MLOG_GROUP_DEFLATE);
+    p = dgroup(s, 4, 0, g14, 30, 0); /* does not fit before the ring's end: at 0 */
+    CHECK(s->len[4] > s->d.L.ring.len - s->off[3] - s->len[3] && s->off[3] > s->off[2]);
+    dgroup(s, 5, p, g15, 3, 0);
+}
+
+static void dread(dev *d, dstate *st, rb_mlog_read_result *r)
+{
+    memset(st, 0, sizeof *st);
+    rb_mlog_read_opts o = {.block_align = BA, .meta_total_bytes = MT, .threads = 1};
+    rb_mlog_read_cb cb = {.ctx = st, .ent = ds_ent, .rec = ds_rec, .gap = ds_gap};
+    rb_err err;
+    CHECK(rb_mlog_read(&o, dev_pread, d, &cb, r, &err) == 0);
+    CHECK(r->gaps == st->gaps_seen);
+}
+
+/* Slots whose key differs from the truth t, all of them among the slots group g's records name
+ * (g 0: none may differ); how many keys of t are not where they were. */
+static uint32_t ds_diff(const dscene *s, const dstate *t, const dstate *x, int g)
+{
+    uint32_t lost = 0;
+    for (uint32_t k = 0; k < DS_SLOTS; k++) {
+        if (t->slot[k] == x->slot[k])
+            continue;
+        CHECK(g > 0 && s->touched[g][k]);
+        lost += t->slot[k] != 0;
+    }
+    return lost;
+}
+
+/* One bit of group g flipped: the read's state differs from the truth only in the group's
+ * slots, keys lost at most its records; damage before the last group is reported as a gap. */
+static void dflip_group(const dscene *s, dev *d, const dstate *truth, int g, uint64_t bit)
+{
+    const uint64_t at = d->L.ring.off + s->off[g] + bit / 8;
+    d->b[at] ^= (uint8_t)(1u << (bit % 8));
+    dstate st;
+    rb_mlog_read_result r;
+    dread(d, &st, &r);
+    d->b[at] ^= (uint8_t)(1u << (bit % 8));
+    /* header: a byte the header CRC covers, or that CRC (the group CRC after it is the body's) */
+    const int inside = bit / 8 < RB_MLOG_GROUP_HDR_LEN + s->body[g], header = bit / 8 < 44;
+    uint32_t lost = ds_diff(s, truth, &st, inside ? g : 0);
+    CHECK(lost <= s->nrec[g]);
+    CHECK(r.found && r.which == 0 && !r.fallback);
+    if (!inside) { /* padding: no part of the group */
+        CHECK(r.gaps == 0 && r.groups == 5);
+    } else if (g < 5) {
+        CHECK(r.gaps == 1 && r.groups_lost == 1 && r.gap_seq == 10 + (uint64_t)g && r.groups == 4);
+        /* a header that does not read is looked for where the walk stood (its group may be at 0) */
+        const uint64_t stood = g == 4 && header ? s->off[3] + s->len[3] : s->off[g];
+        CHECK(r.last_seq == 15 && r.gap_at == stood && r.head == s->off[5] + s->len[5]);
+        CHECK(r.records_lost == (header ? -1 : (int64_t)s->nrec[g]));
+    } else { /* the last group: a torn tail */
+        CHECK(r.gaps == 0 && r.groups == 4 && r.last_seq == 14 && r.head == s->off[5]);
+    }
+}
+
+static void test_damage_every_bit(void)
+{
+    dscene s;
+    dbuild(&s);
+    dstate truth;
+    rb_mlog_read_result r;
+    dread(&s.d, &truth, &r);
+    CHECK(r.groups == 5 && r.gaps == 0 && r.last_seq == 15 && r.log_end == RB_MLOG_END_NONE);
+    uint64_t flips = 0;
+    for (int g = 1; g <= 5; g++)
+        for (uint64_t bit = 0; bit < s.len[g] * 8; bit++, flips++)
+            dflip_group(&s, &s.d, &truth, g, bit);
+    /* both superblocks: one damaged, the other (a mirror) recovers the same state, reported as
+     * a fallback; past its 256 bytes the span is no part of it */
+    for (int w = 0; w < 2; w++)
+        for (uint64_t bit = 0; bit < BA * 8; bit++, flips++) {
+            uint8_t *at = s.d.b + (w ? s.d.L.container_bytes : 0) + bit / 8;
+            *at ^= (uint8_t)(1u << (bit % 8));
+            dstate st;
+            dread(&s.d, &st, &r);
+            *at ^= (uint8_t)(1u << (bit % 8));
+            CHECK(ds_diff(&s, &truth, &st, 0) == 0 && r.groups == 5 && r.gaps == 0);
+            CHECK(r.fallback == (bit / 8 < 256) && r.which == (bit / 8 < 256 ? 1 - w : 0));
+        }
+    /* the log cut at every group boundary (groups g.. gone): a torn tail, nothing reported,
+     * only the cut groups' slots differ */
+    for (int g = 1; g <= 5; g++) {
+        dev d;
+        dev_copy(&d, &s.d);
+        for (int k = g; k <= 5; k++)
+            memset(d.b + d.L.ring.off + s.off[k], 0, s.len[k]);
+        dstate st;
+        dread(&d, &st, &r);
+        CHECK(r.gaps == 0 && r.groups == (uint64_t)g - 1);
+        for (uint32_t k = 0; k < DS_SLOTS; k++) {
+            int cut = 0;
+            for (int j = g; j <= 5; j++)
+                cut |= s.touched[j][k];
+            CHECK(truth.slot[k] == st.slot[k] || cut);
+        }
+        free(d.b);
+    }
+    printf("test_mlog_read: %llu bits flipped one at a time, 5 cuts\n", (unsigned long long)flips);
+    free(s.d.b);
 }
 
 int main(void)
@@ -1014,6 +1345,7 @@ int main(void)
     test_sb_choice();
     test_parallel_equals_serial();
     test_full_ring();
+    test_damage_every_bit();
     printf("test_mlog_read: all passed\n");
     return 0;
 }

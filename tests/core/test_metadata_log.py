@@ -337,10 +337,13 @@ def test_many_threads_put_into_a_full_cache_with_deletes(tmp_path, threads):
 
 
 def test_groups_a_crashed_writer_left_past_a_torn_one_are_never_replayed(tmp_path):
-    # Writer A's last two groups: the first torn, the second landed. Writer B recovers to before
-    # them and writes its own group where the torn one was, of the same length; the group after
-    # it on the device is then A's, with the sequence B's next one would have. Replaying it would
-    # free a slot B still holds a key in: its writer epoch, lower than B's, keeps it out.
+    # Writer A's last two groups: the first torn, the second one the next writer cannot see
+    # (here hidden while it recovers: a read that failed, or a device that wrote A's groups of
+    # one checkpoint in no promised order before each group had its own flush). Writer B
+    # recovers to before them and writes its own group where the torn one was, of the same
+    # length; the group after it on the device is then A's, with the sequence B's next one
+    # would have. Replaying it would free a slot B still holds a key in: its writer epoch, lower
+    # than B's, keeps it out.
     dev = make_device(tmp_path)
     _run_child(dev, """
         keys = [okey(i) for i in range(10)]
@@ -354,14 +357,58 @@ def test_groups_a_crashed_writer_left_past_a_torn_one_are_never_replayed(tmp_pat
     with open(dev, "r+b") as f:  # the second of the three groups (ring offset 4096): torn
         f.seek(ring_off + 4096 + 48)
         f.write(b"\xff" * 8)
+        f.seek(ring_off + 8192)  # the third: out of sight
+        third = f.read(4096)
+        f.seek(ring_off + 8192)
+        f.write(bytes(4096))
     _run_child(dev, """
+        assert c.report_status()["recovery_outcome"] == "loaded"  # a torn tail
         assert c.exists_many([okey(1).encoded, okey(2).encoded, okey(9).encoded]) == [True, True, False]
         assert all(c.put_many([okey(20)], [Obj(payload(20, 2000))]).results)
         c.checkpoint_now()                      # B's group, where A's torn one was
         assert c.report_status()["metadata_log"]["last_group_bytes"] == 4096
     """)
+    with open(dev, "r+b") as f:
+        f.seek(ring_off + 8192)
+        f.write(third)
     c = _log(dev)
     assert _loads(c, [1, 2, 9, 20]) == [1, 2, 20]
+    assert _status(c)["recovery_outcome"] == "loaded"
+    c.close()
+
+
+def test_a_damaged_group_with_a_later_one_after_it_is_skipped_not_taken_for_the_tail(tmp_path):
+    # The same three groups, the second damaged while the third is there: the third is replayed
+    # (key 2 stays deleted), the second's FREE is lost (key 1 comes back, its own bytes), the
+    # loss is reported, and the next writer's first checkpoint writes a whole base in a new
+    # generation, so the damage is read no more.
+    dev = make_device(tmp_path)
+    _run_child(dev, """
+        keys = [okey(i) for i in range(10)]
+        assert all(c.put_many(keys, [Obj(payload(i, 2000)) for i in range(10)]).results)
+        c.checkpoint_now()
+        for i in (9, 1, 2):
+            c.delete_many([keys[i].encoded])
+            c.checkpoint_now()
+    """)
+    ring_off = META // 2 - (META // 2) // 4
+    with open(dev, "r+b") as f:
+        f.seek(ring_off + 4096 + 48)
+        f.write(b"\xff" * 8)
+    _run_child(dev, """
+        st = c.report_status()
+        assert st["recovery_outcome"] == "damaged" and not st["is_healthy"]
+        assert "group 3 at ring offset 4096" in st["checkpoint_last_error"], st["checkpoint_last_error"]
+        assert c.exists_many([okey(1).encoded, okey(2).encoded, okey(9).encoded]) == [True, False, False]
+        gen = c._native.status()["metadata_log"]["generation"]
+        assert all(c.put_many([okey(20)], [Obj(payload(20, 2000))]).results)
+        c.checkpoint_now()
+        ml = c._native.status()["metadata_log"]
+        assert ml["bases_written"] == 1 and ml["generation"] != gen
+    """)
+    c = _log(dev)
+    assert _loads(c, [1, 2, 9, 20]) == [1, 20]
+    assert _status(c)["recovery_outcome"] == "loaded"
     c.close()
 
 

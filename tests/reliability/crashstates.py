@@ -19,7 +19,9 @@ write with --tear (a drive may deallocate part of a range).
 Each image is recovered and checked like the kill loop does: every served key returns the
 bytes of a put attempted for it; every key durable in that epoch is served; no key comes back
 in a version the last acknowledged checkpoint no longer lists (a delete that a checkpoint made
-durable stays deleted) unless a put of that version was attempted since. Each engine
+durable stays deleted) unless a put of that version was attempted since; no crash state is
+recovered as damage (recovery_outcome "damaged": each log group is durable before the next is
+written, so a crash tears only the log's tail). Each engine
 recovers every image twice: with slot headers validated at open (meta_verify_on_load) and with
 that off, where the header check of every load is the only line between a torn slot and its
 bytes being served. A key is durable in epoch e when a checkpoint_now() (or a
@@ -222,6 +224,7 @@ class Result:
     wrong_states: int = 0
     lost_states: int = 0
     stale_states: int = 0   # a key served in a version the durable state no longer lists
+    damage_states: int = 0  # a crash state recovered as damage (recovery_outcome "damaged")
     failures: list[str] = field(default_factory=list)
 
     def row(self) -> str:
@@ -229,7 +232,8 @@ class Result:
                 f"writes={self.writes:3d} deallocs={self.deallocs:2d} flushes={self.flushes:3d} "
                 f"epochs={self.epochs:3d} states={self.states:5d} "
                 f"keys_checked={self.keys_checked:6d} wrong_byte_states={self.wrong_states} "
-                f"lost_durable_states={self.lost_states} stale_states={self.stale_states}")
+                f"lost_durable_states={self.lost_states} stale_states={self.stale_states} "
+                f"damage_states={self.damage_states}")
 
 
 def _length(kid: int, version: int) -> int:
@@ -461,7 +465,10 @@ def recover_image(img: bytes, img_path: str, rcfg: Config, versions: dict, allke
         f.write(img)
     core = open_core(img_path, rcfg)
     try:
-        return verify_served(core, versions, allkeys)
+        got = verify_served(core, versions, allkeys)
+        st = core.report_status()
+        got["outcome"], got["error"] = st["recovery_outcome"], st["checkpoint_last_error"]
+        return got
     finally:
         core.close()
 
@@ -528,6 +535,9 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
                     res.stale_states += 1
                     res.failures.append(f"{what}: (key, version) served but no longer durable nor put since "
                                         f"{stale}")
+                if got["outcome"] == "damaged":  # a crash tears the log's tail only, never its middle
+                    res.damage_states += 1
+                    res.failures.append(f"{what}: a crash state recovered as damage: {got['error']}")
         if verbose:
             print(res.row(), flush=True)
         results.append(res)
@@ -642,6 +652,7 @@ def check_second_crash(engine: str, workdir: str, workload: Workload, rng_seed: 
             total.wrong_states += r.wrong_states
             total.lost_states += r.lost_states
             total.stale_states += r.stale_states
+            total.damage_states += r.damage_states
             total.failures += [f"{what}; recovered, follow-up run, second crash: {f}" for f in r.failures]
     total.recovered = f"{engine} x{len(firsts)} first crashes"
     return total

@@ -16,6 +16,9 @@ load to the promise:
     unless a put of that version was attempted since (a delete a checkpoint made durable
     stays deleted; an older version never comes back).
 
+  * a crash is never reported as damage (recovery_outcome "damaged"): each log group is
+    durable before the next is written, so a crash tears the log's tail only.
+
 Both metadata formats (common.META_FORMATS). In the log format the ring is 16 KiB (four
 one-block groups), so checkpoints fill it and compact it; the writer also calls
 compact_metadata() now and then (a returned compaction that wrote a base counts like a
@@ -340,6 +343,8 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
         st.load_errors += len(res["errors"])
         st.cycles += 1
         st.keys_checked += len(res["served"]) + len(res["wrong"])
+        if s["recovery_outcome"] == "damaged":  # a crash tears the log's tail only, never its middle
+            st.failures.append(f"cycle {cyc}: a crash recovered as damage: {s['checkpoint_last_error']}")
         for kid, what in res["wrong"]:
             st.wrong_bytes += 1
             st.failures.append(f"cycle {cyc}: key {kid} served wrong bytes: {what}")

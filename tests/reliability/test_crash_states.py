@@ -78,6 +78,7 @@ def test_crash_states(engine, workload, tear, tmp_path, capsys):
         # stopped would leave the checker nothing to judge
         assert (r.deallocs > 0) == crashstates.WORKLOADS[workload].dealloc, r.row()
         assert (r.wrong_states, r.lost_states, r.stale_states) == (0, 0, 0), "\n".join(r.failures[:10])
+        assert r.damage_states == 0, "\n".join(r.failures[:10])
 
 
 def _magic_writes(rec, magic):
@@ -185,6 +186,7 @@ def test_second_crash_after_recovery(engine, workload, tmp_path, capsys):
     if wl.dealloc:
         assert r.deallocs > 0, r.row()  # the follow-up runs' deallocations, over every second run
     assert (r.wrong_states, r.lost_states, r.stale_states) == (0, 0, 0), "\n".join(r.failures[:10])
+    assert r.damage_states == 0, "\n".join(r.failures[:10])
 
 
 def _deallocs(rec):
