@@ -48,7 +48,8 @@ typedef struct {
 typedef struct rbpy_uring_batches rbpy_uring_batches;
 
 typedef struct {
-    PyObject_HEAD rb_dev *dev; /* owned; freed in dealloc */
+    PyObject_HEAD
+    rb_dev *dev; /* owned; freed in dealloc */
     int use_iouring;
     int use_uring_cmd;
     rbpy_uring_batches *batches; /* io_uring batch tracking (device_uring.c), or NULL */
