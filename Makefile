@@ -2,17 +2,16 @@
 # The two commands of the README's set-up are `make demo` (main job) and `make test` (test suite);
 # both install what is missing first (Debian packages with apt-get, Python ones with pip).
 
-# Debian's own python3 is "externally managed" (PEP 668: /usr/lib/python3.X/EXTERNALLY-MANAGED,
-# Debian 12 and 13): pip refuses to install into it. With that interpreter the Python packages go
-# into a project virtualenv, .venv; a python pip may install into (pyenv, a venv) is used as is.
+# The Python packages and the build go into the project's own virtualenv, .venv, created from
+# SYS_PYTHON on first use, whatever python3 comes first on PATH: two checkouts on one machine then
+# never share (and overwrite) each other's editable installs. PYTHON=/path/to/python uses that
+# interpreter as it is instead (an active virtualenv, say); it must be one pip may install into.
 SYS_PYTHON ?= python3
 VENV := $(CURDIR)/.venv
-EXTERNALLY_MANAGED := $(shell $(SYS_PYTHON) -c 'import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' 2>/dev/null && echo 1)
-ifeq ($(EXTERNALLY_MANAGED),1)
 PYTHON ?= $(VENV)/bin/python
-else
-PYTHON ?= $(SYS_PYTHON)
-endif
+# apt-get waits up to 10 minutes for the dpkg lock (a fresh VM's unattended upgrades hold it)
+# instead of failing at once.
+APT_GET := apt-get -o DPkg::Lock::Timeout=600
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
             libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
 PYTEST_ARGS ?=
@@ -34,16 +33,23 @@ apt-deps:
 	if [ -n "$$missing" ]; then \
 	  echo "apt-get install:" $$missing; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  $$SUDO $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT_GET) install -y -qq $$missing; \
 	fi
 
 # setuptools too: setup.py imports it, and Python 3.12+ venvs (and Debian 13's python3) lack it;
 # 77 or newer, the first to read pyproject's SPDX `license` expression (older ones reject it).
 SETUPTOOLS_OK := -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)'
-py-deps: apt-deps
-	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ] && [ ! -x "$(PYTHON)" ]; then $(SYS_PYTHON) -m venv $(VENV); fi
-	@$(PYTHON) -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && $(PYTHON) $(SETUPTOOLS_OK) || \
-	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7' numpy lmcache-rust-raw-block-io
+# venv: the project virtualenv, created from SYS_PYTHON when PYTHON is it and it does not run yet.
+.PHONY: venv
+venv: apt-deps
+	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ] && ! "$(PYTHON)" -c '' 2>/dev/null; then \
+	  echo "creating the project virtualenv $(VENV) from $$(command -v $(SYS_PYTHON)) ($$($(SYS_PYTHON) -V 2>&1))"; \
+	  $(SYS_PYTHON) -m venv --clear $(VENV); fi
+
+py-deps: venv
+	@$(PYTHON) -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && $(PYTHON) $(SETUPTOOLS_OK) || { \
+	  echo "py-deps: pip install setuptools pytest numpy lmcache-rust-raw-block-io into $(PYTHON)"; \
+	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7' numpy lmcache-rust-raw-block-io; }
 
 # In-place build of the extension with warnings as errors; pip install -e registers the package once,
 # and the benchmark distribution (benchmarks/: lmcache_rawblock_bench, the bench and waf commands) too.
@@ -70,8 +76,10 @@ install-bench = (cd / && $(1) -c 'import importlib.util as u, sys; s = u.find_sp
 demo: build
 	@if $(MAKE) -s lmcache-venv; then py=$(LMC_VENV)/bin/python; \
 	else echo "LMCache could not be installed: its core is reported as not installed"; py=$(PYTHON); fi; \
-	$$py -c 'import tqdm, matplotlib' 2>/dev/null || $$py -m pip install -q tqdm matplotlib; \
+	$$py -c 'import tqdm, matplotlib' 2>/dev/null || { echo "demo: pip install tqdm matplotlib into $$py"; \
+	  $$py -m pip install -q tqdm matplotlib; }; \
 	$(call install-bench,$$py) && \
+	echo "demo: $$py -m lmcache_rawblock bench --suite quick (results in $(CURDIR)/bench-out/)" && \
 	$$py -m lmcache_rawblock bench --suite quick
 
 bench: demo
@@ -144,6 +152,11 @@ test-c: apt-deps
 	  -Icsrc/core tests/c/test_core_ds.c csrc/core/rb_idx.c csrc/core/rb_slots.c csrc/core/rb_core_ident.c \
 	  -lxxhash -o build/test_core_ds
 	build/test_core_ds
+	@# the checks of debug builds (RB_DEBUG_INVARIANTS: lock order, slot states) fire
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE -DRB_DEBUG_INVARIANTS \
+	  -Icsrc/core tests/c/test_debug_invariants.c csrc/core/rb_slots.c csrc/core/rb_debug.c -lpthread \
+	  -o build/test_debug_invariants
+	build/test_debug_invariants
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
 	  $(MLOG_DEFS) -Icsrc/core tests/c/test_mlog.c $(MLOG_SRC) $(MLOG_LIBS) -o build/test_mlog
 	build/test_mlog
@@ -180,9 +193,11 @@ test-killloop-long: build
 LMC_VENV := .venv-lmcache
 LMC_IMPORTS := torch, lmcache, lmcache.v1.storage_backend.raw_block, pytest, numpy, lmcache_rust_raw_block_io
 STRICT_SKIPS := PYTHONPATH=tests:benchmarks RB_ALLOWED_SKIPS='O_DIRECT'
-lmcache-venv:
-	@test -x $(LMC_VENV)/bin/python || $(PYTHON) -m venv $(LMC_VENV)
+lmcache-venv: venv
+	@test -x $(LMC_VENV)/bin/python || { echo "lmcache-venv: creating $(LMC_VENV) from $(PYTHON)"; $(PYTHON) -m venv $(LMC_VENV); }
 	@$(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
+	  echo "lmcache-venv: pip install torch==2.13.0 (CPU), then lmcache and the Rust wheel, into $(LMC_VENV):" \
+	    "about 2 GB, several minutes the first time"; \
 	  $(LMC_VENV)/bin/python -m pip install -q torch==2.13.0 && \
 	  $(LMC_VENV)/bin/python -m pip install -q lmcache lmcache-rust-raw-block-io pytest numpy || exit 1; \
 	  $(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
@@ -393,7 +408,7 @@ fuzz-corpus-mlog:
 	build/make_corpus_mlog fuzz/corpus/mlog fuzz/corpus/mlog_read
 fuzz-build:
 	@command -v $(FUZZ_CC) >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang; }
+	  $$SUDO $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT_GET) install -y -qq clang; }
 	$(MAKE) $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
 fuzz-regressions: fuzz-build
 	@for t in $(FUZZ_TARGETS); do n=$$(ls fuzz/regressions/$$t | wc -l); [ "$$n" = 0 ] || \

@@ -5,9 +5,10 @@ fallback where they do not (Debian 12's libnvme.pc needs json-c's). liburing is 
 statically when liburing.a exists, so an installed wheel does not depend on the build
 machine's liburing. Environment knobs:
 
-  RB_SANITIZE=1   build with ASan + UBSan (see `make test-asan`)
+  RB_SANITIZE=1   build with ASan + UBSan (see `make test-asan`), and RB_DEBUG's checks
   RB_WERROR=1     turn warnings into errors (CI)
-  RB_DEBUG=1      -O0 -g
+  RB_DEBUG=1      -O1 -g, with the core's lock order and slot states checked
+                  (RB_DEBUG_INVARIANTS, csrc/core/rb_debug.h)
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def extension() -> Extension:
     if os.environ.get("RB_WERROR") == "1":
         compile_args.append("-Werror")
     if os.environ.get("RB_DEBUG") == "1" or os.environ.get("RB_SANITIZE") == "1":
-        compile_args += ["-O1", "-g", "-fno-omit-frame-pointer"]
+        # with the core's lock order and slot states checked (csrc/core/rb_debug.h)
+        compile_args += ["-O1", "-g", "-fno-omit-frame-pointer", "-DRB_DEBUG_INVARIANTS"]
     else:
         compile_args += ["-O2"]
     if os.environ.get("RB_SANITIZE") == "1":

@@ -142,14 +142,16 @@ class Core:
     # ---- keys and payloads
     def put_many(
         self, keys: Sequence[str], identities: Sequence[int], payloads: Sequence[object],
-        placement_ids: Sequence[int | None] | None, metas: object,
+        placement_ids: Sequence[int | None], metas: object,
     ) -> tuple[list[bool], list[int], BaseException | None]:
         """(results, indices of the keys stored by this call in commit order, why the first
         refused key failed or None)."""
     def load_many_into(
         self, keys: Sequence[str], payloads: Sequence[object], set_positions: object = None
     ) -> tuple[list[bool], list[BaseException | None] | None]:
-        """(results, per-key errors or None when no key failed); a miss is False."""
+        """With set_positions (what RawBlockCore passes): (results, per-key errors or None when no
+        key failed), each loaded key's cached positions set on its payload's metadata. Without it:
+        (results, cached positions, per-key errors). A miss is False."""
     def exists_many(self, keys: Sequence[str], lock: bool = False) -> list[bool]: ...
     def delete_many(self, keys: Sequence[str], force: bool = False) -> list[bool]:
         """Deletes; with deallocate_freed on, then deallocates the slots it made reusable."""

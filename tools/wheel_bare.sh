@@ -56,7 +56,8 @@ unmount_all "$root" || die "cannot unmount $(mounts_under "$root" | tr '\n' ' ')
 if [ "$(cat "$root/.wheel-bare-stamp" 2>/dev/null)" != "$stamp_text" ]; then
   command -v debootstrap >/dev/null || {
     say "installing debootstrap"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null
   }
   say "building the root: $stamp_text (cached in $root)"
   unmount_all "$root.partial" || die "mounts left under $root.partial"

@@ -225,12 +225,25 @@ static int layout(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
     return rc;
 }
 
+/* Debug builds: the core's mutexes by rank, so taking them out of lock order aborts
+ * (rb_debug.h); nothing in a release build. */
+static void rank_locks(rb_core *c)
+{
+    rb_lk_rank(&c->ml.cmp_mu, RB_LK_CMP);
+    rb_lk_rank(&c->ckpt_mu, RB_LK_CKPT);
+    rb_lk_rank(&c->dl_mu, RB_LK_DL);
+    rb_lk_rank(&c->mu, RB_LK_MU);
+    rb_lk_rank(&c->thr_mu, RB_LK_THR);
+    rb_lk_rank(&c->fault_mu, RB_LK_FAULT);
+}
+
 /* The state on the device: deallocation and the metadata writer set up, recovery, then the
  * periodic thread when configured. */
 static int open_state(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
 {
     rb_core_dealloc_init(c);
     int rc = rb_core_ml_init(c, err);
+    rank_locks(c);
     if (rc < 0)
         return rc;
     uint64_t t_rec = rb_now_ns();

@@ -213,14 +213,18 @@ void rb_core_get_metadata_many(rb_core *c, const char *const *keys, const size_t
 size_t rb_core_get_metadata_prefix(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock,
                                    const uint8_t *skip, rb_meta_out *out);
 void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n);
+/* The one delete: results[i] 1 when keys[i] was indexed or being stored and is gone (an
+ * entry a load pins stays unless force). Then, when the delete made slots reusable at once
+ * (format v1: slots no container lists), it deallocates them (rb_core_dealloc_run), which
+ * blocks on the device: rb_core_delete_may_block says whether it can (deallocation is on). */
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
                          uint8_t *results);
+int rb_core_delete_may_block(rb_core *c);
 /* Freed slots waiting for their deallocation (rb_core_dealloc.c): pending says whether any
  * do; run deallocates them, up to 4,096 ranges a call, and returns them to use (blocking: no
  * GIL; 0, or <0 when the device call failed, which is counted and journaled: the slots are back
  * in use either way).
- * Checkpoints, compactions and close run it themselves; after delete_many (where format v1
- * makes slots reusable at once) the caller runs it when pending says so. */
+ * Checkpoints, compactions, close and delete_many run it themselves. */
 int rb_core_dealloc_pending(rb_core *c);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on

@@ -445,7 +445,8 @@ static int64_t count_lost(rb_core *c, const uint8_t *payload, uint64_t len)
  * Recovery: the newest container of ours whose payload reads back with its CRC is applied; an
  * older one only when every newer one is unreadable (a fallback, reported with what it lost).
  * Until its entries are known, each container of ours keeps every slot out of use
- * (ref_unknown); the first put then writes a checkpoint over it (make_room in rb_core.c).
+ * (ref_unknown); a put that finds no slot then writes a checkpoint over it (make_room in
+ * rb_core_put.c).
  */
 static int recover_v1(rb_core *c, rb_err *err);
 

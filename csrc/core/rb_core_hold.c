@@ -58,6 +58,9 @@ void rb_core_quarantine_reset_locked(rb_core *c)
 
 void rb_core_hold_slot_locked(rb_core *c, uint32_t slot)
 {
+    /* RESERVED: a slot just taken that a container lists (take_slot_locked) */
+    rb_slots_move(&c->slots, slot, RB_SLOT_IN(RB_SLOT_RESERVED) | RB_SLOT_IN(RB_SLOT_FREEING), RB_SLOT_FREEING,
+                  __func__);
     if (rb_slot_list_push(&c->held, &c->n_held, &c->cap_held, slot) < 0)
         return; /* kept out of use until the next recovery: never reused unsafely */
     c->held_total++;

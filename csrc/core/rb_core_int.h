@@ -29,6 +29,7 @@
 
 #include "rb_ckpt.h"
 #include "rb_core.h"
+#include "rb_debug.h"      /* debug builds: lock order and slot states checked */
 #include "rb_device_int.h" /* the core reads the device's fields directly */
 #include "rb_idx.h"
 #include "rb_mlog.h"
@@ -118,7 +119,7 @@ typedef struct rb_mlw {
  * device's gate_mu are leaves (rb_core.h). mu guards what the operations share: the index,
  * in-flight table, classes, slots, reuse lists and counters; it is never held across device
  * I/O. Configuration and layout are set at open and read without a lock; the atomics are read
- * and written without one.
+ * and written without one. Debug builds check the lock order on every acquire (rb_debug.h).
  */
 struct rb_core {
     /* ---- configuration, device and layout (rb_core.c: set at open) ---------------------- */
@@ -440,6 +441,8 @@ void rb_core_dealloc_reset_locked(rb_core *c);
 
 static inline void rb_core_free_slot_locked(rb_core *c, uint32_t slot)
 {
+    /* FREEING already: a held slot routed again (rb_core_mlog.c) */
+    rb_slots_move(&c->slots, slot, RB_SLOT_IN(RB_SLOT_LIVE) | RB_SLOT_IN(RB_SLOT_FREEING), RB_SLOT_FREEING, __func__);
     if (slot < c->ref_cap && c->ref[slot]) {
         rb_core_hold_slot_locked(c, slot);
         return;

@@ -158,6 +158,17 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
         rb_core_ml_kick(c);
     if (hs != stack)
         free(hs);
+    /* Format v1 makes a slot no container lists reusable at its delete: deallocated now. */
+    if (rb_core_dealloc_pending(c))
+        (void)rb_core_dealloc_run(c);
+}
+
+int rb_core_delete_may_block(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int on = c->dl_on;
+    pthread_mutex_unlock(&c->mu);
+    return on;
 }
 
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len)

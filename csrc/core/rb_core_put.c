@@ -191,6 +191,7 @@ static int commit_index_locked(rb_core *c, const rb_put_item *it, uint32_t h, co
         PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         return 0;
     }
+    rb_slots_move(&c->slots, r->slot, RB_SLOT_IN(RB_SLOT_RESERVED), RB_SLOT_LIVE, __func__);
     rb_ent *e = &c->index.ents[q];
     e->slot = r->slot;
     e->size = r->size;

@@ -2,6 +2,7 @@
  * rb_slots.c - LIFO free-slot lists with FDP placement-id affinity pools (see rb_slots.h).
  */
 #include "rb_slots.h"
+#include "rb_debug.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ void rb_slots_free(rb_slots *s)
     free(s->pnext);
     free(s->phead);
     free(s->ptail);
+    free(s->state);
     memset(s, 0, sizeof(*s));
 }
 
@@ -58,6 +60,10 @@ static int grow(rb_slots *s, uint32_t need)
     GROW(gprev, uint32_t);
     GROW(gnext, uint32_t);
     GROW(is_free, uint8_t);
+#ifdef RB_DEBUG_INVARIANTS
+    GROW(state, uint8_t);
+    memset(s->state + s->cap, RB_SLOT_FREE, nc - s->cap);
+#endif
     if (s->affinity) {
         GROW(pid, uint16_t);
         GROW(pprev, uint32_t);
@@ -81,6 +87,11 @@ int rb_slots_reset(rb_slots *s, uint32_t next_slot)
         if (s->affinity)
             memset(s->pid, 0, (size_t)s->cap * sizeof(uint16_t));
     }
+#ifdef RB_DEBUG_INVARIANTS
+    for (uint32_t x = 0; x < s->cap; x++)
+        if (s->state[x] != RB_SLOT_RESERVED)
+            s->state[x] = x < next_slot ? RB_SLOT_FREEING : RB_SLOT_FREE;
+#endif
     if (s->affinity) {
         memset(s->phead, 0xff, NPIDS * sizeof(uint32_t));
         memset(s->ptail, 0xff, NPIDS * sizeof(uint32_t));
@@ -118,6 +129,20 @@ static void p_unlink(rb_slots *s, uint32_t x)
         s->ptail[id] = p;
 }
 
+#ifdef RB_DEBUG_INVARIANTS
+void rb_slots_move(rb_slots *s, uint32_t slot, unsigned from, int to, const char *where)
+{
+    static const char *const names[] = {"FREE", "RESERVED", "LIVE", "FREEING"};
+    if (slot >= s->cap)
+        rb_invariant_failed(__FILE__, __LINE__, "slot state: %s: slot %u to %s: past the %u slots known", where, slot,
+                            names[to], s->cap);
+    if (!(from & RB_SLOT_IN(s->state[slot])))
+        rb_invariant_failed(__FILE__, __LINE__, "slot state: %s: slot %u is %s, cannot become %s", where, slot,
+                            names[s->state[slot]], names[to]);
+    s->state[slot] = (uint8_t)to;
+}
+#endif
+
 static void take(rb_slots *s, uint32_t x)
 {
     g_unlink(s, x);
@@ -134,6 +159,7 @@ uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
         x = s->ptail[pid];
         take(s, x);
         s->affinity_hits++;
+        rb_slots_move(s, x, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
         return x;
     }
     if (s->gtail != RB_SLOT_NONE) {
@@ -144,6 +170,7 @@ uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
                 s->affinity_fallbacks++;
             s->pid[x] = pid;
         }
+        rb_slots_move(s, x, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
         return x;
     }
     if (s->next_slot < s->max_slots) {
@@ -152,6 +179,7 @@ uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
         x = s->next_slot++;
         if (s->affinity)
             s->pid[x] = pid;
+        rb_slots_move(s, x, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
         return x;
     }
     return RB_SLOT_NONE;
@@ -159,6 +187,8 @@ uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
 
 void rb_slots_release(rb_slots *s, uint32_t x)
 {
+    if (x < s->next_slot) /* debug builds: a slot is released once, and never while indexed */
+        rb_slots_move(s, x, RB_SLOT_IN(RB_SLOT_RESERVED) | RB_SLOT_IN(RB_SLOT_FREEING), RB_SLOT_FREE, __func__);
     if (x >= s->next_slot || s->is_free[x])
         return;
     s->is_free[x] = 1;

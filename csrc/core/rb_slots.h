@@ -30,7 +30,36 @@ typedef struct rb_slots {
     uint32_t *ptail;         /* 65536 pool tails (affinity only) */
     uint32_t *phead;
     uint64_t affinity_hits, affinity_fallbacks;
+    uint8_t *state; /* debug builds: each slot's RB_SLOT_* state (NULL otherwise) */
 } rb_slots;
+
+/*
+ * The slot state machine, checked in debug builds (RB_DEBUG_INVARIANTS, rb_debug.h):
+ * FREE (the allocator's) -> RESERVED (rb_slots_alloc: a put's, in the in-flight table) ->
+ * LIVE (the put committed it to the index) -> FREEING (it left the index: held for a
+ * checkpoint, quarantined for readers or waiting for its deallocation) -> FREE
+ * (rb_slots_release). A put that fails gives its slot back (RESERVED -> FREE); a reserved slot
+ * a checkpoint container lists waits like a freed one (RESERVED -> FREEING). rb_slots_reset
+ * (recovery, a state applied at run time) leaves a reserved slot RESERVED and makes every other
+ * slot below next_slot FREEING: recovery releases those its state does not list, the others
+ * leave the index through FREEING. Any other move aborts, naming the slot, its state and the
+ * caller.
+ */
+enum { RB_SLOT_FREE, RB_SLOT_RESERVED, RB_SLOT_LIVE, RB_SLOT_FREEING };
+#define RB_SLOT_IN(st) (1u << (st))
+#ifdef RB_DEBUG_INVARIANTS
+/* Move slot to state to from one of the states in the mask from (RB_SLOT_IN bits). */
+void rb_slots_move(rb_slots *s, uint32_t slot, unsigned from, int to, const char *where);
+#else
+static inline void rb_slots_move(rb_slots *s, uint32_t slot, unsigned from, int to, const char *where)
+{
+    (void)s;
+    (void)slot;
+    (void)from;
+    (void)to;
+    (void)where;
+}
+#endif
 
 int rb_slots_init(rb_slots *s, uint32_t max_slots, int affinity);
 void rb_slots_free(rb_slots *s);

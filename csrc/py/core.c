@@ -145,78 +145,97 @@ static PyObject *core_close(PyObject *op, PyObject *unused)
     return do_close((CoreObject *)op);
 }
 
+/* Each docstring starts with the method's text signature ("name($self, ...)\n--\n\n"), which
+ * inspect.signature and stubtest read: the names are those rbpy_unpack takes as keywords. */
 static PyMethodDef core_methods[] = {
     {"put_many", (PyCFunction)(void (*)(void))rbpy_core_put_many, METH_FASTCALL | METH_KEYWORDS,
-     "put_many(keys, identities, payloads, placement_ids, metas) -> (results, stored_indices); a payload is "
-     "a buffer-protocol object, a MemoryObj of the _set_memobj_type class, or anything with byte_array; metas "
-     "is one (dtype name, format name, shape, cached_positions) tuple per key, or a callable "
-     "namer(dtype, fmt) -> (dtype name, format name, cacheable) with which each payload's own metadata "
-     "(its metadata attribute) is read"},
+     "put_many($self, keys, identities, payloads, placement_ids, metas)\n--\n\n"
+     "Store payloads[i] under keys[i] (slot identity identities[i], FDP placement id placement_ids[i] or "
+     "None for none). -> (results, indices of the keys stored by this call in commit "
+     "order, why the first refused key failed or None). A payload is a buffer-protocol object, a MemoryObj "
+     "of the _set_memobj_type class, or anything with byte_array; metas is one (dtype name, format name, "
+     "shape, cached_positions) tuple per key, or a callable namer(dtype, fmt) -> (dtype name, format name, "
+     "cacheable) with which each payload's own metadata (its metadata attribute) is read."},
     {"load_many_into", (PyCFunction)(void (*)(void))rbpy_core_load_many, METH_FASTCALL | METH_KEYWORDS,
-     "load_many_into(keys, payloads, set_positions=None) -> (results, cached_positions, errors: exception or "
-     "None per key); with set_positions (list of ints -> value), each loaded key's positions are set on its "
-     "payload's metadata instead and the result is (results, errors or None when no key failed); "
-     "payloads as for put_many, writable"},
+     "load_many_into($self, keys, payloads, set_positions=None)\n--\n\n"
+     "Read each indexed key's payload into payloads[i] (writable; the kinds put_many takes); a miss is "
+     "False. -> (results, cached_positions, errors: an exception or None per key); with set_positions (a "
+     "callable taking a list of ints), each loaded key's positions are set on its payload's metadata "
+     "instead and the result is (results, errors or None when no key failed)."},
     {"exists_many", (PyCFunction)(void (*)(void))rbpy_core_exists_many, METH_FASTCALL | METH_KEYWORDS,
-     "exists_many(keys, lock=False) -> list[bool]"},
+     "exists_many($self, keys, lock=False)\n--\n\n-> list[bool]; with lock, each key found is pinned"},
     {"delete_many", (PyCFunction)(void (*)(void))rbpy_core_delete_many, METH_FASTCALL | METH_KEYWORDS,
-     "delete_many(keys, force=False) -> list[bool]"},
-    {"unlock_many", rbpy_core_unlock_many, METH_O, "unlock_many(keys)"},
+     "delete_many($self, keys, force=False)\n--\n\n"
+     "-> list[bool]; with deallocate_freed on, then deallocates the slots it made reusable"},
+    {"unlock_many", rbpy_core_unlock_many, METH_O, "unlock_many($self, keys, /)\n--\n\nunpin each key once"},
     {"get_metadata_many", rbpy_core_get_metadata_many, METH_O,
-     "get_metadata_many(keys) -> list[(offset, size, shape, dtype, fmt, cached_positions) | None]"},
+     "get_metadata_many($self, keys, /)\n--\n\n"
+     "-> list[(offset, size, shape, dtype, fmt, cached_positions) | None]"},
     {"get_metadata_prefix", (PyCFunction)(void (*)(void))rbpy_core_get_metadata_prefix, METH_FASTCALL | METH_KEYWORDS,
-     "get_metadata_prefix(keys, lock=False, skip=None) -> list[tuple]"},
-    {"exists_inflight", rbpy_core_exists_inflight, METH_O, "exists_inflight(key) -> bool"},
-    {"entry_offset", rbpy_core_entry_offset, METH_O, "entry_offset(key) -> int | None"},
-    {"lock_refcount", rbpy_core_lock_refcount, METH_O, "lock_refcount(key) -> int"},
+     "get_metadata_prefix($self, keys, lock=False, skip=None)\n--\n\n"
+     "-> list[tuple], the metadata of the keys up to the first missing one (or one in skip)"},
+    {"exists_inflight", rbpy_core_exists_inflight, METH_O, "exists_inflight($self, key, /)\n--\n\n-> bool"},
+    {"entry_offset", rbpy_core_entry_offset, METH_O, "entry_offset($self, key, /)\n--\n\n-> int | None"},
+    {"lock_refcount", rbpy_core_lock_refcount, METH_O, "lock_refcount($self, key, /)\n--\n\n-> int"},
     {"snapshot_keys", (PyCFunction)(void (*)(void))rbpy_core_snapshot_keys, METH_FASTCALL | METH_KEYWORDS,
-     "snapshot_keys(limit=None) -> list[str] in insertion order"},
+     "snapshot_keys($self, limit=None)\n--\n\n-> list[str] in insertion order"},
     {"checkpoint_now", (PyCFunction)(void (*)(void))rbpy_core_checkpoint_now, METH_FASTCALL | METH_KEYWORDS,
-     "checkpoint_now(force=True) -> bool (written)"},
+     "checkpoint_now($self, force=True)\n--\n\n-> bool (written)"},
     {"compact_metadata", rbpy_core_compact_metadata, METH_NOARGS,
-     "compact_metadata() -> bool: log format, write a new base and switch to it now (False: nothing to do)"},
+     "compact_metadata($self, /)\n--\n\n"
+     "-> bool: log format, write a new base and switch to it now (False: nothing to do)"},
     {"set_dealloc_log", rbpy_core_set_dealloc_log, METH_O,
-     "set_dealloc_log(on): start (cleared) or stop the journal of deallocated ranges"},
+     "set_dealloc_log($self, on, /)\n--\n\nstart (cleared) or stop the journal of deallocated ranges"},
     {"take_dealloc_log", rbpy_core_take_dealloc_log, METH_NOARGS,
-     "take_dealloc_log() -> list[(offset, length)]: ranges deallocated since the last call"},
-    {"apply_state_json", rbpy_core_apply_state_json, METH_O, "apply_state_json(bytes) -> (applied, reason)"},
+     "take_dealloc_log($self, /)\n--\n\n-> list[(offset, length)]: ranges deallocated since the last call"},
+    {"apply_state_json", rbpy_core_apply_state_json, METH_O,
+     "apply_state_json($self, state, /)\n--\n\n-> (applied, reason)"},
     {"_apply_state_json_generic", rbpy_core_apply_state_json_generic, METH_O,
+     "_apply_state_json_generic($self, state, /)\n--\n\n"
      "test hook: apply_state_json through json-c only (no plain-form reader)"},
-    {"status", rbpy_core_status, METH_NOARGS, "status() -> dict"},
+    {"status", rbpy_core_status, METH_NOARGS, "status($self, /)\n--\n\n-> dict"},
     {"trust_counters", rbpy_core_trust_counters, METH_NOARGS,
-     "trust_counters() -> (faults_total, load_rejected_entries, writeback_dropped_entries, shrink_dropped_entries)"},
+     "trust_counters($self, /)\n--\n\n"
+     "-> (faults_total, load_rejected_entries, writeback_dropped_entries, shrink_dropped_entries)"},
     {"register_buffers", (PyCFunction)(void (*)(void))rbpy_core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
-     "register_buffers(ptrs, sizes): io_uring fixed buffers (memory must outlive the core)"},
+     "register_buffers($self, ptrs, sizes)\n--\n\nio_uring fixed buffers (memory must outlive the core)"},
     {"fetch_fdp_status", rbpy_core_fetch_fdp_status, METH_NOARGS,
-     "fetch_fdp_status() -> [(placement_id, ruh_id), ...]: the FDP reclaim unit handles of the passthrough "
-     "device."},
+     "fetch_fdp_status($self, /)\n--\n\n"
+     "-> [(placement_id, ruh_id), ...]: the FDP reclaim unit handles of the passthrough device."},
     {"nvme_info", rbpy_core_nvme_info, METH_NOARGS,
-     "nvme_info() -> dict | None: namespace id, LBA shift and size, bytes per NVMe command and the "
-     "controller's Dataset Management limits of a passthrough core."},
+     "nvme_info($self, /)\n--\n\n"
+     "-> dict | None: namespace id, LBA shift and size, bytes per NVMe command and the controller's Dataset "
+     "Management limits of a passthrough core."},
     {"engine_state", rbpy_core_engine_state, METH_NOARGS,
-     "engine_state() -> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
+     "engine_state($self, /)\n--\n\n"
+     "-> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
     {"_inject_engine_fault", rbpy_core_inject_engine_fault, METH_O,
-     "test hook: _inject_engine_fault(kinds), io_uring worker faults (1 submit, 2 reap)"},
+     "_inject_engine_fault($self, kinds, /)\n--\n\ntest hook: io_uring worker faults (1 submit, 2 reap)"},
     {"_set_metadata_shortcut", (PyCFunction)(void (*)(void))rbpy_core_set_metadata_shortcut, METH_FASTCALL,
-     "_set_metadata_shortcut(cls, descr, attr): instances of exactly cls have their metadata read as "
-     "obj.<attr> while cls.metadata is descr (a property returning that attribute); (None, None, None) "
-     "turns it off"},
+     "_set_metadata_shortcut($self, cls, descr, attr, /)\n--\n\n"
+     "instances of exactly cls have their metadata read as obj.<attr> while cls.metadata is descr (a "
+     "property returning that attribute); (None, None, None) turns it off"},
     {"_revalidate", rbpy_core_revalidate, METH_O,
-     "benchmark hook: _revalidate(sequential) -> dropped; re-read and check every slot header"},
+     "_revalidate($self, sequential, /)\n--\n\n"
+     "benchmark hook: -> dropped; re-read and check every slot header"},
     {"mem_bytes", rbpy_core_mem_bytes, METH_NOARGS,
-     "bytes allocated by the index, the slot allocator and the metadata journal"},
-    {"close", core_close, METH_NOARGS, "close() -> dict"},
+     "mem_bytes($self, /)\n--\n\nbytes allocated by the index, the slot allocator and the metadata journal"},
+    {"close", core_close, METH_NOARGS, "close($self, /)\n--\n\n-> dict"},
     {"_inject_fault", (PyCFunction)(void (*)(void))rbpy_core_inject_fault, METH_FASTCALL | METH_KEYWORDS,
-     "test hook: _inject_fault('write'|'read'|'submit'|'prep', countdown)"},
-    {"_set_checkpoint_delay_ms", rbpy_core_set_ckpt_delay, METH_O, "test hook: delay each checkpoint writer"},
+     "_inject_fault($self, kind, countdown)\n--\n\n"
+     "test hook: kind 'write', 'read', 'submit', 'prep' or 'flush' fails after countdown more"},
+    {"_set_checkpoint_delay_ms", rbpy_core_set_ckpt_delay, METH_O,
+     "_set_checkpoint_delay_ms($self, ms, /)\n--\n\ntest hook: delay each checkpoint writer"},
     {"_set_load_check_off", rbpy_core_set_load_check_off, METH_O,
+     "_set_load_check_off($self, off, /)\n--\n\n"
      "benchmark hook: loads of verified records skip the slot-header check (never in service)"},
     {"_set_checkpoint_no_flush", rbpy_core_set_ckpt_no_flush, METH_O,
+     "_set_checkpoint_no_flush($self, on, /)\n--\n\n"
      "benchmark hook: checkpoints skip their device flushes (measures what the flushes cost)"},
     {"_set_load_delay_ms", rbpy_core_set_load_delay, METH_O,
-     "test hook: pause each load between its index snapshot and its reads"},
+     "_set_load_delay_ms($self, ms, /)\n--\n\ntest hook: pause each load between its index snapshot and its reads"},
     {"_key_identity", (PyCFunction)(void (*)(void))rbpy_core_identity, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
-     "test hook: the C slot identity of an encoded key"},
+     "_key_identity(key, namespace)\n--\n\ntest hook: the C slot identity of an encoded key"},
     {NULL, NULL, 0, NULL},
 };
 

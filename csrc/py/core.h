@@ -26,7 +26,8 @@ typedef struct {
 } meta_names;
 
 typedef struct {
-    PyObject_HEAD rb_core *core;
+    PyObject_HEAD
+    rb_core *core;
     int closed;
     PyObject *close_result; /* dict returned by the first close() */
     PyObject *weakreflist;

@@ -6,15 +6,36 @@
 
 #include <stdlib.h>
 
-/* Above this many keys exists_many/unlock_many/delete_many release the GIL. */
-#define RBPY_NOGIL_KEYS 64
-
 /* ---- index queries --------------------------------------------------------------------- */
 
 /* exists_many(keys, lock=False) and delete_many(keys, force=False): a key list and one flag
- * in, one bool per key out; the GIL is released for more than RBPY_NOGIL_KEYS keys. */
+ * in, one bool per key out; fn runs the call, releasing the GIL as it decides. */
 typedef void (*keys_flag_fn)(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int flag,
                              uint8_t *results);
+
+/* fn(c, keys, lens, n, flag, results), without the GIL when nogil. */
+static void call_keys(keys_flag_fn fn, rb_core *c, const char *const *keys, const size_t *lens, size_t n, int flag,
+                      uint8_t *results, int nogil)
+{
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+            fn(c, keys, lens, n, flag, results);
+        Py_END_ALLOW_THREADS
+    } else {
+        fn(c, keys, lens, n, flag, results);
+    }
+}
+
+static void exists_keys(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int lock, uint8_t *results)
+{
+    call_keys(rb_core_exists_many, c, keys, lens, n, lock, results, n > RBPY_NOGIL_KEYS);
+}
+
+void rbpy_core_delete(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force, uint8_t *results)
+{
+    int nogil = n > RBPY_NOGIL_KEYS || rb_core_delete_may_block(c);
+    call_keys(rb_core_delete_many, c, keys, lens, n, force, results, nogil);
+}
 
 static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *const names[2], keys_flag_fn fn,
                                 PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -33,13 +54,7 @@ static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *con
     if (!r) {
         PyErr_NoMemory();
     } else {
-        if (kv.n > RBPY_NOGIL_KEYS) {
-            Py_BEGIN_ALLOW_THREADS
-                fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
-            Py_END_ALLOW_THREADS
-        } else {
-            fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
-        }
+        fn(rbpy_core_of(op), kv.keys, kv.lens, (size_t)kv.n, flag, r);
         ret = rbpy_bool_list(r, kv.n);
     }
     PyMem_Free(r);
@@ -50,21 +65,13 @@ static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *con
 PyObject *rbpy_core_exists_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "lock"};
-    return keys_flag_call(op, "exists_many", names, rb_core_exists_many, args, nargs, kwnames);
+    return keys_flag_call(op, "exists_many", names, exists_keys, args, nargs, kwnames);
 }
 
 PyObject *rbpy_core_delete_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"keys", "force"};
-    PyObject *r = keys_flag_call(op, "delete_many", names, rb_core_delete_many, args, nargs, kwnames);
-    /* Format v1 makes a slot no container lists reusable at its delete: deallocate it now. */
-    rb_core *c = r ? rbpy_core_of(op) : NULL;
-    if (c && rb_core_dealloc_pending(c)) {
-        Py_BEGIN_ALLOW_THREADS(void)
-            rb_core_dealloc_run(c);
-        Py_END_ALLOW_THREADS
-    }
-    return r;
+    return keys_flag_call(op, "delete_many", names, rbpy_core_delete, args, nargs, kwnames);
 }
 
 PyObject *rbpy_core_unlock_many(PyObject *op, PyObject *keys)

@@ -179,14 +179,14 @@ static void load_call_close(load_call *lc)
 }
 
 /*
- * load_many_into(keys, buffers, set_positions=None). Without set_positions: (results,
+ * load_many_into(keys, payloads, set_positions=None). Without set_positions: (results,
  * positions, errors), a list each. With it (a callable taking a list of ints): each loaded
  * key's cached positions are set on its object's metadata here (load_set_positions), and the
  * result is (results, errors), errors None when no key failed.
  */
 PyObject *rbpy_core_load_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"keys", "buffers", "set_positions"};
+    static const char *const names[] = {"keys", "payloads", "set_positions"};
     PyObject *a[3];
     if (rbpy_unpack("load_many_into", names, 3, 2, args, nargs, kwnames, a) < 0)
         return NULL;

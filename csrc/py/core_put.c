@@ -239,7 +239,7 @@ static void put_call_close(put_call *pc)
  * without the GIL, build the result; put_call_close releases whatever the stages took. */
 PyObject *rbpy_core_put_many(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"keys", "identities", "buffers", "placement_ids", "metas"};
+    static const char *const names[] = {"keys", "identities", "payloads", "placement_ids", "metas"};
     PyObject *a[5];
     if (rbpy_unpack("put_many", names, 5, 5, args, nargs, kwnames, a) < 0)
         return NULL;

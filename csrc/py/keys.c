@@ -969,7 +969,7 @@ static int enc_append(enc_ctx *c, PyObject *key)
 }
 
 /* Delete the n keys encoded back to back in c->buf (key i at offs[i]..offs[i + 1]) with one
- * rb_core_delete_many call, without the GIL above 64 keys. kp, lens and res have room for n.
+ * rbpy_core_delete call (as Core.delete_many deletes). kp, lens and res have room for n.
  * Returns how many were removed. */
 static Py_ssize_t delete_encoded(rb_core *core, const enc_ctx *c, const size_t *offs, Py_ssize_t n, int force,
                                  const char **kp, size_t *lens, uint8_t *res)
@@ -978,13 +978,7 @@ static Py_ssize_t delete_encoded(rb_core *core, const enc_ctx *c, const size_t *
         kp[i] = c->buf.p + offs[i];
         lens[i] = offs[i + 1] - offs[i];
     }
-    if (n > 64) {
-        Py_BEGIN_ALLOW_THREADS
-            rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
-        Py_END_ALLOW_THREADS
-    } else {
-        rb_core_delete_many(core, kp, lens, (size_t)n, force, res);
-    }
+    rbpy_core_delete(core, kp, lens, (size_t)n, force, res);
     Py_ssize_t removed = 0;
     for (Py_ssize_t i = 0; i < n; i++)
         removed += res[i];
@@ -994,7 +988,7 @@ static Py_ssize_t delete_encoded(rb_core *core, const enc_ctx *c, const size_t *
 /*
  * delete_legacy_keys(core, keys, force=False) -> int: Core.delete_many(encode_legacy_keys(keys),
  * force).count(True) without the intermediate str objects: the keys are encoded into one
- * buffer and deleted with one rb_core_delete_many call (without the GIL above 64 keys).
+ * buffer and deleted with one rbpy_core_delete call, deallocation included.
  */
 PyObject *rbpy_delete_legacy_keys(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {

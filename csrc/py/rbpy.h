@@ -48,7 +48,8 @@ typedef struct {
 typedef struct rbpy_uring_batches rbpy_uring_batches;
 
 typedef struct {
-    PyObject_HEAD rb_dev *dev; /* owned; freed in dealloc */
+    PyObject_HEAD
+    rb_dev *dev; /* owned; freed in dealloc */
     int use_iouring;
     int use_uring_cmd;
     rbpy_uring_batches *batches; /* io_uring batch tracking (device_uring.c), or NULL */
@@ -157,6 +158,14 @@ extern PyType_Spec rbpy_core_spec;
 
 /* The rb_core of a _native.Core (the caller has checked the type). */
 struct rb_core *rbpy_core_ptr(PyObject *core);
+
+/* core_index.c: above this many keys the index calls (exists, unlock, delete) release the GIL. */
+#define RBPY_NOGIL_KEYS 64
+/* The binding's one delete (Core.delete_many, delete_legacy_keys): rb_core_delete_many, which
+ * also deallocates what the delete made reusable; without the GIL above RBPY_NOGIL_KEYS keys
+ * or when that deallocation may reach the device. */
+void rbpy_core_delete(struct rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
+                      uint8_t *results);
 
 /* keys.c: encode_legacy_keys(keys) -> list[str], LMCache's CacheEngineKey.to_string() in C;
  * delete_legacy_keys(core, keys, force=False) -> int, the same keys deleted without str objects. */

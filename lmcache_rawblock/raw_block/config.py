@@ -97,6 +97,15 @@ def _native_kwargs(self, *, key_namespace: str) -> dict[str, Any]:
     return kw
 
 
+def _for_device(cls, device_path: str, *, slot_bytes: int, **fields: Any) -> Any:
+    """A configuration of ``device_path`` (a block device or a pre-sized file) with slots of
+    ``slot_bytes``: every other field at the settings table's default, the plugin's, unless
+    given in ``fields``. LMCache's constructor, which this class keeps, needs 14 of them."""
+    values = {s.name: s.default for s in SETTINGS.values() if s.config and s.default is not None}
+    values.update(fields, device_path=device_path, slot_bytes=slot_bytes)
+    return cls(**values)
+
+
 if TYPE_CHECKING:
 
     class RawBlockCoreConfig:
@@ -108,13 +117,16 @@ if TYPE_CHECKING:
         def __init__(self, **fields: Any) -> None: ...
         def __getattr__(self, name: str) -> Any: ...
         def native_kwargs(self, *, key_namespace: str) -> dict[str, Any]: ...
+        @classmethod
+        def for_device(cls, device_path: str, *, slot_bytes: int, **fields: Any) -> RawBlockCoreConfig: ...
 
 else:
     RawBlockCoreConfig = dataclasses.make_dataclass(
         "RawBlockCoreConfig",
         [_config_field(s) for s in SETTINGS.values() if s.config],
         frozen=True,
-        namespace={"__post_init__": _post_init, "native_kwargs": _native_kwargs, "__module__": __name__},
+        namespace={"__post_init__": _post_init, "native_kwargs": _native_kwargs,
+                   "for_device": classmethod(_for_device), "__module__": __name__},
     )
 RawBlockCoreConfig.__doc__ = """Geometry and behaviour of one raw-block core.
 

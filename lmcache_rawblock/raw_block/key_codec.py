@@ -44,6 +44,15 @@ class RawBlockKeySpec:
     encoded: str
     slot_identity: int
 
+    @classmethod
+    def for_object(cls, model_name: str, kv_rank: int, chunk_hash: bytes, **fields: Any) -> RawBlockKeySpec:
+        """The spec of the LMCache object key with these fields (``object_group_id``,
+        ``cache_salt`` among ``fields``): what :func:`encode_object_key` gives for the
+        ``ObjectKey`` of the LMCache in use, without importing that class. For a core opened
+        with ``key_namespace="object"``."""
+        return encode_object_key(ObjectKey(chunk_hash=bytes(chunk_hash), model_name=model_name,
+                                           kv_rank=int(kv_rank), **fields))
+
 
 def object_key_to_string(key: Any) -> str:
     parts = [quote(key.model_name, safe=""), format(int(key.kv_rank), "#010x")]

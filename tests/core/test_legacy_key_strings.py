@@ -554,3 +554,29 @@ def test_unsigned_64_bit_hashes_take_the_fast_path():
     assert got == want
     assert c.n == 1
     assert check([FakeKey("m", 1, 0, 2**64, "half"), FakeKey("m", 1, 0, -2**63 - 1, "half")])  # general path
+
+
+def test_delete_legacy_keys_deallocates_what_it_frees_as_delete_many_does(tmp_path):
+    """Format v1 makes a slot no checkpoint lists reusable at its delete; both deletes then
+    deallocate it in the same call (a file: its blocks are punched)."""
+    ranges = {}
+    for how in ("delete_many", "delete_legacy_keys"):
+        core = make_core(make_device(tmp_path, name=f"{how}.img"), namespace="legacy", meta_format="v1",
+                         deallocate_freed="on")
+        try:
+            keys = [FakeKey("m", 1, 0, 0x100 + i, "half") for i in range(80)]  # more than the GIL threshold
+            enc = [k.to_string() for k in keys]
+            res = core.put_many([RawBlockKeySpec(encoded=e, slot_identity=_legacy_identity(e)) for e in enc],
+                                [Obj(64) for _ in enc])
+            assert all(res.results), res.failure
+            core._native.set_dealloc_log(True)
+            if how == "delete_many":
+                assert all(core.delete_many(enc))
+            else:
+                assert _native.delete_legacy_keys(core._native, keys, False) == len(keys)
+            st = core._native.status()
+            assert st["dealloc_pending_slots"] == 0 and st["dealloc_slots"] == len(keys), st
+            ranges[how] = sorted(core._native.take_dealloc_log())
+        finally:
+            core.close()
+    assert ranges["delete_legacy_keys"] == ranges["delete_many"] != []

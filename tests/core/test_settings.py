@@ -345,3 +345,24 @@ def test_raw_block_device_open_error_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError) as ei:
         RawBlockDevice(missing, True)
     assert ei.value.strerror == "open failed" and ei.value.filename == missing
+
+
+def test_for_device_takes_every_field_it_is_not_given_from_the_table():
+    cfg = RawBlockCoreConfig.for_device("/dev/nvme0n1", slot_bytes=8192, block_align="512", io_engine="io_uring")
+    assert (cfg.device_path, cfg.slot_bytes, cfg.block_align, cfg.io_engine) == ("/dev/nvme0n1", 8192, 512, "io_uring")
+    given = {"device_path", "slot_bytes", "block_align", "io_engine"}
+    for f in dataclasses.fields(cfg):
+        if f.name not in given and SETTINGS[f.name].default is not None:
+            assert getattr(cfg, f.name) == SETTINGS[f.name].default, f.name
+    with pytest.raises(ValueError, match="header_bytes"):
+        RawBlockCoreConfig.for_device("/dev/nvme0n1", slot_bytes=8192, header_bytes="many")
+
+
+def test_key_spec_for_object_is_the_encoding_of_that_object_key():
+    from lmcache_rawblock.raw_block import RawBlockKeySpec, encode_object_key
+    from lmcache_rawblock.raw_block._lmcache import ObjectKey
+
+    spec = RawBlockKeySpec.for_object("org/model", kv_rank=3, chunk_hash=bytes(range(32)), cache_salt="s")
+    assert spec == encode_object_key(ObjectKey(chunk_hash=bytes(range(32)), model_name="org/model", kv_rank=3,
+                                               cache_salt="s"))
+    assert spec.encoded.startswith("org%2Fmodel@0x00000003@")

@@ -115,3 +115,29 @@ def test_the_binding_reaches_the_core_through_public_headers_only():
                 offenders.append(f"{src.name} -> {h.name}")
             todo.extend(_quoted_includes(h))
     assert not offenders, offenders
+
+
+def _python_block_after(path: Path, lead: str) -> str:
+    """The first ```python block of ``path`` after the line starting with ``lead``."""
+    text = path.read_text()
+    start = text.index(lead)
+    m = re.compile(r"^```python\n(.*?)^```$", re.M | re.S).search(text, start)
+    assert m, f"no python block after {lead!r} in {path.name}"
+    return m.group(1)
+
+
+def test_the_documented_core_example_runs(tmp_path, monkeypatch):
+    """docs/install.md's example of the core alone runs as written (its own assert checks the
+    load), and, as it says, a reopen of the device finds the key."""
+    code = _python_block_after(ROOT / "docs" / "install.md", "The core (index, slots, checkpoints, recovery)")
+    assert code.count("\n") <= 12, "the example is meant to stay a few lines"
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(code, "docs/install.md", "exec"), names)  # noqa: S102 - the documented example itself
+    core = names["RawBlockCore"](names["config"], key_namespace="object")
+    try:
+        out = bytearray(8000)
+        assert core.load_many_into([names["key"].encoded], [out]) == [True]
+        assert out == b"kv bytes" * 1000
+    finally:
+        core.close()

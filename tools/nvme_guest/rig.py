@@ -212,12 +212,14 @@ def ensure_qemu(mirror: str, codename: str) -> str:
         raise Skip(f"{why}, and the Debian mirror cannot be reached to install one ({unreachable})")
     log(f"{why}: installing qemu-system-x86 from {suite}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["install", "-y", "-q", "--no-install-recommends"]
+    # up to 10 minutes for the dpkg lock (a fresh VM's unattended upgrades hold it)
+    lock = ["-o", "DPkg::Lock::Timeout=600"]
+    install = [*lock, "install", "-y", "-q", "--no-install-recommends"]
     if apt:
         apt.update()
         run(sudo() + apt.cmd("apt-get", *install, "-t", suite, "qemu-system-x86"), env=env)
     else:
-        run(sudo() + ["apt-get", "-q", "update"], env=env)
+        run(sudo() + ["apt-get", *lock, "-q", "update"], env=env)
         run(sudo() + ["apt-get", *install, "qemu-system-x86"], env=env)
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu_has_fdp(qemu):
