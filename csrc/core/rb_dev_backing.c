@@ -124,7 +124,7 @@ static int check_node(const char *name, dev_t rdev, const char *path, int mode, 
 {
     char node[80], on[128], what[72];
     snprintf(node, sizeof(node), "/dev/%s", name);
-    snprintf(on, sizeof(on), "%s, a loop device over the same file", node);
+    snprintf(on, sizeof(on), "loop device %s over the same file", node);
     struct stat st;
     if (stat(node, &st) == 0 && S_ISBLK(st.st_mode) && st.st_rdev == rdev) {
         int rc = rb_dev_check_holder(&st, path, on, mode, err);
@@ -135,14 +135,12 @@ static int check_node(const char *name, dev_t rdev, const char *path, int mode, 
         return 0;
     if (rb_dev_find_mount(rdev, what, sizeof(what)))
         return rb_err_set(err, RB_ERR_OS, EBUSY,
-                          "device's file is mounted on %s through %s, a loop device over it: a raw-block cache would "
-                          "destroy that file system; unmount it. device_path='%s'",
-                          what, node, path);
+                          "device's file is mounted on %s via %s; unmount it first. device_path='%s'", what, node,
+                          path);
     if (rb_dev_find_sysfs_holder(rdev, what, sizeof(what)))
         return rb_err_set(err, RB_ERR_OS, EBUSY,
-                          "device's file is in use by %s through %s, a loop device over it; use another device. "
-                          "device_path='%s'",
-                          what, node, path);
+                          "device's file is in use by %s via %s; use another device. device_path='%s'", what, node,
+                          path);
     return 0;
 }
 

@@ -291,7 +291,7 @@ static void describe_holder(const lock_holder *h, char *buf, size_t n)
     else if (h->pid <= 0)
         snprintf(buf, n, "pid not visible here");
     else if (h->exited && h->owner > 0)
-        snprintf(buf, n, "pid %ld, inherited from pid %ld, exited", h->owner, h->pid);
+        snprintf(buf, n, "pid %ld, inherited from exited pid %ld", h->owner, h->pid);
     else if (h->exited)
         snprintf(buf, n, "pid %ld, exited", h->pid);
     else
@@ -325,11 +325,15 @@ static int refuse_on(const char *path, int mode, const lock_holder *h, const cha
                           "device is held by a raw-block writer%s (%s)%s: a reader could see its cache half-written; "
                           "stop the writer first. device_path='%s'",
                           where, who, where_on, path);
+    const char *advice = *where ? "close the other first" : "stop it or use another device";
+    if (on) /* a longer text already: the path must still fit */
+        return rb_err_set(err, RB_ERR_OS, EBUSY,
+                          "device is held by another raw-block writer%s (%s)%s; %s. device_path='%s'", where, who,
+                          where_on, advice, path);
     return rb_err_set(err, RB_ERR_OS, EBUSY,
-                      "device is held by another raw-block writer%s (%s)%s: two writers %scorrupt each other's "
-                      "cache; %s. device_path='%s'",
-                      where, who, where_on, on ? "" : "on one device ",
-                      *where ? "close the other first" : "stop that process or use another device", path);
+                      "device is held by another raw-block writer%s (%s): two writers corrupt each other's cache; %s. "
+                      "device_path='%s'",
+                      where, who, advice, path);
 }
 
 static int refuse(const char *path, int mode, const lock_holder *h, rb_err *err)
