@@ -180,34 +180,42 @@ static int reopen_data(const char *path, int lock_fd, int flags)
     return fd;
 }
 
-/* Open cfg->path (O_NONBLOCK on top, to guard the open). With a lock asked for, the lock's own
- * read-only descriptor first, into o->lock_fd (rb_dev_lock_open: never given to the engine, so
- * the lock goes with the process, not with an io_uring ring the kernel tears down later) - an
- * exclusive writer of a block device with O_EXCL (rb_dev_open_excl), so the kernel refuses it
- * while it is mounted or claimed by anyone else, and refuses them while we hold it - then the
- * data descriptor with the flags cfg asks for into o->fd. 0, or <0 with err set (the caller
- * closes what is open). */
+/* The lock's own read-only descriptor of cfg->path into o->lock_fd (rb_dev_lock_open: never
+ * given to the engine, so the lock goes with the process, not with an io_uring ring the kernel
+ * tears down later); an exclusive writer of a block device opens it with O_EXCL
+ * (rb_dev_open_excl), so the kernel refuses it while it is mounted or claimed by anyone else,
+ * and refuses them while we hold it. A path this user may write but not read gets none
+ * (o->lock_fd -1): the data descriptor then carries the lock. 0, or <0 with err set. */
+static int dev_open_lock(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    struct stat pst;
+    const int flags = O_RDONLY | O_NONBLOCK; /* O_NONBLOCK: a path swapped for a FIFO cannot block */
+    o->excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
+    if (o->excl) {
+        o->lock_fd = rb_dev_open_excl(cfg->path, flags, &pst, err);
+        return o->lock_fd < 0 ? o->lock_fd : 0;
+    }
+    o->lock_fd = rb_dev_lock_open(cfg->path, flags);
+    if (o->lock_fd == -EACCES)
+        o->lock_fd = -1;
+    else if (o->lock_fd < 0)
+        return rb_err_set(err, RB_ERR_OS, -o->lock_fd, "open failed");
+    return 0;
+}
+
+/* Open cfg->path: with a lock asked for, the lock's descriptor first (dev_open_lock), then the
+ * data descriptor with the flags cfg asks for (O_NONBLOCK on top, to guard the open) into o->fd.
+ * 0, or <0 with err set (the caller closes what is open). */
 static int dev_open_fd(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
 {
     o->flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
     if (cfg->odirect && !cfg->uring_cmd)
         o->flags |= O_DIRECT;
     int rc = rb_dev_check_path(cfg->path, err);
+    if (rc == 0 && cfg->lock != RB_LOCK_NONE)
+        rc = dev_open_lock(cfg, o, err);
     if (rc < 0)
         return rc;
-    if (cfg->lock != RB_LOCK_NONE) {
-        struct stat pst;
-        const int lflags = O_RDONLY | O_NONBLOCK;
-        o->excl =
-            cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
-        o->lock_fd = o->excl ? rb_dev_open_excl(cfg->path, lflags, &pst, err) : rb_dev_lock_open(cfg->path, lflags);
-        if (o->lock_fd < 0 && !o->excl && o->lock_fd != -EACCES)
-            return rb_err_set(err, RB_ERR_OS, -o->lock_fd, "open failed");
-        if (o->lock_fd < 0 && o->excl)
-            return o->lock_fd;
-        if (o->lock_fd < 0)
-            o->lock_fd = -1; /* a path this user may write but not read: the data descriptor carries the lock */
-    }
     int fd = reopen_data(cfg->path, o->lock_fd, o->flags | O_NONBLOCK);
     if (fd < 0)
         return rb_err_set(err, RB_ERR_OS, -fd, "open failed");
