@@ -424,10 +424,10 @@ int rb_dev_check_holder(const struct stat *st, const char *path, const char *on,
     find_flock_holder(st, &h);
     if (!h.found || (h.exited && h.owner <= 0))
         return 0;
-    const int mine = holder_pid(&h) == (long)getpid();
-    if (!h.write && mode != RB_LOCK_EXCLUSIVE)
-        return 0; /* readers share */
-    if (mode == RB_LOCK_CHECK && mine)
+    /* Readers are not refused here: shared holders come and go (udev probes a block device under
+     * LOCK_SH after a writer closes it), and a reader of a loop device locks its backing file
+     * too, where a writer meets it through the lock's own wait. */
+    if (!h.write || (mode == RB_LOCK_CHECK && holder_pid(&h) == (long)getpid()))
         return 0;
     return refuse_on(path, mode, &h, on, err);
 }

@@ -80,10 +80,9 @@ void rb_dev_lock_close(int fd);
  * path itself, else what fd is to path, named in a refusal ("its backing file /x.img"). */
 int rb_dev_lock_fd(int fd, const struct stat *st, const char *path, const char *on, int mode, int *state, rb_err *err);
 
-/* Without taking a lock: refuse (-EBUSY, err set as rb_dev_lock_fd would) when the flock held
- * on the inode st describes conflicts with mode (a writer's for any mode; any holder's for
- * EXCLUSIVE; this process's never for CHECK); 0 when none does, or its holder has exited. on
- * as in rb_dev_lock_fd. */
+/* Without taking a lock: refuse (-EBUSY, err set as rb_dev_lock_fd would) when a writer holds
+ * the inode st describes (an exclusive flock; for CHECK, one of another process); 0 when none
+ * does, or its holder has exited. on as in rb_dev_lock_fd. */
 int rb_dev_check_holder(const struct stat *st, const char *path, const char *on, int mode, rb_err *err);
 
 /* rb_dev_backing.c, for rb_dev_open: one lock for a file and every loop device over it.
