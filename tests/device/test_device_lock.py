@@ -619,3 +619,26 @@ def test_a_process_still_holding_an_exited_writers_lock_is_named(tmp_path):
         p.communicate(timeout=60)
         if keeper:
             os.kill(keeper, signal.SIGKILL)
+
+
+def test_partitions_of_a_loop_device_and_its_file(tmp_path, rig):
+    """A partition holds part of the file: a writer of the file and a writer of a partition
+    exclude each other; writers of two partitions do not."""
+    if not shutil.which("sfdisk"):
+        pytest.skip("sfdisk (util-linux) is not installed")
+    img = make_device(tmp_path, size=32 << 20)
+    r = subprocess.run(["sfdisk", "-q", img], input="label: dos\n,12M\n,12M\n", capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["losetup", "-f", "--show", "-P", img], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"losetup -P failed: {r.stderr.strip()}")
+    loop = r.stdout.strip()
+    rig.loops.append(loop)
+    p1, p2 = f"{loop}p1", f"{loop}p2"
+    if not (os.path.exists(p1) and os.path.exists(p2)):
+        pytest.skip(f"the kernel made no partitions of {loop} (no support for DOS partition tables)")
+    with Holder(p1) as h:
+        assert f"on loop device {p1} over the same file" in _held_by(img, h.pid)
+        make_core(p2, allow_foreign_device=True).close()  # another part of the file
+    with Holder(img) as h:
+        assert f"on its backing file {img}" in _held_by(p1, h.pid)
