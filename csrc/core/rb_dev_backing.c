@@ -101,13 +101,13 @@ static int loop_backing_fd(int fd, backing *b)
 static int loop_backed_by(const char *name, const backing *b)
 {
     char dir[96], path[4096];
-    snprintf(dir, sizeof(dir), "/sys/block/%s/loop", name);
+    snprintf(dir, sizeof(dir), "/sys/block/%.40s/loop", name);
     struct stat st;
     if (backing_path(dir, path, sizeof(path)) && stat(path, &st) == 0)
         return st.st_dev == b->dev && st.st_ino == b->ino;
     if (access(dir, F_OK) != 0)
         return 0; /* not bound to a file */
-    snprintf(path, sizeof(path), "/dev/%s", name);
+    snprintf(path, sizeof(path), "/dev/%.40s", name);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return 0;
@@ -123,7 +123,7 @@ static int loop_backed_by(const char *name, const backing *b)
 static int check_node(const char *name, dev_t rdev, const char *path, int mode, rb_err *err)
 {
     char node[80], on[128], what[72];
-    snprintf(node, sizeof(node), "/dev/%s", name);
+    snprintf(node, sizeof(node), "/dev/%.40s", name);
     snprintf(on, sizeof(on), "loop device %s over the same file", node);
     struct stat st;
     if (stat(node, &st) == 0 && S_ISBLK(st.st_mode) && st.st_rdev == rdev) {
@@ -161,7 +161,7 @@ static int check_loop_user(const char *name, dev_t rdev, const char *path, int m
 {
     int rc = check_node(name, rdev, path, mode, err);
     char p[160];
-    snprintf(p, sizeof(p), "/sys/block/%s", name);
+    snprintf(p, sizeof(p), "/sys/block/%.40s", name);
     DIR *d = rc == 0 ? opendir(p) : NULL;
     if (!d)
         return rc;
@@ -171,7 +171,7 @@ static int check_loop_user(const char *name, dev_t rdev, const char *path, int m
         dev_t part;
         if (strncmp(e->d_name, name, nl) != 0 || e->d_name[nl] != 'p' || strlen(e->d_name) > 40)
             continue;
-        snprintf(p, sizeof(p), "/sys/block/%s/%s/dev", name, e->d_name);
+        snprintf(p, sizeof(p), "/sys/block/%.40s/%.40s/dev", name, e->d_name);
         if (read_devno(p, &part))
             rc = check_node(e->d_name, part, path, mode, err);
     }
@@ -193,7 +193,7 @@ static int check_other_loops(const backing *b, dev_t self, const char *path, int
             continue;
         char p[80];
         dev_t rdev;
-        snprintf(p, sizeof(p), "/sys/block/%s/dev", e->d_name);
+        snprintf(p, sizeof(p), "/sys/block/%.40s/dev", e->d_name);
         if (!read_devno(p, &rdev))
             continue;
         if (rdev != self && loop_backed_by(e->d_name, b))
