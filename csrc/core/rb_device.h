@@ -6,7 +6,8 @@
  * synchronous path, the I/O counters, and the admission gate that lets close() wait for calls
  * still running on other threads. The io_uring engine (rb_uring.h) hangs off the device.
  *
- * Lock order: dev->gate_mu is a leaf lock (held only to wait for or signal the last user).
+ * Lock order: dev->gate_mu is a leaf lock (held only to wait for or signal the last user), as
+ * is rb_dev_lock.c's list of lock descriptors (held across an open(2) and by fork(2)).
  *
  * One writer per device: rb_dev_open can take an flock(2) (and, on a block device, an O_EXCL
  * claim) on a descriptor of its own, never the one transfers use, held until rb_dev_close; see
