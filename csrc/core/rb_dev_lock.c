@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,8 +172,29 @@ static int parse_flock_line(const char *line, const struct stat *st, int *write,
     return 1;
 }
 
-/* Has process pid exited (no /proc entry, a zombie) or begun to (PF_EXITING in its flags)? Its
- * locks are then on their way out: the kernel drops them as the process's files are released. */
+/* Is a SIGKILL pending for process pid (sent, not yet acted on: /proc/<pid>/status SigPnd or
+ * ShdPnd has bit 8)? A writer killed an instant ago is about to exit. */
+static int sigkill_pending(long pid)
+{
+    char p[48], line[128];
+    snprintf(p, sizeof(p), "/proc/%ld/status", pid);
+    FILE *f = fopen(p, "re");
+    if (!f)
+        return 0;
+    int pending = 0;
+    while (!pending && fgets(line, sizeof(line), f)) {
+        unsigned long long mask;
+        if ((sscanf(line, "SigPnd: %llx", &mask) == 1 || sscanf(line, "ShdPnd: %llx", &mask) == 1) &&
+            (mask & (1ull << (SIGKILL - 1))))
+            pending = 1;
+    }
+    fclose(f);
+    return pending;
+}
+
+/* Has process pid exited (no /proc entry, a zombie), begun to (PF_EXITING in its flags), or been
+ * sent a SIGKILL it has not acted on yet? Its locks are then on their way out: the kernel drops
+ * them as the process's files are released. */
 static int process_exited(long pid)
 {
     if (pid <= 0)
@@ -193,7 +215,9 @@ static int process_exited(long pid)
     if (rp[2] == 'Z' || rp[2] == 'X')
         return 1;
     unsigned long flags = 0;
-    return sscanf(rp + 3, " %*d %*d %*d %*d %*d %lu", &flags) == 1 && (flags & 0x4) != 0; /* PF_EXITING */
+    if (sscanf(rp + 3, " %*d %*d %*d %*d %*d %lu", &flags) == 1 && (flags & 0x4) != 0) /* PF_EXITING */
+        return 1;
+    return sigkill_pending(pid);
 }
 
 /* Does /proc/<pid>/fdinfo/<fd> list an flock on st? */

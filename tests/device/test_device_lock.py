@@ -143,6 +143,18 @@ def test_a_killed_holders_lock_goes_with_it(tmp_path, engine):
         core.close()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_writer_killed_an_instant_ago_is_waited_for(tmp_path, engine):
+    """A supervisor that restarts right after kill -9, before it reaps the old writer: the old
+    writer has a SIGKILL pending or is exiting, and its lock goes with it in a moment."""
+    path = make_device(tmp_path)
+    for _ in range(5):
+        with Holder(path, engine=engine) as h:
+            os.kill(h.pid, signal.SIGKILL)  # not reaped yet
+            core = make_core(path, io_engine=engine)
+            core.close()
+
+
 def test_a_stopped_holder_releases_the_device(tmp_path):
     path = make_device(tmp_path)
     with Holder(path) as h:
