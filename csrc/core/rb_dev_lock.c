@@ -7,11 +7,12 @@
  * only on the refusal path; the open of a device nobody holds costs one flock call.
  *
  * The locks live on descriptors of their own (rb_dev_lock_open), never on the descriptor the
- * engines transfer through: an io_uring ring holds a reference to the files it was given until
- * the kernel tears it down, which after a kill -9 happens asynchronously, seconds later on a
- * loaded host; a lock on such a file would outlive its writer. Every lock descriptor is listed
- * here, and a child forked without exec closes them all (pthread_atfork): it never holds the
- * lock of the process it was forked from.
+ * engines transfer through: a write in flight, or an io_uring ring the kernel tears down after
+ * a kill -9 (asynchronously, seconds later on a loaded host), holds that one; a lock on it would
+ * outlive its writer. Every lock descriptor (and an exclusive writer's data descriptor) is
+ * listed here, and a child forked without exec closes them all (pthread_atfork): it never holds
+ * the lock of the process it was forked from. The data descriptor carries the drain mark
+ * instead (rb_dev_drain_mark): the next writer waits for a dead writer's writes in flight.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -118,6 +119,31 @@ void rb_dev_lock_close(int fd)
         }
     }
     pthread_mutex_unlock(&reg_mu);
+}
+
+/* See rb_device_int.h. */
+int rb_dev_lock_list(int fd)
+{
+    pthread_once(&reg_once, reg_init);
+    pthread_mutex_lock(&reg_mu);
+    int rc = reg_add_locked(fd);
+    pthread_mutex_unlock(&reg_mu);
+    return rc;
+}
+
+/* See rb_device_int.h. */
+int rb_dev_lock_unlist(int fd)
+{
+    int found = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < reg_n && !found; i++) {
+        if (reg_fds[i] == fd) {
+            reg_fds[i] = reg_fds[--reg_n];
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return found;
 }
 
 /* ---- flock and its holders ------------------------------------------------------------------ */
@@ -378,6 +404,30 @@ static void sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* See rb_device_int.h. */
+int rb_dev_drain_mark(int fd, const char *path, rb_err *err)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = RB_DRAIN_MARK_OFF, .l_len = 1};
+    const long long start = now_ms();
+    for (;;) {
+        if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+            return 0;
+        int e = errno;
+        if (e == EINTR)
+            continue;
+        if (e != EAGAIN && e != EACCES)
+            return 0; /* no OFD locks on this file system (EINVAL, ENOLCK): the writer lock alone */
+        long long waited = now_ms() - start;
+        if (waited >= RB_DRAIN_WAIT_MS)
+            return rb_err_set(err, RB_ERR_OS, EBUSY,
+                              "'%s': the previous writer's data descriptor is still open %lld ms after its lock "
+                              "was released (its writes still in flight, or a process it passed the descriptor "
+                              "to); nothing was written, try again",
+                              path, waited);
+        sleep_ms(5);
     }
 }
 

@@ -148,6 +148,7 @@ static void probe_write_streams(rb_dev *dev, const struct stat *st)
 typedef struct dev_opening {
     int fd, flags, excl;
     int lock_fd, lock_fd2, backing_fd, lock_state;
+    int fd_listed; /* fd is listed (rb_dev_lock_list): an exclusive writer's, with its drain mark */
     struct stat st;
     uint64_t size;
     int size_known;
@@ -258,6 +259,17 @@ static int dev_check_opened(const rb_dev_config *cfg, dev_opening *o, rb_err *er
     return 0;
 }
 
+/* An exclusive writer's data descriptor: listed (a forked child closes it), then its drain
+ * mark taken, waiting for a dead writer's writes still in flight (rb_dev_drain_mark). 0, or <0
+ * with err set. */
+static int dev_take_drain_mark(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    if (rb_dev_lock_list(o->fd) < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    o->fd_listed = 1;
+    return rb_dev_drain_mark(o->fd, cfg->path, err);
+}
+
 /* The lock cfg asks for: on the lock descriptor, on a passthrough character device's namespace
  * block device, on a loop device's backing file (and the check of other loop devices over the
  * same file): o->lock_state, o->lock_fd2, o->backing_fd. A lock descriptor left holding
@@ -286,13 +298,15 @@ static int dev_take_locks(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
         rb_dev_lock_close(o->lock_fd);
         o->lock_fd = -1;
     }
-    return 0;
+    return o->lock_state == RB_LOCKST_EXCLUSIVE ? dev_take_drain_mark(cfg, o, err) : 0;
 }
 
 /* Close what o holds: the data descriptor, then the lock descriptors (their locks and O_EXCL
  * claims go with them). */
 static void dev_opening_close(dev_opening *o)
 {
+    if (o->fd_listed)
+        (void)rb_dev_lock_unlist(o->fd);
     if (o->fd >= 0)
         close(o->fd);
     rb_dev_lock_close(o->backing_fd);
@@ -331,6 +345,7 @@ static int dev_new(const rb_dev_config *cfg, const dev_opening *o, rb_dev **out,
     if (!dev)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     dev->fd = o->fd;
+    dev->fd_listed = o->fd_listed;
     dev->lock_fd = o->lock_fd;
     dev->lock_fd2 = o->lock_fd2;
     dev->backing_fd = o->backing_fd;
@@ -415,7 +430,12 @@ int rb_dev_close(rb_dev *dev, rb_err *err)
             rb_uring_destroy(dev->uring);
             dev->uring = NULL;
         }
-        if (close(dev->fd) != 0 && errno != EINTR) {
+        /* A listed data descriptor was closed in a forked child at the fork: its number may
+         * name another file there. */
+        int mine = !dev->fd_listed || dev->lock_pid == (long)getpid();
+        if (mine && dev->fd_listed)
+            (void)rb_dev_lock_unlist(dev->fd);
+        if (mine && close(dev->fd) != 0 && errno != EINTR) {
             /* Linux releases the descriptor even when close reports EIO; report it once. */
             rc = rb_err_set(err, RB_ERR_OS, errno, "close failed");
         }

@@ -30,6 +30,7 @@ struct rb_dev {
     int lock_fd;            /* the lock's own descriptor (flock, O_EXCL claim); never the engine's; -1 none */
     int lock_fd2;           /* passthrough: /dev/nvmeXnY held open (O_EXCL, locked) for the lifetime; -1 none */
     int backing_fd;         /* loop device: its backing file, locked too; -1 none */
+    int fd_listed;          /* fd is listed for forks (rb_dev_lock_list): an exclusive writer's */
     long lock_pid;          /* the process that took the locks (a forked child holds none of them) */
     struct rb_uring *uring; /* NULL unless engine == RB_ENGINE_IOURING */
     int uring_cmd;          /* NVMe passthrough: every transfer is an NVMe command on the ring */
@@ -73,6 +74,24 @@ int rb_dev_lock_open(const char *path, int flags);
 /* Close fd if this process listed it with rb_dev_lock_open (a forked child has none listed);
  * fd < 0 is ignored. */
 void rb_dev_lock_close(int fd);
+
+/* List (rb_dev_lock_list: 0, or -ENOMEM) or unlist (rb_dev_lock_unlist: 1 when it was listed)
+ * a descriptor opened otherwise, the writer's data descriptor: a child forked without exec
+ * closes it too, so it never keeps the writer's drain mark (rb_dev_drain_mark). The caller
+ * unlists before it closes. */
+int rb_dev_lock_list(int fd);
+int rb_dev_lock_unlist(int fd);
+
+/* The drain mark: an OFD write lock on one byte far past any data (RB_DRAIN_MARK_OFF), taken
+ * by an exclusive writer on its data descriptor, the one its engine transfers through. An OFD
+ * lock lives as long as its open file description, so a writer that died keeps its mark while
+ * any of its writes are still in flight (each holds a reference to that description) or an
+ * io_uring ring still has it registered. The next writer, its writer lock already held, waits
+ * here for the mark (up to RB_DRAIN_WAIT_MS) so that no write of a dead writer can land after
+ * its own. 0 (taken, or the file system has no OFD locks), or -EBUSY with err set. */
+#define RB_DRAIN_MARK_OFF ((off_t)1 << 62)
+#define RB_DRAIN_WAIT_MS 10000
+int rb_dev_drain_mark(int fd, const char *path, rb_err *err);
 
 /* Apply mode (enum rb_dev_lock_mode) to the open descriptor fd of path (st: its fstat). 0 with
  * *state set (enum rb_dev_lock_state) when the open may go on, the lock (if any) then held by

@@ -14,6 +14,8 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -654,3 +656,90 @@ def test_partitions_of_a_loop_device_and_its_file(tmp_path, rig):
         make_core(p2, allow_foreign_device=True).close()  # another part of the file
     with Holder(img) as h:
         assert f"on its backing file {img}" in _held_by(p1, h.pid)
+
+
+# ---- a dead writer's writes in flight ------------------------------------------------------------
+
+WRITER = r"""
+import os, sys
+path, engine = sys.argv[1:3]
+from core_helpers import make_core, okey, payload, Obj
+core = make_core(path, io_engine=engine, allow_foreign_device=True)
+core.put_many([okey(1)], [Obj(payload(1, 4096))])
+core.checkpoint_now()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def _data_fd_of(pid: int, path: str) -> int:
+    """The writer's data descriptor: the one of path that carries an OFD lock (its drain mark)."""
+    ino = os.stat(path).st_ino
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        lines = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+        if any(line.startswith("lock:") and "OFDLCK" in line and f":{ino} " in line for line in lines):
+            return int(fd)
+    raise AssertionError(f"no descriptor of pid {pid} carries a drain mark on {path}")
+
+
+def _grab_fd(pid: int, fd: int) -> int:
+    """A descriptor of this process for pid's descriptor fd: the same open file description
+    (pidfd_getfd), as a write still in flight holds it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd on x86-64 and arm64
+        if got < 0:
+            err = ctypes.get_errno()
+            pytest.skip(f"pidfd_getfd failed: {os.strerror(err)} (needs Linux 5.6 and ptrace rights)")
+        return got
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_killed_writers_late_write_lands_before_the_next_writer_opens(tmp_path, engine):
+    """A writer killed with a write still in flight: that write holds its data descriptor's open
+    file description, and lands when the device gets to it. Here this process holds that
+    description for the dead writer, writes a marker through it a moment later and lets it go.
+    The next writer's open waits for it (the drain mark), so the late write is on the device
+    before the open returns: it can never land over what the new writer writes."""
+    path = make_device(tmp_path)
+    p = subprocess.Popen([*PYTHON, "-c", WRITER, path, engine], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        line = p.stdout.readline().split()
+        assert line[:1] == ["ready"], p.communicate()[1]
+        pid = int(line[1])
+        held = _grab_fd(pid, _data_fd_of(pid, path))
+        os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=60)
+    marker = b"late write of a dead writer".ljust(4096, b"\x01")
+    where = os.path.getsize(path) - 4096
+
+    def land_late() -> None:
+        time.sleep(0.5)
+        os.pwrite(held, marker, where)
+        os.close(held)
+
+    t = threading.Thread(target=land_late)
+    t.start()
+    try:
+        core = make_core(path, io_engine=engine)
+    finally:
+        t.join()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, where) == marker  # landed before the open returned
+        finally:
+            os.close(fd)
+        assert core.contains_key(okey(1).encoded)
+    finally:
+        core.close()
