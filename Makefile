@@ -175,10 +175,11 @@ bench-mlog:
 	$(SYS_PYTHON) benchmarks/mlog_size.py $(BENCH_MLOG_ARGS)
 
 # Crash harnesses (tests/RELIABILITY.md): SIGKILL loop over the 32 engine/O_DIRECT/checksum/
-# verification/metadata-format configurations (10 cycles each) and crash-state enumeration of
-# recorded workloads in both metadata formats and the move from v1 to the log format.
+# verification/metadata-format configurations (10 cycles each), crash-state enumeration of
+# recorded workloads in both metadata formats and the move from v1 to the log format, and the
+# immediate reopen of a device after its writer's SIGKILL under CPU and I/O load.
 test-reliability: build
-	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py) $(PYTEST_ARGS)
+	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py tests/reliability/test_lock_restart.py) $(PYTEST_ARGS)
 
 # The long kill loop: 157 cycles per configuration (5,024 in all, both formats), at low priority.
 test-killloop-long: build

@@ -115,8 +115,9 @@ typedef struct rb_mlw {
 /*
  * The core, its fields grouped by concern. Locks, in lock order: ml.cmp_mu (the log format's
  * compaction) -> ckpt_mu (one checkpoint writer, held across its device writes) -> dl_mu (a
- * deallocation run) -> mu (the core mutex) -> thr_mu (the periodic thread); fault_mu and the
- * device's gate_mu are leaves (rb_core.h). mu guards what the operations share: the index,
+ * deallocation run) -> mu (the core mutex) -> thr_mu (the periodic thread); fault_mu, the
+ * device's gate_mu and rb_dev_lock.c's reg_mu (its list of lock descriptors, also taken by
+ * fork(2) through pthread_atfork) are leaves (rb_core.h). mu guards what the operations share: the index,
  * in-flight table, classes, slots, reuse lists and counters; it is never held across device
  * I/O. Configuration and layout are set at open and read without a lock; the atomics are read
  * and written without one. Debug builds check the lock order on every acquire (rb_debug.h).

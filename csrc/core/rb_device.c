@@ -147,7 +147,8 @@ static void probe_write_streams(rb_dev *dev, const struct stat *st)
 /* What rb_dev_open learns of the device, phase by phase, before the rb_dev exists. */
 typedef struct dev_opening {
     int fd, flags, excl;
-    int lock_fd2, lock_state;
+    int lock_fd, lock_fd2, backing_fd, lock_state;
+    int fd_listed; /* fd is listed (rb_dev_lock_list): an exclusive writer's, with its drain mark */
     struct stat st;
     uint64_t size;
     int size_known;
@@ -155,38 +156,87 @@ typedef struct dev_opening {
     size_t max_transfer;
 } dev_opening;
 
-/* Open cfg->path with the flags cfg asks for (O_NONBLOCK on top, to guard the open) into
- * o->fd: an exclusive writer of a block device with O_EXCL (rb_dev_open_excl), so the kernel
- * refuses it while it is mounted or claimed by anyone else, and refuses them while we hold it.
- * 0, or <0 with err set (nothing left open). */
+/* The data descriptor: the file lock_fd has open, reopened through /proc/self/fd with flags (a
+ * new open file description of the same file, whatever happened to the path since), or by path
+ * where /proc is not mounted (dev_check_opened then compares the two). fd or -errno. */
+static int reopen_data(const char *path, int lock_fd, int flags)
+{
+    int fd = -ENOENT;
+    if (lock_fd >= 0) {
+        char self[40];
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", lock_fd);
+        do {
+            fd = open(self, flags);
+        } while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+            fd = -errno;
+    }
+    if (fd == -ENOENT) {
+        do {
+            fd = open(path, flags);
+        } while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+            fd = -errno;
+    }
+    return fd;
+}
+
+/* The lock's own read-only descriptor of cfg->path into o->lock_fd (rb_dev_lock_open: never
+ * given to the engine, so the lock goes with the process, not with an io_uring ring the kernel
+ * tears down later); an exclusive writer of a block device opens it with O_EXCL
+ * (rb_dev_open_excl), so the kernel refuses it while it is mounted or claimed by anyone else,
+ * and refuses them while we hold it. A path this user may write but not read gets none
+ * (o->lock_fd -1): the data descriptor then carries the lock. 0, or <0 with err set. */
+static int dev_open_lock(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    struct stat pst;
+    const int flags = O_RDONLY | O_NONBLOCK; /* O_NONBLOCK: a path swapped for a FIFO cannot block */
+    o->excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
+    if (o->excl) {
+        o->lock_fd = rb_dev_open_excl(cfg->path, flags, &pst, err);
+        return o->lock_fd < 0 ? o->lock_fd : 0;
+    }
+    o->lock_fd = rb_dev_lock_open(cfg->path, flags);
+    if (o->lock_fd == -EACCES)
+        o->lock_fd = -1;
+    else if (o->lock_fd < 0)
+        return rb_err_set(err, RB_ERR_OS, -o->lock_fd, "open failed");
+    return 0;
+}
+
+/* Open cfg->path: with a lock asked for, the lock's descriptor first (dev_open_lock), then the
+ * data descriptor with the flags cfg asks for (O_NONBLOCK on top, to guard the open) into o->fd.
+ * 0, or <0 with err set (the caller closes what is open). */
 static int dev_open_fd(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
 {
     o->flags = (cfg->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
     if (cfg->odirect && !cfg->uring_cmd)
         o->flags |= O_DIRECT;
     int rc = rb_dev_check_path(cfg->path, err);
+    if (rc == 0 && cfg->lock != RB_LOCK_NONE)
+        rc = dev_open_lock(cfg, o, err);
     if (rc < 0)
         return rc;
-    struct stat pst;
-    o->excl = cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && stat(cfg->path, &pst) == 0 && S_ISBLK(pst.st_mode);
-    int fd;
-    if (o->excl) {
-        fd = rb_dev_open_excl(cfg->path, o->flags | O_NONBLOCK, &pst, err);
-        if (fd < 0)
-            return fd;
-    } else {
-        do {
-            fd = open(cfg->path, o->flags | O_NONBLOCK);
-        } while (fd < 0 && errno == EINTR);
-        if (fd < 0)
-            return rb_err_set(err, RB_ERR_OS, errno, "open failed");
-    }
+    int fd = reopen_data(cfg->path, o->lock_fd, o->flags | O_NONBLOCK);
+    if (fd < 0)
+        return rb_err_set(err, RB_ERR_OS, -fd, "open failed");
     o->fd = fd;
     return 0;
 }
 
-/* The open descriptor's stat in o->st, checked to be a kind of file we take (and the O_EXCL
- * claim a block device needs, present), then made blocking. 0, or <0 with err set. */
+/* Do the descriptors a and b (fstat) reach the same file or device? */
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    if ((a->st_mode & S_IFMT) != (b->st_mode & S_IFMT))
+        return 0;
+    if (S_ISBLK(a->st_mode) || S_ISCHR(a->st_mode))
+        return a->st_rdev == b->st_rdev;
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* The open descriptor's stat in o->st, checked to be a kind of file we take (the same one the
+ * lock descriptor has, and the O_EXCL claim a block device needs, present), then made blocking.
+ * 0, or <0 with err set. */
 static int dev_check_opened(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
 {
     if (fstat(o->fd, &o->st) != 0)
@@ -194,6 +244,10 @@ static int dev_check_opened(const rb_dev_config *cfg, dev_opening *o, rb_err *er
     int rc = rb_dev_check_mode(cfg->path, (unsigned)o->st.st_mode, err);
     if (rc < 0)
         return rc;
+    struct stat lst;
+    if (o->lock_fd >= 0 && (fstat(o->lock_fd, &lst) != 0 || !same_file(&lst, &o->st)))
+        return rb_err_set(err, RB_ERR_OS, EAGAIN, "device_path changed while it was opened; retry. device_path='%s'",
+                          cfg->path);
     if (cfg->lock == RB_LOCK_EXCLUSIVE && !cfg->uring_cmd && S_ISBLK(o->st.st_mode) && !o->excl)
         /* The path became a block device between stat and open: its O_EXCL claim is missing. */
         return rb_err_set(err, RB_ERR_OS, EAGAIN, "device_path changed while it was opened; retry. device_path='%s'",
@@ -205,11 +259,28 @@ static int dev_check_opened(const rb_dev_config *cfg, dev_opening *o, rb_err *er
     return 0;
 }
 
-/* The lock cfg asks for, on the descriptor and (a passthrough character device) on its
- * namespace's block device, in o->lock_state and o->lock_fd2. 0, or <0 with err set. */
+/* An exclusive writer's data descriptor: listed (a forked child closes it), then its drain
+ * mark taken, waiting for a dead writer's writes still in flight (rb_dev_drain_mark). 0, or <0
+ * with err set. */
+static int dev_take_drain_mark(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
+{
+    if (rb_dev_lock_list(o->fd) < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    o->fd_listed = 1;
+    return rb_dev_drain_mark(o->fd, cfg->path, err);
+}
+
+/* The lock cfg asks for: on the lock descriptor, on a passthrough character device's namespace
+ * block device, on a loop device's backing file (and the check of other loop devices over the
+ * same file): o->lock_state, o->lock_fd2, o->backing_fd. A lock descriptor left holding
+ * nothing (a probe, no flock here) is closed, unless it holds a block device's O_EXCL claim.
+ * 0, or <0 with err set. */
 static int dev_take_locks(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
 {
-    int rc = rb_dev_lock_fd(o->fd, &o->st, cfg->path, cfg->lock, &o->lock_state, err);
+    if (cfg->lock == RB_LOCK_NONE)
+        return 0;
+    const int lfd = o->lock_fd >= 0 ? o->lock_fd : o->fd;
+    int rc = rb_dev_lock_fd(lfd, &o->st, cfg->path, NULL, cfg->lock, &o->lock_state, err);
     if (rc < 0)
         return rc;
     if (cfg->uring_cmd && S_ISCHR(o->st.st_mode)) {
@@ -220,7 +291,27 @@ static int dev_take_locks(const rb_dev_config *cfg, dev_opening *o, rb_err *err)
         if (sib_state == RB_LOCKST_UNSUPPORTED)
             o->lock_state = RB_LOCKST_UNSUPPORTED;
     }
-    return 0;
+    rc = rb_dev_lock_backing(lfd, &o->st, cfg->path, cfg->lock, &o->backing_fd, err);
+    if (rc < 0)
+        return rc;
+    if (o->lock_state != RB_LOCKST_SHARED && o->lock_state != RB_LOCKST_EXCLUSIVE && !o->excl) {
+        rb_dev_lock_close(o->lock_fd);
+        o->lock_fd = -1;
+    }
+    return o->lock_state == RB_LOCKST_EXCLUSIVE ? dev_take_drain_mark(cfg, o, err) : 0;
+}
+
+/* Close what o holds: the data descriptor, then the lock descriptors (their locks and O_EXCL
+ * claims go with them). */
+static void dev_opening_close(dev_opening *o)
+{
+    if (o->fd_listed)
+        (void)rb_dev_lock_unlist(o->fd);
+    if (o->fd >= 0)
+        close(o->fd);
+    rb_dev_lock_close(o->backing_fd);
+    rb_dev_lock_close(o->lock_fd2);
+    rb_dev_lock_close(o->lock_fd);
 }
 
 /* The device's size (o->size, o->size_known) and, for passthrough, its namespace and transfer
@@ -254,7 +345,11 @@ static int dev_new(const rb_dev_config *cfg, const dev_opening *o, rb_dev **out,
     if (!dev)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     dev->fd = o->fd;
+    dev->fd_listed = o->fd_listed;
+    dev->lock_fd = o->lock_fd;
     dev->lock_fd2 = o->lock_fd2;
+    dev->backing_fd = o->backing_fd;
+    dev->lock_pid = (long)getpid();
     dev->lock_state = o->lock_state;
     dev->writable = cfg->writable;
     dev->odirect = (o->flags & O_DIRECT) != 0;
@@ -291,17 +386,13 @@ int rb_dev_open(const rb_dev_config *cfg, rb_dev **out, rb_err *err)
 {
     dev_opening o;
     memset(&o, 0, sizeof(o));
-    o.lock_fd2 = -1;
+    o.fd = o.lock_fd = o.lock_fd2 = o.backing_fd = -1;
     o.lock_state = RB_LOCKST_NONE;
-    int rc = dev_open_fd(cfg, &o, err);
-    if (rc < 0)
-        return rc;
-    if ((rc = dev_check_opened(cfg, &o, err)) < 0 || (rc = dev_take_locks(cfg, &o, err)) < 0 ||
-        (rc = dev_find_size(cfg, &o, err)) < 0 || (rc = dev_new(cfg, &o, out, err)) < 0) {
-        /* Closing the descriptors drops their locks and the O_EXCL claims. */
-        if (o.lock_fd2 >= 0)
-            close(o.lock_fd2);
-        close(o.fd);
+    int rc;
+    if ((rc = dev_open_fd(cfg, &o, err)) < 0 || (rc = dev_check_opened(cfg, &o, err)) < 0 ||
+        (rc = dev_take_locks(cfg, &o, err)) < 0 || (rc = dev_find_size(cfg, &o, err)) < 0 ||
+        (rc = dev_new(cfg, &o, out, err)) < 0) {
+        dev_opening_close(&o); /* the descriptors' locks and O_EXCL claims go with them */
         return rc;
     }
     return 0;
@@ -339,20 +430,25 @@ int rb_dev_close(rb_dev *dev, rb_err *err)
             rb_uring_destroy(dev->uring);
             dev->uring = NULL;
         }
-        /* The engine has finished with the device: let go of the lock now. close(2) alone may
-         * not: a file registered with an io_uring ring is released when the kernel tears the
-         * ring down, asynchronously. */
-        if (dev->lock_state == RB_LOCKST_SHARED || dev->lock_state == RB_LOCKST_EXCLUSIVE)
-            (void)flock(dev->fd, LOCK_UN);
-        if (close(dev->fd) != 0 && errno != EINTR) {
+        /* A listed data descriptor was closed in a forked child at the fork: its number may
+         * name another file there. */
+        int mine = !dev->fd_listed || dev->lock_pid == (long)getpid();
+        if (mine && dev->fd_listed)
+            (void)rb_dev_lock_unlist(dev->fd);
+        if (mine && close(dev->fd) != 0 && errno != EINTR) {
             /* Linux releases the descriptor even when close reports EIO; report it once. */
             rc = rb_err_set(err, RB_ERR_OS, errno, "close failed");
         }
         dev->fd = -1;
-        if (dev->lock_fd2 >= 0) {
-            (void)close(dev->lock_fd2); /* read-only, held for its lock and O_EXCL claim only */
-            dev->lock_fd2 = -1;
+        /* The engine has finished with the device: let go of the locks last. They are on
+         * descriptors of their own, which no ring ever held; in a forked child (another pid)
+         * they were closed at the fork and the numbers may name other files now. */
+        if (dev->lock_pid == (long)getpid()) {
+            rb_dev_lock_close(dev->backing_fd);
+            rb_dev_lock_close(dev->lock_fd2);
+            rb_dev_lock_close(dev->lock_fd);
         }
+        dev->lock_fd = dev->lock_fd2 = dev->backing_fd = -1;
         dev->closed = 1;
     }
     pthread_mutex_unlock(&dev->gate_mu);

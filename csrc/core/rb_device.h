@@ -6,11 +6,13 @@
  * synchronous path, the I/O counters, and the admission gate that lets close() wait for calls
  * still running on other threads. The io_uring engine (rb_uring.h) hangs off the device.
  *
- * Lock order: dev->gate_mu is a leaf lock (held only to wait for or signal the last user).
+ * Lock order: dev->gate_mu is a leaf lock (held only to wait for or signal the last user), as
+ * is rb_dev_lock.c's list of lock descriptors (held across an open(2) and by fork(2)).
  *
- * One writer per device: rb_dev_open can take an flock(2) on the descriptor (and, on a block
- * device, open it with O_EXCL), held until rb_dev_close closes it; see enum rb_dev_lock_mode.
- * The rules and the diagnosis of a refusal live in rb_dev_lock.c.
+ * One writer per device: rb_dev_open can take an flock(2) (and, on a block device, an O_EXCL
+ * claim) on a descriptor of its own, never the one transfers use, held until rb_dev_close; see
+ * enum rb_dev_lock_mode. The rules and the diagnosis of a refusal live in rb_dev_lock.c; a file
+ * and the loop devices over it are one device (rb_dev_backing.c).
  */
 #ifndef RB_DEVICE_H
 #define RB_DEVICE_H
@@ -31,7 +33,12 @@ enum rb_engine_kind { RB_ENGINE_POSIX = 0, RB_ENGINE_IOURING = 1 };
 /*
  * How rb_dev_open locks the device. flock(2) locks belong to the open file description, so a
  * second open in the same process conflicts exactly like one in another process; the kernel
- * drops them when the last descriptor of that description closes (close, exit, kill -9).
+ * drops them when the last descriptor of that description closes (close, exit, kill -9). That
+ * description is the lock's alone: the engines transfer through another one (an io_uring ring
+ * keeps the files registered with it until the kernel tears it down, after the process is
+ * gone), and a child forked without exec closes its copy (pthread_atfork). A loop device's
+ * backing file is locked too, and the other loop devices over a file are checked: one writer
+ * for a file and every loop device over it (rb_dev_lock_backing in rb_device_int.h).
  *   NONE       no lock and no check (LMCache's device).
  *   CHECK      no lock held; refuse (EBUSY) when another process holds an exclusive flock on
  *              the device (a probe LOCK_SH|LOCK_NB, dropped at once). A holder in this process
@@ -65,9 +72,9 @@ enum rb_dev_lock_state {
 };
 
 /* How long a lock or probe waits for shared holders (and a holder that let go while it looked)
- * to go away before refusing; and for the lock of a process that has exited (the kernel drops
- * it as the process's files are released: an io_uring ring's registered file some tens of
- * milliseconds after the exit). */
+ * to go away before refusing; and for the lock of a process that is exiting (the kernel drops
+ * it as the process's files are released, before the process can be reaped) when no live
+ * process still holds it (one it passed the descriptor to: that one is named at once). */
 #define RB_LOCK_WAIT_MS 1000
 #define RB_LOCK_EXIT_WAIT_MS 5000
 

@@ -95,7 +95,6 @@ struct rb_uring {
 
     /* Worker-private from here on. */
     struct io_uring ring;
-    int fixed_file; /* device fd registered as file 0 */
     int poll_armed;
     int no_submit;     /* fatal submit error: only reap from now on */
     unsigned inflight; /* requests with an SQE prepared and no CQE yet */
@@ -600,9 +599,7 @@ static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, s
 {
     memset(sqe, 0, 2 * sizeof(*sqe)); /* the command area is the second half of a big SQE */
     sqe->opcode = IORING_OP_URING_CMD;
-    sqe->fd = u->fixed_file ? 0 : u->fd;
-    if (u->fixed_file)
-        sqe->flags |= IOSQE_FIXED_FILE;
+    sqe->fd = u->fd;
     sqe->cmd_op = NVME_URING_CMD_IO;
     if (idx >= 0) {
         sqe->uring_cmd_flags = IORING_URING_CMD_FIXED;
@@ -638,7 +635,7 @@ static size_t attempt_len(const struct rb_uring *u, const rb_req *r)
  * idx >= 0) on the device file. */
 static void prep_rw(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, size_t len, int idx)
 {
-    int fd = u->fixed_file ? 0 : u->fd;
+    int fd = u->fd;
     if (r->op == RB_REQ_READ) {
         if (idx >= 0)
             io_uring_prep_read_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
@@ -650,8 +647,6 @@ static void prep_rw(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, siz
         else
             io_uring_prep_write(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
     }
-    if (u->fixed_file)
-        sqe->flags |= IOSQE_FIXED_FILE;
 }
 
 /* A placed write through the block device's write streams: Linux >= 6.16 takes the SQE's
@@ -964,7 +959,10 @@ static int setup_ring(struct rb_uring *u, rb_err *err)
         fmt_os_error(msg, sizeof(msg), "io_uring init failed", -rc);
         return rb_err_set(err, RB_ERR_RUNTIME, -rc, "%s", msg);
     }
-    u->fixed_file = io_uring_register_files(&u->ring, &u->fd, 1) == 0;
+    /* The device's descriptor is not registered with the ring (no fixed file): each request
+     * holds the file only while it is in flight, so a killed writer's open file description
+     * (and its drain mark, rb_device_int.h) goes when its last write completes, not when the
+     * kernel gets round to tearing the ring down. */
     (void)io_uring_register_ring_fd(&u->ring);
     return 0;
 }

@@ -661,7 +661,8 @@ static PyGetSetDef device_getset[] = {
     {"alignment", device_get_alignment, NULL, "O_DIRECT alignment in bytes.", NULL},
     {"device_lock", device_get_lock, NULL,
      "The lock held on the device: \"none\" (lock='none' or 'check'), \"shared\", \"exclusive\", "
-     "\"unsupported\" (the file system has no flock; opened unlocked), \"released\" after close().",
+     "\"unsupported\" (the file system has no flock; opened unlocked), \"released\" after close() (and in "
+     "a child forked from the opener, which holds none of its locks).",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -11,8 +11,11 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +143,18 @@ def test_a_killed_holders_lock_goes_with_it(tmp_path, engine):
         core = make_core(path, io_engine=engine)
         assert core.report_status()["device_lock"] == "exclusive"
         core.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_writer_killed_an_instant_ago_is_waited_for(tmp_path, engine):
+    """A supervisor that restarts right after kill -9, before it reaps the old writer: the old
+    writer has a SIGKILL pending or is exiting, and its lock goes with it in a moment."""
+    path = make_device(tmp_path)
+    for _ in range(5):
+        with Holder(path, engine=engine) as h:
+            os.kill(h.pid, signal.SIGKILL)  # not reaped yet
+            core = make_core(path, io_engine=engine)
+            core.close()
 
 
 def test_a_stopped_holder_releases_the_device(tmp_path):
@@ -402,3 +417,329 @@ def test_a_mounted_loop_device_is_refused(loop_device, tmp_path):
         subprocess.run(["umount", str(mnt)], capture_output=True)
     with pytest.raises(ValueError, match="ext4"):
         make_core(dev)  # unmounted: the probe refuses its file system, as before
+
+
+# ---- one backing store, whatever the path -------------------------------------------------------
+# A file and every loop device over it reach the same bytes: one writer among them all. A loop
+# device's writer locks its backing file too; a writer of a file or of a loop device checks the
+# other loop devices over the same file.
+
+
+def _held_by(path: str, pid: int, **kw) -> str:
+    """A core opened on path is refused, naming pid as the writer that holds it; the message."""
+    with pytest.raises(OSError) as exc:
+        make_core(path, allow_foreign_device=True, **kw)
+    msg = _refused(exc, path)
+    assert f"held by another raw-block writer (pid {pid})" in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("first", ["file", "loop"])
+def test_a_file_and_a_loop_device_over_it_take_one_writer(tmp_path, rig, first):
+    img = make_device(tmp_path)
+    loop = rig.attach(img)
+    held, other = (img, loop) if first == "file" else (loop, img)
+    with Holder(held, engine="io_uring") as h:
+        msg = _held_by(other, h.pid)
+        if first == "file":
+            assert f"on its backing file {img}" in msg
+        with pytest.raises(OSError) as exc:  # LMCache's handle checks the same way
+            RawBlockDevice(other, True)
+        assert f"(pid {h.pid})" in _refused(exc, other)
+    make_core(other, allow_foreign_device=True).close()  # the holder gone, the other path opens
+
+
+def test_two_loop_devices_over_one_file_take_one_writer(tmp_path, rig):
+    img = make_device(tmp_path)
+    a, b = rig.attach(img), rig.attach(img)
+    with Holder(a) as h:
+        assert f"on its backing file {img}" in _held_by(b, h.pid)
+    core = make_core(b, allow_foreign_device=True)
+    try:  # and the other way round, in one process
+        with pytest.raises(OSError) as exc:
+            make_core(a, allow_foreign_device=True)
+        assert f"in this process (pid {os.getpid()})" in _refused(exc, a)
+    finally:
+        core.close()
+
+
+def test_a_loop_devices_file_renamed_or_unlinked_is_still_the_same_device(tmp_path, rig):
+    """The loop devices know their file by device and inode, not by the path they were given."""
+    img = make_device(tmp_path)
+    a, b = rig.attach(img), rig.attach(img)
+    moved = str(tmp_path / "moved.img")
+    os.rename(img, moved)
+    with Holder(a) as h:
+        assert f"on its backing file {moved}" in _held_by(b, h.pid)
+        _held_by(moved, h.pid)
+    os.unlink(moved)  # nobody can open the file by a path now: the other loop device is checked
+    with Holder(a) as h:
+        assert f"on loop device {a} over the same file" in _held_by(b, h.pid)
+    with Holder(b) as h:
+        assert f"on loop device {b} over the same file" in _held_by(a, h.pid)
+
+
+def test_a_file_is_refused_while_a_loop_device_over_it_is_mounted(tmp_path, rig):
+    if not shutil.which("mkfs.ext4"):
+        pytest.skip("mkfs.ext4 (e2fsprogs) is not installed")
+    img = make_device(tmp_path, size=32 << 20)
+    loop = rig.attach(img)
+    subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", loop, str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount ext4 on a loop device here: {r.stderr.strip()}")
+    try:
+        with pytest.raises(OSError) as exc:
+            make_core(img, allow_foreign_device=True)
+        assert f"mounted on {mnt} via {loop}" in _refused(exc, img)
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+    make_core(img, allow_foreign_device=True).close()
+
+
+@pytest.mark.parametrize("how", ["symlink", "hard link"])
+def test_another_name_of_the_file_is_the_same_device(tmp_path, how):
+    img = make_device(tmp_path)
+    other = str(tmp_path / "other.img")
+    (os.symlink if how == "symlink" else os.link)(img, other)
+    with Holder(img) as h:
+        _held_by(other, h.pid)
+
+
+def test_another_device_node_of_a_loop_device_is_the_same_device(tmp_path, loop_device):
+    dev = loop_device()
+    node = str(tmp_path / "node")
+    rdev = os.stat(dev).st_rdev
+    os.mknod(node, 0o600 | stat.S_IFBLK, rdev)
+    with Holder(dev) as h:
+        with pytest.raises(OSError) as exc:
+            make_core(node, allow_foreign_device=True)
+        assert "O_EXCL" in _refused(exc, node) or f"(pid {h.pid})" in exc.value.strerror
+
+
+# ---- locks that die with their writer -------------------------------------------------------------
+
+FORKER = r"""
+import os, sys, time
+path, engine, mode = sys.argv[1:4]
+from core_helpers import make_core, okey, payload, Obj
+core = make_core(path, io_engine=engine, allow_foreign_device=True)
+core.put_many([okey(1)], [Obj(payload(1, 4096))])
+core.checkpoint_now()
+child = os.fork()
+if child == 0:  # an idle child: it never touches the device
+    if mode == "ring":  # ... but keeps the engine's ring alive: every descriptor but the ring's closed
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:[io_uring]":
+                    os.close(fd)
+            except OSError:
+                pass
+    time.sleep(600)
+    os._exit(0)
+print("ready", os.getpid(), child, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_forked_idle_child_does_not_keep_a_killed_writers_lock(tmp_path, engine):
+    """The writer forks without exec and is killed; its child lives on. The child closed its copy
+    of the lock's descriptor at the fork: the next writer opens at once."""
+    path = make_device(tmp_path)
+    _restart_after_kill(path, engine, "idle")
+
+
+def test_a_ring_that_outlives_its_writer_does_not_keep_the_lock(tmp_path):
+    """The io_uring ring of a killed writer still alive (here a child keeps it, as the kernel does
+    for a while after a kill -9): the lock is on a descriptor the ring never had."""
+    path = make_device(tmp_path)
+    _restart_after_kill(path, "io_uring", "ring")
+
+
+def _restart_after_kill(path: str, engine: str, mode: str) -> None:
+    p = subprocess.Popen([*PYTHON, "-c", FORKER, path, engine, mode], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    child = 0
+    try:
+        line = p.stdout.readline().split()
+        assert line[:1] == ["ready"], p.communicate()[1]
+        pid, child = int(line[1]), int(line[2])
+        os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=60)
+        core = make_core(path, io_engine=engine)  # no retry here beyond the core's own
+        try:
+            assert core.report_status()["device_lock"] == "exclusive"
+            assert core.contains_key(okey(1).encoded)
+        finally:
+            core.close()
+        assert _alive(child)  # the child still lives, idle
+    finally:
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)  # it holds the pipes too
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+PASSER = r"""
+import os, subprocess, sys
+path = sys.argv[1]
+from core_helpers import make_core
+core = make_core(path, allow_foreign_device=True)
+ino = os.stat(path).st_ino
+lock_fd = next(int(fd) for fd in os.listdir("/proc/self/fd")
+               if any(l.startswith("lock:") and f":{ino} " in l
+                      for l in open(f"/proc/self/fdinfo/{fd}").read().splitlines()))
+keeper = subprocess.Popen(["sleep", "600"], pass_fds=[lock_fd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("ready", os.getpid(), keeper.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_still_holding_an_exited_writers_lock_is_named(tmp_path):
+    """A lock descriptor handed to another process (here on purpose) outlives the writer that took
+    it: the refusal names the process that holds it now, not the exited one /proc/locks lists."""
+    path = make_device(tmp_path)
+    p = subprocess.Popen([*PYTHON, "-c", PASSER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env())
+    keeper = 0
+    try:
+        line = p.stdout.readline().split()
+        assert line[:1] == ["ready"], p.communicate()[1]
+        pid, keeper = int(line[1]), int(line[2])
+        os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=60)
+        with pytest.raises(OSError) as exc:
+            make_core(path)
+        msg = _refused(exc, path)
+        assert f"held by another raw-block writer (pid {keeper}, inherited from exited pid {pid})" in msg, msg
+        os.kill(keeper, signal.SIGKILL)  # not our child: the core waits for it to finish exiting
+        keeper = 0
+        make_core(path).close()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=60)
+        if keeper:
+            os.kill(keeper, signal.SIGKILL)
+
+
+def test_partitions_of_a_loop_device_and_its_file(tmp_path, rig):
+    """A partition holds part of the file: a writer of the file and a writer of a partition
+    exclude each other; writers of two partitions do not."""
+    if not shutil.which("sfdisk"):
+        pytest.skip("sfdisk (util-linux) is not installed")
+    img = make_device(tmp_path, size=32 << 20)
+    r = subprocess.run(["sfdisk", "-q", img], input="label: dos\n,12M\n,12M\n", capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["losetup", "-f", "--show", "-P", img], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"losetup -P failed: {r.stderr.strip()}")
+    loop = r.stdout.strip()
+    rig.loops.append(loop)
+    p1, p2 = f"{loop}p1", f"{loop}p2"
+    if not (os.path.exists(p1) and os.path.exists(p2)):
+        pytest.skip(f"the kernel made no partitions of {loop} (no support for DOS partition tables)")
+    with Holder(p1) as h:
+        assert f"on loop device {p1} over the same file" in _held_by(img, h.pid)
+        make_core(p2, allow_foreign_device=True).close()  # another part of the file
+    with Holder(img) as h:
+        assert f"on its backing file {img}" in _held_by(p1, h.pid)
+
+
+# ---- a dead writer's writes in flight ------------------------------------------------------------
+
+WRITER = r"""
+import os, sys
+path, engine = sys.argv[1:3]
+from core_helpers import make_core, okey, payload, Obj
+core = make_core(path, io_engine=engine, allow_foreign_device=True)
+core.put_many([okey(1)], [Obj(payload(1, 4096))])
+core.checkpoint_now()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def _data_fd_of(pid: int, path: str) -> int:
+    """The writer's data descriptor: the one of path that carries an OFD lock (its drain mark)."""
+    ino = os.stat(path).st_ino
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        lines = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+        if any(line.startswith("lock:") and "OFDLCK" in line and f":{ino} " in line for line in lines):
+            return int(fd)
+    raise AssertionError(f"no descriptor of pid {pid} carries a drain mark on {path}")
+
+
+def _grab_fd(pid: int, fd: int) -> int:
+    """A descriptor of this process for pid's descriptor fd: the same open file description
+    (pidfd_getfd), as a write still in flight holds it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd on x86-64 and arm64
+        if got < 0:
+            err = ctypes.get_errno()
+            pytest.skip(f"pidfd_getfd failed: {os.strerror(err)} (needs Linux 5.6 and ptrace rights)")
+        return got
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_killed_writers_late_write_lands_before_the_next_writer_opens(tmp_path, engine):
+    """A writer killed with a write still in flight: that write holds its data descriptor's open
+    file description, and lands when the device gets to it. Here this process holds that
+    description for the dead writer, writes a marker through it a moment later and lets it go.
+    The next writer's open waits for it (the drain mark), so the late write is on the device
+    before the open returns: it can never land over what the new writer writes."""
+    path = make_device(tmp_path)
+    p = subprocess.Popen([*PYTHON, "-c", WRITER, path, engine], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        line = p.stdout.readline().split()
+        assert line[:1] == ["ready"], p.communicate()[1]
+        pid = int(line[1])
+        held = _grab_fd(pid, _data_fd_of(pid, path))
+        os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=60)
+    marker = b"late write of a dead writer".ljust(4096, b"\x01")
+    where = os.path.getsize(path) - 4096
+
+    def land_late() -> None:
+        time.sleep(0.5)
+        os.pwrite(held, marker, where)
+        os.close(held)
+
+    t = threading.Thread(target=land_late)
+    t.start()
+    try:
+        core = make_core(path, io_engine=engine)
+    finally:
+        t.join()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, where) == marker  # landed before the open returned
+        finally:
+            os.close(fd)
+        assert core.contains_key(okey(1).encoded)
+    finally:
+        core.close()
