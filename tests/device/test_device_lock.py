@@ -528,8 +528,10 @@ from core_helpers import make_core, okey, payload, Obj
 core = make_core(path, io_engine=engine, allow_foreign_device=True)
 core.put_many([okey(1)], [Obj(payload(1, 4096))])
 core.checkpoint_now()
+r, w = os.pipe()
 child = os.fork()
 if child == 0:  # an idle child: it never touches the device
+    os.write(w, b"x")  # past the fork: the child's fork handlers have run
     if mode == "ring":  # ... but keeps the engine's ring alive: every descriptor but the ring's closed
         for fd in map(int, os.listdir("/proc/self/fd")):
             try:
@@ -539,6 +541,7 @@ if child == 0:  # an idle child: it never touches the device
                 pass
     time.sleep(600)
     os._exit(0)
+os.read(r, 1)
 print("ready", os.getpid(), child, flush=True)
 sys.stdin.read()
 """
