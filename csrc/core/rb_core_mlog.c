@@ -1343,6 +1343,24 @@ static int write_groups_rounds(rb_core *c, int base, size_t room_n, rb_err *err)
     }
 }
 
+/* The groups, after the whole base this checkpoint wrote (*base 1) or did not need; when a
+ * flush failed in between (write_groups' -EAGAIN: a whole base is due again), that base first,
+ * once more (*base then 1). As write_groups_rounds. */
+static int groups_after_base(rb_core *c, int *base, size_t room_n, rb_err *err)
+{
+    int rc = write_groups_rounds(c, *base, room_n, err);
+    if (rc != -EAGAIN)
+        return rc;
+    int b = base_if_needed(c, err);
+    if (b < 0)
+        return b;
+    *base |= b;
+    rc = write_groups_rounds(c, *base, room_n, err);
+    if (rc == -EAGAIN)
+        rb_core_set_ckpt_error(c, err);
+    return rc;
+}
+
 int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
 {
     rb_mlw *m = &c->ml;
@@ -1361,15 +1379,7 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
         if (base < 0)
             return base;
     }
-    int rc = write_groups_rounds(c, base, room_n, err);
-    if (rc == -EAGAIN) { /* a flush failed since (write_groups): the whole base first, once more */
-        base = base_if_needed(c, err);
-        if (base < 0)
-            return base;
-        rc = write_groups_rounds(c, base, room_n, err);
-        if (rc == -EAGAIN)
-            rb_core_set_ckpt_error(c, err);
-    }
+    int rc = groups_after_base(c, &base, room_n, err);
     int base_only = rc == 0 && base; /* the base covered every change: a checkpoint too */
     if (base_only)
         rc = 1;
