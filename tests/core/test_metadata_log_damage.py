@@ -430,6 +430,13 @@ def test_a_log_cut_short_by_a_read_error_is_damage(tmp_path, images):
     # after what is preloaded already (a sanitizer's runtime must come first)
     preload = " ".join(p for p in (os.environ.get("LD_PRELOAD"), _eio_shim(tmp_path)) if p)
     env = dict(os.environ, LD_PRELOAD=preload, RB_EIO_FROM=str(off), RB_EIO_LEN=str(BLOCK))
+    r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "verify", dev, "--json"], capture_output=True,
+                       text=True, timeout=120, cwd=str(REPO), env=env)
+    assert r.returncode == 1, r.stderr
+    assert any("cut short by a read error" in d for d in json.loads(r.stdout)["metadata_damage"]), r.stdout
+    r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "inspect", dev], capture_output=True,
+                       text=True, timeout=120, cwd=str(REPO), env=env)
+    assert r.returncode == 0 and "log: DAMAGED: cut short by a read error" in r.stdout, r.stdout
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.splitlines()[-1])
