@@ -1127,8 +1127,8 @@ static int base_outdated_locked(rb_core *c, const ml_base *b, rb_err *err)
         return 0;
     c->ml.need_base++;
     return rb_err_set(err, RB_ERR_RUNTIME, EIO,
-                      "metadata base abandoned: %u device flushes failed while it was built, so it may list "
-                      "entries they dropped; the next checkpoint writes a whole base",
+                      "metadata base abandoned: a device flush failed while it was built (%u failures), so it "
+                      "may list entries the failure dropped; the next checkpoint writes a whole base",
                       (unsigned)(c->wb_epoch - b->wb_epoch));
 }
 
