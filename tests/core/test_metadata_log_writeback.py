@@ -185,3 +185,41 @@ def test_a_failed_flush_makes_the_next_checkpoint_a_whole_base(tmp_path):
     assert c.exists_many([okey(i).encoded for i in K]) == [False] * 20
     assert _own_bytes(c, range(2000)) == list(range(2000))
     c.close()
+
+
+def test_a_checkpoint_writes_no_group_after_a_flush_failed_on_another_thread(tmp_path):
+    """Checkpoint A decided it needs no whole base, then waited for the checkpoint lock while
+    checkpoint B's flush failed and dropped K. A must not then write K's PUT page and its FREE
+    page as groups: the crash here comes right after a flush between them failed."""
+    dev = _dev(tmp_path, 2000)
+    res = _child(dev, str(tmp_path / "res.json"), """
+        put(range(2000))
+        c.checkpoint_now()
+        put(range(50000, 50020))
+        st0 = c._native.status()
+        c._native._set_checkpoint_delay_ms(1500)  # each checkpoint waits before its first flush
+        c._native._inject_fault("flush", 1)  # B's
+        def ckpt():
+            try:
+                c.checkpoint_now()
+            except Exception:
+                pass
+        b = threading.Thread(target=ckpt, daemon=True)
+        b.start()
+        time.sleep(0.5)  # B holds the checkpoint lock: A finds no whole base due, and waits for it
+        a = threading.Thread(target=ckpt, daemon=True)
+        a.start()
+        fails = lambda: c._native.status()["writeback_failures"] - st0["writeback_failures"]  # noqa: E731
+        while (a.is_alive() or b.is_alive()) and fails() < 1:
+            time.sleep(0.005)
+        res["dropped"] = c._native.status()["writeback_dropped_entries"]
+        c._native._inject_fault("flush", 2)  # A's second flush: after its first group
+        while (a.is_alive() or b.is_alive()) and fails() < 2:
+            time.sleep(0.005)
+    """)
+    assert res["dropped"] == 20
+    c = _open(dev)
+    assert c.exists_many([okey(i).encoded for i in K]) == [False] * 20
+    assert _own_bytes(c, list(K)) == []
+    assert _own_bytes(c, range(2000)) == list(range(2000))
+    c.close()
