@@ -633,9 +633,11 @@ def format_inspect(info: dict) -> str:
                         else f"; DAMAGED: {b['chunks_bad']} chunks, {b['entries_lost']} entries lost"))
         lines.append(f"log: {lg['groups']} groups, {lg['records']} records ({lg['puts']} puts, {lg['frees']} frees), "
                      f"{lg['live_bytes']} of {sb['ring']['bytes']} ring bytes live, ends: {lg['end']}"
-                     + (f" ({_printable(lg['why'])})" if lg["end"] == "torn" else ""))
+                     + (f" ({_printable(lg['why'])})" if lg["end"] in ("torn", "io-error") else ""))
         if lg["gaps"]:
             lines.append("log: DAMAGED: " + _log_damage_text(lg))
+        if lg["end"] == "io-error":
+            lines.append("log: DAMAGED: " + _log_read_error_text(lg))
         lines.append(f"index: {g.get('entries')} entries")
     else:
         lines.append(f"checkpoint in use: container {info['checkpoint_in_use']}, {g.get('entries')} entries")
@@ -652,15 +654,24 @@ def _log_damage_text(lg: dict) -> str:
             f"groups follow: {lg['groups_lost']} groups lost in {lg['gaps']} places (records: {recs})")
 
 
+def _log_read_error_text(lg: dict) -> str:
+    """A log walk that ended at a group it could not read (no later group found)."""
+    return (f"cut short by a read error: group {lg['last_seq'] + 1} at ring offset {lg['head']} unreadable "
+            f"({_printable(lg['why'])})")
+
+
 def metadata_damage(log: dict | None) -> list[str]:
     """What a log-format reading says was lost to damage: log groups skipped with later ones
-    after them, damaged base chunks. Empty for format v1 and for an intact region. (A newest
-    superblock that does not read is no loss by itself: a crash during its write leaves one.)"""
+    after them, a log cut short by a read error, damaged base chunks. Empty for format v1 and for
+    an intact region. (A newest superblock that does not read is no loss by itself: a crash
+    during its write leaves one.)"""
     if log is None:
         return []
     out = []
     if log["log"]["gaps"]:
         out.append("metadata log damaged: " + _log_damage_text(log["log"]))
+    if log["log"]["end"] == "io-error":
+        out.append("metadata log " + _log_read_error_text(log["log"]))
     if log["base"]["chunks_bad"]:
         out.append(f"metadata base damaged: {log['base']['chunks_bad']} chunks, "
                    f"{log['base']['entries_lost']} entries lost")

@@ -92,8 +92,9 @@ typedef struct rb_mlw {
     uint64_t n_held;     /* slots waiting in pages for their FREE to be durable */
     uint32_t *held_base; /* slots freed while the journal was incomplete: back at the next base */
     size_t n_held_base, cap_held_base;
-    uint64_t need_base; /* nonzero: the journal lost a change (out of memory) or the index was
-                               * replaced; the next checkpoint writes a whole base */
+    uint64_t need_base; /* nonzero: the journal lost a change (out of memory), a failed flush
+                               * dropped entries, or the index was replaced; the next checkpoint
+                               * writes a whole base, and no group is written before it */
     /* compaction in progress (under mu): the log sequence it covers, and where group Q + 1 went */
     int cmp_active, cmp_placed;
     uint64_t cmp_q, cmp_pos, cmp_lpos;

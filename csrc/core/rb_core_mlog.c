@@ -433,6 +433,10 @@ static int take_closed_pages(rb_core *c, rb_mlpage ***pages, size_t *k, uint64_t
 {
     rb_mlw *m = &c->ml;
     pthread_mutex_lock(&c->mu);
+    if (m->need_base) {
+        pthread_mutex_unlock(&c->mu);
+        return -EAGAIN;
+    }
     close_page_locked(c);
     size_t n = m->n_pg;
     if (n && m->pg[n - 1]->seq == 0)
@@ -542,13 +546,21 @@ static void groups_done(rb_core *c, size_t k, uint64_t dirty_snap, uint64_t byte
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed. */
+/* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed;
+ * -EAGAIN, nothing written, while a whole base must come first (need_base: after a failed
+ * flush the pages may hold the PUT of an entry it dropped, whose FREE is in a later page that
+ * a crash between the two groups would lose; the base says at once what is durable). */
 static int write_groups(rb_core *c, rb_err *err)
 {
     rb_mlpage **pages;
     size_t k;
     uint64_t dirty_snap;
-    if (take_closed_pages(c, &pages, &k, &dirty_snap) < 0)
+    int tk = take_closed_pages(c, &pages, &k, &dirty_snap);
+    if (tk == -EAGAIN)
+        return rb_err_set(err, RB_ERR_RUNTIME, EAGAIN,
+                          "metadata log groups not written: a whole base must be written first (a flush "
+                          "failed, or the journal lost a change)");
+    if (tk < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     if (k == 0)
         return 0;
@@ -620,7 +632,8 @@ typedef struct ml_base {
     uint64_t n_entries;
     uint32_t n_chunks;
     int area;
-    int stopped; /* the build stopped because the core is closing (ML_BB_STOP_ON_CLOSE) */
+    int stopped;       /* the build stopped because the core is closing (ML_BB_STOP_ON_CLOSE) */
+    uint32_t wb_epoch; /* the core's failed flushes when the build began */
 } ml_base;
 
 /* Write the bytes the encoder has produced into the area (all of them when final, else whole
@@ -701,6 +714,7 @@ static int base_begin(base_build *bb)
     pthread_mutex_lock(&c->mu);
     close_page_locked(c);
     out->q = m->last_seq;
+    out->wb_epoch = c->wb_epoch;
     out->next_slot = c->slots.next_slot < c->usable_slots ? c->slots.next_slot : c->usable_slots;
     out->n_cls_core = c->n_cls;
     /* The base defines the classes its entries use, and nothing older survives it: a change
@@ -899,14 +913,17 @@ static int closing(rb_core *c)
 /* Between two slices of a base that takes seconds (millions of entries), the changes made
  * meanwhile go on being written as groups when a checkpoint is due (rb_core_ckpt_due_locked:
  * the log's age and size bounds hold during a compaction too). Not once the ring is full: the
- * groups wait for this compaction then. A failure is recorded as any checkpoint's. */
+ * groups wait for this compaction then; nor while a whole base must come first (need_base,
+ * which write_groups checks again): those wait for the next checkpoint's. A failure is recorded
+ * as any checkpoint's (and a failed flush makes switch_base refuse this base). */
 static void groups_meanwhile(base_build *bb)
 {
     rb_core *c = bb->c;
     if (!(bb->flags & ML_BB_MEANWHILE))
         return;
     pthread_mutex_lock(&c->mu);
-    int due = c->ml.state == RB_ML_LIVE && !c->closed && !c->ml.cmp_urgent && rb_core_ckpt_due_locked(c, 0, 0);
+    int due = c->ml.state == RB_ML_LIVE && !c->closed && !c->ml.cmp_urgent && !c->ml.need_base &&
+              rb_core_ckpt_due_locked(c, 0, 0);
     pthread_mutex_unlock(&c->mu);
     if (!due)
         return;
@@ -1100,10 +1117,27 @@ static void switch_done_locked(rb_core *c, const ml_base *b, const rb_mlog_sb *s
     c->ref_unknown &= (uint8_t)~0x4u;
 }
 
+/* A flush failed since base b began (mu held): the trust layer dropped entries whose bytes
+ * may be lost, and the base may list them (copied before the drop), their FREE records only in
+ * a later page. The base is abandoned (-EIO); the next checkpoint writes a whole base
+ * (need_base, set with the drop). */
+static int base_outdated_locked(rb_core *c, const ml_base *b, rb_err *err)
+{
+    if (c->wb_epoch == b->wb_epoch)
+        return 0;
+    c->ml.need_base++;
+    return rb_err_set(err, RB_ERR_RUNTIME, EIO,
+                      "metadata base abandoned: a device flush failed while it was built (%u failures), so it "
+                      "may list entries the failure dropped; the next checkpoint writes a whole base",
+                      (unsigned)(c->wb_epoch - b->wb_epoch));
+}
+
 /*
  * Make base b current (ckpt_mu held). fresh: the device gets its first superblocks of this
  * generation (both copies, so a damaged one falls back to the same state); else the other
- * superblock than the current one.
+ * superblock than the current one. Refused when a flush failed during the build
+ * (base_outdated_locked: checked after the flush that makes the base durable, with ckpt_mu
+ * held, so no other flush runs before the superblock lands).
  */
 static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
 {
@@ -1115,13 +1149,17 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     int which = 0;
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
-        uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
-        lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
-        uint64_t seq = m->sb_seq_seen + (fresh ? 2 : 1); /* above every superblock seen */
-        which = fresh ? 0 : m->sb_which ^ 1;
-        sb_fill_locked(c, b, seq, start, &sb);
+        rc = base_outdated_locked(c, b, err);
+        if (rc == 0) {
+            uint64_t start = m->cmp_placed ? m->cmp_pos : m->head;
+            lstart = m->cmp_placed ? m->cmp_lpos : m->lhead;
+            uint64_t seq = m->sb_seq_seen + (fresh ? 2 : 1); /* above every superblock seen */
+            which = fresh ? 0 : m->sb_which ^ 1;
+            sb_fill_locked(c, b, seq, start, &sb);
+        }
         pthread_mutex_unlock(&c->mu);
-        rc = write_sb(c, &sb, which, err);
+        if (rc == 0)
+            rc = write_sb(c, &sb, which, err);
     }
     if (rc == 0 && fresh) {
         rb_mlog_sb mirror = sb;
@@ -1305,6 +1343,24 @@ static int write_groups_rounds(rb_core *c, int base, size_t room_n, rb_err *err)
     }
 }
 
+/* The groups, after the whole base this checkpoint wrote (*base 1) or did not need; when a
+ * flush failed in between (write_groups' -EAGAIN: a whole base is due again), that base first,
+ * once more (*base then 1). As write_groups_rounds. */
+static int groups_after_base(rb_core *c, int *base, size_t room_n, rb_err *err)
+{
+    int rc = write_groups_rounds(c, *base, room_n, err);
+    if (rc != -EAGAIN)
+        return rc;
+    int b = base_if_needed(c, err);
+    if (b < 0)
+        return b;
+    *base |= b;
+    rc = write_groups_rounds(c, *base, room_n, err);
+    if (rc == -EAGAIN)
+        rb_core_set_ckpt_error(c, err);
+    return rc;
+}
+
 int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
 {
     rb_mlw *m = &c->ml;
@@ -1323,7 +1379,7 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
         if (base < 0)
             return base;
     }
-    int rc = write_groups_rounds(c, base, room_n, err);
+    int rc = groups_after_base(c, &base, room_n, err);
     int base_only = rc == 0 && base; /* the base covered every change: a checkpoint too */
     if (base_only)
         rc = 1;

@@ -335,10 +335,11 @@ static void ml_start_fresh(rb_core *c, const ml_rec *r, const rb_mlog_read_resul
     pthread_mutex_unlock(&c->mu);
 }
 
-/* 1 when what was read lost something to damage: log groups skipped, base chunks dropped. */
+/* 1 when what was read lost something to damage: log groups skipped, base chunks dropped,
+ * the log cut short by a read error (rb_mlog_read_lost). */
 static int ml_damaged(const rb_mlog_read_result *res)
 {
-    return res->gaps || res->base.chunks_bad;
+    return rb_mlog_read_lost(res);
 }
 
 /* The writer's state from what was read: the superblock, the generation, this writer's epoch
@@ -406,6 +407,18 @@ static void ml_report_gaps_locked(rb_core *c, const rb_mlog_read_result *res)
              res->fallback ? "; the newest superblock is unusable" : "");
 }
 
+/* ckpt_error for a log cut short by a read error, no later group found (mu held). */
+static void ml_report_ioerr_locked(rb_core *c, const rb_mlog_read_result *res)
+{
+    snprintf(c->ckpt_error, sizeof c->ckpt_error,
+             "metadata log cut short by a read error: group %llu at ring offset %llu (device offset %llu) "
+             "unreadable (%.160s), it and any group after it lost to this open%s; entries are checked against "
+             "their slot headers, the next checkpoint writes a whole base in a new generation",
+             (unsigned long long)(res->last_seq + 1), (unsigned long long)res->head,
+             (unsigned long long)(res->sb.ring.off + res->head), res->log_why.msg,
+             res->base.chunks_bad ? "; base chunks damaged too" : "");
+}
+
 /* The recovery outcome, LOADED, FALLBACK or DAMAGED (a part lost: log groups skipped past,
  * base chunks), and what was lost on the way. mu held. */
 static void ml_report_locked(rb_core *c, const rb_mlog_read_result *res)
@@ -419,11 +432,13 @@ static void ml_report_locked(rb_core *c, const rb_mlog_read_result *res)
                  "%llu), every entry's slot header checked%s",
                  res->sb_why[res->which ^ 1].msg, (unsigned long long)res->sb.sb_seq,
                  res->base.chunks_bad ? "; base chunks damaged too" : "");
-    else if (res->base.chunks_bad || res->log_end == RB_MLOG_END_IOERR)
+    else if (res->log_end == RB_MLOG_END_IOERR)
+        ml_report_ioerr_locked(c, res);
+    else if (res->base.chunks_bad)
         snprintf(c->ckpt_error, sizeof c->ckpt_error,
-                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost), log %s", res->base.chunks_bad,
-                 (long long)res->base.entries_lost,
-                 res->log_end == RB_MLOG_END_IOERR ? "cut short by a read error" : "complete");
+                 "metadata partly unreadable: %u base chunks damaged (%lld entries lost); entries are checked "
+                 "against their slot headers, the next checkpoint writes a whole base",
+                 res->base.chunks_bad, (long long)res->base.entries_lost);
 }
 
 /* The index holds what was read: the allocator rebuilt (a slot no durable record lists is

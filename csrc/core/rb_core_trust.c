@@ -111,6 +111,11 @@ static void writes_lost_locked(rb_core *c)
     if (dropped) {
         c->dirty_total++;
         rb_idx_maybe_compact(&c->index);
+        /* The log format journals their FREE records in a page after the one holding their PUT
+         * records, and two groups are not atomic together: the next checkpoint writes a whole
+         * base before any group (rb_core_mlog.c's write_groups). */
+        if (c->ml.on)
+            c->ml.need_base++;
     }
 }
 

@@ -773,7 +773,7 @@ static void walk_torn(walk *k, uint64_t at, uint64_t waste)
 {
     k->res->log_end = RB_MLOG_END_TORN;
     k->res->torn_at = k->res->head = at;
-    k->res->used = k->used + waste;
+    k->res->used = k->used + waste < k->rl ? k->used + waste : k->rl; /* as group_done */
 }
 
 /* Group k->seq of t bytes at ring offset at fits: within the ring, and short of where the log
@@ -1169,4 +1169,9 @@ int rb_mlog_read(const rb_mlog_read_opts *o, rb_mlog_pread_fn rd, void *rctx, co
     }
     baseld_free(&b);
     return rc;
+}
+
+int rb_mlog_read_lost(const rb_mlog_read_result *res)
+{
+    return res->gaps || res->base.chunks_bad || res->log_end == RB_MLOG_END_IOERR;
 }

@@ -179,4 +179,14 @@ typedef struct rb_mlog_read_result {
 int rb_mlog_read(const rb_mlog_read_opts *o, rb_mlog_pread_fn rd, void *rctx, const rb_mlog_read_cb *cb,
                  rb_mlog_read_result *res, rb_err *err);
 
+/*
+ * 1 when a read (rb_mlog_read's result) lost part of the metadata to damage: log groups
+ * skipped, base chunks dropped, or the log cut short by a read error (the unreadable group
+ * and any after it are lost to this open, and a writer going on from there would write over
+ * it). The recovery then counts as damaged: entries checked against their slot headers, the
+ * next checkpoint a whole base in a new generation. A torn tail is not damage (the last
+ * group of a crash).
+ */
+int rb_mlog_read_lost(const rb_mlog_read_result *res);
+
 #endif /* RB_MLOG_READ_H */

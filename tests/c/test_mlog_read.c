@@ -929,7 +929,8 @@ static void test_sb_choice(void)
         d.fail_off = s.d.L.ring.off; /* ring offset 0: where group 13 is */
         CHECK(rd(&d, 4, 0, &k, &r, &err) == 0);
         /* groups 14 and 15 follow the unreadable one: it is damage, skipped */
-        CHECK(r.which == 1 && r.gaps == 1 && r.gap_seq == 13 && r.gap_at == 0 && r.records_lost == -1);
+        CHECK(r.which == 1 && r.gaps == 1 && r.gap_seq == 13 && r.gap_at == 0 && r.records_lost == -1 &&
+              rb_mlog_read_lost(&r));
         CHECK(strstr(r.gap_why.msg, "injected") && r.groups == 2 && r.head == s.head && r.last_seq == 15);
         sink_free(&k);
         /* superblock 0 alone: the ring read fails after group 12 (at the wrap) */
@@ -945,6 +946,13 @@ static void test_sb_choice(void)
         CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
         CHECK(r.which == 0 && r.log_end == RB_MLOG_END_IOERR && r.groups == 2 && r.last_seq == 12 && r.gaps == 0);
         CHECK(r.head == s.off[2] + s.len[2] && strstr(r.log_why.msg, "injected"));
+        /* which recovery counts as damage (a new generation, entries checked), not a torn tail */
+        CHECK(rb_mlog_read_lost(&r));
+        d.fail_len = 0;
+        sink_free(&k);
+        sink_init(&k);
+        CHECK(rd(&d, 1, 0, &k, &r, &err) == 0);
+        CHECK(r.log_end != RB_MLOG_END_IOERR && r.gaps == 0 && !r.base.chunks_bad && !rb_mlog_read_lost(&r));
         sink_free(&k);
         free(d.b);
     }

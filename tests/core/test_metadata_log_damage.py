@@ -10,7 +10,9 @@ plugin's legacy keys (tensor-parallel workers share a chunk hash), checksums on 
 - the keys lost are at most those put in the damaged (or cut) groups, and a deleted key comes
   back only when its delete was in them;
 - the next checkpoint writes a whole base in a new generation, after which the device opens
-  clean with the same keys.
+  clean with the same keys;
+- a log cut short by a read error (an unreadable group, no later one found) is damage too, not a
+  torn tail: reported, and the writer never goes on over the unreadable group in its generation.
 
 The exhaustive flip of every bit is tests/c/test_mlog_read.c's (the reader alone); here a
 sample of bits of each part goes through the whole core.
@@ -19,10 +21,13 @@ sample of bits of each part goes through the whole core.
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
+import textwrap
 import zlib
 
 import pytest
@@ -31,7 +36,7 @@ from lmcache_rawblock.raw_block import encode_legacy_key
 from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
 
 from core_helpers import BLOCK, META, Obj, make_core, make_device, okey, payload
-from helpers import REPO
+from helpers import REPO, TESTS
 
 SIZE = 3000
 GROUP_HDR = 48
@@ -329,3 +334,116 @@ def test_each_group_of_a_checkpoint_is_durable_before_the_next(tmp_path):
     # one flush before the groups (the payloads they name), then one after each group
     assert st1["device_flushes"] - st0["device_flushes"] == groups + 1
     c.close()
+
+
+# Preloaded into a child process: its reads touching device offsets [RB_EIO_FROM, +RB_EIO_LEN)
+# fail with EIO (the core reads through pread or preadv2).
+EIO_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static int hits(off_t off, size_t len)
+{
+    const char *a = getenv("RB_EIO_FROM"), *b = getenv("RB_EIO_LEN");
+    long long from = a ? atoll(a) : 0, n = b ? atoll(b) : 0;
+    return n > 0 && off < from + n && from < off + (long long)len;
+}
+
+static size_t iov_len(const struct iovec *iov, int n)
+{
+    size_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    return t;
+}
+
+#define PREAD(name)                                                                   \
+    ssize_t name(int fd, void *buf, size_t len, off_t off)                            \
+    {                                                                                 \
+        ssize_t (*real)(int, void *, size_t, off_t) = dlsym(RTLD_NEXT, #name);        \
+        if (hits(off, len)) {                                                         \
+            errno = EIO;                                                              \
+            return -1;                                                                \
+        }                                                                             \
+        return real(fd, buf, len, off);                                               \
+    }
+#define PREADV2(name)                                                                 \
+    ssize_t name(int fd, const struct iovec *iov, int n, off_t off, int flags)        \
+    {                                                                                 \
+        ssize_t (*real)(int, const struct iovec *, int, off_t, int) = dlsym(RTLD_NEXT, #name); \
+        if (hits(off, iov_len(iov, n))) {                                             \
+            errno = EIO;                                                              \
+            return -1;                                                                \
+        }                                                                             \
+        return real(fd, iov, n, off, flags);                                          \
+    }
+PREAD(pread)
+PREAD(pread64)
+PREADV2(preadv2)
+PREADV2(preadv64v2)
+"""
+
+
+def _eio_shim(tmp_path) -> str:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the read-error shim")
+    src, so = tmp_path / "eio.c", tmp_path / "eio.so"
+    src.write_text(EIO_SHIM)
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-ldl"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    return str(so)
+
+
+def test_a_log_cut_short_by_a_read_error_is_damage(tmp_path, images):
+    """The last group cannot be read at open (a read error, no later group to go on with): the
+    recovery says damaged and why, is not healthy, and the next checkpoint writes a whole base in
+    a new generation (before any group could land over the unreadable one as if it were the end
+    of the log). What that group alone held is lost to this open, nothing else."""
+    img0, live = images[("object", False)]
+    groups = _groups(img0)
+    off, _body, _total = groups[-1]
+    dev = str(tmp_path / "dev.img")
+    with open(dev, "wb") as f:
+        f.write(img0)
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from core_helpers import make_core
+        c = make_core({dev!r}, namespace="object", meta_format="log", verify_payload_checksum=False,
+                      meta_verify_on_load=False)
+        st = c.report_status()
+        res = {{"outcome": st["recovery_outcome"], "healthy": st["is_healthy"], "error": st["checkpoint_last_error"],
+               "gen0": c._native.status()["metadata_log"]["generation"]}}
+        c.checkpoint_now()
+        ml = c._native.status()["metadata_log"]
+        res.update(bases=ml["bases_written"], groups=ml["groups_written"], gen=ml["generation"])
+        c.close()
+        print(json.dumps(res))
+    """)
+    # after what is preloaded already (a sanitizer's runtime must come first)
+    preload = " ".join(p for p in (os.environ.get("LD_PRELOAD"), _eio_shim(tmp_path)) if p)
+    env = dict(os.environ, LD_PRELOAD=preload, RB_EIO_FROM=str(off), RB_EIO_LEN=str(BLOCK))
+    r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "verify", dev, "--json"], capture_output=True,
+                       text=True, timeout=120, cwd=str(REPO), env=env)
+    assert r.returncode == 1, r.stderr
+    assert any("cut short by a read error" in d for d in json.loads(r.stdout)["metadata_damage"]), r.stdout
+    r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "inspect", dev], capture_output=True,
+                       text=True, timeout=120, cwd=str(REPO), env=env)
+    assert r.returncode == 0 and "log: DAMAGED: cut short by a read error" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.splitlines()[-1])
+    assert res["outcome"] == "damaged" and not res["healthy"], res
+    assert "cut short by a read error" in res["error"] and f"device offset {off}" in res["error"], res
+    assert res["bases"] == 1 and res["groups"] == 0 and res["gen"] != res["gen0"], res
+    puts, dels = _round_of_group(len(groups) - 1)
+    st, _served = _check(dev, "object", False, live, set(puts), set(dels))
+    assert st["recovery_outcome"] == "loaded" and st["is_healthy"], st
+
