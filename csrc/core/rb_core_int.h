@@ -104,7 +104,7 @@ typedef struct rb_mlw {
     /* statistics */
     uint64_t groups_written, group_bytes, last_group_bytes, last_group_records;
     uint64_t bases_written, last_base_bytes, last_base_entries, base_too_large, compactions;
-    uint64_t journal_lost, ring_full, end_marks;
+    uint64_t journal_lost, ring_full;
     uint64_t last_base_ns, last_switch_ns;
     /* recovery */
     uint64_t rec_groups, rec_records, rec_chunks_bad, rec_entries_lost;

@@ -1399,7 +1399,6 @@ static int end_mark_once(rb_core *c, rb_err *err)
         m->last_seq--; /* nothing on the device has its sequence: the next group takes it */
     if (go && rc == 0) {
         m->end_marked = 1;
-        m->end_marks++;
         c->meta_seq = mk.seq;
     }
     pthread_mutex_unlock(&c->mu);
