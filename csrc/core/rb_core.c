@@ -303,6 +303,10 @@ void rb_core_close(rb_core *c, rb_close_result *res)
         res->final_written = 1;
     else if (rc < 0)
         res->ckpt_failed = 1;
+    /* the log format: a group of no records after the last one, so damage to that one is told
+     * from a torn tail at the next open */
+    if (rc >= 0 && rb_core_ml_end_mark(c, &res->ckpt_err) < 0)
+        res->ckpt_failed = 1;
     if (c->dev && rb_dev_close(c->dev, &res->dev_err) < 0)
         res->dev_close_failed = 1;
 }

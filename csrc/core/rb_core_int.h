@@ -85,6 +85,8 @@ typedef struct rb_mlw {
     uint64_t head;          /* ring offset of the next group */
     uint64_t lhead, lstart; /* logical ring positions (wrap waste counted) of the head and of the
                                * superblock's ring.start: lhead - lstart bytes are live */
+    int end_marked;         /* the live log ends with an end mark or holds no group: close writes
+                             * none (rb_core_ml_end_mark) */
     rb_mlpage **pg;         /* closed pages in sequence order, then the open page (seq 0) */
     size_t n_pg, cap_pg;
     uint32_t *cls_disk; /* per core class id: its id in this generation, UINT32_MAX none */
@@ -570,6 +572,11 @@ void rb_core_ml_free_locked(rb_core *c, uint32_t slot);
 int rb_core_ml_recover(rb_core *c, rb_err *err);
 /* A checkpoint in the log format: 1 written, 0 nothing to write, <0 failed. */
 int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err);
+/* At a clean close, after the final checkpoint: a group of no records after the log's last
+ * one, flushed, so damage to that last group is reported as damage, not taken for a torn tail.
+ * None when the log already ends with one or holds no group, or changes are left unwritten.
+ * 1 written, 0 none, <0 failed (recorded). No lock held. */
+int rb_core_ml_end_mark(rb_core *c, rb_err *err);
 /* Format v1 taking over a log-format device: zero both superblocks and flush. mu not held. */
 int rb_core_ml_wipe_superblocks(rb_core *c, rb_err *err);
 /* 1 when the ring is past half full (the periodic thread then compacts). */

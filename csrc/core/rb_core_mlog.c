@@ -414,6 +414,7 @@ static int place_page_locked(rb_core *c, rb_mlpage *p, rb_err *err)
     p->pos = pos;
     p->lpos = m->lhead + waste;
     p->placed = 1;
+    m->end_marked = 0; /* the log's last group now (an end mark sets it again once durable) */
     m->head = pos + p->img_len;
     if (m->head == len)
         m->head = 0;
@@ -1098,7 +1099,9 @@ static void switch_done_locked(rb_core *c, const ml_base *b, const rb_mlog_sb *s
     m->sb_seq_seen = sb->sb_seq;
     m->lstart = lstart;
     m->state = RB_ML_LIVE;
-    m->epoch_claimed = 1; /* the superblock just written names it */
+    if (lstart == m->lhead)
+        m->end_marked = 1; /* no group after the base: nothing for an end mark to follow */
+    m->epoch_claimed = 1;  /* the superblock just written names it */
     m->cmp_active = 0;
     m->cmp_urgent = 0;
     size_t n = 0;
@@ -1389,6 +1392,93 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
         c->ckpt_written += base_only;
         pthread_mutex_unlock(&c->mu);
     }
+    return rc;
+}
+
+/* ---- the end mark at a clean close ---------------------------------------------------- */
+
+/* 1 when close is to append an end mark: the log is live, its last group is a real one, and no
+ * page waits (a final checkpoint that failed leaves its pages queued, and a base that is due
+ * is not written: the log then ends with what is durable, unmarked). mu held. */
+static int end_mark_wanted_locked(const rb_core *c)
+{
+    const rb_mlw *m = &c->ml;
+    if (m->state != RB_ML_LIVE || m->end_marked || m->need_base || m->newgen)
+        return 0;
+    for (size_t i = 0; i < m->n_pg; i++)
+        if (m->pg[i]->seq != 0 || m->pg[i]->g.n_records)
+            return 0;
+    return 1;
+}
+
+/* Write end mark mk (its sequence given): the epoch claimed first when this writer has not
+ * yet, then sealed, placed, written and flushed. ckpt_mu held. 0 or <0 (err; -ENOSPC when the
+ * ring has no room for it). */
+static int end_mark_put(rb_core *c, rb_mlpage *mk, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    int rc = m->epoch_claimed ? 0 : groups_prologue(c, err);
+    if (rc == 0)
+        rc = seal_page(c, mk, err);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&c->mu);
+    rc = place_page_locked(c, mk, err);
+    pthread_mutex_unlock(&c->mu);
+    if (rc < 0)
+        return rc;
+    uint64_t off = m->lay.ring.off + mk->pos;
+    rc = rb_core_meta_write(c, off, mk->img, mk->img_len, err);
+    if (rc < 0) {
+        rb_core_explain_device_error(c, "metadata log end mark write", off, err);
+        return rc;
+    }
+    return rb_core_flush(c, err);
+}
+
+/* One attempt (ckpt_mu taken here): 1 written, 0 none wanted, <0 failed (err). */
+static int end_mark_once(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    rb_mlpage mk;
+    memset(&mk, 0, sizeof mk);
+    rb_mlog_genc_init(&mk.g);
+    pthread_mutex_lock(&c->ckpt_mu);
+    pthread_mutex_lock(&c->mu);
+    int go = end_mark_wanted_locked(c);
+    if (go)
+        mk.seq = ++m->last_seq;
+    pthread_mutex_unlock(&c->mu);
+    int rc = go ? end_mark_put(c, &mk, err) : 0;
+    pthread_mutex_lock(&c->mu);
+    if (go && !mk.placed && m->last_seq == mk.seq)
+        m->last_seq--; /* nothing on the device has its sequence: the next group takes it */
+    if (go && rc == 0) {
+        m->end_marked = 1;
+        c->meta_seq = mk.seq;
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->ckpt_mu);
+    free(mk.img);
+    rb_mlog_genc_free(&mk.g);
+    return rc < 0 ? rc : go;
+}
+
+int rb_core_ml_end_mark(rb_core *c, rb_err *err)
+{
+    if (!c->ml.on || c->dev == NULL)
+        return 0;
+    int rc = end_mark_once(c, err);
+    if (rc < 0 && ring_full_err(err)) {
+        /* no block left in the ring: a compaction leaves no group after its base to mark */
+        rb_err ce;
+        if (rb_core_ml_compact(c, 0, &ce) < 0)
+            ring_full_cause(c, err, &ce);
+        else
+            rc = end_mark_once(c, err);
+    }
+    if (rc < 0)
+        rb_core_set_ckpt_error(c, err);
     return rc;
 }
 

@@ -366,6 +366,8 @@ static void ml_adopt_log_locked(rb_core *c, const rb_mlog_read_result *res)
     m->lstart = 0;
     m->lhead = res->used;
     m->state = RB_ML_LIVE;
+    /* an end mark last (a clean close), or no group: close appends none until a group follows */
+    m->end_marked = res->groups == 0 || res->last_records == 0;
     m->rec_groups = res->groups;
     m->rec_records = res->records;
     m->rec_gaps = res->gaps;

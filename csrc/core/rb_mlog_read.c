@@ -842,6 +842,7 @@ static void group_done(walk *k, uint64_t at, uint64_t waste, uint64_t t, const r
     res->records += gi->n_records;
     res->last_seq = k->seq;
     res->last_epoch = gi->epoch;
+    res->last_records = gi->n_records;
     k->used += waste + t;
     k->p = at + t == k->rl ? 0 : at + t;
     k->seq++;

@@ -148,11 +148,12 @@ typedef struct rb_mlog_read_result {
     rb_mlog_base_result base; /* what the base delivered (see rb_mlog.h) */
     /* the log */
     uint64_t groups, records;
-    uint64_t last_seq;   /* the last group replayed; sb.base.log_seq when none */
-    uint32_t last_epoch; /* the writer epoch of the last group replayed; 0 when none */
-    uint64_t head;       /* ring offset where the next group goes */
-    uint64_t used;       /* ring bytes from sb.ring.start to head, wrap waste included */
-    int log_end;         /* RB_MLOG_END_* */
+    uint64_t last_seq;     /* the last group replayed; sb.base.log_seq when none */
+    uint32_t last_epoch;   /* the writer epoch of the last group replayed; 0 when none */
+    uint32_t last_records; /* its records: 0 when none, or an end mark (a clean close's) */
+    uint64_t head;         /* ring offset where the next group goes */
+    uint64_t used;         /* ring bytes from sb.ring.start to head, wrap waste included */
+    int log_end;           /* RB_MLOG_END_* */
     rb_err log_why;
     uint64_t torn_at; /* ring offset of the torn group (RB_MLOG_END_TORN) */
     /* damage in the middle of the log (see rb_mlog_gap): stretches skipped, groups lost in

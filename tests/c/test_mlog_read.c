@@ -526,6 +526,7 @@ static void check_main(const scene *s, const sink *sk, const rb_mlog_read_result
     CHECK(res->sb_seq_seen[0] == 3 && res->sb_seq_seen[1] == 0);
     CHECK(res->base.complete && res->base.entries == 400 && res->base.chunks_ok == s->ba.n_chunks);
     CHECK(res->groups == 5 && res->last_seq == 15 && res->head == s->head && res->used == s->used);
+    CHECK(res->last_records == s->nrec[5]);
     CHECK(res->log_end == RB_MLOG_END_NONE && strstr(res->log_why.msg, "generation"));
     CHECK(sk->n_ent == 400 && sk->order_ok);
     uint64_t lines = 0;
@@ -1345,6 +1346,60 @@ static void test_damage_every_bit(void)
     free(s.d.b);
 }
 
+/* The log ends with an end mark (a group of no records, as a writer appends at a clean
+ * close): it is replayed like any group (last_records 0, the head past it); a flip in the
+ * group before it, the last one of changes, is damage (the mark follows it), reported with
+ * its records; a flip in the mark itself is a torn tail that loses nothing. */
+static void test_end_mark(void)
+{
+    scene s;
+    build(&s);
+    rb_err err;
+    const uint64_t ring = s.d.L.ring.off;
+    CHECK(put_group(&s.d, s.head, GEN, 16, 0, 0, 0, 1, NULL) == BA); /* never deflated */
+    sink k;
+    sink_init(&k);
+    rb_mlog_read_result r;
+    CHECK(rd(&s.d, 1, 0, &k, &r, &err) == 0);
+    CHECK(r.groups == 6 && r.last_seq == 16 && r.last_records == 0 && r.gaps == 0);
+    CHECK(r.head == s.head + BA && r.used == s.used + BA && r.records == (uint64_t)k.n_rec);
+    const uint64_t total = r.records;
+    sink_free(&k);
+    const uint64_t body = rb_get_le(s.d.b + ring + s.off[5] + 24, 8);
+    uint64_t gaps = 0, clean = 0;
+    for (uint64_t bit = 0; bit < s.len[5] * 8; bit++) {
+        uint8_t *at = s.d.b + ring + s.off[5] + bit / 8;
+        *at ^= (uint8_t)(1u << (bit % 8));
+        sink_init(&k);
+        CHECK(rd(&s.d, 1, 0, &k, &r, &err) == 0);
+        *at ^= (uint8_t)(1u << (bit % 8));
+        CHECK(r.last_seq == 16 && r.last_records == 0 && r.head == s.head + BA && k.order_ok);
+        if (bit / 8 >= RB_MLOG_GROUP_HDR_LEN + body) { /* the padding: no part of the group */
+            CHECK(r.gaps == 0 && r.groups == 6);
+            clean++;
+        } else {
+            CHECK(r.gaps == 1 && r.groups_lost == 1 && r.gap_seq == 15 && r.gap_at == s.off[5]);
+            CHECK(r.groups == 5 && (r.records_lost == s.nrec[5] || r.records_lost == -1));
+            CHECK(r.records == total - s.nrec[5]);
+            gaps++;
+        }
+        sink_free(&k);
+    }
+    CHECK(gaps == (RB_MLOG_GROUP_HDR_LEN + body) * 8 && clean + gaps == s.len[5] * 8);
+    for (uint64_t bit = 0; bit < RB_MLOG_GROUP_HDR_LEN * 8; bit++) {
+        uint8_t *at = s.d.b + ring + s.head + bit / 8;
+        *at ^= (uint8_t)(1u << (bit % 8));
+        sink_init(&k);
+        CHECK(rd(&s.d, 1, 0, &k, &r, &err) == 0);
+        *at ^= (uint8_t)(1u << (bit % 8));
+        CHECK(r.gaps == 0 && r.groups == 5 && r.last_seq == 15 && r.last_records == s.nrec[5]);
+        CHECK(r.head == s.head && r.used == s.used);
+        sink_free(&k);
+    }
+    printf("test_mlog_read: end mark, %llu bits of the last group flipped\n", (unsigned long long)(gaps + clean));
+    scene_free(&s);
+}
+
 int main(void)
 {
     test_layout();
@@ -1353,6 +1408,7 @@ int main(void)
     test_sb_choice();
     test_parallel_equals_serial();
     test_full_ring();
+    test_end_mark();
     test_damage_every_bit();
     printf("test_mlog_read: all passed\n");
     return 0;

@@ -394,7 +394,8 @@ def group(generation: int, seq: int, records: list[bytes], flags: int = 0) -> by
 def log_base(tmp_path_factory):
     """A log-format device: a first base (keys 0-7), a group (0 and 1 deleted, 8 and 9 put), a
     compaction (the base into the other area, superblock 1 newer), then three groups: 10 and
-    11 put into the slots of 0 and 1 (which the older base still lists), 2 deleted."""
+    11 put into the slots of 0 and 1 (which the older base still lists), 2 deleted; and the end
+    mark the clean close appends (a group of no records)."""
     d = tmp_path_factory.mktemp("logbase")
     path = str(d / "log.img")
     with open(path, "wb") as f:
@@ -424,7 +425,8 @@ def log_base(tmp_path_factory):
     newest = 1
     cur = sbs[newest]
     groups = walk_log(image, cur)
-    assert len(groups) == 3
+    assert len(groups) == 4
+    assert struct.unpack_from("<QI", image, groups[-1][0] + 24) == (0, 0)  # the end mark: no body, no record
     # 10 and 11 sit in slots the older base lists for 0 and 1
     assert {info[keys[10].encoded], info[keys[11].encoded]} <= {META + s * SLOT for s in range(2)}
     live = {k.encoded for k in keys[3:]}
