@@ -488,8 +488,11 @@ def test_a_log_cut_short_by_a_read_error_is_damage(tmp_path, images):
     a new generation (before any group could land over the unreadable one as if it were the end
     of the log). What that group alone held is lost to this open, nothing else."""
     img0, live = images[("object", False)]
-    groups = _groups(img0)
+    groups = _real_groups(img0)
     off, _body, _total = groups[-1]
+    mark = _groups(img0)[-1]  # the close's end mark follows it: unreadable too, so no later group
+    assert mark[0] > off
+    eio_len = mark[0] + mark[2] - off
     dev = str(tmp_path / "dev.img")
     with open(dev, "wb") as f:
         f.write(img0)
@@ -510,7 +513,7 @@ def test_a_log_cut_short_by_a_read_error_is_damage(tmp_path, images):
     """)
     # after what is preloaded already (a sanitizer's runtime must come first)
     preload = " ".join(p for p in (os.environ.get("LD_PRELOAD"), _eio_shim(tmp_path)) if p)
-    env = dict(os.environ, LD_PRELOAD=preload, RB_EIO_FROM=str(off), RB_EIO_LEN=str(BLOCK))
+    env = dict(os.environ, LD_PRELOAD=preload, RB_EIO_FROM=str(off), RB_EIO_LEN=str(eio_len))
     r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "verify", dev, "--json"], capture_output=True,
                        text=True, timeout=120, cwd=str(REPO), env=env)
     assert r.returncode == 1, r.stderr
