@@ -156,6 +156,7 @@ static void settle_refs_locked(rb_core *c, int t, int outcome)
     if (outcome > 0)
         c->ref_unknown &= (uint8_t)~bit;
     size_t keep = 0;
+    rb_core_held_dedupe_locked(c);
     for (size_t i = 0; i < c->n_held; i++) {
         uint32_t s = c->held[i];
         if (s < c->ref_cap && c->ref[s])

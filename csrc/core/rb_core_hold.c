@@ -7,6 +7,7 @@
 #include "rb_core_int.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Release what no reader can hold any more, advancing the generation as far as possible. */
@@ -64,6 +65,24 @@ void rb_core_hold_slot_locked(rb_core *c, uint32_t slot)
     if (rb_slot_list_push(&c->held, &c->n_held, &c->cap_held, slot) < 0)
         return; /* kept out of use until the next recovery: never reused unsafely */
     c->held_total++;
+}
+
+static int cmp_slot(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+void rb_core_held_dedupe_locked(rb_core *c)
+{
+    if (c->n_held < 2)
+        return;
+    qsort(c->held, c->n_held, sizeof(*c->held), cmp_slot);
+    size_t k = 1;
+    for (size_t i = 1; i < c->n_held; i++)
+        if (c->held[i] != c->held[k - 1])
+            c->held[k++] = c->held[i];
+    c->n_held = k;
 }
 
 int rb_core_ref_reserve_locked(rb_core *c, uint32_t n)

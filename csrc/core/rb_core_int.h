@@ -401,6 +401,10 @@ void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot);
 #define RB_REF_C1 0x2u
 #define RB_REF_PEND 0x4u
 void rb_core_hold_slot_locked(rb_core *c, uint32_t slot);
+/* The held list once per slot: a held slot routed again (a FREE record of it released while
+ * it is held) is listed twice, and a loop that frees the held slots must free each once. mu
+ * held. */
+void rb_core_held_dedupe_locked(rb_core *c);
 /* Append slot to a growable list of slots (*v, *n of *cap): 0, or -ENOMEM with the list as it
  * was. The quarantine, the held lists and the deallocation list all grow this way. */
 static inline int rb_slot_list_push(uint32_t **v, size_t *n, size_t *cap, uint32_t slot)

@@ -1080,6 +1080,7 @@ static void forget_v1_refs_locked(rb_core *c)
     free(c->ref);
     c->ref = NULL;
     c->ref_cap = 0;
+    rb_core_held_dedupe_locked(c);
     for (size_t i = 0; i < c->n_held; i++)
         rb_core_free_slot_locked(c, c->held[i]);
     c->n_held = 0;
