@@ -166,34 +166,38 @@ def _full_chunk_bytes(local_cpu_backend: Any) -> int:
         "get_full_chunk_size_bytes() nor get_full_chunk_size(); set rust_raw_block.slot_bytes")
 
 
-# rust_raw_block.* keys the plugin reads besides the core's settings.
-_PLUGIN_KEYS = frozenset({"per_tp_device_paths", "eviction_policy", "eviction_trigger_watermark",
-                          "eviction_ratio", "use_iouring", "use_uring"})
+_PLUGIN_SETTINGS = tuple(s for s in SETTINGS.values() if s.plugin)
+_FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
+# The plugin's own keys, read outside the settings table, and the legacy engine switches that
+# io_engine replaced (read only when io_engine is unset).
+_OWN_KEYS = frozenset({"per_tp_device_paths", "eviction_policy", "eviction_trigger_watermark", "eviction_ratio"})
+_LEGACY_KEYS = frozenset({"use_iouring", "use_uring"})
+# The one list of the rust_raw_block.* keys the plugin reads: the settings table's plugin rows
+# (csrc/core/rb_config.c) and the keys above. docs/configuration.md's table has a row for each
+# but the legacy switches (tests/core/test_settings.py checks both ways).
+_PLUGIN_KEYS = frozenset(s.name for s in _PLUGIN_SETTINGS) | _OWN_KEYS | _LEGACY_KEYS
 # Keys LMCache reads elsewhere (align_local_cpu_allocator: LocalCPUBackend's allocator) or that
 # older LMCache releases and forks read: accepted, not used by this backend.
 _NOT_USED_KEYS = frozenset({
     "align_local_cpu_allocator", "manifest_path", "manifest_write_interval", "debug_first_n", "debug_every_n",
     "use_fdp", "enable_async_batch_mode", "submit_mode", "submit_workers", "submit_pools", "gpu_buffer_bytes",
     "gpu_buffer_device", "role", "publish_after_put", "index_refresh_min_ms"})
-_PLUGIN_SETTINGS = tuple(s for s in SETTINGS.values() if s.plugin)
-_FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 
 
 def _check_keys(extra: Mapping) -> None:
     """An unknown rust_raw_block.* key is an error (a misspelt key would silently fall back to
     its default); keys of other LMCache components and releases are logged and ignored."""
-    known = {s.name for s in _PLUGIN_SETTINGS} | _PLUGIN_KEYS
     for full in extra:
         if not isinstance(full, str) or not full.startswith(_KEY_PREFIX):
             continue
         name = full[len(_KEY_PREFIX):]
-        if name in known:
+        if name in _PLUGIN_KEYS:
             continue
         if name in _NOT_USED_KEYS:
             if name != "align_local_cpu_allocator":
                 logger.info("%s is not used by this backend; ignored", _label(name))
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1)
+        close = difflib.get_close_matches(name, sorted(_PLUGIN_KEYS), n=1)
         hint = f"; did you mean {_key(close[0])!r}?" if close else ""
         raise ValueError(f"unknown key {_label(name)} = {extra[full]!r}{hint}")
 

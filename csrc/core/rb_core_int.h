@@ -9,7 +9,8 @@
  *   rb_core_keys.c     lookups, pins, deletes, the key snapshot
  *   rb_core_class.c    metadata classes (interning)
  *   rb_core_hold.c     slot reuse: readers' quarantine, held slots, container references
- *   rb_core_ckpt.c     format v1: checkpoints, recovery, periodic thread
+ *   rb_core_meta.c     both formats: recovery entry, checkpoint entry, periodic thread
+ *   rb_core_v1.c       format v1: checkpoint containers written and read back at open
  *   rb_core_apply.c    a state v1 document applied to the index (one applier, both readers)
  *   rb_core_validate.c slot-header validation of the indexed entries
  *   rb_core_mlog.c     the log-structured metadata format, core side: journal, groups, bases
@@ -133,7 +134,7 @@ struct rb_core {
     uint64_t capacity, data_base, container_bytes, payload_cap, slot_cap;
     uint32_t max_slots;
 
-    /* ---- locks and the periodic thread (rb_core_ckpt.c) --------------------------------- */
+    /* ---- locks and the periodic thread (rb_core_meta.c) --------------------------------- */
     pthread_mutex_t ckpt_mu;
     pthread_mutex_t mu;
     pthread_mutex_t thr_mu; /* with thr_cv: the thread's stop flag and wake-up */
@@ -179,7 +180,7 @@ struct rb_core {
     uint64_t held_total; /* slots that ever waited for a checkpoint (a statistic) */
     uint64_t room_ckpts; /* checkpoints written because only a checkpoint could free slots */
 
-    /* ---- checkpoints (rb_core_ckpt.c) --------------------------------------------------- */
+    /* ---- checkpoints (rb_core_meta.c, rb_core_v1.c) ------------------------------------- */
     uint64_t dirty_total, persisted, meta_seq;
     int good_container;  /* container holding the newest checkpoint we trust, or -1 */
     int apply_container; /* recovery: the container whose state is being applied, else -1 */
@@ -395,7 +396,7 @@ void rb_core_quarantine_slot_locked(rb_core *c, uint32_t slot);
  * but before its header did leaves the old key's header over the new key's bytes, and
  * recovery, which trusts that container, would serve them as the old key's. So a freed slot
  * waits on the held list until checkpoints that exclude it are durable in both containers (the
- * older one is what recovery falls back to when the newer is damaged); see rb_core_ckpt.c.
+ * older one is what recovery falls back to when the newer is damaged); see rb_core_v1.c.
  */
 #define RB_REF_C0 0x1u
 #define RB_REF_C1 0x2u
@@ -540,9 +541,9 @@ void rb_core_flush_done_locked(rb_core *c, uint64_t gen, int ok);
  * taken inside). Returns the number of slots wholly inside the device. */
 uint32_t rb_core_check_size(rb_core *c);
 
-/* rb_core_ckpt.c */
+/* rb_core_meta.c: recovery at open, either format. */
 int rb_core_recover(rb_core *c, rb_err *err);
-/* Shared by both formats' writers (rb_core_ckpt.c). */
+/* Shared by both formats' writers (rb_core_meta.c). */
 int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err);
 int rb_core_flush(rb_core *c, rb_err *err);
 void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err);
@@ -550,8 +551,12 @@ void rb_core_set_ckpt_error(rb_core *c, const rb_err *err);
 /* A checkpoint decision under mu: 1 when one is to be written (force as rb_core_checkpoint,
  * room_n as rb_core_checkpoint_room). */
 int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n);
-/* The v1 writer, ckpt_mu held: target -1 chooses the container, 0 or 1 forces it. */
+/* rb_core_v1.c: the v1 writer, ckpt_mu held: target -1 chooses the container, 0 or 1 forces
+ * it. */
 int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int target, rb_err *err);
+/* Format v1's recovery from the newest readable container (rb_core_recover, when the device
+ * holds no log-format superblock). */
+int rb_core_v1_recover(rb_core *c, rb_err *err);
 /* rb_core_validate.c: validate the live entries' slot headers (meta_verify_on_load). 0 or
  * -ENOMEM. */
 int rb_core_validate_entries(rb_core *c, int sequential);

@@ -287,9 +287,10 @@ def test_plugin_passes_allow_foreign_device(tmp_path):
 
 
 def test_readme_lists_every_plugin_key_with_its_default():
-    """docs/configuration.md's rust_raw_block.* table has a row for every key the plugin reads, and the
+    """docs/configuration.md's rust_raw_block.* table has a row for every key the plugin reads and
+    none it does not read (the legacy engine switches are told of under io_engine), and the
     booleans' defaults there are the table's."""
-    from lmcache_rawblock.plugin import _PLUGIN_KEYS
+    from lmcache_rawblock.plugin import _LEGACY_KEYS, _NOT_USED_KEYS, _OWN_KEYS, _PLUGIN_KEYS
 
     readme = (REPO / "docs" / "configuration.md").read_text()
     rows = {}
@@ -304,8 +305,11 @@ def test_readme_lists_every_plugin_key_with_its_default():
         assert s.name in rows, f"docs/configuration.md's plugin table has no row for rust_raw_block.{s.name}"
         if s.type == "bool" and "," not in rows[s.name]:
             assert rows[s.name] == str(s.default).lower(), s.name
-    for key in _PLUGIN_KEYS - {"use_iouring", "use_uring"}:
-        assert key in rows, key
+    assert set(rows) == _PLUGIN_KEYS - _LEGACY_KEYS, "docs/configuration.md's plugin table and the keys " \
+        "the plugin reads differ"
+    table = {s.name for s in SETTINGS.values() if s.plugin}
+    assert not table & (_OWN_KEYS | _LEGACY_KEYS), "a plugin key is both a table row and the plugin's own"
+    assert not _PLUGIN_KEYS & _NOT_USED_KEYS, "a key is both read and ignored"
 
 
 DEVICE_CASES = [

@@ -1,7 +1,8 @@
 /*
- * rb_core_ckpt.c - format v1's checkpoint writer (state v1 JSON into the two mirrored
- * containers), recovery (the newest valid container, applied by rb_core_apply.c; a fallback
- * to the older one reported with what it lost) and the periodic checkpoint thread.
+ * rb_core_v1.c - format v1's metadata (LMCache's JSON checkpoint containers): the checkpoint
+ * writer (state v1 JSON into the two mirrored containers) and recovery (the newest valid
+ * container, applied by rb_core_apply.c; a fallback to the older one reported with what it
+ * lost). The entry points both formats share are in rb_core_meta.c.
  */
 #include "rb_core_int.h"
 
@@ -92,46 +93,6 @@ static int encode_state_locked(rb_core *c, rb_buf *b)
     return b->oom ? -ENOMEM : 0;
 }
 
-/* One metadata write, through the io_uring engine when the core uses it. */
-int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
-{
-    if (!rb_core_uses_uring(c))
-        return rb_core_dev_write(c, off, buf, len, len, len, 0, err);
-    rb_uop o = {.off = off,
-                .buf = buf,
-                .buf_len = len,
-                .payload_len = len,
-                .total_len = len,
-                .copy_len = (size_t)-1,
-                .write = 1,
-                .pid = (uint16_t)c->cfg.meta_checkpoint_placement_id};
-    int rc = rb_core_uring_ops(c, &o, 1, 0, 0, err);
-    if (rc == 0 && o.rc < 0) {
-        *err = o.err;
-        rc = o.rc;
-    }
-    return rc;
-}
-
-/* A device error of the checkpoint writer, told whole (operation, offset, path, errno) in err
- * itself: what checkpoint_now() raises and checkpoint_last_error keeps. */
-void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err)
-{
-    if (err->kind != RB_ERR_OS && !(err->kind == RB_ERR_RUNTIME && err->errnum == EIO))
-        return;
-    char text[sizeof err->msg];
-    rb_core_fault_text(c, op, off, err, text, sizeof text);
-    memcpy(err->msg, text, sizeof text);
-}
-
-void rb_core_set_ckpt_error(rb_core *c, const rb_err *err)
-{
-    pthread_mutex_lock(&c->mu);
-    c->ckpt_failures++;
-    snprintf(c->ckpt_error, sizeof c->ckpt_error, "%s", err->msg);
-    pthread_mutex_unlock(&c->mu);
-}
-
 /*
  * Settle the slot references after a checkpoint into container t. outcome: 1 durable (t now
  * lists exactly the RB_REF_PEND slots), -1 unknown (a write was attempted and failed: t may
@@ -165,57 +126,6 @@ static void settle_refs_locked(rb_core *c, int t, int outcome)
             rb_core_free_slot_locked(c, s); /* no bits: never back onto the held list */
     }
     c->n_held = keep;
-}
-
-/* fdatasync under the device's admission gate, with its durability accounting: a success
- * proves every key committed before it began; a failure goes into the fault journal and drops
- * every entry not yet proven (rb_core_flush_done_locked). The benchmark hook that skips
- * flushes counts as a success. */
-int rb_core_flush(rb_core *c, rb_err *err)
-{
-    pthread_mutex_lock(&c->mu);
-    uint64_t gen = rb_core_flush_begin_locked(c);
-    pthread_mutex_unlock(&c->mu);
-    int rc = 0;
-    if (!atomic_load(&c->no_flush)) {
-        if (rb_dev_enter(c->dev) < 0)
-            return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
-        rc = rb_core_take_flush_fault(c) ? rb_err_set(err, RB_ERR_OS, EIO, "fdatasync failed (injected)")
-                                         : rb_dev_flush(c->dev, err);
-        rb_dev_leave(c->dev);
-        if (rc == 0)
-            atomic_fetch_add(&c->flushes, 1);
-        else
-            rb_core_note_fault(c, "flush", UINT64_MAX, err);
-    }
-    if (rc < 0)
-        rb_core_explain_device_error(c, "flush", UINT64_MAX, err);
-    pthread_mutex_lock(&c->mu);
-    rb_core_flush_done_locked(c, gen, rc == 0);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-/*
- * One checkpoint. force as rb_core_checkpoint; room_n > 0: written only while a put of room_n
- * keys still needs it (rb_core_room_needed_locked), dirty or not.
- *
- * Durability: flush, container payload, flush, container header, flush. The first flush makes
- * every payload and slot header that the checkpoint lists durable before anything points at
- * them; the second keeps a header from reaching the medium before its payload; the third makes
- * the checkpoint itself durable before its slots are trusted as settled (settle_refs_locked).
- */
-int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
-{
-    if (room_n)
-        return !c->closed && rb_core_room_needed_locked(c, room_n);
-    int dirty = c->dirty_total > c->persisted;
-    if (!dirty || force)
-        return dirty;
-    uint64_t now = rb_now_ns();
-    int idle = c->inflight_io == 0 && now - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
-    /* the log format: also when its journal is overdue, busy or not (rb_core_ml_overdue_locked) */
-    return idle || rb_core_ml_overdue_locked(c, now);
 }
 
 /* One v1 checkpoint being written. */
@@ -364,6 +274,13 @@ static void v1_ckpt_done(rb_core *c, const v1_ckpt *w, size_t room_n)
     pthread_mutex_unlock(&c->mu);
 }
 
+/*
+ * One format v1 checkpoint. Durability: flush, container payload, flush, container header,
+ * flush. The first flush makes every payload and slot header that the checkpoint lists durable
+ * before anything points at them; the second keeps a header from reaching the medium before its
+ * payload; the third makes the checkpoint itself durable before its slots are trusted as settled
+ * (settle_refs_locked).
+ */
 int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target, rb_err *err)
 {
     if (!v1_ckpt_wanted(c, force, room_n, want_target))
@@ -389,28 +306,6 @@ int rb_core_ckpt_v1_locked(rb_core *c, int force, size_t room_n, int want_target
     free(w.hdr);
     rb_buf_free(&w.b);
     return rc;
-}
-
-static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
-{
-    if (c->ml.on)
-        return rb_core_ml_checkpoint(c, force, room_n, err);
-    pthread_mutex_lock(&c->ckpt_mu);
-    int rc = rb_core_ckpt_v1_locked(c, force, room_n, -1, err);
-    pthread_mutex_unlock(&c->ckpt_mu);
-    return rc;
-}
-
-int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
-{
-    int rc = checkpoint_impl(c, force, 0, err);
-    (void)rb_core_dealloc_run(c); /* the slots it made reusable (a failure is counted there) */
-    return rc;
-}
-
-int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
-{
-    return checkpoint_impl(c, 1, n ? n : 1, err);
 }
 
 /* ---- recovery at open ------------------------------------------------------------------ */
@@ -440,28 +335,6 @@ static int64_t count_lost(rb_core *c, const uint8_t *payload, uint64_t len)
     }
     json_object_put(st);
     return lost;
-}
-
-/*
- * Recovery: the newest container of ours whose payload reads back with its CRC is applied; an
- * older one only when every newer one is unreadable (a fallback, reported with what it lost).
- * Until its entries are known, each container of ours keeps every slot out of use
- * (ref_unknown); a put that finds no slot then writes a checkpoint over it (make_room in
- * rb_core_put.c).
- */
-static int recover_v1(rb_core *c, rb_err *err);
-
-int rb_core_recover(rb_core *c, rb_err *err)
-{
-    /* Superblocks of the log format first: where they are valid, the v1 container headers they
-     * replaced are gone, and a v1 header left in the other half is older than them. */
-    int rc = rb_core_ml_recover(c, err);
-    if (rc != 0)
-        return rc < 0 ? rc : 0;
-    rc = recover_v1(c, err);
-    if (rc == 0 && c->ml.on)
-        c->ml.state = c->rec_outcome == RB_REC_BLANK ? RB_ML_FRESH : RB_ML_MIGRATE;
-    return rc;
 }
 
 /* What recovery learned of the two containers before it applies one. */
@@ -635,7 +508,14 @@ static void v1_report_unreadable(rb_core *c, v1_rec *r)
              (unsigned long long)r->max_seq, r->bad_why);
 }
 
-static int recover_v1(rb_core *c, rb_err *err)
+/*
+ * Recovery: the newest container of ours whose payload reads back with its CRC is applied; an
+ * older one only when every newer one is unreadable (a fallback, reported with what it lost).
+ * Until its entries are known, each container of ours keeps every slot out of use
+ * (ref_unknown); a put that finds no slot then writes a checkpoint over it (make_room in
+ * rb_core_put.c).
+ */
+int rb_core_v1_recover(rb_core *c, rb_err *err)
 {
     v1_rec r;
     memset(&r, 0, sizeof r);
@@ -663,86 +543,4 @@ static int recover_v1(rb_core *c, rb_err *err)
         v1_report_unreadable(c, &r);
     free(r.bad_payload);
     return rc;
-}
-
-/* ---- periodic thread ------------------------------------------------------------------- */
-
-static void *ckpt_thread(void *arg)
-{
-    rb_core *c = arg;
-    if (c->ml.bg_validate) {
-        /* log format: start-up validation after open returned, in slices, so close() need not
-         * wait for the rest (records left unverified are judged by their first load). Out of
-         * memory: the same. Records that move meanwhile (the index compacts) may be skipped. */
-        (void)rb_core_validate_sliced(c, &c->thr_stop);
-        c->ml.bg_validate = 0;
-    }
-    const uint64_t period =
-        (uint64_t)(c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1) * 1000000000ull;
-    int backlog = 0; /* freed slots still wait for their deallocation: the next round soon */
-    for (;;) {
-        /* 10 ms with a backlog (another thread's run may hold the batch); else the period, or
-         * less: until the oldest journaled change is one period old (log format). Computed
-         * before thr_mu (it takes mu). */
-        uint64_t wait = backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
-        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        pthread_mutex_lock(&c->thr_mu);
-        while (!c->thr_stop && !c->thr_kick && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
-            ;
-        if (c->thr_stop)
-            break;
-        int kicked = c->thr_kick;
-        c->thr_kick = 0;
-        pthread_mutex_unlock(&c->thr_mu);
-        rb_err e;
-        /* A kick (log format: deletes freed slots, or the journal passed RB_ML_PENDING_MAX)
-         * writes what is journaled now; the period's checkpoint waits for an idle moment, or
-         * in the log format for its oldest change to be a period old. Failures are recorded
-         * in the status. */
-        rb_core_checkpoint(c, kicked, &e);
-        /* The log format compacts here, off every caller's path, once the ring is past half
-         * full (or full: then groups wait for it); stopped by a close. */
-        if (c->ml.on && rb_core_ml_compact_due(c)) {
-            rb_core_ml_compact_periodic(c, &e);
-            (void)rb_core_dealloc_run(c);
-        }
-        backlog = rb_core_dealloc_pending(c);
-    }
-    pthread_mutex_unlock(&c->thr_mu);
-    return NULL;
-}
-
-void rb_core_ml_kick(rb_core *c)
-{
-    if (!c->thr_started)
-        return;
-    pthread_mutex_lock(&c->thr_mu);
-    c->thr_kick = 1;
-    pthread_cond_signal(&c->thr_cv);
-    pthread_mutex_unlock(&c->thr_mu);
-}
-
-int rb_core_start_thread(rb_core *c, rb_err *err)
-{
-    int rc = pthread_create(&c->thr, NULL, ckpt_thread, c);
-    if (rc != 0)
-        return rb_err_set(err, RB_ERR_RUNTIME, rc, "cannot start the checkpoint thread");
-    c->thr_started = 1;
-    return 0;
-}
-
-void rb_core_stop_thread(rb_core *c)
-{
-    if (!c->thr_started)
-        return;
-    pthread_mutex_lock(&c->thr_mu);
-    c->thr_stop = 1;
-    pthread_cond_broadcast(&c->thr_cv);
-    pthread_mutex_unlock(&c->thr_mu);
-    pthread_join(c->thr, NULL);
-    c->thr_started = 0;
 }

@@ -1,0 +1,220 @@
+/*
+ * rb_core_meta.c - what both metadata formats share: the recovery entry (the log format's
+ * superblocks first, rb_core_mlog_rec.c, else format v1's containers, rb_core_v1.c), the
+ * checkpoint entry and its decision, metadata writes and flushes with their error reporting,
+ * and the periodic checkpoint thread.
+ */
+#include "rb_core_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* One metadata write, through the io_uring engine when the core uses it. */
+int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    if (!rb_core_uses_uring(c))
+        return rb_core_dev_write(c, off, buf, len, len, len, 0, err);
+    rb_uop o = {.off = off,
+                .buf = buf,
+                .buf_len = len,
+                .payload_len = len,
+                .total_len = len,
+                .copy_len = (size_t)-1,
+                .write = 1,
+                .pid = (uint16_t)c->cfg.meta_checkpoint_placement_id};
+    int rc = rb_core_uring_ops(c, &o, 1, 0, 0, err);
+    if (rc == 0 && o.rc < 0) {
+        *err = o.err;
+        rc = o.rc;
+    }
+    return rc;
+}
+
+/* A device error of the checkpoint writer, told whole (operation, offset, path, errno) in err
+ * itself: what checkpoint_now() raises and checkpoint_last_error keeps. */
+void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err)
+{
+    if (err->kind != RB_ERR_OS && !(err->kind == RB_ERR_RUNTIME && err->errnum == EIO))
+        return;
+    char text[sizeof err->msg];
+    rb_core_fault_text(c, op, off, err, text, sizeof text);
+    memcpy(err->msg, text, sizeof text);
+}
+
+void rb_core_set_ckpt_error(rb_core *c, const rb_err *err)
+{
+    pthread_mutex_lock(&c->mu);
+    c->ckpt_failures++;
+    snprintf(c->ckpt_error, sizeof c->ckpt_error, "%s", err->msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* fdatasync under the device's admission gate, with its durability accounting: a success
+ * proves every key committed before it began; a failure goes into the fault journal and drops
+ * every entry not yet proven (rb_core_flush_done_locked). The benchmark hook that skips
+ * flushes counts as a success. */
+int rb_core_flush(rb_core *c, rb_err *err)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t gen = rb_core_flush_begin_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    int rc = 0;
+    if (!atomic_load(&c->no_flush)) {
+        if (rb_dev_enter(c->dev) < 0)
+            return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+        rc = rb_core_take_flush_fault(c) ? rb_err_set(err, RB_ERR_OS, EIO, "fdatasync failed (injected)")
+                                         : rb_dev_flush(c->dev, err);
+        rb_dev_leave(c->dev);
+        if (rc == 0)
+            atomic_fetch_add(&c->flushes, 1);
+        else
+            rb_core_note_fault(c, "flush", UINT64_MAX, err);
+    }
+    if (rc < 0)
+        rb_core_explain_device_error(c, "flush", UINT64_MAX, err);
+    pthread_mutex_lock(&c->mu);
+    rb_core_flush_done_locked(c, gen, rc == 0);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/*
+ * A checkpoint decision. force as rb_core_checkpoint; room_n > 0: due only while a put of
+ * room_n keys still needs it (rb_core_room_needed_locked), dirty or not.
+ */
+int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
+{
+    if (room_n)
+        return !c->closed && rb_core_room_needed_locked(c, room_n);
+    int dirty = c->dirty_total > c->persisted;
+    if (!dirty || force)
+        return dirty;
+    uint64_t now = rb_now_ns();
+    int idle = c->inflight_io == 0 && now - c->last_io_ns >= (uint64_t)c->cfg.meta_idle_quiet_ms * 1000000ull;
+    /* the log format: also when its journal is overdue, busy or not (rb_core_ml_overdue_locked) */
+    return idle || rb_core_ml_overdue_locked(c, now);
+}
+
+static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
+{
+    if (c->ml.on)
+        return rb_core_ml_checkpoint(c, force, room_n, err);
+    pthread_mutex_lock(&c->ckpt_mu);
+    int rc = rb_core_ckpt_v1_locked(c, force, room_n, -1, err);
+    pthread_mutex_unlock(&c->ckpt_mu);
+    return rc;
+}
+
+int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
+{
+    int rc = checkpoint_impl(c, force, 0, err);
+    (void)rb_core_dealloc_run(c); /* the slots it made reusable (a failure is counted there) */
+    return rc;
+}
+
+int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
+{
+    return checkpoint_impl(c, 1, n ? n : 1, err);
+}
+
+/* ---- recovery at open ------------------------------------------------------------------ */
+
+/* Recovery at open: the format the device holds chooses the reader. */
+int rb_core_recover(rb_core *c, rb_err *err)
+{
+    /* Superblocks of the log format first: where they are valid, the v1 container headers they
+     * replaced are gone, and a v1 header left in the other half is older than them. */
+    int rc = rb_core_ml_recover(c, err);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    rc = rb_core_v1_recover(c, err);
+    if (rc == 0 && c->ml.on)
+        c->ml.state = c->rec_outcome == RB_REC_BLANK ? RB_ML_FRESH : RB_ML_MIGRATE;
+    return rc;
+}
+
+/* ---- periodic thread ------------------------------------------------------------------- */
+
+static void *ckpt_thread(void *arg)
+{
+    rb_core *c = arg;
+    if (c->ml.bg_validate) {
+        /* log format: start-up validation after open returned, in slices, so close() need not
+         * wait for the rest (records left unverified are judged by their first load). Out of
+         * memory: the same. Records that move meanwhile (the index compacts) may be skipped. */
+        (void)rb_core_validate_sliced(c, &c->thr_stop);
+        c->ml.bg_validate = 0;
+    }
+    const uint64_t period =
+        (uint64_t)(c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1) * 1000000000ull;
+    int backlog = 0; /* freed slots still wait for their deallocation: the next round soon */
+    for (;;) {
+        /* 10 ms with a backlog (another thread's run may hold the batch); else the period, or
+         * less: until the oldest journaled change is one period old (log format). Computed
+         * before thr_mu (it takes mu). */
+        uint64_t wait = backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
+        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_mutex_lock(&c->thr_mu);
+        while (!c->thr_stop && !c->thr_kick && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
+            ;
+        if (c->thr_stop)
+            break;
+        int kicked = c->thr_kick;
+        c->thr_kick = 0;
+        pthread_mutex_unlock(&c->thr_mu);
+        rb_err e;
+        /* A kick (log format: deletes freed slots, or the journal passed RB_ML_PENDING_MAX)
+         * writes what is journaled now; the period's checkpoint waits for an idle moment, or
+         * in the log format for its oldest change to be a period old. Failures are recorded
+         * in the status. */
+        rb_core_checkpoint(c, kicked, &e);
+        /* The log format compacts here, off every caller's path, once the ring is past half
+         * full (or full: then groups wait for it); stopped by a close. */
+        if (c->ml.on && rb_core_ml_compact_due(c)) {
+            rb_core_ml_compact_periodic(c, &e);
+            (void)rb_core_dealloc_run(c);
+        }
+        backlog = rb_core_dealloc_pending(c);
+    }
+    pthread_mutex_unlock(&c->thr_mu);
+    return NULL;
+}
+
+void rb_core_ml_kick(rb_core *c)
+{
+    if (!c->thr_started)
+        return;
+    pthread_mutex_lock(&c->thr_mu);
+    c->thr_kick = 1;
+    pthread_cond_signal(&c->thr_cv);
+    pthread_mutex_unlock(&c->thr_mu);
+}
+
+int rb_core_start_thread(rb_core *c, rb_err *err)
+{
+    int rc = pthread_create(&c->thr, NULL, ckpt_thread, c);
+    if (rc != 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, rc, "cannot start the checkpoint thread");
+    c->thr_started = 1;
+    return 0;
+}
+
+void rb_core_stop_thread(rb_core *c)
+{
+    if (!c->thr_started)
+        return;
+    pthread_mutex_lock(&c->thr_mu);
+    c->thr_stop = 1;
+    pthread_cond_broadcast(&c->thr_cv);
+    pthread_mutex_unlock(&c->thr_mu);
+    pthread_join(c->thr, NULL);
+    c->thr_started = 0;
+}
