@@ -264,10 +264,13 @@ static int fdinfo_holds(long pid, const char *fd, const struct stat *st)
     return found;
 }
 
-/* A live process, other than pid gone, with a descriptor of st whose open file description
- * holds the flock (its fdinfo lists it): the child a holder forked, or one it passed the
- * descriptor to. 0 when none is found. Scans /proc/<pid>/fd: the refusal path only. */
-static long find_lock_owner(const struct stat *st, long gone)
+/* A match of a scan of /proc/<pid>/fd: 1 when descriptor fd (a name in dir, an open
+ * /proc/<pid>/fd) of process pid is the one looked for (ctx says what). */
+typedef int (*fd_match)(long pid, int dir, const char *fd, const void *ctx);
+
+/* The first process other than skip with a descriptor that match accepts: its pid, or 0. One
+ * scan of /proc/<pid>/fd: the refusal path only. */
+static long scan_proc_fds(long skip, fd_match match, const void *ctx)
 {
     DIR *proc = opendir("/proc");
     if (!proc)
@@ -277,7 +280,7 @@ static long find_lock_owner(const struct stat *st, long gone)
     while (!found && (pe = readdir(proc)) != NULL) {
         char *end;
         long pid = strtol(pe->d_name, &end, 10);
-        if (*end != '\0' || pid <= 0 || pid == gone)
+        if (*end != '\0' || pid <= 0 || pid == skip)
             continue;
         char dir[64];
         snprintf(dir, sizeof(dir), "/proc/%ld/fd", pid);
@@ -285,16 +288,31 @@ static long find_lock_owner(const struct stat *st, long gone)
         if (!fds)
             continue;
         struct dirent *fe;
-        while (!found && (fe = readdir(fds)) != NULL) {
-            struct stat fst;
-            if (fe->d_name[0] != '.' && fstatat(dirfd(fds), fe->d_name, &fst, 0) == 0 && fst.st_dev == st->st_dev &&
-                fst.st_ino == st->st_ino && fdinfo_holds(pid, fe->d_name, st) && !process_exited(pid))
+        while (!found && (fe = readdir(fds)) != NULL)
+            if (fe->d_name[0] != '.' && match(pid, dirfd(fds), fe->d_name, ctx))
                 found = pid;
-        }
         closedir(fds);
     }
     closedir(proc);
     return found;
+}
+
+/* fd_match: a descriptor of the file ctx (a struct stat) whose open file description holds
+ * the flock (its fdinfo lists it), in a live process. */
+static int holds_lock_on(long pid, int dir, const char *fd, const void *ctx)
+{
+    const struct stat *st = ctx;
+    struct stat fst;
+    return fstatat(dir, fd, &fst, 0) == 0 && fst.st_dev == st->st_dev && fst.st_ino == st->st_ino &&
+           fdinfo_holds(pid, fd, st) && !process_exited(pid);
+}
+
+/* A live process, other than pid gone, with a descriptor of st whose open file description
+ * holds the flock (its fdinfo lists it): the child a holder forked, or one it passed the
+ * descriptor to. 0 when none is found. */
+static long find_lock_owner(const struct stat *st, long gone)
+{
+    return scan_proc_fds(gone, holds_lock_on, st);
 }
 
 /*
@@ -550,38 +568,19 @@ int rb_dev_find_sysfs_holder(dev_t rdev, char *name, size_t n)
     return found;
 }
 
+/* fd_match: a descriptor of the block device ctx (a dev_t). */
+static int opens_blockdev(long pid, int dir, const char *fd, const void *ctx)
+{
+    (void)pid;
+    struct stat st; /* of what the fd link points to */
+    return fstatat(dir, fd, &st, 0) == 0 && S_ISBLK(st.st_mode) && st.st_rdev == *(const dev_t *)ctx;
+}
+
 /* A process other than this one with the block device rdev open (a scan of /proc/<pid>/fd):
  * its pid, or 0. Which of them holds it exclusively, /proc does not say. */
 static long find_opener(dev_t rdev)
 {
-    DIR *proc = opendir("/proc");
-    if (!proc)
-        return 0;
-    const long self = (long)getpid();
-    long found = 0;
-    struct dirent *pe;
-    while (!found && (pe = readdir(proc)) != NULL) {
-        char *end;
-        long pid = strtol(pe->d_name, &end, 10);
-        if (*end != '\0' || pid <= 0 || pid == self)
-            continue;
-        char dir[64];
-        snprintf(dir, sizeof(dir), "/proc/%ld/fd", pid);
-        DIR *fds = opendir(dir);
-        if (!fds)
-            continue;
-        struct dirent *fe;
-        while (!found && (fe = readdir(fds)) != NULL) {
-            if (fe->d_name[0] == '.')
-                continue;
-            struct stat st; /* of what the fd link points to */
-            if (fstatat(dirfd(fds), fe->d_name, &st, 0) == 0 && S_ISBLK(st.st_mode) && st.st_rdev == rdev)
-                found = pid;
-        }
-        closedir(fds);
-    }
-    closedir(proc);
-    return found;
+    return scan_proc_fds((long)getpid(), opens_blockdev, &rdev);
 }
 
 /* Why an O_EXCL open of the block device path (st: its stat) gave EBUSY, into err (RB_ERR_OS,
