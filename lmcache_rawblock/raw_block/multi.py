@@ -110,11 +110,13 @@ class _Device:
         return str(self.config.device_path)
 
 
-def _device_errno(exc: BaseException | None) -> int | None:
-    """The errno of a failure that may be the device's, else None."""
-    if isinstance(exc, OSError) and exc.errno in DEVICE_ERRNOS:
-        return exc.errno
-    return None
+def _maybe_device(exc: BaseException | None) -> bool:
+    """Whether a failure may be the device's: an OSError with a device errno, or the core's
+    RuntimeError (a short transfer, a closed device, a dead worker, no slot): the probe
+    decides."""
+    if isinstance(exc, OSError):
+        return exc.errno in DEVICE_ERRNOS
+    return isinstance(exc, RuntimeError)
 
 
 def probe_device(path: str, block: int = 4096) -> str | None:
@@ -184,7 +186,7 @@ class MultiDeviceCore:
             if isinstance(out, RawBlockCore):
                 d.core, d.state = out, ONLINE
                 continue
-            if first_error is None and (_device_errno(out) is None or len(self._devs) == 1):
+            if first_error is None and (not _maybe_device(out) or len(self._devs) == 1):
                 first_error = out  # a configuration error, or the only device: raised
             d.state, d.reason = FAILED, f"open failed: {out}"
             logger.error("raw-block device %s could not be opened (%s); its keys are misses until "
@@ -253,7 +255,7 @@ class MultiDeviceCore:
         because the error is a device's and a probe of the device fails too)."""
         if d.state != ONLINE:
             return True
-        if _device_errno(exc) is None:
+        if not _maybe_device(exc):
             return False
         why = probe_device(d.path, int(d.config.block_align))
         if why is None:
@@ -529,7 +531,7 @@ class MultiDeviceCore:
             d.load_keys += sum(res)
         if errs is None:
             return
-        device_err = next((e for e in errs if _device_errno(e) is not None), None)
+        device_err = next((e for e in errs if _maybe_device(e)), None)
         if device_err is not None and self._suspect(d, device_err):
             return  # the device failed: its keys that did not load are misses
         for i, e in zip(idx, errs):
