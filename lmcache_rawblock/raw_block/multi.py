@@ -890,6 +890,39 @@ def _aggregate(reports: list[dict]) -> dict:
     return out
 
 
+def parse_device_paths(value: Any, label: str, *, distinct: bool = False) -> list[str]:
+    """One or several device paths: a path, a list or tuple of paths, or the text of a list
+    ("a,b" or "[a, b]", as YAML templates and the environment give it); with ``distinct`` a
+    path given twice is refused. Errors name ``label`` and the value."""
+    items: Any = value
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value).strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        items = [t.strip().strip("'\"") for t in text.split(",")]
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{label} must be a device path or a non-empty list of device paths, got {value!r}")
+    paths = [os.fspath(p) if isinstance(p, os.PathLike) else str(p) for p in items]
+    if any(not p for p in paths):
+        raise ValueError(f"{label} must not contain an empty path, got {value!r}")
+    if distinct and len(set(paths)) != len(paths):
+        raise ValueError(f"{label} must not repeat a device, got {value!r}")
+    return paths
+
+
+def mp_device_paths(params: dict) -> list[str] | None:
+    """The MP adapter's ``device_paths`` (removed from ``params``), with ``device_path`` set to
+    the first when absent: None when not given. Both given must agree on the first device."""
+    value = params.pop("device_paths", None)
+    if value is None or value == "" or value == []:
+        return None
+    paths = parse_device_paths(value, "device_paths", distinct=True)
+    first = params.setdefault("device_path", paths[0])
+    if first != paths[0]:
+        raise ValueError(f"device_path = {first!r} must be the first of device_paths = {value!r}, or left out")
+    return paths
+
+
 def open_core(config: RawBlockCoreConfig | MultiDeviceConfig, *, key_namespace: str
               ) -> RawBlockCore | MultiDeviceCore:
     """The core of a configuration: a RawBlockCore for one device, a MultiDeviceCore for a
