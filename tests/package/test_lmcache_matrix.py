@@ -59,3 +59,14 @@ def test_every_install_step_pins_lmcache_and_the_rust_wheel():
     loose = [line.strip() for line in text.splitlines() if "pip install" in line and
              re.search(r"(?<![\w=-])(lmcache|lmcache-rust-raw-block-io)(?![\w=-])(?!==)", line.split("#")[0])]
     assert not loose, loose
+
+
+def test_the_venv_check_refuses_other_versions_by_name():
+    """tools/lmcache_venv_check.py (make lmcache-venv's check) fails, naming what it found, when
+    the interpreter's lmcache or Rust wheel is not the matrix's version."""
+    import sys
+
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "lmcache_venv_check.py"), "0.0.1", "0.0.2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "the matrix wants 0.0.1" in r.stderr and "lmcache-rust-raw-block-io is" in r.stderr
