@@ -493,9 +493,31 @@ def print_scale(results: dict, p: Callable[..., None]) -> None:
                 [False, True, False, False, False]))
 
 
+def print_histcost(results: dict, p: Callable[..., None]) -> None:
+    hc = results["histcost"]
+    s = hc["settings"]
+    p(f"Histogram cost: put_many / load_many_into with the core's histograms on and off, one core, modes "
+      f"alternating inside each round ({s['rounds']} rounds x {s['calls']} calls, {hc['directory']}); CPU of the "
+      "process per call (median), on/off = median of the per-round CPU ratios and its 95 % confidence interval")
+    rows = []
+    for r in hc.get("rows", []):
+        for op in ("put", "load"):
+            f = r[op]
+            rows.append([r["engine"], op, fmt_size(r["chunk_bytes"]), str(r["keys"]), fmt_time(f["cpu_s_off"]),
+                         fmt_time(f["cpu_s_on"]), _r3(f["cpu_ratio_median"]), _range(f["cpu_ratio_ci95"]),
+                         fmt_time(f["wall_s_off"]), fmt_time(f["wall_s_on"])])
+    if rows:
+        p(table(["engine", "op", "chunk", "keys", "CPU off", "CPU on", "on/off", "CI95", "wall off", "wall on"], rows,
+                [False, False] + _right(8, 0)))
+    v = hc.get("verdict") or {}
+    if v.get("worst") is not None:
+        p(f"  cost on a 64 KiB load call: {100 * v['worst']:+.2f} % of its CPU (goal ≤ {100 * v['goal']:g} %): "
+          + ("met" if v["met"] else "NOT met"))
+
+
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
             "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck,
-            "dealloc": print_dealloc, "scale": print_scale}
+            "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -618,6 +640,12 @@ def goals(results: dict) -> list[dict]:
                 r.get("ratio"), lc["settings"]["target_ratio"], False,
                 f"{fmt_time(r['on_s'])} vs {fmt_time(r['off_s'])} per call; IQR {_r3(r['ratio_q1'])}-"
                 f"{_r3(r['ratio_q3'])}", digits=3)
+    for r in (results.get("histcost") or {}).get("rows", []):
+        if r["chunk_bytes"] == 64 * 1024:
+            ld = r["load"]
+            add("histcost", f"load_many_into, {r['keys']} x 64 KiB ({r['engine']}): CPU with the histograms / "
+                            "without", ld["cpu_ratio_median"], 1.01, False,
+                f"{fmt_time(ld['cpu_s_on'])} vs {fmt_time(ld['cpu_s_off'])} per call", digits=3)
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",
