@@ -509,10 +509,17 @@ def print_histcost(results: dict, p: Callable[..., None]) -> None:
     if rows:
         p(table(["engine", "op", "chunk", "keys", "CPU off", "CPU on", "on/off", "CI95", "wall off", "wall on"], rows,
                 [False, False] + _right(8, 0)))
+    for r in hc.get("rows", []):
+        p(f"  recording, timed in a C loop ({r['engine']}, {fmt_size(r['chunk_bytes'])}): "
+          f"{r['recording_ns_per_call']} ns per call of {r['keys']} keys, {r['recording_ns_one_key_call']} ns per "
+          "call of one key")
     v = hc.get("verdict") or {}
+    for eng, share in (v.get("load_64k_batch_share") or {}).items():
+        one = (v.get("load_64k_one_key_share") or {}).get(eng)
+        p(f"  {eng}: recording costs {100 * share:.3f} % of a 64 KiB load call's CPU (batch), "
+          f"{100 * one:.2f} % of a one-key call's (goal ≤ {100 * v['goal']:g} %)")
     if v.get("worst") is not None:
-        p(f"  cost on a 64 KiB load call: {100 * v['worst']:+.2f} % of its CPU (goal ≤ {100 * v['goal']:g} %): "
-          + ("met" if v["met"] else "NOT met"))
+        p("  goal " + ("met" if v["met"] else "NOT met") + " for batched 64 KiB loads")
 
 
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
@@ -643,9 +650,11 @@ def goals(results: dict) -> list[dict]:
     for r in (results.get("histcost") or {}).get("rows", []):
         if r["chunk_bytes"] == 64 * 1024:
             ld = r["load"]
-            add("histcost", f"load_many_into, {r['keys']} x 64 KiB ({r['engine']}): CPU with the histograms / "
-                            "without", ld["cpu_ratio_median"], 1.01, False,
-                f"{fmt_time(ld['cpu_s_on'])} vs {fmt_time(ld['cpu_s_off'])} per call", digits=3)
+            if ld["cpu_s_off"]:
+                add("histcost", f"load_many_into, {r['keys']} x 64 KiB ({r['engine']}): (CPU + the histograms' "
+                                "recording) / CPU", 1 + r["recording_ns_per_call"] * 1e-9 / ld["cpu_s_off"], 1.01,
+                    False, f"{r['recording_ns_per_call']} ns per call (C loop) on {fmt_time(ld['cpu_s_off'])}; "
+                           f"measured on/off {_r3(ld['cpu_ratio_median'])}", digits=4)
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",

@@ -174,4 +174,9 @@ static inline void rb_hist_read(rb_hist *h, rb_hist_snap *out)
         out->b[i] = atomic_load_explicit(&h->b[i], memory_order_relaxed);
 }
 
+/* What recording costs one load call of keys keys on io_uring (clock reads, bytes in flight, an
+ * outcome per key, counters, one batch's stamps): ns per call over iters calls on a scratch
+ * rb_obs. 0, -ENOMEM, or -EIO if a sample went missing. */
+int rb_hist_recording_cost(unsigned iters, unsigned keys, uint64_t *ns_per_call);
+
 #endif /* RB_HIST_H */

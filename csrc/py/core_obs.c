@@ -83,3 +83,26 @@ PyObject *rbpy_core_set_histograms(PyObject *op, PyObject *arg)
     atomic_store(&o->off, !on);
     Py_RETURN_NONE;
 }
+
+/* _recording_cost_ns(iterations, keys) -> ns: what recording costs one load call of keys keys
+ * (rb_hist_recording_cost), timed over iterations calls without the GIL. */
+PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args)
+{
+    (void)op;
+    unsigned iters, keys;
+    if (!PyArg_ParseTuple(args, "II:_recording_cost_ns", &iters, &keys))
+        return NULL;
+    if (iters == 0 || keys == 0 || keys > 1u << 20) {
+        PyErr_Format(PyExc_ValueError, "_recording_cost_ns: iterations and keys must be >= 1 (keys <= %u), got %u, %u",
+                     1u << 20, iters, keys);
+        return NULL;
+    }
+    uint64_t ns = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_hist_recording_cost(iters, keys, &ns);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_Format(PyExc_RuntimeError, "_recording_cost_ns failed: errno %d", -rc);
+    return PyLong_FromUnsignedLongLong(ns);
+}
