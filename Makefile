@@ -13,7 +13,8 @@ PYTHON ?= $(VENV)/bin/python
 # instead of failing at once.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
-            libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
+            libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv \
+            tmux
 PYTEST_ARGS ?=
 ASAN_BUILD := build/asan
 # The instrumented package first, then the benchmark package from the checkout (its tests use it).

@@ -85,7 +85,8 @@ def snapshot(core: Any) -> dict:
     return {**h, "evictions": ev, "status": {
         "max_slots": int(st["max_slots"]), "free_slots": _free_slots(st), "indexed_keys": int(st["indexed_key_count"]),
         "read_bytes": int(io.get("read_completed_bytes", 0)), "written_bytes": int(io.get("write_completed_bytes", 0)),
-        "io_errors": int(st.get("faults_total", 0)), "capacity": int(st.get("capacity_bytes", 0))}}
+        "io_errors": int(st.get("faults_total", 0)), "capacity": int(st.get("capacity_bytes", 0)),
+        "closed": bool(st.get("closed"))}}
 
 
 def _free_slots(st: dict) -> int:
@@ -331,9 +332,18 @@ def serve(sources: Sources, port: int = 0, addr: str = "127.0.0.1") -> http.serv
 def attach_inprocess(core: Any, device: str, metadata: Any = None) -> Callable[[], None]:
     """LMCache's in-process mode (the storage plugin): serve core's metrics from
     ``prometheus_client.REGISTRY`` under its device and LMCache's model name, and publish its
-    live figures for ``python -m lmcache_rawblock stats``. Returns the function that undoes both."""
+    live figures for ``python -m lmcache_rawblock stats`` (lmcache_rawblock.livestats). Returns
+    the function that undoes both."""
+    from . import livestats
+
     model = str(getattr(metadata, "model_name", "") or "") if metadata is not None else ""
-    return register(core, device, model)
+    undo = register(core, device, model)
+    pub = livestats.publish(core, device)
+
+    def detach() -> None:
+        pub.stop()
+        undo()
+    return detach
 
 
 # ---- LMCache's MP mode: OpenTelemetry, as LMCache's own L2 metrics ----------------------------
@@ -405,15 +415,20 @@ def attach_mp(core: Any, device: str) -> Callable[[], None]:
     """LMCache's MP mode (the L2 adapter): core's figures through LMCache's MP observability (the
     OpenTelemetry instruments of :func:`install_mp_metrics` on the global meter provider, set up
     once a process) and in ``prometheus_client.REGISTRY``, which the MP server's Prometheus pull
-    port serves. Returns the function that stops serving the core."""
+    port serves; and its live figures for ``python -m lmcache_rawblock stats``. Returns the
+    function that stops serving the core."""
     with _mp_lock:
         _MP_SOURCES.add(core, device, "")
         if id(_MP_SOURCES) not in _mp_installed:
             install_mp_metrics(_MP_SOURCES)
             _mp_installed.add(id(_MP_SOURCES))
+    from . import livestats
+
     undo = register(core, device, "")
+    pub = livestats.publish(core, device)  # stops by itself once the core is closed
 
     def detach() -> None:
+        pub.stop()
         _MP_SOURCES.remove(core)
         undo()
     return detach
