@@ -142,7 +142,8 @@ def measure_cell(engine: str, size: int, keys: int, s: HistCostSettings, directo
         h = core._native.histograms()
         return {"engine": engine, "chunk_bytes": size, "keys": keys, **_cell_figures(samples),
                 "recording_ns_per_call": rec[keys], "recording_ns_one_key_call": rec[1],
-                "recorded_loads": h["histograms"]["load_ns"]["count"], "recorded_puts": h["histograms"]["put_ns"]["count"]}
+                "recorded_loads": h["histograms"]["load_ns"]["count"], "recorded_puts": h["histograms"]["put_ns"]["count"],
+                "latency": {k: h["histograms"][k] for k in ("put_ns", "load_ns")}}
     finally:
         close_core(core)
         try:
