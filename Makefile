@@ -13,7 +13,8 @@ PYTHON ?= $(VENV)/bin/python
 # instead of failing at once.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
-            libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
+            libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv \
+            tmux
 PYTEST_ARGS ?=
 
 # The LMCache version matrix: one line per version, <lmcache>:<lmcache-rust-raw-block-io>, oldest
@@ -204,6 +205,9 @@ test-c: apt-deps
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
 	  $(MLOG_DEFS) -Icsrc/core tests/c/test_mlog_read.c $(MLOG_SRC) $(MLOG_LIBS) -o build/test_mlog_read
 	build/test_mlog_read
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
+	  -Icsrc/core tests/c/test_hist.c -lpthread -o build/test_hist
+	build/test_hist
 
 # Size and one thread's speed of a metadata-log base for LMCache object keys (100k and 1M
 # entries; docs/metadata-log.md, "Measured"). Builds build/mlog_bench; no extension needed.

@@ -46,7 +46,7 @@ from typing import Any
 
 from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc
 
-from . import fdp
+from . import fdp, metrics
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
 from .raw_block import multi
@@ -153,6 +153,7 @@ class RawBlockL2Adapter(_lmc.RawBlockL2Adapter):
         if not isinstance(config, _lmc.RawBlockL2AdapterConfig):
             raise TypeError(f"config must be a RawBlockL2AdapterConfig or a dict, got {type(config).__name__}")
         _init_with_our_core(self, config, l1_memory_desc)
+        metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
         self._reclaimer = Reclaimer("rawblock-l2-reclaim", self._reclaim_pass, logger)
         self._fdp_role = fdp.role_phase(getattr(config, "fdp_phase", fdp.AUTO))
         if self._fdp_enabled and self._fdp_data_placement_policy == fdp.PHASE and len(self._fdp_placement_ids) < 2:

@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
-from . import fdp
+from . import fdp, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
@@ -372,6 +372,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                     logger.warning("io_uring fixed-buffer registration failed (%s). Falling back to non-fixed "
                                    "buffer mode", e)
             self._warn_on_cross_rank_device(metadata)
+            self._unexport = metrics.attach_inprocess(self._core, self.device_path, metadata)
         except BaseException:
             self._core.close()
             raise
@@ -1016,6 +1017,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not self._evictor.stop(_CLOSE_EVICTOR_WAIT_S):
                 logger.warning("the raw-block evictor thread is still in a pass after %.0f s; closing anyway",
                                _CLOSE_EVICTOR_WAIT_S)
+            self._unexport()
             self._core.close()
             self._closed = True
 
