@@ -84,7 +84,7 @@ def steps(s: DrivesSettings) -> int:
 def device_bytes(s: DrivesSettings) -> int:
     """Room for the chunks one bandwidth figure stores on a device, with margin."""
     slot = max(s.chunks + [s.lat_store_chunk]) + BLOCK
-    stored = s.seconds * max(s.write_bps, 50 * MB) * 1.5 + 4 * s.per_call * slot
+    stored = (s.seconds + WARMUP_S) * max(s.write_bps, 50 * MB) * 1.5 + 4 * s.per_call * slot
     lat = s.lat_seconds * max(s.write_bps, 50 * MB) * 1.5 + 4 * slot
     need = META + max(stored, lat) + 8 * slot
     return int(-(-need // MiB) * MiB)
@@ -184,9 +184,17 @@ def reset_devices(d: rig.CappedDrives) -> None:
 # ---------------------------------------------------------------------------- bandwidth
 
 
-def _pump(fn: Callable[[int], int], seconds: float) -> tuple[float, float, float]:
-    """Call fn(round) until seconds have passed; (bytes, wall seconds, CPU seconds)."""
+WARMUP_S = 0.5  # untimed: the throttle lets a device's first slice through in a burst
+
+
+def _pump(fn: Callable[[int], int], seconds: float, warmup: float = WARMUP_S) -> tuple[float, float, float]:
+    """Call fn(round) for warmup seconds untimed, then until seconds have passed; (bytes, wall
+    seconds, CPU seconds) of the timed calls."""
     done, k = 0, 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup:
+        fn(k)
+        k += 1
     c0, t0 = time.process_time(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         done += fn(k)
@@ -267,7 +275,8 @@ def measure_cell(d: rig.CappedDrives, comps: list[Any], n: int, chunk: int, s: D
                          "accounted_covers_io": _covers(acc, devs, r),
                          "threads_outside_group": d.threads_outside()})
     for rw in ("write", "read"):
-        f = rig.run_fio(devs, rw, chunk, s.fio_depth, s.seconds, "io_uring", size=d.size - META)
+        f = rig.run_fio(devs, rw, chunk, s.fio_depth, s.seconds, "io_uring", size=d.size - META,
+                        extra=[f"--ramp_time={int(WARMUP_S * 1000)}ms"])
         rows.append({"who": "fio", "engine": "io_uring", "driver": f"fio, {n} jobs", "n": n, "chunk": chunk,
                      ("store" if rw == "write" else "load") + "_bytes_per_s": f["bytes_per_s"],
                      "fio_command": f["command"], "fio_version": f["fio_version"]})
