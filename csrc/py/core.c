@@ -209,6 +209,12 @@ static PyMethodDef core_methods[] = {
     {"engine_state", rbpy_core_engine_state, METH_NOARGS,
      "engine_state($self, /)\n--\n\n"
      "-> (fixed_buffers_registered, fixed_buffer_registered_bytes, worker_error or None)"},
+    {"io_scheduler", rbpy_core_io_scheduler, METH_NOARGS,
+     "io_scheduler($self, /)\n--\n\n-> dict | None: the io_uring scheduler in effect"},
+    {"_hold_engine", rbpy_core_hold_engine, METH_O,
+     "_hold_engine($self, on, /)\n--\n\ntest hook: leave new requests queued while on"},
+    {"_trace_engine", rbpy_core_trace_engine, METH_O,
+     "_trace_engine($self, n, /)\n--\n\ntest hook: the attempt completions recorded so far, then record n more"},
     {"_inject_engine_fault", rbpy_core_inject_engine_fault, METH_O,
      "_inject_engine_fault($self, kinds, /)\n--\n\ntest hook: io_uring worker faults (1 submit, 2 reap)"},
     {"_set_metadata_shortcut", (PyCFunction)(void (*)(void))rbpy_core_set_metadata_shortcut, METH_FASTCALL,
