@@ -388,10 +388,11 @@ class CappedDrives:
 
 def fio_command(devices: Sequence[str], rw: str, bs: int, depth: int, seconds: float, engine: str = "io_uring",
                 size: int | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """fio with one job per device (``--filename`` per job), O_DIRECT, aggregate reporting."""
+    """fio with one job per device (``--filename`` per job), O_DIRECT, aggregate reporting; zeroed
+    buffers, which zram stores without compressing, as it stores the benchmarks' one-byte fills."""
     cmd = ["fio", "--output-format=json", "--group_reporting", "--direct=1", f"--ioengine={engine}",
            f"--rw={rw}", f"--bs={bs}", "--time_based", f"--runtime={max(1, round(seconds * 1000))}ms",
-           "--thread", "--randrepeat=0", "--norandommap"]
+           "--thread", "--randrepeat=0", "--norandommap", "--zero_buffers"]
     if engine == "io_uring":
         cmd.append(f"--iodepth={depth}")
     if size:
