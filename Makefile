@@ -181,9 +181,11 @@ bench-mlog:
 test-reliability: build
 	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py tests/reliability/test_lock_restart.py) $(PYTEST_ARGS)
 
-# The long kill loop: 157 cycles per configuration (5,024 in all, both formats), at low priority.
+# The long kill loops: 157 cycles per configuration (5,024 in all, both formats), and 150 per
+# configuration over three devices (600), at low priority.
 test-killloop-long: build
-	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py $(PYTEST_ARGS)
+	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py \
+	  tests/reliability/test_killloop_multidev.py $(PYTEST_ARGS)
 
 # Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in its own
 # virtual environment, so the default run stays lean. The in-place extension is imported from

@@ -511,6 +511,25 @@ class RustRawBlockBackend(StoragePluginInterface):
     def apply_loaded_state(self, data: Any) -> bool:
         return self._core.apply_loaded_state(data)
 
+    def reopen_device(self, device: int | str) -> dict:
+        """Bring back one failed device of a cache over several (``device_paths``): see
+        ``MultiDeviceCore.reopen_device``. Under ``lru`` its recovered keys join the LRU list
+        as the least recently used."""
+        core = self._core
+        if not isinstance(core, MultiDeviceCore):
+            raise ValueError(f"reopen_device needs several devices ({_label('device_paths')}); this rank has "
+                             f"one: {self.device_path!r}")
+        out = core.reopen_device(device)
+        if self.eviction_policy == "lru":
+            back = core.device_cores()[core.device_paths.index(out["device_path"])]
+            keys = back.snapshot_indexed_keys() if back is not None else []
+            with self._lru_lock:
+                for enc in keys:
+                    if enc not in self._lru:
+                        self._lru[enc] = None
+                        self._lru.move_to_end(enc, last=False)
+        return out
+
     def report_status(self) -> dict:
         status = dict(self._core.report_status())
         status["eviction_policy"] = self.eviction_policy

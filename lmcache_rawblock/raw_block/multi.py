@@ -29,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -154,6 +155,28 @@ class MultiDeviceCore:
     """One cache over several raw block devices (or pre-sized files), each a
     :class:`RawBlockCore` with its own metadata; the methods of RawBlockCore."""
 
+    # the first device's (_FIRST_ATTRS), set when the devices open
+    block_align: int
+    header_bytes: int
+    slot_bytes: int
+    meta_total_bytes: int
+    io_engine: str
+    use_odirect: bool
+    enable_zero_copy: bool
+    meta_magic: bytes
+    meta_magic_text: str
+    meta_version: int
+    meta_checkpoint_interval_sec: int
+    meta_idle_quiet_ms: int
+    meta_enable_periodic: bool
+    load_checkpoint_on_init: bool
+    meta_verify_on_load: bool
+    iouring_queue_depth: int
+    use_uring_cmd: bool
+    fdp_slot_affinity_enabled: bool
+    meta_checkpoint_placement_id: int | None
+    capacity_bytes: int
+
     def __init__(self, configs: MultiDeviceConfig | Sequence[RawBlockCoreConfig], *, key_namespace: str) -> None:
         cfgs = tuple(configs.configs if isinstance(configs, MultiDeviceConfig) else configs)
         _check_configs(cfgs)
@@ -179,18 +202,9 @@ class MultiDeviceCore:
     def _open_all(self) -> None:
         """Open every device at once (each recovers alone). A device that cannot be reached is
         marked failed; a configuration error, or no device at all, raises."""
-        outs = self._fanout([(d, lambda d=d: RawBlockCore(d.config, key_namespace=self.key_namespace))
+        outs = self._fanout([(d, functools.partial(RawBlockCore, d.config, key_namespace=self.key_namespace))
                              for d in self._devs])
-        first_error: BaseException | None = None
-        for d, out in zip(self._devs, outs):
-            if isinstance(out, RawBlockCore):
-                d.core, d.state = out, ONLINE
-                continue
-            if first_error is None and (not _maybe_device(out) or len(self._devs) == 1):
-                first_error = out  # a configuration error, or the only device: raised
-            d.state, d.reason = FAILED, f"open failed: {out}"
-            logger.error("raw-block device %s could not be opened (%s); its keys are misses until "
-                         "reopen_device(%d)", d.path, out, d.index)
+        first_error = self._settle_opens(outs)
         opened = [d for d in self._devs if d.core is not None]
         if first_error is not None or not opened:
             for d in opened:
@@ -203,6 +217,20 @@ class MultiDeviceCore:
         self.capacity_bytes = sum(d.core.capacity_bytes for d in opened)  # type: ignore[union-attr]
         for i, d in enumerate(opened[1:], 1):
             self._drop_duplicates(d, opened[:i])
+
+    def _settle_opens(self, outs: list[Any]) -> BaseException | None:
+        """Each device online or failed from its open's outcome; the error to raise, if any."""
+        first_error: BaseException | None = None
+        for d, out in zip(self._devs, outs):
+            if isinstance(out, RawBlockCore):
+                d.core, d.state = out, ONLINE
+                continue
+            if first_error is None and (not _maybe_device(out) or len(self._devs) == 1):
+                first_error = out  # a configuration error, or the only device: raised
+            d.state, d.reason = FAILED, f"open failed: {out}"
+            logger.error("raw-block device %s could not be opened (%s); its keys are misses until "
+                         "reopen_device(%d)", d.path, out, d.index)
+        return first_error
 
     # ---- devices ------------------------------------------------------------------------
 
@@ -331,7 +359,7 @@ class MultiDeviceCore:
 
     # ---- running parts of a batch -------------------------------------------------------
 
-    def _fanout(self, tasks: list[tuple[_Device, Callable[[], Any]]]) -> list[Any]:
+    def _fanout(self, tasks: Sequence[tuple[_Device, Callable[[], Any]]]) -> list[Any]:
         """Run each task (one device's part of a batch) at the same time: the first on this
         thread, the others on the pool. Each result, or the exception the task raised."""
         futures = [self._pool.submit(fn) for _, fn in tasks[1:]]
@@ -403,19 +431,26 @@ class MultiDeviceCore:
             if placing is not None and placing not in exclude:
                 where[i] = placing
         new = [i for i in new if where[i] is None]
-        if not new or not devs:
-            return where
+        if new and devs:
+            for i, d in zip(new, self._pick(len(new), devs)):
+                where[i] = d
+                self._placing[keys[i]] = d
+        return where
+
+    def _pick(self, n: int, devs: Sequence[_Device]) -> list[_Device]:
+        """Devices for n new keys: each to the shortest queue among the devices with a reusable
+        slot (all of them when none has one), the most reusable slots breaking a tie."""
         room = self._room(devs)
         with self._lock:
             load = {d: d.queued for d in devs}
-        for i in new:
-            cands = [d for d in devs if room[d] > 0] or devs
+        out = []
+        for _ in range(n):
+            cands = [d for d in devs if room[d] > 0] or list(devs)
             d = min(cands, key=lambda d: (load[d], -room[d], d.index))
             load[d] += 1
             room[d] -= 1
-            where[i] = d
-            self._placing[keys[i]] = d
-        return where
+            out.append(d)
+        return out
 
     def put_many(self, keys: Sequence[RawBlockKeySpec], objs: Sequence[Any],
                  placement_ids: Sequence[int | None] | None = None) -> RawBlockPutManyResult:
@@ -450,10 +485,8 @@ class MultiDeviceCore:
         parts = {d: [todo[j] for j in idx] for d, idx in self._split(where).items()}
         self._queue(parts, 1)
         try:
-            tasks = [(d, lambda d=d, idx=idx: d.core.put_many(  # type: ignore[union-attr]
-                [keys[i] for i in idx], [objs[i] for i in idx], [pids[i] for i in idx]))
-                for d, idx in parts.items()]
-            outs = self._fanout(tasks)
+            outs = self._fanout([(d, functools.partial(_put_part, d, idx, keys, objs, pids))
+                                 for d, idx in parts.items()])
         finally:
             self._queue(parts, -1)
             with self._place_lock:
@@ -499,8 +532,8 @@ class MultiDeviceCore:
         parts = self._split(self._locate(keys, self._online()))
         self._queue(parts, 1)
         try:
-            outs = self._fanout([(d, lambda d=d, idx=idx: d.core.load_many_results(  # type: ignore[union-attr]
-                [keys[i] for i in idx], [objs[i] for i in idx])) for d, idx in parts.items()])
+            outs = self._fanout([(d, functools.partial(_load_part, d, idx, keys, objs))
+                                 for d, idx in parts.items()])
         finally:
             self._queue(parts, -1)
         results = [False] * len(keys)
@@ -550,8 +583,8 @@ class MultiDeviceCore:
                 continue
             try:
                 out.append(fn(core))
-            except Exception as e:
-                if not self._suspect(d, e) and not isinstance(e, RuntimeError):
+            except Exception as e:  # a device that failed under the call is left out, else raised
+                if not self._suspect(d, e):
                     raise
         return out
 
@@ -608,7 +641,7 @@ class MultiDeviceCore:
         cut = next((i for i, w in enumerate(where) if w is None), len(keys))
         parts = self._split(where[:cut])
         out: list[Any] = [None] * cut
-        locked: list[tuple[_Device, list[str]]] = []
+        locked: list[tuple[_Device, list[int]]] = []
         for d, idx in parts.items():
             try:
                 metas = d.core.get_metadata_prefix([keys[i] for i in idx], lock=lock,  # type: ignore[union-attr]
@@ -621,12 +654,9 @@ class MultiDeviceCore:
             if len(metas) < len(idx):
                 cut = min(cut, idx[len(metas)])  # deleted meanwhile: the prefix ends there
             if lock:
-                locked.append((d, [keys[i] for i in idx[:len(metas)] if skip is None or keys[i] not in skip]))
+                locked.append((d, [i for i in idx[:len(metas)] if skip is None or keys[i] not in skip]))
         if lock:
-            for d, lk in locked:
-                extra = [k for k in lk if keys.index(k) >= cut]
-                if extra and d.core is not None:
-                    d.core.unlock_many(extra)
+            _unlock_past(locked, keys, cut)
         return out[:cut]
 
     def unlock_many(self, encoded_keys: Sequence[str]) -> None:
@@ -709,7 +739,7 @@ class MultiDeviceCore:
         """core.<name>(*args) on every online device at once; a device's error that is a
         failure of the device marks it failed, any other is raised (the first)."""
         devs = self._online()
-        outs = self._fanout([(d, lambda d=d: getattr(d.core, name)(*args)) for d in devs])
+        outs = self._fanout([(d, functools.partial(getattr(d.core, name), *args)) for d in devs])
         first = next((o for d, o in zip(devs, outs) if isinstance(o, BaseException) and not self._suspect(d, o)),
                      None)
         if first is not None:
@@ -840,17 +870,46 @@ class MultiDeviceCore:
                 d.state = CLOSED
         outs = self._fanout([(d, d.core.close) for d in devs])  # type: ignore[union-attr]
         self._pool.shutdown(wait=True)
-        outcomes = [o for o in outs if isinstance(o, RawBlockCloseOutcome)]
-        errors = [o for o in outs if isinstance(o, BaseException)]
-        proven = not errors and all(o.quiescence is NativeQuiescence.PROVEN for o in outcomes)
-        reasons = [o.reason for o in outcomes if o.quiescence is not NativeQuiescence.PROVEN] + [str(e) for e in errors]
-        outcome = RawBlockCloseOutcome(
-            NativeQuiescence.PROVEN if proven else NativeQuiescence.RETAINED,
-            any(o.poisoned for o in outcomes) or bool(errors),
-            "every device closed" if proven else "; ".join(reasons),
-            final_checkpoint_written=bool(outcomes) and all(o.final_checkpoint_written for o in outcomes))
-        self._close_outcome = outcome
-        return outcome
+        self._close_outcome = _close_outcome(outs)
+        return self._close_outcome
+
+
+def _close_outcome(outs: list[Any]) -> RawBlockCloseOutcome:
+    """One close outcome from the devices' closes (outcomes or exceptions)."""
+    outcomes = [o for o in outs if isinstance(o, RawBlockCloseOutcome)]
+    errors = [str(o) for o in outs if isinstance(o, BaseException)]
+    reasons = [o.reason for o in outcomes if o.quiescence is not NativeQuiescence.PROVEN] + errors
+    proven = not reasons
+    return RawBlockCloseOutcome(
+        NativeQuiescence.PROVEN if proven else NativeQuiescence.RETAINED,
+        any(o.poisoned for o in outcomes) or bool(errors),
+        "every device closed" if proven else "; ".join(reasons),
+        final_checkpoint_written=bool(outcomes) and all(o.final_checkpoint_written for o in outcomes))
+
+
+def _put_part(d: _Device, idx: list[int], keys: Sequence[RawBlockKeySpec], objs: Sequence[Any],
+              pids: list) -> RawBlockPutManyResult:
+    core = d.core
+    if core is None:
+        raise RuntimeError(f"device {d.path} is {d.state}")
+    return core.put_many([keys[i] for i in idx], [objs[i] for i in idx], [pids[i] for i in idx])
+
+
+def _load_part(d: _Device, idx: list[int], keys: list[str], objs: Sequence[Any]
+               ) -> tuple[list[bool], list[BaseException | None] | None]:
+    core = d.core
+    if core is None:
+        raise RuntimeError(f"device {d.path} is {d.state}")
+    return core.load_many_results([keys[i] for i in idx], [objs[i] for i in idx])
+
+
+def _unlock_past(locked: list[tuple[_Device, list[int]]], keys: list[str], cut: int) -> None:
+    """Give back the locks a prefix lookup took on the keys at positions ``cut`` and after
+    (not returned): ``locked`` holds each device's locked positions."""
+    for d, positions in locked:
+        extra = [keys[i] for i in positions if i >= cut]
+        if extra and d.core is not None:
+            d.core.unlock_many(extra)
 
 
 def _check_configs(cfgs: Sequence[RawBlockCoreConfig]) -> None:
@@ -870,24 +929,21 @@ def _aggregate(reports: list[dict]) -> dict:
     """One report from the devices' reports (see MultiDeviceCore.report_status)."""
     if not reports:
         return {"is_healthy": False, "indexed_key_count": 0, "usable_capacity_bytes": 0}
-    out: dict[str, Any] = {}
-    for key in reports[0]:
-        values = [r.get(key) for r in reports]
-        if key in _SUMMED:
-            out[key] = sum(int(v or 0) for v in values)
-        elif key == "io_error_counts":
-            merged: dict[str, int] = {}
-            for v in values:
-                for k, n in (v or {}).items():
-                    merged[k] = merged.get(k, 0) + n
-            out[key] = merged
-        elif key == "io_errors":
-            out[key] = [f for v in values for f in (v or [])]
-        elif all(v == values[0] for v in values):
-            out[key] = values[0]
-        else:
-            out[key] = values
-    return out
+    return {key: _merge(key, [r.get(key) for r in reports]) for key in reports[0]}
+
+
+def _merge(key: str, values: list[Any]) -> Any:
+    if key in _SUMMED:
+        return sum(int(v or 0) for v in values)
+    if key == "io_error_counts":
+        merged: dict[str, int] = {}
+        for v in values:
+            for k, n in (v or {}).items():
+                merged[k] = merged.get(k, 0) + n
+        return merged
+    if key == "io_errors":
+        return [f for v in values for f in (v or [])]
+    return values[0] if all(v == values[0] for v in values) else values
 
 
 def parse_device_paths(value: Any, label: str, *, distinct: bool = False) -> list[str]:

@@ -297,6 +297,16 @@ def test_concurrent_puts_and_loads_keep_every_key_on_one_device(tmp_path):
         core.close()
 
 
+def test_an_error_of_a_device_that_answers_is_raised_not_hidden(tmp_path):
+    core = _multi(_devices(tmp_path, 2))
+    try:
+        with pytest.raises(RuntimeError):
+            core.fetch_fdp_status()  # files have no FDP: each core raises, and so does the cache
+        assert [s["state"] for s in core.device_states()] == ["online", "online"]
+    finally:
+        core.close()
+
+
 def test_for_paths_gives_each_device_its_path(tmp_path):
     paths = _devices(tmp_path, 2)
     cfg = MultiDeviceConfig.for_paths(make_config(paths[0]), paths)

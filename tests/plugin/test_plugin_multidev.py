@@ -4,6 +4,8 @@ failed device costs the plugin's gets; the configuration errors."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lmcache_rawblock.plugin import RustRawBlockBackend, build_core_config, resolve_device_paths
@@ -90,8 +92,39 @@ def test_a_failed_device_makes_its_keys_misses_for_the_plugin(tmp_path, loop_thr
         _put(be, range(20, 24))  # new keys go to the device left
         assert all(be.contains(make_key(i)) for i in range(20, 24))
         assert be.report_status()["devices_failed"] == 1
-        be._core.reopen_device(paths[1])
+        be.reopen_device(paths[1])
         assert all(be.contains(make_key(i)) for i in range(8))
+    finally:
+        be.close()
+
+
+def test_reopened_keys_join_the_lru_list_as_oldest(tmp_path, loop_thread):
+    paths = _files(tmp_path, 2)
+    be = _backend(loop_thread, _extra(paths, eviction_policy="lru"))
+    try:
+        _put(be, range(6))
+        where = [be._core.device_of(be._encode(make_key(i))) for i in range(6)]
+    finally:
+        be.close()
+    os.rename(paths[0], paths[0] + ".away")  # drive 0 is missing when the plugin starts
+    be = _backend(loop_thread, _extra(paths, eviction_policy="lru"))
+    try:
+        assert be.report_status()["devices"][0]["state"] == "failed"
+        back = {be._encode(make_key(i)) for i in range(6) if where[i] == paths[0]}
+        assert back and not back & set(be._lru)
+        os.rename(paths[0] + ".away", paths[0])
+        assert be.reopen_device(paths[0])["indexed_key_count"] == len(back)
+        assert set(list(be._lru)[:len(back)]) == back, "its keys are the first eviction candidates"
+        assert len(be._lru) == 6
+    finally:
+        be.close()
+
+
+def test_reopen_device_needs_several_devices(tmp_path, loop_thread):
+    be = _backend(loop_thread, _extra(_files(tmp_path, 1)))
+    try:
+        with pytest.raises(ValueError, match="reopen_device needs several devices"):
+            be.reopen_device(0)
     finally:
         be.close()
 
