@@ -53,7 +53,9 @@ class DrivesSettings:
     fio_depth: int = 4
     lat_chunk: int = 8 * MiB  # one load's size in the latency figures
     lat_store_chunk: int = 32 * MiB  # the stores running beside them
-    lat_samples: int = 60
+    lat_samples: int = 200
+    lat_depths: list[int] = field(default_factory=lambda: [4, 32])  # io_uring ring depths of the latency series
+    lat_read_bps: int = 0  # the latency device's read cap (0: none, so the throttle's slices do not mask queueing)
     lat_seconds: float = 12.0  # at most, per latency series
     backend: str = "zram"  # rig.BACKENDS: zram charges every engine's bytes once
 
@@ -63,6 +65,7 @@ class DrivesSettings:
                 "engines": list(self.engines), "queue_depth": self.queue_depth, "fio_depth": self.fio_depth,
                 "lat_chunk": self.lat_chunk, "lat_store_chunk": self.lat_store_chunk,
                 "lat_samples": self.lat_samples, "lat_seconds": self.lat_seconds,
+                "lat_depths": list(self.lat_depths), "lat_read_bps": self.lat_read_bps,
                 "use_odirect": True, "enable_zero_copy": True, "meta_total_bytes": META,
                 "backend": self.backend,
                 "rig": "RAM block devices (rig.CappedDrives), cgroup v1 blkio throttle per device"}
@@ -71,9 +74,9 @@ class DrivesSettings:
 SUITES = {
     "smoke": DrivesSettings(ns=[1, 2], chunks=[1 * MiB], seconds=0.5, engines=["io_uring"], lat_chunk=1 * MiB,
                             lat_store_chunk=2 * MiB, lat_samples=8, lat_seconds=2.0, read_bps=400 * MB,
-                            write_bps=400 * MB),
+                            write_bps=400 * MB, lat_depths=[4]),
     "quick": DrivesSettings(),
-    "full": DrivesSettings(ns=[1, 2, 4, 8], seconds=6.0, lat_samples=200, lat_seconds=30.0),
+    "full": DrivesSettings(ns=[1, 2, 4, 8], seconds=6.0, lat_samples=500, lat_seconds=30.0),
 }
 
 
@@ -301,13 +304,16 @@ def _pct(vals: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def measure_latency(d: rig.CappedDrives, s: DrivesSettings, engine: str, scheduler: str | None) -> dict:
-    """One device: one-chunk loads idle, then while a thread stores lat_store_chunk chunks
-    back to back (4 per put_many); p50 / p99 of each."""
+def measure_latency(d: rig.CappedDrives, s: DrivesSettings, engine: str, scheduler: str | None,
+                    depth: int) -> dict:
+    """One device, its reads capped at lat_read_bps: one-chunk loads idle, then while a thread
+    stores lat_store_chunk chunks back to back (4 per put_many, at the write cap); p50 / p99 of
+    each. With a ring of depth 4 the stores fill it, as they fill a drive's queue."""
     reset_devices(d)
     chunk = max(s.lat_chunk, s.lat_store_chunk)
     extra = {"io_scheduler": scheduler} if scheduler else None
-    cache, _ = open_cache(_ours(), d.devices[:1], chunk, engine, s.queue_depth, extra)
+    d.set_caps(d.devices[0], s.lat_read_bps, s.write_bps)
+    cache, _ = open_cache(_ours(), d.devices[:1], chunk, engine, depth, extra)
     try:
         arena = Arena(2 + 8, chunk)
         src = arena.obj(0, 0x41)
@@ -322,7 +328,7 @@ def measure_latency(d: rig.CappedDrives, s: DrivesSettings, engine: str, schedul
 
         # Loads paced at half the read budget: the throttle never holds them, what they wait
         # for is the cache's own queue.
-        pace = 2 * s.lat_chunk / s.read_bps if s.read_bps else 0.005
+        pace = 2 * s.lat_chunk / s.lat_read_bps if s.lat_read_bps else 0.005
 
         def series() -> list[float]:
             out: list[float] = []
@@ -367,14 +373,28 @@ def measure_latency(d: rig.CappedDrives, s: DrivesSettings, engine: str, schedul
             raise RuntimeError(errors[0])
     finally:
         close_core(cache)
+        d.set_caps(d.devices[0], s.read_bps, s.write_bps)
     label = scheduler or ("none (posix: one call at a time)" if engine == "posix"
                           else "single queue (no io_scheduler setting)")
-    return {"engine": engine, "io_scheduler": label,
+    return {"engine": engine, "io_scheduler": label, "queue_depth": depth if engine == "io_uring" else None,
+            "read_bps": s.lat_read_bps, "write_bps": s.write_bps,
             "load_chunk": s.lat_chunk, "store_chunk": s.lat_store_chunk,
             "idle_p50_s": _pct(idle, 0.5), "idle_p99_s": _pct(idle, 0.99), "idle_samples": len(idle),
             "busy_p50_s": _pct(busy, 0.5), "busy_p99_s": _pct(busy, 0.99), "busy_samples": len(busy),
             "p99_ratio": (_pct(busy, 0.99) or 0) / (_pct(idle, 0.99) or 1),
             "store_bytes_per_s_during": store_bps, "idle_s": idle, "busy_s": busy}
+
+
+def latency_cases(s: DrivesSettings, schedulers: list) -> list[tuple[str, int, str | None]]:
+    """(engine, ring depth, io_scheduler): io_uring at each depth and scheduler, posix once (one
+    call at a time: neither setting applies)."""
+    out: list[tuple[str, int, str | None]] = []
+    for engine in s.engines:
+        if engine == "io_uring":
+            out += [(engine, qd, sch) for qd in s.lat_depths for sch in schedulers]
+        else:
+            out.append((engine, s.queue_depth, None))
+    return out
 
 
 def _ours() -> Any:
@@ -415,12 +435,11 @@ def run_drives(comps: list[Any], s: DrivesSettings, bar: Any) -> dict:
                     out["errors"].append(f"N={n} {fmt_size(chunk)}: {type(exc).__name__}: {exc}")
                 bar.update(1)
         bar.set_description_str("drives latency")
-        for engine in s.engines:
-            for sched in schedulers if engine == "io_uring" else [None]:  # the setting orders io_uring's queue
-                try:
-                    out["latency"].append(measure_latency(d, s, engine, sched))
-                except (OSError, RuntimeError, ValueError) as exc:
-                    out["errors"].append(f"latency {engine} {sched}: {type(exc).__name__}: {exc}")
+        for engine, depth, sched in latency_cases(s, schedulers):
+            try:
+                out["latency"].append(measure_latency(d, s, engine, sched, depth))
+            except (OSError, RuntimeError, ValueError) as exc:
+                out["errors"].append(f"latency {engine} QD{depth} {sched}: {type(exc).__name__}: {exc}")
         bar.update(1)
         out["accounted_total"] = d.service_bytes()
     _shares(out["rows"], s)

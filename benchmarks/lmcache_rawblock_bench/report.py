@@ -508,7 +508,8 @@ def drives_rows(dr: dict) -> list[list[str]]:
 
 def drives_latency_rows(dr: dict) -> list[list[str]]:
     ms = lambda v: "-" if v is None else f"{v * 1e3:,.1f}"  # noqa: E731
-    return [[r["engine"], r["io_scheduler"], fmt_size(r["load_chunk"]), fmt_size(r["store_chunk"]),
+    return [[r["engine"], "-" if r.get("queue_depth") is None else str(r["queue_depth"]), r["io_scheduler"],
+             fmt_size(r["load_chunk"]), fmt_size(r["store_chunk"]),
              ms(r["idle_p50_s"]), ms(r["idle_p99_s"]), ms(r["busy_p50_s"]), ms(r["busy_p99_s"]), _f2(r["p99_ratio"]),
              _mbs(r["store_bytes_per_s_during"]), f"{r['idle_samples']}/{r['busy_samples']}"]
             for r in dr.get("latency", [])]
@@ -537,11 +538,14 @@ def print_drives(results: dict, p: Callable[..., None]) -> None:
                 [[c["engine"], fmt_size(c["chunk"]), str(c["n"]), _f2(c["cpu_s_per_gb"]), _f2(c["vs_n1"])]
                  for c in cv], [False, True, True, True, True]))
     if dr.get("latency"):
-        p("Load latency on one device, one chunk per load_many_into, idle and while another thread's stores "
-          "keep the write budget busy (ms):")
-        p(table(["engine", "io_scheduler", "load", "stores", "idle p50", "idle p99", "busy p50", "busy p99",
+        rd = s.get("lat_read_bps") or 0
+        p("Load latency on one device (reads " + (f"capped at {_mbs(rd)} MB/s" if rd else "uncapped") + ", writes "
+          f"at {_mbs(s['write_bps'])} MB/s), one chunk per load_many_into, idle and while another thread's stores "
+          "(4 chunks per put_many) keep the write budget busy; QD = the io_uring ring's depth, 4 being one "
+          "put_many's worth (ms):")
+        p(table(["engine", "QD", "io_scheduler", "load", "stores", "idle p50", "idle p99", "busy p50", "busy p99",
                  "p99 busy/idle", "stores MB/s", "samples"], drives_latency_rows(dr),
-                [False, False, True, True, True, True, True, True, True, True, True]))
+                [False, True, False] + [True] * 9))
 
 
 WARMUP_NOTE = "an untimed half second"
@@ -685,7 +689,8 @@ def goals(results: dict) -> list[dict]:
             add("drives", f"CPU per GB, N={c['n']} / N=1 ({c['engine']}, {fmt_size(c['chunk'])})", c["vs_n1"], 1.1,
                 False, f"{_f2(c['cpu_s_per_gb'])} s/GB")
     for r in dr.get("latency", []):
-        add("drives", f"load p99 under stores / idle p99 ({r['engine']}, {r['io_scheduler']})", r["p99_ratio"], 1.5,
+        qd = "" if r.get("queue_depth") is None else f", QD{r['queue_depth']}"
+        add("drives", f"load p99 under stores / idle p99 ({r['engine']}{qd}, {r['io_scheduler']})", r["p99_ratio"], 1.5,
             False, f"{r['busy_p99_s'] * 1e3:.1f} vs {r['idle_p99_s'] * 1e3:.1f} ms")
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:

@@ -296,6 +296,14 @@ class CappedDrives:
                 _write(os.path.join(self.group, "blkio.throttle.write_bps_device"), f"{mm} {self.write_bps}")
         _write(os.path.join(self.group, "cgroup.procs"), str(self._pid))
 
+    def set_caps(self, dev: str, read_bps: int, write_bps: int) -> None:
+        """Change one device's caps (0 = none: its rule removed, and its I/O no longer accounted)."""
+        if dev not in self.devices:
+            raise ValueError(f"dev {dev!r}: not one of this rig's devices {self.devices}")
+        mm = _majmin(dev)
+        _write(os.path.join(self.group, "blkio.throttle.read_bps_device"), f"{mm} {read_bps}")
+        _write(os.path.join(self.group, "blkio.throttle.write_bps_device"), f"{mm} {write_bps}")
+
     def wipe(self, nbytes: int) -> None:
         """Overwrite the first nbytes of every device outside the throttle (through the backing
         file; zram: a reset to empty, then the same size), e.g. a cache's metadata before the next

@@ -170,6 +170,8 @@ def test_drives_part_rows_are_accounted_to_the_group():
     assert {(r["n"], r["engine"]) for r in ours} == {(n, e) for n in s.ns for e in s.engines}
     assert all(r["accounted_covers_io"] and r["threads_outside_group"] == [] for r in ours)
     assert {r["n"] for r in out["rows"] if r["who"] == "fio"} == set(s.ns)
-    assert len(out["latency"]) == 1 + len(out["io_schedulers"])  # posix once, io_uring per scheduler
+    # posix once, io_uring per ring depth and scheduler
+    assert len(out["latency"]) == 1 + len(s.lat_depths) * len(out["io_schedulers"])
+    assert all(r["busy_samples"] > 0 and r["idle_samples"] > 0 for r in out["latency"])
     json.dumps(out)  # results.json takes it as it is
     assert rig.clean_stale() == []
