@@ -104,7 +104,7 @@ bench-scale: build lmcache-venv
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --parts scale --no-progress \
 	  --out benchmarks/results/scale $(BENCH_SCALE_ARGS)
 
-# The committed drives figures (benchmarks/results/drives/): the cache over 1, 2, 4 and 8 capped
+# The committed drives figures (benchmarks/results/capped-drives/): the cache over 1, 2, 4 and 8 capped
 # RAM devices (root: zram devices and a blkio cgroup, removed afterwards), beside fio and
 # LMCache's core; a few minutes.
 BENCH_DRIVES_ARGS ?= --drives 1,2,4,8
@@ -112,7 +112,7 @@ BENCH_DRIVES_ARGS ?= --drives 1,2,4,8
 bench-drives: build lmcache-venv
 	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite quick --parts drives --no-progress \
-	  --out benchmarks/results/drives $(BENCH_DRIVES_ARGS)
+	  --out benchmarks/results/capped-drives $(BENCH_DRIVES_ARGS)
 
 # The suite runs twice: over format v1 (LMCache's, whose containers many tests read back),
 # then over the log-structured format, the product default, leaving out the tests that are

@@ -30,11 +30,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from . import rig
 from .common import MiB, fmt_size, median
 from .core import BLOCK, Arena, PlainObj, close_core, object_keys, open_core
+
+if TYPE_CHECKING:
+    from . import rig
 
 MB = 1000 * 1000
 META = 4 * MiB
@@ -258,6 +260,7 @@ def _accounted(d: rig.CappedDrives, before: dict) -> dict:
 
 def measure_cell(d: rig.CappedDrives, comps: list[Any], n: int, chunk: int, s: DrivesSettings) -> list[dict]:
     """One (N, chunk) cell: ours per engine (and LMCache's core at N = 1), then fio."""
+    from . import rig
     rows = []
     devs = d.devices[:n]
     real = any(c.name == "lmcache" for c in comps)  # LMCache's memory objects for both, when it is there
@@ -415,6 +418,7 @@ def _shares(rows: list[dict], s: DrivesSettings) -> None:
 
 def run_drives(comps: list[Any], s: DrivesSettings, bar: Any) -> dict:
     """Every (N, chunk) cell on one rig of max(N) devices, then the latency figures."""
+    from . import rig  # here: ``python -m lmcache_rawblock_bench.rig`` runs it as __main__
     why = rig.why_unavailable(rig.BLKIO, s.backend)
     if why:
         bar.update(steps(s))
