@@ -105,7 +105,8 @@ struct rb_uring {
     _Atomic int stopped;       /* mirror of stopping for lock-free checks */
     _Atomic uint32_t done_gen; /* futex: bumped after completions that finished a batch/ctl */
     _Atomic int waiters;
-    _Atomic int hold; /* test hook: leave new requests queued */
+    _Atomic int hold;              /* test hook: leave new requests queued */
+    _Atomic int64_t fail_write_in; /* test hook: the n-th write attempt to complete reports EIO */
 
     pthread_mutex_t reg_mu;
     _Atomic int fixed_registered;
@@ -1042,6 +1043,9 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         retry_push(u, a);
         return;
     }
+    if (a->req->op == RB_REQ_WRITE && atomic_load_explicit(&u->fail_write_in, memory_order_relaxed) > 0 &&
+        atomic_fetch_sub(&u->fail_write_in, 1) == 1)
+        res = -EIO; /* test hook: the device did the write; this attempt reports it failed */
     if (count_attempt(u, a, &res, cnt))
         return;
     if (res < 0)
@@ -1653,6 +1657,11 @@ void rb_uring_hold(struct rb_uring *u, int on)
     atomic_store(&u->hold, on ? 1 : 0);
     if (!on)
         wake_worker(u);
+}
+
+void rb_uring_fail_write(struct rb_uring *u, int64_t nth)
+{
+    atomic_store(&u->fail_write_in, nth > 0 ? nth : 0);
 }
 
 int rb_uring_trace(struct rb_uring *u, size_t n)

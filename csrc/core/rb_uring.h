@@ -154,6 +154,9 @@ void rb_uring_sched(const struct rb_uring *u, rb_sched_cfg *out);
  * rb_uring_trace(u, n): record the next n attempt completions (n = 0 stops and frees); then
  * rb_uring_trace_read copies up to max of them, in completion order, and returns how many. */
 void rb_uring_hold(struct rb_uring *u, int on);
+/* Test hook: the nth write attempt to complete from now on (1 = the next; 0 clears) reports an
+ * I/O error (EIO), whatever the device did. */
+void rb_uring_fail_write(struct rb_uring *u, int64_t nth);
 typedef struct rb_trace_ent {
     uint64_t offset; /* device offset of the attempt */
     uint32_t len;    /* its bytes */

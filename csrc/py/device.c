@@ -523,6 +523,14 @@ static PyObject *device_trace_engine(PyObject *op, PyObject *arg)
     return rbpy_engine_trace(self->dev, arg);
 }
 
+static PyObject *device_fail_engine_write(PyObject *op, PyObject *arg)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    return rbpy_engine_fail_write(self->dev, arg);
+}
+
 static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -714,6 +722,8 @@ static PyMethodDef device_methods[] = {
      "io_scheduler($self, /)\n--\n\nThe io_uring scheduler in effect (dict), or None without io_uring."},
     {"_hold_engine", device_hold_engine, METH_O,
      "_hold_engine($self, on, /)\n--\n\nTest hook: leave new requests queued while on."},
+    {"_fail_engine_write", device_fail_engine_write, METH_O,
+     "_fail_engine_write($self, nth, /)\n--\n\nTest hook: the nth write attempt to complete reports EIO."},
     {"_trace_engine", device_trace_engine, METH_O,
      "_trace_engine($self, n, /)\n--\n\nTest hook: the attempt completions recorded so far, then record n more."},
     {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "NVMe namespace id (use_uring_cmd only)."},
