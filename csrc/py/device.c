@@ -198,8 +198,8 @@ static int dev_config_from(const dev_args *a, rb_dev_config *cfg)
 {
     int use_iouring = 0;
     /* Our keyword-only extension: how the device is locked (LMCache's device takes no lock). */
-    if (lock_mode_of(a->lock, &cfg->lock) < 0 || dev_bools_from(a, cfg, &use_iouring) < 0 || dev_ints_from(a, cfg) < 0 ||
-        dev_sched_from(a, cfg) < 0)
+    if (lock_mode_of(a->lock, &cfg->lock) < 0 || dev_bools_from(a, cfg, &use_iouring) < 0 ||
+        dev_ints_from(a, cfg) < 0 || dev_sched_from(a, cfg) < 0)
         return -1;
     /* 1. engine selection; 2. passthrough needs io_uring. */
     if (dev_engine_of(a->engine, &use_iouring) < 0)

@@ -920,8 +920,9 @@ static PyObject *trace_list(const rb_trace_ent *t, size_t n)
 {
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
-        PyObject *e = Py_BuildValue("(sKIO)", t[i].op == RB_REQ_READ ? "read" : "write",
-                                    (unsigned long long)t[i].offset, (unsigned)t[i].len, t[i].last ? Py_True : Py_False);
+        PyObject *e =
+            Py_BuildValue("(sKIO)", t[i].op == RB_REQ_READ ? "read" : "write", (unsigned long long)t[i].offset,
+                          (unsigned)t[i].len, t[i].last ? Py_True : Py_False);
         if (!e)
             Py_CLEAR(out);
         else
