@@ -5,7 +5,8 @@ cgroup v1 blkio group with a read and a write bandwidth cap; the process moves i
 Per round, for each scheduler in turn (interleaved): a core on the drive (io_uring, O_DIRECT,
 8 MiB chunks); one-chunk loads while idle; then ``--writers`` threads each storing ``--per-call``
 chunks per put_many without pause, and the same loads beside them (one at a time, ``--gap``
-seconds apart). Prints and writes (``--out``) p50 / p99 of each series and the stores' rate.
+seconds apart, as the idle ones: the throttle passes a 100 ms slice's worth of bytes at once, so
+back-to-back loads would measure its slices). Prints and writes (``--out``) p50 / p99 of each series and the stores' rate.
 
 Needs root, /sys/fs/cgroup/blkio and zram. A one-off driver until the harness's drives part
 measures the same; run: python3 benchmarks/scripts/sched_latency.py --out DIR
@@ -96,7 +97,10 @@ def one_round(path: str, sched: str, a: argparse.Namespace, arena: Arena, rnd: i
             assert ok == [True]
             return dt
 
-        idle = [load(i) for i in range(a.samples)]
+        idle = []
+        for i in range(a.samples):
+            idle.append(load(i))
+            time.sleep(a.gap)
         stop = threading.Event()
         stored = [0]
         lock = threading.Lock()
