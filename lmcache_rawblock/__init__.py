@@ -2,7 +2,9 @@
 
 * ``RawBlockDevice``: drop-in for ``lmcache_rust_raw_block_io.RawBlockDevice``
   (``lmcache_rawblock.compat.install()`` makes LMCache's own code import it under that name).
-* ``RawBlockCore`` and friends: drop-in for LMCache's ``lmcache.v1.storage_backend.raw_block``.
+* ``RawBlockCore`` and friends: drop-in for LMCache's raw-block package
+  (``lmcache.v1.distributed.l2_adapters.raw_block``; ``lmcache.v1.storage_backend.raw_block``
+  before 0.5.7: ``lmcache_rawblock.lmcache_paths`` resolves the installed one).
 * ``RustRawBlockBackend``: drop-in for LMCache's raw-block storage plugin
   (``storage_plugin.<name>.module_path: lmcache_rawblock.plugin``).
 """
@@ -19,7 +21,8 @@ from ._native import RawBlockDevice, __version__
 # on first use of one of these names: ``import lmcache_rawblock`` imports neither torch nor
 # lmcache. tests/package/test_package.py checks this list against raw_block.__all__.
 _RAW_BLOCK_NAMES = (
-    "DEFAULT_IOURING_QUEUE_DEPTH", "NativeQuiescence", "RAW_BLOCK_IO_ENGINES", "RawBlockCloseOutcome",
+    "DEFAULT_IOURING_QUEUE_DEPTH", "MultiDeviceConfig", "MultiDeviceCore",
+    "NativeQuiescence", "RAW_BLOCK_IO_ENGINES", "RawBlockCloseOutcome",
     "RawBlockCore", "RawBlockCoreConfig", "RawBlockKeyNamespace", "RawBlockKeySpec", "RawBlockPutManyResult",
     "decode_legacy_key", "decode_object_key", "encode_legacy_key", "encode_object_key",
     "normalize_raw_block_io_engine", "normalize_raw_block_placement_ids", "object_key_to_string", "round_up",

@@ -49,6 +49,7 @@ from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc
 from . import fdp
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
+from .raw_block import multi
 from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_value
 
@@ -70,6 +71,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
     @classmethod
     def from_dict(cls, d: dict) -> RawBlockL2AdapterConfig:
         d = dict(d)
+        paths = multi.mp_device_paths(d)  # several devices: one core over them (MultiDeviceCore)
         ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
         # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
         # from its code), and the adapter routes ours itself.
@@ -85,6 +87,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
             setattr(cfg, name, value)
         if strategy in fdp.STRATEGIES:
             cfg.fdp_data_placement_policy = strategy
+        cfg.device_paths = paths
         # Our checks of the FDP keys together (the strategies' and fdp_phase's needs, named).
         fdp.resolve_settings(
             {"fdp_enabled": cfg.fdp_enabled, "fdp_placement_ids": cfg.fdp_placement_ids,
@@ -95,10 +98,13 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
             default_policy=fdp.CACHE_SALT_PREFIX)
         return cfg
 
-    def to_core_config(self) -> _OurConfig:
-        """The core config LMCache's adapter builds, as ours, with our settings."""
-        return _to_our_config(super().to_core_config(),
-                              **{s.name: getattr(self, s.name, s.default) for s in _OURS})
+    def to_core_config(self) -> _OurConfig | multi.MultiDeviceConfig:
+        """The core config LMCache's adapter builds, as ours, with our settings (with several
+        ``device_paths``, that config once per device)."""
+        cfg = _to_our_config(super().to_core_config(),
+                             **{s.name: getattr(self, s.name, s.default) for s in _OURS})
+        paths = getattr(self, "device_paths", None)
+        return multi.MultiDeviceConfig.for_paths(cfg, paths) if paths and len(paths) > 1 else cfg
 
     @classmethod
     def help(cls) -> str:
@@ -120,8 +126,11 @@ def _to_our_config(config: Any, **ours: Any) -> _OurConfig:
     return _OurConfig(**fields, **ours)
 
 
-def _our_core(config: Any, *, key_namespace: str) -> _OurCore:
-    """Our RawBlockCore, in place of LMCache's, from the core config the adapter built."""
+def _our_core(config: Any, *, key_namespace: str) -> _OurCore | multi.MultiDeviceCore:
+    """Our RawBlockCore, in place of LMCache's, from the core config the adapter built; a
+    MultiDeviceCore over several devices (one adapter over N devices: docs/compatibility.md)."""
+    if isinstance(config, multi.MultiDeviceConfig):
+        return multi.MultiDeviceCore(config, key_namespace=key_namespace)
     if not isinstance(config, _OurConfig):
         config = _to_our_config(config)
     return _OurCore(config, key_namespace=key_namespace)

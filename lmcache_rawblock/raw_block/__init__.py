@@ -1,5 +1,6 @@
-"""Drop-in for LMCache's ``lmcache.v1.storage_backend.raw_block`` package, backed by the C
-core in ``lmcache_rawblock._native``."""
+"""Drop-in for LMCache's raw-block package (``lmcache.v1.distributed.l2_adapters.raw_block``,
+``lmcache.v1.storage_backend.raw_block`` before 0.5.7), backed by the C core in
+``lmcache_rawblock._native``."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ from .key_codec import (
     object_key_to_string,
     slot_identity_from_encoded_key,
 )
+from .multi import MultiDeviceConfig, MultiDeviceCore
 
 __all__ = [
     "DEFAULT_IOURING_QUEUE_DEPTH",
+    "MultiDeviceConfig",
+    "MultiDeviceCore",
     "NativeQuiescence",
     "RAW_BLOCK_IO_ENGINES",
     "RawBlockCloseOutcome",
