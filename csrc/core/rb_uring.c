@@ -1,13 +1,16 @@
 /*
- * rb_uring.c - the io_uring engine: worker thread, submission FIFO, batches, fixed buffers.
+ * rb_uring.c - the io_uring engine: worker thread, submission queue and scheduler, batches,
+ * fixed buffers.
  * Contract, lifetimes and lock order: rb_uring.h.
  *
  * The worker owns the ring outright (it creates it, is its only submitter and reaper, and
  * tears it down), so the ring can be SINGLE_ISSUER + DEFER_TASKRUN where the kernel allows.
  * It sleeps only inside io_uring_enter(GETEVENTS): producers wake it through an eventfd that
  * a multishot POLL_ADD on the ring watches, so new work and I/O completions arrive as CQEs
- * in one place. At most `depth` requests are in the kernel at once; the rest wait in the
- * software FIFO (counted as queue-full events).
+ * in one place. Each round the worker takes every queued request into its lanes (loads and
+ * stores under loads_first; one lane under fifo) and sends attempts from them, resubmissions
+ * first, within the ring's depth (attempts, not requests) and the lanes' byte budgets; what does
+ * not fit waits in its lane (counted as queue-full events, or budget waits).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -105,7 +108,8 @@ struct rb_uring {
     _Atomic int stopped;       /* mirror of stopping for lock-free checks */
     _Atomic uint32_t done_gen; /* futex: bumped after completions that finished a batch/ctl */
     _Atomic int waiters;
-    _Atomic int hold; /* test hook: leave new requests queued */
+    _Atomic int hold;              /* test hook: leave new requests queued */
+    _Atomic int64_t fail_write_in; /* test hook: the n-th write attempt to complete reports EIO */
 
     pthread_mutex_t reg_mu;
     _Atomic int fixed_registered;
@@ -128,9 +132,9 @@ struct rb_uring {
     unsigned inflight; /* attempts with an SQE prepared and no CQE yet */
     rb_att **sq_fifo;  /* prepared, not yet accepted by the kernel (for stats) */
     unsigned sq_cap, sq_head, sq_count;
-    rb_att *atts, *att_free;         /* the attempts (depth + 1), and the unused ones */
-    rb_att *retry_head, *retry_tail; /* remainders of short transfers, next attempts: sent first */
-    rb_att *kern;                    /* accepted by the kernel, CQE not reaped (kprev/knext list) */
+    rb_att *atts, *att_free;             /* the attempts (depth + 1), and the unused ones */
+    rb_att *retry_head, *retry_tail;     /* remainders of short transfers, next attempts: sent first */
+    rb_att *kern;                        /* accepted by the kernel, CQE not reaped (kprev/knext list) */
     rb_req *lane_head[2], *lane_tail[2]; /* taken from the queue, not wholly sent: [op] (fifo: [0]) */
     size_t bytes_in[2];                  /* [op]: bytes of attempts in flight */
     unsigned att_in[2];                  /* [op]: attempts with an SQE prepared and no CQE yet */
@@ -828,7 +832,8 @@ static void trace_add(struct rb_uring *u, const rb_att *a, int last)
         return;
     pthread_mutex_lock(&u->tr_mu);
     if (u->tr && u->tr_n < u->tr_cap)
-        u->tr[u->tr_n++] = (rb_trace_ent){.offset = a->off, .len = (uint32_t)a->len, .op = a->req->op, .last = (uint8_t)last};
+        u->tr[u->tr_n++] =
+            (rb_trace_ent){.offset = a->off, .len = (uint32_t)a->len, .op = a->req->op, .last = (uint8_t)last};
     pthread_mutex_unlock(&u->tr_mu);
 }
 
@@ -1042,6 +1047,9 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         retry_push(u, a);
         return;
     }
+    if (a->req->op == RB_REQ_WRITE && atomic_load_explicit(&u->fail_write_in, memory_order_relaxed) > 0 &&
+        atomic_fetch_sub(&u->fail_write_in, 1) == 1)
+        res = -EIO; /* test hook: the device did the write; this attempt reports it failed */
     if (count_attempt(u, a, &res, cnt))
         return;
     if (res < 0)
@@ -1241,15 +1249,25 @@ static int start_refused(struct rb_uring *u, rb_req *r)
     return 1;
 }
 
+/* Whether an attempt of len bytes from lane l would pass its budget (loads_first only): the
+ * lane's bytes in flight (at least one attempt always goes), or for stores their share of the
+ * ring's entries. */
+static int lane_over_budget(const struct rb_uring *u, int l, size_t len)
+{
+    if (u->sched == RB_SCHED_FIFO)
+        return 0;
+    size_t cap = l == RB_REQ_WRITE ? u->wr_cap : u->rd_cap;
+    if (u->bytes_in[l] && u->bytes_in[l] + len > cap)
+        return 1;
+    return l == RB_REQ_WRITE && u->att_in[l] >= u->wr_slots;
+}
+
 /* Send attempts of lane l's requests in order while *room, the lane's byte budget and (writes
  * under loads_first) its share of the ring's entries last. A request leaves the lane when it is
  * wholly sent (fifo: after its first attempt, its next parts following as resubmissions). 1
  * when the lane still holds requests (for want of room or budget). */
 static int issue_lane(struct rb_uring *u, int l, unsigned *room, int *budget_wait)
 {
-    const int fifo = u->sched == RB_SCHED_FIFO;
-    size_t cap = fifo ? 0 : l == RB_REQ_WRITE ? u->wr_cap : u->rd_cap;
-    unsigned slots = fifo || l == RB_REQ_READ ? u->depth : u->wr_slots;
     rb_req *r;
     while ((r = u->lane_head[l]) != NULL) {
         if (r->fail || (!r->started && start_refused(u, r))) {
@@ -1260,7 +1278,7 @@ static int issue_lane(struct rb_uring *u, int l, unsigned *room, int *budget_wai
         if (!*room)
             return 1;
         size_t len = attempt_len(u, r);
-        if ((cap && u->bytes_in[l] && u->bytes_in[l] + len > cap) || u->att_in[l] >= slots) {
+        if (lane_over_budget(u, l, len)) {
             *budget_wait = 1;
             return 1;
         }
@@ -1269,7 +1287,7 @@ static int issue_lane(struct rb_uring *u, int l, unsigned *room, int *budget_wai
             return 1;
         prep_att(u, a);
         (*room)--;
-        if (fifo || r->cur_len == 0)
+        if (u->sched == RB_SCHED_FIFO || r->cur_len == 0)
             lane_remove(u, l, r);
     }
     return 0;
@@ -1600,8 +1618,7 @@ static int uring_alloc(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *s
     return 0;
 }
 
-int rb_uring_create(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out,
-                    rb_err *err)
+int rb_uring_create(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out, rb_err *err)
 {
     struct rb_uring *u = NULL;
     int rc = uring_alloc(dev, depth, sched, &u, err);
@@ -1653,6 +1670,11 @@ void rb_uring_hold(struct rb_uring *u, int on)
     atomic_store(&u->hold, on ? 1 : 0);
     if (!on)
         wake_worker(u);
+}
+
+void rb_uring_fail_write(struct rb_uring *u, int64_t nth)
+{
+    atomic_store(&u->fail_write_in, nth > 0 ? nth : 0);
 }
 
 int rb_uring_trace(struct rb_uring *u, size_t n)

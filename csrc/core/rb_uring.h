@@ -2,7 +2,8 @@
  * rb_uring.h - the io_uring engine of a device: one ring, one worker thread ("rb-uring").
  *
  * Owns: the ring (created, driven and torn down by the worker thread only, so it can use
- * IORING_SETUP_SINGLE_ISSUER | DEFER_TASKRUN), the software submission FIFO, short-I/O
+ * IORING_SETUP_SINGLE_ISSUER | DEFER_TASKRUN), the software submission queue and the scheduler
+ * that sends from it (rb_sched_cfg below: loads first, or one FIFO), short-I/O
  * resubmission, fixed-buffer registration and lookup, batch completion and waking of
  * waiters, and the engine's share of the device counters (rb_stats).
  *
@@ -10,7 +11,8 @@
  * CQEs, every transfer is an NVMe Read or Write built by hand in an IORING_OP_URING_CMD SQE
  * (SLBA, 0-based NLB, and for writes with a placement id the Data Placement directive: DTYPE 2
  * in CDW12, the id in DSPEC, CDW13[31:16]), requests longer than the device's transfer limit
- * run as consecutive commands, and unaligned or short caller buffers go through an aligned
+ * run as several commands (in flight together under loads_first, one after another under
+ * fifo), and unaligned or short caller buffers go through an aligned
  * bounce in both directions. There are no short transfers: a CQE's res is 0 (done), the NVMe
  * status (> 0) or -errno.
  *
@@ -36,7 +38,10 @@
  *            request. Leaf lock: nothing else is taken while it is held; no syscalls
  *            except the eventfd write done after unlocking.
  *   reg_mu - serialises register_fixed_buffers callers; taken before q_mu.
- *   Lock order: dev->gate_mu (rb_device) -> reg_mu -> q_mu. The worker takes only q_mu.
+ *   tr_mu  - guards the completion trace (a test hook); leaf lock, taken by the worker and by
+ *            rb_uring_trace / rb_uring_trace_read.
+ *   Lock order: dev->gate_mu (rb_device) -> reg_mu -> q_mu. The worker takes only q_mu and
+ *   tr_mu, never both at once.
  *   Waiters sleep on a futex (u->done_gen), bumped by the worker after a round of
  *   completions in which some batch finished; no polling anywhere.
  */
@@ -88,7 +93,7 @@ typedef struct rb_req {
     uint8_t *cur_buf;
     size_t cur_len;
     size_t left;
-    uint32_t natt;       /* attempts of this request in the kernel or waiting to be resubmitted */
+    uint32_t natt; /* attempts of this request in the kernel or waiting to be resubmitted */
     int32_t errnum;
     uint8_t op;          /* enum rb_req_op */
     uint8_t status;      /* enum rb_req_status; written by the worker before the batch count drops */
@@ -143,8 +148,7 @@ typedef struct rb_sched_cfg {
 /* Create the ring (depth entries, worker in-flight cap = depth) and start the worker on
  * dev->fd, scheduling as sched says (NULL: loads_first with the default budgets). Errors:
  * RuntimeError("io_uring init failed: ...") and the like. */
-int rb_uring_create(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out,
-                    rb_err *err);
+int rb_uring_create(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out, rb_err *err);
 
 /* The scheduler in effect (defaults filled in, piece rounded). */
 void rb_uring_sched(const struct rb_uring *u, rb_sched_cfg *out);
@@ -154,6 +158,9 @@ void rb_uring_sched(const struct rb_uring *u, rb_sched_cfg *out);
  * rb_uring_trace(u, n): record the next n attempt completions (n = 0 stops and frees); then
  * rb_uring_trace_read copies up to max of them, in completion order, and returns how many. */
 void rb_uring_hold(struct rb_uring *u, int on);
+/* Test hook: the nth write attempt to complete from now on (1 = the next; 0 clears) reports an
+ * I/O error (EIO), whatever the device did. */
+void rb_uring_fail_write(struct rb_uring *u, int64_t nth);
 typedef struct rb_trace_ent {
     uint64_t offset; /* device offset of the attempt */
     uint32_t len;    /* its bytes */

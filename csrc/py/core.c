@@ -213,6 +213,8 @@ static PyMethodDef core_methods[] = {
      "io_scheduler($self, /)\n--\n\n-> dict | None: the io_uring scheduler in effect"},
     {"_hold_engine", rbpy_core_hold_engine, METH_O,
      "_hold_engine($self, on, /)\n--\n\ntest hook: leave new requests queued while on"},
+    {"_fail_engine_write", rbpy_core_fail_engine_write, METH_O,
+     "_fail_engine_write($self, nth, /)\n--\n\ntest hook: the nth write attempt to complete reports EIO"},
     {"_trace_engine", rbpy_core_trace_engine, METH_O,
      "_trace_engine($self, n, /)\n--\n\ntest hook: the attempt completions recorded so far, then record n more"},
     {"_inject_engine_fault", rbpy_core_inject_engine_fault, METH_O,

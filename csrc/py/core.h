@@ -174,6 +174,7 @@ PyObject *rbpy_core_inject_engine_fault(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_io_scheduler(PyObject *op, PyObject *unused);
 PyObject *rbpy_core_hold_engine(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_trace_engine(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_fail_engine_write(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_ckpt_delay(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_load_check_off(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_ckpt_no_flush(PyObject *op, PyObject *arg);

@@ -137,6 +137,11 @@ PyObject *rbpy_core_hold_engine(PyObject *op, PyObject *arg)
     return rbpy_engine_hold(rb_core_device(rbpy_core_of(op)), arg);
 }
 
+PyObject *rbpy_core_fail_engine_write(PyObject *op, PyObject *arg)
+{
+    return rbpy_engine_fail_write(rb_core_device(rbpy_core_of(op)), arg);
+}
+
 PyObject *rbpy_core_trace_engine(PyObject *op, PyObject *arg)
 {
     return rbpy_engine_trace(rb_core_device(rbpy_core_of(op)), arg);

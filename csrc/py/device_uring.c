@@ -901,14 +901,28 @@ PyObject *rbpy_engine_hold(rb_dev *dev, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyObject *rbpy_engine_fail_write(rb_dev *dev, PyObject *arg)
+{
+    long long nth = PyLong_AsLongLong(arg);
+    if (nth == -1 && PyErr_Occurred())
+        return NULL;
+    struct rb_uring *u = engine_enter(dev, "_fail_engine_write");
+    if (!u)
+        return NULL;
+    rb_uring_fail_write(u, (int64_t)nth);
+    rb_dev_leave(dev);
+    Py_RETURN_NONE;
+}
+
 /* The recorded completions as [(op, offset, length, last), ...]; op "read" or "write", last
  * whether the attempt ended its request. */
 static PyObject *trace_list(const rb_trace_ent *t, size_t n)
 {
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
-        PyObject *e = Py_BuildValue("(sKIO)", t[i].op == RB_REQ_READ ? "read" : "write",
-                                    (unsigned long long)t[i].offset, (unsigned)t[i].len, t[i].last ? Py_True : Py_False);
+        PyObject *e =
+            Py_BuildValue("(sKIO)", t[i].op == RB_REQ_READ ? "read" : "write", (unsigned long long)t[i].offset,
+                          (unsigned)t[i].len, t[i].last ? Py_True : Py_False);
         if (!e)
             Py_CLEAR(out);
         else

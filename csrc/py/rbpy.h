@@ -156,6 +156,8 @@ PyObject *rbpy_dev_inject_engine_fault(PyObject *self, PyObject *arg);
 PyObject *rbpy_engine_sched(rb_dev *dev);
 PyObject *rbpy_engine_hold(rb_dev *dev, PyObject *arg);
 PyObject *rbpy_engine_trace(rb_dev *dev, PyObject *arg);
+/* _fail_engine_write(nth): rb_uring_fail_write. */
+PyObject *rbpy_engine_fail_write(rb_dev *dev, PyObject *arg);
 /* Called by close() and dealloc with the GIL held, after the engine has stopped:
  * releases every buffer the batches still hold. */
 void rbpy_uring_batches_free(RawBlockDeviceObject *self);
