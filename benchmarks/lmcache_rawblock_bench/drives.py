@@ -14,8 +14,8 @@ For N = 1, 2, 4 (and 8 in the full suite) capped devices and 8 / 32 MiB chunks:
   thread's stores keep the write budget saturated, per ``io_scheduler`` value when the core has
   that setting (else today's single queue only).
 
-N > 1 runs through ``lmcache_rawblock.raw_block.MultiDeviceCore`` when the package has it, else
-through N ``RawBlockCore``s driven by one thread each (``driver`` in each row says which).
+N > 1 runs through ``lmcache_rawblock.raw_block.MultiDeviceCore`` (``driver`` in each row says
+which class drove it).
 Every row also carries what the group's throttle accounted per device
 (``blkio.throttle.io_service_bytes``), which must cover the bytes the row moved: proof that the
 caps bound that I/O.
@@ -23,16 +23,12 @@ caps bound that I/O.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
-from .common import MiB, fmt_size, median
+from .common import MiB, fmt_size
 from .core import BLOCK, Arena, PlainObj, close_core, object_keys, open_core
 
 if TYPE_CHECKING:
@@ -98,55 +94,10 @@ def device_bytes(s: DrivesSettings) -> int:
 # ---------------------------------------------------------------------------- the caches
 
 
-def multi_device_class() -> Any:
-    """lmcache_rawblock.raw_block.MultiDeviceCore, or None when this build has none."""
-    try:
-        mod = importlib.import_module("lmcache_rawblock.raw_block")
-    except ImportError:
-        return None
-    return getattr(mod, "MultiDeviceCore", None)
-
-
 def has_setting(name: str) -> bool:
     from lmcache_rawblock.settings import SETTINGS
 
     return name in SETTINGS
-
-
-class FanOut:
-    """N RawBlockCores, one per device, keys dealt round-robin, each call fanned out over one
-    thread per core: the stand-in for a multi-device cache where the package has none."""
-
-    def __init__(self, cores: list[Any]):
-        self.cores = cores
-        self.pool = ThreadPoolExecutor(len(cores))
-
-    def _split(self, items: Sequence[Any]) -> list[list[Any]]:
-        return [list(items[i::len(self.cores)]) for i in range(len(self.cores))]
-
-    def _fan(self, fn: Callable[[Any, list, list], Any], a: Sequence[Any], b: Sequence[Any]) -> list:
-        parts = [(c, x, y) for c, x, y in zip(self.cores, self._split(a), self._split(b)) if x]
-        return list(self.pool.map(lambda t: fn(*t), parts))
-
-    def put_many(self, keys: Sequence[Any], objs: Sequence[Any]) -> list[bool]:
-        return [ok for r in self._fan(lambda c, k, o: c.put_many(k, o), keys, objs) for ok in r.results]
-
-    def load_many_into(self, enc: Sequence[str], objs: Sequence[Any]) -> list[bool]:
-        return [ok for r in self._fan(lambda c, k, o: c.load_many_into(k, o), enc, objs) for ok in r]
-
-    def register_fixed_buffers_from_allocator(self, arena: Any) -> None:
-        for c in self.cores:
-            c.register_fixed_buffers_from_allocator(arena)
-
-    def close(self) -> None:
-        self.pool.shutdown()
-        for c in self.cores:
-            close_core(c)
-
-
-class _Results:
-    def __init__(self, results: list[bool]):
-        self.results = results
 
 
 def _core_kwargs(chunk: int, engine: str, qd: int, extra: dict | None) -> dict:
@@ -156,28 +107,17 @@ def _core_kwargs(chunk: int, engine: str, qd: int, extra: dict | None) -> dict:
 
 def open_cache(comp: Any, devices: list[str], chunk: int, engine: str, qd: int,
                extra: dict | None = None) -> tuple[Any, str]:
-    """A cache over devices: (the cache, which driver)."""
+    """A cache over devices: (the cache, which class drives it). N > 1: MultiDeviceCore, one
+    RawBlockCore per device with the same settings."""
     kw = _core_kwargs(chunk, engine, qd, extra)
     if len(devices) == 1:
         return open_core(comp, devices[0], **kw), "RawBlockCore"
-    mdc = multi_device_class()
-    if mdc is not None and comp.name == "ours":
-        return _open_multi(mdc, devices, kw), "MultiDeviceCore"
-    return FanOut([open_core(comp, d, **kw) for d in devices]), f"{len(devices)} RawBlockCores, a thread each"
-
-
-def _open_multi(mdc: Any, devices: list[str], kw: dict) -> Any:
-    """MultiDeviceCore over devices, whichever of its documented constructors it offers."""
-    from lmcache_rawblock.raw_block import RawBlockCoreConfig
+    from lmcache_rawblock.raw_block import MultiDeviceCore, RawBlockCoreConfig
 
     from .core import config_kwargs
 
-    params = inspect.signature(mdc).parameters
-    if "device_paths" in params:
-        return mdc(RawBlockCoreConfig(**config_kwargs(devices[0], **kw)), device_paths=devices,
-                   key_namespace="object")
     cfgs = [RawBlockCoreConfig(**config_kwargs(d, **kw)) for d in devices]
-    return mdc(cfgs, key_namespace="object")
+    return MultiDeviceCore(cfgs, key_namespace="object"), "MultiDeviceCore"
 
 
 def reset_devices(d: rig.CappedDrives) -> None:
@@ -274,7 +214,7 @@ def measure_cell(d: rig.CappedDrives, comps: list[Any], n: int, chunk: int, s: D
             try:
                 r = measure_cache(cache, n, chunk, s, f"{comp.name}{engine}{n}x{chunk}", real=real)
             finally:
-                cache.close() if hasattr(cache, "pool") else close_core(cache)
+                close_core(cache)
             acc = _accounted(d, before)
             rows.append({"who": comp.name, "engine": engine, "driver": driver, "n": n, "chunk": chunk, **r,
                          "accounted": {k: v for k, v in acc.items() if k in devs},
@@ -426,7 +366,7 @@ def run_drives(comps: list[Any], s: DrivesSettings, bar: Any) -> dict:
     comps = [c for c in comps if c.available]
     schedulers = ["fifo", "loads_first"] if has_setting("io_scheduler") else [None]
     out: dict[str, Any] = {"available": True, "settings": s.describe(), "rows": [], "latency": [], "errors": [],
-                           "multi_device_core": multi_device_class() is not None, "io_schedulers": schedulers}
+                           "io_schedulers": schedulers}
     with rig.CappedDrives(max(s.ns), device_bytes(s), s.read_bps, s.write_bps, s.backend) as d:
         out["rig"] = d.describe()
         out["caps_read_back"] = d.caps()
@@ -462,23 +402,3 @@ def cpu_vs_n(rows: list[dict]) -> list[dict]:
             out.append({"engine": r["engine"], "chunk": r["chunk"], "n": r["n"], "cpu_s_per_gb": r["cpu_s_per_gb"],
                         "vs_n1": r["cpu_s_per_gb"] / base["cpu_s_per_gb"]})
     return out
-
-
-def median_or_none(vals: list[float]) -> float | None:
-    return median(vals) if vals else None
-
-
-if __name__ == "__main__":  # pragma: no cover - a quick look without the harness
-    import json
-    import sys
-
-    from .core import lmcache_core, ours_core
-
-    class _Bar:
-        def update(self, _n: int) -> None: ...
-        def set_description_str(self, t: str) -> None: print(t, file=sys.stderr)
-
-    suite = sys.argv[1] if len(sys.argv) > 1 else "smoke"
-    res = run_drives([ours_core(), lmcache_core()], SUITES[suite], _Bar())
-    print(json.dumps({k: v for k, v in res.items()}, indent=1, default=str)[:20000])
-    print(os.getpid())

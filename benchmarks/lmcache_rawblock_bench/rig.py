@@ -18,9 +18,9 @@ Two kinds of device (``backend``):
 - ``loop``: loop devices with direct I/O (``losetup -f --show --direct-io=on``) over files in a
   tmpfs (``/dev/shm``). Exact for psync and for io_uring requests the loop device takes whole,
   but an io_uring request that it must split (past 128 segments or 1,280 KiB: a registered buffer
-  of 8 MiB always, a plain buffer when its pages are scattered) is charged twice: the kernel refuses to split the non-blocking
-  first attempt after the throttle has charged it, and io_uring charges the blocking retry again.
-  Such engines reach half the cap.
+  of 8 MiB always, a plain buffer when its pages are scattered) is charged twice: the kernel
+  refuses to split the non-blocking first attempt after the throttle has charged it, and the
+  blocking retry is charged again. Such engines reach half the cap.
 
 Only I/O that the process submits itself is throttled and accounted: use O_DIRECT. Buffered
 writes reach the device later from the kernel's flusher threads, outside the group.
