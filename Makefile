@@ -146,7 +146,7 @@ bench-scale: build lmcache-venv-$(LMCACHE_NEWEST)
 # LMCache's core; a few minutes.
 BENCH_DRIVES_ARGS ?= --drives 1,2,4,8
 .PHONY: bench-drives
-bench-drives: build lmcache-venv
+bench-drives: build lmcache-venv-$(LMCACHE_NEWEST)
 	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite quick --parts drives --no-progress \
 	  --out benchmarks/results/capped-drives $(BENCH_DRIVES_ARGS)
