@@ -47,7 +47,7 @@ ASAN_PATH := $(ASAN_BUILD):$(CURDIR)/benchmarks
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long clean lmcache-matrix
+.PHONY: all deps apt-deps py-deps build demo bench bench-drives test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long clean lmcache-matrix
 
 all: build
 
@@ -141,6 +141,16 @@ bench-scale: build lmcache-venv-$(LMCACHE_NEWEST)
 	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --parts scale --no-progress \
 	  --out benchmarks/results/scale $(BENCH_SCALE_ARGS)
+
+# The committed drives figures (benchmarks/results/capped-drives/): the cache over 1, 2, 4 and 8 capped
+# RAM devices (root: zram devices and a blkio cgroup, removed afterwards), beside fio and
+# LMCache's core; a few minutes.
+BENCH_DRIVES_ARGS ?= --drives 1,2,4,8
+.PHONY: bench-drives
+bench-drives: build lmcache-venv-$(LMCACHE_NEWEST)
+	@$(call install-bench,$(LMC_VENV)/bin/python)
+	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite quick --parts drives --no-progress \
+	  --out benchmarks/results/capped-drives $(BENCH_DRIVES_ARGS)
 
 # The suite runs twice: over format v1 (LMCache's, whose containers many tests read back),
 # then over the log-structured format, the product default, leaving out the tests that are

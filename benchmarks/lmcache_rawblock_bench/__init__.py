@@ -11,7 +11,9 @@ plugin (batched_remove fan-out against the override, and eviction under contenti
 (LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio)
 and scale (both metadata formats and LMCache's core against index size: the checkpoint after churn
 beside a full base, bytes per entry, reopen time beside fio, index memory, and what a put costs on
-a full cache).
+a full cache). On capped RAM devices of its own (``rig``, root): drives (store and load bandwidth
+over N devices as a share of N x cap beside fio and LMCache's core, CPU per GB against N, load
+latency under stores).
 Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
 check costs a load, the check on against off on one core) and dealloc (what deallocating freed
 slots costs an eviction batch and the puts after it, on against off, on a file and a loop device).
@@ -28,6 +30,7 @@ from typing import Any, Callable
 from . import common, device, limit
 from . import core as core_suite
 from . import dealloc as dealloc_suite
+from . import drives as drives_suite
 from . import e2e as e2e_suite
 from . import histcost as histcost_suite
 from . import loadcheck as loadcheck_suite
@@ -39,9 +42,12 @@ from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck", "dealloc", "scale", "histcost")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "loadcheck", "dealloc", "scale",
+              "histcost", "drives")
+# drives needs root and moves the process into a blkio group for minutes: asked for by name only
+DEFAULT_PARTS = tuple(p for p in PART_NAMES if p != "drives")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
-CORE_PARTS = ("core", "recovery", "plugin", "e2e", "scale")  # the parts that compare with LMCache, on files of their own
+CORE_PARTS = ("core", "recovery", "plugin", "e2e", "scale", "drives")  # the parts that compare with LMCache, on files of their own
 OWN_PARTS = ("loadcheck", "dealloc", "histcost")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
@@ -51,10 +57,13 @@ URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character d
 class Options:
     suite: str = "quick"
     engines: list[str] = field(default_factory=lambda: list(DEFAULT_ENGINES))
-    parts: list[str] = field(default_factory=lambda: list(PART_NAMES))
+    parts: list[str] = field(default_factory=lambda: list(DEFAULT_PARTS))
     sizes: list[int] | None = None
     repeats: int | None = None
     scale_entries: list[int] | None = None
+    drives_n: list[int] | None = None
+    drives_seconds: float | None = None
+    drives_backend: str | None = None
     progress: bool = True
     argv: list[str] | None = None
 
@@ -155,6 +164,20 @@ def dealloc_settings(opts: Options) -> dealloc_suite.DeallocSettings:
     return s
 
 
+def drives_settings(opts: Options) -> drives_suite.DrivesSettings:
+    s = replace(drives_suite.SUITES[opts.suite])
+    s.engines = [e for e in s.engines if e in opts.engines] or s.engines[:1]
+    if opts.sizes:
+        s.chunks = sorted(set(opts.sizes))
+    if opts.drives_n:
+        s.ns = list(opts.drives_n)
+    if opts.drives_seconds:
+        s.seconds = opts.drives_seconds
+    if opts.drives_backend:
+        s.backend = opts.drives_backend
+    return s
+
+
 def scale_settings(opts: Options) -> scale_suite.ScaleSettings:
     s = replace(scale_suite.SUITES[opts.suite])
     if opts.repeats:
@@ -195,6 +218,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["histcost"] = histcost_settings(opts)
     if "scale" in parts:
         part_settings["scale"] = scale_settings(opts)
+    if "drives" in parts:
+        part_settings["drives"] = drives_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
     settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
@@ -225,6 +250,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "dealloc": dealloc_suite.steps(part_settings["dealloc"]) if "dealloc" in parts else 0,
         "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
         "histcost": histcost_suite.steps(part_settings["histcost"]) if "histcost" in parts else 0,
+        "drives": drives_suite.steps(part_settings["drives"]) if "drives" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -242,6 +268,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "dealloc": lambda bar: dealloc_suite.run_dealloc(part_settings["dealloc"], bar),
         "histcost": lambda bar: histcost_suite.run_histcost(part_settings["histcost"], bar),
         "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
+        "drives": lambda bar: drives_suite.run_drives(core_comps, part_settings["drives"], bar),
     }
     total = sum(steps[p] for p in parts)
     quiet = on_files or any(p in OWN_PARTS for p in parts)

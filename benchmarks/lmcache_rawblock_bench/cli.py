@@ -140,7 +140,7 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
                    help="override the suite's block sizes, e.g. 4k,1M (multiples of 4 KiB)")
     b.add_argument("--repeats", type=_positive_int, metavar="N",
                    help="override the number of interleaved repeat rounds")
-    b.add_argument("--parts", type=_list_arg(bench.PART_NAMES, "part"), default=list(bench.PART_NAMES),
+    b.add_argument("--parts", type=_list_arg(bench.PART_NAMES, "part"), default=list(bench.DEFAULT_PARTS),
                    metavar="LIST",
                    help="parts to run: device (per-call latency vs the Rust device), uring (io_uring batches vs "
                         "the Rust device), limit (io_uring stream vs fio), core (RawBlockCore vs LMCache's, per-key "
@@ -152,11 +152,20 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
                         "it, with deallocate_freed on against off, on a file and a loop device), scale (both "
                         "metadata formats and LMCache's core: checkpoint after churn beside a full base, bytes per "
                         "entry, reopen beside fio, index memory against index size, puts on a full cache), "
-                        "histcost (what recording the core's histograms costs a put and a load, on against off); "
-                        "default all")
+                        "histcost (what recording the core's histograms costs a put and a load, on against off), "
+                        "drives (root; the cache over N capped RAM devices: store and load bandwidth as a share of "
+                        "N x cap beside fio and LMCache's core, CPU per GB against N, load latency under stores; "
+                        "only when named); default all but drives")
     b.add_argument("--scale-entries", type=_counts_arg, metavar="LIST",
                    help="index sizes of the scale part's checkpoint, reopen and memory rows, e.g. 1M,10M "
                         "(default: the suite's; 10M takes about 11 GiB of page cache and several minutes)")
+    b.add_argument("--drives", type=_counts_arg, metavar="LIST", dest="drives_n",
+                   help="the drives part's device counts, e.g. 1,2,4,8 (default: the suite's)")
+    b.add_argument("--drives-seconds", type=float, metavar="S",
+                   help="the drives part's seconds per bandwidth figure (default: the suite's)")
+    b.add_argument("--drives-backend", choices=("zram", "loop"),
+                   help="the drives part's devices: zram (default; every engine's bytes charged once) or loop "
+                        "(tmpfs files; io_uring requests the loop device splits are charged twice)")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
 
@@ -223,6 +232,9 @@ def cmd_bench(args: argparse.Namespace, argv: list[str], prog: str = PROG) -> in
         sizes=args.sizes,
         repeats=args.repeats,
         scale_entries=args.scale_entries,
+        drives_n=args.drives_n,
+        drives_seconds=args.drives_seconds,
+        drives_backend=args.drives_backend,
         progress=not args.no_progress,
         argv=argv,
     )

@@ -522,9 +522,68 @@ def print_histcost(results: dict, p: Callable[..., None]) -> None:
         p("  goal " + ("met" if v["met"] else "NOT met") + " for batched 64 KiB loads")
 
 
+def _mbs(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e6:,.1f}"
+
+
+def drives_rows(dr: dict) -> list[list[str]]:
+    return [[str(r["n"]), fmt_size(r["chunk"]), r["who"], r["engine"], r["driver"],
+             _mbs(r.get("store_bytes_per_s")), _f2(r.get("store_share_of_cap")),
+             _mbs(r.get("load_bytes_per_s")), _f2(r.get("load_share_of_cap")),
+             _f2(r.get("cpu_s_per_gb")) if r.get("cpu_s_per_gb") is not None else "-",
+             "-" if "accounted_covers_io" not in r else "yes" if r["accounted_covers_io"] else "NO"]
+            for r in dr.get("rows", [])]
+
+
+def drives_latency_rows(dr: dict) -> list[list[str]]:
+    ms = lambda v: "-" if v is None else f"{v * 1e3:,.1f}"  # noqa: E731
+    return [[r["engine"], "-" if r.get("queue_depth") is None else str(r["queue_depth"]), r["io_scheduler"],
+             fmt_size(r["load_chunk"]), fmt_size(r["store_chunk"]),
+             ms(r["idle_p50_s"]), ms(r["idle_p99_s"]), ms(r["busy_p50_s"]), ms(r["busy_p99_s"]), _f2(r["p99_ratio"]),
+             _mbs(r["store_bytes_per_s_during"]), f"{r['idle_samples']}/{r['busy_samples']}"]
+            for r in dr.get("latency", [])]
+
+
+def print_drives(results: dict, p: Callable[..., None]) -> None:
+    dr = results["drives"]
+    s = dr["settings"]
+    if not dr.get("available"):
+        p(f"Drives: not measured: {dr.get('error')}")
+        return
+    rg = dr.get("rig", {})
+    p(f"Drives: the cache over N capped devices ({rg.get('backing')}, blkio throttle {_mbs(s['read_bps'])} MB/s "
+      f"read and {_mbs(s['write_bps'])} MB/s write per device), {s['per_call']} chunks per device per call, "
+      f"{s['seconds']:g} s per figure after {WARMUP_NOTE}; share = bandwidth / (N x cap); CPU = the process's "
+      "CPU seconds per GB stored and loaded; accounted = the group's throttle counted at least the bytes "
+      f"moved on every device. fio: N jobs, io_uring, QD{s['fio_depth']}, the same block size.")
+    for e in dr.get("errors", []):
+        p(f"  {e}")
+    p(table(["N", "chunk", "who", "engine", "driver", "store MB/s", "share", "load MB/s", "share", "CPU s/GB",
+             "accounted"], drives_rows(dr), _right(2, 0)[:2] + [False] * 3 + [True] * 5 + [False]))
+    cv = dr.get("cpu_per_gb_vs_n", [])
+    if cv:
+        p("CPU per GB against N (ours; vs N=1 of the same engine and chunk):")
+        p(table(["engine", "chunk", "N", "CPU s/GB", "vs N=1"],
+                [[c["engine"], fmt_size(c["chunk"]), str(c["n"]), _f2(c["cpu_s_per_gb"]), _f2(c["vs_n1"])]
+                 for c in cv], [False, True, True, True, True]))
+    if dr.get("latency"):
+        rd = s.get("lat_read_bps") or 0
+        p("Load latency on one device (reads " + (f"capped at {_mbs(rd)} MB/s" if rd else "uncapped") + ", writes "
+          f"at {_mbs(s['write_bps'])} MB/s), one chunk per load_many_into, idle and while another thread's stores "
+          "(4 chunks per put_many) keep the write budget busy; QD = the io_uring ring's depth, 4 being one "
+          "put_many's worth (ms):")
+        p(table(["engine", "QD", "io_scheduler", "load", "stores", "idle p50", "idle p99", "busy p50", "busy p99",
+                 "p99 busy/idle", "stores MB/s", "samples"], drives_latency_rows(dr),
+                [False, True, False] + [True] * 9))
+
+
+WARMUP_NOTE = "an untimed half second"
+
+
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
             "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck,
-            "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost}
+            "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost,
+            "drives": print_drives}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -657,6 +716,22 @@ def goals(results: dict) -> list[dict]:
                                 "recording) / CPU", 1 + r["recording_ns_per_call"] * 1e-9 / ld["cpu_s_off"], 1.01,
                     False, f"{r['recording_ns_per_call']} ns per call (C loop) on {fmt_time(ld['cpu_s_off'])}; "
                            f"measured on/off {_r3(ld['cpu_ratio_median'])}", digits=4)
+    dr = results.get("drives") or {}
+    for r in dr.get("rows", []):
+        if r["who"] != "ours":
+            continue
+        for side in ("store", "load"):
+            add("drives", f"{side}, N={r['n']} x {fmt_size(r['chunk'])} ({r['engine']}, {r['driver']}): bandwidth / "
+                          "(N x cap)", r.get(f"{side}_share_of_cap"), 0.95, True,
+                f"{_mbs(r.get(f'{side}_bytes_per_s'))} MB/s")
+    for c in dr.get("cpu_per_gb_vs_n", []):
+        if c["n"] > 1:
+            add("drives", f"CPU per GB, N={c['n']} / N=1 ({c['engine']}, {fmt_size(c['chunk'])})", c["vs_n1"], 1.1,
+                False, f"{_f2(c['cpu_s_per_gb'])} s/GB")
+    for r in dr.get("latency", []):
+        qd = "" if r.get("queue_depth") is None else f", QD{r['queue_depth']}"
+        add("drives", f"load p99 under stores / idle p99 ({r['engine']}{qd}, {r['io_scheduler']})", r["p99_ratio"], 1.5,
+            False, f"{r['busy_p99_s'] * 1e3:.1f} vs {r['idle_p99_s'] * 1e3:.1f} ms")
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",

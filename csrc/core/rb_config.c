@@ -24,6 +24,7 @@ static const char *const phases[] = {"auto", "prefill", "decode", NULL};
 static const char *const admissions[] = {"always", "second_hit", NULL};
 static const char *const meta_formats[] = {"v1", "log", NULL};
 static const char *const dealloc_modes[] = {"auto", "on", "off", NULL};
+static const char *const schedulers[] = {"loads_first", "fifo", NULL}; /* enum rb_sched_mode */
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)
@@ -246,6 +247,42 @@ const rb_setting rb_core_settings[] = {
      .flags = OURS,
      .help = "give freed slots back to the device once they are reusable (NVMe deallocate, discard, punched hole), "
              "batched off the put path: auto = on for block devices and NVMe namespaces, off for regular files"},
+    {.name = "io_scheduler",
+     .type = RB_SET_CHOICE,
+     CFG(io_scheduler),
+     .min = 0,
+     .max = 1,
+     .deflt = "loads_first",
+     .choices = schedulers,
+     .flags = OURS,
+     .help = "io_uring engine: loads_first (loads sent before stores, writes cut into pieces, bytes in flight "
+             "bounded per device: a load waits behind at most write_max_bytes_in_flight of writes; every command "
+             "of a passthrough request in flight together) or fifo (one queue, one attempt per request at a time)"},
+    {.name = "read_max_bytes_in_flight",
+     .type = RB_SET_UINT,
+     CFG(read_max_bytes_in_flight),
+     .min = 0,
+     .max = 1ull << 40,
+     .deflt = "0",
+     .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
+     .help = "loads_first: bytes of loads in flight per device (LMCache's fs_native name); 0 = 96 MiB"},
+    {.name = "write_max_bytes_in_flight",
+     .type = RB_SET_UINT,
+     CFG(write_max_bytes_in_flight),
+     .min = 0,
+     .max = 1ull << 40,
+     .deflt = "0",
+     .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
+     .help = "loads_first: bytes of stores in flight per device, the most write a load waits behind; 0 = 16 MiB"},
+    {.name = "write_piece_bytes",
+     .type = RB_SET_UINT,
+     CFG(write_piece_bytes),
+     .min = 0,
+     .max = 1ull << 30,
+     .deflt = "0",
+     .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
+     .help = "loads_first: stores are written in pieces of this many bytes (at most write_max_bytes_in_flight, "
+             "rounded down to the device alignment); 0 = 1 MiB"},
     {.name = "key_namespace",
      .type = RB_SET_CHOICE,
      CFG(key_namespace),

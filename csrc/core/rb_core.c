@@ -163,6 +163,10 @@ static int open_device(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
         .queue_depth = cfg->iouring_queue_depth,
         .max_transfer = cfg->use_uring_cmd ? cfg->max_data_transfer_size : 0,
         .lock = RB_LOCK_EXCLUSIVE, /* one writer per device, until close */
+        .sched = {.mode = cfg->io_scheduler,
+                  .read_max_bytes = cfg->read_max_bytes_in_flight,
+                  .write_max_bytes = cfg->write_max_bytes_in_flight,
+                  .write_piece_bytes = cfg->write_piece_bytes},
     };
     int rc = rb_dev_open(&dc, &c->dev, err);
     if (rc < 0) {

@@ -48,6 +48,8 @@ typedef struct rb_core_cfg {
     int key_namespace;              /* enum rb_key_namespace */
     int meta_format;                /* enum rb_meta_format: what checkpoints write */
     int deallocate_freed;           /* enum rb_dealloc_mode: give freed slots back to the device */
+    int io_scheduler;               /* enum rb_sched_mode (rb_uring.h) */
+    uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
 } rb_core_cfg;
 
 /* When freed slots are deallocated (rb_core_dealloc.c). */

@@ -367,7 +367,7 @@ static int dev_new(const rb_dev_config *cfg, const dev_opening *o, rb_dev **out,
     pthread_mutex_init(&dev->gate_mu, NULL);
     pthread_cond_init(&dev->gate_cv, NULL);
     if (cfg->engine == RB_ENGINE_IOURING) {
-        int rc = rb_uring_create(dev, cfg->queue_depth ? cfg->queue_depth : 1, &dev->uring, err);
+        int rc = rb_uring_create(dev, cfg->queue_depth ? cfg->queue_depth : 1, &cfg->sched, &dev->uring, err);
         if (rc < 0) {
             pthread_mutex_destroy(&dev->gate_mu);
             pthread_cond_destroy(&dev->gate_cv);

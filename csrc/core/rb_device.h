@@ -24,6 +24,7 @@
 #include "rb_err.h"
 #include "rb_nvme.h"
 #include "rb_stats.h"
+#include "rb_uring.h"
 
 enum rb_engine_kind { RB_ENGINE_POSIX = 0, RB_ENGINE_IOURING = 1 };
 
@@ -88,6 +89,7 @@ typedef struct rb_dev_config {
     unsigned queue_depth;  /* io_uring ring size, >= 1 */
     uint64_t max_transfer; /* uring_cmd: bytes per NVMe command; 0 = from sysfs */
     int lock;              /* enum rb_dev_lock_mode; 0 (NONE) when not set */
+    rb_sched_cfg sched;    /* io_uring: the scheduler; zeros = loads_first, default budgets */
 } rb_dev_config;
 
 struct rb_uring;

@@ -5,6 +5,11 @@
  * kernel (io_uring). Bytes are the requested length of the attempt. The 15 fields named like
  * LMCache's io_stats_snapshot() come first and keep its meaning; the rest are ours. Counters
  * are relaxed atomics: a snapshot is best effort across fields, exact per field.
+ *
+ * The io_uring scheduler's (rb_uring.h): read_/write_inflight_bytes, the bytes of attempts in
+ * the kernel now, and their lifetime peaks (peak_inflight_bytes: both together); split_requests,
+ * requests sent as more than one attempt; budget_waits, worker rounds in which a lane waited for
+ * its byte budget or (writes) its share of the ring.
  */
 #ifndef RB_STATS_H
 #define RB_STATS_H
@@ -35,7 +40,14 @@
     X(batches_submitted)                                                                                               \
     X(nowait_hits)                                                                                                     \
     X(nowait_misses)                                                                                                   \
-    X(fixed_buffer_fallbacks)
+    X(fixed_buffer_fallbacks)                                                                                          \
+    X(read_inflight_bytes)                                                                                             \
+    X(peak_read_inflight_bytes)                                                                                        \
+    X(write_inflight_bytes)                                                                                            \
+    X(peak_write_inflight_bytes)                                                                                       \
+    X(peak_inflight_bytes)                                                                                             \
+    X(split_requests)                                                                                                  \
+    X(budget_waits)
 
 typedef struct rb_stats {
 #define RB_STATS_ATOMIC(name) _Atomic uint64_t name;

@@ -1,13 +1,16 @@
 /*
- * rb_uring.c - the io_uring engine: worker thread, submission FIFO, batches, fixed buffers.
+ * rb_uring.c - the io_uring engine: worker thread, submission queue and scheduler, batches,
+ * fixed buffers.
  * Contract, lifetimes and lock order: rb_uring.h.
  *
  * The worker owns the ring outright (it creates it, is its only submitter and reaper, and
  * tears it down), so the ring can be SINGLE_ISSUER + DEFER_TASKRUN where the kernel allows.
  * It sleeps only inside io_uring_enter(GETEVENTS): producers wake it through an eventfd that
  * a multishot POLL_ADD on the ring watches, so new work and I/O completions arrive as CQEs
- * in one place. At most `depth` requests are in the kernel at once; the rest wait in the
- * software FIFO (counted as queue-full events).
+ * in one place. Each round the worker takes every queued request into its lanes (loads and
+ * stores under loads_first; one lane under fifo) and sends attempts from them, resubmissions
+ * first, within the ring's depth (attempts, not requests) and the lanes' byte budgets; what does
+ * not fit waits in its lane (counted as queue-full events, or budget waits).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -58,6 +61,21 @@ struct rb_ctl {
     _Atomic int done;
 };
 
+/* One SQE's worth of a request (worker only): a piece of it in the kernel, or waiting to be
+ * sent again (a short transfer's remainder). A request has at most one attempt at a time under
+ * the fifo scheduler, any number under loads_first. */
+typedef struct rb_att {
+    struct rb_att *next;          /* free list / retry list */
+    struct rb_att *kprev, *knext; /* accepted by the kernel, completion not reaped yet */
+    rb_req *req;
+    uint64_t off;   /* device offset */
+    uint8_t *buf;   /* memory */
+    size_t len;     /* bytes of the attempt (what is left of it after a short transfer) */
+    size_t counted; /* of them, bytes counted in the lane's bytes in flight */
+    uint8_t fixed;  /* sent with a registered (fixed) buffer */
+    uint8_t in_kern;
+} rb_att;
+
 struct rb_uring {
     struct rb_dev *dev;
     int fd;
@@ -70,6 +88,12 @@ struct rb_uring {
     int streams;       /* the device places writes through write streams (rb_dev_write_streams) */
     int efd;
     pthread_t thread;
+    /* Scheduler (rb_sched_cfg, defaults filled in; read-only after create). fifo: caps and
+     * pieces 0 (none), one lane, one attempt per request at a time. */
+    int sched;
+    size_t rd_cap, wr_cap;     /* bytes in flight per lane */
+    size_t rd_piece, wr_piece; /* bytes per attempt */
+    unsigned wr_slots;         /* ring entries writes may hold */
 
     /* start-up handshake: 0 pending, 1 ok, -1 failed (init_err says why) */
     _Atomic uint32_t init_state;
@@ -85,6 +109,8 @@ struct rb_uring {
     _Atomic int stopped;       /* mirror of stopping for lock-free checks */
     _Atomic uint32_t done_gen; /* futex: bumped after completions that finished a batch/ctl */
     _Atomic int waiters;
+    _Atomic int hold;              /* test hook: leave new requests queued */
+    _Atomic int64_t fail_write_in; /* test hook: the n-th write attempt to complete reports EIO */
 
     pthread_mutex_t reg_mu;
     _Atomic int fixed_registered;
@@ -94,16 +120,26 @@ struct rb_uring {
     char fatal[256];
     _Atomic int has_fatal;
 
+    /* Test hook: attempt completions recorded (tr_mu, a leaf lock, guards the array). */
+    pthread_mutex_t tr_mu;
+    _Atomic int tr_on;
+    rb_trace_ent *tr;
+    size_t tr_cap, tr_n;
+
     /* Worker-private from here on. */
     struct io_uring ring;
     int poll_armed;
     int no_submit;     /* fatal submit error: only reap from now on */
-    unsigned inflight; /* requests with an SQE prepared and no CQE yet */
-    rb_req **sq_fifo;  /* prepared, not yet accepted by the kernel (for stats) */
+    unsigned inflight; /* attempts with an SQE prepared and no CQE yet */
+    rb_att **sq_fifo;  /* prepared, not yet accepted by the kernel (for stats) */
     unsigned sq_cap, sq_head, sq_count;
-    rb_req *retry_head, *retry_tail; /* remainders of short transfers, resubmitted first */
-    rb_req *kern;                    /* accepted by the kernel, CQE not reaped (kprev/knext list) */
-    _Atomic int fault;               /* RB_URING_FAULT_* test hooks, consumed by the worker */
+    rb_att *atts, *att_free;             /* the attempts (depth + 1), and the unused ones */
+    rb_att *retry_head, *retry_tail;     /* remainders of short transfers, next attempts: sent first */
+    rb_att *kern;                        /* accepted by the kernel, CQE not reaped (kprev/knext list) */
+    rb_req *lane_head[2], *lane_tail[2]; /* taken from the queue, not wholly sent: [op] (fifo: [0]) */
+    size_t bytes_in[2];                  /* [op]: bytes of attempts in flight */
+    unsigned att_in[2];                  /* [op]: attempts with an SQE prepared and no CQE yet */
+    _Atomic int fault;                   /* RB_URING_FAULT_* test hooks, consumed by the worker */
     struct fixed_region *regions;
     unsigned nregions;
     int batch_finished; /* this round finished a batch or a ctl: wake waiters */
@@ -208,6 +244,7 @@ int rb_batch_set(struct rb_uring *u, rb_batch *b, uint32_t i, int op, uint64_t o
     r->ubuf_len = buf_len;
     r->payload_len = op == RB_REQ_WRITE ? payload_len : total_len;
     r->total_len = total_len;
+    r->offset = offset;
     r->cur_off = offset;
     if (op == RB_REQ_READ)
         r->copy_len = read_copy_len == (size_t)-1 ? (buf_len < total_len ? buf_len : total_len) : read_copy_len;
@@ -241,6 +278,9 @@ static void req_first_attempt(rb_batch *b, rb_req *r)
         r->cur_buf = r->ubuf;
     }
     r->cur_len = r->total_len;
+    r->left = r->total_len;
+    r->natt = 0;
+    r->fail = r->started = r->in_lane = 0;
     r->status = RB_REQ_PENDING;
 }
 
@@ -298,7 +338,7 @@ int rb_batch_result(const rb_batch *b, uint32_t i, rb_err *err)
         return rb_err_set(err, RB_ERR_OS, r->errnum, "io_uring_cmd NVMe error");
     case RB_REQ_LBA_OFFSET:
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "offset must be aligned to LBA size (%d bytes), got offset=%llu",
-                          r->errnum, (unsigned long long)r->cur_off);
+                          r->errnum, (unsigned long long)r->offset);
     case RB_REQ_LBA_LENGTH:
         return rb_err_set(err, RB_ERR_VALUE, EINVAL, "length must be aligned to LBA size (%d bytes), got len=%zu",
                           r->errnum, r->total_len);
@@ -585,7 +625,7 @@ static int lookup_fixed(const struct rb_uring *u, const uint8_t *p, size_t len)
  * (the request is finished with it, per request, never failing the batch). */
 static int nvme_check(const struct rb_uring *u, const rb_req *r)
 {
-    if (r->cur_off & (u->lba_size - 1))
+    if (r->offset & (u->lba_size - 1))
         return RB_REQ_LBA_OFFSET;
     if (r->total_len == 0)
         return RB_REQ_ZERO_LENGTH;
@@ -594,10 +634,11 @@ static int nvme_check(const struct rb_uring *u, const rb_req *r)
     return 0;
 }
 
-/* An NVMe Read or Write of len bytes at r->cur_off from/to r->cur_buf, in a 128-byte SQE.
- * idx >= 0: the buffer lies in registered buffer idx. */
-static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, size_t len, int idx)
+/* An NVMe Read or Write of attempt a (a->len bytes at a->off from/to a->buf), in a 128-byte
+ * SQE. idx >= 0: the buffer lies in registered buffer idx. */
+static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, const rb_att *a, int idx)
 {
+    const rb_req *r = a->req;
     memset(sqe, 0, 2 * sizeof(*sqe)); /* the command area is the second half of a big SQE */
     sqe->opcode = IORING_OP_URING_CMD;
     sqe->fd = u->fd;
@@ -607,12 +648,12 @@ static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, s
         sqe->buf_index = (uint16_t)idx;
     }
     struct nvme_uring_cmd *cmd = (struct nvme_uring_cmd *)sqe->cmd;
-    uint64_t slba = r->cur_off >> u->lba_shift;
-    uint32_t nlb = (uint32_t)(len >> u->lba_shift) - 1; /* 0-based; len <= 65536 blocks */
+    uint64_t slba = a->off >> u->lba_shift;
+    uint32_t nlb = (uint32_t)(a->len >> u->lba_shift) - 1; /* 0-based; len <= 65536 blocks */
     cmd->opcode = r->op == RB_REQ_WRITE ? 0x01 : 0x02;
     cmd->nsid = u->nsid;
-    cmd->addr = (uint64_t)(uintptr_t)r->cur_buf;
-    cmd->data_len = (uint32_t)len;
+    cmd->addr = (uint64_t)(uintptr_t)a->buf;
+    cmd->data_len = (uint32_t)a->len;
     cmd->cdw10 = (uint32_t)slba;
     cmd->cdw11 = (uint32_t)(slba >> 32);
     cmd->cdw12 = nlb & 0xffff;
@@ -622,31 +663,34 @@ static void prep_nvme(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, s
     }
 }
 
-/* The length of r's next attempt: what is left, at most MAX_ATTEMPT (and a passthrough
- * command's limit). */
+/* The length of r's next attempt: what is left to send, at most MAX_ATTEMPT, a passthrough
+ * command's limit and the scheduler's piece for its lane. */
 static size_t attempt_len(const struct rb_uring *u, const rb_req *r)
 {
     size_t len = r->cur_len < MAX_ATTEMPT ? r->cur_len : MAX_ATTEMPT;
     if (u->nvme && len > u->max_xfer)
         len = u->max_xfer;
+    size_t piece = r->op == RB_REQ_WRITE ? u->wr_piece : u->rd_piece;
+    if (piece && len > piece)
+        len = piece;
     return len;
 }
 
-/* A read or write of len bytes at r->cur_off from/to r->cur_buf (registered buffer idx when
- * idx >= 0) on the device file. */
-static void prep_rw(struct rb_uring *u, struct io_uring_sqe *sqe, rb_req *r, size_t len, int idx)
+/* A read or write of attempt a on the device file (registered buffer idx when idx >= 0). */
+static void prep_rw(struct rb_uring *u, struct io_uring_sqe *sqe, const rb_att *a, int idx)
 {
     int fd = u->fd;
-    if (r->op == RB_REQ_READ) {
+    unsigned len = (unsigned)a->len;
+    if (a->req->op == RB_REQ_READ) {
         if (idx >= 0)
-            io_uring_prep_read_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
+            io_uring_prep_read_fixed(sqe, fd, a->buf, len, a->off, idx);
         else
-            io_uring_prep_read(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
+            io_uring_prep_read(sqe, fd, a->buf, len, a->off);
     } else {
         if (idx >= 0)
-            io_uring_prep_write_fixed(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off, idx);
+            io_uring_prep_write_fixed(sqe, fd, a->buf, len, a->off, idx);
         else
-            io_uring_prep_write(sqe, fd, r->cur_buf, (unsigned)len, r->cur_off);
+            io_uring_prep_write(sqe, fd, a->buf, len, a->off);
     }
 }
 
@@ -663,29 +707,191 @@ static void set_write_stream(struct rb_uring *u, struct io_uring_sqe *sqe, const
         ((uint8_t *)sqe)[44] = s;
 }
 
-static void prep_req(struct rb_uring *u, rb_req *r)
+/* The lane's bytes in flight moved by delta (worker): the counters follow. */
+static void bytes_in_add(struct rb_uring *u, int op, size_t add, size_t sub)
 {
-    if (u->nvme && r->cur_len == r->total_len) {
-        int bad = nvme_check(u, r);
-        if (bad) {
-            finish(u, r, bad, (int)u->lba_size);
-            return;
-        }
+    rb_stats *st = &u->dev->stats;
+    u->bytes_in[op] = u->bytes_in[op] + add - sub;
+    if (op == RB_REQ_READ) {
+        atomic_store_explicit(&st->read_inflight_bytes, u->bytes_in[op], memory_order_relaxed);
+        if (add)
+            rb_stat_max(&st->peak_read_inflight_bytes, u->bytes_in[op]);
+    } else {
+        atomic_store_explicit(&st->write_inflight_bytes, u->bytes_in[op], memory_order_relaxed);
+        if (add)
+            rb_stat_max(&st->peak_write_inflight_bytes, u->bytes_in[op]);
     }
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring); /* room is guaranteed by the caller */
-    size_t len = attempt_len(u, r);
-    int idx = (!r->bounce && u->nregions && len && !u->nvme_no_fixed) ? lookup_fixed(u, r->cur_buf, len) : -1;
+    if (add)
+        rb_stat_max(&st->peak_inflight_bytes, u->bytes_in[0] + u->bytes_in[1]);
+}
+
+/* Prepare the SQE of attempt a (room is guaranteed by the caller). */
+static void prep_att(struct rb_uring *u, rb_att *a)
+{
+    rb_req *r = a->req;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    int idx = (!r->bounce && u->nregions && a->len && !u->nvme_no_fixed) ? lookup_fixed(u, a->buf, a->len) : -1;
     if (u->nvme)
-        prep_nvme(u, sqe, r, len, idx);
+        prep_nvme(u, sqe, a, idx);
     else
-        prep_rw(u, sqe, r, len, idx);
+        prep_rw(u, sqe, a, idx);
     set_write_stream(u, sqe, r);
-    io_uring_sqe_set_data(sqe, r);
-    r->att_len = len;
-    r->att_fixed = idx >= 0;
-    u->sq_fifo[(u->sq_head + u->sq_count) % u->sq_cap] = r;
+    io_uring_sqe_set_data(sqe, a);
+    a->fixed = idx >= 0;
+    if (!a->counted) {
+        a->counted = a->len;
+        bytes_in_add(u, r->op, a->len, 0);
+    }
+    u->sq_fifo[(u->sq_head + u->sq_count) % u->sq_cap] = a;
     u->sq_count++;
     u->inflight++;
+    u->att_in[r->op]++;
+}
+
+/* An attempt's SQE is no longer the kernel's to complete (its CQE came, or it was never
+ * accepted). */
+static void att_left_ring(struct rb_uring *u, rb_att *a)
+{
+    u->inflight--;
+    u->att_in[a->req->op]--;
+}
+
+/* A new attempt of len bytes from the start of what r has not sent yet. NULL when every
+ * attempt is in use (the room the caller checked rules that out). */
+static rb_att *att_new(struct rb_uring *u, rb_req *r, size_t len)
+{
+    rb_att *a = u->att_free;
+    if (!a)
+        return NULL;
+    u->att_free = a->next;
+    memset(a, 0, sizeof(*a));
+    a->req = r;
+    a->off = r->cur_off;
+    a->buf = r->cur_buf;
+    a->len = len;
+    r->cur_off += len;
+    r->cur_buf += len;
+    r->cur_len -= len;
+    r->natt++;
+    if (!r->started) {
+        r->started = 1;
+        RB_STAT_SUB(&u->dev->stats, queued_requests, 1);
+        if (r->cur_len)
+            RB_STAT_ADD(&u->dev->stats, split_requests, 1);
+    }
+    return a;
+}
+
+/* Queue attempt a to be sent before anything else. */
+static void retry_push(struct rb_uring *u, rb_att *a)
+{
+    a->next = NULL;
+    if (u->retry_tail)
+        u->retry_tail->next = a;
+    else
+        u->retry_head = a;
+    u->retry_tail = a;
+}
+
+/* Append r to lane l (worker). */
+static void lane_push(struct rb_uring *u, int l, rb_req *r)
+{
+    r->next = NULL;
+    r->in_lane = 1;
+    if (u->lane_tail[l])
+        u->lane_tail[l]->next = r;
+    else
+        u->lane_head[l] = r;
+    u->lane_tail[l] = r;
+}
+
+/* Take r out of its lane (worker; r is in lane l). */
+static void lane_remove(struct rb_uring *u, int l, rb_req *r)
+{
+    rb_req *prev = NULL;
+    for (rb_req *x = u->lane_head[l]; x && x != r; x = x->next)
+        prev = x;
+    if (prev)
+        prev->next = r->next;
+    else
+        u->lane_head[l] = r->next;
+    if (u->lane_tail[l] == r)
+        u->lane_tail[l] = prev;
+    r->next = NULL;
+    r->in_lane = 0;
+}
+
+static int lane_of(const struct rb_uring *u, const rb_req *r)
+{
+    return u->sched == RB_SCHED_FIFO ? 0 : r->op;
+}
+
+/* Record attempt a's completion (test hook). */
+static void trace_add(struct rb_uring *u, const rb_att *a, int last)
+{
+    if (!atomic_load_explicit(&u->tr_on, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&u->tr_mu);
+    if (u->tr && u->tr_n < u->tr_cap)
+        u->tr[u->tr_n++] =
+            (rb_trace_ent){.offset = a->off, .len = (uint32_t)a->len, .op = a->req->op, .last = (uint8_t)last};
+    pthread_mutex_unlock(&u->tr_mu);
+}
+
+/* r has no attempt left in the kernel or waiting (worker): finish it when it failed or moved
+ * every byte; under fifo, send its next part (first, as a resubmission). A request still in
+ * its lane (loads_first, not wholly sent) waits there for its next attempts. */
+static void req_settle(struct rb_uring *u, rb_req *r)
+{
+    if (r->natt)
+        return;
+    if (!r->fail && r->left && u->no_submit)
+        r->fail = RB_REQ_SHORT_SHUTDOWN;
+    if (r->fail) {
+        if (r->in_lane)
+            lane_remove(u, lane_of(u, r), r);
+        finish(u, r, r->fail, r->fail_errnum);
+        return;
+    }
+    if (r->left == 0) {
+        if (r->op == RB_REQ_READ && r->bounce && r->copy_len)
+            memcpy(r->ubuf, r->bounce, r->copy_len);
+        finish(u, r, RB_REQ_OK, 0);
+        return;
+    }
+    if (!r->in_lane) {
+        rb_att *a = att_new(u, r, attempt_len(u, r));
+        if (a)
+            retry_push(u, a);
+    }
+}
+
+/* Attempt a has ended (worker): with status (RB_REQ_OK, or the failure that fails its
+ * request); its bytes leave the budget, and its request is settled. */
+static void att_end(struct rb_uring *u, rb_att *a, int status, int errnum)
+{
+    rb_req *r = a->req;
+    if (a->counted)
+        bytes_in_add(u, r->op, 0, a->counted);
+    if (status != RB_REQ_OK && !r->fail) {
+        r->fail = (uint8_t)status;
+        r->fail_errnum = errnum;
+    }
+    r->natt--;
+    trace_add(u, a, r->natt == 0 && (r->fail || r->left == 0));
+    a->next = u->att_free;
+    u->att_free = a;
+    req_settle(u, r);
+}
+
+/* Fail every attempt on the list with status (worker). */
+static void att_fail_list(struct rb_uring *u, rb_att *a, int status)
+{
+    while (a) {
+        rb_att *next = a->next;
+        att_end(u, a, status, 0);
+        a = next;
+    }
 }
 
 /* The kernel accepted the first n prepared SQEs: they are attempts now. */
@@ -694,31 +900,31 @@ static void account_accepted(struct rb_uring *u, unsigned n)
     rb_stats *st = &u->dev->stats;
     uint64_t rd = 0, rdb = 0, wr = 0, wrb = 0, bo = 0, bob = 0, fx = 0, fxb = 0;
     for (unsigned i = 0; i < n && u->sq_count; i++) {
-        rb_req *r = u->sq_fifo[u->sq_head];
+        rb_att *a = u->sq_fifo[u->sq_head];
         u->sq_head = (u->sq_head + 1) % u->sq_cap;
         u->sq_count--;
-        r->kprev = NULL;
-        r->knext = u->kern;
+        a->kprev = NULL;
+        a->knext = u->kern;
         if (u->kern)
-            u->kern->kprev = r;
-        u->kern = r;
-        r->in_kern = 1;
-        if (r->batch->t_given_ns && !r->batch->t_kern_ns)
-            r->batch->t_kern_ns = rb_hist_now_ns();
-        if (r->op == RB_REQ_READ) {
+            u->kern->kprev = a;
+        u->kern = a;
+        a->in_kern = 1;
+        if (a->req->batch->t_given_ns && !a->req->batch->t_kern_ns)
+            a->req->batch->t_kern_ns = rb_hist_now_ns();
+        if (a->req->op == RB_REQ_READ) {
             rd++;
-            rdb += r->att_len;
+            rdb += a->len;
         } else {
             wr++;
-            wrb += r->att_len;
+            wrb += a->len;
         }
-        if (r->bounce) {
+        if (a->req->bounce) {
             bo++;
-            bob += r->att_len;
+            bob += a->len;
         }
-        if (r->att_fixed) {
+        if (a->fixed) {
             fx++;
-            fxb += r->att_len;
+            fxb += a->len;
         }
     }
     if (rd) {
@@ -749,17 +955,6 @@ static void arm_poll(struct rb_uring *u)
     u->poll_armed = 1;
 }
 
-/* Queue r's next attempt (worker only): it is sent before new work from the FIFO. */
-static void retry_push(struct rb_uring *u, rb_req *r)
-{
-    r->next = NULL;
-    if (u->retry_tail)
-        u->retry_tail->next = r;
-    else
-        u->retry_head = r;
-    u->retry_tail = r;
-}
-
 /* The eventfd poll completed: drain the eventfd; the poll is re-armed when it ended. */
 static void handle_poll(struct rb_uring *u, const struct io_uring_cqe *cqe)
 {
@@ -770,65 +965,69 @@ static void handle_poll(struct rb_uring *u, const struct io_uring_cqe *cqe)
         u->poll_armed = 0;
 }
 
-/* Take r off the list of attempts in the kernel. */
-static void kern_unlink(struct rb_uring *u, rb_req *r)
+/* Take a off the list of attempts in the kernel. */
+static void kern_unlink(struct rb_uring *u, rb_att *a)
 {
-    if (!r->in_kern)
+    if (!a->in_kern)
         return;
-    if (r->kprev)
-        r->kprev->knext = r->knext;
+    if (a->kprev)
+        a->kprev->knext = a->knext;
     else
-        u->kern = r->knext;
-    if (r->knext)
-        r->knext->kprev = r->kprev;
-    r->in_kern = 0;
+        u->kern = a->knext;
+    if (a->knext)
+        a->knext->kprev = a->kprev;
+    a->in_kern = 0;
 }
 
-/* Count r's attempt that ended with *res in cnt (completed, failed, bytes read, written). An
- * NVMe command moves all of att_len or fails with its status: res is 0 or the status, never a
- * byte count, so a success becomes att_len in *res. 1 when r is finished (an NVMe status). */
-static int count_attempt(struct rb_uring *u, rb_req *r, int *res, uint64_t *cnt)
+/* Count attempt a that ended with *res in cnt (completed, failed, bytes read, written). An
+ * NVMe command moves all of a->len or fails with its status: res is 0 or the status, never a
+ * byte count, so a success becomes a->len in *res. 1 when a ended (an NVMe status). */
+static int count_attempt(struct rb_uring *u, rb_att *a, int *res, uint64_t *cnt)
 {
+    int op = a->req->op;
     if (u->nvme && *res >= 0) {
         if (*res > 0) {
             cnt[1]++;
-            finish(u, r, RB_REQ_NVME_STATUS, *res);
+            att_end(u, a, RB_REQ_NVME_STATUS, *res);
             return 1;
         }
         cnt[0]++;
-        cnt[r->op == RB_REQ_READ ? 2 : 3] += r->att_len;
-        *res = (int)r->att_len;
-    } else if (*res > 0 || (*res == 0 && r->att_len == 0)) {
+        cnt[op == RB_REQ_READ ? 2 : 3] += a->len;
+        *res = (int)a->len;
+    } else if (*res > 0 || (*res == 0 && a->len == 0)) {
         cnt[0]++; /* completed */
-        cnt[r->op == RB_REQ_READ ? 2 : 3] += (uint64_t)*res;
+        cnt[op == RB_REQ_READ ? 2 : 3] += (uint64_t)*res;
     } else {
         cnt[1]++; /* failed */
     }
     return 0;
 }
 
-/* res bytes of r moved (res >= 0, 0 only for an empty attempt): r is finished when nothing is
- * left (a bounced read copied out), else its next attempt is queued. */
-static void advance(struct rb_uring *u, rb_req *r, int res, uint64_t *cnt)
+/* res bytes of attempt a moved (res >= 0, 0 only for an empty attempt): a ends when nothing of
+ * it is left, else its remainder is sent again first (unless its request failed meanwhile or
+ * nothing can be submitted any more). */
+static void advance(struct rb_uring *u, rb_att *a, int res, uint64_t *cnt)
 {
+    rb_req *r = a->req;
     if (RB_WLOG_ENABLED() && r->op == RB_REQ_WRITE && res > 0)
-        rb_wlog_write(u->fd, r->cur_off, r->cur_buf, (size_t)res);
-    r->cur_off += (uint64_t)res;
-    r->cur_buf += res;
-    r->cur_len -= (size_t)res;
-    if (r->cur_len == 0) {
-        if (r->op == RB_REQ_READ && r->bounce && r->copy_len)
-            memcpy(r->ubuf, r->bounce, r->copy_len);
-        finish(u, r, RB_REQ_OK, 0);
+        rb_wlog_write(u->fd, a->off, a->buf, (size_t)res);
+    r->left -= (size_t)res;
+    if ((size_t)res == a->len) {
+        att_end(u, a, RB_REQ_OK, 0);
         return;
     }
-    if ((size_t)res < r->att_len)
-        cnt[4]++; /* short transfer (a passthrough request's next command is not one) */
-    if (u->no_submit) {
-        finish(u, r, RB_REQ_SHORT_SHUTDOWN, 0);
-        return;
-    }
-    retry_push(u, r);
+    cnt[4]++; /* short transfer (a passthrough request's next command is not one) */
+    bytes_in_add(u, r->op, 0, (size_t)res);
+    a->counted -= (size_t)res;
+    a->off += (uint64_t)res;
+    a->buf += res;
+    a->len -= (size_t)res;
+    if (u->no_submit)
+        att_end(u, a, RB_REQ_SHORT_SHUTDOWN, 0);
+    else if (r->fail)
+        att_end(u, a, RB_REQ_OK, 0); /* the request failed: the rest is not sent */
+    else
+        retry_push(u, a);
 }
 
 static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint64_t *cnt)
@@ -838,30 +1037,30 @@ static void handle_cqe(struct rb_uring *u, const struct io_uring_cqe *cqe, uint6
         handle_poll(u, cqe);
         return;
     }
-    rb_req *r = (rb_req *)(uintptr_t)ud;
+    rb_att *a = (rb_att *)(uintptr_t)ud;
     int res = cqe->res;
-    u->inflight--;
-    kern_unlink(u, r);
-    if (u->nvme && res == -EINVAL && r->att_fixed && !u->no_submit) {
+    att_left_ring(u, a);
+    kern_unlink(u, a);
+    if (u->nvme && res == -EINVAL && a->fixed && !u->no_submit) {
         /* Some kernels (Debian 12's 6.1) take registered buffers for io_uring but refuse them in
          * NVMe passthrough commands. Stop using them for passthrough and send this command
          * again from the same memory: nothing was transferred. */
         u->nvme_no_fixed = 1;
         RB_STAT_ADD(&u->dev->stats, fixed_buffer_fallbacks, 1);
-        retry_push(u, r);
+        retry_push(u, a);
         return;
     }
-    if (count_attempt(u, r, &res, cnt))
+    if (a->req->op == RB_REQ_WRITE && atomic_load_explicit(&u->fail_write_in, memory_order_relaxed) > 0 &&
+        atomic_fetch_sub(&u->fail_write_in, 1) == 1)
+        res = -EIO; /* test hook: the device did the write; this attempt reports it failed */
+    if (count_attempt(u, a, &res, cnt))
         return;
-    if (res < 0) {
-        finish(u, r, RB_REQ_EIO, -res);
-        return;
-    }
-    if (res == 0 && r->att_len > 0) {
-        finish(u, r, RB_REQ_EOF, EIO);
-        return;
-    }
-    advance(u, r, res, cnt);
+    if (res < 0)
+        att_end(u, a, RB_REQ_EIO, -res);
+    else if (res == 0 && a->len > 0)
+        att_end(u, a, RB_REQ_EOF, EIO);
+    else
+        advance(u, a, res, cnt);
 }
 
 static void reap(struct rb_uring *u)
@@ -922,11 +1121,11 @@ static void set_fatal(struct rb_uring *u, int e)
     u->no_submit = 1;
     /* Prepared SQEs the kernel did not take will never run. */
     while (u->sq_count) {
-        rb_req *r = u->sq_fifo[u->sq_head];
+        rb_att *a = u->sq_fifo[u->sq_head];
         u->sq_head = (u->sq_head + 1) % u->sq_cap;
         u->sq_count--;
-        u->inflight--;
-        finish(u, r, RB_REQ_NOT_SUBMITTED, 0);
+        att_left_ring(u, a);
+        att_end(u, a, RB_REQ_NOT_SUBMITTED, 0);
     }
 }
 
@@ -980,38 +1179,13 @@ static rb_req *take_all_queued_locked(struct rb_uring *u, size_t *n)
     return all;
 }
 
-/* Detach up to room requests from the head of the queue (q_mu held): the list, *ntake = how
- * many, *starved = whether requests were left behind for want of room. */
-static rb_req *take_queued_locked(struct rb_uring *u, unsigned room, size_t *ntake, int *starved)
-{
-    rb_req *take = u->qhead, *last = NULL, *r = u->qhead;
-    size_t k = 0;
-    while (r && k < room) {
-        last = r;
-        r = r->next;
-        k++;
-    }
-    if (k) {
-        u->qhead = r;
-        if (!r)
-            u->qtail = NULL;
-        last->next = NULL;
-        u->qcount -= k;
-    } else {
-        take = NULL;
-    }
-    *starved = u->qcount > 0;
-    *ntake = k;
-    return take;
-}
-
 /* What one worker round took from the producers' side under q_mu. */
 struct worker_round {
-    rb_req *take;       /* queued requests to prepare now (at most the free room) */
+    rb_req *take;       /* queued requests, for the lanes */
     rb_req *shutdown;   /* stopping: everything that was queued, to fail */
     struct rb_ctl *ctl; /* a pending control request (buffer registration), or NULL */
+    size_t nshutdown;
     int stopping;
-    int starved; /* requests stayed queued for want of room */
 };
 
 /* Worker thread: create the ring and report the outcome to rb_uring_create through the
@@ -1030,60 +1204,152 @@ static int worker_start(struct rb_uring *u)
     return 0;
 }
 
-/* Worker thread, no lock: prepare short-transfer remainders first, while *room lasts. */
+/* Worker thread, no lock: send attempts waiting to be sent again first, while *room lasts. */
 static void worker_prep_retries(struct rb_uring *u, unsigned *room)
 {
     while (*room && u->retry_head && !u->no_submit) {
-        rb_req *r = u->retry_head;
-        u->retry_head = r->next;
+        rb_att *a = u->retry_head;
+        u->retry_head = a->next;
         if (!u->retry_head)
             u->retry_tail = NULL;
-        prep_req(u, r);
+        prep_att(u, a);
         (*room)--;
     }
 }
 
 /* Worker thread; takes and drops q_mu: read the stop flag, take the control request, and take
- * queued requests within room (all of them once stopping) into *rd; the queued_requests
- * counter moves with them under the lock. */
-static void worker_collect(struct rb_uring *u, unsigned room, struct worker_round *rd)
+ * every queued request into *rd (none while the test hold is on, unless stopping). */
+static void worker_collect(struct rb_uring *u, struct worker_round *rd)
 {
-    size_t ntake = 0;
+    size_t n = 0;
     rd->take = rd->shutdown = NULL;
-    rd->starved = 0;
+    rd->nshutdown = 0;
     pthread_mutex_lock(&u->q_mu);
     rd->stopping = u->stopping;
     rd->ctl = u->ctl;
     u->ctl = NULL;
-    if (rd->stopping)
-        rd->shutdown = take_all_queued_locked(u, &ntake);
-    else if (u->qcount)
-        rd->take = take_queued_locked(u, room, &ntake, &rd->starved);
-    if (ntake)
-        RB_STAT_SUB(&u->dev->stats, queued_requests, ntake);
+    if (rd->stopping) {
+        rd->shutdown = take_all_queued_locked(u, &rd->nshutdown);
+    } else if (u->qcount && !atomic_load(&u->hold)) {
+        rd->take = take_all_queued_locked(u, &n);
+    }
     pthread_mutex_unlock(&u->q_mu);
+    if (rd->nshutdown)
+        RB_STAT_SUB(&u->dev->stats, queued_requests, rd->nshutdown);
+}
+
+/* The first attempt of r is due: the passthrough checks LMCache's device makes while building
+ * the command. 0, or 1 when r failed them (r is marked failed and counted as started). */
+static int start_refused(struct rb_uring *u, rb_req *r)
+{
+    int bad = u->nvme ? nvme_check(u, r) : 0;
+    if (!bad)
+        return 0;
+    r->fail = (uint8_t)bad;
+    r->fail_errnum = (int)u->lba_size;
+    r->started = 1;
+    RB_STAT_SUB(&u->dev->stats, queued_requests, 1);
+    return 1;
+}
+
+/* Whether an attempt of len bytes from lane l would pass its budget (loads_first only): the
+ * lane's bytes in flight (at least one attempt always goes), or for stores their share of the
+ * ring's entries. */
+static int lane_over_budget(const struct rb_uring *u, int l, size_t len)
+{
+    if (u->sched == RB_SCHED_FIFO)
+        return 0;
+    size_t cap = l == RB_REQ_WRITE ? u->wr_cap : u->rd_cap;
+    if (u->bytes_in[l] && u->bytes_in[l] + len > cap)
+        return 1;
+    return l == RB_REQ_WRITE && u->att_in[l] >= u->wr_slots;
+}
+
+/* Send attempts of lane l's requests in order while *room, the lane's byte budget and (writes
+ * under loads_first) its share of the ring's entries last. A request leaves the lane when it is
+ * wholly sent (fifo: after its first attempt, its next parts following as resubmissions). 1
+ * when the lane still holds requests (for want of room or budget). */
+static int issue_lane(struct rb_uring *u, int l, unsigned *room, int *budget_wait)
+{
+    rb_req *r;
+    while ((r = u->lane_head[l]) != NULL) {
+        if (r->fail || (!r->started && start_refused(u, r))) {
+            lane_remove(u, l, r);
+            req_settle(u, r);
+            continue;
+        }
+        if (!*room)
+            return 1;
+        size_t len = attempt_len(u, r);
+        if (lane_over_budget(u, l, len)) {
+            *budget_wait = 1;
+            return 1;
+        }
+        rb_att *a = att_new(u, r, len);
+        if (!a)
+            return 1;
+        prep_att(u, a);
+        (*room)--;
+        if (u->sched == RB_SCHED_FIFO || r->cur_len == 0)
+            lane_remove(u, l, r);
+    }
+    return 0;
+}
+
+/* Under stopping, the lanes' requests that sent nothing yet end with RB_REQ_SHUTDOWN; once
+ * nothing can be submitted, the ones partly sent fail too (when their last attempt ends). */
+static void lanes_stop(struct rb_uring *u)
+{
+    for (int l = 0; l < 2; l++) {
+        rb_req *r = u->lane_head[l];
+        while (r) {
+            rb_req *next = r->next;
+            if (!r->started) {
+                lane_remove(u, l, r);
+                RB_STAT_SUB(&u->dev->stats, queued_requests, 1);
+                finish(u, r, RB_REQ_SHUTDOWN, 0);
+            } else if (u->no_submit) {
+                if (!r->fail)
+                    r->fail = RB_REQ_SHORT_SHUTDOWN;
+                lane_remove(u, l, r);
+                req_settle(u, r);
+            }
+            r = next;
+        }
+    }
 }
 
 /* Worker thread, no lock: act on what the round took (run the control request, fail the queue
- * on shutdown and the remainders that can no longer be submitted, prepare SQEs for the rest),
- * then wake the waiters if a batch or a control request finished. */
-static void worker_dispatch(struct rb_uring *u, const struct worker_round *rd)
+ * on shutdown and what can no longer be submitted, put new requests in their lanes and send
+ * from the lanes: loads, then stores), then wake the waiters if a batch or a control request
+ * finished. */
+static void worker_dispatch(struct rb_uring *u, const struct worker_round *rd, unsigned room)
 {
-    if (rd->starved)
-        RB_STAT_ADD(&u->dev->stats, queue_full_events, 1);
     if (rd->ctl)
         do_ctl(u, rd->ctl);
     if (rd->shutdown)
         fail_list(u, rd->shutdown, RB_REQ_SHUTDOWN);
     if (rd->stopping && u->retry_head && u->no_submit) {
-        fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
+        rb_att *list = u->retry_head;
         u->retry_head = u->retry_tail = NULL;
+        att_fail_list(u, list, RB_REQ_SHORT_SHUTDOWN);
     }
     for (rb_req *r = rd->take; r;) {
         rb_req *next = r->next;
-        prep_req(u, r);
+        lane_push(u, lane_of(u, r), r);
         r = next;
     }
+    if (rd->stopping)
+        lanes_stop(u);
+    int budget_wait = 0, starved = 0;
+    if (!u->no_submit) {
+        starved |= issue_lane(u, 0, &room, &budget_wait);
+        starved |= issue_lane(u, 1, &room, &budget_wait);
+    }
+    if (starved && !budget_wait)
+        RB_STAT_ADD(&u->dev->stats, queue_full_events, 1);
+    if (budget_wait)
+        RB_STAT_ADD(&u->dev->stats, budget_waits, 1);
     if (u->batch_finished) {
         u->batch_finished = 0;
         publish_done(u);
@@ -1148,13 +1414,13 @@ static int worker_loop(struct rb_uring *u)
 {
     for (;;) {
         reap(u);
-        /* Take work: short-transfer remainders first, then the FIFO, up to depth in flight. */
+        /* Take work: resubmissions first, then the lanes, up to depth in flight. */
         unsigned room = u->depth - u->inflight;
         worker_prep_retries(u, &room);
         struct worker_round rd;
-        worker_collect(u, room, &rd);
-        worker_dispatch(u, &rd);
-        if (rd.stopping && u->inflight == 0 && !u->retry_head)
+        worker_collect(u, &rd);
+        worker_dispatch(u, &rd, room);
+        if (rd.stopping && u->inflight == 0 && !u->retry_head && !u->lane_head[0] && !u->lane_head[1])
             return 0;
         if (u->no_submit) {
             int lost = worker_wait_reap_only(u);
@@ -1184,19 +1450,22 @@ static int worker_cancel_all(struct rb_uring *u, int lost)
 }
 
 /* Worker thread, ring closed (the kernel holds nothing any more); takes q_mu for the queue:
- * fail what the kernel had (with errno lost), what waited for a resubmission and what was
- * still queued, so every batch ends. */
+ * fail what the kernel had (with errno lost), what waited for a resubmission, what the lanes
+ * held and what was still queued, so every batch ends. */
 static void worker_fail_lost(struct rb_uring *u, int lost)
 {
-    for (rb_req *r = u->kern; r;) {
-        rb_req *next = r->knext;
-        u->inflight--;
-        finish(u, r, RB_REQ_EIO, lost);
-        r = next;
+    for (rb_att *a = u->kern; a;) {
+        rb_att *next = a->knext;
+        a->in_kern = 0;
+        att_left_ring(u, a);
+        att_end(u, a, RB_REQ_EIO, lost);
+        a = next;
     }
     u->kern = NULL;
-    fail_list(u, u->retry_head, RB_REQ_SHORT_SHUTDOWN);
+    rb_att *retry = u->retry_head;
     u->retry_head = u->retry_tail = NULL;
+    att_fail_list(u, retry, RB_REQ_SHORT_SHUTDOWN);
+    lanes_stop(u);
     size_t nq;
     pthread_mutex_lock(&u->q_mu);
     rb_req *queued = take_all_queued_locked(u, &nq);
@@ -1236,13 +1505,83 @@ static int init_pred(void *arg)
     return atomic_load((_Atomic uint32_t *)arg) != 0;
 }
 
-int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, rb_err *err)
+/* The smallest unit an attempt may be cut at: the LBA size on passthrough, the alignment under
+ * O_DIRECT, else a page. */
+static size_t cut_unit(const struct rb_uring *u)
+{
+    if (u->nvme)
+        return u->lba_size;
+    if (u->dev->odirect && u->dev->alignment > 1)
+        return u->dev->alignment;
+    return 4096;
+}
+
+/* bytes rounded down to a multiple of unit, at least one unit. */
+static size_t round_piece(uint64_t bytes, size_t unit)
+{
+    uint64_t p = bytes / unit * unit;
+    if (p == 0)
+        p = unit;
+    return p > MAX_ATTEMPT ? MAX_ATTEMPT : (size_t)p;
+}
+
+/* The scheduler's parameters from sc (NULL: the defaults). */
+static void sched_setup(struct rb_uring *u, const rb_sched_cfg *sc)
+{
+    rb_sched_cfg d = {0};
+    if (!sc)
+        sc = &d;
+    u->sched = sc->mode == RB_SCHED_FIFO ? RB_SCHED_FIFO : RB_SCHED_LOADS_FIRST;
+    if (u->sched == RB_SCHED_FIFO) {
+        u->wr_slots = u->depth;
+        return;
+    }
+    size_t unit = cut_unit(u);
+    uint64_t rd = sc->read_max_bytes ? sc->read_max_bytes : RB_SCHED_READ_BYTES_DEFAULT;
+    uint64_t wr = sc->write_max_bytes ? sc->write_max_bytes : RB_SCHED_WRITE_BYTES_DEFAULT;
+    uint64_t piece = sc->write_piece_bytes ? sc->write_piece_bytes : RB_SCHED_PIECE_BYTES_DEFAULT;
+    u->rd_piece = round_piece(rd, unit);
+    u->wr_piece = round_piece(piece < wr ? piece : wr, unit);
+    u->rd_cap = rd < u->rd_piece ? u->rd_piece : (size_t)rd;
+    u->wr_cap = wr < u->wr_piece ? u->wr_piece : (size_t)wr;
+    /* Writes leave a quarter of the ring's entries to reads (all of a ring of one). */
+    u->wr_slots = u->depth > 1 ? u->depth - (u->depth + 3) / 4 : 1;
+}
+
+void rb_uring_sched(const struct rb_uring *u, rb_sched_cfg *out)
+{
+    out->mode = u->sched;
+    out->read_max_bytes = u->rd_cap;
+    out->write_max_bytes = u->wr_cap;
+    out->write_piece_bytes = u->wr_piece;
+}
+
+/* Free what create allocated and initialised (the worker is not running). */
+static void uring_free(struct rb_uring *u)
+{
+    if (u->efd >= 0)
+        close(u->efd);
+    pthread_mutex_destroy(&u->q_mu);
+    pthread_mutex_destroy(&u->reg_mu);
+    pthread_mutex_destroy(&u->err_mu);
+    pthread_mutex_destroy(&u->tr_mu);
+    free(u->tr);
+    free(u->regions);
+    free(u->atts);
+    free(u->sq_fifo);
+    free(u);
+}
+
+/* The engine's memory, the eventfd and the locks, before its worker starts. 0 or <0 (err). */
+static int uring_alloc(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out,
+                       rb_err *err)
 {
     struct rb_uring *u = calloc(1, sizeof(*u));
     if (!u)
         return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "io_uring init failed: out of memory");
     u->dev = dev;
     u->fd = dev->fd;
+    u->efd = -1;
     u->depth = depth ? depth : 1;
     if (dev->uring_cmd) {
         u->nvme = 1;
@@ -1254,38 +1593,48 @@ int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, r
     u->streams = dev->nstreams > 0;
     if (u->depth > 32767)
         u->depth = 32767; /* the ring gets depth + 1 entries (one for the wake-up poll) */
+    sched_setup(u, sched);
+    pthread_mutex_init(&u->q_mu, NULL);
+    pthread_mutex_init(&u->reg_mu, NULL);
+    pthread_mutex_init(&u->err_mu, NULL);
+    pthread_mutex_init(&u->tr_mu, NULL);
     u->sq_cap = u->depth;
     u->sq_fifo = calloc(u->sq_cap, sizeof(*u->sq_fifo));
-    if (!u->sq_fifo) {
-        free(u);
+    u->atts = calloc(u->depth + 1, sizeof(*u->atts));
+    if (!u->sq_fifo || !u->atts) {
+        uring_free(u);
         return rb_err_set(err, RB_ERR_RUNTIME, ENOMEM, "io_uring init failed: out of memory");
+    }
+    for (unsigned i = 0; i < u->depth + 1; i++) {
+        u->atts[i].next = u->att_free;
+        u->att_free = &u->atts[i];
     }
     u->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (u->efd < 0) {
         int e = errno;
-        free(u->sq_fifo);
-        free(u);
+        uring_free(u);
         char msg[200];
         fmt_os_error(msg, sizeof(msg), "io_uring init failed: eventfd", e);
         return rb_err_set(err, RB_ERR_RUNTIME, e, "%s", msg);
     }
-    pthread_mutex_init(&u->q_mu, NULL);
-    pthread_mutex_init(&u->reg_mu, NULL);
-    pthread_mutex_init(&u->err_mu, NULL);
+    *out = u;
+    return 0;
+}
 
+int rb_uring_create(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out, rb_err *err)
+{
+    struct rb_uring *u = NULL;
+    int rc = uring_alloc(dev, depth, sched, &u, err);
+    if (rc < 0)
+        return rc;
     /* The worker never handles signals: Python's handlers run on the main thread. */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    int rc = pthread_create(&u->thread, NULL, worker_main, u);
+    rc = pthread_create(&u->thread, NULL, worker_main, u);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        close(u->efd);
-        pthread_mutex_destroy(&u->q_mu);
-        pthread_mutex_destroy(&u->reg_mu);
-        pthread_mutex_destroy(&u->err_mu);
-        free(u->sq_fifo);
-        free(u);
+        uring_free(u);
         char msg[200];
         fmt_os_error(msg, sizeof(msg), "io_uring init failed: worker thread", rc);
         return rb_err_set(err, RB_ERR_RUNTIME, rc, "%s", msg);
@@ -1297,12 +1646,7 @@ int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, r
         if (err)
             *err = u->init_err;
         int e = u->init_err.errnum ? u->init_err.errnum : EINVAL;
-        close(u->efd);
-        pthread_mutex_destroy(&u->q_mu);
-        pthread_mutex_destroy(&u->reg_mu);
-        pthread_mutex_destroy(&u->err_mu);
-        free(u->sq_fifo);
-        free(u);
+        uring_free(u);
         return -e;
     }
     *out = u;
@@ -1319,11 +1663,44 @@ void rb_uring_destroy(struct rb_uring *u)
     pthread_mutex_unlock(&u->q_mu);
     wake_worker(u);
     pthread_join(u->thread, NULL);
-    close(u->efd);
-    pthread_mutex_destroy(&u->q_mu);
-    pthread_mutex_destroy(&u->reg_mu);
-    pthread_mutex_destroy(&u->err_mu);
-    free(u->regions);
-    free(u->sq_fifo);
-    free(u);
+    uring_free(u);
+}
+
+/* ------------------------------------------------------------------ test hooks */
+
+void rb_uring_hold(struct rb_uring *u, int on)
+{
+    atomic_store(&u->hold, on ? 1 : 0);
+    if (!on)
+        wake_worker(u);
+}
+
+void rb_uring_fail_write(struct rb_uring *u, int64_t nth)
+{
+    atomic_store(&u->fail_write_in, nth > 0 ? nth : 0);
+}
+
+int rb_uring_trace(struct rb_uring *u, size_t n)
+{
+    rb_trace_ent *t = n ? calloc(n, sizeof(*t)) : NULL;
+    if (n && !t)
+        return -ENOMEM;
+    pthread_mutex_lock(&u->tr_mu);
+    free(u->tr);
+    u->tr = t;
+    u->tr_cap = n;
+    u->tr_n = 0;
+    atomic_store(&u->tr_on, n > 0);
+    pthread_mutex_unlock(&u->tr_mu);
+    return 0;
+}
+
+size_t rb_uring_trace_read(struct rb_uring *u, rb_trace_ent *out, size_t max)
+{
+    pthread_mutex_lock(&u->tr_mu);
+    size_t n = u->tr_n < max ? u->tr_n : max;
+    if (n)
+        memcpy(out, u->tr, n * sizeof(*out));
+    pthread_mutex_unlock(&u->tr_mu);
+    return n;
 }

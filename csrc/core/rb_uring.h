@@ -2,7 +2,8 @@
  * rb_uring.h - the io_uring engine of a device: one ring, one worker thread ("rb-uring").
  *
  * Owns: the ring (created, driven and torn down by the worker thread only, so it can use
- * IORING_SETUP_SINGLE_ISSUER | DEFER_TASKRUN), the software submission FIFO, short-I/O
+ * IORING_SETUP_SINGLE_ISSUER | DEFER_TASKRUN), the software submission queue and the scheduler
+ * that sends from it (rb_sched_cfg below: loads first, or one FIFO), short-I/O
  * resubmission, fixed-buffer registration and lookup, batch completion and waking of
  * waiters, and the engine's share of the device counters (rb_stats).
  *
@@ -10,7 +11,8 @@
  * CQEs, every transfer is an NVMe Read or Write built by hand in an IORING_OP_URING_CMD SQE
  * (SLBA, 0-based NLB, and for writes with a placement id the Data Placement directive: DTYPE 2
  * in CDW12, the id in DSPEC, CDW13[31:16]), requests longer than the device's transfer limit
- * run as consecutive commands, and unaligned or short caller buffers go through an aligned
+ * run as several commands (in flight together under loads_first, one after another under
+ * fifo), and unaligned or short caller buffers go through an aligned
  * bounce in both directions. There are no short transfers: a CQE's res is 0 (done), the NVMe
  * status (> 0) or -errno.
  *
@@ -36,7 +38,10 @@
  *            request. Leaf lock: nothing else is taken while it is held; no syscalls
  *            except the eventfd write done after unlocking.
  *   reg_mu - serialises register_fixed_buffers callers; taken before q_mu.
- *   Lock order: dev->gate_mu (rb_device) -> reg_mu -> q_mu. The worker takes only q_mu.
+ *   tr_mu  - guards the completion trace (a test hook); leaf lock, taken by the worker and by
+ *            rb_uring_trace / rb_uring_trace_read.
+ *   Lock order: dev->gate_mu (rb_device) -> reg_mu -> q_mu. The worker takes only q_mu and
+ *   tr_mu, never both at once.
  *   Waiters sleep on a futex (u->done_gen), bumped by the worker after a round of
  *   completions in which some batch finished; no polling anywhere.
  */
@@ -73,8 +78,7 @@ enum rb_req_status {
 };
 
 typedef struct rb_req {
-    struct rb_req *next;          /* FIFO / worker retry list link */
-    struct rb_req *kprev, *knext; /* worker: accepted by the kernel, completion not reaped yet */
+    struct rb_req *next; /* submission queue / worker lane link */
     struct rb_batch *batch;
     uint8_t *ubuf; /* caller memory */
     size_t ubuf_len;
@@ -82,18 +86,23 @@ typedef struct rb_req {
     size_t total_len;   /* device bytes transferred */
     uint8_t *bounce;    /* slice of the batch's bounce arena, or NULL */
     size_t copy_len;    /* reads through a bounce: bytes copied back to ubuf on success */
-    /* Progress (worker only): the next attempt transfers cur_len bytes at cur_off from/to cur_buf. */
+    uint64_t offset;    /* device offset of the first byte */
+    /* Progress (worker only): the part not handed to an attempt yet starts at cur_off (device)
+     * and cur_buf (memory) and is cur_len bytes long; left bytes are not transferred yet. */
     uint64_t cur_off;
     uint8_t *cur_buf;
     size_t cur_len;
-    size_t att_len; /* length of the attempt in flight (for stats and short-I/O detection) */
+    size_t left;
+    uint32_t natt; /* attempts of this request in the kernel or waiting to be resubmitted */
     int32_t errnum;
-    uint8_t op;        /* enum rb_req_op */
-    uint8_t status;    /* enum rb_req_status; written by the worker before the batch count drops */
-    uint8_t att_fixed; /* the attempt in flight uses a registered (fixed) buffer */
-    uint8_t in_kern;   /* linked on the worker's kprev/knext list */
-    uint16_t pid;      /* writes on a passthrough device: FDP placement id (DSPEC), 0 = none.
-                        * Set by the caller after rb_batch_set; ignored elsewhere. */
+    uint8_t op;          /* enum rb_req_op */
+    uint8_t status;      /* enum rb_req_status; written by the worker before the batch count drops */
+    uint8_t fail;        /* worker: the first failure of one of its attempts (a status), else 0 */
+    uint8_t started;     /* worker: an attempt was prepared (it has left the queue) */
+    uint8_t in_lane;     /* worker: linked in a lane (taken from the queue, not wholly sent) */
+    uint16_t pid;        /* writes on a passthrough device: FDP placement id (DSPEC), 0 = none.
+                          * Set by the caller after rb_batch_set; ignored elsewhere. */
+    int32_t fail_errnum; /* worker: errnum of fail */
 } rb_req;
 
 typedef struct rb_batch {
@@ -107,9 +116,61 @@ typedef struct rb_batch {
     rb_req reqs[];
 } rb_batch;
 
+/*
+ * The worker's scheduler (the io_scheduler setting and its byte budgets).
+ *
+ * RB_SCHED_FIFO: one queue in submission order, depth counted in requests: each request is one
+ * attempt at a time (a passthrough request past the transfer limit, or a short transfer's
+ * remainder, runs as consecutive commands); no byte budget.
+ *
+ * RB_SCHED_LOADS_FIRST: two lanes, loads (reads) before stores (writes), each in submission
+ * order. A request is cut into attempts: writes into pieces of write_piece_bytes, reads into
+ * pieces of at most read_max_bytes (both rounded down to the device's alignment or LBA size,
+ * and on passthrough to the transfer limit), and every attempt of a request may be in flight
+ * at once. Reads are sent first each round while the reads' bytes in flight stay within
+ * read_max_bytes; writes then, while theirs stay within write_max_bytes and they hold at most
+ * three quarters of the ring's entries (the rest stays free for reads). So a read waits in the
+ * engine for no write, and in the device behind at most write_max_bytes of writes. A request
+ * completes when its last attempt did; a failed attempt fails it, once every attempt of it in
+ * the kernel has ended (no memory is let go while the kernel may use it).
+ */
+enum rb_sched_mode { RB_SCHED_LOADS_FIRST = 0, RB_SCHED_FIFO = 1 };
+
+#define RB_SCHED_READ_BYTES_DEFAULT ((uint64_t)96 << 20)
+#define RB_SCHED_WRITE_BYTES_DEFAULT ((uint64_t)16 << 20)
+#define RB_SCHED_PIECE_BYTES_DEFAULT ((uint64_t)1 << 20)
+
+typedef struct rb_sched_cfg {
+    int mode;                   /* enum rb_sched_mode */
+    uint64_t read_max_bytes;    /* reads' bytes in flight; 0 = RB_SCHED_READ_BYTES_DEFAULT */
+    uint64_t write_max_bytes;   /* writes' bytes in flight; 0 = RB_SCHED_WRITE_BYTES_DEFAULT */
+    uint64_t write_piece_bytes; /* bytes per write attempt; 0 = default; at most write_max_bytes */
+} rb_sched_cfg;
+
 /* Create the ring (depth entries, worker in-flight cap = depth) and start the worker on
- * dev->fd. Errors: RuntimeError("io_uring init failed: ...") and the like. */
-int rb_uring_create(struct rb_dev *dev, unsigned depth, struct rb_uring **out, rb_err *err);
+ * dev->fd, scheduling as sched says (NULL: loads_first with the default budgets). Errors:
+ * RuntimeError("io_uring init failed: ...") and the like. */
+int rb_uring_create(struct rb_dev *dev, unsigned depth, const rb_sched_cfg *sched, struct rb_uring **out, rb_err *err);
+
+/* The scheduler in effect (defaults filled in, piece rounded). */
+void rb_uring_sched(const struct rb_uring *u, rb_sched_cfg *out);
+
+/* Test hooks. rb_uring_hold(u, 1): the worker leaves new requests in the submission queue until
+ * rb_uring_hold(u, 0), so that requests submitted from several threads meet in one round.
+ * rb_uring_trace(u, n): record the next n attempt completions (n = 0 stops and frees); then
+ * rb_uring_trace_read copies up to max of them, in completion order, and returns how many. */
+void rb_uring_hold(struct rb_uring *u, int on);
+/* Test hook: the nth write attempt to complete from now on (1 = the next; 0 clears) reports an
+ * I/O error (EIO), whatever the device did. */
+void rb_uring_fail_write(struct rb_uring *u, int64_t nth);
+typedef struct rb_trace_ent {
+    uint64_t offset; /* device offset of the attempt */
+    uint32_t len;    /* its bytes */
+    uint8_t op;      /* enum rb_req_op */
+    uint8_t last;    /* it ended its request */
+} rb_trace_ent;
+int rb_uring_trace(struct rb_uring *u, size_t n);
+size_t rb_uring_trace_read(struct rb_uring *u, rb_trace_ent *out, size_t max);
 
 /* Stop admission, fail the queue, let submitted requests finish, join the worker, free.
  * Blocks: call without the GIL. Every request ever submitted is terminal afterwards. */

@@ -126,6 +126,27 @@ PyObject *rbpy_core_inject_engine_fault(PyObject *op, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyObject *rbpy_core_io_scheduler(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    return rbpy_engine_sched(rb_core_device(rbpy_core_of(op)));
+}
+
+PyObject *rbpy_core_hold_engine(PyObject *op, PyObject *arg)
+{
+    return rbpy_engine_hold(rb_core_device(rbpy_core_of(op)), arg);
+}
+
+PyObject *rbpy_core_fail_engine_write(PyObject *op, PyObject *arg)
+{
+    return rbpy_engine_fail_write(rb_core_device(rbpy_core_of(op)), arg);
+}
+
+PyObject *rbpy_core_trace_engine(PyObject *op, PyObject *arg)
+{
+    return rbpy_engine_trace(rb_core_device(rbpy_core_of(op)), arg);
+}
+
 PyObject *rbpy_core_register_buffers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"ptrs", "sizes"};

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <structmember.h>
 
+#include "../core/rb_config.h"
 #include "../core/rb_stats.h"
 
 int rbpy_device_check_open(RawBlockDeviceObject *self)
@@ -73,6 +74,7 @@ static int lock_mode_of(PyObject *o, int *mode)
 /* RawBlockDevice's arguments as given (NULL: not given). */
 typedef struct {
     PyObject *path, *writable, *odirect, *iouring, *uring_cmd, *alignment, *engine, *depth, *mdts, *lock;
+    PyObject *sched, *rd_bytes, *wr_bytes, *piece; /* ours, keyword-only: the io_uring scheduler */
 } dev_args;
 
 /* The integer keywords. As LMCache's device: alignment 0 or a power of two up to 2^30, a queue
@@ -150,13 +152,54 @@ static int dev_engine_of(PyObject *io_engine, int *iouring)
     return 0;
 }
 
+/* One of the scheduler's byte settings (None: 0, the default), checked against the core's
+ * settings table. 0, or -1 with an exception naming it and the value. */
+static int dev_sched_bytes(PyObject *o, const char *name, uint64_t *out)
+{
+    const rb_setting *s = rb_core_setting_find(name);
+    if (!o || o == Py_None || !s)
+        return 0;
+    return rbpy_bounded_u64(o, name, s->min, s->max, out);
+}
+
+/* Our keyword-only scheduler settings (the core's names, rb_config.c) into cfg->sched. 0, or -1
+ * with an exception. */
+static int dev_sched_from(const dev_args *a, rb_dev_config *cfg)
+{
+    if (a->sched && a->sched != Py_None) {
+        if (!PyUnicode_Check(a->sched)) {
+            PyErr_Format(PyExc_TypeError, "io_scheduler must be a str or None, got %.80s %.200R",
+                         Py_TYPE(a->sched)->tp_name, a->sched);
+            return -1;
+        }
+        Py_ssize_t len;
+        const char *text = PyUnicode_AsUTF8AndSize(a->sched, &len);
+        if (!text)
+            return -1;
+        rb_core_cfg tmp;
+        rb_err err;
+        rb_core_cfg_init(&tmp);
+        if (rb_setting_set_text(&tmp, rb_core_setting_find("io_scheduler"), text, (size_t)len, &err) < 0) {
+            rbpy_raise_err(&err);
+            return -1;
+        }
+        cfg->sched.mode = tmp.io_scheduler;
+    }
+    return dev_sched_bytes(a->rd_bytes, "read_max_bytes_in_flight", &cfg->sched.read_max_bytes) < 0 ||
+                   dev_sched_bytes(a->wr_bytes, "write_max_bytes_in_flight", &cfg->sched.write_max_bytes) < 0 ||
+                   dev_sched_bytes(a->piece, "write_piece_bytes", &cfg->sched.write_piece_bytes) < 0
+               ? -1
+               : 0;
+}
+
 /* Every keyword but the path into cfg, checked in LMCache's order (our lock first). 0, or -1
  * with an exception. */
 static int dev_config_from(const dev_args *a, rb_dev_config *cfg)
 {
     int use_iouring = 0;
     /* Our keyword-only extension: how the device is locked (LMCache's device takes no lock). */
-    if (lock_mode_of(a->lock, &cfg->lock) < 0 || dev_bools_from(a, cfg, &use_iouring) < 0 || dev_ints_from(a, cfg) < 0)
+    if (lock_mode_of(a->lock, &cfg->lock) < 0 || dev_bools_from(a, cfg, &use_iouring) < 0 ||
+        dev_ints_from(a, cfg) < 0 || dev_sched_from(a, cfg) < 0)
         return -1;
     /* 1. engine selection; 2. passthrough needs io_uring. */
     if (dev_engine_of(a->engine, &use_iouring) < 0)
@@ -232,11 +275,15 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                              "iouring_queue_depth",
                              "max_data_transfer_size",
                              "lock",
+                             "io_scheduler",
+                             "read_max_bytes_in_flight",
+                             "write_max_bytes_in_flight",
+                             "write_piece_bytes",
                              NULL};
     dev_args a = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$O:RawBlockDevice", kwlist, &a.path, &a.writable,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOOOOOO$OOOOO:RawBlockDevice", kwlist, &a.path, &a.writable,
                                      &a.odirect, &a.iouring, &a.uring_cmd, &a.alignment, &a.engine, &a.depth, &a.mdts,
-                                     &a.lock))
+                                     &a.lock, &a.sched, &a.rd_bytes, &a.wr_bytes, &a.piece))
         return NULL;
     rb_dev_config cfg = {0};
     if (dev_config_from(&a, &cfg) < 0)
@@ -451,6 +498,39 @@ PyObject *rbpy_io_stats_dict(const rb_stats_snapshot *s)
     return d;
 }
 
+static PyObject *device_io_scheduler(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    return rbpy_engine_sched(self->dev);
+}
+
+static PyObject *device_hold_engine(PyObject *op, PyObject *arg)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    return rbpy_engine_hold(self->dev, arg);
+}
+
+static PyObject *device_trace_engine(PyObject *op, PyObject *arg)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    return rbpy_engine_trace(self->dev, arg);
+}
+
+static PyObject *device_fail_engine_write(PyObject *op, PyObject *arg)
+{
+    RawBlockDeviceObject *self = (RawBlockDeviceObject *)op;
+    if (rbpy_device_check_open(self) < 0)
+        return NULL;
+    return rbpy_engine_fail_write(self->dev, arg);
+}
+
 static PyObject *device_io_stats_snapshot(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -643,6 +723,14 @@ static PyMethodDef device_methods[] = {
      "fixed_buffer_status($self, /)\n--\n\n(registered, registered_bytes) of io_uring fixed buffers."},
     {"io_stats_snapshot", device_io_stats_snapshot, METH_NOARGS,
      "io_stats_snapshot($self, /)\n--\n\nLifetime I/O counters as a dict."},
+    {"io_scheduler", device_io_scheduler, METH_NOARGS,
+     "io_scheduler($self, /)\n--\n\nThe io_uring scheduler in effect (dict), or None without io_uring."},
+    {"_hold_engine", device_hold_engine, METH_O,
+     "_hold_engine($self, on, /)\n--\n\nTest hook: leave new requests queued while on."},
+    {"_fail_engine_write", device_fail_engine_write, METH_O,
+     "_fail_engine_write($self, nth, /)\n--\n\nTest hook: the nth write attempt to complete reports EIO."},
+    {"_trace_engine", device_trace_engine, METH_O,
+     "_trace_engine($self, n, /)\n--\n\nTest hook: the attempt completions recorded so far, then record n more."},
     {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "nvme_nsid($self, /)\n--\n\nNVMe namespace id (use_uring_cmd only)."},
     {"nvme_lba_shift", device_nvme_lba_shift, METH_NOARGS,
      "nvme_lba_shift($self, /)\n--\n\nlog2 of the LBA size (use_uring_cmd only)."},
@@ -691,7 +779,8 @@ static PyType_Slot device_slots[] = {
     {Py_tp_members, device_members},
     {Py_tp_doc,
      "RawBlockDevice(path, writable, use_odirect=False, use_iouring=False, use_uring_cmd=False, "
-     "alignment=4096, io_engine=None, iouring_queue_depth=256, max_data_transfer_size=None, *, lock=None)\n--\n\n"
+     "alignment=4096, io_engine=None, iouring_queue_depth=256, max_data_transfer_size=None, *, lock=None, io_scheduler=None, "
+     "read_max_bytes_in_flight=None, write_max_bytes_in_flight=None, write_piece_bytes=None)\n--\n\n"
      "A raw block device or pre-sized file, drop-in for lmcache_rust_raw_block_io.RawBlockDevice.\n\n"
      "lock (ours, keyword-only): None or 'check' refuses (OSError EBUSY) a device another process's\n"
      "raw-block writer holds and holds no lock; 'shared' holds flock LOCK_SH (readers); 'exclusive'\n"

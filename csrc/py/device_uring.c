@@ -852,3 +852,106 @@ PyObject *rbpy_dev_inject_engine_fault(PyObject *op, PyObject *arg)
     rb_dev_leave(self->dev);
     Py_RETURN_NONE;
 }
+
+/* ------------------------------------------------------------------ the scheduler, test hooks */
+
+/* dev's engine, entered (the caller leaves dev), for the method called name. NULL with
+ * RuntimeError when dev is closed or has no io_uring engine. */
+static struct rb_uring *engine_enter(rb_dev *dev, const char *name)
+{
+    if (!dev || rb_dev_enter(dev) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "device is closed");
+        return NULL;
+    }
+    struct rb_uring *u = rb_dev_uring(dev);
+    if (!u) {
+        rb_dev_leave(dev);
+        PyErr_Format(PyExc_RuntimeError, "%s needs io_engine='io_uring'", name);
+    }
+    return u;
+}
+
+PyObject *rbpy_engine_sched(rb_dev *dev)
+{
+    if (!dev || rb_dev_enter(dev) < 0)
+        Py_RETURN_NONE;
+    struct rb_uring *u = rb_dev_uring(dev);
+    rb_sched_cfg sc = {0};
+    if (u)
+        rb_uring_sched(u, &sc);
+    rb_dev_leave(dev);
+    if (!u)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:s,s:K,s:K,s:K}", "io_scheduler", sc.mode == RB_SCHED_FIFO ? "fifo" : "loads_first",
+                         "read_max_bytes_in_flight", (unsigned long long)sc.read_max_bytes, "write_max_bytes_in_flight",
+                         (unsigned long long)sc.write_max_bytes, "write_piece_bytes",
+                         (unsigned long long)sc.write_piece_bytes);
+}
+
+PyObject *rbpy_engine_hold(rb_dev *dev, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    struct rb_uring *u = engine_enter(dev, "_hold_engine");
+    if (!u)
+        return NULL;
+    rb_uring_hold(u, on);
+    rb_dev_leave(dev);
+    Py_RETURN_NONE;
+}
+
+PyObject *rbpy_engine_fail_write(rb_dev *dev, PyObject *arg)
+{
+    long long nth = PyLong_AsLongLong(arg);
+    if (nth == -1 && PyErr_Occurred())
+        return NULL;
+    struct rb_uring *u = engine_enter(dev, "_fail_engine_write");
+    if (!u)
+        return NULL;
+    rb_uring_fail_write(u, (int64_t)nth);
+    rb_dev_leave(dev);
+    Py_RETURN_NONE;
+}
+
+/* The recorded completions as [(op, offset, length, last), ...]; op "read" or "write", last
+ * whether the attempt ended its request. */
+static PyObject *trace_list(const rb_trace_ent *t, size_t n)
+{
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *e =
+            Py_BuildValue("(sKIO)", t[i].op == RB_REQ_READ ? "read" : "write", (unsigned long long)t[i].offset,
+                          (unsigned)t[i].len, t[i].last ? Py_True : Py_False);
+        if (!e)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, e);
+    }
+    return out;
+}
+
+PyObject *rbpy_engine_trace(rb_dev *dev, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > (1 << 24)) {
+        PyErr_Format(PyExc_ValueError, "_trace_engine: n must be in 0..%d, got %zd", 1 << 24, n);
+        return NULL;
+    }
+    struct rb_uring *u = engine_enter(dev, "_trace_engine");
+    if (!u)
+        return NULL;
+    size_t cap = 1 << 16, got = 0;
+    rb_trace_ent *t = malloc(cap * sizeof(*t));
+    int rc = -ENOMEM;
+    if (t) {
+        got = rb_uring_trace_read(u, t, cap);
+        rc = rb_uring_trace(u, (size_t)n);
+    }
+    rb_dev_leave(dev);
+    PyObject *out = rc == 0 ? trace_list(t, got) : PyErr_NoMemory();
+    free(t);
+    return out;
+}

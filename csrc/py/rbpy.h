@@ -149,6 +149,15 @@ PyObject *rbpy_dev_register_fixed_buffers(PyObject *self, PyObject *const *args,
 PyObject *rbpy_dev_worker_error(PyObject *self, PyObject *unused);
 PyObject *rbpy_dev_fixed_buffer_status(PyObject *self, PyObject *unused);
 PyObject *rbpy_dev_inject_engine_fault(PyObject *self, PyObject *arg);
+/* The io_uring scheduler of dev, for the device's and the core's methods: io_scheduler() (a
+ * dict of the settings in effect, or None without an io_uring engine), and the test hooks
+ * _hold_engine(on) (rb_uring_hold) and _trace_engine(n) (the completions recorded so far, as
+ * [(op, offset, length, last)], then record the next n). */
+PyObject *rbpy_engine_sched(rb_dev *dev);
+PyObject *rbpy_engine_hold(rb_dev *dev, PyObject *arg);
+PyObject *rbpy_engine_trace(rb_dev *dev, PyObject *arg);
+/* _fail_engine_write(nth): rb_uring_fail_write. */
+PyObject *rbpy_engine_fail_write(rb_dev *dev, PyObject *arg);
 /* Called by close() and dealloc with the GIL held, after the engine has stopped:
  * releases every buffer the batches still hold. */
 void rbpy_uring_batches_free(RawBlockDeviceObject *self);

@@ -425,6 +425,8 @@ class RawBlockCore:
             "fdp_slot_affinity_enabled": cfg.fdp_slot_affinity_enabled,
             "fdp_slot_affinity_hit_count": st["fdp_slot_affinity_hit_count"],
             "fdp_slot_affinity_fallback_count": st["fdp_slot_affinity_fallback_count"],
+            # ours: the io_uring scheduler in effect (budgets with their defaults filled in), or None
+            "io_scheduler": self._native.io_scheduler(),
         }
 
     def _status_metadata(self, st: dict) -> dict:

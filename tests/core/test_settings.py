@@ -35,7 +35,8 @@ GOOD = {
     "load_checkpoint_on_init": True, "io_engine": "posix", "iouring_queue_depth": 64, "use_uring_cmd": False,
     "meta_checkpoint_placement_id": None, "fdp_slot_affinity_enabled": False,
     "verify_payload_checksum": False, "allow_foreign_device": False, "recovery_read_threads": 2,
-    "meta_format": "log", "deallocate_freed": "auto",
+    "meta_format": "log", "deallocate_freed": "auto", "io_scheduler": "loads_first",
+    "read_max_bytes_in_flight": 8 * MiB, "write_max_bytes_in_flight": 2 * MiB, "write_piece_bytes": 256 * 1024,
 }
 
 

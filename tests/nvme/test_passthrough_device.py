@@ -110,6 +110,29 @@ def test_split_round_trip_lands_on_the_namespace(nvme_char, nvme_block, limit):
         assert read_block_direct(nvme_block, off, n) == d
 
 
+@pytest.mark.parametrize("sched", ["loads_first", "fifo"])
+def test_every_command_of_a_request_in_flight_together(nvme_char, nvme_block, sched):
+    """A write and a read of four times the transfer limit: under loads_first the four commands
+    of each are in the kernel at once (the in-flight high-water marks hold all four); fifo sends
+    them one after another. The bytes land either way."""
+    limit = 64 << 10
+    n = 4 * limit
+    dev = open_pt(nvme_char, max_data_transfer_size=limit, io_scheduler=sched)
+    try:
+        data = pattern(n, 40)
+        assert dev.wait_iouring(dev.batched_write([32 << 20], [bytearray(data)], [n])) == ([True], [])
+        out = bytearray(n)
+        assert dev.wait_iouring(dev.batched_read([32 << 20], [out], [n])) == ([True], [])
+        assert bytes(out) == data
+        st = dev.io_stats_snapshot()
+        assert (st["write_attempts"], st["read_attempts"]) == (4, 4)
+        together = n if sched == "loads_first" else limit
+        assert (st["peak_write_inflight_bytes"], st["peak_read_inflight_bytes"]) == (together, together)
+    finally:
+        dev.close()
+    assert read_block_direct(nvme_block, 32 << 20, n) == data
+
+
 def test_unaligned_and_short_buffers_bounce_both_ways(nvme_char):
     dev = open_pt(nvme_char)
     try:
