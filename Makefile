@@ -193,6 +193,10 @@ MLOG_DEFS := -DRB_HAVE_LIBDEFLATE
 MLOG_LIBS := -ldeflate -ljson-c -lz -lpthread
 MLOG_HDR := csrc/core/rb_mlog.h csrc/core/rb_mlog_read.h csrc/core/rb_ckpt.h csrc/core/rb_err.h
 
+# The device and its io_uring engine, as tests/c/test_uring_sched.c links them.
+URING_SRC := csrc/core/rb_uring.c csrc/core/rb_device.c csrc/core/rb_dev_lock.c csrc/core/rb_dev_backing.c \
+  csrc/core/rb_dev_dealloc.c csrc/core/rb_nvme.c csrc/core/rb_err.c csrc/core/rb_wlog.c
+
 # C-level tests of the pure-C core (no Python), under ASan + UBSan.
 test-c: apt-deps
 	mkdir -p build
@@ -218,6 +222,10 @@ test-c: apt-deps
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
 	  -Icsrc/core tests/c/test_hist.c -lpthread -o build/test_hist
 	build/test_hist
+	@# the io_uring engine's scheduler on a temporary file (loads first, pieces, budgets, fifo)
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
+	  -Icsrc/core tests/c/test_uring_sched.c $(URING_SRC) -luring -lnvme -lpthread -o build/test_uring_sched
+	build/test_uring_sched
 
 # Size and one thread's speed of a metadata-log base for LMCache object keys (100k and 1M
 # entries; docs/metadata-log.md, "Measured"). Builds build/mlog_bench; no extension needed.

@@ -12,9 +12,10 @@ from the ``--l2-adapter`` JSON alone, without changing anything in LMCache::
 ``adapter_params`` takes exactly the keys of the built-in ``raw_block`` type (LMCache's own
 ``RawBlockL2AdapterConfig.from_dict`` parses them; LMCache finds the config class here by the
 ``<class_name>Config`` convention), plus ours: ``verify_payload_checksum``,
-``allow_foreign_device``, ``recovery_read_threads``, ``meta_format`` and ``deallocate_freed``
-(the core's own settings, from its settings table), ``fdp_phase``, and three more values of
-``fdp_data_placement_policy``: ``tp_worker``, ``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
+``allow_foreign_device``, ``recovery_read_threads``, ``meta_format``, ``deallocate_freed``,
+``io_scheduler`` and its three byte budgets (the core's own settings, from its settings
+table), ``fdp_phase``, and three more values of ``fdp_data_placement_policy``: ``tp_worker``,
+``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
 
 FDP: with ``fdp_enabled`` LMCache's adapter code asks our core for the device's placement
 identifiers (``fetch_fdp_status``) and passes each store's identifiers to our core's
