@@ -98,6 +98,11 @@ def memory_tags(shared: bool) -> Any:
     return MemoryTags(MemorySegment.STORAGE, MemoryResidency.REMOTE if shared else MemoryResidency.LOCAL)
 
 
+def _tag_name(tag: Any) -> str:
+    """``storage``, ``local``, ``remote``: an enum member's name in lower case, or the string."""
+    return str(getattr(tag, "name", tag)).lower()
+
+
 def slot_bytes_for(layout: Any, *, serde: Any = None, header_bytes: int = 4096, block_align: int = 4096) -> int:
     """The ``slot_bytes`` that holds one chunk of ``layout`` (LMCache's ``MemoryLayoutDesc``)
     as stored: with ``serde`` (a ``{"type": "fp8", ...}`` dict as in the ``--l2-adapter``
@@ -599,7 +604,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 **{f"completed_{k}_task_count": len(v) for k, v in self._done.items()},
                 "held_key_count": len(self._resident),
                 "shared": self._shared,
-                "memory_tags": [str(getattr(t, "value", t)) for t in tags],
+                "memory_tags": [_tag_name(tags.segment), _tag_name(tags.residency)],
                 "fdp_enabled": self._fdp_enabled,
                 "fdp_discovered_status": list(self._fdp_discovered),
                 "fdp_placement_ids": list(self._fdp_ids),

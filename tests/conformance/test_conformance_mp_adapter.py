@@ -1,4 +1,4 @@
-"""LMCache 0.5.6's MP-mode raw-block L2 adapter on our core, selected by docs/configuration.md's
+"""Our MP-mode raw-block L2 adapter (LMCache 0.5.6 and 0.5.7), selected by docs/configuration.md's
 ``--l2-adapter`` JSON through LMCache's own parser and factory (the ``plugin`` adapter type).
 
 Marked ``lmcache``: run with ``make test-lmcache``.
@@ -27,7 +27,8 @@ with lmcache_imports() as lmc:
     from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
     from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-    from lmcache.v1.storage_backend.raw_block import RawBlockCore as LmcCore
+
+    LmcCore = lmc_adapter.RawBlockCore  # LMCache's core, wherever the installed version keeps it
 
 pytestmark = lmc.marks
 
