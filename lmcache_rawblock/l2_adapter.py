@@ -410,9 +410,9 @@ class RawBlockL2Adapter(L2AdapterInterface):
         with self._lock:
             for encoded, key in stored:
                 self._resident[encoded] = _Resident(key, size, next(self._generations))
-        self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
-        if stored:
+        if stored:  # listeners first: when the task shows complete, the accounting has it
             self._tell("stored", [k for _, k in stored], [size] * len(stored))
+        self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
 
     def pop_completed_store_tasks(self) -> dict:
         with self._lock:
@@ -462,10 +462,10 @@ class RawBlockL2Adapter(L2AdapterInterface):
             loaded = future.result()
         except Exception as e:
             logger.error("RawBlockL2Adapter: load task %d failed: %s", task_id, e)
-        self._complete("load", task_id, _bitmap(loaded))
         accessed = [k for k, ok in zip(keys, loaded) if ok]
         if accessed:
             self._tell("accessed", accessed)
+        self._complete("load", task_id, _bitmap(loaded))
 
     def query_load_result(self, task_id: int) -> Bitmap | None:
         return self._pop("load", task_id)
