@@ -2,7 +2,9 @@
 
 * ``RawBlockDevice``: drop-in for ``lmcache_rust_raw_block_io.RawBlockDevice``
   (``lmcache_rawblock.compat.install()`` makes LMCache's own code import it under that name).
-* ``RawBlockCore`` and friends: drop-in for LMCache's ``lmcache.v1.storage_backend.raw_block``.
+* ``RawBlockCore`` and friends: drop-in for LMCache's raw-block package
+  (``lmcache.v1.distributed.l2_adapters.raw_block``; ``lmcache.v1.storage_backend.raw_block``
+  before 0.5.7: ``lmcache_rawblock.lmcache_paths`` resolves the installed one).
 * ``RustRawBlockBackend``: drop-in for LMCache's raw-block storage plugin
   (``storage_plugin.<name>.module_path: lmcache_rawblock.plugin``).
 """

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig, encode_object_key
+from lmcache_rawblock.lmcache_paths import raw_block_core_logger
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
+# Our core's logger: LMCache's raw-block core's logger name in the installed LMCache version.
+CORE_LOGGER = raw_block_core_logger()
 MiB = 1 << 20
 BLOCK = 4096
 HEADER = 4096

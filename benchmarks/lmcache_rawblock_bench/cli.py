@@ -131,7 +131,7 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
                    help="directory for results.json, summary.txt and PNG plots (default ./bench-out)")
     b.add_argument("--install-competitors", action="store_true",
                    help="pip install missing competitors first: lmcache-rust-raw-block-io into this "
-                        "Python; for core/recovery/plugin torch==2.13.0 then lmcache into a separate directory "
+                        "Python; for core/recovery/plugin torch==2.13.0 then lmcache (the newest tested version) into a separate directory "
                         "(LMCACHE_RAWBLOCK_COMPETITORS, default ~/.cache/lmcache-rawblock/...); carries on "
                         "if that fails")
     b.add_argument("--force", action="store_true",
@@ -253,7 +253,7 @@ def _core_competitors(args: argparse.Namespace, notes: list[str]) -> list | None
     core.activate_competitor_dir()
     lmc = core.lmcache_core()
     if not lmc.available and args.install_competitors:
-        print(f"installing competitor: torch==2.13.0 then lmcache into {core.competitor_dir()} "
+        print(f"installing competitor: torch==2.13.0 then lmcache=={common.LMCACHE_VERSION} into {core.competitor_dir()} "
               "(large; a few minutes)", file=sys.stderr)
         ok, msg = core.install_lmcache()
         notes.append(msg if ok else f"--install-competitors: {msg}; continuing without LMCache")

@@ -33,8 +33,12 @@ GiB = 1 << 30
 TiB = 1 << 40
 
 RUST_DIST = "lmcache-rust-raw-block-io"
+# The versions --install-competitors installs: the newest line of the Makefile's LMCACHE_MATRIX
+# (tests/package/test_lmcache_matrix.py keeps them equal).
+RUST_VERSION = "0.5.7rc2"
+LMCACHE_VERSION = "0.5.7rc2"
 RUST_MODULE = "lmcache_rust_raw_block_io"
-RUST_PIP = f"pip install {RUST_DIST}"
+RUST_PIP = f"pip install {RUST_DIST}=={RUST_VERSION}"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": TiB}
@@ -245,11 +249,11 @@ def pip_install(cmd: list[str], timeout: float, run: Callable[..., Any] = subpro
 
 
 def install_competitors(run: Callable[..., Any] = subprocess.run) -> tuple[bool, str]:
-    """``python -m pip install lmcache-rust-raw-block-io`` with this interpreter.
+    """``python -m pip install lmcache-rust-raw-block-io==RUST_VERSION`` with this interpreter.
 
     Returns (ok, message); never raises, so the benchmark carries on without the wheel.
     """
-    err = pip_install([sys.executable, "-m", "pip", "install", "-q", RUST_DIST], 600, run)
+    err = pip_install([sys.executable, "-m", "pip", "install", "-q", f"{RUST_DIST}=={RUST_VERSION}"], 600, run)
     if err:
         return False, err
     return True, f"installed {RUST_DIST} {_dist_version(RUST_DIST) or ''}".strip()

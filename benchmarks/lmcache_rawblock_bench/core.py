@@ -31,14 +31,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from lmcache_rawblock import lmcache_paths
 from lmcache_rawblock._quiet import quiet_imports
 
-from .common import (MiB, Competitor, _dist_version, aligned_buffer, interleaved_order, median, pip_install,
+from .common import (LMCACHE_VERSION, MiB, Competitor, _dist_version, aligned_buffer, interleaved_order, median, pip_install,
                      remove_file, sparse, spread)
 
 LMCACHE_DIST = "lmcache"
-LMCACHE_MODULE = "lmcache.v1.storage_backend.raw_block"
-LMCACHE_PIP = "pip install torch==2.13.0 && pip install lmcache"
+# LMCache's raw-block package where the installed LMCache keeps it (lmcache_rawblock.lmcache_paths).
+LMCACHE_MODULE = lmcache_paths.raw_block_package()
+LMCACHE_PIP = f"pip install torch==2.13.0 && pip install lmcache=={LMCACHE_VERSION}"
 
 BLOCK = 4096
 PAYLOAD = 4096
@@ -91,14 +93,15 @@ def steps(s: CoreSettings) -> int:
 
 def lmcache_core() -> Competitor:
     """LMCache's Python RawBlockCore, if ``lmcache`` (and torch) import."""
-    comp = Competitor(name="lmcache", dist=LMCACHE_DIST, module=LMCACHE_MODULE)
+    lmcache_paths.clear_cache()  # --install-competitors may have just put it on sys.path
+    comp = Competitor(name="lmcache", dist=LMCACHE_DIST, module=lmcache_paths.raw_block_package())
     if importlib.util.find_spec("lmcache") is None:
         comp.error = "not installed"
         comp.install = LMCACHE_PIP
         return comp
     try:
         with quiet_imports():
-            mod = importlib.import_module(LMCACHE_MODULE)
+            mod = importlib.import_module(comp.module)
             importlib.import_module("torch")
     except Exception as exc:  # noqa: BLE001 - lmcache imports torch and much more
         comp.error = f"import failed ({type(exc).__name__}: {exc})"
@@ -474,7 +477,8 @@ def install_commands(target: str) -> list[list[str]]:
     # One command: with --target pip does not see what an earlier command put there, so a second
     # `pip install lmcache` would resolve torch afresh and fetch a multi-GB CUDA build beside the
     # CPU one (5.8 GB seen). Listed together, the resolver keeps torch at the CPU 2.13.0.
-    return [[sys.executable, "-m", "pip", "install", "-q", "--target", target, "torch==2.13.0", "lmcache"]]
+    return [[sys.executable, "-m", "pip", "install", "-q", "--target", target, "torch==2.13.0",
+             f"lmcache=={LMCACHE_VERSION}"]]
 
 
 def install_lmcache(run: Callable[..., Any] | None = None, target: str | None = None) -> tuple[bool, str]:

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from lmcache_rawblock import lmcache_paths
+
 from .common import MiB, interleaved_order, median, remove_file, sparse, spread
 from .core import _quiet, make_obj
 
@@ -159,7 +161,7 @@ def remove_backends(have_lmcache: bool, workdir: str, size: int, loop: Any) -> t
                 raise ImportError("lmcache_rust_raw_block_io is our compat shim, not the Rust wheel")
             mod = importlib.import_module(LMC_PLUGIN_MODULE)
             base = importlib.import_module("lmcache.v1.storage_backend.abstract_backend").StoragePluginInterface
-            enc = importlib.import_module("lmcache.v1.storage_backend.raw_block").encode_legacy_key
+            enc = lmcache_paths.import_raw_block().encode_legacy_key
             return mod.RustRawBlockBackend, base, enc
 
         specs.append(("lmcache", lmc))

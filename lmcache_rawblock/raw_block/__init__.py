@@ -1,5 +1,6 @@
-"""Drop-in for LMCache's ``lmcache.v1.storage_backend.raw_block`` package, backed by the C
-core in ``lmcache_rawblock._native``."""
+"""Drop-in for LMCache's raw-block package (``lmcache.v1.distributed.l2_adapters.raw_block``,
+``lmcache.v1.storage_backend.raw_block`` before 0.5.7), backed by the C core in
+``lmcache_rawblock._native``."""
 
 from __future__ import annotations
 

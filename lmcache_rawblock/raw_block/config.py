@@ -1,5 +1,5 @@
 """RawBlockCoreConfig, the module constants and the small validation helpers of LMCache's
-``lmcache.v1.storage_backend.raw_block`` package (same names, defaults and messages).
+raw-block package (``lmcache_rawblock.lmcache_paths.raw_block_package()``) (same names, defaults and messages).
 
 RawBlockCoreConfig's fields come from the core's settings table (``lmcache_rawblock.settings``),
 so a field, the plugin's ``rust_raw_block.<field>`` key and ``_native.Core``'s keyword are one

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native
+from ..lmcache_paths import raw_block_core_logger
 from ..settings import SETTINGS
 from ._lmcache import (
     DiskCacheMetadata,
@@ -39,7 +40,9 @@ from .config import (
 from .events import TrustEvents
 from .key_codec import RawBlockKeySpec
 
-logger = logging.getLogger("lmcache.v1.storage_backend.raw_block.core")
+# Under the logger name of LMCache's raw-block core in the installed LMCache version, so logging
+# configured for LMCache's core reaches ours.
+logger = logging.getLogger(raw_block_core_logger())
 
 # The kernel's limit for one registered io_uring buffer.
 _MAX_FIXED_BUFFER_REGION_BYTES = 1 << 30

@@ -188,7 +188,7 @@ def test_install_competitors_runs_pip_with_this_python(monkeypatch):
     ok, msg = common.install_competitors(run=fake_run)
     assert ok is False and "boom" in msg
     assert seen["cmd"][:4] == [sys.executable, "-m", "pip", "install"]
-    assert seen["cmd"][-1] == "lmcache-rust-raw-block-io"
+    assert seen["cmd"][-1] == f"lmcache-rust-raw-block-io=={common.RUST_VERSION}"
 
 
 # --------------------------------------------------------------------------- --device checks
@@ -391,7 +391,7 @@ def _no_lmcache(monkeypatch):
 
 
 def test_core_recovery_plugin_smoke_without_lmcache(tmp_path, capsys, monkeypatch):
-    _no_lmcache(monkeypatch)
+    bench_core = _no_lmcache(monkeypatch)
     out = tmp_path / "out"
     rc, stdout, err = run_cli([*SMOKE, "--size", "8M", "--out", str(out), "--parts", "core,recovery,plugin",
                                "--no-plots"], capsys)
@@ -400,8 +400,8 @@ def test_core_recovery_plugin_smoke_without_lmcache(tmp_path, capsys, monkeypatc
     assert res["settings"]["parts"] == ["core", "recovery", "plugin"]
     assert "device" not in res and "uring" not in res
     lmc = res["competitors"]["lmcache"]
-    assert lmc["available"] is False and lmc["install"] == "pip install torch==2.13.0 && pip install lmcache"
-    assert "pip install torch==2.13.0 && pip install lmcache" in stdout
+    assert lmc["available"] is False and lmc["install"] == bench_core.LMCACHE_PIP
+    assert bench_core.LMCACHE_PIP in stdout and f"lmcache=={common.LMCACHE_VERSION}" in bench_core.LMCACHE_PIP
     core = res["core"]
     assert [r["op"] for r in core["rows"]] == ["put_many", "exists_many", "load_many_into", "checkpoint",
                                                "open_recovery", "delete_many"]
@@ -464,7 +464,7 @@ def test_install_lmcache_one_command_pins_cpu_torch_into_separate_dir(tmp_path):
     ok, msg = core.install_lmcache(run=fake_run, target=str(tmp_path / "comp"))
     assert ok, msg
     # one resolver run: lmcache's torch requirement is met by the pinned CPU build, not a second torch
-    assert len(seen) == 1 and seen[0][-2:] == ["torch==2.13.0", "lmcache"]
+    assert len(seen) == 1 and seen[0][-2:] == ["torch==2.13.0", f"lmcache=={common.LMCACHE_VERSION}"]
     c = seen[0]
     assert c[:4] == [sys.executable, "-m", "pip", "install"]
     assert c[c.index("--target") + 1] == str(tmp_path / "comp")

@@ -17,14 +17,15 @@ import pytest
 
 from core_helpers import make_config, make_device
 from helpers import lmcache_imports
+from lmcache_rawblock import lmcache_paths
 
 with lmcache_imports() as lmc:
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
     from lmcache.v1.metadata import LMCacheMetadata
-    from lmcache.v1.storage_backend import raw_block as lmc_rb
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    lmc_rb = lmcache_paths.import_raw_block()  # where the installed LMCache version has it
 
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig, encode_object_key  # noqa: E402
 from lmcache_rawblock.raw_block._lmcache import ObjectKey  # noqa: E402

@@ -15,6 +15,7 @@ import pytest
 
 from core_helpers import Obj, make_core, make_device, payload
 from helpers import lmcache_imports
+from lmcache_rawblock import lmcache_paths
 from lmcache_rawblock.raw_block import decode_object_key, encode_object_key, key_codec, object_key_to_string
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
@@ -120,7 +121,7 @@ with lmcache_imports() as lmc:
     from lmcache.v1.distributed.api import ObjectKey as LmcObjectKey
     from lmcache.v1.memory_allocators.host_memory_allocator import HostMemoryAllocator
     from lmcache.v1.memory_management import MemoryFormat
-    from lmcache.v1.storage_backend import raw_block as lmc_rb
+    lmc_rb = lmcache_paths.import_raw_block()  # where the installed LMCache version has it
 
 lmcache_only = lmc.skip
 logging.getLogger("LMCache").setLevel(logging.ERROR)

@@ -13,10 +13,11 @@ import pytest
 
 from core_helpers import make_config, make_device
 from helpers import lmcache_imports
+from lmcache_rawblock import lmcache_paths
 
 with lmcache_imports() as lmc:
     import torch
-    from lmcache.v1.storage_backend import raw_block as lmc_rb
+    lmc_rb = lmcache_paths.import_raw_block()  # where the installed LMCache version has it
 
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig  # noqa: E402
 

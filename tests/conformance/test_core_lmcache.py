@@ -14,13 +14,14 @@ import pytest
 
 from core_helpers import META, SLOT, make_config, make_device
 from helpers import lmcache_imports
+from lmcache_rawblock import lmcache_paths
 
 with lmcache_imports() as lmc:
     import torch
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.memory_allocators.host_memory_allocator import HostMemoryAllocator
     from lmcache.v1.memory_management import MemoryFormat
-    from lmcache.v1.storage_backend import raw_block as lmc_rb
+    lmc_rb = lmcache_paths.import_raw_block()  # where the installed LMCache version has it
 
 from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig  # noqa: E402
 

@@ -34,6 +34,7 @@ import pytest
 
 from core_helpers import odirect_ok
 from helpers import REPO, lmcache_imports, rust_module
+from lmcache_rawblock import lmcache_paths
 from lmcache_stack import (
     CHUNK, LMC_MODULE, MODEL, OUR_CLASS, OUR_MODULE, PLUGIN_NAME, Stack, make_config, make_metadata, small_extra,
 )
@@ -355,7 +356,7 @@ def test_readme_env_config(tmp_path, stacks, monkeypatch):
 
 
 def test_storage_manager_drives_the_plugin(tmp_path):
-    from lmcache.v1.event_manager import EventManager
+    EventManager = lmcache_paths.import_inprocess("event_manager").EventManager
     from lmcache.v1.storage_backend.storage_manager import StorageManager
 
     cfg = make_config(small_extra(sparse(tmp_path / "dev.img", 64 * MiB)))

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from core_helpers import (
-    DEV_SIZE, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
+    CORE_LOGGER, DEV_SIZE, HEADER, META, SLOT, Obj, base_state, make_core, make_device, newest_state, okey, payload,
     read_containers,
 )
 
@@ -446,9 +446,9 @@ def test_load_error_is_logged_and_false_by_default(core, caplog):
     enc = _three_keys(core)
     core._native._inject_fault("read", 2)
     outs = [Obj(300) for _ in enc]
-    with caplog.at_level("ERROR", logger="lmcache.v1.storage_backend.raw_block.core"):
+    with caplog.at_level("ERROR", logger=CORE_LOGGER):
         assert core.load_many_into(enc, outs) == [True, False, True]
-    recs = [r for r in caplog.records if r.name == "lmcache.v1.storage_backend.raw_block.core"]
+    recs = [r for r in caplog.records if r.name == CORE_LOGGER]
     assert len(recs) == 1 and enc[1] in recs[0].getMessage()
     assert outs[2].bytes() == payload(2, 300)
 

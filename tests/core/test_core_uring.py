@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from core_helpers import HEADER, META, SLOT, Obj, make_core, make_device, odirect_ok, okey, payload, read_slot
+from core_helpers import CORE_LOGGER, HEADER, META, SLOT, Obj, make_core, make_device, odirect_ok, okey, payload, read_slot
 from lmcache_rawblock._native import xxh3_64
 
 
@@ -292,7 +292,7 @@ def test_load_many_uring_errors(core, caplog):
     assert outs[2].bytes() == bytes(300)  # its payload read landed, unvouched for: erased
     assert core.report_status()["inflight_io_count"] == 0
     core._native._inject_fault("submit", 1)
-    with caplog.at_level("ERROR", logger="lmcache.v1.storage_backend.raw_block.core"):
+    with caplog.at_level("ERROR", logger=CORE_LOGGER):
         assert core.load_many_into(enc, [Obj(300) for _ in enc]) == [False] * 4
     assert len([r for r in caplog.records if "load failed" in r.getMessage()]) == 4
     assert core.load_many_into(enc, [Obj(300) for _ in enc]) == [True] * 4
@@ -514,7 +514,7 @@ def test_register_fixed_buffers_from_allocator(core, caplog):
     np = pytest.importorskip("numpy")
     a = np.zeros(1 << 20, dtype=np.uint8)
     b = np.zeros(1 << 20, dtype=np.uint8)
-    with caplog.at_level("INFO", logger="lmcache.v1.storage_backend.raw_block.core"):
+    with caplog.at_level("INFO", logger=CORE_LOGGER):
         core.register_fixed_buffers_from_allocator(_Alloc([_TensorLike(a), b]))
     assert any("registered 2 io_uring fixed buffers" in r.getMessage() for r in caplog.records)
     a[:5000] = np.frombuffer(payload(1, 5000), dtype=np.uint8)
@@ -541,7 +541,7 @@ def test_register_fixed_buffers_noop_and_warnings(dev, caplog):
         c.close()
     c = ucore(dev)
     try:
-        with caplog.at_level("WARNING", logger="lmcache.v1.storage_backend.raw_block.core"):
+        with caplog.at_level("WARNING", logger=CORE_LOGGER):
             c.register_fixed_buffers_from_allocator(object())
             c.register_fixed_buffers_from_allocator(_Alloc([]))
         msgs = [r.getMessage() for r in caplog.records]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import Obj, make_core, make_device, okey, payload
+from core_helpers import CORE_LOGGER, Obj, make_core, make_device, okey, payload
 from helpers import TESTS
 from lmcache_rawblock import RawBlockDevice, _native, tools
 
@@ -243,7 +243,7 @@ def test_a_file_system_without_flock_opens_unlocked_and_says_so(tmp_path, caplog
     path = make_device(tmp_path)
     _native._inject_lock_errno(errnum)
     try:
-        with caplog.at_level("WARNING", logger="lmcache.v1.storage_backend.raw_block.core"):
+        with caplog.at_level("WARNING", logger=CORE_LOGGER):
             core = make_core(path)
     finally:
         _native._inject_lock_errno(0)

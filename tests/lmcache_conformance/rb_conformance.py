@@ -28,6 +28,7 @@ and is written, with the per-test outcomes, to the JSON file named by ``RB_CONFO
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -44,9 +45,23 @@ RECORD_PATH = os.environ.get("RB_CONFORMANCE_RECORD", "")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUST_MODULE = "lmcache_rust_raw_block_io"
 
-LMC_RAW_BLOCK = "lmcache.v1.storage_backend.raw_block"
-LMC_PLUGIN = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
-LMC_L2 = "lmcache.v1.distributed.l2_adapters.raw_block_l2_adapter"
+
+
+def _lmcache_paths() -> types.ModuleType:
+    """lmcache_rawblock.lmcache_paths, loaded from its file: the baseline mode must not import our
+    package (its ``__init__`` loads the C extension), and the module imports nothing of ours."""
+    path = REPO_ROOT / "lmcache_rawblock" / "lmcache_paths.py"
+    spec = importlib.util.spec_from_file_location("_rb_conformance_lmcache_paths", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_paths = _lmcache_paths()
+LMC_RAW_BLOCK = _paths.raw_block_package()  # where the installed LMCache version has it
+LMC_PLUGIN = _paths.PLUGIN_MODULE
+LMC_L2 = _paths.L2_ADAPTER_MODULE
 
 constructed: Counter[str] = Counter()  # "<impl>.<Class>" -> constructions
 devices: Counter[str] = Counter()  # device types LMCache's core opened through _rawdev()

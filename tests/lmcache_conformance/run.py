@@ -1,12 +1,13 @@
 """Run LMCache's own raw-block tests in three modes and compare them.
 
-Run with the LMCache virtualenv's interpreter from the repository root (``make
-test-conformance``)::
+Run with the interpreter of an LMCache virtualenv (one per version of the matrix) from the
+repository root (``make test-conformance`` runs it for each)::
 
-    .venv-lmcache/bin/python tests/lmcache_conformance/run.py [--modes baseline,compat,native]
-                                                              [--write-readme]
+    .venv-lmcache-0.5.7rc2/bin/python tests/lmcache_conformance/run.py [--modes baseline,compat,native]
+                                                                       [--write-readme]
 
-``--write-readme`` replaces the table of LMCache's own tests in ``docs/compatibility.md``.
+``--write-readme`` replaces the installed version's table of LMCache's own tests in
+``docs/compatibility.md``.
 
 1. The test files come from the ``lmcache`` sdist of the installed version, downloaded with pip
    into ``build/lmcache-sdist/<version>/`` (only its ``tests/`` tree and ``pytest.ini`` are
@@ -14,7 +15,7 @@ test-conformance``)::
    LMCache is committed. ``pytest-asyncio`` and ``pytest-timeout``, which those tests need, are
    installed into the running environment if missing.
 2. Each mode runs in its own pytest process with ``-p rb_conformance`` (see
-   ``rb_conformance.py``), writing ``build/lmcache-conformance/<mode>.json`` (per-test outcomes
+   ``rb_conformance.py``), writing ``build/lmcache-conformance/<version>/<mode>.json`` (per-test outcomes
    and the substitution proof), ``junit-<mode>.xml`` and ``<mode>.log``.
 3. The summary is a file x mode table of passed / failed / skipped / errors. Exit status is
    non-zero when a mode's substitution check failed, when a mode did not run, or when a test
@@ -47,12 +48,17 @@ SDIST_CACHE = REPO / "build" / "lmcache-sdist"
 OUT = REPO / "build" / "lmcache-conformance"
 README = REPO / "docs" / "compatibility.md"  # the table of LMCache's own tests
 MODES = ("baseline", "compat", "native")
-TABLE_BEGIN = "<!-- lmcache-conformance-table:begin -->"
-TABLE_END = "<!-- lmcache-conformance-table:end -->"
+# One table per LMCache version, between these markers (the version in each).
+TABLE_BEGIN = "<!-- lmcache-conformance-table:begin {version} -->"
+TABLE_END = "<!-- lmcache-conformance-table:end {version} -->"
 
-# LMCache's raw-block test files, relative to the sdist root.
+# LMCache's raw-block test files, relative to the sdist root. An entry is one glob, or several
+# separated by "|" where LMCache versions keep the files in different places (0.5.7 moved the
+# raw-block tests from tests/v1/storage_backend/test_raw_block_*.py to tests/v1/distributed/
+# raw_block/test_*.py, leaving test_raw_block_uring_cmd.py): the files of every alternative that
+# matches are run, and an entry none of whose alternatives matches is an error.
 TEST_FILES = (
-    "tests/v1/storage_backend/test_raw_block_*.py",
+    "tests/v1/distributed/raw_block/test_*.py|tests/v1/storage_backend/test_raw_block_*.py",
     "tests/v1/storage_backend/test_rust_raw_block_backend.py",
     "tests/v1/distributed/test_raw_block_l2_adapter.py",
     "tests/v1/multiprocess/test_raw_block_l2_adapter.py",
@@ -61,7 +67,7 @@ TEST_FILES = (
 PER_TEST_TIMEOUT_S = 300
 
 sys.path.insert(0, str(HERE))
-from exclusions import EXCLUSIONS, Exclusion  # noqa: E402
+from exclusions import EXCLUSIONS, Exclusion, current_nodeid  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -80,7 +86,7 @@ def lmcache_version() -> str:
 
 def _find_tree(root: Path) -> Path | None:
     for ini in sorted(root.rglob("pytest.ini")):
-        if (ini.parent / "tests" / "v1" / "storage_backend").is_dir():
+        if (ini.parent / "tests" / "v1").is_dir():
             return ini.parent
     return None
 
@@ -133,11 +139,12 @@ def ensure_test_deps() -> None:
 
 def test_files(tree: Path, patterns: tuple[str, ...] = TEST_FILES) -> list[str]:
     files: list[str] = []
-    for pattern in patterns:
-        hits = sorted(glob.glob(pattern, root_dir=tree))
+    for entry in patterns:
+        hits = sorted({h for alt in entry.split("|") for h in glob.glob(alt, root_dir=tree)})
         if not hits:
-            moved = sorted(str(p.relative_to(tree)) for p in tree.rglob(Path(pattern).name))
-            sys.exit(f"no {pattern} in the lmcache sdist" + (f" (found {moved})" if moved else ""))
+            moved = sorted({str(p.relative_to(tree)) for alt in entry.split("|")
+                            for p in tree.rglob(Path(alt).name)})
+            sys.exit(f"no {entry} in the lmcache sdist" + (f" (found {moved})" if moved else ""))
         files.extend(h for h in hits if h not in files)
     return files
 
@@ -203,6 +210,7 @@ def _cell(c: Counter) -> str:
 
 
 def excluded(mode: str, nodeid: str) -> Exclusion | None:
+    nodeid = current_nodeid(nodeid)  # the exclusions name the newest layout's files
     for e in EXCLUSIONS:
         if mode in e.modes and fnmatch.fnmatchcase(nodeid, e.test):
             return e
@@ -250,14 +258,24 @@ def compare(results: dict[str, dict]) -> tuple[list[str], list[str], list[str]]:
     return violations, held, now_pass
 
 
-def write_readme(lines: list[str]) -> None:
+def write_readme(version: str, lines: list[str]) -> None:
+    """Replace the version's table in docs/compatibility.md; a version without one gets a new
+    block after the last table."""
     text = README.read_text()
-    if TABLE_BEGIN not in text or TABLE_END not in text:
-        sys.exit(f"{README.relative_to(REPO)} has no {TABLE_BEGIN} ... {TABLE_END} block")
-    head, rest = text.split(TABLE_BEGIN, 1)
-    _, tail = rest.split(TABLE_END, 1)
-    README.write_text(head + TABLE_BEGIN + "\n" + "\n".join(lines) + "\n" + TABLE_END + tail)
-    log(f"{README.relative_to(REPO)} table updated")
+    begin, end = TABLE_BEGIN.format(version=version), TABLE_END.format(version=version)
+    block = begin + "\n" + "\n".join(lines) + "\n" + end
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + block + tail
+    else:
+        last_end = max((m.end() for m in re.finditer(r"<!-- lmcache-conformance-table:end [^ ]+ -->", text)),
+                       default=-1)
+        if last_end < 0:
+            sys.exit(f"{README.relative_to(REPO)} has no {TABLE_BEGIN} ... {TABLE_END} block to add to")
+        text = text[:last_end] + f"\n\nLMCache {version}:\n\n" + block + text[last_end:]
+    README.write_text(text)
+    log(f"{README.relative_to(REPO)}: the table of lmcache {version} updated")
 
 
 def main() -> int:
@@ -266,21 +284,21 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--write-readme", action="store_true",
                     help="replace the table in docs/compatibility.md (LMCache's own tests) with this run's")
-    ap.add_argument("--files", help="comma-separated globs of LMCache test files (relative to the sdist) "
+    ap.add_argument("--files", help="comma-separated globs of LMCache test files (relative to the sdist; "
+                    "a|b: whichever of a and b this version has) "
                     "instead of the raw-block set, e.g. the NVMe ones in the emulated NVMe guest")
-    ap.add_argument("--out", help=f"directory for the records and logs (default {OUT})")
+    ap.add_argument("--out", help=f"directory for the records and logs (default {OUT}/<lmcache version>)")
     ap.add_argument("--fetch-only", action="store_true",
                     help="fetch the sdist's tests and install the test plugins, then stop (before a run in a "
                          "guest whose root is read-only)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
-    if args.out:
-        OUT = Path(args.out)
+    version = lmcache_version()
+    OUT = Path(args.out) if args.out else OUT / version  # one directory per version of the matrix
     modes = [m for m in MODES if m in args.modes.split(",")]
     if "baseline" not in modes:
         modes.insert(0, "baseline")  # every comparison is against the baseline
     problems = check_exclusions()
-    version = lmcache_version()
     tree = fetch_tests(version)
     ensure_test_deps()
     if args.fetch_only:
@@ -307,7 +325,7 @@ def main() -> int:
     print("\n".join(report))
     (OUT / "summary.txt").write_text("\n".join(report) + "\n")
     if args.write_readme and set(modes) == set(MODES) and not args.files:
-        write_readme(lines + ["", caption])
+        write_readme(version, lines + ["", caption])
     ok = not violations and not problems
     log("OK" if ok else "FAILED")
     return 0 if ok else 1

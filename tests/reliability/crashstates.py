@@ -64,6 +64,7 @@ else:
     from .common import META, Config, Obj, key, make_device, open_core, payload, verify_served
 
 from lmcache_rawblock import _native
+from lmcache_rawblock.lmcache_paths import raw_block_core_logger
 
 NSLOTS = 24
 MAX_EXHAUSTIVE = 10
@@ -486,7 +487,7 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
     serves is judged before that, so the outcome is the same; with it on, the close that ends
     each check punches the holes of every free slot and costs about three times as long. (The
     kill loop's checkers and the second-crash follow-up runs deallocate.)"""
-    logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
+    logging.getLogger(raw_block_core_logger()).setLevel(logging.CRITICAL)
     if rec is None:
         rec = record_workload(engine, workdir, workload)
     dev, pre, recs, versions = rec.dev, rec.pre, rec.recs, rec.versions
@@ -628,7 +629,7 @@ def check_second_crash(engine: str, workdir: str, workload: Workload, rng_seed: 
     (recorded), then check every crash state of that second run (whole writes, or metadata
     writes torn in second_tear_meta blocks) with the same engine, slot headers validated at
     open and not. One Result for all of them; its failures name both crashes."""
-    logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
+    logging.getLogger(raw_block_core_logger()).setLevel(logging.CRITICAL)
     rng = random.Random(f"{rng_seed}/second/{engine}/{workload.name}")
     rec = record_workload(engine, workdir, workload)
     firsts = first_crash_images(rec, tear_meta, per_epoch, rng)

@@ -64,6 +64,8 @@ else:
     from .common import (ALL_CONFIGS, MAX_PAYLOAD, MIN_PAYLOAD, Config, Obj, config_by_name, key, make_device,
                          open_core, payload, verify_served)
 
+from lmcache_rawblock.lmcache_paths import raw_block_core_logger  # noqa: E402
+
 NSLOTS = 12        # few slots: LIFO reuse of a just-freed slot is the common case
 NKEYS = 30
 MAX_KILL_MS = 300.0        # after the writer opened its core
@@ -257,7 +259,7 @@ def replay(lines: list[str], durable: set[int] | dict[int, int], versions: dict[
 def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kill_ms: float = MAX_KILL_MS,
                verbose: bool = False) -> Stats:
     st = Stats(cfg.name)
-    logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
+    logging.getLogger(raw_block_core_logger()).setLevel(logging.CRITICAL)
     rng = random.Random(f"{rng_seed}/{cfg.name}")
     path = make_device(os.path.join(workdir, cfg.name.replace("/", "-") + ".img"), NSLOTS)
     logpath = path + ".log"

@@ -11,11 +11,11 @@ import logging
 
 import pytest
 
-from core_helpers import Obj, make_core, make_device, okey, payload
+from core_helpers import CORE_LOGGER, Obj, make_core, make_device, okey, payload
 from lmcache_rawblock.raw_block.events import TrustEvents
 
 N = 3000
-LOGGER = "lmcache.v1.storage_backend.raw_block.core"
+LOGGER = CORE_LOGGER
 
 
 def _put(core, ids):

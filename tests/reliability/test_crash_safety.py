@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from core_helpers import (
-    HEADER, META, SLOT, Obj, base_state, make_core, make_device, okey, payload, read_containers,
+    CORE_LOGGER, HEADER, META, SLOT, Obj, base_state, make_core, make_device, okey, payload, read_containers,
     write_container, write_slot,
 )
 from helpers import TESTS
@@ -182,7 +182,7 @@ def test_fallback_to_the_older_checkpoint_is_a_warning_with_what_was_lost(tmp_pa
     dev = make_device(tmp_path)
     a, b = _two_checkpoints(dev)
     _patch(dev, (1 * (META // 2)) + 4096 + 40, b"#")  # one byte of the newer payload
-    caplog.set_level(logging.INFO, logger="lmcache.v1.storage_backend.raw_block.core")
+    caplog.set_level(logging.INFO, logger=CORE_LOGGER)
     c = make_core(dev)
     try:
         assert c.exists_many([a.encoded, b.encoded]) == [True, False]
@@ -202,7 +202,7 @@ def test_lost_index_is_an_error_and_differs_from_a_blank_device(tmp_path, caplog
     a, b = _two_checkpoints(dev)
     _patch(dev, 4096 + 40, b"#")
     _patch(dev, (META // 2) + 4096 + 40, b"#")
-    caplog.set_level(logging.INFO, logger="lmcache.v1.storage_backend.raw_block.core")
+    caplog.set_level(logging.INFO, logger=CORE_LOGGER)
     c = make_core(dev)
     try:
         assert c.exists_many([a.encoded, b.encoded]) == [False, False]

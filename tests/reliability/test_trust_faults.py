@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import Obj, make_core, newest_state, odirect_ok, okey
+from core_helpers import CORE_LOGGER, Obj, make_core, newest_state, odirect_ok, okey
 from helpers import REPO, TESTS, Rig, why_no_losetup, why_no_mount
 from lmcache_rawblock.plugin import RustRawBlockBackend
 from lmcache_rawblock.raw_block import RawBlockCore
@@ -36,7 +36,6 @@ SLOT = MiB
 META = 4 * MiB  # two containers of 2 MiB
 CONTAINER = META // 2
 PAYLOAD = 900 * KiB
-CORE_LOGGER = "lmcache.v1.storage_backend.raw_block.core"
 
 
 # ---- rigs ----------------------------------------------------------------------------------
