@@ -21,8 +21,8 @@ adapter the way LMCache's storage manager uses it, with the engine's compute lef
 
 Both adapters are built from their ``--l2-adapter`` JSON by LMCache's parser and factory with
 the same settings: ours as the ``plugin`` type, LMCache's as the built-in ``raw_block`` type
-(its Python core on the Rust wheel's device). Each round uses fresh device files; the order
-of the adapters alternates from round to round. Requests run one at a time (the workload
+(its Python core on the Rust wheel's device). Each round uses fresh device files, after a
+``sync``; the order of the adapters alternates from round to round. Requests run one at a time (the workload
 keeps up to 8 in flight against the engine; here the engine's compute, which overlaps them,
 is absent). GB is 10^9 bytes.
 """
@@ -98,7 +98,7 @@ class MPSettings:
 SUITES = {
     "smoke": MPSettings(configs=["buffered_posix"], rounds=1, l1_chunks=16, requests=8, layers=1, kv_heads=2,
                         head_dim=32),
-    "quick": MPSettings(rounds=2),
+    "quick": MPSettings(rounds=4, requests=120),
     "full": MPSettings(rounds=4, l1_chunks=128, requests=200, docs_per_request=8, context_tokens=2560,
                        layers=8, kv_heads=8),
 }
@@ -307,6 +307,7 @@ def run_once(name: str, config: str, s: MPSettings, wl: Any, l1: L1, path: str) 
     total_chunks = s.pool_size * s.chunks_per_doc
     sparse(path, META_BYTES + (total_chunks + 16) * slot)
     l1.reset()
+    os.sync()  # the dirty pages of earlier runs (and of the machine) written back before this one
     adapter = build_adapter(adapter_json(name, path, slot, config), l1.manager.get_l1_memory_desc())
     try:
         device = device_module(adapter)
@@ -350,6 +351,8 @@ def summarize(config: str, name: str, runs: list[dict], s: MPSettings) -> dict:
         "measured_s": median([r["measured_s"] for r in runs]),
         "l2_share": median([r["l2_loads"] / needed for r in runs]),
         "l2_misses": sum(r["l2_misses"] for r in runs), "bytes_match": all(r["bad_bytes"] == 0 for r in runs),
+        "samples": {"store_s": [r["store_s"] for r in runs], "load_s": [r["load_s"] for r in runs],
+                    "measured_s": [r["measured_s"] for r in runs]},
     }
 
 
