@@ -199,7 +199,7 @@ def _gpu_count() -> int:
         import torch
 
         return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:  # no torch, or no driver: no GPU to count
+    except Exception:  # noqa: BLE001 - no torch, or no driver: no GPU to count
         return 0
 
 
@@ -309,7 +309,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             return
         try:
             self._core.register_fixed_buffer_range(desc.ptr, desc.stable_registration_size)
-        except Exception as e:  # the I/O works without them, slower
+        except Exception as e:  # noqa: BLE001 - the I/O works without them, slower
             logger.warning("RawBlockL2Adapter: registering the L1 arena as io_uring fixed buffers failed (%s); "
                            "using ordinary io_uring I/O", e)
 
@@ -322,8 +322,9 @@ class RawBlockL2Adapter(L2AdapterInterface):
         for encoded in self._core.snapshot_indexed_keys():
             try:
                 key = decode_object_key(encoded)
-            except Exception as e:  # not an ObjectKey this version can build: left out, said
-                logger.warning("RawBlockL2Adapter: indexed key %r is not an ObjectKey (%s); it is not reported", encoded, e)
+            except Exception as e:  # noqa: BLE001 - not an ObjectKey this version can build: left out, said
+                logger.warning("RawBlockL2Adapter: indexed key %r is not an ObjectKey (%s); it is not reported",
+                               encoded, e)
                 continue
             self._resident[encoded] = _Resident(key, size, next(self._generations))
             keys.append(key)
@@ -359,7 +360,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         try:
             self._core.raise_if_failed()
             future = self._pools[kind].submit(work, *args)
-        except Exception as e:  # a failed core or pool: the task completes as failed
+        except Exception as e:  # noqa: BLE001 - a failed core or pool: the task completes as failed
             future = Future()
             future.set_exception(e)
         future.add_done_callback(partial(finish, task_id, *args))
@@ -404,7 +405,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         ok, stored = False, []
         try:
             ok, stored = future.result()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the task fails, logged; LMCache sees it in the result
             logger.error("RawBlockL2Adapter: store task %d failed: %s", task_id, e)
         size = int(self._core.slot_bytes) if stored else 0
         with self._lock:
@@ -434,7 +435,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
     def _finish_lookup(self, task_id: int, keys: list, future: Future) -> None:
         try:
             bitmap = _bitmap(future.result())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the task fails, logged; LMCache sees an empty bitmap
             logger.error("RawBlockL2Adapter: lookup task %d failed: %s", task_id, e)
             bitmap = Bitmap(len(keys))
         self._complete("lookup", task_id, bitmap)
@@ -460,7 +461,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         loaded: list[bool] = [False] * len(keys)
         try:
             loaded = future.result()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the task fails, logged; LMCache sees an empty bitmap
             logger.error("RawBlockL2Adapter: load task %d failed: %s", task_id, e)
         accessed = [k for k, ok in zip(keys, loaded) if ok]
         if accessed:
@@ -509,7 +510,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 self._notify_keys_deleted(keys, sizes)
             else:
                 self._notify_keys_accessed(keys)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a listener's failure is logged, never the task's
             logger.warning("RawBlockL2Adapter: telling LMCache's listeners %d keys were %s failed: %s",
                            len(keys), what, e)
 
@@ -521,7 +522,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if held:
             try:
                 listener.on_l2_keys_stored([h.key for h in held], [h.size for h in held])
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a listener's failure is logged
                 logger.warning("RawBlockL2Adapter: telling a new listener of %d held keys failed: %s", len(held), e)
 
     def set_backend_identity(self, name: str, shared: bool = False) -> None:
