@@ -117,7 +117,7 @@ def workload() -> tuple[Any, str | None]:
 
     try:
         return importlib.import_module(WORKLOAD_MODULE), None
-    except Exception as e:  # LMCache missing, or a version without the workload
+    except Exception as e:  # noqa: BLE001 - LMCache missing, or a version without the workload
         return None, NO_WORKLOAD.format(module=WORKLOAD_MODULE, why=f"{type(e).__name__}: {e}")
 
 
@@ -155,7 +155,8 @@ def device_module(adapter: Any) -> str:
     import sys
 
     rust = sys.modules.get("lmcache_rust_raw_block_io")
-    on = "the Rust wheel" if rust is not None and type(dev) is getattr(rust, "RawBlockDevice", None) else type(dev).__name__
+    is_rust = rust is not None and type(dev) is getattr(rust, "RawBlockDevice", None)
+    on = "the Rust wheel" if is_rust else type(dev).__name__
     return f"{module} on {on}"
 
 
@@ -299,9 +300,10 @@ def _request(adapter: Any, l1: L1, chunks: list[int], tally: dict) -> float:
 
 
 def run_once(name: str, config: str, s: MPSettings, wl: Any, l1: L1, path: str) -> dict:
-    from lmcache_rawblock.l2_adapter import slot_bytes_for
-    from lmcache.v1.distributed.api import MemoryLayoutDesc
     import torch
+    from lmcache.v1.distributed.api import MemoryLayoutDesc
+
+    from lmcache_rawblock.l2_adapter import slot_bytes_for
 
     slot = slot_bytes_for(MemoryLayoutDesc(shapes=[torch.Size(s.chunk_shape)], dtypes=[torch.bfloat16]))
     total_chunks = s.pool_size * s.chunks_per_doc
