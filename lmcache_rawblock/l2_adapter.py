@@ -70,7 +70,7 @@ _OURS = tuple(s for s in SETTINGS.values() if s.config and not s.lmcache)
 _OUR_POLICY = tuple(s for s in SETTINGS.values() if s.policy and not s.lmcache_mp and s.name != "admission")
 _POLICY_KEY = "fdp_data_placement_policy"
 _CLOSE_RECLAIM_WAIT_S = 30.0
-# The core's counters of entries it dropped by itself (status() keys).
+# The core's counters of entries it dropped by itself (report_status() keys).
 _DROP_COUNTERS = ("recovery_dropped_entries", "load_dropped_entries", "payload_checksum_dropped_entries",
                   "writeback_dropped_entries", "shrink_dropped_entries", "load_rejected_entries")
 logger = logging.getLogger(__name__)
@@ -550,7 +550,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
             self._reclaimer.signal()
 
     def _dropped_count(self) -> int:
-        st = self._core._native.status()
+        """Entries the core has dropped by itself so far (its ``report_status()`` counters)."""
+        st = self._core.report_status()
         return sum(int(st.get(name, 0)) for name in _DROP_COUNTERS)
 
     def _reclaim_pass(self) -> bool:
