@@ -15,6 +15,29 @@ APT_GET := apt-get -o DPkg::Lock::Timeout=600
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
             libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
 PYTEST_ARGS ?=
+
+# The LMCache version matrix: one line per version, <lmcache>:<lmcache-rust-raw-block-io>, oldest
+# first, exact versions (pip installs exactly these). Adding a version is one line here: its
+# virtualenv, the LMCache suites and CI follow. There is no 0.5.6 Rust wheel: LMCache 0.5.6 runs on
+# 0.5.7rc2's. The newest line is the default LMCache of the demo and benchmarks (LMC_VENV).
+LMCACHE_MATRIX := \
+  0.5.6:0.5.7rc2 \
+  0.5.7rc2:0.5.7rc2
+LMCACHE_ALL := $(foreach e,$(LMCACHE_MATRIX),$(firstword $(subst :, ,$(e))))
+LMCACHE_NEWEST := $(lastword $(LMCACHE_ALL))
+# LMCACHE=0.5.6 (or a space-separated list) narrows the LMCache targets to those versions.
+LMCACHE ?= $(LMCACHE_ALL)
+ifneq ($(filter-out $(LMCACHE_ALL),$(LMCACHE)),)
+$(error LMCACHE=$(LMCACHE): not in the matrix ($(LMCACHE_ALL)); add a line to LMCACHE_MATRIX)
+endif
+# lmc-rust,V: the Rust wheel version of LMCache version V; lmc-venv,V: V's virtualenv.
+lmc-rust = $(lastword $(subst :, ,$(filter $(1):%,$(LMCACHE_MATRIX))))
+lmc-venv = .venv-lmcache-$(1)
+LMC_VENV := $(call lmc-venv,$(LMCACHE_NEWEST))
+# The Rust wheel everywhere else (the project virtualenv, .venv-py312): the newest line's.
+RUST_WHEEL_PIN := lmcache-rust-raw-block-io==$(call lmc-rust,$(LMCACHE_NEWEST))
+TORCH_PIN := torch==2.13.0
+
 ASAN_BUILD := build/asan
 # The instrumented package first, then the benchmark package from the checkout (its tests use it).
 ASAN_PATH := $(ASAN_BUILD):$(CURDIR)/benchmarks
@@ -23,7 +46,7 @@ ASAN_PATH := $(ASAN_BUILD):$(CURDIR)/benchmarks
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long clean
+.PHONY: all deps apt-deps py-deps build demo bench test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long clean lmcache-matrix
 
 all: build
 
@@ -48,8 +71,8 @@ venv: apt-deps
 
 py-deps: venv
 	@$(PYTHON) -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && $(PYTHON) $(SETUPTOOLS_OK) || { \
-	  echo "py-deps: pip install setuptools pytest numpy lmcache-rust-raw-block-io into $(PYTHON)"; \
-	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7' numpy lmcache-rust-raw-block-io; }
+	  echo "py-deps: pip install setuptools pytest numpy $(RUST_WHEEL_PIN) into $(PYTHON)"; \
+	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7' numpy $(RUST_WHEEL_PIN); }
 
 # In-place build of the extension with warnings as errors; pip install -e registers the package once,
 # and the benchmark distribution (benchmarks/: lmcache_rawblock_bench, the bench and waf commands) too.
@@ -70,17 +93,31 @@ install-bench = (cd / && $(1) -c 'import importlib.util as u, sys; s = u.find_sp
 	  $(1) -m pip install -q --no-build-isolation --no-deps -e $(CURDIR)/benchmarks; }
 
 # Main job: the quick benchmark/demo on a sparse file in a temporary directory.
-# Runs in the LMCache virtualenv (CPU torch + lmcache + the Rust wheel, ~2 GB, shared with
-# `make test-lmcache`) so every competitor is measured in one process; if that environment
-# cannot be installed, the machine's python runs it and reports LMCache as "not installed".
+# Runs in the LMCache virtualenvs of the matrix (CPU torch + lmcache + the Rust wheel, ~2 GB each,
+# shared with `make test-lmcache`) so every competitor is measured in one process: the whole quick
+# suite in the newest LMCache's (results in bench-out/), then the parts that compare with LMCache
+# (DEMO_LMCACHE_PARTS) in each other version's (bench-out/lmcache-<version>/). A version whose
+# environment cannot be installed is left out, saying so; if none can, the machine's python runs
+# the suite and reports LMCache as "not installed". LMCACHE=<version> narrows it to one.
+DEMO_LMCACHE_PARTS := core,recovery,plugin,e2e
+demo-deps = { $(1) -c 'import tqdm, matplotlib' 2>/dev/null || { echo "demo: pip install tqdm matplotlib into $(1)"; \
+	  $(1) -m pip install -q tqdm matplotlib; }; } && $(call install-bench,$(1))
 demo: build
-	@if $(MAKE) -s lmcache-venv; then py=$(LMC_VENV)/bin/python; \
+	@ok=; for ver in $(LMCACHE); do \
+	  if $(MAKE) -s lmcache-venv-$$ver; then ok="$$ok $$ver"; \
+	  else echo "demo: LMCache $$ver could not be installed: it is left out of the comparison"; fi; done; \
+	main=$$(echo $$ok | awk '{print $$NF}'); \
+	if [ -n "$$main" ]; then py=.venv-lmcache-$$main/bin/python; \
 	else echo "LMCache could not be installed: its core is reported as not installed"; py=$(PYTHON); fi; \
-	$$py -c 'import tqdm, matplotlib' 2>/dev/null || { echo "demo: pip install tqdm matplotlib into $$py"; \
-	  $$py -m pip install -q tqdm matplotlib; }; \
-	$(call install-bench,$$py) && \
+	$(call demo-deps,$$py) && \
 	echo "demo: $$py -m lmcache_rawblock bench --suite quick (results in $(CURDIR)/bench-out/)" && \
-	$$py -m lmcache_rawblock bench --suite quick
+	$$py -m lmcache_rawblock bench --suite quick || exit 1; \
+	for ver in $$ok; do [ "$$ver" = "$$main" ] && continue; py=.venv-lmcache-$$ver/bin/python; \
+	  $(call demo-deps,$$py) && \
+	  echo "demo: LMCache $$ver: $$py -m lmcache_rawblock bench --suite quick --parts $(DEMO_LMCACHE_PARTS)" \
+	    "(results in $(CURDIR)/bench-out/lmcache-$$ver/)" && \
+	  $$py -m lmcache_rawblock bench --suite quick --parts $(DEMO_LMCACHE_PARTS) --out bench-out/lmcache-$$ver \
+	    || exit 1; done
 
 bench: demo
 
@@ -88,7 +125,7 @@ bench: demo
 # virtualenv (every competitor in one process), written to benchmarks/results/full/ (results.json,
 # summary.txt, plots), then the table regenerated from it. About 17 minutes on 2 cores.
 .PHONY: bench-results
-bench-results: build lmcache-venv
+bench-results: build lmcache-venv-$(LMCACHE_NEWEST)
 	@$(LMC_VENV)/bin/python -c 'import tqdm, matplotlib' 2>/dev/null || $(LMC_VENV)/bin/python -m pip install -q tqdm matplotlib
 	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --no-progress --out benchmarks/results/full
@@ -99,7 +136,7 @@ bench-results: build lmcache-venv
 # e.g. --scale-entries 100k,1M,10M (the committed run; 10M needs ~12 GiB of page cache).
 BENCH_SCALE_ARGS ?= --scale-entries 100k,1M,10M
 .PHONY: bench-scale
-bench-scale: build lmcache-venv
+bench-scale: build lmcache-venv-$(LMCACHE_NEWEST)
 	@$(call install-bench,$(LMC_VENV)/bin/python)
 	$(LMC_VENV)/bin/python -m lmcache_rawblock bench --suite full --parts scale --no-progress \
 	  --out benchmarks/results/scale $(BENCH_SCALE_ARGS)
@@ -185,41 +222,52 @@ test-reliability: build
 test-killloop-long: build
 	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py $(PYTEST_ARGS)
 
-# Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in its own
-# virtual environment, so the default run stays lean. The in-place extension is imported from
-# the checkout (same CPython ABI, checked). lmcache-venv fails when that environment cannot
-# import what the suites need, even after pip reported success; test-lmcache and test-torch
-# fail on any skipped test (tests/strict_skips.py), except one a file system refusing O_DIRECT
-# forces, so an LMCache that cannot be imported never passes as "all skipped".
-LMC_VENV := .venv-lmcache
-LMC_IMPORTS := torch, lmcache, lmcache.v1.storage_backend.raw_block, pytest, numpy, lmcache_rust_raw_block_io
-STRICT_SKIPS := PYTHONPATH=tests:benchmarks RB_ALLOWED_SKIPS='O_DIRECT'
-lmcache-venv: venv
-	@test -x $(LMC_VENV)/bin/python || { echo "lmcache-venv: creating $(LMC_VENV) from $(PYTHON)"; $(PYTHON) -m venv $(LMC_VENV); }
-	@$(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
-	  echo "lmcache-venv: pip install torch==2.13.0 (CPU), then lmcache and the Rust wheel, into $(LMC_VENV):" \
-	    "about 2 GB, several minutes the first time"; \
-	  $(LMC_VENV)/bin/python -m pip install -q torch==2.13.0 && \
-	  $(LMC_VENV)/bin/python -m pip install -q lmcache lmcache-rust-raw-block-io pytest numpy || exit 1; \
-	  $(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' >/dev/null 2>&1 || { \
-	    $(LMC_VENV)/bin/python -W ignore -c 'import $(LMC_IMPORTS)' 2>&1 | tail -5; \
-	    echo "lmcache-venv: $(LMC_VENV) cannot import $(LMC_IMPORTS): the LMCache suites cannot run" >&2; \
-	    exit 1; }; }
 
-# The checkout's extension, built by `build` for $(PYTHON), must load in the LMCache virtualenv.
-lmcache-native-check = @$(LMC_VENV)/bin/python -c 'import lmcache_rawblock._native' || { \
-	  echo "$(LMC_VENV)/bin/python ($$($(LMC_VENV)/bin/python -V)) cannot load the extension built for $(PYTHON) \
-	($$($(PYTHON) -V)); recreate it: rm -rf $(LMC_VENV) && make lmcache-venv" >&2; exit 1; }
+# Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in one
+# virtual environment per version of the matrix, so the default run stays lean. The in-place
+# extension is imported from the checkout (same CPython ABI, checked). lmcache-venv-V fails when
+# V's environment does not hold exactly the matrix's versions or cannot import what the suites need
+# (tools/lmcache_venv_check.py: the modules from wherever that LMCache keeps them), even after pip
+# reported success; test-lmcache and test-torch fail on any skipped test (tests/strict_skips.py),
+# except one a file system refusing O_DIRECT forces, so an LMCache that cannot be imported never
+# passes as "all skipped". Each target below runs for every version of LMCACHE in turn.
+STRICT_SKIPS := PYTHONPATH=tests:benchmarks RB_ALLOWED_SKIPS='O_DIRECT'
+lmcache-venv: $(addprefix lmcache-venv-,$(LMCACHE))
+lmcache-venv-%: venv
+	@v=$(call lmc-venv,$*); want="$* $(call lmc-rust,$*)"; \
+	test -x $$v/bin/python || { echo "lmcache-venv: creating $$v from $(PYTHON)"; $(PYTHON) -m venv $$v || exit 1; }; \
+	$$v/bin/python tools/lmcache_venv_check.py $$want >/dev/null 2>&1 || { \
+	  echo "lmcache-venv: pip install $(TORCH_PIN) (CPU), then lmcache==$* and lmcache-rust-raw-block-io==$(call lmc-rust,$*)," \
+	    "into $$v: about 2 GB, several minutes the first time"; \
+	  $$v/bin/python -m pip install -q $(TORCH_PIN) && \
+	  $$v/bin/python -m pip install -q lmcache==$* lmcache-rust-raw-block-io==$(call lmc-rust,$*) pytest numpy || exit 1; \
+	  $$v/bin/python tools/lmcache_venv_check.py $$want >/dev/null || { \
+	    echo "lmcache-venv: $$v cannot run the LMCache suites" >&2; exit 1; }; }
+
+# `make lmcache-matrix`: the matrix, one version a line (lmcache, its Rust wheel, its virtualenv).
+lmcache-matrix:
+	@$(foreach v,$(LMCACHE_ALL),echo "$(v) lmcache-rust-raw-block-io==$(call lmc-rust,$(v)) $(call lmc-venv,$(v))";)
+
+# lmcache-native-check,V: the checkout's extension, built by `build` for $(PYTHON), must load in
+# V's virtualenv.
+lmcache-native-check = $(call lmc-venv,$(1))/bin/python -c 'import lmcache_rawblock._native' || { \
+	  echo "$(call lmc-venv,$(1))/bin/python cannot load the extension built for $(PYTHON) \
+	($$($(PYTHON) -V)); recreate it: rm -rf $(call lmc-venv,$(1)) && make lmcache-venv LMCACHE=$(1)" >&2; exit 1; }
+
+# lmcache-each,CMD: CMD once per version V of LMCACHE, with $$v its virtualenv's python and $$ver V,
+# stopping at the first that fails; each is announced.
+lmcache-each = @set -e; for ver in $(LMCACHE); do v=.venv-lmcache-$$ver/bin/python; \
+	  echo "== LMCache $$ver ($$v)"; $(1); done
 
 test-lmcache: build lmcache-venv
-	$(lmcache-native-check)
-	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m lmcache $(PYTEST_ARGS)
+	$(call lmcache-each,$(call lmcache-native-check,$$ver) && \
+	  $(STRICT_SKIPS) $$v -m pytest -q -p no:cacheprovider -p strict_skips -m lmcache $(PYTEST_ARGS))
 
 # Tests marked `torch` (tests/device/test_device_torch.py): our device with torch CPU tensors the way
 # LMCache passes them, in the LMCache virtualenv, which has torch. Under a minute.
 test-torch: build lmcache-venv
-	$(lmcache-native-check)
-	$(STRICT_SKIPS) $(LMC_VENV)/bin/python -m pytest -q -p no:cacheprovider -p strict_skips -m torch $(PYTEST_ARGS)
+	$(call lmcache-each,$(call lmcache-native-check,$$ver) && \
+	  $(STRICT_SKIPS) $$v -m pytest -q -p no:cacheprovider -p strict_skips -m torch $(PYTEST_ARGS))
 
 # The default suite under Python 3.12 or newer, where buffers can be implemented in Python
 # (PEP 688, tested in tests/device/test_device.py and tests/device/test_uring.py): the first interpreter of
@@ -243,7 +291,7 @@ test-py312: apt-deps
 	if ! $(PY312_VENV)/bin/python $(PY_AT_LEAST_312) 2>/dev/null; then "$$py" -m venv --clear $(PY312_VENV) || exit 1; fi; \
 	$(PY312_VENV)/bin/python -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && \
 	  $(PY312_VENV)/bin/python $(SETUPTOOLS_OK) || \
-	  $(PY312_VENV)/bin/python -m pip install -q 'setuptools>=77' 'pytest>=7' numpy lmcache-rust-raw-block-io || exit 1; \
+	  $(PY312_VENV)/bin/python -m pip install -q 'setuptools>=77' 'pytest>=7' numpy $(RUST_WHEEL_PIN) || exit 1; \
 	echo "test-py312: $$($(PY312_VENV)/bin/python -V) from $$py"
 	RB_WERROR=1 $(PY312_VENV)/bin/python setup.py -q build_ext --inplace
 	PYTHONPATH=$(CURDIR)/benchmarks $(PY312_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -252,10 +300,12 @@ test-py312: apt-deps
 # build/lmcache-sdist, never committed), in three modes: baseline (LMCache on the Rust wheel),
 # compat (LMCache's stack on our device) and native (our core and plugin inside LMCache).
 # Fails when a test that passes in baseline fails in another mode and is not listed in
-# tests/lmcache_conformance/exclusions.py. About 2.5 minutes on 2 cores.
+# tests/lmcache_conformance/exclusions.py. For each version of LMCACHE, in that version's
+# virtualenv, against that version's sdist (build/lmcache-conformance/<version>/): about 1.5
+# minutes per version on 2 cores.
 .PHONY: test-conformance
 test-conformance: build lmcache-venv
-	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py $(CONFORMANCE_ARGS)
+	$(call lmcache-each,$$v tests/lmcache_conformance/run.py $(CONFORMANCE_ARGS))
 
 # Tests marked `nvme` (tests/nvme) inside a QEMU/TCG guest with an emulated NVMe controller and
 # a 1 GiB FDP namespace (16 reclaim unit handles): tools/nvme_guest/rig.py installs QEMU with FDP
@@ -265,8 +315,10 @@ test-conformance: build lmcache-venv
 # Boot ~15 s, the 49 guest tests ~7 minutes under TCG on 2 busy cores (LMCache's import for the MP
 # adapter's test takes minutes of that); +20 s on a clean clone (~75 MB).
 NVME_RIG_ARGS ?=
+# The MP adapter's FDP test runs in the newest LMCache's virtualenv where it exists (RB_LMCACHE_PYTHON).
 test-nvme: build
-	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
+	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) --env RB_LMCACHE_PYTHON=$(CURDIR)/$(LMC_VENV)/bin/python \
+	  $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
 
 # The device and core tests on a guest kernel with io_uring write streams (Linux >= 6.16, from
 # Debian's trixie-backports): FDP placement through the block device besides passthrough, and
@@ -284,17 +336,23 @@ test-nvme-streams: build
 # fixtures reserve a 5 GiB CPU buffer (touched only in part). LMCache's middle-build-error test
 # gives a spawned interpreter 10 s, too little under TCG for the Rust wheel and ours alike: its
 # probe then runs once more in-process for both (tests/nvme/lmcache_build_error_probe.py).
-# About 16 minutes under TCG (three LMCache imports).
-LMC_VERSION = $(shell $(LMC_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("lmcache"))')
-NVME_LMCACHE_TESTS := tests/v1/storage_backend/test_raw_block_uring_cmd.py,tests/v1/storage_backend/test_raw_block_fdp_*.py
+# About 16 minutes under TCG (three LMCache imports) per version. NVME_LMCACHE lists the versions:
+# the newest by default, as the other versions' LMCache raw-block core and these test files are the
+# newest's at other import paths (docs/compatibility.md, "LMCache versions"), and each version
+# costs 16 minutes of CI; NVME_LMCACHE="$(LMCACHE_ALL)" runs them all, one boot per version.
+# Test files: "a|b" is whichever of the two a version has (0.5.7 moved the FDP probes).
+NVME_LMCACHE ?= $(LMCACHE_NEWEST)
+NVME_LMCACHE_TESTS := tests/v1/storage_backend/test_raw_block_uring_cmd.py,tests/v1/distributed/raw_block/test_fdp_*.py|tests/v1/storage_backend/test_raw_block_fdp_*.py
 NVME_LMCACHE_ENV := NUMBA_CACHE_DIR=/run/tmp/numba LMCACHE_TEST_CHAR_DEVICE=/dev/ng0n1 \
   LMCACHE_TEST_BLOCK_DEVICE=/dev/nvme0n1 LMCACHE_TEST_FDP_CHAR_DEVICE=/dev/ng0n1 LMCACHE_TEST_RAW_BLOCK_DESTRUCTIVE=1
-test-nvme-conformance: build lmcache-venv
-	$(LMC_VENV)/bin/python tests/lmcache_conformance/run.py --fetch-only
-	$(PYTHON) tools/nvme_guest/rig.py --timeout 1500 --mem 8192 $(NVME_RIG_ARGS) --cmd "$(NVME_LMCACHE_ENV) \
-	  $(LMC_VENV)/bin/python tests/lmcache_conformance/run.py --files '$(NVME_LMCACHE_TESTS)' --out /run/rig/conformance" \
-	  --cmd "cd build/lmcache-sdist/$(LMC_VERSION) && \
-	  NUMBA_CACHE_DIR=/run/tmp/numba $(CURDIR)/$(LMC_VENV)/bin/python $(CURDIR)/tests/nvme/lmcache_build_error_probe.py /dev/ng0n1"
+test-nvme-conformance: build $(addprefix lmcache-venv-,$(NVME_LMCACHE))
+	@set -e; for ver in $(NVME_LMCACHE); do v=$(CURDIR)/.venv-lmcache-$$ver/bin/python; \
+	  echo "== LMCache $$ver ($$v)"; \
+	  $$v tests/lmcache_conformance/run.py --fetch-only; \
+	  $(PYTHON) tools/nvme_guest/rig.py --timeout 1500 --mem 8192 $(NVME_RIG_ARGS) --cmd "$(NVME_LMCACHE_ENV) \
+	    $$v tests/lmcache_conformance/run.py --files '$(NVME_LMCACHE_TESTS)' --out /run/rig/conformance" \
+	    --cmd "cd build/lmcache-sdist/$$ver && \
+	    NUMBA_CACHE_DIR=/run/tmp/numba $$v $(CURDIR)/tests/nvme/lmcache_build_error_probe.py /dev/ng0n1"; done
 
 # Passthrough reads and writes, ours against the Rust wheel, in the guest; results are copied to
 # benchmarks/results/passthrough/.

@@ -606,7 +606,8 @@ static PyObject *dev_inject_nowait_miss(PyObject *op, PyObject *arg)
 }
 
 static PyMethodDef device_methods[] = {
-    {"size_bytes", device_size_bytes, METH_NOARGS, "Device or file size in bytes (cached at open)."},
+    {"size_bytes", device_size_bytes, METH_NOARGS,
+     "size_bytes($self, /)\n--\n\nDevice or file size in bytes (cached at open)."},
     {"pwrite_from_buffer", FASTKW(device_pwrite_from_buffer),
      "pwrite_from_buffer($self, offset, data, payload_len=None, total_len=None)\n--\n\n"
      "Write payload_len bytes of data at offset, then zeros up to total_len."},
@@ -628,29 +629,39 @@ static PyMethodDef device_methods[] = {
      "write_uring($self, offset, data, payload_len, total_len=None, placement_id=None)\n--\n\nSingle write."},
     {"register_fixed_buffers", FASTKW(rbpy_dev_register_fixed_buffers),
      "register_fixed_buffers($self, buffer_ptrs, buffer_sizes)\n--\n\nRegister io_uring fixed buffers."},
-    {"worker_error", rbpy_dev_worker_error, METH_NOARGS, "Terminal io_uring worker error, or None."},
+    {"worker_error", rbpy_dev_worker_error, METH_NOARGS,
+     "worker_error($self, /)\n--\n\nTerminal io_uring worker error, or None."},
     {"_inject_engine_fault", rbpy_dev_inject_engine_fault, METH_O,
-     "test hook: 1 = the next kernel submission reports a hard failure after the kernel took the "
+     "_inject_engine_fault($self, kinds, /)\n--\n\n"
+     "Test hook: 1 = the next kernel submission reports a hard failure after the kernel took the "
      "requests, 2 = the worker's next reap fails"},
     {"_inject_nowait_miss", dev_inject_nowait_miss, METH_O,
-     "test hook: the next n no-wait attempts of small buffered transfers give up as if they "
+     "_inject_nowait_miss($self, n, /)\n--\n\n"
+     "Test hook: the next n no-wait attempts of small buffered transfers give up as if they "
      "would block"},
     {"fixed_buffer_status", rbpy_dev_fixed_buffer_status, METH_NOARGS,
-     "(registered, registered_bytes) of io_uring fixed buffers."},
-    {"io_stats_snapshot", device_io_stats_snapshot, METH_NOARGS, "Lifetime I/O counters as a dict."},
-    {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "NVMe namespace id (use_uring_cmd only)."},
-    {"nvme_lba_shift", device_nvme_lba_shift, METH_NOARGS, "log2 of the LBA size (use_uring_cmd only)."},
-    {"nvme_lba_size", device_nvme_lba_size, METH_NOARGS, "LBA size in bytes (use_uring_cmd only)."},
+     "fixed_buffer_status($self, /)\n--\n\n(registered, registered_bytes) of io_uring fixed buffers."},
+    {"io_stats_snapshot", device_io_stats_snapshot, METH_NOARGS,
+     "io_stats_snapshot($self, /)\n--\n\nLifetime I/O counters as a dict."},
+    {"nvme_nsid", device_nvme_nsid, METH_NOARGS, "nvme_nsid($self, /)\n--\n\nNVMe namespace id (use_uring_cmd only)."},
+    {"nvme_lba_shift", device_nvme_lba_shift, METH_NOARGS,
+     "nvme_lba_shift($self, /)\n--\n\nlog2 of the LBA size (use_uring_cmd only)."},
+    {"nvme_lba_size", device_nvme_lba_size, METH_NOARGS,
+     "nvme_lba_size($self, /)\n--\n\nLBA size in bytes (use_uring_cmd only)."},
     {"write_streams", device_write_streams, METH_NOARGS,
+     "write_streams($self, /)\n--\n\n"
      "Write streams that place writes on FDP handles through the block device (Linux >= 6.16, O_DIRECT, "
      "io_uring); 0 when there are none."},
     {"max_data_transfer_size", device_max_data_transfer_size, METH_NOARGS,
+     "max_data_transfer_size($self, /)\n--\n\n"
      "Bytes per NVMe command; longer transfers are split (use_uring_cmd only)."},
     {"fetch_fdp_status", device_fetch_fdp_status, METH_NOARGS,
+     "fetch_fdp_status($self, /)\n--\n\n"
      "FDP reclaim unit handle status as [(placement_id, ruh_id)] (use_uring_cmd only)."},
-    {"close", device_close, METH_NOARGS, "Stop the engine and close the device. Idempotent."},
-    {"__enter__", device_enter, METH_NOARGS, NULL},
-    {"__exit__", device_exit, METH_VARARGS, NULL},
+    {"close", device_close, METH_NOARGS, "close($self, /)\n--\n\nStop the engine and close the device. Idempotent."},
+    {"__enter__", device_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nThe device itself."},
+    {"__exit__", device_exit, METH_VARARGS,
+     "__exit__($self, *exc_info)\n--\n\nclose() the device; an exception in the with block propagates."},
     {NULL, NULL, 0, NULL},
 };
 

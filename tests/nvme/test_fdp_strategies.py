@@ -136,18 +136,20 @@ def test_plugin_refuses_an_identifier_the_namespace_lacks(plugin):
 
 
 def _lmcache_python() -> str | None:
-    """An interpreter with LMCache: this one, else the project's LMCache virtualenv (importing
-    LMCache takes minutes in the emulated guest, so it is not tried twice)."""
+    """An interpreter with LMCache: this one, else RB_LMCACHE_PYTHON (`make test-nvme` names the
+    newest LMCache virtualenv of the matrix there) when it exists (importing LMCache takes minutes
+    in the emulated guest, so it is not tried twice)."""
     if importlib.util.find_spec("lmcache") is not None:
         return sys.executable
-    venv = ROOT / ".venv-lmcache" / "bin" / "python"
-    return str(venv) if venv.exists() else None
+    venv = os.environ.get("RB_LMCACHE_PYTHON", "")
+    return venv if venv and os.path.exists(venv) else None
 
 
 def test_mp_adapter_with_fdp_starts_on_our_core_and_places_writes(nvme_char, nvme_geometry, tmp_path):
     py = _lmcache_python()
     if py is None:
-        pytest.skip("LMCache is not installed here and .venv-lmcache does not exist (make lmcache-venv)")
+        pytest.skip("LMCache is not installed here and RB_LMCACHE_PYTHON names no interpreter "
+                    f"({os.environ.get('RB_LMCACHE_PYTHON')!r}; make lmcache-venv, then make test-nvme)")
     # The guest's root is read-only: LMCache's numba kernels cache their compilation elsewhere.
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     r = subprocess.run([py, str(Path(__file__).with_name("fdp_mp_probe.py")), nvme_char,
