@@ -13,7 +13,8 @@ PYTHON ?= $(VENV)/bin/python
 # instead of failing at once.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 APT_PKGS := gcc make pkg-config liburing-dev libnvme-dev libjson-c-dev libblkid-dev \
-            libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv
+            libxxhash-dev zlib1g-dev libdeflate-dev fio util-linux fdisk e2fsprogs python3-dev python3-venv \
+            tmux
 PYTEST_ARGS ?=
 
 # The LMCache version matrix: one line per version, <lmcache>:<lmcache-rust-raw-block-io>, oldest
@@ -204,6 +205,9 @@ test-c: apt-deps
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
 	  $(MLOG_DEFS) -Icsrc/core tests/c/test_mlog_read.c $(MLOG_SRC) $(MLOG_LIBS) -o build/test_mlog_read
 	build/test_mlog_read
+	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
+	  -Icsrc/core tests/c/test_hist.c -lpthread -o build/test_hist
+	build/test_hist
 
 # Size and one thread's speed of a metadata-log base for LMCache object keys (100k and 1M
 # entries; docs/metadata-log.md, "Measured"). Builds build/mlog_bench; no extension needed.
@@ -218,9 +222,11 @@ bench-mlog:
 test-reliability: build
 	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py tests/reliability/test_lock_restart.py) $(PYTEST_ARGS)
 
-# The long kill loop: 157 cycles per configuration (5,024 in all, both formats), at low priority.
+# The long kill loops: 157 cycles per configuration (5,024 in all, both formats), and 150 per
+# configuration over three devices (600), at low priority.
 test-killloop-long: build
-	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py $(PYTEST_ARGS)
+	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py \
+	  tests/reliability/test_killloop_multidev.py $(PYTEST_ARGS)
 
 
 # Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in one

@@ -21,7 +21,8 @@ from ._native import RawBlockDevice, __version__
 # on first use of one of these names: ``import lmcache_rawblock`` imports neither torch nor
 # lmcache. tests/package/test_package.py checks this list against raw_block.__all__.
 _RAW_BLOCK_NAMES = (
-    "DEFAULT_IOURING_QUEUE_DEPTH", "NativeQuiescence", "RAW_BLOCK_IO_ENGINES", "RawBlockCloseOutcome",
+    "DEFAULT_IOURING_QUEUE_DEPTH", "MultiDeviceConfig", "MultiDeviceCore",
+    "NativeQuiescence", "RAW_BLOCK_IO_ENGINES", "RawBlockCloseOutcome",
     "RawBlockCore", "RawBlockCoreConfig", "RawBlockKeyNamespace", "RawBlockKeySpec", "RawBlockPutManyResult",
     "decode_legacy_key", "decode_object_key", "encode_legacy_key", "encode_object_key",
     "normalize_raw_block_io_engine", "normalize_raw_block_placement_ids", "object_key_to_string", "round_up",

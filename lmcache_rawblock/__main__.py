@@ -1,7 +1,8 @@
 """Command line of lmcache_rawblock: ``python -m lmcache_rawblock COMMAND ...``.
 
 ``inspect`` and ``verify`` read a device's checkpoint and slot headers; ``fdp-status`` shows an
-NVMe namespace's FDP handles (``lmcache_rawblock.tools``). ``bench`` (the benchmark harness) and
+NVMe namespace's FDP handles (``lmcache_rawblock.tools``); ``stats`` shows a running cache live
+(``lmcache_rawblock.livestats``). ``bench`` (the benchmark harness) and
 ``waf`` (the write-amplification study) belong to a separate distribution, lmcache-rawblock-bench
 (``benchmarks/`` in the source tree, package ``lmcache_rawblock_bench``): they are handed to it
 when it is installed, and otherwise exit 2 saying how to install it. The product commands import
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tooling_command(sub, "bench")
     _add_tool_commands(sub)
     _add_fdp_status_command(sub)
+    _add_stats_command(sub)
     _add_tooling_command(sub, "waf")
     return parser
 
@@ -54,6 +56,15 @@ def _add_fdp_status_command(sub: argparse._SubParsersAction) -> None:
     helptext = ("show an NVMe namespace's FDP configuration, its reclaim unit handles with their placement "
                 "identifiers and available media writes, and the endurance group's media counters (read-only)")
     tools.add_fdp_status_arguments(sub.add_parser("fdp-status", help=helptext, description=helptext))
+
+
+def _add_stats_command(sub: argparse._SubParsersAction) -> None:
+    from lmcache_rawblock import livestats
+
+    helptext = ("live view of a running cache: rates, p50/p99 per operation, fill, misses, evictions, the "
+                "drive's write amplification where readable; --json once (reads what the writer publishes: "
+                "no device access, no lock)")
+    livestats.add_arguments(sub.add_parser("stats", help=helptext, description=helptext))
 
 
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
@@ -103,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lmcache_rawblock import tools
 
         return tools.main_fdp_status(args)
+    if args.command == "stats":
+        from lmcache_rawblock import livestats
+
+        return livestats.main(args)
     if args.command in ("inspect", "verify"):
         from lmcache_rawblock import tools
 

@@ -55,10 +55,10 @@ from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
-from . import fdp
+from . import fdp, metrics
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
-from .raw_block import encode_object_key
+from .raw_block import encode_object_key, multi
 from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_bool, parse_value
 
@@ -138,6 +138,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
     @classmethod
     def from_dict(cls, d: dict) -> RawBlockL2AdapterConfig:
         d = dict(d)
+        paths = multi.mp_device_paths(d)  # several devices: one core over them (MultiDeviceCore)
         ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
         shared = parse_bool(d.pop("shared"), "shared") if "shared" in d else None
         # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
@@ -156,6 +157,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
             cfg.shared = shared
         if strategy in fdp.STRATEGIES:
             cfg.fdp_data_placement_policy = strategy
+        cfg.device_paths = paths
         # Our checks of the FDP keys together (the strategies' and fdp_phase's needs, named).
         fdp.resolve_settings(
             {"fdp_enabled": cfg.fdp_enabled, "fdp_placement_ids": cfg.fdp_placement_ids,
@@ -166,10 +168,13 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
             default_policy=fdp.CACHE_SALT_PREFIX)
         return cfg
 
-    def to_core_config(self) -> _OurConfig:
-        """The core config LMCache's adapter config describes, as ours, with our settings."""
-        return _to_our_config(super().to_core_config(),
-                              **{s.name: getattr(self, s.name, s.default) for s in _OURS})
+    def to_core_config(self) -> _OurConfig | multi.MultiDeviceConfig:
+        """The core config LMCache's adapter config describes, as ours, with our settings (with
+        several ``device_paths``, that config once per device)."""
+        cfg = _to_our_config(super().to_core_config(),
+                             **{s.name: getattr(self, s.name, s.default) for s in _OURS})
+        paths = getattr(self, "device_paths", None)
+        return multi.MultiDeviceConfig.for_paths(cfg, paths) if paths and len(paths) > 1 else cfg
 
     @classmethod
     def help(cls) -> str:
@@ -252,6 +257,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._reclaimer = Reclaimer("rawblock-l2-reclaim", self._reclaim_pass, logger)
         try:
             self._core = self._make_core(config)
+            metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
             self._configure_fdp(config)
             self._register_l1(config, l1_memory_desc)
             self._max_capacity_bytes = int(self._core.report_status().get("usable_capacity_bytes", 0))
@@ -268,8 +274,12 @@ class RawBlockL2Adapter(L2AdapterInterface):
 
     def _make_core(self, config: Any) -> Any:
         """The core this adapter stores through, built from its config: the one place a core
-        is constructed (a multi-device core with the same API goes here)."""
-        return _OurCore(config.to_core_config(), key_namespace="object")
+        is constructed. A RawBlockCore for one device; a MultiDeviceCore (the same API) over
+        several ``device_paths`` (one adapter over N devices: docs/compatibility.md)."""
+        core_config = config.to_core_config()
+        if isinstance(core_config, multi.MultiDeviceConfig):
+            return multi.MultiDeviceCore(core_config, key_namespace="object")
+        return _OurCore(core_config, key_namespace="object")
 
     def _configure_fdp(self, config: Any) -> None:
         """The placement identifiers KV writes use (the device's, checked against the config),

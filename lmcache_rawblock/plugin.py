@@ -55,17 +55,20 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
-from . import fdp
+from . import fdp, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
 from .raw_block import (
+    MultiDeviceConfig,
+    MultiDeviceCore,
     RawBlockCore,
     RawBlockCoreConfig,
     encode_legacy_key,
     round_up,
 )
 from .raw_block.key_codec import decode_legacy_key
+from .raw_block.multi import parse_device_paths
 from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_bool, parse_value
 
@@ -119,41 +122,55 @@ def _setting(extra: Mapping, name: str, default: Any = None) -> Any:
 
 
 def _validate_per_tp_device_paths(mapping: Mapping) -> None:
-    """Every rank must get its own device: two ranks on one device would corrupt each other."""
-    paths = [str(p) for p in mapping.values()]
+    """Every rank must get its own devices: two ranks on one device would corrupt each other."""
+    paths = [p for k, v in mapping.items() for p in parse_device_paths(v, f"{_label('per_tp_device_paths')}[{k!r}]")]
     if len(set(paths)) != len(paths):
         raise ValueError(
             f"Duplicate device path configured in {_key('per_tp_device_paths')}: {dict(mapping)!r}")
 
 
-def _get_per_tp_device_path(mapping: Mapping, rank: int) -> str:
+def _get_per_tp_device_paths(mapping: Mapping, rank: int) -> list[str]:
     """Look the rank up as a string key first (JSON), then as an int (YAML)."""
     for k in (str(rank), rank):
         if k in mapping:
-            return str(mapping[k])
+            return parse_device_paths(mapping[k], f"{_label('per_tp_device_paths')}[{k!r}]")
     raise ValueError(
         f"{_key('per_tp_device_paths')} has no device for worker_id {rank}; "
         f"available keys: {sorted(str(k) for k in mapping)}")
 
 
-def _resolve_device_path(extra: Mapping, metadata: Any) -> str:
+def resolve_device_paths(extra: Mapping, metadata: Any) -> list[str]:
+    """This rank's devices: ``per_tp_device_paths[rank]`` (a path or a list) when world_size > 1,
+    else ``device_paths`` (a list) or ``device_path``. Several paths make one cache over them
+    (``MultiDeviceCore``); a path may appear once across all ranks."""
     world_size = int(getattr(metadata, "world_size", 1) or 1) if metadata is not None else 1
+    many = _get(extra, "device_paths", None)
+    if many == "" or many == []:
+        many = None
     if world_size > 1:
         mapping = _get(extra, "per_tp_device_paths", None) or {}
         if not isinstance(mapping, Mapping):
             raise ValueError(
                 f"extra_config['{_key('per_tp_device_paths')}'] must be a mapping of rank -> device path "
-                f"when world_size > 1, got {mapping!r}")
+                f"(or list of paths) when world_size > 1, got {mapping!r}")
         if not mapping:
             raise ValueError(
                 f"extra_config['{_key('per_tp_device_paths')}'] is required when world_size > 1 "
                 f"(world_size={world_size})")
+        if many is not None:
+            raise ValueError(f"{_label('device_paths')} = {many!r} names one rank's devices; with world_size "
+                             f"{world_size} give each rank its list in {_label('per_tp_device_paths')}")
         _validate_per_tp_device_paths(mapping)
-        return _get_per_tp_device_path(mapping, int(getattr(metadata, "worker_id", 0)))
+        return _get_per_tp_device_paths(mapping, int(getattr(metadata, "worker_id", 0)))
     path = _get(extra, "device_path", None)
+    if many is not None:
+        if path:
+            raise ValueError(f"give {_label('device_path')} = {path!r} or {_label('device_paths')} = {many!r}, "
+                             f"not both")
+        return parse_device_paths(many, _label("device_paths"), distinct=True)
     if not path:
         raise ValueError(f"extra_config['{_key('device_path')}'] is required")
-    return str(path)
+    return [str(path)]
 
 
 def _full_chunk_bytes(local_cpu_backend: Any) -> int:
@@ -170,7 +187,8 @@ _PLUGIN_SETTINGS = tuple(s for s in SETTINGS.values() if s.plugin)
 _FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 # The plugin's own keys, read outside the settings table, and the legacy engine switches that
 # io_engine replaced (read only when io_engine is unset).
-_OWN_KEYS = frozenset({"per_tp_device_paths", "eviction_policy", "eviction_trigger_watermark", "eviction_ratio"})
+_OWN_KEYS = frozenset({"per_tp_device_paths", "device_paths", "eviction_policy", "eviction_trigger_watermark",
+                       "eviction_ratio"})
 _LEGACY_KEYS = frozenset({"use_iouring", "use_uring"})
 # The one list of the rust_raw_block.* keys the plugin reads: the settings table's plugin rows
 # (csrc/core/rb_config.c) and the keys above. docs/configuration.md's table has a row for each
@@ -218,7 +236,7 @@ def build_configs(config: Any, metadata: Any, local_cpu_backend: Any
     _check_keys(extra)
     values = {s.name: _setting(extra, s.name, s.default) for s in _PLUGIN_SETTINGS
               if s.config and s.name not in ("device_path", "io_engine")}
-    values["device_path"] = _resolve_device_path(extra, metadata)
+    values["device_path"] = resolve_device_paths(extra, metadata)[0]
     if values["slot_bytes"] is None:
         values["slot_bytes"] = round_up(values["header_bytes"] + _full_chunk_bytes(local_cpu_backend),
                                         values["block_align"])
@@ -338,8 +356,13 @@ class RustRawBlockBackend(StoragePluginInterface):
         self.eviction_trigger_watermark, self.eviction_ratio = _eviction_fractions(extra, self.eviction_policy)
         cfg, self._fdp = build_configs(config, metadata, local_cpu_backend)
         self._admission = Admission(_setting(extra, "admission", "always"))
-        self.device_path = cfg.device_path  # this rank's device, as LMCache's plugin exposes it
-        self._core = RawBlockCore(cfg, key_namespace="legacy")
+        self.device_paths = resolve_device_paths(extra, metadata)  # this rank's devices
+        self.device_path = cfg.device_path  # this rank's (first) device, as LMCache's plugin exposes it
+        self._core: RawBlockCore | MultiDeviceCore
+        if len(self.device_paths) == 1:
+            self._core = RawBlockCore(cfg, key_namespace="legacy")
+        else:  # one cache over this rank's devices, each its own failure domain
+            self._core = MultiDeviceCore(MultiDeviceConfig.for_paths(cfg, self.device_paths), key_namespace="legacy")
         try:
             self._router = self._start_fdp(config, metadata)
             if self._core.io_engine == "io_uring":
@@ -349,6 +372,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                     logger.warning("io_uring fixed-buffer registration failed (%s). Falling back to non-fixed "
                                    "buffer mode", e)
             self._warn_on_cross_rank_device(metadata)
+            self._unexport = metrics.attach_inprocess(self._core, self.device_path, metadata)
         except BaseException:
             self._core.close()
             raise
@@ -487,6 +511,25 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def apply_loaded_state(self, data: Any) -> bool:
         return self._core.apply_loaded_state(data)
+
+    def reopen_device(self, device: int | str) -> dict:
+        """Bring back one failed device of a cache over several (``device_paths``): see
+        ``MultiDeviceCore.reopen_device``. Under ``lru`` its recovered keys join the LRU list
+        as the least recently used."""
+        core = self._core
+        if not isinstance(core, MultiDeviceCore):
+            raise ValueError(f"reopen_device needs several devices ({_label('device_paths')}); this rank has "
+                             f"one: {self.device_path!r}")
+        out = core.reopen_device(device)
+        if self.eviction_policy == "lru":
+            back = core.device_cores()[core.device_paths.index(out["device_path"])]
+            keys = back.snapshot_indexed_keys() if back is not None else []
+            with self._lru_lock:
+                for enc in keys:
+                    if enc not in self._lru:
+                        self._lru[enc] = None
+                        self._lru.move_to_end(enc, last=False)
+        return out
 
     def report_status(self) -> dict:
         status = dict(self._core.report_status())
@@ -974,9 +1017,10 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not self._evictor.stop(_CLOSE_EVICTOR_WAIT_S):
                 logger.warning("the raw-block evictor thread is still in a pass after %.0f s; closing anyway",
                                _CLOSE_EVICTOR_WAIT_S)
+            self._unexport()
             self._core.close()
             self._closed = True
 
 
 __all__ = ["DEFAULT_EVICTION_RATIO", "DEFAULT_EVICTION_TRIGGER_WATERMARK", "EVICTION_POLICIES",
-           "RustRawBlockBackend", "build_configs", "build_core_config"]
+           "RustRawBlockBackend", "build_configs", "build_core_config", "resolve_device_paths"]

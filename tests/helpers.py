@@ -6,6 +6,7 @@ handles."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import os
@@ -154,6 +155,12 @@ class Rig:
         self.loops.append(dev)
         return dev
 
+    def set_loop_offset(self, dev: str, offset: int) -> None:
+        """Move the start of loop device dev to byte offset of its backing file (LOOP_SET_STATUS64):
+        an offset at the file's end leaves a device of size 0 under its open descriptors (reads
+        end at once, writes fail with ENOSPC), its data untouched; offset 0 brings it back."""
+        set_loop_offset(dev, offset)
+
     def reread_size(self, dev: str) -> None:
         r = _run(["losetup", "-c", dev])
         assert r.returncode == 0, r.stderr
@@ -164,6 +171,35 @@ class Rig:
         for d in reversed(self.mounts):
             if _run(["umount", str(d)]).returncode != 0:
                 _run(["umount", "-l", str(d)])  # still held by a loop device being released
+
+
+_LOOP_GET_STATUS64 = 0x4C05
+_LOOP_SET_STATUS64 = 0x4C04
+_LOOP_INFO64_SIZE = 232  # struct loop_info64
+_LO_OFFSET_AT = 24  # after lo_device, lo_inode, lo_rdevice (u64 each)
+
+
+def set_loop_offset(dev: str, offset: int) -> None:
+    """See Rig.set_loop_offset. The kernel refuses the change (EAGAIN) while it still has the
+    device's cached pages to drop; it is tried again a few times."""
+    import fcntl
+    import struct
+
+    fd = os.open(dev, os.O_RDONLY)
+    try:
+        info = bytearray(_LOOP_INFO64_SIZE)
+        fcntl.ioctl(fd, _LOOP_GET_STATUS64, info)
+        struct.pack_into("<Q", info, _LO_OFFSET_AT, offset)
+        for attempt in range(20):
+            try:
+                fcntl.ioctl(fd, _LOOP_SET_STATUS64, bytes(info))
+                return
+            except OSError as e:
+                if e.errno != errno.EAGAIN or attempt == 19:
+                    raise
+                os.sync()
+    finally:
+        os.close(fd)
 
 
 def ruamw(dev: str) -> dict[int, int]:

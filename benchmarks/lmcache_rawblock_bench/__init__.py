@@ -30,6 +30,7 @@ from . import common, device, limit
 from . import core as core_suite
 from . import dealloc as dealloc_suite
 from . import e2e as e2e_suite
+from . import histcost as histcost_suite
 from . import loadcheck as loadcheck_suite
 from . import mp as mp_suite
 from . import plugin as plugin_suite
@@ -40,10 +41,11 @@ from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "loadcheck", "dealloc", "scale")
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "loadcheck", "dealloc", "scale",
+              "histcost")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e", "mp", "scale")  # the parts that compare with LMCache, on files of their own
-OWN_PARTS = ("loadcheck", "dealloc")  # ours only, on files of their own in directories they choose
+OWN_PARTS = ("loadcheck", "dealloc", "histcost")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -148,6 +150,14 @@ def loadcheck_settings(opts: Options) -> loadcheck_suite.LoadCheckSettings:
     return s
 
 
+def histcost_settings(opts: Options) -> histcost_suite.HistCostSettings:
+    s = replace(histcost_suite.SUITES[opts.suite])
+    s.engines = [e for e in s.engines if e in opts.engines]
+    if opts.repeats:
+        s.rounds = opts.repeats
+    return s
+
+
 def dealloc_settings(opts: Options) -> dealloc_suite.DeallocSettings:
     s = replace(dealloc_suite.SUITES[opts.suite])
     if opts.repeats:
@@ -193,6 +203,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["loadcheck"] = loadcheck_settings(opts)
     if "dealloc" in parts:
         part_settings["dealloc"] = dealloc_settings(opts)
+    if "histcost" in parts:
+        part_settings["histcost"] = histcost_settings(opts)
     if "scale" in parts:
         part_settings["scale"] = scale_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
@@ -225,6 +237,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "loadcheck": loadcheck_suite.steps(part_settings["loadcheck"]) if "loadcheck" in parts else 0,
         "dealloc": dealloc_suite.steps(part_settings["dealloc"]) if "dealloc" in parts else 0,
         "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
+        "histcost": histcost_suite.steps(part_settings["histcost"]) if "histcost" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -241,6 +254,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "mp": lambda bar: mp_suite.run_mp(part_settings["mp"], workdir, bar),
         "loadcheck": lambda bar: loadcheck_suite.run_loadcheck(part_settings["loadcheck"], bar),
         "dealloc": lambda bar: dealloc_suite.run_dealloc(part_settings["dealloc"], bar),
+        "histcost": lambda bar: histcost_suite.run_histcost(part_settings["histcost"], bar),
         "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
     }
     total = sum(steps[p] for p in parts)

@@ -153,7 +153,8 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
                         "eviction batch, delete_many and the checkpoint that frees its slots, and the puts after "
                         "it, with deallocate_freed on against off, on a file and a loop device), scale (both "
                         "metadata formats and LMCache's core: checkpoint after churn beside a full base, bytes per "
-                        "entry, reopen beside fio, index memory against index size, puts on a full cache); "
+                        "entry, reopen beside fio, index memory against index size, puts on a full cache), "
+                        "histcost (what recording the core's histograms costs a put and a load, on against off); "
                         "default all")
     b.add_argument("--scale-entries", type=_counts_arg, metavar="LIST",
                    help="index sizes of the scale part's checkpoint, reopen and memory rows, e.g. 1M,10M "

@@ -272,6 +272,8 @@ def measure_cell(engine: str, medium: str, device: str, directory: str, plan: Ch
         row["cell_s"] = time.perf_counter() - t_start
         if core._native.status()["load_rejected_entries"]:
             raise RuntimeError("the check refused a slot header of a key this core wrote")
+        # the distribution of the cell's load_many_into calls (both modes), for latency_cdf.png
+        row["latency"] = {"load_ns": core._native.histograms()["histograms"]["load_ns"]}
     finally:
         try:
             core.hooks.set_load_check(True)

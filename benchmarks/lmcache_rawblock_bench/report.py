@@ -522,10 +522,38 @@ def print_scale(results: dict, p: Callable[..., None]) -> None:
                 [False, True, False, False, False]))
 
 
+def print_histcost(results: dict, p: Callable[..., None]) -> None:
+    hc = results["histcost"]
+    s = hc["settings"]
+    p(f"Histogram cost: put_many / load_many_into with the core's histograms on and off, one core, modes "
+      f"alternating inside each round ({s['rounds']} rounds x {s['calls']} calls, {hc['directory']}); CPU of the "
+      "process per call (median), on/off = median of the per-round CPU ratios and its 95 % confidence interval")
+    rows = []
+    for r in hc.get("rows", []):
+        for op in ("put", "load"):
+            f = r[op]
+            rows.append([r["engine"], op, fmt_size(r["chunk_bytes"]), str(r["keys"]), fmt_time(f["cpu_s_off"]),
+                         fmt_time(f["cpu_s_on"]), _r3(f["cpu_ratio_median"]), _range(f["cpu_ratio_ci95"]),
+                         fmt_time(f["wall_s_off"]), fmt_time(f["wall_s_on"])])
+    if rows:
+        p(table(["engine", "op", "chunk", "keys", "CPU off", "CPU on", "on/off", "CI95", "wall off", "wall on"], rows,
+                [False, False] + _right(8, 0)))
+    for r in hc.get("rows", []):
+        p(f"  recording, timed in a C loop ({r['engine']}, {fmt_size(r['chunk_bytes'])}): "
+          f"{r['recording_ns_per_call']} ns per call of {r['keys']} keys, {r['recording_ns_one_key_call']} ns per "
+          "call of one key")
+    v = hc.get("verdict") or {}
+    for eng, share in (v.get("load_64k_batch_share") or {}).items():
+        one = (v.get("load_64k_one_key_share") or {}).get(eng)
+        p(f"  {eng}: recording costs {100 * share:.3f} % of a 64 KiB load call's CPU (batch), "
+          f"{100 * one:.2f} % of a one-key call's (goal ≤ {100 * v['goal']:g} %)")
+    if v.get("worst") is not None:
+        p("  goal " + ("met" if v["met"] else "NOT met") + " for batched 64 KiB loads")
+
+
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
             "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "mp": print_mp,
-            "loadcheck": print_loadcheck,
-            "dealloc": print_dealloc, "scale": print_scale}
+            "loadcheck": print_loadcheck, "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -557,9 +585,11 @@ def print_summary(results: dict, file: IO[str] | None = None) -> None:
     rows = goals(results)
     if rows:
         p("")
-        p("Measured against the goals set for this implementation:")
-        p(table(["measurement", "result", "goal", "figures"],
-                [[g["label"], g["shown"], g["goal_text"], g["detail"]] for g in rows], [False, True, False, False]))
+        met = sum(1 for g in rows if g["met"])
+        p(f"Measured against the goals set for this implementation ({met} of {len(rows)} met):")
+        p(table(["measurement", "result", "goal", "met", "figures"],
+                [[g["label"], g["shown"], g["goal_text"], "met" if g["met"] else "NOT met", g["detail"]]
+                 for g in rows], [False, True, False, False, False]))
     if any(" ~" in r[-1] for r in device_rows(results.get("device") or {}) + uring_rows(results.get("uring") or {})):
         p("")
         p(f"~ marks cells whose rounds spread by more than {NOISY:.0%} (IQR/median): rerun for firmer figures")
@@ -648,6 +678,14 @@ def goals(results: dict) -> list[dict]:
                 r.get("ratio"), lc["settings"]["target_ratio"], False,
                 f"{fmt_time(r['on_s'])} vs {fmt_time(r['off_s'])} per call; IQR {_r3(r['ratio_q1'])}-"
                 f"{_r3(r['ratio_q3'])}", digits=3)
+    for r in (results.get("histcost") or {}).get("rows", []):
+        if r["chunk_bytes"] == 64 * 1024:
+            ld = r["load"]
+            if ld["cpu_s_off"]:
+                add("histcost", f"load_many_into, {r['keys']} x 64 KiB ({r['engine']}): (CPU + the histograms' "
+                                "recording) / CPU", 1 + r["recording_ns_per_call"] * 1e-9 / ld["cpu_s_off"], 1.01,
+                    False, f"{r['recording_ns_per_call']} ns per call (C loop) on {fmt_time(ld['cpu_s_off'])}; "
+                           f"measured on/off {_r3(ld['cpu_ratio_median'])}", digits=4)
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",
@@ -718,6 +756,9 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], str | None]:
     lrows = (results.get("loadcheck") or {}).get("rows", [])
     if lrows:
         files.append(_plot_loadcheck(plt, lrows, results["loadcheck"]["settings"], out_dir))
+    curves = latency_curves(results)
+    if curves:
+        files.append(_plot_latency_cdf(plt, curves, out_dir))
     drows = (results.get("dealloc") or {}).get("rows", [])
     if drows:
         files.append(_plot_dealloc(plt, drows, results["dealloc"]["settings"], out_dir))
@@ -746,10 +787,28 @@ def _log_axes(ax: Any, xs: list[int], xlabel: str, ylabel: str, title: str) -> N
     ax.legend(fontsize=7)
 
 
+def _core_bars(ax: Any, sel: list[dict], op: str) -> None:
+    """One index size in the run: a bar per implementation and engine (a line needs two)."""
+    bars = [(f"{impl}\n{r['engine']}", (r[f"{impl}_s"] or float("nan")) * 1e3, color)
+            for r in sel for impl, color in (("ours", "tab:green"), ("lmcache", "tab:blue"))]
+    ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+    vals = [b[1] for b in bars if b[1] == b[1] and b[1] > 0]
+    if vals and max(vals) / min(vals) > 20:  # a linear axis from 0 unless the bars span decades
+        ax.set_yscale("log")
+    ax.set_ylabel("ms per call (median)")
+    ax.set_title(f"{op}, {sel[0]['entries']:,} entries", fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+
+
 def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
     ops = list(dict.fromkeys(r["op"] for r in rows))
     fig, axes = plt.subplots(1, len(ops), figsize=(3.6 * len(ops), 4), squeeze=False)
     for ax, op in zip(axes[0], ops):
+        if len({r["entries"] for r in rows if r["op"] == op}) == 1:
+            _core_bars(ax, [r for r in rows if r["op"] == op], op)
+            continue
         for engine, style in (("posix", "-"), ("io_uring", "--")):
             sel = sorted((r for r in rows if r["op"] == op and r["engine"] == engine), key=lambda r: r["entries"])
             for impl, marker in (("ours", "o"), ("lmcache", "s")):
@@ -763,7 +822,9 @@ def _plot_core(plt: Any, rows: list[dict], out_dir: str) -> str:
         ax.set_title(op, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("RawBlockCore, ours vs LMCache's: time per call vs index size (lower is better)")
+    one = all(len({r["entries"] for r in rows if r["op"] == op}) == 1 for op in ops)
+    fig.suptitle("RawBlockCore, ours vs LMCache's: time per call " + ("at the run's one index size" if one else
+                                                                      "vs index size") + " (lower is better)")
     return _save(plt, fig, out_dir, "core_latency_vs_entries.png")
 
 
@@ -778,17 +839,21 @@ def _plot_loadcheck(plt: Any, rows: list[dict], settings: dict, out_dir: str) ->
                [(c[1] if c[1] is not None else y) - y for y, c in zip(ys, ci)]]
         ax.bar(range(len(sel)), [y - 1 for y in ys], bottom=1, yerr=err, capsize=3,
                color=["tab:blue" if r["engine"] == "posix" else "tab:orange" for r in sel])
+        for engine, color in (("posix", "tab:blue"), ("io_uring", "tab:orange")):
+            if any(r["engine"] == engine for r in sel):
+                ax.bar([0], [0], bottom=1, color=color, label=f"{engine} engine")  # legend entry only
         if size >= settings["target_from_chunk_bytes"]:
             ax.axhline(settings["target_ratio"], color="tab:red", linestyle="--", linewidth=1, label="goal")
-            ax.legend(fontsize=7)
-        ax.axhline(1.0, color="black", linewidth=1)
+        ax.axhline(1.0, color="black", linewidth=1, label="1.0: the check is free")
+        ax.legend(fontsize=7)
         ax.set_xticks(range(len(sel)))
         ax.set_xticklabels([f"{r['engine']}, {r['medium']}, {r['device']}" for r in sel], fontsize=7, rotation=60,
                            ha="right")
         ax.set_ylabel("time with the check / without (median, 95 % CI)")
         ax.set_title(f"{fmt_size(size)} chunks, {sel[0]['keys']} per load_many_into", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("What the load-time slot-header check costs a load (lower is better, 1.0 = free)")
+    fig.suptitle("What the load-time slot-header check costs a load\n(lower is better, 1.0 = free; colour: engine)",
+                 fontsize=10)
     return _save(plt, fig, out_dir, "loadcheck_ratio.png")
 
 
@@ -810,10 +875,12 @@ def _plot_dealloc(plt: Any, rows: list[dict], settings: dict, out_dir: str) -> s
             if not what:
                 ax.scatter([x + w / 2 for x in xs], [r["dealloc_per_key_s"] * 1e6 for r in sel], marker="_", s=200,
                            color="black", zorder=3, label="of which the deallocation")
-            ratio = [r["ratio" if not what else "put_ratio"] for r in sel]
-            for x, y, q in zip(xs, on, ratio):
-                if q is not None:
-                    ax.annotate(f"{q:,.0f}x" if q >= 10 else f"{q:.2f}x", (x + w / 2, y), ha="center",
+            # the label is the ratio of the two bars drawn (not the median of per-round ratios,
+            # which can lie on the other side of 1 when rounds are noisy)
+            for x, a, b in zip(xs, off, on):
+                if a > 0:
+                    q = b / a
+                    ax.annotate(f"{q:,.0f}x" if q >= 10 else f"{q:.2f}x", (x + w / 2, b), ha="center",
                                 va="bottom", fontsize=7)
             ax.set_yscale("log")
             ax.set_xticks(list(xs))
@@ -823,8 +890,60 @@ def _plot_dealloc(plt: Any, rows: list[dict], settings: dict, out_dir: str) -> s
             ax.grid(True, axis="y", which="both", alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(f"Deallocating freed slots, on against off ({fmt_size(settings['slot_bytes'])} slots, "
-                 "log format; lower is better; label: on/off)")
+                 "log format)\nlower is better; label: the orange bar over the blue one", fontsize=10)
     return _save(plt, fig, out_dir, "dealloc_per_key.png")
+
+
+def latency_curves(results: dict) -> list[tuple[str, str, dict]]:
+    """(panel, curve label, native histogram) of every part that kept its core's call-latency
+    histograms (histcost: puts and loads with recording on; loadcheck: its cells' loads)."""
+    out = []
+    for r in (results.get("histcost") or {}).get("rows", []):
+        for op, call in (("put", "put_many"), ("load", "load_many_into")):
+            h = (r.get("latency") or {}).get(f"{op}_ns")
+            if h and h["count"]:
+                out.append((f"{call}, {fmt_size(r['chunk_bytes'])} x {r['keys']} (histcost)", r["engine"], h))
+    for r in (results.get("loadcheck") or {}).get("rows", []):
+        h = (r.get("latency") or {}).get("load_ns")
+        if h and h["count"]:
+            out.append((f"load_many_into, {fmt_size(r['chunk_bytes'])} x {r['keys']} (loadcheck)",
+                        f"{r['engine']}, {r['medium']}, {r['device']}", h))
+    return out
+
+
+def cdf_points(hist: dict) -> tuple[list[float], list[float]]:
+    """(µs, cumulative fraction) at each bucket's upper edge of a native histogram (ns)."""
+    total, acc, xs, ys = hist["count"], 0, [], []
+    for up, c in sorted((int(u), int(c)) for u, c in hist["buckets"]):
+        acc += c
+        xs.append(up / 1e3)
+        ys.append(acc / total)
+    return xs, ys
+
+
+def _plot_latency_cdf(plt: Any, curves: list[tuple[str, str, dict]], out_dir: str) -> str:
+    panels = list(dict.fromkeys(c[0] for c in curves))
+    cols = min(3, len(panels))
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4 * nrows), squeeze=False)
+    for k, panel in enumerate(panels):
+        ax = axes[k // cols][k % cols]
+        for _, label, h in (c for c in curves if c[0] == panel):
+            xs, ys = cdf_points(h)
+            ax.step(xs, ys, where="post", label=f"{label} ({h['count']:,} calls)")
+        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
+        ax.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.01)
+        ax.set_xlabel("time per call (µs; bucket upper edges, within 25 %)")
+        ax.set_ylabel("fraction of calls at most")
+        ax.set_title(panel, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for k in range(len(panels), nrows * cols):
+        axes[k // cols][k % cols].set_visible(False)
+    fig.suptitle("Latency distribution of our core's calls (the core's own histograms; dotted: p50, p99)")
+    return _save(plt, fig, out_dir, "latency_cdf.png")
 
 
 def _plot_speedups(plt: Any, bars: list[dict], out_dir: str) -> str:
@@ -864,6 +983,8 @@ def _plot_ratio(plt: Any, rows: list[dict], out_dir: str) -> str:
     vals = [r["ratio"] for r in sel]
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(sel) + 2), 4.5))
     ax.bar(range(len(sel)), vals, color=["tab:green" if v <= 1.0 else "tab:red" for v in vals])
+    ax.bar([0], [0], color="tab:green", label="ours as fast or faster (≤ 1)")  # legend entries only
+    ax.bar([0], [0], color="tab:red", label="ours slower (> 1)")
     ax.axhline(1.0, color="black", linewidth=1, label="parity")
     ax.axhline(0.8, color="tab:blue", linewidth=1, linestyle="--", label="goal at 4 KiB: 0.8x")
     ax.set_xticks(range(len(sel)))

@@ -50,9 +50,10 @@ def provenance(results: dict, source: str, base: str = ".", href: str | None = N
 
 def readme_block(results: dict, source: str, base: str = ".", href: str | None = None) -> str:
     lines = [START, "", provenance(results, source, base, href), "",
-             "| measurement | result | goal | figures |", "|---|---|---|---|"]
+             "| measurement | result | goal | met | figures |", "|---|---|---|---|---|"]
     for g in goals(results):
-        lines.append(f"| {_esc(g['label'])} | {g['shown']} | {g['goal_text']} | {_esc(g['detail'])} |")
+        met = "met" if g["met"] else "**not met**"
+        lines.append(f"| {_esc(g['label'])} | {g['shown']} | {g['goal_text']} | {met} | {_esc(g['detail'])} |")
     lines += ["", END]
     return "\n".join(lines)
 

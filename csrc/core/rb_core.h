@@ -297,5 +297,8 @@ struct rb_dev;
 /* The core's device, opened by rb_core_open and freed by rb_core_free (NULL for c NULL). Close
  * does not clear it: the device refuses new users (rb_dev_enter) once the core has closed it. */
 struct rb_dev *rb_core_device(rb_core *c);
+struct rb_obs;
+/* The core's histograms and miss counters (rb_hist.h): live until rb_core_free. */
+struct rb_obs *rb_core_obs(rb_core *c);
 
 #endif /* RB_CORE_H */

@@ -9,3 +9,8 @@ struct rb_dev *rb_core_device(rb_core *c)
 {
     return c ? c->dev : NULL;
 }
+
+struct rb_obs *rb_core_obs(rb_core *c)
+{
+    return c ? &c->obs : NULL;
+}

@@ -262,9 +262,13 @@ int rb_core_dealloc_run(rb_core *c)
         if (pthread_mutex_trylock(&c->dl_mu) != 0)
             return 0;
         int rc = 0;
+        unsigned was = done;
+        uint64_t t0 = rb_obs_t0(&c->obs);
         while (done < RB_DEALLOC_RUN_BATCHES && (rc = run_batch(c)) > 0)
             done++;
         pthread_mutex_unlock(&c->dl_mu);
+        if (done != was || rc < 0)
+            rb_obs_done(&c->obs, RB_H_DEALLOC, t0);
         if (rc < 0)
             return rc;
         if (done >= RB_DEALLOC_RUN_BATCHES || !rb_core_dealloc_pending(c))

@@ -114,6 +114,7 @@ int rb_core_room_needed_locked(const rb_core *c, size_t n)
 void rb_core_drop_accounting_locked(rb_core *c, uint32_t p)
 {
     rb_ent *e = &c->index.ents[p];
+    rb_obs_gone(&c->obs, e->hash);
     if (e->refcnt > 0)
         c->locked_keys--;
     if (e->flags & RB_ENT_UNVERIFIED)

@@ -32,6 +32,7 @@
 #include "rb_core.h"
 #include "rb_debug.h"      /* debug builds: lock order and slot states checked */
 #include "rb_device_int.h" /* the core reads the device's fields directly */
+#include "rb_hist.h"
 #include "rb_idx.h"
 #include "rb_mlog.h"
 #include "rb_mlog_read.h"
@@ -244,6 +245,9 @@ struct rb_core {
     int dl_log_on;
     rb_dev_range *dl_log;
     size_t dl_nlog, dl_caplog;
+
+    /* ---- observability (rb_hist.h: atomics, no lock) ----------------------------------- */
+    rb_obs obs;
 
     /* ---- test and benchmark hooks (atomics) --------------------------------------------- */
     _Atomic int no_flush;      /* benchmark hook: checkpoints skip their flushes */

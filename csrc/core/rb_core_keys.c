@@ -126,6 +126,7 @@ void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens
 
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force, uint8_t *results)
 {
+    uint64_t t0 = rb_obs_t0(&c->obs), deleted = 0;
     uint32_t stack[HASH_STACK];
     uint32_t *hs = batch_hashes(keys, lens, n, stack);
     pthread_mutex_lock(&c->mu);
@@ -142,6 +143,7 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
             rb_core_drop_accounting_locked(c, p);
             rb_idx_remove_slot(&c->index, tslot);
             c->dirty_total++;
+            deleted++;
             was = 1;
         }
         uint32_t q = c->inflight.n_live ? rb_idx_find(&c->inflight, keys[i], lens[i], h) : UINT32_MAX;
@@ -161,6 +163,8 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     /* Format v1 makes a slot no container lists reusable at its delete: deallocated now. */
     if (rb_core_dealloc_pending(c))
         (void)rb_core_dealloc_run(c);
+    rb_obs_count(&c->obs.deleted, deleted);
+    rb_obs_done(&c->obs, RB_H_DELETE, t0);
 }
 
 int rb_core_delete_may_block(rb_core *c)

@@ -59,6 +59,7 @@ struct load_snap {
     uint8_t has_sum, unverified, verdict;
     uint8_t judged;  /* the header is read and judged (always, but for the benchmark hook) */
     uint8_t want_ok; /* want is set (a legacy key that does not parse has no identity) */
+    uint8_t gone;    /* not indexed, and dropped lately (rb_obs_was_gone) */
 };
 
 /* The verdict on a slot header read for a record (see above): sn->want and sn->key_hash are
@@ -97,6 +98,7 @@ struct load_run {
     size_t n_sumbad;   /* keys failed by verify_payload_checksum */
     size_t n_bad;      /* keys whose slot header was refused */
     size_t n_failed;   /* keys whose read failed */
+    uint64_t bytes;    /* payload bytes of the found keys (in flight meanwhile) */
 };
 
 /* No lock: reset every item's outputs (the items are the caller's). */
@@ -119,10 +121,11 @@ static void load_snapshot_locked(struct load_run *r)
     rb_load_item *items = r->items;
     struct load_snap *s = r->s;
     for (size_t i = 0; i < r->n; i++) {
-        uint32_t p =
-            rb_idx_find(&c->index, items[i].key, items[i].key_len, rb_idx_hash(items[i].key, items[i].key_len));
+        uint32_t h = rb_idx_hash(items[i].key, items[i].key_len);
+        uint32_t p = rb_idx_find(&c->index, items[i].key, items[i].key_len, h);
         if (p == UINT32_MAX) {
             s[i].slot = RB_SLOT_NONE;
+            s[i].gone = (uint8_t)rb_obs_was_gone(&c->obs, h);
             continue;
         }
         const rb_ent *e = &c->index.ents[p];
@@ -134,6 +137,7 @@ static void load_snapshot_locked(struct load_run *r)
         s[i].judged = s[i].unverified || !r->no_check;
         r->n_unv += s[i].unverified;
         r->n_found++;
+        r->bytes += e->size;
         int64_t np = rb_ent_npos(e);
         items[i].npos = np;
         if (np > 0) {
@@ -451,6 +455,35 @@ static void load_settle_locked(struct load_run *r)
     }
 }
 
+/* No lock: count each key's outcome (served, or a miss by reason) and the bytes served. */
+static void load_observe(struct load_run *r)
+{
+    rb_obs *o = &r->c->obs;
+    uint64_t miss[RB_MISS_COUNT] = {0}, hits = 0, served = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        const struct load_snap *sn = &r->s[i];
+        const rb_load_item *it = &r->items[i];
+        if (it->ok) {
+            hits++;
+            served += sn->size;
+        } else if (sn->slot == RB_SLOT_NONE) {
+            miss[sn->gone ? RB_MISS_EVICTED : RB_MISS_ABSENT]++;
+        } else if (sn->verdict == LV_SUMBAD) {
+            miss[RB_MISS_CHECKSUM]++;
+        } else if (sn->verdict == LV_BAD) {
+            miss[RB_MISS_REFUSED_HEADER]++;
+        } else if (it->status < 0 && it->err.kind != RB_ERR_VALUE && it->err.kind != RB_ERR_NOMEM) {
+            miss[RB_MISS_DEVICE_ERROR]++;
+        } else if (it->status == 0) {
+            miss[RB_MISS_DEVICE_ERROR]++; /* the device shrank below its slot */
+        }
+    }
+    for (int k = 0; k < RB_MISS_COUNT; k++)
+        rb_obs_count(&o->miss[k], miss[k]);
+    rb_obs_count(&o->hits, hits);
+    rb_obs_add(o, RB_H_LOAD_BYTES, served);
+}
+
 /*
  * Stages: snapshot the records under c->mu (and enter the I/O and reader accounting), plan the
  * reads, run them without the lock (posix one at a time, or one io_uring batch), look at the
@@ -459,6 +492,7 @@ static void load_settle_locked(struct load_run *r)
  */
 int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
 {
+    uint64_t t0 = rb_obs_t0(&c->obs);
     struct load_run r = {.c = c, .items = items, .n = n, .no_check = atomic_load(&c->no_load_check)};
     r.s = calloc(n ? n : 1, sizeof(*r.s));
     if (!r.s)
@@ -474,6 +508,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     rb_core_io_begin_locked(c, 1);
     uint64_t rd_gen = rb_core_reader_begin_locked(c);
     pthread_mutex_unlock(&c->mu);
+    rb_obs_fly(&c->obs, r.bytes);
     load_test_delay(c);
 
     int rc = load_plan(&r, err);
@@ -496,6 +531,10 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     rb_core_reader_end_locked(c, rd_gen);
     rb_core_io_end_locked(c, 1);
     pthread_mutex_unlock(&c->mu);
+    rb_obs_land(&c->obs, r.bytes);
+    if (rc == 0)
+        load_observe(&r);
+    rb_obs_done(&c->obs, RB_H_LOAD, t0);
     free(r.s);
     return rc < 0 ? rc : (int)(r.n_bad > INT32_MAX ? INT32_MAX : r.n_bad);
 }

@@ -99,13 +99,29 @@ int rb_core_ckpt_due_locked(rb_core *c, int force, size_t room_n)
     return idle || rb_core_ml_overdue_locked(c, now);
 }
 
+/* Metadata writes so far (format v1 containers, log groups and bases): a checkpoint that
+ * wrote none is not timed. */
+static uint64_t meta_writes(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t n = c->ckpt_written + c->ml.groups_written + c->ml.bases_written;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 static int checkpoint_impl(rb_core *c, int force, size_t room_n, rb_err *err)
 {
-    if (c->ml.on)
-        return rb_core_ml_checkpoint(c, force, room_n, err);
-    pthread_mutex_lock(&c->ckpt_mu);
-    int rc = rb_core_ckpt_v1_locked(c, force, room_n, -1, err);
-    pthread_mutex_unlock(&c->ckpt_mu);
+    uint64_t t0 = rb_obs_t0(&c->obs), before = t0 ? meta_writes(c) : 0;
+    int rc;
+    if (c->ml.on) {
+        rc = rb_core_ml_checkpoint(c, force, room_n, err);
+    } else {
+        pthread_mutex_lock(&c->ckpt_mu);
+        rc = rb_core_ckpt_v1_locked(c, force, room_n, -1, err);
+        pthread_mutex_unlock(&c->ckpt_mu);
+    }
+    if (t0 && meta_writes(c) != before)
+        rb_obs_done(&c->obs, RB_H_CHECKPOINT, t0);
     return rc;
 }
 

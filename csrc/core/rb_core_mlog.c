@@ -1511,6 +1511,7 @@ static int compact_impl(rb_core *c, int force, int flags, rb_err *err)
         return 0;
     }
     ml_base b;
+    uint64_t t0 = rb_obs_t0(&c->obs);
     int rc = build_base(c, area, flags, &b, err);
     if (rc == 0) {
         pthread_mutex_lock(&c->ckpt_mu);
@@ -1518,6 +1519,7 @@ static int compact_impl(rb_core *c, int force, int flags, rb_err *err)
         pthread_mutex_unlock(&c->ckpt_mu);
     }
     if (rc == 0) {
+        rb_obs_done(&c->obs, RB_H_COMPACTION, t0);
         pthread_mutex_lock(&c->mu);
         m->compactions++;
         pthread_mutex_unlock(&c->mu);

@@ -592,8 +592,9 @@ static int put_many_uring(rb_core *c, const rb_put_item *items, size_t n, uint8_
     return rc;
 }
 
-int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
-                     size_t *n_stored, rb_err *fail, rb_err *err)
+/* The put path proper (rb_core_put_many times it). */
+static int put_many_run(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
+                        size_t *n_stored, rb_err *fail, rb_err *err)
 {
     *n_stored = 0;
     memset(results, 0, n);
@@ -603,5 +604,20 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
         return put_many_posix(c, items, n, results, stored, n_stored, fail, err);
     int rc = put_many_uring(c, items, n, results, stored, n_stored, fail, err);
     put_closed_reason(c, results, n, fail);
+    return rc;
+}
+
+int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *results, uint32_t *stored,
+                     size_t *n_stored, rb_err *fail, rb_err *err)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += items[i].len;
+    uint64_t t0 = rb_obs_t0(&c->obs);
+    rb_obs_fly(&c->obs, bytes);
+    int rc = put_many_run(c, items, n, results, stored, n_stored, fail, err);
+    rb_obs_land(&c->obs, bytes);
+    rb_obs_done(&c->obs, RB_H_PUT, t0);
+    rb_obs_add(&c->obs, RB_H_PUT_BYTES, bytes);
     return rc;
 }

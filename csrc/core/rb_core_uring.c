@@ -90,8 +90,11 @@ static int uops_submit_one(rb_uops_run *r, size_t k, rb_err *err)
         rc = rb_err_set(err, RB_ERR_RUNTIME, EIO, "io_uring batch submission failed (injected)");
     if (rc == 0 && j)
         rc = rb_batch_prepare(u, b, err);
-    if (rc == 0 && j && rb_uring_submit(u, b) < 0)
-        rc = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
+    if (rc == 0 && j) {
+        b->t_given_ns = rb_obs_t0(&c->obs);
+        if (rb_uring_submit(u, b) < 0)
+            rc = rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "io_uring worker stopped");
+    }
     return rc;
 }
 
@@ -158,6 +161,18 @@ int rb_core_uring_ops_begin(rb_core *c, rb_uops_run *r, rb_uop *ops, size_t n, s
     return ret;
 }
 
+/* A finished batch's time handed to the engine before its first request reached the kernel,
+ * and in the kernel until its last completion (when it was timed). */
+static void uops_observe(rb_core *c, const rb_batch *b)
+{
+    uint64_t k = b->t_kern_ns;
+    if (!b->t_given_ns || !k || k < b->t_given_ns)
+        return;
+    uint64_t end = rb_hist_now_ns();
+    rb_obs_add(&c->obs, RB_H_QUEUE_WAIT, k - b->t_given_ns);
+    rb_obs_add(&c->obs, RB_H_DEVICE, end > k ? end - k : 0);
+}
+
 /* Wait for every submitted batch and give each of its ops the request's result; free them. */
 static void uops_wait_all(rb_uops_run *r)
 {
@@ -169,6 +184,7 @@ static void uops_wait_all(rb_uops_run *r)
             continue;
         }
         rb_uring_wait(u, b);
+        uops_observe(r->c, b);
         for (uint32_t j = 0; j < b->n; j++) {
             rb_uop *o = &r->ops[r->map[k * r->per + j]];
             int rr = rb_batch_result(b, j, &o->err);

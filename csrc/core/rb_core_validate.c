@@ -367,6 +367,7 @@ static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
 {
     vitem *items;
     char *keys;
+    uint64_t t0 = rb_obs_t0(&c->obs);
     pthread_mutex_lock(&c->mu);
     int64_t got = snapshot_items_locked(c, lo, hi, &items, &keys);
     if (got < 0) {
@@ -397,6 +398,8 @@ static int validate_range(rb_core *c, int sequential, uint32_t lo, uint32_t hi)
     pthread_mutex_unlock(&c->mu);
     free(keys);
     free(items);
+    if (k)
+        rb_obs_done(&c->obs, RB_H_VALIDATE, t0);
     return 0;
 }
 

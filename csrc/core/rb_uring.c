@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #endif
 #include "rb_uring.h"
+#include "rb_hist.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -702,6 +703,8 @@ static void account_accepted(struct rb_uring *u, unsigned n)
             u->kern->kprev = r;
         u->kern = r;
         r->in_kern = 1;
+        if (r->batch->t_given_ns && !r->batch->t_kern_ns)
+            r->batch->t_kern_ns = rb_hist_now_ns();
         if (r->op == RB_REQ_READ) {
             rd++;
             rdb += r->att_len;

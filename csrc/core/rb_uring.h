@@ -101,7 +101,9 @@ typedef struct rb_batch {
     uint32_t n;
     uint8_t *arena; /* bounce arena (one aligned allocation), or NULL */
     size_t arena_len;
-    void *user; /* user_bytes of trailing space, zeroed */
+    void *user;          /* user_bytes of trailing space, zeroed */
+    uint64_t t_given_ns; /* caller: when it was submitted (0 = not timed) */
+    uint64_t t_kern_ns;  /* worker: when the kernel accepted its first request (timed batches) */
     rb_req reqs[];
 } rb_batch;
 

@@ -197,6 +197,15 @@ static PyMethodDef core_methods[] = {
     {"trust_counters", rbpy_core_trust_counters, METH_NOARGS,
      "trust_counters($self, /)\n--\n\n"
      "-> (faults_total, load_rejected_entries, writeback_dropped_entries, shrink_dropped_entries)"},
+    {"histograms", rbpy_core_histograms, METH_NOARGS,
+     "histograms($self, /)\n--\n\n"
+     "-> dict: latency (ns) and size (bytes) histograms of the operations, load misses by reason, hits, "
+     "deletes and bytes in flight (a snapshot; each figure exact, the set best effort)"},
+    {"set_histograms", rbpy_core_set_histograms, METH_O,
+     "set_histograms($self, on, /)\n--\n\nrecord the histograms (on, the default) or not"},
+    {"_recording_cost_ns", rbpy_core_recording_cost, METH_VARARGS,
+     "_recording_cost_ns($self, iterations, keys, /)\n--\n\n"
+     "benchmark hook: ns the histograms' recording costs one load call of keys keys (a C loop)"},
     {"register_buffers", (PyCFunction)(void (*)(void))rbpy_core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers($self, ptrs, sizes)\n--\n\nio_uring fixed buffers (memory must outlive the core)"},
     {"fetch_fdp_status", rbpy_core_fetch_fdp_status, METH_NOARGS,

@@ -158,6 +158,10 @@ PyObject *rbpy_core_trust_counters(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_fetch_fdp_status(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_nvme_info(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_engine_state(PyObject *op, PyObject *arg);
+/* core_obs.c */
+PyObject *rbpy_core_histograms(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_set_histograms(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args);
 /* core_admin.c */
 PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *arg);

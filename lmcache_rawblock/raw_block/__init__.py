@@ -25,9 +25,12 @@ from .key_codec import (
     object_key_to_string,
     slot_identity_from_encoded_key,
 )
+from .multi import MultiDeviceConfig, MultiDeviceCore
 
 __all__ = [
     "DEFAULT_IOURING_QUEUE_DEPTH",
+    "MultiDeviceConfig",
+    "MultiDeviceCore",
     "NativeQuiescence",
     "RAW_BLOCK_IO_ENGINES",
     "RawBlockCloseOutcome",

@@ -515,14 +515,8 @@ class RawBlockCore:
         and logged; with ``raise_on_error`` the first such error (in key order) is raised
         instead, once the whole batch has finished (OSError(errno, ...) as the device raises it).
         """
-        if not encoded_keys or not objs:
-            raise ValueError("encoded_keys and objs must be non-empty")
-        if len(encoded_keys) != len(objs):
-            raise ValueError("encoded_keys and objs must have the same length")
         keys = list(encoded_keys)
-        # The C side also sets each loaded key's cached positions on its object's metadata
-        # (None as is, a list through positions_from_list); errors is None when no key failed.
-        results, errors = self._native.load_many_into(keys, list(objs), positions_from_list)
+        results, errors = self.load_many_results(keys, objs)
         if errors is None:
             self._events.check()
             return results
@@ -541,6 +535,18 @@ class RawBlockCore:
         if first is not None:
             raise first
         return results
+
+    def load_many_results(self, encoded_keys: Sequence[str], objs: Sequence[Any]
+                          ) -> tuple[list[bool], list[BaseException | None] | None]:
+        """load_many_into's reads, nothing logged or raised for a failed key: each key's result
+        and, when some key failed, each key's error (None for the others), else None."""
+        if not encoded_keys or not objs:
+            raise ValueError("encoded_keys and objs must be non-empty")
+        if len(encoded_keys) != len(objs):
+            raise ValueError("encoded_keys and objs must have the same length")
+        # The C side also sets each loaded key's cached positions on its object's metadata
+        # (None as is, a list through positions_from_list); errors is None when no key failed.
+        return self._native.load_many_into(list(encoded_keys), list(objs), positions_from_list)
 
     def delete_many(self, encoded_keys: Sequence[str], *, force: bool = False) -> list[bool]:
         # a list or tuple goes to C as is (it copies the keys into a tuple itself)

@@ -110,7 +110,9 @@ def test_readme_block_names_the_run(tmp_path):
     assert "`.venv-lmcache/bin/python -m lmcache_rawblock bench --suite full`" in head
     assert "commit `0123456789ab`" in head and "2026-12-01" in head and "Xeon" in head
     assert "[`benchmarks/results/full/results.json`](benchmarks/results/full/results.json)" in head
-    assert "| measurement | result | goal | figures |" in block
+    assert "| measurement | result | goal | met | figures |" in block
+    rows = [ln for ln in block.splitlines() if ln.startswith("| ") and not ln.startswith("| measurement")]
+    assert rows and all(("| met |" in ln) != ("| **not met** |" in ln) for ln in rows)
     assert block.count("\n| ") == len(report.goals(run_results())) + 1
 
 

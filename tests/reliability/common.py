@@ -83,14 +83,18 @@ def make_device(path: str, nslots: int) -> str:
 
 def open_core(path: str, cfg: Config, *, load: bool = True, meta_format: str | None = None) -> RawBlockCore:
     """A core on path with cfg (meta_format, when given, instead of cfg's)."""
-    conf = RawBlockCoreConfig(
+    return RawBlockCore(core_config(path, cfg, load=load, meta_format=meta_format), key_namespace="object")
+
+
+def core_config(path: str, cfg: Config, *, load: bool = True, meta_format: str | None = None) -> RawBlockCoreConfig:
+    """The core configuration open_core opens path with."""
+    return RawBlockCoreConfig(
         device_path=path, capacity_bytes=0, block_align=BLOCK, header_bytes=HEADER, slot_bytes=SLOT,
         use_odirect=cfg.odirect, enable_zero_copy=False, meta_total_bytes=META, meta_magic=b"LMCIDX01",
         meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
         meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
         iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format,
         deallocate_freed="on" if cfg.dealloc else "off")
-    return RawBlockCore(conf, key_namespace="object")
 
 
 _KEYS: dict[int, Any] = {}
