@@ -1,60 +1,69 @@
-"""LMCache's multiprocess (MP) raw-block L2 adapter on our C ``RawBlockCore``.
+"""LMCache's multiprocess (MP) raw-block L2 adapter, on our C ``RawBlockCore``.
 
-LMCache 0.5.6 drives a ``RawBlockCore`` from
-``lmcache.v1.distributed.l2_adapters.raw_block_l2_adapter.RawBlockL2Adapter``. Its ``plugin``
-adapter type loads an adapter class from a module named in the config, so ours is selected
-from the ``--l2-adapter`` JSON alone, without changing anything in LMCache::
+LMCache's MP mode loads an adapter class from a module named in the ``--l2-adapter`` JSON
+(its ``plugin`` adapter type), so ours is selected without changing anything in LMCache::
 
     {"type": "plugin", "module_path": "lmcache_rawblock.l2_adapter",
      "class_name": "RawBlockL2Adapter",
      "adapter_params": {"device_path": "/dev/nvme0n1", "slot_bytes": 1052672, ...}}
 
-``adapter_params`` takes exactly the keys of the built-in ``raw_block`` type (LMCache's own
-``RawBlockL2AdapterConfig.from_dict`` parses them; LMCache finds the config class here by the
-``<class_name>Config`` convention), plus ours: ``verify_payload_checksum``,
-``allow_foreign_device``, ``recovery_read_threads``, ``meta_format``, ``deallocate_freed``,
-``io_scheduler`` and its three byte budgets (the core's own settings, from its settings
-table), ``fdp_phase``, and three more values of ``fdp_data_placement_policy``: ``tp_worker``,
-``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
+``adapter_params`` takes exactly the keys of LMCache's built-in ``raw_block`` type (LMCache's
+own ``RawBlockL2AdapterConfig.from_dict`` parses them; LMCache finds the config class here by
+the ``<class_name>Config`` convention), plus ours: the core's own settings
+(``verify_payload_checksum``, ``allow_foreign_device``, ``recovery_read_threads``,
+``meta_format``, ``deallocate_freed``, ``io_scheduler`` and its three byte budgets),
+``device_paths``, ``shared``, ``fdp_phase``, and three more values of
+``fdp_data_placement_policy``: ``tp_worker``, ``prompt`` and ``phase`` (``lmcache_rawblock.fdp``).
 
-FDP: with ``fdp_enabled`` LMCache's adapter code asks our core for the device's placement
-identifiers (``fetch_fdp_status``) and passes each store's identifiers to our core's
-``put_many``. LMCache's policies (``cache_salt_prefix``, ``cache_salt_rank``) are LMCache's
-code; for ours, the one method that picks a store's identifiers routes through
-``lmcache_rawblock.fdp`` instead.
+``RawBlockL2Adapter`` is a class of our own that implements LMCache's ``L2AdapterInterface``
+of every supported version (0.5.6 and 0.5.7) over our core; it does not run LMCache's raw-block
+adapter code. What it adds to what LMCache's adapter does, and why it is a class of its own:
+docs/compatibility.md ("MP adapter (RawBlockL2Adapter)").
 
-``RawBlockL2Adapter`` here is LMCache's adapter class, with two differences: the core it
-constructs is ours, and its deletes give their slots back at once. Its ``__init__`` is
-LMCache's own function, run with a private copy of its module namespace in which
-``RawBlockCore`` names our core; LMCache's module and classes are left untouched, so the
-built-in ``raw_block`` type keeps using LMCache's core.
-
-Deletes: LMCache's L2 eviction controller calls ``delete(keys)`` with a batch of victims, which
-LMCache's code turns into one ``delete_many(force=False)``. A freed slot is reusable only once
-a checkpoint no longer lists it, so without more a put after an eviction would write that
-checkpoint itself. ``delete`` here runs LMCache's and then signals a background thread
-(``lmcache_rawblock.reclaim``, one per adapter, started by the first delete, stopped by
-``close`` before the core closes) that writes it, off the controller's thread and off the
-store workers'.
+* Tasks: one thread pool per kind (store, lookup, load; LMCache's worker counts), one event fd
+  per kind, results popped once, as LMCache's interface asks.
+* Listeners and KV events: stores, loads and touches, deletes, and the entries our core drops
+  by itself (a slot header that fails its check at a load or after a restart, a failed write
+  back, a device that shrank) reach LMCache's listeners (its eviction policies, byte and
+  per-``cache_salt`` accounting) and its event bus. The last kind is found by the adapter's
+  background thread (below), when a lookup or a load misses a key the adapter holds, or the
+  core's drop counters move.
+* ``shared`` (``adapter_params`` or the ``--l2-adapter`` JSON's own ``shared``, which LMCache
+  passes through ``set_backend_identity``): the memory tags are (storage, remote), as for
+  LMCache's built-in type with ``shared``; (storage, local) otherwise.
+* ``submit_touch``: an LRU touch with no I/O (listeners told the keys were accessed).
+* Deletes: LMCache's L2 eviction controller calls ``delete(keys)`` with a batch of victims:
+  one ``delete_many(force=False)``. A freed slot is reusable only once a checkpoint no longer
+  lists it; the adapter's background thread (``lmcache_rawblock.reclaim``, one per adapter,
+  started by the first signal, stopped by ``close`` before the core closes) writes that
+  checkpoint, off the controller's thread and off the store workers'.
+* The core is built by one method, :meth:`RawBlockL2Adapter._make_core`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
-import types
-from typing import Any
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Any, NamedTuple
 
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
+from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, metrics
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
-from .raw_block import multi
+from .raw_block import encode_object_key, multi
 from .reclaim import Reclaimer
-from .settings import SETTINGS, parse_value
+from .settings import SETTINGS, parse_bool, parse_value
 
-__all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig"]
+__all__ = ["RawBlockL2Adapter", "RawBlockL2AdapterConfig", "memory_tags", "slot_bytes_for"]
 
 # The core's settings that LMCache's RawBlockCoreConfig does not have, and the placement-policy
 # settings LMCache's MP adapter does not have (write admission is the plugin's only).
@@ -62,18 +71,77 @@ _OURS = tuple(s for s in SETTINGS.values() if s.config and not s.lmcache)
 _OUR_POLICY = tuple(s for s in SETTINGS.values() if s.policy and not s.lmcache_mp and s.name != "admission")
 _POLICY_KEY = "fdp_data_placement_policy"
 _CLOSE_RECLAIM_WAIT_S = 30.0
-logger = logging.getLogger("lmcache.v1.distributed.l2_adapters.raw_block_l2_adapter")
+# The core's counters of entries it dropped by itself (report_status() keys).
+_DROP_COUNTERS = ("recovery_dropped_entries", "load_dropped_entries", "payload_checksum_dropped_entries",
+                  "writeback_dropped_entries", "shrink_dropped_entries", "load_rejected_entries")
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- the installed LMCache
+
+
+class _Tags(NamedTuple):
+    """Memory tags where the installed LMCache has none (0.5.6): the same two fields."""
+
+    segment: str
+    residency: str
+
+
+def memory_tags(shared: bool) -> Any:
+    """The memory tags of a raw-block L2 adapter in the installed LMCache's type: (storage,
+    remote) when ``shared``, (storage, local) otherwise. LMCache 0.5.7 has
+    ``lmcache.v1.distributed.api.MemoryTags`` (its prefetch controller filters adapters by
+    them); 0.5.6 has no such type, and the same two fields come back as strings."""
+    try:
+        from lmcache.v1.distributed.api import MemoryResidency, MemorySegment, MemoryTags
+    except ImportError:
+        return _Tags("storage", "remote" if shared else "local")
+    return MemoryTags(MemorySegment.STORAGE, MemoryResidency.REMOTE if shared else MemoryResidency.LOCAL)
+
+
+def _tag_name(tag: Any) -> str:
+    """``storage``, ``local``, ``remote``: an enum member's name in lower case, or the string."""
+    return str(getattr(tag, "name", tag)).lower()
+
+
+def slot_bytes_for(layout: Any, *, serde: Any = None, header_bytes: int = 4096, block_align: int = 4096) -> int:
+    """The ``slot_bytes`` that holds one chunk of ``layout`` (LMCache's ``MemoryLayoutDesc``)
+    as stored: with ``serde`` (a ``{"type": "fp8", ...}`` dict as in the ``--l2-adapter``
+    JSON's ``serde``, or LMCache's ``SerdeConfig``) the size LMCache's serde processor says its
+    output takes, else the chunk's own bytes; plus ``header_bytes``, rounded up to
+    ``block_align``."""
+    import torch
+
+    if serde is None:
+        payload = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size()
+                      for s, d in zip(layout.shapes, layout.dtypes, strict=True))
+    else:
+        from lmcache.v1.distributed.serde import SerdeConfig, create_serde_processor
+
+        if isinstance(serde, dict):
+            serde = SerdeConfig(type=serde["type"], kwargs={k: v for k, v in serde.items() if k != "type"})
+        processor = create_serde_processor(serde)
+        try:
+            payload = int(processor.estimate_serialized_size(layout))
+        finally:
+            processor.close()
+    total = int(header_bytes) + payload
+    return -(-total // int(block_align)) * int(block_align)
+
+
+# --------------------------------------------------------------------------- the config
 
 
 class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
     """LMCache's raw-block adapter config plus our core's own settings (class attributes
-    holding their defaults, set below from the settings table)."""
+    holding their defaults, set below from the settings table) and ``shared``."""
 
     @classmethod
     def from_dict(cls, d: dict) -> RawBlockL2AdapterConfig:
         d = dict(d)
         paths = multi.mp_device_paths(d)  # several devices: one core over them (MultiDeviceCore)
         ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
+        shared = parse_bool(d.pop("shared"), "shared") if "shared" in d else None
         # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
         # from its code), and the adapter routes ours itself.
         strategy = d.get(_POLICY_KEY)
@@ -86,6 +154,8 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         cfg.__dict__.update(base.__dict__)
         for name, value in ours.items():
             setattr(cfg, name, value)
+        if shared is not None:
+            cfg.shared = shared
         if strategy in fdp.STRATEGIES:
             cfg.fdp_data_placement_policy = strategy
         cfg.device_paths = paths
@@ -100,8 +170,8 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         return cfg
 
     def to_core_config(self) -> _OurConfig | multi.MultiDeviceConfig:
-        """The core config LMCache's adapter builds, as ours, with our settings (with several
-        ``device_paths``, that config once per device)."""
+        """The core config LMCache's adapter config describes, as ours, with our settings (with
+        several ``device_paths``, that config once per device)."""
         cfg = _to_our_config(super().to_core_config(),
                              **{s.name: getattr(self, s.name, s.default) for s in _OURS})
         paths = getattr(self, "device_paths", None)
@@ -112,8 +182,10 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         ours = "".join(f"- {s.name} ({s.type}, default {s.default}): {s.help}\n" for s in _OURS + _OUR_POLICY)
         strategies = (f"- {_POLICY_KEY} also takes {', '.join(fdp.STRATEGIES)}: "
                       f"{SETTINGS[_POLICY_KEY].help}\n")
+        shared = ("- shared (bool, default false): the device is a storage domain other hosts share; the "
+                  "adapter's memory tags are then (storage, remote)\n")
         return (_lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
-                + strategies)
+                + strategies + shared)
 
 
 for _s in _OURS + _OUR_POLICY:
@@ -127,74 +199,457 @@ def _to_our_config(config: Any, **ours: Any) -> _OurConfig:
     return _OurConfig(**fields, **ours)
 
 
-def _our_core(config: Any, *, key_namespace: str) -> _OurCore | multi.MultiDeviceCore:
-    """Our RawBlockCore, in place of LMCache's, from the core config the adapter built; a
-    MultiDeviceCore over several devices (one adapter over N devices: docs/compatibility.md)."""
-    if isinstance(config, multi.MultiDeviceConfig):
-        return multi.MultiDeviceCore(config, key_namespace=key_namespace)
-    if not isinstance(config, _OurConfig):
-        config = _to_our_config(config)
-    return _OurCore(config, key_namespace=key_namespace)
+def _gpu_count() -> int:
+    """Visible GPUs: the TP ranks one node's ``cache_salt_rank`` buckets hold (LMCache's rule)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch, or no driver: no GPU to count
+        return 0
 
 
-_NAMESPACE = dict(vars(_lmc))
-_NAMESPACE["RawBlockCore"] = _our_core
-_lmc_init = _lmc.RawBlockL2Adapter.__init__
-_init_with_our_core = types.FunctionType(_lmc_init.__code__, _NAMESPACE, _lmc_init.__name__,
-                                         _lmc_init.__defaults__, _lmc_init.__closure__)
-_init_with_our_core.__kwdefaults__ = _lmc_init.__kwdefaults__
+def _bitmap(flags: list[bool]) -> Bitmap:
+    bitmap = Bitmap(len(flags))
+    for i, ok in enumerate(flags):
+        if ok:
+            bitmap.set(i)
+    return bitmap
 
 
-class RawBlockL2Adapter(_lmc.RawBlockL2Adapter):
-    """LMCache's MP raw-block L2 adapter, storing through our C core."""
+# --------------------------------------------------------------------------- the adapter
+
+
+class _Resident(NamedTuple):
+    """An entry the adapter told LMCache's listeners was stored."""
+
+    key: Any  # LMCache's ObjectKey
+    size: int  # the bytes it was charged (the slot)
+    generation: int  # which store of the key this is, so a late drop check spares a newer one
+
+
+class RawBlockL2Adapter(L2AdapterInterface):
+    """LMCache's MP-mode L2 adapter interface on our C core (see the module docstring)."""
 
     def __init__(self, config: Any, l1_memory_desc: Any = None) -> None:
         if isinstance(config, dict):
             config = RawBlockL2AdapterConfig.from_dict(config)
         if not isinstance(config, _lmc.RawBlockL2AdapterConfig):
             raise TypeError(f"config must be a RawBlockL2AdapterConfig or a dict, got {type(config).__name__}")
-        _init_with_our_core(self, config, l1_memory_desc)
-        metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
+        super().__init__()
+        if ((config.use_odirect or config.use_uring_cmd) and l1_memory_desc is not None
+                and l1_memory_desc.align_bytes < config.block_align):
+            raise ValueError(f"l1_memory_desc.align_bytes={l1_memory_desc.align_bytes} is below "
+                             f"block_align={config.block_align}, which use_odirect / use_uring_cmd need")
+        self._config = config
+        self._shared = bool(getattr(config, "shared", False))
+        self._lock = threading.Lock()  # a leaf: task tables, resident entries
+        self._closed = False
+        self._task_ids = itertools.count()
+        self._generations = itertools.count(1)
+        self._done: dict[str, dict[int, Any]] = {"store": {}, "lookup": {}, "load": {}}
+        self._inflight = {"store": 0, "lookup": 0, "load": 0}
+        self._resident: dict[str, _Resident] = {}
+        self._drops_seen = -1
+        self._check_drops = False
+        self._efds: dict[str, Any] = {}
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._core: Any = None
         self._reclaimer = Reclaimer("rawblock-l2-reclaim", self._reclaim_pass, logger)
-        self._fdp_role = fdp.role_phase(getattr(config, "fdp_phase", fdp.AUTO))
-        if self._fdp_enabled and self._fdp_data_placement_policy == fdp.PHASE and len(self._fdp_placement_ids) < 2:
-            ids = list(self._fdp_placement_ids)
-            self.close()
-            raise ValueError(f"{_POLICY_KEY}='phase' needs two placement identifiers for KV data (prefill, "
-                             f"decode); {config.device_path} leaves {ids}")
+        try:
+            self._core = self._make_core(config)
+            metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
+            self._configure_fdp(config)
+            self._register_l1(config, l1_memory_desc)
+            self._max_capacity_bytes = int(self._core.report_status().get("usable_capacity_bytes", 0))
+            self._seed_resident()
+            for kind, workers in (("store", config.num_store_workers), ("lookup", config.num_lookup_workers),
+                                  ("load", config.num_load_workers)):
+                self._efds[kind] = create_event_notifier()
+                self._pools[kind] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"rawblk-{kind}")
+        except BaseException:
+            self._release()
+            raise
+
+    # ---- construction -------------------------------------------------------------------
+
+    def _make_core(self, config: Any) -> Any:
+        """The core this adapter stores through, built from its config: the one place a core
+        is constructed. A RawBlockCore for one device; a MultiDeviceCore (the same API) over
+        several ``device_paths`` (one adapter over N devices: docs/compatibility.md)."""
+        core_config = config.to_core_config()
+        if isinstance(core_config, multi.MultiDeviceConfig):
+            return multi.MultiDeviceCore(core_config, key_namespace="object")
+        return _OurCore(core_config, key_namespace="object")
+
+    def _configure_fdp(self, config: Any) -> None:
+        """The placement identifiers KV writes use (the device's, checked against the config),
+        and the router of the configured policy; no router without ``fdp_enabled``."""
+        self._fdp_enabled = bool(config.fdp_enabled)
+        self._fdp_policy = config.fdp_data_placement_policy
+        self._fdp_discovered: list[tuple[int, int]] = []
+        self._fdp_ids: tuple[int, ...] = ()
+        self._fdp_router: fdp.PlacementRouter | None = None
+        if not self._fdp_enabled:
+            return
+        try:
+            self._fdp_discovered = [(int(p), int(r)) for p, r in self._core.fetch_fdp_status()]
+        except Exception as e:
+            raise RuntimeError(f"fetch_fdp_status of {config.device_path} failed: {e}") from e
+        configured = config.fdp_placement_ids
+        device_ids = [p for p, _ in self._fdp_discovered if p != 0]
+        if configured is not None and not set(configured) <= set(device_ids):
+            raise RuntimeError(f"fdp_placement_ids are not all reported by {config.device_path}: "
+                               f"configured={list(configured)} device={device_ids}")
+        self._fdp_ids = fdp.data_placement_ids(self._fdp_discovered, configured,
+                                               self._core.meta_checkpoint_placement_id,
+                                               device=config.device_path, policy=self._fdp_policy)
+        role = fdp.role_phase(getattr(config, "fdp_phase", fdp.AUTO))
+        self._fdp_router = fdp.PlacementRouter(self._fdp_policy, self._fdp_ids, role=role,
+                                               ranks=max(1, _gpu_count()))
+        logger.info("RawBlockL2Adapter: FDP placement identifiers %s, policy %s", list(self._fdp_ids),
+                    self._fdp_policy)
+
+    def _register_l1(self, config: Any, desc: Any) -> None:
+        """io_uring with zero copy: the stable L1 arena registered as fixed buffers (ordinary
+        io_uring I/O, with a warning, when the registration fails)."""
+        if config.io_engine != "io_uring" or not config.enable_zero_copy:
+            return
+        if desc is None or getattr(desc, "stable_registration_size", None) is None:
+            logger.info("RawBlockL2Adapter: no stable L1 range to register as io_uring fixed buffers")
+            return
+        try:
+            self._core.register_fixed_buffer_range(desc.ptr, desc.stable_registration_size)
+        except Exception as e:  # noqa: BLE001 - the I/O works without them, slower
+            logger.warning("RawBlockL2Adapter: registering the L1 arena as io_uring fixed buffers failed (%s); "
+                           "using ordinary io_uring I/O", e)
+
+    def _seed_resident(self) -> None:
+        """The entries the core recovered, charged a slot each in LMCache's byte accounting."""
+        from .raw_block import decode_object_key
+
+        size = int(self._core.slot_bytes)
+        keys = []
+        for encoded in self._core.snapshot_indexed_keys():
+            try:
+                key = decode_object_key(encoded)
+            except Exception as e:  # noqa: BLE001 - not an ObjectKey this version can build: left out, said
+                logger.warning("RawBlockL2Adapter: indexed key %r is not an ObjectKey (%s); it is not reported",
+                               encoded, e)
+                continue
+            self._resident[encoded] = _Resident(key, size, next(self._generations))
+            keys.append(key)
+        if keys:
+            with self._usage_lock:
+                self._total_bytes_used += size * len(keys)
+                for key in keys:
+                    self._bytes_by_cache_salt[key.cache_salt] = self._bytes_by_cache_salt.get(key.cache_salt, 0) + size
+
+    # ---- event fds ----------------------------------------------------------------------
+
+    def _fd(self, kind: str) -> int:
+        efd = self._efds.get(kind)
+        return -1 if efd is None else efd.fileno()
+
+    def get_store_event_fd(self) -> int:
+        return self._fd("store")
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._fd("lookup")
+
+    def get_load_event_fd(self) -> int:
+        return self._fd("load")
+
+    # ---- tasks --------------------------------------------------------------------------
+
+    def _submit(self, kind: str, work: Any, finish: Any, *args: Any) -> int:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RawBlockL2Adapter is closed")
+            task_id = next(self._task_ids)
+            self._inflight[kind] += 1
+        try:
+            self._core.raise_if_failed()
+            future = self._pools[kind].submit(work, *args)
+        except Exception as e:  # noqa: BLE001 - a failed core or pool: the task completes as failed
+            future = Future()
+            future.set_exception(e)
+        future.add_done_callback(partial(finish, task_id, *args))
+        return task_id
+
+    def _complete(self, kind: str, task_id: int, result: Any) -> None:
+        with self._lock:
+            self._inflight[kind] -= 1
+            self._done[kind][task_id] = result
+            efd = self._efds.get(kind)
+        try:
+            if efd is not None:
+                efd.notify()
+        except OSError:
+            logger.debug("RawBlockL2Adapter: the %s event fd was closed before it was signalled", kind)
+
+    def _pop(self, kind: str, task_id: int) -> Any:
+        with self._lock:
+            return self._done[kind].pop(task_id, None)
+
+    @staticmethod
+    def _check_pair(keys: list, objects: list) -> None:
+        if not keys or not objects:
+            raise ValueError("keys and objects must be non-empty")
+        if len(keys) != len(objects):
+            raise ValueError(f"keys and objects must have the same length, got {len(keys)} and {len(objects)}")
+
+    # store
+
+    def submit_store_task(self, keys: list, objects: list) -> int:
+        self._check_pair(keys, objects)
+        return self._submit("store", self._run_store, self._finish_store, list(keys), list(objects))
+
+    def _run_store(self, keys: list, objects: list) -> tuple[bool, list[tuple[str, Any]]]:
+        specs = [encode_object_key(k) for k in keys]
+        placements = self._fdp_router.placements([fdp.object_key_facts(k) for k in keys]) if self._fdp_router else None
+        result = self._core.put_many(specs, objects, placement_ids=placements)
+        stored = set(result.stored_keys)
+        return all(result.results), [(s.encoded, k) for s, k in zip(specs, keys) if s.encoded in stored]
+
+    def _finish_store(self, task_id: int, keys: list, objects: list, future: Future) -> None:
+        ok, stored = False, []
+        try:
+            ok, stored = future.result()
+        except Exception as e:  # noqa: BLE001 - the task fails, logged; LMCache sees it in the result
+            logger.error("RawBlockL2Adapter: store task %d failed: %s", task_id, e)
+        size = int(self._core.slot_bytes) if stored else 0
+        with self._lock:
+            for encoded, key in stored:
+                self._resident[encoded] = _Resident(key, size, next(self._generations))
+        if stored:  # listeners first: when the task shows complete, the accounting has it
+            self._tell("stored", [k for _, k in stored], [size] * len(stored))
+        self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
+
+    def pop_completed_store_tasks(self) -> dict:
+        with self._lock:
+            done, self._done["store"] = self._done["store"], {}
+        return done
+
+    # lookup and lock
+
+    def submit_lookup_and_lock_task(self, keys: list, group_layout_descs: Any = None) -> int:
+        if not keys:
+            raise ValueError("keys must be non-empty")
+        return self._submit("lookup", self._run_lookup, self._finish_lookup, list(keys))
+
+    def _run_lookup(self, keys: list) -> list[bool]:
+        found = self._core.exists_many([encode_object_key(k).encoded for k in keys], lock=True)
+        self._note_misses(keys, found)
+        return found
+
+    def _finish_lookup(self, task_id: int, keys: list, future: Future) -> None:
+        try:
+            bitmap = _bitmap(future.result())
+        except Exception as e:  # noqa: BLE001 - the task fails, logged; LMCache sees an empty bitmap
+            logger.error("RawBlockL2Adapter: lookup task %d failed: %s", task_id, e)
+            bitmap = Bitmap(len(keys))
+        self._complete("lookup", task_id, bitmap)
+
+    def query_lookup_and_lock_result(self, task_id: int) -> Bitmap | None:
+        return self._pop("lookup", task_id)
+
+    def submit_unlock(self, keys: list) -> None:
+        self._core.unlock_many([encode_object_key(k).encoded for k in keys])
+
+    # load
+
+    def submit_load_task(self, keys: list, objects: list) -> int:
+        self._check_pair(keys, objects)
+        return self._submit("load", self._run_load, self._finish_load, list(keys), list(objects))
+
+    def _run_load(self, keys: list, objects: list) -> list[bool]:
+        loaded = self._core.load_many_into([encode_object_key(k).encoded for k in keys], objects)
+        self._note_misses(keys, loaded)
+        return loaded
+
+    def _finish_load(self, task_id: int, keys: list, objects: list, future: Future) -> None:
+        loaded: list[bool] = [False] * len(keys)
+        try:
+            loaded = future.result()
+        except Exception as e:  # noqa: BLE001 - the task fails, logged; LMCache sees an empty bitmap
+            logger.error("RawBlockL2Adapter: load task %d failed: %s", task_id, e)
+        accessed = [k for k, ok in zip(keys, loaded) if ok]
+        if accessed:
+            self._tell("accessed", accessed)
+        self._complete("load", task_id, _bitmap(loaded))
+
+    def query_load_result(self, task_id: int) -> Bitmap | None:
+        return self._pop("load", task_id)
+
+    # touch, delete
+
+    def submit_touch(self, keys: list) -> None:
+        """Mark the keys this adapter holds accessed, for LMCache's eviction order; no I/O."""
+        with self._lock:
+            held = [k for k in keys if encode_object_key(k).encoded in self._resident]
+        if held:
+            self._tell("accessed", held)
 
     def delete(self, keys: list) -> None:
-        """LMCache's delete (one batched ``delete_many(force=False)``, listeners told), then the
-        checkpoint that makes the freed slots reusable, on the reclaim thread."""
+        """One ``delete_many(force=False)`` (keys locked by a lookup stay), listeners told of
+        the keys deleted; then the checkpoint that makes the freed slots reusable, on the
+        background thread."""
         try:
-            super().delete(keys)
+            encoded = [encode_object_key(k).encoded for k in keys]
+            deleted = self._core.delete_many(encoded, force=False)
+            gone = []
+            with self._lock:
+                for e, ok in zip(encoded, deleted):
+                    entry = self._resident.pop(e, None) if ok else None
+                    if entry is not None:
+                        gone.append(entry)
+            if gone:
+                self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
         finally:
             self._reclaimer.signal()
 
+    # ---- listeners ----------------------------------------------------------------------
+
+    def _tell(self, what: str, keys: list, sizes: list[int] | None = None) -> None:
+        """LMCache's listeners and event bus told (its base class does both); a listener's
+        failure is logged, never the task's."""
+        try:
+            if what == "stored":
+                self._notify_keys_stored(keys, sizes)
+            elif what == "deleted":
+                self._notify_keys_deleted(keys, sizes)
+            else:
+                self._notify_keys_accessed(keys)
+        except Exception as e:  # noqa: BLE001 - a listener's failure is logged, never the task's
+            logger.warning("RawBlockL2Adapter: telling LMCache's listeners %d keys were %s failed: %s",
+                           len(keys), what, e)
+
+    def register_listener(self, listener: Any) -> None:
+        """Register a listener and tell it of the entries already held (a restart's)."""
+        super().register_listener(listener)
+        with self._lock:
+            held = list(self._resident.values())
+        if held:
+            try:
+                listener.on_l2_keys_stored([h.key for h in held], [h.size for h in held])
+            except Exception as e:  # noqa: BLE001 - a listener's failure is logged
+                logger.warning("RawBlockL2Adapter: telling a new listener of %d held keys failed: %s", len(held), e)
+
+    def set_backend_identity(self, name: str, shared: bool = False) -> None:
+        """LMCache's identity of this adapter; ``shared`` from the ``--l2-adapter`` JSON is
+        kept, as is ``shared`` from ``adapter_params``."""
+        super().set_backend_identity(name, shared)
+        self._shared = bool(shared) or bool(getattr(self._config, "shared", False))
+
+    def get_memory_tags(self) -> Any:
+        """(storage, remote) when the device is shared with other hosts, (storage, local) otherwise."""
+        return memory_tags(self._shared)
+
+    # ---- entries the core dropped by itself ----------------------------------------------
+
+    def _note_misses(self, keys: list, found: list[bool]) -> None:
+        """A lookup or load missed keys the adapter holds: the core dropped them; the background
+        thread tells LMCache's listeners."""
+        if all(found):
+            return
+        with self._lock:
+            held_miss = any(not ok and encode_object_key(k).encoded in self._resident for k, ok in zip(keys, found))
+            if held_miss:
+                self._check_drops = True
+        if held_miss:
+            self._reclaimer.signal()
+
+    def _dropped_count(self) -> int:
+        """Entries the core has dropped by itself so far (its ``report_status()`` counters)."""
+        st = self._core.report_status()
+        return sum(int(st.get(name, 0)) for name in _DROP_COUNTERS)
+
     def _reclaim_pass(self) -> bool:
+        """The background thread's pass: the checkpoint that makes freed slots reusable, then,
+        when the core may have dropped entries, LMCache's listeners told of them."""
         self._core.reclaim_held_slots()
+        dropped = self._dropped_count()
+        with self._lock:
+            check = self._check_drops or dropped != self._drops_seen
+            self._check_drops = False
+        if check:
+            self._report_dropped()
+            self._drops_seen = dropped
         return False
 
-    def close(self) -> None:
-        reclaimer = getattr(self, "_reclaimer", None)
-        if reclaimer is not None and not reclaimer.stop(_CLOSE_RECLAIM_WAIT_S):
-            logger.warning("the raw-block reclaim thread is still writing a checkpoint after %.0f s; closing anyway",
-                           _CLOSE_RECLAIM_WAIT_S)
-        super().close()
+    def _report_dropped(self) -> int:
+        """Held entries the core no longer indexes, reported deleted; their count."""
+        with self._lock:
+            snapshot = [(e, r.generation) for e, r in self._resident.items()]
+        if not snapshot:
+            return 0
+        present = self._core.exists_many([e for e, _ in snapshot])
+        gone = []
+        with self._lock:
+            for (encoded, generation), ok in zip(snapshot, present):
+                entry = self._resident.get(encoded)
+                if not ok and entry is not None and entry.generation == generation:
+                    del self._resident[encoded]
+                    gone.append(entry)
+        if gone:
+            logger.warning("RawBlockL2Adapter: %d entries were dropped by the core (failed checks or write "
+                           "back); LMCache's listeners are told they were deleted", len(gone))
+            self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
+        return len(gone)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the background thread has nothing left to do (False on timeout)."""
+        return self._reclaimer.wait_idle(timeout)
+
+    # ---- status, close ------------------------------------------------------------------
 
     def report_status(self) -> dict:
-        status = super().report_status()
-        reclaimer = getattr(self, "_reclaimer", None)
-        if reclaimer is not None:
-            status["reclaim"] = reclaimer.status()
-        return status
+        core = self._core.report_status()
+        router = self._fdp_router
+        salts = router.salts.assignments() if router is not None and router.salts is not None else {}
+        tags = self.get_memory_tags()
+        with self._lock:
+            return {
+                "is_healthy": bool(core.get("is_healthy", True)) and not self._closed,
+                "type": "RawBlockL2Adapter",
+                **{f"{k}_inflight_task_count": v for k, v in self._inflight.items()},
+                **{f"completed_{k}_task_count": len(v) for k, v in self._done.items()},
+                "held_key_count": len(self._resident),
+                "shared": self._shared,
+                "memory_tags": [_tag_name(tags.segment), _tag_name(tags.residency)],
+                "fdp_enabled": self._fdp_enabled,
+                "fdp_discovered_status": list(self._fdp_discovered),
+                "fdp_placement_ids": list(self._fdp_ids),
+                "fdp_data_placement_policy": self._fdp_policy,
+                "fdp_slot_reuse_policy": self._config.fdp_slot_reuse_policy,
+                "fdp_cache_salt_bucket_placements": salts,
+                "reclaim": self._reclaimer.status(),
+                "core": core,
+            }
 
-    def _assign_fdp_placement_ids(self, keys: list) -> list | None:
-        """Placement identifiers of one store task: LMCache's policies by LMCache's code, the
-        strategies of ``lmcache_rawblock.fdp`` by that module."""
-        policy = self._fdp_data_placement_policy
-        if not self._fdp_enabled or policy not in fdp.STRATEGIES:
-            return super()._assign_fdp_placement_ids(keys)
-        pids = fdp.route(policy, [fdp.object_key_facts(k) for k in keys], self._fdp_placement_ids,
-                         role=self._fdp_role)
-        return None if all(p is None for p in pids) else pids
+    def close(self) -> None:
+        """Finish the tasks in flight, stop the background thread, close the core and the fds."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
+        if not self._reclaimer.stop(_CLOSE_RECLAIM_WAIT_S):
+            logger.warning("the raw-block reclaim thread is still writing a checkpoint after %.0f s; closing anyway",
+                           _CLOSE_RECLAIM_WAIT_S)
+        self._release()
+
+    def _release(self) -> None:
+        """Close what exists (also after a failed construction)."""
+        self._closed = True
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._reclaimer.stop(_CLOSE_RECLAIM_WAIT_S)
+        if self._core is not None:
+            self._core.close()
+        with self._lock:
+            efds, self._efds = self._efds, {}
+        for efd in efds.values():
+            efd.close()

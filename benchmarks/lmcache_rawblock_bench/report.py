@@ -214,6 +214,35 @@ def _frac(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def print_mp(results: dict, p: Callable[..., None]) -> None:
+    mp = results["mp"]
+    if mp.get("skipped"):
+        p(f"MP L2 tier: skipped: {mp['skipped']}")
+        return
+    s = mp["settings"]
+    p(f"MP L2 tier under LMCache's kv-tier-pressure requests: {s['pool_size']} documents of {s['context_tokens']} "
+      f"tokens, {s['docs_per_request']} per request, {s['requests']} requests, L1 {s['l1_chunks']} chunks of "
+      f"{fmt_size(s['chunk_bytes'])} (pool = {s['overflow']}x L1); median of {s['rounds']} interleaved rounds. "
+      "store: the warm-up sweep's store tasks; load: L2 loads of the measured requests; request p50/p99: "
+      "one request's L2 time (lookup, load, unlock, recompute stores); L2 share: chunks served by L2")
+    for k, v in mp.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    rows = [[r["config"], r["adapter"], r["device"], _gbs(r["store_bytes_per_s"]), _gbs(r["load_bytes_per_s"]),
+             fmt_time(r["request_p50_s"]), fmt_time(r["request_p99_s"]), fmt_time(r["measured_s"]),
+             _frac(r["l2_share"]), str(r["l2_misses"]), "yes" if r["bytes_match"] else "NO"]
+            for r in mp.get("rows", [])]
+    if rows:
+        p(table(["config", "adapter", "core / device", "store GB/s", "load GB/s", "req p50", "req p99", "requests",
+                 "L2 share", "L2 misses", "bytes ok"], rows, [False, False, False] + _right(7, 0) + [False]))
+    if mp.get("ratios"):
+        p("")
+        p("ours / LMCache's raw-block adapter (GB/s: higher is better; times: lower is better)")
+        p(table(["config", "store GB/s", "load GB/s", "req p50", "req p99", "requests"],
+                [[r["config"]] + [fmt_x(r[k]) for k in ("store_bytes_per_s", "load_bytes_per_s", "request_p50_s",
+                                                        "request_p99_s", "measured_s")] for r in mp["ratios"]],
+                _right(6, 1)))
+
+
 def print_e2e(results: dict, p: Callable[..., None]) -> None:
     e2e = results["e2e"]
     if e2e.get("skipped"):
@@ -581,8 +610,8 @@ WARMUP_NOTE = "an untimed half second"
 
 
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
-            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "loadcheck": print_loadcheck,
-            "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost,
+            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "mp": print_mp,
+            "loadcheck": print_loadcheck, "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost,
             "drives": print_drives}
 
 

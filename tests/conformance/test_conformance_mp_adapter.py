@@ -1,4 +1,4 @@
-"""LMCache 0.5.6's MP-mode raw-block L2 adapter on our core, selected by docs/configuration.md's
+"""Our MP-mode raw-block L2 adapter (LMCache 0.5.6 and 0.5.7), selected by docs/configuration.md's
 ``--l2-adapter`` JSON through LMCache's own parser and factory (the ``plugin`` adapter type).
 
 Marked ``lmcache``: run with ``make test-lmcache``.
@@ -23,10 +23,12 @@ with lmcache_imports() as lmc:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
     from lmcache.v1.distributed.internal_api import L1MemoryDesc
     from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as lmc_adapter
+    from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
     from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
     from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-    from lmcache.v1.storage_backend.raw_block import RawBlockCore as LmcCore
+
+    LmcCore = lmc_adapter.RawBlockCore  # LMCache's core, wherever the installed version keeps it
 
 pytestmark = lmc.marks
 
@@ -116,7 +118,8 @@ def test_readme_example_selects_our_core(tmp_path):
     adapter = create_l2_adapter_from_registry(_adapters(cfgs)[0])
     try:
         assert type(adapter) is RawBlockL2Adapter
-        assert isinstance(adapter, lmc_adapter.RawBlockL2Adapter)
+        # a class of our own implementing LMCache's interface, not LMCache's adapter class
+        assert isinstance(adapter, L2AdapterInterface) and not isinstance(adapter, lmc_adapter.RawBlockL2Adapter)
         assert type(adapter._core) is RawBlockCore and not isinstance(adapter._core, LmcCore)
         assert adapter._core.report_status()["verify_payload_checksum"] is True
         assert RawBlockL2AdapterConfig.from_dict({"device_path": "x", "slot_bytes": SLOT}).verify_payload_checksum \

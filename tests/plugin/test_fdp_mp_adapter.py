@@ -1,4 +1,4 @@
-"""LMCache 0.5.6's MP adapter with FDP on our core: it starts (LMCache's code reads the device's
+"""Our MP adapter with FDP (LMCache 0.5.6 and 0.5.7): it starts (LMCache's code reads the device's
 placement identifiers through our core's fetch_fdp_status), LMCache's cache-salt policies and
 our tp_worker / prompt / phase strategies place store tasks' writes through our core's
 put_many, and the FDP keys are checked with errors naming them. The device is a file standing
@@ -98,7 +98,7 @@ def store(a, keys) -> list:
     except BlockingIOError:
         pass
     assert a.pop_completed_store_tasks()[tid].is_successful()
-    from lmcache.v1.storage_backend.raw_block import encode_object_key
+    from lmcache_rawblock.raw_block import encode_object_key
 
     return [a._core.placed[encode_object_key(k).encoded] for k in keys]
 
