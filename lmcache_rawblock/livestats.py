@@ -47,11 +47,12 @@ class Publisher:
     """A daemon thread writing core's snapshot for device every interval seconds; ``stop()``
     ends it and removes the file, as does the core's close (or its end)."""
 
-    def __init__(self, core: Any, device: str, interval: float = INTERVAL_S):
+    def __init__(self, core: Any, device: str, interval: float = INTERVAL_S, index: int | None = None):
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         self.path = snapshot_path(device)
         self._core, self._device, self._interval = weakref.ref(core), os.path.realpath(device), interval
+        self._index = index  # the device's place in a MultiDeviceCore, or None for a single core
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rawblock-stats", daemon=True)
         self.last_error: str | None = None
@@ -60,6 +61,13 @@ class Publisher:
     def publish_now(self) -> bool:
         """Write the snapshot now; False (nothing written) once the core is closed or gone."""
         core = self._core()
+        if core is not None and self._index is not None:  # one device of several
+            if getattr(core, "_closed", False):
+                return False
+            core = core.device_cores()[self._index]
+            if core is None:  # failed or reopening: nothing to publish this round
+                self._remove()
+                return True
         snap = metrics.snapshot(core) if core is not None else None
         if snap is None or snap["status"]["closed"]:
             return False
@@ -100,8 +108,24 @@ class Publisher:
                 os.unlink(self.path)
 
 
-def publish(core: Any, device: str, interval: float = INTERVAL_S) -> Publisher:
-    """Publish core's live figures for ``stats DEVICE`` until the returned publisher's stop()."""
+class Publishers:
+    """One :class:`Publisher` per device of a cache over several devices."""
+
+    def __init__(self, pubs: list[Publisher]):
+        self.publishers = pubs
+
+    def stop(self) -> None:
+        for p in self.publishers:
+            p.stop()
+
+
+def publish(core: Any, device: str, interval: float = INTERVAL_S) -> Publisher | Publishers:
+    """Publish core's live figures for ``stats DEVICE`` until the returned publisher's stop().
+    A cache over several devices (``MultiDeviceCore``) publishes each device's own figures under
+    its path, so ``stats`` takes any one of them."""
+    paths = getattr(core, "device_paths", None)
+    if getattr(core, "device_cores", None) is not None and paths:
+        return Publishers([Publisher(core, p, interval, index=i) for i, p in enumerate(paths)])
     return Publisher(core, device, interval)
 
 

@@ -208,6 +208,18 @@ def render(fams: Iterable[Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parts(core: Any, labels: dict) -> list[tuple[Any, dict]]:
+    """The single-device cores behind core, each with its labels: core itself, or for a cache
+    over several devices (``MultiDeviceCore``) each device online now, labelled by its path (a
+    failed device has no series until it is reopened; a reopened one serves its new core's)."""
+    if core is None:
+        return []
+    cores = getattr(core, "device_cores", None)
+    if cores is None:
+        return [(core, labels)]
+    return [(c, {**labels, "device": path}) for c, path in zip(cores(), core.device_paths) if c is not None]
+
+
 # ---- sources: the cores an exporter serves -----------------------------------------------
 
 
@@ -235,12 +247,11 @@ class Sources:
             items = [(r(), lab) for r, lab in self._items]
         out = []
         for core, lab in items:
-            if core is None:
-                continue
-            try:
-                out.append((lab, snapshot(core)))
-            except RuntimeError:  # closed and freed meanwhile
-                continue
+            for part, part_lab in parts(core, lab):
+                try:
+                    out.append((part_lab, snapshot(part)))
+                except RuntimeError:  # closed and freed meanwhile
+                    continue
         return out
 
     def families(self) -> list[Family]:
