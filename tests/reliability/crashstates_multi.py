@@ -12,6 +12,9 @@ Two kinds of crash state:
   device; each device keeps what its own last flush before the window made durable, plus its
   writes issued in the window, cut at one moment across all devices (every prefix in issue
   order) or landed independently per device (seeded random subsets).
+- "mixed" (the fuzzing of several devices): each device stops at a crash point of its own,
+  drawn at random (or completes), over seeded random workloads: a drive that failed first and
+  a node that crashed later, in any order and combination.
 
 Each device is judged against its own cut: the keys its metadata must list are the ones it held
 at the last checkpoint_now() that returned before its cut (the facade checkpoints every
@@ -36,7 +39,7 @@ without a checkpoint in between, so crash points leave a key on two devices) and
 ones; each in format v1 and in the log format (with compactions).
 
 Run: python3 tests/reliability/crashstates_multi.py [--devices N] [--format v1|log]
-     [--engine posix|io_uring] [--random-workloads N] [--limit N] [--show N]
+     [--engine posix|io_uring] [--random-workloads N] [--kind one|all|mixed] [--limit N] [--show N]
 """
 
 from __future__ import annotations
@@ -311,6 +314,43 @@ def one_states(rec: MRecording, d: int, rng: random.Random) -> list[State]:
     return out
 
 
+def mixed_states(rec: MRecording, rng: random.Random, n: int) -> list[State]:
+    """n states in which each device stops at a crash point of its own, drawn at random (an
+    epoch, then a prefix or a random subset of its writes; a device may also complete): a
+    drive that failed first and a node that crashed later, in any order. The device that
+    returns last (reopen_device) is drawn too."""
+    ndev = len(rec.paths)
+    per_dev = [cs.epochs_of(rec.recs[d]) for d in range(ndev)]
+    out = []
+    for _ in range(n):
+        images, cuts, what = [], [], []
+        for d in range(ndev):
+            ep = per_dev[d]
+            e = rng.randrange(len(ep) + 1)
+            if e == len(ep):
+                images.append(rec.final[d])
+                cuts.append((INF, INF))
+                what.append(f"device {d} complete")
+                continue
+            barrier, first, nxt, start_off = ep[e]
+            recs = rec.recs[d]
+            pend = sorted([r for r in recs[first:nxt] if cs.lands(r)] +
+                          [r for r in recs[:first] if cs.lands(r) and r.seq >= barrier], key=lambda r: r.seq)
+            if rng.random() < 0.5:
+                subset = list(range(rng.randint(0, len(pend))))
+            else:
+                subset = [i for i in range(len(pend)) if rng.random() < 0.5]
+            img = _base(rec, d, barrier)
+            for i in subset:
+                cs.apply(img, pend[i])
+            images.append(bytes(img))
+            cuts.append((start_off, recs[nxt].end if nxt < len(recs) else INF))
+            what.append(f"device {d} cut in its epoch {e}, writes {[pend[i].seq for i in subset]} of "
+                        f"{[r.seq for r in pend]}")
+        out.append(State("; ".join(what), images, cuts, rng.randrange(ndev)))
+    return out
+
+
 def all_states(rec: MRecording, rng: random.Random) -> list[State]:
     """Every device cut at once, in each window between two flushes of any device."""
     ndev = len(rec.paths)
@@ -489,13 +529,15 @@ def _check_return(rec: MRecording, cfg: Config, kids: list, alone: list, cut: in
 
 def check_recording(rec: MRecording, engine: str, kind: str, rng_seed: int = 1, limit: int = 0) -> Result:
     """Every crash state of kind ("one" for each device in turn, or "all"), or a seeded sample
-    of limit of them; recovered with engine, slot headers validated at open in every other
+    of limit of them ("mixed": limit random ones, default 50); recovered with engine, slot headers validated at open in every other
     state and only by the load's check in the rest."""
     logging.getLogger(raw_block_core_logger()).setLevel(logging.CRITICAL)
     logging.getLogger("lmcache.v1.storage_backend.raw_block.core").setLevel(logging.CRITICAL)
     rng = random.Random(f"{rng_seed}/{engine}/{rec.workload.name}/{kind}/{len(rec.paths)}")
     if kind == "one":
         states = [s for d in range(len(rec.paths)) for s in one_states(rec, d, rng)]
+    elif kind == "mixed":
+        states = mixed_states(rec, rng, limit or 50)
     else:
         states = all_states(rec, rng)
     if limit and len(states) > limit:
@@ -520,7 +562,10 @@ def main(argv=None) -> int:
     ap.add_argument("--format", action="append", choices=["v1", "log"], help="metadata format; default both")
     ap.add_argument("--engine", action="append", choices=["posix", "io_uring"], help="default both")
     ap.add_argument("--random-workloads", type=int, default=2, metavar="N", help="random workloads besides 'moves'")
-    ap.add_argument("--limit", type=int, default=0, help="sample at most N states per workload and kind (0: all)")
+    ap.add_argument("--kind", action="append", choices=["one", "all", "mixed"],
+                    help="crash states (repeatable); default one and all")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="sample at most N states per workload and kind (0: all; mixed: N random states, default 50)")
     ap.add_argument("--rng-seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=5)
     a = ap.parse_args(argv)
@@ -532,7 +577,7 @@ def main(argv=None) -> int:
                 for eng in a.engine or ["posix", "io_uring"]:
                     for wl in workloads(fmt, ndev, a.random_workloads, a.rng_seed):
                         rec = record(eng, tmp, wl, ndev)
-                        for kind in ("one", "all"):
+                        for kind in a.kind or ["one", "all"]:
                             r = check_recording(rec, eng, kind, a.rng_seed, a.limit)
                             print(r.row() + f" moved={rec.moved}", flush=True)
                             for f in r.failures[:a.show]:

@@ -95,3 +95,35 @@ def test_a_device_losing_its_metadata_is_caught(tmp_path):
     assert res.lost == 1 and res.wrong == 0, res.failures
     assert any("device 1 alone lacks durable keys" in f for f in res.failures)
     assert any("the cache at start-up lacks durable keys" in f for f in res.failures)
+
+
+FUZZ_WORKLOADS = int(os.environ.get("RB_CRASH_MULTI_FUZZ_WORKLOADS", "2"))
+FUZZ_STATES = int(os.environ.get("RB_CRASH_MULTI_FUZZ_STATES", "20"))
+
+
+def _fuzz(engine: str, ndev: int, fmt: str, nworkloads: int, nstates: int, tmp_path, capsys) -> None:
+    total = csm.Result(f"r*-{fmt}", ndev, engine, "mixed")
+    for wl in csm.workloads(fmt, ndev, nworkloads, RNG_SEED)[1:]:
+        rec = csm.record(engine, str(tmp_path), wl, ndev)
+        total.add(csm.check_recording(rec, engine, "mixed", RNG_SEED, nstates))
+    with capsys.disabled():
+        print(f"\ncrash states (random workloads, each device cut at its own random point) {total.row()}",
+              flush=True)
+    assert total.states == nworkloads * nstates
+    _assert_clean(total)
+
+
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+def test_random_workloads_with_each_device_cut_at_its_own_point(fmt, tmp_path, capsys):
+    # The fuzzing of several devices: seeded random workloads (puts placed by the cache or on a
+    # device of the draw, deletes, checkpoints, compactions), each device stopped at a random
+    # crash point of its own or completing, a random device returning last.
+    _fuzz("posix", 3, fmt, FUZZ_WORKLOADS, FUZZ_STATES, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+@pytest.mark.parametrize("ndev", [2, 3])
+def test_random_workloads_with_each_device_cut_at_its_own_point_long(engine, ndev, fmt, tmp_path, capsys):
+    _fuzz(engine, ndev, fmt, int(os.environ.get("RB_CRASH_MULTI_FUZZ_LONG_WORKLOADS", "12")), 60, tmp_path, capsys)
