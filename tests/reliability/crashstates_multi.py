@@ -75,9 +75,11 @@ INF = float("inf")
 SETUP = [("put", [0, 1, 2, 3]), ("put", [4, 5, 6, 7])]
 # "put@D" stores keys on device D directly (through its core: the facade would place them by
 # room and queue), after their delete from another device: the crash points around it leave
-# a key on two devices. "compact" compacts every device's metadata (log format).
+# a key on two devices. "checkpoint@D" checkpoints device D alone (as its own periodic
+# checkpoint does). "compact" compacts every device's metadata (log format).
 MOVES = [
     ("delete", [0]), ("put@1", [0]),                        # moved in one flush epoch
+    ("checkpoint@1", []),                                   # device 1 lists it, device 0 still does
     ("checkpoint", []),
     ("delete", [1, 4]), ("checkpoint", []), ("put@0", [1]), ("put@1", [4]),  # the deletes durable first
     ("put", [8, 9, 10]), ("checkpoint", []),
@@ -151,7 +153,8 @@ class Result:
 
 def random_workload(rng: random.Random, ndev: int, rounds: int = 5, nkeys: int = 16, compact: bool = False) -> list:
     """Rounds of: delete 1-3 keys, put 1-3 keys (through the facade, or now and then on a
-    device of the draw), and mostly a checkpoint or (compact) a compaction."""
+    device of the draw), and mostly a checkpoint of every device, of one device, or (compact) a
+    compaction."""
     live = {k for _, kids in SETUP for k in kids}
     ops: list = []
     for _ in range(rounds):
@@ -167,6 +170,8 @@ def random_workload(rng: random.Random, ndev: int, rounds: int = 5, nkeys: int =
             ops.append(("compact", []))
         elif r < 0.7:
             ops.append(("checkpoint", []))
+        elif r < 0.85:
+            ops.append((f"checkpoint@{rng.randrange(ndev)}", []))
     return ops
 
 
@@ -207,6 +212,10 @@ def _run_ops(core: MultiDeviceCore, ops: list, logp: str, versions: dict, live: 
             for k, ok in zip(kids, core.delete_many([key(k).encoded for k in kids])):
                 if ok:
                     live.pop(k, None)
+        elif kind.startswith("checkpoint@"):
+            dev = core.device_cores()[int(kind.split("@")[1])]
+            assert dev is not None
+            dev.checkpoint_now()  # durable for that device only: not counted as synced
         elif kind == "compact":
             op.synced = all([bool(c._native.compact_metadata()) for c in core.device_cores() if c is not None])
         else:

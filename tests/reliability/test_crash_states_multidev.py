@@ -63,10 +63,11 @@ def test_crash_states_over_several_devices_long(engine, ndev, fmt, tmp_path, cap
 @pytest.mark.parametrize("fmt", ["v1", "log"])
 def test_moves_workload_leaves_keys_on_two_devices(fmt, tmp_path):
     # The fixed workload reaches what the rule is about: crash states, of both kinds, in which
-    # two devices' metadata each list the same key.
+    # two devices' metadata each list the same key (every "all" state: they are a few of them,
+    # and which ones depends on how the devices' checkpoints interleaved).
     rec = csm.record("posix", str(tmp_path), csm.workloads(fmt, 2, 0, RNG_SEED)[0], 2)
-    for kind in ("one", "all"):
-        r = csm.check_recording(rec, "posix", kind, RNG_SEED, 150)
+    for kind, limit in (("one", 100), ("all", 0)):
+        r = csm.check_recording(rec, "posix", kind, RNG_SEED, limit)
         assert r.on_two > 0, r.row()
         _assert_clean(r)
 
