@@ -47,7 +47,7 @@ ASAN_PATH := $(ASAN_BUILD):$(CURDIR)/benchmarks
 ASAN_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 RB_EXPECT_ASAN=1
 
-.PHONY: all deps apt-deps py-deps build demo bench bench-drives test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long clean lmcache-matrix
+.PHONY: all deps apt-deps py-deps build demo bench bench-drives test test-asan test-c test-lmcache test-torch test-py312 test-nvme test-nvme-streams test-nvme-conformance bench-nvme lmcache-venv test-all test-reliability test-killloop-long test-crash-states-long clean lmcache-matrix
 
 all: build
 
@@ -238,13 +238,20 @@ bench-mlog:
 # recorded workloads in both metadata formats and the move from v1 to the log format, and the
 # immediate reopen of a device after its writer's SIGKILL under CPU and I/O load.
 test-reliability: build
-	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py tests/reliability/test_lock_restart.py) $(PYTEST_ARGS)
+	RB_CRASH_TESTS=1 $(PYTHON) -m pytest -q -p no:cacheprovider $(wildcard tests/reliability/test_killloop.py tests/reliability/test_crash_states.py tests/reliability/test_crash_states_multidev.py tests/reliability/test_lock_restart.py) $(PYTEST_ARGS)
 
 # The long kill loops: 157 cycles per configuration (5,024 in all, both formats), and 150 per
 # configuration over three devices (600), at low priority.
 test-killloop-long: build
 	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow tests/reliability/test_killloop.py \
 	  tests/reliability/test_killloop_multidev.py $(PYTEST_ARGS)
+
+# Every crash state over two and three devices (one device cut while the others complete, all
+# cut at once), seeded random workloads, and each device cut at its own random point; both
+# formats, both engines, at low priority.
+test-crash-states-long: build
+	RB_CRASH_TESTS=1 nice -n 10 $(PYTHON) -m pytest -q -p no:cacheprovider -m slow \
+	  tests/reliability/test_crash_states_multidev.py $(PYTEST_ARGS)
 
 
 # Tests marked `lmcache`: the real LMCache (CPU-only torch from the machine's wheel) in one
