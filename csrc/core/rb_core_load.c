@@ -455,19 +455,15 @@ static void load_settle_locked(struct load_run *r)
     }
 }
 
-/* No lock: record the call under one recorder: its time since t0 and the bytes in flight as it
- * began (fly) when recording is on (t0 set), and when it ran (ok) each key's outcome (served, or
- * a miss by reason) and the bytes served. */
-static void load_observe(struct load_run *r, uint64_t t0, uint64_t fly, int ok)
+/* No lock: count each key's outcome (served, or a miss by reason) and the bytes served. */
+static void load_outcomes(const struct load_run *r, uint64_t *miss, uint64_t *hits, uint64_t *served)
 {
-    uint64_t d = t0 ? rb_hist_now_ns() - t0 : 0;
-    uint64_t miss[RB_MISS_COUNT] = {0}, hits = 0, served = 0;
     for (size_t i = 0; i < r->n; i++) {
         const struct load_snap *sn = &r->s[i];
         const rb_load_item *it = &r->items[i];
         if (it->ok) {
-            hits++;
-            served += sn->size;
+            (*hits)++;
+            *served += sn->size;
         } else if (sn->slot == RB_SLOT_NONE) {
             miss[sn->gone ? RB_MISS_EVICTED : RB_MISS_ABSENT]++;
         } else if (sn->verdict == LV_SUMBAD) {
@@ -480,6 +476,17 @@ static void load_observe(struct load_run *r, uint64_t t0, uint64_t fly, int ok)
             miss[RB_MISS_DEVICE_ERROR]++; /* the device shrank below its slot */
         }
     }
+}
+
+/* No lock: record the call under one recorder: its time since t0 and the bytes in flight as it
+ * began (fly) when recording is on (t0 set), and when it ran (ok) each key's outcome and the
+ * bytes served. */
+static void load_observe(struct load_run *r, uint64_t t0, uint64_t fly, int ok)
+{
+    uint64_t d = t0 ? rb_hist_now_ns() - t0 : 0;
+    uint64_t miss[RB_MISS_COUNT] = {0}, hits = 0, served = 0;
+    if (ok)
+        load_outcomes(r, miss, &hits, &served);
     rb_obs_w w = rb_obs_take(&r->c->obs);
     if (t0) {
         rb_obs_w_add(w, RB_H_LOAD, d);

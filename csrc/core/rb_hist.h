@@ -4,9 +4,10 @@
  * A histogram keeps exact counts and an exact sum of uint64 samples (nanoseconds or bytes) in
  * log-linear buckets: four per power of two (HDR-like, at most 25% wide), values 0..3 exact.
  * Every power of two is a bucket boundary, so cumulative counts at le = 2^k are exact. Each
- * field is a relaxed atomic: recording is three atomic adds and never takes a lock; a snapshot
- * is exact per field and best effort across fields (a sample may be in count and not yet in
- * its bucket).
+ * field is a relaxed atomic: recording is three atomic adds (rb_hist_add), or three plain
+ * relaxed load + store pairs for the one writer of a histogram (rb_hist_add_own), and never
+ * takes a lock; a snapshot is exact per field and best effort across fields (a sample may be in
+ * count and not yet in its bucket).
  *
  * rb_obs, one per core, holds the operation histograms, the misses of loads by reason, the
  * evictions by cause the core does not already count, and the bytes in flight. Recording is on
