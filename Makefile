@@ -220,7 +220,7 @@ test-c: apt-deps
 	  $(MLOG_DEFS) -Icsrc/core tests/c/test_mlog_read.c $(MLOG_SRC) $(MLOG_LIBS) -o build/test_mlog_read
 	build/test_mlog_read
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
-	  -Icsrc/core tests/c/test_hist.c -lpthread -o build/test_hist
+	  -Icsrc/core tests/c/test_hist.c csrc/core/rb_hist.c -lpthread -o build/test_hist
 	build/test_hist
 	@# the io_uring engine's scheduler on a temporary file (loads first, pieces, budgets, fifo)
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \

@@ -163,8 +163,12 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     /* Format v1 makes a slot no container lists reusable at its delete: deallocated now. */
     if (rb_core_dealloc_pending(c))
         (void)rb_core_dealloc_run(c);
-    rb_obs_count(&c->obs.deleted, deleted);
-    rb_obs_done(&c->obs, RB_H_DELETE, t0);
+    uint64_t d = t0 ? rb_hist_now_ns() - t0 : 0;
+    rb_obs_w w = rb_obs_take(&c->obs);
+    rb_obs_w_count(w, RB_OBS_DELETED, deleted);
+    if (t0)
+        rb_obs_w_add(w, RB_H_DELETE, d);
+    rb_obs_give(w);
 }
 
 int rb_core_delete_may_block(rb_core *c)

@@ -456,16 +456,14 @@ static void load_settle_locked(struct load_run *r)
 }
 
 /* No lock: count each key's outcome (served, or a miss by reason) and the bytes served. */
-static void load_observe(struct load_run *r)
+static void load_outcomes(const struct load_run *r, uint64_t *miss, uint64_t *hits, uint64_t *served)
 {
-    rb_obs *o = &r->c->obs;
-    uint64_t miss[RB_MISS_COUNT] = {0}, hits = 0, served = 0;
     for (size_t i = 0; i < r->n; i++) {
         const struct load_snap *sn = &r->s[i];
         const rb_load_item *it = &r->items[i];
         if (it->ok) {
-            hits++;
-            served += sn->size;
+            (*hits)++;
+            *served += sn->size;
         } else if (sn->slot == RB_SLOT_NONE) {
             miss[sn->gone ? RB_MISS_EVICTED : RB_MISS_ABSENT]++;
         } else if (sn->verdict == LV_SUMBAD) {
@@ -478,10 +476,30 @@ static void load_observe(struct load_run *r)
             miss[RB_MISS_DEVICE_ERROR]++; /* the device shrank below its slot */
         }
     }
-    for (int k = 0; k < RB_MISS_COUNT; k++)
-        rb_obs_count(&o->miss[k], miss[k]);
-    rb_obs_count(&o->hits, hits);
-    rb_obs_add(o, RB_H_LOAD_BYTES, served);
+}
+
+/* No lock: record the call under one recorder: its time since t0 and the bytes in flight as it
+ * began (fly) when recording is on (t0 set), and when it ran (ok) each key's outcome and the
+ * bytes served. */
+static void load_observe(struct load_run *r, uint64_t t0, uint64_t fly, int ok)
+{
+    uint64_t d = t0 ? rb_hist_now_ns() - t0 : 0;
+    uint64_t miss[RB_MISS_COUNT] = {0}, hits = 0, served = 0;
+    if (ok)
+        load_outcomes(r, miss, &hits, &served);
+    rb_obs_w w = rb_obs_take(&r->c->obs);
+    if (t0) {
+        rb_obs_w_add(w, RB_H_LOAD, d);
+        rb_obs_w_add(w, RB_H_INFLIGHT_BYTES, fly);
+        if (ok)
+            rb_obs_w_add(w, RB_H_LOAD_BYTES, served);
+    }
+    if (ok) {
+        for (int k = 0; k < RB_MISS_COUNT; k++)
+            rb_obs_w_count(w, k, miss[k]);
+        rb_obs_w_count(w, RB_OBS_HITS, hits);
+    }
+    rb_obs_give(w);
 }
 
 /*
@@ -508,7 +526,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     rb_core_io_begin_locked(c, 1);
     uint64_t rd_gen = rb_core_reader_begin_locked(c);
     pthread_mutex_unlock(&c->mu);
-    rb_obs_fly(&c->obs, r.bytes);
+    uint64_t fly = rb_obs_fly(&c->obs, r.bytes);
     load_test_delay(c);
 
     int rc = load_plan(&r, err);
@@ -532,9 +550,7 @@ int rb_core_load_many(rb_core *c, rb_load_item *items, size_t n, rb_err *err)
     rb_core_io_end_locked(c, 1);
     pthread_mutex_unlock(&c->mu);
     rb_obs_land(&c->obs, r.bytes);
-    if (rc == 0)
-        load_observe(&r);
-    rb_obs_done(&c->obs, RB_H_LOAD, t0);
+    load_observe(&r, t0, fly, rc == 0);
     free(r.s);
     return rc < 0 ? rc : (int)(r.n_bad > INT32_MAX ? INT32_MAX : r.n_bad);
 }

@@ -614,10 +614,16 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
     for (size_t i = 0; i < n; i++)
         bytes += items[i].len;
     uint64_t t0 = rb_obs_t0(&c->obs);
-    rb_obs_fly(&c->obs, bytes);
+    uint64_t fly = rb_obs_fly(&c->obs, bytes);
     int rc = put_many_run(c, items, n, results, stored, n_stored, fail, err);
     rb_obs_land(&c->obs, bytes);
-    rb_obs_done(&c->obs, RB_H_PUT, t0);
-    rb_obs_add(&c->obs, RB_H_PUT_BYTES, bytes);
+    if (t0) {
+        uint64_t d = rb_hist_now_ns() - t0;
+        rb_obs_w w = rb_obs_take(&c->obs);
+        rb_obs_w_add(w, RB_H_PUT, d);
+        rb_obs_w_add(w, RB_H_INFLIGHT_BYTES, fly);
+        rb_obs_w_add(w, RB_H_PUT_BYTES, bytes);
+        rb_obs_give(w);
+    }
     return rc;
 }

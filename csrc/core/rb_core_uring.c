@@ -169,8 +169,10 @@ static void uops_observe(rb_core *c, const rb_batch *b)
     if (!b->t_given_ns || !k || k < b->t_given_ns)
         return;
     uint64_t end = rb_hist_now_ns();
-    rb_obs_add(&c->obs, RB_H_QUEUE_WAIT, k - b->t_given_ns);
-    rb_obs_add(&c->obs, RB_H_DEVICE, end > k ? end - k : 0);
+    rb_obs_w w = rb_obs_take(&c->obs);
+    rb_obs_w_add(w, RB_H_QUEUE_WAIT, k - b->t_given_ns);
+    rb_obs_w_add(w, RB_H_DEVICE, end > k ? end - k : 0);
+    rb_obs_give(w);
 }
 
 /* Wait for every submitted batch and give each of its ops the request's result; free them. */

@@ -204,8 +204,9 @@ static PyMethodDef core_methods[] = {
     {"set_histograms", rbpy_core_set_histograms, METH_O,
      "set_histograms($self, on, /)\n--\n\nrecord the histograms (on, the default) or not"},
     {"_recording_cost_ns", rbpy_core_recording_cost, METH_VARARGS,
-     "_recording_cost_ns($self, iterations, keys, /)\n--\n\n"
-     "benchmark hook: ns the histograms' recording costs one load call of keys keys (a C loop)"},
+     "_recording_cost_ns($self, iterations, keys, uring=True, /)\n--\n\n"
+     "benchmark hook: ns the histograms' recording costs one load call of keys keys (a C loop; uring: "
+     "with an io_uring batch's stamps)"},
     {"register_buffers", (PyCFunction)(void (*)(void))rbpy_core_register_buffers, METH_FASTCALL | METH_KEYWORDS,
      "register_buffers($self, ptrs, sizes)\n--\n\nio_uring fixed buffers (memory must outlive the core)"},
     {"fetch_fdp_status", rbpy_core_fetch_fdp_status, METH_NOARGS,

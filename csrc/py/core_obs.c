@@ -8,10 +8,10 @@
 
 /* GIL held: one histogram as {"count", "sum", "buckets": [(upper, count), ...]}, the buckets
  * that hold samples only, upper exclusive. A new dict, or NULL with an exception set. */
-static PyObject *hist_dict(rb_hist *h)
+static PyObject *hist_dict(rb_obs *o, int id)
 {
     rb_hist_snap s;
-    rb_hist_read(h, &s);
+    rb_obs_read_hist(o, id, &s);
     PyObject *bl = PyList_New(0);
     for (unsigned i = 0; bl && i < RB_HIST_N; i++) {
         if (!s.b[i])
@@ -27,12 +27,13 @@ static PyObject *hist_dict(rb_hist *h)
                          "buckets", bl);
 }
 
-/* GIL held: name -> count of n counters into a new dict, or NULL with an exception set. */
-static PyObject *counts_dict(const char *const *names, _Atomic uint64_t *v, int n)
+/* GIL held: name -> count of the n counters of o from 0 into a new dict, or NULL with an
+ * exception set. */
+static PyObject *counts_dict(rb_obs *o, const char *const *names, int n)
 {
     PyObject *d = PyDict_New();
     for (int k = 0; d && k < n; k++) {
-        PyObject *x = PyLong_FromUnsignedLongLong(atomic_load_explicit(&v[k], memory_order_relaxed));
+        PyObject *x = PyLong_FromUnsignedLongLong(rb_obs_read_count(o, k));
         if (!x || PyDict_SetItemString(d, names[k], x) < 0)
             Py_CLEAR(d);
         Py_XDECREF(x);
@@ -52,19 +53,20 @@ PyObject *rbpy_core_histograms(PyObject *op, PyObject *unused)
     }
     PyObject *hs = PyDict_New();
     for (int k = 0; hs && k < RB_H_COUNT; k++) {
-        PyObject *h = hist_dict(&o->h[k]);
+        PyObject *h = hist_dict(o, k);
         if (!h || PyDict_SetItemString(hs, rb_hist_names[k], h) < 0)
             Py_CLEAR(hs);
         Py_XDECREF(h);
     }
-    PyObject *ms = hs ? counts_dict(rb_miss_names, o->miss, RB_MISS_COUNT) : NULL;
+    PyObject *ms = hs ? counts_dict(o, rb_miss_names, RB_MISS_COUNT) : NULL;
     if (!ms) {
         Py_XDECREF(hs);
         return NULL;
     }
 #define RD(f) (unsigned long long)atomic_load_explicit(&o->f, memory_order_relaxed)
     return Py_BuildValue("{s:O,s:N,s:N,s:K,s:K,s:K,s:K}", "enabled", atomic_load(&o->off) ? Py_False : Py_True,
-                         "histograms", hs, "misses", ms, "hits", RD(hits), "deleted", RD(deleted), "inflight_bytes",
+                         "histograms", hs, "misses", ms, "hits", (unsigned long long)rb_obs_read_count(o, RB_OBS_HITS),
+                         "deleted", (unsigned long long)rb_obs_read_count(o, RB_OBS_DELETED), "inflight_bytes",
                          RD(inflight_bytes), "peak_inflight_bytes", RD(peak_inflight_bytes));
 #undef RD
 }
@@ -84,13 +86,15 @@ PyObject *rbpy_core_set_histograms(PyObject *op, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* _recording_cost_ns(iterations, keys) -> ns: what recording costs one load call of keys keys
- * (rb_hist_recording_cost), timed over iterations calls without the GIL. */
+/* _recording_cost_ns(iterations, keys, uring=True) -> ns: what recording costs one load call of
+ * keys keys (rb_hist_recording_cost; uring: with an io_uring batch's stamps), timed over
+ * iterations calls without the GIL. */
 PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args)
 {
     (void)op;
     unsigned iters, keys;
-    if (!PyArg_ParseTuple(args, "II:_recording_cost_ns", &iters, &keys))
+    int uring = 1;
+    if (!PyArg_ParseTuple(args, "II|p:_recording_cost_ns", &iters, &keys, &uring))
         return NULL;
     if (iters == 0 || keys == 0 || keys > 1u << 20) {
         PyErr_Format(PyExc_ValueError, "_recording_cost_ns: iterations and keys must be >= 1 (keys <= %u), got %u, %u",
@@ -100,7 +104,7 @@ PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args)
     uint64_t ns = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-        rc = rb_hist_recording_cost(iters, keys, &ns);
+        rc = rb_hist_recording_cost(iters, keys, uring, &ns);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return PyErr_Format(PyExc_RuntimeError, "_recording_cost_ns failed: errno %d", -rc);

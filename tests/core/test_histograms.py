@@ -140,3 +140,41 @@ def test_a_closed_core_still_reports_its_figures(tmp_path):
     c.close()
     assert _h(c)["histograms"]["put_ns"]["count"] == 1
 
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_calls_from_more_threads_than_shards_are_each_counted(tmp_path, engine):
+    # the core keeps 8 shards; 12 threads share them, some recording into the shared one
+    import threading
+
+    c = make_core(make_device(tmp_path), io_engine=engine)
+    try:
+        ks = [okey(i) for i in range(4)]
+        c.put_many(ks, [Obj(payload(i, N)) for i in range(4)])
+        before = _h(c)
+        threads, calls, errors = 12, 40, []
+
+        def loads(t):
+            try:
+                for j in range(calls):
+                    k = ks[(t + j) % 4].encoded
+                    if c.load_many_into([k, okey(1000 + t).encoded], [Obj(N), Obj(N)]) != [True, False]:
+                        errors.append((t, j))
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                errors.append(e)
+
+        ts = [threading.Thread(target=loads, args=(t,)) for t in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errors, errors
+        s = _h(c)
+        h, n = s["histograms"], threads * calls
+        assert h["load_ns"]["count"] - before["histograms"]["load_ns"]["count"] == n
+        assert sum(x for _, x in h["load_ns"]["buckets"]) == h["load_ns"]["count"]
+        assert h["load_bytes"]["sum"] - before["histograms"]["load_bytes"]["sum"] == n * N
+        assert s["hits"] - before["hits"] == n and s["misses"]["absent"] - before["misses"]["absent"] == n
+        assert s["inflight_bytes"] == 0
+    finally:
+        c.close()
