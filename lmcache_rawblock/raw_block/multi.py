@@ -9,19 +9,26 @@ batch is split by device and the parts run at the same time, one on the caller's
 others on a pool of threads (the native calls release the GIL; a RawBlockCore takes calls from
 several threads at once).
 
+A key named twice in one batch takes one device (which keeps the first copy, as one core does);
+a delete acts on every device. Loads have a pool of their own, so a load's part never waits
+behind another caller's store part.
+
 Failure domains: when an operation on a device fails with a device errno (EIO, ENODEV, ENXIO,
-ENOSPC, EROFS, ...) and a probe of the device (its size, and a read of its first block through
-a descriptor of the probe's own) fails too, or its io_uring worker has died, the device is
+ENOSPC, EROFS, ...) or a core error that may be the device's (not one whose ``errno`` says
+capacity, contention or a bad argument: :func:`_maybe_device`), and a probe of the device (its
+size, and a read of its first logical block through a descriptor of the probe's own) fails
+too, or its io_uring worker has died, the device is
 marked failed and its core closed: its keys are misses from then on (loads report a miss, never
 an exception for them), the other devices keep serving and take the new keys, a put whose part
 failed with the device is retried once on the others. :meth:`MultiDeviceCore.reopen_device`
 opens it again (its metadata recovered alone, or a blank replacement at the same path) without
-touching the others; nothing retries it on its own. A key that the returning device holds and
-another device took meanwhile stays where it is now: the returning device's copy is deleted
-(the live copy is the one callers have been served from, and LMCache's keys name their
-content, so both copies hold the same bytes). At open, a key found on two devices (one that was
-failed when the process stopped, its key stored again elsewhere) stays on the first in the
-device list.
+touching the others; nothing retries it on its own, and close() waits for it (the device is
+closed again and the reopen raises). A key that the returning device holds and another device
+holds or is being written to meanwhile stays there: the returning device's copy is deleted (the
+copy that stayed online is the one callers have been served from). Should a put still find its
+new key on another device afterwards, the newest write wins: the other copy is deleted. At
+open, a key found on two devices (one that was failed when the process stopped, its key stored
+again elsewhere) stays on the first in the device list.
 """
 
 from __future__ import annotations
