@@ -16,19 +16,19 @@ behind another caller's store part.
 Failure domains: when an operation on a device fails with a device errno (EIO, ENODEV, ENXIO,
 ENOSPC, EROFS, ...) or a core error that may be the device's (not one whose ``errno`` says
 capacity, contention or a bad argument: :func:`_maybe_device`), and a probe of the device (its
-size, and a read of its first logical block through a descriptor of the probe's own) fails
-too, or its io_uring worker has died, the device is
-marked failed and its core closed: its keys are misses from then on (loads report a miss, never
-an exception for them), the other devices keep serving and take the new keys, a put whose part
-failed with the device is retried once on the others. :meth:`MultiDeviceCore.reopen_device`
-opens it again (its metadata recovered alone, or a blank replacement at the same path) without
-touching the others; nothing retries it on its own, and close() waits for it (the device is
-closed again and the reopen raises). A key that the returning device holds and another device
-holds or is being written to meanwhile stays there: the returning device's copy is deleted (the
-copy that stayed online is the one callers have been served from). Should a put still find its
-new key on another device afterwards, the newest write wins: the other copy is deleted. At
-open, a key found on two devices (one that was failed when the process stopped, its key stored
-again elsewhere) stays on the first in the device list.
+size, and a read of its first logical block through a descriptor of the probe's own) fails too,
+or its io_uring worker has died, the device is marked failed and its core closed (on a thread of
+its own: a close that hangs on a dying drive holds no caller): its keys are misses from then on
+(loads report a miss, never an exception for them), the other devices keep serving and take the
+new keys, a put whose part failed with the device is retried once on the others.
+:meth:`MultiDeviceCore.reopen_device` opens it again (its metadata recovered alone, or a blank
+replacement at the same path) without touching the others; nothing retries it on its own, and
+close() waits for it (the device is closed again and the reopen raises). A key that the
+returning device holds and another device holds or is being written to meanwhile stays there:
+the returning device's copy is deleted (the copy that stayed online is the one callers have been
+served from). Should a put still find its new key on another device afterwards, the newest write
+wins: the other copy is deleted. At open, a key found on two devices (one that was failed when
+the process stopped, its key stored again elsewhere) stays on the first in the device list.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class _Device:
     ``_lock`` guards the fields; calls into ``core`` are made without it."""
 
     __slots__ = ("index", "config", "core", "state", "reason", "failures", "reopens", "queued", "put_keys",
-                 "load_keys", "lost_keys", "duplicates_dropped", "last_status")
+                 "load_keys", "lost_keys", "duplicates_dropped", "last_status", "closing")
 
     def __init__(self, index: int, config: RawBlockCoreConfig) -> None:
         self.index = index
@@ -115,6 +115,13 @@ class _Device:
         self.lost_keys = 0  # indexed keys it held when it was marked failed
         self.duplicates_dropped = 0  # its copies of keys another device holds, deleted
         self.last_status: dict | None = None  # its report when it was marked failed
+        self.closing: threading.Thread | None = None  # the close of its core after a failure
+
+    def wait_closed(self) -> None:
+        """Wait for the close of its failed core (its writer lock goes with it)."""
+        t = self.closing
+        if t is not None:
+            t.join()
 
     @property
     def path(self) -> str:
@@ -326,9 +333,11 @@ class MultiDeviceCore:
         with self._lock:
             return [d.core if d.state == ONLINE else None for d in self._devs]
 
-    def mark_failed(self, device: int | str, reason: str) -> bool:
+    def mark_failed(self, device: int | str, reason: str, *, wait: bool = True) -> bool:
         """Take a device out of service: its core is closed and its keys are misses until
-        :meth:`reopen_device`. False when it was not online."""
+        :meth:`reopen_device`. False when it was not online. The close runs on a thread of its
+        own; with ``wait`` (the default) this returns once it ended. A failure the cache finds
+        by itself does not wait: a close that hangs on a dying drive holds no caller."""
         d = self._device(device)
         with self._lock:
             if d.state != ONLINE or d.core is None:
@@ -342,10 +351,15 @@ class MultiDeviceCore:
             d.last_status = {"error": str(e)}
         logger.error("raw-block device %s failed (%s): its %d keys are misses until reopen_device(%d); "
                      "the other devices keep serving", d.path, reason, d.lost_keys, d.index)
-        try:
-            core.close()
-        except Exception as e:  # noqa: BLE001 - the device is failing: its close may fail too
-            logger.warning("raw-block device %s: close after failure raised %s", d.path, e)
+        # closed on a thread of its own: a close that waits on a dying drive holds no caller;
+        # reopen_device and close wait for it
+        t = threading.Thread(target=_close_failed, args=(d.path, core), name=f"rawblock-close-{d.index}",
+                             daemon=True)
+        with self._lock:
+            d.closing = t
+        t.start()
+        if wait:
+            t.join()
         return True
 
     def _suspect(self, d: _Device, exc: BaseException | None) -> bool:
@@ -358,7 +372,7 @@ class MultiDeviceCore:
         why = probe_device(d.path, int(d.config.block_align))
         if why is None:
             return False  # the device answers: a fault of one transfer, not of the drive
-        return self.mark_failed(d.index, f"{exc}; probe: {why}") or d.state != ONLINE
+        return self.mark_failed(d.index, f"{exc}; probe: {why}", wait=False) or d.state != ONLINE
 
     def check_devices(self) -> list[dict]:
         """Probe every online device (and its io_uring worker) now and mark the ones that do not
@@ -376,6 +390,7 @@ class MultiDeviceCore:
         took meanwhile are deleted from it. Returns its recovery outcome and counts; raises
         (leaving it failed) when it cannot be opened."""
         d = self._device(device)
+        d.wait_closed()  # the failed core's writer lock must be given back first
         with self._lock:
             if self._closed:
                 raise RuntimeError("MultiDeviceCore is closed")
@@ -934,7 +949,7 @@ class MultiDeviceCore:
         for d, core in self._online_cores():
             err = core._worker_error()
             if err is not None:
-                self.mark_failed(d.index, f"io_uring worker failed: {err}")
+                self.mark_failed(d.index, f"io_uring worker failed: {err}", wait=False)
         if self._online():
             return None
         return f"every device failed: {self.device_states()}"
@@ -1015,6 +1030,8 @@ class MultiDeviceCore:
             return self._close_outcome
         try:
             outs = self._fanout([(d, core.close) for d, core in pairs])
+            for d in self._devs:
+                d.wait_closed()
             self._pool.shutdown(wait=True)
             self._load_pool.shutdown(wait=True)
             self._close_outcome = _close_outcome(outs)
@@ -1023,6 +1040,13 @@ class MultiDeviceCore:
                 self._close_outcome = _close_outcome([RuntimeError("close did not finish")])
             self._close_done.set()
         return self._close_outcome
+
+
+def _close_failed(path: str, core: RawBlockCore) -> None:
+    try:
+        core.close()
+    except Exception as e:  # noqa: BLE001 - the device is failing: its close may fail too
+        logger.warning("raw-block device %s: close after failure raised %s", path, e)
 
 
 def _close_outcome(outs: list[Any]) -> RawBlockCloseOutcome:

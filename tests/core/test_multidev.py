@@ -552,3 +552,29 @@ def test_a_load_does_not_queue_behind_another_callers_store(tmp_path):
             store.join()
     finally:
         core.close()
+
+
+def test_a_failure_found_by_the_cache_closes_the_drive_off_the_callers_thread(tmp_path):
+    paths = _devices(tmp_path, 2)
+    core = _multi(paths)
+    try:
+        _put(core, range(6))
+        failed = core.device_cores()[0]
+        real_close, go = failed.close, threading.Event()
+
+        def held_close():
+            assert go.wait(60), "the test never let the close go on"
+            return real_close()
+        failed.close = held_close
+        try:
+            # returns while the failed core's close is still held
+            assert core.mark_failed(0, "found by the cache", wait=False)
+            assert core.device_states()[0]["state"] == "failed"
+            assert _load(core, range(6)) == [core.device_of(okey(i).encoded) == paths[1] for i in range(6)]
+        finally:
+            go.set()
+        back = core.reopen_device(0)  # waits for the close: the writer lock is given back
+        assert back["indexed_key_count"] > 0
+        assert _load(core, range(6)) == [True] * 6
+    finally:
+        core.close()
