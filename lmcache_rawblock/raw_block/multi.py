@@ -792,15 +792,7 @@ class MultiDeviceCore:
         out: list[Any] = [None] * cut
         locked: list[tuple[RawBlockCore, list[int]]] = []
         for d, idx in parts.items():
-            core = d.core
-            try:
-                if core is None:
-                    raise RuntimeError(f"device {d.path} is {d.state}")
-                metas = core.get_metadata_prefix([keys[i] for i in idx], lock=lock, skip_locked=skip)
-            except Exception as e:  # the device failed meanwhile: the prefix ends there; else raised
-                if not self._suspect(d, e):
-                    raise
-                metas = []
+            core, metas = self._prefix_part(d, [keys[i] for i in idx], lock, skip)
             for i, m in zip(idx, metas):
                 out[i] = m
             if len(metas) < len(idx):
@@ -810,6 +802,20 @@ class MultiDeviceCore:
         if lock:
             _unlock_past(locked, keys, cut)
         return out[:cut]
+
+    def _prefix_part(self, d: _Device, keys: list[str], lock: bool, skip: set[str] | None
+                     ) -> tuple[RawBlockCore | None, list[Any]]:
+        """Device ``d``'s part of a prefix lookup: (its core, the metadata of its prefix); none
+        when the device failed meanwhile (the prefix ends there), another error raised."""
+        core = d.core
+        try:
+            if core is None:
+                raise RuntimeError(f"device {d.path} is {d.state}")
+            return core, core.get_metadata_prefix(keys, lock=lock, skip_locked=skip)
+        except Exception as e:
+            if not self._suspect(d, e):
+                raise
+            return None, []
 
     def unlock_many(self, encoded_keys: Sequence[str]) -> None:
         keys = list(encoded_keys)
