@@ -296,7 +296,11 @@ class MultiDeviceCore:
             if isinstance(out, RawBlockCore):
                 d.core, d.state = out, ONLINE
                 continue
-            if first_error is None and (not _maybe_device(out) or len(self._devs) == 1):
+            # a core error that names no device fault (a capacity too small, say) is the
+            # device's when the device does not answer the probe (a drive gone: size 0)
+            device = _maybe_device(out) or (isinstance(out, RuntimeError)
+                                            and probe_device(d.path, int(d.config.block_align)) is not None)
+            if first_error is None and (not device or len(self._devs) == 1):
                 first_error = out  # a configuration error, or the only device: raised
             d.state, d.reason = FAILED, f"open failed: {out}"
             logger.error("raw-block device %s could not be opened (%s); its keys are misses until "
