@@ -324,13 +324,16 @@ class RawBlockL2Adapter(L2AdapterInterface):
             logger.warning("RawBlockL2Adapter: registering the L1 arena as io_uring fixed buffers failed (%s); "
                            "using ordinary io_uring I/O", e)
 
-    def _seed_resident(self) -> None:
-        """The entries the core recovered, charged a slot each in LMCache's byte accounting."""
+    def _hold(self, encoded_keys: list[str], size: int) -> list[Any]:
+        """Record the indexed keys not held yet as resident (those that decode to an
+        ObjectKey): the ObjectKeys newly held. Called with ``_lock`` held or before the adapter
+        serves."""
         from .raw_block import decode_object_key
 
-        size = int(self._core.slot_bytes)
         keys = []
-        for encoded in self._core.snapshot_indexed_keys():
+        for encoded in encoded_keys:
+            if encoded in self._resident:
+                continue
             try:
                 key = decode_object_key(encoded)
             except Exception as e:  # noqa: BLE001 - not an ObjectKey this version can build: left out, said
@@ -339,6 +342,12 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 continue
             self._resident[encoded] = _Resident(key, size, next(self._generations))
             keys.append(key)
+        return keys
+
+    def _seed_resident(self) -> None:
+        """The entries the core recovered, charged a slot each in LMCache's byte accounting."""
+        size = int(self._core.slot_bytes)
+        keys = self._hold(self._core.snapshot_indexed_keys(), size)
         if keys:
             with self._usage_lock:
                 self._total_bytes_used += size * len(keys)
@@ -508,6 +517,29 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
         finally:
             self._reclaimer.signal()
+
+    # ---- devices ------------------------------------------------------------------------
+
+    def reopen_device(self, device: int | str) -> dict:
+        """Bring back one failed device of an adapter over several ``device_paths`` (see
+        ``MultiDeviceCore.reopen_device``): the keys it recovered that the adapter does not
+        hold are recorded as held and LMCache's listeners and event bus are told they were
+        stored (a slot each), so its byte accounting counts them and its eviction can pick
+        them. Returns the reopen's outcome with ``keys_reported_stored``."""
+        core = self._core
+        if not isinstance(core, multi.MultiDeviceCore):
+            raise ValueError(f"reopen_device needs several devices (adapter_params device_paths); this adapter has "
+                             f"one: {self._config.device_path!r}")
+        out = dict(core.reopen_device(device))
+        back = core.device_cores()[core.device_paths.index(out["device_path"])]
+        encoded = back.snapshot_indexed_keys() if back is not None else []
+        size = int(core.slot_bytes)
+        with self._lock:
+            keys = self._hold(encoded, size)
+        if keys:
+            self._tell("stored", keys, [size] * len(keys))
+        out["keys_reported_stored"] = len(keys)
+        return out
 
     # ---- listeners ----------------------------------------------------------------------
 

@@ -43,6 +43,14 @@ PyObject *rbpy_err_object(const rb_err *err)
     case RB_ERR_RUNTIME:
     default:
         exc = PyObject_CallOneArg(PyExc_RuntimeError, msg);
+        /* its errno as an attribute: callers tell no free slot (ENOSPC) or a key being stored
+         * (EBUSY) from a device's fault (EIO, ESHUTDOWN) */
+        if (exc && err->errnum) {
+            PyObject *no = PyLong_FromLong(err->errnum);
+            if (!no || PyObject_SetAttrString(exc, "errno", no) < 0)
+                Py_CLEAR(exc);
+            Py_XDECREF(no);
+        }
         break;
     }
     Py_DECREF(msg);

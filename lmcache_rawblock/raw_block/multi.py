@@ -9,19 +9,26 @@ batch is split by device and the parts run at the same time, one on the caller's
 others on a pool of threads (the native calls release the GIL; a RawBlockCore takes calls from
 several threads at once).
 
+A key named twice in one batch takes one device (which keeps the first copy, as one core does);
+a delete acts on every device. Loads have a pool of their own, so a load's part never waits
+behind another caller's store part.
+
 Failure domains: when an operation on a device fails with a device errno (EIO, ENODEV, ENXIO,
-ENOSPC, EROFS, ...) and a probe of the device (its size, and a read of its first block through
-a descriptor of the probe's own) fails too, or its io_uring worker has died, the device is
-marked failed and its core closed: its keys are misses from then on (loads report a miss, never
-an exception for them), the other devices keep serving and take the new keys, a put whose part
-failed with the device is retried once on the others. :meth:`MultiDeviceCore.reopen_device`
-opens it again (its metadata recovered alone, or a blank replacement at the same path) without
-touching the others; nothing retries it on its own. A key that the returning device holds and
-another device took meanwhile stays where it is now: the returning device's copy is deleted
-(the live copy is the one callers have been served from, and LMCache's keys name their
-content, so both copies hold the same bytes). At open, a key found on two devices (one that was
-failed when the process stopped, its key stored again elsewhere) stays on the first in the
-device list.
+ENOSPC, EROFS, ...) or a core error that may be the device's (not one whose ``errno`` says
+capacity, contention or a bad argument: :func:`_maybe_device`), and a probe of the device (its
+size, and a read of its first logical block through a descriptor of the probe's own) fails too,
+or its io_uring worker has died, the device is marked failed and its core closed (on a thread of
+its own: a close that hangs on a dying drive holds no caller): its keys are misses from then on
+(loads report a miss, never an exception for them), the other devices keep serving and take the
+new keys, a put whose part failed with the device is retried once on the others.
+:meth:`MultiDeviceCore.reopen_device` opens it again (its metadata recovered alone, or a blank
+replacement at the same path) without touching the others; nothing retries it on its own, and
+close() waits for it (the device is closed again and the reopen raises). A key that the
+returning device holds and another device holds or is being written to meanwhile stays there:
+the returning device's copy is deleted (the copy that stayed online is the one callers have been
+served from). Should a put still find its new key on another device afterwards, the newest write
+wins: the other copy is deleted. At open, a key found on two devices (one that was failed when
+the process stopped, its key stored again elsewhere) stays on the first in the device list.
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import errno
+import fcntl
 import functools
 import logging
 import mmap
 import os
+import stat
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -89,7 +99,7 @@ class _Device:
     ``_lock`` guards the fields; calls into ``core`` are made without it."""
 
     __slots__ = ("index", "config", "core", "state", "reason", "failures", "reopens", "queued", "put_keys",
-                 "load_keys", "lost_keys", "duplicates_dropped", "last_status")
+                 "load_keys", "lost_keys", "duplicates_dropped", "last_status", "closing")
 
     def __init__(self, index: int, config: RawBlockCoreConfig) -> None:
         self.index = index
@@ -105,43 +115,96 @@ class _Device:
         self.lost_keys = 0  # indexed keys it held when it was marked failed
         self.duplicates_dropped = 0  # its copies of keys another device holds, deleted
         self.last_status: dict | None = None  # its report when it was marked failed
+        self.closing: threading.Thread | None = None  # the close of its core after a failure
+
+    def wait_closed(self) -> None:
+        """Wait for the close of its failed core (its writer lock goes with it)."""
+        t = self.closing
+        if t is not None:
+            t.join()
 
     @property
     def path(self) -> str:
         return str(self.config.device_path)
 
 
+# The core's RuntimeErrors that are never the device's (its ``errno``): no free slot or a full
+# metadata log (ENOSPC), a key being stored by another call (EBUSY), a payload or index too large
+# (EFBIG, EOVERFLOW), a checkpoint still owed (EAGAIN), a bad argument (EINVAL), no memory.
+_NOT_DEVICE_RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EBUSY, errno.EFBIG, errno.EOVERFLOW, errno.EAGAIN,
+                                        errno.EINVAL, errno.ENOMEM})
+
+
 def _maybe_device(exc: BaseException | None) -> bool:
     """Whether a failure may be the device's: an OSError with a device errno, or the core's
-    RuntimeError (a short transfer, a closed device, a dead worker, no slot): the probe
-    decides."""
+    RuntimeError (a short transfer, a closed device, a dead worker) unless its ``errno`` says
+    capacity, contention or a bad argument: the probe decides."""
     if isinstance(exc, OSError):
         return exc.errno in DEVICE_ERRNOS
-    return isinstance(exc, RuntimeError)
+    if not isinstance(exc, RuntimeError):
+        return False
+    return getattr(exc, "errno", None) not in _NOT_DEVICE_RUNTIME_ERRNOS
+
+
+_BLKSSZGET = 0x1268  # the logical block size of a block device (linux/fs.h)
+
+
+def _logical_block_size(fd: int) -> int:
+    """The logical block size of the block device open at ``fd``; 0 for a file or when the
+    device does not say."""
+    if not stat.S_ISBLK(os.fstat(fd).st_mode):
+        return 0
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, _BLKSSZGET, buf)
+    except OSError:
+        return 0
+    return int.from_bytes(buf, sys.byteorder)
+
+
+def _read_first(fd: int, block: int) -> int:
+    buf = mmap.mmap(-1, block)  # page aligned: O_DIRECT takes it
+    try:
+        return os.preadv(fd, [buf], 0)
+    finally:
+        buf.close()
+
+
+def _open_probe(path: str) -> tuple[int, bool]:
+    """A read-only descriptor of ``path``, O_DIRECT where it takes it: (fd, direct)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT), True
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return os.open(path, os.O_RDONLY), False
 
 
 def probe_device(path: str, block: int = 4096) -> str | None:
     """Why the device at ``path`` does not answer (it cannot be opened, reports a size of 0, or
     a read of its first block fails or comes back short), or None when it answers. Uses a
-    descriptor of its own, O_DIRECT where the device takes it (past the page cache)."""
+    descriptor of its own, O_DIRECT where the device takes it (past the page cache), reading
+    ``block`` bytes rounded up to the device's logical block size (BLKSSZGET); a file that
+    refuses the direct read (EINVAL: its own alignment) is read through the page cache."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        fd, direct = _open_probe(path)
     except OSError as e:
-        if e.errno != errno.EINVAL:
-            return f"open failed: {e}"
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as e2:
-            return f"open failed: {e2}"
+        return f"open failed: {e}"
     try:
         size = os.lseek(fd, 0, os.SEEK_END)
         if size == 0:
             return "the device reports a size of 0"
-        buf = mmap.mmap(-1, block)
+        lbs = _logical_block_size(fd)
+        if lbs > 0:
+            block = -(-max(block, 1) // lbs) * lbs
         try:
-            n = os.preadv(fd, [buf], 0)
-        finally:
-            buf.close()
+            n = _read_first(fd, block)
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL or lbs > 0:
+                raise
+            os.close(fd)
+            fd = os.open(path, os.O_RDONLY)
+            n = _read_first(fd, block)
         if n != block and n != size:
             return f"a read of its first {block} bytes returned {n}"
         return None
@@ -186,17 +249,25 @@ class MultiDeviceCore:
         self.device_paths = [d.path for d in self._devs]
         self.device_path = ",".join(self.device_paths)
         self._lock = threading.Lock()  # device states and counters
+        self._opened = threading.Condition(self._lock)  # a reopen_device ended (close waits for it)
+        self._opening = 0  # reopen_device calls under way
         self._place_lock = threading.Lock()  # placement of new keys (taken before _lock)
         self._placing: dict[str, _Device] = {}  # new keys being written, where they go
         self._fixed: list[tuple[str, tuple]] = []  # fixed-buffer registrations, replayed on reopen
         self._closed = False
+        self._close_done = threading.Event()
         self._close_outcome: RawBlockCloseOutcome | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(cfgs) - 1),
-                                                           thread_name_prefix="rawblock-dev")
+        # stores (and other fan-outs) and loads have a pool each: a load's parts never queue
+        # behind other callers' store parts (the engine's loads-first order, across devices)
+        workers = max(1, len(cfgs) - 1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rawblock-dev")
+        self._load_pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
+                                                                thread_name_prefix="rawblock-load")
         try:
             self._open_all()
         except BaseException:
             self._pool.shutdown(wait=False)
+            self._load_pool.shutdown(wait=False)
             raise
 
     def _open_all(self) -> None:
@@ -225,7 +296,11 @@ class MultiDeviceCore:
             if isinstance(out, RawBlockCore):
                 d.core, d.state = out, ONLINE
                 continue
-            if first_error is None and (not _maybe_device(out) or len(self._devs) == 1):
+            # a core error that names no device fault (a capacity too small, say) is the
+            # device's when the device does not answer the probe (a drive gone: size 0)
+            device = _maybe_device(out) or (isinstance(out, RuntimeError)
+                                            and probe_device(d.path, int(d.config.block_align)) is not None)
+            if first_error is None and (not device or len(self._devs) == 1):
                 first_error = out  # a configuration error, or the only device: raised
             d.state, d.reason = FAILED, f"open failed: {out}"
             logger.error("raw-block device %s could not be opened (%s); its keys are misses until "
@@ -237,6 +312,12 @@ class MultiDeviceCore:
     def _online(self) -> list[_Device]:
         with self._lock:
             return [d for d in self._devs if d.state == ONLINE]
+
+    def _online_cores(self) -> list[tuple[_Device, RawBlockCore]]:
+        """(device, core) of each online device, taken together under the lock: a core that a
+        failure takes away meanwhile is still the object called (its calls then raise)."""
+        with self._lock:
+            return [(d, d.core) for d in self._devs if d.state == ONLINE and d.core is not None]
 
     def _device(self, device: int | str) -> _Device:
         for d in self._devs:
@@ -256,9 +337,11 @@ class MultiDeviceCore:
         with self._lock:
             return [d.core if d.state == ONLINE else None for d in self._devs]
 
-    def mark_failed(self, device: int | str, reason: str) -> bool:
+    def mark_failed(self, device: int | str, reason: str, *, wait: bool = True) -> bool:
         """Take a device out of service: its core is closed and its keys are misses until
-        :meth:`reopen_device`. False when it was not online."""
+        :meth:`reopen_device`. False when it was not online. The close runs on a thread of its
+        own; with ``wait`` (the default) this returns once it ended. A failure the cache finds
+        by itself does not wait: a close that hangs on a dying drive holds no caller."""
         d = self._device(device)
         with self._lock:
             if d.state != ONLINE or d.core is None:
@@ -272,10 +355,15 @@ class MultiDeviceCore:
             d.last_status = {"error": str(e)}
         logger.error("raw-block device %s failed (%s): its %d keys are misses until reopen_device(%d); "
                      "the other devices keep serving", d.path, reason, d.lost_keys, d.index)
-        try:
-            core.close()
-        except Exception as e:  # noqa: BLE001 - the device is failing: its close may fail too
-            logger.warning("raw-block device %s: close after failure raised %s", d.path, e)
+        # closed on a thread of its own: a close that waits on a dying drive holds no caller;
+        # reopen_device and close wait for it
+        t = threading.Thread(target=_close_failed, args=(d.path, core), name=f"rawblock-close-{d.index}",
+                             daemon=True)
+        with self._lock:
+            d.closing = t
+        t.start()
+        if wait:
+            t.join()
         return True
 
     def _suspect(self, d: _Device, exc: BaseException | None) -> bool:
@@ -288,14 +376,13 @@ class MultiDeviceCore:
         why = probe_device(d.path, int(d.config.block_align))
         if why is None:
             return False  # the device answers: a fault of one transfer, not of the drive
-        return self.mark_failed(d.index, f"{exc}; probe: {why}") or d.state != ONLINE
+        return self.mark_failed(d.index, f"{exc}; probe: {why}", wait=False) or d.state != ONLINE
 
     def check_devices(self) -> list[dict]:
         """Probe every online device (and its io_uring worker) now and mark the ones that do not
         answer failed; returns :meth:`device_states`."""
-        for d in self._online():
-            core = d.core
-            worker = core._worker_error() if core is not None else None
+        for d, core in self._online_cores():
+            worker = core._worker_error()
             why = f"io_uring worker failed: {worker}" if worker else probe_device(d.path, int(d.config.block_align))
             if why is not None:
                 self.mark_failed(d.index, why)
@@ -307,12 +394,29 @@ class MultiDeviceCore:
         took meanwhile are deleted from it. Returns its recovery outcome and counts; raises
         (leaving it failed) when it cannot be opened."""
         d = self._device(device)
+        d.wait_closed()  # the failed core's writer lock must be given back first
         with self._lock:
             if self._closed:
                 raise RuntimeError("MultiDeviceCore is closed")
             if d.state != FAILED:
                 raise ValueError(f"device {d.index} ({d.path}) is {d.state}, not failed")
             d.state = OPENING
+            self._opening += 1
+        try:
+            core, dropped = self._reopen(d)
+        finally:
+            with self._lock:
+                self._opening -= 1
+                self._opened.notify_all()
+        st = core.report_status()
+        logger.info("raw-block device %s back online: recovery %s, %d keys (%d held elsewhere deleted)",
+                    d.path, st["recovery_outcome"], st["indexed_key_count"], dropped)
+        return {"device_path": d.path, "recovery_outcome": st["recovery_outcome"],
+                "indexed_key_count": st["indexed_key_count"], "duplicates_dropped": dropped}
+
+    def _reopen(self, d: _Device) -> tuple[RawBlockCore, int]:
+        """Open device ``d`` (OPENING) and set it online: (its core, duplicates dropped). Left
+        failed when its open fails; closed again, raising, when this facade closed meanwhile."""
         try:
             core = RawBlockCore(d.config, key_namespace=self.key_namespace)
         except BaseException as e:
@@ -324,45 +428,83 @@ class MultiDeviceCore:
                 getattr(core, method)(*args)
             except Exception as e:  # noqa: BLE001 - plain buffers still work
                 logger.warning("raw-block device %s: fixed-buffer registration failed on reopen: %s", d.path, e)
-        with self._place_lock:
-            d.core = core
-            dropped = self._drop_duplicates(d, self._online())
-            with self._lock:
-                d.state, d.reason = ONLINE, None
-                d.reopens += 1
-        st = core.report_status()
-        logger.info("raw-block device %s back online: recovery %s, %d keys (%d held elsewhere deleted)",
-                    d.path, st["recovery_outcome"], st["indexed_key_count"], dropped)
-        return {"device_path": d.path, "recovery_outcome": st["recovery_outcome"],
-                "indexed_key_count": st["indexed_key_count"], "duplicates_dropped": dropped}
+        dropped, online = 0, False
+        try:
+            with self._place_lock:  # no new key placed while the duplicates are looked for
+                with self._lock:
+                    closed = self._closed
+                if not closed:
+                    dropped = self._drop_duplicates(d, self._online(), core)
+                with self._lock:
+                    if not self._closed:
+                        d.core, d.state, d.reason, online = core, ONLINE, None, True
+                        d.reopens += 1
+        finally:
+            if not online:
+                with self._lock:
+                    d.state = CLOSED if self._closed else FAILED
+                core.close()
+        if not online:
+            raise RuntimeError(f"MultiDeviceCore closed while device {d.index} ({d.path}) was reopened: it is "
+                               "closed again")
+        return core, dropped
 
-    def _drop_duplicates(self, d: _Device, others: Iterable[_Device]) -> int:
-        """Delete from ``d`` the keys one of ``others`` holds (see the module's note)."""
-        core = d.core
+    def _drop_duplicates(self, d: _Device, others: Iterable[_Device], core: RawBlockCore | None = None) -> int:
+        """Delete from ``d`` (its ``core``, else its current one) the keys one of ``others``
+        holds or is being written to (see the module's note). _place_lock held."""
+        core = core if core is not None else d.core
         keys = core.snapshot_indexed_keys() if core is not None else []
         if not keys:
             return 0
-        held = [False] * len(keys)
+        held = [self._placing.get(k) not in (None, d) for k in keys]
         for o in others:
-            if o is d or o.core is None:
+            other = o.core
+            if o is d or other is None:
                 continue
-            for i, there in enumerate(o.core.exists_many(keys)):
+            for i, there in enumerate(other.exists_many(keys)):
                 held[i] = held[i] or there
         dups = [k for k, h in zip(keys, held) if h]
         if not dups:
             return 0
         removed = sum(core.delete_many(dups, force=True))  # type: ignore[union-attr]
-        d.duplicates_dropped += removed
-        logger.warning("raw-block device %s held %d keys another device holds; its copies were deleted",
-                       d.path, removed)
+        with self._lock:
+            d.duplicates_dropped += removed
+        logger.warning("raw-block device %s held %d keys another device holds or is writing; its copies were "
+                       "deleted", d.path, removed)
         return removed
+
+    def _drop_elsewhere(self, landed: dict[_Device, list[str]]) -> None:
+        """After a put: delete the keys just written to one device from every other online
+        device (the newest write wins; placement keeps this from happening, this makes sure)."""
+        online = self._online_cores()
+        if len(online) < 2:
+            return
+        for d, keys in landed.items():
+            for o, core in online:
+                if o is d or not keys:
+                    continue
+                try:
+                    dups = [k for k, h in zip(keys, core.exists_many(keys)) if h]
+                    removed = sum(core.delete_many(dups, force=True)) if dups else 0
+                except Exception as e:  # noqa: BLE001 - the put stands; a device fault is handled
+                    if not self._suspect(o, e):
+                        logger.warning("raw-block device %s: dropping copies of keys just stored on %s failed: %s",
+                                       o.path, d.path, e)
+                    continue
+                if removed:
+                    with self._lock:
+                        o.duplicates_dropped += removed
+                    logger.warning("raw-block device %s held %d keys just stored on %s; its copies were deleted",
+                                   o.path, removed, d.path)
 
     # ---- running parts of a batch -------------------------------------------------------
 
-    def _fanout(self, tasks: Sequence[tuple[_Device, Callable[[], Any]]]) -> list[Any]:
+    def _fanout(self, tasks: Sequence[tuple[_Device, Callable[[], Any]]],
+                pool: concurrent.futures.ThreadPoolExecutor | None = None) -> list[Any]:
         """Run each task (one device's part of a batch) at the same time: the first on this
-        thread, the others on the pool. Each result, or the exception the task raised."""
-        futures = [self._pool.submit(fn) for _, fn in tasks[1:]]
+        thread, the others on ``pool`` (the store pool by default). Each result, or the
+        exception the task raised."""
+        futures = [_submit(pool or self._pool, fn) for _, fn in tasks[1:]]
         out: list[Any] = []
         if tasks:
             try:
@@ -393,8 +535,9 @@ class MultiDeviceCore:
                 continue
             try:
                 hits = core.exists_many([keys[i] for i in pending])
-            except Exception as e:  # noqa: BLE001 - a core closed by a failure meanwhile
-                self._suspect(d, e)
+            except Exception as e:  # a core closed by a failure meanwhile is skipped, else raised
+                if not self._suspect(d, e):
+                    raise
                 continue
             for i, hit in zip(pending, hits):
                 if hit:
@@ -420,9 +563,12 @@ class MultiDeviceCore:
                 room[d] = 0
         return room
 
-    def _place(self, keys: Sequence[str], exclude: frozenset[_Device] = frozenset()) -> list[_Device | None]:
+    def _place(self, keys: Sequence[str], exclude: frozenset[_Device] = frozenset()
+               ) -> tuple[list[_Device | None], set[str]]:
         """Each key's device: where it lives or is being written, else a device picked for it
-        (recorded in _placing until its put ends). _place_lock held."""
+        (recorded in _placing until its put ends; a key named twice takes the first's device,
+        and its device then keeps the first copy as a single device does). _place_lock held.
+        Returns the devices and the keys this call recorded in _placing."""
         devs = [d for d in self._online() if d not in exclude]
         where = self._locate(keys, devs)
         new = [i for i, w in enumerate(where) if w is None]
@@ -430,12 +576,18 @@ class MultiDeviceCore:
             placing = self._placing.get(keys[i])
             if placing is not None and placing not in exclude:
                 where[i] = placing
-        new = [i for i in new if where[i] is None]
-        if new and devs:
-            for i, d in zip(new, self._pick(len(new), devs)):
+        first: dict[str, int] = {}
+        for i in new:
+            if where[i] is None:
+                first.setdefault(keys[i], i)
+        if first and devs:
+            for i, d in zip(first.values(), self._pick(len(first), devs)):
                 where[i] = d
                 self._placing[keys[i]] = d
-        return where
+            for i in new:
+                if where[i] is None:
+                    where[i] = where[first[keys[i]]]
+        return where, set(first) if devs else set()
 
     def _pick(self, n: int, devs: Sequence[_Device]) -> list[_Device]:
         """Devices for n new keys: each to the shortest queue among the devices with a reusable
@@ -465,23 +617,28 @@ class MultiDeviceCore:
         failure: BaseException | None = None
         todo = list(range(len(keys)))
         exclude: frozenset[_Device] = frozenset()
+        landed: dict[_Device, list[str]] = {}
         for _attempt in range(2):  # a part whose device failed is retried once on the others
-            failure, lost = self._put_round(keys, objs, pids, enc, todo, results, stored, exclude)
+            first, lost = self._put_round(keys, objs, pids, enc, todo, results, landed, exclude)
+            failure = failure or first  # the first round's failure is kept
             if not lost:
                 break
             todo, exclude = sorted(i for idx in lost.values() for i in idx), exclude | frozenset(lost)
+        for keys_on in landed.values():
+            stored.extend(keys_on)
+        self._drop_elsewhere(landed)
         if failure is None and not all(results):
             failure = RuntimeError(f"no online device for the keys among {self.device_paths}: "
                                    f"{self.device_states()}")
         return RawBlockPutManyResult(results=results, stored_keys=stored, failure=failure)
 
     def _put_round(self, keys: Sequence[RawBlockKeySpec], objs: Sequence[Any], pids: list, enc: list[str],
-                   todo: list[int], results: list[bool], stored: list[str], exclude: frozenset[_Device]
-                   ) -> tuple[BaseException | None, dict[_Device, list[int]]]:
+                   todo: list[int], results: list[bool], landed: dict[_Device, list[str]],
+                   exclude: frozenset[_Device]) -> tuple[BaseException | None, dict[_Device, list[int]]]:
         """Put the keys at ``todo``: (the first failure of a device still online, the parts
-        whose device failed)."""
+        whose device failed); the keys each device stored are added to ``landed``."""
         with self._place_lock:
-            where = self._place([enc[i] for i in todo], exclude)
+            where, owned = self._place([enc[i] for i in todo], exclude)
         parts = {d: [todo[j] for j in idx] for d, idx in self._split(where).items()}
         self._queue(parts, 1)
         try:
@@ -490,13 +647,12 @@ class MultiDeviceCore:
         finally:
             self._queue(parts, -1)
             with self._place_lock:
-                for i in todo:
-                    if self._placing.get(enc[i]) is not None and self._placing[enc[i]] in parts:
-                        del self._placing[enc[i]]
-        return self._put_outcomes(parts, outs, results, stored)
+                for key in owned:
+                    self._placing.pop(key, None)
+        return self._put_outcomes(parts, outs, results, landed)
 
     def _put_outcomes(self, parts: dict[_Device, list[int]], outs: list[Any], results: list[bool],
-                      stored: list[str]) -> tuple[BaseException | None, dict[_Device, list[int]]]:
+                      landed: dict[_Device, list[str]]) -> tuple[BaseException | None, dict[_Device, list[int]]]:
         failure: tuple[int, BaseException] | None = None
         lost: dict[_Device, list[int]] = {}
         for (d, idx), out in zip(parts.items(), outs):
@@ -511,7 +667,7 @@ class MultiDeviceCore:
                 d.put_keys += len(out.stored_keys)
             for i, ok in zip(idx, out.results):
                 results[i] = ok
-            stored.extend(out.stored_keys)
+            landed.setdefault(d, []).extend(out.stored_keys)
             if out.failure is not None:
                 first = idx[out.results.index(False)] if False in out.results else idx[0]
                 failure = min(failure or (first, out.failure), (first, out.failure), key=lambda t: t[0])
@@ -533,7 +689,7 @@ class MultiDeviceCore:
         self._queue(parts, 1)
         try:
             outs = self._fanout([(d, functools.partial(_load_part, d, idx, keys, objs))
-                                 for d, idx in parts.items()])
+                                 for d, idx in parts.items()], self._load_pool)
         finally:
             self._queue(parts, -1)
         results = [False] * len(keys)
@@ -577,10 +733,7 @@ class MultiDeviceCore:
         """fn on each online core in device order, one after another (lookups are fast); a
         core that raises (closed by a failure meanwhile) is left out."""
         out = []
-        for d in self._online():
-            core = d.core
-            if core is None:
-                continue
+        for d, core in self._online_cores():
             try:
                 out.append(fn(core))
             except Exception as e:  # a device that failed under the call is left out, else raised
@@ -594,16 +747,15 @@ class MultiDeviceCore:
     def exists_many(self, encoded_keys: Sequence[str], *, lock: bool = False) -> list[bool]:
         keys = list(encoded_keys)
         found = [False] * len(keys)
-        for d in self._online():
+        for d, core in self._online_cores():
             pending = [i for i, f in enumerate(found) if not f]
             if not pending:
                 break
-            if d.core is None:
-                continue
             try:
-                hits = d.core.exists_many([keys[i] for i in pending], lock=lock)
-            except Exception as e:  # noqa: BLE001 - a core closed by a failure meanwhile
-                self._suspect(d, e)
+                hits = core.exists_many([keys[i] for i in pending], lock=lock)
+            except Exception as e:  # a core closed by a failure meanwhile is skipped, else raised
+                if not self._suspect(d, e):
+                    raise
                 continue
             for i, hit in zip(pending, hits):
                 found[i] = hit
@@ -618,14 +770,15 @@ class MultiDeviceCore:
     def get_metadata_many(self, encoded_keys: Sequence[str]) -> list[Any]:
         keys = list(encoded_keys)
         out: list[Any] = [None] * len(keys)
-        for d in self._online():
+        for d, core in self._online_cores():
             pending = [i for i, m in enumerate(out) if m is None]
-            if not pending or d.core is None:
-                continue
+            if not pending:
+                break
             try:
-                metas = d.core.get_metadata_many([keys[i] for i in pending])
-            except Exception as e:  # noqa: BLE001 - a core closed by a failure meanwhile
-                self._suspect(d, e)
+                metas = core.get_metadata_many([keys[i] for i in pending])
+            except Exception as e:  # a core closed by a failure meanwhile is skipped, else raised
+                if not self._suspect(d, e):
+                    raise
                 continue
             for i, m in zip(pending, metas):
                 out[i] = m
@@ -641,23 +794,32 @@ class MultiDeviceCore:
         cut = next((i for i, w in enumerate(where) if w is None), len(keys))
         parts = self._split(where[:cut])
         out: list[Any] = [None] * cut
-        locked: list[tuple[_Device, list[int]]] = []
+        locked: list[tuple[RawBlockCore, list[int]]] = []
         for d, idx in parts.items():
-            try:
-                metas = d.core.get_metadata_prefix([keys[i] for i in idx], lock=lock,  # type: ignore[union-attr]
-                                                   skip_locked=skip)
-            except Exception as e:  # noqa: BLE001 - the device failed meanwhile
-                self._suspect(d, e)
-                metas = []
+            core, metas = self._prefix_part(d, [keys[i] for i in idx], lock, skip)
             for i, m in zip(idx, metas):
                 out[i] = m
             if len(metas) < len(idx):
                 cut = min(cut, idx[len(metas)])  # deleted meanwhile: the prefix ends there
-            if lock:
-                locked.append((d, [i for i in idx[:len(metas)] if skip is None or keys[i] not in skip]))
+            if lock and core is not None:
+                locked.append((core, [i for i in idx[:len(metas)] if skip is None or keys[i] not in skip]))
         if lock:
             _unlock_past(locked, keys, cut)
         return out[:cut]
+
+    def _prefix_part(self, d: _Device, keys: list[str], lock: bool, skip: set[str] | None
+                     ) -> tuple[RawBlockCore | None, list[Any]]:
+        """Device ``d``'s part of a prefix lookup: (its core, the metadata of its prefix); none
+        when the device failed meanwhile (the prefix ends there), another error raised."""
+        core = d.core
+        try:
+            if core is None:
+                raise RuntimeError(f"device {d.path} is {d.state}")
+            return core, core.get_metadata_prefix(keys, lock=lock, skip_locked=skip)
+        except Exception as e:
+            if not self._suspect(d, e):
+                raise
+            return None, []
 
     def unlock_many(self, encoded_keys: Sequence[str]) -> None:
         keys = list(encoded_keys)
@@ -717,19 +879,18 @@ class MultiDeviceCore:
     # ---- deletes and metadata writes ----------------------------------------------------
 
     def delete_many(self, encoded_keys: Sequence[str], *, force: bool = False) -> list[bool]:
+        """Delete the keys on every online device (a key is on one, but a copy left on another
+        must not survive a delete): True where some device removed it."""
         keys = list(encoded_keys)
         removed = [False] * len(keys)
-        for d in self._online():
-            pending = [i for i, r in enumerate(removed) if not r]
-            if not pending or d.core is None:
-                continue
+        for d, core in self._online_cores():
             try:
-                res = d.core.delete_many([keys[i] for i in pending], force=force)
-            except Exception as e:  # noqa: BLE001 - a core closed by a failure meanwhile
-                self._suspect(d, e)
+                res = core.delete_many(keys, force=force)
+            except Exception as e:  # a core closed by a failure meanwhile is skipped, else raised
+                if not self._suspect(d, e):
+                    raise
                 continue
-            for i, r in zip(pending, res):
-                removed[i] = r
+            removed = [a or bool(b) for a, b in zip(removed, res)]
         return removed
 
     def delete_legacy_keys(self, keys: Sequence[Any], force: bool) -> int:
@@ -738,8 +899,9 @@ class MultiDeviceCore:
     def _on_all(self, name: str, *args: Any) -> list[Any]:
         """core.<name>(*args) on every online device at once; a device's error that is a
         failure of the device marks it failed, any other is raised (the first)."""
-        devs = self._online()
-        outs = self._fanout([(d, functools.partial(getattr(d.core, name), *args)) for d in devs])
+        pairs = self._online_cores()
+        devs = [d for d, _ in pairs]
+        outs = self._fanout([(d, functools.partial(getattr(core, name), *args)) for d, core in pairs])
         first = next((o for d, o in zip(devs, outs) if isinstance(o, BaseException) and not self._suspect(d, o)),
                      None)
         if first is not None:
@@ -794,10 +956,10 @@ class MultiDeviceCore:
 
     def _worker_error(self) -> str | None:
         """None while some device serves: a device whose io_uring worker died is marked failed."""
-        for d in self._online():
-            err = d.core._worker_error() if d.core is not None else None
+        for d, core in self._online_cores():
+            err = core._worker_error()
             if err is not None:
-                self.mark_failed(d.index, f"io_uring worker failed: {err}")
+                self.mark_failed(d.index, f"io_uring worker failed: {err}", wait=False)
         if self._online():
             return None
         return f"every device failed: {self.device_states()}"
@@ -861,17 +1023,40 @@ class MultiDeviceCore:
     # ---- shutdown -----------------------------------------------------------------------
 
     def close(self) -> RawBlockCloseOutcome:
+        """Close every device (waiting for a reopen_device under way: the device it opens is
+        closed again). A second call waits for the first and returns its outcome."""
         with self._lock:
-            if self._close_outcome is not None:
-                return self._close_outcome
+            first = not self._closed
             self._closed = True
-            devs = [d for d in self._devs if d.state == ONLINE and d.core is not None]
+            if first:
+                while self._opening:
+                    self._opened.wait()
+                pairs = [(d, d.core) for d in self._devs if d.state == ONLINE and d.core is not None]
+                for d in self._devs:
+                    d.state = CLOSED
+        if not first:
+            self._close_done.wait()
+            assert self._close_outcome is not None
+            return self._close_outcome
+        try:
+            outs = self._fanout([(d, core.close) for d, core in pairs])
             for d in self._devs:
-                d.state = CLOSED
-        outs = self._fanout([(d, d.core.close) for d in devs])  # type: ignore[union-attr]
-        self._pool.shutdown(wait=True)
-        self._close_outcome = _close_outcome(outs)
+                d.wait_closed()
+            self._pool.shutdown(wait=True)
+            self._load_pool.shutdown(wait=True)
+            self._close_outcome = _close_outcome(outs)
+        finally:
+            if self._close_outcome is None:
+                self._close_outcome = _close_outcome([RuntimeError("close did not finish")])
+            self._close_done.set()
         return self._close_outcome
+
+
+def _close_failed(path: str, core: RawBlockCore) -> None:
+    try:
+        core.close()
+    except Exception as e:  # noqa: BLE001 - the device is failing: its close may fail too
+        logger.warning("raw-block device %s: close after failure raised %s", path, e)
 
 
 def _close_outcome(outs: list[Any]) -> RawBlockCloseOutcome:
@@ -903,13 +1088,29 @@ def _load_part(d: _Device, idx: list[int], keys: list[str], objs: Sequence[Any]
     return core.load_many_results([keys[i] for i in idx], [objs[i] for i in idx])
 
 
-def _unlock_past(locked: list[tuple[_Device, list[int]]], keys: list[str], cut: int) -> None:
+def _unlock_past(locked: list[tuple[RawBlockCore, list[int]]], keys: list[str], cut: int) -> None:
     """Give back the locks a prefix lookup took on the keys at positions ``cut`` and after
-    (not returned): ``locked`` holds each device's locked positions."""
-    for d, positions in locked:
+    (not returned): ``locked`` holds each device's core and locked positions."""
+    for core, positions in locked:
         extra = [keys[i] for i in positions if i >= cut]
-        if extra and d.core is not None:
-            d.core.unlock_many(extra)
+        if extra:
+            try:
+                core.unlock_many(extra)
+            except Exception as e:  # noqa: BLE001 - a core closed by a failure: its locks went with it
+                logger.warning("raw-block: giving back %d prefix locks failed: %s", len(extra), e)
+
+
+def _submit(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[[], Any]) -> concurrent.futures.Future:
+    """``fn`` on ``pool``, or run here when the pool is shut down (a call racing close)."""
+    try:
+        return pool.submit(fn)
+    except RuntimeError:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            fut.set_result(fn())
+        except Exception as e:  # noqa: BLE001 - returned through the future, as the pool does
+            fut.set_exception(e)
+        return fut
 
 
 def _check_configs(cfgs: Sequence[RawBlockCoreConfig]) -> None:

@@ -20,7 +20,7 @@ def outcome(fn):
     try:
         r = fn()
     except BaseException as e:  # noqa: BLE001
-        errno_ = getattr(e, "errno", None)
+        errno_ = e.errno if isinstance(e, OSError) else None  # our RuntimeErrors carry an errno too
         return ("raise", type(e).__name__, str(e) if errno_ is None else (errno_, e.strerror))
     return ("ok", r)
 
