@@ -64,6 +64,21 @@ def _request(text: str, timeout: float) -> None:
         raise RuntimeError(f"hot-plug {text!r}: {out}")
 
 
+def stable_path(k: int, directory: str | os.PathLike) -> str:
+    """A name for controller k's block device that stays the same when it comes back under
+    another node name (as /dev/disk/by-id names a real drive): a symlink, updated here."""
+    paths = find(k)
+    if paths is None:
+        raise FileNotFoundError(f"controller {k} (serial {serial(k)}) is not in the guest")
+    link = Path(directory) / f"ctrl{k}"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_suffix(".new")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(paths["block"])
+    tmp.rename(link)
+    return str(link)
+
+
 def pull(k: int, timeout: float = 180) -> None:
     """device_del of controller k; returns once QEMU removed it and its nodes are gone."""
     _request(f"del {k}", timeout)
