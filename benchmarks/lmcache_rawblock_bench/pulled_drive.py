@@ -24,8 +24,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from lmcache_rawblock.raw_block import MultiDeviceConfig, MultiDeviceCore, RawBlockCoreConfig
-from lmcache_rawblock.raw_block import encode_object_key
+from lmcache_rawblock.raw_block import MultiDeviceConfig, MultiDeviceCore, RawBlockCoreConfig, encode_object_key
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 from lmcache_rawblock_bench import nvme_hotplug
 
@@ -80,7 +79,8 @@ class Workload:
         self.rng = random.Random(seed)
         self.stored: dict[int, str] = {}  # key id -> device it was stored on ("?" if it failed meanwhile)
         self.phase = "before"
-        self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: dict.fromkeys(COUNTERS, 0)))
+        self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(
+            lambda: defaultdict(lambda: dict.fromkeys(COUNTERS, 0)))
         self.phase_time: dict[str, float] = defaultdict(float)
         self.errors: list[BaseException] = []
         self.rounds = 0
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pull", type=int, default=2, help="controller pulled mid-run")
     ap.add_argument("--phase-seconds", type=float, default=30.0)
     ap.add_argument("--obj-bytes", type=int, default=256 * 1024)
-    ap.add_argument("--capacity", type=int, default=960 * MiB, help="bytes used on each namespace (1 GiB each on the rig)")
+    ap.add_argument("--capacity", type=int, default=960 * MiB,
+                    help="bytes used on each namespace (1 GiB each on the rig)")
     ap.add_argument("--links", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "pulled-drive"))
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         "devices": paths, "pulled": victim, "obj_bytes": a.obj_bytes, "phase_seconds": a.phase_seconds,
         "errors": [repr(e) for e in w.errors], "events": events, "phases": w.summary(victim),
         "final": {"keys": len(ids), "loaded": sum(got), "wrong_bytes_keys": wrong,
-                  "lost_keys": len(lost), "lost_not_on_pulled": sum(1 for i in lost if w.stored[i] != victim),
+                  "lost_keys": len(lost),
+                  "lost_not_on_pulled": sum(1 for i in lost if w.stored[i] != victim),
                   "lost_keys_reported": st["lost_keys"], "devices_online": st["devices_online"]},
     }
     text = json.dumps(doc, indent=1, default=str)
