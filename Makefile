@@ -338,7 +338,7 @@ test-conformance: build lmcache-venv
 # fails. NVME_RIG_ARGS takes rig options (--kernel-suite trixie-backports, --cmd ..., --help).
 # Three more controllers (--nvme-count 4) for the test that pulls one out of a running
 # multi-device cache and puts it back (tests/nvme/test_pulled_drive.py, ~40 s).
-# Boot ~15 s, the 49 guest tests ~7 minutes under TCG on 2 busy cores (LMCache's import for the MP
+# Boot ~15 s, the 69 guest tests ~7 minutes under TCG on 2 busy cores (LMCache's import for the MP
 # adapter's test takes minutes of that); +20 s on a clean clone (~75 MB).
 NVME_RIG_ARGS ?=
 # The MP adapter's FDP test runs in the newest LMCache's virtualenv where it exists (RB_LMCACHE_PYTHON).
