@@ -30,6 +30,7 @@ import argparse
 import fcntl
 import gzip
 import hashlib
+import json
 import lzma
 import os
 import queue
@@ -37,6 +38,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -519,7 +521,6 @@ class HotPlug:
         self.thread.join(timeout=10)
 
     def _connect(self) -> bool:
-        import socket
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(str(self.sock))
@@ -532,7 +533,6 @@ class HotPlug:
         return True
 
     def _read(self) -> dict:
-        import json
         assert self.f is not None
         line = self.f.readline()
         if not line:
@@ -540,7 +540,6 @@ class HotPlug:
         return json.loads(line)
 
     def qmp(self, cmd: str, **arguments) -> dict:
-        import json
         assert self.f is not None
         self.f.write(json.dumps({"execute": cmd, "arguments": arguments}) + "\n")
         self.f.flush()
