@@ -345,12 +345,14 @@ test-conformance: build lmcache-venv
 # and caches a Debian kernel, busybox and the initramfs under build/nvme-guest/ on first use. The
 # guest runs this checkout and $(PYTHON) from the host root (shared read-only over 9p); any skip
 # fails. NVME_RIG_ARGS takes rig options (--kernel-suite trixie-backports, --cmd ..., --help).
-# Boot ~15 s, the 49 guest tests ~7 minutes under TCG on 2 busy cores (LMCache's import for the MP
+# Three more controllers (--nvme-count 4) for the test that pulls one out of a running
+# multi-device cache and puts it back (tests/nvme/test_pulled_drive.py, ~40 s).
+# Boot ~15 s, the 69 guest tests ~7 minutes under TCG on 2 busy cores (LMCache's import for the MP
 # adapter's test takes minutes of that); +20 s on a clean clone (~75 MB).
 NVME_RIG_ARGS ?=
 # The MP adapter's FDP test runs in the newest LMCache's virtualenv where it exists (RB_LMCACHE_PYTHON).
 test-nvme: build
-	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) --env RB_LMCACHE_PYTHON=$(CURDIR)/$(LMC_VENV)/bin/python \
+	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) --nvme-count 4 --env RB_LMCACHE_PYTHON=$(CURDIR)/$(LMC_VENV)/bin/python \
 	  $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
 
 # The device and core tests on a guest kernel with io_uring write streams (Linux >= 6.16, from

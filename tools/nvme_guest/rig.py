@@ -30,6 +30,7 @@ import argparse
 import fcntl
 import gzip
 import hashlib
+import json
 import lzma
 import os
 import queue
@@ -37,6 +38,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -55,6 +57,7 @@ NS_HANDLES = 16  # reclaim unit handles: fdp.nruh, fdp.ruhs=0-15
 LBA = 4096
 
 CTRL, BLOCK, CHAR = "/dev/nvme0", "/dev/nvme0n1", "/dev/ng0n1"
+CTRL0_SERIAL = "deadbeef"
 ANSI = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[()][0-9A-Za-z]|[A-Za-z])")
 
 
@@ -471,6 +474,165 @@ class Guest:
         shutil.rmtree(stage)
 
 
+# ---------------------------------------------------------------- several controllers, hot-plug
+#
+# With --nvme-count N > 1 the guest gets N - 1 more controllers (ctrl1..), each a plain NVMe
+# controller with namespace 1 over its own sparse file (no FDP), on the pc machine's PCI bus,
+# where QEMU's ACPI hot-plug lets a guest remove and add them. The guest asks through files in
+# the run directory (/run/rig/hotplug in the guest): it writes <id>.req ("del K" or "add K"),
+# the host's HotPlug thread runs the QMP command and writes <id>.resp ("ok" or "error: ...").
+# device_del answers once QEMU reports DEVICE_DELETED (the guest's kernel let go of it);
+# device_add puts the controller back with the same backing file (its data as it was).
+
+
+def extra_serial(k: int) -> str:
+    return CTRL0_SERIAL if k == 0 else f"rbnvme{k}"
+
+
+def extra_device_args(k: int, img: Path) -> tuple[dict, dict]:
+    """(blockdev-add, device_add) arguments of extra controller k (k >= 1)."""
+    node = {"driver": "file", "filename": str(img), "node-name": f"nvm{k}", "discard": "unmap"}
+    dev = {"driver": "nvme", "id": f"ctrl{k}", "serial": extra_serial(k), "drive": f"nvm{k}",
+           "logical_block_size": LBA, "physical_block_size": LBA}
+    return node, dev
+
+
+def qemu_opts(d: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in d.items())
+
+
+class HotPlug:
+    """Serves the guest's hot-plug requests over QEMU's QMP socket."""
+
+    def __init__(self, rundir: Path, sock: Path, count: int, devices: dict[int, dict]) -> None:
+        self.dir = rundir / "hotplug"
+        self.dir.mkdir()
+        self.sock, self.count, self.devices = sock, count, devices
+        self.stop = threading.Event()
+        self.f = None
+        self.events: list[dict] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def _connect(self) -> bool:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(self.sock))
+        except OSError:
+            s.close()
+            return False
+        self.f = s.makefile("rw", encoding="utf-8")
+        self._read()  # greeting
+        self.qmp("qmp_capabilities")
+        return True
+
+    def _read(self) -> dict:
+        assert self.f is not None
+        line = self.f.readline()
+        if not line:
+            raise RigError("QMP connection closed")
+        return json.loads(line)
+
+    def qmp(self, cmd: str, **arguments) -> dict:
+        assert self.f is not None
+        self.f.write(json.dumps({"execute": cmd, "arguments": arguments}) + "\n")
+        self.f.flush()
+        while True:
+            msg = self._read()
+            if "event" in msg:
+                self.events.append(msg)
+            elif "error" in msg:
+                raise RigError(f"QMP {cmd}: {msg['error'].get('desc', msg['error'])}")
+            elif "return" in msg:
+                return msg["return"]
+
+    def _wait_deleted(self, dev_id: str, timeout: float) -> None:
+        end = uptime() + timeout
+        while uptime() < end:
+            if any(e.get("event") == "DEVICE_DELETED" and e.get("data", {}).get("device") == dev_id
+                   for e in self.events):
+                return
+            self.qmp("query-status")  # collects the events that arrived meanwhile
+            time.sleep(0.2)
+        raise RigError(f"device_del {dev_id}: no DEVICE_DELETED within {timeout:.0f} s "
+                       "(the guest did not release the controller)")
+
+    def handle(self, text: str) -> str:
+        op, _, arg = text.strip().partition(" ")
+        try:
+            k = int(arg)
+        except ValueError:
+            return f"error: bad request {text.strip()!r} (want 'del K' or 'add K')"
+        if k not in self.devices:
+            return f"error: controller {k} cannot be hot-plugged (1..{self.count - 1} can)"
+        dev = self.devices[k]
+        if op == "del":
+            self.events = [e for e in self.events if e.get("data", {}).get("device") != dev["id"]]
+            self.qmp("device_del", id=dev["id"])
+            self._wait_deleted(dev["id"], 120)
+        elif op == "add":
+            self.qmp("device_add", **dev)
+        else:
+            return f"error: unknown operation {op!r} (want del or add)"
+        log(f"hot-plug: {op} ctrl{k} done")
+        return "ok"
+
+    def _serve(self) -> None:
+        while not self.stop.is_set() and self.f is None:
+            if not self._connect():
+                time.sleep(0.2)
+        while not self.stop.is_set():
+            for req in sorted(self.dir.glob("*.req")):
+                text = req.read_text()
+                req.unlink()
+                try:
+                    out = self.handle(text)
+                except (RigError, OSError) as e:
+                    out = f"error: {e}"
+                tmp = req.with_suffix(".tmp")
+                tmp.write_text(out + "\n")
+                tmp.rename(req.with_suffix(".resp"))
+            time.sleep(0.1)
+
+
+GUEST_DEVICE_MAP = r"""# Controller k's device nodes, found by its serial (probe order names them).
+rb_nvme_find() {
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat $c/serial 2>/dev/null | tr -d ' ')" = "$1" ] || continue
+    n=${c##*/}; b=$(ls -d $c/nvme*n1 2>/dev/null | head -1); b=${b##*/}
+    # in a subsystem with several controllers the path is hidden (nvmeScCn1): the disk is nvmeSn1
+    echo "/dev/$n /dev/$(echo "$b" | sed 's/c[0-9]*n/n/') /dev/ng${n#nvme}n1"; return 0
+  done
+  return 1
+}
+"""
+
+
+def guest_device_lines(count: int) -> list[str]:
+    """Shell lines (in guest.sh) waiting for the extra controllers and exporting their paths."""
+    if count <= 1:
+        return []
+    lines = GUEST_DEVICE_MAP.splitlines()
+    for k in range(count):
+        lines += [
+            "i=0",
+            f"until set -- $(rb_nvme_find {extra_serial(k)}) && [ -e \"$2\" ] && [ -e \"$3\" ]; do",
+            f"  i=$((i + 1)); [ $i -gt 300 ] && {{ echo \"rb-guest: controller {k} missing after 30 s\"; exit 125; }}; sleep 0.1",
+            "done",
+            f"export RB_NVME_CTRL_{k}=$1 RB_NVME_BLOCK_{k}=$2 RB_NVME_CHAR_{k}=$3",
+        ]
+    # controllers probe in parallel, so controller 0 need not be nvme0
+    lines.append("export RB_NVME_CTRL=$RB_NVME_CTRL_0 RB_NVME_BLOCK=$RB_NVME_BLOCK_0 RB_NVME_CHAR=$RB_NVME_CHAR_0")
+    return lines
+
+
+
 # ---------------------------------------------------------------- one boot
 
 
@@ -487,11 +649,12 @@ def guest_python(python: str) -> str:
     return r.stdout.strip()
 
 
-def write_guest_script(rundir: Path, commands: list[str], env: dict[str, str]) -> None:
+def write_guest_script(rundir: Path, commands: list[str], env: dict[str, str], count: int = 1) -> None:
     lines = ["# Runs inside the guest, chrooted into the host root: the rig's commands in order.",
              "for v in $(env | sed -n 's/^\\([A-Za-z_][A-Za-z0-9_]*\\)=.*/\\1/p'); do",
              "  case $v in PWD|OLDPWD|SHLVL) ;; *) unset $v ;; esac; done"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines += guest_device_lines(count)
     lines += [f"cd {shlex.quote(str(REPO))} || exit 125", "status=0"]
     for i, cmd in enumerate(commands, 1):
         (rundir / f"cmd.{i}.sh").write_text(cmd + "\n")
@@ -545,7 +708,23 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
     for kv in args.env:
         k, _, v = kv.partition("=")
         env[k] = v
-    write_guest_script(rundir, commands, env)
+    if args.nvme_count > 1:
+        env["RB_NVME_COUNT"] = str(args.nvme_count)
+        env["RB_NVME_HOTPLUG"] = "/run/rig/hotplug"
+    write_guest_script(rundir, commands, env, args.nvme_count)
+    extra, hotplug_devices = [], {}
+    for k in range(1, args.nvme_count):
+        kimg = rundir / f"nvme{k}.img"
+        with open(kimg, "wb") as f:
+            f.truncate(args.ns_size)
+        node, dev = extra_device_args(k, kimg)
+        extra += ["-blockdev", qemu_opts(node), "-device", qemu_opts(dev)]
+        hotplug_devices[k] = dev
+    hotplug = None
+    if hotplug_devices:
+        sock = rundir / "qmp.sock"
+        extra += ["-qmp", f"unix:{sock},server=on,wait=off"]
+        hotplug = HotPlug(rundir, sock, args.nvme_count, hotplug_devices)
     tmpfs_tmp = not (str(REPO) + "/").startswith("/tmp/")  # a checkout under /tmp stays visible
     cmdline = "console=ttyS0 quiet panic=-1" + (" rb.tmpfs_tmp=1" if tmpfs_tmp else "")
     qcmd = [
@@ -556,15 +735,17 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
         # read would not return the zeros the namespace promises (Identify Namespace DLFEAT 1).
         "-drive", f"file={img},if=none,id=nvm,format=raw,discard=unmap",
         "-device", f"nvme-subsys,id=subsys0,nqn=subsys0,fdp=on,fdp.runs={runs_size >> 20}M,fdp.nrg=1,fdp.nruh={NS_HANDLES}",
-        "-device", "nvme,id=ctrl0,serial=deadbeef,subsys=subsys0",
+        "-device", f"nvme,id=ctrl0,serial={CTRL0_SERIAL},subsys=subsys0",
         "-device", f"nvme-ns,drive=nvm,nsid=1,logical_block_size={LBA},physical_block_size={LBA},fdp.ruhs=0-{NS_HANDLES - 1}",
         "-nic", "none",
         "-virtfs", "local,path=/,mount_tag=host,security_model=passthrough,readonly=on,multidevs=remap",
         "-virtfs", f"local,path={rundir},mount_tag=rig,security_model=passthrough",
+        *extra,
         *args.qemu_arg,
     ]
+    more = f"; {args.nvme_count - 1} more controller(s), hot-pluggable" if args.nvme_count > 1 else ""
     log(f"booting {kver} ({args.ns_size >> 20} MiB namespace, FDP: {NS_HANDLES} handles, "
-        f"reclaim unit {runs_size >> 20} MiB); timeout {args.timeout} s")
+        f"reclaim unit {runs_size >> 20} MiB{more}); timeout {args.timeout} s")
     console = open(rundir / "console.log", "w")
     t0 = uptime()
     proc = subprocess.Popen(qcmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -579,6 +760,8 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
         lines.put(None)
 
     threading.Thread(target=reader, daemon=True).start()
+    if hotplug:
+        hotplug.start()
     t_ready = t_exit = None
     marker_rc = None
     timed_out = False
@@ -612,6 +795,8 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     console.close()
+    if hotplug:
+        hotplug.close()
     t_end = uptime()
     if timed_out:
         stage = "boot" if t_ready is None else "the commands"
@@ -651,6 +836,9 @@ def main() -> int:
                          "trixie-backports gives Linux >= 6.16)")
     ap.add_argument("--kernel-package", default=None, help="a specific linux-image-* package of that suite")
     ap.add_argument("--ns-size", type=parse_size, default=1 << 30, help="namespace size (default 1G)")
+    ap.add_argument("--nvme-count", type=int, default=1, metavar="N",
+                    help="NVMe controllers (default 1); controllers 1..N-1 each have namespace 1 over their own "
+                         "file, no FDP, and the guest can pull and put them back (RB_NVME_HOTPLUG)")
     ap.add_argument("--mem", type=int, default=2048, help="guest RAM in MiB")
     ap.add_argument("--smp", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900, help="seconds before QEMU is killed (default 900)")
@@ -675,6 +863,8 @@ def main() -> int:
     commands = list(args.cmd)
     if args.script:
         commands += [ln for ln in args.script.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not 1 <= args.nvme_count <= 8:
+        ap.error(f"--nvme-count must be 1..8, not {args.nvme_count}")
     if commands and args.pytest_args:
         ap.error("arguments after -- extend the default pytest command; with --cmd/--script put them in the command")
     if not commands:
