@@ -53,6 +53,7 @@ class Publisher:
         self.path = snapshot_path(device)
         self._core, self._device, self._interval = weakref.ref(core), os.path.realpath(device), interval
         self._index = index  # the device's place in a MultiDeviceCore, or None for a single core
+        self._write_lock = threading.Lock()  # one writer of the snapshot file (thread and callers)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rawblock-stats", daemon=True)
         self.last_error: str | None = None
@@ -60,6 +61,10 @@ class Publisher:
 
     def publish_now(self) -> bool:
         """Write the snapshot now; False (nothing written) once the core is closed or gone."""
+        with self._write_lock:  # the thread and a caller share the temporary file's name
+            return self._publish()
+
+    def _publish(self) -> bool:
         core = self._core()
         if core is not None and self._index is not None:  # one device of several
             if getattr(core, "_closed", False):
