@@ -149,7 +149,8 @@ def read(device: str) -> dict:
                                 "lmcache_rawblock.livestats.publish)") from None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process pid exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -196,7 +197,7 @@ def summary(doc: dict, prev: dict | None = None, device: str | None = None) -> d
         if prev and dt > 0:
             bytes_rate[k] = (snap["histograms"][k]["sum"] - prev["snapshot"]["histograms"][k]["sum"]) / dt
     return {"device": doc["device"], "pid": doc["pid"], "age_s": age,
-            "live": _alive(int(doc["pid"])) and age < 5 * float(doc.get("interval_s", INTERVAL_S)) + 2,
+            "live": pid_alive(int(doc["pid"])) and age < 5 * float(doc.get("interval_s", INTERVAL_S)) + 2,
             "ops": ops, "bytes_per_s": bytes_rate, "indexed_keys": st["indexed_keys"], "slots": st["max_slots"],
             "free_slots": st["free_slots"], "fill": 1 - st["free_slots"] / st["max_slots"] if st["max_slots"] else None,
             "hits": snap["hits"], "misses": snap["misses"], "evictions": snap["evictions"],

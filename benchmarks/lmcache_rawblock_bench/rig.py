@@ -49,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from lmcache_rawblock.livestats import pid_alive
+
 PREFIX = "lmcache-rawblock-rig-"
 BLKIO = "/sys/fs/cgroup/blkio"
 SHM = "/dev/shm"
@@ -90,16 +92,6 @@ def _write(path: str, text: str) -> None:
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _owner(name: str) -> int | None:
@@ -171,7 +163,7 @@ def clean_stale(blkio: str = BLKIO, shm: str = SHM) -> list[str]:
 
     def dead(name: str) -> bool:
         pid = _owner(name)
-        return pid is not None and not _alive(pid)
+        return pid is not None and not pid_alive(pid)
 
     for name in sorted(os.listdir(blkio)) if os.path.isdir(blkio) else []:
         if name.startswith(PREFIX) and dead(name):
