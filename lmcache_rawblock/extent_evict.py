@@ -1,0 +1,120 @@
+"""Extent eviction: the plugin's ``eviction_policy: extent``.
+
+With ``extent_bytes`` on, the core hands slots out an extent (a reclaim unit) at a time and
+gives an extent back to the device as one range once all its slots are free. Evicting keys one
+by one in LRU order would leave every extent partly live, so the drive would still copy what
+survives when it reclaims. This policy evicts whole extents instead: the victim is the closed
+extent whose keys were used least recently (a put or a load hit bumps its extent, O(1) in the
+core), and all its keys go in one batched delete through the plugin's normal delete path, so
+FREE records, checkpoints, the readers' quarantine and deallocation behave as for any delete.
+
+* Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
+  or waiting for its deallocation) so puts find room without waiting; a pass that evicts also
+  writes the checkpoint that makes the freed slots reusable.
+* A put that still finds no slot evicts extents for its missing keys (never the batch's own
+  keys), as the LRU policy does.
+* Pinned keys and keys a load holds are kept; their extent stays partly live (the core does
+  not choose it again at once) and its free slots are reused when no clean extent is left.
+* Hot keys are not re-put elsewhere before their extent goes (CacheLib's region reinsertion
+  is not done): a key in a victim extent is evicted however recently it was read, but only
+  when its extent as a whole is the least recently used.
+
+Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
+no pin slips in between (the plugin's lock order); the counters take no lock (one writer at a
+time: the evictor thread, or a put under the pin lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DEFAULT_EXTENT_RESERVE", "ExtentEviction", "parse_reserve"]
+
+DEFAULT_EXTENT_RESERVE = 2
+
+
+def parse_reserve(value: Any, label: str) -> int:
+    """``extent_reserve``: an integer >= 1 (an int or a decimal string); None or "" = default."""
+    if value is None or value == "":
+        return DEFAULT_EXTENT_RESERVE
+    try:
+        number = int(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        raise ValueError(f"{label} must be an integer >= 1 (clean extents kept ahead), got {value!r}")
+    return number
+
+
+class ExtentEviction:
+    """Whole-extent eviction over one core with extents on (see the module docstring)."""
+
+    def __init__(self, core: Any, pin_lock: threading.Lock, pinned: Callable[[], set[str]], reserve: int,
+                 logger: logging.Logger) -> None:
+        counts = core.extent_counts()
+        if counts["extent_slots"] == 0:
+            raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
+                             "(a multiple of slot_bytes, at least 2 slots)")
+        self._core = core
+        self._pin_lock = pin_lock
+        self._pinned = pinned
+        self.reserve = reserve
+        self._log = logger
+        self.extents_evicted = 0  # victim extents whose keys were deleted
+        self.keys_evicted = 0
+
+    def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
+        """Delete the keys of victim extents, least recently used first, until ``want`` keys
+        are gone or every closed extent was looked at once. Returns the keys deleted."""
+        evicted = 0
+        seen: set[int] = set()
+        while evicted < want:
+            got = self._evict_one(protect, seen)
+            if got is None:
+                break
+            evicted += got
+        return evicted
+
+    def _evict_one(self, protect: frozenset[str] | set[str], seen: set[int]) -> int | None:
+        """One victim extent's keys deleted: how many, or None when no victim is left."""
+        with self._pin_lock:
+            victim = self._core.extent_victim()
+            if victim is None or victim[0] in seen:
+                return None
+            ext, keys = victim
+            seen.add(ext)
+            pinned = self._pinned()
+            keys = [k for k in keys if k not in pinned and k not in protect]
+            results = self._core.delete_many(keys, force=False) if keys else []
+        deleted = sum(1 for ok in results if ok)
+        if deleted:
+            self.extents_evicted += 1
+            self.keys_evicted += deleted
+            self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
+        return deleted
+
+    def missing_clean(self) -> int:
+        """Clean extents (or extents waiting for their deallocation) short of the reserve."""
+        c = self._core.extent_counts()
+        if c["closed"]:
+            return 0
+        return max(0, self.reserve - c["extents_clean"] - c["extents_pending_dealloc"])
+
+    def evictor_pass(self) -> bool:
+        """One pass of the evictor thread: evict one victim extent per clean extent missing
+        from the reserve, then write the checkpoint that makes their slots reusable (their
+        extents then wait for their deallocation, which that checkpoint runs). True when it
+        evicted (the next pass looks again: a format v1 core needs a second change before its
+        second container stops listing the slots)."""
+        evicted = 0
+        for _ in range(self.missing_clean()):
+            got = self._evict_one(frozenset(), set())
+            if not got:
+                break
+            evicted += got
+        if evicted or self._core.slot_counts().held:
+            self._core.reclaim_held_slots()
+        return evicted > 0
