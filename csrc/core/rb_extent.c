@@ -114,6 +114,8 @@ void rb_ext_reset(rb_slots *s, uint32_t top)
     }
     rebuild_lists(x);
     x->rev_ok = 0;
+    if (top >= x->first + x->n * x->per)
+        s->next_slot = s->max_slots; /* as take() leaves it */
 }
 
 /* A closed or open extent whose every slot is free: clean, or pending its deallocation. */
@@ -200,6 +202,8 @@ static void take(rb_slots *s, uint32_t slot)
     uint32_t from = s->next_slot > x->first ? s->next_slot : x->first;
     s->n_free += slot - from;
     s->next_slot = slot + 1;
+    if (s->next_slot == x->first + x->n * x->per)
+        s->next_slot = s->max_slots; /* the slots after the last extent are never handed out */
 }
 
 uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid)
