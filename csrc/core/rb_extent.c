@@ -114,8 +114,14 @@ void rb_ext_reset(rb_slots *s, uint32_t top)
     }
     rebuild_lists(x);
     x->rev_ok = 0;
-    if (top >= x->first + x->n * x->per)
-        s->next_slot = s->max_slots; /* as take() leaves it */
+    if (top >= x->first + x->n * x->per && top < s->max_slots) {
+        /* as take() leaves it; the slots past the last extent are below it, never free (a
+         * recovery frees those its state does not list: they stay out of use) */
+#ifdef RB_DEBUG_INVARIANTS
+        memset(s->state + top, RB_SLOT_FREEING, s->max_slots - top);
+#endif
+        s->next_slot = s->max_slots;
+    }
 }
 
 /* A closed or open extent whose every slot is free: clean, or pending its deallocation. */

@@ -104,7 +104,7 @@ static void test_extents(void)
     CHECK(rb_ext_init(&s, 4, 2, 1) == 0 && s.ext.n == 3 && s.ext.n_clean == 3);
     CHECK(rb_slots_reset(&s, 0) == 0);
     for (uint32_t i = 0; i < 12; i++)
-        CHECK(rb_slots_alloc(&s, 0) == 2 + i); /* in order, extent by extent */
+        CHECK(rb_slots_alloc(&s, 0) == 2 + i);                         /* in order, extent by extent */
     CHECK(rb_slots_alloc(&s, 0) == RB_SLOT_NONE && s.next_slot == 16); /* nothing past the last extent */
     for (uint32_t x = 2; x < 6; x++)
         rb_slots_release(&s, x); /* extent 0 wholly free: waits for its deallocation */
