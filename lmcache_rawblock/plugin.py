@@ -59,6 +59,7 @@ from . import fdp, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
+from .extent_evict import ExtentEviction, parse_reserve
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -69,7 +70,6 @@ from .raw_block import (
 )
 from .raw_block.key_codec import decode_legacy_key
 from .raw_block.multi import parse_device_paths
-from .extent_evict import ExtentEviction, parse_reserve
 from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_bool, parse_value
 

@@ -57,12 +57,10 @@ static void unlink_ext(rb_extents *x, uint32_t k, uint32_t e)
         x->tail[k] = p;
 }
 
-int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
+/* The per-extent, per-list and per-stream arrays for n extents. 0 or -ENOMEM. */
+static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
 {
-    if (per < 2 || first >= s->max_slots || (s->max_slots - first) / per == 0)
-        return -EINVAL;
     rb_extents *x = &s->ext;
-    uint32_t n = (s->max_slots - first) / per;
     x->nstreams = s->affinity ? NPIDS : 1;
     x->nfree = calloc(n, sizeof(uint32_t));
     x->tick = calloc(n, sizeof(uint64_t));
@@ -74,8 +72,17 @@ int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
     x->open = malloc(x->nstreams * sizeof(uint32_t));
     x->cur = calloc(x->nstreams, sizeof(uint32_t));
     x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
-    if (!x->nfree || !x->tick || !x->st || !x->prev || !x->next || !x->head || !x->tail || !x->open || !x->cur ||
-        !x->rev || rb_slots_grow(s, s->max_slots) < 0) {
+    int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev;
+    return ok ? 0 : -ENOMEM;
+}
+
+int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
+{
+    if (per < 2 || first >= s->max_slots || (s->max_slots - first) / per == 0)
+        return -EINVAL;
+    rb_extents *x = &s->ext;
+    uint32_t n = (s->max_slots - first) / per;
+    if (ext_arrays(s, n, per) < 0 || rb_slots_grow(s, s->max_slots) < 0) {
         rb_ext_free(s);
         return -ENOMEM;
     }
