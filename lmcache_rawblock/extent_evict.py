@@ -9,8 +9,9 @@ core), and all its keys go in one batched delete through the plugin's normal del
 FREE records, checkpoints, the readers' quarantine and deallocation behave as for any delete.
 
 * Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
-  or waiting for its deallocation) so puts find room without waiting; a pass that evicts also
-  writes the checkpoint that makes the freed slots reusable.
+  or waiting for its deallocation; by default 5 % of the extents, at least 2, as the LRU
+  policy's evict-ahead keeps 5 % of the slots) so puts find room without waiting; a pass that
+  evicts also writes the checkpoint that makes the freed slots reusable.
 * A put that still finds no slot evicts extents for its missing keys (never the batch's own
   keys), as the LRU policy does.
 * Pinned keys and keys a load holds are kept; their extent stays partly live (the core does
@@ -27,19 +28,23 @@ time: the evictor thread, or a put under the pin lock).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_EXTENT_RESERVE", "ExtentEviction", "parse_reserve"]
+__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reserve"]
 
-DEFAULT_EXTENT_RESERVE = 2
+# The default reserve: this fraction of the extents, at least MIN_RESERVE.
+DEFAULT_RESERVE_FRACTION = 0.05
+MIN_RESERVE = 2
 
 
 def parse_reserve(value: Any, label: str) -> int:
-    """``extent_reserve``: an integer >= 1 (an int or a decimal string); None or "" = default."""
+    """``extent_reserve``: an integer >= 1 (an int or a decimal string); None or "" = 0, the
+    default (5 % of the extents, at least 2)."""
     if value is None or value == "":
-        return DEFAULT_EXTENT_RESERVE
+        return 0
     try:
         number = int(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
@@ -61,7 +66,7 @@ class ExtentEviction:
         self._core = core
         self._pin_lock = pin_lock
         self._pinned = pinned
-        self.reserve = reserve
+        self.reserve = reserve or max(MIN_RESERVE, math.ceil(DEFAULT_RESERVE_FRACTION * counts["extents_total"]))
         self._log = logger
         self.extents_evicted = 0  # victim extents whose keys were deleted
         self.keys_evicted = 0
