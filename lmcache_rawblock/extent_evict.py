@@ -16,9 +16,12 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
   keys), as the LRU policy does.
 * Pinned keys and keys a load holds are kept; their extent stays partly live (the core does
   not choose it again at once) and its free slots are reused when no clean extent is left.
-* Hot keys are not re-put elsewhere before their extent goes (CacheLib's region reinsertion
-  is not done): a key in a victim extent is evicted however recently it was read, but only
-  when its extent as a whole is the least recently used.
+* Hot keys survive (CacheLib's region reinsertion), with ``extent_reinsert`` on (the
+  default): the background evictor reads the victim's keys that were loaded since they were
+  put (at most half the extent, so each eviction frees at least half of one), deletes the
+  extent's keys, and once the checkpoint has made the slots reusable puts those keys again,
+  into the open extent. Between the delete and the put such a key misses. A put that evicts
+  for itself does not reinsert (the slots it frees are its own).
 
 Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
 no pin slips in between (the plugin's lock order); the counters take no lock (one writer at a
@@ -32,6 +35,9 @@ import math
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from .raw_block import RawBlockKeySpec
+from .raw_block.key_codec import slot_identity_from_encoded_key
 
 __all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reserve"]
 
@@ -58,7 +64,7 @@ class ExtentEviction:
     """Whole-extent eviction over one core with extents on (see the module docstring)."""
 
     def __init__(self, core: Any, pin_lock: threading.Lock, pinned: Callable[[], set[str]], reserve: int,
-                 logger: logging.Logger) -> None:
+                 logger: logging.Logger, reinsert: bool = True) -> None:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
@@ -68,8 +74,10 @@ class ExtentEviction:
         self._pinned = pinned
         self.reserve = reserve or max(MIN_RESERVE, math.ceil(DEFAULT_RESERVE_FRACTION * counts["extents_total"]))
         self._log = logger
+        self.reinsert = reinsert
         self.extents_evicted = 0  # victim extents whose keys were deleted
         self.keys_evicted = 0
+        self.keys_reinserted = 0
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
@@ -77,22 +85,26 @@ class ExtentEviction:
         evicted = 0
         seen: set[int] = set()
         while evicted < want:
-            got = self._evict_one(protect, seen)
+            got = self._evict_one(protect, seen, None)
             if got is None:
                 break
             evicted += got
         return evicted
 
-    def _evict_one(self, protect: frozenset[str] | set[str], seen: set[int]) -> int | None:
-        """One victim extent's keys deleted: how many, or None when no victim is left."""
+    def _evict_one(self, protect: frozenset[str] | set[str], seen: set[int], again: list | None) -> int | None:
+        """One victim extent's keys deleted: how many, or None when no victim is left. With
+        ``again`` (a list), its hot keys read first go there as (spec, payload) to put back."""
         with self._pin_lock:
             victim = self._core.extent_victim()
             if victim is None or victim[0] in seen:
                 return None
-            ext, keys = victim
+            ext, keys, hot = victim
             seen.add(ext)
             pinned = self._pinned()
-            keys = [k for k in keys if k not in pinned and k not in protect]
+            keep = [(k, h) for k, h in zip(keys, hot) if k not in pinned and k not in protect]
+            keys = [k for k, _ in keep]
+            if again is not None:
+                again += self._read([k for k, h in keep if h][:len(keep) // 2])
             results = self._core.delete_many(keys, force=False) if keys else []
         deleted = sum(1 for ok in results if ok)
         if deleted:
@@ -115,11 +127,40 @@ class ExtentEviction:
         evicted (the next pass looks again: a format v1 core needs a second change before its
         second container stops listing the slots)."""
         evicted = 0
+        again: list | None = [] if self.reinsert else None
         for _ in range(self.missing_clean()):
-            got = self._evict_one(frozenset(), set())
+            got = self._evict_one(frozenset(), set(), again)
             if not got:
                 break
             evicted += got
         if evicted or self._core.slot_counts().held:
             self._core.reclaim_held_slots()
+        if again:
+            self._put_again(again)
         return evicted > 0
+
+    def _read(self, keys: list[str]) -> list[tuple[Any, Any]]:
+        """(spec, payload) of each key read whole (a key gone or unreadable is left out)."""
+        if not keys:
+            return []
+        metas = self._core.get_metadata_many(keys)
+        found = [(k, m) for k, m in zip(keys, metas) if m is not None]
+        objs = [_Payload(m) for _, m in found]
+        ok = self._core.load_many_into([k for k, _ in found], objs) if found else []
+        ns = self._core.key_namespace
+        return [(RawBlockKeySpec(encoded=k, slot_identity=slot_identity_from_encoded_key(k, ns)), o)
+                for (k, _), o, good in zip(found, objs, ok) if good]
+
+    def _put_again(self, again: list[tuple[Any, Any]]) -> None:
+        """Put the hot keys of evicted extents back (into the open extent). A key put again
+        meanwhile by the cache's user stays as that put left it."""
+        res = self._core.put_many([s for s, _ in again], [o for _, o in again])
+        self.keys_reinserted += sum(1 for ok in res.results if ok)
+
+
+class _Payload:
+    """A key's bytes read back for reinsertion, with the metadata its put is given again."""
+
+    def __init__(self, meta: Any) -> None:
+        self.metadata = meta
+        self.byte_array = memoryview(bytearray(int(meta.size)))

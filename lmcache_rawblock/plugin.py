@@ -189,7 +189,7 @@ _FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 # The plugin's own keys, read outside the settings table, and the legacy engine switches that
 # io_engine replaced (read only when io_engine is unset).
 _OWN_KEYS = frozenset({"per_tp_device_paths", "device_paths", "eviction_policy", "eviction_trigger_watermark",
-                       "eviction_ratio", "extent_reserve"})
+                       "eviction_ratio", "extent_reserve", "extent_reinsert"})
 _LEGACY_KEYS = frozenset({"use_iouring", "use_uring"})
 # The one list of the rust_raw_block.* keys the plugin reads: the settings table's plugin rows
 # (csrc/core/rb_config.c) and the keys above. docs/configuration.md's table has a row for each
@@ -421,7 +421,9 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not isinstance(self._core, RawBlockCore):
                 raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
                                  f"{len(self.device_paths)}")
-            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger)
+            reinsert = _get(extra, "extent_reinsert")
+            reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
+            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert)
         except BaseException:
             self._core.close()
             raise
@@ -569,6 +571,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["extent_reserve"] = self._extents.reserve
             status["evicted_extents"] = self._extents.extents_evicted
             status["evicted_extent_entries"] = self._extents.keys_evicted
+            status["reinserted_extent_entries"] = self._extents.keys_reinserted
         status.update(self._admission.status())
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled

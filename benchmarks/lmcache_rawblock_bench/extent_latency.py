@@ -51,8 +51,10 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         "rust_raw_block.block_align": 4096, "rust_raw_block.meta_total_bytes": 16 * MiB,
         "rust_raw_block.meta_enable_periodic": True, "rust_raw_block.load_checkpoint_on_init": False,
         "rust_raw_block.deallocate_freed": "on", "rust_raw_block.eviction_policy": policy,
-        "rust_raw_block.extent_bytes": per * slot, "rust_raw_block.extent_reserve": reserve,
+        "rust_raw_block.extent_bytes": per * slot,
     }
+    if reserve:  # 0: the plugin's default
+        extra["rust_raw_block.extent_reserve"] = reserve
     loop = asyncio.new_event_loop()
     be = RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(chunk),
                              loop=loop)
@@ -76,6 +78,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         full = [put(i) for i in range(capacity, capacity + int(rounds * capacity))]
         be.wait_idle(120)
         st = be.report_status()
+        reserve = st.get("extent_reserve", reserve)
     finally:
         be.close()
         loop.close()
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=64 * 1024, help="payload bytes per key (default 64 KiB)")
     ap.add_argument("--rounds", type=float, default=3.0, help="full-cache puts, in cache capacities (default 3)")
     ap.add_argument("--policies", default="extent,lru", help="comma-separated (default extent,lru)")
-    ap.add_argument("--reserve", default="2", help="extent_reserve values, comma-separated (default 2)")
+    ap.add_argument("--reserve", default="0", help="extent_reserve values, comma-separated (default 0: the "
+                                                   "plugin's default, 5%% of the extents)")
     ap.add_argument("--out", help="write results.json there")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="extent-latency-") as d:

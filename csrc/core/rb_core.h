@@ -238,12 +238,13 @@ int rb_core_dealloc_pending(rb_core *c);
  * Extent eviction (extent_bytes on): the keys of the victim extent, the closed extent whose
  * keys were used least recently (put or loaded), without those a load or a pin holds; the
  * extent then counts as just used, so a victim whose keys cannot all go is not chosen again
- * at once. *keys / *lens malloc'd (the caller frees each key and both arrays); *ext the
- * extent (UINT32_MAX: none has live keys). Returns the number of keys, -ENOMEM, or -EINVAL
+ * at once. *keys / *lens / *hot malloc'd (the caller frees each key and the three arrays);
+ * (*hot)[i] is 1 when key i was loaded since it was put; *ext the extent (UINT32_MAX: none
+ * has live keys). Returns the number of keys, -ENOMEM, or -EINVAL
  * when extents are off. O(extents + slots per extent), or O(entries) after the index was
  * compacted or replaced.
  */
-int64_t rb_core_extent_victim(rb_core *c, char ***keys, size_t **lens, uint32_t *ext);
+int64_t rb_core_extent_victim(rb_core *c, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]

@@ -65,8 +65,8 @@ static void free_keys(char **keys, size_t n)
     free(keys);
 }
 
-/* The unlocked keys on extent e's slots into keys / lens (room for per). mu held. */
-static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *lens)
+/* The unlocked keys on extent e's slots into keys / lens / hot (room for per). mu held. */
+static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *lens, uint8_t *hot)
 {
     const rb_extents *x = &c->slots.ext;
     size_t k = 0;
@@ -80,38 +80,44 @@ static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *l
             free_keys(keys, k);
             return -ENOMEM;
         }
+        hot[k] = x->hot[x->first + e * x->per + i];
         lens[k++] = ent->key_len;
     }
     return (int64_t)k;
 }
 
-int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, uint32_t *ext)
+int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, uint8_t **hot_out, uint32_t *ext)
 {
     *ext = UINT32_MAX;
     *keys_out = NULL;
     *lens_out = NULL;
+    *hot_out = NULL;
     if (!c->slots.ext.per)
         return -EINVAL;
     char **keys = calloc(c->slots.ext.per, sizeof(char *));
     size_t *lens = calloc(c->slots.ext.per, sizeof(size_t));
-    if (!keys || !lens) {
+    uint8_t *hot = calloc(c->slots.ext.per, 1);
+    if (!keys || !lens || !hot) {
         free(keys);
         free(lens);
+        free(hot);
         return -ENOMEM;
     }
     pthread_mutex_lock(&c->mu);
     if (!c->slots.ext.rev_ok || c->slots.ext.rev_epoch != c->index.epoch)
         rev_rebuild_locked(c);
     uint32_t e = rb_ext_victim(&c->slots);
-    int64_t n = e == UINT32_MAX ? 0 : extent_keys_locked(c, e, keys, lens);
+    int64_t n = e == UINT32_MAX ? 0 : extent_keys_locked(c, e, keys, lens, hot);
     pthread_mutex_unlock(&c->mu);
     if (n < 0) {
         free(lens);
+        free(hot);
         return n; /* keys freed with the ones copied */
     }
     *ext = e;
     *keys_out = keys;
     *lens_out = lens;
+    *hot_out = hot;
     return n;
 }
 

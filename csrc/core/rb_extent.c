@@ -29,6 +29,7 @@ void rb_ext_free(rb_slots *s)
     free(x->open);
     free(x->cur);
     free(x->rev);
+    free(x->hot);
     memset(x, 0, sizeof(*x));
 }
 
@@ -72,7 +73,8 @@ static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
     x->open = malloc(x->nstreams * sizeof(uint32_t));
     x->cur = calloc(x->nstreams, sizeof(uint32_t));
     x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
-    int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev;
+    x->hot = calloc(s->max_slots, 1);
+    int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev && x->hot;
     return ok ? 0 : -ENOMEM;
 }
 
@@ -120,6 +122,7 @@ void rb_ext_reset(rb_slots *s, uint32_t top)
             memset(s->is_free + from, 1, hi - from);
     }
     rebuild_lists(x);
+    memset(x->hot, 0, s->max_slots);
     x->rev_ok = 0;
     if (top >= x->first + x->n * x->per && top < s->max_slots) {
         /* as take() leaves it; the slots past the last extent are below it, never free (a

@@ -28,7 +28,8 @@
  * free, handed out again only once rb_ext_clean says the range was deallocated or skipped).
  * Per extent: its free slots and its last use (a tick of put commits and load hits). rev maps
  * a slot to the index position of the key on it (valid while rev_ok and the index epoch is
- * rev_epoch; rb_core_extent.c rebuilds it otherwise).
+ * rev_epoch; rb_core_extent.c rebuilds it otherwise); hot marks a slot whose key was loaded
+ * since it was put (what eviction may put again elsewhere rather than lose).
  */
 enum { RB_EXT_CLOSED, RB_EXT_OPEN, RB_EXT_CLEAN, RB_EXT_PENDING, RB_EXT_DEALLOC };
 typedef struct rb_extents {
@@ -41,6 +42,7 @@ typedef struct rb_extents {
     uint32_t *open, *cur;  /* per stream: the open extent, the index in it to look at next */
     uint32_t nstreams;
     uint32_t *rev;
+    uint8_t *hot;
     uint32_t rev_epoch;
     int rev_ok;
     int hold; /* extents whose slots are all free wait for their deallocation */
@@ -135,15 +137,16 @@ static inline uint32_t rb_ext_of(const rb_slots *s, uint32_t slot)
         return RB_SLOT_NONE;
     return (slot - x->first) / x->per;
 }
-/* A key committed on slot at index position pos, or loaded from slot: its extent's last use. */
-static inline void rb_ext_use(rb_slots *s, uint32_t slot, uint32_t pos, int set_pos)
+/* A key committed on slot at index position pos (hit 0), or loaded from it (hit 1): its
+ * extent's last use, the slot's index position and whether its key was loaded since put. */
+static inline void rb_ext_use(rb_slots *s, uint32_t slot, uint32_t pos, int hit)
 {
     uint32_t e = s->ext.per ? rb_ext_of(s, slot) : RB_SLOT_NONE;
     if (e == RB_SLOT_NONE)
         return;
     s->ext.tick[e] = ++s->ext.clock;
-    if (set_pos)
-        s->ext.rev[slot] = pos;
+    s->ext.rev[slot] = pos;
+    s->ext.hot[slot] = (uint8_t)hit;
 }
 
 #endif /* RB_SLOTS_H */

@@ -140,12 +140,15 @@ def test_the_victim_is_the_closed_extent_used_least_recently(tmp_path, fmt):
     try:
         keys = put(core, list(range(3 * PER)))  # extents 0 and 1 closed, 2 open
         assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # extent 0 used last
-        ext, victims = core.extent_victim()
+        ext, victims, hot = core.extent_victim()
         assert ext == 1 and sorted(victims) == sorted(k.encoded for k in keys[PER:2 * PER])
-        # a key a load or pin holds is left out; the extent counts as just used
+        assert hot == [False] * PER
+        # a key a load or pin holds is left out; the extent counts as just used; a key loaded
+        # since its put is hot
         assert core.exists_many([keys[1].encoded], lock=True) == [True]
-        ext, victims = core.extent_victim()
+        ext, victims, hot = core.extent_victim()
         assert ext == 0 and keys[1].encoded not in victims and len(victims) == PER - 1
+        assert dict(zip(victims, hot)) == {keys[0].encoded: True, keys[2].encoded: False, keys[3].encoded: False}
         assert core.extent_victim()[0] == 1
         assert extents(core)["extents_evicted"] == 3
     finally:
@@ -160,7 +163,7 @@ def test_extents_are_an_allocator_choice_a_device_opens_with_or_without_them(tmp
     core.close()
     core = make_core(path, meta_format=fmt, extent_bytes=EXT)
     try:
-        ext, victims = core.extent_victim()  # recovered keys: never used since, oldest
+        ext, victims, _ = core.extent_victim()  # recovered keys: never used since, oldest
         assert ext == 0 and sorted(victims) == sorted(k.encoded for k in keys[:PER])
         new = put(core, [100, 101])  # slots 6 and 7 are in extent 1, which holds keys: clean ones first
         assert [slot_of(core, k) for k in new] == [8, 9]

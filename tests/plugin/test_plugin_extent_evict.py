@@ -102,3 +102,23 @@ def test_bad_extent_reserve_is_refused_naming_it(open_backend, value):
 def test_bad_extent_bytes_is_refused_naming_it(open_backend):
     with pytest.raises(ValueError, match=r"extent_bytes must be a multiple of slot_bytes \(extent_bytes=12289"):
         open_backend(extent_bytes=SLOT + 1)
+
+
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+@pytest.mark.parametrize("reinsert", [True, False])
+def test_a_hot_key_is_put_again_when_its_extent_is_evicted(open_backend, fmt, reinsert):
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=3,
+                      extent_reinsert=reinsert, meta_format=fmt)
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, list(range(PER)))  # the first extent
+    assert_loads(be, [0])  # key 0 is hot: loaded since its put
+    for start in range(PER, (n + 2) * PER, PER):
+        assert not put_keys(be, list(range(start, start + PER)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert st["evictor_errors"] == 0 and st["evicted_extents"] >= 3
+    assert not any(be.contains(make_key(i)) for i in range(1, PER)), "the first extent was evicted"
+    assert be.contains(make_key(0)) == reinsert
+    assert st["reinserted_extent_entries"] == (1 if reinsert else 0)
+    if reinsert:
+        assert_loads(be, [0])  # its own bytes, from its new slot

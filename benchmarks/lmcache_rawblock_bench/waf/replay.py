@@ -23,7 +23,10 @@ with the same cache semantics as :class:`.stream.CacheModel`, but every operatio
   given back a reclaim unit at a time); the cache's capacity is then the slots of its whole
   extents. ``--eviction extent`` evicts as the plugin's ``eviction_policy=extent`` does: every
   key of the closed extent used least recently (``extent_victim``) at a time, instead of the
-  least recently used keys (``lru``); ``--eviction lru,extent`` runs both side by side.
+  least recently used keys (``lru``), and puts the victim's keys loaded since their put (at
+  most half of it) again once their slots are reusable, as the plugin's ``extent_reinsert``
+  does (``extent-noreinsert``: not); ``--eviction lru,extent`` runs both side by side. Hits
+  bump an extent's use only when loaded: use ``--load`` with ``extent``.
 
 Placement modes: ``no_fdp`` (no directive), ``mixed`` (FDP on, data and checkpoint on the first
 identifier), ``separated`` (data through :class:`lmcache_rawblock.fdp.PlacementRouter` for the
@@ -78,7 +81,7 @@ _NG = re.compile(r"ng\d+n\d+")
 FILL = 0x5A
 REPLAY_MODES = (stream.NO_FDP, stream.MIXED, stream.SEPARATED)
 DEALLOC_CHOICES = ("auto", "on", "off")
-EVICTIONS = ("lru", "extent")
+EVICTIONS = ("lru", "extent", "extent-noreinsert")
 DEALLOC_KEYS = ("dealloc_state", "dealloc_slots", "dealloc_ranges", "dealloc_commands", "dealloc_bytes",
                 "dealloc_failures", "dealloc_skipped")
 
@@ -365,6 +368,7 @@ class Ops:
     bytes_written: int = 0
     deletes: int = 0
     evictions: int = 0
+    reinserted: int = 0
     checkpoints: int = 0
     checkpoint_bytes: int = 0
     lookup_disagreements: int = 0
@@ -403,6 +407,8 @@ class Replayer:
         self.written = 0
         self.ckpts_seen = st["checkpoints_written"]
         self.lru: OrderedDict = OrderedDict()  # (hash, worker) -> encoded key, least recent first
+        self.event_of: dict = {}  # extent eviction: (hash, worker) -> its put event (to put it again)
+        self._again: list = []  # hot keys of evicted extents to put again
         self.specs: dict = {}
         self.objs: dict = {}
         self.ops = Ops()
@@ -504,6 +510,7 @@ class Replayer:
     def _delete(self, e: dict) -> None:
         k = self._key(e)
         enc = self.lru.pop(k, None)
+        self.event_of.pop(k, None)
         if enc is not None and self.core.delete_many([enc], force=True)[0]:
             self.ops.deletes += 1
         self._record_deallocs()
@@ -518,24 +525,33 @@ class Replayer:
         return victims
 
     def _extent_victims(self, n: int, protect: set) -> list:
-        """The keys of victim extents, least recently used first, until n or every closed
-        extent was looked at (as the plugin's extent eviction)."""
+        """The keys of victim extents, least recently used first, until n more than the hot
+        keys to put again, or every closed extent was looked at (as the plugin's extent
+        eviction)."""
         by_enc = {enc: k for k, enc in self.lru.items()}
         victims: list = []
         seen: set = set()
-        while len(victims) < n:
+        while len(victims) - len(self._again) < n:
             v = self.core.extent_victim()
             if v is None or v[0] in seen:
                 break
             seen.add(v[0])
-            victims += [by_enc[e] for e in v[1] if e in by_enc and by_enc[e] not in protect]
+            keep = [(by_enc[e], h) for e, h in zip(v[1], v[2]) if e in by_enc and by_enc[e] not in protect]
+            victims += [k for k, _ in keep]
+            if self.eviction == "extent":
+                self._again += [k for k, h in keep if h][:len(keep) // 2]
         return victims
 
     def _evict(self, n: int, protect: set) -> int:
-        victims = self._extent_victims(n, protect) if self.eviction == "extent" else self._lru_victims(n, protect)
+        ext = self.eviction.startswith("extent")
+        victims = self._extent_victims(n, protect) if ext else self._lru_victims(n, protect)
         if not victims:
             return 0
         encs = [self.lru.pop(k) for k in victims]
+        again = set(self._again)
+        for k in victims:
+            if k not in again:
+                self.event_of.pop(k, None)
         done = sum(self.core.delete_many(encs, force=True))
         self.ops.evictions += done
         self._record_deallocs()
@@ -557,7 +573,15 @@ class Replayer:
                     self._account(0, [])
                     if self.core.reclaim_held_slots():
                         self._account(0, [], checkpoint_first=False)
+        self._put_again()
         return done
+
+    def _put_again(self) -> None:
+        """Extent eviction's reinsertion: the hot keys of the evicted extents put again."""
+        again, self._again = self._again, []
+        todo = [(k, self.event_of[k], None) for k in again if k in self.event_of and k not in self.lru]
+        if todo:
+            self.ops.reinserted += sum(1 for ok in self._put(todo) if ok)
 
     def _flush_puts(self) -> None:
         batch, self._batch, self._batch_id = self._batch, [], None
@@ -625,6 +649,8 @@ class Replayer:
             if not ok:
                 continue
             self.lru[k] = spec.encoded
+            if self.eviction == "extent":
+                self.event_of[k] = e
             size = int(e["size"])
             n = -(-(self.header + size) // self.chunk_align) * self.chunk_align
             expect += n
@@ -976,7 +1002,7 @@ def _configs(a) -> list[tuple[str, Optional[str], str, str, str]]:
     admissions = _split(a.admission, ADMISSIONS, "--admission")
     deallocs = _split(a.dealloc, DEALLOC_CHOICES, "--dealloc")
     evictions = _split(a.eviction, EVICTIONS, "--eviction")
-    if "extent" in evictions and not _size(a.extent_bytes, "--extent-bytes"):
+    if any(ev.startswith("extent") for ev in evictions) and not _size(a.extent_bytes, "--extent-bytes"):
         raise ReplayError("--eviction extent needs --extent-bytes (the extents it evicts)")
     out = []
     for ev in evictions:
