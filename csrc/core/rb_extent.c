@@ -74,7 +74,8 @@ static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
     x->cur = calloc(x->nstreams, sizeof(uint32_t));
     x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
     x->hot = calloc(s->max_slots, 1);
-    int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev && x->hot;
+    int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev &&
+             x->hot;
     return ok ? 0 : -ENOMEM;
 }
 
