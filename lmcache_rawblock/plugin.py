@@ -375,7 +375,6 @@ class RustRawBlockBackend(StoragePluginInterface):
             self._warn_on_cross_rank_device(metadata)
             self._unexport = metrics.attach_inprocess(self._core, self.device_path, metadata)
         except BaseException:
-            self._unexport()
             self._core.close()
             raise
 
@@ -414,17 +413,18 @@ class RustRawBlockBackend(StoragePluginInterface):
     def _start_extents(self, extra: Mapping) -> ExtentEviction | None:
         """eviction_policy extent: its evictor (lmcache_rawblock/extent_evict.py) over this
         rank's one device; None under the other policies."""
-        reserve = parse_reserve(_get(extra, "extent_reserve"), _label("extent_reserve"))
-        if self.eviction_policy != "extent":
-            return None
         try:
+            reserve = parse_reserve(_get(extra, "extent_reserve"), _label("extent_reserve"))
+            reinsert = _get(extra, "extent_reinsert")
+            reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
+            if self.eviction_policy != "extent":
+                return None
             if not isinstance(self._core, RawBlockCore):
                 raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
                                  f"{len(self.device_paths)}")
-            reinsert = _get(extra, "extent_reinsert")
-            reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
             return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert)
         except BaseException:
+            self._unexport()
             self._core.close()
             raise
 
