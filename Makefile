@@ -201,12 +201,12 @@ URING_SRC := csrc/core/rb_uring.c csrc/core/rb_device.c csrc/core/rb_dev_lock.c 
 test-c: apt-deps
 	mkdir -p build
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \
-	  -Icsrc/core tests/c/test_core_ds.c csrc/core/rb_idx.c csrc/core/rb_slots.c csrc/core/rb_core_ident.c \
+	  -Icsrc/core tests/c/test_core_ds.c csrc/core/rb_idx.c csrc/core/rb_slots.c csrc/core/rb_extent.c csrc/core/rb_core_ident.c \
 	  -lxxhash -o build/test_core_ds
 	build/test_core_ds
 	@# the checks of debug builds (RB_DEBUG_INVARIANTS: lock order, slot states) fire
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE -DRB_DEBUG_INVARIANTS \
-	  -Icsrc/core tests/c/test_debug_invariants.c csrc/core/rb_slots.c csrc/core/rb_debug.c -lpthread \
+	  -Icsrc/core tests/c/test_debug_invariants.c csrc/core/rb_slots.c csrc/core/rb_extent.c csrc/core/rb_debug.c -lpthread \
 	  -o build/test_debug_invariants
 	build/test_debug_invariants
 	$(CC) -std=gnu11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -D_GNU_SOURCE \

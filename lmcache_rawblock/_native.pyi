@@ -203,6 +203,11 @@ class Core:
     def register_buffers(self, ptrs: Sequence[int], sizes: Sequence[int]) -> None: ...
     def set_dealloc_log(self, on: bool, /) -> None:
         """Start (cleared) or stop the journal of ranges deallocated for freed slots."""
+    def extent_victim(self) -> tuple[int, list[str], list[bool]] | None:
+        """Extents on (extent_bytes): (extent, keys, hot) of the closed extent used least
+        recently, without the keys a load or pin holds; hot[i]: key i was loaded since it was
+        put. None when no closed extent holds a key. The extent then counts as just used.
+        RuntimeError when extents are off."""
     def take_dealloc_log(self) -> list[tuple[int, int]]:
         """(offset, length) of each range deallocated since the journal was started or last taken."""
     def close(self) -> dict[str, Any]: ...

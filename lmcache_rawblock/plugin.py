@@ -59,6 +59,7 @@ from . import fdp, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
+from .extent_evict import ExtentEviction, parse_reserve
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -75,7 +76,7 @@ from .settings import SETTINGS, parse_bool, parse_value
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
 
 _KEY_PREFIX = "rust_raw_block."
-EVICTION_POLICIES = ("none", "lru")
+EVICTION_POLICIES = ("none", "lru", "extent")
 # Evict-ahead defaults: keep 5-10 % of the slots free so a burst of puts finds slots at once,
 # and free 5 % per pass so one batched delete and its checkpoint serve many puts.
 DEFAULT_EVICTION_TRIGGER_WATERMARK = 0.95
@@ -188,7 +189,7 @@ _FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 # The plugin's own keys, read outside the settings table, and the legacy engine switches that
 # io_engine replaced (read only when io_engine is unset).
 _OWN_KEYS = frozenset({"per_tp_device_paths", "device_paths", "eviction_policy", "eviction_trigger_watermark",
-                       "eviction_ratio"})
+                       "eviction_ratio", "extent_reserve", "extent_reinsert"})
 _LEGACY_KEYS = frozenset({"use_iouring", "use_uring"})
 # The one list of the rust_raw_block.* keys the plugin reads: the settings table's plugin rows
 # (csrc/core/rb_config.c) and the keys above. docs/configuration.md's table has a row for each
@@ -393,8 +394,11 @@ class RustRawBlockBackend(StoragePluginInterface):
         # signalled only where the core has no thread of its own that a delete wakes for that
         # checkpoint (the log format's periodic thread).
         work = self._evictor_pass if self.eviction_policy == "lru" else self._reclaim_pass
+        self._extents = self._start_extents(extra)
+        if self._extents is not None:
+            work = self._extents.evictor_pass
         self._evictor = Reclaimer("rawblock-evictor", work, logger)
-        self._reclaim_removes = self.eviction_policy == "lru" or not (
+        self._reclaim_removes = self.eviction_policy != "none" or not (
             self._core.meta_enable_periodic and self._core.report_status()["meta_format"] == "log")
         self._stats_lock = threading.Lock()
         self._evicted_ahead = 0  # entries the evictor deleted
@@ -405,6 +409,24 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def __str__(self) -> str:
         return "RustRawBlockBackend"
+
+    def _start_extents(self, extra: Mapping) -> ExtentEviction | None:
+        """eviction_policy extent: its evictor (lmcache_rawblock/extent_evict.py) over this
+        rank's one device; None under the other policies."""
+        try:
+            reserve = parse_reserve(_get(extra, "extent_reserve"), _label("extent_reserve"))
+            reinsert = _get(extra, "extent_reinsert")
+            reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
+            if self.eviction_policy != "extent":
+                return None
+            if not isinstance(self._core, RawBlockCore):
+                raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
+                                 f"{len(self.device_paths)}")
+            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert)
+        except BaseException:
+            self._unexport()
+            self._core.close()
+            raise
 
     def _start_fdp(self, config: Any, metadata: Any) -> fdp.PlacementRouter | None:
         """With FDP on: ask the device for its placement identifiers, check the configured ones
@@ -545,6 +567,11 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["evicted_ahead_entries"] = self._evicted_ahead
             status["put_evicted_entries"] = self._put_evicted
             status["put_evict_retries"] = self._put_retries
+        if self._extents is not None:  # eviction_policy extent: clean extents kept ahead, victims
+            status["extent_reserve"] = self._extents.reserve
+            status["evicted_extents"] = self._extents.extents_evicted
+            status["evicted_extent_entries"] = self._extents.keys_evicted
+            status["reinserted_extent_entries"] = self._extents.keys_reinserted
         status.update(self._admission.status())
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled
@@ -711,7 +738,10 @@ class RustRawBlockBackend(StoragePluginInterface):
     def _make_room(self, want: int, protect: frozenset[str], held: int) -> bool:
         """Evict up to ``want`` entries outside ``protect`` and write the checkpoint that makes
         freed (and ``held``) slots reusable; False when there is nothing to retry with."""
-        evicted = self._evict_lru(want, protect)
+        if self._extents is not None:
+            evicted = self._extents.evict(want, protect)
+        else:
+            evicted = self._evict_lru(want, protect)
         with self._stats_lock:
             self._put_evicted += evicted
         if evicted or held:
@@ -746,7 +776,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         results = list(result.results)
         stored = list(result.stored_keys)
         failure = result.failure
-        if self.eviction_policy == "lru":
+        if self.eviction_policy != "none":
             self._lru_touch(stored)
             # Evict only when the put may have failed for want of a slot: one that failed for
             # another reason (an I/O error) must not cost other keys their place.

@@ -283,6 +283,16 @@ const rb_setting rb_core_settings[] = {
      .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
      .help = "loads_first: stores are written in pieces of this many bytes (at most write_max_bytes_in_flight, "
              "rounded down to the device alignment); 0 = 1 MiB"},
+    {.name = "extent_bytes",
+     .type = RB_SET_UINT,
+     CFG(extent_bytes),
+     .min = 0,
+     .max = 1ull << 40,
+     .deflt = "0",
+     .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
+     .help = "slots grouped into extents of this many bytes (the drive's reclaim unit), aligned on the device, "
+             "filled in order by one writer stream and given back whole; a multiple of slot_bytes, at least 2 "
+             "slots; 0 = off (each slot allocated on its own)"},
     {.name = "key_namespace",
      .type = RB_SET_CHOICE,
      CFG(key_namespace),
@@ -573,9 +583,29 @@ static int check_ranges(const rb_core_cfg *cfg, rb_err *err)
     return 0;
 }
 
+/* extent_bytes: 0, or whole slots, at least two. */
+static int check_extent(const rb_core_cfg *cfg, rb_err *err)
+{
+    unsigned long long eb = cfg->extent_bytes, sb = cfg->slot_bytes;
+    if (eb == 0)
+        return 0;
+    if (eb % sb)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "extent_bytes must be a multiple of slot_bytes (extent_bytes=%llu, slot_bytes=%llu)", eb, sb);
+    if (eb / sb < 2)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "extent_bytes must hold at least 2 slots (extent_bytes=%llu, slot_bytes=%llu)", eb, sb);
+    if (eb / sb > 0xFFFFFFull)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "extent_bytes must hold at most 16777215 slots (extent_bytes=%llu, slot_bytes=%llu)", eb, sb);
+    return 0;
+}
+
 int rb_core_cfg_check(const rb_core_cfg *cfg, rb_err *err)
 {
     int rc = check_ranges(cfg, err);
+    if (rc == 0)
+        rc = check_extent(cfg, err);
     if (rc < 0)
         return rc;
     unsigned long long ba = cfg->block_align, hb = cfg->header_bytes, sb = cfg->slot_bytes, mt = cfg->meta_total_bytes;

@@ -225,8 +225,8 @@ static int layout(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
     c->slot_cap = cfg->slot_bytes - cfg->header_bytes;
     rc = rb_slots_init(&c->slots, c->max_slots, cfg->fdp_slot_affinity_enabled);
     if (rc < 0)
-        rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    return rc;
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    return rb_core_extent_init(c, err);
 }
 
 /* Debug builds: the core's mutexes by rank, so taking them out of lock order aborts
@@ -349,8 +349,9 @@ static void status_slots_locked(const rb_core *c, rb_core_status *st)
     st->container_bytes = c->container_bytes;
     st->max_slots = c->max_slots;
     st->next_slot = c->slots.next_slot;
-    st->free_slots = c->slots.n_free + c->dl_npend + c->dl_inflight;
+    st->free_slots = c->slots.n_free + (c->slots.ext.per ? 0 : c->dl_npend + c->dl_inflight);
     rb_core_dealloc_status_locked(c, st);
+    rb_core_extent_status_locked(c, st);
     st->indexed = c->index.n_live;
     st->inflight_keys = c->inflight.n_live;
     st->locked_keys = c->locked_keys;

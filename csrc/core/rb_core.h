@@ -50,6 +50,7 @@ typedef struct rb_core_cfg {
     int deallocate_freed;           /* enum rb_dealloc_mode: give freed slots back to the device */
     int io_scheduler;               /* enum rb_sched_mode (rb_uring.h) */
     uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
+    uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h) */
 } rb_core_cfg;
 
 /* When freed slots are deallocated (rb_core_dealloc.c). */
@@ -170,6 +171,11 @@ typedef struct rb_core_status {
     char dealloc_why[200];
     uint64_t dealloc_slots, dealloc_ranges, dealloc_cmds, dealloc_bytes, dealloc_failures, dealloc_skipped;
     uint64_t dealloc_pending, dealloc_ns;
+    /* Extents (extent_bytes; zeros when off): slots each, how many, clean / open / waiting for
+     * their deallocation, opened, opened with no clean one left, chosen as eviction victims,
+     * deallocated whole, made clean without their deallocation. */
+    uint64_t extent_slots, extents_total, extents_clean, extents_open, extents_pending;
+    uint64_t extents_opened, extent_fallbacks, extents_evicted, extent_deallocs, extent_dealloc_skipped;
     uint64_t faults_total;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
     rb_fault faults[RB_FAULTS_KEPT];
@@ -228,6 +234,17 @@ int rb_core_delete_may_block(rb_core *c);
  * in use either way).
  * Checkpoints, compactions, close and delete_many run it themselves. */
 int rb_core_dealloc_pending(rb_core *c);
+/*
+ * Extent eviction (extent_bytes on): the keys of the victim extent, the closed extent whose
+ * keys were used least recently (put or loaded), without those a load or a pin holds; the
+ * extent then counts as just used, so a victim whose keys cannot all go is not chosen again
+ * at once. *keys / *lens / *hot malloc'd (the caller frees each key and the three arrays);
+ * (*hot)[i] is 1 when key i was loaded since it was put; *ext the extent (UINT32_MAX: none
+ * has live keys). Returns the number of keys, -ENOMEM, or -EINVAL
+ * when extents are off. O(extents + slots per extent), or O(entries) after the index was
+ * compacted or replaced.
+ */
+int64_t rb_core_extent_victim(rb_core *c, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]

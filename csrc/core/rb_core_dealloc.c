@@ -17,6 +17,11 @@
  * deallocated does a put wait, for that batch (at most RB_DEALLOC_BATCH slots) to end. Adjacent
  * slots merge into one range; the device packs ranges into commands (rb_dev_deallocate).
  *
+ * With extents (extent_bytes, rb_slots.h) the unit is the extent: a reusable slot goes back to
+ * the allocator at once, and an extent whose every slot is free waits there, out of use, until
+ * a run deallocates its whole range (one range, merged with adjacent extents), then becomes
+ * clean. A put that finds no free slot makes the waiting extents clean undeallocated.
+ *
  * A failed deallocation loses nothing: the slots return to the allocator with their old bytes,
  * the failure is counted and entered in the fault journal. A device or file system that cannot
  * deallocate is detected once (rb_device.h) and the feature then reports itself unsupported.
@@ -46,6 +51,7 @@ void rb_core_dealloc_init(rb_core *c)
     c->dl_on = mode == RB_DEALLOC_ON || (mode == RB_DEALLOC_AUTO && dev_kind_wants);
     if (c->dl_on && rb_dev_dealloc_support(c->dev, NULL) == RB_DEALLOC_NO)
         c->dl_on = 0;
+    c->slots.ext.hold = c->dl_on;
 }
 
 void rb_core_dealloc_free(rb_core *c)
@@ -62,7 +68,7 @@ void rb_core_dealloc_free(rb_core *c)
 
 void rb_core_release_slot_locked(rb_core *c, uint32_t slot)
 {
-    if (c->dl_on) {
+    if (c->dl_on && !c->slots.ext.per) {
         if (rb_slot_list_push(&c->dl_pend, &c->dl_npend, &c->dl_cap, slot) == 0)
             return;
         c->dl_skipped++; /* out of memory: the slot is reused without its deallocation */
@@ -72,6 +78,11 @@ void rb_core_release_slot_locked(rb_core *c, uint32_t slot)
 
 size_t rb_core_dealloc_take_locked(rb_core *c)
 {
+    if (c->slots.ext.per) {
+        size_t m = rb_ext_skip_pending(&c->slots);
+        c->dl_skipped += m;
+        return m;
+    }
     size_t n = c->dl_npend;
     for (size_t i = 0; i < n; i++)
         rb_slots_release(&c->slots, c->dl_pend[i]);
@@ -140,12 +151,42 @@ static int dealloc_allowed_locked(const rb_core *c)
     return !(c->ref_unknown & 0x4u);
 }
 
+/* With extents: a batch of whole extents waiting for their deallocation (at most
+ * RB_DEALLOC_BATCH slots, at least one extent, at most RB_DEALLOC_RANGES extents), their slots
+ * in order into *s. mu held; as batch_take. */
+static int batch_take_extents_locked(rb_core *c, uint32_t **s, size_t *n)
+{
+    rb_slots *sl = &c->slots;
+    uint32_t per = sl->ext.per, want = RB_DEALLOC_BATCH / per;
+    want = want == 0 ? 1 : want > RB_DEALLOC_RANGES ? RB_DEALLOC_RANGES : want;
+    if (want > sl->ext.n_pending)
+        want = sl->ext.n_pending;
+    if (want == 0 || !dealloc_allowed_locked(c))
+        return 0;
+    *s = malloc((size_t)want * per * sizeof(**s));
+    if (!*s)
+        return -ENOMEM;
+    *n = 0;
+    for (uint32_t k = 0; k < want; k++) {
+        uint32_t e = rb_ext_take_pending(sl);
+        for (uint32_t i = 0; i < per; i++)
+            (*s)[(*n)++] = sl->ext.first + e * per + i;
+    }
+    c->dl_inflight = *n;
+    return 1;
+}
+
 /* Take a batch of at most RB_DEALLOC_BATCH pending slots (the newest) into *s (*n of them,
  * counted in dl_inflight, the caller frees *s): 1 taken, 0 nothing may be deallocated now,
  * -ENOMEM. */
 static int batch_take(rb_core *c, uint32_t **s, size_t *n)
 {
     pthread_mutex_lock(&c->mu);
+    if (c->slots.ext.per) {
+        int rc = batch_take_extents_locked(c, s, n);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
     if (c->dl_npend == 0 || !dealloc_allowed_locked(c)) {
         pthread_mutex_unlock(&c->mu);
         return 0;
@@ -190,8 +231,12 @@ static void batch_settle(rb_core *c, const uint32_t *s, size_t n, const rb_dev_r
                          uint64_t cmds, uint64_t dt)
 {
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < n; i++)
-        rb_core_slot_back_locked(c, s[i]);
+    if (c->slots.ext.per) /* whole extents, in order: clean now */
+        for (size_t i = 0; i < n; i += c->slots.ext.per)
+            rb_ext_clean(&c->slots, rb_ext_of(&c->slots, s[i]), rc == 0);
+    else
+        for (size_t i = 0; i < n; i++)
+            rb_core_slot_back_locked(c, s[i]);
     c->dl_inflight = 0;
     pthread_cond_broadcast(&c->dl_cv);
     c->dl_cmds += cmds;
@@ -206,6 +251,7 @@ static void batch_settle(rb_core *c, const uint32_t *s, size_t n, const rb_dev_r
         c->dl_failures++;
         if (rc != -ENOMEM && rb_dev_dealloc_support(c->dev, NULL) == RB_DEALLOC_NO) {
             c->dl_on = 0; /* detected once: the feature reports itself unsupported */
+            c->slots.ext.hold = 0;
             rb_core_dealloc_take_locked(c);
         }
     }
@@ -244,7 +290,8 @@ static int run_batch(rb_core *c)
 int rb_core_dealloc_pending(rb_core *c)
 {
     pthread_mutex_lock(&c->mu);
-    int n = c->dl_npend > 0 && dealloc_allowed_locked(c); /* slots a run would deallocate now */
+    /* slots (extents) a run would deallocate now */
+    int n = (c->dl_npend > 0 || c->slots.ext.n_pending > 0) && dealloc_allowed_locked(c);
     pthread_mutex_unlock(&c->mu);
     return n;
 }
@@ -289,7 +336,7 @@ void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st)
     st->dealloc_bytes = c->dl_bytes;
     st->dealloc_failures = c->dl_failures;
     st->dealloc_skipped = c->dl_skipped;
-    st->dealloc_pending = c->dl_npend + c->dl_inflight;
+    st->dealloc_pending = c->dl_npend + c->dl_inflight + (uint64_t)c->slots.ext.n_pending * c->slots.ext.per;
     st->dealloc_ns = c->dl_ns;
 }
 

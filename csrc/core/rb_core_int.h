@@ -16,6 +16,7 @@
  *   rb_core_mlog.c     the log-structured metadata format, core side: journal, groups, bases
  *   rb_core_mlog_rec.c its recovery from base and log
  *   rb_core_dealloc.c  freed slots given back to the device
+ *   rb_core_extent.c   extents (extent_bytes): geometry, the victim extent's keys, counters
  *   rb_core_trust.c    faults, write durability, device shrink
  *   rb_core_fastjson.c the plain v1 state reader
  * Lock order: see struct rb_core below and rb_core.h.
@@ -434,6 +435,12 @@ static inline void rb_core_slot_back_locked(rb_core *c, uint32_t slot)
     else
         rb_slots_release(&c->slots, slot);
 }
+
+/* ---- rb_core_extent.c: extents (rb_slots.h) --------------------------------------------- */
+
+/* Set up extents when extent_bytes is on (after rb_slots_init at open): 0 or <0 with err. */
+int rb_core_extent_init(rb_core *c, rb_err *err);
+void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st);
 
 /* ---- rb_core_dealloc.c: freed slots given back to the device ---------------------------- */
 

@@ -194,6 +194,7 @@ static int commit_index_locked(rb_core *c, const rb_put_item *it, uint32_t h, co
     rb_slots_move(&c->slots, r->slot, RB_SLOT_IN(RB_SLOT_RESERVED), RB_SLOT_LIVE, __func__);
     rb_ent *e = &c->index.ents[q];
     e->slot = r->slot;
+    rb_ext_use(&c->slots, r->slot, q, 0);
     e->size = r->size;
     e->cls = r->cls;
     if (c->cfg.verify_payload_checksum) {

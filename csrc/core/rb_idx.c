@@ -133,8 +133,10 @@ void rb_idx_clear(rb_idx *ix)
     free(ix->table);
     pool_release(&ix->pool, 0);
     uint32_t hold = ix->hold_compact; /* a reader of positions may still be walking it */
+    uint32_t epoch = ix->epoch;
     rb_idx_init(ix);
     ix->hold_compact = hold;
+    ix->epoch = epoch + 1;
 }
 
 void rb_idx_free(rb_idx *ix)
@@ -214,6 +216,7 @@ int rb_idx_maybe_compact(rb_idx *ix)
     uint32_t dead = ix->n_ents - ix->n_live;
     if (ix->hold_compact || dead < 64 || dead < ix->n_live)
         return 0;
+    ix->epoch++;
     uint32_t w = 0;
     for (uint32_t r = 0; r < ix->n_ents; r++) {
         if (ix->ents[r].flags & RB_ENT_DEAD)

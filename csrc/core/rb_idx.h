@@ -72,6 +72,7 @@ typedef struct rb_idx {
     uint32_t n_live;
     uint32_t first_live;   /* hint: no live record below this position */
     uint32_t hold_compact; /* while nonzero, positions never change (no compaction) */
+    uint32_t epoch;        /* changes whenever positions may have (a compaction, a clear) */
     uint64_t *table;       /* low 32 bits: position + 1 (0 = empty); high 32 bits: the hash */
     uint32_t table_mask;   /* table size - 1 (size is a power of two), 0 when no table */
     rb_pool pool;

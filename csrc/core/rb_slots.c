@@ -40,10 +40,11 @@ void rb_slots_free(rb_slots *s)
     free(s->phead);
     free(s->ptail);
     free(s->state);
+    rb_ext_free(s);
     memset(s, 0, sizeof(*s));
 }
 
-static int grow(rb_slots *s, uint32_t need)
+int rb_slots_grow(rb_slots *s, uint32_t need)
 {
     if (need <= s->cap)
         return 0;
@@ -80,7 +81,7 @@ int rb_slots_reset(rb_slots *s, uint32_t next_slot)
 {
     if (next_slot > s->max_slots)
         next_slot = s->max_slots;
-    if (grow(s, next_slot) < 0)
+    if (rb_slots_grow(s, next_slot) < 0)
         return -ENOMEM;
     if (s->cap) {
         memset(s->is_free, 0, s->cap);
@@ -99,6 +100,8 @@ int rb_slots_reset(rb_slots *s, uint32_t next_slot)
     s->ghead = s->gtail = RB_SLOT_NONE;
     s->n_free = 0;
     s->next_slot = next_slot;
+    if (s->ext.per)
+        rb_ext_reset(s, next_slot);
     return 0;
 }
 
@@ -155,6 +158,8 @@ static void take(rb_slots *s, uint32_t x)
 uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
 {
     uint32_t x;
+    if (s->ext.per)
+        return rb_ext_alloc(s, pid);
     if (s->affinity && pid && s->ptail[pid] != RB_SLOT_NONE) {
         x = s->ptail[pid];
         take(s, x);
@@ -174,7 +179,7 @@ uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
         return x;
     }
     if (s->next_slot < s->max_slots) {
-        if (grow(s, s->next_slot + 1) < 0)
+        if (rb_slots_grow(s, s->next_slot + 1) < 0)
             return RB_SLOT_NONE;
         x = s->next_slot++;
         if (s->affinity)
@@ -191,6 +196,10 @@ void rb_slots_release(rb_slots *s, uint32_t x)
         rb_slots_move(s, x, RB_SLOT_IN(RB_SLOT_RESERVED) | RB_SLOT_IN(RB_SLOT_FREEING), RB_SLOT_FREE, __func__);
     if (x >= s->next_slot || s->is_free[x])
         return;
+    if (s->ext.per) {
+        rb_ext_release(s, x);
+        return;
+    }
     s->is_free[x] = 1;
     s->n_free++;
     s->gprev[x] = s->gtail;
@@ -215,5 +224,9 @@ void rb_slots_release(rb_slots *s, uint32_t x)
 size_t rb_slots_mem_bytes(const rb_slots *s)
 {
     size_t per = 2 * sizeof(uint32_t) + 1 + (s->affinity ? 2 * sizeof(uint32_t) + 2 : 0);
-    return (size_t)s->cap * per + (s->affinity ? 2 * NPIDS * sizeof(uint32_t) : 0);
+    size_t ext = 0;
+    if (s->ext.per)
+        ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 1) + (size_t)s->cap * sizeof(uint32_t) +
+              (size_t)s->ext.nstreams * 2 * sizeof(uint32_t);
+    return (size_t)s->cap * per + (s->affinity ? 2 * NPIDS * sizeof(uint32_t) : 0) + ext;
 }

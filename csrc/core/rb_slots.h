@@ -16,6 +16,41 @@
 
 #define RB_SLOT_NONE UINT32_MAX
 
+/*
+ * Extents (rb_extent.c; off while per is 0): the slots grouped into extents of per consecutive
+ * slots, extent 0 starting at slot first (the first slot on an extent_bytes boundary of the
+ * device), n whole extents; the slots before first and after the last extent are never handed
+ * out. One extent is open per writer stream (per placement id with affinity, else one) and
+ * hands out its free slots in order; a new one is opened only when it is full, from the clean
+ * extents (every slot free) first, else the closed extent with the most free slots. An extent
+ * is on one list: lists[k] (k < per) the closed extents with k free slots, lists[per] the clean
+ * ones (oldest first), lists[per + 1] those waiting for their deallocation (hold on: every slot
+ * free, handed out again only once rb_ext_clean says the range was deallocated or skipped).
+ * Per extent: its free slots and its last use (a tick of put commits and load hits). rev maps
+ * a slot to the index position of the key on it (valid while rev_ok and the index epoch is
+ * rev_epoch; rb_core_extent.c rebuilds it otherwise); hot marks a slot whose key was loaded
+ * since it was put (what eviction may put again elsewhere rather than lose).
+ */
+enum { RB_EXT_CLOSED, RB_EXT_OPEN, RB_EXT_CLEAN, RB_EXT_PENDING, RB_EXT_DEALLOC };
+typedef struct rb_extents {
+    uint32_t per, first, n;
+    uint32_t *nfree;
+    uint64_t *tick;
+    uint8_t *st;           /* RB_EXT_* */
+    uint32_t *prev, *next; /* list links */
+    uint32_t *head, *tail; /* per + 2 lists */
+    uint32_t *open, *cur;  /* per stream: the open extent, the index in it to look at next */
+    uint32_t nstreams;
+    uint32_t *rev;
+    uint8_t *hot;
+    uint32_t rev_epoch;
+    int rev_ok;
+    int hold; /* extents whose slots are all free wait for their deallocation */
+    uint64_t clock;
+    uint32_t n_clean, n_open, n_pending;
+    uint64_t opened, fallbacks, evicted, deallocated, dealloc_skipped;
+} rb_extents;
+
 typedef struct rb_slots {
     uint32_t max_slots;
     uint32_t next_slot;
@@ -31,6 +66,7 @@ typedef struct rb_slots {
     uint32_t *phead;
     uint64_t affinity_hits, affinity_fallbacks;
     uint8_t *state; /* debug builds: each slot's RB_SLOT_* state (NULL otherwise) */
+    rb_extents ext;
 } rb_slots;
 
 /*
@@ -71,5 +107,46 @@ uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid);
 void rb_slots_release(rb_slots *s, uint32_t slot);
 /* Bytes allocated, for the memory benchmark. */
 size_t rb_slots_mem_bytes(const rb_slots *s);
+/* Make the per-slot arrays cover need slots. 0 or -ENOMEM. */
+int rb_slots_grow(rb_slots *s, uint32_t need);
+
+/* ---- extents (rb_extent.c) ---- */
+/* Turn extents on after rb_slots_init: per slots each (>= 2), the first at slot first; hold:
+ * wholly free extents wait for rb_ext_take_pending / rb_ext_clean. 0, -EINVAL (no whole
+ * extent fits) or -ENOMEM. Every slot starts out of use, as after rb_slots_reset(s, max). */
+int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold);
+void rb_ext_free(rb_slots *s);
+/* rb_slots_reset's part: slots at or above top are free, the others out of use. */
+void rb_ext_reset(rb_slots *s, uint32_t top);
+uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid);
+/* A slot below next_slot, not free, is free again (rb_slots_release). */
+void rb_ext_release(rb_slots *s, uint32_t slot);
+/* An extent waiting for its deallocation, now taken for it (RB_EXT_DEALLOC), or RB_SLOT_NONE. */
+uint32_t rb_ext_take_pending(rb_slots *s);
+/* A wholly free extent (taken, or still pending) becomes clean; deallocated: its range was. */
+void rb_ext_clean(rb_slots *s, uint32_t e, int deallocated);
+/* Every pending extent clean, undeallocated (a put out of slots). Returns the slots. */
+uint32_t rb_ext_skip_pending(rb_slots *s);
+/* The closed extent with live slots used least recently, or RB_SLOT_NONE; it becomes the
+ * most recently used (a victim whose keys cannot all go is not chosen again at once). */
+uint32_t rb_ext_victim(rb_slots *s);
+static inline uint32_t rb_ext_of(const rb_slots *s, uint32_t slot)
+{
+    const rb_extents *x = &s->ext;
+    if (slot < x->first || slot - x->first >= (uint64_t)x->n * x->per)
+        return RB_SLOT_NONE;
+    return (slot - x->first) / x->per;
+}
+/* A key committed on slot at index position pos (hit 0), or loaded from it (hit 1): its
+ * extent's last use, the slot's index position and whether its key was loaded since put. */
+static inline void rb_ext_use(rb_slots *s, uint32_t slot, uint32_t pos, int hit)
+{
+    uint32_t e = s->ext.per ? rb_ext_of(s, slot) : RB_SLOT_NONE;
+    if (e == RB_SLOT_NONE)
+        return;
+    s->ext.tick[e] = ++s->ext.clock;
+    s->ext.rev[slot] = pos;
+    s->ext.hot[slot] = (uint8_t)hit;
+}
 
 #endif /* RB_SLOTS_H */

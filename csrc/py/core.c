@@ -186,6 +186,11 @@ static PyMethodDef core_methods[] = {
      "-> bool: log format, write a new base and switch to it now (False: nothing to do)"},
     {"set_dealloc_log", rbpy_core_set_dealloc_log, METH_O,
      "set_dealloc_log($self, on, /)\n--\n\nstart (cleared) or stop the journal of deallocated ranges"},
+    {"extent_victim", rbpy_core_extent_victim, METH_NOARGS,
+     "extent_victim($self, /)\n--\n\n-> (extent, list[str], list[bool]) | None: the keys of the closed extent "
+     "used least recently (put or loaded), without those a load or pin holds, and for each whether it was loaded "
+     "since it was put; None when no closed extent holds a key. The extent then counts as just used. Needs "
+     "extent_bytes"},
     {"take_dealloc_log", rbpy_core_take_dealloc_log, METH_NOARGS,
      "take_dealloc_log($self, /)\n--\n\n-> list[(offset, length)]: ranges deallocated since the last call"},
     {"apply_state_json", rbpy_core_apply_state_json, METH_O,

@@ -256,3 +256,44 @@ PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_
     free(lens);
     return l;
 }
+
+PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    char **keys = NULL;
+    size_t *lens = NULL;
+    uint8_t *hot = NULL;
+    uint32_t ext;
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+        n = rb_core_extent_victim(rbpy_core_of(op), &keys, &lens, &hot, &ext);
+    Py_END_ALLOW_THREADS
+    if (n == -EINVAL) {
+        PyErr_SetString(PyExc_RuntimeError, "extent_victim needs extents: extent_bytes is 0 (off)");
+        return NULL;
+    }
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *l = PyList_New((Py_ssize_t)n), *h = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        if (l && h) {
+            PyObject *s = PyUnicode_DecodeUTF8(keys[i], (Py_ssize_t)lens[i], "surrogatepass");
+            if (!s)
+                Py_CLEAR(l);
+            else
+                PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+            PyList_SET_ITEM(h, (Py_ssize_t)i, PyBool_FromLong(hot[i]));
+        }
+        free(keys[i]);
+    }
+    free(keys);
+    free(lens);
+    free(hot);
+    if (!l || !h || ext == UINT32_MAX) {
+        Py_XDECREF(l);
+        Py_XDECREF(h);
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(INN)", (unsigned)ext, l, h);
+}

@@ -22,6 +22,23 @@ static int status_add_dealloc(PyObject *d, const rb_core_status *st)
     return rc;
 }
 
+/* GIL held: extents (extent_bytes), flat keys extent_* / extents_*: zeros when off. 0, or -1 with
+ * an exception set. */
+static int status_add_extents(PyObject *d, const rb_core_status *st)
+{
+    PyObject *t = Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "extent_slots", (unsigned long long)st->extent_slots,
+        "extents_total", (unsigned long long)st->extents_total, "extents_clean", (unsigned long long)st->extents_clean,
+        "extents_open", (unsigned long long)st->extents_open, "extents_pending_dealloc",
+        (unsigned long long)st->extents_pending, "extents_opened", (unsigned long long)st->extents_opened,
+        "extent_fallbacks", (unsigned long long)st->extent_fallbacks, "extents_evicted",
+        (unsigned long long)st->extents_evicted, "extent_deallocs", (unsigned long long)st->extent_deallocs,
+        "extent_dealloc_skipped", (unsigned long long)st->extent_dealloc_skipped);
+    int rc = t ? PyDict_Update(d, t) : -1;
+    Py_XDECREF(t);
+    return rc;
+}
+
 /* GIL held: into the metadata_log dict l, the damage the recovery's log walk went on past
  * (docs/metadata-log.md, "What damage costs"). 0, or -1 with an exception set. */
 static int log_add_damage(PyObject *l, const rb_core_status *st)
@@ -162,7 +179,7 @@ PyObject *rbpy_core_status(PyObject *op, PyObject *unused)
     PyObject *io = rbpy_io_stats_dict(&st.io);
     PyObject *d = io ? status_base(&st, io) : NULL;
     if (d && (status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0 || status_add_dealloc(d, &st) < 0 ||
-              status_add_lock(d, rbpy_core_of(op)) < 0))
+              status_add_extents(d, &st) < 0 || status_add_lock(d, rbpy_core_of(op)) < 0))
         Py_CLEAR(d);
     return d;
 }

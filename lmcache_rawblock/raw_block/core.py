@@ -348,6 +348,23 @@ class RawBlockCore:
                           held=st["checkpoint_held_slots"], locked=st["locked_key_count"],
                           room_checkpoints=st["checkpoints_for_room"], closed=bool(st["closed"]))
 
+    def extent_counts(self) -> dict[str, int]:
+        """The extent counters of one status read (zeros when ``extent_bytes`` is off):
+        ``extent_slots``, ``extents_total``, ``extents_clean``, ``extents_open``,
+        ``extents_pending_dealloc``, ``extents_evicted``, ``extent_deallocs``, and ``closed``."""
+        st = self._native.status()
+        out = {k: v for k, v in st.items() if k.startswith(("extent_", "extents_"))}
+        out["closed"] = int(bool(st["closed"]))
+        return out
+
+    def extent_victim(self) -> tuple[int, list[str], list[bool]] | None:
+        """With extents (``extent_bytes``): the closed extent whose keys were used least
+        recently, its keys that no load or pin holds, and for each whether it was loaded since
+        it was put (a hot key eviction may put again); None when no closed extent holds a
+        key. The extent then counts as just used (one whose keys cannot all go is not chosen
+        again at once). RuntimeError when extents are off."""
+        return self._native.extent_victim()
+
     def reclaim_held_slots(self) -> int:
         """Make the slots freed by deletes reusable now: write checkpoints while some freed slot
         waits for one and the last one was written (a checkpoint writes only when the index
@@ -485,6 +502,9 @@ class RawBlockCore:
             # freed slots given back to the device (deallocate_freed): on / off / unsupported,
             # what it issues, and what it did
             **{k: v for k, v in st.items() if k.startswith("dealloc_")},
+            # extents (extent_bytes; zeros when off): slots each, how many, clean / open / waiting
+            # for their deallocation, chosen for eviction, deallocated whole
+            **{k: v for k, v in st.items() if k.startswith(("extent_", "extents_"))},
             "rust_io": st["io"],
         }
 

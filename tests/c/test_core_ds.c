@@ -7,6 +7,7 @@
  * Build/run: see tests/c/README (cc ... && ./test_core_ds); exit 0 = pass.
  */
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,40 @@ static void test_slots(void)
     CHECK(rb_slots_alloc(&s, 1) == a && s.affinity_hits == 1);
     CHECK(rb_slots_alloc(&s, 9) == c && s.affinity_fallbacks == 1); /* most recently freed */
     CHECK(rb_slots_alloc(&s, 7) == b && s.affinity_hits == 2);
+    rb_slots_free(&s);
+}
+
+/* Extents of 4 slots from slot 2 on a 16-slot allocator: slots 2..13, three extents. */
+static void test_extents(void)
+{
+    rb_slots s;
+    CHECK(rb_slots_init(&s, 16, 0) == 0);
+    CHECK(rb_ext_init(&s, 4, 2, 1) == 0 && s.ext.n == 3 && s.ext.n_clean == 3);
+    CHECK(rb_slots_reset(&s, 0) == 0);
+    for (uint32_t i = 0; i < 12; i++)
+        CHECK(rb_slots_alloc(&s, 0) == 2 + i);                         /* in order, extent by extent */
+    CHECK(rb_slots_alloc(&s, 0) == RB_SLOT_NONE && s.next_slot == 16); /* nothing past the last extent */
+    for (uint32_t x = 2; x < 6; x++)
+        rb_slots_release(&s, x); /* extent 0 wholly free: waits for its deallocation */
+    CHECK(s.ext.n_pending == 1 && s.ext.n_clean == 0);
+    rb_slots_release(&s, 7);
+    rb_slots_release(&s, 12);
+    rb_slots_release(&s, 13);
+    CHECK(rb_slots_alloc(&s, 0) == 12); /* no clean extent: the emptiest (extent 2) */
+    CHECK(rb_slots_alloc(&s, 0) == 13);
+    CHECK(rb_slots_alloc(&s, 0) == 7 && s.ext.fallbacks == 2);
+    uint32_t e = rb_ext_take_pending(&s);
+    CHECK(e == 0 && s.ext.n_pending == 0);
+    rb_ext_clean(&s, e, 1);
+    CHECK(s.ext.deallocated == 1 && rb_slots_alloc(&s, 0) == 2);
+    rb_slots_release(&s, 2);
+    CHECK(rb_slots_alloc(&s, 0) == 3); /* the open extent goes on in order */
+    /* victim: the closed extent used least recently */
+    rb_ext_use(&s, 8, 0, 1);
+    CHECK(rb_ext_victim(&s) == 2 && rb_ext_victim(&s) == 1);
+    rb_slots_free(&s);
+    CHECK(rb_slots_init(&s, 5, 0) == 0);
+    CHECK(rb_ext_init(&s, 4, 2, 0) == -EINVAL); /* no whole extent */
     rb_slots_free(&s);
 }
 
@@ -184,6 +219,7 @@ int main(void)
 {
     test_idx();
     test_slots();
+    test_extents();
     test_blake2b();
     test_blake2b_many();
     test_key_hash();

@@ -37,6 +37,7 @@ GOOD = {
     "verify_payload_checksum": False, "allow_foreign_device": False, "recovery_read_threads": 2,
     "meta_format": "log", "deallocate_freed": "auto", "io_scheduler": "loads_first",
     "read_max_bytes_in_flight": 8 * MiB, "write_max_bytes_in_flight": 2 * MiB, "write_piece_bytes": 256 * 1024,
+    "extent_bytes": 0,
 }
 
 

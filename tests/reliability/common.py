@@ -34,12 +34,13 @@ class Config:
     verify_on_load: bool   # meta_verify_on_load
     meta_format: str = "v1"
     dealloc: bool = False  # deallocate_freed "on" (on a file: freed slots become punched holes), else "off"
+    extent: bool = False   # extent_bytes EXTENT (slots handed out and deallocated by extent), else 0
 
     @property
     def name(self) -> str:
         return "/".join([self.engine, "odirect" if self.odirect else "buffered",
                          "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify",
-                         self.meta_format] + (["dealloc"] if self.dealloc else []))
+                         self.meta_format] + (["dealloc"] if self.dealloc else []) + (["extent"] if self.extent else []))
 
 
 # Deallocation of freed slots is on in half of the configurations: for each format, engine,
@@ -47,13 +48,20 @@ class Config:
 # round), so every other axis meets it on and off without doubling the matrix.
 ALL_CONFIGS = [Config(e, d, s, v, f, d ^ s ^ v) for f, e, d, s, v in itertools.product(
     META_FORMATS, ("posix", "io_uring"), (False, True), (False, True), (True, False))]
+# Extents (extent_bytes) with deallocation on, where whole extents are given back: one
+# configuration per format and engine, their writers also evicting whole victim extents.
+EXTENT = 4 * SLOT
+EXTENT_CONFIGS = [Config(e, False, False, True, f, True, True) for f in META_FORMATS for e in ("posix", "io_uring")]
 
 
 def config_by_name(name: str) -> Config:
-    """A configuration by name, engine/io/sum/verify[/format][/dealloc]: a name without the
-    format means v1, one without "dealloc" has deallocation off. Any combination is accepted,
-    not only the ones in ALL_CONFIGS."""
+    """A configuration by name, engine/io/sum/verify[/format][/dealloc][/extent]: a name without
+    the format means v1, one without "dealloc" has deallocation off, one without "extent" no
+    extents. Any combination is accepted, not only the ones in ALL_CONFIGS."""
     parts = name.split("/")
+    extent = parts[-1] == "extent"
+    if extent:
+        parts.pop()
     dealloc = parts[-1] == "dealloc"
     if dealloc:
         parts.pop()
@@ -64,7 +72,7 @@ def config_by_name(name: str) -> Config:
         e, io, s, v, f = parts
         if (e in ("posix", "io_uring") and io in ("buffered", "odirect") and s in ("sum", "nosum")
                 and v in ("verify", "noverify") and f in META_FORMATS):
-            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc)
+            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc, extent)
     if cfg is None:
         raise ValueError(f"unknown configuration {name!r}: engine/io/sum/verify[/format][/dealloc], e.g. "
                          f"{ALL_CONFIGS[0].name} or {ALL_CONFIGS[-1].name}")
@@ -94,7 +102,7 @@ def core_config(path: str, cfg: Config, *, load: bool = True, meta_format: str |
         meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
         meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
         iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format,
-        deallocate_freed="on" if cfg.dealloc else "off")
+        deallocate_freed="on" if cfg.dealloc else "off", extent_bytes=EXTENT if cfg.extent else 0)
 
 
 _KEYS: dict[int, Any] = {}

@@ -108,10 +108,18 @@ class Stats:
                 + (f" compactions={self.compactions} base_switches={self.base_switches} moves={self.moves}"
                    if "/log" in self.config or self.config == "total" else "")
                 + (f" dealloc_slots={self.dealloc_slots} dealloc_skipped={self.dealloc_skipped}"
-                   if self.config.endswith("/dealloc") or self.config == "total" else ""))
+                   if "/dealloc" in self.config or self.config == "total" else ""))
 
 
 # ---- writer (child process) --------------------------------------------------------------
+
+def _id_of(encoded: str) -> int:
+    """The key id of an encoded key of the key universe."""
+    for k in range(NKEYS):
+        if key(k).encoded == encoded:
+            return k
+    raise KeyError(encoded)
+
 
 def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, live: set[int], v0: int) -> None:
     do_sync = os.environ.get("RB_KILLLOOP_FSYNC") == "1"
@@ -153,6 +161,9 @@ def _writer(path: str, cfg: Config, logfd: int, ready_fd: int, rng_seed: int, li
             if not pool:
                 continue
             kids = rng.sample(pool, min(len(pool), rng.randint(1, 3)))
+            if cfg.extent and rng.random() < 0.5:  # extent eviction: the victim extent's keys
+                victim = core.extent_victim()
+                kids = [_id_of(enc) for enc in victim[1]] if victim and victim[1] else kids
             if rng.random() < 0.1:
                 kids.append(rng.randrange(NKEYS))  # sometimes a key that may not be there
             kids = list(dict.fromkeys(kids))

@@ -13,7 +13,7 @@ import traceback
 import pytest
 
 from reliability import killloop
-from reliability.common import ALL_CONFIGS, Config, Obj, key, make_device, open_core, payload, verify_served
+from reliability.common import ALL_CONFIGS, EXTENT_CONFIGS, Config, Obj, key, make_device, open_core, payload, verify_served
 
 ENABLED = os.environ.get("RB_CRASH_TESTS") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="crash harnesses run via `make test-reliability` "
@@ -45,6 +45,12 @@ def _run(cfg: Config, cycles: int, tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: c.name)
 def test_killloop(cfg, tmp_path, capsys):
+    _run(cfg, CI_CYCLES, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("cfg", EXTENT_CONFIGS, ids=lambda c: c.name)
+def test_killloop_with_extent_eviction(cfg, tmp_path, capsys):
+    """Extents on, deallocation on, the writer evicting whole victim extents among its deletes."""
     _run(cfg, CI_CYCLES, tmp_path, capsys)
 
 

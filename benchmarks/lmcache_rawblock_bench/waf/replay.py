@@ -19,6 +19,14 @@ with the same cache semantics as :class:`.stream.CacheModel`, but every operatio
   put takes them undeallocated: ``dealloc_skipped``); ``--evict-batch F`` evicts at least F of
   the slots at a time, as the plugin's evict-ahead does;
 * ``delete`` deletes; every ``--checkpoint-every`` stored chunks the core writes a checkpoint.
+* ``--extent-bytes SIZE`` turns the core's extents on (``extent_bytes``: slots handed out and
+  given back a reclaim unit at a time); the cache's capacity is then the slots of its whole
+  extents. ``--eviction extent`` evicts as the plugin's ``eviction_policy=extent`` does: every
+  key of the closed extent used least recently (``extent_victim``) at a time, instead of the
+  least recently used keys (``lru``), and puts the victim's keys loaded since their put (at
+  most half of it) again once their slots are reusable, as the plugin's ``extent_reinsert``
+  does (``extent-noreinsert``: not); ``--eviction lru,extent`` runs both side by side. Hits
+  bump an extent's use only when loaded: use ``--load`` with ``extent``.
 
 Placement modes: ``no_fdp`` (no directive), ``mixed`` (FDP on, data and checkpoint on the first
 identifier), ``separated`` (data through :class:`lmcache_rawblock.fdp.PlacementRouter` for the
@@ -73,6 +81,7 @@ _NG = re.compile(r"ng\d+n\d+")
 FILL = 0x5A
 REPLAY_MODES = (stream.NO_FDP, stream.MIXED, stream.SEPARATED)
 DEALLOC_CHOICES = ("auto", "on", "off")
+EVICTIONS = ("lru", "extent", "extent-noreinsert")
 DEALLOC_KEYS = ("dealloc_state", "dealloc_slots", "dealloc_ranges", "dealloc_commands", "dealloc_bytes",
                 "dealloc_failures", "dealloc_skipped")
 
@@ -128,6 +137,12 @@ def add_arguments(p) -> None:
                    help="when a put needs room, evict at least this fraction of the slots in one batch (the "
                         "plugin's evict-ahead evicts eviction_ratio = 0.05 at a time; default 0: only what the "
                         "put needs)")
+    p.add_argument("--extent-bytes", default="0",
+                   help="the core's extent_bytes (e.g. 64M; a multiple of the slot size, at least 2 slots; default "
+                        "0: off)")
+    p.add_argument("--eviction", default="lru",
+                   help="comma-separated: lru (least recently used keys) or extent (the least recently used "
+                        "extent's keys, needs --extent-bytes); e.g. lru,extent runs both (default lru)")
     p.add_argument("--load", action="store_true", help="read every hit back (load_many_into)")
     p.add_argument("--record", metavar="FILE", help="write the first run's device write stream to FILE "
                                                     "(for waf simulate --stream)")
@@ -277,7 +292,7 @@ def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], O
 
 
 def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int],
-                dealloc: str = "auto"):
+                dealloc: str = "auto", extent_bytes: int = 0):
     from lmcache_rawblock.raw_block import RawBlockCoreConfig
 
     from ..core import config_kwargs, meta_bytes_for
@@ -305,6 +320,7 @@ def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pi
         kw["meta_checkpoint_placement_id"] = ckpt_pid
     kw["fdp_slot_affinity_enabled"] = mode == stream.SEPARATED
     kw["deallocate_freed"] = dealloc
+    kw["extent_bytes"] = extent_bytes
     return RawBlockCoreConfig(**kw), engine
 
 
@@ -352,6 +368,7 @@ class Ops:
     bytes_written: int = 0
     deletes: int = 0
     evictions: int = 0
+    reinserted: int = 0
     checkpoints: int = 0
     checkpoint_bytes: int = 0
     lookup_disagreements: int = 0
@@ -367,8 +384,9 @@ class Replayer:
 
     def __init__(self, core, mode: str, strategy: Optional[str], ids: tuple, admission: str, *, tp: int,
                  checkpoint_every: int, load: bool = False, recorder=None, ckpt_pid: Optional[int] = None,
-                 chunk_align: int = 1, evict_batch: float = 0.0) -> None:
+                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru") -> None:
         self.core = core
+        self.eviction = eviction
         self.mode = mode
         self.ids = ids
         self.tp = tp
@@ -380,7 +398,8 @@ class Replayer:
         self.ckpt_pid = ckpt_pid
         self.chunk_align = chunk_align
         st = core._native.status()
-        self.max_slots = st["max_slots"]
+        # with extents, the slots of the whole extents (the others are never handed out)
+        self.max_slots = st["extents_total"] * st["extent_slots"] or st["max_slots"]
         self.container_bytes = st["container_bytes"]
         self.block = core.block_align
         self.header = core.header_bytes
@@ -388,6 +407,8 @@ class Replayer:
         self.written = 0
         self.ckpts_seen = st["checkpoints_written"]
         self.lru: OrderedDict = OrderedDict()  # (hash, worker) -> encoded key, least recent first
+        self.event_of: dict = {}  # extent eviction: (hash, worker) -> its put event (to put it again)
+        self._again: list = []  # hot keys of evicted extents to put again
         self.specs: dict = {}
         self.objs: dict = {}
         self.ops = Ops()
@@ -489,20 +510,48 @@ class Replayer:
     def _delete(self, e: dict) -> None:
         k = self._key(e)
         enc = self.lru.pop(k, None)
+        self.event_of.pop(k, None)
         if enc is not None and self.core.delete_many([enc], force=True)[0]:
             self.ops.deletes += 1
         self._record_deallocs()
 
-    def _evict(self, n: int, protect: set) -> int:
+    def _lru_victims(self, n: int, protect: set) -> list:
         victims = []
         for k in self.lru:
             if len(victims) >= n:
                 break
             if k not in protect:
                 victims.append(k)
+        return victims
+
+    def _extent_victims(self, n: int, protect: set) -> list:
+        """The keys of victim extents, least recently used first, until n more than the hot
+        keys to put again, or every closed extent was looked at (as the plugin's extent
+        eviction)."""
+        by_enc = {enc: k for k, enc in self.lru.items()}
+        victims: list = []
+        seen: set = set()
+        while len(victims) - len(self._again) < n:
+            v = self.core.extent_victim()
+            if v is None or v[0] in seen:
+                break
+            seen.add(v[0])
+            keep = [(by_enc[e], h) for e, h in zip(v[1], v[2]) if e in by_enc and by_enc[e] not in protect]
+            victims += [k for k, _ in keep]
+            if self.eviction == "extent":
+                self._again += [k for k, h in keep if h][:len(keep) // 2]
+        return victims
+
+    def _evict(self, n: int, protect: set) -> int:
+        ext = self.eviction.startswith("extent")
+        victims = self._extent_victims(n, protect) if ext else self._lru_victims(n, protect)
         if not victims:
             return 0
         encs = [self.lru.pop(k) for k in victims]
+        again = set(self._again)
+        for k in victims:
+            if k not in again:
+                self.event_of.pop(k, None)
         done = sum(self.core.delete_many(encs, force=True))
         self.ops.evictions += done
         self._record_deallocs()
@@ -524,7 +573,15 @@ class Replayer:
                     self._account(0, [])
                     if self.core.reclaim_held_slots():
                         self._account(0, [], checkpoint_first=False)
+        self._put_again()
         return done
+
+    def _put_again(self) -> None:
+        """Extent eviction's reinsertion: the hot keys of the evicted extents put again."""
+        again, self._again = self._again, []
+        todo = [(k, self.event_of[k], None) for k in again if k in self.event_of and k not in self.lru]
+        if todo:
+            self.ops.reinserted += sum(1 for ok in self._put(todo) if ok)
 
     def _flush_puts(self) -> None:
         batch, self._batch, self._batch_id = self._batch, [], None
@@ -592,6 +649,8 @@ class Replayer:
             if not ok:
                 continue
             self.lru[k] = spec.encoded
+            if self.eviction == "extent":
+                self.event_of[k] = e
             size = int(e["size"])
             n = -(-(self.header + size) // self.chunk_align) * self.chunk_align
             expect += n
@@ -653,12 +712,14 @@ class Replayer:
 
 
 def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: str, repeat: int,
-            spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None, dealloc: str = "auto") -> dict:
+            spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None, dealloc: str = "auto",
+            eviction: str = "lru") -> dict:
     from lmcache_rawblock.raw_block import RawBlockCore
     from . import counters
 
     ids, ckpt_pid = fdp_ids(target, mode, a.handles)
-    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc)
+    extent_bytes = _size(a.extent_bytes, "--extent-bytes")
+    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc, extent_bytes)
     warm, warm_desc = _amount(a.warmup, "--warmup", target.size)
     meas, meas_desc = _amount(a.measure, "--measure", target.size)
     reinit(target)
@@ -669,7 +730,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         rec = stream.Recorder(record_file) if record_file is not None else None
         r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
                      checkpoint_every=a.checkpoint_every, load=a.load, recorder=rec, ckpt_pid=ckpt_pid,
-                     chunk_align=align, evict_batch=a.evict_batch)
+                     chunk_align=align, evict_batch=a.evict_batch, eviction=eviction)
         if spec is not None:
             events = _generated(spec, repeat)
             seed = spec.seed + repeat
@@ -698,7 +759,8 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
     res = {
         "device": target.path, "device_kind": target.kind, "span_bytes": target.size, "engine": engine,
         "mode": mode, "strategy": strategy if mode == stream.SEPARATED else None, "admission": admission,
-        "dealloc": dealloc, "repeat": repeat, "workload_seed": seed,
+        "dealloc": dealloc, "eviction": eviction, "extent_bytes": extent_bytes, "repeat": repeat,
+        "workload_seed": seed,
         "workload": spec.to_dict() if spec is not None else {"trace": a.trace},
         "slot_bytes": slot_bytes, "max_slots": r.max_slots, "placement_ids": list(ids),
         "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every, "evict_batch": a.evict_batch,
@@ -715,7 +777,8 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         "steady_state_warning": counters.steady_state_warning(win.get("waf")) if win.get("available") else None,
         "core": {k: status[k] for k in ("indexed_key_count", "checkpoints_written", "checkpoints_for_room",
                                         "fdp_slot_affinity_hit_count", "fdp_slot_affinity_fallback_count")
-                 + tuple(k for k in DEALLOC_KEYS if k in status)},
+                 + tuple(k for k in DEALLOC_KEYS if k in status)
+                 + tuple(k for k in status if k.startswith(("extent_", "extents_")))},
         "unattributed_write_bytes": r.unattributed,
         "record_checkpoints_split": r.split if record_file is not None else None,
         "record_deallocate_ranges": r.deallocs if record_file is not None else None,
@@ -788,14 +851,16 @@ def _trace_max_size(path: str) -> int:
 def label(r: dict) -> str:
     lab = r["mode"] if r["mode"] != stream.SEPARATED else f"separated:{r['strategy']}"
     state = r.get("core", {}).get("dealloc_state")
+    ev = f" evict {r['eviction']}" if r.get("eviction", "lru") != "lru" or r.get("extent_bytes") else ""
     return f"{lab} dealloc {r.get('dealloc', 'auto')}" + (f" ({state})" if state and r.get("dealloc") == "auto"
-                                                          else "")
+                                                          else "") + ev
 
 
 def _file_label(r: dict) -> str:
     lab = r["mode"] if r["mode"] != stream.SEPARATED else f"{r['mode']}-{r['strategy']}"
     dl = r.get("dealloc", "auto")
-    return lab if dl == "auto" else f"{lab}-dealloc_{dl}"
+    lab = lab if dl == "auto" else f"{lab}-dealloc_{dl}"
+    return lab if r.get("eviction", "lru") == "lru" else f"{lab}-evict_{r['eviction']}"
 
 
 def _fmt(v, spec: str, none: str = "n/a") -> str:
@@ -931,19 +996,23 @@ def write_out(out: str, runs: list[dict], argv: list[str], plots: bool = True) -
 # --------------------------------------------------------------------------- main
 
 
-def _configs(a) -> list[tuple[str, Optional[str], str, str]]:
+def _configs(a) -> list[tuple[str, Optional[str], str, str, str]]:
     modes = _split(a.mode, REPLAY_MODES, "--mode")
     strategies = _split(a.strategy, stream.STRATEGIES, "--strategy")
     admissions = _split(a.admission, ADMISSIONS, "--admission")
     deallocs = _split(a.dealloc, DEALLOC_CHOICES, "--dealloc")
+    evictions = _split(a.eviction, EVICTIONS, "--eviction")
+    if any(ev.startswith("extent") for ev in evictions) and not _size(a.extent_bytes, "--extent-bytes"):
+        raise ReplayError("--eviction extent needs --extent-bytes (the extents it evicts)")
     out = []
-    for dl in deallocs:
-        for adm in admissions:
-            for m in modes:
-                if m == stream.SEPARATED:
-                    out += [(m, s, adm, dl) for s in strategies]
-                else:
-                    out.append((m, None, adm, dl))
+    for ev in evictions:
+        for dl in deallocs:
+            for adm in admissions:
+                for m in modes:
+                    if m == stream.SEPARATED:
+                        out += [(m, s, adm, dl, ev) for s in strategies]
+                    else:
+                        out.append((m, None, adm, dl, ev))
     return out
 
 
@@ -1015,7 +1084,7 @@ def main(a, argv: Optional[list[str]] = None) -> int:
         _amount(a.measure, "--measure", target.size)
         core_config(target, a.engine, slot_bytes, stream.NO_FDP, None)  # the span and the engine
         # Refuse an FDP mode on this device before any run starts.
-        for mode in dict.fromkeys(m for m, _, _, _ in configs):
+        for mode in dict.fromkeys(m for m, _, _, _, _ in configs):
             fdp_ids(target, mode, a.handles)
     except ReplayError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -1033,9 +1102,9 @@ def main(a, argv: Optional[list[str]] = None) -> int:
                 print(f"{PROG}: error: --record {a.record!r}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
         for rep in range(a.repeats):
-            for mode, strat, adm, dl in configs:
+            for mode, strat, adm, dl, ev in configs:
                 r = run_one(a, target, mode, strat, adm, rep, spec, slot_bytes,
-                            record_file=rec_file if not runs else None, dealloc=dl)
+                            record_file=rec_file if not runs else None, dealloc=dl, eviction=ev)
                 runs.append(r)
                 if not a.json:
                     print(f"[{len(runs)}/{len(configs) * a.repeats}] {label(r)} {adm} repeat {rep}: "

@@ -1,0 +1,128 @@
+"""Put latency with extents: the plugin's store path (``RustRawBlockBackend._put_with_policy``,
+what each ``batched_submit_put_task`` batch runs off the event loop: the core's ``put_many`` and,
+when it finds no slot, the put's own eviction) timed per one-key put on a cache with room and on
+a full cache, side by side for ``eviction_policy`` ``extent`` (``extent_bytes`` on, the
+background evictor keeping ``extent_reserve`` clean extents) and ``lru`` (evict-ahead at its
+defaults). One process, a sparse file per policy, posix engine, format log, deallocation on
+(punched holes), the plugin's background thread running as in production.
+
+Run: PYTHONPATH=benchmarks python3 -m lmcache_rawblock_bench.extent_latency [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from .common import MiB
+from .core import make_obj
+from .plugin import _Config, _LocalCPU, _Metadata
+
+HEADER = 4096
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def _summary(ns: list[float]) -> dict:
+    return {"puts": len(ns), "p50_us": round(_pct(ns, 0.5) / 1e3, 1), "p90_us": round(_pct(ns, 0.9) / 1e3, 1),
+            "p99_us": round(_pct(ns, 0.99) / 1e3, 1), "mean_us": round(sum(ns) / len(ns) / 1e3, 1)}
+
+
+def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2) -> dict:
+    from lmcache_rawblock.plugin import RustRawBlockBackend
+    from lmcache_rawblock.raw_block import encode_legacy_key
+    from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
+
+    slot = HEADER + chunk
+    path = os.path.join(workdir, f"{policy}.img")
+    with open(path, "wb") as f:
+        f.truncate(16 * MiB + slots * slot)
+    extra = {
+        "rust_raw_block.device_path": path, "rust_raw_block.slot_bytes": slot, "rust_raw_block.header_bytes": HEADER,
+        "rust_raw_block.block_align": 4096, "rust_raw_block.meta_total_bytes": 16 * MiB,
+        "rust_raw_block.meta_enable_periodic": True, "rust_raw_block.load_checkpoint_on_init": False,
+        "rust_raw_block.deallocate_freed": "on", "rust_raw_block.eviction_policy": policy,
+        "rust_raw_block.extent_bytes": per * slot,
+    }
+    if reserve:  # 0: the plugin's default
+        extra["rust_raw_block.extent_reserve"] = reserve
+    loop = asyncio.new_event_loop()
+    be = RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(chunk),
+                             loop=loop)
+    try:
+        obj = make_obj(chunk, 0x5A)
+        capacity = be._core.extent_counts()["extents_total"] * per
+
+        def put(i: int) -> float:
+            spec = encode_legacy_key(CacheEngineKey("bench", 1, 0, i, "bfloat16"))
+            t0 = time.perf_counter_ns()
+            results, failure = be._put_with_policy([spec], [obj])
+            dt = time.perf_counter_ns() - t0
+            if not results[0]:
+                raise RuntimeError(f"{policy}: put {i} failed: {failure}")
+            return dt
+
+        room = [put(i) for i in range(capacity // 2)]  # a cache with room: nothing evicted
+        for i in range(capacity // 2, capacity):
+            put(i)
+        be.wait_idle(120)
+        full = [put(i) for i in range(capacity, capacity + int(rounds * capacity))]
+        be.wait_idle(120)
+        st = be.report_status()
+        reserve = st.get("extent_reserve", reserve)
+    finally:
+        be.close()
+        loop.close()
+        os.unlink(path)
+    r_room, r_full = _summary(room), _summary(full)
+    keys = ("evicted_ahead_entries", "put_evicted_entries", "put_evict_retries", "evicted_extents",
+            "evicted_extent_entries", "extents_total", "extent_deallocs", "extent_fallbacks", "dealloc_ranges",
+            "dealloc_skipped", "checkpoints_for_room")
+    return {"policy": policy, "extent_reserve": reserve if policy == "extent" else None, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
+            "room": r_room, "full": r_full,
+            "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
+            "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
+            "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
+            "status": {k: st.get(k) for k in keys}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lmcache_rawblock_bench.extent_latency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--slots", type=int, default=2048, help="slots of the device (default 2048)")
+    ap.add_argument("--per", type=int, default=16, help="slots per extent (default 16)")
+    ap.add_argument("--chunk", type=int, default=64 * 1024, help="payload bytes per key (default 64 KiB)")
+    ap.add_argument("--rounds", type=float, default=3.0, help="full-cache puts, in cache capacities (default 3)")
+    ap.add_argument("--policies", default="extent,lru", help="comma-separated (default extent,lru)")
+    ap.add_argument("--reserve", default="0", help="extent_reserve values, comma-separated (default 0: the "
+                                                   "plugin's default, 5%% of the extents)")
+    ap.add_argument("--out", help="write results.json there")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="extent-latency-") as d:
+        runs = []
+        for p in a.policies.split(","):
+            for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
+                runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv)))
+    doc: dict[str, Any] = {"argv": sys.argv, "runs": runs}
+    text = json.dumps(doc, indent=1)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "latency.json"), "w") as f:
+            f.write(text + "\n")
+    for r in runs:
+        print(f"{r['policy']:7s} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
+              f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
+              f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+/*
+ * rb_extent.c - the extent allocator (see rb_slots.h): slots handed out an extent at a time,
+ * space coming back an extent at a time.
+ *
+ * Every operation is O(1) but two: opening an extent when none is clean looks for the closed
+ * one with the most free slots (at most per lists), and the victim choice (the eviction
+ * thread's, never a put's or a load's) scans the extents. Finding the next free slot of an
+ * open extent scans its slots from where the last one was taken: per slots over the extent's
+ * whole fill.
+ */
+#include "rb_slots.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NPIDS 65536u
+
+void rb_ext_free(rb_slots *s)
+{
+    rb_extents *x = &s->ext;
+    free(x->nfree);
+    free(x->tick);
+    free(x->st);
+    free(x->prev);
+    free(x->next);
+    free(x->head);
+    free(x->tail);
+    free(x->open);
+    free(x->cur);
+    free(x->rev);
+    free(x->hot);
+    memset(x, 0, sizeof(*x));
+}
+
+/* Extent e onto the tail of list k / off its list k. */
+static void push(rb_extents *x, uint32_t k, uint32_t e)
+{
+    x->prev[e] = x->tail[k];
+    x->next[e] = RB_SLOT_NONE;
+    if (x->tail[k] != RB_SLOT_NONE)
+        x->next[x->tail[k]] = e;
+    else
+        x->head[k] = e;
+    x->tail[k] = e;
+}
+
+static void unlink_ext(rb_extents *x, uint32_t k, uint32_t e)
+{
+    uint32_t p = x->prev[e], n = x->next[e];
+    if (p != RB_SLOT_NONE)
+        x->next[p] = n;
+    else
+        x->head[k] = n;
+    if (n != RB_SLOT_NONE)
+        x->prev[n] = p;
+    else
+        x->tail[k] = p;
+}
+
+/* The per-extent, per-list and per-stream arrays for n extents. 0 or -ENOMEM. */
+static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
+{
+    rb_extents *x = &s->ext;
+    x->nstreams = s->affinity ? NPIDS : 1;
+    x->nfree = calloc(n, sizeof(uint32_t));
+    x->tick = calloc(n, sizeof(uint64_t));
+    x->st = calloc(n, 1);
+    x->prev = malloc(n * sizeof(uint32_t));
+    x->next = malloc(n * sizeof(uint32_t));
+    x->head = malloc(((size_t)per + 2) * sizeof(uint32_t));
+    x->tail = malloc(((size_t)per + 2) * sizeof(uint32_t));
+    x->open = malloc(x->nstreams * sizeof(uint32_t));
+    x->cur = calloc(x->nstreams, sizeof(uint32_t));
+    x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
+    x->hot = calloc(s->max_slots, 1);
+    int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev &&
+             x->hot;
+    return ok ? 0 : -ENOMEM;
+}
+
+int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
+{
+    if (per < 2 || first >= s->max_slots || (s->max_slots - first) / per == 0)
+        return -EINVAL;
+    rb_extents *x = &s->ext;
+    uint32_t n = (s->max_slots - first) / per;
+    if (ext_arrays(s, n, per) < 0 || rb_slots_grow(s, s->max_slots) < 0) {
+        rb_ext_free(s);
+        return -ENOMEM;
+    }
+    x->per = per;
+    x->first = first;
+    x->n = n;
+    x->hold = hold;
+    uint32_t next = s->next_slot;
+    rb_ext_reset(s, next);
+    return 0;
+}
+
+/* The lists rebuilt from the free counts; no extent open or pending. */
+static void rebuild_lists(rb_extents *x)
+{
+    memset(x->head, 0xff, ((size_t)x->per + 2) * sizeof(uint32_t));
+    memset(x->tail, 0xff, ((size_t)x->per + 2) * sizeof(uint32_t));
+    memset(x->open, 0xff, x->nstreams * sizeof(uint32_t));
+    x->n_clean = x->n_open = x->n_pending = 0;
+    for (uint32_t e = 0; e < x->n; e++) {
+        x->st[e] = x->nfree[e] == x->per ? RB_EXT_CLEAN : RB_EXT_CLOSED;
+        x->n_clean += x->nfree[e] == x->per;
+        push(x, x->nfree[e], e);
+    }
+}
+
+void rb_ext_reset(rb_slots *s, uint32_t top)
+{
+    rb_extents *x = &s->ext;
+    for (uint32_t e = 0; e < x->n; e++) {
+        uint32_t lo = x->first + e * x->per, hi = lo + x->per;
+        uint32_t from = top > lo ? (top < hi ? top : hi) : lo;
+        x->nfree[e] = hi - from;
+        if (hi > from)
+            memset(s->is_free + from, 1, hi - from);
+    }
+    rebuild_lists(x);
+    memset(x->hot, 0, s->max_slots);
+    x->rev_ok = 0;
+    if (top >= x->first + x->n * x->per && top < s->max_slots) {
+        /* as take() leaves it; the slots past the last extent are below it, never free (a
+         * recovery frees those its state does not list: they stay out of use) */
+#ifdef RB_DEBUG_INVARIANTS
+        memset(s->state + top, RB_SLOT_FREEING, s->max_slots - top);
+#endif
+        s->next_slot = s->max_slots;
+    }
+}
+
+/* A closed or open extent whose every slot is free: clean, or pending its deallocation. */
+static void whole_free(rb_extents *x, uint32_t e)
+{
+    if (x->hold) {
+        x->st[e] = RB_EXT_PENDING;
+        x->n_pending++;
+        push(x, x->per + 1, e);
+    } else {
+        x->st[e] = RB_EXT_CLEAN;
+        x->n_clean++;
+        push(x, x->per, e);
+    }
+}
+
+void rb_ext_release(rb_slots *s, uint32_t slot)
+{
+    rb_extents *x = &s->ext;
+    uint32_t e = rb_ext_of(s, slot);
+    if (e == RB_SLOT_NONE)
+        return; /* before the first extent or after the last: never handed out again */
+    s->is_free[slot] = 1;
+    s->n_free++;
+    if (x->st[e] != RB_EXT_CLOSED) {
+        x->nfree[e]++; /* open: the stream goes on from where it is */
+        return;
+    }
+    unlink_ext(x, x->nfree[e], e);
+    if (++x->nfree[e] == x->per)
+        whole_free(x, e);
+    else
+        push(x, x->nfree[e], e);
+}
+
+/* The stream's open extent is full: closed. */
+static void close_open(rb_extents *x, uint32_t stream)
+{
+    uint32_t e = x->open[stream];
+    x->open[stream] = RB_SLOT_NONE;
+    x->n_open--;
+    if (x->nfree[e] == x->per) {
+        whole_free(x, e);
+        return;
+    }
+    x->st[e] = RB_EXT_CLOSED;
+    push(x, x->nfree[e], e);
+}
+
+/* Open a clean extent for the stream, else the closed one with the most free slots. */
+static int open_next(rb_extents *x, uint32_t stream)
+{
+    uint32_t e = x->head[x->per], k = x->per;
+    if (e == RB_SLOT_NONE) {
+        for (k = x->per - 1; k > 0 && x->head[k] == RB_SLOT_NONE; k--)
+            ;
+        if (k == 0)
+            return 0;
+        e = x->head[k];
+        x->fallbacks++;
+    } else {
+        x->n_clean--;
+    }
+    unlink_ext(x, k, e);
+    x->st[e] = RB_EXT_OPEN;
+    x->open[stream] = e;
+    x->cur[stream] = 0;
+    x->n_open++;
+    x->opened++;
+    return 1;
+}
+
+/* The slot taken: out of the free counts; next_slot past it. */
+static void take(rb_slots *s, uint32_t slot)
+{
+    rb_extents *x = &s->ext;
+    s->is_free[slot] = 0;
+    x->nfree[rb_ext_of(s, slot)]--;
+    if (slot < s->next_slot) {
+        s->n_free--;
+        return;
+    }
+    /* the free slots between the old high-water mark and this one are now below it */
+    uint32_t from = s->next_slot > x->first ? s->next_slot : x->first;
+    s->n_free += slot - from;
+    s->next_slot = slot + 1;
+    if (s->next_slot == x->first + x->n * x->per)
+        s->next_slot = s->max_slots; /* the slots after the last extent are never handed out */
+}
+
+uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid)
+{
+    rb_extents *x = &s->ext;
+    uint32_t stream = s->affinity ? pid : 0;
+    for (;;) {
+        uint32_t e = x->open[stream];
+        if (e != RB_SLOT_NONE) {
+            uint32_t base = x->first + e * x->per;
+            for (uint32_t i = x->cur[stream]; i < x->per; i++) {
+                if (!s->is_free[base + i])
+                    continue;
+                x->cur[stream] = i + 1;
+                take(s, base + i);
+                rb_slots_move(s, base + i, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
+                return base + i;
+            }
+            close_open(x, stream);
+        }
+        if (!open_next(x, stream))
+            return RB_SLOT_NONE;
+    }
+}
+
+uint32_t rb_ext_take_pending(rb_slots *s)
+{
+    rb_extents *x = &s->ext;
+    uint32_t e = x->head[x->per + 1];
+    if (e == RB_SLOT_NONE)
+        return e;
+    unlink_ext(x, x->per + 1, e);
+    x->st[e] = RB_EXT_DEALLOC;
+    x->n_pending--;
+    return e;
+}
+
+void rb_ext_clean(rb_slots *s, uint32_t e, int deallocated)
+{
+    rb_extents *x = &s->ext;
+    if (x->st[e] == RB_EXT_PENDING) {
+        unlink_ext(x, x->per + 1, e);
+        x->n_pending--;
+    }
+    if (deallocated)
+        x->deallocated++;
+    else
+        x->dealloc_skipped++;
+    x->st[e] = RB_EXT_CLEAN;
+    x->n_clean++;
+    push(x, x->per, e);
+}
+
+uint32_t rb_ext_skip_pending(rb_slots *s)
+{
+    uint32_t n = 0;
+    for (uint32_t e; (e = s->ext.head[s->ext.per + 1]) != RB_SLOT_NONE; n += s->ext.per)
+        rb_ext_clean(s, e, 0);
+    return n;
+}
+
+uint32_t rb_ext_victim(rb_slots *s)
+{
+    rb_extents *x = &s->ext;
+    uint32_t best = RB_SLOT_NONE;
+    for (uint32_t e = 0; e < x->n; e++)
+        if (x->st[e] == RB_EXT_CLOSED && x->nfree[e] < x->per && (best == RB_SLOT_NONE || x->tick[e] < x->tick[best]))
+            best = e;
+    if (best != RB_SLOT_NONE) {
+        x->tick[best] = ++x->clock;
+        x->evicted++;
+    }
+    return best;
+}

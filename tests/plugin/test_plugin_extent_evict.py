@@ -1,0 +1,124 @@
+"""Extent eviction under ``rust_raw_block.eviction_policy: extent`` (with ``extent_bytes``):
+a full cache keeps taking puts from threads, every key still indexed loads its own bytes, the
+background evictor keeps clean extents ahead and whole extents are evicted and deallocated;
+pinned keys stay; bad settings are refused naming them.
+
+Real files in tmp_path, real threads, the stand-in LMCache objects of tests/plugin_fakes.py, both
+metadata formats. Waits are for a condition, with a bound only a hang reaches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_rawblock.plugin import RustRawBlockBackend
+from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key
+from plugin.test_plugin_evict_ahead import IDLE_WAIT_S, SLOT, _run_threads, assert_loads, put_keys
+
+MiB = 1 << 20
+PER = 4
+EXTENT = PER * SLOT
+
+
+@pytest.fixture
+def loop_thread():
+    lt = LoopThread()
+    yield lt
+    lt.stop()
+
+
+@pytest.fixture
+def open_backend(tmp_path, loop_thread):
+    made: list[RustRawBlockBackend] = []
+
+    def make(slots: int = 64, **overrides) -> RustRawBlockBackend:
+        path = tmp_path / "dev.img"
+        if not path.exists():
+            with open(path, "wb") as f:
+                f.truncate(4 * MiB + slots * SLOT)
+        cfg = FakeEngineConfig(base_extra(str(path), **overrides))
+        be = RustRawBlockBackend(config=cfg, metadata=FakeMetadata(), local_cpu_backend=FakeLocalCPUBackend(),
+                                 loop=loop_thread.loop)
+        made.append(be)
+        return be
+
+    yield make
+    for be in made:
+        be.close()
+
+
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+@pytest.mark.parametrize("threads,batch,engine", [(1, 1, "posix"), (4, 8, "io_uring")])
+def test_full_cache_under_extent_eviction_keeps_taking_puts_and_loads_right(open_backend, fmt, threads, batch,
+                                                                          engine):
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, meta_format=fmt,
+                      io_engine=engine, deallocate_freed="on")
+    total = be._core.extent_counts()["extents_total"] * PER
+    pinned = list(range(4))
+    assert not put_keys(be, pinned)
+    assert all(be.pin(make_key(i)) for i in pinned)
+    attempted, errors, done = _run_threads(be, threads, first=100, total=6 * total, batch=batch)
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert errors == [], f"{len(errors)} of {attempted} puts failed; first: {errors[0]}"
+    assert st["evictor_errors"] == 0 and st["evicted_extents"] > 0 and st["extents_evicted"] > 0
+    assert st["extent_deallocs"] > 0, "whole extents were deallocated"
+    assert st["dealloc_ranges"] <= st["extent_deallocs"], "each deallocation covers whole extents"
+    assert st["indexed_key_count"] <= total
+    assert_loads(be, pinned)  # the oldest keys, pinned: never evicted
+    live = [i for i in done if be.contains(make_key(i))]
+    assert len(live) >= total // 4, "extent eviction keeps most of the cache"
+    assert_loads(be, live)  # 0 wrong bytes
+    assert be.inflight_io_count() == 0
+    for i in pinned:
+        assert be.unpin(make_key(i))
+
+
+def test_the_evictor_keeps_clean_extents_in_reserve(open_backend):
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=3,
+                      meta_format="log")
+    n = be._core.extent_counts()["extents_total"]
+    for start in range(0, n * PER, 8):
+        assert not put_keys(be, list(range(start, start + 8)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be._core.extent_counts()
+    assert st["extents_clean"] + st["extents_pending_dealloc"] >= 3
+    assert be.report_status()["extent_reserve"] == 3
+    # the first extent's keys (the least recently used) went first
+    assert not be.contains(make_key(0)) and be.contains(make_key(n * PER - 1))
+
+
+def test_extent_policy_needs_extent_bytes(open_backend):
+    with pytest.raises(ValueError, match="eviction_policy 'extent' needs extents: set extent_bytes"):
+        open_backend(eviction_policy="extent")
+
+
+@pytest.mark.parametrize("value", [0, -1, "two", True])
+def test_bad_extent_reserve_is_refused_naming_it(open_backend, value):
+    with pytest.raises(ValueError, match=r"rust_raw_block.extent_reserve'\] must be an integer >= 1"):
+        open_backend(eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=value)
+
+
+def test_bad_extent_bytes_is_refused_naming_it(open_backend):
+    with pytest.raises(ValueError, match=r"extent_bytes must be a multiple of slot_bytes \(extent_bytes=12289"):
+        open_backend(extent_bytes=SLOT + 1)
+
+
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+@pytest.mark.parametrize("reinsert", [True, False])
+def test_a_hot_key_is_put_again_when_its_extent_is_evicted(open_backend, fmt, reinsert):
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=3,
+                      extent_reinsert=reinsert, meta_format=fmt)
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, list(range(PER)))  # the first extent
+    assert_loads(be, [0])  # key 0 is hot: loaded since its put
+    for start in range(PER, (n + 2) * PER, PER):
+        assert not put_keys(be, list(range(start, start + PER)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert st["evictor_errors"] == 0 and st["evicted_extents"] >= 3
+    assert not any(be.contains(make_key(i)) for i in range(1, PER)), "the first extent was evicted"
+    assert be.contains(make_key(0)) == reinsert
+    assert st["reinserted_extent_entries"] == (1 if reinsert else 0)
+    if reinsert:
+        assert_loads(be, [0])  # its own bytes, from its new slot
