@@ -308,7 +308,7 @@ def _eviction_fractions(extra: Mapping, policy: str) -> tuple[float, float]:
         for name in ("eviction_trigger_watermark", "eviction_ratio"):
             value = _get(extra, name, None)
             if value is not None and value != "":
-                logger.warning("%s has no effect under %s: none", _label(name), _key("eviction_policy"))
+                logger.warning("%s has no effect without %s: lru or prefix", _label(name), _key("eviction_policy"))
     return trigger, ratio
 
 
