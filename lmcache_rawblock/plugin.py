@@ -857,6 +857,17 @@ class RustRawBlockBackend(StoragePluginInterface):
             self._slots_freed()  # their slots become reusable after a checkpoint
         return removed
 
+    def batched_contains(self, keys: Any, pin: bool = False) -> int:
+        """LMCache's prefix loop over ``contains`` (the base class's); under ``prefix`` the
+        lookup also teaches the chain (the first missing key follows the last hit)."""
+        keys = list(keys)
+        hits = super().batched_contains(keys, pin)
+        if self._prefix is not None and keys:
+            encoded = encode_legacy_keys(keys[: hits + 1])
+            with self._lru_lock:
+                self._prefix.note_lookup(encoded, hits)
+        return hits
+
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
         encoded = encode_legacy_keys(keys)
         hits = 0
