@@ -897,24 +897,23 @@ class RustRawBlockBackend(StoragePluginInterface):
             # The engine has failed for good: no put can land, so take no reference (as LMCache).
             return None
         keys = list(keys)
+        specs = [encode_legacy_key(key) for key in keys]
         if self._prefix is not None:  # the call's keys come in prompt order: learn the chain
-            encoded = encode_legacy_keys(keys)
             with self._lru_lock:
-                self._prefix.note_call(encoded)
+                self._prefix.note_call([spec.encoded for spec in specs])
         # Placement is decided over the whole store, before keys already stored drop out: the
         # first chunk of a prompt's chain anchors it even when it is skipped here.
         pids = self._placements(keys)
-        queued = self._claim_puts(keys, objs, pids)
+        queued = self._claim_puts(keys, specs, objs, pids)
         if not queued:
             return None
         return self._schedule_puts(queued, on_complete_callback, self.loop)
 
-    def _claim_puts(self, keys: list, objs: Any, pids: list | None) -> list[tuple[Any, Any, Any, Any]]:
+    def _claim_puts(self, keys: list, specs: list, objs: Any, pids: list | None) -> list[tuple[Any, Any, Any, Any]]:
         """The (key, spec, obj, placement id) of each key to write: not being written, stored
         or refused by admission; each is marked as a put task and its object referenced."""
         queued: list[tuple[Any, Any, Any, Any]] = []
-        for i, (key, obj) in enumerate(zip(keys, objs)):
-            spec = encode_legacy_key(key)
+        for i, (key, spec, obj) in enumerate(zip(keys, specs, objs)):
             with self._put_lock:
                 if spec.encoded in self._put_tasks:
                     continue

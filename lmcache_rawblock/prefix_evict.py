@@ -42,6 +42,7 @@ __all__ = ["PrefixOrder", "HINT_CAPACITY"]
 # Links learned for keys not stored yet (being written, or a lookup's first miss): kept
 # first-in-first-out up to this many, so a lookup whose store never comes costs nothing lasting.
 HINT_CAPACITY = 1 << 16
+_MISSING = object()
 
 
 class PrefixOrder:
@@ -57,25 +58,20 @@ class PrefixOrder:
 
     # ---- learning -----------------------------------------------------------------------
 
-    def _hint(self, key: str, pred: str) -> None:
-        hints = self._hints
-        hints[key] = pred
-        if len(hints) > self._hint_capacity:
-            hints.popitem(last=False)
-
     def note_call(self, encoded: list[str]) -> None:
         """The keys of one store call, in prompt order: each one's predecessor is the key before
         it (the first's, a link a lookup left, if any)."""
-        pred_of = self._pred
+        pred_of, hints = self._pred, self._hints
         prev: str | None = None
         for key in encoded:
             if prev is not None and key != prev:
-                if key in pred_of:
-                    if pred_of[key] is None:
-                        self._relink(key, prev)
-                else:
-                    self._hint(key, prev)
+                if key not in pred_of:
+                    hints[key] = prev
+                elif pred_of[key] is None:
+                    self._relink(key, prev)
             prev = key
+        while len(hints) > self._hint_capacity:
+            hints.popitem(last=False)
 
     def note_lookup(self, encoded: list[str], hits: int) -> None:
         """A lookup of ``encoded`` (a prompt's keys in order) that found the first ``hits``:
@@ -87,7 +83,10 @@ class PrefixOrder:
             if pred_of.get(key, "") is None and encoded[i - 1] != key:
                 self._relink(key, encoded[i - 1])
         if 0 < hits < len(encoded) and encoded[hits] not in pred_of:
-            self._hint(encoded[hits], encoded[hits - 1])
+            hints = self._hints
+            hints[encoded[hits]] = encoded[hits - 1]
+            if len(hints) > self._hint_capacity:
+                hints.popitem(last=False)
 
     def _relink(self, key: str, pred: str) -> None:
         """Give the stored head ``key`` the predecessor ``pred`` (a recovered key named by a
@@ -116,21 +115,26 @@ class PrefixOrder:
 
     def add(self, key: str) -> None:
         """``key`` was stored (or, stored already, used again: then only its recency moves)."""
-        if key in self._pred:
-            self.touch(key)
+        pred_of, leaves = self._pred, self._leaves
+        if key in pred_of:
+            if key in leaves:
+                leaves.move_to_end(key)
             return
         pred = self._hints.pop(key, None)
-        self._pred[key] = pred
+        pred_of[key] = pred
         if pred is not None:
             # The predecessor is stored, or being written (its write may finish after this one)
-            self._kids.setdefault(pred, []).append(key)
-            self._leaves.pop(pred, None)
-            if pred in self._orphans:
+            siblings = self._kids.get(pred)
+            if siblings is None:
+                self._kids[pred] = [key]
+                leaves.pop(pred, None)
+            else:
+                siblings.append(key)
+            if self._orphans and pred in self._orphans:
                 self._orphans[key] = None
                 return
-        if key in self._kids:  # children finished writing before it
-            return
-        self._leaves[key] = None
+        if key not in self._kids:  # else children finished writing before it
+            leaves[key] = None
 
     def add_recovered(self, keys: Iterable[str]) -> None:
         """Keys found on the device (oldest first) that are not known yet: heads, evicted
@@ -150,29 +154,32 @@ class PrefixOrder:
     def remove(self, key: str) -> None:
         """``key`` left the tier (evicted, removed, dropped): its stored children become
         unreachable, and its predecessor may become a leaf (taken before other leaves)."""
-        if key not in self._pred:
+        pred_of = self._pred
+        if key not in pred_of:
             self._hints.pop(key, None)
             return
-        pred = self._pred.pop(key)
-        self._leaves.pop(key, None)
-        self._orphans.pop(key, None)
-        for child in self._kids.pop(key, ()):
-            if child in self._pred:
-                self._leaves.pop(child, None)
-                self._orphans[child] = None
+        pred = pred_of.pop(key)
+        if self._leaves.pop(key, _MISSING) is _MISSING and self._orphans:
+            self._orphans.pop(key, None)
+        kids = self._kids
+        if key in kids:
+            for child in kids.pop(key):
+                if child in pred_of:
+                    self._leaves.pop(child, None)
+                    self._orphans[child] = None
         if pred is None:
             return
-        siblings = self._kids.get(pred)
+        siblings = kids.get(pred)
         if siblings is not None:
-            try:
-                siblings.remove(key)
-            except ValueError:
-                pass
-            if not siblings:
-                del self._kids[pred]
-                if pred in self._pred and pred not in self._orphans:
+            if len(siblings) == 1:
+                if siblings[0] != key:
+                    return
+                del kids[pred]
+                if pred in pred_of and pred not in self._orphans:
                     self._leaves[pred] = None
                     self._leaves.move_to_end(pred, last=False)
+            elif key in siblings:
+                siblings.remove(key)
 
     # ---- eviction -----------------------------------------------------------------------
 
