@@ -248,6 +248,13 @@ class PrefixOrder:
                     break
                 node = pred
 
+    def unreachable(self, skip: Callable[[str], bool]) -> list[str]:
+        """Every stored key a lookup can no longer reach (its predecessor is gone, or one of
+        its ancestors'), none that ``skip`` names."""
+        out: list[str] = []
+        self._pick_unreachable(len(self._pred), skip, out, set())
+        return out
+
     # ---- figures ------------------------------------------------------------------------
 
     def __len__(self) -> int:
