@@ -564,7 +564,7 @@ def print_prefix(results: dict, p: Callable[..., None]) -> None:
             c = r[pol]
             rows.append([f"{100 * r['capacity']:g} %", pol, f"{c['slots']:,}", f"{c['tokens_served']:,}",
                          f"{c['hit_ratio']:.3f}", f"{c['tokens_per_device_byte']:.3f}",
-                         fmt_size(int(c["reachable_bytes_mean"])), f"{c['reachable_share_mean']:.3f}",
+                         f"{c['reachable_bytes_mean'] / 2**20:.1f} MiB", f"{c['reachable_share_mean']:.3f}",
                          f"{c['evicted']:,}"])
         q = r["ratios"]
         rows.append(["", "prefix/lru", "", _r3(q["tokens_served"]), _r3(q["hit_ratio"]),
