@@ -61,6 +61,7 @@ from . import fdp, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
+from .prefix_evict import PrefixOrder
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -70,7 +71,6 @@ from .raw_block import (
     round_up,
 )
 from .raw_block.key_codec import decode_legacy_key
-from .prefix_evict import PrefixOrder
 from .raw_block.multi import parse_device_paths
 from .reclaim import Reclaimer
 from .settings import SETTINGS, parse_bool, parse_value
