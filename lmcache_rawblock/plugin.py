@@ -13,7 +13,8 @@ for the table). Beyond LMCache:
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
   in LMCache today), ``"lru"`` (evict least-recently-used entries that nobody has pinned) or
   ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
-  predecessor is gone, then chain tails before heads; ``lmcache_rawblock.prefix_evict``);
+  predecessor is gone, then chain tails before heads, learned from store calls and lookups;
+  ``lmcache_rawblock.prefix_evict``);
   under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
   reusable, so the put that next needs one does not (unless the core's periodic thread, which
@@ -34,8 +35,8 @@ for the table). Beyond LMCache:
 * ``rust_raw_block.admission``: ``"always"`` (default) or ``"second_hit"`` (write a chunk only
   the second time it is stored, counted in a fixed-size sketch: ``lmcache_rawblock.admission``).
 
-Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` is a leaf
-taken inside either (or neither); ``_stats_lock`` and the evictor's own condition lock
+Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` (the LRU
+list, or under ``prefix`` the chains) is a leaf taken inside either (or neither); ``_stats_lock`` and the evictor's own condition lock
 (``lmcache_rawblock.reclaim``) are leaves too. The core facade's reclaim lock (it serialises
 the checkpoints that make freed slots reusable) is taken with none of the plugin's locks held,
 by the evictor thread or by a put that ran out of slots. The core's own mutex is below all of
