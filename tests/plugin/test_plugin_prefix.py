@@ -173,13 +173,14 @@ def lookup(be, ids: list[int], loop_thread) -> int:
 
 
 def fill_with_chains(be, loop_thread, heads: list[int], length: int, *, touch_first: bool) -> None:
-    """Chains head..head+length-1, one store call each; then (``touch_first``) the first chain
-    is looked up and loaded again, as a returning conversation does."""
+    """Chains head..head+length-1, one store call each, each then looked up and loaded (which
+    orders its keys head first: the writes of one call finish in any order); then
+    (``touch_first``) the first chain again, as a returning conversation does."""
     for h in heads:
         store(be, list(range(h, h + length)))
-    if touch_first:
-        keys = [make_key(i) for i in range(heads[0], heads[0] + length)]
-        assert lookup(be, list(range(heads[0], heads[0] + length)), loop_thread) == length
+    for h in heads + ([heads[0]] if touch_first else []):
+        keys = [make_key(i) for i in range(h, h + length)]
+        assert lookup(be, list(range(h, h + length)), loop_thread) == length
         assert all(o is not None for o in be.batched_get_blocking(keys))
 
 
@@ -249,8 +250,10 @@ def test_plugin_evicts_tails_before_heads_and_never_pinned(open_backend, loop_th
     store(be, [500])  # full: the only chain with a free tail is the second; its tail goes
     assert not be.contains(make_key(100 + usable - 5)) and all(be.contains(make_key(i)) for i in range(4))
     store(be, [501, 502])
-    assert be.contains(make_key(3)), "pinned keys stay"
-    assert all(be.contains(make_key(i)) for i in range(100, 100 + usable - 7))
+    assert all(be.contains(make_key(i)) for i in range(4)), "pinned keys, and the chain before them, stay"
+    second = [be.contains(make_key(i)) for i in range(100, 100 + usable - 4)]
+    kept = second.index(False)
+    assert kept >= usable - 12 and not any(second[kept:]), "the second chain lost its tail only"
     be.unpin(make_key(3))
 
 
@@ -273,3 +276,16 @@ def test_policy_setting_is_checked(open_backend):
         open_backend(slots=16, meta_format="log", eviction_policy="radix")
     be = open_backend(slots=16, meta_format="log", name="ok", eviction_policy=" Prefix ")
     assert be.eviction_policy == "prefix" and be.report_status()["eviction_policy"] == "prefix"
+
+
+def test_a_store_after_a_storage_manager_lookup_continues_the_chain(open_backend):
+    """LMCache's storage manager looks up through ``batched_contains`` and then stores the
+    chunks past the hits: the store's first chunk follows the last hit."""
+    be = open_backend(slots=16, meta_format="log", eviction_policy="prefix", eviction_ratio=0)
+    store(be, [0, 1])
+    assert be.batched_contains([make_key(i) for i in (0, 1, 2, 3)]) == 2
+    store(be, [2, 3])
+    st = be.report_status()
+    assert (st["prefix_keys"], st["prefix_leaves"]) == (4, 1), "one chain 0-1-2-3, with 3 its only leaf"
+    assert be.remove(make_key(1))
+    assert be.report_status()["prefix_unreachable"] == 1, "2 lost its predecessor"
