@@ -260,7 +260,7 @@ def open_backend(path: str, slots: int, policy: str, loop: Any) -> Any:
              "rust_raw_block.header_bytes": 4096, "rust_raw_block.slot_bytes": SLOT,
              "rust_raw_block.meta_total_bytes": META, "rust_raw_block.meta_enable_periodic": False,
              "rust_raw_block.eviction_policy": policy}
-    fmt = list(MemoryFormat)[0]
+    fmt = next(iter(MemoryFormat))
     return RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(fmt),
                                loop=loop)
 
@@ -383,7 +383,7 @@ def bookkeeping_cpu(s: PrefixSettings, work: str) -> dict:
     finally:
         lt.stop()
     best = {p: min(v) for p, v in out.items()}
-    return {"keys": n, "keys_per_call": call, "cpu_s_per_put": best, "rounds": {p: v for p, v in out.items()},
+    return {"keys": n, "keys_per_call": call, "cpu_s_per_put": best, "rounds": dict(out),
             "ratio": best["prefix"] / best["lru"] if best["lru"] else None}
 
 
@@ -430,7 +430,7 @@ def run_prefix(s: PrefixSettings, bar: Any) -> dict:
     put_cpu: dict[str, list[float]] = {p: [] for p in POLICIES}
     try:
         for n, cap in enumerate(s.capacities):
-            slots = max(8, int(round(cap * working)))
+            slots = max(8, round(cap * working))
             cell = {}
             for p in (POLICIES if n % 2 == 0 else POLICIES[::-1]):
                 cell[p] = replay(s, requests, pred, keys, slots, p, work)
@@ -438,7 +438,7 @@ def run_prefix(s: PrefixSettings, bar: Any) -> dict:
             rows.append({"capacity": cap, **cell, "ratios": _ratios(cell["prefix"], cell["lru"])})
         for n in range(s.put_rounds):  # the whole put's CPU: more replays at 50 %, the order alternating
             for p in (POLICIES if n % 2 else POLICIES[::-1]):
-                put_cpu[p].append(replay(s, requests, pred, keys, max(8, int(round(0.5 * working))), p,
+                put_cpu[p].append(replay(s, requests, pred, keys, max(8, round(0.5 * working)), p,
                                          work)["put_cpu_s_per_chunk"])
                 bar.update(1)
         cpu = bookkeeping_cpu(s, work)
