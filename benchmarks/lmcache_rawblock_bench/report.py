@@ -781,7 +781,8 @@ def goals(results: dict) -> list[dict]:
     px = results.get("prefix") or {}
     for r in px.get("rows", []):
         add("prefix", f"tokens served at {100 * r['capacity']:g} % of the working set: prefix / lru",
-            r["ratios"]["tokens_served"], px["verdict"]["goal_50"] if r["capacity"] == 0.5 else 1.0, True,
+            r["ratios"]["tokens_served"],
+            px["verdict"]["goal_50"] if r["capacity"] == 0.5 else px["verdict"].get("goal_never_worse", 1.0), True,
             f"hit ratio {r['prefix']['hit_ratio']:.3f} vs {r['lru']['hit_ratio']:.3f}")
     if px.get("put_cpu", {}).get("ratio") is not None:
         add("prefix", "per-put CPU (whole put, 50 %): prefix / lru", px["put_cpu"]["ratio"], px["verdict"]["goal_cpu"],
