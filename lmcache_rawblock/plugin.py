@@ -36,8 +36,9 @@ for the table). Beyond LMCache:
   the second time it is stored, counted in a fixed-size sketch: ``lmcache_rawblock.admission``).
 
 Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` (the LRU
-list, or under ``prefix`` the chains) is a leaf taken inside either (or neither); ``_stats_lock`` and the evictor's own condition lock
-(``lmcache_rawblock.reclaim``) are leaves too. The core facade's reclaim lock (it serialises
+list, or under ``prefix`` the chains) is a leaf taken inside either (or neither);
+``_stats_lock`` and the evictor's own condition lock (``lmcache_rawblock.reclaim``) are leaves
+too. The core facade's reclaim lock (it serialises
 the checkpoints that make freed slots reusable) is taken with none of the plugin's locks held,
 by the evictor thread or by a put that ran out of slots. The core's own mutex is below all of
 them. The evictor thread takes ``_pin_lock`` (then ``_lru_lock``) to pick and delete its
