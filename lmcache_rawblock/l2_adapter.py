@@ -57,6 +57,7 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, metrics
+from .prefix_evict import PrefixOrder
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
 from .raw_block import encode_object_key, multi
@@ -142,6 +143,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         paths = multi.mp_device_paths(d)  # several devices: one core over them (MultiDeviceCore)
         ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
         shared = parse_bool(d.pop("shared"), "shared") if "shared" in d else None
+        drop = parse_bool(d.pop("drop_unreachable"), "drop_unreachable") if "drop_unreachable" in d else False
         # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
         # from its code), and the adapter routes ours itself.
         strategy = d.get(_POLICY_KEY)
@@ -156,6 +158,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
             setattr(cfg, name, value)
         if shared is not None:
             cfg.shared = shared
+        cfg.drop_unreachable = drop
         if strategy in fdp.STRATEGIES:
             cfg.fdp_data_placement_policy = strategy
         cfg.device_paths = paths
@@ -184,13 +187,17 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
                       f"{SETTINGS[_POLICY_KEY].help}\n")
         shared = ("- shared (bool, default false): the device is a storage domain other hosts share; the "
                   "adapter's memory tags are then (storage, remote)\n")
+        drop = ("- drop_unreachable (bool, default false): when LMCache's eviction deletes a chunk, also "
+                "delete the stored chunks that follow it in a prompt (learned from lookups): no lookup can "
+                "reach them\n")
         return (_lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
-                + strategies + shared)
+                + strategies + shared + drop)
 
 
 for _s in _OURS + _OUR_POLICY:
     setattr(RawBlockL2AdapterConfig, _s.name, _s.default)
 del _s
+RawBlockL2AdapterConfig.drop_unreachable = False
 
 
 def _to_our_config(config: Any, **ours: Any) -> _OurConfig:
@@ -250,6 +257,9 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._done: dict[str, dict[int, Any]] = {"store": {}, "lookup": {}, "load": {}}
         self._inflight = {"store": 0, "lookup": 0, "load": 0}
         self._resident: dict[str, _Resident] = {}
+        # drop_unreachable: the chains learned from lookups (guarded by _lock)
+        self._chains: PrefixOrder | None = PrefixOrder() if getattr(config, "drop_unreachable", False) else None
+        self._dropped_unreachable = 0
         self._drops_seen = -1
         self._check_drops = False
         self._efds: dict[str, Any] = {}
@@ -347,7 +357,10 @@ class RawBlockL2Adapter(L2AdapterInterface):
     def _seed_resident(self) -> None:
         """The entries the core recovered, charged a slot each in LMCache's byte accounting."""
         size = int(self._core.slot_bytes)
-        keys = self._hold(self._core.snapshot_indexed_keys(), size)
+        indexed = self._core.snapshot_indexed_keys()
+        keys = self._hold(indexed, size)
+        if self._chains is not None:
+            self._chains.add_recovered(indexed)
         if keys:
             with self._usage_lock:
                 self._total_bytes_used += size * len(keys)
@@ -431,6 +444,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
         with self._lock:
             for encoded, key in stored:
                 self._resident[encoded] = _Resident(key, size, next(self._generations))
+                if self._chains is not None:
+                    self._chains.add(encoded)
         if stored:  # listeners first: when the task shows complete, the accounting has it
             self._tell("stored", [k for _, k in stored], [size] * len(stored))
         self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
@@ -448,9 +463,28 @@ class RawBlockL2Adapter(L2AdapterInterface):
         return self._submit("lookup", self._run_lookup, self._finish_lookup, list(keys))
 
     def _run_lookup(self, keys: list) -> list[bool]:
-        found = self._core.exists_many([encode_object_key(k).encoded for k in keys], lock=True)
+        encoded = [encode_object_key(k).encoded for k in keys]
+        found = self._core.exists_many(encoded, lock=True)
         self._note_misses(keys, found)
+        if self._chains is not None:
+            self._learn_chains(keys, encoded)
         return found
+
+    def _learn_chains(self, keys: list, encoded: list[str]) -> None:
+        """A lookup hands a request's keys group by group (a group per kv_rank or layer
+        group), each in prompt order from its first chunk: each key follows the one before it
+        in its run of keys of one model, rank, group and salt."""
+        runs: list[list[str]] = []
+        last = None
+        for key, enc in zip(keys, encoded):
+            run = (key.model_name, key.kv_rank, getattr(key, "object_group_id", 0), key.cache_salt)
+            if run != last:
+                runs.append([])
+                last = run
+            runs[-1].append(enc)
+        with self._lock:
+            for run_keys in runs:
+                self._chains.note_call(run_keys)  # type: ignore[union-attr]
 
     def _finish_lookup(self, task_id: int, keys: list, future: Future) -> None:
         try:
@@ -515,8 +549,33 @@ class RawBlockL2Adapter(L2AdapterInterface):
                         gone.append(entry)
             if gone:
                 self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
+            if self._chains is not None:
+                self._drop_unreachable([e for e, ok in zip(encoded, deleted) if ok])
         finally:
             self._reclaimer.signal()
+
+    def _drop_unreachable(self, deleted: list[str]) -> None:
+        """``drop_unreachable``: after ``deleted`` left, delete the held chunks that follow
+        them (no lookup reaches them any more; keys locked by a lookup stay, for the next
+        delete), listeners told, as of any delete."""
+        with self._lock:
+            for enc in deleted:
+                self._chains.remove(enc)  # type: ignore[union-attr]
+            victims = self._chains.unreachable(lambda e: e not in self._resident)  # type: ignore[union-attr]
+        if not victims:
+            return
+        results = self._core.delete_many(victims, force=False)
+        gone = []
+        with self._lock:
+            for enc, ok in zip(victims, results):
+                if ok:
+                    self._chains.remove(enc)  # type: ignore[union-attr]
+                    entry = self._resident.pop(enc, None)
+                    if entry is not None:
+                        gone.append(entry)
+            self._dropped_unreachable += len(gone)
+        if gone:
+            self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
 
     # ---- devices ------------------------------------------------------------------------
 
@@ -624,6 +683,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 if not ok and entry is not None and entry.generation == generation:
                     del self._resident[encoded]
                     gone.append(entry)
+                    if self._chains is not None:
+                        self._chains.remove(encoded)
         if gone:
             logger.warning("RawBlockL2Adapter: %d entries were dropped by the core (failed checks or write "
                            "back); LMCache's listeners are told they were deleted", len(gone))
@@ -648,6 +709,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 **{f"{k}_inflight_task_count": v for k, v in self._inflight.items()},
                 **{f"completed_{k}_task_count": len(v) for k, v in self._done.items()},
                 "held_key_count": len(self._resident),
+                "drop_unreachable": self._chains is not None,
+                "dropped_unreachable_count": self._dropped_unreachable,
                 "shared": self._shared,
                 "memory_tags": [_tag_name(tags.segment), _tag_name(tags.residency)],
                 "fdp_enabled": self._fdp_enabled,

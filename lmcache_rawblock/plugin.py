@@ -11,13 +11,16 @@ for the table). Beyond LMCache:
 * ``batched_remove`` takes the pin lock once and deletes every key with one native
   ``delete_many`` call (which runs without the GIL), instead of one lock and one call per key;
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
-  in LMCache today) or ``"lru"`` (evict least-recently-used entries that nobody has pinned);
-  under either, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
+  in LMCache today), ``"lru"`` (evict least-recently-used entries that nobody has pinned) or
+  ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
+  predecessor is gone, then chain tails before heads, learned from store calls and lookups;
+  ``lmcache_rawblock.prefix_evict``);
+  under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
   reusable, so the put that next needs one does not (unless the core's periodic thread, which
   a delete wakes, writes it: log format);
 * ``rust_raw_block.eviction_trigger_watermark`` / ``rust_raw_block.eviction_ratio`` (``lru``
-  only; 0.95 and 0.05): evict ahead, as LMCache's MP eviction controller does with its
+  and ``prefix``; 0.95 and 0.05): evict ahead, as LMCache's MP eviction controller does with its
   ``trigger_watermark`` and ``eviction_ratio``. When the slots in use (indexed + being written)
   reach the trigger fraction of the usable slots, a background thread (one per plugin, started
   by the first put, stopped at close) deletes least-recently-used unpinned entries in one batch
@@ -32,9 +35,10 @@ for the table). Beyond LMCache:
 * ``rust_raw_block.admission``: ``"always"`` (default) or ``"second_hit"`` (write a chunk only
   the second time it is stored, counted in a fixed-size sketch: ``lmcache_rawblock.admission``).
 
-Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` is a leaf
-taken inside either (or neither); ``_stats_lock`` and the evictor's own condition lock
-(``lmcache_rawblock.reclaim``) are leaves too. The core facade's reclaim lock (it serialises
+Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` (the LRU
+list, or under ``prefix`` the chains) is a leaf taken inside either (or neither);
+``_stats_lock`` and the evictor's own condition lock (``lmcache_rawblock.reclaim``) are leaves
+too. The core facade's reclaim lock (it serialises
 the checkpoints that make freed slots reusable) is taken with none of the plugin's locks held,
 by the evictor thread or by a put that ran out of slots. The core's own mutex is below all of
 them. The evictor thread takes ``_pin_lock`` (then ``_lru_lock``) to pick and delete its
@@ -60,6 +64,7 @@ from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
 from .extent_evict import ExtentEviction, parse_reserve
+from .prefix_evict import PrefixOrder
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -76,7 +81,7 @@ from .settings import SETTINGS, parse_bool, parse_value
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
 
 _KEY_PREFIX = "rust_raw_block."
-EVICTION_POLICIES = ("none", "lru", "extent")
+EVICTION_POLICIES = ("none", "lru", "prefix", "extent")
 # Evict-ahead defaults: keep 5-10 % of the slots free so a burst of puts finds slots at once,
 # and free 5 % per pass so one batched delete and its checkpoint serve many puts.
 DEFAULT_EVICTION_TRIGGER_WATERMARK = 0.95
@@ -302,11 +307,11 @@ def _eviction_fractions(extra: Mapping, policy: str) -> tuple[float, float]:
     """(trigger watermark, ratio) of evict-ahead, checked whatever the policy."""
     trigger = _fraction(extra, "eviction_trigger_watermark", DEFAULT_EVICTION_TRIGGER_WATERMARK, zero_ok=False)
     ratio = _fraction(extra, "eviction_ratio", DEFAULT_EVICTION_RATIO, zero_ok=True)
-    if policy != "lru":
+    if policy in ("none", "extent"):
         for name in ("eviction_trigger_watermark", "eviction_ratio"):
             value = _get(extra, name, None)
             if value is not None and value != "":
-                logger.warning("%s has no effect without %s: lru", _label(name), _key("eviction_policy"))
+                logger.warning("%s has no effect without %s: lru or prefix", _label(name), _key("eviction_policy"))
     return trigger, ratio
 
 
@@ -384,21 +389,19 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._pinned_keys: set[str] = set()
         self._lru_lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()
-        if self.eviction_policy == "lru":
-            # Recovered entries start in index order (oldest checkpointed first).
-            for enc in self._core.snapshot_indexed_keys():
-                self._lru[enc] = None
+        self._evicts = self.eviction_policy != "none"
+        self._prefix: PrefixOrder | None = self._start_order()
         # One background thread, started by the first signal: it writes the checkpoint that
         # makes slots freed by removes reusable (so a put that needs them neither writes it nor
-        # waits for its flush), and under lru it also evicts ahead. Under policy none it is
+        # waits for its flush), and under lru or prefix it also evicts ahead. Under policy none it is
         # signalled only where the core has no thread of its own that a delete wakes for that
         # checkpoint (the log format's periodic thread).
-        work = self._evictor_pass if self.eviction_policy == "lru" else self._reclaim_pass
+        work = self._evictor_pass if self._evicts else self._reclaim_pass
         self._extents = self._start_extents(extra)
         if self._extents is not None:
             work = self._extents.evictor_pass
         self._evictor = Reclaimer("rawblock-evictor", work, logger)
-        self._reclaim_removes = self.eviction_policy != "none" or not (
+        self._reclaim_removes = self._evicts or not (
             self._core.meta_enable_periodic and self._core.report_status()["meta_format"] == "log")
         self._stats_lock = threading.Lock()
         self._evicted_ahead = 0  # entries the evictor deleted
@@ -409,6 +412,19 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def __str__(self) -> str:
         return "RustRawBlockBackend"
+
+    def _start_order(self) -> PrefixOrder | None:
+        """The recovered entries in the eviction order: under prefix, the chains of chunks
+        (lmcache_rawblock.prefix_evict, returned); under the other evicting policies, the LRU in
+        index order (oldest checkpointed first)."""
+        if self.eviction_policy == "prefix":
+            order = PrefixOrder()
+            order.add_recovered(self._core.snapshot_indexed_keys())
+            return order
+        if self._evicts:
+            for enc in self._core.snapshot_indexed_keys():
+                self._lru[enc] = None
+        return None
 
     def _start_extents(self, extra: Mapping) -> ExtentEviction | None:
         """eviction_policy extent: its evictor (lmcache_rawblock/extent_evict.py) over this
@@ -537,16 +553,19 @@ class RustRawBlockBackend(StoragePluginInterface):
     def reopen_device(self, device: int | str) -> dict:
         """Bring back one failed device of a cache over several (``device_paths``): see
         ``MultiDeviceCore.reopen_device``. Under ``lru`` its recovered keys join the LRU list
-        as the least recently used."""
+        as the least recently used; under ``prefix``, as chain heads evicted first."""
         core = self._core
         if not isinstance(core, MultiDeviceCore):
             raise ValueError(f"reopen_device needs several devices ({_label('device_paths')}); this rank has "
                              f"one: {self.device_path!r}")
         out = core.reopen_device(device)
-        if self.eviction_policy == "lru":
+        if self._evicts:
             back = core.device_cores()[core.device_paths.index(out["device_path"])]
             keys = back.snapshot_indexed_keys() if back is not None else []
             with self._lru_lock:
+                if self._prefix is not None:
+                    self._prefix.add_recovered(keys)
+                    return out
                 for enc in keys:
                     if enc not in self._lru:
                         self._lru[enc] = None
@@ -573,6 +592,9 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["evicted_extent_entries"] = self._extents.keys_evicted
             status["reinserted_extent_entries"] = self._extents.keys_reinserted
         status.update(self._admission.status())
+        if self._prefix is not None:
+            with self._lru_lock:
+                status.update(self._prefix.counts())
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled
         status["fdp_discovered_status"] = list(self._fdp_status)
@@ -591,17 +613,25 @@ class RustRawBlockBackend(StoragePluginInterface):
         return key if isinstance(key, str) else key.to_string()
 
     def _lru_touch(self, encoded: list[str]) -> None:
-        if self.eviction_policy != "lru" or not encoded:
+        if not self._evicts or not encoded:
             return
         with self._lru_lock:
+            if self._prefix is not None:
+                for enc in encoded:
+                    self._prefix.add(enc)
+                return
             for enc in encoded:
                 self._lru[enc] = None
                 self._lru.move_to_end(enc)
 
     def _lru_forget(self, encoded: list[str]) -> None:
-        if self.eviction_policy != "lru" or not encoded:
+        if not self._evicts or not encoded:
             return
         with self._lru_lock:
+            if self._prefix is not None:
+                for enc in encoded:
+                    self._prefix.remove(enc)
+                return
             for enc in encoded:
                 self._lru.pop(enc, None)
 
@@ -616,15 +646,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             # The pin lock keeps pin() from taking a lock reference between the choice and the
             # delete; force=False keeps what a load holds.
             with self._pin_lock:
-                pinned = self._pinned_keys
-                victims: list[str] = []
-                with self._lru_lock:
-                    for enc in self._lru:
-                        if enc in pinned or enc in protect or enc in tried:
-                            continue
-                        victims.append(enc)
-                        if len(victims) >= want:
-                            break
+                victims = self._pick_victims(want, self._pinned_keys, protect, tried)
                 if not victims:
                     break
                 results = self._core.delete_many(victims, force=False)
@@ -641,6 +663,22 @@ class RustRawBlockBackend(StoragePluginInterface):
         if evicted:
             logger.debug("raw-block LRU evicted %d entries", evicted)
         return evicted
+
+    def _pick_victims(self, want: int, pinned: set[str], protect: frozenset[str] | set[str],
+                      tried: set[str]) -> list[str]:
+        """Up to ``want`` entries to evict, in the policy's order, none of them pinned, in
+        ``protect`` or in ``tried``."""
+        victims: list[str] = []
+        with self._lru_lock:
+            if self._prefix is not None:
+                return self._prefix.victims(want, lambda enc: enc in pinned or enc in protect or enc in tried)
+            for enc in self._lru:
+                if enc in pinned or enc in protect or enc in tried:
+                    continue
+                victims.append(enc)
+                if len(victims) >= want:
+                    break
+        return victims
 
     def _eviction_marks(self, usable: int) -> tuple[int, int]:
         """(slots in use that trigger evict-ahead, slots in use it evicts down to)."""
@@ -692,7 +730,7 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until the plugin's background thread (the checkpoint that makes slots freed by
-        removes reusable; evict-ahead under lru) has no pass running or asked for. False when
+        removes reusable; evict-ahead under lru or prefix) has no pass running or asked for. False when
         ``timeout`` (seconds) ran out first. Not in LMCache's plugin: for tests and benchmarks
         that want no background metadata I/O during what they measure next."""
         return self._evictor.wait_idle(timeout)
@@ -770,13 +808,13 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def _put_with_policy(self, specs: list, objs: list,
                          pids: list | None = None) -> tuple[list[bool], BaseException | None]:
-        """Store the batch (evicting for room under ``lru``): per-key results, and why the first
+        """Store the batch (evicting for room under ``lru`` or ``prefix``): per-key results, and why the first
         key that failed did (None when none did)."""
         result = self._core.put_many(specs, objs, placement_ids=pids)
         results = list(result.results)
         stored = list(result.stored_keys)
         failure = result.failure
-        if self.eviction_policy != "none":
+        if self._evicts:
             self._lru_touch(stored)
             # Evict only when the put may have failed for want of a slot: one that failed for
             # another reason (an I/O error) must not cost other keys their place.
@@ -840,7 +878,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         if not keys:
             return 0
         with self._pin_lock:
-            if not self._pinned_keys and self.eviction_policy != "lru":
+            if not self._pinned_keys and not self._evicts:
                 # Nothing to reconcile afterwards: encode into one C buffer and delete in the
                 # same native call (no str objects, GIL released for the whole batch).
                 removed = self._core.delete_legacy_keys(keys, force)
@@ -857,6 +895,17 @@ class RustRawBlockBackend(StoragePluginInterface):
             self._slots_freed()  # their slots become reusable after a checkpoint
         return removed
 
+    def batched_contains(self, keys: Any, pin: bool = False) -> int:
+        """LMCache's prefix loop over ``contains`` (the base class's); under ``prefix`` the
+        lookup also teaches the chain (the first missing key follows the last hit)."""
+        keys = list(keys)
+        hits = super().batched_contains(keys, pin)
+        if self._prefix is not None and keys:
+            encoded = encode_legacy_keys(keys[: hits + 1])
+            with self._lru_lock:
+                self._prefix.note_lookup(encoded, hits)
+        return hits
+
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
         encoded = encode_legacy_keys(keys)
         hits = 0
@@ -864,6 +913,9 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not ok:
                 break
             hits += 1
+        if self._prefix is not None:
+            with self._lru_lock:
+                self._prefix.note_lookup(encoded, hits)
         if not pin:
             return hits
         pinned = 0
@@ -883,20 +935,23 @@ class RustRawBlockBackend(StoragePluginInterface):
             # The engine has failed for good: no put can land, so take no reference (as LMCache).
             return None
         keys = list(keys)
+        specs = [encode_legacy_key(key) for key in keys]
+        if self._prefix is not None:  # the call's keys come in prompt order: learn the chain
+            with self._lru_lock:
+                self._prefix.note_call([spec.encoded for spec in specs])
         # Placement is decided over the whole store, before keys already stored drop out: the
         # first chunk of a prompt's chain anchors it even when it is skipped here.
         pids = self._placements(keys)
-        queued = self._claim_puts(keys, objs, pids)
+        queued = self._claim_puts(keys, specs, objs, pids)
         if not queued:
             return None
         return self._schedule_puts(queued, on_complete_callback, self.loop)
 
-    def _claim_puts(self, keys: list, objs: Any, pids: list | None) -> list[tuple[Any, Any, Any, Any]]:
+    def _claim_puts(self, keys: list, specs: list, objs: Any, pids: list | None) -> list[tuple[Any, Any, Any, Any]]:
         """The (key, spec, obj, placement id) of each key to write: not being written, stored
         or refused by admission; each is marked as a put task and its object referenced."""
         queued: list[tuple[Any, Any, Any, Any]] = []
-        for i, (key, obj) in enumerate(zip(keys, objs)):
-            spec = encode_legacy_key(key)
+        for i, (key, spec, obj) in enumerate(zip(keys, specs, objs)):
             with self._put_lock:
                 if spec.encoded in self._put_tasks:
                     continue

@@ -15,7 +15,9 @@ beside a full base, bytes per entry, reopen time beside fio, index memory, and w
 a full cache). On capped RAM devices of its own (``rig``, root): drives (store and load bandwidth
 over N devices as a share of N x cap beside fio and LMCache's core, CPU per GB against N, load
 latency under stores).
-Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
+Ours only: prefix (prefix-aware eviction against LRU, a multi-turn conversation trace replayed
+through the plugin at 25/50/100 % of its working set: tokens served, reachable bytes, per-put
+CPU); on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
 check costs a load, the check on against off on one core) and dealloc (what deallocating freed
 slots costs an eviction batch and the puts after it, on against off, on a file and a loop device).
 """
@@ -36,6 +38,7 @@ from . import e2e as e2e_suite
 from . import histcost as histcost_suite
 from . import loadcheck as loadcheck_suite
 from . import mp as mp_suite
+from . import prefix as prefix_suite
 from . import plugin as plugin_suite
 from . import recovery as recovery_suite
 from . import scale as scale_suite
@@ -45,12 +48,12 @@ from .target import Target, make_workdir, prefill
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
 PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "loadcheck", "dealloc", "scale",
-              "histcost", "drives")
+              "histcost", "prefix", "drives")
 # drives needs root and moves the process into a blkio group for minutes: asked for by name only
 DEFAULT_PARTS = tuple(p for p in PART_NAMES if p != "drives")
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e", "mp", "scale", "drives")  # the parts that compare with LMCache, on files of their own
-OWN_PARTS = ("loadcheck", "dealloc", "histcost")  # ours only, on files of their own in directories they choose
+OWN_PARTS = ("loadcheck", "dealloc", "histcost", "prefix")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -166,6 +169,13 @@ def histcost_settings(opts: Options) -> histcost_suite.HistCostSettings:
     return s
 
 
+def prefix_settings(opts: Options) -> prefix_suite.PrefixSettings:
+    s = replace(prefix_suite.SUITES[opts.suite])
+    if opts.repeats:
+        s.cpu_rounds = s.put_rounds = opts.repeats
+    return s
+
+
 def dealloc_settings(opts: Options) -> dealloc_suite.DeallocSettings:
     s = replace(dealloc_suite.SUITES[opts.suite])
     if opts.repeats:
@@ -227,6 +237,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["dealloc"] = dealloc_settings(opts)
     if "histcost" in parts:
         part_settings["histcost"] = histcost_settings(opts)
+    if "prefix" in parts:
+        part_settings["prefix"] = prefix_settings(opts)
     if "scale" in parts:
         part_settings["scale"] = scale_settings(opts)
     if "drives" in parts:
@@ -262,6 +274,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "dealloc": dealloc_suite.steps(part_settings["dealloc"]) if "dealloc" in parts else 0,
         "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
         "histcost": histcost_suite.steps(part_settings["histcost"]) if "histcost" in parts else 0,
+        "prefix": prefix_suite.steps(part_settings["prefix"]) if "prefix" in parts else 0,
         "drives": drives_suite.steps(part_settings["drives"]) if "drives" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
@@ -280,6 +293,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "loadcheck": lambda bar: loadcheck_suite.run_loadcheck(part_settings["loadcheck"], bar),
         "dealloc": lambda bar: dealloc_suite.run_dealloc(part_settings["dealloc"], bar),
         "histcost": lambda bar: histcost_suite.run_histcost(part_settings["histcost"], bar),
+        "prefix": lambda bar: prefix_suite.run_prefix(part_settings["prefix"], bar),
         "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
         "drives": lambda bar: drives_suite.run_drives(core_comps, part_settings["drives"], bar),
     }

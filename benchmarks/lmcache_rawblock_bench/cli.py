@@ -155,6 +155,8 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
                         "metadata formats and LMCache's core: checkpoint after churn beside a full base, bytes per "
                         "entry, reopen beside fio, index memory against index size, puts on a full cache), "
                         "histcost (what recording the core's histograms costs a put and a load, on against off), "
+                        "prefix (eviction_policy prefix against lru: a multi-turn conversation trace through the "
+                        "plugin at 25/50/100 %% of its working set, tokens served, reachable bytes, per-put CPU), "
                         "drives (root; the cache over N capped RAM devices: store and load bandwidth as a share of "
                         "N x cap beside fio and LMCache's core, CPU per GB against N, load latency under stores; "
                         "only when named); default all but drives")

@@ -551,6 +551,39 @@ def print_histcost(results: dict, p: Callable[..., None]) -> None:
         p("  goal " + ("met" if v["met"] else "NOT met") + " for batched 64 KiB loads")
 
 
+def print_prefix(results: dict, p: Callable[..., None]) -> None:
+    px = results["prefix"]
+    t, s = px["trace"], px["settings"]
+    p(f"Prefix-aware eviction against LRU: {t['requests']:,} requests of multi-turn conversations "
+      f"({t['working_set_chunks']:,} distinct chunks, {t['chunks_looked_up']:,} looked up) replayed through the "
+      f"plugin on a sparse file, vLLM's prefix cache in front holding {s['gpu_share']:g} of the working set; "
+      "served = chunks the tier loaded past vLLM's; reachable = stored chunks whose predecessors are all stored")
+    rows = []
+    for r in px.get("rows", []):
+        for pol in ("lru", "prefix"):
+            c = r[pol]
+            rows.append([f"{100 * r['capacity']:g} %", pol, f"{c['slots']:,}", f"{c['tokens_served']:,}",
+                         f"{c['hit_ratio']:.3f}", f"{c['tokens_per_device_byte']:.3f}",
+                         f"{c['reachable_bytes_mean'] / 2**20:.1f} MiB", f"{c['reachable_share_mean']:.3f}",
+                         f"{c['evicted']:,}"])
+        q = r["ratios"]
+        rows.append(["", "prefix/lru", "", _r3(q["tokens_served"]), _r3(q["hit_ratio"]),
+                     _r3(q["tokens_per_device_byte"]), _r3(q["reachable_bytes"]), "", ""])
+    p(table(["capacity", "policy", "slots", "tokens served", "hit ratio", "tokens/device B", "reachable",
+             "reachable share", "evicted"], rows, [False, False] + _right(7, 0)))
+    bk, pc = px["bookkeeping"], px["put_cpu"]
+    p(f"  per-put CPU, whole put (median of {len(pc['rounds']['lru'])} replays at 50 %): lru "
+      f"{fmt_time(pc['cpu_s_per_chunk']['lru'])}, prefix {fmt_time(pc['cpu_s_per_chunk']['prefix'])} per chunk, "
+      f"prefix/lru {_r3(pc['ratio'])}")
+    p(f"  bookkeeping alone (best of {len(bk['rounds']['lru'])}): lru {fmt_time(bk['cpu_s_per_put']['lru'])}, "
+      f"prefix {fmt_time(bk['cpu_s_per_put']['prefix'])} per chunk, prefix/lru {_r3(bk['ratio'])}")
+    v = px["verdict"]
+    p(f"  goals: tokens served at 50 % {_r3(v['tokens_served_50'])}x (≥ {v['goal_50']:g}: "
+      f"{'met' if v['met_50'] else 'NOT met'}); worst capacity {_r3(v['tokens_served_worst'])}x "
+      f"({'never worse' if v['never_worse'] else 'WORSE somewhere'}); whole-put CPU {_r3(v['put_cpu_ratio_50'])}x "
+      f"(≤ {v['goal_cpu']:g}: {'met' if v['met_cpu'] else 'NOT met'})")
+
+
 def _mbs(v: float | None) -> str:
     return "-" if v is None else f"{v / 1e6:,.1f}"
 
@@ -612,7 +645,7 @@ WARMUP_NOTE = "an untimed half second"
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
             "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "mp": print_mp,
             "loadcheck": print_loadcheck, "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost,
-            "drives": print_drives}
+            "prefix": print_prefix, "drives": print_drives}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -745,6 +778,15 @@ def goals(results: dict) -> list[dict]:
                                 "recording) / CPU", 1 + r["recording_ns_per_call"] * 1e-9 / ld["cpu_s_off"], 1.01,
                     False, f"{r['recording_ns_per_call']} ns per call (C loop) on {fmt_time(ld['cpu_s_off'])}; "
                            f"measured on/off {_r3(ld['cpu_ratio_median'])}", digits=4)
+    px = results.get("prefix") or {}
+    for r in px.get("rows", []):
+        add("prefix", f"tokens served at {100 * r['capacity']:g} % of the working set: prefix / lru",
+            r["ratios"]["tokens_served"],
+            px["verdict"]["goal_50"] if r["capacity"] == 0.5 else px["verdict"].get("goal_never_worse", 1.0), True,
+            f"hit ratio {r['prefix']['hit_ratio']:.3f} vs {r['lru']['hit_ratio']:.3f}")
+    if px.get("put_cpu", {}).get("ratio") is not None:
+        add("prefix", "per-put CPU (whole put, 50 %): prefix / lru", px["put_cpu"]["ratio"], px["verdict"]["goal_cpu"],
+            False, f"bookkeeping alone {_r3(px['bookkeeping']['ratio'])}x")
     dr = results.get("drives") or {}
     for r in dr.get("rows", []):
         if r["who"] != "ours":

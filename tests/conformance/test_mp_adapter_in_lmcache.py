@@ -418,3 +418,69 @@ def test_cache_salt_quota_through_lmcache_eviction_controller(tmp_path):
     finally:
         controller.stop()
         adapter.close()
+
+
+# --------------------------------------------------------------------------- drop_unreachable
+
+
+def _rank_key(i: int, rank: int) -> "ObjectKey":
+    return ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name="org/mp-model", kv_rank=rank, cache_salt="")
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_lmcache_eviction_of_a_middle_chunk_drops_the_chunks_behind_it(tmp_path, drop):
+    """LMCache's LRU (its policy, fed by our adapter's listeners; its controller's delete)
+    takes a store's last chunks first, so of a prompt stored in two calls (a first turn, then
+    its continuation) it evicts the middle of the chain. With drop_unreachable our adapter
+    deletes what follows, which no lookup can reach, and LMCache's listeners and byte
+    accounting see those deletes too. Off, those chunks stay as dead bytes."""
+    params = {"drop_unreachable": True} if drop else {}
+    adapter = _build(_spec(_device(tmp_path), **params))
+    state = L2AdapterEvictionState(0, adapter, EvictionConfig("LRU", trigger_watermark=0.5, eviction_ratio=0.25))
+    controller = L2EvictionController([state])
+    try:
+        rec = Recorder()
+        adapter.register_listener(rec)
+        chain = [_key(i) for i in range(8)]
+        assert _store(adapter, chain[:4], [_obj(1024, i) for i in range(4)]) is True
+        assert _store(adapter, chain[4:], [_obj(1024, i) for i in range(4, 8)]) is True
+        assert _lookup(adapter, chain) == list(range(8))  # a prompt's lookup: the chain in order
+        actions = state.eviction_policy.get_eviction_actions(0.25)
+        assert [k for a in actions for k in a.keys] == [chain[3], chain[2]]
+        for action in actions:  # what the controller's loop does with them
+            controller._execute_eviction_action(adapter, action)
+        assert adapter.wait_idle(30)
+        # The lookup's bitmap shows every chunk held; LMCache's prefix stops at the first miss.
+        assert _lookup(adapter, chain) == ([0, 1] if drop else [0, 1, 4, 5, 6, 7])
+        held = adapter.report_status()["held_key_count"]
+        if drop:
+            assert held == 2, "every chunk behind the evicted ones is gone"
+            assert set(rec.deleted) == set(chain[2:])
+            assert adapter.report_status()["dropped_unreachable_count"] == 4
+            assert adapter.get_usage().total_bytes_used == 2 * SLOT
+            assert state.eviction_policy.get_eviction_actions(1.0)[0].keys == [chain[1], chain[0]]
+        else:
+            assert held == 6 and set(rec.deleted) == {chain[2], chain[3]}
+    finally:
+        adapter.close()
+
+
+def test_drop_unreachable_keeps_chains_of_other_ranks(tmp_path):
+    """A lookup hands a request's keys rank by rank: each rank's chain is its own."""
+    adapter = _build(_spec(_device(tmp_path), drop_unreachable="true"))
+    try:
+        r0 = [_rank_key(i, 0) for i in range(4)]
+        r1 = [_rank_key(i, 1) for i in range(4)]
+        assert _store(adapter, r0 + r1, [_obj(1024, i) for i in range(8)]) is True
+        assert _lookup(adapter, r0 + r1) == list(range(8))
+        adapter.delete([r0[1]])
+        assert adapter.wait_idle(30)
+        assert _lookup(adapter, r0) == [0]
+        assert _lookup(adapter, r1) == [0, 1, 2, 3]
+    finally:
+        adapter.close()
+
+
+def test_drop_unreachable_setting_is_checked(tmp_path):
+    with pytest.raises(ValueError, match=r"drop_unreachable must be a boolean \(true/false\), got 'sometimes'"):
+        _build(_spec(_device(tmp_path), drop_unreachable="sometimes"))

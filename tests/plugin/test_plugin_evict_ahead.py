@@ -443,7 +443,7 @@ def test_settings_without_lru_are_reported_unused(open_backend, caplog):
     with caplog.at_level(logging.WARNING, logger="lmcache.v1.storage_backend.plugins.rust_raw_block_backend"):
         be = open_backend(eviction_ratio=0.1)
     assert be._evictor._work == be._reclaim_pass, "the background thread only reclaims, it never evicts"
-    assert any("rust_raw_block.eviction_ratio'] has no effect without rust_raw_block.eviction_policy: lru"
+    assert any("rust_raw_block.eviction_ratio'] has no effect without rust_raw_block.eviction_policy: lru or prefix"
                in r.getMessage() for r in caplog.records)
 
 
