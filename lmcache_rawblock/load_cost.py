@@ -1,0 +1,246 @@
+"""When a load submitted now would finish: a live estimate per device, and the prefix worth loading.
+
+A disk hit is worth serving only if it arrives before the engine would have recomputed it. The
+estimate of one device is ``(bytes ahead + bytes of the load) / read bandwidth``:
+
+* bytes ahead: what the device's io_uring scheduler holds and has not finished
+  (``_native.Core.load_queue``): every read, plus the writes that share the device with a read.
+  Under ``io_scheduler=loads_first`` a read passes queued writes, so only the writes the kernel
+  may hold at once (``write_max_bytes_in_flight``) count; under ``fifo`` every queued write does.
+  Under the posix engine the scheduler counts nothing: the bytes of this core's loads and puts
+  in flight stand in.
+* read bandwidth: an EWMA of what completed loads measured, each load's sample being (bytes
+  ahead when it began + its bytes) / its wall time, so the bytes it waited behind count as served.
+  Until the first load is measured the prior (``prior_bandwidth``) is used.
+
+For a cache over several devices the estimate of a set of keys is the largest of its devices'
+estimates (the devices read their parts at the same time). :func:`worth_loading` turns the
+estimate into a decision: the number of leading chunks whose load plus the recompute of the
+rest finishes soonest, 0 when recomputing everything is fastest.
+
+The estimator is attached to a core only where a policy asks for it (:func:`attach`): a core
+without one measures nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "DEFAULT_PRIOR_BANDWIDTH", "DeviceLoadCost", "LoadCost", "attach", "live", "parse_rate", "worth_loading",
+]
+
+DEFAULT_PRIOR_BANDWIDTH = 1 << 30  # bytes/s assumed before the first load is measured
+_ALPHA = 0.2  # weight of the newest bandwidth sample
+_MIN_SAMPLE_SECONDS = 1e-6  # a load faster than this measures nothing (clock resolution)
+
+
+def parse_rate(value: Any, label: str) -> float | None:
+    """A rate setting (tokens or bytes per second): None or "" (unset) is None; else a number
+    > 0 (an int, a float or a decimal string, as YAML and the environment give). Booleans and
+    anything else raise ValueError naming ``label`` and the value."""
+    if value is None or value == "":
+        return None
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            number = None
+    if number is None or not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{label} must be a number > 0 (tokens per second), got {value!r}")
+    return number
+
+
+def _payload_size(obj: Any, default: int) -> int:
+    get_size = getattr(obj, "get_size", None)
+    if callable(get_size):
+        try:
+            return int(get_size())
+        except Exception:  # noqa: BLE001 - a size is a statistic: the slot's payload stands in
+            return default
+    return default
+
+
+class DeviceLoadCost:
+    """The load-finish estimate of one RawBlockCore (see the module docstring)."""
+
+    def __init__(self, core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> None:
+        if not (math.isfinite(prior_bandwidth) and prior_bandwidth > 0):
+            raise ValueError(f"prior_bandwidth must be a number > 0 (bytes per second), got {prior_bandwidth!r}")
+        self.device_path = str(core.device_path)
+        self._queue = core._native.load_queue
+        sched = core._native.io_scheduler() if core.io_engine == "io_uring" else None
+        self.scheduler = None if sched is None else str(sched["io_scheduler"])
+        self._write_cap = 0 if sched is None else int(sched["write_max_bytes_in_flight"])
+        self.prior_bandwidth = float(prior_bandwidth)
+        self._lock = threading.Lock()
+        self._bandwidth: float | None = None
+        self._key_bytes = float(max(1, int(core.slot_bytes) - int(core.header_bytes)))
+        self.samples = 0
+
+    def ahead_bytes(self) -> int:
+        """Bytes a load submitted now waits behind on this device."""
+        reads, writes, inflight = self._queue()
+        if self.scheduler is None:
+            return int(inflight)
+        if self.scheduler == "fifo":
+            return int(reads + writes)
+        return int(reads + min(writes, self._write_cap))
+
+    @property
+    def bandwidth(self) -> float:
+        """Read bandwidth in bytes/s: measured (an EWMA), else the prior."""
+        bw = self._bandwidth
+        return self.prior_bandwidth if bw is None else bw
+
+    @property
+    def key_bytes(self) -> float:
+        """Bytes one key's load reads: the mean of measured loads, else the slot's payload."""
+        return self._key_bytes
+
+    def seconds(self, nbytes: float, ahead: int | None = None) -> float:
+        """Seconds until a load of ``nbytes`` submitted now would finish (0 for nothing)."""
+        if nbytes <= 0:
+            return 0.0
+        if ahead is None:
+            ahead = self.ahead_bytes()
+        return (ahead + nbytes) / self.bandwidth
+
+    def begin(self) -> tuple[float, int]:
+        """A load begins: the mark :meth:`end` takes."""
+        return time.monotonic(), self.ahead_bytes()
+
+    def end(self, mark: tuple[float, int], objs: Sequence[Any], loaded: Sequence[bool]) -> None:
+        """A load begun at ``mark`` read the objects of ``loaded``: one bandwidth sample."""
+        elapsed = time.monotonic() - mark[0]
+        n = sum(1 for ok in loaded if ok)
+        if n == 0 or elapsed < _MIN_SAMPLE_SECONDS:
+            return
+        default = int(self._key_bytes)
+        nbytes = sum(_payload_size(o, default) for o, ok in zip(objs, loaded) if ok)
+        sample = (mark[1] + nbytes) / elapsed
+        with self._lock:
+            self._bandwidth = sample if self._bandwidth is None else (1 - _ALPHA) * self._bandwidth + _ALPHA * sample
+            self._key_bytes = (1 - _ALPHA) * self._key_bytes + _ALPHA * (nbytes / n)
+            self.samples += 1
+
+
+def _device_cost(core: Any, prior: float) -> DeviceLoadCost:
+    lc = getattr(core, "load_cost", None)
+    if lc is None:
+        lc = DeviceLoadCost(core, prior_bandwidth=prior)
+        core.load_cost = lc
+    return lc
+
+
+class LoadCost:
+    """The estimate of a cache: a RawBlockCore or a MultiDeviceCore (the max over its devices)."""
+
+    def __init__(self, core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> None:
+        self._core = core
+        self._prior = float(prior_bandwidth)
+        self._multi = hasattr(core, "device_cores")
+        self.devices()  # attach now: loads are measured from here on
+
+    def devices(self) -> list[DeviceLoadCost]:
+        """The estimate of each online device (a device reopened since gets a new one)."""
+        cores = [c for c in self._core.device_cores() if c is not None] if self._multi else [self._core]
+        return [_device_cost(c, self._prior) for c in cores]
+
+    def locate(self, encoded_keys: Sequence[str]) -> list[DeviceLoadCost | None]:
+        """The device estimate of each key's device, None for a key no device holds."""
+        keys = list(encoded_keys)
+        if not keys:
+            return []
+        if self._multi:
+            return [None if c is None else _device_cost(c, self._prior) for c in self._core.locate_cores(keys)]
+        dev = _device_cost(self._core, self._prior)
+        return [dev if ok else None for ok in self._core.exists_many(keys)]
+
+    def estimate_load_seconds(self, keys: Sequence[str] | None = None, *,
+                              bytes_per_device: Mapping[str, float] | None = None) -> float:
+        """Seconds until a load submitted now would finish: of the encoded ``keys`` this cache
+        holds, or of ``bytes_per_device`` (device path to bytes). The max over the devices."""
+        if (keys is None) == (bytes_per_device is None):
+            raise ValueError("estimate_load_seconds takes keys or bytes_per_device, exactly one")
+        per: dict[DeviceLoadCost, float] = {}
+        if keys is not None:
+            for dev in self.locate(keys):
+                if dev is not None:
+                    per[dev] = per.get(dev, 0.0) + dev.key_bytes
+        else:
+            assert bytes_per_device is not None
+            by_path = {d.device_path: d for d in self.devices()}
+            for path, nbytes in bytes_per_device.items():
+                if path not in by_path:
+                    raise ValueError(f"bytes_per_device names {path!r}, not an online device of this cache "
+                                     f"({sorted(by_path)})")
+                per[by_path[path]] = float(nbytes)
+        return max((d.seconds(b) for d, b in per.items()), default=0.0)
+
+    def estimate_spread_seconds(self, nkeys: float) -> float:
+        """Seconds until a load of ``nkeys`` keys spread evenly over the online devices would
+        finish (where the keys are not known yet: LMCache's MP load policy)."""
+        devs = self.devices()
+        if nkeys <= 0 or not devs:
+            return 0.0
+        return max(d.seconds(nkeys / len(devs) * d.key_bytes) for d in devs)
+
+    def worth_loading(self, encoded_keys: Sequence[str], tokens_per_key: float, recompute_tps: float) -> int:
+        """How many leading keys of ``encoded_keys`` to load: see :func:`worth_loading`."""
+        return worth_loading(self.locate(encoded_keys), tokens_per_key, recompute_tps)
+
+
+def worth_loading(where: Sequence[DeviceLoadCost | None], tokens_per_key: float, recompute_tps: float) -> int:
+    """The leading hits worth loading, given each key's device (None: a miss, which ends the
+    prefix). Loading i keys and recomputing the rest finishes after load(i) + (n - i) * t, where
+    load(i) is the max over the devices of their estimates for their part of the first i keys
+    and t = tokens_per_key / recompute_tps; the i with the soonest finish wins (the longest of
+    equals), 0 when recomputing everything is soonest."""
+    per_key = tokens_per_key / recompute_tps
+    ahead: dict[DeviceLoadCost, int] = {}
+    part: dict[DeviceLoadCost, float] = {}
+    best, best_gain, load = 0, 0.0, 0.0
+    for i, dev in enumerate(where):
+        if dev is None:
+            break
+        if dev not in ahead:
+            ahead[dev] = dev.ahead_bytes()
+        part[dev] = part.get(dev, 0.0) + dev.key_bytes
+        load = max(load, dev.seconds(part[dev], ahead[dev]))
+        gain = (i + 1) * per_key - load  # recompute time saved minus the load's time
+        if gain > 0 and gain >= best_gain:
+            best, best_gain = i + 1, gain
+    return best
+
+
+_LIVE: weakref.WeakSet[LoadCost] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def attach(core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH, register: bool = False) -> LoadCost:
+    """The estimate of ``core`` (measuring its loads from now on); with ``register``, listed
+    by :func:`live` for LMCache's MP load policy until it is garbage."""
+    lc = LoadCost(core, prior_bandwidth=prior_bandwidth)
+    if register:
+        with _LIVE_LOCK:
+            _LIVE.add(lc)
+    return lc
+
+
+def forget(lc: LoadCost) -> None:
+    """Stop listing ``lc`` (its cache closed)."""
+    with _LIVE_LOCK:
+        _LIVE.discard(lc)
+
+
+def live() -> list[LoadCost]:
+    """The registered estimates of this process (MP adapters' caches)."""
+    with _LIVE_LOCK:
+        return list(_LIVE)
