@@ -32,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "DEFAULT_PRIOR_BANDWIDTH", "DeviceLoadCost", "LoadCost", "attach", "live", "parse_rate", "worth_loading",
+    "DEFAULT_PRIOR_BANDWIDTH", "DeviceLoadCost", "LoadCost", "attach", "forget", "live", "parse_rate", "register",
+    "registered", "worth_loading",
 ]
 
 DEFAULT_PRIOR_BANDWIDTH = 1 << 30  # bytes/s assumed before the first load is measured
@@ -146,7 +147,14 @@ class LoadCost:
         self._core = core
         self._prior = float(prior_bandwidth)
         self._multi = hasattr(core, "device_cores")
+        # Keys LMCache stores per chunk of tokens (object groups x KV ranks): MP lookups note it.
+        self.keys_per_chunk = 1.0
         self.devices()  # attach now: loads are measured from here on
+
+    def note_chunks(self, nkeys: int, nchunks: int) -> None:
+        """A lookup asked for ``nkeys`` keys of ``nchunks`` chunks."""
+        if nkeys > 0 and nchunks > 0:
+            self.keys_per_chunk = (1 - _ALPHA) * self.keys_per_chunk + _ALPHA * (nkeys / nchunks)
 
     def devices(self) -> list[DeviceLoadCost]:
         """The estimate of each online device (a device reopened since gets a new one)."""
@@ -220,27 +228,40 @@ def worth_loading(where: Sequence[DeviceLoadCost | None], tokens_per_key: float,
     return best
 
 
-_LIVE: weakref.WeakSet[LoadCost] = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
+# The caches of this process's MP adapters (core -> its LoadCost once a policy asked, else
+# None): LMCache builds its load policy and its L2 adapters apart, so the policy finds the
+# adapters' caches here. Weak: a closed, dropped core leaves by itself.
+_CACHES: weakref.WeakKeyDictionary[Any, LoadCost | None] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
 
 
-def attach(core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH, register: bool = False) -> LoadCost:
-    """The estimate of ``core`` (measuring its loads from now on); with ``register``, listed
-    by :func:`live` for LMCache's MP load policy until it is garbage."""
-    lc = LoadCost(core, prior_bandwidth=prior_bandwidth)
-    if register:
-        with _LIVE_LOCK:
-            _LIVE.add(lc)
-    return lc
+def attach(core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> LoadCost:
+    """The estimate of ``core``, measuring its loads from now on."""
+    return LoadCost(core, prior_bandwidth=prior_bandwidth)
 
 
-def forget(lc: LoadCost) -> None:
-    """Stop listing ``lc`` (its cache closed)."""
-    with _LIVE_LOCK:
-        _LIVE.discard(lc)
+def register(core: Any) -> None:
+    """List an MP adapter's cache for :func:`live` (nothing is measured until a policy asks)."""
+    with _CACHES_LOCK:
+        _CACHES.setdefault(core, None)
 
 
-def live() -> list[LoadCost]:
-    """The registered estimates of this process (MP adapters' caches)."""
-    with _LIVE_LOCK:
-        return list(_LIVE)
+def forget(core: Any) -> None:
+    """Stop listing ``core`` (its adapter closed)."""
+    with _CACHES_LOCK:
+        _CACHES.pop(core, None)
+
+
+def registered(core: Any) -> LoadCost | None:
+    """The estimate a policy attached to a listed cache, None before one did (cheap: a
+    lookup's keys-per-chunk note is taken only when a policy listens)."""
+    return _CACHES.get(core)
+
+
+def live(*, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> list[LoadCost]:
+    """The estimates of the listed caches, attached on first call (LMCache's MP load policy)."""
+    with _CACHES_LOCK:
+        for core, lc in list(_CACHES.items()):
+            if lc is None:
+                _CACHES[core] = LoadCost(core, prior_bandwidth=prior_bandwidth)
+        return [lc for lc in _CACHES.values() if lc is not None]
