@@ -265,3 +265,57 @@ def live(*, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> list[LoadCost]:
             if lc is None:
                 _CACHES[core] = LoadCost(core, prior_bandwidth=prior_bandwidth)
         return [lc for lc in _CACHES.values() if lc is not None]
+
+
+PLUGIN_RATE_SETTING = "load_cost_recompute_tokens_per_second"
+PLUGIN_PRIOR_SETTING = "load_cost_prior_read_bytes_per_second"
+
+
+class PrefixPricer:
+    """The in-process plugin's prefix lookup, priced: how many leading keys are held and worth
+    loading (:func:`worth_loading`), at ``tokens_per_key`` tokens recomputed at
+    ``recompute_tps`` tokens per second."""
+
+    def __init__(self, core: Any, *, tokens_per_key: int, recompute_tps: float,
+                 prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> None:
+        if tokens_per_key <= 0:
+            raise ValueError(f"tokens_per_key must be > 0, got {tokens_per_key!r}")
+        self.cost = attach(core, prior_bandwidth=prior_bandwidth)
+        self.tokens_per_key = tokens_per_key
+        self.recompute_tps = recompute_tps
+        self._lock = threading.Lock()
+        self.truncated_keys = 0  # held keys a lookup did not report: recomputing them was sooner
+        self.lookups = 0
+
+    @classmethod
+    def from_settings(cls, core: Any, extra: Mapping[str, Any], prefix: str, chunk_size: int) -> PrefixPricer | None:
+        """The pricer the plugin's settings ask for (``<prefix>load_cost_recompute_tokens_per_second``,
+        ``<prefix>load_cost_prior_read_bytes_per_second``), None when the rate is unset (off)."""
+        rate = parse_rate(extra.get(prefix + PLUGIN_RATE_SETTING), f"extra_config['{prefix}{PLUGIN_RATE_SETTING}']")
+        prior = parse_rate(extra.get(prefix + PLUGIN_PRIOR_SETTING), f"extra_config['{prefix}{PLUGIN_PRIOR_SETTING}']")
+        if rate is None:
+            if prior is not None:
+                raise ValueError(f"extra_config['{prefix}{PLUGIN_PRIOR_SETTING}'] = {prior!r} needs "
+                                 f"extra_config['{prefix}{PLUGIN_RATE_SETTING}'] (it turns the priced lookup on)")
+            return None
+        return cls(core, tokens_per_key=chunk_size, recompute_tps=rate,
+                   prior_bandwidth=prior or DEFAULT_PRIOR_BANDWIDTH)
+
+    def status(self) -> dict:
+        """What it decided, and each device's estimate inputs now."""
+        with self._lock:
+            out: dict[str, Any] = {"recompute_tokens_per_second": self.recompute_tps, "lookups": self.lookups,
+                                   "truncated_keys": self.truncated_keys}
+        out["devices"] = [{"device_path": d.device_path, "ahead_bytes": d.ahead_bytes(), "bandwidth": d.bandwidth,
+                           "samples": d.samples, "key_bytes": d.key_bytes} for d in self.cost.devices()]
+        return out
+
+    def prefix(self, encoded_keys: Sequence[str]) -> int:
+        """Leading keys held and worth loading."""
+        where = self.cost.locate(encoded_keys)
+        held = next((i for i, d in enumerate(where) if d is None), len(where))
+        n = worth_loading(where[:held], self.tokens_per_key, self.recompute_tps)
+        with self._lock:
+            self.lookups += 1
+            self.truncated_keys += held - n
+        return n

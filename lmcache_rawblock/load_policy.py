@@ -30,7 +30,7 @@ from typing import Any
 from . import load_cost
 from .lmcache_paths import import_kv_load_policy
 
-_kv = import_kv_load_policy()
+_KVLoadPolicy: Any = import_kv_load_policy().KVLoadPolicy
 
 __all__ = ["PRIOR_KEY", "RATE_KEY", "RawBlockLoadCostPolicy"]
 
@@ -39,7 +39,7 @@ PRIOR_KEY = "rust_raw_block.load_cost_prior_read_bytes_per_second"
 logger = logging.getLogger(__name__)
 
 
-class RawBlockLoadCostPolicy(_kv.KVLoadPolicy):  # type: ignore[misc]
+class RawBlockLoadCostPolicy(_KVLoadPolicy):
     """Serve a lookup unless loading it would finish after recomputing it (module docstring).
 
     Reads from the server's runtime-plugin config: ``rust_raw_block.load_cost_recompute_tokens_per_second``

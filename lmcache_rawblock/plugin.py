@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
-from . import fdp, metrics
+from . import fdp, load_cost, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
@@ -188,7 +188,7 @@ _FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 # The plugin's own keys, read outside the settings table, and the legacy engine switches that
 # io_engine replaced (read only when io_engine is unset).
 _OWN_KEYS = frozenset({"per_tp_device_paths", "device_paths", "eviction_policy", "eviction_trigger_watermark",
-                       "eviction_ratio"})
+                       "eviction_ratio", load_cost.PLUGIN_RATE_SETTING, load_cost.PLUGIN_PRIOR_SETTING})
 _LEGACY_KEYS = frozenset({"use_iouring", "use_uring"})
 # The one list of the rust_raw_block.* keys the plugin reads: the settings table's plugin rows
 # (csrc/core/rb_config.c) and the keys above. docs/configuration.md's table has a row for each
@@ -402,6 +402,9 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._put_retries = 0  # put_many calls repeated after evicting (or finding room)
         self._close_lock = threading.Lock()
         self._closed = False
+        # Lookups report only the chunks worth loading (lmcache_rawblock.load_cost), when set.
+        self._pricer = load_cost.PrefixPricer.from_settings(self._core, extra, _KEY_PREFIX,
+                                                            int(getattr(config, "chunk_size", 256)))
 
     def __str__(self) -> str:
         return "RustRawBlockBackend"
@@ -546,6 +549,9 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["put_evicted_entries"] = self._put_evicted
             status["put_evict_retries"] = self._put_retries
         status.update(self._admission.status())
+        pricer = self._pricer
+        if pricer is not None:
+            status["load_cost"] = pricer.status()
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled
         status["fdp_discovered_status"] = list(self._fdp_status)
@@ -827,13 +833,23 @@ class RustRawBlockBackend(StoragePluginInterface):
             self._slots_freed()  # their slots become reusable after a checkpoint
         return removed
 
+    def batched_contains(self, keys: Any, pin: bool = False) -> int:
+        if self._pricer is None:
+            return super().batched_contains(keys, pin)
+        return self._pin_prefix(keys, self._pricer.prefix(encode_legacy_keys(keys)), pin)
+
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
         encoded = encode_legacy_keys(keys)
+        if self._pricer is not None:
+            return self._pin_prefix(keys, self._pricer.prefix(encoded), pin)
         hits = 0
         for ok in self._core.exists_many(encoded, lock=False):
             if not ok:
                 break
             hits += 1
+        return self._pin_prefix(keys, hits, pin)
+
+    def _pin_prefix(self, keys: list, hits: int, pin: bool) -> int:
         if not pin:
             return hits
         pinned = 0

@@ -191,3 +191,29 @@ def test_rate_setting_names_the_parameter_and_the_value(bad):
 def test_rate_setting_unset_and_numbers():
     assert parse_rate(None, "x") is None and parse_rate("", "x") is None
     assert parse_rate("2500", "x") == 2500.0 and parse_rate(12.5, "x") == 12.5
+
+
+def test_several_devices_take_the_slowest_device(tmp_path):
+    from lmcache_rawblock.raw_block import MultiDeviceConfig, MultiDeviceCore
+
+    from core_helpers import make_config
+
+    paths = [make_device(tmp_path, size=32 * MiB, name=f"d{i}.img") for i in range(2)]
+    m = MultiDeviceCore(MultiDeviceConfig.for_paths(make_config(paths[0], slot_bytes=SLOT), paths),
+                        key_namespace="object")
+    try:
+        keys = [okey(i) for i in range(6)]
+        assert m.put_many(keys, [Obj(payload(i, PLEN)) for i in range(6)]).results == [True] * 6
+        lc = LoadCost(m, prior_bandwidth=10 * MiB)
+        assert len(lc.devices()) == 2
+        enc = [k.encoded for k in keys]
+        where = [m.device_of(e) for e in enc]
+        assert [d.device_path if d else None for d in lc.locate(enc)] == where
+        most = max(where.count(p) for p in paths)
+        assert lc.estimate_load_seconds(enc) == pytest.approx(most * PLEN / (10 * MiB))
+        one = lc.estimate_load_seconds(bytes_per_device={paths[0]: 4 * MiB, paths[1]: 1 * MiB})
+        assert one == pytest.approx(0.4)
+        assert lc.estimate_spread_seconds(6) == pytest.approx(3 * PLEN / (10 * MiB))
+        assert worth_loading(lc.locate(enc + [okey(99).encoded]), TPK, TPS) == 6
+    finally:
+        m.close()
