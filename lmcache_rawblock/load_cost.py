@@ -1,17 +1,20 @@
 """When a load submitted now would finish: a live estimate per device, and the prefix worth loading.
 
 A disk hit is worth serving only if it arrives before the engine would have recomputed it. The
-estimate of one device is ``(bytes ahead + bytes of the load) / read bandwidth``:
+estimate of one device is ``writes ahead / write rate + (reads ahead + bytes of the load) / read
+rate``:
 
-* bytes ahead: what the device's io_uring scheduler holds and has not finished
+* ahead: what the device's io_uring scheduler holds and has not finished
   (``_native.Core.load_queue``): every read, plus the writes that share the device with a read.
   Under ``io_scheduler=loads_first`` a read passes queued writes, so only the writes the kernel
   may hold at once (``write_max_bytes_in_flight``) count; under ``fifo`` every queued write does.
   Under the posix engine the scheduler counts nothing: the bytes of this core's loads and puts
-  in flight stand in.
-* read bandwidth: an EWMA of what completed loads measured, each load's sample being (bytes
-  ahead when it began + its bytes) / its wall time, so the bytes it waited behind count as served.
-  Until the first load is measured the prior (``prior_bandwidth``) is used.
+  in flight stand in, as reads.
+* write rate: an EWMA of the device's completed write bytes per second between two readings
+  with writes pending at both (each estimate and each load takes a reading).
+* read rate: an EWMA of what completed loads measured, each load's sample being (reads ahead when
+  it began + its bytes) / (its wall time less the time the writes ahead took at the write rate).
+  Until the first load is measured the prior (``prior_bandwidth``) is used, for writes too.
 
 For a cache over several devices the estimate of a set of keys is the largest of its devices'
 estimates (the devices read their parts at the same time). :func:`worth_loading` turns the
@@ -39,6 +42,8 @@ __all__ = [
 DEFAULT_PRIOR_BANDWIDTH = 1 << 30  # bytes/s assumed before the first load is measured
 _ALPHA = 0.2  # weight of the newest bandwidth sample
 _MIN_SAMPLE_SECONDS = 1e-6  # a load faster than this measures nothing (clock resolution)
+_MIN_INTERVAL_SECONDS = 0.002  # write-rate samples: readings at least this far apart
+_MIN_READ_SHARE = 0.1  # a load's read time is at least this share of its wall time
 
 
 def parse_rate(value: Any, label: str) -> float | None:
@@ -82,17 +87,40 @@ class DeviceLoadCost:
         self.prior_bandwidth = float(prior_bandwidth)
         self._lock = threading.Lock()
         self._bandwidth: float | None = None
+        self._write_bandwidth: float | None = None
+        self._last: tuple[float, int, int] | None = None  # (clock, write_completed, write_pending)
         self._key_bytes = float(max(1, int(core.slot_bytes) - int(core.header_bytes)))
         self.samples = 0
+        self.write_samples = 0
+
+    def ahead(self) -> tuple[int, int]:
+        """(read bytes, write bytes) a load submitted now waits behind on this device; every
+        reading also measures the rate at which the device completes writes while it has some."""
+        reads, writes, inflight, _, written = self._queue()
+        self._note_writes(time.monotonic(), int(written), int(writes))
+        if self.scheduler is None:
+            return int(inflight), 0
+        if self.scheduler == "fifo":
+            return int(reads), int(writes)
+        return int(reads), int(min(writes, self._write_cap))
+
+    def _note_writes(self, now: float, written: int, pending: int) -> None:
+        with self._lock:
+            last = self._last
+            if last is not None and now - last[0] < _MIN_INTERVAL_SECONDS:
+                return  # too close to the last reading to measure anything: keep that one
+            self._last = (now, written, pending)
+            if last is None or not (last[2] and pending):
+                return
+            sample = (written - last[1]) / (now - last[0])
+            if sample > 0:
+                bw = self._write_bandwidth
+                self._write_bandwidth = sample if bw is None else (1 - _ALPHA) * bw + _ALPHA * sample
+                self.write_samples += 1
 
     def ahead_bytes(self) -> int:
         """Bytes a load submitted now waits behind on this device."""
-        reads, writes, inflight = self._queue()
-        if self.scheduler is None:
-            return int(inflight)
-        if self.scheduler == "fifo":
-            return int(reads + writes)
-        return int(reads + min(writes, self._write_cap))
+        return sum(self.ahead())
 
     @property
     def bandwidth(self) -> float:
@@ -101,31 +129,42 @@ class DeviceLoadCost:
         return self.prior_bandwidth if bw is None else bw
 
     @property
+    def write_bandwidth(self) -> float:
+        """Bytes/s the device completes writes at while it has some: measured, else the read
+        bandwidth."""
+        bw = self._write_bandwidth
+        return self.bandwidth if bw is None else bw
+
+    @property
     def key_bytes(self) -> float:
         """Bytes one key's load reads: the mean of measured loads, else the slot's payload."""
         return self._key_bytes
 
-    def seconds(self, nbytes: float, ahead: int | None = None) -> float:
-        """Seconds until a load of ``nbytes`` submitted now would finish (0 for nothing)."""
+    def seconds(self, nbytes: float, ahead: tuple[int, int] | None = None) -> float:
+        """Seconds until a load of ``nbytes`` submitted now would finish (0 for nothing): the
+        writes ahead at the write rate, then the reads ahead and its own at the read rate."""
         if nbytes <= 0:
             return 0.0
-        if ahead is None:
-            ahead = self.ahead_bytes()
-        return (ahead + nbytes) / self.bandwidth
+        reads, writes = self.ahead() if ahead is None else ahead
+        return writes / self.write_bandwidth + (reads + nbytes) / self.bandwidth
 
-    def begin(self) -> tuple[float, int]:
+    def begin(self) -> tuple[float, tuple[int, int]]:
         """A load begins: the mark :meth:`end` takes."""
-        return time.monotonic(), self.ahead_bytes()
+        ahead = self.ahead()
+        return time.monotonic(), ahead
 
-    def end(self, mark: tuple[float, int], objs: Sequence[Any], loaded: Sequence[bool]) -> None:
-        """A load begun at ``mark`` read the objects of ``loaded``: one bandwidth sample."""
+    def end(self, mark: tuple[float, tuple[int, int]], objs: Sequence[Any], loaded: Sequence[bool]) -> None:
+        """A load begun at ``mark`` read the objects of ``loaded``: one read-bandwidth sample,
+        the time it waited behind writes (at the write rate) taken out."""
         elapsed = time.monotonic() - mark[0]
         n = sum(1 for ok in loaded if ok)
         if n == 0 or elapsed < _MIN_SAMPLE_SECONDS:
             return
         default = int(self._key_bytes)
         nbytes = sum(_payload_size(o, default) for o, ok in zip(objs, loaded) if ok)
-        sample = (mark[1] + nbytes) / elapsed
+        reads, writes = mark[1]
+        reading = max(elapsed - writes / self.write_bandwidth, elapsed * _MIN_READ_SHARE)
+        sample = (reads + nbytes) / reading
         with self._lock:
             self._bandwidth = sample if self._bandwidth is None else (1 - _ALPHA) * self._bandwidth + _ALPHA * sample
             self._key_bytes = (1 - _ALPHA) * self._key_bytes + _ALPHA * (nbytes / n)
@@ -212,14 +251,14 @@ def worth_loading(where: Sequence[DeviceLoadCost | None], tokens_per_key: float,
     and t = tokens_per_key / recompute_tps; the i with the soonest finish wins (the longest of
     equals), 0 when recomputing everything is soonest."""
     per_key = tokens_per_key / recompute_tps
-    ahead: dict[DeviceLoadCost, int] = {}
+    ahead: dict[DeviceLoadCost, tuple[int, int]] = {}
     part: dict[DeviceLoadCost, float] = {}
     best, best_gain, load = 0, 0.0, 0.0
     for i, dev in enumerate(where):
         if dev is None:
             break
         if dev not in ahead:
-            ahead[dev] = dev.ahead_bytes()
+            ahead[dev] = dev.ahead()
         part[dev] = part.get(dev, 0.0) + dev.key_bytes
         load = max(load, dev.seconds(part[dev], ahead[dev]))
         gain = (i + 1) * per_key - load  # recompute time saved minus the load's time
@@ -306,8 +345,9 @@ class PrefixPricer:
         with self._lock:
             out: dict[str, Any] = {"recompute_tokens_per_second": self.recompute_tps, "lookups": self.lookups,
                                    "truncated_keys": self.truncated_keys}
-        out["devices"] = [{"device_path": d.device_path, "ahead_bytes": d.ahead_bytes(), "bandwidth": d.bandwidth,
-                           "samples": d.samples, "key_bytes": d.key_bytes} for d in self.cost.devices()]
+        out["devices"] = [{"device_path": d.device_path, "ahead": d.ahead(), "bandwidth": d.bandwidth,
+                           "samples": d.samples, "write_bandwidth": d.write_bandwidth,
+                           "write_samples": d.write_samples, "key_bytes": d.key_bytes} for d in self.cost.devices()]
         return out
 
     def prefix(self, encoded_keys: Sequence[str]) -> int:

@@ -14,7 +14,9 @@ LMCache's raw-block adapter on the Rust wheel) and scale (both metadata formats 
 beside a full base, bytes per entry, reopen time beside fio, index memory, and what a put costs on
 a full cache). On capped RAM devices of its own (``rig``, root): drives (store and load bandwidth
 over N devices as a share of N x cap beside fio and LMCache's core, CPU per GB against N, load
-latency under stores).
+latency under stores); loadcost (cost-aware loads: the share of loads that finish after a recompute
+and the mean time to data, with and without the priced prefix lookup, while stores saturate the
+capped devices).
 Ours only, on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
 check costs a load, the check on against off on one core) and dealloc (what deallocating freed
 slots costs an eviction batch and the puts after it, on against off, on a file and a loop device).
@@ -35,6 +37,7 @@ from . import drives as drives_suite
 from . import e2e as e2e_suite
 from . import histcost as histcost_suite
 from . import loadcheck as loadcheck_suite
+from . import loadcost as loadcost_suite
 from . import mp as mp_suite
 from . import plugin as plugin_suite
 from . import recovery as recovery_suite
@@ -45,12 +48,13 @@ from .target import Target, make_workdir, prefill
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
 PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "loadcheck", "dealloc", "scale",
-              "histcost", "drives")
-# drives needs root and moves the process into a blkio group for minutes: asked for by name only
-DEFAULT_PARTS = tuple(p for p in PART_NAMES if p != "drives")
+              "histcost", "drives", "loadcost")
+# drives and loadcost need root and move the process into a blkio group: asked for by name only
+RIG_PARTS = ("drives", "loadcost")
+DEFAULT_PARTS = tuple(p for p in PART_NAMES if p not in RIG_PARTS)
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e", "mp", "scale", "drives")  # the parts that compare with LMCache, on files of their own
-OWN_PARTS = ("loadcheck", "dealloc", "histcost")  # ours only, on files of their own in directories they choose
+OWN_PARTS = ("loadcheck", "dealloc", "histcost", "loadcost")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -187,6 +191,13 @@ def drives_settings(opts: Options) -> drives_suite.DrivesSettings:
     return s
 
 
+def loadcost_settings(opts: Options) -> loadcost_suite.LoadCostSettings:
+    s = replace(loadcost_suite.SUITES[opts.suite])
+    if opts.drives_backend:
+        s.backend = opts.drives_backend
+    return s
+
+
 def scale_settings(opts: Options) -> scale_suite.ScaleSettings:
     s = replace(scale_suite.SUITES[opts.suite])
     if opts.repeats:
@@ -231,6 +242,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["scale"] = scale_settings(opts)
     if "drives" in parts:
         part_settings["drives"] = drives_settings(opts)
+    if "loadcost" in parts:
+        part_settings["loadcost"] = loadcost_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
     settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
@@ -263,6 +276,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
         "histcost": histcost_suite.steps(part_settings["histcost"]) if "histcost" in parts else 0,
         "drives": drives_suite.steps(part_settings["drives"]) if "drives" in parts else 0,
+        "loadcost": loadcost_suite.steps(part_settings["loadcost"]) if "loadcost" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -282,6 +296,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "histcost": lambda bar: histcost_suite.run_histcost(part_settings["histcost"], bar),
         "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
         "drives": lambda bar: drives_suite.run_drives(core_comps, part_settings["drives"], bar),
+        "loadcost": lambda bar: loadcost_suite.run_loadcost(part_settings["loadcost"], bar),
     }
     total = sum(steps[p] for p in parts)
     quiet = on_files or any(p in OWN_PARTS for p in parts)

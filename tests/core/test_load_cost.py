@@ -63,12 +63,16 @@ def test_pending_bytes_count_a_held_store_and_drain_to_zero(dev, sched):
     c = ucore(dev, sched)
     keys = [okey(i) for i in range(3)]
     objs = [Obj(payload(i, PLEN)) for i in range(3)]
-    assert c._native.load_queue() == (0, 0, 0)
-    reads, writes, inflight = held_store(c, keys, objs, c._native.load_queue)
+    assert c._native.load_queue()[:3] == (0, 0, 0)
+    written = c._native.load_queue()[4]
+    reads, writes, inflight, _, during = held_store(c, keys, objs, c._native.load_queue)
     assert reads == 0
     assert writes >= 3 * PLEN, "every payload byte of the held store is pending"
     assert inflight >= 3 * PLEN
-    assert c._native.load_queue() == (0, 0, 0)
+    assert during == written, "nothing of the held store completed"
+    after = c._native.load_queue()
+    assert after[:3] == (0, 0, 0)
+    assert after[4] - written >= 3 * PLEN, "the completed write bytes count the store"
     c.close()
 
 
@@ -122,7 +126,7 @@ def test_estimate_by_bytes_per_device_names_an_unknown_device(dev):
 
 class _Native:
     def __init__(self, reads=0, writes=0):
-        self.queue = (reads, writes, reads + writes)
+        self.queue = (reads, writes, reads + writes, 0, 0)
 
     def load_queue(self):
         return self.queue
@@ -217,3 +221,15 @@ def test_several_devices_take_the_slowest_device(tmp_path):
         assert worth_loading(lc.locate(enc + [okey(99).encoded]), TPK, TPS) == 6
     finally:
         m.close()
+
+
+def test_write_rate_is_measured_only_while_writes_are_pending():
+    d = device("/a", 100 * MiB)
+    assert d.write_bandwidth == 100 * MiB, "no history: the read bandwidth stands in"
+    d._note_writes(10.0, 0, 0)
+    d._note_writes(11.0, 50 * MiB, 8 * MiB)  # nothing was pending at the first reading
+    assert d.write_samples == 0
+    d._note_writes(12.0, 60 * MiB, 8 * MiB)
+    assert d.write_samples == 1 and d.write_bandwidth == pytest.approx(10 * MiB)
+    # writes ahead now cost their time at the write rate: 8 MiB at 10 MiB/s, then 1 MiB at 100 MiB/s
+    assert d.seconds(1 * MiB, (0, 8 * MiB)) == pytest.approx(0.8 + 0.01)
