@@ -117,6 +117,9 @@ class Server:
         for _ in range(2000):
             hits = self.lookup.query_prefetch_status(key.request_id)
             if hits is not None:
+                # done with the request as an engine is: its read locks given back, its session ended
+                self.lookup.free_lookup_locks(key, 1)
+                self.lookup.end_session(key.request_id)
                 return hits, reason
             time.sleep(0.005)
         raise AssertionError("the prefetch never finished")
