@@ -56,7 +56,7 @@ from lmcache.v1.distributed.l2_adapters import raw_block_l2_adapter as _lmc
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
-from . import fdp, metrics
+from . import fdp, load_cost, metrics
 from .prefix_evict import PrefixOrder
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
@@ -269,6 +269,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         try:
             self._core = self._make_core(config)
             metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
+            load_cost.register(self._core)  # for a cost-aware load policy (lmcache_rawblock.load_policy)
             self._configure_fdp(config)
             self._register_l1(config, l1_memory_desc)
             self._max_capacity_bytes = int(self._core.report_status().get("usable_capacity_bytes", 0))
@@ -464,6 +465,9 @@ class RawBlockL2Adapter(L2AdapterInterface):
 
     def _run_lookup(self, keys: list) -> list[bool]:
         encoded = [encode_object_key(k).encoded for k in keys]
+        cost = load_cost.registered(self._core)
+        if cost is not None:  # a load policy listens: how many keys a chunk of tokens has
+            cost.note_chunks(len(keys), len({k.chunk_hash for k in keys}))
         found = self._core.exists_many(encoded, lock=True)
         self._note_misses(keys, found)
         if self._chains is not None:
@@ -743,6 +747,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             pool.shutdown(wait=False, cancel_futures=True)
         self._reclaimer.stop(_CLOSE_RECLAIM_WAIT_S)
         if self._core is not None:
+            load_cost.forget(self._core)
             self._core.close()
         with self._lock:
             efds, self._efds = self._efds, {}

@@ -44,6 +44,8 @@ INPROCESS_PREFIXES = (
 # Modules at the same path in every supported version.
 PLUGIN_MODULE = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
 L2_ADAPTER_MODULE = "lmcache.v1.distributed.l2_adapters.raw_block_l2_adapter"
+# MP mode's per-request serve-or-recompute hook: 0.5.7 and later only.
+KV_LOAD_POLICY_MODULE = "lmcache.v1.multiprocess.kv_load_policy"
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,6 +132,15 @@ def import_inprocess(name: str) -> ModuleType:
     return importlib.import_module(inprocess_module(name))
 
 
+def import_kv_load_policy() -> ModuleType:
+    """LMCache's MP load-policy module (``KVLoadPolicy``); ImportError naming the installed
+    version where it has none (0.5.6 and before)."""
+    if not has_module(KV_LOAD_POLICY_MODULE):
+        raise ImportError(f"the installed LMCache ({lmcache_version()}) has no {KV_LOAD_POLICY_MODULE}: "
+                          "MP load policies need LMCache 0.5.7 or later")
+    return importlib.import_module(KV_LOAD_POLICY_MODULE)
+
+
 def layout() -> dict[str, str | None]:
     """What this module resolved, for reports and diagnostics."""
     return {
@@ -148,6 +159,7 @@ def clear_cache() -> None:
 
 __all__ = [
     "INPROCESS_PREFIXES",
+    "KV_LOAD_POLICY_MODULE",
     "L2_ADAPTER_MODULE",
     "LMCACHE_DIST",
     "PLUGIN_MODULE",
@@ -155,6 +167,7 @@ __all__ = [
     "clear_cache",
     "has_module",
     "import_inprocess",
+    "import_kv_load_policy",
     "import_raw_block",
     "inprocess_module",
     "layout",

@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from itertools import compress
 from typing import Any
 
-from . import fdp, metrics
+from . import fdp, load_cost, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
@@ -194,7 +194,8 @@ _FDP_SETTINGS = tuple(s for s in _PLUGIN_SETTINGS if s.policy)
 # The plugin's own keys, read outside the settings table, and the legacy engine switches that
 # io_engine replaced (read only when io_engine is unset).
 _OWN_KEYS = frozenset({"per_tp_device_paths", "device_paths", "eviction_policy", "eviction_trigger_watermark",
-                       "eviction_ratio", "extent_reserve", "extent_reinsert"})
+                       "eviction_ratio", "extent_reserve", "extent_reinsert", load_cost.PLUGIN_RATE_SETTING,
+                       load_cost.PLUGIN_PRIOR_SETTING})
 _LEGACY_KEYS = frozenset({"use_iouring", "use_uring"})
 # The one list of the rust_raw_block.* keys the plugin reads: the settings table's plugin rows
 # (csrc/core/rb_config.c) and the keys above. docs/configuration.md's table has a row for each
@@ -409,6 +410,9 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._put_retries = 0  # put_many calls repeated after evicting (or finding room)
         self._close_lock = threading.Lock()
         self._closed = False
+        # Lookups report only the chunks worth loading (lmcache_rawblock.load_cost), when set.
+        self._pricer = load_cost.PrefixPricer.from_settings(self._core, extra, _KEY_PREFIX,
+                                                            int(getattr(config, "chunk_size", 256)))
 
     def __str__(self) -> str:
         return "RustRawBlockBackend"
@@ -595,6 +599,9 @@ class RustRawBlockBackend(StoragePluginInterface):
         if self._prefix is not None:
             with self._lru_lock:
                 status.update(self._prefix.counts())
+        pricer = self._pricer
+        if pricer is not None:
+            status["load_cost"] = pricer.status()
         router = self._router
         status["fdp_enabled"] = self._fdp.enabled
         status["fdp_discovered_status"] = list(self._fdp_status)
@@ -896,26 +903,38 @@ class RustRawBlockBackend(StoragePluginInterface):
         return removed
 
     def batched_contains(self, keys: Any, pin: bool = False) -> int:
-        """LMCache's prefix loop over ``contains`` (the base class's); under ``prefix`` the
-        lookup also teaches the chain (the first missing key follows the last hit)."""
+        """LMCache's prefix loop over ``contains`` (the base class's), or with load pricing on the
+        leading chunks worth loading; under ``prefix`` the lookup also teaches the chain (the
+        first missing key follows the last hit)."""
         keys = list(keys)
-        hits = super().batched_contains(keys, pin)
+        if self._pricer is None:
+            hits = super().batched_contains(keys, pin)
+        else:
+            hits = self._pin_prefix(keys, self._pricer.prefix(encode_legacy_keys(keys)), pin)
         if self._prefix is not None and keys:
-            encoded = encode_legacy_keys(keys[: hits + 1])
-            with self._lru_lock:
-                self._prefix.note_lookup(encoded, hits)
+            self._learn_lookup(encode_legacy_keys(keys[: hits + 1]), hits)
         return hits
 
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
         encoded = encode_legacy_keys(keys)
-        hits = 0
-        for ok in self._core.exists_many(encoded, lock=False):
-            if not ok:
-                break
-            hits += 1
+        if self._pricer is not None:
+            hits = self._pricer.prefix(encoded)
+        else:
+            hits = 0
+            for ok in self._core.exists_many(encoded, lock=False):
+                if not ok:
+                    break
+                hits += 1
         if self._prefix is not None:
-            with self._lru_lock:
-                self._prefix.note_lookup(encoded, hits)
+            self._learn_lookup(encoded, hits)
+        return self._pin_prefix(keys, hits, pin)
+
+    def _learn_lookup(self, encoded: list[str], hits: int) -> None:
+        """Under ``prefix``: a lookup's first missing key follows its last hit."""
+        with self._lru_lock:
+            self._prefix.note_lookup(encoded, hits)  # type: ignore[union-attr]
+
+    def _pin_prefix(self, keys: list, hits: int, pin: bool) -> int:
         if not pin:
             return hits
         pinned = 0

@@ -14,7 +14,9 @@ LMCache's raw-block adapter on the Rust wheel) and scale (both metadata formats 
 beside a full base, bytes per entry, reopen time beside fio, index memory, and what a put costs on
 a full cache). On capped RAM devices of its own (``rig``, root): drives (store and load bandwidth
 over N devices as a share of N x cap beside fio and LMCache's core, CPU per GB against N, load
-latency under stores).
+latency under stores); loadcost (cost-aware loads: the share of loads that finish after a recompute
+and the mean time to data, with and without the priced prefix lookup, while stores saturate the
+capped devices).
 Ours only: prefix (prefix-aware eviction against LRU, a multi-turn conversation trace replayed
 through the plugin at 25/50/100 % of its working set: tokens served, reachable bytes, per-put
 CPU); on files of its own on tmpfs and on disk: loadcheck (what the load-time slot-header
@@ -37,6 +39,7 @@ from . import drives as drives_suite
 from . import e2e as e2e_suite
 from . import histcost as histcost_suite
 from . import loadcheck as loadcheck_suite
+from . import loadcost as loadcost_suite
 from . import mp as mp_suite
 from . import prefix as prefix_suite
 from . import plugin as plugin_suite
@@ -48,12 +51,13 @@ from .target import Target, make_workdir, prefill
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
 PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "loadcheck", "dealloc", "scale",
-              "histcost", "prefix", "drives")
-# drives needs root and moves the process into a blkio group for minutes: asked for by name only
-DEFAULT_PARTS = tuple(p for p in PART_NAMES if p != "drives")
+              "histcost", "prefix", "drives", "loadcost")
+# drives and loadcost need root and move the process into a blkio group: asked for by name only
+RIG_PARTS = ("drives", "loadcost")
+DEFAULT_PARTS = tuple(p for p in PART_NAMES if p not in RIG_PARTS)
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e", "mp", "scale", "drives")  # the parts that compare with LMCache, on files of their own
-OWN_PARTS = ("loadcheck", "dealloc", "histcost", "prefix")  # ours only, on files of their own in directories they choose
+OWN_PARTS = ("loadcheck", "dealloc", "histcost", "prefix", "loadcost")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -197,6 +201,13 @@ def drives_settings(opts: Options) -> drives_suite.DrivesSettings:
     return s
 
 
+def loadcost_settings(opts: Options) -> loadcost_suite.LoadCostSettings:
+    s = replace(loadcost_suite.SUITES[opts.suite])
+    if opts.drives_backend:
+        s.backend = opts.drives_backend
+    return s
+
+
 def scale_settings(opts: Options) -> scale_suite.ScaleSettings:
     s = replace(scale_suite.SUITES[opts.suite])
     if opts.repeats:
@@ -243,6 +254,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["scale"] = scale_settings(opts)
     if "drives" in parts:
         part_settings["drives"] = drives_settings(opts)
+    if "loadcost" in parts:
+        part_settings["loadcost"] = loadcost_settings(opts)
     settings = {**s.describe(), "engines": list(opts.engines), "parts": parts}
     settings.update({p: ps.describe() for p, ps in part_settings.items()})
     competitors = {c.name: c.describe() for c in comps}
@@ -276,6 +289,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "histcost": histcost_suite.steps(part_settings["histcost"]) if "histcost" in parts else 0,
         "prefix": prefix_suite.steps(part_settings["prefix"]) if "prefix" in parts else 0,
         "drives": drives_suite.steps(part_settings["drives"]) if "drives" in parts else 0,
+        "loadcost": loadcost_suite.steps(part_settings["loadcost"]) if "loadcost" in parts else 0,
     }
     if any(p in TARGET_PARTS for p in parts):
         prefill(target.path, s.region)
@@ -296,6 +310,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "prefix": lambda bar: prefix_suite.run_prefix(part_settings["prefix"], bar),
         "scale": lambda bar: scale_suite.run_scale(core_comps, part_settings["scale"], workdir, bar),
         "drives": lambda bar: drives_suite.run_drives(core_comps, part_settings["drives"], bar),
+        "loadcost": lambda bar: loadcost_suite.run_loadcost(part_settings["loadcost"], bar),
     }
     total = sum(steps[p] for p in parts)
     quiet = on_files or any(p in OWN_PARTS for p in parts)

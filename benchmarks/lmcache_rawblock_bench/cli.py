@@ -159,7 +159,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
                         "plugin at 25/50/100 %% of its working set, tokens served, reachable bytes, per-put CPU), "
                         "drives (root; the cache over N capped RAM devices: store and load bandwidth as a share of "
                         "N x cap beside fio and LMCache's core, CPU per GB against N, load latency under stores; "
-                        "only when named); default all but drives")
+                        "only when named), loadcost (root; cost-aware loads on capped RAM devices saturated by "
+                        "stores: loads finishing after recompute and mean time to data, priced prefix lookup on "
+                        "against off; only when named); default all but drives and loadcost")
     b.add_argument("--scale-entries", type=_counts_arg, metavar="LIST",
                    help="index sizes of the scale part's checkpoint, reopen and memory rows, e.g. 1M,10M "
                         "(default: the suite's; 10M takes about 11 GiB of page cache and several minutes)")
@@ -168,7 +170,7 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--drives-seconds", type=float, metavar="S",
                    help="the drives part's seconds per bandwidth figure (default: the suite's)")
     b.add_argument("--drives-backend", choices=("zram", "loop"),
-                   help="the drives part's devices: zram (default; every engine's bytes charged once) or loop "
+                   help="the drives and loadcost parts' devices: zram (default; every engine's bytes charged once) or loop "
                         "(tmpfs files; io_uring requests the loop device splits are charged twice)")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--no-plots", action="store_true", help="do not write PNG plots")

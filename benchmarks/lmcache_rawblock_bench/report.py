@@ -639,13 +639,30 @@ def print_drives(results: dict, p: Callable[..., None]) -> None:
                 [False, True, False] + [True] * 9))
 
 
+def print_loadcost(results: dict, p: Callable[..., None]) -> None:
+    from .loadcost import describe_rig, print_rows
+
+    lc = results["loadcost"]
+    if not lc.get("available"):
+        p(f"Cost-aware loads: not measured: {lc.get('error')}")
+        return
+    s = lc["settings"]
+    p(f"Cost-aware loads ({describe_rig(s)}): requests for the first k chunks of a stored prompt "
+      f"(k in {s['prefixes']}), each asked without and with the priced prefix lookup; a refused or truncated "
+      "chunk is recomputed (modelled: tokens / recompute rate). Late = a load that finished after the "
+      "recompute of what it loaded; time to data over all requests (ms)")
+    p(table(["phase", "mode", "requests", "loads", "refused", "truncated", "late loads", "mean time to data"],
+            print_rows(lc), [False, False] + _right(6, 0)))
+    p(f"  stores during the busy phase: {_mbs(lc.get('store_bytes_per_s_during'))} MB/s")
+
+
 WARMUP_NOTE = "an untimed half second"
 
 
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
             "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "mp": print_mp,
             "loadcheck": print_loadcheck, "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost,
-            "prefix": print_prefix, "drives": print_drives}
+            "prefix": print_prefix, "drives": print_drives, "loadcost": print_loadcost}
 
 
 def print_summary(results: dict, file: IO[str] | None = None) -> None:
@@ -803,6 +820,13 @@ def goals(results: dict) -> list[dict]:
         qd = "" if r.get("queue_depth") is None else f", QD{r['queue_depth']}"
         add("drives", f"load p99 under stores / idle p99 ({r['engine']}{qd}, {r['io_scheduler']})", r["p99_ratio"], 1.5,
             False, f"{r['busy_p99_s'] * 1e3:.1f} vs {r['idle_p99_s'] * 1e3:.1f} ms")
+    lcost = results.get("loadcost") or {}
+    if lcost.get("available"):
+        busy = lcost["busy"]
+        add("loadcost", "mean time to data under stores, priced prefix lookup / without", busy["ttd_ratio"], 1.0,
+            False, f"{busy['policy']['mean_ttd_s'] * 1e3:.1f} vs {busy['no_policy']['mean_ttd_s'] * 1e3:.1f} ms; "
+                   f"late loads {100 * busy['policy']['late_share']:.0f} % vs "
+                   f"{100 * busy['no_policy']['late_share']:.0f} %")
     for r in (results.get("plugin") or {}).get("remove", []):
         if r["backend"] == "ours" and r["n"] == 1000:
             add("plugin", "batched_remove, 1,000 keys: per-key fan-out time / one locked batch (our plugin)",

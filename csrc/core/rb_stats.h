@@ -9,7 +9,9 @@
  * The io_uring scheduler's (rb_uring.h): read_/write_inflight_bytes, the bytes of attempts in
  * the kernel now, and their lifetime peaks (peak_inflight_bytes: both together); split_requests,
  * requests sent as more than one attempt; budget_waits, worker rounds in which a lane waited for
- * its byte budget or (writes) its share of the ring.
+ * its byte budget or (writes) its share of the ring; read_/write_pending_bytes, the bytes of
+ * requests submitted and not finished (queued in the scheduler or in the kernel): what a load
+ * submitted now waits behind.
  */
 #ifndef RB_STATS_H
 #define RB_STATS_H
@@ -47,7 +49,9 @@
     X(peak_write_inflight_bytes)                                                                                       \
     X(peak_inflight_bytes)                                                                                             \
     X(split_requests)                                                                                                  \
-    X(budget_waits)
+    X(budget_waits)                                                                                                    \
+    X(read_pending_bytes)                                                                                              \
+    X(write_pending_bytes)
 
 typedef struct rb_stats {
 #define RB_STATS_ATOMIC(name) _Atomic uint64_t name;

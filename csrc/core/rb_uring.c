@@ -361,6 +361,9 @@ int rb_uring_submit(struct rb_uring *u, rb_batch *b)
     b->reqs[n - 1].next = NULL;
     atomic_store_explicit(&b->pending, n, memory_order_relaxed);
 
+    uint64_t pend[2] = {0, 0}; /* bytes by rb_req_op */
+    for (uint32_t i = 0; i < n; i++)
+        pend[b->reqs[i].op == RB_REQ_WRITE] += b->reqs[i].total_len;
     rb_stats *st = &u->dev->stats;
     pthread_mutex_lock(&u->q_mu);
     if (u->stopping) {
@@ -380,6 +383,8 @@ int rb_uring_submit(struct rb_uring *u, rb_batch *b)
     /* Counters move under q_mu so the worker can never take them below zero. */
     uint64_t out = RB_STAT_ADD(st, outstanding_requests, n) + n;
     uint64_t q = RB_STAT_ADD(st, queued_requests, n) + n;
+    RB_STAT_ADD(st, read_pending_bytes, pend[RB_REQ_READ]);
+    RB_STAT_ADD(st, write_pending_bytes, pend[RB_REQ_WRITE]);
     pthread_mutex_unlock(&u->q_mu);
 
     rb_stat_max(&st->peak_outstanding_requests, out);
@@ -589,6 +594,10 @@ static void finish(struct rb_uring *u, rb_req *r, int status, int errnum)
     r->status = (uint8_t)status;
     r->errnum = errnum;
     RB_STAT_SUB(&u->dev->stats, outstanding_requests, 1);
+    if (r->op == RB_REQ_WRITE)
+        RB_STAT_SUB(&u->dev->stats, write_pending_bytes, r->total_len);
+    else
+        RB_STAT_SUB(&u->dev->stats, read_pending_bytes, r->total_len);
     if (atomic_fetch_sub_explicit(&b->pending, 1, memory_order_acq_rel) == 1)
         u->batch_finished = 1;
 }

@@ -206,6 +206,11 @@ static PyMethodDef core_methods[] = {
      "histograms($self, /)\n--\n\n"
      "-> dict: latency (ns) and size (bytes) histograms of the operations, load misses by reason, hits, "
      "deletes and bytes in flight (a snapshot; each figure exact, the set best effort)"},
+    {"load_queue", rbpy_core_load_queue, METH_NOARGS,
+     "load_queue($self, /)\n--\n\n"
+     "-> (read_pending_bytes, write_pending_bytes, inflight_bytes, read_completed_bytes, write_completed_bytes): "
+     "reads and writes submitted to the io_uring scheduler and not finished (0 under posix); bytes of this core's "
+     "loads and puts in flight; the device's completed bytes per direction"},
     {"set_histograms", rbpy_core_set_histograms, METH_O,
      "set_histograms($self, on, /)\n--\n\nrecord the histograms (on, the default) or not"},
     {"_recording_cost_ns", rbpy_core_recording_cost, METH_VARARGS,

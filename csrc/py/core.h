@@ -162,6 +162,7 @@ PyObject *rbpy_core_engine_state(PyObject *op, PyObject *arg);
 /* core_obs.c */
 PyObject *rbpy_core_histograms(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_histograms(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_load_queue(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args);
 /* core_admin.c */
 PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

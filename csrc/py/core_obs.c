@@ -71,6 +71,28 @@ PyObject *rbpy_core_histograms(PyObject *op, PyObject *unused)
 #undef RD
 }
 
+/* load_queue() -> (read_pending_bytes, write_pending_bytes, inflight_bytes, read_completed_bytes,
+ * write_completed_bytes): the bytes of reads and writes submitted to the io_uring scheduler and not
+ * finished (0 under posix), the bytes of loads and puts in this core's calls now (every engine),
+ * and the device's lifetime completed bytes per direction. Lock-free: a load estimate reads it
+ * per lookup. */
+PyObject *rbpy_core_load_queue(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core *c = rbpy_core_of(op);
+    rb_dev *dev = rb_core_device(c);
+    rb_obs *o = rb_core_obs(c);
+    if (!dev || !o) {
+        PyErr_SetString(PyExc_RuntimeError, "RawBlockCore is closed");
+        return NULL;
+    }
+    rb_stats_snapshot s;
+    rb_dev_stats_read(dev, &s);
+    return Py_BuildValue("(KKKKK)", (unsigned long long)s.read_pending_bytes, (unsigned long long)s.write_pending_bytes,
+                         (unsigned long long)atomic_load_explicit(&o->inflight_bytes, memory_order_relaxed),
+                         (unsigned long long)s.read_completed_bytes, (unsigned long long)s.write_completed_bytes);
+}
+
 /* set_histograms(on): record (True, the default) or not. */
 PyObject *rbpy_core_set_histograms(PyObject *op, PyObject *arg)
 {

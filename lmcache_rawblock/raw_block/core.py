@@ -224,6 +224,9 @@ class RawBlockCore:
         self._fixed_buffers: list[Any] = []
         self._reclaim_lock = threading.Lock()
         self._closed = False
+        # The load-finish estimate (lmcache_rawblock.load_cost) measuring this core's loads,
+        # set by a policy that asks for one; None: nothing is measured.
+        self.load_cost: Any = None
         self._close_outcome: RawBlockCloseOutcome | None = None
         # The core checks the geometry and refuses a device that holds someone else's data
         # (unless allow_foreign_device) before it reads or writes anything.
@@ -568,7 +571,13 @@ class RawBlockCore:
             raise ValueError("encoded_keys and objs must have the same length")
         # The C side also sets each loaded key's cached positions on its object's metadata
         # (None as is, a list through positions_from_list); errors is None when no key failed.
-        return self._native.load_many_into(list(encoded_keys), list(objs), positions_from_list)
+        cost = self.load_cost
+        if cost is None:
+            return self._native.load_many_into(list(encoded_keys), list(objs), positions_from_list)
+        mark = cost.begin()
+        out = self._native.load_many_into(list(encoded_keys), list(objs), positions_from_list)
+        cost.end(mark, objs, out[0])
+        return out
 
     def delete_many(self, encoded_keys: Sequence[str], *, force: bool = False) -> list[bool]:
         # a list or tuple goes to C as is (it copies the keys into a tuple itself)

@@ -844,6 +844,10 @@ class MultiDeviceCore:
         """The key's offset on the device that holds it."""
         return next((o for o in self._each(lambda c: c.entry_offset(encoded_key)) if o is not None), None)
 
+    def locate_cores(self, encoded_keys: Sequence[str]) -> list[RawBlockCore | None]:
+        """The core of the online device holding each key, None for a key none holds."""
+        return [None if d is None else d.core for d in self._locate(list(encoded_keys), self._online())]
+
     def device_of(self, encoded_key: str) -> str | None:
         """The path of the device that holds the key, or None."""
         where = self._locate([encoded_key], self._online())[0]

@@ -414,6 +414,35 @@ def test_storage_manager_drives_the_plugin(tmp_path):
         sm.close()
 
 
+def test_storage_manager_sees_only_the_chunks_worth_loading(tmp_path):
+    """rust_raw_block.load_cost_recompute_tokens_per_second, read from LMCache's own config:
+    StorageManager.batched_contains (LMCacheEngine's lookup) gets the priced prefix from our
+    plugin: nothing where recomputing is faster than reading, everything held where reading is."""
+    EventManager = lmcache_paths.import_inprocess("event_manager").EventManager
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+    extra = small_extra(sparse(tmp_path / "dev.img", 64 * MiB), load_cost_recompute_tokens_per_second=1e12,
+                        load_cost_prior_read_bytes_per_second=MiB)
+    md = make_metadata()
+    sm = StorageManager(make_config(extra), md, EventManager())
+    try:
+        be = sm.storage_backends[PLUGIN_NAME]
+        assert be._pricer is not None and be._pricer.tokens_per_key == CHUNK
+        keys = [key(i) for i in range(4)]
+        objs = [sm.allocate(md.get_shapes()[0], torch.bfloat16) for _ in keys]
+        put_and_wait(be, keys, objs)
+        assert all(be.contains(k) for k in keys)
+        # 16 tokens recompute in 16 ps; 16 KiB read at 1 MiB/s in 16 ms: recompute
+        assert sm.batched_contains(keys) == (0, {})
+        assert be.report_status()["load_cost"]["truncated_keys"] == 4
+        # at 100 tokens/s a chunk recomputes in 160 ms: every held chunk is worth reading
+        be._pricer.recompute_tps = 100.0
+        assert sm.batched_contains(keys + [key(1000)]) == (4, {PLUGIN_NAME: keys})
+        release(objs)
+    finally:
+        sm.close()
+
+
 # --------------------------------------------------------------------------- LMCache-specific keys
 
 
