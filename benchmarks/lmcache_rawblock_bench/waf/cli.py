@@ -22,7 +22,7 @@ from typing import Optional
 
 from . import stream
 from .ftl import ISOLATIONS, POLICIES, FlashSim, Geometry
-from .workload import WorkloadSpec
+from .workload import WORKLOADS, WorkloadSpec
 
 PROG = "python -m lmcache_rawblock waf"
 
@@ -87,6 +87,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                                                     "no cache model")
     s.add_argument("--record", metavar="FILE", help="also write the write stream of the first mode to FILE")
     s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--workload", choices=tuple(WORKLOADS), default="study",
+                   help="store pattern of the generator: study (decode and partial chunks stored) or "
+                        "lmcache_defaults (save_decode_cache and save_unfull_chunk false: full chunks at prefill)")
+    s.add_argument("--concurrency", type=int, default=32, help="generator: conversations in flight (default 32)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     g = ws.add_parser("generate", help="write the LMCache-shaped workload as a JSON-lines trace")
     g.add_argument("--requests", type=int, default=2000)
@@ -199,7 +203,7 @@ def cmd_simulate(a) -> int:
 def _spec(a) -> WorkloadSpec:
     from .run import spec_for_slot
 
-    return spec_for_slot(WorkloadSpec(seed=a.seed), a.chunk_bytes)
+    return spec_for_slot(WorkloadSpec(seed=a.seed, concurrency=a.concurrency, **WORKLOADS[a.workload]), a.chunk_bytes)
 
 
 def _simulate_io(a, geometry: Geometry, mode: str, strat: Optional[str], record: Optional[str]) -> dict:
