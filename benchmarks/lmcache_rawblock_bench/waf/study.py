@@ -27,7 +27,7 @@ from typing import Optional
 
 from .analytic import greedy_uniform_waf
 from .classes import WriteClass, cumulative_at, run_classes
-from .ftl import FlashSim, Geometry
+from .ftl import RESERVE_RUS, FlashSim, Geometry
 from .run import simulate_lmcache, spec_for_slot
 from .stream import CacheConfig, CacheModel, SimSink
 from .workload import WorkloadSpec
@@ -41,7 +41,7 @@ MAX_PAGES = 1 << 20
 OP = 0.1
 HANDLES = 8  # placement handles of the drive (8 reclaim unit handles, as on the FDP drives measured)
 HEADLINE = dict(ru_bytes=GIB, slot_bytes=8 * MIB)
-REF_SLOTS = N_RUS * GIB / (1 + OP) / (8 * MIB)  # logical slots of the headline drive: workload scale 1
+REF_SLOTS = (N_RUS - RESERVE_RUS) * GIB / (1 + OP) / (8 * MIB)  # logical slots of the headline drive: workload scale 1
 EVICT_AHEAD = (0.95, 0.05)  # the plugin's eviction_trigger_watermark / eviction_ratio defaults
 VALIDATION_GEOMETRY = dict(ru_pages=64, n_rus=256, max_handles=1, page_bytes=4096)
 
@@ -261,6 +261,43 @@ def uniform_random_waf(op: float, *, policy: str = "greedy", warmup: float = 2.0
     return sim.window().waf()
 
 
+def uniform_slot_waf(op: float, *, policy: str = "greedy", count_reserve: bool = True, warmup: float = 2.0,
+                     measure: float = 2.0, seed: int = 1, ru_bytes: int = GIB, slot_bytes: int = 8 * MIB) -> float:
+    """Simulated WAF of uniform random slot overwrites on the study's own drive for ``ru_bytes``
+    and ``slot_bytes`` (:func:`drive`: a page is 1/8 of a slot, 256 RUs): every write one whole,
+    aligned slot, so an RU holds ``ru_bytes / slot_bytes`` units as in the study. ``count_reserve``:
+    :class:`.ftl.Geometry`'s accounting of the RUs GC keeps empty (False: as before it)."""
+    g = replace(drive(ru_bytes, slot_bytes, handles=1, op=op), count_reserve=count_reserve)
+    sim = FlashSim(g, policy=policy)
+    pps = slot_bytes // g.page_bytes
+    n = g.logical_pages // pps
+    rnd = random.Random(seed)
+    for x in range(n):
+        sim.write(x * pps, pps)
+    for _ in range(int(warmup * n)):
+        sim.write(rnd.randrange(n) * pps, pps)
+    sim.mark()
+    for _ in range(int(measure * n)):
+        sim.write(rnd.randrange(n) * pps, pps)
+    return sim.window().waf()
+
+
+def reserve_bias(ops=(0.07, 0.1, 0.28)) -> list[dict]:
+    """The simulator against the closed-form model on the study's geometry (1 GiB RUs, 8 MiB
+    slots), before and after counting the RUs GC holds back; FIFO victims as well as greedy."""
+    out = []
+    for op in ops:
+        m = greedy_uniform_waf(op)
+        row = {"op": op, "model": m}
+        for name, kw in (("greedy_before", dict(count_reserve=False)), ("greedy", {}),
+                         ("fifo_before", dict(policy="fifo", count_reserve=False)), ("fifo", dict(policy="fifo"))):
+            w = uniform_slot_waf(op, **kw)
+            row[name] = w
+            row[name + "_error"] = (w - m) / m
+        out.append(row)
+    return out
+
+
 def dealloc_uniform_waf(live: float, *, op: float = OP, dealloc: bool = True, warmup: float = 2.0,
                         measure: float = 2.0, seed: int = 1, checkpoint_every: int = 256,
                         geometry: Optional[dict] = None) -> dict:
@@ -327,6 +364,7 @@ def validation() -> dict:
     for op in ops:
         out["uniform"].append({"op": op, "model": greedy_uniform_waf(op), "greedy": uniform_random_waf(op),
                                "cost_benefit": uniform_random_waf(op, policy="cost_benefit")})
+    out["study_geometry"] = reserve_bias()
     out["dealloc"] = [dealloc_uniform_waf(f) for f in (0.5, 0.75, 0.9, 0.97)]
     out["dealloc_off"] = [dealloc_uniform_waf(f, dealloc=False) for f in (0.5, 0.9)]
     g = Geometry(ru_pages=64, n_rus=256, op=0.28, max_handles=2, page_bytes=4096)
@@ -471,6 +509,16 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
               f"{val['model']}.", "", "| op | model | greedy | cost-benefit |", "|---|---|---|---|"]
         for u in val["uniform"]:
             L.append(f"| {u['op']} | {u['model']:.3f} | {u['greedy']:.3f} | {u['cost_benefit']:.3f} |")
+        sg = val.get("study_geometry")
+        if sg:
+            L += ["", "On the study's own geometry (1 GiB RUs, 8 MiB slots: 128 slots per RU, 256 RUs, a page 1/8 "
+                  "of a slot; uniform random whole-slot overwrites), before and after counting the 2 RUs garbage "
+                  "collection keeps empty outside the spare (before, they came out of it):", "",
+                  "| op | model | greedy before | greedy | FIFO victims before | FIFO victims |", "|---|---|---|---|---|---|"]
+            for u in sg:
+                L.append(f"| {u['op']} | {u['model']:.3f} | " + " | ".join(
+                    f"{u[k]:.3f} ({100 * u[k + '_error']:+.1f}%)" for k in ("greedy_before", "greedy", "fifo_before",
+                                                                           "fifo")) + " |")
         L += ["", "Deallocation: uniform random slot frees through the cache model (a random live entry deleted, a "
               "new one stored), freed slots deallocated at the checkpoint that makes them reusable (every 256 "
               "puts); drive spare 10%. The model's WAF is taken at the effective spare factor (physical - live "
