@@ -98,20 +98,29 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--tp", type=int, default=2)
     g.add_argument("--out", default="-", help="file (default stdout)")
     st = ws.add_parser("study", help="the simulated study into results.json, summary.md and PNG plots",
-                       description="Every lever at 1 GiB reclaim units, the RU-size and chunk-size sweep, the "
-                                   "RU-count sensitivity, validation and anchors (about 25 minutes on 2 cores).")
+                       description="The endurance table (LMCache's default store pattern and the study's workload, "
+                                   "utilisation, concurrency, drive spare, metadata format, RU size, per lever), "
+                                   "validation and anchors (about 12 minutes on 2 cores); --parts adds every lever "
+                                   "at 1 GiB reclaim units and the RU-size and chunk-size sweep.")
+    st.add_argument("--parts", default="endurance",
+                    help="comma-separated: endurance, levers, sweep (default endurance)")
+    st.add_argument("--workloads", default="lmcache_defaults,study", help="endurance: store patterns")
+    st.add_argument("--concurrency", default="1,2,4,8", help="endurance: conversations in flight, multiples of 32")
+    st.add_argument("--spares", default="0.07,0.28", help="endurance: drive over-provisioning")
+    st.add_argument("--formats", default="log,v1", help="endurance: metadata formats")
+    st.add_argument("--endurance-ru-sizes", default="1G,16G", help="endurance: reclaim unit sizes")
     st.add_argument("--out", default="benchmarks/results/waf", help="directory (default benchmarks/results/waf)")
-    st.add_argument("--utils", default="0.5,0.8,0.95,1.0")
+    st.add_argument("--utils", default=None, help="utilisations (default 0.95,1.0 for endurance, "
+                                                   "0.5,0.8,0.95,1.0 for levers and sweep)")
     st.add_argument("--repeats", type=int, default=2, help="seeds per lever cell (default 2)")
     st.add_argument("--sweep-repeats", type=int, default=1, help="seeds per sweep cell (default 1)")
     st.add_argument("--ru-sizes", default="256M,1G,4G,16G", help="reclaim unit sizes of the sweep")
     st.add_argument("--chunks", default="8M,32M", help="chunk (slot) sizes of the sweep")
     st.add_argument("--levers", default="all", help="comma-separated levers of the headline table (default all)")
-    st.add_argument("--warmup", type=float, default=2.0)
-    st.add_argument("--measure", type=float, default=2.0)
+    st.add_argument("--warmup", type=float, default=None, help="drive writes (default 1.5 endurance, 2 otherwise)")
+    st.add_argument("--measure", type=float, default=None, help="drive writes (default 1.5 endurance, 2 otherwise)")
     st.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU)")
     st.add_argument("--no-plots", action="store_true")
-    st.add_argument("--no-sweep", action="store_true", help="the headline lever table only")
     st.add_argument("--no-checks", action="store_true", help="skip the validation and anchor runs")
     from . import replay
 
@@ -283,21 +292,37 @@ def cmd_study(a, argv: list[str]) -> int:
     from . import study
 
     try:
-        utils = tuple(float(u) for u in a.utils.split(","))
-        rus = tuple(parse_size(x) for x in a.ru_sizes.split(",")) if not a.no_sweep else ()
-        chunks = tuple(parse_size(x) for x in a.chunks.split(",")) if not a.no_sweep else ()
-        levers = tuple(study.LEVERS) if a.levers == "all" else tuple(_split(a.levers, tuple(study.LEVERS), "levers"))
-        tasks = study.study_tasks(utils=utils, levers=levers, repeats=a.repeats, warmup=a.warmup, measure=a.measure,
-                                  sweep_ru=rus, sweep_slot=chunks, sweep_repeats=a.sweep_repeats,
-                                  ru_counts=() if a.no_sweep else (64, 128, 256, 512))
+        parts = _split(a.parts, ("endurance", "levers", "sweep"), "parts")
+        utils = tuple(float(u) for u in a.utils.split(",")) if a.utils else None
+        tasks = []
+        if "endurance" in parts:
+            tasks += study.endurance_tasks(
+                workloads=tuple(_split(a.workloads, tuple(WORKLOADS), "workloads")), utils=utils or (0.95, 1.0),
+                concurrency=tuple(int(x) for x in a.concurrency.split(",")),
+                ops=tuple(float(x) for x in a.spares.split(",")), formats=tuple(_split(a.formats, stream.META_FORMATS,
+                                                                                        "formats")),
+                ru_sizes=tuple(parse_size(x) for x in a.endurance_ru_sizes.split(",")),
+                warmup=1.5 if a.warmup is None else a.warmup, measure=1.5 if a.measure is None else a.measure)
+        if "levers" in parts or "sweep" in parts:
+            sweep = "sweep" in parts
+            rus = tuple(parse_size(x) for x in a.ru_sizes.split(",")) if sweep else ()
+            chunks = tuple(parse_size(x) for x in a.chunks.split(",")) if sweep else ()
+            levers = tuple(study.LEVERS) if a.levers == "all" else tuple(_split(a.levers, tuple(study.LEVERS),
+                                                                                "levers"))
+            tasks += study.study_tasks(utils=utils or (0.5, 0.8, 0.95, 1.0),
+                                       levers=levers if "levers" in parts else (), repeats=a.repeats,
+                                       warmup=2.0 if a.warmup is None else a.warmup,
+                                       measure=2.0 if a.measure is None else a.measure, sweep_ru=rus,
+                                       sweep_slot=chunks, sweep_repeats=a.sweep_repeats,
+                                       ru_counts=(64, 128, 256, 512) if sweep else ())
     except ValueError as exc:
         return _err(str(exc))
-    print(f"{len(tasks)} runs; scale: a page is 1/{study.PAGES_PER_SLOT} of a slot, {study.N_RUS} reclaim units "
-          f"per drive ({study.MIN_RUS} where that passes {study.MAX_PAGES} pages), the real RU / chunk ratio",
-          file=sys.stderr)
+    print(f"{len(tasks)} runs; scale: {study.N_RUS} reclaim units per drive ({study.MIN_RUS} where that passes "
+          f"{study.MAX_PAGES} pages), the real RU / chunk ratio", file=sys.stderr)
 
     def progress(i, n, r):
-        print(f"[{i}/{n}] {r['part']} {r['geometry_tag']} util {r['util']} {r['lever']}: WAF {r['waf']:.3f} "
+        v = " ".join(f"{k}={x}" for k, x in sorted(r.get("variant", {}).items()))
+        print(f"[{i}/{n}] {r['part']} {r['geometry_tag']} {v} util {r['util']} {r['lever']}: WAF {r['waf']:.3f} "
               f"({r.get('seconds', '-')} s)", file=sys.stderr, flush=True)
 
     res = study.run_study(tasks, jobs=a.jobs, progress=progress)
