@@ -75,7 +75,9 @@ def _model(mode, strategy=None, admission="always", capacity_slots=40, dealloc=T
 def test_modes_place_writes_as_the_fdp_strategies_route_them():
     m, sink = _model("no_fdp")
     assert {p for _, _, p in sink.writes} == {None}
-    assert m.stats.evictions > 0 and len(sink.deallocs) == m.stats.evictions
+    # every evicted slot deallocated (a store call's evictions in adjacent ranges merged)
+    assert m.stats.evictions > 0 and m.stats.dealloc_slots == m.stats.evictions
+    assert sum(n for _, n in sink.deallocs) == m.stats.evictions * m.cfg.slot_bytes
     m, sink = _model("mixed")
     assert {p for _, _, p in sink.writes} == {1}
     m, sink = _model("separated", "tp_worker")

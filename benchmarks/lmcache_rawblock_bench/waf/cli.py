@@ -85,6 +85,12 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--trace", metavar="FILE", help="a JSON-lines trace instead of the generator")
     s.add_argument("--stream", metavar="FILE", help="a recorded write stream (--record): replayed on the drive, "
                                                     "no cache model")
+    s.add_argument("--stream-warmup", type=float, default=None, metavar="DRIVE_WRITES",
+                   help="with --stream: also report the WAF of the window after this many drive writes of the "
+                        "stream (the steady state), beside the WAF from the start")
+    s.add_argument("--fit-util", type=float, default=None, metavar="U",
+                   help="with --stream: size the drive from the stream (--page-bytes, --ru-pages, --op kept; "
+                        "--rus computed) so that its span is U of the logical space")
     s.add_argument("--record", metavar="FILE", help="also write the write stream of the first mode to FILE")
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--workload", choices=tuple(WORKLOADS), default="study",
@@ -173,13 +179,16 @@ def cmd_simulate(a) -> int:
         return _err(str(exc))
     if a.stream:
         try:
-            sim = FlashSim(geometry, policy=a.gc, isolation=a.isolation)
-            with open(a.stream) as f:
-                n = stream.replay_stream(f, stream.SimSink(sim), source=a.stream)
+            r = simulate_stream(a.stream, geometry, policy=a.gc, isolation=a.isolation, fit_util=a.fit_util,
+                                warmup=a.stream_warmup)
         except (OSError, ValueError, RuntimeError) as exc:
             return _err(str(exc))
-        r = {"stream": a.stream, "records": n, "waf": sim.counters.waf(), "counters": sim.counters.to_dict()}
-        print(json.dumps(r, indent=1) if a.json else f"{a.stream}: {n} records, WAF {r['waf']:.3f} (from the start)")
+        if a.json:
+            print(json.dumps(r, indent=1))
+        else:
+            w = f", WAF {r['window_waf']:.3f} after {a.stream_warmup} drive writes" if "window_waf" in r else ""
+            print(f"{a.stream}: {r['records']} records on {r['geometry']['n_rus']} RUs of {r['geometry']['ru_pages']} "
+                  f"pages, WAF {r['waf']:.3f} (from the start){w}")
         return 0
     configs = [(m, None) for m in modes if m != "separated"]
     if "separated" in modes:
@@ -207,6 +216,52 @@ def cmd_simulate(a) -> int:
         hr = r["cache"].get("hit_ratio")
         print(f"{lab:28} {r['waf']:7.3f} {host:9.1f} {hr if hr is None else round(hr, 3)!s:>9}")
     return 0
+
+
+def fit_geometry(span: int, util: float, geometry: Geometry) -> Geometry:
+    """``geometry`` with as many RUs as make ``span`` bytes ``util`` of its logical space."""
+    from dataclasses import replace
+
+    if not 0 < util <= 1:
+        raise ValueError(f"--fit-util must be in (0, 1] (the stream's span over the logical space), got {util!r}")
+    pages = -(-int(span / util) // geometry.page_bytes)
+    data_rus = -(-int(pages * (1 + geometry.op)) // geometry.ru_pages) + 1
+    n = data_rus + geometry.reserve_rus
+    n += (-n) % geometry.n_groups
+    return replace(geometry, n_rus=n)
+
+
+def simulate_stream(path: str, geometry: Geometry, *, policy: str = "greedy", isolation: str = "initial",
+                    fit_util: Optional[float] = None, warmup: Optional[float] = None) -> dict:
+    """A recorded write stream (``waf replay --record``: the real core's slot writes,
+    checkpoints and deallocations) on the simulated drive: WAF from the start and, with
+    ``warmup``, over the window after that many drive writes."""
+    if fit_util is not None:
+        with open(path) as f:
+            geometry = fit_geometry(stream.stream_span(f, source=path), fit_util, geometry)
+    if warmup is not None and not warmup >= 0:
+        raise ValueError(f"--stream-warmup must be >= 0 drive writes, got {warmup!r}")
+    sim = FlashSim(geometry, policy=policy, isolation=isolation)
+    marked = []
+
+    def mark():
+        sim.mark()
+        marked.append(True)
+
+    with open(path) as f:
+        n = stream.replay_stream(f, stream.SimSink(sim), source=path, on_mark=mark,
+                                 mark_after=None if warmup is None else int(warmup * geometry.logical_bytes))
+    r = {"stream": path, "records": n, "geometry": geometry.to_dict(), "waf": sim.counters.waf(),
+         "counters": sim.counters.to_dict()}
+    if warmup is not None:
+        if not marked:
+            raise ValueError(f"--stream-warmup {warmup}: the stream {path} ends within its first {warmup} drive "
+                             f"writes ({sim.counters.host_pages * geometry.page_bytes} bytes written, a drive "
+                             f"write is {geometry.logical_bytes})")
+        r["window"] = sim.window().to_dict()
+        r["window_waf"] = sim.window().waf()
+        r["window_drive_writes"] = sim.window().host_pages / geometry.logical_pages
+    return r
 
 
 def _spec(a) -> WorkloadSpec:

@@ -179,11 +179,15 @@ ENDURANCE_PLACEMENT = ("mixed", "ckpt_apart", "separated:tp_worker", "separated:
                        "separated:cache_salt_prefix", "separated:cache_salt_rank")
 
 
-def _pps(workload: str) -> int:
+def _pps(workload: str, ru_bytes: int, meta_format: str) -> int:
     """Pages per slot: LMCache's default store pattern writes whole slots only (every object a
-    full chunk), so a page of half a slot loses nothing and halves the cost; the study's workload
-    needs 1/8 pages for the tails partial chunks leave."""
-    return 2 if workload == "lmcache_defaults" else PAGES_PER_SLOT
+    full chunk), so coarser pages lose nothing there with the log format (its log is handed to
+    the drive in whole pages) and cut the cost: 1/2 of a slot, a whole slot at 16 GiB RUs. The
+    study's workload needs 1/8 pages for the tails partial chunks leave, and format v1 for its
+    checkpoints (a few MiB each, rounded up to whole pages)."""
+    if workload != "lmcache_defaults" or meta_format != "log":
+        return PAGES_PER_SLOT
+    return 2 if ru_bytes <= GIB else 1
 
 
 def endurance_tasks(*, workloads=("lmcache_defaults", "study"), utils=(0.95, 1.0), concurrency=(1, 2, 4, 8),
@@ -205,20 +209,20 @@ def endurance_tasks(*, workloads=("lmcache_defaults", "study"), utils=(0.95, 1.0
             if ru != GIB and wl not in big_ru_workloads:
                 continue
             for op in ops:
-                g = drive(ru, 8 * MIB, handles=HANDLES, op=op, pages_per_slot=_pps(wl),
-                          n_rus=None if ru == GIB else MIN_RUS)
                 for conc in concurrency:
                     if ru != GIB and conc not in big_ru_concurrency:
                         continue
                     base = replace(WorkloadSpec(**WORKLOADS[wl]), concurrency=WorkloadSpec.concurrency * conc,
                                    seed=seed)
-                    spec = workload_for(g, 8 * MIB, base)
                     names = list(levers)
                     if ru == GIB and conc == 1 and op == ops[0]:
                         names += [n + s for n in placement for s in ("", "+dealloc")]
                     for fmt in formats:
                         if ru != GIB and fmt not in big_ru_formats:
                             continue
+                        g = drive(ru, 8 * MIB, handles=HANDLES if ru == GIB else 1, op=op,
+                                  pages_per_slot=_pps(wl, ru, fmt), n_rus=None if ru == GIB else MIN_RUS)
+                        spec = workload_for(g, 8 * MIB, base)
                         for util in utils:
                             for name in names:
                                 if fmt != formats[0] and name not in levers:
@@ -563,9 +567,10 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
          f"Command: `{' '.join(argv)}`", "",
          "Scale: a drive has 256 reclaim units (RUs), 128 where that would pass "
          f"{MAX_PAGES} pages (16 GiB RUs with 8 MiB chunks); the RU / chunk ratio is the real one. A simulated page "
-         "is 1/8 of a slot for workloads with partial chunks (1/4 at 16 GiB RUs), 1/2 for LMCache's default "
-         "store pattern, whose objects are all full chunks (a slot is always written whole, so coarser pages "
-         "lose nothing there). A real drive of the same RU size has thousands of RUs (a 7.68 TB drive: 447 of "
+         "is 1/8 of a slot for workloads with partial chunks and for format v1 (whose checkpoints are rounded "
+         "up to whole pages); for LMCache's default store pattern with the log format, whose writes are all "
+         "whole slots, 1/2 of a slot at 1 GiB RUs and a whole slot at 16 GiB (the 16 GiB rows are on 128 RUs). "
+         "A real drive of the same RU size has thousands of RUs (a 7.68 TB drive: 447 of "
          "16 GiB); 128 RUs and more give the same WAF within a few percent (the earlier scale sensitivity "
          "run), so the 16 GiB rows read somewhat high. The workload's shared prefixes and conversations "
          "in flight scale with the drive's slot count (the same working set / capacity ratio everywhere). "
