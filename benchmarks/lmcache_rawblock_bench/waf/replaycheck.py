@@ -32,7 +32,7 @@ def check(record: str, replay: dict, geometry: Geometry, *, util: float = 0.95, 
     ``replay`` is one run of ``waf replay --json``; ``evict_ahead`` the model's eviction
     (default: the replay's ``--evict-batch`` as a (1.0, batch) evict-ahead, or on demand)."""
     from .cli import simulate_stream
-    from .run import simulate_lmcache
+    from .run import meta_bytes_for, simulate_lmcache
 
     rec = simulate_stream(record, geometry, fit_util=util, warmup=warmup)
     g = Geometry(**{k: rec["geometry"][k] for k in ("ru_pages", "n_rus", "n_groups", "op", "max_handles",
@@ -43,8 +43,11 @@ def check(record: str, replay: dict, geometry: Geometry, *, util: float = 0.95, 
     batch = replay.get("evict_batch") or 0.0
     if evict_ahead is None and batch:
         evict_ahead = (1.0, batch)
-    span = replay["span_bytes"]
-    model = simulate_lmcache(g, spec, util=span / g.logical_bytes, mode="no_fdp", dealloc=replay["dealloc"] != "off",
+    # the model's cache gets the replay's slot count (the real core's metadata region differs)
+    slot = replay["slot_bytes"]
+    meta = meta_bytes_for("v1", replay["span_bytes"], slot, g.page_bytes)
+    cache_util = (meta + replay["max_slots"] * slot + slot // 2) / g.logical_bytes
+    model = simulate_lmcache(g, spec, util=cache_util, mode="no_fdp", dealloc=replay["dealloc"] != "off",
                              evict_ahead=evict_ahead, meta_format="v1", warmup=warmup, measure=total - warmup,
                              checkpoint_every=replay.get("checkpoint_every", 2000))
     ops = replay["ops"]
