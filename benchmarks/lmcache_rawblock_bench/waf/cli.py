@@ -102,6 +102,11 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--requests", type=int, default=2000)
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--tp", type=int, default=2)
+    g.add_argument("--workload", choices=tuple(WORKLOADS), default="study", help="store pattern (default study)")
+    g.add_argument("--families", type=int, default=2000, help="shared prefixes (default 2000)")
+    g.add_argument("--concurrency", type=int, default=32, help="conversations in flight (default 32)")
+    g.add_argument("--chunk-bytes", type=int, default=16 << 20,
+                   help="KV bytes of a full chunk over all workers (default 16 MiB)")
     g.add_argument("--out", default="-", help="file (default stdout)")
     st = ws.add_parser("study", help="the simulated study into results.json, summary.md and PNG plots",
                        description="The endurance table (LMCache's default store pattern and the study's workload, "
@@ -327,7 +332,8 @@ def cmd_generate(a) -> int:
     from .workload import generate, write_trace
 
     try:
-        spec = WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp)
+        spec = WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp, families=a.families,
+                            concurrency=a.concurrency, chunk_bytes=a.chunk_bytes, **WORKLOADS[a.workload])
     except ValueError as exc:
         return _err(str(exc))
     if a.out == "-":

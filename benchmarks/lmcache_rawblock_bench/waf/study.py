@@ -193,13 +193,13 @@ def _pps(workload: str, ru_bytes: int, meta_format: str) -> int:
 def endurance_tasks(*, workloads=("lmcache_defaults", "study"), utils=(0.95, 1.0), concurrency=(1, 2, 4, 8),
                     ops=(0.07, 0.28), formats=("log", "v1"), ru_sizes=(GIB, 16 * GIB),
                     levers=ENDURANCE_LEVERS, big_ru_workloads=("lmcache_defaults",), big_ru_concurrency=(1, 8),
-                    big_ru_formats=("log",), placement=ENDURANCE_PLACEMENT, warmup: float = 1.5,
+                    big_ru_formats=("log",), v1_concurrency=(1, 8), placement=ENDURANCE_PLACEMENT, warmup: float = 1.5,
                     measure: float = 1.5, seed: int = 1) -> list[tuple]:
     """The endurance table: ``workloads`` (named store patterns of :data:`.workload.WORKLOADS`) x
     utilisation x ``concurrency`` (multiples of the study's conversations in flight) x drive
     spare ``ops`` x metadata ``formats`` x ``levers``, 8 MiB slots, on 1 GiB RUs; on the larger
     RU sizes only ``big_ru_workloads``, ``big_ru_concurrency`` and ``big_ru_formats``, on
-    :data:`MIN_RUS` RUs (their runs cost 8x as much).
+    :data:`MIN_RUS` RUs (their runs cost 8x as much); format v1 at ``v1_concurrency`` only.
     FDP ``placement`` levers (and each with deallocation) at 1x, the first spare, log format."""
     from .workload import WORKLOADS
 
@@ -218,7 +218,7 @@ def endurance_tasks(*, workloads=("lmcache_defaults", "study"), utils=(0.95, 1.0
                     if ru == GIB and conc == 1 and op == ops[0]:
                         names += [n + s for n in placement for s in ("", "+dealloc")]
                     for fmt in formats:
-                        if ru != GIB and fmt not in big_ru_formats:
+                        if (ru != GIB and fmt not in big_ru_formats) or (fmt == "v1" and conc not in v1_concurrency):
                             continue
                         g = drive(ru, 8 * MIB, handles=HANDLES if ru == GIB else 1, op=op,
                                   pages_per_slot=_pps(wl, ru, fmt), n_rus=None if ru == GIB else MIN_RUS)
