@@ -3,13 +3,16 @@
 * ``waf simulate``: a workload (generated, a JSON-lines trace, or a recorded write stream) on a
   simulated FDP drive, WAF per placement mode;
 * ``waf generate``: write the LMCache-shaped workload as a JSON-lines trace;
-* ``waf study``: the simulated study (every lever: deallocation, reuse order, evict-ahead,
-  placement, checkpoints apart, admission; on 1 GiB reclaim units at 50-100% utilisation; the
-  reclaim unit and chunk size sweep; validation; published anchors) into results.json,
-  summary.md, PNG plots and the operator table;
+* ``waf study``: the simulated study (the endurance table: LMCache's default store pattern and
+  the study's workload, 95% and 100% utilisation, 1x-8x concurrency, 7% and 28% spare, both
+  metadata formats, 1 GiB and 16 GiB reclaim units, per lever; with ``--parts levers,sweep``
+  every lever at 50-100% and the reclaim unit and chunk size sweep; validation; published
+  anchors) into results.json, summary.md and PNG plots;
 * ``waf replay``: the same workload through our real core on a device or file, with the drive's
   wear counters read around the measured window (WAF, op counts, write latency), and the
-  device write stream it produced (``--record``, for ``waf simulate --stream``);
+  device write stream it produced (``--record``, for ``waf simulate --stream``, which with
+  ``--fit-util`` and ``--stream-warmup`` gives the steady-state WAF of the real core's own
+  decisions; ``python -m lmcache_rawblock_bench.waf.replaycheck`` sets the model beside it);
 * ``waf precondition``: bring a real drive to steady state before measuring it.
 """
 
