@@ -172,7 +172,9 @@ def test_study_drive_keeps_the_ru_to_chunk_ratio_and_scales_the_workload():
     assert g.physical_pages <= MAX_PAGES
     assert drive(GIB, 8 * MIB).n_rus == 256
     w1, w2 = workload_for(drive(GIB, 8 * MIB), 8 * MIB), workload_for(g, 8 * MIB)
-    assert w1.families == 2000 and w2.families == 16000 and w2.concurrency == 256 and w2.object_bytes == 8 * MIB - 4096
+    # scaled with the logical slots: 126 data RUs of 16 GiB against 254 of 1 GiB (2 held back each)
+    assert w1.families == 2000 and w2.families == round(2000 * 126 * 16 / 254)
+    assert w2.concurrency == round(32 * 126 * 16 / 254) and w2.object_bytes == 8 * MIB - 4096
     with pytest.raises(ValueError, match="must be whole pages"):
         drive(GIB, 3 * MIB + 1)
 

@@ -267,3 +267,37 @@ def test_evict_batch_evicts_ahead_so_deallocation_precedes_reuse(tmp_path, capsy
     assert abs(on["ops"]["evictions"] - off["ops"]["evictions"]) <= 0.05 * off["ops"]["evictions"] + 2
     assert on["evict_batch"] == 0.05
     assert "--evict-batch 1.5" in error(capsys, "--device", str(tmp_path / "x.img"), *SMALL, "--evict-batch", "1.5")
+
+
+def test_a_recorded_stream_of_the_real_core_replays_on_a_fitted_drive_against_the_model(tmp_path, capsys):
+    """The real core's recorded decisions (slots, v1 checkpoints, deallocations) on the flash
+    model: a drive fitted to the recorded span, the steady-state window after a warm-up, and the
+    simulator's cache model of the same configuration on the same drive."""
+    from lmcache_rawblock_bench.waf import replaycheck
+    from lmcache_rawblock_bench.waf.cli import fit_geometry
+    from lmcache_rawblock_bench.waf.ftl import Geometry
+
+    rec = tmp_path / "w.jsonl"
+    (r,) = replay(capsys, tmp_path / "d.img", "--size", "16M", "--workload", "lmcache_defaults", "--dealloc", "on",
+                  "--evict-batch", "0.05", "--warmup", "1", "--measure", "2", "--record", str(rec))
+    assert r["workload"]["save_unfull_chunk"] is False and r["ops"]["evictions"] > 0
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    span = max(x["offset"] + x["length"] for x in lines)
+    g = fit_geometry(span, 0.9, Geometry(ru_pages=16, n_rus=8, op=0.1, max_handles=1, page_bytes=4096))
+    smaller = Geometry(ru_pages=16, n_rus=g.n_rus - 2, op=0.1, max_handles=1, page_bytes=4096)
+    assert g.logical_bytes >= span / 0.9 > smaller.logical_bytes  # the span is 90% of it, one RU to spare
+    rc = cli_main(["waf", "simulate", "--stream", str(rec), "--page-bytes", "4096", "--ru-pages", "16", "--handles",
+                   "1", "--fit-util", "0.9", "--stream-warmup", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["geometry"]["n_rus"] == g.n_rus
+    assert out["window"]["host_pages"] < out["counters"]["host_pages"] and out["window_waf"] >= 1.0
+    assert out["counters"]["deallocs"] == sum(1 for x in lines if x["op"] == "deallocate") > 0
+    res = replaycheck.check(str(rec), r, Geometry(ru_pages=16, n_rus=8, op=0.1, max_handles=1, page_bytes=4096),
+                            util=0.9, warmup=1)
+    assert res["replay"]["waf"] == out["window_waf"]
+    assert res["model"]["evict_ahead"] == [1.0, 0.05] and res["model"]["waf"] >= 1.0
+    assert abs(res["model"]["slots"] - r["max_slots"]) <= 1
+    # a warm-up longer than the stream is an error that says so
+    rc = cli_main(["waf", "simulate", "--stream", str(rec), "--page-bytes", "4096", "--ru-pages", "16", "--handles",
+                   "1", "--fit-util", "0.9", "--stream-warmup", "50"])
+    assert rc == 2 and "--stream-warmup 50.0: the stream" in capsys.readouterr().err

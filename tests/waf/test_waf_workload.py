@@ -75,7 +75,9 @@ def _model(mode, strategy=None, admission="always", capacity_slots=40, dealloc=T
 def test_modes_place_writes_as_the_fdp_strategies_route_them():
     m, sink = _model("no_fdp")
     assert {p for _, _, p in sink.writes} == {None}
-    assert m.stats.evictions > 0 and len(sink.deallocs) == m.stats.evictions
+    # every evicted slot deallocated (a store call's evictions in adjacent ranges merged)
+    assert m.stats.evictions > 0 and m.stats.dealloc_slots == m.stats.evictions
+    assert sum(n for _, n in sink.deallocs) == m.stats.evictions * m.cfg.slot_bytes
     m, sink = _model("mixed")
     assert {p for _, _, p in sink.writes} == {1}
     m, sink = _model("separated", "tp_worker")
@@ -146,3 +148,37 @@ def test_simulate_lmcache_small_end_to_end():
         simulate_lmcache(g, spec, util=1.5, mode="no_fdp")
     with pytest.raises(ValueError, match="mode must be one of no_fdp, mixed, separated, ckpt_apart, got 'fdp'"):
         simulate_lmcache(g, spec, util=0.9, mode="fdp")
+
+
+def test_chunk_hashes_are_uniform_so_prompt_placement_uses_every_handle():
+    # LMCache's chained hashes are uniform; the generator once drew only odd hashes, which sent
+    # the prompt strategy's chains to 2 of 4 handles.
+    spec = WorkloadSpec(requests=400, families=100, tp=1, chunk_bytes=1 << 20, seed=3)
+    keys = {int(e["key"], 16) for e in generate(spec)}
+    low = Counter(k % 4 for k in keys)
+    assert set(low) == {0, 1, 2, 3}
+    assert min(low.values()) > 0.2 * len(keys)
+    ids = (1, 2, 3, 4)
+    anchors = {fdp.prompt_placement(k, ids) for k in keys}
+    assert anchors == {1, 2, 3, 4}
+    assert 0 not in keys and max(keys) >= 1 << 63  # the whole 64-bit range, never 0
+
+
+def test_lmcache_default_store_pattern_stores_full_chunks_at_prefill_only():
+    base = list(generate(SPEC))
+    spec = WorkloadSpec(**dict(SPEC.to_dict(), family_chunks=(1, 8), user_chunks=(1, 4), answer_chunks=(1, 6),
+                               save_decode_cache=False, save_unfull_chunk=False))
+    ev = list(generate(spec))
+    puts = [e for e in ev if e["op"] == "put"]
+    assert puts and {e["size"] for e in puts} == {spec.object_bytes}
+    assert {e["phase"] for e in puts} == {"prefill"}
+    # the same conversations: the lookups are the same, the answer's full chunks are stored by the
+    # next turn's prefill (as part of its chain)
+    assert [e for e in ev if e["op"] == "get"] == [e for e in base if e["op"] == "get"]
+    decode_full = {e["key"] for e in base if e["op"] == "put" and e["phase"] == "decode"
+                   and e["size"] == spec.object_bytes}
+    stored = {e["key"] for e in puts}
+    looked_up = {e["key"] for e in ev if e["op"] == "get"}
+    assert decode_full & looked_up and decode_full & looked_up <= stored
+    with pytest.raises(ValueError, match="save_unfull_chunk must be true or false, got 'no'"):
+        WorkloadSpec(save_unfull_chunk="no")

@@ -3,13 +3,16 @@
 * ``waf simulate``: a workload (generated, a JSON-lines trace, or a recorded write stream) on a
   simulated FDP drive, WAF per placement mode;
 * ``waf generate``: write the LMCache-shaped workload as a JSON-lines trace;
-* ``waf study``: the simulated study (every lever: deallocation, reuse order, evict-ahead,
-  placement, checkpoints apart, admission; on 1 GiB reclaim units at 50-100% utilisation; the
-  reclaim unit and chunk size sweep; validation; published anchors) into results.json,
-  summary.md, PNG plots and the operator table;
+* ``waf study``: the simulated study (the endurance table: LMCache's default store pattern and
+  the study's workload, 95% and 100% utilisation, 1x-8x concurrency, 7% and 28% spare, both
+  metadata formats, 1 GiB and 16 GiB reclaim units, per lever; with ``--parts levers,sweep``
+  every lever at 50-100% and the reclaim unit and chunk size sweep; validation; published
+  anchors) into results.json, summary.md and PNG plots;
 * ``waf replay``: the same workload through our real core on a device or file, with the drive's
   wear counters read around the measured window (WAF, op counts, write latency), and the
-  device write stream it produced (``--record``, for ``waf simulate --stream``);
+  device write stream it produced (``--record``, for ``waf simulate --stream``, which with
+  ``--fit-util`` and ``--stream-warmup`` gives the steady-state WAF of the real core's own
+  decisions; ``python -m lmcache_rawblock_bench.waf.replaycheck`` sets the model beside it);
 * ``waf precondition``: bring a real drive to steady state before measuring it.
 """
 
@@ -22,7 +25,7 @@ from typing import Optional
 
 from . import stream
 from .ftl import ISOLATIONS, POLICIES, FlashSim, Geometry
-from .workload import WorkloadSpec
+from .workload import WORKLOADS, WorkloadSpec
 
 PROG = "python -m lmcache_rawblock waf"
 
@@ -85,29 +88,53 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--trace", metavar="FILE", help="a JSON-lines trace instead of the generator")
     s.add_argument("--stream", metavar="FILE", help="a recorded write stream (--record): replayed on the drive, "
                                                     "no cache model")
+    s.add_argument("--stream-warmup", type=float, default=None, metavar="DRIVE_WRITES",
+                   help="with --stream: also report the WAF of the window after this many drive writes of the "
+                        "stream (the steady state), beside the WAF from the start")
+    s.add_argument("--fit-util", type=float, default=None, metavar="U",
+                   help="with --stream: size the drive from the stream (--page-bytes, --ru-pages, --op kept; "
+                        "--rus computed) so that its span is U of the logical space")
     s.add_argument("--record", metavar="FILE", help="also write the write stream of the first mode to FILE")
     s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--workload", choices=tuple(WORKLOADS), default="study",
+                   help="store pattern of the generator: study (decode and partial chunks stored) or "
+                        "lmcache_defaults (save_decode_cache and save_unfull_chunk false: full chunks at prefill)")
+    s.add_argument("--concurrency", type=int, default=32, help="generator: conversations in flight (default 32)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     g = ws.add_parser("generate", help="write the LMCache-shaped workload as a JSON-lines trace")
     g.add_argument("--requests", type=int, default=2000)
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--tp", type=int, default=2)
+    g.add_argument("--workload", choices=tuple(WORKLOADS), default="study", help="store pattern (default study)")
+    g.add_argument("--families", type=int, default=2000, help="shared prefixes (default 2000)")
+    g.add_argument("--concurrency", type=int, default=32, help="conversations in flight (default 32)")
+    g.add_argument("--chunk-bytes", type=int, default=16 << 20,
+                   help="KV bytes of a full chunk over all workers (default 16 MiB)")
     g.add_argument("--out", default="-", help="file (default stdout)")
     st = ws.add_parser("study", help="the simulated study into results.json, summary.md and PNG plots",
-                       description="Every lever at 1 GiB reclaim units, the RU-size and chunk-size sweep, the "
-                                   "RU-count sensitivity, validation and anchors (about 25 minutes on 2 cores).")
+                       description="The endurance table (LMCache's default store pattern and the study's workload, "
+                                   "utilisation, concurrency, drive spare, metadata format, RU size, per lever), "
+                                   "validation and anchors (about 12 minutes on 2 cores); --parts adds every lever "
+                                   "at 1 GiB reclaim units and the RU-size and chunk-size sweep.")
+    st.add_argument("--parts", default="endurance",
+                    help="comma-separated: endurance, levers, sweep (default endurance)")
+    st.add_argument("--workloads", default="lmcache_defaults,study", help="endurance: store patterns")
+    st.add_argument("--concurrency", default="1,2,4,8", help="endurance: conversations in flight, multiples of 32")
+    st.add_argument("--spares", default="0.07,0.28", help="endurance: drive over-provisioning")
+    st.add_argument("--formats", default="log,v1", help="endurance: metadata formats")
+    st.add_argument("--endurance-ru-sizes", default="1G,16G", help="endurance: reclaim unit sizes")
     st.add_argument("--out", default="benchmarks/results/waf", help="directory (default benchmarks/results/waf)")
-    st.add_argument("--utils", default="0.5,0.8,0.95,1.0")
+    st.add_argument("--utils", default=None, help="utilisations (default 0.95,1.0 for endurance, "
+                                                   "0.5,0.8,0.95,1.0 for levers and sweep)")
     st.add_argument("--repeats", type=int, default=2, help="seeds per lever cell (default 2)")
     st.add_argument("--sweep-repeats", type=int, default=1, help="seeds per sweep cell (default 1)")
     st.add_argument("--ru-sizes", default="256M,1G,4G,16G", help="reclaim unit sizes of the sweep")
     st.add_argument("--chunks", default="8M,32M", help="chunk (slot) sizes of the sweep")
     st.add_argument("--levers", default="all", help="comma-separated levers of the headline table (default all)")
-    st.add_argument("--warmup", type=float, default=2.0)
-    st.add_argument("--measure", type=float, default=2.0)
+    st.add_argument("--warmup", type=float, default=None, help="drive writes (default 1.5 endurance, 2 otherwise)")
+    st.add_argument("--measure", type=float, default=None, help="drive writes (default 1.5 endurance, 2 otherwise)")
     st.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU)")
     st.add_argument("--no-plots", action="store_true")
-    st.add_argument("--no-sweep", action="store_true", help="the headline lever table only")
     st.add_argument("--no-checks", action="store_true", help="skip the validation and anchor runs")
     from . import replay
 
@@ -160,13 +187,16 @@ def cmd_simulate(a) -> int:
         return _err(str(exc))
     if a.stream:
         try:
-            sim = FlashSim(geometry, policy=a.gc, isolation=a.isolation)
-            with open(a.stream) as f:
-                n = stream.replay_stream(f, stream.SimSink(sim), source=a.stream)
+            r = simulate_stream(a.stream, geometry, policy=a.gc, isolation=a.isolation, fit_util=a.fit_util,
+                                warmup=a.stream_warmup)
         except (OSError, ValueError, RuntimeError) as exc:
             return _err(str(exc))
-        r = {"stream": a.stream, "records": n, "waf": sim.counters.waf(), "counters": sim.counters.to_dict()}
-        print(json.dumps(r, indent=1) if a.json else f"{a.stream}: {n} records, WAF {r['waf']:.3f} (from the start)")
+        if a.json:
+            print(json.dumps(r, indent=1))
+        else:
+            w = f", WAF {r['window_waf']:.3f} after {a.stream_warmup} drive writes" if "window_waf" in r else ""
+            print(f"{a.stream}: {r['records']} records on {r['geometry']['n_rus']} RUs of {r['geometry']['ru_pages']} "
+                  f"pages, WAF {r['waf']:.3f} (from the start){w}")
         return 0
     configs = [(m, None) for m in modes if m != "separated"]
     if "separated" in modes:
@@ -196,10 +226,56 @@ def cmd_simulate(a) -> int:
     return 0
 
 
+def fit_geometry(span: int, util: float, geometry: Geometry) -> Geometry:
+    """``geometry`` with as many RUs as make ``span`` bytes ``util`` of its logical space."""
+    from dataclasses import replace
+
+    if not 0 < util <= 1:
+        raise ValueError(f"--fit-util must be in (0, 1] (the stream's span over the logical space), got {util!r}")
+    pages = -(-int(span / util) // geometry.page_bytes)
+    data_rus = -(-int(pages * (1 + geometry.op)) // geometry.ru_pages) + 1
+    n = data_rus + geometry.reserve_rus
+    n += (-n) % geometry.n_groups
+    return replace(geometry, n_rus=n)
+
+
+def simulate_stream(path: str, geometry: Geometry, *, policy: str = "greedy", isolation: str = "initial",
+                    fit_util: Optional[float] = None, warmup: Optional[float] = None) -> dict:
+    """A recorded write stream (``waf replay --record``: the real core's slot writes,
+    checkpoints and deallocations) on the simulated drive: WAF from the start and, with
+    ``warmup``, over the window after that many drive writes."""
+    if fit_util is not None:
+        with open(path) as f:
+            geometry = fit_geometry(stream.stream_span(f, source=path), fit_util, geometry)
+    if warmup is not None and not warmup >= 0:
+        raise ValueError(f"--stream-warmup must be >= 0 drive writes, got {warmup!r}")
+    sim = FlashSim(geometry, policy=policy, isolation=isolation)
+    marked = []
+
+    def mark():
+        sim.mark()
+        marked.append(True)
+
+    with open(path) as f:
+        n = stream.replay_stream(f, stream.SimSink(sim), source=path, on_mark=mark,
+                                 mark_after=None if warmup is None else int(warmup * geometry.logical_bytes))
+    r = {"stream": path, "records": n, "geometry": geometry.to_dict(), "waf": sim.counters.waf(),
+         "counters": sim.counters.to_dict()}
+    if warmup is not None:
+        if not marked:
+            raise ValueError(f"--stream-warmup {warmup}: the stream {path} ends within its first {warmup} drive "
+                             f"writes ({sim.counters.host_pages * geometry.page_bytes} bytes written, a drive "
+                             f"write is {geometry.logical_bytes})")
+        r["window"] = sim.window().to_dict()
+        r["window_waf"] = sim.window().waf()
+        r["window_drive_writes"] = sim.window().host_pages / geometry.logical_pages
+    return r
+
+
 def _spec(a) -> WorkloadSpec:
     from .run import spec_for_slot
 
-    return spec_for_slot(WorkloadSpec(seed=a.seed), a.chunk_bytes)
+    return spec_for_slot(WorkloadSpec(seed=a.seed, concurrency=a.concurrency, **WORKLOADS[a.workload]), a.chunk_bytes)
 
 
 def _simulate_io(a, geometry: Geometry, mode: str, strat: Optional[str], record: Optional[str]) -> dict:
@@ -259,7 +335,8 @@ def cmd_generate(a) -> int:
     from .workload import generate, write_trace
 
     try:
-        spec = WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp)
+        spec = WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp, families=a.families,
+                            concurrency=a.concurrency, chunk_bytes=a.chunk_bytes, **WORKLOADS[a.workload])
     except ValueError as exc:
         return _err(str(exc))
     if a.out == "-":
@@ -279,21 +356,37 @@ def cmd_study(a, argv: list[str]) -> int:
     from . import study
 
     try:
-        utils = tuple(float(u) for u in a.utils.split(","))
-        rus = tuple(parse_size(x) for x in a.ru_sizes.split(",")) if not a.no_sweep else ()
-        chunks = tuple(parse_size(x) for x in a.chunks.split(",")) if not a.no_sweep else ()
-        levers = tuple(study.LEVERS) if a.levers == "all" else tuple(_split(a.levers, tuple(study.LEVERS), "levers"))
-        tasks = study.study_tasks(utils=utils, levers=levers, repeats=a.repeats, warmup=a.warmup, measure=a.measure,
-                                  sweep_ru=rus, sweep_slot=chunks, sweep_repeats=a.sweep_repeats,
-                                  ru_counts=() if a.no_sweep else (64, 128, 256, 512))
+        parts = _split(a.parts, ("endurance", "levers", "sweep"), "parts")
+        utils = tuple(float(u) for u in a.utils.split(",")) if a.utils else None
+        tasks = []
+        if "endurance" in parts:
+            tasks += study.endurance_tasks(
+                workloads=tuple(_split(a.workloads, tuple(WORKLOADS), "workloads")), utils=utils or (0.95, 1.0),
+                concurrency=tuple(int(x) for x in a.concurrency.split(",")),
+                ops=tuple(float(x) for x in a.spares.split(",")), formats=tuple(_split(a.formats, stream.META_FORMATS,
+                                                                                        "formats")),
+                ru_sizes=tuple(parse_size(x) for x in a.endurance_ru_sizes.split(",")),
+                warmup=1.5 if a.warmup is None else a.warmup, measure=1.5 if a.measure is None else a.measure)
+        if "levers" in parts or "sweep" in parts:
+            sweep = "sweep" in parts
+            rus = tuple(parse_size(x) for x in a.ru_sizes.split(",")) if sweep else ()
+            chunks = tuple(parse_size(x) for x in a.chunks.split(",")) if sweep else ()
+            levers = tuple(study.LEVERS) if a.levers == "all" else tuple(_split(a.levers, tuple(study.LEVERS),
+                                                                                "levers"))
+            tasks += study.study_tasks(utils=utils or (0.5, 0.8, 0.95, 1.0),
+                                       levers=levers if "levers" in parts else (), repeats=a.repeats,
+                                       warmup=2.0 if a.warmup is None else a.warmup,
+                                       measure=2.0 if a.measure is None else a.measure, sweep_ru=rus,
+                                       sweep_slot=chunks, sweep_repeats=a.sweep_repeats,
+                                       ru_counts=(64, 128, 256, 512) if sweep else ())
     except ValueError as exc:
         return _err(str(exc))
-    print(f"{len(tasks)} runs; scale: a page is 1/{study.PAGES_PER_SLOT} of a slot, {study.N_RUS} reclaim units "
-          f"per drive ({study.MIN_RUS} where that passes {study.MAX_PAGES} pages), the real RU / chunk ratio",
-          file=sys.stderr)
+    print(f"{len(tasks)} runs; scale: {study.N_RUS} reclaim units per drive ({study.MIN_RUS} where that passes "
+          f"{study.MAX_PAGES} pages), the real RU / chunk ratio", file=sys.stderr)
 
     def progress(i, n, r):
-        print(f"[{i}/{n}] {r['part']} {r['geometry_tag']} util {r['util']} {r['lever']}: WAF {r['waf']:.3f} "
+        v = " ".join(f"{k}={x}" for k, x in sorted(r.get("variant", {}).items()))
+        print(f"[{i}/{n}] {r['part']} {r['geometry_tag']} {v} util {r['util']} {r['lever']}: WAF {r['waf']:.3f} "
               f"({r.get('seconds', '-')} s)", file=sys.stderr, flush=True)
 
     res = study.run_study(tasks, jobs=a.jobs, progress=progress)

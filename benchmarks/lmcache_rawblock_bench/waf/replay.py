@@ -120,6 +120,10 @@ def add_arguments(p) -> None:
     p.add_argument("--chunk-bytes", default="16M", help="generator: KV bytes of a full chunk over all workers "
                                                         "(default 16M; each worker stores chunk/tp)")
     p.add_argument("--families", type=int, default=2000, help="generator: shared prefixes (default 2000)")
+    p.add_argument("--workload", choices=("study", "lmcache_defaults"), default="study",
+                   help="generator: store pattern: study (decode and partial chunks stored) or lmcache_defaults "
+                        "(save_decode_cache and save_unfull_chunk false: full chunks at prefill) (default study)")
+    p.add_argument("--concurrency", type=int, default=32, help="generator: conversations in flight (default 32)")
     p.add_argument("--delete-on-end", type=float, default=0.0,
                    help="generator: probability a finished conversation's chunks are deleted (default 0)")
     p.add_argument("--warmup", default="1",
@@ -1020,9 +1024,11 @@ def _spec(a) -> Optional[WorkloadSpec]:
     if a.trace:
         return None
     try:
+        from .workload import WORKLOADS
+
         return WorkloadSpec(requests=a.requests, seed=a.seed, tp=a.tp,
                             chunk_bytes=_size(a.chunk_bytes, "--chunk-bytes"), families=a.families,
-                            delete_on_end=a.delete_on_end)
+                            delete_on_end=a.delete_on_end, concurrency=a.concurrency, **WORKLOADS[a.workload])
     except ValueError as exc:
         raise ReplayError(str(exc).replace("workload ", "generator ")) from None
 

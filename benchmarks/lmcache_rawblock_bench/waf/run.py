@@ -26,6 +26,21 @@ def spec_for_slot(spec: WorkloadSpec, slot_bytes: int, header_bytes: int = 4096)
     return replace(spec, chunk_bytes=(slot_bytes - header_bytes) * spec.tp)
 
 
+V1_CONTAINER_MAX = 64 << 20  # format v1's container on a device (128 MiB of metadata, two containers)
+
+
+def meta_bytes_for(meta_format: str, capacity_bytes: int, slot_bytes: int, page_bytes: int,
+                   entry_bytes: int = CacheConfig.checkpoint_entry_bytes) -> int:
+    """The metadata region of the simulated cache: the log format's, 4 pages (the log is written
+    in whole pages, so its size does not change the bytes written); format v1's, two containers
+    each large enough for the whole index (every v1 checkpoint rewrites it whole), at most
+    :data:`V1_CONTAINER_MAX` each."""
+    if meta_format != "v1":
+        return 4 * page_bytes
+    index = min(V1_CONTAINER_MAX, max(1, capacity_bytes // slot_bytes) * entry_bytes)
+    return 2 * max(2, -(-index // page_bytes)) * page_bytes
+
+
 def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mode: str,
                      strategy: Optional[str] = None, admission: str = "always", policy: str = "greedy",
                      isolation: str = "initial", warmup: float = 2.0, measure: float = 2.0,
@@ -43,8 +58,9 @@ def simulate_lmcache(geometry: Geometry, spec: WorkloadSpec, *, util: float, mod
         if not v >= 0 or (name == "measure" and v == 0):
             raise ValueError(f"{name} must be {'> 0' if name == 'measure' else '>= 0'} drive writes, got {v!r}")
     sim = FlashSim(geometry, policy=policy, isolation=isolation)
-    meta = meta_bytes or 4 * geometry.page_bytes
     slot_bytes = slot_bytes_for(spec, geometry)
+    meta = meta_bytes or meta_bytes_for(meta_format, int(util * geometry.logical_bytes), slot_bytes,
+                                        geometry.page_bytes)
     ru_bytes = geometry.ru_pages * geometry.page_bytes
     cfg = CacheConfig(capacity_bytes=int(util * geometry.logical_bytes), slot_bytes=slot_bytes,
                       meta_total_bytes=meta, dealloc=dealloc, tp=spec.tp, checkpoint_every=checkpoint_every,

@@ -141,10 +141,30 @@ class SimSink:
             self.sim.deallocate(first, last - first)
 
 
-def replay_stream(lines: Iterable[str], sink, *, source: str = "stream") -> int:
-    """Feed a recorded write stream to ``sink``; errors name the line and the field."""
-    n = 0
+def stream_span(lines: Iterable[str], *, source: str = "stream") -> int:
+    """The end of the highest byte range a recorded write stream touches (its span)."""
+    end = 0
     for no, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                r = json.loads(line)
+                end = max(end, int(r["offset"]) + int(r["length"]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{source}:{no}: expected {{op, offset, length}}: {exc}") from None
+    return end
+
+
+def replay_stream(lines: Iterable[str], sink, *, source: str = "stream", mark_after: Optional[int] = None,
+                  on_mark=None) -> int:
+    """Feed a recorded write stream to ``sink``; errors name the line and the field. With
+    ``mark_after``, ``on_mark()`` is called once, before the first record after that many bytes
+    have been written (the start of a measurement window)."""
+    n = 0
+    written = 0
+    for no, line in enumerate(lines, 1):
+        if mark_after is not None and written >= mark_after:
+            on_mark()
+            mark_after = None
         line = line.strip()
         if not line:
             continue
@@ -158,6 +178,7 @@ def replay_stream(lines: Iterable[str], sink, *, source: str = "stream") -> int:
                              f"got offset={off!r} length={length!r}")
         if op == "write":
             sink.write_bytes(off, length, r.get("pid"))
+            written += length
         elif op == "deallocate":
             sink.dealloc_bytes(off, length)
         else:
@@ -438,8 +459,30 @@ class CacheModel:
             pids = [self.data_pid_fixed] * len(batch)
         else:
             pids = self.router.placements([self._facts(e) for e in batch]) or [None] * len(batch)
+        self._make_room(batch)
         for e, pid in zip(batch, pids):
             self._put(e, pid)
+
+    def _make_room(self, batch: list) -> None:
+        """As the plugin does for a store call that does not fit: evict what the whole call
+        needs at once, then write the checkpoint(s) that make the freed slots reusable (one
+        room-making checkpoint per store call, not per chunk). RU groups and write admission
+        keep making room per put (:meth:`_alloc`)."""
+        if self.grouped or self.admission.policy != "always":
+            return
+        need = sum(1 for k in {self._key(e) for e in batch} if k not in self.index)
+        over = need - self.slots.available() - len(self.held) - len(self.held2)
+        n = 0
+        while n < over:
+            k = self._evict_one()
+            if not k:
+                break
+            n += k
+        self.stats.evictions += n
+        if need > self.slots.available() and (self.held or self.held2):
+            self._checkpoint(reclaim=True, on_demand=True)
+            if self.cfg.meta_format == META_V1 and self.held2:
+                self._checkpoint(reclaim=True, on_demand=True)
 
     # ---- eviction and reuse ---------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import Optional
 
 from .analytic import greedy_uniform_waf
 from .classes import WriteClass, cumulative_at, run_classes
-from .ftl import FlashSim, Geometry
+from .ftl import RESERVE_RUS, FlashSim, Geometry
 from .run import simulate_lmcache, spec_for_slot
 from .stream import CacheConfig, CacheModel, SimSink
 from .workload import WorkloadSpec
@@ -41,7 +41,7 @@ MAX_PAGES = 1 << 20
 OP = 0.1
 HANDLES = 8  # placement handles of the drive (8 reclaim unit handles, as on the FDP drives measured)
 HEADLINE = dict(ru_bytes=GIB, slot_bytes=8 * MIB)
-REF_SLOTS = N_RUS * GIB / (1 + OP) / (8 * MIB)  # logical slots of the headline drive: workload scale 1
+REF_SLOTS = (N_RUS - RESERVE_RUS) * GIB / (1 + OP) / (8 * MIB)  # logical slots of the headline drive: workload scale 1
 EVICT_AHEAD = (0.95, 0.05)  # the plugin's eviction_trigger_watermark / eviction_ratio defaults
 VALIDATION_GEOMETRY = dict(ru_pages=64, n_rus=256, max_handles=1, page_bytes=4096)
 
@@ -174,13 +174,76 @@ def study_tasks(*, utils=(0.5, 0.8, 0.95, 1.0), levers=tuple(LEVERS), repeats: i
     return tasks
 
 
+ENDURANCE_LEVERS = ("today", "dealloc", "evict_ahead+dealloc", "ru_groups+dealloc", "ru_groups+evict_ahead+dealloc")
+ENDURANCE_PLACEMENT = ("mixed", "ckpt_apart", "separated:tp_worker", "separated:prompt", "separated:phase",
+                       "separated:cache_salt_prefix", "separated:cache_salt_rank")
+
+
+def _pps(workload: str, ru_bytes: int, meta_format: str) -> int:
+    """Pages per slot: LMCache's default store pattern writes whole slots only (every object a
+    full chunk), so coarser pages lose nothing there with the log format (its log is handed to
+    the drive in whole pages) and cut the cost: 1/2 of a slot, a whole slot at 16 GiB RUs. The
+    study's workload needs 1/8 pages for the tails partial chunks leave, and format v1 for its
+    checkpoints (a few MiB each, rounded up to whole pages)."""
+    if workload != "lmcache_defaults" or meta_format != "log":
+        return PAGES_PER_SLOT
+    return 2 if ru_bytes <= GIB else 1
+
+
+def endurance_tasks(*, workloads=("lmcache_defaults", "study"), utils=(0.95, 1.0), concurrency=(1, 2, 4, 8),
+                    ops=(0.07, 0.28), formats=("log", "v1"), ru_sizes=(GIB, 16 * GIB),
+                    levers=ENDURANCE_LEVERS, big_ru_workloads=("lmcache_defaults",), big_ru_concurrency=(1, 8),
+                    big_ru_formats=("log",), v1_concurrency=(1, 8), placement=ENDURANCE_PLACEMENT, warmup: float = 1.5,
+                    measure: float = 1.5, seed: int = 1) -> list[tuple]:
+    """The endurance table: ``workloads`` (named store patterns of :data:`.workload.WORKLOADS`) x
+    utilisation x ``concurrency`` (multiples of the study's conversations in flight) x drive
+    spare ``ops`` x metadata ``formats`` x ``levers``, 8 MiB slots, on 1 GiB RUs; on the larger
+    RU sizes only ``big_ru_workloads``, ``big_ru_concurrency`` and ``big_ru_formats``, on
+    :data:`MIN_RUS` RUs (their runs cost 8x as much); format v1 at ``v1_concurrency`` only.
+    FDP ``placement`` levers (and each with deallocation) at 1x, the first spare, log format."""
+    from .workload import WORKLOADS
+
+    tasks = []
+    for ru in ru_sizes:
+        for wl in workloads:
+            if ru != GIB and wl not in big_ru_workloads:
+                continue
+            for op in ops:
+                for conc in concurrency:
+                    if ru != GIB and conc not in big_ru_concurrency:
+                        continue
+                    base = replace(WorkloadSpec(**WORKLOADS[wl]), concurrency=WorkloadSpec.concurrency * conc,
+                                   seed=seed)
+                    names = list(levers)
+                    if ru == GIB and conc == 1 and op == ops[0]:
+                        names += [n + s for n in placement for s in ("", "+dealloc")]
+                    for fmt in formats:
+                        if (ru != GIB and fmt not in big_ru_formats) or (fmt == "v1" and conc not in v1_concurrency):
+                            continue
+                        g = drive(ru, 8 * MIB, handles=HANDLES if ru == GIB else 1, op=op,
+                                  pages_per_slot=_pps(wl, ru, fmt), n_rus=None if ru == GIB else MIN_RUS)
+                        spec = workload_for(g, 8 * MIB, base)
+                        for util in utils:
+                            for name in names:
+                                if fmt != formats[0] and name not in levers:
+                                    continue
+                                kw = dict(dict(mode="no_fdp", dealloc=False), **LEVERS[name][0], util=util,
+                                          warmup=warmup, measure=measure, meta_format=fmt)
+                                variant = {"workload": wl, "concurrency": conc, "op": op, "meta_format": fmt}
+                                tasks.append((("endurance", _geo_tag(ru, 8 * MIB), name, variant), g, spec, kw))
+    tasks.sort(key=lambda t: -t[1].physical_pages)
+    return tasks
+
+
 def run_study(tasks: list[tuple], *, jobs: int = 0, progress=None) -> dict:
     jobs = jobs or max(1, min(len(tasks), os.cpu_count() or 1))
     runs = []
     with ProcessPoolExecutor(jobs) as ex:
         for i, r in enumerate(ex.map(_one, tasks)):
             t = tasks[i]
-            r["part"], r["geometry_tag"], r["lever"] = t[0]
+            r["part"], r["geometry_tag"], r["lever"] = t[0][:3]
+            if len(t[0]) > 3:
+                r["variant"] = t[0][3]
             r["geometry"] = t[1].to_dict()
             r["workload"] = t[2].to_dict()
             runs.append(r)
@@ -192,9 +255,10 @@ def run_study(tasks: list[tuple], *, jobs: int = 0, progress=None) -> dict:
 def summarize(study: dict) -> list[dict]:
     rows = {}
     for r in study["runs"]:
-        rows.setdefault((r["part"], r["geometry_tag"], r["util"], r["lever"]), []).append(r)
+        v = tuple(sorted(r.get("variant", {}).items()))
+        rows.setdefault((r["part"], r["geometry_tag"], r["util"], r["lever"], v), []).append(r)
     out = []
-    for (part, geo, util, lever), rs in rows.items():
+    for (part, geo, util, lever, v), rs in rows.items():
         wafs = [r["waf"] for r in rs]
         c = [r["cache"] for r in rs if "lookups" in r["cache"]]
         g = rs[0]["geometry"]
@@ -204,6 +268,7 @@ def summarize(study: dict) -> list[dict]:
                rs[0] else None, "n_rus": g["n_rus"], "op": g["op"],
                "settings": LEVERS[lever][1] if lever in LEVERS else "",
                "error": next((r["error"] for r in rs if "error" in r), None)}
+        row.update(dict(v))
         if c:
             row["hit_ratio"] = statistics.mean(x["hit_ratio"] for x in c)
             row["media_mib_per_k_lookups"] = statistics.mean(
@@ -259,6 +324,43 @@ def uniform_random_waf(op: float, *, policy: str = "greedy", warmup: float = 2.0
     for _ in range(int(measure * L)):
         sim.write(rnd.randrange(L), 1)
     return sim.window().waf()
+
+
+def uniform_slot_waf(op: float, *, policy: str = "greedy", count_reserve: bool = True, warmup: float = 2.0,
+                     measure: float = 2.0, seed: int = 1, ru_bytes: int = GIB, slot_bytes: int = 8 * MIB) -> float:
+    """Simulated WAF of uniform random slot overwrites on the study's own drive for ``ru_bytes``
+    and ``slot_bytes`` (:func:`drive`: a page is 1/8 of a slot, 256 RUs): every write one whole,
+    aligned slot, so an RU holds ``ru_bytes / slot_bytes`` units as in the study. ``count_reserve``:
+    :class:`.ftl.Geometry`'s accounting of the RUs GC keeps empty (False: as before it)."""
+    g = replace(drive(ru_bytes, slot_bytes, handles=1, op=op), count_reserve=count_reserve)
+    sim = FlashSim(g, policy=policy)
+    pps = slot_bytes // g.page_bytes
+    n = g.logical_pages // pps
+    rnd = random.Random(seed)
+    for x in range(n):
+        sim.write(x * pps, pps)
+    for _ in range(int(warmup * n)):
+        sim.write(rnd.randrange(n) * pps, pps)
+    sim.mark()
+    for _ in range(int(measure * n)):
+        sim.write(rnd.randrange(n) * pps, pps)
+    return sim.window().waf()
+
+
+def reserve_bias(ops=(0.07, 0.1, 0.28)) -> list[dict]:
+    """The simulator against the closed-form model on the study's geometry (1 GiB RUs, 8 MiB
+    slots), before and after counting the RUs GC holds back; FIFO victims as well as greedy."""
+    out = []
+    for op in ops:
+        m = greedy_uniform_waf(op)
+        row = {"op": op, "model": m}
+        for name, kw in (("greedy_before", dict(count_reserve=False)), ("greedy", {}),
+                         ("fifo_before", dict(policy="fifo", count_reserve=False)), ("fifo", dict(policy="fifo"))):
+            w = uniform_slot_waf(op, **kw)
+            row[name] = w
+            row[name + "_error"] = (w - m) / m
+        out.append(row)
+    return out
 
 
 def dealloc_uniform_waf(live: float, *, op: float = OP, dealloc: bool = True, warmup: float = 2.0,
@@ -327,6 +429,7 @@ def validation() -> dict:
     for op in ops:
         out["uniform"].append({"op": op, "model": greedy_uniform_waf(op), "greedy": uniform_random_waf(op),
                                "cost_benefit": uniform_random_waf(op, policy="cost_benefit")})
+    out["study_geometry"] = reserve_bias()
     out["dealloc"] = [dealloc_uniform_waf(f) for f in (0.5, 0.75, 0.9, 0.97)]
     out["dealloc_off"] = [dealloc_uniform_waf(f, dealloc=False) for f in (0.5, 0.9)]
     g = Geometry(ru_pages=64, n_rus=256, op=0.28, max_handles=2, page_bytes=4096)
@@ -385,6 +488,55 @@ def anchors() -> dict:
     return res
 
 
+_WL_TITLE = {"lmcache_defaults": "LMCache's default store pattern (save_decode_cache and save_unfull_chunk "
+                                  "false: every stored object a full chunk, stored at prefill)",
+             "study": "the study's workload (decode chunks and partial last chunks stored)"}
+
+
+def endurance_md(rows: list[dict]) -> list[str]:
+    """The endurance tables: per RU size and workload, WAF per lever for each utilisation,
+    drive spare, metadata format and concurrency; then the placement levers."""
+    en = [r for r in rows if r["part"] == "endurance"]
+    if not en:
+        return []
+    L = ["", "## Endurance table: WAF per lever, 8 MiB slots", "",
+         "Levers: today = LIFO slot reuse, no deallocation, eviction on demand (the core's room-making put, "
+         "and `eviction_policy: none`, the plugin's default); dealloc = `deallocate_freed` with the "
+         "deallocation before the slot's reuse; evict-ahead = the plugin's `eviction_policy: lru` at 0.95 / 0.05; "
+         "ru_groups = slots handed out and evicted in reclaim-unit-sized groups (the extent design). "
+         "Concurrency: conversations in flight, a multiple of the study's 32 per 254 GiB. Formats: log "
+         "(the product default: changes appended) and v1 (the whole index rewritten into one of two containers "
+         "at each checkpoint). Hit ratio: today's, and the extent design's (ru_groups+evict_ahead+dealloc).", ""]
+    by: dict = {}
+    for r in en:
+        by.setdefault((r["ru_bytes"], r["workload"]), {}).setdefault(
+            (r["util"], r["op"], r["meta_format"], r["concurrency"]), {})[r["lever"]] = r
+    for (ru, wl), cells in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] != "lmcache_defaults")):
+        n_rus = next(iter(next(iter(cells.values())).values()))["n_rus"]
+        L += ["", f"### {_size(ru)} reclaim units ({n_rus} simulated), {_WL_TITLE.get(wl, wl)}", "",
+              "| util | spare | format | concurrency | " + " | ".join(ENDURANCE_LEVERS) +
+              " | hit ratio today / extents |", "|---|---|---|---|" + "---|" * len(ENDURANCE_LEVERS) + "---|"]
+        for (util, op, fmt, conc), lv in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "log",
+                                                                            kv[0][3])):
+            h0 = lv.get("today", {}).get("hit_ratio")
+            h1 = lv.get("ru_groups+evict_ahead+dealloc", {}).get("hit_ratio")
+            hr = " / ".join("-" if h is None else f"{h:.3f}" for h in (h0, h1))
+            L.append(f"| {util:.0%} | {op:.0%} | {fmt} | {conc}x | " +
+                     " | ".join(_w(lv.get(n)) for n in ENDURANCE_LEVERS) + f" | {hr} |")
+    pl = [r for r in en if r["lever"] in LEVERS and LEVERS[r["lever"]][0].get("mode", "no_fdp") != "no_fdp"]
+    if pl:
+        cols = sorted({(r["workload"] != "lmcache_defaults", r["workload"], r["util"]) for r in pl})
+        ref = {(r["workload"], r["util"], r["lever"]): r for r in en
+               if r["concurrency"] == pl[0]["concurrency"] and r["op"] == pl[0]["op"] and r["meta_format"] == "log"
+               and r["ru_bytes"] == GIB}
+        L += ["", f"### FDP placement, 1 GiB RUs, spare {pl[0]['op']:.0%}, log format, 1x concurrency", "",
+              "| lever | " + " | ".join(f"{w} {u:.0%}" for _, w, u in cols) + " |", "|---|" + "---|" * len(cols)]
+        for name in ("today", "dealloc") + tuple(n + s for n in ENDURANCE_PLACEMENT for s in ("", "+dealloc")):
+            if any((w, u, name) in ref for _, w, u in cols):
+                L.append(f"| {name} | " + " | ".join(_w(ref.get((w, u, name))) for _, w, u in cols) + " |")
+    return L
+
+
 def _size(b: Optional[int]) -> str:
     if b is None:
         return "?"
@@ -413,19 +565,23 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
     lev = [r for r in rows if r["part"] == "levers"]
     L = ["# Simulated write amplification of LMCache's SSD tier on real drive geometry", "",
          f"Command: `{' '.join(argv)}`", "",
-         "Scale: a simulated page is 1/8 of a slot; a drive has 256 reclaim units (RUs), 128 where that would "
-         f"pass {MAX_PAGES} pages, and where 128 still would, pages of 1/4 of a slot (16 GiB RUs with 8 MiB chunks; "
-         "see the RU count and page size per row); the RU / chunk ratio is the real one. A real drive of the same RU size has thousands of RUs "
-         "(a 7.68 TB drive: 447 of 16 GiB); the scale sensitivity table below shows 128 RUs and more "
-         "give the same WAF within a few percent, and what coarser pages change. The workload's shared prefixes and conversations in flight "
-         "scale with the drive's slot count (the same working set / capacity ratio everywhere). Greedy GC, "
-         f"initially isolated handles, spare (over-provisioning) {OP:.0%} of the logical space. \"Chunk\" is "
-         "the slot: one TP worker's KV of one LMCache chunk plus its 4 KiB header; partial chunks (a prompt's "
-         "and an answer's last) fill 1/16 to all of it. Utilisation: the fraction of the drive's logical "
-         f"space the cache's slots take. WAF is measured over {_wm(study)[1]} drive writes after {_wm(study)[0]} "
-         "drive writes of warm-up (steady state); mean over seeds, [min, max]. Every run is in results.json.", "",
-         "## Every lever on a drive with 1 GiB reclaim units, 8 MiB chunks", ""]
+         "Scale: a drive has 256 reclaim units (RUs), 128 where that would pass "
+         f"{MAX_PAGES} pages (16 GiB RUs with 8 MiB chunks); the RU / chunk ratio is the real one. A simulated page "
+         "is 1/8 of a slot for workloads with partial chunks and for format v1 (whose checkpoints are rounded "
+         "up to whole pages); for LMCache's default store pattern with the log format, whose writes are all "
+         "whole slots, 1/2 of a slot at 1 GiB RUs and a whole slot at 16 GiB (the 16 GiB rows are on 128 RUs). "
+         "A real drive of the same RU size has thousands of RUs (a 7.68 TB drive: 447 of "
+         "16 GiB); 128 RUs and more give the same WAF within a few percent (the earlier scale sensitivity "
+         "run), so the 16 GiB rows read somewhat high. The workload's shared prefixes and conversations "
+         "in flight scale with the drive's slot count (the same working set / capacity ratio everywhere). "
+         "Greedy GC, initially isolated handles; the spare (over-provisioning) is the stated fraction of the "
+         "logical space over the RUs that hold data: the 2 RUs garbage collection keeps empty are counted "
+         "outside it. \"Chunk\" is the slot: one TP worker's KV of one LMCache chunk plus its 4 KiB header. "
+         "Utilisation: the fraction of the drive's logical space the cache's slots take. WAF is measured over "
+         f"{_wm(study)[1]} drive writes after {_wm(study)[0]} drive writes of warm-up (steady state); one seed per "
+         "cell unless [min, max] is shown. Every run is in results.json.", ""]
     if lev:
+        L += ["## Every lever on a drive with 1 GiB reclaim units, 8 MiB chunks", ""]
         g = lev[0]
         L.append(f"Drive: {g['n_rus']} RUs of 1 GiB, {HANDLES} placement handles, spare {g['op']:.0%}.")
         L += ["", "| lever | " + " | ".join(f"WAF at {u:.0%}" for u in utils) + " | hit ratio at 95% | how |",
@@ -437,6 +593,7 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
             hr = by.get((name, 0.95), {}).get("hit_ratio")
             L.append(f"| {name} | " + " | ".join(_w(by.get((name, u)), True) for u in utils) +
                      f" | {hr if hr is None else f'{hr:.3f}'} | {LEVERS[name][1]} |")
+    L += endurance_md(rows)
     sw = [r for r in rows if r["part"] == "sweep"]
     if sw:
         L += ["", "## Reclaim unit size and chunk size (no FDP)", "",
@@ -471,6 +628,16 @@ def markdown(study: dict, rows: list[dict], val: Optional[dict], anc: Optional[d
               f"{val['model']}.", "", "| op | model | greedy | cost-benefit |", "|---|---|---|---|"]
         for u in val["uniform"]:
             L.append(f"| {u['op']} | {u['model']:.3f} | {u['greedy']:.3f} | {u['cost_benefit']:.3f} |")
+        sg = val.get("study_geometry")
+        if sg:
+            L += ["", "On the study's own geometry (1 GiB RUs, 8 MiB slots: 128 slots per RU, 256 RUs, a page 1/8 "
+                  "of a slot; uniform random whole-slot overwrites), before and after counting the 2 RUs garbage "
+                  "collection keeps empty outside the spare (before, they came out of it):", "",
+                  "| op | model | greedy before | greedy | FIFO victims before | FIFO victims |", "|---|---|---|---|---|---|"]
+            for u in sg:
+                L.append(f"| {u['op']} | {u['model']:.3f} | " + " | ".join(
+                    f"{u[k]:.3f} ({100 * u[k + '_error']:+.1f}%)" for k in ("greedy_before", "greedy", "fifo_before",
+                                                                           "fifo")) + " |")
         L += ["", "Deallocation: uniform random slot frees through the cache model (a random live entry deleted, a "
               "new one stored), freed slots deallocated at the checkpoint that makes them reusable (every 256 "
               "puts); drive spare 10%. The model's WAF is taken at the effective spare factor (physical - live "
@@ -559,6 +726,29 @@ def plots(rows: list[dict], val: Optional[dict], out: str) -> tuple[list[str], O
         ax.set_title("WAF against utilisation, 1 GiB RUs, 8 MiB chunks")
         ax.legend(fontsize=7)
         files.append(_save(plt, fig, out, "waf_vs_utilisation.png"))
+    en = [r for r in rows if r["part"] == "endurance" and r["ru_bytes"] == GIB and r["meta_format"] == "log"
+          and r["lever"] in ENDURANCE_LEVERS]
+    if en:
+        op0 = min(r["op"] for r in en)
+        wls = sorted({r["workload"] for r in en}, key=lambda w: w != "lmcache_defaults")
+        eus = sorted({r["util"] for r in en})
+        fig, axes = plt.subplots(len(wls), len(eus), figsize=(5.5 * len(eus), 4 * len(wls)), squeeze=False,
+                                 sharey=True)
+        for i, wl in enumerate(wls):
+            for j, util in enumerate(eus):
+                ax = axes[i][j]
+                for n in ENDURANCE_LEVERS:
+                    pts = sorted((r["concurrency"], r["waf"]) for r in en if r["workload"] == wl and r["util"] == util
+                                 and r["lever"] == n and r["op"] == op0 and r["waf"] != float("inf"))
+                    if pts:
+                        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=n)
+                ax.set_xscale("log", base=2)
+                ax.axhline(1.02, color="k", ls="--", lw=0.8)
+                ax.set_xlabel("conversations in flight (x the study's)")
+                ax.set_ylabel("WAF")
+                ax.set_title(f"{wl}, {util:.0%}, spare {op0:.0%}, 1 GiB RUs, log", fontsize=9)
+                ax.legend(fontsize=7)
+        files.append(_save(plt, fig, out, "waf_endurance.png"))
     sw = [r for r in rows if r["part"] == "sweep"]
     if sw:
         show = [u for u in (0.95, 1.0) if u in utils] or utils[-1:]

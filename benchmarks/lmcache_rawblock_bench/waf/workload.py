@@ -27,6 +27,16 @@ one chunk per store (decode: the last one partial). Full chunks join the history
 turns look up; partial chunks are never read again (the next turn completes them under a new
 hash). When a conversation ends its chunks are deleted with probability ``delete_on_end``.
 Every chunk is stored once per TP worker, with ``chunk_bytes / tp`` bytes each.
+
+LMCache's store switches (``save_decode_cache``, ``save_unfull_chunk``; both default to false in
+LMCache's configuration, true in the generator's study workload): without
+``save_decode_cache`` nothing is stored during decode, and the answer's full chunks reach the
+cache as part of the next turn's prompt chain (LMCache stores them with that prefill); without
+``save_unfull_chunk`` a prompt's (and an answer's) last, partial chunk is not stored, so every
+stored object is a full chunk. :data:`LMCACHE_DEFAULTS` is LMCache's default store pattern.
+
+Chunk hashes are uniform 64-bit values (never 0), as LMCache's chained hashes are, so a
+placement by ``hash % handles`` spreads evenly.
 """
 
 from __future__ import annotations
@@ -57,6 +67,8 @@ class WorkloadSpec:
     chunk_bytes: int = 16 << 20  # bytes of a full chunk's KV over all workers
     delete_on_end: float = 0.0  # probability a finished conversation's chunks are deleted
     seed: int = 1
+    save_decode_cache: bool = True  # store the answer's chunks as decode produces them
+    save_unfull_chunk: bool = True  # store a prompt's / an answer's last, partial chunk
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, int) or isinstance(self.requests, bool) or self.requests < 0:
@@ -71,6 +83,9 @@ class WorkloadSpec:
                 raise ValueError(f"workload {name} must be (low, high) with 1 <= low <= high, got {v!r}")
         if not 0.0 <= self.delete_on_end <= 1.0:
             raise ValueError(f"workload delete_on_end must be in [0, 1], got {self.delete_on_end!r}")
+        for name in ("save_decode_cache", "save_unfull_chunk"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"workload {name} must be true or false, got {getattr(self, name)!r}")
         if not self.turns >= 1.0:
             raise ValueError(f"workload turns must be >= 1 (mean turns per conversation), got {self.turns!r}")
 
@@ -90,6 +105,15 @@ class WorkloadSpec:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
+LMCACHE_DEFAULTS = {"save_decode_cache": False, "save_unfull_chunk": False}  # LMCache's store defaults
+WORKLOADS = {"study": {}, "lmcache_defaults": LMCACHE_DEFAULTS}  # named store patterns
+
+
+def chunk_hash(rnd: random.Random) -> int:
+    """A uniform 64-bit chunk hash, never 0."""
+    return rnd.getrandbits(64) or 1
+
+
 class _Conv:
     __slots__ = ("family", "history", "turns_left", "written")
 
@@ -106,7 +130,7 @@ def generate(spec: WorkloadSpec) -> Iterator[dict]:
     fam_chains = []
     for f in range(spec.families):
         frnd = random.Random(spec.seed * 1_000_003 + f)
-        fam_chains.append([frnd.getrandbits(63) | 1 for _ in range(frnd.randint(*spec.family_chunks))])
+        fam_chains.append([chunk_hash(frnd) for _ in range(frnd.randint(*spec.family_chunks))])
     # cumulative weights once (choices() would add them up again per call: the same draws)
     cum = list(itertools.accumulate(1.0 / (i + 1) ** spec.zipf for i in range(spec.families)))
     fams = range(spec.families)
@@ -140,10 +164,11 @@ def generate(spec: WorkloadSpec) -> Iterator[dict]:
             for h in chain:
                 yield ev("get", h, 0, w, PREFILL, salt)
         n_user = rnd.randint(*spec.user_chunks)
-        new = [rnd.getrandbits(63) | 1 for _ in range(n_user)]
+        new = [chunk_hash(rnd) for _ in range(n_user)]
         last = rnd.randint(obj // 16, obj)  # the prompt's last chunk is partial
+        stored = chain + (new if spec.save_unfull_chunk else new[:-1])
         for w in range(spec.tp):
-            for j, h in enumerate(chain + new):
+            for j, h in enumerate(stored):
                 size = last if j == len(chain) + n_user - 1 else obj
                 yield ev("put", h, size, w, PREFILL, salt, batch)
             batch += 1
@@ -152,11 +177,12 @@ def generate(spec: WorkloadSpec) -> Iterator[dict]:
         t += rnd.expovariate(50.0)
         n_ans = rnd.randint(*spec.answer_chunks)
         for j in range(n_ans):
-            h = rnd.getrandbits(63) | 1
+            h = chunk_hash(rnd)
             size = rnd.randint(obj // 16, obj) if j == n_ans - 1 else obj
-            for w in range(spec.tp):
-                yield ev("put", h, size, w, DECODE, salt, batch)
-                batch += 1
+            if spec.save_decode_cache and (size == obj or spec.save_unfull_chunk):
+                for w in range(spec.tp):
+                    yield ev("put", h, size, w, DECODE, salt, batch)
+                    batch += 1
             if j < n_ans - 1:
                 c.history.append(h)
             c.written.append(h)
