@@ -165,6 +165,11 @@ def _size(text: str, opt: str) -> int:
         raise ReplayError(f"{opt} {text!r}: {exc}") from None
 
 
+def _extent_size(text: str) -> int:
+    """--extent-bytes: 0 (extents off) or a size."""
+    return 0 if str(text).strip() == "0" else _size(text, "--extent-bytes")
+
+
 def _amount(text: str, opt: str, span: int) -> tuple[int, str]:
     """(bytes, how it was given) of --warmup/--measure: a plain number is drive writes of the span."""
     try:
@@ -722,7 +727,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
     from . import counters
 
     ids, ckpt_pid = fdp_ids(target, mode, a.handles)
-    extent_bytes = _size(a.extent_bytes, "--extent-bytes")
+    extent_bytes = _extent_size(a.extent_bytes)
     cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc, extent_bytes)
     warm, warm_desc = _amount(a.warmup, "--warmup", target.size)
     meas, meas_desc = _amount(a.measure, "--measure", target.size)
@@ -1006,7 +1011,7 @@ def _configs(a) -> list[tuple[str, Optional[str], str, str, str]]:
     admissions = _split(a.admission, ADMISSIONS, "--admission")
     deallocs = _split(a.dealloc, DEALLOC_CHOICES, "--dealloc")
     evictions = _split(a.eviction, EVICTIONS, "--eviction")
-    if any(ev.startswith("extent") for ev in evictions) and not _size(a.extent_bytes, "--extent-bytes"):
+    if any(ev.startswith("extent") for ev in evictions) and not _extent_size(a.extent_bytes):
         raise ReplayError("--eviction extent needs --extent-bytes (the extents it evicts)")
     out = []
     for ev in evictions:
