@@ -819,6 +819,8 @@ class RustRawBlockBackend(StoragePluginInterface):
     def remove(self, key: Any, force: bool = True) -> bool:
         enc = self._encode(key)
         with self._pin_lock:
+            if self._extents is not None:
+                self._extents.removed()  # no hot key of an eviction under way comes back
             removed = self._core.delete_many([enc], force=force)[0]
             if removed:
                 self._pinned_keys.discard(enc)
@@ -840,6 +842,8 @@ class RustRawBlockBackend(StoragePluginInterface):
         if not keys:
             return 0
         with self._pin_lock:
+            if self._extents is not None:
+                self._extents.removed()  # no hot key of an eviction under way comes back
             if not self._pinned_keys and self.eviction_policy != "lru":
                 # Nothing to reconcile afterwards: encode into one C buffer and delete in the
                 # same native call (no str objects, GIL released for the whole batch).
