@@ -217,3 +217,24 @@ def test_a_device_whose_top_lies_past_the_last_extent_opens_with_extents(tmp_pat
         assert extents(core)["extents_clean"] == 0
     finally:
         core.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_with_affinity_a_put_takes_a_free_slot_of_another_streams_open_extent(tmp_path, fmt):
+    # two extents of 4; placement id 1 opens extent 0 with one key, id 2 fills extent 1: id 2's
+    # next put finds no clean or closed extent with room, but extent 0 has 3 free slots
+    core = make_core(small_device(tmp_path, 8), meta_format=fmt, extent_bytes=EXT, fdp_slot_affinity_enabled=True)
+    try:
+        assert core.put_many([okey(0)], [Obj(payload(0, 100))], placement_ids=[1]).results == [True]
+        keys = [okey(i) for i in range(1, 5)]
+        assert core.put_many(keys, [Obj(payload(i, 100)) for i in range(1, 5)],
+                             placement_ids=[2] * 4).results == [True] * 4
+        more = [okey(i) for i in range(5, 8)]
+        res = core.put_many(more, [Obj(payload(i, 100)) for i in range(5, 8)], placement_ids=[2] * 3)
+        assert res.results == [True] * 3, res.failure
+        assert sorted(slot_of(core, k) for k in [okey(0)] + keys + more) == list(range(8))
+        for i in range(8):
+            o = Obj(100)
+            assert core.load_many_into([okey(i).encoded], [o]) == [True] and o.bytes() == payload(i, 100)
+    finally:
+        core.close()
