@@ -67,11 +67,15 @@ class ExtentEviction:
     """Whole-extent eviction over one core with extents on (see the module docstring)."""
 
     def __init__(self, core: Any, pin_lock: threading.Lock, pinned: Callable[[], set[str]], reserve: int,
-                 logger: logging.Logger, reinsert: bool = True) -> None:
+                 logger: logging.Logger, reinsert: bool = True, label: str = "extent_reserve") -> None:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
                              "(a multiple of slot_bytes, at least 2 slots)")
+        if reserve and reserve >= counts["extents_total"]:
+            # every closed extent would be evicted on every pass: the cache would keep nothing
+            raise ValueError(f"{label} must be below the device's {counts['extents_total']} extents (clean extents "
+                             f"kept ahead), got {reserve}")
         self._core = core
         self._pin_lock = pin_lock
         self._pinned = pinned

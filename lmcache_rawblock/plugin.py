@@ -422,7 +422,8 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not isinstance(self._core, RawBlockCore):
                 raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
                                  f"{len(self.device_paths)}")
-            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert)
+            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert,
+                                  _label("extent_reserve"))
         except BaseException:
             self._unexport()
             self._core.close()

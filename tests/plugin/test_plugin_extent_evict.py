@@ -148,3 +148,10 @@ def test_a_hot_key_removed_while_its_extent_is_evicted_stays_removed(open_backen
     assert removed == [False], "the remove came between the eviction and the put again"
     assert not any(be.contains(make_key(i)) for i in range(PER)), "key 0 was removed: it stays removed"
     assert be.report_status()["reinserted_extent_entries"] == 0
+
+
+def test_an_extent_reserve_of_every_extent_is_refused_naming_it(open_backend):
+    # a reserve of every extent would have the evictor delete every closed extent on each pass
+    with pytest.raises(ValueError, match=r"rust_raw_block.extent_reserve'\] must be below the device's \d+ "
+                                         r"extents \(clean extents kept ahead\), got 1000"):
+        open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=1000)
