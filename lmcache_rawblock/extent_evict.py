@@ -27,8 +27,8 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
 
 Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
 no pin slips in between (the plugin's lock order), and over the put that reinserts so no remove
-does; the counters take no lock (one writer at a
-time: the evictor thread, or a put under the pin lock).
+does; the counters change under it too (the evictor thread and a put evicting for itself both
+write them).
 """
 
 from __future__ import annotations
@@ -114,10 +114,11 @@ class ExtentEviction:
             if again is not None:
                 again += self._read([k for k, h in keep if h][:len(keep) // 2])
             results = self._core.delete_many(keys, force=False) if keys else []
-        deleted = sum(1 for ok in results if ok)
+            deleted = sum(1 for ok in results if ok)
+            if deleted:
+                self.extents_evicted += 1
+                self.keys_evicted += deleted
         if deleted:
-            self.extents_evicted += 1
-            self.keys_evicted += deleted
             self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
         return deleted
 
@@ -176,7 +177,7 @@ class ExtentEviction:
                                 len(again))
                 return
             res = self._core.put_many([s for s, _ in again], [o for _, o in again])
-        self.keys_reinserted += sum(1 for ok in res.results if ok)
+            self.keys_reinserted += sum(1 for ok in res.results if ok)
 
 
 class _Payload:
