@@ -21,11 +21,14 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
   put (at most half the extent, so each eviction frees at least half of one), deletes the
   extent's keys, and once the checkpoint has made the slots reusable puts those keys again,
   into the open extent. Between the delete and the put such a key misses. A put that evicts
-  for itself does not reinsert (the slots it frees are its own).
+  for itself does not reinsert (the slots it frees are its own). A remove by the cache's user
+  during the pass (``removed``) cancels its reinsertion: a key removed then (it missed, so the
+  remove found nothing) must not come back with the bytes it had.
 
 Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
-no pin slips in between (the plugin's lock order); the counters take no lock (one writer at a
-time: the evictor thread, or a put under the pin lock).
+no pin slips in between (the plugin's lock order), and over the put that reinserts so no remove
+does; the counters change under it too (the evictor thread and a put evicting for itself both
+write them).
 """
 
 from __future__ import annotations
@@ -64,11 +67,15 @@ class ExtentEviction:
     """Whole-extent eviction over one core with extents on (see the module docstring)."""
 
     def __init__(self, core: Any, pin_lock: threading.Lock, pinned: Callable[[], set[str]], reserve: int,
-                 logger: logging.Logger, reinsert: bool = True) -> None:
+                 logger: logging.Logger, reinsert: bool = True, label: str = "extent_reserve") -> None:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
                              "(a multiple of slot_bytes, at least 2 slots)")
+        if reserve and reserve >= counts["extents_total"]:
+            # every closed extent would be evicted on every pass: the cache would keep nothing
+            raise ValueError(f"{label} must be below the device's {counts['extents_total']} extents (clean extents "
+                             f"kept ahead), got {reserve}")
         self._core = core
         self._pin_lock = pin_lock
         self._pinned = pinned
@@ -78,6 +85,7 @@ class ExtentEviction:
         self.extents_evicted = 0  # victim extents whose keys were deleted
         self.keys_evicted = 0
         self.keys_reinserted = 0
+        self.removes = 0  # the plugin's removes, counted under pin_lock (see removed)
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
@@ -106,12 +114,18 @@ class ExtentEviction:
             if again is not None:
                 again += self._read([k for k, h in keep if h][:len(keep) // 2])
             results = self._core.delete_many(keys, force=False) if keys else []
-        deleted = sum(1 for ok in results if ok)
+            deleted = sum(1 for ok in results if ok)
+            if deleted:
+                self.extents_evicted += 1
+                self.keys_evicted += deleted
         if deleted:
-            self.extents_evicted += 1
-            self.keys_evicted += deleted
             self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
         return deleted
+
+    def removed(self) -> None:
+        """The cache's user removed keys (the plugin calls it under ``pin_lock``): a pass
+        that evicted before then does not put its hot keys back."""
+        self.removes += 1
 
     def missing_clean(self) -> int:
         """Clean extents (or extents waiting for their deallocation) short of the reserve."""
@@ -128,6 +142,7 @@ class ExtentEviction:
         second container stops listing the slots)."""
         evicted = 0
         again: list | None = [] if self.reinsert else None
+        removes = self.removes
         for _ in range(self.missing_clean()):
             got = self._evict_one(frozenset(), set(), again)
             if not got:
@@ -136,7 +151,7 @@ class ExtentEviction:
         if evicted or self._core.slot_counts().held:
             self._core.reclaim_held_slots()
         if again:
-            self._put_again(again)
+            self._put_again(again, removes)
         return evicted > 0
 
     def _read(self, keys: list[str]) -> list[tuple[Any, Any]]:
@@ -151,11 +166,18 @@ class ExtentEviction:
         return [(RawBlockKeySpec(encoded=k, slot_identity=slot_identity_from_encoded_key(k, ns)), o)
                 for (k, _), o, good in zip(found, objs, ok) if good]
 
-    def _put_again(self, again: list[tuple[Any, Any]]) -> None:
+    def _put_again(self, again: list[tuple[Any, Any]], removes: int) -> None:
         """Put the hot keys of evicted extents back (into the open extent). A key put again
-        meanwhile by the cache's user stays as that put left it."""
-        res = self._core.put_many([s for s, _ in again], [o for _, o in again])
-        self.keys_reinserted += sum(1 for ok in res.results if ok)
+        meanwhile by the cache's user stays as that put left it; after any remove since the
+        pass began (``removes`` then) none is put back. The pin lock keeps a remove from
+        slipping in between that check and the put."""
+        with self._pin_lock:
+            if self.removes != removes:
+                self._log.debug("raw-block extent eviction: %d hot keys not put back (keys were removed)",
+                                len(again))
+                return
+            res = self._core.put_many([s for s, _ in again], [o for _, o in again])
+            self.keys_reinserted += sum(1 for ok in res.results if ok)
 
 
 class _Payload:

@@ -442,7 +442,8 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not isinstance(self._core, RawBlockCore):
                 raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
                                  f"{len(self.device_paths)}")
-            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert)
+            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert,
+                                  _label("extent_reserve"))
         except BaseException:
             self._unexport()
             self._core.close()
@@ -864,6 +865,8 @@ class RustRawBlockBackend(StoragePluginInterface):
     def remove(self, key: Any, force: bool = True) -> bool:
         enc = self._encode(key)
         with self._pin_lock:
+            if self._extents is not None:
+                self._extents.removed()  # no hot key of an eviction under way comes back
             removed = self._core.delete_many([enc], force=force)[0]
             if removed:
                 self._pinned_keys.discard(enc)
@@ -885,6 +888,8 @@ class RustRawBlockBackend(StoragePluginInterface):
         if not keys:
             return 0
         with self._pin_lock:
+            if self._extents is not None:
+                self._extents.removed()  # no hot key of an eviction under way comes back
             if not self._pinned_keys and not self._evicts:
                 # Nothing to reconcile afterwards: encode into one C buffer and delete in the
                 # same native call (no str objects, GIL released for the whole batch).

@@ -100,8 +100,10 @@ static int check_top(const rb_core *c, const top_view *t, int64_t *next_slot, rb
     return 1;
 }
 
-/* Clear the index and slots for a new state (takes mu; returns with it held on success). */
-static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err *err)
+/* Clear the index and slots for a new state (takes mu; returns with it held on success). *used_out
+ * covers the slots below *top_out; the allocator's next_slot may lie past them (extents: the
+ * slots after the last extent, never handed out). */
+static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, uint32_t *top_out, rb_err *err)
 {
     /* A deallocation in progress ends first: its slots must not take keys of the new state. */
     pthread_mutex_lock(&c->dl_mu);
@@ -135,6 +137,7 @@ static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, rb_err
         if (!(c->inflight.ents[p].flags & RB_ENT_DEAD))
             used[c->inflight.ents[p].slot] = 1;
     *used_out = used;
+    *top_out = (uint32_t)top;
     return 0;
 }
 
@@ -177,8 +180,10 @@ static int insert_entry(rb_core *c, uint8_t *used, const rb_fstate *fs, const rb
 }
 
 /* Free the unclaimed slots, reset the dirty state, drop mu; then validate if configured. */
-static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, uint64_t skipped, int oom, rb_err *err)
+static int apply_end(rb_core *c, uint8_t *used, uint32_t top, uint64_t loaded, uint64_t skipped, int oom, rb_err *err)
 {
+    /* used covers [0, top); slots from top on were never handed out by this state */
+    uint32_t end = c->slots.next_slot < top ? c->slots.next_slot : top;
     c->apply_skipped = skipped; /* entries the state lists that its checks refused */
     if (c->apply_container >= 0) {
         /* Recovery: what the container lists, exactly, before validation drops anything (a
@@ -188,13 +193,13 @@ static int apply_end(rb_core *c, uint8_t *used, uint64_t loaded, uint64_t skippe
             oom = 1;
             c->ref_unknown |= bit; /* keeps every slot out of use until it is rewritten */
         } else {
-            for (uint32_t s = 0; s < c->slots.next_slot; s++)
+            for (uint32_t s = 0; s < end; s++)
                 if (used[s])
                     c->ref[s] |= bit;
             c->ref_unknown &= (uint8_t)~bit;
         }
     }
-    for (uint32_t s = 0; s < c->slots.next_slot; s++) /* the state's, or past the in-flight slots */
+    for (uint32_t s = 0; s < end; s++) /* the state's, or past the in-flight slots */
         if (!used[s])
             rb_core_free_slot_locked(c, s); /* quarantined while readers of the old state run */
     c->dirty_total = 0;
@@ -281,12 +286,13 @@ static int apply_doc(rb_core *c, const plain_doc *d, rb_err *err)
     if (!check_top(c, &d->top, &next_slot, err))
         return 0;
     uint8_t *used = NULL;
-    int rc = apply_begin(c, next_slot, &used, err);
+    uint32_t top = 0;
+    int rc = apply_begin(c, next_slot, &used, &top, err);
     if (rc < 0)
         return rc;
     uint64_t loaded = 0, skipped = d->refused;
     int oom = apply_entries(c, d, used, next_slot, &loaded, &skipped) < 0;
-    return apply_end(c, used, loaded, skipped, oom, err);
+    return apply_end(c, used, top, loaded, skipped, oom, err);
 }
 
 /* ---- the one-pass reader's document ---------------------------------------------------- */

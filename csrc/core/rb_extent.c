@@ -6,7 +6,8 @@
  * one with the most free slots (at most per lists), and the victim choice (the eviction
  * thread's, never a put's or a load's) scans the extents. Finding the next free slot of an
  * open extent scans its slots from where the last one was taken: per slots over the extent's
- * whole fill.
+ * whole fill. With no clean or closed extent left with a free slot, a put looks through the
+ * other streams' open extents (per slots each at most) before it fails.
  */
 #include "rb_slots.h"
 
@@ -68,8 +69,8 @@ static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
     x->st = calloc(n, 1);
     x->prev = malloc(n * sizeof(uint32_t));
     x->next = malloc(n * sizeof(uint32_t));
-    x->head = malloc(((size_t)per + 2) * sizeof(uint32_t));
-    x->tail = malloc(((size_t)per + 2) * sizeof(uint32_t));
+    x->head = malloc(((size_t)per + 3) * sizeof(uint32_t));
+    x->tail = malloc(((size_t)per + 3) * sizeof(uint32_t));
     x->open = malloc(x->nstreams * sizeof(uint32_t));
     x->cur = calloc(x->nstreams, sizeof(uint32_t));
     x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
@@ -101,8 +102,8 @@ int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
 /* The lists rebuilt from the free counts; no extent open or pending. */
 static void rebuild_lists(rb_extents *x)
 {
-    memset(x->head, 0xff, ((size_t)x->per + 2) * sizeof(uint32_t));
-    memset(x->tail, 0xff, ((size_t)x->per + 2) * sizeof(uint32_t));
+    memset(x->head, 0xff, ((size_t)x->per + 3) * sizeof(uint32_t));
+    memset(x->tail, 0xff, ((size_t)x->per + 3) * sizeof(uint32_t));
     memset(x->open, 0xff, x->nstreams * sizeof(uint32_t));
     x->n_clean = x->n_open = x->n_pending = 0;
     for (uint32_t e = 0; e < x->n; e++) {
@@ -174,6 +175,7 @@ static void close_open(rb_extents *x, uint32_t stream)
     uint32_t e = x->open[stream];
     x->open[stream] = RB_SLOT_NONE;
     x->n_open--;
+    unlink_ext(x, x->per + 2, e);
     if (x->nfree[e] == x->per) {
         whole_free(x, e);
         return;
@@ -198,6 +200,7 @@ static int open_next(rb_extents *x, uint32_t stream)
     }
     unlink_ext(x, k, e);
     x->st[e] = RB_EXT_OPEN;
+    push(x, x->per + 2, e);
     x->open[stream] = e;
     x->cur[stream] = 0;
     x->n_open++;
@@ -223,6 +226,24 @@ static void take(rb_slots *s, uint32_t slot)
         s->next_slot = s->max_slots; /* the slots after the last extent are never handed out */
 }
 
+/* No clean or closed extent has a free slot: one of another stream's open extent (affinity; a
+ * slot freed there after the stream went past it), the open extents looked at in turn. */
+static uint32_t take_from_open(rb_slots *s)
+{
+    rb_extents *x = &s->ext;
+    for (uint32_t e = x->head[x->per + 2]; e != RB_SLOT_NONE; e = x->next[e]) {
+        if (x->nfree[e] == 0)
+            continue;
+        for (uint32_t slot = x->first + e * x->per, end = slot + x->per; slot < end; slot++)
+            if (s->is_free[slot]) {
+                take(s, slot);
+                rb_slots_move(s, slot, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
+                return slot;
+            }
+    }
+    return RB_SLOT_NONE;
+}
+
 uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid)
 {
     rb_extents *x = &s->ext;
@@ -242,7 +263,7 @@ uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid)
             close_open(x, stream);
         }
         if (!open_next(x, stream))
-            return RB_SLOT_NONE;
+            return take_from_open(s);
     }
 }
 

@@ -25,7 +25,9 @@
  * extents (every slot free) first, else the closed extent with the most free slots. An extent
  * is on one list: lists[k] (k < per) the closed extents with k free slots, lists[per] the clean
  * ones (oldest first), lists[per + 1] those waiting for their deallocation (hold on: every slot
- * free, handed out again only once rb_ext_clean says the range was deallocated or skipped).
+ * free, handed out again only once rb_ext_clean says the range was deallocated or skipped),
+ * lists[per + 2] the open ones (with none clean or closed left with a free slot, a stream takes
+ * one of another stream's open extent rather than fail).
  * Per extent: its free slots and its last use (a tick of put commits and load hits). rev maps
  * a slot to the index position of the key on it (valid while rev_ok and the index epoch is
  * rev_epoch; rb_core_extent.c rebuilds it otherwise); hot marks a slot whose key was loaded
@@ -38,7 +40,7 @@ typedef struct rb_extents {
     uint64_t *tick;
     uint8_t *st;           /* RB_EXT_* */
     uint32_t *prev, *next; /* list links */
-    uint32_t *head, *tail; /* per + 2 lists */
+    uint32_t *head, *tail; /* per + 3 lists */
     uint32_t *open, *cur;  /* per stream: the open extent, the index in it to look at next */
     uint32_t nstreams;
     uint32_t *rev;

@@ -195,3 +195,46 @@ def test_extent_victim_without_extents_says_so(tmp_path):
             core.extent_victim()
     finally:
         core.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_device_whose_top_lies_past_the_last_extent_opens_with_extents(tmp_path, fmt):
+    # 11 slots in extents of 4: two extents (slots 0-7), slots 8-10 never handed out. Written
+    # without extents up to slot 8, the state's top (9) lies past the last extent: the
+    # allocator's next_slot moves to the end of the device, past what the state covers (the
+    # format v1 reader's slot map read past its end here: an ASan build reports it)
+    path = small_device(tmp_path, 11)
+    core = make_core(path, meta_format=fmt)
+    keys = put(core, list(range(9)))
+    core.close()
+    core = make_core(path, meta_format=fmt, extent_bytes=EXT)
+    try:
+        assert core._native.status()["next_slot"] == 11
+        for i, k in enumerate(keys):
+            o = Obj(1000)
+            assert core.load_many_into([k.encoded], [o]) == [True] and o.bytes() == payload(i, 1000)
+        assert core.delete_many([keys[8].encoded], force=True) == [True]
+        assert extents(core)["extents_clean"] == 0
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_with_affinity_a_put_takes_a_free_slot_of_another_streams_open_extent(tmp_path, fmt):
+    # two extents of 4; placement id 1 opens extent 0 with one key, id 2 fills extent 1: id 2's
+    # next put finds no clean or closed extent with room, but extent 0 has 3 free slots
+    core = make_core(small_device(tmp_path, 8), meta_format=fmt, extent_bytes=EXT, fdp_slot_affinity_enabled=True)
+    try:
+        assert core.put_many([okey(0)], [Obj(payload(0, 100))], placement_ids=[1]).results == [True]
+        keys = [okey(i) for i in range(1, 5)]
+        assert core.put_many(keys, [Obj(payload(i, 100)) for i in range(1, 5)],
+                             placement_ids=[2] * 4).results == [True] * 4
+        more = [okey(i) for i in range(5, 8)]
+        res = core.put_many(more, [Obj(payload(i, 100)) for i in range(5, 8)], placement_ids=[2] * 3)
+        assert res.results == [True] * 3, res.failure
+        assert sorted(slot_of(core, k) for k in [okey(0)] + keys + more) == list(range(8))
+        for i in range(8):
+            o = Obj(100)
+            assert core.load_many_into([okey(i).encoded], [o]) == [True] and o.bytes() == payload(i, 100)
+    finally:
+        core.close()

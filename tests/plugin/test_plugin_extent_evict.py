@@ -122,3 +122,36 @@ def test_a_hot_key_is_put_again_when_its_extent_is_evicted(open_backend, fmt, re
     assert st["reinserted_extent_entries"] == (1 if reinsert else 0)
     if reinsert:
         assert_loads(be, [0])  # its own bytes, from its new slot
+
+
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+def test_a_hot_key_removed_while_its_extent_is_evicted_stays_removed(open_backend, fmt):
+    # The evictor reads a hot key, deletes its extent, writes the checkpoint, then puts the key
+    # again. A remove of that key meanwhile (it misses then, so the remove finds nothing) is
+    # the user's word: the key must not come back with the bytes it had.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=3,
+                      extent_reinsert=True, meta_format=fmt)
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, list(range(PER)))
+    assert_loads(be, [0])  # hot
+    core, reclaim, removed = be._core, be._core.reclaim_held_slots, []
+
+    def reclaim_after_a_remove() -> int:
+        if not removed and not core.contains_key(be._encode(make_key(0))):
+            removed.append(be.remove(make_key(0)))  # evicted, not yet put again
+        return reclaim()
+
+    core.reclaim_held_slots = reclaim_after_a_remove
+    for start in range(PER, (n + 2) * PER, PER):
+        assert not put_keys(be, list(range(start, start + PER)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert removed == [False], "the remove came between the eviction and the put again"
+    assert not any(be.contains(make_key(i)) for i in range(PER)), "key 0 was removed: it stays removed"
+    assert be.report_status()["reinserted_extent_entries"] == 0
+
+
+def test_an_extent_reserve_of_every_extent_is_refused_naming_it(open_backend):
+    # a reserve of every extent would have the evictor delete every closed extent on each pass
+    with pytest.raises(ValueError, match=r"rust_raw_block.extent_reserve'\] must be below the device's \d+ "
+                                         r"extents \(clean extents kept ahead\), got 1000"):
+        open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=1000)
