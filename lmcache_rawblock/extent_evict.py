@@ -68,7 +68,7 @@ class ExtentEviction:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
-                             "(a multiple of slot_bytes, at least 2 slots)")
+                             "(at least 2 slots; with meta_format v1 a multiple of slot_bytes)")
         self._core = core
         self._pin_lock = pin_lock
         self._pinned = pinned
