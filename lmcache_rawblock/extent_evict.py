@@ -71,7 +71,7 @@ class ExtentEviction:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
-                             "(a multiple of slot_bytes, at least 2 slots)")
+                             "(at least 2 slots; with meta_format v1 a multiple of slot_bytes)")
         if reserve and reserve >= counts["extents_total"]:
             # every closed extent would be evicted on every pass: the cache would keep nothing
             raise ValueError(f"{label} must be below the device's {counts['extents_total']} extents (clean extents "

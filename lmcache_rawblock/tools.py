@@ -228,6 +228,7 @@ def _read_log_format(path: str, size: int, block_align: int | None, meta_total_b
                                        "meta_total_bytes", "data_base_offset", "next_slot")}
     geometry["version"] = "log"
     geometry["max_slots"] = sb["max_slots"]
+    geometry["extent_stride"] = sb.get("extent_stride", 0)  # 0: slots back to back from data_base_offset
     geometry["entries"] = len(st["entries"])
     geometry["used_slots"] = len(st["entries"])
     geometry["free_slots"] = sb["max_slots"] - len(st["entries"])
@@ -615,8 +616,8 @@ def format_inspect(info: dict) -> str:
     g = info["geometry"]
     lines = [f"device {info['device']}  ({info['size_bytes']} bytes)"]
     lines.append("geometry: " + ", ".join(f"{k}={g[k]}" for k in (
-        "block_align", "header_bytes", "slot_bytes", "meta_total_bytes", "data_base_offset", "max_slots",
-        "next_slot", "used_slots", "free_slots") if k in g))
+        "block_align", "header_bytes", "slot_bytes", "meta_total_bytes", "data_base_offset", "extent_stride",
+        "max_slots", "next_slot", "used_slots", "free_slots") if k in g))
     for c in info["containers"]:
         lines.append(f"container {c['index']} @ {c['offset']}: seq={c['seq']} payload={c['payload_len']} B "
                      f"crc={c['crc32']} {'ok' if c['crc_ok'] else 'BAD'}"

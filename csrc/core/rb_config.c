@@ -291,8 +291,9 @@ const rb_setting rb_core_settings[] = {
      .deflt = "0",
      .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
      .help = "slots grouped into extents of this many bytes (the drive's reclaim unit), aligned on the device, "
-             "filled in order by one writer stream and given back whole; a multiple of slot_bytes, at least 2 "
-             "slots; 0 = off (each slot allocated on its own)"},
+             "filled in order by one writer stream and given back whole; at least 2 slots, a multiple of "
+             "block_align (meta_format='v1': of slot_bytes; else the tail past the last whole slot is unused); "
+             "0 = off (each slot allocated on its own)"},
     {.name = "key_namespace",
      .type = RB_SET_CHOICE,
      CFG(key_namespace),
@@ -583,15 +584,25 @@ static int check_ranges(const rb_core_cfg *cfg, rb_err *err)
     return 0;
 }
 
-/* extent_bytes: 0, or whole slots, at least two. */
+/* extent_bytes: 0, or at least two slots. Format v1 keeps LMCache's layout (slot i at
+ * data_base + i * slot_bytes), so there an extent is whole slots; the log format records the
+ * extent stride in its superblock, so there any multiple of block_align will do (the tail of
+ * each extent past its last whole slot is never used). */
 static int check_extent(const rb_core_cfg *cfg, rb_err *err)
 {
-    unsigned long long eb = cfg->extent_bytes, sb = cfg->slot_bytes;
+    unsigned long long eb = cfg->extent_bytes, sb = cfg->slot_bytes, ba = cfg->block_align;
     if (eb == 0)
         return 0;
-    if (eb % sb)
+    if (cfg->meta_format == RB_META_V1 && eb % sb)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
-                          "extent_bytes must be a multiple of slot_bytes (extent_bytes=%llu, slot_bytes=%llu)", eb, sb);
+                          "extent_bytes must be a multiple of slot_bytes with meta_format='v1', whose layout is "
+                          "LMCache's (extent_bytes=%llu, slot_bytes=%llu); meta_format='log' takes any multiple "
+                          "of block_align",
+                          eb, sb);
+    if (ba && eb % ba)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "extent_bytes must be a multiple of block_align (extent_bytes=%llu, block_align=%llu)", eb,
+                          ba);
     if (eb / sb < 2)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                           "extent_bytes must hold at least 2 slots (extent_bytes=%llu, slot_bytes=%llu)", eb, sb);

@@ -199,15 +199,44 @@ static int layout_region(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
     return 0;
 }
 
-/* Layout (LMCache's geometry, no superblock): the metadata region, then slots of slot_bytes
- * to the end of the usable capacity; the slot allocator set up for them. */
+/* The slots the data area holds into *ms: LMCache's layout (slot i at data_base + i *
+ * slot_bytes), or with the log format and extent_bytes not a multiple of slot_bytes the
+ * strided one (rb_slot_offset): whole extents from the first extent_bytes boundary at or past
+ * data_base, floor(extent_bytes / slot_bytes) slots each. 0, or <0 with err. */
+static int layout_slots(rb_core *c, const rb_core_cfg *cfg, uint64_t *ms, rb_err *err)
+{
+    const uint64_t eb = cfg->extent_bytes, sb = cfg->slot_bytes;
+    if (c->cfg.meta_format != RB_META_LOG || eb == 0 || eb % sb == 0) {
+        *ms = (c->capacity - c->data_base) / sb;
+        return 0;
+    }
+    c->ext_base = rb_round_up(c->data_base, eb);
+    uint64_t n = c->ext_base < c->capacity ? (c->capacity - c->ext_base) / eb : 0;
+    if (n == 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "extent_bytes=%llu leaves no whole extent in the data area (%llu bytes from offset %llu "
+                          "to the capacity %llu)",
+                          (unsigned long long)eb, (unsigned long long)(c->capacity - c->data_base),
+                          (unsigned long long)c->data_base, (unsigned long long)c->capacity);
+    c->ext_stride = eb;
+    c->ext_per = (uint32_t)(eb / sb);
+    *ms = n * c->ext_per;
+    return 0;
+}
+
+/* Layout (LMCache's geometry, no superblock; or strided, layout_slots): the metadata region,
+ * then slots of slot_bytes to the end of the usable capacity; the slot allocator set up for
+ * them. */
 static int layout(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
 {
     int rc = layout_region(c, cfg, err);
     if (rc < 0)
         return rc;
     c->data_base = c->cfg.meta_total_bytes;
-    uint64_t ms = (c->capacity - c->data_base) / cfg->slot_bytes;
+    uint64_t ms = 0;
+    rc = layout_slots(c, cfg, &ms, err);
+    if (rc < 0)
+        return rc;
     if (ms == 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
                           "raw block capacity too small for slot size after metadata: slot_bytes=%llu, %llu "

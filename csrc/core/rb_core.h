@@ -176,6 +176,9 @@ typedef struct rb_core_status {
      * deallocated whole, made clean without their deallocation. */
     uint64_t extent_slots, extents_total, extents_clean, extents_open, extents_pending;
     uint64_t extents_opened, extent_fallbacks, extents_evicted, extent_deallocs, extent_dealloc_skipped;
+    /* The strided layout (rb_slot_offset; zeros otherwise): extent 0's offset, the stride, the
+     * bytes at the tail of each extent that no slot uses. */
+    uint64_t extent_base, extent_stride, extent_tail_bytes;
     uint64_t faults_total;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
     rb_fault faults[RB_FAULTS_KEPT];

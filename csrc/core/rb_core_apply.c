@@ -147,9 +147,9 @@ static int64_t entry_slot(const rb_core *c, const uint8_t *used, int64_t next_sl
 {
     if (!e->has_off || !e->has_size)
         return -1;
-    if (e->off < 0 || (uint64_t)e->off < c->data_base || ((uint64_t)e->off - c->data_base) % c->cfg.slot_bytes)
+    uint64_t slot;
+    if (e->off < 0 || rb_offset_slot(c, (uint64_t)e->off, &slot) < 0)
         return -1;
-    uint64_t slot = ((uint64_t)e->off - c->data_base) / c->cfg.slot_bytes;
     if (slot >= c->max_slots || e->size <= 0 || (uint64_t)e->size > c->slot_cap)
         return -1;
     if (slot >= (uint64_t)next_slot || used[slot])

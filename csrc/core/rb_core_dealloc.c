@@ -97,21 +97,28 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Sorted slots as byte ranges, adjacent slots merged. Returns the number of ranges. */
+/* Sorted slots as byte ranges, adjacent slots merged. Strided (rb_slot_offset): slots of
+ * different extents are never adjacent on the device, and a whole extent is one range of
+ * extent_bytes (its unused tail included, so the range covers the reclaim unit); a range's
+ * length / slot_bytes is still its slot count. Returns the number of ranges. */
 static size_t slots_to_ranges(const rb_core *c, const uint32_t *s, size_t n, rb_dev_range *r)
 {
     size_t k = 0;
-    uint64_t sb = c->cfg.slot_bytes;
+    uint64_t sb = c->cfg.slot_bytes, whole = (uint64_t)c->ext_per * sb;
     for (size_t i = 0; i < n; i++) {
         uint64_t off = rb_slot_offset(c, s[i]);
         if (k > 0 && r[k - 1].off + r[k - 1].len == off) {
             r[k - 1].len += sb;
             continue;
         }
+        if (k > 0 && c->ext_stride && r[k - 1].len == whole)
+            r[k - 1].len = c->ext_stride;
         r[k].off = off;
         r[k].len = sb;
         k++;
     }
+    if (k > 0 && c->ext_stride && r[k - 1].len == whole)
+        r[k - 1].len = c->ext_stride;
     return k;
 }
 

@@ -2,9 +2,11 @@
  * rb_core_extent.c - the core's side of extents (extent_bytes, rb_slots.h): their geometry at
  * open, the victim extent's keys for eviction, their counters.
  *
- * Extents are an allocator choice, not a layout: the metadata of either format records slot
- * numbers as before, so a device written with extents opens without them and the other way
- * round. Their deallocation is rb_core_dealloc.c's, a whole extent at a time.
+ * With extent_bytes a multiple of slot_bytes, extents are an allocator choice, not a layout:
+ * the metadata of either format records slot numbers as before, so a device written with
+ * extents opens without them and the other way round. Otherwise (the log format only) the
+ * layout is strided (rb_slot_offset), recorded in the superblock, and a device opens only
+ * with the extent_bytes it was written with. Their deallocation is rb_core_dealloc.c's, a whole extent at a time.
  */
 #include "rb_core_int.h"
 
@@ -17,6 +19,11 @@ int rb_core_extent_init(rb_core *c, rb_err *err)
     uint64_t eb = c->cfg.extent_bytes, sb = c->cfg.slot_bytes;
     if (eb == 0)
         return 0;
+    if (c->ext_stride) { /* strided (rb_slot_offset): slot 0 starts extent 0 */
+        if (rb_ext_init(&c->slots, c->ext_per, 0, 0) < 0)
+            return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        return 0;
+    }
     /* Extent 0 starts on the first extent_bytes boundary of the device at or past the data
      * area's start (or as close past it as whole slots allow, when data_base is not a multiple
      * of slot_bytes' alignment to it): the slots before are never handed out. */
@@ -125,6 +132,9 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)
 {
     const rb_extents *x = &c->slots.ext;
     st->extent_slots = x->per;
+    st->extent_base = c->ext_base;
+    st->extent_stride = c->ext_stride;
+    st->extent_tail_bytes = c->ext_stride ? c->ext_stride - (uint64_t)c->ext_per * c->cfg.slot_bytes : 0;
     st->extents_total = x->n;
     st->extents_clean = x->n_clean;
     st->extents_open = x->n_open;

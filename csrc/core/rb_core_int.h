@@ -135,6 +135,10 @@ struct rb_core {
     rb_dev *dev;
     uint64_t capacity, data_base, container_bytes, payload_cap, slot_cap;
     uint32_t max_slots;
+    /* The strided layout (log format, extent_bytes not a multiple of slot_bytes; 0 otherwise):
+     * extent k at ext_base + k * ext_stride holds ext_per slots; rb_slot_offset. */
+    uint64_t ext_base, ext_stride;
+    uint32_t ext_per;
 
     /* ---- locks and the periodic thread (rb_core_meta.c) --------------------------------- */
     pthread_mutex_t ckpt_mu;
@@ -299,9 +303,51 @@ static inline uint64_t rb_round_up(uint64_t x, uint64_t a)
 {
     return (x + a - 1) / a * a;
 }
+/*
+ * Slot <-> device offset: everything that maps one to the other goes through these. The
+ * identity layout (format v1's, LMCache's): slot i at data_base + i * slot_bytes. The strided
+ * layout (ext_stride != 0: the log format with extent_bytes not a multiple of slot_bytes):
+ * slot i is slot i % ext_per of extent i / ext_per, extent k starting at ext_base + k *
+ * ext_stride (ext_base the first extent_bytes boundary at or past data_base); the tail of each
+ * extent past its ext_per slots is never used.
+ */
 static inline uint64_t rb_slot_offset(const rb_core *c, uint32_t slot)
 {
-    return c->data_base + (uint64_t)slot * c->cfg.slot_bytes;
+    if (!c->ext_stride)
+        return c->data_base + (uint64_t)slot * c->cfg.slot_bytes;
+    return c->ext_base + (uint64_t)(slot / c->ext_per) * c->ext_stride +
+           (uint64_t)(slot % c->ext_per) * c->cfg.slot_bytes;
+}
+/* The slot starting at device offset off into *slot: 0, or -1 when no slot starts there (not
+ * checked against max_slots). */
+static inline int rb_offset_slot(const rb_core *c, uint64_t off, uint64_t *slot)
+{
+    const uint64_t sb = c->cfg.slot_bytes;
+    if (!c->ext_stride) {
+        if (off < c->data_base || (off - c->data_base) % sb)
+            return -1;
+        *slot = (off - c->data_base) / sb;
+        return 0;
+    }
+    if (off < c->ext_base)
+        return -1;
+    uint64_t k = (off - c->ext_base) / c->ext_stride, in = (off - c->ext_base) % c->ext_stride;
+    if (in % sb || in / sb >= c->ext_per)
+        return -1;
+    *slot = k * c->ext_per + in / sb;
+    return 0;
+}
+/* How many slots lie wholly below device offset end (the first slots: a shrunk device's fit). */
+static inline uint64_t rb_slots_below(const rb_core *c, uint64_t end)
+{
+    const uint64_t sb = c->cfg.slot_bytes;
+    if (!c->ext_stride)
+        return end > c->data_base ? (end - c->data_base) / sb : 0;
+    if (end <= c->ext_base)
+        return 0;
+    uint64_t k = (end - c->ext_base) / c->ext_stride, in = (end - c->ext_base) % c->ext_stride;
+    uint64_t tail = in / sb < c->ext_per ? in / sb : c->ext_per;
+    return k * c->ext_per + tail;
 }
 /* Whole blocks on the wire: O_DIRECT, and NVMe passthrough (commands move whole LBAs). */
 static inline int rb_block_transfers(const rb_core *c)

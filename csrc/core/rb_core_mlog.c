@@ -1040,6 +1040,7 @@ static void sb_fill_locked(rb_core *c, const ml_base *b, uint64_t sb_seq, uint64
     sb->meta_total_bytes = c->cfg.meta_total_bytes;
     sb->container_bytes = c->container_bytes;
     sb->max_slots = c->max_slots;
+    sb->extent_stride = c->ext_stride;
     sb->areas[0] = m->lay.areas[0];
     sb->areas[1] = m->lay.areas[1];
     sb->base.area = (uint32_t)b->area;

@@ -23,7 +23,7 @@ typedef struct ml_rec {
     uint32_t cap_map, max_disk;
     uint32_t top; /* slot high-water mark seen */
     uint64_t loaded, skipped, replaced;
-    int geometry_bad, oom;
+    int geometry_bad, layout_bad, oom;
     rb_err why;
 } ml_rec;
 
@@ -45,6 +45,18 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
             r->geometry_bad = 1;
             return 1;
         }
+    }
+    if (sb->extent_stride != c->ext_stride) {
+        /* The slots are not where this configuration would look: refuse, never read one at the
+         * wrong offset (0: the identity layout, extents off or whole slots). */
+        rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
+                   "extent layout mismatch: the device's slots are laid out for extent_bytes=%llu, the "
+                   "configuration says extent_bytes=%llu (slot_bytes=%llu; 0 = slots back to back): reopen with "
+                   "the device's value",
+                   (unsigned long long)sb->extent_stride, (unsigned long long)c->cfg.extent_bytes,
+                   (unsigned long long)sb->slot_bytes);
+        r->layout_bad = 1;
+        return 1;
     }
     r->top = sb->base.next_slot < c->max_slots ? sb->base.next_slot : c->max_slots;
     /* A bulk load: room for the base's entries and slots up front (best effort). */
@@ -478,6 +490,10 @@ static int ml_settle(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res
     if (!c->ml.on)
         return ml_found_under_v1(c, ours, err);
     int outcome = -1;
+    if (rc > 0 && r->layout_bad) {
+        *err = r->why;
+        return -EINVAL;
+    }
     if (rc > 0 && r->geometry_bad) {
         outcome = RB_REC_REJECTED;
     } else if (rc != 0) {

@@ -170,7 +170,7 @@ uint32_t rb_core_check_size(rb_core *c)
     if (rc == 0 && size > 0) { /* a size of 0 is a device failing to answer, not a shrink to 0 */
         c->dev_size_seen = size;
         uint64_t end = size < c->capacity ? size : c->capacity;
-        uint64_t fit = end > c->data_base ? (end - c->data_base) / c->cfg.slot_bytes : 0;
+        uint64_t fit = rb_slots_below(c, end);
         if (fit < c->usable_slots)
             shrink_locked(c, (uint32_t)fit);
     }

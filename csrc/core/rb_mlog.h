@@ -96,7 +96,15 @@ typedef struct rb_mlog_sb {
      * RB_MLOG_GROUP_EPOCH_SHIFT): a writer claims its epoch here before its first group, so
      * the next one picks a higher epoch even when none of its groups survived. */
     uint32_t epoch;
+    /* The strided layout's extent_bytes (0: the identity layout, slot i at data_base + i *
+     * slot_bytes): extent k at the first multiple of it at or past data_base plus k times it,
+     * holding extent_stride / slot_bytes slots. Written only when not a multiple of slot_bytes,
+     * at offset 224, reserved (zero) before: an older reader refuses such a superblock. */
+    uint64_t extent_stride;
 } rb_mlog_sb;
+
+/* The device offset of slot under sb's geometry (rb_slot_offset's for a superblock). */
+uint64_t rb_mlog_sb_slot_offset(const rb_mlog_sb *sb, uint32_t slot);
 
 /* Bytes each superblock occupies: RB_MLOG_SB_LEN rounded up to block_align. */
 static inline uint64_t rb_mlog_sb_span(uint64_t block_align)

@@ -27,13 +27,15 @@ static int status_add_dealloc(PyObject *d, const rb_core_status *st)
 static int status_add_extents(PyObject *d, const rb_core_status *st)
 {
     PyObject *t = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "extent_slots", (unsigned long long)st->extent_slots,
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "extent_slots", (unsigned long long)st->extent_slots,
         "extents_total", (unsigned long long)st->extents_total, "extents_clean", (unsigned long long)st->extents_clean,
         "extents_open", (unsigned long long)st->extents_open, "extents_pending_dealloc",
         (unsigned long long)st->extents_pending, "extents_opened", (unsigned long long)st->extents_opened,
         "extent_fallbacks", (unsigned long long)st->extent_fallbacks, "extents_evicted",
         (unsigned long long)st->extents_evicted, "extent_deallocs", (unsigned long long)st->extent_deallocs,
-        "extent_dealloc_skipped", (unsigned long long)st->extent_dealloc_skipped);
+        "extent_dealloc_skipped", (unsigned long long)st->extent_dealloc_skipped, "extent_base_offset",
+        (unsigned long long)st->extent_base, "extent_stride", (unsigned long long)st->extent_stride,
+        "extent_tail_bytes", (unsigned long long)st->extent_tail_bytes);
     int rc = t ? PyDict_Update(d, t) : -1;
     Py_XDECREF(t);
     return rc;

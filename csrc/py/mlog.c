@@ -17,7 +17,7 @@
 
 typedef struct {
     int fd;
-    uint64_t data_base, slot_bytes;
+    rb_mlog_sb geom;   /* the superblock: slot offsets (rb_mlog_sb_slot_offset) */
     PyObject *entries; /* key (str) -> dict */
     PyObject *by_slot; /* slot (int) -> key */
     PyObject *classes; /* id -> fragment (str) */
@@ -45,16 +45,18 @@ static int rd_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
 static PyObject *sb_dict(const rb_mlog_sb *sb)
 {
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:((K,K),(K,K)),s:{s:I,s:I,s:K,s:K,s:K,s:I},s:{s:K,s:K,s:K,s:K}}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:K,s:((K,K),(K,K)),s:{s:I,s:I,s:K,s:K,s:K,s:I},s:{s:K,s:K,s:K,s:"
+        "K}}",
         "sb_seq", (unsigned long long)sb->sb_seq, "generation", (unsigned long long)sb->generation, "block_align",
         (unsigned long long)sb->block_align, "header_bytes", (unsigned long long)sb->header_bytes, "slot_bytes",
         (unsigned long long)sb->slot_bytes, "data_base_offset", (unsigned long long)sb->data_base, "capacity_bytes",
         (unsigned long long)sb->capacity, "meta_total_bytes", (unsigned long long)sb->meta_total_bytes,
-        "container_bytes", (unsigned long long)sb->container_bytes, "max_slots", (unsigned)sb->max_slots, "base_areas",
-        (unsigned long long)sb->areas[0].off, (unsigned long long)sb->areas[0].len,
-        (unsigned long long)sb->areas[1].off, (unsigned long long)sb->areas[1].len, "base", "area",
-        (unsigned)sb->base.area, "chunks", (unsigned)sb->base.n_chunks, "bytes", (unsigned long long)sb->base.len,
-        "entries", (unsigned long long)sb->base.n_entries, "log_seq", (unsigned long long)sb->base.log_seq, "next_slot",
+        "container_bytes", (unsigned long long)sb->container_bytes, "max_slots", (unsigned)sb->max_slots,
+        "extent_stride", (unsigned long long)sb->extent_stride, "base_areas", (unsigned long long)sb->areas[0].off,
+        (unsigned long long)sb->areas[0].len, (unsigned long long)sb->areas[1].off,
+        (unsigned long long)sb->areas[1].len, "base", "area", (unsigned)sb->base.area, "chunks",
+        (unsigned)sb->base.n_chunks, "bytes", (unsigned long long)sb->base.len, "entries",
+        (unsigned long long)sb->base.n_entries, "log_seq", (unsigned long long)sb->base.log_seq, "next_slot",
         (unsigned)sb->base.next_slot, "ring", "offset", (unsigned long long)sb->ring.off, "bytes",
         (unsigned long long)sb->ring.len, "start", (unsigned long long)sb->ring.start, "start_seq",
         (unsigned long long)sb->ring.start_seq);
@@ -63,8 +65,7 @@ static PyObject *sb_dict(const rb_mlog_sb *sb)
 static int cb_sb(void *ctx, const rb_mlog_sb *sb)
 {
     rd_ctx *r = ctx;
-    r->data_base = sb->data_base;
-    r->slot_bytes = sb->slot_bytes;
+    r->geom = *sb;
     r->sb = sb_dict(sb);
     return r->sb ? 0 : -1;
 }
@@ -118,7 +119,7 @@ static PyObject *ent_dict(const rd_ctx *r, const rb_mlog_ent *e)
                     : (e->flags & RB_MLOG_ENT_SUM) ? PyLong_FromUnsignedLongLong(e->checksum)
                                                    : Py_NewRef(Py_None);
     PyObject *d = sum ? Py_BuildValue("{s:I,s:K,s:K,s:I,s:N,s:O}", "slot", (unsigned)e->slot, "offset",
-                                      (unsigned long long)(r->data_base + (uint64_t)e->slot * r->slot_bytes), "size",
+                                      (unsigned long long)rb_mlog_sb_slot_offset(&r->geom, e->slot), "size",
                                       (unsigned long long)e->size, "class", (unsigned)e->cls, "checksum", sum,
                                       "cached_positions", pos)
                       : NULL;

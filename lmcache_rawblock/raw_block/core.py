@@ -354,7 +354,9 @@ class RawBlockCore:
     def extent_counts(self) -> dict[str, int]:
         """The extent counters of one status read (zeros when ``extent_bytes`` is off):
         ``extent_slots``, ``extents_total``, ``extents_clean``, ``extents_open``,
-        ``extents_pending_dealloc``, ``extents_evicted``, ``extent_deallocs``, and ``closed``."""
+        ``extents_pending_dealloc``, ``extents_evicted``, ``extent_deallocs``, the strided layout's
+        ``extent_base_offset``, ``extent_stride`` and ``extent_tail_bytes`` (zeros when slots lie
+        back to back), and ``closed``."""
         st = self._native.status()
         out = {k: v for k, v in st.items() if k.startswith(("extent_", "extents_"))}
         out["closed"] = int(bool(st["closed"]))
@@ -419,6 +421,9 @@ class RawBlockCore:
             "meta_total_bytes": st["data_base_offset"],  # the log format may size it itself
             "meta_format": st["meta_format"],
             "usable_capacity_bytes": st["max_slots"] * cfg.slot_bytes,
+            # the strided layout (0 otherwise): each extent's tail past its last whole slot is unused
+            "extent_stride": st["extent_stride"],
+            "extent_unused_bytes": st["extent_tail_bytes"] * st["extents_total"],
             "indexed_key_count": st["indexed_key_count"],
             "inflight_key_count": st["inflight_key_count"],
             "locked_key_count": st["locked_key_count"],

@@ -236,6 +236,31 @@ static void test_sb(void)
     CHECK(rb_mlog_sb_encode(&s1, b, sizeof b, &err) == 0);
     CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == 0 && memcmp(&s1, &d, sizeof s1) == 0);
 
+    /* The strided layout: a 1 GiB extent holds 127 slots of 8 MiB + 4 KiB, extent 0 on the
+     * first 1 GiB boundary; the stride at 224, checked against slot_bytes and max_slots. */
+    rb_mlog_sb s2 = s;
+    s2.extent_stride = 1024 * MiB;
+    s2.max_slots = 8 * 127;
+    s2.capacity = 1024 * MiB + 8 * 1024 * MiB + 12345;
+    CHECK(rb_mlog_sb_encode(&s2, b, sizeof b, &err) == 0);
+    CHECK(rb_get_le(b + 224, 8) == 1024 * MiB);
+    CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == 0 && memcmp(&s2, &d, sizeof s2) == 0);
+    CHECK(rb_mlog_sb_slot_offset(&d, 0) == 1024 * MiB);
+    CHECK(rb_mlog_sb_slot_offset(&d, 126) == 1024 * MiB + 126 * (8 * MiB + 4096));
+    CHECK(rb_mlog_sb_slot_offset(&d, 127) == 2048 * MiB);
+    CHECK(rb_mlog_sb_slot_offset(&s, 3) == 64 * MiB + 3 * (8 * MiB + 4096));
+    const uint64_t bad_stride[] = {1024 * MiB + 100, 2 * (8 * MiB + 4096), 8 * MiB};
+    for (size_t i = 0; i < sizeof bad_stride / sizeof bad_stride[0]; i++) {
+        CHECK(rb_mlog_sb_encode(&s2, b, sizeof b, &err) == 0);
+        rb_put_le(b + 224, bad_stride[i], 8);
+        sb_fix_crc(b);
+        CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == -EBADMSG && strstr(err.msg, "extent stride"));
+    }
+    CHECK(rb_mlog_sb_encode(&s2, b, sizeof b, &err) == 0);
+    rb_put_le(b + 224, 512 * MiB, 8); /* another stride: max_slots no longer matches */
+    sb_fix_crc(b);
+    CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == -EBADMSG && strstr(err.msg, "max_slots"));
+
     /* Truncation at every length, every single-bit flip. */
     CHECK(rb_mlog_sb_encode(&s, b, sizeof b, &err) == 0);
     for (size_t n = 0; n < RB_MLOG_SB_LEN; n++)
@@ -274,7 +299,8 @@ static void test_sb(void)
         {20, 8, 1, "reserved"},
         {108, 4, 1, "reserved"},
         {180, 4, 1, "reserved"},
-        {220, 8, 1, "reserved"},
+        {220, 4, 1, "reserved"},
+        {232, 8, 1, "reserved"},
         {216, 4, 0x10000, "writer epoch"},
         {248, 4, 1, "reserved"},
         {32, 8, 0, "sequence is 0"},
@@ -389,16 +415,34 @@ static void test_group(void)
         longkey[i] = (char)('a' + i % 26);
     static const char frag[] = "\"shape\":[2,32,256,1024],\"dtype\":\"bfloat16\",\"fmt\":\"KV_2LTD\"";
     rb_mlog_ent puts[] = {
-        {.key = "meta-llama%2FLlama-3.1-8B-Instruct@0x00000003@0@00ff", .key_len = 51, .slot = 0, .size = 8u << 20,
-         .cls = 0, .npos = -1},
-        {.key = bin, .key_len = sizeof bin, .slot = UINT32_MAX, .size = UINT64_MAX, .cls = UINT32_MAX,
-         .flags = RB_MLOG_ENT_SUM, .checksum = 0x0123456789abcdefull, .npos = 0, .pos = many},
+        {.key = "meta-llama%2FLlama-3.1-8B-Instruct@0x00000003@0@00ff",
+         .key_len = 51,
+         .slot = 0,
+         .size = 8u << 20,
+         .cls = 0,
+         .npos = -1},
+        {.key = bin,
+         .key_len = sizeof bin,
+         .slot = UINT32_MAX,
+         .size = UINT64_MAX,
+         .cls = UINT32_MAX,
+         .flags = RB_MLOG_ENT_SUM,
+         .checksum = 0x0123456789abcdefull,
+         .npos = 0,
+         .pos = many},
         {.key = "", .key_len = 0, .slot = 7, .size = 0, .cls = 3, .npos = 300, .pos = many},
-        {.key = longkey, .key_len = sizeof longkey, .slot = 128, .size = 1, .cls = 1, .flags = RB_MLOG_ENT_SUM,
-         .checksum = 0, .npos = 5, .pos = ext},
+        {.key = longkey,
+         .key_len = sizeof longkey,
+         .slot = 128,
+         .size = 1,
+         .cls = 1,
+         .flags = RB_MLOG_ENT_SUM,
+         .checksum = 0,
+         .npos = 5,
+         .pos = ext},
     };
-    rb_mlog_class classes[] = {{.id = 0, .frag_len = sizeof frag - 1, .frag = frag}, {.id = UINT32_MAX, .frag_len = 0,
-                                                                                       .frag = ""}};
+    rb_mlog_class classes[] = {{.id = 0, .frag_len = sizeof frag - 1, .frag = frag},
+                               {.id = UINT32_MAX, .frag_len = 0, .frag = ""}};
     uint32_t frees[] = {0, 1, 127, 128, 16383, 16384, UINT32_MAX};
     const uint64_t aligns[] = {1, 512, 4096};
     for (size_t ai = 0; ai < 3; ai++) {
@@ -535,33 +579,66 @@ static void test_group(void)
         CHECK(rb_mlog_group_decode(t, n, 1, 0, 0, &gi, NULL, NULL, &err) == -EBADMSG && strstr(err.msg, "CRC"));
         memcpy(t, buf, n);
         t[41] ^= 1; /* the header CRC */
-        CHECK(rb_mlog_group_decode(t, n, 1, 0, 0, &gi, NULL, NULL, &err) == -EBADMSG &&
-              strstr(err.msg, "header CRC"));
+        CHECK(rb_mlog_group_decode(t, n, 1, 0, 0, &gi, NULL, NULL, &err) == -EBADMSG && strstr(err.msg, "header CRC"));
     }
 
     /* Records that do not parse fail the whole group, even after good ones. */
     CHECK(group_refused("\x02\x05\x09\x00", 4, 2, "type at byte 2 is unknown"));
     CHECK(group_refused("\x02\x05\x00\x00", 4, 2, "type"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x00", 7, 2, "type of 1 bytes at byte 7 runs past"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x00\x02", 8, 2, "record 1: slot at byte 8 runs past the end"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x00",
+                        7, 2, "type of 1 bytes at byte 7 runs past"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x00\x02",
+                        8, 2, "record 1: slot at byte 8 runs past the end"));
     CHECK(group_refused("\x02\x05\x02", 3, 1, "1 bytes after the last record"));
     CHECK(group_refused("\x02\x80\x00", 3, 1, "is not minimal"));
     CHECK(group_refused("\x02\x80", 2, 1, "runs past the end"));
     CHECK(group_refused("\x02\xff\xff\xff\xff\xff\xff\xff\xff\xff\x02", 11, 1, "overflows 64 bits"));
     CHECK(group_refused("\x02\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12, 1, "overflows 64 bits"));
     CHECK(group_refused("\x02\x80\x80\x80\x80\x10", 6, 1, "slot 4294967296"));
-    CHECK(group_refused("\x01\x05" "ab", 4, 1, "key of 5 bytes at byte 2 runs past"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x80\x80\x80\x80\x10\x00", 11, 1, "class id 4294967296"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x04", 7, 1, "flags at byte 6 has unknown bits"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x01\x01\x02", 9, 1, "checksum of 8 bytes"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x02\x03\x02\x03", 10, 1, "position repeats 3"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x02\x02\x02", 9, 1, "position repeats at byte 9 runs past"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x02\x81\x80\x40\x00\x00", 12, 1, "position count 1048577"));
-    CHECK(group_refused("\x01\x01" "a" "\x00\x00\x00\x02\x01", 8, 1, "position delta at byte 8 runs past"));
-    CHECK(group_refused("\x03\x01\x05" "ab", 5, 1, "fragment of 5 bytes"));
+    CHECK(group_refused("\x01\x05"
+                        "ab",
+                        4, 1, "key of 5 bytes at byte 2 runs past"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x80\x80\x80\x80\x10\x00",
+                        11, 1, "class id 4294967296"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x04",
+                        7, 1, "flags at byte 6 has unknown bits"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x01\x01\x02",
+                        9, 1, "checksum of 8 bytes"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x02\x03\x02\x03",
+                        10, 1, "position repeats 3"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x02\x02\x02",
+                        9, 1, "position repeats at byte 9 runs past"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x02\x81\x80\x40\x00\x00",
+                        12, 1, "position count 1048577"));
+    CHECK(group_refused("\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x02\x01",
+                        8, 1, "position delta at byte 8 runs past"));
+    CHECK(group_refused("\x03\x01\x05"
+                        "ab",
+                        5, 1, "fragment of 5 bytes"));
     CHECK(group_refused("\x03\x80\x80\x80\x80\x10\x00", 7, 1, "class id 4294967296"));
     CHECK(group_refused("\x03\x01", 2, 1, "fragment length"));
-    CHECK(group_refused("\x02\x05\x01\x01" "a" "\x00\x00\x00\x00\x02", 10, 3, "record 2"));
+    CHECK(group_refused("\x02\x05\x01\x01"
+                        "a"
+                        "\x00\x00\x00\x00\x02",
+                        10, 3, "record 2"));
     {
         /* A record count the body cannot hold is refused at the header. */
         uint8_t buf[256];
@@ -641,8 +718,13 @@ static void fill_group(rb_mlog_genc *g, size_t n, int binary)
                           (unsigned)(rnd() % 8), (unsigned long long)rnd(), (unsigned long long)rnd());
         }
         int64_t pos[4] = {10, 11, 12, 13};
-        rb_mlog_ent e = {.key = key, .key_len = (uint32_t)kl, .slot = (uint32_t)(3 * i), .size = 8u << 20,
-                         .cls = 4, .npos = i % 3 ? -1 : 4, .pos = pos};
+        rb_mlog_ent e = {.key = key,
+                         .key_len = (uint32_t)kl,
+                         .slot = (uint32_t)(3 * i),
+                         .size = 8u << 20,
+                         .cls = 4,
+                         .npos = i % 3 ? -1 : 4,
+                         .pos = pos};
         CHECK(rb_mlog_genc_put(g, &e, &err) == 0);
         CHECK(rb_mlog_genc_free_slot(g, (uint32_t)(3 * i + 1), &err) == 0);
     }
@@ -733,8 +815,7 @@ static void test_group_seal(void)
                 coll_init(&c);
                 CHECK(rb_mlog_gdec_group(&d, z, zl, ba, 9, 17, NULL, on_rec, &c, &err) == 0 && same_records(&c, &raw));
                 coll_free(&c);
-                CHECK(rb_mlog_gdec_group(&d, z, 47 + stored, ba, 9, 17, NULL, on_rec, &c, &err) ==
-                      -EBADMSG);
+                CHECK(rb_mlog_gdec_group(&d, z, 47 + stored, ba, 9, 17, NULL, on_rec, &c, &err) == -EBADMSG);
                 coll_init(&c);
                 CHECK(rb_mlog_gdec_group(&d, fin, raw_total, ba, 9, 17, NULL, on_rec, &c, &err) == 0 &&
                       same_records(&c, &raw));
@@ -760,7 +841,8 @@ static void test_group_seal(void)
         rb_mlog_genc_init(&g);
         fill_group(&g, 3, 0); /* about 400 bytes: one block of 4096 either way */
         rb_buf out = {0};
-        CHECK(rb_mlog_genc_seal(&g, 1, 1, 4096, 6, &out, &err) == 0 && out.len == 4096 && rb_get_le((uint8_t *)out.data + 36, 4) == 0);
+        CHECK(rb_mlog_genc_seal(&g, 1, 1, 4096, 6, &out, &err) == 0 && out.len == 4096 &&
+              rb_get_le((uint8_t *)out.data + 36, 4) == 0);
         out.len = 0;
         CHECK(rb_mlog_genc_seal(&g, 1, 1, 1, 6, &out, &err) == 0 && rb_get_le((uint8_t *)out.data + 36, 4) == 1);
         CHECK(out.len < rb_mlog_genc_len(&g, 1));
@@ -797,13 +879,13 @@ static void test_group_seal(void)
         uint64_t stored = rb_get_le(z + 24, 8), rawlen = rb_get_le(z + 48, 4);
         uint8_t *t = malloc(zl + 64);
         CHECK(t);
-#define MUT(stmt, msg)                                                                                             \
-    do {                                                                                                           \
-        memcpy(t, z, zl);                                                                                          \
-        size_t tl = zl;                                                                                            \
-        stmt;                                                                                                      \
-        group_fix(t);                                                                                              \
-        CHECK(sealed_refused(t, tl, 1, msg));                                                                      \
+#define MUT(stmt, msg)                                                                                                 \
+    do {                                                                                                               \
+        memcpy(t, z, zl);                                                                                              \
+        size_t tl = zl;                                                                                                \
+        stmt;                                                                                                          \
+        group_fix(t);                                                                                                  \
+        CHECK(sealed_refused(t, tl, 1, msg));                                                                          \
     } while (0)
         /* the flag: unknown bits; cleared (the stream read as records); set on a raw body */
         MUT(rb_put_le(t + 36, 3, 4), "unknown bits");
@@ -1046,8 +1128,8 @@ static size_t chunks_of(const uint8_t *b, size_t len, rb_mlog_chunk *out, size_t
 
 /* A base with one chunk whose raw entry stream is given (the chunk's and the base's CRCs
  * right), for refusals of entry parsing. raw_len_claim: 0 = the real length. */
-static size_t raw_base(const void *raw, size_t rlen, uint32_t n, uint32_t first, uint32_t last,
-                       uint32_t raw_len_claim, uint8_t *out, size_t cap)
+static size_t raw_base(const void *raw, size_t rlen, uint32_t n, uint32_t first, uint32_t last, uint32_t raw_len_claim,
+                       uint8_t *out, size_t cap)
 {
     rb_mlog_benc e;
     rb_err err;
@@ -1124,7 +1206,7 @@ static void test_base_roundtrip(void)
         uint64_t align;
         size_t consume;
     } cases[] = {
-        {0, 0, 0, 4096, 0},     {1, 0, 0, 4096, 0},      {1, 1, 0, 1, 0},       {500, 0, 0, 512, 0},
+        {0, 0, 0, 4096, 0},          {1, 0, 0, 4096, 0},      {1, 1, 0, 1, 0},           {500, 0, 0, 512, 0},
         {3000, 0, 4096, 4096, 1000}, {3000, 1, 2048, 1, 777}, {20000, 0, 0, 4096, 4096}, {20000, 1, 1, 4096, 0},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1314,7 +1396,9 @@ static void test_base_refusals(void)
             const char *msg;
         } tabs[] = {{"\x03\x00\x03\x00", 4, 2, "id 3 does not follow 3"},
                     {"\x03\x00\x01\x00", 4, 2, "id 1 does not follow 3"},
-                    {"\x03\x05" "ab", 4, 1, "fragment of 5 bytes"},
+                    {"\x03\x05"
+                     "ab",
+                     4, 1, "fragment of 5 bytes"},
                     {"\x03\x00\x00", 3, 1, "1 bytes after the last class"},
                     {"\x80\x00", 2, 1, "not minimal"}};
         for (size_t i = 0; i < sizeof tabs / sizeof tabs[0]; i++) {
@@ -1493,10 +1577,15 @@ static void test_base_refusals(void)
 static void test_chunk_refusals(void)
 {
     /* A good entry: shared 0, suffix 1 "a", slot delta 0, size 0, class 0, flags 0. */
-#define GOOD "\x00\x01" "a" "\x00\x00\x00\x00"
+#define GOOD                                                                                                           \
+    "\x00\x01"                                                                                                         \
+    "a"                                                                                                                \
+    "\x00\x00\x00\x00"
     {
         uint8_t buf[4096];
-        size_t len = raw_base(GOOD "\x01\x01" "b\x02\x00\x03\x00", 14, 2, 10, 13, 0, buf, sizeof buf);
+        size_t len = raw_base(GOOD "\x01\x01"
+                                   "b\x02\x00\x03\x00",
+                              14, 2, 10, 13, 0, buf, sizeof buf);
         coll c;
         coll_init(&c);
         rb_mlog_base_cb cb = {.ent = on_ent, .damage = on_dmg, .ctx = &c};
@@ -1506,22 +1595,49 @@ static void test_chunk_refusals(void)
         CHECK(c.v[1].slot == 13 && c.v[1].key_len == 2 && !memcmp(c.v[1].key, "ab", 2) && c.v[1].cls == 3);
         coll_free(&c);
     }
-    CHECK(chunk_refused("\x01\x01" "a\x00\x00\x00\x00", 7, 1, 10, 10, 0, "shared key length 1 at byte 1 is above 0"));
-    CHECK(chunk_refused(GOOD "\x02\x01" "b\x00\x00\x00\x00", 14, 2, 10, 11, 0, "entry 1: shared key length 2"));
-    CHECK(chunk_refused("\x00\x05" "abcd", 6, 1, 10, 10, 0, "key suffix of 5 bytes at byte 2 runs past"));
-    CHECK(chunk_refused("\x00\x01" "a\x01\x00\x00\x00", 7, 1, 10, 10, 0, "slot delta 1 at byte 4 is above 0"));
-    CHECK(chunk_refused(GOOD "\x00\x01" "b\x05\x00\x00\x00", 14, 2, 10, 12, 0, "slot 16 is past"));
-    CHECK(chunk_refused(GOOD "\x00\x01" "b\x00\x00\x00\x00", 14, 2, 10, 12, 0, "the last entry has slot 11"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\x00\x05\x00", 7, 1, 10, 10, 0, "class 5 is not in the class table"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\x00\x00\x08", 7, 1, 10, 10, 0, "flags at byte 6 has unknown bits"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\x80\x00\x00\x00", 8, 1, 10, 10, 0, "size at byte 4 is not minimal"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x00", 16, 1, 10, 10, 0,
-                        "overflows 64 bits"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\x00\x00\x01\x01\x02", 9, 1, 10, 10, 0, "checksum of 8 bytes"));
+    CHECK(chunk_refused("\x01\x01"
+                        "a\x00\x00\x00\x00",
+                        7, 1, 10, 10, 0, "shared key length 1 at byte 1 is above 0"));
+    CHECK(chunk_refused(GOOD "\x02\x01"
+                             "b\x00\x00\x00\x00",
+                        14, 2, 10, 11, 0, "entry 1: shared key length 2"));
+    CHECK(chunk_refused("\x00\x05"
+                        "abcd",
+                        6, 1, 10, 10, 0, "key suffix of 5 bytes at byte 2 runs past"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x01\x00\x00\x00",
+                        7, 1, 10, 10, 0, "slot delta 1 at byte 4 is above 0"));
+    CHECK(chunk_refused(GOOD "\x00\x01"
+                             "b\x05\x00\x00\x00",
+                        14, 2, 10, 12, 0, "slot 16 is past"));
+    CHECK(chunk_refused(GOOD "\x00\x01"
+                             "b\x00\x00\x00\x00",
+                        14, 2, 10, 12, 0, "the last entry has slot 11"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\x00\x05\x00",
+                        7, 1, 10, 10, 0, "class 5 is not in the class table"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\x00\x00\x08",
+                        7, 1, 10, 10, 0, "flags at byte 6 has unknown bits"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\x80\x00\x00\x00",
+                        8, 1, 10, 10, 0, "size at byte 4 is not minimal"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x00",
+                        16, 1, 10, 10, 0, "overflows 64 bits"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\x00\x00\x01\x01\x02",
+                        9, 1, 10, 10, 0, "checksum of 8 bytes"));
     CHECK(chunk_refused(GOOD "\x00", 8, 1, 10, 10, 0, "1 bytes after the last entry"));
-    CHECK(chunk_refused(GOOD "\x00\x01" "b\x00\x00", 12, 2, 10, 11, 0, "entry 1: class id at byte 12 runs past"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\x00\x00\x02\x02\x04\x05", 10, 1, 10, 10, 0, "position repeats 5"));
-    CHECK(chunk_refused("\x00\x01" "a\x00\x00\x00\x02\x81\x80\x40", 10, 1, 10, 10, 0, "position count 1048577"));
+    CHECK(chunk_refused(GOOD "\x00\x01"
+                             "b\x00\x00",
+                        12, 2, 10, 11, 0, "entry 1: class id at byte 12 runs past"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\x00\x00\x02\x02\x04\x05",
+                        10, 1, 10, 10, 0, "position repeats 5"));
+    CHECK(chunk_refused("\x00\x01"
+                        "a\x00\x00\x00\x02\x81\x80\x40",
+                        10, 1, 10, 10, 0, "position count 1048577"));
     CHECK(chunk_refused(GOOD, 7, 1, 10, 10, 8, "does not inflate to its 8 raw bytes"));
     CHECK(chunk_refused(GOOD GOOD, 14, 1, 10, 10, 7, "does not inflate to its 7 raw bytes"));
     /* Header plausibility (refused before the payload is looked at; resync finds the end). */
@@ -1557,13 +1673,13 @@ static void test_chunk_refusals(void)
         rb_mlog_base_end end;
         CHECK(rb_mlog_base_at(buf, len, bi.chunks_off, &bi, &ch, &end, &err) == 1);
         CHECK(rb_mlog_bdec_chunk(&d, buf, bi.chunks_off + RB_MLOG_CHUNK_HDR_LEN + ch.comp_len - 1, &ch, NULL, &err) ==
-              -EBADMSG && strstr(err.msg, "run past the end"));
+                  -EBADMSG &&
+              strstr(err.msg, "run past the end"));
         CHECK(rb_mlog_bdec_chunk(&d, buf, len, &ch, NULL, &err) == 0);
         uint8_t *h = buf + bi.chunks_off;
         rb_put_le(h + 48, 2, 4);
         rb_put_le(h + 56, crc(h, 56), 4);
-        CHECK(rb_mlog_base_at(buf, len, bi.chunks_off, &bi, &ch, &end, &err) == -EBADMSG &&
-              strstr(err.msg, "method"));
+        CHECK(rb_mlog_base_at(buf, len, bi.chunks_off, &bi, &ch, &end, &err) == -EBADMSG && strstr(err.msg, "method"));
         /* The end record's offset field must be where it is. */
         uint8_t *t = buf + len - RB_MLOG_END_LEN;
         rb_put_le(t + 32, 5, 8);

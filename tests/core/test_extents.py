@@ -179,13 +179,14 @@ def test_extents_are_an_allocator_choice_a_device_opens_with_or_without_them(tmp
 
 
 @pytest.mark.parametrize("value, message", [
-    (SLOT + 4096, r"extent_bytes must be a multiple of slot_bytes \(extent_bytes=69632, slot_bytes=65536\)"),
+    (SLOT + 4096, r"extent_bytes must be a multiple of slot_bytes with meta_format='v1'.*extent_bytes=69632, "
+                  r"slot_bytes=65536"),
     (SLOT, r"extent_bytes must hold at least 2 slots \(extent_bytes=65536, slot_bytes=65536\)"),
     (64 * MiB, r"extent_bytes=67108864 leaves no whole extent in the data area"),
 ])
 def test_bad_extent_bytes_is_refused_naming_it(tmp_path, value, message):
     with pytest.raises(ValueError, match=message):
-        make_core(small_device(tmp_path, 16), extent_bytes=value)
+        make_core(small_device(tmp_path, 16), meta_format="v1", extent_bytes=value)
 
 
 def test_extent_victim_without_extents_says_so(tmp_path):

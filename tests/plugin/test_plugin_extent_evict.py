@@ -47,12 +47,15 @@ def open_backend(tmp_path, loop_thread):
         be.close()
 
 
-@pytest.mark.parametrize("fmt", ["v1", "log"])
+# log-stride: the log format's strided layout, extents of 4 slots and a 4 KiB unused tail
+@pytest.mark.parametrize("fmt", ["v1", "log", "log-stride"])
 @pytest.mark.parametrize("threads,batch,engine", [(1, 1, "posix"), (4, 8, "io_uring")])
 def test_full_cache_under_extent_eviction_keeps_taking_puts_and_loads_right(open_backend, fmt, threads, batch,
                                                                           engine):
-    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, meta_format=fmt,
-                      io_engine=engine, deallocate_freed="on")
+    stride = fmt == "log-stride"
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT + (4096 if stride else 0),
+                      meta_format=fmt.split("-")[0], io_engine=engine, deallocate_freed="on")
+    assert be._core.extent_counts()["extent_tail_bytes"] == (4096 if stride else 0)
     total = be._core.extent_counts()["extents_total"] * PER
     pinned = list(range(4))
     assert not put_keys(be, pinned)
@@ -99,9 +102,13 @@ def test_bad_extent_reserve_is_refused_naming_it(open_backend, value):
         open_backend(eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=value)
 
 
-def test_bad_extent_bytes_is_refused_naming_it(open_backend):
-    with pytest.raises(ValueError, match=r"extent_bytes must be a multiple of slot_bytes \(extent_bytes=12289"):
-        open_backend(extent_bytes=SLOT + 1)
+@pytest.mark.parametrize("fmt, message", [
+    ("v1", r"extent_bytes must be a multiple of slot_bytes with meta_format='v1'.*extent_bytes=12289"),
+    ("log", r"extent_bytes must be a multiple of block_align \(extent_bytes=12289"),
+])
+def test_bad_extent_bytes_is_refused_naming_it(open_backend, fmt, message):
+    with pytest.raises(ValueError, match=message):
+        open_backend(extent_bytes=SLOT + 1, meta_format=fmt)
 
 
 @pytest.mark.parametrize("fmt", ["v1", "log"])

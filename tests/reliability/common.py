@@ -35,12 +35,14 @@ class Config:
     meta_format: str = "v1"
     dealloc: bool = False  # deallocate_freed "on" (on a file: freed slots become punched holes), else "off"
     extent: bool = False   # extent_bytes EXTENT (slots handed out and deallocated by extent), else 0
+    stride: bool = False   # with extent: EXTENT_STRIDED (the log format's strided layout) instead
 
     @property
     def name(self) -> str:
         return "/".join([self.engine, "odirect" if self.odirect else "buffered",
                          "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify",
-                         self.meta_format] + (["dealloc"] if self.dealloc else []) + (["extent"] if self.extent else []))
+                         self.meta_format] + (["dealloc"] if self.dealloc else []) + (["extent"] if self.extent else [])
+                        + (["stride"] if self.stride else []))
 
 
 # Deallocation of freed slots is on in half of the configurations: for each format, engine,
@@ -51,7 +53,11 @@ ALL_CONFIGS = [Config(e, d, s, v, f, d ^ s ^ v) for f, e, d, s, v in itertools.p
 # Extents (extent_bytes) with deallocation on, where whole extents are given back: one
 # configuration per format and engine, their writers also evicting whole victim extents.
 EXTENT = 4 * SLOT
+# The strided layout (log format only): 4 slots and a 16 KiB tail per extent, extent 0 on the
+# first EXTENT_STRIDED boundary past the metadata region.
+EXTENT_STRIDED = 4 * SLOT + 16 * 1024
 EXTENT_CONFIGS = [Config(e, False, False, True, f, True, True) for f in META_FORMATS for e in ("posix", "io_uring")]
+EXTENT_CONFIGS += [Config(e, False, False, True, "log", True, True, True) for e in ("posix", "io_uring")]
 
 
 def config_by_name(name: str) -> Config:
@@ -59,6 +65,9 @@ def config_by_name(name: str) -> Config:
     the format means v1, one without "dealloc" has deallocation off, one without "extent" no
     extents. Any combination is accepted, not only the ones in ALL_CONFIGS."""
     parts = name.split("/")
+    stride = parts[-1] == "stride"
+    if stride:
+        parts.pop()
     extent = parts[-1] == "extent"
     if extent:
         parts.pop()
@@ -72,20 +81,25 @@ def config_by_name(name: str) -> Config:
         e, io, s, v, f = parts
         if (e in ("posix", "io_uring") and io in ("buffered", "odirect") and s in ("sum", "nosum")
                 and v in ("verify", "noverify") and f in META_FORMATS):
-            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc, extent)
+            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc, extent, stride and extent)
     if cfg is None:
         raise ValueError(f"unknown configuration {name!r}: engine/io/sum/verify[/format][/dealloc], e.g. "
                          f"{ALL_CONFIGS[0].name} or {ALL_CONFIGS[-1].name}")
     return cfg
 
 
-def device_size(nslots: int) -> int:
-    return META + nslots * SLOT
+def device_size(nslots: int, stride: bool = False) -> int:
+    """Bytes for nslots slots; strided: whole extents of EXTENT_STRIDED from its first boundary
+    past the metadata region, as many as nslots needs."""
+    if not stride:
+        return META + nslots * SLOT
+    base = (META + EXTENT_STRIDED - 1) // EXTENT_STRIDED * EXTENT_STRIDED
+    return base + (nslots + 3) // 4 * EXTENT_STRIDED
 
 
-def make_device(path: str, nslots: int) -> str:
+def make_device(path: str, nslots: int, stride: bool = False) -> str:
     with open(path, "wb") as f:
-        f.truncate(device_size(nslots))
+        f.truncate(device_size(nslots, stride))
     return path
 
 
@@ -102,7 +116,16 @@ def core_config(path: str, cfg: Config, *, load: bool = True, meta_format: str |
         meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
         meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
         iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format,
-        deallocate_freed="on" if cfg.dealloc else "off", extent_bytes=EXTENT if cfg.extent else 0)
+        deallocate_freed="on" if cfg.dealloc else "off", extent_bytes=_extent_bytes(cfg, meta_format or cfg.meta_format))
+
+
+def _extent_bytes(cfg: Config, meta_format: str) -> int:
+    """extent_bytes of cfg; strided ones are the log format's only (format v1 setups: off)."""
+    if not cfg.extent:
+        return 0
+    if cfg.stride:
+        return EXTENT_STRIDED if meta_format == "log" else 0
+    return EXTENT
 
 
 _KEYS: dict[int, Any] = {}

@@ -272,16 +272,17 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
     st = Stats(cfg.name)
     logging.getLogger(raw_block_core_logger()).setLevel(logging.CRITICAL)
     rng = random.Random(f"{rng_seed}/{cfg.name}")
-    path = make_device(os.path.join(workdir, cfg.name.replace("/", "-") + ".img"), NSLOTS)
+    path = make_device(os.path.join(workdir, cfg.name.replace("/", "-") + ".img"), NSLOTS, cfg.stride)
     logpath = path + ".log"
     versions: dict[int, dict[int, int]] = {}
     slot_owner: dict[str, int] = {}   # slot offset -> key last stored there
     durable: dict[int, int] = {}      # key id -> version
     sb_seq = 0
     for cyc in range(cycles):
-        if cfg.meta_format == "log" and cyc % MOVE_EVERY == 0:
+        # (not strided: format v1's slots lie back to back, the strided layout refuses them)
+        if cfg.meta_format == "log" and not cfg.stride and cyc % MOVE_EVERY == 0:
             # start over from a format v1 device: this cycle's writer moves it to the log format
-            make_device(path, NSLOTS)
+            make_device(path, NSLOTS, cfg.stride)
             slot_owner.clear()
             ver = (cyc + 1) * VERSIONS_PER_CYCLE - VERSIONS_PER_CYCLE // 2
             kids = rng.sample(range(NKEYS), MOVE_KEYS)

@@ -142,8 +142,8 @@ def add_arguments(p) -> None:
                         "plugin's evict-ahead evicts eviction_ratio = 0.05 at a time; default 0: only what the "
                         "put needs)")
     p.add_argument("--extent-bytes", default="0",
-                   help="the core's extent_bytes (e.g. 64M; a multiple of the slot size, at least 2 slots; default "
-                        "0: off)")
+                   help="the core's extent_bytes (e.g. 64M; a multiple of the slot size, since the replay writes "
+                        "format v1, at least 2 slots; default 0: off)")
     p.add_argument("--eviction", default="lru",
                    help="comma-separated: lru (least recently used keys) or extent (the least recently used "
                         "extent's keys, needs --extent-bytes); e.g. lru,extent runs both (default lru)")
