@@ -133,15 +133,20 @@ class PrefixOrder:
             if self._orphans and pred in self._orphans:
                 self._orphans[key] = None
                 return
+        if not self._adopt(key):
+            leaves[key] = None
+
+    def _adopt(self, key: str) -> bool:
+        """``key`` is stored (again): whether it has stored children (children that finished
+        writing before it, or that stayed while it had left); those its leaving made
+        unreachable are reachable again."""
         children = self._kids.get(key)
         if children is None:
-            leaves[key] = None
-            return
-        # Children finished writing before it, or it was stored before, left and is back:
-        # what its leaving made unreachable is reachable again.
+            return False
         for child in children:
             if self._orphans.pop(child, _MISSING) is not _MISSING and child not in self._kids:
-                leaves[child] = None
+                self._leaves[child] = None
+        return True
 
     def add_recovered(self, keys: Iterable[str]) -> None:
         """Keys found on the device (oldest first) that are not known yet: heads, evicted
@@ -149,7 +154,7 @@ class PrefixOrder:
         fresh = [k for k in keys if k not in self._pred]
         for key in reversed(fresh):
             self._pred[key] = None
-            if key not in self._kids:
+            if not self._adopt(key):
                 self._leaves[key] = None
                 self._leaves.move_to_end(key, last=False)
 

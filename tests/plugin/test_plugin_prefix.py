@@ -132,6 +132,18 @@ def test_a_chunk_stored_again_makes_what_follows_it_reachable_again():
     assert order.unreachable(never) == ["a3"]
 
 
+def test_a_chunk_recovered_again_makes_what_follows_it_reachable_again():
+    # a device of several went offline: the eviction that tried its a1 forgot it; reopened,
+    # the device brings a1 back and a lookup reaches a2 again
+    order = PrefixOrder()
+    chain(order, ["a0", "a1", "a2"])
+    order.remove("a1")
+    order.add_recovered(["a1"])
+    assert order.unreachable(never) == []
+    # a0 lost its child (a leaf until a lookup links a1 to it again); a2 is a tail again
+    assert order.victims(3, never) == ["a0", "a2", "a1"]
+
+
 def test_a_chunk_stored_again_after_its_children_were_removed_is_a_leaf():
     order = PrefixOrder()
     chain(order, ["a0", "a1", "a2"])
