@@ -391,6 +391,10 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._lru_lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._evicts = self.eviction_policy != "none"
+        # The plugin keeps its own order (the LRU list, or the chains) only under lru and prefix:
+        # under extent the core orders the extents and deletes their keys, so a list here would
+        # only gather every key ever stored.
+        self._ordered = self.eviction_policy in ("lru", "prefix")
         self._prefix: PrefixOrder | None = self._start_order()
         # One background thread, started by the first signal: it writes the checkpoint that
         # makes slots freed by removes reusable (so a put that needs them neither writes it nor
@@ -419,13 +423,13 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def _start_order(self) -> PrefixOrder | None:
         """The recovered entries in the eviction order: under prefix, the chains of chunks
-        (lmcache_rawblock.prefix_evict, returned); under the other evicting policies, the LRU in
-        index order (oldest checkpointed first)."""
+        (lmcache_rawblock.prefix_evict, returned); under lru, the LRU in index order (oldest
+        checkpointed first); under extent and none, nothing (the core orders extents)."""
         if self.eviction_policy == "prefix":
             order = PrefixOrder()
             order.add_recovered(self._core.snapshot_indexed_keys())
             return order
-        if self._evicts:
+        if self._ordered:
             for enc in self._core.snapshot_indexed_keys():
                 self._lru[enc] = None
         return None
@@ -564,7 +568,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             raise ValueError(f"reopen_device needs several devices ({_label('device_paths')}); this rank has "
                              f"one: {self.device_path!r}")
         out = core.reopen_device(device)
-        if self._evicts:
+        if self._ordered:
             back = core.device_cores()[core.device_paths.index(out["device_path"])]
             keys = back.snapshot_indexed_keys() if back is not None else []
             with self._lru_lock:
@@ -621,7 +625,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         return key if isinstance(key, str) else key.to_string()
 
     def _lru_touch(self, encoded: list[str]) -> None:
-        if not self._evicts or not encoded:
+        if not self._ordered or not encoded:
             return
         with self._lru_lock:
             if self._prefix is not None:
@@ -633,7 +637,7 @@ class RustRawBlockBackend(StoragePluginInterface):
                 self._lru.move_to_end(enc)
 
     def _lru_forget(self, encoded: list[str]) -> None:
-        if not self._evicts or not encoded:
+        if not self._ordered or not encoded:
             return
         with self._lru_lock:
             if self._prefix is not None:
@@ -879,9 +883,9 @@ class RustRawBlockBackend(StoragePluginInterface):
         """Remove many keys with one pin-lock section and one native delete of all of them.
 
         Keys are encoded in C (LMCache's ``CacheEngineKey.to_string()`` layout; ``to_string()``
-        itself for any other key object). When nothing is pinned and the policy is not LRU, the
-        encoding and the core's delete happen in one native call; otherwise the encoded keys are
-        kept to drop the removed ones from the pinned set / LRU list.
+        itself for any other key object). When nothing is pinned and the policy is neither lru
+        nor prefix, the encoding and the core's delete happen in one native call; otherwise the
+        encoded keys are kept to drop the removed ones from the pinned set / LRU list or chains.
         """
         if not isinstance(keys, (list, tuple)):
             keys = list(keys)
@@ -890,7 +894,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         with self._pin_lock:
             if self._extents is not None:
                 self._extents.removed()  # no hot key of an eviction under way comes back
-            if not self._pinned_keys and not self._evicts:
+            if not self._pinned_keys and not self._ordered:
                 # Nothing to reconcile afterwards: encode into one C buffer and delete in the
                 # same native call (no str objects, GIL released for the whole batch).
                 removed = self._core.delete_legacy_keys(keys, force)

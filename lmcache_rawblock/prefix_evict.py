@@ -50,7 +50,7 @@ class PrefixOrder:
 
     def __init__(self, hint_capacity: int = HINT_CAPACITY) -> None:
         self._pred: dict[str, str | None] = {}  # every stored key -> predecessor (None: head)
-        self._kids: dict[str, list[str]] = {}  # key -> its stored children
+        self._kids: dict[str, list[str]] = {}  # key (stored or not) -> its stored children
         self._leaves: OrderedDict[str, None] = OrderedDict()  # reachable, no stored child; LRU first
         self._orphans: OrderedDict[str, None] = OrderedDict()  # predecessor gone; oldest first
         self._hints: OrderedDict[str, str] = OrderedDict()  # not stored yet -> predecessor
@@ -133,8 +133,20 @@ class PrefixOrder:
             if self._orphans and pred in self._orphans:
                 self._orphans[key] = None
                 return
-        if key not in self._kids:  # else children finished writing before it
+        if not self._adopt(key):
             leaves[key] = None
+
+    def _adopt(self, key: str) -> bool:
+        """``key`` is stored (again): whether it has stored children (children that finished
+        writing before it, or that stayed while it had left); those its leaving made
+        unreachable are reachable again."""
+        children = self._kids.get(key)
+        if children is None:
+            return False
+        for child in children:
+            if self._orphans.pop(child, _MISSING) is not _MISSING and child not in self._kids:
+                self._leaves[child] = None
+        return True
 
     def add_recovered(self, keys: Iterable[str]) -> None:
         """Keys found on the device (oldest first) that are not known yet: heads, evicted
@@ -142,7 +154,7 @@ class PrefixOrder:
         fresh = [k for k in keys if k not in self._pred]
         for key in reversed(fresh):
             self._pred[key] = None
-            if key not in self._kids:
+            if not self._adopt(key):
                 self._leaves[key] = None
                 self._leaves.move_to_end(key, last=False)
 
@@ -153,7 +165,8 @@ class PrefixOrder:
 
     def remove(self, key: str) -> None:
         """``key`` left the tier (evicted, removed, dropped): its stored children become
-        unreachable, and its predecessor may become a leaf (taken before other leaves)."""
+        unreachable (until it is stored again), and its predecessor may become a leaf (taken
+        before other leaves)."""
         pred_of = self._pred
         if key not in pred_of:
             self._hints.pop(key, None)
@@ -162,11 +175,12 @@ class PrefixOrder:
         if self._leaves.pop(key, _MISSING) is _MISSING and self._orphans:
             self._orphans.pop(key, None)
         kids = self._kids
-        if key in kids:
-            for child in kids.pop(key):
-                if child in pred_of:
-                    self._leaves.pop(child, None)
-                    self._orphans[child] = None
+        children = kids.get(key)
+        if children is not None:
+            # The children stay listed under the key: stored again, it makes them reachable.
+            for child in children:
+                self._leaves.pop(child, None)
+                self._orphans[child] = None
         if pred is None:
             return
         siblings = kids.get(pred)

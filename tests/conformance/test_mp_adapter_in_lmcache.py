@@ -481,6 +481,32 @@ def test_drop_unreachable_keeps_chains_of_other_ranks(tmp_path):
         adapter.close()
 
 
+def test_drop_unreachable_keeps_a_chunk_whose_predecessor_was_stored_again(tmp_path):
+    """A chunk a lookup held when its predecessor was deleted stays; once the predecessor is
+    stored again (the prompt recomputed) a lookup reaches it, so a later delete elsewhere must
+    not drop it as unreachable."""
+    adapter = _build(_spec(_device(tmp_path), drop_unreachable=True))
+    try:
+        chain, other = [_key(i) for i in range(4)], [_key(100 + i) for i in range(2)]
+        assert _store(adapter, chain + other, [_obj(1024, i) for i in range(6)]) is True
+        assert _lookup(adapter, chain) == [0, 1, 2, 3]
+        assert _lookup(adapter, other) == [0, 1]
+        held = adapter.submit_lookup_and_lock_task([chain[2]], {0: MemoryLayoutDesc(shapes=[], dtypes=[])})
+        _wait(adapter.get_lookup_and_lock_event_fd())
+        assert adapter.query_lookup_and_lock_result(held).get_indices_list() == [0]
+        adapter.delete([chain[1]])  # chain[3] is dropped; chain[2], locked, stays
+        adapter.submit_unlock([chain[2]])
+        assert _lookup(adapter, chain) == [0, 2]
+        assert _store(adapter, [chain[1]], [_obj(1024, 1)]) is True  # the recompute stores it again
+        assert _lookup(adapter, chain) == [0, 1, 2]
+        adapter.delete([other[1]])  # a delete of another prompt's chunk
+        assert adapter.wait_idle(30)
+        assert _lookup(adapter, chain) == [0, 1, 2], "chain[2] is reachable: it stays"
+        assert adapter.report_status()["dropped_unreachable_count"] == 1
+    finally:
+        adapter.close()
+
+
 def test_drop_unreachable_setting_is_checked(tmp_path):
     with pytest.raises(ValueError, match=r"drop_unreachable must be a boolean \(true/false\), got 'sometimes'"):
         _build(_spec(_device(tmp_path), drop_unreachable="sometimes"))

@@ -117,6 +117,44 @@ def test_recovered_keys_are_heads_until_a_call_names_them():
     assert order.victims(5, never) == ["n0", "r3", "r2", "r1", "r0"]
 
 
+def test_a_chunk_stored_again_makes_what_follows_it_reachable_again():
+    # a1 left (a2 and a3 could not be reached), a2 stayed (a lookup held it); then the prompt was
+    # recomputed and a1 stored again: a lookup reaches a2 and a3 once more.
+    order = PrefixOrder()
+    chain(order, ["a0", "a1", "a2", "a3"])
+    order.remove("a1")
+    assert order.is_unreachable("a2")
+    chain(order, ["a0", "a1", "a2", "a3"])  # the store call of the recompute (a2, a3 held already)
+    assert not order.is_unreachable("a2")
+    assert order.unreachable(never) == [], "nothing is unreachable: MP drop_unreachable would delete it"
+    assert order.victims(4, never) == ["a3", "a2", "a1", "a0"], "the chain is eaten from its tail"
+    order.remove("a2")
+    assert order.unreachable(never) == ["a3"]
+
+
+def test_a_chunk_recovered_again_makes_what_follows_it_reachable_again():
+    # a device of several went offline: the eviction that tried its a1 forgot it; reopened,
+    # the device brings a1 back and a lookup reaches a2 again
+    order = PrefixOrder()
+    chain(order, ["a0", "a1", "a2"])
+    order.remove("a1")
+    order.add_recovered(["a1"])
+    assert order.unreachable(never) == []
+    # a0 lost its child (a leaf until a lookup links a1 to it again); a2 is a tail again
+    assert order.victims(3, never) == ["a0", "a2", "a1"]
+
+
+def test_a_chunk_stored_again_after_its_children_were_removed_is_a_leaf():
+    order = PrefixOrder()
+    chain(order, ["a0", "a1", "a2"])
+    order.remove("a1")
+    order.remove("a2")
+    chain(order, ["a0", "a1"])
+    assert order.victims(2, never) == ["a1", "a0"]
+    assert order.counts() == {"prefix_keys": 2, "prefix_leaves": 1, "prefix_unreachable": 0,
+                              "prefix_pending_links": 0}
+
+
 def test_pending_links_are_bounded():
     order = PrefixOrder(hint_capacity=4)
     for i in range(100):
