@@ -58,6 +58,8 @@ def parse_reserve(value: Any, label: str) -> int:
         number = int(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         number = 0
+    if isinstance(value, float) and value != number:  # 2.9 is not 2 extents
+        number = 0
     if isinstance(value, bool) or number < 1:
         raise ValueError(f"{label} must be an integer >= 1 (clean extents kept ahead), got {value!r}")
     return number

@@ -46,7 +46,7 @@ _MIN_INTERVAL_SECONDS = 0.002  # write-rate samples: readings at least this far 
 _MIN_READ_SHARE = 0.1  # a load's read time is at least this share of its wall time
 
 
-def parse_rate(value: Any, label: str) -> float | None:
+def parse_rate(value: Any, label: str, unit: str = "tokens per second") -> float | None:
     """A rate setting (tokens or bytes per second): None or "" (unset) is None; else a number
     > 0 (an int, a float or a decimal string, as YAML and the environment give). Booleans and
     anything else raise ValueError naming ``label`` and the value."""
@@ -59,7 +59,7 @@ def parse_rate(value: Any, label: str) -> float | None:
         except (TypeError, ValueError):
             number = None
     if number is None or not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{label} must be a number > 0 (tokens per second), got {value!r}")
+        raise ValueError(f"{label} must be a number > 0 ({unit}), got {value!r}")
     return number
 
 
@@ -331,7 +331,8 @@ class PrefixPricer:
         """The pricer the plugin's settings ask for (``<prefix>load_cost_recompute_tokens_per_second``,
         ``<prefix>load_cost_prior_read_bytes_per_second``), None when the rate is unset (off)."""
         rate = parse_rate(extra.get(prefix + PLUGIN_RATE_SETTING), f"extra_config['{prefix}{PLUGIN_RATE_SETTING}']")
-        prior = parse_rate(extra.get(prefix + PLUGIN_PRIOR_SETTING), f"extra_config['{prefix}{PLUGIN_PRIOR_SETTING}']")
+        prior = parse_rate(extra.get(prefix + PLUGIN_PRIOR_SETTING), f"extra_config['{prefix}{PLUGIN_PRIOR_SETTING}']",
+                           "bytes per second")
         if rate is None:
             if prior is not None:
                 raise ValueError(f"extra_config['{prefix}{PLUGIN_PRIOR_SETTING}'] = {prior!r} needs "

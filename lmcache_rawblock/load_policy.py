@@ -56,7 +56,8 @@ class RawBlockLoadCostPolicy(_KVLoadPolicy):
             raise ValueError(f"runtime-plugin config {RATE_KEY!r} must be set (tokens per second the engine "
                              f"prefills) for RawBlockLoadCostPolicy, got {raw!r}")
         self.recompute_tps = rate
-        prior = load_cost.parse_rate((configs or {}).get(PRIOR_KEY), f"runtime-plugin config {PRIOR_KEY!r}")
+        prior = load_cost.parse_rate((configs or {}).get(PRIOR_KEY), f"runtime-plugin config {PRIOR_KEY!r}",
+                                       "bytes per second")
         self.prior_bandwidth = float(prior or load_cost.DEFAULT_PRIOR_BANDWIDTH)
         self._lock = threading.Lock()
         self.decisions = {"served": 0, "refused": 0, "skip_load": 0, "no_cache": 0}

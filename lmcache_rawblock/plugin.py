@@ -11,10 +11,12 @@ for the table). Beyond LMCache:
 * ``batched_remove`` takes the pin lock once and deletes every key with one native
   ``delete_many`` call (which runs without the GIL), instead of one lock and one call per key;
 * ``rust_raw_block.eviction_policy``: ``"none"`` (default; a put fails when no slot is free, as
-  in LMCache today), ``"lru"`` (evict least-recently-used entries that nobody has pinned) or
+  in LMCache today), ``"lru"`` (evict least-recently-used entries that nobody has pinned),
   ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
   predecessor is gone, then chain tails before heads, learned from store calls and lookups;
-  ``lmcache_rawblock.prefix_evict``);
+  ``lmcache_rawblock.prefix_evict``) or ``"extent"`` (whole extents of the core's
+  ``extent_bytes``, least recently used first, clean ones kept ahead;
+  ``lmcache_rawblock.extent_evict``);
   under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
   reusable, so the put that next needs one does not (unless the core's periodic thread, which
@@ -820,8 +822,8 @@ class RustRawBlockBackend(StoragePluginInterface):
 
     def _put_with_policy(self, specs: list, objs: list,
                          pids: list | None = None) -> tuple[list[bool], BaseException | None]:
-        """Store the batch (evicting for room under ``lru`` or ``prefix``): per-key results, and why the first
-        key that failed did (None when none did)."""
+        """Store the batch (evicting for room under ``lru``, ``prefix`` or ``extent``): per-key results,
+        and why the first key that failed did (None when none did)."""
         result = self._core.put_many(specs, objs, placement_ids=pids)
         results = list(result.results)
         stored = list(result.stored_keys)

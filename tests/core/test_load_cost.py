@@ -192,6 +192,11 @@ def test_rate_setting_names_the_parameter_and_the_value(bad):
         parse_rate(bad, "recompute_tps")
 
 
+def test_a_bandwidth_setting_names_its_unit():
+    with pytest.raises(ValueError, match=r"prior must be a number > 0 \(bytes per second\), got -1"):
+        parse_rate(-1, "prior", "bytes per second")
+
+
 def test_rate_setting_unset_and_numbers():
     assert parse_rate(None, "x") is None and parse_rate("", "x") is None
     assert parse_rate("2500", "x") == 2500.0 and parse_rate(12.5, "x") == 12.5

@@ -96,7 +96,7 @@ def test_extent_policy_needs_extent_bytes(open_backend):
         open_backend(eviction_policy="extent")
 
 
-@pytest.mark.parametrize("value", [0, -1, "two", True])
+@pytest.mark.parametrize("value", [0, -1, "two", True, 2.9])
 def test_bad_extent_reserve_is_refused_naming_it(open_backend, value):
     with pytest.raises(ValueError, match=r"rust_raw_block.extent_reserve'\] must be an integer >= 1"):
         open_backend(eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=value)
