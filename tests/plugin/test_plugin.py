@@ -20,20 +20,12 @@ from plugin_fakes import (
     FakeEngineConfig,
     FakeLocalCPUBackend,
     FakeMetadata,
-    LoopThread,
     base_extra,
     make_key,
     make_obj,
 )
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
 
 
 @pytest.fixture

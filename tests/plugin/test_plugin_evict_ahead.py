@@ -28,7 +28,6 @@ from plugin_fakes import (
     FakeLocalCPUBackend,
     FakeMemoryObj,
     FakeMetadata,
-    LoopThread,
     base_extra,
     make_key,
 )
@@ -48,13 +47,6 @@ def payload(i: int) -> bytes:
 
 def obj(i: int) -> FakeMemoryObj:
     return FakeMemoryObj(SHAPE, "bfloat16", FMT, payload(i))
-
-
-@pytest.fixture
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
 
 
 @pytest.fixture

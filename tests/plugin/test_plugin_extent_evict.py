@@ -12,19 +12,12 @@ from __future__ import annotations
 import pytest
 
 from lmcache_rawblock.plugin import RustRawBlockBackend
-from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key
+from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, base_extra, make_key
 from plugin.test_plugin_evict_ahead import IDLE_WAIT_S, SLOT, _run_threads, assert_loads, put_keys
 
 MiB = 1 << 20
 PER = 4
 EXTENT = PER * SLOT
-
-
-@pytest.fixture
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ tests/plugin_fakes.py. Waits are for a condition, with a bound only a hang reach
 from __future__ import annotations
 
 from plugin.test_plugin_evict_ahead import IDLE_WAIT_S, put_keys
-from plugin.test_plugin_extent_evict import EXTENT, PER, loop_thread, open_backend  # noqa: F401 - fixtures
+from plugin.test_plugin_extent_evict import EXTENT, PER, open_backend  # noqa: F401 - fixture
 
 
 def test_keys_evicted_by_extent_leave_no_trace_in_plugin_memory(open_backend):  # noqa: F811 - fixture

@@ -10,18 +10,11 @@ import time
 import pytest
 
 from lmcache_rawblock.plugin import RustRawBlockBackend
-from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key, make_obj
+from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, base_extra, make_key, make_obj
 
 MiB = 1 << 20
 RATE = "load_cost_recompute_tokens_per_second"
 PRIOR = "load_cost_prior_read_bytes_per_second"
-
-
-@pytest.fixture
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
 
 
 @pytest.fixture

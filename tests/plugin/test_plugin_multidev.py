@@ -10,16 +10,9 @@ import pytest
 
 from lmcache_rawblock.plugin import RustRawBlockBackend, build_core_config, resolve_device_paths
 from lmcache_rawblock.raw_block import MultiDeviceCore, RawBlockCore
-from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, LoopThread, base_extra, make_key, make_obj
+from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, base_extra, make_key, make_obj
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
 
 
 def _files(tmp_path, n, size=64 * MiB, prefix="dev"):

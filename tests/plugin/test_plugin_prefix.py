@@ -19,7 +19,6 @@ from plugin_fakes import (
     FakeEngineConfig,
     FakeLocalCPUBackend,
     FakeMetadata,
-    LoopThread,
     base_extra,
     make_key,
     make_obj,
@@ -163,13 +162,6 @@ def test_pending_links_are_bounded():
 
 
 # --------------------------------------------------------------------------- the plugin
-
-
-@pytest.fixture
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
 
 
 @pytest.fixture
