@@ -122,9 +122,33 @@ def _child(*args) -> None:
     os._exit(code)
 
 
+def _await_checkpoint(logpath: str, timeout_s: float = 60.0) -> None:
+    """Wait until the writer's log shows an acknowledged checkpoint (a "c" line) while a key it
+    stored is live, at most timeout_s: on a loaded machine the random kill may otherwise come
+    before any."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        live: set[str] = set()
+        asked: list[str] = []
+        with open(logpath) as f:
+            for line in f.read().split("\n")[:-1]:  # whole lines only
+                op, _, rest = line.partition(" ")
+                if op in ("P", "D"):
+                    asked = [item.split(":")[0] for item in rest.split()]
+                elif op == "p":
+                    live.update(k for k, x in zip(asked, rest.split()) if x != "0")
+                elif op == "d":
+                    live.difference_update(k for k, x in zip(asked, rest.split()) if x == "1")
+                elif op == "c" and live:
+                    return
+        time.sleep(0.01)
+
+
 def _kill_writer(paths: list[str], cfg: Config, logpath: str, rng: random.Random, durable: dict[int, int],
-                 v0: int, max_kill_ms: float) -> tuple[list[str], int]:
-    """Fork a writer, kill it; its log lines (the last, cut short, dropped) and wait status."""
+                 v0: int, max_kill_ms: float, after_checkpoint: bool = False) -> tuple[list[str], int]:
+    """Fork a writer, kill it; its log lines (the last, cut short, dropped) and wait status.
+    after_checkpoint: the kill comes as soon as the writer acknowledged a checkpoint of a
+    live key, instead of at a random time."""
     logfd = os.open(logpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     rfd, wfd = os.pipe()
     seed = rng.getrandbits(64)
@@ -136,10 +160,15 @@ def _kill_writer(paths: list[str], cfg: Config, logpath: str, rng: random.Random
         _child(paths, cfg, logfd, wfd, seed, set(durable), v0)
     os.close(wfd)
     os.close(logfd)
-    if rng.random() < killloop.EARLY_KILL_SHARE:
+    early = rng.random() < killloop.EARLY_KILL_SHARE
+    if early and not after_checkpoint:
         time.sleep(rng.uniform(0, killloop.EARLY_KILL_MS) / 1000.0)  # while it opens and recovers
     elif select.select([rfd], [], [], 60)[0] and os.read(rfd, 1) == b"r":
-        time.sleep(rng.uniform(0, max_kill_ms) / 1000.0)
+        wait_ms = rng.uniform(0, max_kill_ms)
+        if after_checkpoint:
+            _await_checkpoint(logpath)  # then kill at once, while its keys are still live
+        else:
+            time.sleep(wait_ms / 1000.0)
     os.close(rfd)
     try:
         os.kill(pid, signal.SIGKILL)
@@ -210,8 +239,11 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
     versions: dict[int, dict[int, int]] = {}
     durable: dict[int, int] = {}
     for cyc in range(cycles):
+        # The last cycle of a run that has checked no key yet waits for a checkpoint before its
+        # kill, so every run checks recovered keys however slow the machine is.
+        last_chance = cyc == cycles - 1 and st.keys_checked == 0
         lines, status = _kill_writer(paths, cfg, stem + ".log", rng, durable,
-                                     (cyc + 1) * killloop.VERSIONS_PER_CYCLE, max_kill_ms)
+                                     (cyc + 1) * killloop.VERSIONS_PER_CYCLE, max_kill_ms, last_chance)
         counts = {"put_keys": 0, "stored": 0, "reused": 0, "compactions": 0}
         allowed: dict[int, set[int]] = {}
         durable_now, acked, err = killloop.replay(lines, durable, versions, {}, counts, allowed)
