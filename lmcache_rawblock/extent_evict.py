@@ -41,6 +41,7 @@ from typing import Any
 
 from .raw_block import RawBlockKeySpec
 from .raw_block.key_codec import slot_identity_from_encoded_key
+from .settings import parse_int
 
 __all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reserve"]
 
@@ -55,12 +56,10 @@ def parse_reserve(value: Any, label: str) -> int:
     if value is None or value == "":
         return 0
     try:
-        number = int(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
+        number = parse_int(value, label)  # 2.9 is not 2 extents, True not 1
+    except ValueError:
         number = 0
-    if isinstance(value, float) and value != number:  # 2.9 is not 2 extents
-        number = 0
-    if isinstance(value, bool) or number < 1:
+    if number < 1:
         raise ValueError(f"{label} must be an integer >= 1 (clean extents kept ahead), got {value!r}")
     return number
 

@@ -34,6 +34,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .settings import finite_number
+
 __all__ = [
     "DEFAULT_PRIOR_BANDWIDTH", "DeviceLoadCost", "LoadCost", "attach", "forget", "live", "parse_rate", "register",
     "registered", "worth_loading",
@@ -52,13 +54,8 @@ def parse_rate(value: Any, label: str, unit: str = "tokens per second") -> float
     anything else raise ValueError naming ``label`` and the value."""
     if value is None or value == "":
         return None
-    number = None
-    if not isinstance(value, bool):
-        try:
-            number = float(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError):
-            number = None
-    if number is None or not math.isfinite(number) or number <= 0:
+    number = finite_number(value)
+    if number is None or number <= 0:
         raise ValueError(f"{label} must be a number > 0 ({unit}), got {value!r}")
     return number
 

@@ -78,7 +78,7 @@ from .raw_block import (
 from .raw_block.key_codec import decode_legacy_key
 from .raw_block.multi import parse_device_paths
 from .reclaim import Reclaimer
-from .settings import SETTINGS, parse_bool, parse_value
+from .settings import SETTINGS, finite_number, parse_bool, parse_value
 
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
 
@@ -293,14 +293,9 @@ def _fraction(extra: Mapping, name: str, default: float, *, zero_ok: bool) -> fl
     value = _get(extra, name, None)
     if value is None or value == "":
         return default
-    number = None
-    if not isinstance(value, bool):
-        try:
-            number = float(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError):
-            number = None
+    number = finite_number(value)
     low_ok = zero_ok and number == 0.0
-    if number is None or not math.isfinite(number) or not (0.0 < number <= 1.0 or low_ok):
+    if number is None or not (0.0 < number <= 1.0 or low_ok):
         bounds = "[0, 1]" if zero_ok else "(0, 1]"
         raise ValueError(f"{_label(name)} must be a number in {bounds}, got {value!r}")
     return number

@@ -10,6 +10,7 @@ a setting's value. A bad value raises ``ValueError`` naming the setting and the 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Literal, overload
@@ -62,6 +63,19 @@ def parse_bool(value: Any, label: str) -> bool:
         if word in _FALSE:
             return False
     raise ValueError(f"{label} must be a boolean (true/false), got {value!r}")
+
+
+def finite_number(value: Any) -> float | None:
+    """An int, a float or a decimal string (YAML and the environment give strings) as a finite
+    float; None for anything else, booleans, NaN and infinities included. The caller checks the
+    range and names the setting."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_int(value: Any, label: str) -> int:
