@@ -65,7 +65,7 @@ class MPEvictSettings:
 
 
 SUITES = {
-    "smoke": MPEvictSettings(docs=40, requests=80),
+    "smoke": MPEvictSettings(docs=80, docs_per_request=1, requests=160),
     "quick": MPEvictSettings(),
     "full": MPEvictSettings(docs=400, requests=2000),
 }
