@@ -25,6 +25,12 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
   during the pass (``removed``) cancels its reinsertion: a key removed then (it missed, so the
   remove found nothing) must not come back with the bytes it had.
 
+Owners: the plugin (``eviction_policy: extent``) and the MP adapter (``eviction_policy``
+in ``adapter_params``). An owner that keeps its own record of the stored keys passes
+``on_deleted`` and ``on_put_again``: called under ``pin_lock`` with the encoded keys a victim's
+delete removed and the keys a reinsertion stored, so the record changes in the same section as
+the core (the hooks must not block or call back into the evictor).
+
 Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
 no pin slips in between (the plugin's lock order), and over the put that reinserts so no remove
 does; the counters change under it too (the evictor thread and a put evicting for itself both
@@ -68,7 +74,9 @@ class ExtentEviction:
     """Whole-extent eviction over one core with extents on (see the module docstring)."""
 
     def __init__(self, core: Any, pin_lock: threading.Lock, pinned: Callable[[], set[str]], reserve: int,
-                 logger: logging.Logger, reinsert: bool = True, label: str = "extent_reserve") -> None:
+                 logger: logging.Logger, reinsert: bool = True, label: str = "extent_reserve",
+                 on_deleted: Callable[[list[str]], None] | None = None,
+                 on_put_again: Callable[[list[str]], None] | None = None) -> None:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
@@ -83,6 +91,8 @@ class ExtentEviction:
         self.reserve = reserve or max(MIN_RESERVE, math.ceil(DEFAULT_RESERVE_FRACTION * counts["extents_total"]))
         self._log = logger
         self.reinsert = reinsert
+        self._on_deleted = on_deleted
+        self._on_put_again = on_put_again
         self.extents_evicted = 0  # victim extents whose keys were deleted
         self.keys_evicted = 0
         self.keys_reinserted = 0
@@ -114,14 +124,22 @@ class ExtentEviction:
             keys = [k for k, _ in keep]
             if again is not None:
                 again += self._read([k for k, h in keep if h][:len(keep) // 2])
-            results = self._core.delete_many(keys, force=False) if keys else []
-            deleted = sum(1 for ok in results if ok)
-            if deleted:
-                self.extents_evicted += 1
-                self.keys_evicted += deleted
+            deleted = self._delete(keys)
         if deleted:
             self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
         return deleted
+
+    def _delete(self, keys: list[str]) -> int:
+        """A victim's keys deleted (under ``pin_lock``), counted and told to ``on_deleted``:
+        how many."""
+        results = self._core.delete_many(keys, force=False) if keys else []
+        gone = [k for k, ok in zip(keys, results) if ok]
+        if gone:
+            self.extents_evicted += 1
+            self.keys_evicted += len(gone)
+            if self._on_deleted is not None:
+                self._on_deleted(gone)
+        return len(gone)
 
     def removed(self) -> None:
         """The cache's user removed keys (the plugin calls it under ``pin_lock``): a pass
@@ -179,6 +197,8 @@ class ExtentEviction:
                 return
             res = self._core.put_many([s for s, _ in again], [o for _, o in again])
             self.keys_reinserted += sum(1 for ok in res.results if ok)
+            if self._on_put_again is not None and res.stored_keys:
+                self._on_put_again(list(res.stored_keys))
 
 
 class _Payload:

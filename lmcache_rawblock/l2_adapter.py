@@ -43,6 +43,7 @@ docs/compatibility.md ("MP adapter (RawBlockL2Adapter)").
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import logging
 import threading
@@ -57,6 +58,7 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, load_cost, metrics
+from .extent_evict import ExtentEviction, parse_reserve
 from .prefix_evict import PrefixOrder
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
@@ -144,6 +146,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         ours = {s.name: parse_value(s.name, d.pop(s.name)) for s in _OURS + _OUR_POLICY if s.name in d}
         shared = parse_bool(d.pop("shared"), "shared") if "shared" in d else None
         drop = parse_bool(d.pop("drop_unreachable"), "drop_unreachable") if "drop_unreachable" in d else False
+        extents = _extent_params(d)
         # LMCache's parser knows its own policies only: it sees ours as "none" (no directive
         # from its code), and the adapter routes ours itself.
         strategy = d.get(_POLICY_KEY)
@@ -159,6 +162,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         if shared is not None:
             cfg.shared = shared
         cfg.drop_unreachable = drop
+        cfg.eviction_policy, cfg.extent_reserve, cfg.extent_reinsert = extents
         if strategy in fdp.STRATEGIES:
             cfg.fdp_data_placement_policy = strategy
         cfg.device_paths = paths
@@ -190,14 +194,40 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         drop = ("- drop_unreachable (bool, default false): when LMCache's eviction deletes a chunk, also "
                 "delete the stored chunks that follow it in a prompt (learned from lookups): no lookup can "
                 "reach them\n")
+        extent = ("- eviction_policy (none or extent, default none): extent (needs extent_bytes, one device) "
+                  "evicts whole extents ahead of the stores, least recently used first, and tells LMCache's "
+                  "listeners of the keys it deleted; set LMCache's L2 eviction to noop (or its watermark above "
+                  "1 - extent_reserve / extents) so it does not delete keys one by one first\n"
+                  "- extent_reserve (int, default 5% of the extents, at least 2): clean extents kept ahead\n"
+                  "- extent_reinsert (bool, default true): hot keys of a victim extent are put back\n")
         return (_lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
-                + strategies + shared + drop)
+                + strategies + shared + drop + extent)
 
 
 for _s in _OURS + _OUR_POLICY:
     setattr(RawBlockL2AdapterConfig, _s.name, _s.default)
 del _s
 RawBlockL2AdapterConfig.drop_unreachable = False
+RawBlockL2AdapterConfig.eviction_policy = "none"
+RawBlockL2AdapterConfig.extent_reserve = 0
+RawBlockL2AdapterConfig.extent_reinsert = True
+_ADAPTER_EVICTION_POLICIES = ("none", "extent")
+
+
+def _extent_params(d: dict) -> tuple[str, int, bool]:
+    """``eviction_policy``, ``extent_reserve``, ``extent_reinsert`` popped from ``d`` and
+    checked: (policy, reserve (0 = the default), reinsert)."""
+    raw = d.pop("eviction_policy", None)
+    policy = "none" if raw is None or raw == "" else str(raw).strip().lower()
+    if policy not in _ADAPTER_EVICTION_POLICIES:
+        raise ValueError(f"eviction_policy must be one of {', '.join(_ADAPTER_EVICTION_POLICIES)} (LMCache's own "
+                         f"L2 eviction is configured on LMCache's side), got {raw!r}")
+    reserve = parse_reserve(d.pop("extent_reserve", None), "extent_reserve")
+    reinsert = d.pop("extent_reinsert", None)
+    reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, "extent_reinsert")
+    if policy != "extent" and reserve:
+        raise ValueError(f"extent_reserve={reserve} needs eviction_policy 'extent', got {policy!r}")
+    return policy, reserve, reinsert
 
 
 def _to_our_config(config: Any, **ours: Any) -> _OurConfig:
@@ -266,6 +296,12 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._core: Any = None
         self._reclaimer = Reclaimer("rawblock-l2-reclaim", self._reclaim_pass, logger)
+        # eviction_policy extent: whole extents evicted ahead (lmcache_rawblock.extent_evict);
+        # _evict_lock orders its victim choice and delete against our deletes (before _lock);
+        # what it deleted and put back, in order, for LMCache's listeners, told outside the locks.
+        self._extents: ExtentEviction | None = None
+        self._evict_lock = threading.Lock()
+        self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
         try:
             self._core = self._make_core(config)
             metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
@@ -274,6 +310,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             self._register_l1(config, l1_memory_desc)
             self._max_capacity_bytes = int(self._core.report_status().get("usable_capacity_bytes", 0))
             self._seed_resident()
+            self._extents = self._start_extents(config)
             for kind, workers in (("store", config.num_store_workers), ("lookup", config.num_lookup_workers),
                                   ("load", config.num_load_workers)):
                 self._efds[kind] = create_event_notifier()
@@ -292,6 +329,59 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if isinstance(core_config, multi.MultiDeviceConfig):
             return multi.MultiDeviceCore(core_config, key_namespace="object")
         return _OurCore(core_config, key_namespace="object")
+
+    def _start_extents(self, config: Any) -> ExtentEviction | None:
+        """``eviction_policy: extent``: the evictor of whole extents over this adapter's one
+        device, which tells the adapter (and through it LMCache's listeners) what it deleted
+        and put back; None under ``none``."""
+        if getattr(config, "eviction_policy", "none") != "extent":
+            return None
+        if isinstance(self._core, multi.MultiDeviceCore):
+            raise ValueError(f"eviction_policy='extent' takes one device, got device_paths "
+                             f"{list(self._core.device_paths)}")
+        return ExtentEviction(self._core, self._evict_lock, set, int(config.extent_reserve), logger,
+                              bool(config.extent_reinsert), "extent_reserve",
+                              on_deleted=self._extent_deleted, on_put_again=self._extent_put_again)
+
+    def _extent_deleted(self, encoded: list[str]) -> None:
+        """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
+        listeners' news waits for ``_tell_extents``."""
+        with self._lock:
+            for enc in encoded:
+                entry = self._resident.pop(enc, None)
+                if entry is not None:
+                    self._untold.append(("deleted", enc, entry))
+                if self._chains is not None:
+                    self._chains.remove(enc)
+
+    def _extent_put_again(self, encoded: list[str]) -> None:
+        """The extent evictor put these hot keys back (under ``_evict_lock``): held again."""
+        with self._lock:
+            new = [enc for enc in encoded if enc not in self._resident]
+            self._hold(new, int(self._core.slot_bytes))
+            for enc in new:
+                if enc in self._resident:
+                    self._untold.append(("stored", enc, self._resident[enc]))
+                    if self._chains is not None:
+                        self._chains.add(enc)
+
+    def _tell_extents(self) -> None:
+        """Tell LMCache's listeners what extent eviction deleted and put back, in that order,
+        leaving out a deletion the cache's own store of the key has overtaken (listeners were
+        told of that store)."""
+        with self._lock:
+            events, self._untold = self._untold, []
+            ours = {e.generation for kind, _, e in events if kind == "stored"}
+            keep = []
+            for kind, enc, entry in events:
+                now = self._resident.get(enc)
+                if (kind == "deleted" and now is not None and now.generation > entry.generation
+                        and now.generation not in ours):
+                    continue
+                keep.append((kind, entry))
+        for kind, run in itertools.groupby(keep, key=lambda ev: ev[0]):
+            entries = [e for _, e in run]
+            self._tell(kind, [e.key for e in entries], [e.size for e in entries])
 
     def _configure_fdp(self, config: Any) -> None:
         """The placement identifiers KV writes use (the device's, checked against the config),
@@ -432,8 +522,29 @@ class RawBlockL2Adapter(L2AdapterInterface):
         specs = [encode_object_key(k) for k in keys]
         placements = self._fdp_router.placements([fdp.object_key_facts(k) for k in keys]) if self._fdp_router else None
         result = self._core.put_many(specs, objects, placement_ids=placements)
-        stored = set(result.stored_keys)
-        return all(result.results), [(s.encoded, k) for s, k in zip(specs, keys) if s.encoded in stored]
+        results, stored = list(result.results), set(result.stored_keys)
+        if self._extents is not None:
+            if not all(results) and getattr(result.failure, "errno", None) == errno.ENOSPC:
+                stored |= self._store_evicting(specs, objects, placements, results)
+            self._reclaimer.signal()  # the evictor keeps its clean extents ahead of the next store
+        return all(results), [(s.encoded, k) for s, k in zip(specs, keys) if s.encoded in stored]
+
+    def _store_evicting(self, specs: list, objects: list, placements: list | None, results: list[bool]) -> set[str]:
+        """A store that found no slot under ``eviction_policy: extent``: evict extents for its
+        failed keys (never the batch's own), make the freed slots reusable, store those keys
+        again once. Updates ``results``; returns the keys the retry stored."""
+        failed = [i for i, ok in enumerate(results) if not ok]
+        assert self._extents is not None
+        evicted = self._extents.evict(len(failed), frozenset(s.encoded for s in specs))
+        self._tell_extents()
+        if not evicted and self._core.slot_counts().held == 0:
+            return set()
+        self._core.reclaim_held_slots()
+        retry = self._core.put_many([specs[i] for i in failed], [objects[i] for i in failed],
+                                    placement_ids=None if placements is None else [placements[i] for i in failed])
+        for i, ok in zip(failed, retry.results):
+            results[i] = ok
+        return set(retry.stored_keys)
 
     def _finish_store(self, task_id: int, keys: list, objects: list, future: Future) -> None:
         ok, stored = False, []
@@ -544,7 +655,10 @@ class RawBlockL2Adapter(L2AdapterInterface):
         background thread."""
         try:
             encoded = [encode_object_key(k).encoded for k in keys]
-            deleted = self._core.delete_many(encoded, force=False)
+            with self._evict_lock:
+                if self._extents is not None:
+                    self._extents.removed()  # no hot key of an extent eviction under way comes back
+                deleted = self._core.delete_many(encoded, force=False)
             gone = []
             with self._lock:
                 for e, ok in zip(encoded, deleted):
@@ -662,8 +776,14 @@ class RawBlockL2Adapter(L2AdapterInterface):
 
     def _reclaim_pass(self) -> bool:
         """The background thread's pass: the checkpoint that makes freed slots reusable, then,
-        when the core may have dropped entries, LMCache's listeners told of them."""
-        self._core.reclaim_held_slots()
+        when the core may have dropped entries, LMCache's listeners told of them. Under
+        ``eviction_policy: extent``, first the clean extents kept ahead (that pass writes the
+        checkpoint), listeners told of what it deleted and put back."""
+        if self._extents is not None:
+            self._extents.evictor_pass()
+            self._tell_extents()
+        else:
+            self._core.reclaim_held_slots()
         dropped = self._dropped_count()
         with self._lock:
             check = self._check_drops or dropped != self._drops_seen
@@ -715,6 +835,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 "held_key_count": len(self._resident),
                 "drop_unreachable": self._chains is not None,
                 "dropped_unreachable_count": self._dropped_unreachable,
+                **self._extent_status(),
                 "shared": self._shared,
                 "memory_tags": [_tag_name(tags.segment), _tag_name(tags.residency)],
                 "fdp_enabled": self._fdp_enabled,
@@ -726,6 +847,13 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 "reclaim": self._reclaimer.status(),
                 "core": core,
             }
+
+    def _extent_status(self) -> dict:
+        ext = self._extents
+        if ext is None:
+            return {"eviction_policy": "none"}
+        return {"eviction_policy": "extent", "extent_reserve": ext.reserve, "evicted_extents": ext.extents_evicted,
+                "evicted_extent_entries": ext.keys_evicted, "reinserted_extent_entries": ext.keys_reinserted}
 
     def close(self) -> None:
         """Finish the tasks in flight, stop the background thread, close the core and the fds."""

@@ -10,7 +10,9 @@ checkpoint flush cost), recovery (slot-header validation, sequential against bat
 plugin (batched_remove fan-out against the override, and eviction under contention) and e2e
 (LMCache's plugin store and retrieve path with its LocalCPUBackend, ours against LMCache's, and fio),
 mp (LMCache's MP-mode L2 tier under its kv-tier-pressure workload's requests: our MP adapter against
-LMCache's raw-block adapter on the Rust wheel) and scale (both metadata formats and LMCache's core against index size: the checkpoint after churn
+LMCache's raw-block adapter on the Rust wheel), mpevict (MP mode's L2 eviction over extents:
+LMCache's LRU controller against our adapter's whole-extent eviction: hit ratio, extents freed
+whole, puts into partly live extents) and scale (both metadata formats and LMCache's core against index size: the checkpoint after churn
 beside a full base, bytes per entry, reopen time beside fio, index memory, and what a put costs on
 a full cache). On capped RAM devices of its own (``rig``, root): drives (store and load bandwidth
 over N devices as a share of N x cap beside fio and LMCache's core, CPU per GB against N, load
@@ -41,6 +43,7 @@ from . import histcost as histcost_suite
 from . import loadcheck as loadcheck_suite
 from . import loadcost as loadcost_suite
 from . import mp as mp_suite
+from . import mpevict as mpevict_suite
 from . import prefix as prefix_suite
 from . import plugin as plugin_suite
 from . import recovery as recovery_suite
@@ -50,14 +53,14 @@ from .target import Target, make_workdir, prefill
 
 ENGINES = ("posix", "io_uring", "uring_cmd")
 DEFAULT_ENGINES = ("posix", "io_uring")
-PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "loadcheck", "dealloc", "scale",
+PART_NAMES = ("device", "uring", "limit", "core", "recovery", "plugin", "e2e", "mp", "mpevict", "loadcheck", "dealloc", "scale",
               "histcost", "prefix", "drives", "loadcost")
 # drives and loadcost need root and move the process into a blkio group: asked for by name only
 RIG_PARTS = ("drives", "loadcost")
 DEFAULT_PARTS = tuple(p for p in PART_NAMES if p not in RIG_PARTS)
 TARGET_PARTS = ("device", "uring", "limit")  # the parts that run on --device / the sparse target
 CORE_PARTS = ("core", "recovery", "plugin", "e2e", "mp", "scale", "drives")  # the parts that compare with LMCache, on files of their own
-OWN_PARTS = ("loadcheck", "dealloc", "histcost", "prefix", "loadcost")  # ours only, on files of their own in directories they choose
+OWN_PARTS = ("loadcheck", "dealloc", "histcost", "prefix", "loadcost", "mpevict")  # ours only, on files of their own in directories they choose
 URING_CMD_NOTE = ("uring_cmd: not measured: it needs an NVMe generic character device (/dev/ngXnY) with "
                   "io_uring passthrough, which neither implementation can use on a file")
 
@@ -157,6 +160,10 @@ def mp_settings(opts: Options) -> mp_suite.MPSettings:
     return s
 
 
+def mpevict_settings(opts: Options) -> mpevict_suite.MPEvictSettings:
+    return replace(mpevict_suite.SUITES[opts.suite])
+
+
 def loadcheck_settings(opts: Options) -> loadcheck_suite.LoadCheckSettings:
     s = replace(loadcheck_suite.SUITES[opts.suite])
     s.engines = [e for e in s.engines if e in opts.engines]
@@ -242,6 +249,8 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         part_settings["e2e"] = e2e_settings(opts)
     if "mp" in parts:
         part_settings["mp"] = mp_settings(opts)
+    if "mpevict" in parts:
+        part_settings["mpevict"] = mpevict_settings(opts)
     if "loadcheck" in parts:
         part_settings["loadcheck"] = loadcheck_settings(opts)
     if "dealloc" in parts:
@@ -283,6 +292,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "plugin": plugin_suite.steps(part_settings["plugin"]) if "plugin" in parts else 0,
         "e2e": e2e_suite.steps(part_settings["e2e"]) if "e2e" in parts else 0,
         "mp": mp_suite.steps(part_settings["mp"]) if "mp" in parts else 0,
+        "mpevict": mpevict_suite.steps(part_settings["mpevict"]) if "mpevict" in parts else 0,
         "loadcheck": loadcheck_suite.steps(part_settings["loadcheck"]) if "loadcheck" in parts else 0,
         "dealloc": dealloc_suite.steps(part_settings["dealloc"]) if "dealloc" in parts else 0,
         "scale": scale_suite.steps(part_settings["scale"]) if "scale" in parts else 0,
@@ -304,6 +314,7 @@ def run(opts: Options, target: Target, comps: list[Competitor], notes: list[str]
         "plugin": lambda bar: plugin_suite.run_plugin(core_comps, part_settings["plugin"], workdir, bar),
         "e2e": lambda bar: e2e_suite.run_e2e(part_settings["e2e"], workdir, bar),
         "mp": lambda bar: mp_suite.run_mp(part_settings["mp"], workdir, bar),
+        "mpevict": lambda bar: mpevict_suite.run_mpevict(part_settings["mpevict"], bar),
         "loadcheck": lambda bar: loadcheck_suite.run_loadcheck(part_settings["loadcheck"], bar),
         "dealloc": lambda bar: dealloc_suite.run_dealloc(part_settings["dealloc"], bar),
         "histcost": lambda bar: histcost_suite.run_histcost(part_settings["histcost"], bar),

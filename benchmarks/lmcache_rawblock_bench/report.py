@@ -656,11 +656,34 @@ def print_loadcost(results: dict, p: Callable[..., None]) -> None:
     p(f"  stores during the busy phase: {_mbs(lc.get('store_bytes_per_s_during'))} MB/s")
 
 
+def print_mpevict(results: dict, p: Callable[..., None]) -> None:
+    me = results["mpevict"]
+    if me.get("skipped"):
+        p(f"MP eviction over extents: skipped: {me['skipped']}")
+        return
+    s = me["settings"]
+    p(f"MP eviction over extents (our adapter, {s['docs']} documents of {s['chunks_per_doc']} chunks, "
+      f"{s['requests']} requests of {s['docs_per_request']} Zipf({s['zipf']:g})-popular documents, the device "
+      f"{100 * s['capacity']:g} % of the working set, extents of {s['extent_slots']} slots): hit ratio = chunks "
+      "served by L2 / chunks asked; opened without clean = extents opened with none clean left (puts then "
+      "fill a partly live extent's holes)")
+    for k, v in me.get("errors", {}).items():
+        p(f"  {k}: {v}")
+    rows = [[r["arm"], _r3(r["hit_ratio"]), f"{r['extents_deallocated']:,}", f"{r['opened_without_clean']:,} of "
+             f"{r['extents_opened']:,}", f"{r['deleted_by_lmcache']:,}", f"{r['deleted_by_extent']:,}",
+             f"{r['reinserted']:,}", f"{r['stores_refused']:,}", "ok" if r["bad_bytes"] == 0 else "BAD"]
+            for r in me.get("rows", [])]
+    p(table(["arm", "hit ratio", "extents freed whole", "opened without clean", "LMCache deleted",
+             "extent evictor deleted", "put back", "stores refused", "bytes"], rows, [False] + _right(8, 0)))
+    for arm, d in (me.get("hit_ratio_delta") or {}).items():
+        p(f"  hit ratio, extent - {arm}: {d:+.4f}")
+
+
 WARMUP_NOTE = "an untimed half second"
 
 
 PRINTERS = {"device": print_device, "uring": print_uring, "limit": print_limit, "core": print_core,
-            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "mp": print_mp,
+            "recovery": print_recovery, "plugin": print_plugin, "e2e": print_e2e, "mp": print_mp, "mpevict": print_mpevict,
             "loadcheck": print_loadcheck, "dealloc": print_dealloc, "scale": print_scale, "histcost": print_histcost,
             "prefix": print_prefix, "drives": print_drives, "loadcost": print_loadcost}
 

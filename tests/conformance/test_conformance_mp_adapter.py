@@ -350,3 +350,121 @@ def test_lmcache_eviction_controller_frees_slots_through_our_adapter(tmp_path):
     finally:
         controller.stop()
         adapter.close()
+
+
+# --------------------------------------------------------------------------- extent eviction
+
+EXTENT_SLOTS = 4
+
+
+class _Recorder:
+    """An L2 listener recording what LMCache would be told (stored / deleted keys)."""
+
+    def __init__(self):
+        self.stored, self.deleted = [], []
+
+    def on_l2_keys_stored(self, keys, sizes=None):
+        self.stored += list(keys)
+
+    def on_l2_keys_accessed(self, keys):
+        pass
+
+    def on_l2_keys_deleted(self, keys, sizes=None):
+        self.deleted += list(keys)
+
+
+def _extent_adapter(tmp_path, extents: int, **params):
+    dev = _device(tmp_path, size=(1 << 20) + extents * EXTENT_SLOTS * SLOT)
+    spec = _adapter_json(dev, extent_bytes=EXTENT_SLOTS * SLOT, eviction_policy="extent", **params)
+    return create_l2_adapter_from_registry(_adapters(_parse(spec))[0])
+
+
+def test_extent_eviction_keeps_storing_and_tells_lmcache_what_it_deleted(tmp_path):
+    """eviction_policy extent in the adapter: stores of three devices' worth all succeed, the
+    space comes back a whole extent at a time (every slot of a victim freed, the extent
+    deallocated as one range), and LMCache's byte accounting stays equal to what the core
+    holds, because every key the evictor deleted was reported deleted."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False, deallocate_freed="on")
+    rec = _Recorder()
+    adapter.register_listener(rec)
+    core = adapter._core
+    try:
+        usable = core.slot_counts().usable
+        keys = [_key(5000 + i) for i in range(3 * usable)]
+        for k in range(0, len(keys), EXTENT_SLOTS):
+            batch = keys[k:k + EXTENT_SLOTS]
+            assert _store(adapter, batch, [_obj(1024, seed=5000 + k + j) for j in range(len(batch))]) is True, k
+        assert adapter.wait_idle(60)
+        st = adapter.report_status()
+        assert st["eviction_policy"] == "extent" and st["reclaim"]["errors"] == 0, st
+        assert st["evicted_extents"] >= (2 * usable) // EXTENT_SLOTS - 2, st
+        assert st["evicted_extent_entries"] == len(rec.deleted) > 0
+        present = set(i for i, ok in enumerate(core.exists_many([encode(k) for k in keys])) if ok)
+        deleted = {keys.index(k) for k in rec.deleted}
+        assert present and not present & deleted, "a key reported deleted is still held"
+        assert present | deleted == set(range(len(keys))), "a key vanished without LMCache being told"
+        assert adapter.get_usage().total_bytes_used == len(present) * int(core.slot_bytes)
+        assert st["held_key_count"] == len(present) == core.slot_counts().indexed
+        counts = core.extent_counts()
+        assert counts["extents_clean"] + counts["extents_pending_dealloc"] >= 1, counts
+        # space came back as whole extents: each deallocation one range of the extent's bytes
+        dl = core.report_status()
+        assert dl["dealloc_bytes"] > 0 and dl["dealloc_bytes"] % (EXTENT_SLOTS * SLOT) == 0, dl
+        assert 0 < dl["dealloc_ranges"] <= dl["dealloc_bytes"] // (EXTENT_SLOTS * SLOT), dl
+    finally:
+        adapter.close()
+
+
+def test_extent_eviction_puts_hot_keys_back_and_tells_lmcache(tmp_path):
+    """A key loaded since its store survives the eviction of its extent (reinsertion); LMCache
+    is told it was deleted and then stored again, so its accounting still holds it."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2)
+    rec = _Recorder()
+    adapter.register_listener(rec)
+    core = adapter._core
+    try:
+        usable = core.slot_counts().usable
+        first = [_key(7000 + i) for i in range(EXTENT_SLOTS)]
+        first_objs = [_obj(1024, seed=7000 + i) for i in range(EXTENT_SLOTS)]
+        assert _store(adapter, first, first_objs) is True
+        hot = first[0]
+        assert _load(adapter, [hot], [_obj(1024, seed=1)]) == [0]
+        for k in range(0, 2 * usable, EXTENT_SLOTS):  # until the first extent is evicted
+            batch = [_key(8000 + k + j) for j in range(EXTENT_SLOTS)]
+            assert _store(adapter, batch, [_obj(1024, seed=8000 + k + j) for j in range(EXTENT_SLOTS)]) is True
+            assert adapter.wait_idle(60)  # stores paced: the evictor (which reinserts) keeps ahead
+            if hot in rec.deleted:
+                break
+        assert adapter.wait_idle(60)
+        st = adapter.report_status()
+        assert st["reinserted_extent_entries"] >= 1, st
+        assert hot in rec.deleted and rec.stored.count(hot) >= 2, "LMCache never heard the hot key came back"
+        out = [_obj(1024, seed=2)]
+        assert _load(adapter, [hot], out) == [0]
+        assert torch.equal(out[0].raw_data, first_objs[0].raw_data), "the key put back holds other bytes"
+        assert all(k in rec.deleted for k in first[1:]), "cold keys of the first extent were kept"
+    finally:
+        adapter.close()
+
+
+def test_adapter_eviction_policy_is_checked(tmp_path):
+    """The adapter's eviction settings are checked when LMCache builds it, naming the value."""
+    dev = _device(tmp_path)
+
+    def build(**params):
+        return create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, **params)))[0])
+
+    with pytest.raises(ValueError, match=r"eviction_policy must be one of none, extent .*'lru'"):
+        build(eviction_policy="lru")
+    with pytest.raises(ValueError, match=r"extent_reserve=3 needs eviction_policy 'extent'"):
+        build(extent_reserve=3)
+    with pytest.raises(ValueError, match=r"extent_reserve must be an integer >= 1"):
+        build(eviction_policy="extent", extent_reserve="two")
+    with pytest.raises(ValueError, match="needs extents"):
+        build(eviction_policy="extent")
+
+
+def encode(key) -> str:
+    from lmcache_rawblock.raw_block import encode_object_key
+
+    return encode_object_key(key).encoded
