@@ -264,11 +264,13 @@ def worth_loading(where: Sequence[DeviceLoadCost | None], tokens_per_key: float,
     return best
 
 
-# The caches of this process's MP adapters (core -> its LoadCost once a policy asked, else
-# None): LMCache builds its load policy and its L2 adapters apart, so the policy finds the
-# adapters' caches here. Weak: a closed, dropped core leaves by itself.
-_CACHES: weakref.WeakKeyDictionary[Any, LoadCost | None] = weakref.WeakKeyDictionary()
+# The caches of this process's MP adapters: LMCache builds its load policy and its L2 adapters
+# apart, so the policy finds the adapters' caches here. A weak set of cores, and each core's
+# estimate on the core itself (``_listed_load_cost``, once a policy asked): nothing here keeps
+# a core alive, so a closed, dropped core leaves by itself.
+_CACHES: weakref.WeakSet[Any] = weakref.WeakSet()
 _CACHES_LOCK = threading.Lock()
+_LISTED = "_listed_load_cost"
 
 
 def attach(core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> LoadCost:
@@ -279,28 +281,32 @@ def attach(core: Any, *, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> Lo
 def register(core: Any) -> None:
     """List an MP adapter's cache for :func:`live` (nothing is measured until a policy asks)."""
     with _CACHES_LOCK:
-        _CACHES.setdefault(core, None)
+        _CACHES.add(core)
 
 
 def forget(core: Any) -> None:
     """Stop listing ``core`` (its adapter closed)."""
     with _CACHES_LOCK:
-        _CACHES.pop(core, None)
+        _CACHES.discard(core)
 
 
 def registered(core: Any) -> LoadCost | None:
     """The estimate a policy attached to a listed cache, None before one did (cheap: a
     lookup's keys-per-chunk note is taken only when a policy listens)."""
-    return _CACHES.get(core)
+    return getattr(core, _LISTED, None) if core in _CACHES else None
 
 
 def live(*, prior_bandwidth: float = DEFAULT_PRIOR_BANDWIDTH) -> list[LoadCost]:
     """The estimates of the listed caches, attached on first call (LMCache's MP load policy)."""
+    out = []
     with _CACHES_LOCK:
-        for core, lc in list(_CACHES.items()):
+        for core in list(_CACHES):
+            lc = getattr(core, _LISTED, None)
             if lc is None:
-                _CACHES[core] = LoadCost(core, prior_bandwidth=prior_bandwidth)
-        return [lc for lc in _CACHES.values() if lc is not None]
+                lc = LoadCost(core, prior_bandwidth=prior_bandwidth)
+                setattr(core, _LISTED, lc)
+            out.append(lc)
+    return out
 
 
 PLUGIN_RATE_SETTING = "load_cost_recompute_tokens_per_second"

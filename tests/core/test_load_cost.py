@@ -238,3 +238,23 @@ def test_write_rate_is_measured_only_while_writes_are_pending():
     assert d.write_samples == 1 and d.write_bandwidth == pytest.approx(10 * MiB)
     # writes ahead now cost their time at the write rate: 8 MiB at 10 MiB/s, then 1 MiB at 100 MiB/s
     assert d.seconds(1 * MiB, (0, 8 * MiB)) == pytest.approx(0.8 + 0.01)
+
+
+def test_a_listed_cache_dropped_by_its_owner_leaves_the_list(dev):
+    """The MP adapters' list holds its cores weakly, and each core's estimate lives on the core:
+    once a core is closed and dropped, nothing in the list keeps it (or its device) alive."""
+    import gc
+    import weakref
+
+    core = make_core(dev, slot_bytes=SLOT)
+    load_cost.register(core)
+    try:
+        listed = load_cost.live()
+        assert any(lc._core is core for lc in listed) and load_cost.registered(core) is not None
+    finally:
+        core.close()
+    gone = weakref.ref(core)
+    del core, listed
+    gc.collect()
+    assert gone() is None, "the list of caches kept a closed core alive"
+    assert all(lc._core is not None for lc in load_cost.live())
