@@ -302,6 +302,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._extents: ExtentEviction | None = None
         self._evict_lock = threading.Lock()
         self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
+        self._tell_lock = threading.Lock()  # one teller at a time, so the order holds (before _lock)
         try:
             self._core = self._make_core(config)
             metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
@@ -369,19 +370,20 @@ class RawBlockL2Adapter(L2AdapterInterface):
         """Tell LMCache's listeners what extent eviction deleted and put back, in that order,
         leaving out a deletion the cache's own store of the key has overtaken (listeners were
         told of that store)."""
-        with self._lock:
-            events, self._untold = self._untold, []
-            ours = {e.generation for kind, _, e in events if kind == "stored"}
-            keep = []
-            for kind, enc, entry in events:
-                now = self._resident.get(enc)
-                if (kind == "deleted" and now is not None and now.generation > entry.generation
-                        and now.generation not in ours):
-                    continue
-                keep.append((kind, entry))
-        for kind, run in itertools.groupby(keep, key=lambda ev: ev[0]):
-            entries = [e for _, e in run]
-            self._tell(kind, [e.key for e in entries], [e.size for e in entries])
+        with self._tell_lock:
+            with self._lock:
+                events, self._untold = self._untold, []
+                ours = {e.generation for kind, _, e in events if kind == "stored"}
+                keep = []
+                for kind, enc, entry in events:
+                    now = self._resident.get(enc)
+                    if (kind == "deleted" and now is not None and now.generation > entry.generation
+                            and now.generation not in ours):
+                        continue
+                    keep.append((kind, entry))
+            for kind, run in itertools.groupby(keep, key=lambda ev: ev[0]):
+                entries = [e for _, e in run]
+                self._tell(kind, [e.key for e in entries], [e.size for e in entries])
 
     def _configure_fdp(self, config: Any) -> None:
         """The placement identifiers KV writes use (the device's, checked against the config),
