@@ -46,6 +46,16 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
             return 1;
         }
     }
+    const uint32_t have_sc = sb->size_classes > 1 ? sb->size_classes : 1;
+    if (have_sc != c->n_sc) {
+        /* an extent's slots sit at its class's offsets: refuse rather than read them elsewhere */
+        rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
+                   "size class mismatch: the device's extents are laid out for size_classes=%u, the configuration "
+                   "says size_classes=%u: reopen with the device's value",
+                   have_sc, c->n_sc);
+        r->layout_bad = 1;
+        return 1;
+    }
     if (sb->extent_stride != c->ext_stride) {
         /* The slots are not where this configuration would look: refuse, never read one at the
          * wrong offset (0: the identity layout, extents off or whole slots). */
@@ -55,16 +65,6 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
                    "the device's value",
                    (unsigned long long)sb->extent_stride, (unsigned long long)c->cfg.extent_bytes,
                    (unsigned long long)sb->slot_bytes);
-        r->layout_bad = 1;
-        return 1;
-    }
-    const uint32_t have_sc = sb->size_classes > 1 ? sb->size_classes : 1;
-    if (have_sc != c->n_sc) {
-        /* an extent's slots sit at its class's offsets: refuse rather than read them elsewhere */
-        rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
-                   "size class mismatch: the device's extents are laid out for size_classes=%u, the configuration "
-                   "says size_classes=%u: reopen with the device's value",
-                   have_sc, c->n_sc);
         r->layout_bad = 1;
         return 1;
     }

@@ -47,6 +47,7 @@ void rb_ext_free(rb_slots *s)
     free(x->rev);
     free(x->hot);
     free(x->cls);
+    free(x->own);
     memset(x, 0, sizeof(*x));
 }
 
@@ -89,12 +90,13 @@ static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
     x->head = malloc(((size_t)nlists(x) + 3) * sizeof(uint32_t));
     x->tail = malloc(((size_t)nlists(x) + 3) * sizeof(uint32_t));
     x->cls = calloc(n, 1);
+    x->own = calloc(n, sizeof(uint32_t));
     x->open = malloc(x->nstreams * sizeof(uint32_t));
     x->cur = calloc(x->nstreams, sizeof(uint32_t));
     x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
     x->hot = calloc(s->max_slots, 1);
     int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev &&
-             x->hot && x->cls;
+             x->hot && x->cls && x->own;
     return ok ? 0 : -ENOMEM;
 }
 
@@ -289,6 +291,7 @@ static int open_next(rb_slots *s, uint32_t stream, uint32_t cls)
     x->st[e] = RB_EXT_OPEN;
     push(x, L_OPEN(x), e);
     x->open[stream] = e;
+    x->own[e] = stream;
     x->cur[stream] = 0;
     x->n_open++;
     x->opened++;
@@ -331,6 +334,20 @@ static uint32_t take_from_open(rb_slots *s, uint32_t cls)
     return RB_SLOT_NONE;
 }
 
+/* Size classes, nothing of class cls left: an extent open for another class whose every slot
+ * is free (its keys deleted since) is closed, so it becomes clean (or pending) for any class.
+ * 1 when one was. */
+static int free_idle_open(rb_slots *s, uint32_t cls)
+{
+    rb_extents *x = &s->ext;
+    for (uint32_t e = x->head[L_OPEN(x)]; e != RB_SLOT_NONE; e = x->next[e])
+        if (x->cls[e] != cls && x->nfree[e] == rb_ext_cap(x, e)) {
+            close_open(s, x->own[e]);
+            return 1;
+        }
+    return 0;
+}
+
 uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid, uint32_t cls)
 {
     rb_extents *x = &s->ext;
@@ -351,8 +368,11 @@ uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid, uint32_t cls)
             }
             close_open(s, stream);
         }
-        if (!open_next(s, stream, cls))
-            return take_from_open(s, cls);
+        if (open_next(s, stream, cls))
+            continue;
+        uint32_t slot = take_from_open(s, cls);
+        if (slot != RB_SLOT_NONE || x->ncls < 2 || !free_idle_open(s, cls))
+            return slot;
     }
 }
 

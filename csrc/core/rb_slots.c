@@ -231,7 +231,7 @@ size_t rb_slots_mem_bytes(const rb_slots *s)
     size_t per = 2 * sizeof(uint32_t) + 1 + (s->affinity ? 2 * sizeof(uint32_t) + 2 : 0);
     size_t ext = 0;
     if (s->ext.per)
-        ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 2) + (size_t)s->cap * sizeof(uint32_t) +
-              (size_t)s->ext.nstreams * s->ext.ncls * 2 * sizeof(uint32_t);
+        ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 2 + sizeof(uint32_t)) +
+              (size_t)s->cap * sizeof(uint32_t) + (size_t)s->ext.nstreams * s->ext.ncls * 2 * sizeof(uint32_t);
     return (size_t)s->cap * per + (s->affinity ? 2 * NPIDS * sizeof(uint32_t) : 0) + ext;
 }

@@ -56,6 +56,7 @@ typedef struct rb_extents {
     uint32_t *prev, *next; /* list links */
     uint32_t *head, *tail; /* per + 3 lists */
     uint32_t *open, *cur;  /* per stream: the open extent, the index in it to look at next */
+    uint32_t *own;         /* per extent: the stream it is open for (while open) */
     uint32_t nstreams;
     uint32_t *rev;
     uint8_t *hot;

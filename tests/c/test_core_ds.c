@@ -144,7 +144,7 @@ static void test_extent_classes(void)
     CHECK(rb_slots_alloc_sc(&s, 0, 2) == 8 && s.ext.cls[1] == 2); /* another class: its own extent */
     CHECK(rb_slots_alloc_sc(&s, 0, 0) == 1);
     CHECK(rb_slots_alloc_sc(&s, 0, 1) == 16 && s.ext.cls[2] == 1); /* class 0's extent is full */
-    CHECK(rb_slots_alloc_sc(&s, 0, 0) == RB_SLOT_NONE);          /* no clean extent, none of its class */
+    CHECK(rb_slots_alloc_sc(&s, 0, 0) == RB_SLOT_NONE);            /* no clean extent, none of its class */
     for (uint32_t i = 1; i < 8; i++)
         CHECK(rb_slots_alloc_sc(&s, 0, 2) == 8 + i);
     CHECK(rb_slots_alloc_sc(&s, 0, 2) == RB_SLOT_NONE);
@@ -166,7 +166,7 @@ static void test_extent_classes(void)
         if (x != 9)
             rb_slots_release(&s, x);
     CHECK(s.n_free == 8 + 1 + 8 && s.ext.nfree[1] == 1 && s.ext.n_clean == 2); /* id 8; 10..15 holes */
-    CHECK(rb_slots_alloc_sc(&s, 0, 0) == 0); /* a clean extent first */
+    CHECK(rb_slots_alloc_sc(&s, 0, 0) == 0);                                   /* a clean extent first */
     CHECK(rb_slots_alloc_sc(&s, 0, 2) == 16 && rb_slots_alloc_sc(&s, 0, 0) == 1);
     rb_slots_free(&s);
     CHECK(rb_slots_init(&s, 24, 0) == 0);
