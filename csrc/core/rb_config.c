@@ -658,13 +658,18 @@ static int check_size_classes(const rb_core_cfg *cfg, rb_err *err)
     return 0;
 }
 
+/* The data area's layout: extents, then size classes. */
+static int check_layout(const rb_core_cfg *cfg, rb_err *err)
+{
+    int rc = check_extent(cfg, err);
+    return rc < 0 ? rc : check_size_classes(cfg, err);
+}
+
 int rb_core_cfg_check(const rb_core_cfg *cfg, rb_err *err)
 {
     int rc = check_ranges(cfg, err);
     if (rc == 0)
-        rc = check_extent(cfg, err);
-    if (rc == 0)
-        rc = check_size_classes(cfg, err);
+        rc = check_layout(cfg, err);
     if (rc < 0)
         return rc;
     unsigned long long ba = cfg->block_align, hb = cfg->header_bytes, sb = cfg->slot_bytes, mt = cfg->meta_total_bytes;

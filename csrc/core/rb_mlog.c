@@ -411,6 +411,29 @@ static int sb_check_sizes(const rb_mlog_sb *s, rb_err *err)
 
 /* The superblock's geometry: the containers halve the metadata region and hold a superblock,
  * the data follows the region, and max_slots is what the data area holds. */
+/* The extent stride and size classes of s, and the slot count they give into *ms. */
+static int sb_check_extents(const rb_mlog_sb *s, uint64_t *ms, rb_err *err)
+{
+    static const char W[] = "metadata superblock";
+    const uint64_t ba = s->block_align, st = s->extent_stride, sb = s->slot_bytes;
+    const uint32_t ncls = s->size_classes;
+    if (ncls == 1 || ncls > RB_SIZE_CLASSES_MAX || (ncls && (!st || s->header_bytes >= sb)))
+        return bad(err, W, "size_classes %llu is not 2 to %u with an extent stride", (unsigned long long)ncls,
+                   RB_SIZE_CLASSES_MAX);
+    if (st && (st % ba || st / sb < 2 || st / sb > 0xFFFFFFull || (st % sb == 0 && !ncls)))
+        return bad(err, W,
+                   "extent stride %llu is not a multiple of block_align of 2 or more slots of %llu bytes, "
+                   "not whole slots",
+                   st, sb);
+    *ms = (s->capacity - s->data_base) / sb;
+    if (st) {
+        uint64_t eb0 = (s->data_base + st - 1) / st * st;
+        uint64_t per = st / (ncls ? rb_sc_slot_bytes(sb, s->header_bytes, ba, ncls - 1) : sb);
+        *ms = eb0 < s->capacity ? (s->capacity - eb0) / st * per : 0;
+    }
+    return 0;
+}
+
 static int sb_check_geometry(const rb_mlog_sb *s, rb_err *err)
 {
     static const char W[] = "metadata superblock";
@@ -426,22 +449,10 @@ static int sb_check_geometry(const rb_mlog_sb *s, rb_err *err)
         return bad(err, W, "data_base %llu is not meta_total_bytes %llu", s->data_base, s->meta_total_bytes);
     if (s->capacity <= s->data_base)
         return bad(err, W, "capacity %llu is not above data_base %llu", s->capacity, s->data_base);
-    const uint64_t st = s->extent_stride, sb = s->slot_bytes;
-    const uint32_t ncls = s->size_classes;
-    if (ncls == 1 || ncls > RB_SIZE_CLASSES_MAX || (ncls && (!st || s->header_bytes >= sb)))
-        return bad(err, W, "size_classes %llu is not 2 to %u with an extent stride", (unsigned long long)ncls,
-                   RB_SIZE_CLASSES_MAX);
-    if (st && (st % ba || st / sb < 2 || st / sb > 0xFFFFFFull || (st % sb == 0 && !ncls)))
-        return bad(err, W,
-                   "extent stride %llu is not a multiple of block_align of 2 or more slots of %llu bytes, "
-                   "not whole slots",
-                   st, sb);
-    uint64_t ms = (s->capacity - s->data_base) / sb;
-    if (st) {
-        uint64_t eb0 = (s->data_base + st - 1) / st * st;
-        uint64_t per = st / (ncls ? rb_sc_slot_bytes(sb, s->header_bytes, ba, ncls - 1) : sb);
-        ms = eb0 < s->capacity ? (s->capacity - eb0) / st * per : 0;
-    }
+    uint64_t ms = 0;
+    int rc = sb_check_extents(s, &ms, err);
+    if (rc < 0)
+        return rc;
     if (ms == 0 || ms > UINT32_MAX - 1 || s->max_slots != ms)
         return bad(err, W, "max_slots %llu does not match the geometry (%llu)", s->max_slots, ms);
     return 0;
