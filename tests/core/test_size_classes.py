@@ -156,6 +156,17 @@ def test_size_classes_are_refused_without_extents_in_the_log_format(tmp_path, kw
         sc_core(make_device(tmp_path), 2, **kw)
 
 
+def test_a_state_document_is_refused_with_size_classes(tmp_path):
+    core = sc_core(make_device(tmp_path), 2)
+    try:
+        put(core, [1], [1000])
+        with pytest.raises(ValueError, match="apply_state_json is not available with size_classes=2"):
+            core._native.apply_state_json(b'{"version": 1, "entries": {}}')
+        assert served(core, [1], [1000]) == [1]
+    finally:
+        core.close()
+
+
 def test_too_many_size_classes_are_refused_naming_the_setting(tmp_path):
     # 60 KiB of payload halves to 4 KiB after 4 classes: a fifth rounds up to the same slot
     with pytest.raises(ValueError, match="size_classes=6 is too many"):
