@@ -294,6 +294,17 @@ const rb_setting rb_core_settings[] = {
              "filled in order by one writer stream and given back whole; at least 2 slots, a multiple of "
              "block_align (meta_format='v1': of slot_bytes; else the tail past the last whole slot is unused); "
              "0 = off (each slot allocated on its own)"},
+    {.name = "size_classes",
+     .type = RB_SET_UINT,
+     CFG(size_classes),
+     .min = 1,
+     .max = RB_SIZE_CLASSES_MAX,
+     .deflt = "1",
+     .flags = OURS,
+     .help = "with extent_bytes and meta_format='log': slot sizes for objects of different sizes; class c's "
+             "slot holds (slot_bytes - header_bytes) / 2^c payload bytes (rounded up to block_align), an object "
+             "goes to the smallest class it fits and each extent holds slots of one class; 1 = off (every slot "
+             "slot_bytes)"},
     {.name = "key_namespace",
      .type = RB_SET_CHOICE,
      CFG(key_namespace),
@@ -612,11 +623,53 @@ static int check_extent(const rb_core_cfg *cfg, rb_err *err)
     return 0;
 }
 
+/* size_classes: 1, or with extents in the log format (format v1 keeps LMCache's fixed slots)
+ * classes whose slots shrink one after the other, the smallest still holding a payload. */
+static int check_size_classes(const rb_core_cfg *cfg, rb_err *err)
+{
+    unsigned n = cfg->size_classes ? cfg->size_classes : 1;
+    unsigned long long eb = cfg->extent_bytes, sb = cfg->slot_bytes, hb = cfg->header_bytes, ba = cfg->block_align;
+    if (n == 1)
+        return 0;
+    if (cfg->meta_format != RB_META_LOG)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "size_classes=%u needs meta_format='log': format v1 keeps LMCache's layout, one slot of "
+                          "slot_bytes each (size_classes=1 there)",
+                          n);
+    if (eb == 0)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "size_classes=%u needs extents (extent_bytes > 0): each extent holds slots of one class", n);
+    if (sb <= hb)
+        return 0; /* slot_bytes' own check names it */
+    for (unsigned k = 1; k < n; k++) {
+        unsigned long long a = rb_sc_slot_bytes(sb, hb, ba, k - 1), b = rb_sc_slot_bytes(sb, hb, ba, k);
+        if (b >= a || b <= hb)
+            return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                              "size_classes=%u is too many: class %u's slot (%llu bytes) is no smaller than class "
+                              "%u's (%llu) with slot_bytes=%llu, header_bytes=%llu, block_align=%llu",
+                              n, k, b, k - 1, a, sb, hb, ba);
+    }
+    unsigned long long small = rb_sc_slot_bytes(sb, hb, ba, n - 1);
+    if (eb / small > 0xFFFFFFull)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "extent_bytes must hold at most 16777215 slots of the smallest class (extent_bytes=%llu, "
+                          "size_classes=%u: %llu-byte slots)",
+                          eb, n, small);
+    return 0;
+}
+
+/* The data area's layout: extents, then size classes. */
+static int check_layout(const rb_core_cfg *cfg, rb_err *err)
+{
+    int rc = check_extent(cfg, err);
+    return rc < 0 ? rc : check_size_classes(cfg, err);
+}
+
 int rb_core_cfg_check(const rb_core_cfg *cfg, rb_err *err)
 {
     int rc = check_ranges(cfg, err);
     if (rc == 0)
-        rc = check_extent(cfg, err);
+        rc = check_layout(cfg, err);
     if (rc < 0)
         return rc;
     unsigned long long ba = cfg->block_align, hb = cfg->header_bytes, sb = cfg->slot_bytes, mt = cfg->meta_total_bytes;

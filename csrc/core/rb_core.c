@@ -206,7 +206,10 @@ static int layout_region(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
 static int layout_slots(rb_core *c, const rb_core_cfg *cfg, uint64_t *ms, rb_err *err)
 {
     const uint64_t eb = cfg->extent_bytes, sb = cfg->slot_bytes;
-    if (c->cfg.meta_format != RB_META_LOG || eb == 0 || eb % sb == 0) {
+    c->n_sc = cfg->size_classes > 1 ? cfg->size_classes : 1;
+    for (uint32_t k = 0; k < c->n_sc; k++)
+        c->sc_bytes[k] = rb_sc_slot_bytes(sb, cfg->header_bytes, cfg->block_align, k);
+    if (c->cfg.meta_format != RB_META_LOG || eb == 0 || (eb % sb == 0 && c->n_sc == 1)) {
         *ms = (c->capacity - c->data_base) / sb;
         return 0;
     }
@@ -219,7 +222,7 @@ static int layout_slots(rb_core *c, const rb_core_cfg *cfg, uint64_t *ms, rb_err
                           (unsigned long long)eb, (unsigned long long)(c->capacity - c->data_base),
                           (unsigned long long)c->data_base, (unsigned long long)c->capacity);
     c->ext_stride = eb;
-    c->ext_per = (uint32_t)(eb / sb);
+    c->ext_per = (uint32_t)(eb / c->sc_bytes[c->n_sc - 1]); /* size classes: the smallest's count */
     *ms = n * c->ext_per;
     return 0;
 }

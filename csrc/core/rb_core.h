@@ -51,7 +51,27 @@ typedef struct rb_core_cfg {
     int io_scheduler;               /* enum rb_sched_mode (rb_uring.h) */
     uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
     uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h) */
+    uint32_t size_classes; /* 1 = off; else extents of that many slot sizes (rb_core_extent.c) */
 } rb_core_cfg;
+
+/* Size classes (size_classes, rb_core_extent.c): class c's slot, header included, holds
+ * (slot_bytes - header_bytes) >> c payload bytes rounded up to block_align (class 0: slot_bytes).
+ * An object goes to the smallest class whose payload holds it (rb_sc_of): a function of its size
+ * alone, so recovery derives an extent's class from its entries. */
+#define RB_SIZE_CLASSES_MAX 8u
+static inline uint64_t rb_sc_slot_bytes(uint64_t slot_bytes, uint64_t header_bytes, uint64_t block_align, uint32_t c)
+{
+    uint64_t pay = (slot_bytes - header_bytes) >> c, a = block_align ? block_align : 1;
+    return header_bytes + (pay + a - 1) / a * a;
+}
+static inline uint32_t rb_sc_of(uint64_t size, uint64_t slot_bytes, uint64_t header_bytes, uint64_t block_align,
+                                uint32_t n)
+{
+    uint32_t c = n ? n - 1 : 0;
+    while (c > 0 && size > rb_sc_slot_bytes(slot_bytes, header_bytes, block_align, c) - header_bytes)
+        c--;
+    return c;
+}
 
 /* When freed slots are deallocated (rb_core_dealloc.c). */
 enum rb_dealloc_mode {
@@ -179,6 +199,10 @@ typedef struct rb_core_status {
     /* The strided layout (rb_slot_offset; zeros otherwise): extent 0's offset, the stride, the
      * bytes at the tail of each extent that no slot uses. */
     uint64_t extent_base, extent_stride, extent_tail_bytes;
+    /* Size classes (size_classes > 1; else 1 and zeros): how many, extents of each class now
+     * (open or closed; a wholly free extent has none), each class's slot bytes. */
+    uint64_t size_classes, size_class_dropped;
+    uint64_t class_extents[8], class_slot_bytes[8];
     uint64_t faults_total;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
     rb_fault faults[RB_FAULTS_KEPT];

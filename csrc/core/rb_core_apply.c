@@ -485,6 +485,11 @@ static int apply_json(rb_core *c, const char *json, size_t len, rb_err *err)
 
 int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err)
 {
+    if (c->n_sc > 1) /* the allocator rebuilt under puts in flight would forget their extents' class */
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL,
+                          "apply_state_json is not available with size_classes=%u: a state document records "
+                          "offsets, which name no size class",
+                          c->n_sc);
     if (!generic) {
         rb_fstate fs;
         int rc = rb_fstate_parse(json, len, &fs);

@@ -105,6 +105,8 @@ static size_t slots_to_ranges(const rb_core *c, const uint32_t *s, size_t n, rb_
 {
     size_t k = 0;
     uint64_t sb = c->cfg.slot_bytes, whole = (uint64_t)c->ext_per * sb;
+    if (c->n_sc > 1) /* size classes: a wholly free extent's ids tile it in its smallest slots */
+        whole = (uint64_t)c->ext_per * (sb = c->sc_bytes[c->n_sc - 1]);
     for (size_t i = 0; i < n; i++) {
         uint64_t off = rb_slot_offset(c, s[i]);
         if (k > 0 && r[k - 1].off + r[k - 1].len == off) {

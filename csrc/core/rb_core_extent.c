@@ -20,7 +20,11 @@ int rb_core_extent_init(rb_core *c, rb_err *err)
     if (eb == 0)
         return 0;
     if (c->ext_stride) { /* strided (rb_slot_offset): slot 0 starts extent 0 */
-        if (rb_ext_init(&c->slots, c->ext_per, 0, 0) < 0)
+        uint32_t cnt[RB_SIZE_CLASSES_MAX];
+        for (uint32_t k = 0; k < c->n_sc; k++)
+            cnt[k] = (uint32_t)(eb / c->sc_bytes[k]);
+        cnt[c->n_sc - 1] = c->ext_per;
+        if (rb_ext_init_classes(&c->slots, c->ext_per, 0, 0, c->n_sc, cnt) < 0)
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
         return 0;
     }
@@ -40,6 +44,31 @@ int rb_core_extent_init(rb_core *c, rb_err *err)
     if (rc < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     return 0;
+}
+
+void rb_core_sc_recover_locked(rb_core *c, uint32_t *slot_pos, uint32_t cap)
+{
+    rb_slots *sl = &c->slots;
+    const uint64_t sb = c->cfg.slot_bytes, hb = c->cfg.header_bytes, ba = c->cfg.block_align;
+    for (uint32_t p = 0; p < c->index.n_ents; p++) {
+        const rb_ent *e = &c->index.ents[p];
+        if (e->flags & RB_ENT_DEAD)
+            continue;
+        uint32_t k = e->slot / c->ext_per, i = e->slot % c->ext_per;
+        uint32_t want = rb_sc_of(e->size, sb, hb, ba, c->n_sc);
+        if (sl->ext.cls[k] == RB_EXT_NOCLS)
+            rb_ext_set_class(sl, k, want); /* its first entry names it */
+        if (sl->ext.cls[k] == want && i < sl->ext.cnt[want])
+            continue;
+        /* damage: a size another class's, or a slot past the class's count: never read there */
+        if (e->flags & RB_ENT_UNVERIFIED)
+            c->n_unverified--;
+        if (e->slot < cap)
+            slot_pos[e->slot] = 0; /* released with the unlisted slots */
+        rb_idx_remove_at(&c->index, p);
+        c->sc_dropped++;
+        c->recovery_dropped++;
+    }
 }
 
 /* The slot -> index position map, from the index (after a compaction or a new state). mu held. */
@@ -77,7 +106,7 @@ static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *l
 {
     const rb_extents *x = &c->slots.ext;
     size_t k = 0;
-    for (uint32_t i = 0; i < x->per; i++) {
+    for (uint32_t i = 0, n = rb_ext_cap(x, e); i < n; i++) {
         uint32_t p = key_on_slot_locked(c, x->first + e * x->per + i);
         if (p == UINT32_MAX || c->index.ents[p].refcnt > 0)
             continue;
@@ -144,4 +173,12 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)
     st->extents_evicted = x->evicted;
     st->extent_deallocs = x->deallocated;
     st->extent_dealloc_skipped = x->dealloc_skipped;
+    st->size_classes = c->n_sc;
+    st->size_class_dropped = c->sc_dropped;
+    for (uint32_t k = 0; k < c->n_sc && c->n_sc > 1; k++) {
+        st->class_extents[k] = x->cls_extents[k];
+        st->class_slot_bytes[k] = c->sc_bytes[k];
+    }
+    if (c->n_sc > 1) /* the bytes past the smallest class's slots */
+        st->extent_tail_bytes = c->ext_stride - (uint64_t)c->ext_per * c->sc_bytes[c->n_sc - 1];
 }

@@ -139,6 +139,12 @@ struct rb_core {
      * extent k at ext_base + k * ext_stride holds ext_per slots; rb_slot_offset. */
     uint64_t ext_base, ext_stride;
     uint32_t ext_per;
+    /* Size classes (size_classes > 1, always strided; n_sc 1 otherwise): each class's slot bytes
+     * (rb_sc_slot_bytes); extent k's class is slots.ext.cls[k], ext_per the smallest class's
+     * slot count, so a class of larger slots uses the first of the extent's ids. */
+    uint32_t n_sc;
+    uint64_t sc_bytes[RB_SIZE_CLASSES_MAX];
+    uint64_t sc_dropped; /* recovered entries whose size contradicted their extent's class */
 
     /* ---- locks and the periodic thread (rb_core_meta.c) --------------------------------- */
     pthread_mutex_t ckpt_mu;
@@ -311,12 +317,21 @@ static inline uint64_t rb_round_up(uint64_t x, uint64_t a)
  * ext_stride (ext_base the first extent_bytes boundary at or past data_base); the tail of each
  * extent past its ext_per slots is never used.
  */
+/* The slot bytes of extent k's class (size classes; a wholly free extent, with none, counts in
+ * the smallest class's slots: its ids then tile it). */
+static inline uint64_t rb_ext_slot_bytes(const rb_core *c, uint32_t k)
+{
+    if (c->n_sc < 2)
+        return c->cfg.slot_bytes;
+    uint8_t cl = c->slots.ext.cls[k];
+    return c->sc_bytes[cl < c->n_sc ? cl : c->n_sc - 1];
+}
 static inline uint64_t rb_slot_offset(const rb_core *c, uint32_t slot)
 {
     if (!c->ext_stride)
         return c->data_base + (uint64_t)slot * c->cfg.slot_bytes;
     return c->ext_base + (uint64_t)(slot / c->ext_per) * c->ext_stride +
-           (uint64_t)(slot % c->ext_per) * c->cfg.slot_bytes;
+           (uint64_t)(slot % c->ext_per) * rb_ext_slot_bytes(c, slot / c->ext_per);
 }
 /* The slot starting at device offset off into *slot: 0, or -1 when no slot starts there (not
  * checked against max_slots). */
@@ -332,9 +347,16 @@ static inline int rb_offset_slot(const rb_core *c, uint64_t off, uint64_t *slot)
     if (off < c->ext_base)
         return -1;
     uint64_t k = (off - c->ext_base) / c->ext_stride, in = (off - c->ext_base) % c->ext_stride;
-    if (in % sb || in / sb >= c->ext_per)
+    uint64_t one = sb, n = c->ext_per;
+    if (c->n_sc > 1) { /* an extent with a class: its slots; without one, no slot starts there */
+        if (k >= c->slots.ext.n || c->slots.ext.cls[k] >= c->n_sc)
+            return -1;
+        one = c->sc_bytes[c->slots.ext.cls[k]];
+        n = c->slots.ext.cnt[c->slots.ext.cls[k]];
+    }
+    if (in % one || in / one >= n)
         return -1;
-    *slot = k * c->ext_per + in / sb;
+    *slot = k * c->ext_per + in / one;
     return 0;
 }
 /* How many slots lie wholly below device offset end (the first slots: a shrunk device's fit). */
@@ -487,6 +509,11 @@ static inline void rb_core_slot_back_locked(rb_core *c, uint32_t slot)
 /* Set up extents when extent_bytes is on (after rb_slots_init at open): 0 or <0 with err. */
 int rb_core_extent_init(rb_core *c, rb_err *err);
 void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st);
+/* Recovery with size classes (after rb_slots_reset, before the unlisted slots are released):
+ * each extent holding entries takes the class of its first entry's size; an entry whose size
+ * names another class, or whose slot is past its class's count, is dropped (counted in
+ * sc_dropped and recovery_dropped) and its slot_pos cleared. mu held. */
+void rb_core_sc_recover_locked(rb_core *c, uint32_t *slot_pos, uint32_t cap);
 
 /* ---- rb_core_dealloc.c: freed slots given back to the device ---------------------------- */
 

@@ -96,7 +96,11 @@ static int sb_at(rb_core *c, uint64_t off, uint8_t *blk, uint64_t span, uint64_t
 uint64_t rb_core_ml_region_bytes(rb_core *c)
 {
     const uint64_t ba = c->cfg.block_align, span = rb_mlog_sb_span(ba);
-    uint64_t autosz = rb_mlog_auto_meta_total(c->capacity, c->cfg.slot_bytes, ba), meta = 0;
+    /* size classes: sized for the smallest class's slots, as many ids as the layout has */
+    const uint64_t one = c->cfg.size_classes > 1
+                             ? rb_sc_slot_bytes(c->cfg.slot_bytes, c->cfg.header_bytes, ba, c->cfg.size_classes - 1)
+                             : c->cfg.slot_bytes;
+    uint64_t autosz = rb_mlog_auto_meta_total(c->capacity, one, ba), meta = 0;
     rb_err ae;
     uint8_t *blk = rb_alloc_aligned(ba, span, &ae);
     if (!blk)
@@ -1041,6 +1045,7 @@ static void sb_fill_locked(rb_core *c, const ml_base *b, uint64_t sb_seq, uint64
     sb->container_bytes = c->container_bytes;
     sb->max_slots = c->max_slots;
     sb->extent_stride = c->ext_stride;
+    sb->size_classes = c->n_sc > 1 ? c->n_sc : 0;
     sb->areas[0] = m->lay.areas[0];
     sb->areas[1] = m->lay.areas[1];
     sb->base.area = (uint32_t)b->area;

@@ -46,6 +46,16 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
             return 1;
         }
     }
+    const uint32_t have_sc = sb->size_classes > 1 ? sb->size_classes : 1;
+    if (have_sc != c->n_sc) {
+        /* an extent's slots sit at its class's offsets: refuse rather than read them elsewhere */
+        rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
+                   "size class mismatch: the device's extents are laid out for size_classes=%u, the configuration "
+                   "says size_classes=%u: reopen with the device's value",
+                   have_sc, c->n_sc);
+        r->layout_bad = 1;
+        return 1;
+    }
     if (sb->extent_stride != c->ext_stride) {
         /* The slots are not where this configuration would look: refuse, never read one at the
          * wrong offset (0: the identity layout, extents off or whole slots). */
@@ -464,6 +474,8 @@ static int ml_adopt(rb_core *c, const ml_rec *r, const rb_mlog_read_result *res,
         pthread_mutex_unlock(&c->mu);
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     }
+    if (c->n_sc > 1)
+        rb_core_sc_recover_locked(c, r->slot_pos, r->cap_slots);
     for (uint32_t s = 0; s < r->top; s++)
         if (s >= r->cap_slots || r->slot_pos[s] == 0)
             rb_core_release_slot_locked(c, s);

@@ -67,12 +67,14 @@ static int reserve_admit_locked(rb_core *c, const rb_put_item *it, uint32_t h, r
  * deallocation are taken when none is free; a slot past the end of a device that shrank is
  * retired, one a container lists is held. RB_SLOT_NONE when there is none (*nospace set, why
  * in *fail). */
-static uint32_t take_slot_locked(rb_core *c, uint16_t pid, rb_err *fail, int *nospace)
+static uint32_t take_slot_locked(rb_core *c, uint16_t pid, size_t len, rb_err *fail, int *nospace)
 {
+    /* size classes: the smallest whose slot holds the payload (recovery derives the same) */
+    uint32_t sc = c->n_sc > 1 ? rb_sc_of(len, c->cfg.slot_bytes, c->cfg.header_bytes, c->cfg.block_align, c->n_sc) : 0;
     for (;;) {
-        uint32_t s = rb_slots_alloc(&c->slots, pid);
+        uint32_t s = rb_slots_alloc_sc(&c->slots, pid, sc);
         if (s == RB_SLOT_NONE && rb_core_dealloc_take_locked(c) > 0)
-            s = rb_slots_alloc(&c->slots, pid); /* reusable slots still waiting for deallocation */
+            s = rb_slots_alloc_sc(&c->slots, pid, sc); /* reusable slots still waiting for deallocation */
         if (s == RB_SLOT_NONE) {
             *nospace = 1;
             PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC,
@@ -106,7 +108,7 @@ static int reserve_locked(rb_core *c, const rb_put_item *it, uint32_t *slot, rb_
         PUT_FAIL(fail, RB_ERR_NOMEM, ENOMEM, "out of memory");
         return 0;
     }
-    uint32_t s = take_slot_locked(c, it->pid, fail, nospace);
+    uint32_t s = take_slot_locked(c, it->pid, it->len, fail, nospace);
     if (s == RB_SLOT_NONE)
         return 0;
     uint32_t p = rb_idx_insert(&c->inflight, it->key, it->key_len, h, it->meta.pos, it->meta.npos);

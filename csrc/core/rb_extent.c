@@ -17,6 +17,21 @@
 
 #define NPIDS 65536u
 
+/* The list indices (rb_slots.h): closed extents of class row r with k free slots at r * per +
+ * k, then the clean, pending and open lists. */
+static uint32_t nlists(const rb_extents *x)
+{
+    return (x->ncls > 1 ? x->ncls + 1 : 1) * x->per;
+}
+#define L_CLEAN(x) nlists(x)
+#define L_PEND(x) (nlists(x) + 1)
+#define L_OPEN(x) (nlists(x) + 2)
+static uint32_t l_closed(const rb_extents *x, uint32_t e)
+{
+    uint32_t row = x->cls[e] == RB_EXT_NOCLS ? x->ncls : x->cls[e];
+    return row * x->per + x->nfree[e];
+}
+
 void rb_ext_free(rb_slots *s)
 {
     rb_extents *x = &s->ext;
@@ -31,6 +46,8 @@ void rb_ext_free(rb_slots *s)
     free(x->cur);
     free(x->rev);
     free(x->hot);
+    free(x->cls);
+    free(x->own);
     memset(x, 0, sizeof(*x));
 }
 
@@ -63,34 +80,47 @@ static void unlink_ext(rb_extents *x, uint32_t k, uint32_t e)
 static int ext_arrays(rb_slots *s, uint32_t n, uint32_t per)
 {
     rb_extents *x = &s->ext;
-    x->nstreams = s->affinity ? NPIDS : 1;
+    x->nstreams = (s->affinity ? NPIDS : 1) * x->ncls;
     x->nfree = calloc(n, sizeof(uint32_t));
     x->tick = calloc(n, sizeof(uint64_t));
     x->st = calloc(n, 1);
     x->prev = malloc(n * sizeof(uint32_t));
     x->next = malloc(n * sizeof(uint32_t));
-    x->head = malloc(((size_t)per + 3) * sizeof(uint32_t));
-    x->tail = malloc(((size_t)per + 3) * sizeof(uint32_t));
+    x->per = per;
+    x->head = malloc(((size_t)nlists(x) + 3) * sizeof(uint32_t));
+    x->tail = malloc(((size_t)nlists(x) + 3) * sizeof(uint32_t));
+    x->cls = calloc(n, 1);
+    x->own = calloc(n, sizeof(uint32_t));
     x->open = malloc(x->nstreams * sizeof(uint32_t));
     x->cur = calloc(x->nstreams, sizeof(uint32_t));
     x->rev = malloc((size_t)s->max_slots * sizeof(uint32_t));
     x->hot = calloc(s->max_slots, 1);
     int ok = x->nfree && x->tick && x->st && x->prev && x->next && x->head && x->tail && x->open && x->cur && x->rev &&
-             x->hot;
+             x->hot && x->cls && x->own;
     return ok ? 0 : -ENOMEM;
 }
 
 int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
 {
-    if (per < 2 || first >= s->max_slots || (s->max_slots - first) / per == 0)
+    return rb_ext_init_classes(s, per, first, hold, 1, &per);
+}
+
+int rb_ext_init_classes(rb_slots *s, uint32_t per, uint32_t first, int hold, uint32_t ncls, const uint32_t *cnt)
+{
+    if (per < 2 || first >= s->max_slots || (s->max_slots - first) / per == 0 || ncls == 0 || ncls > RB_EXT_CLS_MAX ||
+        cnt[ncls - 1] != per)
         return -EINVAL;
+    for (uint32_t k = 1; k < ncls; k++)
+        if (cnt[k] < cnt[k - 1] || cnt[k - 1] == 0)
+            return -EINVAL;
     rb_extents *x = &s->ext;
     uint32_t n = (s->max_slots - first) / per;
+    x->ncls = ncls;
+    memcpy(x->cnt, cnt, ncls * sizeof(*cnt));
     if (ext_arrays(s, n, per) < 0 || rb_slots_grow(s, s->max_slots) < 0) {
         rb_ext_free(s);
         return -ENOMEM;
     }
-    x->per = per;
     x->first = first;
     x->n = n;
     x->hold = hold;
@@ -102,27 +132,36 @@ int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold)
 /* The lists rebuilt from the free counts; no extent open or pending. */
 static void rebuild_lists(rb_extents *x)
 {
-    memset(x->head, 0xff, ((size_t)x->per + 3) * sizeof(uint32_t));
-    memset(x->tail, 0xff, ((size_t)x->per + 3) * sizeof(uint32_t));
+    memset(x->head, 0xff, ((size_t)nlists(x) + 3) * sizeof(uint32_t));
+    memset(x->tail, 0xff, ((size_t)nlists(x) + 3) * sizeof(uint32_t));
     memset(x->open, 0xff, x->nstreams * sizeof(uint32_t));
     x->n_clean = x->n_open = x->n_pending = 0;
     for (uint32_t e = 0; e < x->n; e++) {
-        x->st[e] = x->nfree[e] == x->per ? RB_EXT_CLEAN : RB_EXT_CLOSED;
-        x->n_clean += x->nfree[e] == x->per;
-        push(x, x->nfree[e], e);
+        int clean = x->nfree[e] == x->per;
+        x->st[e] = clean ? RB_EXT_CLEAN : RB_EXT_CLOSED;
+        x->n_clean += clean;
+        push(x, clean ? L_CLEAN(x) : l_closed(x, e), e);
     }
 }
 
 void rb_ext_reset(rb_slots *s, uint32_t top)
 {
     rb_extents *x = &s->ext;
+    /* with classes every extent starts without one (recovery gives those holding entries theirs,
+     * rb_ext_set_class) and the high-water mark is the end: ids past a class's count are holes */
+    memset(x->cls, x->ncls > 1 ? RB_EXT_NOCLS : 0, x->n);
+    memset(x->cls_extents, 0, sizeof(x->cls_extents));
     for (uint32_t e = 0; e < x->n; e++) {
         uint32_t lo = x->first + e * x->per, hi = lo + x->per;
         uint32_t from = top > lo ? (top < hi ? top : hi) : lo;
         x->nfree[e] = hi - from;
         if (hi > from)
             memset(s->is_free + from, 1, hi - from);
+        if (x->ncls > 1)
+            s->n_free += hi - from;
     }
+    if (x->ncls > 1)
+        s->next_slot = s->max_slots;
     rebuild_lists(x);
     memset(x->hot, 0, s->max_slots);
     x->rev_ok = 0;
@@ -136,17 +175,56 @@ void rb_ext_reset(rb_slots *s, uint32_t top)
     }
 }
 
-/* A closed or open extent whose every slot is free: clean, or pending its deallocation. */
-static void whole_free(rb_extents *x, uint32_t e)
+/* Extent e's class becomes cls (RB_EXT_NOCLS: none, every id free): the ids past the new
+ * class's count leave the free counts, those up to it join them. Off every list. */
+static void class_to(rb_slots *s, uint32_t e, uint32_t cls)
 {
+    rb_extents *x = &s->ext;
+    uint32_t base = x->first + e * x->per, from = rb_ext_cap(x, e);
+    if (x->cls[e] != RB_EXT_NOCLS)
+        x->cls_extents[x->cls[e]]--;
+    x->cls[e] = (uint8_t)cls;
+    uint32_t to = rb_ext_cap(x, e);
+    if (cls != RB_EXT_NOCLS)
+        x->cls_extents[cls]++;
+    for (uint32_t i = to; i < from; i++) /* fewer ids: the free ones past to become holes */
+        if (s->is_free[base + i]) {
+            s->is_free[base + i] = 0;
+            x->nfree[e]--;
+            s->n_free--;
+        }
+    for (uint32_t i = from; i < to; i++) { /* more ids (wholly free): the holes are free */
+        s->is_free[base + i] = 1;
+        x->nfree[e]++;
+        s->n_free++;
+    }
+}
+
+void rb_ext_set_class(rb_slots *s, uint32_t e, uint32_t cls)
+{
+    rb_extents *x = &s->ext;
+    if (x->ncls < 2 || cls >= x->ncls || x->st[e] != RB_EXT_CLOSED || x->cls[e] == cls)
+        return;
+    unlink_ext(x, l_closed(x, e), e);
+    class_to(s, e, cls);
+    push(x, l_closed(x, e), e);
+}
+
+/* A closed or open extent whose every slot is free: clean, or pending its deallocation (with
+ * classes it loses its class: any class may open it next). */
+static void whole_free(rb_slots *s, uint32_t e)
+{
+    rb_extents *x = &s->ext;
+    if (x->ncls > 1)
+        class_to(s, e, RB_EXT_NOCLS);
     if (x->hold) {
         x->st[e] = RB_EXT_PENDING;
         x->n_pending++;
-        push(x, x->per + 1, e);
+        push(x, L_PEND(x), e);
     } else {
         x->st[e] = RB_EXT_CLEAN;
         x->n_clean++;
-        push(x, x->per, e);
+        push(x, L_CLEAN(x), e);
     }
 }
 
@@ -156,52 +234,64 @@ void rb_ext_release(rb_slots *s, uint32_t slot)
     uint32_t e = rb_ext_of(s, slot);
     if (e == RB_SLOT_NONE)
         return; /* before the first extent or after the last: never handed out again */
-    s->is_free[slot] = 1;
-    s->n_free++;
+    if ((slot - x->first) % x->per >= rb_ext_cap(x, e))
+        return; /* past its class's slots: a hole, never free */
     if (x->st[e] != RB_EXT_CLOSED) {
+        s->is_free[slot] = 1;
+        s->n_free++;
         x->nfree[e]++; /* open: the stream goes on from where it is */
         return;
     }
-    unlink_ext(x, x->nfree[e], e);
-    if (++x->nfree[e] == x->per)
-        whole_free(x, e);
+    unlink_ext(x, l_closed(x, e), e);
+    s->is_free[slot] = 1;
+    s->n_free++;
+    if (++x->nfree[e] == rb_ext_cap(x, e))
+        whole_free(s, e);
     else
-        push(x, x->nfree[e], e);
+        push(x, l_closed(x, e), e);
 }
 
 /* The stream's open extent is full: closed. */
-static void close_open(rb_extents *x, uint32_t stream)
+static void close_open(rb_slots *s, uint32_t stream)
 {
+    rb_extents *x = &s->ext;
     uint32_t e = x->open[stream];
     x->open[stream] = RB_SLOT_NONE;
     x->n_open--;
-    unlink_ext(x, x->per + 2, e);
-    if (x->nfree[e] == x->per) {
-        whole_free(x, e);
+    unlink_ext(x, L_OPEN(x), e);
+    if (x->nfree[e] == rb_ext_cap(x, e)) {
+        whole_free(s, e);
         return;
     }
     x->st[e] = RB_EXT_CLOSED;
-    push(x, x->nfree[e], e);
+    push(x, l_closed(x, e), e);
 }
 
-/* Open a clean extent for the stream, else the closed one with the most free slots. */
-static int open_next(rb_extents *x, uint32_t stream)
+/* Open a clean extent for the stream (of class cls), else the closed one of that class with
+ * the most free slots. */
+static int open_next(rb_slots *s, uint32_t stream, uint32_t cls)
 {
-    uint32_t e = x->head[x->per], k = x->per;
+    rb_extents *x = &s->ext;
+    uint32_t e = x->head[L_CLEAN(x)], l = L_CLEAN(x);
     if (e == RB_SLOT_NONE) {
-        for (k = x->per - 1; k > 0 && x->head[k] == RB_SLOT_NONE; k--)
+        uint32_t k, row = cls * x->per;
+        for (k = x->cnt[cls] - 1; k > 0 && x->head[row + k] == RB_SLOT_NONE; k--)
             ;
         if (k == 0)
             return 0;
-        e = x->head[k];
+        l = row + k;
+        e = x->head[l];
         x->fallbacks++;
     } else {
         x->n_clean--;
     }
-    unlink_ext(x, k, e);
+    unlink_ext(x, l, e);
+    if (x->ncls > 1 && x->cls[e] != cls)
+        class_to(s, e, cls);
     x->st[e] = RB_EXT_OPEN;
-    push(x, x->per + 2, e);
+    push(x, L_OPEN(x), e);
     x->open[stream] = e;
+    x->own[e] = stream;
     x->cur[stream] = 0;
     x->n_open++;
     x->opened++;
@@ -228,13 +318,13 @@ static void take(rb_slots *s, uint32_t slot)
 
 /* No clean or closed extent has a free slot: one of another stream's open extent (affinity; a
  * slot freed there after the stream went past it), the open extents looked at in turn. */
-static uint32_t take_from_open(rb_slots *s)
+static uint32_t take_from_open(rb_slots *s, uint32_t cls)
 {
     rb_extents *x = &s->ext;
-    for (uint32_t e = x->head[x->per + 2]; e != RB_SLOT_NONE; e = x->next[e]) {
-        if (x->nfree[e] == 0)
+    for (uint32_t e = x->head[L_OPEN(x)]; e != RB_SLOT_NONE; e = x->next[e]) {
+        if (x->nfree[e] == 0 || x->cls[e] != cls)
             continue;
-        for (uint32_t slot = x->first + e * x->per, end = slot + x->per; slot < end; slot++)
+        for (uint32_t slot = x->first + e * x->per, end = slot + x->cnt[cls]; slot < end; slot++)
             if (s->is_free[slot]) {
                 take(s, slot);
                 rb_slots_move(s, slot, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
@@ -244,15 +334,31 @@ static uint32_t take_from_open(rb_slots *s)
     return RB_SLOT_NONE;
 }
 
-uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid)
+/* Size classes, nothing of class cls left: an extent open for another class whose every slot
+ * is free (its keys deleted since) is closed, so it becomes clean (or pending) for any class.
+ * 1 when one was. */
+static int free_idle_open(rb_slots *s, uint32_t cls)
 {
     rb_extents *x = &s->ext;
-    uint32_t stream = s->affinity ? pid : 0;
+    for (uint32_t e = x->head[L_OPEN(x)]; e != RB_SLOT_NONE; e = x->next[e])
+        if (x->cls[e] != cls && x->nfree[e] == rb_ext_cap(x, e)) {
+            close_open(s, x->own[e]);
+            return 1;
+        }
+    return 0;
+}
+
+uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid, uint32_t cls)
+{
+    rb_extents *x = &s->ext;
+    if (cls >= x->ncls)
+        cls = 0;
+    uint32_t stream = (s->affinity ? pid : 0) * x->ncls + cls;
     for (;;) {
         uint32_t e = x->open[stream];
         if (e != RB_SLOT_NONE) {
             uint32_t base = x->first + e * x->per;
-            for (uint32_t i = x->cur[stream]; i < x->per; i++) {
+            for (uint32_t i = x->cur[stream]; i < x->cnt[cls]; i++) {
                 if (!s->is_free[base + i])
                     continue;
                 x->cur[stream] = i + 1;
@@ -260,20 +366,23 @@ uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid)
                 rb_slots_move(s, base + i, RB_SLOT_IN(RB_SLOT_FREE), RB_SLOT_RESERVED, __func__);
                 return base + i;
             }
-            close_open(x, stream);
+            close_open(s, stream);
         }
-        if (!open_next(x, stream))
-            return take_from_open(s);
+        if (open_next(s, stream, cls))
+            continue;
+        uint32_t slot = take_from_open(s, cls);
+        if (slot != RB_SLOT_NONE || x->ncls < 2 || !free_idle_open(s, cls))
+            return slot;
     }
 }
 
 uint32_t rb_ext_take_pending(rb_slots *s)
 {
     rb_extents *x = &s->ext;
-    uint32_t e = x->head[x->per + 1];
+    uint32_t e = x->head[L_PEND(x)];
     if (e == RB_SLOT_NONE)
         return e;
-    unlink_ext(x, x->per + 1, e);
+    unlink_ext(x, L_PEND(x), e);
     x->st[e] = RB_EXT_DEALLOC;
     x->n_pending--;
     return e;
@@ -283,7 +392,7 @@ void rb_ext_clean(rb_slots *s, uint32_t e, int deallocated)
 {
     rb_extents *x = &s->ext;
     if (x->st[e] == RB_EXT_PENDING) {
-        unlink_ext(x, x->per + 1, e);
+        unlink_ext(x, L_PEND(x), e);
         x->n_pending--;
     }
     if (deallocated)
@@ -292,13 +401,13 @@ void rb_ext_clean(rb_slots *s, uint32_t e, int deallocated)
         x->dealloc_skipped++;
     x->st[e] = RB_EXT_CLEAN;
     x->n_clean++;
-    push(x, x->per, e);
+    push(x, L_CLEAN(x), e);
 }
 
 uint32_t rb_ext_skip_pending(rb_slots *s)
 {
     uint32_t n = 0;
-    for (uint32_t e; (e = s->ext.head[s->ext.per + 1]) != RB_SLOT_NONE; n += s->ext.per)
+    for (uint32_t e; (e = s->ext.head[L_PEND(&s->ext)]) != RB_SLOT_NONE; n += s->ext.per)
         rb_ext_clean(s, e, 0);
     return n;
 }
@@ -308,7 +417,8 @@ uint32_t rb_ext_victim(rb_slots *s)
     rb_extents *x = &s->ext;
     uint32_t best = RB_SLOT_NONE;
     for (uint32_t e = 0; e < x->n; e++)
-        if (x->st[e] == RB_EXT_CLOSED && x->nfree[e] < x->per && (best == RB_SLOT_NONE || x->tick[e] < x->tick[best]))
+        if (x->st[e] == RB_EXT_CLOSED && x->nfree[e] < rb_ext_cap(x, e) &&
+            (best == RB_SLOT_NONE || x->tick[e] < x->tick[best]))
             best = e;
     if (best != RB_SLOT_NONE) {
         x->tick[best] = ++x->clock;

@@ -5,6 +5,7 @@
  */
 #define ZLIB_CONST
 #include "rb_mlog.h"
+#include "rb_core.h" /* size classes: rb_sc_slot_bytes */
 
 #include <errno.h>
 #include <limits.h>
@@ -410,6 +411,29 @@ static int sb_check_sizes(const rb_mlog_sb *s, rb_err *err)
 
 /* The superblock's geometry: the containers halve the metadata region and hold a superblock,
  * the data follows the region, and max_slots is what the data area holds. */
+/* The extent stride and size classes of s, and the slot count they give into *ms. */
+static int sb_check_extents(const rb_mlog_sb *s, uint64_t *ms, rb_err *err)
+{
+    static const char W[] = "metadata superblock";
+    const uint64_t ba = s->block_align, st = s->extent_stride, sb = s->slot_bytes;
+    const uint32_t ncls = s->size_classes;
+    if (ncls == 1 || ncls > RB_SIZE_CLASSES_MAX || (ncls && (!st || s->header_bytes >= sb)))
+        return bad(err, W, "size_classes %llu is not 2 to %u with an extent stride", (unsigned long long)ncls,
+                   RB_SIZE_CLASSES_MAX);
+    if (st && (st % ba || st / sb < 2 || st / sb > 0xFFFFFFull || (st % sb == 0 && !ncls)))
+        return bad(err, W,
+                   "extent stride %llu is not a multiple of block_align of 2 or more slots of %llu bytes, "
+                   "not whole slots",
+                   st, sb);
+    *ms = (s->capacity - s->data_base) / sb;
+    if (st) {
+        uint64_t eb0 = (s->data_base + st - 1) / st * st;
+        uint64_t per = st / (ncls ? rb_sc_slot_bytes(sb, s->header_bytes, ba, ncls - 1) : sb);
+        *ms = eb0 < s->capacity ? (s->capacity - eb0) / st * per : 0;
+    }
+    return 0;
+}
+
 static int sb_check_geometry(const rb_mlog_sb *s, rb_err *err)
 {
     static const char W[] = "metadata superblock";
@@ -425,17 +449,10 @@ static int sb_check_geometry(const rb_mlog_sb *s, rb_err *err)
         return bad(err, W, "data_base %llu is not meta_total_bytes %llu", s->data_base, s->meta_total_bytes);
     if (s->capacity <= s->data_base)
         return bad(err, W, "capacity %llu is not above data_base %llu", s->capacity, s->data_base);
-    const uint64_t st = s->extent_stride, sb = s->slot_bytes;
-    if (st && (st % ba || st / sb < 2 || st / sb > 0xFFFFFFull || st % sb == 0))
-        return bad(err, W,
-                   "extent stride %llu is not a multiple of block_align of 2 or more slots of %llu bytes, "
-                   "not whole slots",
-                   st, sb);
-    uint64_t ms = (s->capacity - s->data_base) / sb;
-    if (st) {
-        uint64_t eb0 = (s->data_base + st - 1) / st * st;
-        ms = eb0 < s->capacity ? (s->capacity - eb0) / st * (st / sb) : 0;
-    }
+    uint64_t ms = 0;
+    int rc = sb_check_extents(s, &ms, err);
+    if (rc < 0)
+        return rc;
     if (ms == 0 || ms > UINT32_MAX - 1 || s->max_slots != ms)
         return bad(err, W, "max_slots %llu does not match the geometry (%llu)", s->max_slots, ms);
     return 0;
@@ -551,6 +568,7 @@ int rb_mlog_sb_encode(const rb_mlog_sb *sb, uint8_t *out, size_t out_len, rb_err
     rb_put_le(out + 208, sb->ring.start_seq, 8);
     rb_put_le(out + 216, sb->epoch, 4);
     rb_put_le(out + 224, sb->extent_stride, 8);
+    rb_put_le(out + 232, sb->size_classes > 1 ? sb->size_classes : 0, 4);
     rb_put_le(out + SB_CRC_OFF, crc_more(0, out, SB_CRC_OFF), 4);
     return 0;
 }
@@ -582,7 +600,7 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
     if (stored != crc)
         return bad(err, W, "CRC mismatch (stored 0x%08llx, computed 0x%08llx)", stored, crc);
     if (!zero_bytes(in, 16, 32) || !zero_bytes(in, 108, 112) || !zero_bytes(in, 180, 184) ||
-        !zero_bytes(in, 220, 224) || !zero_bytes(in, 232, SB_CRC_OFF))
+        !zero_bytes(in, 220, 224) || !zero_bytes(in, 236, SB_CRC_OFF))
         return bad(err, W, "flags or reserved bytes are not zero", 0, 0);
     rb_mlog_sb s;
     memset(&s, 0, sizeof s);
@@ -612,6 +630,7 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
     s.ring.start_seq = rb_get_le(in + 208, 8);
     s.epoch = (uint32_t)rb_get_le(in + 216, 4);
     s.extent_stride = rb_get_le(in + 224, 8);
+    s.size_classes = (uint32_t)rb_get_le(in + 232, 4);
     if (s.epoch > RB_MLOG_EPOCH_MAX)
         return bad(err, W, "writer epoch %llu is above %llu", s.epoch, RB_MLOG_EPOCH_MAX);
     int rc = sb_check(&s, err);
@@ -621,13 +640,18 @@ int rb_mlog_sb_decode(const uint8_t *in, size_t len, rb_mlog_sb *out, rb_err *er
     return 0;
 }
 
-uint64_t rb_mlog_sb_slot_offset(const rb_mlog_sb *sb, uint32_t slot)
+uint64_t rb_mlog_sb_slot_offset(const rb_mlog_sb *sb, uint32_t slot, uint64_t size)
 {
-    const uint64_t st = sb->extent_stride;
+    const uint64_t st = sb->extent_stride, hb = sb->header_bytes, ba = sb->block_align;
     if (!st)
         return sb->data_base + (uint64_t)slot * sb->slot_bytes;
-    const uint64_t per = st / sb->slot_bytes, base = (sb->data_base + st - 1) / st * st;
-    return base + slot / per * st + slot % per * sb->slot_bytes;
+    uint64_t per = st / sb->slot_bytes, one = sb->slot_bytes;
+    if (sb->size_classes > 1) {
+        per = st / rb_sc_slot_bytes(sb->slot_bytes, hb, ba, sb->size_classes - 1);
+        one = rb_sc_slot_bytes(sb->slot_bytes, hb, ba, rb_sc_of(size, sb->slot_bytes, hb, ba, sb->size_classes));
+    }
+    const uint64_t base = (sb->data_base + st - 1) / st * st;
+    return base + slot / per * st + slot % per * one;
 }
 
 /* ---- log groups -------------------------------------------------------------------------- */

@@ -101,10 +101,16 @@ typedef struct rb_mlog_sb {
      * holding extent_stride / slot_bytes slots. Written only when not a multiple of slot_bytes,
      * at offset 224, reserved (zero) before: an older reader refuses such a superblock. */
     uint64_t extent_stride;
+    /* Size classes (size_classes > 1, at offset 232, reserved before; 0 = off): extent_stride is
+     * then written even when a multiple of slot_bytes, each extent holds the slot ids of its
+     * smallest class (extent_stride / that class's slot bytes), and an entry's slot lies in its
+     * extent at the offsets of the class its size names (rb_sc_of). */
+    uint32_t size_classes;
 } rb_mlog_sb;
 
-/* The device offset of slot under sb's geometry (rb_slot_offset's for a superblock). */
-uint64_t rb_mlog_sb_slot_offset(const rb_mlog_sb *sb, uint32_t slot);
+/* The device offset of slot under sb's geometry (rb_slot_offset's for a superblock), for an
+ * entry of size bytes (its size class when sb has them). */
+uint64_t rb_mlog_sb_slot_offset(const rb_mlog_sb *sb, uint32_t slot, uint64_t size);
 
 /* Bytes each superblock occupies: RB_MLOG_SB_LEN rounded up to block_align. */
 static inline uint64_t rb_mlog_sb_span(uint64_t block_align)

@@ -157,9 +157,14 @@ static void take(rb_slots *s, uint32_t x)
 
 uint32_t rb_slots_alloc(rb_slots *s, uint16_t pid)
 {
+    return rb_slots_alloc_sc(s, pid, 0);
+}
+
+uint32_t rb_slots_alloc_sc(rb_slots *s, uint16_t pid, uint32_t cls)
+{
     uint32_t x;
     if (s->ext.per)
-        return rb_ext_alloc(s, pid);
+        return rb_ext_alloc(s, pid, cls);
     if (s->affinity && pid && s->ptail[pid] != RB_SLOT_NONE) {
         x = s->ptail[pid];
         take(s, x);
@@ -226,7 +231,7 @@ size_t rb_slots_mem_bytes(const rb_slots *s)
     size_t per = 2 * sizeof(uint32_t) + 1 + (s->affinity ? 2 * sizeof(uint32_t) + 2 : 0);
     size_t ext = 0;
     if (s->ext.per)
-        ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 1) + (size_t)s->cap * sizeof(uint32_t) +
-              (size_t)s->ext.nstreams * 2 * sizeof(uint32_t);
+        ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 2 + sizeof(uint32_t)) +
+              (size_t)s->cap * sizeof(uint32_t) + (size_t)s->ext.nstreams * s->ext.ncls * 2 * sizeof(uint32_t);
     return (size_t)s->cap * per + (s->affinity ? 2 * NPIDS * sizeof(uint32_t) : 0) + ext;
 }

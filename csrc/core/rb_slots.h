@@ -33,15 +33,30 @@
  * rev_epoch; rb_core_extent.c rebuilds it otherwise); hot marks a slot whose key was loaded
  * since it was put (what eviction may put again elsewhere rather than lose).
  */
+/*
+ * Size classes (ncls > 1; rb_core_extent.c): an extent holds slots of one class, cnt[c] of
+ * them, at slot ids first + e * per .. + cnt[c] - 1 (per: the count of the smallest class, so
+ * ids stay stable integers); the ids past cnt[c] are never free. An extent takes its class
+ * when opened and loses it when wholly free (cls RB_EXT_NOCLS: every id free). The closed
+ * lists are per class: list r * per + k holds the closed extents of class r (r = ncls: none)
+ * with k free slots; clean, pending and open follow them. One extent is open per (stream,
+ * class). With ncls 1 (off) every extent is class 0 and cnt[0] is per.
+ */
+#define RB_EXT_NOCLS 0xffu
+#define RB_EXT_CLS_MAX 8u
 enum { RB_EXT_CLOSED, RB_EXT_OPEN, RB_EXT_CLEAN, RB_EXT_PENDING, RB_EXT_DEALLOC };
 typedef struct rb_extents {
     uint32_t per, first, n;
+    uint32_t ncls, cnt[RB_EXT_CLS_MAX];
+    uint8_t *cls;                         /* per extent: its class, RB_EXT_NOCLS */
+    uint64_t cls_extents[RB_EXT_CLS_MAX]; /* extents holding each class now */
     uint32_t *nfree;
     uint64_t *tick;
     uint8_t *st;           /* RB_EXT_* */
     uint32_t *prev, *next; /* list links */
     uint32_t *head, *tail; /* per + 3 lists */
     uint32_t *open, *cur;  /* per stream: the open extent, the index in it to look at next */
+    uint32_t *own;         /* per extent: the stream it is open for (while open) */
     uint32_t nstreams;
     uint32_t *rev;
     uint8_t *hot;
@@ -117,10 +132,23 @@ int rb_slots_grow(rb_slots *s, uint32_t need);
  * wholly free extents wait for rb_ext_take_pending / rb_ext_clean. 0, -EINVAL (no whole
  * extent fits) or -ENOMEM. Every slot starts out of use, as after rb_slots_reset(s, max). */
 int rb_ext_init(rb_slots *s, uint32_t per, uint32_t first, int hold);
+/* The same with ncls size classes of cnt[c] slots an extent (cnt[ncls - 1] == per, cnt
+ * decreasing; ncls <= RB_EXT_CLS_MAX). Every extent starts without a class. */
+int rb_ext_init_classes(rb_slots *s, uint32_t per, uint32_t first, int hold, uint32_t ncls, const uint32_t *cnt);
+/* Recovery: extent e (closed, without a class, not wholly free) takes class cls; its ids past
+ * the class's count leave the free counts. */
+void rb_ext_set_class(rb_slots *s, uint32_t e, uint32_t cls);
+/* Slots of an extent of e's class (per when it has none). */
+static inline uint32_t rb_ext_cap(const rb_extents *x, uint32_t e)
+{
+    return x->cls[e] == RB_EXT_NOCLS ? x->per : x->cnt[x->cls[e]];
+}
+/* A slot of class cls for placement id pid (rb_slots_alloc with classes). */
+uint32_t rb_slots_alloc_sc(rb_slots *s, uint16_t pid, uint32_t cls);
 void rb_ext_free(rb_slots *s);
 /* rb_slots_reset's part: slots at or above top are free, the others out of use. */
 void rb_ext_reset(rb_slots *s, uint32_t top);
-uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid);
+uint32_t rb_ext_alloc(rb_slots *s, uint16_t pid, uint32_t cls);
 /* A slot below next_slot, not free, is free again (rb_slots_release). */
 void rb_ext_release(rb_slots *s, uint32_t slot);
 /* An extent waiting for its deallocation, now taken for it (RB_EXT_DEALLOC), or RB_SLOT_NONE. */

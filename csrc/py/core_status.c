@@ -38,6 +38,24 @@ static int status_add_extents(PyObject *d, const rb_core_status *st)
         "extent_tail_bytes", (unsigned long long)st->extent_tail_bytes);
     int rc = t ? PyDict_Update(d, t) : -1;
     Py_XDECREF(t);
+    if (rc < 0)
+        return rc;
+    /* size classes: how many, each class's slot bytes and extents now (empty lists when off) */
+    size_t n = st->size_classes > 1 ? (size_t)st->size_classes : 0;
+    PyObject *bytes = PyList_New((Py_ssize_t)n), *exts = PyList_New((Py_ssize_t)n);
+    for (size_t k = 0; bytes && exts && k < n; k++) {
+        PyList_SET_ITEM(bytes, (Py_ssize_t)k, PyLong_FromUnsignedLongLong(st->class_slot_bytes[k]));
+        PyList_SET_ITEM(exts, (Py_ssize_t)k, PyLong_FromUnsignedLongLong(st->class_extents[k]));
+    }
+    t = bytes && exts ? Py_BuildValue("{s:K,s:O,s:O,s:K}", "size_classes",
+                                      (unsigned long long)(st->size_classes ? st->size_classes : 1),
+                                      "size_class_slot_bytes", bytes, "size_class_extents", exts, "size_class_dropped",
+                                      (unsigned long long)st->size_class_dropped)
+                      : NULL;
+    Py_XDECREF(bytes);
+    Py_XDECREF(exts);
+    rc = t ? PyDict_Update(d, t) : -1;
+    Py_XDECREF(t);
     return rc;
 }
 

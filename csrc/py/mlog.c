@@ -45,14 +45,15 @@ static int rd_pread(void *ctx, uint64_t off, void *buf, size_t len, rb_err *err)
 static PyObject *sb_dict(const rb_mlog_sb *sb)
 {
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:K,s:((K,K),(K,K)),s:{s:I,s:I,s:K,s:K,s:K,s:I},s:{s:K,s:K,s:K,s:"
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:K,s:I,s:((K,K),(K,K)),s:{s:I,s:I,s:K,s:K,s:K,s:I},s:{s:K,s:K,s:K,s:"
         "K}}",
         "sb_seq", (unsigned long long)sb->sb_seq, "generation", (unsigned long long)sb->generation, "block_align",
         (unsigned long long)sb->block_align, "header_bytes", (unsigned long long)sb->header_bytes, "slot_bytes",
         (unsigned long long)sb->slot_bytes, "data_base_offset", (unsigned long long)sb->data_base, "capacity_bytes",
         (unsigned long long)sb->capacity, "meta_total_bytes", (unsigned long long)sb->meta_total_bytes,
         "container_bytes", (unsigned long long)sb->container_bytes, "max_slots", (unsigned)sb->max_slots,
-        "extent_stride", (unsigned long long)sb->extent_stride, "base_areas", (unsigned long long)sb->areas[0].off,
+        "extent_stride", (unsigned long long)sb->extent_stride, "size_classes",
+        (unsigned)(sb->size_classes > 1 ? sb->size_classes : 1), "base_areas", (unsigned long long)sb->areas[0].off,
         (unsigned long long)sb->areas[0].len, (unsigned long long)sb->areas[1].off,
         (unsigned long long)sb->areas[1].len, "base", "area", (unsigned)sb->base.area, "chunks",
         (unsigned)sb->base.n_chunks, "bytes", (unsigned long long)sb->base.len, "entries",
@@ -119,7 +120,7 @@ static PyObject *ent_dict(const rd_ctx *r, const rb_mlog_ent *e)
                     : (e->flags & RB_MLOG_ENT_SUM) ? PyLong_FromUnsignedLongLong(e->checksum)
                                                    : Py_NewRef(Py_None);
     PyObject *d = sum ? Py_BuildValue("{s:I,s:K,s:K,s:I,s:N,s:O}", "slot", (unsigned)e->slot, "offset",
-                                      (unsigned long long)rb_mlog_sb_slot_offset(&r->geom, e->slot), "size",
+                                      (unsigned long long)rb_mlog_sb_slot_offset(&r->geom, e->slot, e->size), "size",
                                       (unsigned long long)e->size, "class", (unsigned)e->cls, "checksum", sum,
                                       "cached_positions", pos)
                       : NULL;

@@ -130,6 +130,51 @@ static void test_extents(void)
     rb_slots_free(&s);
 }
 
+/* Size classes: three extents of 8 ids, classes of 2, 4 and 8 slots. An extent takes the class
+ * of the put that opens it, hands out only that class's ids, and a wholly free extent loses its
+ * class, so any class takes it next. */
+static void test_extent_classes(void)
+{
+    rb_slots s;
+    const uint32_t cnt[3] = {2, 4, 8};
+    CHECK(rb_slots_init(&s, 24, 0) == 0);
+    CHECK(rb_ext_init_classes(&s, 8, 0, 0, 3, cnt) == 0 && s.ext.n == 3 && s.ext.n_clean == 3);
+    CHECK(rb_slots_reset(&s, 0) == 0 && s.n_free == 24);
+    CHECK(rb_slots_alloc_sc(&s, 0, 0) == 0 && s.ext.cls[0] == 0 && s.n_free == 24 - 6 - 1);
+    CHECK(rb_slots_alloc_sc(&s, 0, 2) == 8 && s.ext.cls[1] == 2); /* another class: its own extent */
+    CHECK(rb_slots_alloc_sc(&s, 0, 0) == 1);
+    CHECK(rb_slots_alloc_sc(&s, 0, 1) == 16 && s.ext.cls[2] == 1); /* class 0's extent is full */
+    CHECK(rb_slots_alloc_sc(&s, 0, 0) == RB_SLOT_NONE);            /* no clean extent, none of its class */
+    for (uint32_t i = 1; i < 8; i++)
+        CHECK(rb_slots_alloc_sc(&s, 0, 2) == 8 + i);
+    CHECK(rb_slots_alloc_sc(&s, 0, 2) == RB_SLOT_NONE);
+    rb_slots_release(&s, 5); /* a hole of class 0's extent: never free */
+    CHECK(s.is_free[5] == 0 && s.ext.nfree[0] == 0);
+    rb_slots_release(&s, 0);
+    rb_slots_release(&s, 1); /* extent 0 wholly free: clean, without a class */
+    CHECK(s.ext.cls[0] == RB_EXT_NOCLS && s.ext.nfree[0] == 8 && s.ext.n_clean == 1);
+    for (uint32_t i = 0; i < 8; i++)
+        CHECK(rb_slots_alloc_sc(&s, 0, 2) == i); /* the smallest class takes every id */
+    CHECK(rb_ext_victim(&s) == 1 && s.ext.cls_extents[2] == 2 && s.ext.cls_extents[1] == 1);
+    rb_slots_free(&s);
+    /* recovery: every id out of use, an extent given its class, the unlisted released */
+    CHECK(rb_slots_init(&s, 24, 0) == 0);
+    CHECK(rb_ext_init_classes(&s, 8, 0, 0, 3, cnt) == 0);
+    CHECK(rb_slots_reset(&s, 24) == 0 && s.n_free == 0);
+    rb_ext_set_class(&s, 1, 0);
+    for (uint32_t x = 0; x < 24; x++)
+        if (x != 9)
+            rb_slots_release(&s, x);
+    CHECK(s.n_free == 8 + 1 + 8 && s.ext.nfree[1] == 1 && s.ext.n_clean == 2); /* id 8; 10..15 holes */
+    CHECK(rb_slots_alloc_sc(&s, 0, 0) == 0);                                   /* a clean extent first */
+    CHECK(rb_slots_alloc_sc(&s, 0, 2) == 16 && rb_slots_alloc_sc(&s, 0, 0) == 1);
+    rb_slots_free(&s);
+    CHECK(rb_slots_init(&s, 24, 0) == 0);
+    const uint32_t bad[2] = {4, 2};
+    CHECK(rb_ext_init_classes(&s, 2, 0, 0, 2, bad) == -EINVAL); /* counts must grow */
+    rb_slots_free(&s);
+}
+
 static void test_blake2b(void)
 {
     /* RFC 7693 Appendix A: BLAKE2b-512("abc") */
@@ -220,6 +265,7 @@ int main(void)
     test_idx();
     test_slots();
     test_extents();
+    test_extent_classes();
     test_blake2b();
     test_blake2b_many();
     test_key_hash();

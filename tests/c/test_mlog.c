@@ -16,6 +16,7 @@
 
 #include "check.h"
 #include "rb_ckpt.h"
+#include "rb_core.h"
 #include "rb_mlog.h"
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -245,10 +246,10 @@ static void test_sb(void)
     CHECK(rb_mlog_sb_encode(&s2, b, sizeof b, &err) == 0);
     CHECK(rb_get_le(b + 224, 8) == 1024 * MiB);
     CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == 0 && memcmp(&s2, &d, sizeof s2) == 0);
-    CHECK(rb_mlog_sb_slot_offset(&d, 0) == 1024 * MiB);
-    CHECK(rb_mlog_sb_slot_offset(&d, 126) == 1024 * MiB + 126 * (8 * MiB + 4096));
-    CHECK(rb_mlog_sb_slot_offset(&d, 127) == 2048 * MiB);
-    CHECK(rb_mlog_sb_slot_offset(&s, 3) == 64 * MiB + 3 * (8 * MiB + 4096));
+    CHECK(rb_mlog_sb_slot_offset(&d, 0, 1) == 1024 * MiB);
+    CHECK(rb_mlog_sb_slot_offset(&d, 126, 1) == 1024 * MiB + 126 * (8 * MiB + 4096));
+    CHECK(rb_mlog_sb_slot_offset(&d, 127, 1) == 2048 * MiB);
+    CHECK(rb_mlog_sb_slot_offset(&s, 3, 1) == 64 * MiB + 3 * (8 * MiB + 4096));
     const uint64_t bad_stride[] = {1024 * MiB + 100, 2 * (8 * MiB + 4096), 8 * MiB};
     for (size_t i = 0; i < sizeof bad_stride / sizeof bad_stride[0]; i++) {
         CHECK(rb_mlog_sb_encode(&s2, b, sizeof b, &err) == 0);
@@ -260,6 +261,23 @@ static void test_sb(void)
     rb_put_le(b + 224, 512 * MiB, 8); /* another stride: max_slots no longer matches */
     sb_fix_crc(b);
     CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == -EBADMSG && strstr(err.msg, "max_slots"));
+
+    /* Size classes at 232: the stride written though a multiple of slot_bytes, an extent of
+     * the smallest class's ids, an entry's offset in its size's class. */
+    rb_mlog_sb s3 = s;
+    const uint64_t small = rb_sc_slot_bytes(s.slot_bytes, s.header_bytes, s.block_align, 2);
+    s3.extent_stride = 64 * (8 * MiB + 4096);
+    s3.size_classes = 3;
+    s3.max_slots = (uint32_t)((s3.capacity - 64 * (8 * MiB + 4096)) / s3.extent_stride * (s3.extent_stride / small));
+    CHECK(rb_mlog_sb_encode(&s3, b, sizeof b, &err) == 0 && rb_get_le(b + 232, 4) == 3);
+    CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == 0 && memcmp(&s3, &d, sizeof s3) == 0);
+    const uint64_t per = s3.extent_stride / small, mid = rb_sc_slot_bytes(s.slot_bytes, s.header_bytes, 4096, 1);
+    CHECK(rb_mlog_sb_slot_offset(&d, 2, 8 * MiB) == s3.extent_stride + 2 * (8 * MiB + 4096));
+    CHECK(rb_mlog_sb_slot_offset(&d, (uint32_t)per + 2, 3 * MiB) == 2 * s3.extent_stride + 2 * mid);
+    CHECK(rb_mlog_sb_slot_offset(&d, 1, 100) == s3.extent_stride + small);
+    rb_put_le(b + 232, 1, 4); /* one class is written as 0 */
+    sb_fix_crc(b);
+    CHECK(rb_mlog_sb_decode(b, sizeof b, &d, &err) == -EBADMSG && strstr(err.msg, "size_classes"));
 
     /* Truncation at every length, every single-bit flip. */
     CHECK(rb_mlog_sb_encode(&s, b, sizeof b, &err) == 0);
@@ -300,7 +318,9 @@ static void test_sb(void)
         {108, 4, 1, "reserved"},
         {180, 4, 1, "reserved"},
         {220, 4, 1, "reserved"},
-        {232, 8, 1, "reserved"},
+        {236, 4, 1, "reserved"},
+        {232, 4, 1, "size_classes"},
+        {232, 4, 3, "size_classes"}, /* classes need an extent stride */
         {216, 4, 0x10000, "writer epoch"},
         {248, 4, 1, "reserved"},
         {32, 8, 0, "sequence is 0"},

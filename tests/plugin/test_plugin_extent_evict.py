@@ -40,14 +40,16 @@ def open_backend(tmp_path, loop_thread):
         be.close()
 
 
-# log-stride: the log format's strided layout, extents of 4 slots and a 4 KiB unused tail
-@pytest.mark.parametrize("fmt", ["v1", "log", "log-stride"])
+# log-stride: the log format's strided layout, extents of 4 slots and a 4 KiB unused tail;
+# log-classes: size_classes 2 (the chunks all of class 0: the plugin's path over classes)
+@pytest.mark.parametrize("fmt", ["v1", "log", "log-stride", "log-classes"])
 @pytest.mark.parametrize("threads,batch,engine", [(1, 1, "posix"), (4, 8, "io_uring")])
 def test_full_cache_under_extent_eviction_keeps_taking_puts_and_loads_right(open_backend, fmt, threads, batch,
                                                                           engine):
     stride = fmt == "log-stride"
     be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT + (4096 if stride else 0),
-                      meta_format=fmt.split("-")[0], io_engine=engine, deallocate_freed="on")
+                      meta_format=fmt.split("-")[0], io_engine=engine, deallocate_freed="on",
+                      size_classes=2 if fmt == "log-classes" else 1)
     assert be._core.extent_counts()["extent_tail_bytes"] == (4096 if stride else 0)
     total = be._core.extent_counts()["extents_total"] * PER
     pinned = list(range(4))

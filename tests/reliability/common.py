@@ -36,13 +36,14 @@ class Config:
     dealloc: bool = False  # deallocate_freed "on" (on a file: freed slots become punched holes), else "off"
     extent: bool = False   # extent_bytes EXTENT (slots handed out and deallocated by extent), else 0
     stride: bool = False   # with extent: EXTENT_STRIDED (the log format's strided layout) instead
+    classes: bool = False  # with extent, log format: size_classes SIZE_CLASSES (else 1)
 
     @property
     def name(self) -> str:
         return "/".join([self.engine, "odirect" if self.odirect else "buffered",
                          "sum" if self.checksum else "nosum", "verify" if self.verify_on_load else "noverify",
                          self.meta_format] + (["dealloc"] if self.dealloc else []) + (["extent"] if self.extent else [])
-                        + (["stride"] if self.stride else []))
+                        + (["stride"] if self.stride else []) + (["classes"] if self.classes else []))
 
 
 # Deallocation of freed slots is on in half of the configurations: for each format, engine,
@@ -58,6 +59,10 @@ EXTENT = 4 * SLOT
 EXTENT_STRIDED = 4 * SLOT + 16 * 1024
 EXTENT_CONFIGS = [Config(e, False, False, True, f, True, True) for f in META_FORMATS for e in ("posix", "io_uring")]
 EXTENT_CONFIGS += [Config(e, False, False, True, "log", True, True, True) for e in ("posix", "io_uring")]
+# Size classes (log format only): slots of 16, 12 and 8 KiB (12, 8 and 4 KiB of payload), so the
+# payloads of MIN_PAYLOAD to MAX_PAYLOAD fall in all three; 4, 5 and 8 slots an extent.
+SIZE_CLASSES = 3
+EXTENT_CONFIGS += [Config(e, False, False, True, "log", True, True, False, True) for e in ("posix", "io_uring")]
 
 
 def config_by_name(name: str) -> Config:
@@ -65,6 +70,9 @@ def config_by_name(name: str) -> Config:
     the format means v1, one without "dealloc" has deallocation off, one without "extent" no
     extents. Any combination is accepted, not only the ones in ALL_CONFIGS."""
     parts = name.split("/")
+    classes = parts[-1] == "classes"
+    if classes:
+        parts.pop()
     stride = parts[-1] == "stride"
     if stride:
         parts.pop()
@@ -81,7 +89,8 @@ def config_by_name(name: str) -> Config:
         e, io, s, v, f = parts
         if (e in ("posix", "io_uring") and io in ("buffered", "odirect") and s in ("sum", "nosum")
                 and v in ("verify", "noverify") and f in META_FORMATS):
-            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc, extent, stride and extent)
+            cfg = Config(e, io == "odirect", s == "sum", v == "verify", f, dealloc, extent, stride and extent,
+                         classes and extent)
     if cfg is None:
         raise ValueError(f"unknown configuration {name!r}: engine/io/sum/verify[/format][/dealloc], e.g. "
                          f"{ALL_CONFIGS[0].name} or {ALL_CONFIGS[-1].name}")
@@ -116,7 +125,8 @@ def core_config(path: str, cfg: Config, *, load: bool = True, meta_format: str |
         meta_version=1, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=0, meta_enable_periodic=False,
         meta_verify_on_load=cfg.verify_on_load, load_checkpoint_on_init=load, io_engine=cfg.engine,
         iouring_queue_depth=16, verify_payload_checksum=cfg.checksum, meta_format=meta_format or cfg.meta_format,
-        deallocate_freed="on" if cfg.dealloc else "off", extent_bytes=_extent_bytes(cfg, meta_format or cfg.meta_format))
+        deallocate_freed="on" if cfg.dealloc else "off", extent_bytes=_extent_bytes(cfg, meta_format or cfg.meta_format),
+        size_classes=SIZE_CLASSES if cfg.classes and cfg.extent and (meta_format or cfg.meta_format) == "log" else 1)
 
 
 def _extent_bytes(cfg: Config, meta_format: str) -> int:

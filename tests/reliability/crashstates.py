@@ -183,10 +183,11 @@ class Workload:
     nslots: int = NSLOTS    # slots of the device
     extent: bool = False    # extent_bytes common.EXTENT (4 slots) while recording and recovering
     stride: bool = False    # with extent: common.EXTENT_STRIDED (4 slots and a tail; log format only)
+    classes: bool = False   # with extent: size_classes common.SIZE_CLASSES (log format only)
 
     def with_dealloc(self) -> "Workload":
         return Workload(self.name + "+dealloc", self.ops, self.meta_format, self.setup, self.setup_format, True,
-                        self.nslots, self.extent, self.stride)
+                        self.nslots, self.extent, self.stride, self.classes)
 
 
 WORKLOADS = {
@@ -203,6 +204,8 @@ WORKLOADS = {
     "extent-log": Workload("extent-log", EXTENT_WORKLOAD, "log", dealloc=True, nslots=12, extent=True),
     "extent-stride": Workload("extent-stride", EXTENT_WORKLOAD, "log", dealloc=True, nslots=12, extent=True,
                               stride=True),
+    "extent-classes": Workload("extent-classes", EXTENT_WORKLOAD, "log", dealloc=True, nslots=12, extent=True,
+                               classes=True),
 }
 # The workloads above without deallocation (the core's default on a file) again with it on.
 for _name in ("v1", "log", "move", "move-c1"):
@@ -333,7 +336,7 @@ def record_workload(engine: str, workdir: str, workload: list | Workload | None 
     elif not isinstance(workload, Workload):
         workload = Workload("random", workload, "v1")
     wl = workload
-    cfg = Config(engine, False, False, True, wl.meta_format, wl.dealloc, wl.extent, wl.stride)
+    cfg = Config(engine, False, False, True, wl.meta_format, wl.dealloc, wl.extent, wl.stride, wl.classes)
     dev = make_device(os.path.join(workdir, f"record-{engine}-{wl.name}.img"), wl.nslots, wl.stride)
     versions: dict[int, dict[int, int]] = {}
     core = open_core(dev, cfg, load=False, meta_format=wl.setup_format or wl.meta_format)
@@ -517,7 +520,8 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
     img_path = dev  # images are recovered at the recorded path (the checkpoint names its device)
     for rengine, at_open in [(r, v) for r in recovered_with for v in (True, False)]:
         rcfg = Config(rengine, False, False, at_open, rec.workload.meta_format,
-                      rec.workload.dealloc and recover_dealloc, rec.workload.extent, rec.workload.stride)
+                      rec.workload.dealloc and recover_dealloc, rec.workload.extent, rec.workload.stride,
+                      rec.workload.classes)
         res = Result(engine, f"{rengine}{'' if at_open else '/load'}", rec.workload.name, epochs=len(ep),
                      flushes=len(ep) - 1, writes=sum(r.kind == WRITE for r in recs),
                      deallocs=sum(r.kind == DEALLOC for r in recs))
@@ -614,8 +618,9 @@ def record_follow_up(rec: Recording, image: bytes, engine: str, ops: list | None
     """The image of a first crash recovered by a core that then runs ops (FOLLOW_UP), every
     write from its open on recorded. The keys it serves before ops are the durable start."""
     wl = Workload(rec.workload.name + "+2", FOLLOW_UP if ops is None else ops, rec.workload.meta_format,
-                  dealloc=rec.workload.dealloc, extent=rec.workload.extent, stride=rec.workload.stride)
-    cfg = Config(engine, False, False, True, wl.meta_format, wl.dealloc, wl.extent, wl.stride)
+                  dealloc=rec.workload.dealloc, extent=rec.workload.extent, stride=rec.workload.stride,
+                  classes=rec.workload.classes)
+    cfg = Config(engine, False, False, True, wl.meta_format, wl.dealloc, wl.extent, wl.stride, wl.classes)
     with open(rec.dev, "wb") as f:
         f.write(image)
     versions = {k: dict(v) for k, v in rec.versions.items()}
@@ -712,7 +717,7 @@ def main(argv=None) -> int:
                     wrng = random.Random(f"{a.rng_seed}/workloads/{eng}/{name}")
                     workloads = [Workload(f"{name}-r{i}", random_workload(wrng, compact=fixed.meta_format == "log"),
                                           fixed.meta_format, fixed.setup, fixed.setup_format, fixed.dealloc,
-                                          fixed.nslots, fixed.extent, fixed.stride)
+                                          fixed.nslots, fixed.extent, fixed.stride, fixed.classes)
                                  for i in range(a.random_workloads)]
                 else:
                     workloads = [fixed]

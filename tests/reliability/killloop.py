@@ -279,8 +279,9 @@ def run_config(cfg: Config, cycles: int, rng_seed: int, workdir: str, *, max_kil
     durable: dict[int, int] = {}      # key id -> version
     sb_seq = 0
     for cyc in range(cycles):
-        # (not strided: format v1's slots lie back to back, the strided layout refuses them)
-        if cfg.meta_format == "log" and not cfg.stride and cyc % MOVE_EVERY == 0:
+        # (not strided: format v1's slots lie back to back, the strided layout refuses them; nor
+        # with size classes: a v1 entry has no class, so the move keeps none)
+        if cfg.meta_format == "log" and not cfg.stride and not cfg.classes and cyc % MOVE_EVERY == 0:
             # start over from a format v1 device: this cycle's writer moves it to the log format
             make_device(path, NSLOTS, cfg.stride)
             slot_owner.clear()
