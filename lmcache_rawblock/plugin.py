@@ -626,8 +626,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             return
         with self._lru_lock:
             if self._prefix is not None:
-                for enc in encoded:
-                    self._prefix.add(enc)
+                self._prefix.add_many(encoded)
                 return
             for enc in encoded:
                 self._lru[enc] = None
@@ -638,8 +637,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             return
         with self._lru_lock:
             if self._prefix is not None:
-                for enc in encoded:
-                    self._prefix.remove(enc)
+                self._prefix.remove_many(encoded)
                 return
             for enc in encoded:
                 self._lru.pop(enc, None)
@@ -680,7 +678,8 @@ class RustRawBlockBackend(StoragePluginInterface):
         victims: list[str] = []
         with self._lru_lock:
             if self._prefix is not None:
-                return self._prefix.victims(want, lambda enc: enc in pinned or enc in protect or enc in tried)
+                kept = pinned | protect | tried if pinned or protect or tried else ()
+                return self._prefix.victims(want, kept)
             for enc in self._lru:
                 if enc in pinned or enc in protect or enc in tried:
                     continue

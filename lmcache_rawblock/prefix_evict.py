@@ -35,14 +35,16 @@ Not thread-safe: the plugin calls it under its ``_lru_lock``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
+from itertools import islice
+from typing import Any
 
 __all__ = ["PrefixOrder", "HINT_CAPACITY"]
 
 # Links learned for keys not stored yet (being written, or a lookup's first miss): kept
 # first-in-first-out up to this many, so a lookup whose store never comes costs nothing lasting.
 HINT_CAPACITY = 1 << 16
-_MISSING = object()
+_MISSING: Any = object()
 
 
 class PrefixOrder:
@@ -50,43 +52,57 @@ class PrefixOrder:
 
     def __init__(self, hint_capacity: int = HINT_CAPACITY) -> None:
         self._pred: dict[str, str | None] = {}  # every stored key -> predecessor (None: head)
-        self._kids: dict[str, list[str]] = {}  # key (stored or not) -> its stored children
+        # key (stored or not) -> its stored children: the child itself when there is one (no list
+        # made per key: the common case, a chain), a list of two or more
+        self._kids: dict[str, str | list[str]] = {}
         self._leaves: OrderedDict[str, None] = OrderedDict()  # reachable, no stored child; LRU first
         self._orphans: OrderedDict[str, None] = OrderedDict()  # predecessor gone; oldest first
-        self._hints: OrderedDict[str, str] = OrderedDict()  # not stored yet -> predecessor
+        # Links learned for keys a call or lookup named (the keys of a call already stored among
+        # them: only their first store reads the link), oldest first; trimmed in bulk.
+        self._hints: dict[str, str] = {}
+        self._heads: set[str] = set()  # stored keys without a known predecessor
         self._hint_capacity = max(1, int(hint_capacity))
 
     # ---- learning -----------------------------------------------------------------------
 
     def note_call(self, encoded: list[str]) -> None:
         """The keys of one store call, in prompt order: each one's predecessor is the key before
-        it (the first's, a link a lookup left, if any)."""
-        pred_of, hints = self._pred, self._hints
-        prev: str | None = None
-        for key in encoded:
-            if prev is not None and key != prev:
-                if key not in pred_of:
-                    hints[key] = prev
-                elif pred_of[key] is None:
+        it (the first's, a link a lookup left, if any). One dictionary update for the call; a
+        stored head the call names after its first key (a recovered key) is linked here."""
+        if len(encoded) < 2:
+            return
+        later = encoded[1:]
+        self._hints.update(zip(later, encoded))
+        heads = self._heads
+        if heads and not heads.isdisjoint(later):
+            for key, prev in zip(later, encoded):
+                if key in heads and key != prev:
                     self._relink(key, prev)
-            prev = key
-        while len(hints) > self._hint_capacity:
-            hints.popitem(last=False)
+        if len(self._hints) > 2 * self._hint_capacity:
+            self._trim_hints()
 
     def note_lookup(self, encoded: list[str], hits: int) -> None:
         """A lookup of ``encoded`` (a prompt's keys in order) that found the first ``hits``:
         the first missing key follows the last hit; hits without a known predecessor (keys
         recovered after a restart) are linked to the key before them."""
-        pred_of = self._pred
-        for i in range(1, min(hits, len(encoded))):
-            key = encoded[i]
-            if pred_of.get(key, "") is None and encoded[i - 1] != key:
-                self._relink(key, encoded[i - 1])
-        if 0 < hits < len(encoded) and encoded[hits] not in pred_of:
-            hints = self._hints
-            hints[encoded[hits]] = encoded[hits - 1]
-            if len(hints) > self._hint_capacity:
-                hints.popitem(last=False)
+        heads = self._heads
+        hits = min(hits, len(encoded))
+        if hits > 1 and heads and not heads.isdisjoint(encoded[1:hits]):
+            for i in range(1, hits):
+                key = encoded[i]
+                if key in heads and encoded[i - 1] != key:
+                    self._relink(key, encoded[i - 1])
+        if 0 < hits < len(encoded) and encoded[hits] not in self._pred:
+            self._hints[encoded[hits]] = encoded[hits - 1]
+            if len(self._hints) > 2 * self._hint_capacity:
+                self._trim_hints()
+
+    def _trim_hints(self) -> None:
+        """Keep the newest ``hint_capacity`` links (a lookup whose store never comes costs
+        nothing lasting); amortised over the links added since the last trim."""
+        hints = self._hints
+        drop = len(hints) - self._hint_capacity
+        self._hints = dict(islice(hints.items(), drop, None))
 
     def _relink(self, key: str, pred: str) -> None:
         """Give the stored head ``key`` the predecessor ``pred`` (a recovered key named by a
@@ -94,7 +110,8 @@ class PrefixOrder:
         if pred not in self._pred or self._reaches(pred, key):
             return  # not stored here (stays a head), or a cycle
         self._pred[key] = pred
-        self._kids.setdefault(pred, []).append(key)
+        self._heads.discard(key)
+        _add_child(self._kids, pred, key)
         self._leaves.pop(pred, None)
         if pred in self._orphans and key in self._leaves:
             self._leaves.pop(key)
@@ -115,38 +132,53 @@ class PrefixOrder:
 
     def add(self, key: str) -> None:
         """``key`` was stored (or, stored already, used again: then only its recency moves)."""
-        pred_of, leaves = self._pred, self._leaves
-        if key in pred_of:
-            if key in leaves:
-                leaves.move_to_end(key)
-            return
-        pred = self._hints.pop(key, None)
-        pred_of[key] = pred
-        if pred is not None:
+        self.add_many((key,))
+
+    def add_many(self, keys: Iterable[str]) -> None:
+        """``keys`` were stored (those stored already were used again: only their recency
+        moves). Every put's share, so it is lean: the structures in locals, a child recorded
+        as itself (no list), and only the keys the batch leaves childless enter the leaves
+        (a call's chain adds one leaf, not one per key)."""
+        pred_of, leaves, hints, kids, orphans = self._pred, self._leaves, self._hints, self._kids, self._orphans
+        new: list[str] = []
+        for key in keys:
+            if key in pred_of:
+                if key in leaves:
+                    leaves.move_to_end(key)
+                continue
+            pred = hints.pop(key, None)
+            if pred is None or pred == key:
+                pred_of[key] = None
+                self._heads.add(key)
+                new.append(key)
+                continue
             # The predecessor is stored, or being written (its write may finish after this one)
-            siblings = self._kids.get(pred)
+            pred_of[key] = pred
+            siblings = kids.get(pred)
             if siblings is None:
-                self._kids[pred] = [key]
+                kids[pred] = key
                 leaves.pop(pred, None)
+            elif isinstance(siblings, str):
+                kids[pred] = [siblings, key]
             else:
                 siblings.append(key)
-            if self._orphans and pred in self._orphans:
-                self._orphans[key] = None
-                return
-        if not self._adopt(key):
-            leaves[key] = None
+            if orphans and pred in orphans:
+                orphans[key] = None
+            else:
+                new.append(key)
+        for key in new:
+            if key not in kids:
+                leaves[key] = None
+            elif orphans:
+                self._adopt(key)
 
-    def _adopt(self, key: str) -> bool:
-        """``key`` is stored (again): whether it has stored children (children that finished
-        writing before it, or that stayed while it had left); those its leaving made
-        unreachable are reachable again."""
-        children = self._kids.get(key)
-        if children is None:
-            return False
-        for child in children:
+    def _adopt(self, key: str) -> None:
+        """``key`` is stored (again) and has stored children (children that finished writing
+        before it, or that stayed while it had left): those its leaving made unreachable are
+        reachable again."""
+        for child in _children(self._kids, key):
             if self._orphans.pop(child, _MISSING) is not _MISSING and child not in self._kids:
                 self._leaves[child] = None
-        return True
 
     def add_recovered(self, keys: Iterable[str]) -> None:
         """Keys found on the device (oldest first) that are not known yet: heads, evicted
@@ -154,7 +186,10 @@ class PrefixOrder:
         fresh = [k for k in keys if k not in self._pred]
         for key in reversed(fresh):
             self._pred[key] = None
-            if not self._adopt(key):
+            self._heads.add(key)
+            if key in self._kids:
+                self._adopt(key)
+            else:
                 self._leaves[key] = None
                 self._leaves.move_to_end(key, last=False)
 
@@ -164,109 +199,124 @@ class PrefixOrder:
             self._leaves.move_to_end(key)
 
     def remove(self, key: str) -> None:
-        """``key`` left the tier (evicted, removed, dropped): its stored children become
-        unreachable (until it is stored again), and its predecessor may become a leaf (taken
-        before other leaves)."""
-        pred_of = self._pred
-        if key not in pred_of:
-            self._hints.pop(key, None)
-            return
-        pred = pred_of.pop(key)
-        if self._leaves.pop(key, _MISSING) is _MISSING and self._orphans:
-            self._orphans.pop(key, None)
-        kids = self._kids
-        children = kids.get(key)
-        if children is not None:
-            # The children stay listed under the key: stored again, it makes them reachable.
-            for child in children:
-                self._leaves.pop(child, None)
-                self._orphans[child] = None
-        if pred is None:
-            return
-        siblings = kids.get(pred)
-        if siblings is not None:
-            if len(siblings) == 1:
-                if siblings[0] != key:
-                    return
+        """``key`` left the tier (evicted, removed, dropped): see :meth:`remove_many`."""
+        self.remove_many((key,))
+
+    def remove_many(self, keys: Iterable[str]) -> None:
+        """``keys`` left the tier (evicted, removed, dropped): their stored children become
+        unreachable (until they are stored again), and their predecessors may become leaves
+        (taken before other leaves; not a predecessor that leaves in the same batch)."""
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        going = set(keys) if len(keys) > 1 else ()
+        pred_of, leaves, kids, orphans = self._pred, self._leaves, self._kids, self._orphans
+        for key in keys:
+            pred = pred_of.pop(key, _MISSING)
+            if pred is _MISSING:
+                self._hints.pop(key, None)
+                continue
+            if leaves.pop(key, _MISSING) is _MISSING and orphans:
+                orphans.pop(key, None)
+            children = kids.get(key)
+            if children is not None:
+                # The children stay listed under the key: stored again, it makes them reachable.
+                for child in (children,) if isinstance(children, str) else children:
+                    if child in pred_of:
+                        leaves.pop(child, None)
+                        orphans[child] = None
+            if pred is None:
+                self._heads.discard(key)
+                continue
+            siblings = kids.get(pred)
+            if siblings is None:
+                continue
+            if isinstance(siblings, str):
+                if siblings != key:
+                    continue
                 del kids[pred]
-                if pred in pred_of and pred not in self._orphans:
-                    self._leaves[pred] = None
-                    self._leaves.move_to_end(pred, last=False)
+                if pred in pred_of and pred not in going and pred not in orphans:
+                    leaves[pred] = None
+                    leaves.move_to_end(pred, last=False)
             elif key in siblings:
                 siblings.remove(key)
+                if len(siblings) == 1:
+                    kids[pred] = siblings[0]
 
     # ---- eviction -----------------------------------------------------------------------
 
-    def victims(self, want: int, skip: Callable[[str], bool]) -> list[str]:
+    def victims(self, want: int, skip: Callable[[str], bool] | Container[str]) -> list[str]:
         """Up to ``want`` keys to evict, in order: unreachable keys and what hangs below them,
         then leaves oldest first, each followed by the predecessors its eviction turns into
-        leaves. ``skip`` names keys that must stay (pinned, protected, refused before)."""
+        leaves. ``skip`` names keys that must stay (pinned, protected, refused before): a
+        predicate, or a set (cheaper: a membership test per key looked at)."""
         out: list[str] = []
         chosen: set[str] = set()
         if want <= 0:
             return out
-        self._pick_unreachable(want, skip, out, chosen)
+        kept = _kept(skip)
+        self._pick_unreachable(want, kept, out, chosen)
         if len(out) < want:
-            self._pick_leaves(want, skip, out, chosen)
+            self._pick_leaves(want, kept, out, chosen)
         if len(out) < want:
             # Every leaf is kept (pinned: a lookup holds the chain's tail): rather than fail a
             # put that LRU would serve, take keys below them, newest stored first (deepest
             # first, as chains are stored head to tail). Rare, and a scan of the keys.
             for key in reversed(self._pred):
-                if key not in chosen and not skip(key):
+                if key not in chosen and key not in kept:
                     out.append(key)
                     chosen.add(key)
                     if len(out) >= want:
                         break
         return out
 
-    def _pick_unreachable(self, want: int, skip: Callable[[str], bool], out: list[str], chosen: set[str]) -> None:
+    def _pick_unreachable(self, want: int, kept: Container[str], out: list[str], chosen: set[str]) -> None:
         kids = self._kids
         for key in self._orphans:
-            if not skip(key):
+            if key not in kept:
                 out.append(key)
                 chosen.add(key)
                 if len(out) >= want:
                     return
         i = 0
         while i < len(out):  # below an unreachable key everything is unreachable too
-            for child in kids.get(out[i], ()):
-                if child in self._pred and child not in chosen and not skip(child):
+            for child in _children(kids, out[i]):
+                if child in self._pred and child not in chosen and child not in kept:
                     out.append(child)
                     chosen.add(child)
                     if len(out) >= want:
                         return
             i += 1
 
-    def _pick_leaves(self, want: int, skip: Callable[[str], bool], out: list[str], chosen: set[str]) -> None:
-        pred_of, kids = self._pred, self._kids
+    def _pick_leaves(self, want: int, kept: Container[str], out: list[str], chosen: set[str]) -> None:
+        pred_of, kids, orphans = self._pred, self._kids, self._orphans
         taken: dict[str, int] = {}  # children of a key chosen so far
         for leaf in self._leaves:
-            if leaf in chosen or skip(leaf):
+            if leaf in chosen or leaf in kept:
                 continue
-            node: str | None = leaf
-            while node is not None:  # the leaf, then each predecessor it leaves childless
+            node = leaf
+            while True:  # the leaf, then each predecessor it leaves childless
                 out.append(node)
                 chosen.add(node)
                 if len(out) >= want:
                     return
                 pred = pred_of.get(node)
-                if pred is None or pred not in pred_of or pred in chosen or pred in self._orphans:
+                if pred is None or pred not in pred_of or pred in chosen or (orphans and pred in orphans):
                     break
-                taken[pred] = n = taken.get(pred, 0) + 1
-                # Children lists hold stored keys only: a count says whether all were chosen,
-                # so a head with many children (a shared system prompt) costs nothing to check.
-                if n < len(kids.get(pred, ())):
-                    break
-                if skip(pred):
+                siblings = kids.get(pred)
+                if not isinstance(siblings, str):  # several children: were they all chosen?
+                    taken[pred] = n = taken.get(pred, 0) + 1
+                    # Children lists hold stored keys only: a count says whether all were chosen,
+                    # so a head with many children (a shared system prompt) costs nothing to check.
+                    if n < len(siblings or ()):
+                        break
+                if pred in kept:
                     break
                 node = pred
 
-    def unreachable(self, skip: Callable[[str], bool]) -> list[str]:
+    def unreachable(self, skip: Callable[[str], bool] | Container[str]) -> list[str]:
         """Every stored key a lookup can no longer reach (its predecessor is gone, or one of
-        its ancestors'), none that ``skip`` names."""
+        its ancestors'), none that ``skip`` names (a predicate or a set)."""
         out: list[str] = []
-        self._pick_unreachable(len(self._pred), skip, out, set())
+        self._pick_unreachable(len(self._pred), _kept(skip), out, set())
         return out
 
     # ---- figures ------------------------------------------------------------------------
@@ -287,3 +337,37 @@ class PrefixOrder:
         """Keys known, leaves, unreachable keys and pending links (for report_status)."""
         return {"prefix_keys": len(self._pred), "prefix_leaves": len(self._leaves),
                 "prefix_unreachable": len(self._orphans), "prefix_pending_links": len(self._hints)}
+
+
+class _Predicate:
+    """A predicate seen as a set (``key in kept``), so the eviction loops test one way."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[str], bool]) -> None:
+        self._fn = fn
+
+    def __contains__(self, key: object) -> bool:
+        return bool(self._fn(key))  # type: ignore[arg-type]
+
+
+def _kept(skip: Callable[[str], bool] | Container[str]) -> Container[str]:
+    return skip if not callable(skip) else _Predicate(skip)
+
+
+def _children(kids: dict[str, str | list[str]], key: str) -> list[str] | tuple[str, ...]:
+    """The stored children ``kids`` lists for ``key`` (see ``PrefixOrder._kids``)."""
+    got = kids.get(key)
+    if got is None:
+        return ()
+    return (got,) if isinstance(got, str) else got
+
+
+def _add_child(kids: dict[str, str | list[str]], pred: str, key: str) -> None:
+    got = kids.get(pred)
+    if got is None:
+        kids[pred] = key
+    elif isinstance(got, str):
+        kids[pred] = [got, key]
+    else:
+        got.append(key)

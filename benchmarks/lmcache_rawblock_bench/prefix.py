@@ -365,16 +365,22 @@ def _front_put(cpu: OrderedDict, keys: list[int], slots: int) -> None:
 # --------------------------------------------------------------------------- bookkeeping CPU
 
 
+PHASES = ("store", "pick", "forget")
+
+
 def bookkeeping_cpu(s: PrefixSettings, work: str) -> dict:
     """Process CPU per stored chunk of the order's bookkeeping alone (see the module
-    docstring), best of ``cpu_rounds`` per policy, the policies alternating."""
+    docstring), best of ``cpu_rounds`` per policy, the policies alternating; with each
+    phase's share: ``store`` (what a store call adds: under prefix learning the call's
+    links, then recording the stored keys), ``pick`` (choosing an eviction batch's victims)
+    and ``forget`` (dropping them), each per stored chunk."""
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
 
     n = s.cpu_keys
     call = 8  # keys per store call
     enc = [CacheEngineKey("bench", 1, 0, 1_000_000 + i, "bfloat16").to_string() for i in range(2 * n)]
     lt = _Loop()
-    out: dict[str, list[float]] = {p: [] for p in POLICIES}
+    out: dict[str, list[dict]] = {p: [] for p in POLICIES}
     try:
         bes = {p: open_backend(os.path.join(work, f"cpu-{p}.img"), 64, p, lt.loop) for p in POLICIES}
         try:
@@ -386,15 +392,19 @@ def bookkeeping_cpu(s: PrefixSettings, work: str) -> dict:
                 be.close()
     finally:
         lt.stop()
-    best = {p: min(v) for p, v in out.items()}
-    return {"keys": n, "keys_per_call": call, "cpu_s_per_put": best, "rounds": dict(out),
+    best = {p: min(r["total"] for r in v) for p, v in out.items()}
+    phases = {p: {ph: min(r[ph] for r in v) for ph in PHASES} for p, v in out.items()}
+    ratios = {ph: phases["prefix"][ph] / phases["lru"][ph] if phases["lru"][ph] else None for ph in PHASES}
+    return {"keys": n, "keys_per_call": call, "cpu_s_per_put": best, "phases": phases, "phase_ratios": ratios,
+            "rounds": {p: [r["total"] for r in v] for p, v in out.items()},
             "ratio": best["prefix"] / best["lru"] if best["lru"] else None}
 
 
-def _bookkeeping_round(be: Any, enc: list[str], n: int, call: int) -> float:
+def _bookkeeping_round(be: Any, enc: list[str], n: int, call: int) -> dict:
     """One round: fill the order with ``n`` keys (untimed), then time ``n`` more stored one
     call at a time; whenever the order holds more than ``n``, one eviction batch takes it down
-    to 95 % (as evict-ahead does)."""
+    to 95 % (as evict-ahead does). Seconds per stored key, in all and by phase (each phase
+    timed over a stretch of calls, so the clock's own cost stays out of the figures)."""
     with be._lru_lock:
         be._lru.clear()
         if be._prefix is not None:
@@ -404,15 +414,27 @@ def _bookkeeping_round(be: Any, enc: list[str], n: int, call: int) -> float:
     nothing: set[str] = set()
     held = n
     low = int(0.95 * n)
-    c0 = time.process_time()
-    for i in range(n, 2 * n, call):
-        _bk_store(be, enc[i:i + call])
-        held += call
+    spent = dict.fromkeys(PHASES, 0.0)
+    clock = time.process_time
+    i = n
+    while i < 2 * n:
+        c0 = clock()
+        while i < 2 * n and held <= n:
+            _bk_store(be, enc[i:i + call])
+            held += call
+            i += call
+        c1 = clock()
+        spent["store"] += c1 - c0
         if held > n:
             victims = be._pick_victims(held - low, nothing, frozenset(), nothing)
+            c2 = clock()
             be._lru_forget(victims)
+            spent["pick"] += c2 - c1
+            spent["forget"] += clock() - c2
             held -= len(victims)
-    return (time.process_time() - c0) / n
+    out = {ph: t / n for ph, t in spent.items()}
+    out["total"] = sum(spent.values()) / n
+    return out
 
 
 def _bk_store(be: Any, enc: list[str]) -> None:
