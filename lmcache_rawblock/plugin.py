@@ -66,7 +66,7 @@ from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
 from .extent_evict import ExtentEviction, parse_reserve
-from .prefix_evict import PrefixOrder
+from .prefix_evict import PrefixOrder, ReachableExtents
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -83,7 +83,7 @@ from .settings import SETTINGS, finite_number, parse_bool, parse_value
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
 
 _KEY_PREFIX = "rust_raw_block."
-EVICTION_POLICIES = ("none", "lru", "prefix", "extent")
+EVICTION_POLICIES = ("none", "lru", "prefix", "extent", "extent_prefix")
 # Evict-ahead defaults: keep 5-10 % of the slots free so a burst of puts finds slots at once,
 # and free 5 % per pass so one batched delete and its checkpoint serve many puts.
 DEFAULT_EVICTION_TRIGGER_WATERMARK = 0.95
@@ -305,7 +305,7 @@ def _eviction_fractions(extra: Mapping, policy: str) -> tuple[float, float]:
     """(trigger watermark, ratio) of evict-ahead, checked whatever the policy."""
     trigger = _fraction(extra, "eviction_trigger_watermark", DEFAULT_EVICTION_TRIGGER_WATERMARK, zero_ok=False)
     ratio = _fraction(extra, "eviction_ratio", DEFAULT_EVICTION_RATIO, zero_ok=True)
-    if policy in ("none", "extent"):
+    if policy in ("none", "extent", "extent_prefix"):
         for name in ("eviction_trigger_watermark", "eviction_ratio"):
             value = _get(extra, name, None)
             if value is not None and value != "":
@@ -391,7 +391,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         # The plugin keeps its own order (the LRU list, or the chains) only under lru and prefix:
         # under extent the core orders the extents and deletes their keys, so a list here would
         # only gather every key ever stored.
-        self._ordered = self.eviction_policy in ("lru", "prefix")
+        self._ordered = self.eviction_policy in ("lru", "prefix", "extent_prefix")
         self._prefix: PrefixOrder | None = self._start_order()
         # One background thread, started by the first signal: it writes the checkpoint that
         # makes slots freed by removes reusable (so a put that needs them neither writes it nor
@@ -422,7 +422,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         """The recovered entries in the eviction order: under prefix, the chains of chunks
         (lmcache_rawblock.prefix_evict, returned); under lru, the LRU in index order (oldest
         checkpointed first); under extent and none, nothing (the core orders extents)."""
-        if self.eviction_policy == "prefix":
+        if self.eviction_policy in ("prefix", "extent_prefix"):  # extent_prefix: weighs the extents
             order = PrefixOrder()
             order.add_recovered(self._core.snapshot_indexed_keys())
             return order
@@ -438,13 +438,18 @@ class RustRawBlockBackend(StoragePluginInterface):
             reserve = parse_reserve(_get(extra, "extent_reserve"), _label("extent_reserve"))
             reinsert = _get(extra, "extent_reinsert")
             reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
-            if self.eviction_policy != "extent":
+            if self.eviction_policy not in ("extent", "extent_prefix"):
                 return None
             if not isinstance(self._core, RawBlockCore):
-                raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
+                raise ValueError(f"{_key('eviction_policy')}={self.eviction_policy!r} takes one device per rank, got "
                                  f"{len(self.device_paths)}")
+            if self._prefix is None:
+                return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger,
+                                      reinsert, _label("extent_reserve"))
+            chooser = ReachableExtents(self._prefix, self._lru_lock)  # extent_prefix: the chains weigh the victim
             return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert,
-                                  _label("extent_reserve"))
+                                  _label("extent_reserve"), on_deleted=chooser.deleted,
+                                  on_put_again=chooser.stored, chooser=chooser)
         except BaseException:
             self._unexport()
             self._core.close()
@@ -597,6 +602,8 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["evicted_extents"] = self._extents.extents_evicted
             status["evicted_extent_entries"] = self._extents.keys_evicted
             status["reinserted_extent_entries"] = self._extents.keys_reinserted
+            if self._extents.chooser is not None:  # extent_prefix: victims not the least recently used
+                status["extent_victims_not_oldest"] = self._extents.chooser.chosen_other
         status.update(self._admission.status())
         if self._prefix is not None:
             with self._lru_lock:

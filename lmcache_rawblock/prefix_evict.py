@@ -39,7 +39,7 @@ from collections.abc import Callable, Container, Iterable
 from itertools import islice
 from typing import Any
 
-__all__ = ["PrefixOrder", "HINT_CAPACITY"]
+__all__ = ["PrefixOrder", "HINT_CAPACITY", "ReachableExtents"]
 
 # Links learned for keys not stored yet (being written, or a lookup's first miss): kept
 # first-in-first-out up to this many, so a lookup whose store never comes costs nothing lasting.
@@ -96,6 +96,12 @@ class PrefixOrder:
             self._hints[encoded[hits]] = encoded[hits - 1]
             if len(self._hints) > 2 * self._hint_capacity:
                 self._trim_hints()
+
+    def note_links(self, links: Iterable[tuple[str, str]]) -> None:
+        """(key, predecessor) pairs known for keys not stored now (read before they left)."""
+        self._hints.update(links)
+        if len(self._hints) > 2 * self._hint_capacity:
+            self._trim_hints()
 
     def _trim_hints(self) -> None:
         """Keep the newest ``hint_capacity`` links (a lookup whose store never comes costs
@@ -319,6 +325,45 @@ class PrefixOrder:
         self._pick_unreachable(len(self._pred), _kept(skip), out, set())
         return out
 
+    def reachable_loss(self, keys: Iterable[str]) -> int:
+        """How many stored keys a lookup reaches now would be lost if ``keys`` left: those of
+        ``keys`` that are reachable, and every stored key below one of them that is not in
+        ``keys`` (its leaving makes them unreachable: an extent holding a chain's head costs
+        its whole tail). Walks the chains above and below ``keys`` (for extent choice, at
+        eviction time)."""
+        going = set(keys)
+        memo: dict[str, bool] = {}
+        frontier = [k for k in going if k in self._pred and self._reachable(k, memo)]
+        lost = len(frontier)
+        seen = set(going)
+        while frontier:
+            for child in _children(self._kids, frontier.pop()):
+                if child not in seen and child in self._pred:
+                    seen.add(child)
+                    lost += 1
+                    frontier.append(child)
+        return lost
+
+    def _reachable(self, key: str, memo: dict[str, bool]) -> bool:
+        """Whether every predecessor of the stored ``key`` is stored (a lookup reaches it)."""
+        pred_of, orphans = self._pred, self._orphans
+        path: list[str] = []
+        node: str | None = key
+        result = True
+        while node is not None:
+            known = memo.get(node)
+            if known is not None:
+                result = known
+                break
+            if node not in pred_of or node in orphans or len(path) > len(pred_of):
+                result = False
+                break
+            path.append(node)
+            node = pred_of[node]
+        for n in path:
+            memo[n] = result
+        return result
+
     # ---- figures ------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -371,3 +416,44 @@ def _add_child(kids: dict[str, str | list[str]], pred: str, key: str) -> None:
         kids[pred] = [got, key]
     else:
         got.append(key)
+
+
+class ReachableExtents:
+    """Prefix weighting of whole-extent eviction (``eviction_policy: extent_prefix``): the
+    hook ``lmcache_rawblock.extent_evict.ExtentEviction`` asks to choose among the
+    ``candidates`` closed extents used least recently the one whose eviction loses the fewest
+    reachable keys (:meth:`PrefixOrder.reachable_loss`; ties go to the least recently used),
+    and tells of the keys it deleted and put back so the chains stay true. ``lock`` is the
+    plugin's ``_lru_lock`` (a leaf: the evictor holds ``_pin_lock`` when it calls)."""
+
+    candidates = 4
+
+    def __init__(self, order: PrefixOrder, lock: Any) -> None:
+        self._order = order
+        self._lock = lock
+        self.chosen_other = 0  # victims that were not the least recently used candidate
+
+    def choose(self, extents: list[list[str]]) -> int:
+        """The index in ``extents`` (each a candidate's keys, least recently used first) of
+        the one to evict."""
+        if len(extents) < 2:
+            return 0
+        with self._lock:
+            losses = [self._order.reachable_loss(keys) for keys in extents]
+        best = min(range(len(losses)), key=lambda i: (losses[i], i))
+        if best:
+            self.chosen_other += 1
+        return best
+
+    def deleted(self, keys: list[str]) -> None:
+        """``keys`` were evicted; their links are kept as pending ones, so a hot key put back
+        rejoins its chain."""
+        with self._lock:
+            order = self._order
+            links = [(k, p) for k, p in zip(keys, map(order.predecessor, keys)) if p is not None]
+            order.remove_many(keys)
+            order.note_links(links)
+
+    def stored(self, keys: list[str]) -> None:
+        with self._lock:
+            self._order.add_many(keys)

@@ -307,7 +307,7 @@ def test_chains_are_relearned_after_a_restart(open_backend, loop_thread, meta_fo
 
 
 def test_policy_setting_is_checked(open_backend):
-    with pytest.raises(ValueError, match=r"eviction_policy'\] must be one of none, lru, prefix, extent; got 'radix'"):
+    with pytest.raises(ValueError, match=r"eviction_policy'\] must be one of none, lru, prefix, extent, extent_prefix; got 'radix'"):
         open_backend(slots=16, meta_format="log", eviction_policy="radix")
     be = open_backend(slots=16, meta_format="log", name="ok", eviction_policy=" Prefix ")
     assert be.eviction_policy == "prefix" and be.report_status()["eviction_policy"] == "prefix"
