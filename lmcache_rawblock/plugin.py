@@ -933,7 +933,11 @@ class RustRawBlockBackend(StoragePluginInterface):
             hits = self._pricer.prefix(encoded)
         else:
             hits = 0
-            for ok in self._core.exists_many(encoded, lock=False):
+            probe = encoded
+            if self._prefix is not None:  # not past a chunk whose predecessor is known gone
+                with self._lru_lock:
+                    probe = encoded[: self._prefix.probe_bound(encoded)]
+            for ok in self._core.exists_many(probe, lock=False):
                 if not ok:
                     break
                 hits += 1

@@ -325,6 +325,18 @@ class PrefixOrder:
         self._pick_unreachable(len(self._pred), _kept(skip), out, set())
         return out
 
+    def probe_bound(self, encoded: list[str]) -> int:
+        """How many of a prompt's keys ``encoded`` a lookup needs to probe: up to the first one
+        whose predecessor is known to have left (it and that predecessor miss, so nothing after
+        them is served). All of them while no key is known unreachable (one test)."""
+        orphans = self._orphans
+        if not orphans:
+            return len(encoded)
+        for i, key in enumerate(encoded):
+            if key in orphans:
+                return i - 1 if i and encoded[i - 1] == self._pred.get(key) else i
+        return len(encoded)
+
     def reachable_loss(self, keys: Iterable[str]) -> int:
         """How many stored keys a lookup reaches now would be lost if ``keys`` left: those of
         ``keys`` that are reachable, and every stored key below one of them that is not in
