@@ -222,30 +222,34 @@ class PrefixOrder:
                 continue
             if leaves.pop(key, _MISSING) is _MISSING and orphans:
                 orphans.pop(key, None)
-            children = kids.get(key)
-            if children is not None:
-                # The children stay listed under the key: stored again, it makes them reachable.
-                for child in (children,) if isinstance(children, str) else children:
-                    if child in pred_of:
-                        leaves.pop(child, None)
-                        orphans[child] = None
+            if key in kids:
+                self._orphan_children(key)
             if pred is None:
                 self._heads.discard(key)
                 continue
             siblings = kids.get(pred)
-            if siblings is None:
-                continue
-            if isinstance(siblings, str):
-                if siblings != key:
-                    continue
+            if siblings == key:  # its predecessor's only child
                 del kids[pred]
                 if pred in pred_of and pred not in going and pred not in orphans:
                     leaves[pred] = None
                     leaves.move_to_end(pred, last=False)
-            elif key in siblings:
-                siblings.remove(key)
-                if len(siblings) == 1:
-                    kids[pred] = siblings[0]
+            elif siblings is not None and not isinstance(siblings, str):
+                self._drop_sibling(pred, key, siblings)
+
+    def _orphan_children(self, key: str) -> None:
+        """``key`` left: its stored children become unreachable. They stay listed under it:
+        stored again, it makes them reachable."""
+        for child in _children(self._kids, key):
+            if child in self._pred:
+                self._leaves.pop(child, None)
+                self._orphans[child] = None
+
+    def _drop_sibling(self, pred: str, key: str, siblings: list[str]) -> None:
+        """``key`` left: one of several children of ``pred`` no more."""
+        if key in siblings:
+            siblings.remove(key)
+            if len(siblings) == 1:
+                self._kids[pred] = siblings[0]
 
     # ---- eviction -----------------------------------------------------------------------
 
