@@ -14,9 +14,11 @@ for the table). Beyond LMCache:
   in LMCache today), ``"lru"`` (evict least-recently-used entries that nobody has pinned),
   ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
   predecessor is gone, then chain tails before heads, learned from store calls and lookups;
-  ``lmcache_rawblock.prefix_evict``) or ``"extent"`` (whole extents of the core's
+  ``lmcache_rawblock.prefix_evict``), ``"extent"`` (whole extents of the core's
   ``extent_bytes``, least recently used first, clean ones kept ahead;
-  ``lmcache_rawblock.extent_evict``);
+  ``lmcache_rawblock.extent_evict``) or ``"extent_prefix"`` (as extent, the victim chosen among
+  the four least recently used extents by the reachable chunks its eviction loses, from the
+  chains prefix keeps);
   under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
   reusable, so the put that next needs one does not (unless the core's periodic thread, which
@@ -388,9 +390,9 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._lru_lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._evicts = self.eviction_policy != "none"
-        # The plugin keeps its own order (the LRU list, or the chains) only under lru and prefix:
-        # under extent the core orders the extents and deletes their keys, so a list here would
-        # only gather every key ever stored.
+        # The plugin keeps its own order (the LRU list, or the chains) only under lru, prefix and
+        # extent_prefix (the chains weigh the extents): under extent the core orders the extents
+        # and deletes their keys, so a list here would only gather every key ever stored.
         self._ordered = self.eviction_policy in ("lru", "prefix", "extent_prefix")
         self._prefix: PrefixOrder | None = self._start_order()
         # One background thread, started by the first signal: it writes the checkpoint that

@@ -26,6 +26,17 @@ Where the links come from (all O(1) per key, no I/O):
 * recovered keys (after a restart, or a device brought back) have no known predecessor and are
   heads, oldest first, until a store or lookup that names them links them again.
 
+What it costs a put: a store call's links are one dictionary update; recording a stored key is
+a few dictionary operations (its predecessor; the predecessor's child, kept as the key itself
+while it is the only one, so no list is made per key); only the keys a batch leaves childless
+join the leaf order. Eviction tests a set of kept keys, and a removal batch makes no leaf of a
+predecessor leaving in the same batch.
+
+It also serves :meth:`PrefixOrder.probe_bound` (a lookup need not probe past a chunk whose
+predecessor is known gone) and :class:`ReachableExtents` (``eviction_policy: extent_prefix``:
+the extent to evict, of the few used least recently, is the one losing the fewest reachable
+chunks, :meth:`PrefixOrder.reachable_loss`).
+
 The order is not metadata: it lives in memory only, a restart (or kill -9) loses it and never a
 key or a byte.
 
