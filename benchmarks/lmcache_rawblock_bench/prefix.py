@@ -538,6 +538,31 @@ def verdict(rows: list[dict], cpu: dict, whole: dict, extent_rows: list[dict] | 
             "extent_never_worse": ext_worst is None or ext_worst >= GOAL_NEVER_WORSE}
 
 
+def _profile(s: PrefixSettings, work: str) -> None:
+    """One bookkeeping round per policy under cProfile: the functions costing the most CPU of
+    their own (the profiler's overhead per call inflates them all alike)."""
+    import cProfile
+    import pstats
+
+    from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
+
+    n = s.cpu_keys
+    enc = [CacheEngineKey("bench", 1, 0, 1_000_000 + i, "bfloat16").to_string() for i in range(2 * n)]
+    lt = _Loop()
+    try:
+        for p in POLICIES:
+            be = open_backend(os.path.join(work, f"prof-{p}.img"), 64, p, lt.loop)
+            try:
+                prof = cProfile.Profile()
+                prof.runcall(_bookkeeping_round, be, enc, n, 8)
+                print(f"--- {p}: one round under cProfile")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(8)
+            finally:
+                be.close()
+    finally:
+        lt.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m lmcache_rawblock_bench.prefix {bookkeeping,extent} [--suite S] [--out F]``:
     one piece of the part alone (the bookkeeping's CPU per chunk by phase, prefix against lru;
@@ -550,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", choices=sorted(SUITES), default="quick")
     ap.add_argument("--rounds", type=int, help="bookkeeping rounds (default: the suite's cpu_rounds)")
     ap.add_argument("--out", help="write the figures here as JSON")
+    ap.add_argument("--profile", action="store_true",
+                    help="bookkeeping: also one round per policy under cProfile, its costliest functions")
     a = ap.parse_args(argv)
     s = SUITES[a.suite]
     if a.rounds:
@@ -563,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"total {out['cpu_s_per_put'][p] * 1e6:.3f} us per stored chunk")
             print("prefix/lru", " ".join(f"{ph} {out['phase_ratios'][ph]:.2f}" for ph in PHASES),
                   f"total {out['ratio']:.2f}")
+            if a.profile:
+                _profile(s, work)
         else:
             requests, pred = make_trace(s)
 
