@@ -157,7 +157,7 @@ class PrefixOrder:
         as itself (no list), and only the keys the batch leaves childless enter the leaves
         (a call's chain adds one leaf, not one per key)."""
         pred_of, leaves, hints, kids, orphans = self._pred, self._leaves, self._hints, self._kids, self._orphans
-        new: list[str] = []
+        last = None  # the key stored just before, not placed yet: a leaf unless this key follows it
         for key in keys:
             if key in pred_of:
                 if key in leaves:
@@ -165,29 +165,38 @@ class PrefixOrder:
                 continue
             pred = hints.pop(key, None)
             if pred is None or pred == key:
+                pred = None
                 pred_of[key] = None
                 self._heads.add(key)
-                new.append(key)
-                continue
-            # The predecessor is stored, or being written (its write may finish after this one)
-            pred_of[key] = pred
-            siblings = kids.get(pred)
-            if siblings is None:
-                kids[pred] = key
-                leaves.pop(pred, None)
-            elif isinstance(siblings, str):
-                kids[pred] = [siblings, key]
             else:
-                siblings.append(key)
+                # The predecessor is stored, or being written (its write may finish after this one)
+                pred_of[key] = pred
+                siblings = kids.get(pred)
+                if siblings is None:
+                    kids[pred] = key
+                    if pred != last:  # the key before in the batch never entered the leaves
+                        leaves.pop(pred, None)
+                elif isinstance(siblings, str):
+                    kids[pred] = [siblings, key]
+                else:
+                    siblings.append(key)
+            if last is not None and (pred != last or orphans):
+                self._place(last)
             if orphans and pred in orphans:
                 orphans[key] = None
+                last = None
             else:
-                new.append(key)
-        for key in new:
-            if key not in kids:
-                leaves[key] = None
-            elif orphans:
-                self._adopt(key)
+                last = key
+        if last is not None:
+            self._place(last)
+
+    def _place(self, key: str) -> None:
+        """The newly stored ``key``: a leaf when no stored key follows it; else the children
+        its leaving made unreachable are reachable again."""
+        if key not in self._kids:
+            self._leaves[key] = None
+        elif self._orphans:
+            self._adopt(key)
 
     def _adopt(self, key: str) -> None:
         """``key`` is stored (again) and has stored children (children that finished writing
