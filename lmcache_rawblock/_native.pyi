@@ -213,6 +213,13 @@ class Core:
         recently, without the keys a load or pin holds; hot[i]: key i was loaded since it was
         put. None when no closed extent holds a key. The extent then counts as just used.
         RuntimeError when extents are off."""
+    def extent_peek(self, rank: int, /) -> tuple[int, list[str], list[bool]] | None:
+        """As extent_victim for the rank-th closed extent holding a key, least recently used
+        first (0: the one extent_victim takes), without counting it as used; None when there
+        are fewer."""
+    def extent_take(self, extent: int, /) -> tuple[int, list[str], list[bool]] | None:
+        """As extent_victim for the given extent (counted as just used and as a victim); None
+        when it is not a closed extent holding a key."""
     def take_dealloc_log(self) -> list[tuple[int, int]]:
         """(offset, length) of each range deallocated since the journal was started or last taken."""
     def close(self) -> dict[str, Any]: ...

@@ -76,7 +76,7 @@ class ExtentEviction:
     def __init__(self, core: Any, pin_lock: threading.Lock, pinned: Callable[[], set[str]], reserve: int,
                  logger: logging.Logger, reinsert: bool = True, label: str = "extent_reserve",
                  on_deleted: Callable[[list[str]], None] | None = None,
-                 on_put_again: Callable[[list[str]], None] | None = None) -> None:
+                 on_put_again: Callable[[list[str]], None] | None = None, chooser: Any = None) -> None:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
@@ -97,6 +97,9 @@ class ExtentEviction:
         self.keys_evicted = 0
         self.keys_reinserted = 0
         self.removes = 0  # the plugin's removes, counted under pin_lock (see removed)
+        # Prefix weighting (eviction_policy extent_prefix; prefix_evict.ReachableExtents): picks
+        # among the few least recently used extents (its owner passes on_deleted / on_put_again).
+        self.chooser = chooser
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
@@ -114,7 +117,7 @@ class ExtentEviction:
         """One victim extent's keys deleted: how many, or None when no victim is left. With
         ``again`` (a list), its hot keys read first go there as (spec, payload) to put back."""
         with self._pin_lock:
-            victim = self._core.extent_victim()
+            victim = self._victim(seen)
             if victim is None or victim[0] in seen:
                 return None
             ext, keys, hot = victim
@@ -140,6 +143,23 @@ class ExtentEviction:
             if self._on_deleted is not None:
                 self._on_deleted(gone)
         return len(gone)
+
+    def _victim(self, seen: set[int]) -> tuple[int, list[str], list[bool]] | None:
+        """The core's victim extent; with a chooser, the one it picks among up to
+        ``chooser.candidates`` least recently used (looked at without counting as used)."""
+        if self.chooser is None:
+            return self._core.extent_victim()
+        candidates = []
+        for rank in range(self.chooser.candidates):
+            got = self._core.extent_peek(rank)
+            if got is None:
+                break
+            if got[0] not in seen:
+                candidates.append(got)
+        if not candidates:
+            return self._core.extent_victim()  # every candidate looked at once: the evict loop ends
+        pick = candidates[self.chooser.choose([c[1] for c in candidates])]
+        return self._core.extent_take(pick[0]) or self._core.extent_victim()
 
     def removed(self) -> None:
         """The cache's user removed keys (the plugin calls it under ``pin_lock``): a pass

@@ -14,9 +14,11 @@ for the table). Beyond LMCache:
   in LMCache today), ``"lru"`` (evict least-recently-used entries that nobody has pinned),
   ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
   predecessor is gone, then chain tails before heads, learned from store calls and lookups;
-  ``lmcache_rawblock.prefix_evict``) or ``"extent"`` (whole extents of the core's
+  ``lmcache_rawblock.prefix_evict``), ``"extent"`` (whole extents of the core's
   ``extent_bytes``, least recently used first, clean ones kept ahead;
-  ``lmcache_rawblock.extent_evict``);
+  ``lmcache_rawblock.extent_evict``) or ``"extent_prefix"`` (as extent, the victim chosen among
+  the four least recently used extents by the reachable chunks its eviction loses, from the
+  chains prefix keeps);
   under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
   reusable, so the put that next needs one does not (unless the core's periodic thread, which
@@ -66,7 +68,7 @@ from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
 from .extent_evict import ExtentEviction, parse_reserve
-from .prefix_evict import PrefixOrder
+from .prefix_evict import PrefixOrder, ReachableExtents
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -83,7 +85,7 @@ from .settings import SETTINGS, finite_number, parse_bool, parse_value
 logger = logging.getLogger("lmcache.v1.storage_backend.plugins.rust_raw_block_backend")
 
 _KEY_PREFIX = "rust_raw_block."
-EVICTION_POLICIES = ("none", "lru", "prefix", "extent")
+EVICTION_POLICIES = ("none", "lru", "prefix", "extent", "extent_prefix")
 # Evict-ahead defaults: keep 5-10 % of the slots free so a burst of puts finds slots at once,
 # and free 5 % per pass so one batched delete and its checkpoint serve many puts.
 DEFAULT_EVICTION_TRIGGER_WATERMARK = 0.95
@@ -305,7 +307,7 @@ def _eviction_fractions(extra: Mapping, policy: str) -> tuple[float, float]:
     """(trigger watermark, ratio) of evict-ahead, checked whatever the policy."""
     trigger = _fraction(extra, "eviction_trigger_watermark", DEFAULT_EVICTION_TRIGGER_WATERMARK, zero_ok=False)
     ratio = _fraction(extra, "eviction_ratio", DEFAULT_EVICTION_RATIO, zero_ok=True)
-    if policy in ("none", "extent"):
+    if policy in ("none", "extent", "extent_prefix"):
         for name in ("eviction_trigger_watermark", "eviction_ratio"):
             value = _get(extra, name, None)
             if value is not None and value != "":
@@ -388,10 +390,10 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._lru_lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._evicts = self.eviction_policy != "none"
-        # The plugin keeps its own order (the LRU list, or the chains) only under lru and prefix:
-        # under extent the core orders the extents and deletes their keys, so a list here would
-        # only gather every key ever stored.
-        self._ordered = self.eviction_policy in ("lru", "prefix")
+        # The plugin keeps its own order (the LRU list, or the chains) only under lru, prefix and
+        # extent_prefix (the chains weigh the extents): under extent the core orders the extents
+        # and deletes their keys, so a list here would only gather every key ever stored.
+        self._ordered = self.eviction_policy in ("lru", "prefix", "extent_prefix")
         self._prefix: PrefixOrder | None = self._start_order()
         # One background thread, started by the first signal: it writes the checkpoint that
         # makes slots freed by removes reusable (so a put that needs them neither writes it nor
@@ -422,7 +424,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         """The recovered entries in the eviction order: under prefix, the chains of chunks
         (lmcache_rawblock.prefix_evict, returned); under lru, the LRU in index order (oldest
         checkpointed first); under extent and none, nothing (the core orders extents)."""
-        if self.eviction_policy == "prefix":
+        if self.eviction_policy in ("prefix", "extent_prefix"):  # extent_prefix: weighs the extents
             order = PrefixOrder()
             order.add_recovered(self._core.snapshot_indexed_keys())
             return order
@@ -438,13 +440,18 @@ class RustRawBlockBackend(StoragePluginInterface):
             reserve = parse_reserve(_get(extra, "extent_reserve"), _label("extent_reserve"))
             reinsert = _get(extra, "extent_reinsert")
             reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
-            if self.eviction_policy != "extent":
+            if self.eviction_policy not in ("extent", "extent_prefix"):
                 return None
             if not isinstance(self._core, RawBlockCore):
-                raise ValueError(f"{_key('eviction_policy')}='extent' takes one device per rank, got "
+                raise ValueError(f"{_key('eviction_policy')}={self.eviction_policy!r} takes one device per rank, got "
                                  f"{len(self.device_paths)}")
+            if self._prefix is None:
+                return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger,
+                                      reinsert, _label("extent_reserve"))
+            chooser = ReachableExtents(self._prefix, self._lru_lock)  # extent_prefix: the chains weigh the victim
             return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert,
-                                  _label("extent_reserve"))
+                                  _label("extent_reserve"), on_deleted=chooser.deleted,
+                                  on_put_again=chooser.stored, chooser=chooser)
         except BaseException:
             self._unexport()
             self._core.close()
@@ -597,6 +604,8 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["evicted_extents"] = self._extents.extents_evicted
             status["evicted_extent_entries"] = self._extents.keys_evicted
             status["reinserted_extent_entries"] = self._extents.keys_reinserted
+            if self._extents.chooser is not None:  # extent_prefix: victims not the least recently used
+                status["extent_victims_not_oldest"] = self._extents.chooser.chosen_other
         status.update(self._admission.status())
         if self._prefix is not None:
             with self._lru_lock:
@@ -626,8 +635,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             return
         with self._lru_lock:
             if self._prefix is not None:
-                for enc in encoded:
-                    self._prefix.add(enc)
+                self._prefix.add_many(encoded)
                 return
             for enc in encoded:
                 self._lru[enc] = None
@@ -638,8 +646,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             return
         with self._lru_lock:
             if self._prefix is not None:
-                for enc in encoded:
-                    self._prefix.remove(enc)
+                self._prefix.remove_many(encoded)
                 return
             for enc in encoded:
                 self._lru.pop(enc, None)
@@ -680,7 +687,8 @@ class RustRawBlockBackend(StoragePluginInterface):
         victims: list[str] = []
         with self._lru_lock:
             if self._prefix is not None:
-                return self._prefix.victims(want, lambda enc: enc in pinned or enc in protect or enc in tried)
+                kept = pinned | protect | tried if pinned or protect or tried else ()
+                return self._prefix.victims(want, kept)
             for enc in self._lru:
                 if enc in pinned or enc in protect or enc in tried:
                     continue
@@ -927,7 +935,11 @@ class RustRawBlockBackend(StoragePluginInterface):
             hits = self._pricer.prefix(encoded)
         else:
             hits = 0
-            for ok in self._core.exists_many(encoded, lock=False):
+            probe = encoded
+            if self._prefix is not None:  # not past a chunk whose predecessor is known gone
+                with self._lru_lock:
+                    probe = encoded[: self._prefix.probe_bound(encoded)]
+            for ok in self._core.exists_many(probe, lock=False):
                 if not ok:
                     break
                 hits += 1

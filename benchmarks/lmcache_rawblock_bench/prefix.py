@@ -54,6 +54,9 @@ from typing import Any
 from .common import MiB, median
 
 POLICIES = ("lru", "prefix")
+# Whole-extent eviction, plain (least recently used extent) and prefix-weighted (of the few
+# least recently used extents, the one losing the fewest reachable chunks).
+EXTENT_POLICIES = ("extent", "extent_prefix")
 GOAL_TOKENS_50 = 1.15
 # "Never worse" within the replays' noise: the evictor thread's timing moves which chunks a pass
 # takes, a few tenths of a percent of the tokens served between runs of one policy.
@@ -83,6 +86,7 @@ class PrefixSettings:
     samples: int = 20
     cpu_rounds: int = 5
     cpu_keys: int = 20000
+    extent_slots: int = 16  # slots per extent in the extent rows (0: no extent rows)
     seed: int = 7
 
     def describe(self) -> dict:
@@ -99,7 +103,8 @@ SUITES = {
 
 
 def steps(s: PrefixSettings) -> int:
-    return (len(s.capacities) + s.put_rounds) * len(POLICIES) + 1
+    extents = len(s.capacities) * len(EXTENT_POLICIES) if s.extent_slots else 0
+    return (len(s.capacities) + s.put_rounds) * len(POLICIES) + 1 + extents
 
 
 # --------------------------------------------------------------------------- the trace
@@ -254,16 +259,22 @@ class _Loop:
         self.loop.close()
 
 
-def open_backend(path: str, slots: int, policy: str, loop: Any) -> Any:
+def open_backend(path: str, slots: int, policy: str, loop: Any, extent_slots: int = 0) -> Any:
+    """The plugin over a sparse file of ``slots`` data slots under ``policy`` (with
+    ``extent_slots``, extents of that many slots; the file then holds ``slots`` slots past the
+    first extent boundary, plus one extent of slack)."""
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block._lmcache import MemoryFormat
 
+    extent = extent_slots * SLOT
     with open(path, "wb") as f:
-        f.truncate(META + slots * SLOT)
+        f.truncate(META + slots * SLOT + 2 * extent)
     extra = {"rust_raw_block.device_path": path, "rust_raw_block.block_align": 4096,
              "rust_raw_block.header_bytes": 4096, "rust_raw_block.slot_bytes": SLOT,
              "rust_raw_block.meta_total_bytes": META, "rust_raw_block.meta_enable_periodic": False,
              "rust_raw_block.eviction_policy": policy}
+    if extent_slots:
+        extra["rust_raw_block.extent_bytes"] = extent
     fmt = next(iter(MemoryFormat))
     return RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(fmt),
                                loop=loop)
@@ -279,11 +290,11 @@ def _keys(requests: list[list[int]]) -> dict[int, Any]:
 
 
 def replay(s: PrefixSettings, requests: list[list[int]], pred: dict[int, int | None], keys: dict[int, Any],
-           slots: int, policy: str, work: str) -> dict:
+           slots: int, policy: str, work: str, extent_slots: int = 0) -> dict:
     """The trace through a plugin of ``slots`` slots under ``policy``: its figures."""
     lt = _Loop()
     path = os.path.join(work, f"{policy}-{slots}.img")
-    be = open_backend(path, slots, policy, lt.loop)
+    be = open_backend(path, slots, policy, lt.loop, extent_slots)
     fmt = be.local_cpu_backend.fmt
     put_obj = _Obj(fmt, 0x5A)
     by_enc = {k.to_string(): i for i, k in keys.items()}
@@ -340,7 +351,10 @@ def replay(s: PrefixSettings, requests: list[list[int]], pred: dict[int, int | N
             "reachable_share_mean": (sum(b / a for a, b in late if a) / max(1, sum(1 for a, _ in late if a))),
             "put_calls_chunks": stored_chunks, "put_failures": failed,
             "put_cpu_s_per_chunk": put_cpu / stored_chunks if stored_chunks else None,
-            "evicted": status.get("evicted_ahead_entries", 0) + status.get("put_evicted_entries", 0)}
+            "evicted": status.get("evicted_ahead_entries", 0) + status.get("put_evicted_entries", 0)
+            + status.get("evicted_extent_entries", 0),
+            "evicted_extents": status.get("evicted_extents"),
+            "extent_victims_not_oldest": status.get("extent_victims_not_oldest")}
 
 
 def _front_hits(cpu: OrderedDict, prompt: list[int]) -> int:
@@ -365,16 +379,22 @@ def _front_put(cpu: OrderedDict, keys: list[int], slots: int) -> None:
 # --------------------------------------------------------------------------- bookkeeping CPU
 
 
+PHASES = ("store", "pick", "forget")
+
+
 def bookkeeping_cpu(s: PrefixSettings, work: str) -> dict:
     """Process CPU per stored chunk of the order's bookkeeping alone (see the module
-    docstring), best of ``cpu_rounds`` per policy, the policies alternating."""
+    docstring), best of ``cpu_rounds`` per policy, the policies alternating; with each
+    phase's share: ``store`` (what a store call adds: under prefix learning the call's
+    links, then recording the stored keys), ``pick`` (choosing an eviction batch's victims)
+    and ``forget`` (dropping them), each per stored chunk."""
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
 
     n = s.cpu_keys
     call = 8  # keys per store call
     enc = [CacheEngineKey("bench", 1, 0, 1_000_000 + i, "bfloat16").to_string() for i in range(2 * n)]
     lt = _Loop()
-    out: dict[str, list[float]] = {p: [] for p in POLICIES}
+    out: dict[str, list[dict]] = {p: [] for p in POLICIES}
     try:
         bes = {p: open_backend(os.path.join(work, f"cpu-{p}.img"), 64, p, lt.loop) for p in POLICIES}
         try:
@@ -386,15 +406,19 @@ def bookkeeping_cpu(s: PrefixSettings, work: str) -> dict:
                 be.close()
     finally:
         lt.stop()
-    best = {p: min(v) for p, v in out.items()}
-    return {"keys": n, "keys_per_call": call, "cpu_s_per_put": best, "rounds": dict(out),
+    best = {p: min(r["total"] for r in v) for p, v in out.items()}
+    phases = {p: {ph: min(r[ph] for r in v) for ph in PHASES} for p, v in out.items()}
+    ratios = {ph: phases["prefix"][ph] / phases["lru"][ph] if phases["lru"][ph] else None for ph in PHASES}
+    return {"keys": n, "keys_per_call": call, "cpu_s_per_put": best, "phases": phases, "phase_ratios": ratios,
+            "rounds": {p: [r["total"] for r in v] for p, v in out.items()},
             "ratio": best["prefix"] / best["lru"] if best["lru"] else None}
 
 
-def _bookkeeping_round(be: Any, enc: list[str], n: int, call: int) -> float:
+def _bookkeeping_round(be: Any, enc: list[str], n: int, call: int) -> dict:
     """One round: fill the order with ``n`` keys (untimed), then time ``n`` more stored one
     call at a time; whenever the order holds more than ``n``, one eviction batch takes it down
-    to 95 % (as evict-ahead does)."""
+    to 95 % (as evict-ahead does). Seconds per stored key, in all and by phase (each phase
+    timed over a stretch of calls, so the clock's own cost stays out of the figures)."""
     with be._lru_lock:
         be._lru.clear()
         if be._prefix is not None:
@@ -404,15 +428,27 @@ def _bookkeeping_round(be: Any, enc: list[str], n: int, call: int) -> float:
     nothing: set[str] = set()
     held = n
     low = int(0.95 * n)
-    c0 = time.process_time()
-    for i in range(n, 2 * n, call):
-        _bk_store(be, enc[i:i + call])
-        held += call
+    spent = dict.fromkeys(PHASES, 0.0)
+    clock = time.process_time
+    i = n
+    while i < 2 * n:
+        c0 = clock()
+        while i < 2 * n and held <= n:
+            _bk_store(be, enc[i:i + call])
+            held += call
+            i += call
+        c1 = clock()
+        spent["store"] += c1 - c0
         if held > n:
             victims = be._pick_victims(held - low, nothing, frozenset(), nothing)
+            c2 = clock()
             be._lru_forget(victims)
+            spent["pick"] += c2 - c1
+            spent["forget"] += clock() - c2
             held -= len(victims)
-    return (time.process_time() - c0) / n
+    out = {ph: t / n for ph, t in spent.items()}
+    out["total"] = sum(spent.values()) / n
+    return out
 
 
 def _bk_store(be: Any, enc: list[str]) -> None:
@@ -447,6 +483,7 @@ def run_prefix(s: PrefixSettings, bar: Any) -> dict:
                 bar.update(1)
         cpu = bookkeeping_cpu(s, work)
         bar.update(1)
+        extent_rows = run_extents(s, requests, pred, keys, work, bar) if s.extent_slots else []
     finally:
         shutil.rmtree(work, ignore_errors=True)
     trace = {"requests": len(requests), "working_set_chunks": working,
@@ -455,7 +492,23 @@ def run_prefix(s: PrefixSettings, bar: Any) -> dict:
     whole = {"cpu_s_per_chunk": put, "rounds": put_cpu,
              "ratio": put["prefix"] / put["lru"] if put["prefix"] and put["lru"] else None}
     return {"settings": s.describe(), "trace": trace, "rows": rows, "bookkeeping": cpu, "put_cpu": whole,
-            "verdict": verdict(rows, cpu, whole)}
+            "extent_rows": extent_rows, "verdict": verdict(rows, cpu, whole, extent_rows)}
+
+
+def run_extents(s: PrefixSettings, requests: list[list[int]], pred: dict[int, int | None], keys: dict[int, Any],
+                work: str, bar: Any) -> list[dict]:
+    """The same trace with extents of ``extent_slots`` slots, plain extent eviction against
+    prefix-weighted extent choice, at each capacity side by side."""
+    rows = []
+    working = len(pred)
+    for n, cap in enumerate(s.capacities):
+        slots = max(4 * s.extent_slots, round(cap * working))
+        cell = {}
+        for p in (EXTENT_POLICIES if n % 2 == 0 else EXTENT_POLICIES[::-1]):
+            cell[p] = replay(s, requests, pred, keys, slots, p, work, s.extent_slots)
+            bar.update(1)
+        rows.append({"capacity": cap, **cell, "ratios": _ratios(cell["extent_prefix"], cell["extent"])})
+    return rows
 
 
 def _ratios(a: dict, b: dict) -> dict:
@@ -468,13 +521,100 @@ def _ratios(a: dict, b: dict) -> dict:
             "put_cpu_per_chunk": r("put_cpu_s_per_chunk")}
 
 
-def verdict(rows: list[dict], cpu: dict, whole: dict) -> dict:
+def verdict(rows: list[dict], cpu: dict, whole: dict, extent_rows: list[dict] | None = None) -> dict:
     at50 = next((r["ratios"]["tokens_served"] for r in rows if r["capacity"] == 0.5), None)
     worst = min((r["ratios"]["tokens_served"] for r in rows if r["ratios"]["tokens_served"] is not None),
                 default=None)
     put = whole.get("ratio")
+    ext_worst = min((r["ratios"]["tokens_served"] for r in extent_rows or [] if r["ratios"]["tokens_served"] is not None),
+                    default=None)
     return {"tokens_served_50": at50, "tokens_served_worst": worst, "goal_50": GOAL_TOKENS_50,
             "met_50": at50 is not None and at50 >= GOAL_TOKENS_50, "goal_never_worse": GOAL_NEVER_WORSE,
             "never_worse": worst is not None and worst >= GOAL_NEVER_WORSE,
             "put_cpu_ratio_50": put, "bookkeeping_cpu_ratio": cpu.get("ratio"), "goal_cpu": GOAL_CPU,
-            "met_cpu": put is not None and put <= GOAL_CPU}
+            "met_cpu": put is not None and put <= GOAL_CPU,
+            "met_bookkeeping_cpu": cpu.get("ratio") is not None and cpu["ratio"] <= GOAL_CPU,
+            "extent_tokens_served_worst": ext_worst,
+            "extent_never_worse": ext_worst is None or ext_worst >= GOAL_NEVER_WORSE}
+
+
+def _profile(s: PrefixSettings, work: str) -> None:
+    """One bookkeeping round per policy under cProfile: the functions costing the most CPU of
+    their own (the profiler's overhead per call inflates them all alike)."""
+    import cProfile
+    import pstats
+
+    from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
+
+    n = s.cpu_keys
+    enc = [CacheEngineKey("bench", 1, 0, 1_000_000 + i, "bfloat16").to_string() for i in range(2 * n)]
+    lt = _Loop()
+    try:
+        for p in POLICIES:
+            be = open_backend(os.path.join(work, f"prof-{p}.img"), 64, p, lt.loop)
+            try:
+                prof = cProfile.Profile()
+                prof.runcall(_bookkeeping_round, be, enc, n, 8)
+                print(f"--- {p}: one round under cProfile")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(8)
+            finally:
+                be.close()
+    finally:
+        lt.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m lmcache_rawblock_bench.prefix {bookkeeping,extent} [--suite S] [--out F]``:
+    one piece of the part alone (the bookkeeping's CPU per chunk by phase, prefix against lru;
+    or the extent rows), printed and written as JSON."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="lmcache_rawblock_bench.prefix")
+    ap.add_argument("piece", choices=("bookkeeping", "extent"))
+    ap.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    ap.add_argument("--rounds", type=int, help="bookkeeping rounds (default: the suite's cpu_rounds)")
+    ap.add_argument("--out", help="write the figures here as JSON")
+    ap.add_argument("--profile", action="store_true",
+                    help="bookkeeping: also one round per policy under cProfile, its costliest functions")
+    a = ap.parse_args(argv)
+    s = SUITES[a.suite]
+    if a.rounds:
+        s = PrefixSettings(**{**asdict(s), "cpu_rounds": a.rounds})
+    work = tempfile.mkdtemp(prefix="rb-prefix-")
+    try:
+        if a.piece == "bookkeeping":
+            out: Any = bookkeeping_cpu(s, work)
+            for p in POLICIES:
+                print(p, " ".join(f"{ph} {out['phases'][p][ph] * 1e6:.3f}" for ph in PHASES),
+                      f"total {out['cpu_s_per_put'][p] * 1e6:.3f} us per stored chunk")
+            print("prefix/lru", " ".join(f"{ph} {out['phase_ratios'][ph]:.2f}" for ph in PHASES),
+                  f"total {out['ratio']:.2f}")
+            if a.profile:
+                _profile(s, work)
+        else:
+            requests, pred = make_trace(s)
+
+            class _NoBar:
+                def update(self, _n: int) -> None:
+                    pass
+
+            out = {"settings": s.describe(), "working_set_chunks": len(pred),
+                   "rows": run_extents(s, requests, pred, _keys(requests), work, _NoBar())}
+            for r in out["rows"]:
+                for p in EXTENT_POLICIES:
+                    c = r[p]
+                    print(f"{100 * r['capacity']:g} % {p:13s} slots {c['slots']:,} tokens served {c['tokens_served']:,}"
+                          f" hit ratio {c['hit_ratio']:.3f} tokens/device B {c['tokens_per_device_byte']:.3f}"
+                          f" reachable share {c['reachable_share_mean']:.3f} extents evicted {c['evicted_extents']}")
+                print(f"  extent_prefix/extent tokens served {r['ratios']['tokens_served']:.3f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

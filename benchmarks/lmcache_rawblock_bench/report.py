@@ -577,6 +577,28 @@ def print_prefix(results: dict, p: Callable[..., None]) -> None:
       f"prefix/lru {_r3(pc['ratio'])}")
     p(f"  bookkeeping alone (best of {len(bk['rounds']['lru'])}): lru {fmt_time(bk['cpu_s_per_put']['lru'])}, "
       f"prefix {fmt_time(bk['cpu_s_per_put']['prefix'])} per chunk, prefix/lru {_r3(bk['ratio'])}")
+    if bk.get("phases"):
+        ph = bk["phases"]
+        p("    by phase (per stored chunk, lru → prefix): " + ", ".join(
+            f"{k} {fmt_time(ph['lru'][k])} → {fmt_time(ph['prefix'][k])} ({_r3(bk['phase_ratios'][k])}x)"
+            for k in ("store", "pick", "forget")))
+    ext = px.get("extent_rows") or []
+    if ext:
+        p(f"  with extents of {s.get('extent_slots')} slots: plain extent eviction (least recently used extent) "
+          "against extent_prefix (of the 4 least recently used, the one losing the fewest reachable chunks)")
+        rows = []
+        for r in ext:
+            for pol in ("extent", "extent_prefix"):
+                c = r[pol]
+                rows.append([f"{100 * r['capacity']:g} %", pol, f"{c['slots']:,}", f"{c['tokens_served']:,}",
+                             f"{c['hit_ratio']:.3f}", f"{c['tokens_per_device_byte']:.3f}",
+                             f"{c['reachable_share_mean']:.3f}", f"{c.get('evicted_extents') or 0:,}",
+                             f"{c['put_failures']:,}"])
+            q = r["ratios"]
+            rows.append(["", "ext_prefix/extent", "", _r3(q["tokens_served"]), _r3(q["hit_ratio"]),
+                         _r3(q["tokens_per_device_byte"]), "", "", ""])
+        p(table(["capacity", "policy", "slots", "tokens served", "hit ratio", "tokens/device B", "reachable share",
+                 "extents evicted", "put failures"], rows, [False, False] + _right(7, 0)))
     v = px["verdict"]
     p(f"  goals: tokens served at 50 % {_r3(v['tokens_served_50'])}x (≥ {v['goal_50']:g}: "
       f"{'met' if v['met_50'] else 'NOT met'}); worst capacity {_r3(v['tokens_served_worst'])}x "
@@ -827,6 +849,13 @@ def goals(results: dict) -> list[dict]:
     if px.get("put_cpu", {}).get("ratio") is not None:
         add("prefix", "per-put CPU (whole put, 50 %): prefix / lru", px["put_cpu"]["ratio"], px["verdict"]["goal_cpu"],
             False, f"bookkeeping alone {_r3(px['bookkeeping']['ratio'])}x")
+    if px.get("bookkeeping", {}).get("ratio") is not None:
+        add("prefix", "per-put CPU (bookkeeping alone): prefix / lru", px["bookkeeping"]["ratio"],
+            px["verdict"]["goal_cpu"], False, "the order's own methods, no I/O")
+    for r in px.get("extent_rows", []):
+        add("prefix", f"tokens served with extents at {100 * r['capacity']:g} %: extent_prefix / extent",
+            r["ratios"]["tokens_served"], px["verdict"].get("goal_never_worse", 1.0), True,
+            f"hit ratio {r['extent_prefix']['hit_ratio']:.3f} vs {r['extent']['hit_ratio']:.3f}")
     dr = results.get("drives") or {}
     for r in dr.get("rows", []):
         if r["who"] != "ours":

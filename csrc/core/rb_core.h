@@ -272,6 +272,13 @@ int rb_core_dealloc_pending(rb_core *c);
  * compacted or replaced.
  */
 int64_t rb_core_extent_victim(rb_core *c, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
+/* The same for a choice made by the caller: peek hands the keys of the rank-th closed extent
+ * holding a key in least-recently-used order (0 = the one extent_victim would take) without
+ * counting it as used; take hands those of extent e and counts it as used and as a victim, as
+ * extent_victim does (0 keys and *ext UINT32_MAX when e is not a closed extent holding a key).
+ * O(extents x (rank + 1)) for peek. */
+int64_t rb_core_extent_peek(rb_core *c, uint32_t rank, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
+int64_t rb_core_extent_take(rb_core *c, uint32_t e, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]

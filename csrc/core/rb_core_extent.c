@@ -122,7 +122,51 @@ static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *l
     return (int64_t)k;
 }
 
-int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, uint8_t **hot_out, uint32_t *ext)
+/* Whether extent e is closed and holds a key (a victim candidate). */
+static int ext_candidate(const rb_extents *x, uint32_t e)
+{
+    return x->st[e] == RB_EXT_CLOSED && x->nfree[e] < x->per;
+}
+
+/* The rank-th candidate in (last use, extent) order, 0 = the one rb_ext_victim takes; UINT32_MAX
+ * when there are fewer. O(extents x (rank + 1)). */
+static uint32_t ext_ranked(const rb_extents *x, uint32_t rank)
+{
+    uint32_t best = RB_SLOT_NONE, prev = RB_SLOT_NONE;
+    for (uint32_t r = 0; r <= rank; r++, prev = best) {
+        best = RB_SLOT_NONE;
+        for (uint32_t e = 0; e < x->n; e++) {
+            if (!ext_candidate(x, e))
+                continue;
+            if (prev != RB_SLOT_NONE && (x->tick[e] < x->tick[prev] || (x->tick[e] == x->tick[prev] && e <= prev)))
+                continue;
+            if (best == RB_SLOT_NONE || x->tick[e] < x->tick[best])
+                best = e;
+        }
+        if (best == RB_SLOT_NONE)
+            return best;
+    }
+    return best;
+}
+
+/* The extent a mode names, under mu: 0 victim (least recently used, taken), 1 peek (the
+ * which-th least recently used, not taken), 2 take (extent which, when a candidate). */
+static uint32_t ext_choose_locked(rb_core *c, int mode, uint32_t which)
+{
+    rb_extents *x = &c->slots.ext;
+    if (mode == 0)
+        return rb_ext_victim(&c->slots);
+    if (mode == 1)
+        return ext_ranked(x, which);
+    if (which >= x->n || !ext_candidate(x, which))
+        return RB_SLOT_NONE;
+    x->tick[which] = ++x->clock;
+    x->evicted++;
+    return which;
+}
+
+static int64_t extent_look(rb_core *c, int mode, uint32_t which, char ***keys_out, size_t **lens_out, uint8_t **hot_out,
+                           uint32_t *ext)
 {
     *ext = UINT32_MAX;
     *keys_out = NULL;
@@ -142,7 +186,7 @@ int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, u
     pthread_mutex_lock(&c->mu);
     if (!c->slots.ext.rev_ok || c->slots.ext.rev_epoch != c->index.epoch)
         rev_rebuild_locked(c);
-    uint32_t e = rb_ext_victim(&c->slots);
+    uint32_t e = ext_choose_locked(c, mode, which);
     int64_t n = e == UINT32_MAX ? 0 : extent_keys_locked(c, e, keys, lens, hot);
     pthread_mutex_unlock(&c->mu);
     if (n < 0) {
@@ -155,6 +199,23 @@ int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, u
     *lens_out = lens;
     *hot_out = hot;
     return n;
+}
+
+int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, uint8_t **hot_out, uint32_t *ext)
+{
+    return extent_look(c, 0, 0, keys_out, lens_out, hot_out, ext);
+}
+
+int64_t rb_core_extent_peek(rb_core *c, uint32_t rank, char ***keys_out, size_t **lens_out, uint8_t **hot_out,
+                            uint32_t *ext)
+{
+    return extent_look(c, 1, rank, keys_out, lens_out, hot_out, ext);
+}
+
+int64_t rb_core_extent_take(rb_core *c, uint32_t e, char ***keys_out, size_t **lens_out, uint8_t **hot_out,
+                            uint32_t *ext)
+{
+    return extent_look(c, 2, e, keys_out, lens_out, hot_out, ext);
 }
 
 void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)

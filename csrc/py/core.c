@@ -191,6 +191,14 @@ static PyMethodDef core_methods[] = {
      "used least recently (put or loaded), without those a load or pin holds, and for each whether it was loaded "
      "since it was put; None when no closed extent holds a key. The extent then counts as just used. Needs "
      "extent_bytes"},
+    {"extent_peek", rbpy_core_extent_peek, METH_O,
+     "extent_peek($self, rank, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for the "
+     "rank-th closed extent holding a key, least recently used first (0: the one extent_victim takes), without "
+     "counting it as used; None when there are fewer. Needs extent_bytes"},
+    {"extent_take", rbpy_core_extent_take, METH_O,
+     "extent_take($self, extent, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for "
+     "the given extent (counted as just used and as a victim); None when it is not a closed extent holding a "
+     "key. Needs extent_bytes"},
     {"take_dealloc_log", rbpy_core_take_dealloc_log, METH_NOARGS,
      "take_dealloc_log($self, /)\n--\n\n-> list[(offset, length)]: ranges deallocated since the last call"},
     {"apply_state_json", rbpy_core_apply_state_json, METH_O,

@@ -153,6 +153,8 @@ PyObject *rbpy_core_entry_offset(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_lock_refcount(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *ignored);
+PyObject *rbpy_core_extent_peek(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_extent_take(PyObject *op, PyObject *arg);
 /* core_status.c */
 PyObject *rbpy_core_status(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_trust_counters(PyObject *op, PyObject *arg);

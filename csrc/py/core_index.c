@@ -257,18 +257,11 @@ PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_
     return l;
 }
 
-PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *Py_UNUSED(ignored))
+/* (extent, keys, hot) of what an extent look returned, or None; frees the C arrays. */
+static PyObject *extent_result(int64_t n, char **keys, size_t *lens, uint8_t *hot, uint32_t ext, const char *what)
 {
-    char **keys = NULL;
-    size_t *lens = NULL;
-    uint8_t *hot = NULL;
-    uint32_t ext;
-    int64_t n;
-    Py_BEGIN_ALLOW_THREADS
-        n = rb_core_extent_victim(rbpy_core_of(op), &keys, &lens, &hot, &ext);
-    Py_END_ALLOW_THREADS
     if (n == -EINVAL) {
-        PyErr_SetString(PyExc_RuntimeError, "extent_victim needs extents: extent_bytes is 0 (off)");
+        PyErr_Format(PyExc_RuntimeError, "%s needs extents: extent_bytes is 0 (off)", what);
         return NULL;
     }
     if (n < 0)
@@ -296,4 +289,61 @@ PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *Py_UNUSED(ignored))
         Py_RETURN_NONE;
     }
     return Py_BuildValue("(INN)", (unsigned)ext, l, h);
+}
+
+PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    char **keys = NULL;
+    size_t *lens = NULL;
+    uint8_t *hot = NULL;
+    uint32_t ext;
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+        n = rb_core_extent_victim(rbpy_core_of(op), &keys, &lens, &hot, &ext);
+    Py_END_ALLOW_THREADS
+    return extent_result(n, keys, lens, hot, ext, "extent_victim");
+}
+
+/* extent_peek(rank) / extent_take(extent): the argument, a uint32, or -1 with an error set. */
+static int64_t extent_arg(PyObject *arg, const char *what)
+{
+    unsigned long v = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred() || v > UINT32_MAX - 1) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s takes an integer in [0, %u), got %R", what, UINT32_MAX - 1, arg);
+        return -1;
+    }
+    return (int64_t)v;
+}
+
+PyObject *rbpy_core_extent_peek(PyObject *op, PyObject *arg)
+{
+    int64_t which = extent_arg(arg, "extent_peek");
+    if (which < 0)
+        return NULL;
+    char **keys = NULL;
+    size_t *lens = NULL;
+    uint8_t *hot = NULL;
+    uint32_t ext;
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+        n = rb_core_extent_peek(rbpy_core_of(op), (uint32_t)which, &keys, &lens, &hot, &ext);
+    Py_END_ALLOW_THREADS
+    return extent_result(n, keys, lens, hot, ext, "extent_peek");
+}
+
+PyObject *rbpy_core_extent_take(PyObject *op, PyObject *arg)
+{
+    int64_t which = extent_arg(arg, "extent_take");
+    if (which < 0)
+        return NULL;
+    char **keys = NULL;
+    size_t *lens = NULL;
+    uint8_t *hot = NULL;
+    uint32_t ext;
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+        n = rb_core_extent_take(rbpy_core_of(op), (uint32_t)which, &keys, &lens, &hot, &ext);
+    Py_END_ALLOW_THREADS
+    return extent_result(n, keys, lens, hot, ext, "extent_take");
 }

@@ -370,6 +370,18 @@ class RawBlockCore:
         again at once). RuntimeError when extents are off."""
         return self._native.extent_victim()
 
+    def extent_peek(self, rank: int) -> tuple[int, list[str], list[bool]] | None:
+        """As :meth:`extent_victim` for the ``rank``-th closed extent holding a key, least
+        recently used first (0: the one ``extent_victim`` takes), without counting it as used
+        (a caller weighing candidates, then taking one with :meth:`extent_take`); None when
+        there are fewer. O(extents x (rank + 1))."""
+        return self._native.extent_peek(rank)
+
+    def extent_take(self, extent: int) -> tuple[int, list[str], list[bool]] | None:
+        """As :meth:`extent_victim` for ``extent`` (counted as just used and as a victim); None
+        when it is no longer a closed extent holding a key."""
+        return self._native.extent_take(extent)
+
     def reclaim_held_slots(self) -> int:
         """Make the slots freed by deletes reusable now: write checkpoints while some freed slot
         waits for one and the last one was written (a checkpoint writes only when the index

@@ -345,7 +345,7 @@ def test_lru_does_not_evict_on_io_errors(make_backend):
 
 
 def test_bad_eviction_policy(make_backend):
-    with pytest.raises(ValueError, match=r"rust_raw_block.eviction_policy'\] must be one of none, lru, prefix, extent; got 'fifo'"):
+    with pytest.raises(ValueError, match=r"rust_raw_block.eviction_policy'\] must be one of none, lru, prefix, extent, extent_prefix; got 'fifo'"):
         make_backend(eviction_policy="fifo")
 
 

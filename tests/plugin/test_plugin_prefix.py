@@ -158,7 +158,12 @@ def test_pending_links_are_bounded():
     order = PrefixOrder(hint_capacity=4)
     for i in range(100):
         order.note_lookup([f"h{i}", f"m{i}"], 1)  # lookups whose store never comes
-    assert order.counts()["prefix_pending_links"] == 4
+        order.note_call([f"c{i}", f"d{i}", f"e{i}"])  # and store calls whose writes never land
+    # trimmed in bulk (a dictionary rebuilt, not a key dropped per link): at most twice the capacity
+    assert 4 <= order.counts()["prefix_pending_links"] <= 8
+    order.note_lookup(["h99", "m99"], 1)
+    order.add("m99")
+    assert order.predecessor("m99") == "h99", "the newest links are the ones kept"
 
 
 # --------------------------------------------------------------------------- the plugin
@@ -302,7 +307,7 @@ def test_chains_are_relearned_after_a_restart(open_backend, loop_thread, meta_fo
 
 
 def test_policy_setting_is_checked(open_backend):
-    with pytest.raises(ValueError, match=r"eviction_policy'\] must be one of none, lru, prefix, extent; got 'radix'"):
+    with pytest.raises(ValueError, match=r"eviction_policy'\] must be one of none, lru, prefix, extent, extent_prefix; got 'radix'"):
         open_backend(slots=16, meta_format="log", eviction_policy="radix")
     be = open_backend(slots=16, meta_format="log", name="ok", eviction_policy=" Prefix ")
     assert be.eviction_policy == "prefix" and be.report_status()["eviction_policy"] == "prefix"
@@ -319,3 +324,38 @@ def test_a_store_after_a_storage_manager_lookup_continues_the_chain(open_backend
     assert (st["prefix_keys"], st["prefix_leaves"]) == (4, 1), "one chain 0-1-2-3, with 3 its only leaf"
     assert be.remove(make_key(1))
     assert be.report_status()["prefix_unreachable"] == 1, "2 lost its predecessor"
+
+
+# --------------------------------------------------------------------------- lookups stop early
+
+
+def test_probe_bound_stops_at_a_chunk_whose_predecessor_left():
+    order = PrefixOrder()
+    chain(order, ["a0", "a1", "a2", "a3"])
+    assert order.probe_bound(["a0", "a1", "a2", "a3"]) == 4, "nothing unreachable: probe all"
+    order.remove("a1")
+    assert order.probe_bound(["a0", "a1", "a2", "a3"]) == 1, "a1 left: neither it nor a2 is probed"
+    assert order.probe_bound(["x", "a2", "a3"]) == 1, "another predecessor named: a2 itself is not probed"
+    chain(order, ["a0", "a1"])  # stored again: a2 is reachable again
+    assert order.probe_bound(["a0", "a1", "a2", "a3"]) == 4
+
+
+@pytest.mark.parametrize("meta_format", FORMATS)
+def test_a_lookup_does_not_probe_past_a_broken_chain(open_backend, loop_thread, meta_format, monkeypatch):
+    be = open_backend(slots=16, meta_format=meta_format, eviction_policy="prefix", eviction_ratio=0)
+    store(be, [0, 1, 2, 3, 4])
+    assert be.remove(make_key(2))  # 3 and 4 can no longer be reached
+    probed: list[int] = []
+    exists_many = be._core.exists_many
+
+    def counting(keys, *args, **kwargs):
+        probed.append(len(keys))
+        return exists_many(keys, *args, **kwargs)
+
+    monkeypatch.setattr(be._core, "exists_many", counting)
+    assert lookup(be, [0, 1, 2, 3, 4, 5], loop_thread) == 2
+    assert probed == [2], "keys 0 and 1 probed; not 2 (known gone), nor what follows it"
+    store(be, [2])  # a recompute stores 2 again: the chain is whole
+    probed.clear()
+    assert lookup(be, [0, 1, 2, 3, 4, 5], loop_thread) == 5
+    assert probed == [6]

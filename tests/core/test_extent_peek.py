@@ -1,0 +1,44 @@
+"""Looking at victim extents before taking one (``extent_peek``, ``extent_take``): what prefix
+weighted extent eviction chooses among. Both metadata formats; nothing timed."""
+
+from __future__ import annotations
+
+import pytest
+
+from core_helpers import Obj, make_core, make_device
+from core.test_extents import EXT, FORMATS, PER, extents, put
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_peek_ranks_the_closed_extents_without_using_them_and_take_takes_one(tmp_path, fmt):
+    core = make_core(make_device(tmp_path), meta_format=fmt, extent_bytes=EXT)
+    try:
+        keys = put(core, list(range(4 * PER)))  # extents 0, 1, 2 closed, 3 open
+        assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # extent 0 used last
+        order = [core.extent_peek(r)[0] for r in range(3)]
+        assert order == [1, 2, 0]
+        assert core.extent_peek(3) is None, "the open extent is no candidate"
+        assert [core.extent_peek(r)[0] for r in range(3)] == order, "a peek does not count as a use"
+        assert extents(core)["extents_evicted"] == 0
+        ext, victims, hot = core.extent_take(2)
+        assert ext == 2 and sorted(victims) == sorted(k.encoded for k in keys[2 * PER:3 * PER])
+        assert hot == [False] * PER
+        assert extents(core)["extents_evicted"] == 1
+        assert [core.extent_peek(r)[0] for r in range(3)] == [1, 0, 2], "a taken extent counts as just used"
+        assert core.extent_victim()[0] == 1, "the victim is still the least recently used"
+        assert core.extent_take(3) is None and core.extent_take(1 << 20) is None
+        with pytest.raises(ValueError, match=r"extent_take takes an integer in \[0, .*got -1"):
+            core.extent_take(-1)
+    finally:
+        core.close()
+
+
+def test_peek_and_take_need_extents(tmp_path):
+    core = make_core(make_device(tmp_path), meta_format="log")
+    try:
+        with pytest.raises(RuntimeError, match="extent_peek needs extents"):
+            core.extent_peek(0)
+        with pytest.raises(RuntimeError, match="extent_take needs extents"):
+            core.extent_take(0)
+    finally:
+        core.close()
