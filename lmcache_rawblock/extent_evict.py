@@ -11,7 +11,13 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
 * Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
   or waiting for its deallocation; by default 5 % of the extents, at least 2, as the LRU
   policy's evict-ahead keeps 5 % of the slots) so puts find room without waiting; a pass that
-  evicts also writes the checkpoint that makes the freed slots reusable.
+  evicts also writes the checkpoint that makes the freed slots reusable. The reserve follows
+  the puts: a pass that evicted measures the extents the puts opened while it ran (its victims'
+  deletes, the checkpoint, the deallocation: what a put out of slots would wait for), and the
+  evictor keeps twice the most of that seen lately (halved every ``DEMAND_HALF_LIFE_S``), at
+  most a quarter of the extents, when that is more than ``extent_reserve``
+  (``effective_reserve``). A storm of puts then finds the next extent clean instead of
+  waiting for the checkpoint its freed slots need.
 * A put that still finds no slot evicts extents for its missing keys (never the batch's own
   keys), as the LRU policy does.
 * Pinned keys and keys a load holds are kept; their extent stays partly live (the core does
@@ -25,9 +31,12 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
   during the pass (``removed``) cancels its reinsertion: a key removed then (it missed, so the
   remove found nothing) must not come back with the bytes it had.
 
-Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
-no pin slips in between (the plugin's lock order), and over the put that reinserts so no remove
-does; the counters change under it too (the evictor thread and a put evicting for itself both
+Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held over the victim choice and again over
+the victim's delete, which skips the keys pinned meanwhile (the plugin's lock order); the hot
+keys are read between the two, without it, so pins, removes and loads do not wait for that
+I/O. The put that reinserts holds only ``reinsert_lock``, which the plugin's removes take too
+(so no remove slips in between the check and the put; pins and loads never wait for it). The
+counters change under ``pin_lock`` (the evictor thread and a put evicting for itself both
 write them).
 """
 
@@ -36,6 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +58,12 @@ __all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reserve"]
 # The default reserve: this fraction of the extents, at least MIN_RESERVE.
 DEFAULT_RESERVE_FRACTION = 0.05
 MIN_RESERVE = 2
+# The reserve the puts' measured demand may raise it to: at most this fraction of the extents
+# (clean extents hold no keys: what the cache gives up under a storm of puts).
+MAX_RESERVE_FRACTION = 0.25
+# The demand remembered: the most extents opened during one evicting pass, halved every so
+# many seconds (a burst is remembered for a few passes, an idle cache forgets it).
+DEMAND_HALF_LIFE_S = 2.0
 
 
 def parse_reserve(value: Any, label: str) -> int:
@@ -87,6 +103,11 @@ class ExtentEviction:
         self.keys_evicted = 0
         self.keys_reinserted = 0
         self.removes = 0  # the plugin's removes, counted under pin_lock (see removed)
+        self.reinsert_lock = threading.Lock()  # the reinserting put; the plugin's removes take it
+        self._total = counts["extents_total"]
+        self._cap = max(self.reserve, min(self._total - 1, math.floor(MAX_RESERVE_FRACTION * self._total)))
+        self._demand = 0.0  # extents the puts opened during one evicting pass (see _note_demand)
+        self._demand_at = time.monotonic()
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
@@ -102,7 +123,8 @@ class ExtentEviction:
 
     def _evict_one(self, protect: frozenset[str] | set[str], seen: set[int], again: list | None) -> int | None:
         """One victim extent's keys deleted: how many, or None when no victim is left. With
-        ``again`` (a list), its hot keys read first go there as (spec, payload) to put back."""
+        ``again`` (a list), its hot keys read first go there as (spec, payload) to put back;
+        they are read without ``pin_lock`` (a key pinned meanwhile is then kept, not deleted)."""
         with self._pin_lock:
             victim = self._core.extent_victim()
             if victim is None or victim[0] in seen:
@@ -111,9 +133,12 @@ class ExtentEviction:
             seen.add(ext)
             pinned = self._pinned()
             keep = [(k, h) for k, h in zip(keys, hot) if k not in pinned and k not in protect]
-            keys = [k for k, _ in keep]
+        read = self._read([k for k, h in keep if h][:len(keep) // 2]) if again is not None and keep else []
+        with self._pin_lock:
+            pinned = self._pinned()  # pins taken while the hot keys were read
+            keys = [k for k, _ in keep if k not in pinned]
             if again is not None:
-                again += self._read([k for k, h in keep if h][:len(keep) // 2])
+                again += [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
             results = self._core.delete_many(keys, force=False) if keys else []
             deleted = sum(1 for ok in results if ok)
             if deleted:
@@ -128,12 +153,25 @@ class ExtentEviction:
         that evicted before then does not put its hot keys back."""
         self.removes += 1
 
+    def effective_reserve(self) -> int:
+        """The clean extents kept ahead now: ``reserve``, or twice the extents the puts opened
+        during one evicting pass lately when that is more, at most a quarter of the extents."""
+        now = time.monotonic()
+        self._demand *= 0.5 ** ((now - self._demand_at) / DEMAND_HALF_LIFE_S)
+        self._demand_at = now
+        return min(self._cap, max(self.reserve, math.ceil(2 * self._demand - 1e-9)))
+
+    def _note_demand(self, opened: int) -> None:
+        """An evicting pass saw the puts open ``opened`` extents while it ran."""
+        self.effective_reserve()  # decays the remembered demand to now
+        self._demand = max(self._demand, float(opened))
+
     def missing_clean(self) -> int:
         """Clean extents (or extents waiting for their deallocation) short of the reserve."""
         c = self._core.extent_counts()
         if c["closed"]:
             return 0
-        return max(0, self.reserve - c["extents_clean"] - c["extents_pending_dealloc"])
+        return max(0, self.effective_reserve() - c["extents_clean"] - c["extents_pending_dealloc"])
 
     def evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict one victim extent per clean extent missing
@@ -144,6 +182,7 @@ class ExtentEviction:
         evicted = 0
         again: list | None = [] if self.reinsert else None
         removes = self.removes
+        opened = self._core.extent_counts()["extents_opened"]
         for _ in range(self.missing_clean()):
             got = self._evict_one(frozenset(), set(), again)
             if not got:
@@ -151,6 +190,8 @@ class ExtentEviction:
             evicted += got
         if evicted or self._core.slot_counts().held:
             self._core.reclaim_held_slots()
+        if evicted:
+            self._note_demand(self._core.extent_counts()["extents_opened"] - opened)
         if again:
             self._put_again(again, removes)
         return evicted > 0
@@ -170,14 +211,17 @@ class ExtentEviction:
     def _put_again(self, again: list[tuple[Any, Any]], removes: int) -> None:
         """Put the hot keys of evicted extents back (into the open extent). A key put again
         meanwhile by the cache's user stays as that put left it; after any remove since the
-        pass began (``removes`` then) none is put back. The pin lock keeps a remove from
-        slipping in between that check and the put."""
-        with self._pin_lock:
-            if self.removes != removes:
-                self._log.debug("raw-block extent eviction: %d hot keys not put back (keys were removed)",
-                                len(again))
-                return
+        pass began (``removes`` then) none is put back. ``reinsert_lock``, which removes take,
+        keeps a remove from slipping in between that check and the put; pins and loads do not
+        wait for the put."""
+        with self.reinsert_lock:
+            with self._pin_lock:
+                if self.removes != removes:
+                    self._log.debug("raw-block extent eviction: %d hot keys not put back (keys were removed)",
+                                    len(again))
+                    return
             res = self._core.put_many([s for s, _ in again], [o for _, o in again])
+        with self._pin_lock:
             self.keys_reinserted += sum(1 for ok in res.results if ok)
 
 
