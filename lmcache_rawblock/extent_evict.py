@@ -16,8 +16,8 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
   deletes, the checkpoint, the deallocation: what a put out of slots would wait for), and the
   evictor keeps twice the most of that seen lately (halved every ``DEMAND_HALF_LIFE_S``), at
   most a quarter of the extents, when that is more than ``extent_reserve``
-  (``effective_reserve``). A storm of puts then finds the next extent clean instead of
-  waiting for the checkpoint its freed slots need.
+  (``effective_reserve``); a put that found no slot doubles it at once. A storm of puts then
+  finds the next extent clean instead of waiting for the checkpoint its freed slots need.
 * A put that still finds no slot evicts extents for its missing keys (never the batch's own
   keys), as the LRU policy does.
 * Pinned keys and keys a load holds are kept; their extent stays partly live (the core does
@@ -112,6 +112,7 @@ class ExtentEviction:
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
         are gone or every closed extent was looked at once. Returns the keys deleted."""
+        self._note_demand(self.effective_reserve())  # the reserve ran dry: twice as many ahead
         evicted = 0
         seen: set[int] = set()
         while evicted < want:
