@@ -108,6 +108,8 @@ class ExtentEviction:
         self._cap = max(self.reserve, min(self._total - 1, math.floor(MAX_RESERVE_FRACTION * self._total)))
         self._demand = 0.0  # extents the puts opened during one evicting pass (see _note_demand)
         self._demand_at = time.monotonic()
+        self._per = counts["extent_slots"]
+        self._quiet = 0  # keys the puts may store before the evictor looks again (puts_stored)
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
@@ -167,12 +169,24 @@ class ExtentEviction:
         self.effective_reserve()  # decays the remembered demand to now
         self._demand = max(self._demand, float(opened))
 
-    def missing_clean(self) -> int:
+    def missing_clean(self, counts: dict[str, int] | None = None) -> int:
         """Clean extents (or extents waiting for their deallocation) short of the reserve."""
-        c = self._core.extent_counts()
+        c = self._core.extent_counts() if counts is None else counts
         if c["closed"]:
             return 0
         return max(0, self.effective_reserve() - c["extents_clean"] - c["extents_pending_dealloc"])
+
+    def puts_stored(self, n: int) -> bool:
+        """The plugin's puts stored ``n`` keys: whether the evictor should look again. Until the
+        clean extents beyond the reserve are used up (all but one, as counted by the last
+        pass), it need not: a pass per put would read the core's status for nothing, holding
+        the GIL the puts wait for."""
+        self._quiet -= n
+        return self._quiet < 0
+
+    def _set_quiet(self, c: dict[str, int]) -> None:
+        spare = c["extents_clean"] + c["extents_pending_dealloc"] - self.effective_reserve()
+        self._quiet = max(0, spare - 1) * self._per
 
     def evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict one victim extent per clean extent missing
@@ -183,16 +197,18 @@ class ExtentEviction:
         evicted = 0
         again: list | None = [] if self.reinsert else None
         removes = self.removes
-        opened = self._core.extent_counts()["extents_opened"]
-        for _ in range(self.missing_clean()):
+        counts = self._core.extent_counts()
+        for _ in range(self.missing_clean(counts)):
             got = self._evict_one(frozenset(), set(), again)
             if not got:
                 break
             evicted += got
         if evicted or self._core.slot_counts().held:
             self._core.reclaim_held_slots()
+        after = self._core.extent_counts()
         if evicted:
-            self._note_demand(self._core.extent_counts()["extents_opened"] - opened)
+            self._note_demand(after["extents_opened"] - counts["extents_opened"])
+        self._set_quiet(after)
         if again:
             self._put_again(again, removes)
         return evicted > 0

@@ -834,8 +834,14 @@ class RustRawBlockBackend(StoragePluginInterface):
             # another reason (an I/O error) must not cost other keys their place.
             if not all(results) and _space_failure(failure):
                 failure = self._put_evicting(specs, objs, pids, results, stored, failure)
-            self._signal_evictor()
+            if self._extents is None or self._extents_look(len(stored), failure):
+                self._signal_evictor()
         return results, failure
+
+    def _extents_look(self, stored: int, failure: BaseException | None) -> bool:
+        """Under ``extent``: whether this put's keys bring the evictor's next look due."""
+        with self._stats_lock:
+            return self._extents.puts_stored(stored) or failure is not None
 
     # ---- lookups and pins ---------------------------------------------------------------
 

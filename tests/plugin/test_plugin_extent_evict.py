@@ -229,3 +229,22 @@ def test_reinsertion_reads_and_puts_again_without_the_pin_lock(open_backend, fmt
     assert ("read", False) in held and ("put", False) in held
     assert all(not locked for _, locked in held), held
     assert_loads(be, [0])
+
+
+def test_puts_into_a_reserve_with_room_to_spare_do_not_wake_the_evictor(open_backend):
+    # Each pass reads the core's status under the GIL the puts wait for: while the clean
+    # extents beyond the reserve last, the puts leave the evictor asleep.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=2,
+                      meta_format="log")
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, [0])  # the first pass counts the clean extents
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    passes = be._evictor.passes
+    spare = (n - 1 - 2 - 1) * PER  # clean extents past the reserve, less one, in slots
+    for i in range(1, spare // 2):
+        assert not put_keys(be, [i])
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert be._evictor.passes == passes
+    assert not put_keys(be, list(range(spare // 2, n * PER + 3 * PER)))  # past the reserve: it evicts
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert be._evictor.passes > passes and be.report_status()["evicted_extents"] > 0
