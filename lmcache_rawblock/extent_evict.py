@@ -137,9 +137,17 @@ class ExtentEviction:
             pinned = self._pinned()
             keep = [(k, h) for k, h in zip(keys, hot) if k not in pinned and k not in protect]
         read = self._read([k for k, h in keep if h][:len(keep) // 2]) if again is not None and keep else []
+        deleted = self._delete_victim([k for k, _ in keep], read, again)
+        if deleted:
+            self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
+        return deleted
+
+    def _delete_victim(self, keys: list[str], read: list[tuple[Any, Any]], again: list | None) -> int:
+        """The victim's ``keys`` deleted but those pinned while its hot keys were read
+        (``read``, kept in ``again`` unless pinned); how many."""
         with self._pin_lock:
-            pinned = self._pinned()  # pins taken while the hot keys were read
-            keys = [k for k, _ in keep if k not in pinned]
+            pinned = self._pinned()
+            keys = [k for k in keys if k not in pinned]
             if again is not None:
                 again += [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
             results = self._core.delete_many(keys, force=False) if keys else []
@@ -147,8 +155,6 @@ class ExtentEviction:
             if deleted:
                 self.extents_evicted += 1
                 self.keys_evicted += deleted
-        if deleted:
-            self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
         return deleted
 
     def removed(self) -> None:

@@ -52,9 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import dataclasses
 import difflib
+import errno
 import logging
 import math
 import threading
@@ -834,14 +834,18 @@ class RustRawBlockBackend(StoragePluginInterface):
             # another reason (an I/O error) must not cost other keys their place.
             if not all(results) and _space_failure(failure):
                 failure = self._put_evicting(specs, objs, pids, results, stored, failure)
-            if self._extents is None or self._extents_look(len(stored), failure):
+            if self._extents_look(len(stored), failure):
                 self._signal_evictor()
         return results, failure
 
     def _extents_look(self, stored: int, failure: BaseException | None) -> bool:
-        """Under ``extent``: whether this put's keys bring the evictor's next look due."""
+        """Whether this put's keys bring the evictor's next look due (always, but under
+        ``extent`` while clean extents beyond the reserve are left)."""
+        extents = self._extents
+        if extents is None:
+            return True
         with self._stats_lock:
-            return self._extents.puts_stored(stored) or failure is not None
+            return extents.puts_stored(stored) or failure is not None
 
     # ---- lookups and pins ---------------------------------------------------------------
 
