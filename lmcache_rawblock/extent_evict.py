@@ -110,6 +110,7 @@ class ExtentEviction:
         self._demand_at = time.monotonic()
         self._per = counts["extent_slots"]
         self._quiet = 0  # keys the puts may store before the evictor looks again (puts_stored)
+        self._quiet_lock = threading.Lock()  # a leaf
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
@@ -187,12 +188,17 @@ class ExtentEviction:
         clean extents beyond the reserve are used up (all but one, as counted by the last
         pass), it need not: a pass per put would read the core's status for nothing, holding
         the GIL the puts wait for."""
-        self._quiet -= n
-        return self._quiet < 0
+        with self._quiet_lock:
+            self._quiet -= n
+            return self._quiet < 0
 
     def _set_quiet(self, c: dict[str, int]) -> None:
+        """The keys the puts may store before a look is due, from counts read after a pass:
+        the clean extents beyond the reserve, less one per open extent (each stream's next
+        put may open one with its extent part full)."""
         spare = c["extents_clean"] + c["extents_pending_dealloc"] - self.effective_reserve()
-        self._quiet = max(0, spare - 1) * self._per
+        with self._quiet_lock:
+            self._quiet = max(0, spare - max(1, c["extents_open"])) * self._per
 
     def evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict one victim extent per clean extent missing
@@ -214,9 +220,10 @@ class ExtentEviction:
         after = self._core.extent_counts()
         if evicted:
             self._note_demand(after["extents_opened"] - counts["extents_opened"])
-        self._set_quiet(after)
         if again:
             self._put_again(again, removes)
+            after = self._core.extent_counts()  # the keys put again took slots too
+        self._set_quiet(after)
         return evicted > 0
 
     def _read(self, keys: list[str]) -> list[tuple[Any, Any]]:

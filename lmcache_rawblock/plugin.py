@@ -841,11 +841,7 @@ class RustRawBlockBackend(StoragePluginInterface):
     def _extents_look(self, stored: int, failure: BaseException | None) -> bool:
         """Whether this put's keys bring the evictor's next look due (always, but under
         ``extent`` while clean extents beyond the reserve are left)."""
-        extents = self._extents
-        if extents is None:
-            return True
-        with self._stats_lock:
-            return extents.puts_stored(stored) or failure is not None
+        return self._extents is None or self._extents.puts_stored(stored) or failure is not None
 
     # ---- lookups and pins ---------------------------------------------------------------
 
