@@ -6,7 +6,8 @@ background evictor keeping ``extent_reserve`` clean extents) and ``lru`` (evict-
 defaults). One process, a sparse file per policy, posix engine, format log, deallocation on
 (punched holes), the plugin's background thread running as in production.
 
-Run: PYTHONPATH=benchmarks python3 -m lmcache_rawblock_bench.extent_latency [--out DIR]
+Run: PYTHONPATH=benchmarks python3 -m lmcache_rawblock_bench.extent_latency [--repeat N] [--device DEV] [--out DIR]
+(with ``--repeat``, ``pooled`` is each setting's puts of all its runs summarised together).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "dealloc_skipped", "checkpoints_for_room")
     return {"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve if policy == "extent" else None,
             "extent_reserve_effective_at_end": effective, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
-            "room": r_room, "full": r_full,
+            "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
             "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
@@ -122,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                 for p in a.policies.split(","):
                     for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
                         runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device))
-    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "loadavg_at_end": os.getloadavg(), "runs": runs}
+    pooled = _pooled(runs)
+    for r in runs:
+        del r["_room_ns"], r["_full_ns"]
+    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "loadavg_at_end": os.getloadavg(),
+                           "pooled": pooled, "runs": runs}
     text = json.dumps(doc, indent=1)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
@@ -132,7 +137,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f}")
+    for r in pooled:
+        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} ({r['runs']} runs) "
+              f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
+              f"mean {r['full_over_room_mean']:.3f}")
     return 0
+
+
+def _pooled(runs: list[dict]) -> list[dict]:
+    """Each setting's puts over all its runs together (a noisy machine's passing load spreads
+    over room and full alike): the same summary and ratios."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"]), []).append(r)
+    out = []
+    for (policy, dealloc, reserve), rs in groups.items():
+        room = _summary([x for r in rs for x in r["_room_ns"]])
+        full = _summary([x for r in rs for x in r["_full_ns"]])
+        out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "runs": len(rs),
+                    "room": room, "full": full,
+                    **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
+                       for k in ("p50", "p99", "mean")}})
+    return out
 
 
 if __name__ == "__main__":
