@@ -11,7 +11,13 @@ FREE records, checkpoints, the readers' quarantine and deallocation behave as fo
 * Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
   or waiting for its deallocation; by default 5 % of the extents, at least 2, as the LRU
   policy's evict-ahead keeps 5 % of the slots) so puts find room without waiting; a pass that
-  evicts also writes the checkpoint that makes the freed slots reusable.
+  evicts also writes the checkpoint that makes the freed slots reusable. The reserve follows
+  the puts: a pass that evicted measures the extents the puts opened while it ran (its victims'
+  deletes, the checkpoint, the deallocation: what a put out of slots would wait for), and the
+  evictor keeps twice the most of that seen lately (halved every ``DEMAND_HALF_LIFE_S``), at
+  most a quarter of the extents, when that is more than ``extent_reserve``
+  (``effective_reserve``); a put that found no slot doubles it at once. A storm of puts then
+  finds the next extent clean instead of waiting for the checkpoint its freed slots need.
 * A put that still finds no slot evicts extents for its missing keys (never the batch's own
   keys), as the LRU policy does.
 * Pinned keys and keys a load holds are kept; their extent stays partly live (the core does
@@ -31,9 +37,12 @@ in ``adapter_params``). An owner that keeps its own record of the stored keys pa
 delete removed and the keys a reinsertion stored, so the record changes in the same section as
 the core (the hooks must not block or call back into the evictor).
 
-Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held from the victim choice to its delete so
-no pin slips in between (the plugin's lock order), and over the put that reinserts so no remove
-does; the counters change under it too (the evictor thread and a put evicting for itself both
+Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held over the victim choice and again over
+the victim's delete, which skips the keys pinned meanwhile (the plugin's lock order); the hot
+keys are read between the two, without it, so pins, removes and loads do not wait for that
+I/O. The put that reinserts holds only ``reinsert_lock``, which the plugin's removes take too
+(so no remove slips in between the check and the put; pins and loads never wait for it). The
+counters change under ``pin_lock`` (the evictor thread and a put evicting for itself both
 write them).
 """
 
@@ -42,6 +51,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +64,12 @@ __all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reserve"]
 # The default reserve: this fraction of the extents, at least MIN_RESERVE.
 DEFAULT_RESERVE_FRACTION = 0.05
 MIN_RESERVE = 2
+# The reserve the puts' measured demand may raise it to: at most this fraction of the extents
+# (clean extents hold no keys: what the cache gives up under a storm of puts).
+MAX_RESERVE_FRACTION = 0.25
+# The demand remembered: the most extents opened during one evicting pass, halved every so
+# many seconds (a burst is remembered for a few passes, an idle cache forgets it).
+DEMAND_HALF_LIFE_S = 2.0
 
 
 def parse_reserve(value: Any, label: str) -> int:
@@ -100,10 +116,19 @@ class ExtentEviction:
         # Prefix weighting (eviction_policy extent_prefix; prefix_evict.ReachableExtents): picks
         # among the few least recently used extents (its owner passes on_deleted / on_put_again).
         self.chooser = chooser
+        self.reinsert_lock = threading.Lock()  # the reinserting put; the plugin's removes take it
+        self._total = counts["extents_total"]
+        self._cap = max(self.reserve, min(self._total - 1, math.floor(MAX_RESERVE_FRACTION * self._total)))
+        self._demand = 0.0  # extents the puts opened during one evicting pass (see _note_demand)
+        self._demand_at = time.monotonic()
+        self._per = counts["extent_slots"]
+        self._quiet = 0  # keys the puts may store before the evictor looks again (puts_stored)
+        self._quiet_lock = threading.Lock()  # a leaf
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
         """Delete the keys of victim extents, least recently used first, until ``want`` keys
         are gone or every closed extent was looked at once. Returns the keys deleted."""
+        self._note_demand(self.effective_reserve())  # the reserve ran dry: twice as many ahead
         evicted = 0
         seen: set[int] = set()
         while evicted < want:
@@ -115,7 +140,8 @@ class ExtentEviction:
 
     def _evict_one(self, protect: frozenset[str] | set[str], seen: set[int], again: list | None) -> int | None:
         """One victim extent's keys deleted: how many, or None when no victim is left. With
-        ``again`` (a list), its hot keys read first go there as (spec, payload) to put back."""
+        ``again`` (a list), its hot keys read first go there as (spec, payload) to put back;
+        they are read without ``pin_lock`` (a key pinned meanwhile is then kept, not deleted)."""
         with self._pin_lock:
             victim = self._victim(seen)
             if victim is None or victim[0] in seen:
@@ -124,13 +150,21 @@ class ExtentEviction:
             seen.add(ext)
             pinned = self._pinned()
             keep = [(k, h) for k, h in zip(keys, hot) if k not in pinned and k not in protect]
-            keys = [k for k, _ in keep]
-            if again is not None:
-                again += self._read([k for k, h in keep if h][:len(keep) // 2])
-            deleted = self._delete(keys)
+        read = self._read([k for k, h in keep if h][:len(keep) // 2]) if again is not None and keep else []
+        deleted = self._delete_victim([k for k, _ in keep], read, again)
         if deleted:
             self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
         return deleted
+
+    def _delete_victim(self, keys: list[str], read: list[tuple[Any, Any]], again: list | None) -> int:
+        """The victim's ``keys`` deleted but those pinned while its hot keys were read
+        (``read``, kept in ``again`` unless pinned); how many."""
+        with self._pin_lock:
+            pinned = self._pinned()
+            keys = [k for k in keys if k not in pinned]
+            if again is not None:
+                again += [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
+            return self._delete(keys)
 
     def _delete(self, keys: list[str]) -> int:
         """A victim's keys deleted (under ``pin_lock``), counted and told to ``on_deleted``:
@@ -166,12 +200,42 @@ class ExtentEviction:
         that evicted before then does not put its hot keys back."""
         self.removes += 1
 
-    def missing_clean(self) -> int:
+    def effective_reserve(self) -> int:
+        """The clean extents kept ahead now: ``reserve``, or twice the extents the puts opened
+        during one evicting pass lately when that is more, at most a quarter of the extents."""
+        now = time.monotonic()
+        self._demand *= 0.5 ** ((now - self._demand_at) / DEMAND_HALF_LIFE_S)
+        self._demand_at = now
+        return min(self._cap, max(self.reserve, math.ceil(2 * self._demand - 1e-9)))
+
+    def _note_demand(self, opened: int) -> None:
+        """An evicting pass saw the puts open ``opened`` extents while it ran."""
+        self.effective_reserve()  # decays the remembered demand to now
+        self._demand = max(self._demand, float(opened))
+
+    def missing_clean(self, counts: dict[str, int] | None = None) -> int:
         """Clean extents (or extents waiting for their deallocation) short of the reserve."""
-        c = self._core.extent_counts()
+        c = self._core.extent_counts() if counts is None else counts
         if c["closed"]:
             return 0
-        return max(0, self.reserve - c["extents_clean"] - c["extents_pending_dealloc"])
+        return max(0, self.effective_reserve() - c["extents_clean"] - c["extents_pending_dealloc"])
+
+    def puts_stored(self, n: int) -> bool:
+        """The plugin's puts stored ``n`` keys: whether the evictor should look again. Until the
+        clean extents beyond the reserve are used up (all but one, as counted by the last
+        pass), it need not: a pass per put would read the core's status for nothing, holding
+        the GIL the puts wait for."""
+        with self._quiet_lock:
+            self._quiet -= n
+            return self._quiet < 0
+
+    def _set_quiet(self, c: dict[str, int]) -> None:
+        """The keys the puts may store before a look is due, from counts read after a pass:
+        the clean extents beyond the reserve, less one per open extent (each stream's next
+        put may open one with its extent part full)."""
+        spare = c["extents_clean"] + c["extents_pending_dealloc"] - self.effective_reserve()
+        with self._quiet_lock:
+            self._quiet = max(0, spare - max(1, c["extents_open"])) * self._per
 
     def evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict one victim extent per clean extent missing
@@ -182,15 +246,21 @@ class ExtentEviction:
         evicted = 0
         again: list | None = [] if self.reinsert else None
         removes = self.removes
-        for _ in range(self.missing_clean()):
+        counts = self._core.extent_counts()
+        for _ in range(self.missing_clean(counts)):
             got = self._evict_one(frozenset(), set(), again)
             if not got:
                 break
             evicted += got
         if evicted or self._core.slot_counts().held:
             self._core.reclaim_held_slots()
+        after = self._core.extent_counts()
+        if evicted:
+            self._note_demand(after["extents_opened"] - counts["extents_opened"])
         if again:
             self._put_again(again, removes)
+            after = self._core.extent_counts()  # the keys put again took slots too
+        self._set_quiet(after)
         return evicted > 0
 
     def _read(self, keys: list[str]) -> list[tuple[Any, Any]]:
@@ -208,14 +278,17 @@ class ExtentEviction:
     def _put_again(self, again: list[tuple[Any, Any]], removes: int) -> None:
         """Put the hot keys of evicted extents back (into the open extent). A key put again
         meanwhile by the cache's user stays as that put left it; after any remove since the
-        pass began (``removes`` then) none is put back. The pin lock keeps a remove from
-        slipping in between that check and the put."""
-        with self._pin_lock:
-            if self.removes != removes:
-                self._log.debug("raw-block extent eviction: %d hot keys not put back (keys were removed)",
-                                len(again))
-                return
+        pass began (``removes`` then) none is put back. ``reinsert_lock``, which removes take,
+        keeps a remove from slipping in between that check and the put; pins and loads do not
+        wait for the put."""
+        with self.reinsert_lock:
+            with self._pin_lock:
+                if self.removes != removes:
+                    self._log.debug("raw-block extent eviction: %d hot keys not put back (keys were removed)",
+                                    len(again))
+                    return
             res = self._core.put_many([s for s, _ in again], [o for _, o in again])
+        with self._pin_lock:
             self.keys_reinserted += sum(1 for ok in res.results if ok)
             if self._on_put_again is not None and res.stored_keys:
                 self._on_put_again(list(res.stored_keys))

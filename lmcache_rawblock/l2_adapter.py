@@ -42,6 +42,7 @@ docs/compatibility.md ("MP adapter (RawBlockL2Adapter)").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import itertools
@@ -657,7 +658,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
         background thread."""
         try:
             encoded = [encode_object_key(k).encoded for k in keys]
-            with self._evict_lock:
+            guard = self._extents.reinsert_lock if self._extents is not None else contextlib.nullcontext()
+            with guard, self._evict_lock:  # the reinserting put's lock first, as the plugin's removes
                 if self._extents is not None:
                     self._extents.removed()  # no hot key of an extent eviction under way comes back
                 deleted = self._core.delete_many(encoded, force=False)

@@ -42,7 +42,8 @@ for the table). Beyond LMCache:
 Lock order: ``_put_lock`` and ``_pin_lock`` are never held together; ``_lru_lock`` (the LRU
 list, or under ``prefix`` the chains) is a leaf taken inside either (or neither);
 ``_stats_lock`` and the evictor's own condition lock (``lmcache_rawblock.reclaim``) are leaves
-too. The core facade's reclaim lock (it serialises
+too. Under ``extent``, the extent evictor's ``reinsert_lock`` comes before ``_pin_lock``
+(removes take both; its reinserting put holds it alone). The core facade's reclaim lock (it serialises
 the checkpoints that make freed slots reusable) is taken with none of the plugin's locks held,
 by the evictor thread or by a put that ran out of slots. The core's own mutex is below all of
 them. The evictor thread takes ``_pin_lock`` (then ``_lru_lock``) to pick and delete its
@@ -52,8 +53,10 @@ victims, exactly as a put that evicts does; ``close`` stops it before closing th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import difflib
+import errno
 import logging
 import math
 import threading
@@ -318,8 +321,9 @@ def _eviction_fractions(extra: Mapping, policy: str) -> tuple[float, float]:
 def _space_failure(failure: BaseException | None) -> bool:
     """Whether a put's failure may be for want of a slot: the core reports that (no free slot,
     slots waiting for a checkpoint) as a RuntimeError, device errors as OSError, a payload
-    that does not fit as ValueError."""
-    return isinstance(failure, RuntimeError)
+    that does not fit as ValueError. A key being stored by another call (EBUSY) is not: no
+    eviction gives it a slot."""
+    return isinstance(failure, RuntimeError) and getattr(failure, "errno", None) != errno.EBUSY
 
 
 def _notify_stored(items: list, results: list[bool], on_complete_callback: Any) -> None:
@@ -601,6 +605,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["put_evict_retries"] = self._put_retries
         if self._extents is not None:  # eviction_policy extent: clean extents kept ahead, victims
             status["extent_reserve"] = self._extents.reserve
+            status["extent_reserve_effective"] = self._extents.effective_reserve()
             status["evicted_extents"] = self._extents.extents_evicted
             status["evicted_extent_entries"] = self._extents.keys_evicted
             status["reinserted_extent_entries"] = self._extents.keys_reinserted
@@ -837,8 +842,14 @@ class RustRawBlockBackend(StoragePluginInterface):
             # another reason (an I/O error) must not cost other keys their place.
             if not all(results) and _space_failure(failure):
                 failure = self._put_evicting(specs, objs, pids, results, stored, failure)
-            self._signal_evictor()
+            if self._extents_look(len(stored), failure):
+                self._signal_evictor()
         return results, failure
+
+    def _extents_look(self, stored: int, failure: BaseException | None) -> bool:
+        """Whether this put's keys bring the evictor's next look due (always, but under
+        ``extent`` while clean extents beyond the reserve are left)."""
+        return self._extents is None or self._extents.puts_stored(stored) or failure is not None
 
     # ---- lookups and pins ---------------------------------------------------------------
 
@@ -871,9 +882,14 @@ class RustRawBlockBackend(StoragePluginInterface):
                 return True
             return self._core.contains_key(enc)
 
+    def _reinsert_guard(self) -> Any:
+        """Under extent eviction, the lock its reinserting put holds: a remove takes it before
+        ``_pin_lock``, so the put cannot bring back a key removed after its check."""
+        return self._extents.reinsert_lock if self._extents is not None else contextlib.nullcontext()
+
     def remove(self, key: Any, force: bool = True) -> bool:
         enc = self._encode(key)
-        with self._pin_lock:
+        with self._reinsert_guard(), self._pin_lock:
             if self._extents is not None:
                 self._extents.removed()  # no hot key of an eviction under way comes back
             removed = self._core.delete_many([enc], force=force)[0]
@@ -896,7 +912,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             keys = list(keys)
         if not keys:
             return 0
-        with self._pin_lock:
+        with self._reinsert_guard(), self._pin_lock:
             if self._extents is not None:
                 self._extents.removed()  # no hot key of an eviction under way comes back
             if not self._pinned_keys and not self._ordered:

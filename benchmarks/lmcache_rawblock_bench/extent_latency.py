@@ -6,7 +6,8 @@ background evictor keeping ``extent_reserve`` clean extents) and ``lru`` (evict-
 defaults). One process, a sparse file per policy, posix engine, format log, deallocation on
 (punched holes), the plugin's background thread running as in production.
 
-Run: PYTHONPATH=benchmarks python3 -m lmcache_rawblock_bench.extent_latency [--out DIR]
+Run: PYTHONPATH=benchmarks python3 -m lmcache_rawblock_bench.extent_latency [--repeat N] [--device DEV] [--out DIR]
+(with ``--repeat``, ``pooled`` is each setting's puts of all its runs summarised together).
 """
 
 from __future__ import annotations
@@ -37,20 +38,22 @@ def _summary(ns: list[float]) -> dict:
             "p99_us": round(_pct(ns, 0.99) / 1e3, 1), "mean_us": round(sum(ns) / len(ns) / 1e3, 1)}
 
 
-def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2) -> dict:
+def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
+               dealloc: str = "on", device: str | None = None) -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
 
     slot = HEADER + chunk
-    path = os.path.join(workdir, f"{policy}.img")
-    with open(path, "wb") as f:
-        f.truncate(16 * MiB + slots * slot)
+    path = device or os.path.join(workdir, f"{policy}.img")
+    if not device:
+        with open(path, "wb") as f:
+            f.truncate(16 * MiB + slots * slot)
     extra = {
         "rust_raw_block.device_path": path, "rust_raw_block.slot_bytes": slot, "rust_raw_block.header_bytes": HEADER,
         "rust_raw_block.block_align": 4096, "rust_raw_block.meta_total_bytes": 16 * MiB,
         "rust_raw_block.meta_enable_periodic": True, "rust_raw_block.load_checkpoint_on_init": False,
-        "rust_raw_block.deallocate_freed": "on", "rust_raw_block.eviction_policy": policy,
+        "rust_raw_block.deallocate_freed": dealloc, "rust_raw_block.eviction_policy": policy,
         "rust_raw_block.extent_bytes": per * slot,
     }
     if reserve:  # 0: the plugin's default
@@ -79,16 +82,19 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         be.wait_idle(120)
         st = be.report_status()
         reserve = st.get("extent_reserve", reserve)
+        effective = st.get("extent_reserve_effective")
     finally:
         be.close()
         loop.close()
-        os.unlink(path)
+        if not device:
+            os.unlink(path)
     r_room, r_full = _summary(room), _summary(full)
     keys = ("evicted_ahead_entries", "put_evicted_entries", "put_evict_retries", "evicted_extents",
             "evicted_extent_entries", "extents_total", "extent_deallocs", "extent_fallbacks", "dealloc_ranges",
             "dealloc_skipped", "checkpoints_for_room")
-    return {"policy": policy, "extent_reserve": reserve if policy == "extent" else None, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
-            "room": r_room, "full": r_full,
+    return {"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve if policy == "extent" else None,
+            "extent_reserve_effective_at_end": effective, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
+            "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
             "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
@@ -104,24 +110,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="extent,lru", help="comma-separated (default extent,lru)")
     ap.add_argument("--reserve", default="0", help="extent_reserve values, comma-separated (default 0: the "
                                                    "plugin's default, 5%% of the extents)")
-    ap.add_argument("--out", help="write results.json there")
+    ap.add_argument("--dealloc", default="on", help="deallocate_freed values, comma-separated (default on)")
+    ap.add_argument("--device", help="a block device to use instead of a sparse file (its size sets the slots; "
+                                     "every run overwrites it)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each setting, interleaved (default 1)")
+    ap.add_argument("--out", help="write latency.json there")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="extent-latency-") as d:
         runs = []
-        for p in a.policies.split(","):
-            for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
-                runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv)))
-    doc: dict[str, Any] = {"argv": sys.argv, "runs": runs}
+        for _ in range(a.repeat):
+            for dl in a.dealloc.split(","):
+                for p in a.policies.split(","):
+                    for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
+                        runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device))
+    pooled = _pooled(runs)
+    for r in runs:
+        del r["_room_ns"], r["_full_ns"]
+    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "loadavg_at_end": os.getloadavg(),
+                           "pooled": pooled, "runs": runs}
     text = json.dumps(doc, indent=1)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "latency.json"), "w") as f:
             f.write(text + "\n")
     for r in runs:
-        print(f"{r['policy']:7s} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
+        print(f"{r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f}")
+    for r in pooled:
+        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} ({r['runs']} runs) "
+              f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
+              f"mean {r['full_over_room_mean']:.3f}")
     return 0
+
+
+def _pooled(runs: list[dict]) -> list[dict]:
+    """Each setting's puts over all its runs together (a noisy machine's passing load spreads
+    over room and full alike): the same summary and ratios."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"]), []).append(r)
+    out = []
+    for (policy, dealloc, reserve), rs in groups.items():
+        room = _summary([x for r in rs for x in r["_room_ns"]])
+        full = _summary([x for r in rs for x in r["_full_ns"]])
+        out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "runs": len(rs),
+                    "room": room, "full": full,
+                    **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
+                       for k in ("p50", "p99", "mean")}})
+    return out
 
 
 if __name__ == "__main__":

@@ -251,10 +251,9 @@ void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens
 /* The one delete: results[i] 1 when keys[i] was indexed or being stored and is gone (an
  * entry a load pins stays unless force). Then, when the delete made slots reusable at once
  * (format v1: slots no container lists), it deallocates them (rb_core_dealloc_run), which
- * blocks on the device: rb_core_delete_may_block says whether it can (deallocation is on). */
+ * blocks on the device. */
 void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force,
                          uint8_t *results);
-int rb_core_delete_may_block(rb_core *c);
 /* Freed slots waiting for their deallocation (rb_core_dealloc.c): pending says whether any
  * do; run deallocates them, up to 4,096 ranges a call, and returns them to use (blocking: no
  * GIL; 0, or <0 when the device call failed, which is counted and journaled: the slots are back

@@ -171,14 +171,6 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     rb_obs_give(w);
 }
 
-int rb_core_delete_may_block(rb_core *c)
-{
-    pthread_mutex_lock(&c->mu);
-    int on = c->dl_on;
-    pthread_mutex_unlock(&c->mu);
-    return on;
-}
-
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len)
 {
     pthread_mutex_lock(&c->mu);

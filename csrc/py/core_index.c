@@ -31,10 +31,13 @@ static void exists_keys(rb_core *c, const char *const *keys, const size_t *lens,
     call_keys(rb_core_exists_many, c, keys, lens, n, lock, results, n > RBPY_NOGIL_KEYS);
 }
 
+/* Always without the GIL: a delete takes the core's mutex, which a checkpoint, a compaction
+ * or a deallocation run may hold for milliseconds, and may block on the device itself;
+ * waiting there with the GIL would stall every Python thread (a put whose write is done
+ * could not get back into Python). */
 void rbpy_core_delete(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force, uint8_t *results)
 {
-    int nogil = n > RBPY_NOGIL_KEYS || rb_core_delete_may_block(c);
-    call_keys(rb_core_delete_many, c, keys, lens, n, force, results, nogil);
+    call_keys(rb_core_delete_many, c, keys, lens, n, force, results, 1);
 }
 
 static PyObject *keys_flag_call(PyObject *op, const char *fname, const char *const names[2], keys_flag_fn fn,

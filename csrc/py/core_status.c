@@ -195,7 +195,11 @@ PyObject *rbpy_core_status(PyObject *op, PyObject *unused)
 {
     (void)unused;
     rb_core_status st;
-    rb_core_status_get(rbpy_core_of(op), &st);
+    /* without the GIL: the core's mutex may be held for milliseconds (a checkpoint, a
+     * compaction), and the evictor reads the status between puts */
+    Py_BEGIN_ALLOW_THREADS
+        rb_core_status_get(rbpy_core_of(op), &st);
+    Py_END_ALLOW_THREADS
     PyObject *io = rbpy_io_stats_dict(&st.io);
     PyObject *d = io ? status_base(&st, io) : NULL;
     if (d && (status_add_trust(d, &st) < 0 || status_add_log(d, &st) < 0 || status_add_dealloc(d, &st) < 0 ||

@@ -9,6 +9,10 @@ metadata formats. Waits are for a condition, with a bound only a hang reaches.
 
 from __future__ import annotations
 
+import errno
+import threading
+import types
+
 import pytest
 
 from lmcache_rawblock.plugin import RustRawBlockBackend
@@ -157,3 +161,92 @@ def test_an_extent_reserve_of_every_extent_is_refused_naming_it(open_backend):
     with pytest.raises(ValueError, match=r"rust_raw_block.extent_reserve'\] must be below the device's \d+ "
                                          r"extents \(clean extents kept ahead\), got 1000"):
         open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=1000)
+
+
+def test_a_put_that_found_no_slot_raises_the_reserve_kept_ahead(open_backend):
+    # A put that evicts for itself is a sign the puts outran the evictor: the reserve it keeps
+    # doubles (up to a quarter of the extents), and the evictor's next pass fills it.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=2,
+                      meta_format="log")
+    n = be._core.extent_counts()["extents_total"]
+    assert be._extents.effective_reserve() == 2
+    assert not put_keys(be, list(range(n * PER)))
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert be._extents.evict(1) > 0  # what a put that found no slot does
+    raised = be._extents.effective_reserve()
+    assert raised == min(4, n // 4) and raised > 2
+    assert be.report_status()["extent_reserve_effective"] >= 2
+    be._signal_evictor()
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be._core.extent_counts()
+    assert st["extents_clean"] + st["extents_pending_dealloc"] >= 2
+
+
+def test_a_key_another_call_is_storing_evicts_nothing(open_backend):
+    # The core refuses a key another call is storing (EBUSY): no eviction gives it a slot, so a
+    # full cache must not lose an extent of keys for it.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=2,
+                      meta_format="log")
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, list(range(n * PER)))
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    busy = RuntimeError("RawBlockCore could not store 1 key(s): the key is being stored by another call")
+    busy.errno = errno.EBUSY  # as the core's errors carry it
+    before = be.report_status()["put_evicted_entries"]
+    be._core.put_many = lambda specs, objs, placement_ids=None: types.SimpleNamespace(
+        results=[False] * len(specs), stored_keys=[], failure=busy)
+    spec = types.SimpleNamespace(encoded=be._encode(make_key(10_000)))
+    results, failure = be._put_with_policy([spec], [object()])
+    assert results == [False] and failure is busy
+    assert be.report_status()["put_evicted_entries"] == before
+
+
+@pytest.mark.parametrize("fmt", ["v1", "log"])
+def test_reinsertion_reads_and_puts_again_without_the_pin_lock(open_backend, fmt):
+    # Pins, removes and loads take the pin lock: the evictor's reads of hot keys and its put of
+    # them again must not hold it over that I/O.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=3,
+                      extent_reinsert=True, meta_format=fmt)
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, list(range(PER)))
+    assert_loads(be, [0])  # hot
+    core, held = be._core, []
+    load, put = core.load_many_into, core.put_many
+
+    def load_seen(*a, **k):
+        if threading.current_thread().name == "rawblock-evictor":
+            held.append(("read", be._pin_lock.locked()))
+        return load(*a, **k)
+
+    def put_seen(*a, **k):
+        if threading.current_thread().name == "rawblock-evictor":
+            held.append(("put", be._pin_lock.locked()))
+        return put(*a, **k)
+
+    core.load_many_into, core.put_many = load_seen, put_seen
+    for start in range(PER, (n + 2) * PER, PER):
+        assert not put_keys(be, list(range(start, start + PER)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert be.report_status()["reinserted_extent_entries"] == 1
+    assert ("read", False) in held and ("put", False) in held
+    assert all(not locked for _, locked in held), held
+    assert_loads(be, [0])
+
+
+def test_puts_into_a_reserve_with_room_to_spare_do_not_wake_the_evictor(open_backend):
+    # Each pass reads the core's status under the GIL the puts wait for: while the clean
+    # extents beyond the reserve last, the puts leave the evictor asleep.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=2,
+                      meta_format="log")
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, [0])  # the first pass counts the clean extents
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    passes = be._evictor.passes
+    spare = (n - 1 - 2 - 1) * PER  # clean extents past the reserve, less one, in slots
+    for i in range(1, spare // 2):
+        assert not put_keys(be, [i])
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert be._evictor.passes == passes
+    assert not put_keys(be, list(range(spare // 2, n * PER + 3 * PER)))  # past the reserve: it evicts
+    assert be._evictor.wait_idle(IDLE_WAIT_S)
+    assert be._evictor.passes > passes and be.report_status()["evicted_extents"] > 0
