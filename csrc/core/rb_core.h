@@ -50,8 +50,11 @@ typedef struct rb_core_cfg {
     int deallocate_freed;           /* enum rb_dealloc_mode: give freed slots back to the device */
     int io_scheduler;               /* enum rb_sched_mode (rb_uring.h) */
     uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
-    uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h) */
+    uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h); RB_EXTENT_AUTO */
 } rb_core_cfg;
+
+/* extent_bytes "auto": resolved at open from the drive (rb_core_autoext.c). */
+#define RB_EXTENT_AUTO UINT64_MAX
 
 /* When freed slots are deallocated (rb_core_dealloc.c). */
 enum rb_dealloc_mode {
@@ -179,6 +182,10 @@ typedef struct rb_core_status {
     /* The strided layout (rb_slot_offset; zeros otherwise): extent 0's offset, the stride, the
      * bytes at the tail of each extent that no slot uses. */
     uint64_t extent_base, extent_stride, extent_tail_bytes;
+    /* extent_bytes in effect (auto resolved), where it came from (rb_core_autoext.c) and the
+     * drive's FDP reclaim unit nominal size (0: none reported or not asked). */
+    uint64_t extent_bytes, extent_reclaim_unit;
+    const char *extent_source;
     uint64_t faults_total;
     uint64_t fault_by_errno[RB_ERRNO_SLOTS];
     rb_fault faults[RB_FAULTS_KEPT];

@@ -144,4 +144,7 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)
     st->extents_evicted = x->evicted;
     st->extent_deallocs = x->deallocated;
     st->extent_dealloc_skipped = x->dealloc_skipped;
+    st->extent_bytes = c->cfg.extent_bytes;
+    st->extent_reclaim_unit = c->ext_ru;
+    st->extent_source = c->ext_source ? c->ext_source : "setting";
 }

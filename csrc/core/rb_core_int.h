@@ -139,6 +139,10 @@ struct rb_core {
      * extent k at ext_base + k * ext_stride holds ext_per slots; rb_slot_offset. */
     uint64_t ext_base, ext_stride;
     uint32_t ext_per;
+    /* extent_bytes: where the value in cfg came from (rb_core_autoext.c) and the drive's FDP
+     * reclaim unit when auto read it. */
+    const char *ext_source;
+    uint64_t ext_ru;
 
     /* ---- locks and the periodic thread (rb_core_meta.c) --------------------------------- */
     pthread_mutex_t ckpt_mu;
@@ -483,6 +487,10 @@ static inline void rb_core_slot_back_locked(rb_core *c, uint32_t slot)
 }
 
 /* ---- rb_core_extent.c: extents (rb_slots.h) --------------------------------------------- */
+
+/* extent_bytes=auto resolved into c->cfg.extent_bytes (rb_core_autoext.c), once the device is
+ * open and the data area known (layout). 0, or <0 with err naming the setting and the path. */
+int rb_core_extent_resolve(rb_core *c, rb_err *err);
 
 /* Set up extents when extent_bytes is on (after rb_slots_init at open): 0 or <0 with err. */
 int rb_core_extent_init(rb_core *c, rb_err *err);
