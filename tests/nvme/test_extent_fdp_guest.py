@@ -158,12 +158,18 @@ def test_auto_is_the_reclaim_unit_through_the_block_device(nvme_block, nvme_geom
 # ---------------------------------------------------------------- 2. one command per extent
 
 
+def data(i: int, size: int) -> bytes:
+    """A payload of key i: core_helpers' pattern for small ones; one repeated byte for whole
+    slots (building megabytes byte by byte in Python costs minutes under emulation)."""
+    return payload(i, size) if size <= 65536 else bytes([i % 251 + 1]) * size
+
+
 def fill(c: RawBlockCore, model: str, n: int, size: int = 8192, first: int = 0, pids=None) -> list:
     keys = [okey(first + i, model=model) for i in range(n)]
     for lo in range(0, n, 32):
         part = range(lo, min(n, lo + 32))
         pl = None if pids is None else [pids[i] for i in part]
-        r = c.put_many([keys[i] for i in part], [Obj(payload(first + i, size)) for i in part], placement_ids=pl)
+        r = c.put_many([keys[i] for i in part], [Obj(data(first + i, size)) for i in part], placement_ids=pl)
         assert r.results == [True] * len(part), r.failure
     return keys
 
@@ -258,6 +264,9 @@ def test_an_extents_writes_land_on_its_streams_handle(nvme_char, nvme_geometry, 
         last = fill(c, "ext_place", 2, size=slot - HEADER, first=n, pids=[a, b])
         end = ruamw(nvme_char)
         assert {extent_of(c, k) for k in last} == ext[a] | ext[b]
+        outs = [Obj(slot - HEADER) for _ in keys + last]
+        assert c.load_many_into([k.encoded for k in keys + last], outs) == [True] * (n + 2)
+        assert [o.bytes() for o in outs] == [data(i, slot - HEADER) for i in range(n + 2)]
         assert end[a] == end[b] == full, end
         assert {p for p in start if p not in (a, b, 9) and start[p] != end[p]} == set()
         report["placement"] = {"handles": [a, b], "slots_per_extent": per, "slot_bytes": slot,
