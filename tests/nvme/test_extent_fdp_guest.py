@@ -24,6 +24,9 @@ import ctypes
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -328,3 +331,38 @@ def test_room_making_put_takes_a_freed_extent_undeallocated(nvme_char, nvme_geom
                                      "slots_per_extent": per, "extents": total}
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------- 5. the error names everything
+
+CHILD = r"""
+import json, sys
+sys.path.insert(0, "tests")
+from core_helpers import make_config
+from lmcache_rawblock.raw_block import RawBlockCore
+cfg = make_config(sys.argv[1], io_engine="posix", use_odirect=True,
+                  slot_bytes=4 << 20, meta_total_bytes=4 << 20, meta_format="log", extent_bytes="auto",
+                  load_checkpoint_on_init=False)
+try:
+    RawBlockCore(cfg, key_namespace="object").close()
+    print(json.dumps({"opened": True}))
+except Exception as e:
+    print(json.dumps({"type": type(e).__name__, "errno": getattr(e, "errno", None), "text": str(e)}))
+"""
+
+
+def test_auto_that_cannot_read_the_fdp_configuration_is_refused_naming_it(nvme_block):
+    """Root without CAP_SYS_ADMIN: the NVMe block device opens and takes reads and writes, but
+    not the admin commands auto reads the FDP configuration with: the open fails naming the
+    setting, its value, the path and the errno, rather than opening without extents. (Through
+    passthrough, Linux 6.1 refuses the namespace's Identify before: no core opens there.)"""
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        pytest.skip("setpriv (util-linux) is not installed: cannot drop CAP_SYS_ADMIN")
+    r = subprocess.run([setpriv, "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", "--",
+                        sys.executable, "-c", CHILD, nvme_block], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[2], timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got.get("type") == "PermissionError" and got.get("errno") == 13, got
+    assert "extent_bytes=auto" in got["text"] and nvme_block in got["text"] and "errno 13" in got["text"], got
