@@ -353,6 +353,7 @@ NVME_RIG_ARGS ?=
 # The MP adapter's FDP test runs in the newest LMCache's virtualenv where it exists (RB_LMCACHE_PYTHON).
 test-nvme: build
 	$(PYTHON) tools/nvme_guest/rig.py --python $(PYTHON) --nvme-count 4 --env RB_LMCACHE_PYTHON=$(CURDIR)/$(LMC_VENV)/bin/python \
+	  --trace 'pci_nvme_dsm*' \
 	  $(NVME_RIG_ARGS) -- $(PYTEST_ARGS)
 
 # The device and core tests on a guest kernel with io_uring write streams (Linux >= 6.16, from

@@ -95,8 +95,10 @@ class ExtentEviction:
                  on_put_again: Callable[[list[str]], None] | None = None, chooser: Any = None) -> None:
         counts = core.extent_counts()
         if counts["extent_slots"] == 0:
+            why = core.report_status().get("extent_bytes_source", "setting")
+            auto = "" if why == "setting" else f" (extent_bytes=auto resolved to off here: {why})"
             raise ValueError("eviction_policy 'extent' needs extents: set extent_bytes to the drive's reclaim unit "
-                             "(at least 2 slots; with meta_format v1 a multiple of slot_bytes)")
+                             f"(at least 2 slots; with meta_format v1 a multiple of slot_bytes){auto}")
         if reserve and reserve >= counts["extents_total"]:
             # every closed extent would be evicted on every pass: the cache would keep nothing
             raise ValueError(f"{label} must be below the device's {counts['extents_total']} extents (clean extents "

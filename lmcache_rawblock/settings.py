@@ -40,6 +40,7 @@ class Setting:
     none_is_zero: bool  # None means unset and reaches C as 0
     policy: bool  # an FDP placement-policy setting (lmcache_rawblock.fdp), not a core field
     lmcache_mp: bool  # a key of LMCache's MP adapter JSON
+    auto: bool  # an "int" setting that also takes the word "auto" (resolved by the core at open)
     help: str
 
 
@@ -196,6 +197,8 @@ def parse_value(name: str, value: Any, *, label: str | None = None,
     if s.type == "id_list":
         return parse_id_list(value, label, s)
     if s.type == "int":
+        if s.auto and isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
         return _check_range(s, parse_int(value, label), label, logger)
     if s.type == "path":
         return _parse_path(value, label)

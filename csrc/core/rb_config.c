@@ -289,11 +289,12 @@ const rb_setting rb_core_settings[] = {
      .min = 0,
      .max = 1ull << 40,
      .deflt = "0",
-     .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO,
+     .flags = OURS | RB_SET_NONPOSITIVE_IS_ZERO | RB_SET_AUTO,
      .help = "slots grouped into extents of this many bytes (the drive's reclaim unit), aligned on the device, "
              "filled in order by one writer stream and given back whole; at least 2 slots, a multiple of "
              "block_align (meta_format='v1': of slot_bytes; else the tail past the last whole slot is unused); "
-             "0 = off (each slot allocated on its own)"},
+             "0 = off (each slot allocated on its own); auto = the FDP reclaim unit the drive reports (v1: rounded "
+             "down to whole slots), 1 GiB on a drive without FDP, off on a regular file"},
     {.name = "size_classes",
      .type = RB_SET_UINT,
      CFG(size_classes),
@@ -439,7 +440,7 @@ int rb_setting_set_uint(rb_core_cfg *cfg, const rb_setting *s, uint64_t v, rb_er
         *(int *)member(cfg, s) = (int)v;
         return 0;
     case RB_SET_UINT:
-        if (v < s->min || v > s->max)
+        if ((v < s->min || v > s->max) && !((s->flags & RB_SET_AUTO) && v == UINT64_MAX))
             return rb_err_set(err, RB_ERR_VALUE, EINVAL, "%s must be in %llu..%llu, got %llu", s->name,
                               (unsigned long long)s->min, (unsigned long long)s->max, (unsigned long long)v);
         if (s->size == sizeof(uint64_t))
@@ -541,6 +542,8 @@ int rb_setting_set_text(rb_core_cfg *cfg, const rb_setting *s, const char *text,
             return rb_setting_set_uint(cfg, s, v, err);
         break;
     case RB_SET_UINT:
+        if ((s->flags & RB_SET_AUTO) && len == 4 && memcmp(text, "auto", 4) == 0)
+            return rb_setting_set_uint(cfg, s, UINT64_MAX, err);
         if (parse_uint(text, len, &v) == 0)
             return rb_setting_set_uint(cfg, s, v, err);
         break;
@@ -602,8 +605,8 @@ static int check_ranges(const rb_core_cfg *cfg, rb_err *err)
 static int check_extent(const rb_core_cfg *cfg, rb_err *err)
 {
     unsigned long long eb = cfg->extent_bytes, sb = cfg->slot_bytes, ba = cfg->block_align;
-    if (eb == 0)
-        return 0;
+    if (eb == 0 || cfg->extent_bytes == RB_EXTENT_AUTO)
+        return 0; /* auto: resolved and fitted at open (rb_core_autoext.c) */
     if (cfg->meta_format == RB_META_V1 && eb % sb)
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                           "extent_bytes must be a multiple of slot_bytes with meta_format='v1', whose layout is "
@@ -650,7 +653,7 @@ static int check_size_classes(const rb_core_cfg *cfg, rb_err *err)
                               n, k, b, k - 1, a, sb, hb, ba);
     }
     unsigned long long small = rb_sc_slot_bytes(sb, hb, ba, n - 1);
-    if (eb / small > 0xFFFFFFull)
+    if (cfg->extent_bytes != RB_EXTENT_AUTO && eb / small > 0xFFFFFFull) /* auto: checked once resolved */
         return rb_err_set(err, RB_ERR_VALUE, EINVAL,
                           "extent_bytes must hold at most 16777215 slots of the smallest class (extent_bytes=%llu, "
                           "size_classes=%u: %llu-byte slots)",

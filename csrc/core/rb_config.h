@@ -47,6 +47,9 @@ enum rb_setting_type {
 #define RB_SET_POLICY 0x100u
 /* A key of LMCache's MP adapter JSON (LMCache's own adapter config parses it). */
 #define RB_SET_LMCACHE_MP 0x200u
+/* An RB_SET_UINT setting that also takes the word "auto" (stored as UINT64_MAX, resolved by the
+ * core at open: extent_bytes, RB_EXTENT_AUTO). */
+#define RB_SET_AUTO 0x400u
 
 typedef struct rb_setting {
     const char *name;

@@ -236,8 +236,11 @@ static int layout(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
     if (rc < 0)
         return rc;
     c->data_base = c->cfg.meta_total_bytes;
+    rc = rb_core_extent_resolve(c, err);
+    if (rc < 0)
+        return rc;
     uint64_t ms = 0;
-    rc = layout_slots(c, cfg, &ms, err);
+    rc = layout_slots(c, &c->cfg, &ms, err);
     if (rc < 0)
         return rc;
     if (ms == 0)

@@ -50,9 +50,12 @@ typedef struct rb_core_cfg {
     int deallocate_freed;           /* enum rb_dealloc_mode: give freed slots back to the device */
     int io_scheduler;               /* enum rb_sched_mode (rb_uring.h) */
     uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
-    uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h) */
+    uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h); RB_EXTENT_AUTO */
     uint32_t size_classes; /* 1 = off; else extents of that many slot sizes (rb_core_extent.c) */
 } rb_core_cfg;
+
+/* extent_bytes "auto": resolved at open from the drive (rb_core_autoext.c). */
+#define RB_EXTENT_AUTO UINT64_MAX
 
 /* Size classes (size_classes, rb_core_extent.c): class c's slot, header included, holds
  * (slot_bytes - header_bytes) >> c payload bytes rounded up to block_align (class 0: slot_bytes).
@@ -199,6 +202,10 @@ typedef struct rb_core_status {
     /* The strided layout (rb_slot_offset; zeros otherwise): extent 0's offset, the stride, the
      * bytes at the tail of each extent that no slot uses. */
     uint64_t extent_base, extent_stride, extent_tail_bytes;
+    /* extent_bytes in effect (auto resolved), where it came from (rb_core_autoext.c) and the
+     * drive's FDP reclaim unit nominal size (0: none reported or not asked). */
+    uint64_t extent_bytes, extent_reclaim_unit;
+    const char *extent_source;
     /* Size classes (size_classes > 1; else 1 and zeros): how many, extents of each class now
      * (open or closed; a wholly free extent has none), each class's slot bytes. */
     uint64_t size_classes, size_class_dropped;

@@ -234,6 +234,9 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)
     st->extents_evicted = x->evicted;
     st->extent_deallocs = x->deallocated;
     st->extent_dealloc_skipped = x->dealloc_skipped;
+    st->extent_bytes = c->cfg.extent_bytes;
+    st->extent_reclaim_unit = c->ext_ru;
+    st->extent_source = c->ext_source ? c->ext_source : "setting";
     st->size_classes = c->n_sc;
     st->size_class_dropped = c->sc_dropped;
     for (uint32_t k = 0; k < c->n_sc && c->n_sc > 1; k++) {

@@ -139,6 +139,10 @@ struct rb_core {
      * extent k at ext_base + k * ext_stride holds ext_per slots; rb_slot_offset. */
     uint64_t ext_base, ext_stride;
     uint32_t ext_per;
+    /* extent_bytes: where the value in cfg came from (rb_core_autoext.c) and the drive's FDP
+     * reclaim unit when auto read it. */
+    const char *ext_source;
+    uint64_t ext_ru;
     /* Size classes (size_classes > 1, always strided; n_sc 1 otherwise): each class's slot bytes
      * (rb_sc_slot_bytes); extent k's class is slots.ext.cls[k], ext_per the smallest class's
      * slot count, so a class of larger slots uses the first of the extent's ids. */
@@ -505,6 +509,10 @@ static inline void rb_core_slot_back_locked(rb_core *c, uint32_t slot)
 }
 
 /* ---- rb_core_extent.c: extents (rb_slots.h) --------------------------------------------- */
+
+/* extent_bytes=auto resolved into c->cfg.extent_bytes (rb_core_autoext.c), once the device is
+ * open and the data area known (layout). 0, or <0 with err naming the setting and the path. */
+int rb_core_extent_resolve(rb_core *c, rb_err *err);
 
 /* Set up extents when extent_bytes is on (after rb_slots_init at open): 0 or <0 with err. */
 int rb_core_extent_init(rb_core *c, rb_err *err);

@@ -61,9 +61,10 @@ static int rec_sb(void *ctx, const rb_mlog_sb *sb)
          * wrong offset (0: the identity layout, extents off or whole slots). */
         rb_err_set(&r->why, RB_ERR_VALUE, EINVAL,
                    "extent layout mismatch: the device's slots are laid out for extent_bytes=%llu, the "
-                   "configuration says extent_bytes=%llu (slot_bytes=%llu; 0 = slots back to back): reopen with "
+                   "configuration says extent_bytes=%llu%s (slot_bytes=%llu; 0 = slots back to back): reopen with "
                    "the device's value",
                    (unsigned long long)sb->extent_stride, (unsigned long long)c->cfg.extent_bytes,
+                   strcmp(c->ext_source ? c->ext_source : "setting", "setting") ? " (resolved from auto)" : "",
                    (unsigned long long)sb->slot_bytes);
         r->layout_bad = 1;
         return 1;

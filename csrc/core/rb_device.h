@@ -180,6 +180,14 @@ uint8_t rb_dev_stream_of(const rb_dev *dev, uint16_t pid);
  * rb_nvme_ruh_status); any other device gets RuntimeError("fetch_fdp_status requires
  * use_uring_cmd to be enabled"). Blocks (an NVMe command): call without the GIL. */
 int rb_dev_fdp_status(rb_dev *dev, rb_nvme_ruh **out, size_t *n, rb_err *err);
+/* The FDP state of the device's NVMe namespace (rb_nvme_fdp_info: enabled, the configuration in
+ * use with its reclaim unit nominal size), asked through the namespace's own descriptor: the
+ * passthrough character device, or an NVMe block device's admin ioctl. 1 with *out filled, 0
+ * when the device is no NVMe namespace (a regular file, another kind of block device), <0 with
+ * err (the namespace did not answer). At open, before any I/O (rb_dev_fdp.c). */
+int rb_dev_fdp_info(rb_dev *dev, rb_nvme_fdp *out, rb_err *err);
+/* 1 when the device is a regular file (neither a block device nor a passthrough namespace). */
+int rb_dev_is_file(const rb_dev *dev);
 
 /*
  * Deallocation: telling the device that byte ranges hold nothing any more, so an SSD stops

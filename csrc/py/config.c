@@ -39,7 +39,10 @@ static int set_err(const rb_err *err)
 static int set_uint_from(rb_core_cfg *cfg, const rb_setting *s, PyObject *v)
 {
     uint64_t u = 0;
-    if (!(v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO)) && rbpy_bounded_u64(v, s->name, s->min, s->max, &u) < 0)
+    if ((s->flags & RB_SET_AUTO) && PyUnicode_Check(v) && PyUnicode_CompareWithASCIIString(v, "auto") == 0)
+        u = UINT64_MAX; /* resolved by the core at open */
+    else if (!(v == Py_None && (s->flags & RB_SET_NONE_IS_ZERO)) &&
+             rbpy_bounded_u64(v, s->name, s->min, s->max, &u) < 0)
         return -1;
     rb_err err;
     rb_err_clear(&err);
@@ -226,6 +229,7 @@ static const struct {
     {"none_is_zero", RB_SET_NONE_IS_ZERO},
     {"policy", RB_SET_POLICY},
     {"lmcache_mp", RB_SET_LMCACHE_MP},
+    {"auto", RB_SET_AUTO},
 };
 
 /* One entry of settings(): name, type, min, max, default, choices, the flags, help. */

@@ -36,6 +36,14 @@ static int status_add_extents(PyObject *d, const rb_core_status *st)
         "extent_dealloc_skipped", (unsigned long long)st->extent_dealloc_skipped, "extent_base_offset",
         (unsigned long long)st->extent_base, "extent_stride", (unsigned long long)st->extent_stride,
         "extent_tail_bytes", (unsigned long long)st->extent_tail_bytes);
+    if (t) {
+        PyObject *a = Py_BuildValue("{s:K,s:s,s:K}", "extent_bytes", (unsigned long long)st->extent_bytes,
+                                    "extent_bytes_source", st->extent_source ? st->extent_source : "setting",
+                                    "extent_reclaim_unit_bytes", (unsigned long long)st->extent_reclaim_unit);
+        if (!a || PyDict_Update(t, a) < 0)
+            Py_CLEAR(t);
+        Py_XDECREF(a);
+    }
     int rc = t ? PyDict_Update(d, t) : -1;
     Py_XDECREF(t);
     if (rc < 0)

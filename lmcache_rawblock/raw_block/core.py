@@ -356,9 +356,10 @@ class RawBlockCore:
         ``extent_slots``, ``extents_total``, ``extents_clean``, ``extents_open``,
         ``extents_pending_dealloc``, ``extents_evicted``, ``extent_deallocs``, the strided layout's
         ``extent_base_offset``, ``extent_stride`` and ``extent_tail_bytes`` (zeros when slots lie
-        back to back), and ``closed``."""
+        back to back), ``extent_bytes`` in effect and ``extent_reclaim_unit_bytes``, and
+        ``closed`` (``extent_bytes_source``, a word, is in ``report_status()``)."""
         st = self._native.status()
-        out = {k: v for k, v in st.items() if k.startswith(("extent_", "extents_"))}
+        out = {k: v for k, v in st.items() if k.startswith(("extent_", "extents_")) and isinstance(v, int)}
         out["closed"] = int(bool(st["closed"]))
         return out
 
@@ -523,7 +524,8 @@ class RawBlockCore:
             # what it issues, and what it did
             **{k: v for k, v in st.items() if k.startswith("dealloc_")},
             # extents (extent_bytes; zeros when off): slots each, how many, clean / open / waiting
-            # for their deallocation, chosen for eviction, deallocated whole
+            # for their deallocation, chosen for eviction, deallocated whole; extent_bytes in
+            # effect and where it came from (extent_bytes_source: auto's resolution)
             **{k: v for k, v in st.items() if k.startswith(("extent_", "extents_"))},
             "rust_io": st["io"],
         }

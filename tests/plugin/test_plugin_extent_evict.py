@@ -95,6 +95,11 @@ def test_extent_policy_needs_extent_bytes(open_backend):
         open_backend(eviction_policy="extent")
 
 
+def test_extent_policy_says_when_auto_turned_extents_off(open_backend):
+    with pytest.raises(ValueError, match=r"needs extents: .*\(extent_bytes=auto resolved to off here: off_regular_file\)"):
+        open_backend(eviction_policy="extent", extent_bytes="auto")
+
+
 @pytest.mark.parametrize("value", [0, -1, "two", True, 2.9])
 def test_bad_extent_reserve_is_refused_naming_it(open_backend, value):
     with pytest.raises(ValueError, match=r"rust_raw_block.extent_reserve'\] must be an integer >= 1"):

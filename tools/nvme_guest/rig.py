@@ -708,6 +708,11 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
     for kv in args.env:
         k, _, v = kv.partition("=")
         env[k] = v
+    trace = []
+    if args.trace:  # the controller's side of the commands, readable in the guest while it runs
+        (rundir / "qemu-trace.log").touch()
+        trace = [a for pat in args.trace for a in ("-trace", f"enable={pat},file={rundir / 'qemu-trace.log'}")]
+        env["RB_NVME_TRACE"] = "/run/rig/qemu-trace.log"
     if args.nvme_count > 1:
         env["RB_NVME_COUNT"] = str(args.nvme_count)
         env["RB_NVME_HOTPLUG"] = "/run/rig/hotplug"
@@ -741,6 +746,7 @@ def boot(args, qemu: str, vmlinuz: Path, initrd: Path, kver: str, commands: list
         "-virtfs", "local,path=/,mount_tag=host,security_model=passthrough,readonly=on,multidevs=remap",
         "-virtfs", f"local,path={rundir},mount_tag=rig,security_model=passthrough",
         *extra,
+        *trace,
         *args.qemu_arg,
     ]
     more = f"; {args.nvme_count - 1} more controller(s), hot-pluggable" if args.nvme_count > 1 else ""
@@ -844,6 +850,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds before QEMU is killed (default 900)")
     ap.add_argument("--boot-timeout", type=int, default=300, help="seconds allowed until the guest is ready")
     ap.add_argument("--qemu-arg", action="append", default=[], metavar="ARG", help="extra QEMU argument (repeatable)")
+    ap.add_argument("--trace", action="append", default=[], metavar="PATTERN",
+                    help="enable QEMU trace events matching PATTERN (repeatable, e.g. 'pci_nvme_dsm*'), logged to "
+                         "qemu-trace.log in the run directory, which the guest reads at $RB_NVME_TRACE")
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment for the guest commands")
     ap.add_argument("--refresh", action="store_true", help="pick the suite's kernel again (apt-get update)")
     ap.add_argument("--prepare-only", action="store_true", help="install/download/build, do not boot")
