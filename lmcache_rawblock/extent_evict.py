@@ -4,8 +4,8 @@ With ``extent_bytes`` on, the core hands slots out an extent (a reclaim unit) at
 gives an extent back to the device as one range once all its slots are free. Evicting keys one
 by one in LRU order would leave every extent partly live, so the drive would still copy what
 survives when it reclaims. This policy evicts whole extents instead: the victim is the closed
-extent whose keys were used least recently (a put or a load hit bumps its extent, O(1) in the
-core), and all its keys go in one batched delete through the plugin's normal delete path, so
+extent filled longest ago (its last put, O(1) in the core; a load hit marks its key hot but
+does not keep the extent, whose neighbours on the drive would otherwise go before it), and all its keys go in one batched delete through the plugin's normal delete path, so
 FREE records, checkpoints, the readers' quarantine and deallocation behave as for any delete.
 
 * Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
@@ -89,7 +89,7 @@ class ExtentEviction:
         self.removes = 0  # the plugin's removes, counted under pin_lock (see removed)
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
-        """Delete the keys of victim extents, least recently used first, until ``want`` keys
+        """Delete the keys of victim extents, filled longest ago first, until ``want`` keys
         are gone or every closed extent was looked at once. Returns the keys deleted."""
         evicted = 0
         seen: set[int] = set()

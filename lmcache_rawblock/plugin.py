@@ -15,7 +15,7 @@ for the table). Beyond LMCache:
   ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
   predecessor is gone, then chain tails before heads, learned from store calls and lookups;
   ``lmcache_rawblock.prefix_evict``) or ``"extent"`` (whole extents of the core's
-  ``extent_bytes``, least recently used first, clean ones kept ahead;
+  ``extent_bytes``, filled longest ago first (hot keys put back), clean ones kept ahead;
   ``lmcache_rawblock.extent_evict``);
   under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
