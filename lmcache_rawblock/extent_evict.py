@@ -5,8 +5,9 @@ gives an extent back to the device as one range once all its slots are free. Evi
 by one in LRU order would leave every extent partly live, so the drive would still copy what
 survives when it reclaims. This policy evicts whole extents instead: the victim is the closed
 extent filled longest ago (its last put, O(1) in the core; a load hit marks its key hot but
-does not keep the extent, whose neighbours on the drive would otherwise go before it), and all its keys go in one batched delete through the plugin's normal delete path, so
-FREE records, checkpoints, the readers' quarantine and deallocation behave as for any delete.
+does not keep the extent, whose neighbours on the drive would otherwise go before it), and all
+its keys go in one batched delete through the plugin's normal delete path, so FREE records,
+checkpoints, the readers' quarantine and deallocation behave as for any delete.
 
 * Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
   or waiting for its deallocation; by default 5 % of the extents, at least 2, as the LRU

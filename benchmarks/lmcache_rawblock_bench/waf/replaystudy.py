@@ -54,13 +54,14 @@ def geometry(ru: str, op: float, util: float = 1.0) -> tuple[Geometry, int, int]
 
 
 def replay_argv(dev: str, span: int, slot: int, ru_bytes: int, *, concurrency: int, seed: int, eviction: str,
-                record: Optional[str], warmup: float, measure: float) -> list[str]:
+                record: Optional[str], warmup: float, measure: float, reserve: int = 0) -> list[str]:
     k = span / slot / REF_SLOTS
     argv = ["--device", dev, "--size", str(span), "--destroy-data", "--workload", "lmcache_defaults",
             "--chunk-bytes", str(2 * (slot - 4096)), "--families", str(max(1, round(BASE_FAMILIES * k))),
             "--concurrency", str(max(1, round(BASE_CONCURRENCY * k * concurrency))), "--seed", str(seed),
             "--meta-format", "log", "--extent-bytes", str(ru_bytes), "--eviction", eviction, "--load",
             "--dealloc", "on", "--warmup", str(warmup), "--measure", str(measure), "--json"]
+    argv += ["--extent-reserve", str(reserve)] if reserve else []
     return argv + (["--record", record] if record else [])
 
 
@@ -85,7 +86,7 @@ def data_only(record: str, meta_end: int, out: str) -> None:
 
 
 def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str, *, warmup: float = 1.5,
-         measure: float = 1.5, lru: bool = True) -> dict:
+         measure: float = 1.5, lru: bool = True, reserve: int = 0) -> dict:
     """One cell: the extent-eviction run recorded and simulated, and key-level LRU's hit ratio
     at the same capacity (the same core and extents, keys evicted one by one)."""
     from .cli import simulate_stream
@@ -96,7 +97,7 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     dev, rec = os.path.join(work, f"dev-{ru}.img"), os.path.join(work, f"stream-{ru}.jsonl")
     t0 = time.time()
     common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure)
-    ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, **common))
+    ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve, **common))
     t1 = time.time()
     sim = simulate_stream(rec, g, warmup=warmup)
     meta_end = int(ext["recorded"]["data_base_offset"])
@@ -118,7 +119,8 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
         "window": sim["window"], "recorded": ext["recorded"], "core": ext["core"],
         "hit_ratio_extent": ext["ops"]["hit_ratio"], "hit_ratio_lru": hit_lru["hit_ratio"] if hit_lru else None,
         "ops_extent": ext["ops"], "ops_lru": hit_lru,
-        "replay_argv": replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, **common),
+        "replay_argv": replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve,
+                                   **common),
         "seconds": {"replay": round(t1 - t0, 1), "simulate": round(t2 - t1, 1), "lru": round(time.time() - t2, 1)},
     }
 
@@ -133,14 +135,14 @@ def markdown(cells: list[dict], argv: list[str]) -> str:
          "metadata write and every deallocation) replayed on the flash model with greedy GC; WAF over 1.5 drive "
          "writes after 1.5 of warm-up. LRU hit ratio: the same core and capacity with key-level LRU eviction.", "",
          "| RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata | metadata share "
-         "| hit ratio extent / LRU | difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| reserve | hit ratio extent / LRU | LRU - extent |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         he, hl = c["hit_ratio_extent"], c["hit_ratio_lru"]
         diff = f"{hl - he:+.3f}" if hl is not None else "-"
         ext = c["core"].get("extents_total")
         L.append(f"| {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | {c['concurrency']}x | {c['seed']} | "
                  f"{c['slots']} / {ext} | {c['waf']:.3f} | {c['waf_without_metadata']:.3f} | "
-                 f"{100 * (c['recorded']['meta_share'] or 0):.2f}% | {he:.3f} / "
+                 f"{100 * (c['recorded']['meta_share'] or 0):.2f}% | {c['extent_reserve']} | {he:.3f} / "
                  f"{'-' if hl is None else format(hl, '.3f')} | {diff} |")
     return "\n".join(L) + "\n"
 
@@ -156,6 +158,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--measure", type=float, default=1.5)
     p.add_argument("--no-lru", action="store_true", help="skip the key-level LRU run (hit ratio)")
+    p.add_argument("--extent-reserve", type=int, default=0,
+                   help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
     p.add_argument("--dir", default="/dev/shm/wafreplay", help="where the device file and stream go")
     p.add_argument("--out", help="directory: results.json (appended to) and summary.md")
     a = p.parse_args(argv)
@@ -174,7 +178,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for op in (float(x) for x in a.op.split(",")):
                     for seed in (int(x) for x in a.seeds.split(",")):
                         c = cell(ru, util, conc, op, seed, a.dir, warmup=a.warmup, measure=a.measure,
-                                 lru=not a.no_lru)
+                                 lru=not a.no_lru, reserve=a.extent_reserve)
                         c["command"] = " ".join(cmd)
                         cells.append(c)
                         print(f"{ru} util {util} {conc}x op {op} seed {seed}: WAF {c['waf']:.3f} (without metadata "
