@@ -338,7 +338,8 @@ def test_the_write_journal_of_a_log_format_run_is_every_write_and_deallocation_t
     dev = tmp_path / "d.img"
     (r,) = replay(capsys, dev, "--size", "32M", "--chunk-bytes", "120K", "--workload", "lmcache_defaults",
                   "--meta-format", "log", "--extent-bytes", "2044K", "--eviction", "extent", "--load",
-                  "--dealloc", "on", "--warmup", "1", "--measure", "1", "--record", str(rec))
+                  "--dealloc", "on", "--warmup", "1", "--measure", "1", "--meta-bytes", "1M", "--record", str(rec))
+    assert r["recorded"]["data_base_offset"] == 1 << 20  # --meta-bytes: the metadata region's size
     assert r["meta_format"] == "log" and r["core"]["extent_stride"] == 2044 * 1024 and r["core"]["extent_tail_bytes"]
     lines = [json.loads(x) for x in rec.read_text().splitlines()]
     writes = [x for x in lines if x["op"] == "write"]

@@ -155,6 +155,9 @@ def add_arguments(p) -> None:
     p.add_argument("--extent-bytes", default="0",
                    help="the core's extent_bytes (e.g. 64M; at least 2 slots; with format v1 a multiple of the slot "
                         "size; default 0: off)")
+    p.add_argument("--meta-bytes", default="0",
+                   help="the core's meta_total_bytes (default 0: two copies of the index at ~320 bytes an entry, at "
+                        "least 1 MiB)")
     p.add_argument("--extent-reserve", type=int, default=0,
                    help="with --eviction extent: clean extents kept ahead of the puts, as the plugin's "
                         "extent_reserve (default 0: 5%% of the extents, at least 2)")
@@ -315,7 +318,7 @@ def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], O
 
 
 def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int],
-                dealloc: str = "auto", extent_bytes: int = 0, meta_format: str = "v1"):
+                dealloc: str = "auto", extent_bytes: int = 0, meta_format: str = "v1", meta_bytes: int = 0):
     from lmcache_rawblock.raw_block import RawBlockCoreConfig
 
     from ..core import config_kwargs, meta_bytes_for
@@ -327,7 +330,7 @@ def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pi
         raise ReplayError(f"--engine {engine}: --device {target.path} is an NVMe passthrough device, which needs "
                           "--engine io_uring (or auto)")
     slots_est = max(1, target.size // slot_bytes)
-    meta = meta_bytes_for(slots_est)
+    meta = meta_bytes or meta_bytes_for(slots_est)
     if meta + 2 * slot_bytes > target.size:
         raise ReplayError(f"--size {target.size}: the span holds fewer than 2 slots of {slot_bytes} bytes after "
                           f"{meta} bytes of checkpoints; use a larger --size or a smaller --chunk-bytes")
@@ -712,7 +715,9 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
 
     ids, ckpt_pid = fdp_ids(target, mode, a.handles)
     extent_bytes = _extent_size(a.extent_bytes)
-    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc, extent_bytes, a.meta_format)
+    meta_bytes = 0 if str(a.meta_bytes).strip() == "0" else _size(a.meta_bytes, "--meta-bytes")
+    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc, extent_bytes, a.meta_format,
+                              meta_bytes)
     warm, warm_desc = _amount(a.warmup, "--warmup", target.size)
     meas, meas_desc = _amount(a.measure, "--measure", target.size)
     reinit(target)

@@ -40,6 +40,10 @@ SCALES = {
     # a diagnostic: 128 slots fill a 1 GiB-like RU exactly (no tail: an extent's data is one RU)
     "1G-notail": (64 << 10, 2048, 256),
 }
+# The metadata region: the smallest that holds the log format's base at this slot count (a real
+# device's 128 MiB default is 0.05 % of a 256 GiB drive and 0.006 % of a 2 TiB one; the part of
+# it never written is spare to the drive, so a region sized for the real device would flatter)
+META_BYTES = {"1G": 2 << 20, "16G": 8 << 20, "1G-notail": 2 << 20}
 REF_SLOTS = 30385  # logical slots of the simulated study's headline drive (study.REF_SLOTS at 7 % spare)
 BASE_FAMILIES, BASE_CONCURRENCY = 2000, 32
 
@@ -54,7 +58,8 @@ def geometry(ru: str, op: float, util: float = 1.0) -> tuple[Geometry, int, int]
 
 
 def replay_argv(dev: str, span: int, slot: int, ru_bytes: int, *, concurrency: int, seed: int, eviction: str,
-                record: Optional[str], warmup: float, measure: float, reserve: int = 0) -> list[str]:
+                record: Optional[str], warmup: float, measure: float, reserve: int = 0,
+                meta_bytes: int = 0) -> list[str]:
     k = span / slot / REF_SLOTS
     argv = ["--device", dev, "--size", str(span), "--destroy-data", "--workload", "lmcache_defaults",
             "--chunk-bytes", str(2 * (slot - 4096)), "--families", str(max(1, round(BASE_FAMILIES * k))),
@@ -62,6 +67,7 @@ def replay_argv(dev: str, span: int, slot: int, ru_bytes: int, *, concurrency: i
             "--meta-format", "log", "--extent-bytes", str(ru_bytes), "--eviction", eviction, "--load",
             "--dealloc", "on", "--warmup", str(warmup), "--measure", str(measure), "--json"]
     argv += ["--extent-reserve", str(reserve)] if reserve else []
+    argv += ["--meta-bytes", str(meta_bytes)] if meta_bytes else []
     return argv + (["--record", record] if record else [])
 
 
@@ -96,7 +102,7 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     os.makedirs(work, exist_ok=True)
     dev, rec = os.path.join(work, f"dev-{ru}.img"), os.path.join(work, f"stream-{ru}.jsonl")
     t0 = time.time()
-    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure)
+    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure, meta_bytes=META_BYTES[ru])
     ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve, **common))
     t1 = time.time()
     sim = simulate_stream(rec, g, warmup=warmup)
