@@ -136,7 +136,7 @@ def markdown(cells: list[dict], argv: list[str]) -> str:
          f"Command: `{' '.join(argv)}`", "",
          "Each row: `waf replay` of LMCache's default store pattern (full chunks only) through the real core, "
          "`meta_format: log`, `extent_bytes` = the RU (strided slots of 4 KiB + chunk), `eviction extent` "
-         "(the core's least recently used closed extent, hot keys put again, `extent_reserve` 5 % of the extents "
+         "(the closed extent filled longest ago, hot keys put again, `extent_reserve` 5 % of the extents "
          "kept clean ahead), `deallocate_freed: on`, loads of every hit; the core's write journal (every data and "
          "metadata write and every deallocation) replayed on the flash model with greedy GC; WAF over 1.5 drive "
          "writes after 1.5 of warm-up. LRU hit ratio: the same core and capacity with key-level LRU eviction.", "",
