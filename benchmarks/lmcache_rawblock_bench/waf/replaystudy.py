@@ -43,7 +43,7 @@ SCALES = {
 # The metadata region: the smallest that holds the log format's base at this slot count (a real
 # device's 128 MiB default is 0.05 % of a 256 GiB drive and 0.006 % of a 2 TiB one; the part of
 # it never written is spare to the drive, so a region sized for the real device would flatter)
-META_BYTES = {"1G": 2 << 20, "16G": 8 << 20, "1G-notail": 2 << 20}
+META_BYTES = {"1G": 2 << 20, "16G": 16 << 20, "1G-notail": 2 << 20}
 REF_SLOTS = 30385  # logical slots of the simulated study's headline drive (study.REF_SLOTS at 7 % spare)
 BASE_FAMILIES, BASE_CONCURRENCY = 2000, 32
 
