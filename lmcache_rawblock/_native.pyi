@@ -46,6 +46,9 @@ def _set_memobj_type(cls: type | None, /) -> None:
     """Read payloads of exactly this MemoryObj class through raw_data.data_ptr() and get_size()."""
 def _set_write_log(path: str | PathLike[str] | None, /) -> None:
     """Test hook: record every device write and flush to path (None stops)."""
+def _set_write_journal(path: str | PathLike[str] | None, /) -> None:
+    """Record every device write's offset and length (not its bytes), deallocation and flush to
+    path (None stops): the write journal ``waf replay --record`` feeds to the wear simulator."""
 def _inject_lock_errno(errnum: int, /) -> None:
     """Test hook: the next flock(2) a device makes fails with errnum (0 clears)."""
 def _forget_key_plans() -> None:

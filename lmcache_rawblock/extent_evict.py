@@ -4,9 +4,10 @@ With ``extent_bytes`` on, the core hands slots out an extent (a reclaim unit) at
 gives an extent back to the device as one range once all its slots are free. Evicting keys one
 by one in LRU order would leave every extent partly live, so the drive would still copy what
 survives when it reclaims. This policy evicts whole extents instead: the victim is the closed
-extent whose keys were used least recently (a put or a load hit bumps its extent, O(1) in the
-core), and all its keys go in one batched delete through the plugin's normal delete path, so
-FREE records, checkpoints, the readers' quarantine and deallocation behave as for any delete.
+extent filled longest ago (its last put, O(1) in the core; a load hit marks its key hot but
+does not keep the extent, whose neighbours on the drive would otherwise go before it), and all
+its keys go in one batched delete through the plugin's normal delete path, so FREE records,
+checkpoints, the readers' quarantine and deallocation behave as for any delete.
 
 * Evict-ahead: the background thread keeps ``extent_reserve`` clean extents (every slot free,
   or waiting for its deallocation; by default 5 % of the extents, at least 2, as the LRU
@@ -116,7 +117,7 @@ class ExtentEviction:
         self.keys_reinserted = 0
         self.removes = 0  # the plugin's removes, counted under pin_lock (see removed)
         # Prefix weighting (eviction_policy extent_prefix; prefix_evict.ReachableExtents): picks
-        # among the few least recently used extents (its owner passes on_deleted / on_put_again).
+        # among the few extents filled longest ago (its owner passes on_deleted / on_put_again).
         self.chooser = chooser
         self.reinsert_lock = threading.Lock()  # the reinserting put; the plugin's removes take it
         self._total = counts["extents_total"]
@@ -128,7 +129,7 @@ class ExtentEviction:
         self._quiet_lock = threading.Lock()  # a leaf
 
     def evict(self, want: int, protect: frozenset[str] | set[str] = frozenset()) -> int:
-        """Delete the keys of victim extents, least recently used first, until ``want`` keys
+        """Delete the keys of victim extents, filled longest ago first, until ``want`` keys
         are gone or every closed extent was looked at once. Returns the keys deleted."""
         self._note_demand(self.effective_reserve())  # the reserve ran dry: twice as many ahead
         evicted = 0
@@ -182,7 +183,7 @@ class ExtentEviction:
 
     def _victim(self, seen: set[int]) -> tuple[int, list[str], list[bool]] | None:
         """The core's victim extent; with a chooser, the one it picks among up to
-        ``chooser.candidates`` least recently used (looked at without counting as used)."""
+        ``chooser.candidates`` filled longest ago (looked at without counting as used)."""
         if self.chooser is None:
             return self._core.extent_victim()
         candidates = []

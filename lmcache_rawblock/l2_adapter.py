@@ -196,7 +196,7 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
                 "delete the stored chunks that follow it in a prompt (learned from lookups): no lookup can "
                 "reach them\n")
         extent = ("- eviction_policy (none or extent, default none): extent (needs extent_bytes, one device) "
-                  "evicts whole extents ahead of the stores, least recently used first, and tells LMCache's "
+                  "evicts whole extents ahead of the stores, the one filled longest ago first, and tells LMCache's "
                   "listeners of the keys it deleted; set LMCache's L2 eviction to noop (or its watermark above "
                   "1 - extent_reserve / extents) so it does not delete keys one by one first\n"
                   "- extent_reserve (int, default 5% of the extents, at least 2): clean extents kept ahead\n"

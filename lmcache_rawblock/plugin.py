@@ -15,9 +15,9 @@ for the table). Beyond LMCache:
   ``"prefix"`` (as lru, in another order: first the chunks no lookup can reach because their
   predecessor is gone, then chain tails before heads, learned from store calls and lookups;
   ``lmcache_rawblock.prefix_evict``), ``"extent"`` (whole extents of the core's
-  ``extent_bytes``, least recently used first, clean ones kept ahead;
+  ``extent_bytes``, filled longest ago first (hot keys put back), clean ones kept ahead;
   ``lmcache_rawblock.extent_evict``) or ``"extent_prefix"`` (as extent, the victim chosen among
-  the four least recently used extents by the reachable chunks its eviction loses, from the
+  the four extents filled longest ago by the reachable chunks its eviction loses, from the
   chains prefix keeps);
   under any of them, ``remove`` and ``batched_remove`` have the plugin's background thread (below;
   under ``none`` the first remove starts it) write the checkpoint that makes the freed slots
@@ -609,7 +609,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             status["evicted_extents"] = self._extents.extents_evicted
             status["evicted_extent_entries"] = self._extents.keys_evicted
             status["reinserted_extent_entries"] = self._extents.keys_reinserted
-            if self._extents.chooser is not None:  # extent_prefix: victims not the least recently used
+            if self._extents.chooser is not None:  # extent_prefix: victims not the oldest
                 status["extent_victims_not_oldest"] = self._extents.chooser.chosen_other
         status.update(self._admission.status())
         if self._prefix is not None:

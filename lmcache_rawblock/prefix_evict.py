@@ -34,7 +34,7 @@ predecessor leaving in the same batch.
 
 It also serves :meth:`PrefixOrder.probe_bound` (a lookup need not probe past a chunk whose
 predecessor is known gone) and :class:`ReachableExtents` (``eviction_policy: extent_prefix``:
-the extent to evict, of the few used least recently, is the one losing the fewest reachable
+the extent to evict, of the few filled longest ago, is the one losing the fewest reachable
 chunks, :meth:`PrefixOrder.reachable_loss`).
 
 The order is not metadata: it lives in memory only, a restart (or kill -9) loses it and never a
@@ -457,7 +457,7 @@ def _add_child(kids: dict[str, str | list[str]], pred: str, key: str) -> None:
 class ReachableExtents:
     """Prefix weighting of whole-extent eviction (``eviction_policy: extent_prefix``): the
     hook ``lmcache_rawblock.extent_evict.ExtentEviction`` asks to choose among the
-    ``candidates`` closed extents used least recently the one whose eviction loses the fewest
+    ``candidates`` closed extents filled longest ago the one whose eviction loses the fewest
     reachable keys (:meth:`PrefixOrder.reachable_loss`; ties go to the least recently used),
     and tells of the keys it deleted and put back so the chains stay true. ``lock`` is the
     plugin's ``_lru_lock`` (a leaf: the evictor holds ``_pin_lock`` when it calls)."""
@@ -470,7 +470,7 @@ class ReachableExtents:
         self.chosen_other = 0  # victims that were not the least recently used candidate
 
     def choose(self, extents: list[list[str]]) -> int:
-        """The index in ``extents`` (each a candidate's keys, least recently used first) of
+        """The index in ``extents`` (each a candidate's keys, filled longest ago first) of
         the one to evict."""
         if len(extents) < 2:
             return 0

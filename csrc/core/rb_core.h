@@ -268,9 +268,9 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
  * Checkpoints, compactions, close and delete_many run it themselves. */
 int rb_core_dealloc_pending(rb_core *c);
 /*
- * Extent eviction (extent_bytes on): the keys of the victim extent, the closed extent whose
- * keys were used least recently (put or loaded), without those a load or a pin holds; the
- * extent then counts as just used, so a victim whose keys cannot all go is not chosen again
+ * Extent eviction (extent_bytes on): the keys of the victim extent, the closed extent filled
+ * longest ago (its last put; loads do not keep it), without those a load or a pin holds; the
+ * extent then counts as just filled, so a victim whose keys cannot all go is not chosen again
  * at once. *keys / *lens / *hot malloc'd (the caller frees each key and the three arrays);
  * (*hot)[i] is 1 when key i was loaded since it was put; *ext the extent (UINT32_MAX: none
  * has live keys). Returns the number of keys, -ENOMEM, or -EINVAL

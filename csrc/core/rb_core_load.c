@@ -130,7 +130,7 @@ static void load_snapshot_locked(struct load_run *r)
         }
         const rb_ent *e = &c->index.ents[p];
         s[i].slot = e->slot;
-        rb_ext_use(&c->slots, e->slot, p, 1); /* a hit: its extent's last use, the key hot */
+        rb_ext_use(&c->slots, e->slot, p, 1); /* a hit: the key hot (its extent's age kept) */
         s[i].size = e->size;
         s[i].sum = e->checksum;
         s[i].has_sum = (e->flags & RB_ENT_HAS_SUM) != 0;

@@ -28,7 +28,10 @@
  * free, handed out again only once rb_ext_clean says the range was deallocated or skipped),
  * lists[per + 2] the open ones (with none clean or closed left with a free slot, a stream takes
  * one of another stream's open extent rather than fail).
- * Per extent: its free slots and its last use (a tick of put commits and load hits). rev maps
+ * Per extent: its free slots and its last fill (a tick of put commits; a load hit does not
+ * move it, so extents age in the order they were filled: an extent kept for a few hot keys
+ * would stay live while its neighbours on the drive's reclaim units are gone, and the drive
+ * would copy it; the hot keys are put again instead). rev maps
  * a slot to the index position of the key on it (valid while rev_ok and the index epoch is
  * rev_epoch; rb_core_extent.c rebuilds it otherwise); hot marks a slot whose key was loaded
  * since it was put (what eviction may put again elsewhere rather than lose).
@@ -157,8 +160,8 @@ uint32_t rb_ext_take_pending(rb_slots *s);
 void rb_ext_clean(rb_slots *s, uint32_t e, int deallocated);
 /* Every pending extent clean, undeallocated (a put out of slots). Returns the slots. */
 uint32_t rb_ext_skip_pending(rb_slots *s);
-/* The closed extent with live slots used least recently, or RB_SLOT_NONE; it becomes the
- * most recently used (a victim whose keys cannot all go is not chosen again at once). */
+/* The closed extent with live slots filled longest ago, or RB_SLOT_NONE; it then counts as
+ * just filled (a victim whose keys cannot all go is not chosen again at once). */
 uint32_t rb_ext_victim(rb_slots *s);
 static inline uint32_t rb_ext_of(const rb_slots *s, uint32_t slot)
 {
@@ -167,14 +170,15 @@ static inline uint32_t rb_ext_of(const rb_slots *s, uint32_t slot)
         return RB_SLOT_NONE;
     return (slot - x->first) / x->per;
 }
-/* A key committed on slot at index position pos (hit 0), or loaded from it (hit 1): its
- * extent's last use, the slot's index position and whether its key was loaded since put. */
+/* A key committed on slot at index position pos (hit 0: its extent's last fill), or loaded
+ * from it (hit 1): the slot's index position and whether its key was loaded since put. */
 static inline void rb_ext_use(rb_slots *s, uint32_t slot, uint32_t pos, int hit)
 {
     uint32_t e = s->ext.per ? rb_ext_of(s, slot) : RB_SLOT_NONE;
     if (e == RB_SLOT_NONE)
         return;
-    s->ext.tick[e] = ++s->ext.clock;
+    if (!hit)
+        s->ext.tick[e] = ++s->ext.clock;
     s->ext.rev[slot] = pos;
     s->ext.hot[slot] = (uint8_t)hit;
 }

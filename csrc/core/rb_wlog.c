@@ -15,6 +15,7 @@ atomic_int rb_wlog_on;
 static pthread_mutex_t wlog_mu = PTHREAD_MUTEX_INITIALIZER;
 static int wlog_fd = -1;
 static uint64_t wlog_seq;
+static int wlog_bytes; /* writes carry their bytes (rb_wlog_set) or not (rb_wlog_set_journal) */
 
 static void put_u32(uint8_t *p, uint32_t v)
 {
@@ -42,7 +43,7 @@ static void write_all(int fd, const void *buf, size_t len)
     }
 }
 
-int rb_wlog_set(const char *path)
+static int wlog_start(const char *path, int with_bytes)
 {
     int fd = -1;
     if (path) {
@@ -55,11 +56,22 @@ int rb_wlog_set(const char *path)
     int old = wlog_fd;
     wlog_fd = fd;
     wlog_seq = 0;
+    wlog_bytes = with_bytes;
     atomic_store(&rb_wlog_on, fd >= 0);
     pthread_mutex_unlock(&wlog_mu);
     if (old >= 0)
         close(old);
     return 0;
+}
+
+int rb_wlog_set(const char *path)
+{
+    return wlog_start(path, 1);
+}
+
+int rb_wlog_set_journal(const char *path)
+{
+    return wlog_start(path, 0);
 }
 
 /* Under wlog_mu: one record header. */
@@ -82,7 +94,9 @@ static void record_locked(uint32_t kind, int fd, uint64_t a, uint64_t len)
 void rb_wlog_writev(int fd, uint64_t off, const struct iovec *iov, int iovcnt, size_t skip, size_t len)
 {
     pthread_mutex_lock(&wlog_mu);
-    if (wlog_fd >= 0) {
+    if (wlog_fd >= 0 && !wlog_bytes)
+        record_locked(RB_WLOG_WRITE_LEN, fd, off, len);
+    else if (wlog_fd >= 0) {
         record_locked(RB_WLOG_WRITE, fd, off, len);
         for (int i = 0; i < iovcnt && len; i++) {
             size_t l = iov[i].iov_len;

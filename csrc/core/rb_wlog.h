@@ -10,7 +10,9 @@
  * Log file: the 8-byte magic "RBWLOG01", then records of a 48-byte little-endian header
  *   u32 kind (1 write, 2 flush, 3 deallocation), u32 zero, u64 st_dev, u64 st_ino of the file,
  *   u64 offset (write, deallocation) or barrier (flush), u64 length (0 for flush), u64 sequence
- * followed, for a write, by its bytes. A deallocation carries no bytes: the range reads back
+ * followed, for a write, by its bytes. A log started without bytes (rb_wlog_set_journal: the
+ * write journal `waf replay` feeds to the wear simulator) records each write as kind 4, its
+ * offset and length with no bytes after it. A deallocation carries no bytes: the range reads back
  * as zeros once it is durable (like a write, after a flush that began after it). Sequence numbers count records from 0 in log order.
  * A write is logged once it completed, so its record comes after every record of a write
  * that completed before it. A flush record's barrier is the sequence number the log had
@@ -28,7 +30,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-enum { RB_WLOG_WRITE = 1, RB_WLOG_FLUSH = 2, RB_WLOG_DEALLOC = 3 };
+enum { RB_WLOG_WRITE = 1, RB_WLOG_FLUSH = 2, RB_WLOG_DEALLOC = 3, RB_WLOG_WRITE_LEN = 4 };
 
 extern atomic_int rb_wlog_on;
 
@@ -36,6 +38,9 @@ extern atomic_int rb_wlog_on;
 
 /* Start logging to path (created or truncated), or stop (path NULL). 0 or -errno. */
 int rb_wlog_set(const char *path);
+
+/* The same, but writes are recorded without their bytes (kind 4). 0 or -errno. */
+int rb_wlog_set_journal(const char *path);
 
 /* Record len bytes written at off on fd, taken from iov after skipping `skip` bytes. */
 void rb_wlog_writev(int fd, uint64_t off, const struct iovec *iov, int iovcnt, size_t skip, size_t len);

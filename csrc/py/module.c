@@ -328,21 +328,35 @@ static PyObject *rbpy_set_memobj_type(PyObject *mod, PyObject *cls)
     Py_RETURN_NONE;
 }
 
-/* _set_write_log(path | None): test hook, record every device write and flush of the process
- * to path (rb_wlog.h), or stop recording. */
-static PyObject *rbpy_set_write_log(PyObject *mod, PyObject *arg)
+/* Start (path) or stop (None) the process's write log with set (rb_wlog.h). */
+static PyObject *start_write_log(PyObject *arg, int (*set)(const char *))
 {
-    (void)mod;
     PyObject *bytes = NULL;
     if (arg != Py_None && !PyUnicode_FSConverter(arg, &bytes))
         return NULL;
-    int rc = rb_wlog_set(bytes ? PyBytes_AS_STRING(bytes) : NULL);
+    int rc = set(bytes ? PyBytes_AS_STRING(bytes) : NULL);
     Py_XDECREF(bytes);
     if (rc < 0) {
         errno = -rc;
         return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
     }
     Py_RETURN_NONE;
+}
+
+/* _set_write_log(path | None): test hook, record every device write and flush of the process
+ * to path (rb_wlog.h), or stop recording. */
+static PyObject *rbpy_set_write_log(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    return start_write_log(arg, rb_wlog_set);
+}
+
+/* _set_write_journal(path | None): the write log without the written bytes (offsets, lengths,
+ * deallocations, flushes), for `waf replay --record`; or stop recording. */
+static PyObject *rbpy_set_write_journal(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    return start_write_log(arg, rb_wlog_set_journal);
 }
 
 /* _inject_lock_errno(errnum): test hook, the next flock(2) a device makes fails with errnum
@@ -395,6 +409,9 @@ static PyMethodDef rbpy_functions[] = {
      "libblkid finds on path, or None."},
     {"_set_write_log", rbpy_set_write_log, METH_O,
      "test hook: _set_write_log(path | None) records every device write and flush to path"},
+    {"_set_write_journal", rbpy_set_write_journal, METH_O,
+     "_set_write_journal(path | None) records every device write's offset and length, deallocation and flush to "
+     "path"},
     {"_inject_lock_errno", rbpy_inject_lock_errno, METH_O,
      "test hook: _inject_lock_errno(errnum) makes the next flock(2) of a device fail with errnum (0 clears)"},
     {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},

@@ -364,10 +364,11 @@ class RawBlockCore:
         return out
 
     def extent_victim(self) -> tuple[int, list[str], list[bool]] | None:
-        """With extents (``extent_bytes``): the closed extent whose keys were used least
-        recently, its keys that no load or pin holds, and for each whether it was loaded since
-        it was put (a hot key eviction may put again); None when no closed extent holds a
-        key. The extent then counts as just used (one whose keys cannot all go is not chosen
+        """With extents (``extent_bytes``): the closed extent filled longest ago (its last
+        put; a load marks its key hot but does not keep the extent), its keys that no load or
+        pin holds, and for each whether it was loaded since it was put (a hot key eviction may
+        put again); None when no closed extent holds a key. The extent then counts as just
+        filled (one whose keys cannot all go is not chosen
         again at once). RuntimeError when extents are off."""
         return self._native.extent_victim()
 

@@ -121,8 +121,11 @@ static void test_extents(void)
     CHECK(s.ext.deallocated == 1 && rb_slots_alloc(&s, 0) == 2);
     rb_slots_release(&s, 2);
     CHECK(rb_slots_alloc(&s, 0) == 3); /* the open extent goes on in order */
-    /* victim: the closed extent used least recently */
-    rb_ext_use(&s, 8, 0, 1);
+    /* victim: the closed extent filled longest ago; a load (hit) marks the key hot and does not
+     * keep its extent, a put commit does */
+    rb_ext_use(&s, 8, 0, 0);  /* extent 1 filled last */
+    rb_ext_use(&s, 12, 0, 1); /* extent 2 loaded after that */
+    CHECK(s.ext.hot[12] == 1 && s.ext.hot[8] == 0);
     CHECK(rb_ext_victim(&s) == 2 && rb_ext_victim(&s) == 1);
     rb_slots_free(&s);
     CHECK(rb_slots_init(&s, 5, 0) == 0);

@@ -301,3 +301,125 @@ def test_a_recorded_stream_of_the_real_core_replays_on_a_fitted_drive_against_th
     rc = cli_main(["waf", "simulate", "--stream", str(rec), "--page-bytes", "4096", "--ru-pages", "16", "--handles",
                    "1", "--fit-util", "0.9", "--stream-warmup", "50"])
     assert rc == 2 and "--stream-warmup 50.0: the stream" in capsys.readouterr().err
+
+
+def _allocated(path, block: int = 4096) -> set:
+    """The blocks of a file that hold data (SEEK_DATA / SEEK_HOLE)."""
+    import os
+
+    out = set()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = os.fstat(fd).st_size
+        off = 0
+        while off < end:
+            try:
+                d = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:
+                break
+            h = os.lseek(fd, d, os.SEEK_HOLE)
+            out.update(range(d // block, -(-h // block)))
+            off = h
+    finally:
+        os.close(fd)
+    return out
+
+
+def test_the_write_journal_of_a_log_format_run_is_every_write_and_deallocation_the_core_made(tmp_path, capsys):
+    """--record in the log format with strided extents and extent eviction: the stream is the
+    core's own write journal. Its write bytes are the core's write_completed_bytes; it has
+    metadata writes (log groups, base, superblocks) below the data area, and whole-extent
+    deallocations; replaying its writes and deallocations onto an empty block map gives the
+    file's allocated blocks (the deallocations punched holes), and every live key's slot was
+    written at the offset the core's index gives."""
+    from lmcache_rawblock_bench.waf import journal
+
+    rec = tmp_path / "w.jsonl"
+    dev = tmp_path / "d.img"
+    (r,) = replay(capsys, dev, "--size", "32M", "--chunk-bytes", "120K", "--workload", "lmcache_defaults",
+                  "--meta-format", "log", "--extent-bytes", "2044K", "--eviction", "extent", "--load",
+                  "--dealloc", "on", "--warmup", "1", "--measure", "1", "--meta-bytes", "1M", "--record", str(rec))
+    assert r["recorded"]["data_base_offset"] == 1 << 20  # --meta-bytes: the metadata region's size
+    assert r["meta_format"] == "log" and r["core"]["extent_stride"] == 2044 * 1024 and r["core"]["extent_tail_bytes"]
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    writes = [x for x in lines if x["op"] == "write"]
+    deallocs = [x for x in lines if x["op"] == "deallocate"]
+    assert sum(x["length"] for x in writes) == r["core_write_bytes"] == r["recorded"]["write_bytes"]
+    base = r["recorded"]["data_base_offset"]
+    meta = [x for x in writes if x["offset"] < base]
+    assert meta and r["recorded"]["meta_write_bytes"] == sum(x["length"] for x in meta) > 0
+    # whole extents deallocated: each range one stride long, starting on an extent boundary
+    assert deallocs and r["core"]["extents_evicted"] > 0
+    stride, ext0 = r["core"]["extent_stride"], r["core"]["extent_base_offset"]
+    assert all(x["length"] == stride and (x["offset"] - ext0) % stride == 0 for x in deallocs)
+    # the stream's writes and deallocations, applied in order, leave the file's data blocks
+    live: set = set()
+    for x in lines:
+        blocks = set(range(x["offset"] // 4096, -(-(x["offset"] + x["length"]) // 4096)))
+        if x["op"] == "write":
+            live |= blocks
+        else:
+            live -= blocks
+    # (the data area: the core's closing checkpoint, after the journal stopped, writes metadata)
+    first = base // 4096
+    assert {b for b in live if b >= first} == {b for b in _allocated(dev) if b >= first}
+    # journal files: a log with bytes is refused by the reader, naming it
+    bad = tmp_path / "bad.journal"
+    bad.write_bytes(b"RBWLOG01" + journal.HEADER.pack(1, 0, 0, 0, 0, 8, 0) + b"x" * 8)
+    with pytest.raises(ValueError, match="write log, not a journal"):
+        list(journal.records(str(bad)))
+
+
+def test_the_write_journal_is_exactly_what_the_core_wrote(tmp_path):
+    """The core's write journal (_set_write_journal) on a log-format core: every write's offset
+    and length, in order, the deallocations in between; its bytes equal the device's
+    write_completed_bytes, each put's slot write sits at the key's entry offset, and the
+    journal stops recording when set to None."""
+    import io
+
+    from lmcache_rawblock import _native
+    from lmcache_rawblock.raw_block import RawBlockCore, RawBlockCoreConfig, encode_object_key
+    from lmcache_rawblock.raw_block._lmcache import ObjectKey
+    from lmcache_rawblock_bench.core import config_kwargs
+    from lmcache_rawblock_bench.waf import journal
+    from lmcache_rawblock_bench.waf.replay import _Obj
+
+    dev, jp = tmp_path / "d.img", tmp_path / "j.journal"
+    with open(dev, "wb") as f:
+        f.truncate(16 << 20)
+    cfg = RawBlockCoreConfig(**config_kwargs(str(dev), capacity_bytes=16 << 20, slot_bytes=8192,
+                                             meta_total_bytes=1 << 20, meta_format="log",
+                                             load_checkpoint_on_init=False, allow_foreign_device=True,
+                                             deallocate_freed="on"))
+    specs = [encode_object_key(ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name="m", kv_rank=0,
+                                         cache_salt="")) for i in range(40)]
+    _native._set_write_journal(str(jp))
+    try:
+        core = RawBlockCore(cfg, key_namespace="object")
+        try:
+            core.put_many(specs, [_Obj(1000 + i) for i in range(40)])
+            core.checkpoint_now()
+            assert all(core.delete_many([s.encoded for s in specs[:10]], force=True))
+            core.reclaim_held_slots()
+            offsets = {s.encoded: core.entry_offset(s.encoded) for s in specs[10:]}
+            st = core._native.status()
+            written, base = st["io"]["write_completed_bytes"], st["data_base_offset"]
+        finally:
+            _native._set_write_journal(None)
+            core.close()
+    finally:
+        _native._set_write_journal(None)
+    out = io.StringIO()
+    c = journal.to_stream(str(jp), str(dev), out, meta_end=base)
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert c.write_bytes == written and c.meta_write_bytes > 0 and c.other_files == 0
+    # each live key's slot: its header and its payload written there (the bytes inside the slot)
+    for i, s in enumerate(specs[10:], 10):
+        off = offsets[s.encoded]
+        inside = [x for x in lines if x["op"] == "write" and off <= x["offset"] < off + 8192]
+        assert min(x["offset"] for x in inside) == off
+        assert sum(x["length"] for x in inside) == 4096 + 1000 + i, (i, inside)
+    assert c.deallocs > 0 and sum(x["length"] for x in lines if x["op"] == "deallocate") % 8192 == 0
+    # nothing after the journal stopped: the closing checkpoint is not in it
+    assert c.writes == sum(1 for x in lines if x["op"] == "write")
+

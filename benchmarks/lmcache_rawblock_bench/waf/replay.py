@@ -39,13 +39,21 @@ and reads them again: the window excludes the warm-up. Repeat ``i`` generates wi
 seed ``seed + i``, so every mode of one repeat sees the same operations (a trace is the same
 every repeat).
 
-``--record FILE`` writes the first run's device write stream in :mod:`.stream`'s format: each
-stored chunk's slot write (offset from the core's index, length of the header and payload),
-and each checkpoint's two writes (payload, then header, at the container the core's metadata
-sequence number names; their length is what the core wrote beyond the chunks), and each range
-the core deallocated (``deallocate`` records, from the core's deallocation journal,
-``take_dealloc_log``, read after every call: before the call's chunk writes, since the core never
-deallocates a slot that holds a key).
+``--record FILE`` writes the first run's device write stream in :mod:`.stream`'s format, from
+the core's own write journal (:mod:`.journal`: every write the core completed on the device,
+with its offset and length, and every range it deallocated, in the order they happened): the
+chunks' slot writes, and the metadata writes of either format (format v1's containers; the log
+format's log groups, base chunks and superblocks), the writes the core makes when it opens
+included. Nothing is reconstructed: the stream is what the product's allocator and evictor did.
+The journal carries no placement identifiers, so ``--record`` takes ``--mode no_fdp`` only.
+
+``--meta-format`` picks the core's metadata format (``v1``, the default here, or ``log``, the
+product's default); with ``log``, ``--extent-bytes`` need not be a multiple of the slot size
+(the strided layout: extents at ``extent_bytes`` boundaries, each with an unused tail).
+``--extent-reserve N`` (with ``--eviction extent``) keeps N clean extents ahead of the puts, as
+the plugin's evictor thread does (``extent_reserve``; default 0: 5 % of the extents, at least
+2), by evicting victim extents after each put call and writing the checkpoint that makes their
+slots reusable (where the core deallocates them).
 
 ``--dealloc`` sets the core's ``deallocate_freed`` per run (comma-separated ``auto``, ``on``,
 ``off``: each is a configuration of its own, side by side): ``auto`` deallocates on block devices
@@ -59,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import stat
@@ -141,9 +150,17 @@ def add_arguments(p) -> None:
                    help="when a put needs room, evict at least this fraction of the slots in one batch (the "
                         "plugin's evict-ahead evicts eviction_ratio = 0.05 at a time; default 0: only what the "
                         "put needs)")
+    p.add_argument("--meta-format", choices=("v1", "log"), default="v1",
+                   help="the core's metadata format (default v1; log is the product's default)")
     p.add_argument("--extent-bytes", default="0",
-                   help="the core's extent_bytes (e.g. 64M; a multiple of the slot size, since the replay writes "
-                        "format v1, at least 2 slots; default 0: off)")
+                   help="the core's extent_bytes (e.g. 64M; at least 2 slots; with format v1 a multiple of the slot "
+                        "size; default 0: off)")
+    p.add_argument("--meta-bytes", default="0",
+                   help="the core's meta_total_bytes (default 0: two copies of the index at ~320 bytes an entry, at "
+                        "least 1 MiB)")
+    p.add_argument("--extent-reserve", type=int, default=0,
+                   help="with --eviction extent: clean extents kept ahead of the puts, as the plugin's "
+                        "extent_reserve (default 0: 5%% of the extents, at least 2)")
     p.add_argument("--eviction", default="lru",
                    help="comma-separated: lru (least recently used keys) or extent (the least recently used "
                         "extent's keys, needs --extent-bytes); e.g. lru,extent runs both (default lru)")
@@ -301,7 +318,7 @@ def fdp_ids(target: Target, mode: str, handles: int) -> tuple[tuple[int, ...], O
 
 
 def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pid: Optional[int],
-                dealloc: str = "auto", extent_bytes: int = 0):
+                dealloc: str = "auto", extent_bytes: int = 0, meta_format: str = "v1", meta_bytes: int = 0):
     from lmcache_rawblock.raw_block import RawBlockCoreConfig
 
     from ..core import config_kwargs, meta_bytes_for
@@ -313,16 +330,14 @@ def core_config(target: Target, engine: str, slot_bytes: int, mode: str, ckpt_pi
         raise ReplayError(f"--engine {engine}: --device {target.path} is an NVMe passthrough device, which needs "
                           "--engine io_uring (or auto)")
     slots_est = max(1, target.size // slot_bytes)
-    meta = meta_bytes_for(slots_est)
+    meta = meta_bytes or meta_bytes_for(slots_est)
     if meta + 2 * slot_bytes > target.size:
         raise ReplayError(f"--size {target.size}: the span holds fewer than 2 slots of {slot_bytes} bytes after "
                           f"{meta} bytes of checkpoints; use a larger --size or a smaller --chunk-bytes")
     kw = config_kwargs(target.path, capacity_bytes=target.size, slot_bytes=slot_bytes, meta_total_bytes=meta,
                        io_engine=engine, use_odirect=target.kind == "block", load_checkpoint_on_init=False,
                        allow_foreign_device=True, meta_enable_periodic=False, iouring_queue_depth=256,
-                       # The replay places each checkpoint's writes where format v1 puts them (two
-                       # containers) when it records the stream for the simulator.
-                       meta_format="v1")
+                       meta_format=meta_format)
     if passthrough:
         kw["use_uring_cmd"] = True
     if ckpt_pid is not None:
@@ -392,8 +407,8 @@ class Replayer:
     """The cache semantics of :class:`.stream.CacheModel` on a real core."""
 
     def __init__(self, core, mode: str, strategy: Optional[str], ids: tuple, admission: str, *, tp: int,
-                 checkpoint_every: int, load: bool = False, recorder=None, ckpt_pid: Optional[int] = None,
-                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru") -> None:
+                 checkpoint_every: int, load: bool = False, ckpt_pid: Optional[int] = None,
+                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru", extent_reserve: int = 0) -> None:
         self.core = core
         self.eviction = eviction
         self.mode = mode
@@ -403,13 +418,11 @@ class Replayer:
         self.admission = Admission(admission)
         self.checkpoint_every = checkpoint_every
         self.load = load
-        self.rec = recorder
         self.ckpt_pid = ckpt_pid
         self.chunk_align = chunk_align
         st = core._native.status()
         # with extents, the slots of the whole extents (the others are never handed out)
         self.max_slots = st["extents_total"] * st["extent_slots"] or st["max_slots"]
-        self.container_bytes = st["container_bytes"]
         self.block = core.block_align
         self.header = core.header_bytes
         self.written0 = st["io"]["write_completed_bytes"]
@@ -424,24 +437,15 @@ class Replayer:
         self.call_ns: list = []
         self.chunk_ns: list = []
         self.unattributed = 0
-        self.split = 0
         self._since_ckpt = 0
         self._batch_id = None
         self._batch: list = []
         self._gets: list = []
         self.evict_batch = int(evict_batch * self.max_slots)
-        self.deallocs = 0  # ranges recorded
         self.dealloc_on = st.get("dealloc_state") == "on"
-        if recorder is not None:
-            core._native.set_dealloc_log(True)
-
-    def _record_deallocs(self) -> None:
-        """The ranges the core deallocated since the last look, into the stream."""
-        if self.rec is None:
-            return
-        for off, n in self.core._native.take_dealloc_log():
-            self.rec.dealloc_bytes(off, n)
-            self.deallocs += 1
+        # the plugin's extent_reserve: 5 % of the extents, at least 2, unless given
+        n_ext = st["extents_total"]
+        self.extent_reserve = (extent_reserve or max(2, math.ceil(0.05 * n_ext))) if n_ext else 0
 
     # ---- events
 
@@ -522,7 +526,6 @@ class Replayer:
         self.event_of.pop(k, None)
         if enc is not None and self.core.delete_many([enc], force=True)[0]:
             self.ops.deletes += 1
-        self._record_deallocs()
 
     def _lru_victims(self, n: int, protect: set) -> list:
         victims = []
@@ -533,14 +536,14 @@ class Replayer:
                 victims.append(k)
         return victims
 
-    def _extent_victims(self, n: int, protect: set) -> list:
+    def _extent_victims(self, n: int, protect: set, extents: int = 0) -> list:
         """The keys of victim extents, least recently used first, until n more than the hot
         keys to put again, or every closed extent was looked at (as the plugin's extent
-        eviction)."""
+        eviction); with ``extents``, the keys of that many victim extents."""
         by_enc = {enc: k for k, enc in self.lru.items()}
         victims: list = []
         seen: set = set()
-        while len(victims) - len(self._again) < n:
+        while (len(seen) < extents) if extents else (len(victims) - len(self._again) < n):
             v = self.core.extent_victim()
             if v is None or v[0] in seen:
                 break
@@ -551,9 +554,9 @@ class Replayer:
                 self._again += [k for k, h in keep if h][:len(keep) // 2]
         return victims
 
-    def _evict(self, n: int, protect: set) -> int:
+    def _evict(self, n: int, protect: set, extents: int = 0) -> int:
         ext = self.eviction.startswith("extent")
-        victims = self._extent_victims(n, protect) if ext else self._lru_victims(n, protect)
+        victims = self._extent_victims(n, protect, extents) if ext else self._lru_victims(n, protect)
         if not victims:
             return 0
         encs = [self.lru.pop(k) for k in victims]
@@ -563,25 +566,23 @@ class Replayer:
                 self.event_of.pop(k, None)
         done = sum(self.core.delete_many(encs, force=True))
         self.ops.evictions += done
-        self._record_deallocs()
         if done:
             # As the plugin's evictor does: write the checkpoints that make the freed slots
             # reusable (the core deallocates them there) before the put that needs them; format
             # v1 needs one more change to the index for the second checkpoint: one more victim
             # (only when the core deallocates: otherwise the put's own checkpoint frees them,
             # and the run evicts exactly what the simulator's cache model does).
-            self._account(0, [])
+            self._account(0)
             if self.core.reclaim_held_slots():
-                self._account(0, [], checkpoint_first=False)
+                self._account(0)
             if self.dealloc_on and self.core.slot_counts().held:
                 extra = next((k for k in self.lru if k not in protect), None)
                 if extra is not None and self.core.delete_many([self.lru.pop(extra)], force=True)[0]:
                     self.ops.evictions += 1
                     done += 1
-                    self._record_deallocs()
-                    self._account(0, [])
+                    self._account(0)
                     if self.core.reclaim_held_slots():
-                        self._account(0, [], checkpoint_first=False)
+                        self._account(0)
         self._put_again()
         return done
 
@@ -635,6 +636,20 @@ class Replayer:
             again = self._put(left)
             left = [t for t, ok in zip(left, again) if not ok]
         self.ops.puts_failed += len(left)
+        if self.eviction.startswith("extent"):
+            self._keep_reserve()
+
+    def _keep_reserve(self) -> None:
+        """The plugin's extent evictor between puts: one victim extent per clean extent short of
+        the reserve (``ExtentEviction.missing_clean``), then the checkpoint that makes their
+        slots reusable, where the core deallocates them."""
+        c = self.core.extent_counts()
+        if c["closed"]:
+            return
+        missing = self.extent_reserve - c["extents_clean"] - c["extents_pending_dealloc"]
+        if missing > 0 and not self._evict(0, set(), extents=missing) and self.core.slot_counts().held:
+            self.core.reclaim_held_slots()
+            self._account(0)
 
     def _facts(self, e: dict) -> fdp.KeyFacts:
         w = int(e.get("worker", 0))
@@ -653,8 +668,7 @@ class Replayer:
         self.call_ns.append(dt)
         self.chunk_ns.append(dt / len(todo))
         expect = 0
-        writes = []
-        for (k, e, pid), spec, ok in zip(todo, specs, res.results):
+        for (k, e, _), spec, ok in zip(todo, specs, res.results):
             if not ok:
                 continue
             self.lru[k] = spec.encoded
@@ -666,25 +680,19 @@ class Replayer:
             self.ops.puts_stored += 1
             self.ops.payload_bytes += size
             self.ops.chunk_write_bytes += n
-            if self.rec is not None:
-                off = self.core.entry_offset(spec.encoded)
-                if off is not None:
-                    writes.append((off, n, pid))
-        self._account(expect, writes)
+        self._account(expect)
         n_ok = sum(1 for ok in res.results if ok)
         self._since_ckpt += n_ok
         if self.checkpoint_every and self._since_ckpt >= self.checkpoint_every:
             self._since_ckpt = 0
             self.core.checkpoint_now()
-            self._account(0, [], checkpoint_first=False)
+            self._account(0)
         return list(res.results)
 
-    def _account(self, expect: int, writes: list, *, checkpoint_first: bool = True) -> None:
-        """Bytes the core wrote since the last call: the chunks' writes, and checkpoints (what
-        is left over, when the core's checkpoint count rose). Checkpoints written inside a
-        ``put_many`` (the core writes one before it reuses a slot that an older checkpoint still
-        lists) are recorded before the chunks; when one call wrote several, the left-over bytes
-        are split evenly between them (``ckpt_bytes_split``)."""
+    def _account(self, expect: int) -> None:
+        """Bytes the core wrote since the last call: ``expect`` of them the chunks' writes, the
+        rest metadata (checkpoints; ``unattributed`` when no checkpoint was counted: the log
+        format appends records between checkpoints too)."""
         st = self.core._native.status()
         total = st["io"]["write_completed_bytes"] - self.written0
         delta = total - self.written
@@ -694,76 +702,40 @@ class Replayer:
         self.ckpts_seen = st["checkpoints_written"]
         self.ops.checkpoints += k
         rest = delta - expect
-        ckpt_writes = []
-        if k and rest >= 2 * self.block * k:
+        if k:
             self.ops.checkpoint_bytes += rest
-            blocks = (rest - k * self.block) // self.block
-            seq = st["metadata_seq"]
-            for i in range(k):
-                n = (blocks // k + (1 if i < blocks % k else 0)) * self.block
-                base = ((seq - k + i) % 2) * self.container_bytes
-                ckpt_writes += [(base + self.block, n, self.ckpt_pid), (base, self.block, self.ckpt_pid)]
-            if k > 1:
-                self.split += k
-            extra = rest - k * self.block - blocks * self.block
-            self.unattributed += extra
-        elif rest:
+        else:
             self.unattributed += rest
-        if self.rec is not None:
-            # A deallocation the call made came before its chunk writes (the core never
-            # deallocates a slot that holds a key); one in a checkpoint, after that checkpoint.
-            if checkpoint_first:
-                self._record_deallocs()
-            for off, n, pid in (ckpt_writes + writes if checkpoint_first else writes + ckpt_writes):
-                self.rec.write_bytes(off, n, pid)
-            if not checkpoint_first:
-                self._record_deallocs()
 
 
 def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: str, repeat: int,
             spec: Optional[WorkloadSpec], slot_bytes: int, record_file=None, dealloc: str = "auto",
             eviction: str = "lru") -> dict:
-    from lmcache_rawblock.raw_block import RawBlockCore
     from . import counters
 
     ids, ckpt_pid = fdp_ids(target, mode, a.handles)
     extent_bytes = _extent_size(a.extent_bytes)
-    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc, extent_bytes)
+    meta_bytes = 0 if str(a.meta_bytes).strip() == "0" else _size(a.meta_bytes, "--meta-bytes")
+    cfg, engine = core_config(target, a.engine, slot_bytes, mode, ckpt_pid, dealloc, extent_bytes, a.meta_format,
+                              meta_bytes)
     warm, warm_desc = _amount(a.warmup, "--warmup", target.size)
     meas, meas_desc = _amount(a.measure, "--measure", target.size)
     reinit(target)
-    core = RawBlockCore(cfg, key_namespace="object")
-    try:
-        passthrough = target.kind == "nvme_char"
-        align = core.block_align if (passthrough or cfg.use_odirect) else 1
-        rec = stream.Recorder(record_file) if record_file is not None else None
-        r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
-                     checkpoint_every=a.checkpoint_every, load=a.load, recorder=rec, ckpt_pid=ckpt_pid,
-                     chunk_align=align, evict_batch=a.evict_batch, eviction=eviction)
-        if spec is not None:
-            events = _generated(spec, repeat)
-            seed = spec.seed + repeat
-        else:
-            events = _trace_events(a.trace)
-            seed = None
-        ended_early = not r.feed(events, stop_bytes=warm) if warm else False
-        warm_ops = r.ops
-        r.ops = Ops()
-        r.call_ns, r.chunk_ns = [], []
-        w0 = r.written
-        before = _read(counters, target.path)
-        t0 = time.perf_counter()
-        if not ended_early:
-            ended_early = not r.feed(events, stop_bytes=w0 + meas)
-        wall = time.perf_counter() - t0
-        after = _read(counters, target.path)
-        win = counters.window(before[0], after[0])
-        if before[1] or after[1]:
-            win["note"] = (win.get("note") or "") + (" " if win.get("note") else "") + (before[1] or after[1])
-        r._record_deallocs()
-        status = core.report_status()
-    finally:
-        core.close()
+    jpath = f"{record_file.name}.journal" if record_file is not None else None
+    r, status, res_run = _run_core(a, cfg, target, mode, strategy, ids, admission, spec, repeat, eviction,
+                                   ckpt_pid, warm, meas, counters, jpath)
+    recorded = None
+    if jpath:
+        from . import journal
+
+        try:
+            recorded = journal.to_stream(jpath, target.path, record_file,
+                                         meta_end=status["data_base_offset"]).to_dict()
+            recorded["data_base_offset"] = status["data_base_offset"]
+        finally:
+            os.unlink(jpath)
+    ended_early, seed, warm_ops, wall, win = res_run
+    core_write_bytes = status["io"]["write_completed_bytes"]
     ops = r.ops.to_dict()
     res = {
         "device": target.path, "device_kind": target.kind, "span_bytes": target.size, "engine": engine,
@@ -789,10 +761,65 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
                  + tuple(k for k in DEALLOC_KEYS if k in status)
                  + tuple(k for k in status if k.startswith(("extent_", "extents_")))},
         "unattributed_write_bytes": r.unattributed,
-        "record_checkpoints_split": r.split if record_file is not None else None,
-        "record_deallocate_ranges": r.deallocs if record_file is not None else None,
+        "meta_format": a.meta_format, "extent_reserve": r.extent_reserve if eviction.startswith("extent") else None,
+        "core_write_bytes": core_write_bytes,
+        "recorded": recorded,
+        "record_deallocate_ranges": recorded["deallocs"] if recorded else None,
     }
     return res
+
+
+def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: tuple, admission: str,
+              spec: Optional[WorkloadSpec], repeat: int, eviction: str, ckpt_pid: Optional[int], warm: int,
+              meas: int, counters, jpath: Optional[str]) -> tuple:
+    """One run's core: opened fresh on the span, fed the warm-up and the measured window; with
+    ``jpath``, the core's write journal from before it opens until the end of the window (its
+    closing writes left out, so the journal's bytes are the core's ``write_completed_bytes``)."""
+    from lmcache_rawblock import _native
+    from lmcache_rawblock.raw_block import RawBlockCore
+
+    if jpath:
+        _native._set_write_journal(jpath)
+    try:
+        core = RawBlockCore(cfg, key_namespace="object")
+    except BaseException:
+        if jpath:
+            _native._set_write_journal(None)
+        raise
+    try:
+        passthrough = target.kind == "nvme_char"
+        align = core.block_align if (passthrough or cfg.use_odirect) else 1
+        r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
+                     checkpoint_every=a.checkpoint_every, load=a.load, ckpt_pid=ckpt_pid, chunk_align=align,
+                     evict_batch=a.evict_batch, eviction=eviction, extent_reserve=a.extent_reserve)
+        if spec is not None:
+            events = _generated(spec, repeat)
+            seed = spec.seed + repeat
+        else:
+            events = _trace_events(a.trace)
+            seed = None
+        ended_early = not r.feed(events, stop_bytes=warm) if warm else False
+        warm_ops = r.ops
+        r.ops = Ops()
+        r.call_ns, r.chunk_ns = [], []
+        w0 = r.written
+        before = _read(counters, target.path)
+        t0 = time.perf_counter()
+        if not ended_early:
+            ended_early = not r.feed(events, stop_bytes=w0 + meas)
+        wall = time.perf_counter() - t0
+        after = _read(counters, target.path)
+        win = counters.window(before[0], after[0])
+        if before[1] or after[1]:
+            win["note"] = (win.get("note") or "") + (" " if win.get("note") else "") + (before[1] or after[1])
+        status = core.report_status()
+        native = core._native.status()
+        status["io"], status["data_base_offset"] = native["io"], native["data_base_offset"]
+    finally:
+        if jpath:
+            _native._set_write_journal(None)
+        core.close()
+    return r, status, (ended_early, seed, warm_ops, wall, win)
 
 
 def _ms(ns: Optional[float]) -> Optional[float]:
@@ -1013,6 +1040,11 @@ def _configs(a) -> list[tuple[str, Optional[str], str, str, str]]:
     evictions = _split(a.eviction, EVICTIONS, "--eviction")
     if any(ev.startswith("extent") for ev in evictions) and not _extent_size(a.extent_bytes):
         raise ReplayError("--eviction extent needs --extent-bytes (the extents it evicts)")
+    if a.record and any(m != stream.NO_FDP for m in modes):
+        raise ReplayError(f"--record with --mode {a.mode}: the write journal carries no placement identifiers; "
+                          "record with --mode no_fdp")
+    if a.extent_reserve < 0:
+        raise ReplayError(f"--extent-reserve {a.extent_reserve}: must be >= 0 (0: 5% of the extents, at least 2)")
     out = []
     for ev in evictions:
         for dl in deallocs:

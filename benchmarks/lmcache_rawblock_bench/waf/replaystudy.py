@@ -1,0 +1,204 @@
+"""The wear study's goal cells driven by the product's own allocator: ``waf replay`` runs the
+real core (log format, strided extents one reclaim unit each, extent eviction with its clean
+reserve, deallocation) with its write journal on, and the recorded stream goes to the flash
+model (:func:`.cli.simulate_stream`) on a drive whose logical space the core's span fills.
+
+The scale (a real 1 GiB- or 16 GiB-RU drive's replay would write terabytes): a reclaim unit
+holds as many slots as the real one (1 GiB / (8 MiB + 4 KiB) = 127.94: 127 slots and a tail of
+0.94 slot; 16 GiB: 2047 slots and a tail of one 4 KiB block), the drive has as many reclaim
+units as the simulated study's (256 of 1 GiB, 128 of 16 GiB) and the same spare; only the bytes
+shrink: a slot is 64 KiB (4 KiB header + 60 KiB chunk, 16 pages of 4 KiB) at 1 GiB RUs and
+8 KiB (2 pages) at 16 GiB. WAF depends on the layout in slots and RUs and on the spare
+fraction, not on the byte size, except through the metadata's share of the writes, which the
+small slots raise (a log record per put is ~1/1000 of a 64 KiB slot and ~1/100000 of an 8 MiB
+one): each cell reports that share, and the WAF of the same stream without its metadata
+writes as the bound for a real drive. The workload's prefixes and conversations in flight scale
+with the logical slots, as in the simulated study (:func:`.study.workload_for`).
+
+    python -m lmcache_rawblock_bench.waf.replaystudy --out benchmarks/results/waf/replay-product \\
+        --ru 1G --util 1.0 --concurrency 8 --op 0.07 --seeds 1,2 --dir /dev/shm/wafreplay
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Optional
+
+from .ftl import Geometry
+
+PAGE = 4096
+# RU size -> (slot bytes, RU pages, simulated RUs): the real slots-per-RU ratio at a small slot
+SCALES = {
+    "1G": (64 << 10, 2047, 256),  # 127 slots of 16 pages + 15 pages of tail (0.94 slot, as 7.5 MiB of 8 MiB)
+    "16G": (8 << 10, 4095, 128),  # 2047 slots of 2 pages + 1 page of tail (4 KiB, as on the real RU)
+    # a diagnostic: 128 slots fill a 1 GiB-like RU exactly (no tail: an extent's data is one RU)
+    "1G-notail": (64 << 10, 2048, 256),
+}
+# The metadata region: the smallest that holds the log format's base at this slot count (a real
+# device's 128 MiB default is 0.05 % of a 256 GiB drive and 0.006 % of a 2 TiB one; the part of
+# it never written is spare to the drive, so a region sized for the real device would flatter)
+META_BYTES = {"1G": 2 << 20, "16G": 16 << 20, "1G-notail": 2 << 20}
+REF_SLOTS = 30385  # logical slots of the simulated study's headline drive (study.REF_SLOTS at 7 % spare)
+BASE_FAMILIES, BASE_CONCURRENCY = 2000, 32
+
+
+def geometry(ru: str, op: float, util: float = 1.0) -> tuple[Geometry, int, int]:
+    """(drive, span bytes the core gets, slot bytes) for ``ru`` at spare ``op``: the span is
+    ``util`` of the drive's logical space."""
+    slot, ru_pages, n_rus = SCALES[ru]
+    g = Geometry(ru_pages=ru_pages, n_rus=n_rus, op=op, max_handles=1, page_bytes=PAGE)
+    span = int(g.logical_pages * util) * PAGE
+    return g, span, slot
+
+
+def replay_argv(dev: str, span: int, slot: int, ru_bytes: int, *, concurrency: int, seed: int, eviction: str,
+                record: Optional[str], warmup: float, measure: float, reserve: int = 0,
+                meta_bytes: int = 0) -> list[str]:
+    k = span / slot / REF_SLOTS
+    argv = ["--device", dev, "--size", str(span), "--destroy-data", "--workload", "lmcache_defaults",
+            "--chunk-bytes", str(2 * (slot - 4096)), "--families", str(max(1, round(BASE_FAMILIES * k))),
+            "--concurrency", str(max(1, round(BASE_CONCURRENCY * k * concurrency))), "--seed", str(seed),
+            "--meta-format", "log", "--extent-bytes", str(ru_bytes), "--eviction", eviction, "--load",
+            "--dealloc", "on", "--warmup", str(warmup), "--measure", str(measure), "--json"]
+    argv += ["--extent-reserve", str(reserve)] if reserve else []
+    argv += ["--meta-bytes", str(meta_bytes)] if meta_bytes else []
+    return argv + (["--record", record] if record else [])
+
+
+def _replay(argv: list[str]) -> dict:
+    from lmcache_rawblock.__main__ import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = cli_main(["waf", "replay", *argv])
+    if rc != 0:
+        raise RuntimeError(f"waf replay {' '.join(argv)}: exit {rc}: {err.getvalue()[-2000:]}")
+    return json.loads(out.getvalue())[0]
+
+
+def data_only(record: str, meta_end: int, out: str) -> None:
+    """The stream without its metadata writes (those below ``meta_end``)."""
+    with open(record) as f, open(out, "w") as g:
+        for line in f:
+            r = json.loads(line)
+            if r["op"] != "write" or r["offset"] >= meta_end:
+                g.write(line)
+
+
+def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str, *, warmup: float = 1.5,
+         measure: float = 1.5, lru: bool = True, reserve: int = 0) -> dict:
+    """One cell: the extent-eviction run recorded and simulated, and key-level LRU's hit ratio
+    at the same capacity (the same core and extents, keys evicted one by one)."""
+    from .cli import simulate_stream
+
+    g, span, slot = geometry(ru, op, util)
+    ru_bytes = g.ru_pages * PAGE
+    os.makedirs(work, exist_ok=True)
+    dev, rec = os.path.join(work, f"dev-{ru}.img"), os.path.join(work, f"stream-{ru}.jsonl")
+    t0 = time.time()
+    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure, meta_bytes=META_BYTES[ru])
+    ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve, **common))
+    t1 = time.time()
+    sim = simulate_stream(rec, g, warmup=warmup)
+    meta_end = int(ext["recorded"]["data_base_offset"])
+    nometa = rec + ".data"
+    data_only(rec, meta_end, nometa)
+    sim_data = simulate_stream(nometa, g, warmup=warmup * (1 - (ext["recorded"]["meta_share"] or 0)))
+    os.unlink(nometa)
+    t2 = time.time()
+    hit_lru = None
+    if lru:
+        hit_lru = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, **common))["ops"]
+    os.unlink(rec)
+    os.unlink(dev)
+    return {
+        "ru": ru, "util": util, "concurrency": concurrency, "op": op, "seed": seed, "geometry": g.to_dict(),
+        "span_bytes": span, "slot_bytes": slot, "extent_bytes": ru_bytes, "slots": ext["max_slots"],
+        "extent_reserve": ext["extent_reserve"], "workload": ext["workload"],
+        "waf": sim["window_waf"], "waf_from_start": sim["waf"], "waf_without_metadata": sim_data["window_waf"],
+        "window": sim["window"], "recorded": ext["recorded"], "core": ext["core"],
+        "hit_ratio_extent": ext["ops"]["hit_ratio"], "hit_ratio_lru": hit_lru["hit_ratio"] if hit_lru else None,
+        "ops_extent": ext["ops"], "ops_lru": hit_lru,
+        "replay_argv": replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve,
+                                   **common),
+        "seconds": {"replay": round(t1 - t0, 1), "simulate": round(t2 - t1, 1), "lru": round(time.time() - t2, 1)},
+    }
+
+
+def markdown(cells: list[dict], argv: list[str]) -> str:
+    L = ["# WAF driven by the product's allocator (recorded write journal on the flash model)", "",
+         f"Command: `{' '.join(argv)}`", "",
+         "Each row: `waf replay` of LMCache's default store pattern (full chunks only) through the real core, "
+         "`meta_format: log`, `extent_bytes` = the RU (strided slots of 4 KiB + chunk), `eviction extent` "
+         "(the closed extent filled longest ago, hot keys put again, `extent_reserve` 5 % of the extents "
+         "kept clean ahead), `deallocate_freed: on`, loads of every hit; the core's write journal (every data and "
+         "metadata write and every deallocation) replayed on the flash model with greedy GC; WAF over 1.5 drive "
+         "writes after 1.5 of warm-up. LRU hit ratio: the same core and capacity with key-level LRU eviction.", "",
+         "| RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata | metadata share "
+         "| reserve | hit ratio extent / LRU | LRU - extent |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        he, hl = c["hit_ratio_extent"], c["hit_ratio_lru"]
+        diff = f"{hl - he:+.3f}" if hl is not None else "-"
+        ext = c["core"].get("extents_total")
+        L.append(f"| {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | {c['concurrency']}x | {c['seed']} | "
+                 f"{c['slots']} / {ext} | {c['waf']:.3f} | {c['waf_without_metadata']:.3f} | "
+                 f"{100 * (c['recorded']['meta_share'] or 0):.2f}% | {c['extent_reserve']} | {he:.3f} / "
+                 f"{'-' if hl is None else format(hl, '.3f')} | {diff} |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lmcache_rawblock_bench.waf.replaystudy",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--ru", default="1G", help="comma-separated: 1G, 16G (default 1G)")
+    p.add_argument("--util", default="1.0", help="comma-separated utilisations (default 1.0)")
+    p.add_argument("--concurrency", default="8", help="comma-separated multiples of the study's (default 8)")
+    p.add_argument("--op", default="0.07", help="comma-separated drive spare fractions (default 0.07)")
+    p.add_argument("--seeds", default="1,2", help="comma-separated workload seeds (default 1,2)")
+    p.add_argument("--warmup", type=float, default=1.5)
+    p.add_argument("--measure", type=float, default=1.5)
+    p.add_argument("--no-lru", action="store_true", help="skip the key-level LRU run (hit ratio)")
+    p.add_argument("--extent-reserve", type=int, default=0,
+                   help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
+    p.add_argument("--dir", default="/dev/shm/wafreplay", help="where the device file and stream go")
+    p.add_argument("--out", help="directory: results.json (appended to) and summary.md")
+    a = p.parse_args(argv)
+    for r in a.ru.split(","):
+        if r not in SCALES:
+            p.error(f"--ru {r!r}: choose from {', '.join(SCALES)}")
+    res_path = os.path.join(a.out, "results.json") if a.out else None
+    cells = []
+    if res_path and os.path.exists(res_path):
+        with open(res_path) as f:
+            cells = json.load(f)["cells"]
+    cmd = ["python -m lmcache_rawblock_bench.waf.replaystudy"] + list(argv if argv is not None else sys.argv[1:])
+    for ru in a.ru.split(","):
+        for util in (float(x) for x in a.util.split(",")):
+            for conc in (int(x) for x in a.concurrency.split(",")):
+                for op in (float(x) for x in a.op.split(",")):
+                    for seed in (int(x) for x in a.seeds.split(",")):
+                        c = cell(ru, util, conc, op, seed, a.dir, warmup=a.warmup, measure=a.measure,
+                                 lru=not a.no_lru, reserve=a.extent_reserve)
+                        c["command"] = " ".join(cmd)
+                        cells.append(c)
+                        print(f"{ru} util {util} {conc}x op {op} seed {seed}: WAF {c['waf']:.3f} (without metadata "
+                              f"{c['waf_without_metadata']:.3f}), hit ratio extent {c['hit_ratio_extent']:.3f} "
+                              f"LRU {c['hit_ratio_lru']}, {c['seconds']}", file=sys.stderr, flush=True)
+                        if a.out:
+                            os.makedirs(a.out, exist_ok=True)
+                            with open(res_path, "w") as f:
+                                json.dump({"cells": cells}, f, indent=1)
+                            with open(os.path.join(a.out, "summary.md"), "w") as f:
+                                f.write(markdown(cells, cmd))
+    print(markdown(cells, cmd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
