@@ -14,18 +14,19 @@ def test_peek_ranks_the_closed_extents_without_using_them_and_take_takes_one(tmp
     core = make_core(make_device(tmp_path), meta_format=fmt, extent_bytes=EXT)
     try:
         keys = put(core, list(range(4 * PER)))  # extents 0, 1, 2 closed, 3 open
-        assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # extent 0 used last
+        assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # a hit: hot, not younger
         order = [core.extent_peek(r)[0] for r in range(3)]
-        assert order == [1, 2, 0]
+        assert order == [0, 1, 2], "extents rank by fill order; a load does not keep one"
         assert core.extent_peek(3) is None, "the open extent is no candidate"
-        assert [core.extent_peek(r)[0] for r in range(3)] == order, "a peek does not count as a use"
+        assert [core.extent_peek(r)[0] for r in range(3)] == order, "a peek does not count as a fill"
         assert extents(core)["extents_evicted"] == 0
-        ext, victims, hot = core.extent_take(2)
-        assert ext == 2 and sorted(victims) == sorted(k.encoded for k in keys[2 * PER:3 * PER])
+        ext, victims, hot = core.extent_take(1)
+        assert ext == 1 and sorted(victims) == sorted(k.encoded for k in keys[PER:2 * PER])
         assert hot == [False] * PER
         assert extents(core)["extents_evicted"] == 1
-        assert [core.extent_peek(r)[0] for r in range(3)] == [1, 0, 2], "a taken extent counts as just used"
-        assert core.extent_victim()[0] == 1, "the victim is still the least recently used"
+        assert [core.extent_peek(r)[0] for r in range(3)] == [0, 2, 1], "a taken extent counts as just filled"
+        ext, _, hot = core.extent_victim()
+        assert ext == 0 and hot[0] is True, "the victim is still the oldest; its loaded key is marked hot"
         assert core.extent_take(3) is None and core.extent_take(1 << 20) is None
         with pytest.raises(ValueError, match=r"extent_take takes an integer in \[0, .*got -1"):
             core.extent_take(-1)
