@@ -25,6 +25,7 @@ static const char *const admissions[] = {"always", "second_hit", NULL};
 static const char *const meta_formats[] = {"v1", "log", NULL};
 static const char *const dealloc_modes[] = {"auto", "on", "off", NULL};
 static const char *const schedulers[] = {"loads_first", "fifo", NULL}; /* enum rb_sched_mode */
+static const char *const victim_orders[] = {"fill", "use", NULL}; /* enum rb_victim_order */
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)
@@ -295,6 +296,18 @@ const rb_setting rb_core_settings[] = {
              "block_align (meta_format='v1': of slot_bytes; else the tail past the last whole slot is unused); "
              "0 = off (each slot allocated on its own); auto = the FDP reclaim unit the drive reports (v1: rounded "
              "down to whole slots), 1 GiB on a drive without FDP, off on a regular file"},
+    {.name = "extent_victim_order",
+     .type = RB_SET_CHOICE,
+     CFG(extent_victim_order),
+     .min = 0,
+     .max = 1,
+     .deflt = "fill",
+     .choices = victim_orders,
+     .flags = OURS,
+     .help = "with extent_bytes: which closed extent eviction takes: fill = the one filled longest ago (a load "
+             "marks its key hot for reinsertion but does not keep the extent: the drive's reclaim units empty "
+             "whole), use = the one whose keys were put or loaded least recently (more hits with few, coarse "
+             "extents; units left partly live cost the drive copies)"},
     {.name = "size_classes",
      .type = RB_SET_UINT,
      CFG(size_classes),

@@ -52,6 +52,7 @@ typedef struct rb_core_cfg {
     uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
     uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h); RB_EXTENT_AUTO */
     uint32_t size_classes; /* 1 = off; else extents of that many slot sizes (rb_core_extent.c) */
+    int extent_victim_order; /* enum rb_victim_order: which closed extent eviction takes */
 } rb_core_cfg;
 
 /* extent_bytes "auto": resolved at open from the drive (rb_core_autoext.c). */
@@ -75,6 +76,9 @@ static inline uint32_t rb_sc_of(uint64_t size, uint64_t slot_bytes, uint64_t hea
         c--;
     return c;
 }
+
+/* Which closed extent extent eviction takes (rb_ext_use, rb_ext_victim). */
+enum rb_victim_order { RB_VICTIM_FILL = 0, RB_VICTIM_USE = 1 };
 
 /* When freed slots are deallocated (rb_core_dealloc.c). */
 enum rb_dealloc_mode {

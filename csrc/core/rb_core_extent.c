@@ -26,6 +26,7 @@ int rb_core_extent_init(rb_core *c, rb_err *err)
         cnt[c->n_sc - 1] = c->ext_per;
         if (rb_ext_init_classes(&c->slots, c->ext_per, 0, 0, c->n_sc, cnt) < 0)
             return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+        c->slots.ext.by_use = c->cfg.extent_victim_order == RB_VICTIM_USE;
         return 0;
     }
     /* Extent 0 starts on the first extent_bytes boundary of the device at or past the data
@@ -43,6 +44,7 @@ int rb_core_extent_init(rb_core *c, rb_err *err)
     int rc = rb_ext_init(&c->slots, (uint32_t)per, (uint32_t)first, 0);
     if (rc < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    c->slots.ext.by_use = c->cfg.extent_victim_order == RB_VICTIM_USE;
     return 0;
 }
 

@@ -65,7 +65,8 @@ typedef struct rb_extents {
     uint8_t *hot;
     uint32_t rev_epoch;
     int rev_ok;
-    int hold; /* extents whose slots are all free wait for their deallocation */
+    int hold;   /* extents whose slots are all free wait for their deallocation */
+    int by_use; /* a load hit also makes its extent the newest (extent_victim_order use) */
     uint64_t clock;
     uint32_t n_clean, n_open, n_pending;
     uint64_t opened, fallbacks, evicted, deallocated, dealloc_skipped;
@@ -177,7 +178,7 @@ static inline void rb_ext_use(rb_slots *s, uint32_t slot, uint32_t pos, int hit)
     uint32_t e = s->ext.per ? rb_ext_of(s, slot) : RB_SLOT_NONE;
     if (e == RB_SLOT_NONE)
         return;
-    if (!hit)
+    if (!hit || s->ext.by_use)
         s->ext.tick[e] = ++s->ext.clock;
     s->ext.rev[slot] = pos;
     s->ext.hot[slot] = (uint8_t)hit;

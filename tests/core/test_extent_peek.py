@@ -34,6 +34,22 @@ def test_peek_ranks_the_closed_extents_without_using_them_and_take_takes_one(tmp
         core.close()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_victim_order_use_lets_a_load_keep_its_extent(tmp_path, fmt):
+    """extent_victim_order use: a load hit makes its extent the newest, as a put does (fill:
+    it only marks the key hot; the test above)."""
+    core = make_core(make_device(tmp_path), meta_format=fmt, extent_bytes=EXT, extent_victim_order="use")
+    try:
+        keys = put(core, list(range(4 * PER)))  # extents 0, 1, 2 closed, 3 open
+        assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # extent 0 used last
+        assert [core.extent_peek(r)[0] for r in range(3)] == [1, 2, 0]
+        assert core.extent_victim()[0] == 1
+    finally:
+        core.close()
+    with pytest.raises(ValueError, match=r"extent_victim_order must be one of fill, use.*'lru'"):
+        make_core(make_device(tmp_path, name="b.img"), extent_bytes=EXT, extent_victim_order="lru")
+
+
 def test_peek_and_take_need_extents(tmp_path):
     core = make_core(make_device(tmp_path), meta_format="log")
     try:

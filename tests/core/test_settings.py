@@ -38,6 +38,7 @@ GOOD = {
     "meta_format": "log", "deallocate_freed": "auto", "io_scheduler": "loads_first",
     "read_max_bytes_in_flight": 8 * MiB, "write_max_bytes_in_flight": 2 * MiB, "write_piece_bytes": 256 * 1024,
     "extent_bytes": 0,
+    "extent_victim_order": "use",
     "size_classes": 1,
 }
 
