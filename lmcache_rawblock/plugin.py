@@ -418,8 +418,13 @@ class RustRawBlockBackend(StoragePluginInterface):
         self._close_lock = threading.Lock()
         self._closed = False
         # Lookups report only the chunks worth loading (lmcache_rawblock.load_cost), when set.
-        self._pricer = load_cost.PrefixPricer.from_settings(self._core, extra, _KEY_PREFIX,
-                                                            int(getattr(config, "chunk_size", 256)))
+        try:
+            self._pricer = load_cost.PrefixPricer.from_settings(self._core, extra, _KEY_PREFIX,
+                                                                int(getattr(config, "chunk_size", 256)))
+        except BaseException:  # a bad load_cost_* setting: nothing of this backend stays open
+            self._unexport()
+            self._core.close()
+            raise
 
     def __str__(self) -> str:
         return "RustRawBlockBackend"

@@ -111,6 +111,20 @@ def test_a_bad_rate_names_the_setting_and_the_value(backend, bad):
         backend(**{RATE: bad})
 
 
+def test_a_bad_setting_leaves_nothing_open(backend):
+    """A constructor refused for a bad load_cost setting closes its core (the device lock goes
+    with it) and stops its metrics export: the next backend opens the same device."""
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(ValueError, match=RATE):
+        backend(**{RATE: "fast"})
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before, "a thread of the refused backend runs"
+    be = backend()
+    put(be, [make_key(1)])
+    assert be.batched_contains([make_key(1)]) == 1
+
+
 def test_a_prior_without_a_rate_is_refused(backend):
     with pytest.raises(ValueError, match=r"load_cost_prior_read_bytes_per_second.*needs.*" + RATE):
         backend(**{PRIOR: MiB})
