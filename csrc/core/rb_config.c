@@ -25,7 +25,7 @@ static const char *const admissions[] = {"always", "second_hit", NULL};
 static const char *const meta_formats[] = {"v1", "log", NULL};
 static const char *const dealloc_modes[] = {"auto", "on", "off", NULL};
 static const char *const schedulers[] = {"loads_first", "fifo", NULL}; /* enum rb_sched_mode */
-static const char *const victim_orders[] = {"fill", "use", NULL}; /* enum rb_victim_order */
+static const char *const victim_orders[] = {"fill", "use", NULL};      /* enum rb_victim_order */
 
 #define L (RB_SET_LMCACHE | RB_SET_CONFIG | RB_SET_PLUGIN)
 #define LR (L | RB_SET_REQUIRED)

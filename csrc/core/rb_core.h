@@ -50,8 +50,8 @@ typedef struct rb_core_cfg {
     int deallocate_freed;           /* enum rb_dealloc_mode: give freed slots back to the device */
     int io_scheduler;               /* enum rb_sched_mode (rb_uring.h) */
     uint64_t read_max_bytes_in_flight, write_max_bytes_in_flight, write_piece_bytes; /* 0 = default */
-    uint64_t extent_bytes; /* 0 = off: slots allocated one by one (rb_slots.h); RB_EXTENT_AUTO */
-    uint32_t size_classes; /* 1 = off; else extents of that many slot sizes (rb_core_extent.c) */
+    uint64_t extent_bytes;   /* 0 = off: slots allocated one by one (rb_slots.h); RB_EXTENT_AUTO */
+    uint32_t size_classes;   /* 1 = off; else extents of that many slot sizes (rb_core_extent.c) */
     int extent_victim_order; /* enum rb_victim_order: which closed extent eviction takes */
 } rb_core_cfg;
 

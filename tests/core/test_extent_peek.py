@@ -46,7 +46,7 @@ def test_victim_order_use_lets_a_load_keep_its_extent(tmp_path, fmt):
         assert core.extent_victim()[0] == 1
     finally:
         core.close()
-    with pytest.raises(ValueError, match=r"extent_victim_order must be one of fill, use.*'lru'"):
+    with pytest.raises(ValueError, match=r"extent_victim_order must be one of: fill, use; got 'lru'"):
         make_core(make_device(tmp_path, name="b.img"), extent_bytes=EXT, extent_victim_order="lru")
 
 
