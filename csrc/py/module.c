@@ -379,44 +379,58 @@ static PyObject *rbpy_inject_lock_errno(PyObject *mod, PyObject *arg)
 
 static PyMethodDef rbpy_functions[] = {
     {"_set_memobj_type", rbpy_set_memobj_type, METH_O,
-     "_set_memobj_type(cls | None) -> None: read payloads of exactly this MemoryObj class through "
+     "_set_memobj_type($module, cls, /)\n--\n\n"
+     "cls (a class or None) -> None: read payloads of exactly this MemoryObj class through "
      "raw_data.data_ptr() and get_size() (what its byte_array exposes) instead of byte_array."},
     {"encode_legacy_keys", rbpy_encode_legacy_keys, METH_O,
-     "encode_legacy_keys(keys) -> list[str]: `k if isinstance(k, str) else k.to_string()` for every key, "
+     "encode_legacy_keys($module, keys, /)\n--\n\n"
+     "-> list[str]: `k if isinstance(k, str) else k.to_string()` for every key, "
      "LMCache's CacheEngineKey / LayerCacheEngineKey encoded in C (anything else through to_string())."},
     {"delete_legacy_keys", (PyCFunction)(void (*)(void))rbpy_delete_legacy_keys, METH_FASTCALL | METH_KEYWORDS,
-     "delete_legacy_keys(core, keys, force=False) -> int: core.delete_many(encode_legacy_keys(keys), force)"
+     "delete_legacy_keys($module, core, keys, force=False)\n--\n\n"
+     "-> int: core.delete_many(encode_legacy_keys(keys), force)"
      ".count(True), without creating the encoded str objects."},
     {"_forget_key_plans", rbpy_forget_key_plans, METH_NOARGS,
-     "_forget_key_plans() -> None: drop the cached key-encoding plans, so the next call checks "
+     "_forget_key_plans($module, /)\n--\n\n"
+     "-> None: drop the cached key-encoding plans, so the next call checks "
      "each key shape against to_string() again (for tests)."},
     {"nvme_fdp_report", rbpy_nvme_fdp_report, METH_O,
-     "nvme_fdp_report(path) -> dict: an NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, "
+     "nvme_fdp_report($module, path, /)\n--\n\n"
+     "-> dict: an NVMe namespace (ngXnY or nvmeXnY) and its FDP state: nsid, lba_size, "
      "size_bytes, endgid, fdp_enabled, config (nrg, nruh, maxpids, runs, ...) or None, ruhs (pid, ruhid, "
      "earutr, ruamw per reclaim unit handle), stats (hbmw, mbmw, mbe bytes) or None."},
     {"nvme_wear_counters", rbpy_nvme_wear_counters, METH_O,
-     "nvme_wear_counters(path) -> dict: wear counters of an NVMe namespace: nsid, endgid, fdp_enabled, smart "
+     "nvme_wear_counters($module, path, /)\n--\n\n"
+     "-> dict: wear counters of an NVMe namespace: nsid, endgid, fdp_enabled, smart "
      "(data_units_written/read in 512,000-byte units, host_write/read_commands), fdp_stats (hbmw, mbmw, mbe) "
      "or None, fdp_events (host, controller, by_type) or None."},
     {"settings", rbpy_settings, METH_NOARGS,
-     "settings() -> tuple[dict, ...]: every setting of the core (name, type, min, max, default, choices, "
+     "settings($module, /)\n--\n\n"
+     "-> tuple[dict, ...]: every setting of the core (name, type, min, max, default, choices, "
      "flags, help), in RawBlockCoreConfig's order; the keywords of Core()."},
     {"container_bytes", (PyCFunction)(void (*)(void))rbpy_container_bytes, METH_FASTCALL,
-     "container_bytes(meta_total_bytes, block_align) -> int: bytes of one of the two checkpoint copies "
+     "container_bytes($module, meta_total_bytes, block_align, /)\n--\n\n"
+     "-> int: bytes of one of the two checkpoint copies "
      "(container 1 starts there)."},
     {"probe_foreign", rbpy_probe_foreign, METH_O,
-     "probe_foreign(path) -> str | None: a description of the file system or partition table that "
+     "probe_foreign($module, path, /)\n--\n\n"
+     "-> str | None: a description of the file system or partition table that "
      "libblkid finds on path, or None."},
     {"_set_write_log", rbpy_set_write_log, METH_O,
-     "test hook: _set_write_log(path | None) records every device write and flush to path"},
+     "_set_write_log($module, path, /)\n--\n\n"
+     "test hook: path (or None) records every device write and flush to path"},
     {"_set_write_journal", rbpy_set_write_journal, METH_O,
-     "_set_write_journal(path | None) records every device write's offset and length, deallocation and flush to "
+     "_set_write_journal($module, path, /)\n--\n\n"
+     "path (or None) records every device write's offset and length, deallocation and flush to "
      "path"},
     {"_inject_lock_errno", rbpy_inject_lock_errno, METH_O,
-     "test hook: _inject_lock_errno(errnum) makes the next flock(2) of a device fail with errnum (0 clears)"},
-    {"xxh3_64", rbpy_xxh3_64, METH_O, "xxh3_64(data) -> int: XXH3 64-bit hash (seed 0) of a buffer."},
+     "_inject_lock_errno($module, errnum, /)\n--\n\n"
+     "test hook: makes the next flock(2) of a device fail with errnum (0 clears)"},
+    {"xxh3_64", rbpy_xxh3_64, METH_O,
+     "xxh3_64($module, data, /)\n--\n\n-> int: XXH3 64-bit hash (seed 0) of a buffer."},
     {"read_metadata_log", (PyCFunction)(void (*)(void))rbpy_read_metadata_log, METH_FASTCALL | METH_KEYWORDS,
-     "read_metadata_log(path, block_align, meta_total_bytes=0, threads=2) -> dict: the log-format metadata "
+     "read_metadata_log($module, path, block_align, meta_total_bytes=0, threads=2)\n--\n\n"
+     "-> dict: the log-format metadata "
      "region of a device read back (superblocks, base, log, the entries they replay to); found=False when "
      "no superblock of ours is there. Only reads."},
     {NULL, NULL, 0, NULL},
