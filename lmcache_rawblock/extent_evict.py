@@ -291,10 +291,12 @@ class ExtentEviction:
                                     len(again))
                     return
             res = self._core.put_many([s for s, _ in again], [o for _, o in again])
-        with self._pin_lock:
-            self.keys_reinserted += sum(1 for ok in res.results if ok)
-            if self._on_put_again is not None and res.stored_keys:
-                self._on_put_again(list(res.stored_keys))
+            # still under reinsert_lock: a remove of a key put again waits until its owner is
+            # told, or the owner would record a key the remove already took from the core
+            with self._pin_lock:
+                self.keys_reinserted += sum(1 for ok in res.results if ok)
+                if self._on_put_again is not None and res.stored_keys:
+                    self._on_put_again(list(res.stored_keys))
 
 
 class _Payload:
