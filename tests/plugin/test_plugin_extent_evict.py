@@ -311,3 +311,19 @@ def test_keys_told_as_put_again_are_in_the_core_when_a_remove_races_the_put(open
     threads[0].join()
     assert told and all(all(there.values()) for there in told), told
     assert removed == [True] and not be.contains(make_key(0)), "the remove removed the key put again"
+
+
+def test_puts_of_the_largest_class_wake_the_evictor_before_the_spare_extents_run_out(open_backend):
+    # With size classes an extent holds fewer slots of the larger classes than of the smallest
+    # (the chunks here are all of class 0: 4 an extent, against 6 of class 1): the puts' budget
+    # before the evictor looks again must count the slots they take, or they run the clean
+    # extents out and evict for themselves.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=2,
+                      meta_format="log", size_classes=2)
+    n = be._core.extent_counts()["extents_total"]
+    for i in range(n * PER + 3 * PER):
+        assert not put_keys(be, [i])
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert st["evicted_extents"] > 0
+    assert st["put_evicted_entries"] == 0, "a put ran out of clean extents and evicted for itself"
