@@ -87,6 +87,16 @@ def parse_reserve(value: Any, label: str) -> int:
     return number
 
 
+def _largest_class_slots(core: Any, counts: dict[str, int]) -> int:
+    """Slots an extent holds of the largest size class, whose slots are ``slot_bytes``:
+    ``extent_slots`` counts the smallest class's (the same without size classes). The puts'
+    budget (``puts_stored``) counts these, so puts of large objects do not run the clean
+    extents out before it ends."""
+    per = counts["extent_slots"]
+    eb = counts.get("extent_bytes", 0)
+    return max(1, min(per, eb // int(core.slot_bytes))) if eb else per
+
+
 class ExtentEviction:
     """Whole-extent eviction over one core with extents on (see the module docstring)."""
 
@@ -124,7 +134,7 @@ class ExtentEviction:
         self._cap = max(self.reserve, min(self._total - 1, math.floor(MAX_RESERVE_FRACTION * self._total)))
         self._demand = 0.0  # extents the puts opened during one evicting pass (see _note_demand)
         self._demand_at = time.monotonic()
-        self._per = counts["extent_slots"]
+        self._per = _largest_class_slots(core, counts)
         self._quiet = 0  # keys the puts may store before the evictor looks again (puts_stored)
         self._quiet_lock = threading.Lock()  # a leaf
 
@@ -291,10 +301,12 @@ class ExtentEviction:
                                     len(again))
                     return
             res = self._core.put_many([s for s, _ in again], [o for _, o in again])
-        with self._pin_lock:
-            self.keys_reinserted += sum(1 for ok in res.results if ok)
-            if self._on_put_again is not None and res.stored_keys:
-                self._on_put_again(list(res.stored_keys))
+            # still under reinsert_lock: a remove of a key put again waits until its owner is
+            # told, or the owner would record a key the remove already took from the core
+            with self._pin_lock:
+                self.keys_reinserted += sum(1 for ok in res.results if ok)
+                if self._on_put_again is not None and res.stored_keys:
+                    self._on_put_again(list(res.stored_keys))
 
 
 class _Payload:

@@ -417,6 +417,16 @@ class RawBlockCore:
         return {**self._status_layout(st, worker_error), **self._status_engine(st, fixed_registered, fixed_bytes),
                 **self._status_metadata(st), **self._status_device(st)}
 
+    def _capacity_bytes(self, st: dict) -> int:
+        """The bytes of slot_bytes objects the data area holds. With size classes max_slots
+        counts the smallest class's slots (ids), while an extent of the largest holds
+        extent_bytes // slot_bytes: LMCache charges each key slot_bytes against this, so a
+        device full of full-size objects must read as full."""
+        sb = self._cfg.slot_bytes
+        if st.get("size_classes", 1) > 1:
+            return st["extents_total"] * (st["extent_bytes"] // sb) * sb
+        return st["max_slots"] * sb
+
     def _status_layout(self, st: dict, worker_error: str | None) -> dict:
         """report_status's health, identity, geometry and index counts (LMCache's keys)."""
         cfg = self._cfg
@@ -434,7 +444,7 @@ class RawBlockCore:
             "slot_bytes": cfg.slot_bytes,
             "meta_total_bytes": st["data_base_offset"],  # the log format may size it itself
             "meta_format": st["meta_format"],
-            "usable_capacity_bytes": st["max_slots"] * cfg.slot_bytes,
+            "usable_capacity_bytes": self._capacity_bytes(st),
             # the strided layout (0 otherwise): each extent's tail past its last whole slot is unused
             "extent_stride": st["extent_stride"],
             "extent_unused_bytes": st["extent_tail_bytes"] * st["extents_total"],

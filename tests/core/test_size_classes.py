@@ -206,3 +206,20 @@ def test_an_entry_contradicting_its_extents_class_is_dropped_and_counted(tmp_pat
         assert st["size_class_extents"] == [1, 0]
     finally:
         core.close()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_device_full_of_full_size_objects_reports_its_whole_capacity_used(tmp_path, n):
+    # LMCache's MP accounting charges each stored key slot_bytes against usable_capacity_bytes
+    # and evicts at a watermark of it: the capacity must be what full-size objects fill, or a
+    # full device reads as half (or less) used and LMCache never evicts.
+    path = make_device(tmp_path, size=META + 16 * EXT)
+    core = sc_core(path, n) if n > 1 else make_core(path, meta_format="log", extent_bytes=EXT)
+    try:
+        i = 0
+        while core.put_many([okey(i)], [Obj(payload(i, PAY))]).results == [True]:
+            i += 1
+        assert i == 16 * PER
+        assert core.report_status()["usable_capacity_bytes"] == i * SLOT
+    finally:
+        core.close()

@@ -255,3 +255,75 @@ def test_puts_into_a_reserve_with_room_to_spare_do_not_wake_the_evictor(open_bac
     assert not put_keys(be, list(range(spare // 2, n * PER + 3 * PER)))  # past the reserve: it evicts
     assert be._evictor.wait_idle(IDLE_WAIT_S)
     assert be._evictor.passes > passes and be.report_status()["evicted_extents"] > 0
+
+
+class _RemoveFirst:
+    """The evictor's pin lock, which runs ``before()`` (once armed) in the evictor thread before
+    taking it: a remove then comes between the reinserting put and what follows it."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock, self.before = lock, None
+
+    def __enter__(self):
+        if self.before is not None and threading.current_thread().name == "rawblock-evictor":
+            before, self.before = self.before, None
+            before()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_keys_told_as_put_again_are_in_the_core_when_a_remove_races_the_put(open_backend):
+    # The owner's record (on_put_again) must change in the same section as the core: a remove
+    # of a hot key right after the evictor's put of it again waits until the owner is told, so
+    # the owner is never told of a key the core no longer holds.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=3,
+                      extent_reinsert=True, meta_format="log")
+    n = be._core.extent_counts()["extents_total"]
+    assert not put_keys(be, list(range(PER)))
+    assert_loads(be, [0])  # hot
+    core, put, told, removed, threads = be._core, be._core.put_many, [], [], []
+    hot = be._encode(make_key(0))
+    lock = be._extents._pin_lock = _RemoveFirst(be._extents._pin_lock)
+
+    def remove_now() -> None:
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (removed.append(be.remove(make_key(0))), done.set()))
+        threads.append(t)
+        t.start()
+        done.wait(2.0)  # a remove that waits for the evictor's section lets it go on first
+
+    def put_armed(*a, **k):
+        res = put(*a, **k)
+        if threading.current_thread().name == "rawblock-evictor" and hot in res.stored_keys and not threads:
+            lock.before = remove_now
+        return res
+
+    core.put_many = put_armed
+    be._extents._on_put_again = lambda keys: told.append({key: core.contains_key(key) for key in keys})
+    for start in range(PER, (n + 2) * PER, PER):
+        assert not put_keys(be, list(range(start, start + PER)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+        if threads:
+            break
+    assert threads, "the hot key was put again"
+    threads[0].join()
+    assert told and all(all(there.values()) for there in told), told
+    assert removed == [True] and not be.contains(make_key(0)), "the remove removed the key put again"
+
+
+def test_puts_of_the_largest_class_wake_the_evictor_before_the_spare_extents_run_out(open_backend):
+    # With size classes an extent holds fewer slots of the larger classes than of the smallest
+    # (the chunks here are all of class 0: 4 an extent, against 6 of class 1): the puts' budget
+    # before the evictor looks again must count the slots they take, or they run the clean
+    # extents out and evict for themselves.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=2,
+                      meta_format="log", size_classes=2)
+    n = be._core.extent_counts()["extents_total"]
+    for i in range(n * PER + 3 * PER):
+        assert not put_keys(be, [i])
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert st["evicted_extents"] > 0
+    assert st["put_evicted_entries"] == 0, "a put ran out of clean extents and evicted for itself"
