@@ -25,7 +25,7 @@ def test_replay_every_mode_on_the_emulated_fdp_namespace(nvme_char, tmp_path, ca
     rc = cli_main(["waf", "replay", "--device", nvme_char, "--size", "64M", "--chunk-bytes", "256K",
                    "--families", "40", "--warmup", "4M", "--measure", "8M", "--checkpoint-every", "200",
                    "--mode", "no_fdp,mixed,separated", "--strategy", ",".join(fdp.STRATEGIES), "--destroy-data",
-                   "--record", str(rec), "--out", str(out), "--no-plots"])
+                   "--out", str(out), "--no-plots"])
     text = capsys.readouterr()
     assert rc == 0, text.err
     runs = json.loads((out / "results.json").read_text())["runs"]
@@ -54,7 +54,15 @@ def test_replay_every_mode_on_the_emulated_fdp_namespace(nvme_char, tmp_path, ca
     moved = {p for p in before if before[p] != after[p]}
     sep = [r for r in runs if r["mode"] == "separated"]
     assert len(moved & set(sep[0]["placement_ids"])) >= 2, (before, after)
-    # The recorded stream (first run) replays on the simulator.
+    # The core's write journal carries no placement identifiers: recording takes no_fdp only.
+    replay = ["waf", "replay", "--device", nvme_char, "--size", "64M", "--chunk-bytes", "256K", "--families", "40",
+              "--warmup", "2M", "--measure", "4M", "--destroy-data", "--record", str(rec), "--no-plots"]
+    assert cli_main(replay + ["--mode", "mixed", "--out", str(tmp_path / "refused")]) == 2
+    assert "--record with --mode mixed" in capsys.readouterr().err
+    rc = cli_main(replay + ["--mode", "no_fdp", "--out", str(tmp_path / "recorded")])
+    assert rc == 0, capsys.readouterr().err
+    capsys.readouterr()
+    # The recorded stream (the core's own writes over passthrough) replays on the simulator.
     assert rec.stat().st_size > 0
     rc = cli_main(["waf", "simulate", "--stream", str(rec), "--page-bytes", str(MiB), "--ru-pages", "4",
                    "--rus", "256", "--json"])
