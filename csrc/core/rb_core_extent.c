@@ -124,21 +124,16 @@ static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *l
     return (int64_t)k;
 }
 
-/* Whether extent e is closed and holds a key (a victim candidate). */
-static int ext_candidate(const rb_extents *x, uint32_t e)
-{
-    return x->st[e] == RB_EXT_CLOSED && x->nfree[e] < x->per;
-}
-
-/* The rank-th candidate in (last use, extent) order, 0 = the one rb_ext_victim takes; UINT32_MAX
- * when there are fewer. O(extents x (rank + 1)). */
+/* The rank-th candidate in (tick, extent) order (tick: the last fill, or with
+ * extent_victim_order use the last use), 0 = the one rb_ext_victim takes; UINT32_MAX when there
+ * are fewer. O(extents x (rank + 1)). */
 static uint32_t ext_ranked(const rb_extents *x, uint32_t rank)
 {
     uint32_t best = RB_SLOT_NONE, prev = RB_SLOT_NONE;
     for (uint32_t r = 0; r <= rank; r++, prev = best) {
         best = RB_SLOT_NONE;
         for (uint32_t e = 0; e < x->n; e++) {
-            if (!ext_candidate(x, e))
+            if (!rb_ext_candidate(x, e))
                 continue;
             if (prev != RB_SLOT_NONE && (x->tick[e] < x->tick[prev] || (x->tick[e] == x->tick[prev] && e <= prev)))
                 continue;
@@ -151,20 +146,15 @@ static uint32_t ext_ranked(const rb_extents *x, uint32_t rank)
     return best;
 }
 
-/* The extent a mode names, under mu: 0 victim (least recently used, taken), 1 peek (the
- * which-th least recently used, not taken), 2 take (extent which, when a candidate). */
+/* The extent a mode names, under mu: 0 victim (the oldest, taken), 1 peek (the which-th
+ * oldest, not taken), 2 take (extent which, when a candidate: rb_ext_take). */
 static uint32_t ext_choose_locked(rb_core *c, int mode, uint32_t which)
 {
-    rb_extents *x = &c->slots.ext;
     if (mode == 0)
         return rb_ext_victim(&c->slots);
     if (mode == 1)
-        return ext_ranked(x, which);
-    if (which >= x->n || !ext_candidate(x, which))
-        return RB_SLOT_NONE;
-    x->tick[which] = ++x->clock;
-    x->evicted++;
-    return which;
+        return ext_ranked(&c->slots.ext, which);
+    return rb_ext_take(&c->slots, which);
 }
 
 static int64_t extent_look(rb_core *c, int mode, uint32_t which, char ***keys_out, size_t **lens_out, uint8_t **hot_out,

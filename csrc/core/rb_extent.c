@@ -412,17 +412,22 @@ uint32_t rb_ext_skip_pending(rb_slots *s)
     return n;
 }
 
+uint32_t rb_ext_take(rb_slots *s, uint32_t e)
+{
+    rb_extents *x = &s->ext;
+    if (e >= x->n || !rb_ext_candidate(x, e))
+        return RB_SLOT_NONE;
+    x->tick[e] = ++x->clock;
+    x->evicted++;
+    return e;
+}
+
 uint32_t rb_ext_victim(rb_slots *s)
 {
     rb_extents *x = &s->ext;
     uint32_t best = RB_SLOT_NONE;
     for (uint32_t e = 0; e < x->n; e++)
-        if (x->st[e] == RB_EXT_CLOSED && x->nfree[e] < rb_ext_cap(x, e) &&
-            (best == RB_SLOT_NONE || x->tick[e] < x->tick[best]))
+        if (rb_ext_candidate(x, e) && (best == RB_SLOT_NONE || x->tick[e] < x->tick[best]))
             best = e;
-    if (best != RB_SLOT_NONE) {
-        x->tick[best] = ++x->clock;
-        x->evicted++;
-    }
-    return best;
+    return best == RB_SLOT_NONE ? best : rb_ext_take(s, best);
 }

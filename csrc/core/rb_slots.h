@@ -147,6 +147,15 @@ static inline uint32_t rb_ext_cap(const rb_extents *x, uint32_t e)
 {
     return x->cls[e] == RB_EXT_NOCLS ? x->per : x->cnt[x->cls[e]];
 }
+/* Whether extent e is closed and holds a key: what extent eviction may take. */
+static inline int rb_ext_candidate(const rb_extents *x, uint32_t e)
+{
+    return x->st[e] == RB_EXT_CLOSED && x->nfree[e] < rb_ext_cap(x, e);
+}
+/* Extent e taken as a victim when it is a candidate (rb_ext_candidate): it counts as just
+ * filled, so a victim whose keys cannot all go is not chosen again at once. e, or RB_SLOT_NONE
+ * when it is no candidate (or out of range). */
+uint32_t rb_ext_take(rb_slots *s, uint32_t e);
 /* A slot of class cls for placement id pid (rb_slots_alloc with classes). */
 uint32_t rb_slots_alloc_sc(rb_slots *s, uint16_t pid, uint32_t cls);
 void rb_ext_free(rb_slots *s);
