@@ -232,6 +232,7 @@ size_t rb_slots_mem_bytes(const rb_slots *s)
     size_t ext = 0;
     if (s->ext.per)
         ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 2 + sizeof(uint32_t)) +
-              (size_t)s->cap * sizeof(uint32_t) + (size_t)s->ext.nstreams * s->ext.ncls * 2 * sizeof(uint32_t);
+              (size_t)s->cap * sizeof(uint32_t) +
+              (size_t)s->ext.nstreams * 2 * sizeof(uint32_t); /* nstreams counts the classes */
     return (size_t)s->cap * per + (s->affinity ? 2 * NPIDS * sizeof(uint32_t) : 0) + ext;
 }
