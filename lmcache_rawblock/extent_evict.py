@@ -58,9 +58,9 @@ from typing import Any
 
 from .raw_block import RawBlockKeySpec
 from .raw_block.key_codec import slot_identity_from_encoded_key
-from .settings import parse_int
+from .settings import parse_bool, parse_int
 
-__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reserve"]
+__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reinsert", "parse_reserve"]
 
 # The default reserve: this fraction of the extents, at least MIN_RESERVE.
 DEFAULT_RESERVE_FRACTION = 0.05
@@ -85,6 +85,11 @@ def parse_reserve(value: Any, label: str) -> int:
     if number < 1:
         raise ValueError(f"{label} must be an integer >= 1 (clean extents kept ahead), got {value!r}")
     return number
+
+
+def parse_reinsert(value: Any, label: str) -> bool:
+    """``extent_reinsert``: a boolean; None or "" = True, the default."""
+    return True if value is None or value == "" else parse_bool(value, label)
 
 
 def _largest_class_slots(core: Any, counts: dict[str, int]) -> int:

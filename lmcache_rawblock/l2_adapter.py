@@ -59,7 +59,7 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, load_cost, metrics
-from .extent_evict import ExtentEviction, parse_reserve
+from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve
 from .prefix_evict import PrefixOrder
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
@@ -224,8 +224,7 @@ def _extent_params(d: dict) -> tuple[str, int, bool]:
         raise ValueError(f"eviction_policy must be one of {', '.join(_ADAPTER_EVICTION_POLICIES)} (LMCache's own "
                          f"L2 eviction is configured on LMCache's side), got {raw!r}")
     reserve = parse_reserve(d.pop("extent_reserve", None), "extent_reserve")
-    reinsert = d.pop("extent_reinsert", None)
-    reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, "extent_reinsert")
+    reinsert = parse_reinsert(d.pop("extent_reinsert", None), "extent_reinsert")
     if policy != "extent" and reserve:
         raise ValueError(f"extent_reserve={reserve} needs eviction_policy 'extent', got {policy!r}")
     return policy, reserve, reinsert

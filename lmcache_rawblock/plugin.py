@@ -70,7 +70,7 @@ from . import fdp, load_cost, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
-from .extent_evict import ExtentEviction, parse_reserve
+from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve
 from .prefix_evict import PrefixOrder, ReachableExtents
 from .raw_block import (
     MultiDeviceConfig,
@@ -447,8 +447,7 @@ class RustRawBlockBackend(StoragePluginInterface):
         rank's one device; None under the other policies."""
         try:
             reserve = parse_reserve(_get(extra, "extent_reserve"), _label("extent_reserve"))
-            reinsert = _get(extra, "extent_reinsert")
-            reinsert = True if reinsert is None or reinsert == "" else parse_bool(reinsert, _label("extent_reinsert"))
+            reinsert = parse_reinsert(_get(extra, "extent_reinsert"), _label("extent_reinsert"))
             if self.eviction_policy not in ("extent", "extent_prefix"):
                 return None
             if not isinstance(self._core, RawBlockCore):
