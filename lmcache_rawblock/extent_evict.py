@@ -49,6 +49,7 @@ write them).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -60,7 +61,7 @@ from .raw_block import RawBlockKeySpec
 from .raw_block.key_codec import slot_identity_from_encoded_key
 from .settings import parse_bool, parse_int
 
-__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reinsert", "parse_reserve"]
+__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reinsert", "parse_reserve", "remove_guard"]
 
 # The default reserve: this fraction of the extents, at least MIN_RESERVE.
 DEFAULT_RESERVE_FRACTION = 0.05
@@ -90,6 +91,12 @@ def parse_reserve(value: Any, label: str) -> int:
 def parse_reinsert(value: Any, label: str) -> bool:
     """``extent_reinsert``: a boolean; None or "" = True, the default."""
     return True if value is None or value == "" else parse_bool(value, label)
+
+
+def remove_guard(extents: ExtentEviction | None) -> Any:
+    """What an owner's remove holds before its pin lock: the evictor's ``reinsert_lock`` (so its
+    reinserting put cannot bring back a key removed after its check), nothing without one."""
+    return extents.reinsert_lock if extents is not None else contextlib.nullcontext()
 
 
 def _largest_class_slots(core: Any, counts: dict[str, int]) -> int:

@@ -42,7 +42,6 @@ docs/compatibility.md ("MP adapter (RawBlockL2Adapter)").
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import itertools
@@ -59,7 +58,7 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, load_cost, metrics
-from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve
+from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve, remove_guard
 from .prefix_evict import PrefixOrder
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
@@ -657,8 +656,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         background thread."""
         try:
             encoded = [encode_object_key(k).encoded for k in keys]
-            guard = self._extents.reinsert_lock if self._extents is not None else contextlib.nullcontext()
-            with guard, self._evict_lock:  # the reinserting put's lock first, as the plugin's removes
+            with remove_guard(self._extents), self._evict_lock:  # as the plugin's removes
                 if self._extents is not None:
                     self._extents.removed()  # no hot key of an extent eviction under way comes back
                 deleted = self._core.delete_many(encoded, force=False)

@@ -53,7 +53,6 @@ victims, exactly as a put that evicts does; ``close`` stops it before closing th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import difflib
 import errno
@@ -70,7 +69,7 @@ from . import fdp, load_cost, metrics
 from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
-from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve
+from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve, remove_guard
 from .prefix_evict import PrefixOrder, ReachableExtents
 from .raw_block import (
     MultiDeviceConfig,
@@ -886,14 +885,9 @@ class RustRawBlockBackend(StoragePluginInterface):
                 return True
             return self._core.contains_key(enc)
 
-    def _reinsert_guard(self) -> Any:
-        """Under extent eviction, the lock its reinserting put holds: a remove takes it before
-        ``_pin_lock``, so the put cannot bring back a key removed after its check."""
-        return self._extents.reinsert_lock if self._extents is not None else contextlib.nullcontext()
-
     def remove(self, key: Any, force: bool = True) -> bool:
         enc = self._encode(key)
-        with self._reinsert_guard(), self._pin_lock:
+        with remove_guard(self._extents), self._pin_lock:
             if self._extents is not None:
                 self._extents.removed()  # no hot key of an eviction under way comes back
             removed = self._core.delete_many([enc], force=force)[0]
@@ -916,7 +910,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             keys = list(keys)
         if not keys:
             return 0
-        with self._reinsert_guard(), self._pin_lock:
+        with remove_guard(self._extents), self._pin_lock:
             if self._extents is not None:
                 self._extents.removed()  # no hot key of an eviction under way comes back
             if not self._pinned_keys and not self._ordered:
