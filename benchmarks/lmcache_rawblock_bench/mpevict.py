@@ -205,7 +205,8 @@ def run_arm(s: MPEvictSettings, arm: str, path: str) -> dict:
             "victims_not_oldest": st.get("extent_victims_not_oldest", 0)}
 
 
-def run_mpevict(s: MPEvictSettings, bar: Any) -> dict:
+def run_mpevict(s: MPEvictSettings, bar: Any, arms: list[str] | None = None) -> dict:
+    """The arms (default: every one of ARMS) played in turn."""
     out: dict[str, Any] = {"settings": s.describe(), "rows": [], "errors": {}, "skipped": s.skip}
     if s.skip:
         return out
@@ -216,7 +217,7 @@ def run_mpevict(s: MPEvictSettings, bar: Any) -> dict:
         return out
     workdir = tempfile.mkdtemp(prefix="rb-mpevict-")  # sparse files under the temporary directory
     try:
-        for arm in ARMS:
+        for arm in arms or ARMS:
             bar.set_description_str(f"mpevict {arm}")
             try:
                 out["rows"].append(run_arm(s, arm, os.path.join(workdir, f"mpevict-{arm}.img")))
@@ -233,3 +234,34 @@ def run_mpevict(s: MPEvictSettings, bar: Any) -> dict:
         out["prefix_hit_ratio_delta"] = {arm: rows["extent_prefix"]["hit_ratio"] - r["hit_ratio"]
                                          for arm, r in rows.items() if arm != "extent_prefix"}
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lmcache_rawblock_bench.mpevict [--suite S] [--capacity C ...] [--arms A ...]
+    [--out F]``: the part at other capacities of the working set (the bench runs it at the
+    suite's), chosen arms only, printed and written as JSON."""
+    from . import report
+
+    ap = argparse.ArgumentParser(prog="lmcache_rawblock_bench.mpevict")
+    ap.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    ap.add_argument("--capacity", type=float, nargs="+", help="of the working set (default: the suite's)")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="default: every arm")
+    ap.add_argument("--out", help="write the results here as JSON, one entry per capacity")
+    a = ap.parse_args(argv)
+    if any(not 0 < c <= 4 for c in a.capacity or ()):
+        ap.error(f"--capacity takes fractions in (0, 4], got {a.capacity}")
+    from .common import _NullBar
+
+    out: dict[str, Any] = {}
+    for cap in a.capacity or [SUITES[a.suite].capacity]:
+        s = MPEvictSettings(**{**SUITES[a.suite].describe(), "capacity": cap})
+        out[f"{cap:g}"] = got = run_mpevict(s, _NullBar(), a.arms)
+        report.print_mpevict({"mpevict": got}, print)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
