@@ -676,13 +676,19 @@ class RawBlockL2Adapter(L2AdapterInterface):
                         gone.append(entry)
             if gone:
                 self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
-            if self._drop:
-                self._drop_unreachable([e for e, ok in zip(encoded, deleted) if ok])
-            elif self._chains is not None:  # extent_prefix: the chains forget what left
-                with self._lock:
-                    self._chains.remove_many([e for e, ok in zip(encoded, deleted) if ok])
+            if self._chains is not None:
+                self._chains_deleted([e for e, ok in zip(encoded, deleted) if ok])
         finally:
             self._reclaimer.signal()
+
+    def _chains_deleted(self, deleted: list[str]) -> None:
+        """The chains after a delete: with ``drop_unreachable`` what follows the deleted keys
+        goes too; otherwise (``extent_prefix`` alone) they only forget the keys."""
+        if self._drop:
+            self._drop_unreachable(deleted)
+            return
+        with self._lock:
+            self._chains.remove_many(deleted)  # type: ignore[union-attr]
 
     def _drop_unreachable(self, deleted: list[str]) -> None:
         """``drop_unreachable``: after ``deleted`` left, delete the held chunks that follow
