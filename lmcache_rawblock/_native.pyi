@@ -216,10 +216,10 @@ class Core:
         recently, without the keys a load or pin holds; hot[i]: key i was loaded since it was
         put. None when no closed extent holds a key. The extent then counts as just used.
         RuntimeError when extents are off."""
-    def extent_peek(self, rank: int, /) -> tuple[int, list[str], list[bool]] | None:
-        """As extent_victim for the rank-th closed extent holding a key, least recently used
-        first (0: the one extent_victim takes), without counting it as used; None when there
-        are fewer."""
+    def extent_peek(self, count: int, /) -> list[tuple[int, list[str], list[bool]]]:
+        """As extent_victim for up to count (1 to 64) closed extents holding a key, in victim
+        order (the first is the one extent_victim takes), without counting them as used; fewer
+        when there are fewer. One pass over the extents."""
     def extent_take(self, extent: int, /) -> tuple[int, list[str], list[bool]] | None:
         """As extent_victim for the given extent (counted as just used and as a victim); None
         when it is not a closed extent holding a key."""

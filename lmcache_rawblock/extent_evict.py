@@ -208,13 +208,7 @@ class ExtentEviction:
         ``chooser.candidates`` filled longest ago (looked at without counting as used)."""
         if self.chooser is None:
             return self._core.extent_victim()
-        candidates = []
-        for rank in range(self.chooser.candidates):
-            got = self._core.extent_peek(rank)
-            if got is None:
-                break
-            if got[0] not in seen:
-                candidates.append(got)
+        candidates = [got for got in self._core.extent_peek(self.chooser.candidates) if got[0] not in seen]
         if not candidates:
             return self._core.extent_victim()  # every candidate looked at once: the evict loop ends
         pick = candidates[self.chooser.choose([c[1] for c in candidates])]

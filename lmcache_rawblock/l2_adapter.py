@@ -59,7 +59,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, load_cost, metrics
 from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve, remove_guard
-from .prefix_evict import PrefixOrder
+from .prefix_evict import EXTENT_POLICIES, PrefixOrder, extent_eviction
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
 from .raw_block import encode_object_key, multi
@@ -194,10 +194,12 @@ class RawBlockL2AdapterConfig(_lmc.RawBlockL2AdapterConfig):
         drop = ("- drop_unreachable (bool, default false): when LMCache's eviction deletes a chunk, also "
                 "delete the stored chunks that follow it in a prompt (learned from lookups): no lookup can "
                 "reach them\n")
-        extent = ("- eviction_policy (none or extent, default none): extent (needs extent_bytes, one device) "
-                  "evicts whole extents ahead of the stores, the one filled longest ago first, and tells LMCache's "
-                  "listeners of the keys it deleted; set LMCache's L2 eviction to noop (or its watermark above "
-                  "1 - extent_reserve / extents) so it does not delete keys one by one first\n"
+        extent = ("- eviction_policy (none, extent or extent_prefix, default none): extent (needs extent_bytes, one "
+                  "device) evicts whole extents ahead of the stores, the one filled longest ago first, and tells "
+                  "LMCache's listeners of the keys it deleted; set LMCache's L2 eviction to noop (or its watermark "
+                  "above 1 - extent_reserve / extents) so it does not delete keys one by one first; extent_prefix: "
+                  "as extent, but of the four extents filled longest ago the one whose eviction loses the fewest "
+                  "chunks a lookup reaches (chains learned from lookups) goes\n"
                   "- extent_reserve (int, default 5% of the extents, at least 2): clean extents kept ahead\n"
                   "- extent_reinsert (bool, default true): hot keys of a victim extent are put back\n")
         return (_lmc.RawBlockL2AdapterConfig.help() + "\nlmcache_rawblock (the C core) adds:\n" + ours
@@ -211,7 +213,7 @@ RawBlockL2AdapterConfig.drop_unreachable = False
 RawBlockL2AdapterConfig.eviction_policy = "none"
 RawBlockL2AdapterConfig.extent_reserve = 0
 RawBlockL2AdapterConfig.extent_reinsert = True
-_ADAPTER_EVICTION_POLICIES = ("none", "extent")
+_ADAPTER_EVICTION_POLICIES = ("none", *EXTENT_POLICIES)
 
 
 def _extent_params(d: dict) -> tuple[str, int, bool]:
@@ -224,8 +226,8 @@ def _extent_params(d: dict) -> tuple[str, int, bool]:
                          f"L2 eviction is configured on LMCache's side), got {raw!r}")
     reserve = parse_reserve(d.pop("extent_reserve", None), "extent_reserve")
     reinsert = parse_reinsert(d.pop("extent_reinsert", None), "extent_reinsert")
-    if policy != "extent" and reserve:
-        raise ValueError(f"extent_reserve={reserve} needs eviction_policy 'extent', got {policy!r}")
+    if policy not in EXTENT_POLICIES and reserve:
+        raise ValueError(f"extent_reserve={reserve} needs eviction_policy 'extent' or 'extent_prefix', got {policy!r}")
     return policy, reserve, reinsert
 
 
@@ -286,8 +288,13 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._done: dict[str, dict[int, Any]] = {"store": {}, "lookup": {}, "load": {}}
         self._inflight = {"store": 0, "lookup": 0, "load": 0}
         self._resident: dict[str, _Resident] = {}
-        # drop_unreachable: the chains learned from lookups (guarded by _lock)
-        self._chains: PrefixOrder | None = PrefixOrder() if getattr(config, "drop_unreachable", False) else None
+        # drop_unreachable and eviction_policy extent_prefix: the chains learned from lookups
+        # (guarded by _lock); under extent_prefix the extent evictor's chooser updates them when
+        # it deletes and puts back (prefix_evict.extent_eviction)
+        self._drop = bool(getattr(config, "drop_unreachable", False))
+        self._policy = getattr(config, "eviction_policy", "none")
+        self._chains: PrefixOrder | None = PrefixOrder() if self._drop or self._policy == "extent_prefix" else None
+        self._chains_by_evictor = self._policy == "extent_prefix"
         self._dropped_unreachable = 0
         self._drops_seen = -1
         self._check_drops = False
@@ -331,17 +338,18 @@ class RawBlockL2Adapter(L2AdapterInterface):
         return _OurCore(core_config, key_namespace="object")
 
     def _start_extents(self, config: Any) -> ExtentEviction | None:
-        """``eviction_policy: extent``: the evictor of whole extents over this adapter's one
-        device, which tells the adapter (and through it LMCache's listeners) what it deleted
-        and put back; None under ``none``."""
-        if getattr(config, "eviction_policy", "none") != "extent":
+        """``eviction_policy: extent`` or ``extent_prefix``: the evictor of whole extents over
+        this adapter's one device, which tells the adapter (and through it LMCache's listeners)
+        what it deleted and put back; None under ``none``. Under ``extent_prefix`` the chains
+        learned from lookups weigh the victim (the plugin's builder, the same choice)."""
+        if self._policy not in EXTENT_POLICIES:
             return None
         if isinstance(self._core, multi.MultiDeviceCore):
-            raise ValueError(f"eviction_policy='extent' takes one device, got device_paths "
+            raise ValueError(f"eviction_policy={self._policy!r} takes one device, got device_paths "
                              f"{list(self._core.device_paths)}")
-        return ExtentEviction(self._core, self._evict_lock, set, int(config.extent_reserve), logger,
-                              bool(config.extent_reinsert), "extent_reserve",
-                              on_deleted=self._extent_deleted, on_put_again=self._extent_put_again)
+        return extent_eviction(self._policy, self._core, self._evict_lock, set, int(config.extent_reserve), logger,
+                               bool(config.extent_reinsert), "extent_reserve", self._chains, self._lock,
+                               on_deleted=self._extent_deleted, on_put_again=self._extent_put_again)
 
     def _extent_deleted(self, encoded: list[str]) -> None:
         """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
@@ -351,7 +359,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 entry = self._resident.pop(enc, None)
                 if entry is not None:
                     self._untold.append(("deleted", enc, entry))
-                if self._chains is not None:
+                if self._chains is not None and not self._chains_by_evictor:
                     self._chains.remove(enc)
 
     def _extent_put_again(self, encoded: list[str]) -> None:
@@ -362,7 +370,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             for enc in new:
                 if enc in self._resident:
                     self._untold.append(("stored", enc, self._resident[enc]))
-                    if self._chains is not None:
+                    if self._chains is not None and not self._chains_by_evictor:
                         self._chains.add(enc)
 
     def _tell_extents(self) -> None:
@@ -557,8 +565,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
         with self._lock:
             for encoded, key in stored:
                 self._resident[encoded] = _Resident(key, size, next(self._generations))
-                if self._chains is not None:
-                    self._chains.add(encoded)
+            if self._chains is not None and stored:
+                self._chains.add_many([e for e, _ in stored])
         if stored:  # listeners first: when the task shows complete, the accounting has it
             self._tell("stored", [k for _, k in stored], [size] * len(stored))
         self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
@@ -669,9 +677,18 @@ class RawBlockL2Adapter(L2AdapterInterface):
             if gone:
                 self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
             if self._chains is not None:
-                self._drop_unreachable([e for e, ok in zip(encoded, deleted) if ok])
+                self._chains_deleted([e for e, ok in zip(encoded, deleted) if ok])
         finally:
             self._reclaimer.signal()
+
+    def _chains_deleted(self, deleted: list[str]) -> None:
+        """The chains after a delete: with ``drop_unreachable`` what follows the deleted keys
+        goes too; otherwise (``extent_prefix`` alone) they only forget the keys."""
+        if self._drop:
+            self._drop_unreachable(deleted)
+            return
+        with self._lock:
+            self._chains.remove_many(deleted)  # type: ignore[union-attr]
 
     def _drop_unreachable(self, deleted: list[str]) -> None:
         """``drop_unreachable``: after ``deleted`` left, delete the held chunks that follow
@@ -850,11 +867,16 @@ class RawBlockL2Adapter(L2AdapterInterface):
             }
 
     def _extent_status(self) -> dict:
+        """Under ``_lock``."""
         ext = self._extents
         if ext is None:
             return {"eviction_policy": "none"}
-        return {"eviction_policy": "extent", "extent_reserve": ext.reserve, "evicted_extents": ext.extents_evicted,
-                "evicted_extent_entries": ext.keys_evicted, "reinserted_extent_entries": ext.keys_reinserted}
+        out = {"eviction_policy": self._policy, "extent_reserve": ext.reserve, "evicted_extents": ext.extents_evicted,
+               "evicted_extent_entries": ext.keys_evicted, "reinserted_extent_entries": ext.keys_reinserted}
+        if ext.chooser is not None and self._chains is not None:  # extent_prefix: victims not the oldest
+            out["extent_victims_not_oldest"] = ext.chooser.chosen_other
+            out.update(self._chains.counts())
+        return out
 
     def close(self) -> None:
         """Finish the tasks in flight, stop the background thread, close the core and the fds."""

@@ -70,7 +70,7 @@ from ._native import encode_legacy_keys
 from ._plugin_base import StoragePluginInterface
 from .admission import Admission
 from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve, remove_guard
-from .prefix_evict import PrefixOrder, ReachableExtents
+from .prefix_evict import PrefixOrder, extent_eviction
 from .raw_block import (
     MultiDeviceConfig,
     MultiDeviceCore,
@@ -452,13 +452,9 @@ class RustRawBlockBackend(StoragePluginInterface):
             if not isinstance(self._core, RawBlockCore):
                 raise ValueError(f"{_key('eviction_policy')}={self.eviction_policy!r} takes one device per rank, got "
                                  f"{len(self.device_paths)}")
-            if self._prefix is None:
-                return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger,
-                                      reinsert, _label("extent_reserve"))
-            chooser = ReachableExtents(self._prefix, self._lru_lock)  # extent_prefix: the chains weigh the victim
-            return ExtentEviction(self._core, self._pin_lock, lambda: self._pinned_keys, reserve, logger, reinsert,
-                                  _label("extent_reserve"), on_deleted=chooser.deleted,
-                                  on_put_again=chooser.stored, chooser=chooser)
+            # extent_prefix: the chains weigh the victim (the same builder as the MP adapter's)
+            return extent_eviction(self.eviction_policy, self._core, self._pin_lock, lambda: self._pinned_keys,
+                                   reserve, logger, reinsert, _label("extent_reserve"), self._prefix, self._lru_lock)
         except BaseException:
             self._unexport()
             self._core.close()

@@ -50,7 +50,7 @@ from collections.abc import Callable, Container, Iterable
 from itertools import islice
 from typing import Any
 
-__all__ = ["PrefixOrder", "HINT_CAPACITY", "ReachableExtents"]
+__all__ = ["EXTENT_POLICIES", "PrefixOrder", "HINT_CAPACITY", "ReachableExtents", "extent_eviction"]
 
 # Links learned for keys not stored yet (being written, or a lookup's first miss): kept
 # first-in-first-out up to this many, so a lookup whose store never comes costs nothing lasting.
@@ -493,3 +493,43 @@ class ReachableExtents:
     def stored(self, keys: list[str]) -> None:
         with self._lock:
             self._order.add_many(keys)
+
+
+EXTENT_POLICIES = ("extent", "extent_prefix")
+
+
+def extent_eviction(policy: str, core: Any, pin_lock: Any, pinned: Callable[[], set[str]], reserve: int,
+                    logger: Any, reinsert: bool, label: str, order: PrefixOrder | None = None, order_lock: Any = None,
+                    on_deleted: Callable[[list[str]], None] | None = None,
+                    on_put_again: Callable[[list[str]], None] | None = None) -> Any:
+    """The whole-extent evictor of ``eviction_policy`` ``extent`` or ``extent_prefix``, for the
+    plugin and the MP adapter alike (the one place the choice is built from the setting).
+    Under ``extent_prefix`` a :class:`ReachableExtents` over ``order`` (guarded by
+    ``order_lock``) chooses the victim and hears of the keys deleted and put back before the
+    owner's ``on_deleted`` / ``on_put_again`` do (so those must leave ``order`` alone)."""
+    from .extent_evict import ExtentEviction
+
+    if policy not in EXTENT_POLICIES:
+        raise ValueError(f"eviction_policy must be one of {', '.join(EXTENT_POLICIES)} for extent eviction, "
+                         f"got {policy!r}")
+    if policy == "extent":
+        return ExtentEviction(core, pin_lock, pinned, reserve, logger, reinsert, label, on_deleted=on_deleted,
+                              on_put_again=on_put_again)
+    if order is None or order_lock is None:
+        raise ValueError("eviction_policy 'extent_prefix' needs the chains (a PrefixOrder) and their lock")
+    chooser = ReachableExtents(order, order_lock)
+    return ExtentEviction(core, pin_lock, pinned, reserve, logger, reinsert, label,
+                          on_deleted=_both(chooser.deleted, on_deleted),
+                          on_put_again=_both(chooser.stored, on_put_again), chooser=chooser)
+
+
+def _both(first: Callable[[list[str]], None],
+          then: Callable[[list[str]], None] | None) -> Callable[[list[str]], None]:
+    if then is None:
+        return first
+
+    def hook(keys: list[str]) -> None:
+        first(keys)
+        then(keys)
+
+    return hook

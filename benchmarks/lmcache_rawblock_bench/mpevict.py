@@ -4,7 +4,7 @@ adapter's whole-extent eviction, on our adapter with ``extent_bytes`` on.
 Over the extent allocator, key-level eviction leaves every extent partly live and stores refill
 the holes of the emptiest one, so a drive still copies the live slots when it reclaims the
 unit; whole-extent eviction frees and deallocates extents whole. This part plays one request
-stream against our adapter twice, on fresh device files, in one process:
+stream against our adapter once per arm, on fresh device files, in one process:
 
 * ``lmcache-lru``: LMCache's own ``L2EvictionController`` with its ``LRU`` policy at its
   defaults (``trigger_watermark`` 0.8, ``eviction_ratio`` 0.2), checked after every request
@@ -14,7 +14,10 @@ stream against our adapter twice, on fresh device files, in one process:
   about the capacity the extent arm's reserve leaves (key-level LRU at the same capacity);
 * ``extent``: the same controller with LMCache's ``noop`` policy, the adapter's
   ``eviction_policy: extent`` (default reserve, reinsertion on), its background pass finished
-  after every request.
+  after every request;
+* ``extent_prefix``: as ``extent`` with the adapter's ``eviction_policy: extent_prefix`` (of the
+  four extents filled longest ago, the one losing the fewest chunks a lookup reaches goes; the
+  chains learned from the lookups, each document's chunks one chain).
 
 The stream: ``docs`` documents of ``chunks_per_doc`` chunks, each request ``docs_per_request``
 documents drawn by a Zipf law (exponent ``zipf``) from a fixed seed; per document, the chunks
@@ -24,7 +27,8 @@ chunks after it are stored (recomputed). The device holds ``capacity`` of the wo
 Reported per arm: hit ratio (chunks served by L2 over chunks asked), stores refused, whole
 extents deallocated and bytes deallocated, extents opened with no clean extent left (puts then
 fill a partly live extent's holes: what a drive copies at reclaim), keys LMCache's controller
-deleted, keys the extent evictor deleted and put back. Needs LMCache (0.5.6 or 0.5.7) and torch.
+deleted, keys the extent evictor deleted and put back, and under ``extent_prefix`` the victims
+that were not the extent filled longest ago. Needs LMCache (0.5.6 or 0.5.7) and torch.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from .mp import _result
 
 # arm: (LMCache's policy, trigger_watermark, eviction_ratio, the adapter's eviction_policy)
 ARMS = {"lmcache-lru": ("LRU", 0.8, 0.2, "none"), "lmcache-lru-0.95": ("LRU", 0.95, 0.05, "none"),
-        "extent": ("noop", 0.8, 0.2, "extent")}
+        "extent": ("noop", 0.8, 0.2, "extent"), "extent_prefix": ("noop", 0.8, 0.2, "extent_prefix")}
 META_BYTES = 4 * MiB
 
 
@@ -197,10 +201,12 @@ def run_arm(s: MPEvictSettings, arm: str, path: str) -> dict:
             "extents_deallocated": ext["extent_deallocs"], "extents_opened": ext["extents_opened"],
             "opened_without_clean": ext["extent_fallbacks"], "dealloc_bytes": core.get("dealloc_bytes", 0),
             "deleted_by_lmcache": deleted_by_lmcache, "deleted_by_extent": st.get("evicted_extent_entries", 0),
-            "reinserted": st.get("reinserted_extent_entries", 0)}
+            "reinserted": st.get("reinserted_extent_entries", 0),
+            "victims_not_oldest": st.get("extent_victims_not_oldest", 0)}
 
 
-def run_mpevict(s: MPEvictSettings, bar: Any) -> dict:
+def run_mpevict(s: MPEvictSettings, bar: Any, arms: list[str] | None = None) -> dict:
+    """The arms (default: every one of ARMS) played in turn."""
     out: dict[str, Any] = {"settings": s.describe(), "rows": [], "errors": {}, "skipped": s.skip}
     if s.skip:
         return out
@@ -211,7 +217,7 @@ def run_mpevict(s: MPEvictSettings, bar: Any) -> dict:
         return out
     workdir = tempfile.mkdtemp(prefix="rb-mpevict-")  # sparse files under the temporary directory
     try:
-        for arm in ARMS:
+        for arm in arms or ARMS:
             bar.set_description_str(f"mpevict {arm}")
             try:
                 out["rows"].append(run_arm(s, arm, os.path.join(workdir, f"mpevict-{arm}.img")))
@@ -223,5 +229,39 @@ def run_mpevict(s: MPEvictSettings, bar: Any) -> dict:
     rows = {r["arm"]: r for r in out["rows"]}
     if "extent" in rows:
         out["hit_ratio_delta"] = {arm: rows["extent"]["hit_ratio"] - r["hit_ratio"] for arm, r in rows.items()
-                                  if arm != "extent"}
+                                  if arm not in ("extent", "extent_prefix")}
+    if "extent_prefix" in rows:
+        out["prefix_hit_ratio_delta"] = {arm: rows["extent_prefix"]["hit_ratio"] - r["hit_ratio"]
+                                         for arm, r in rows.items() if arm != "extent_prefix"}
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lmcache_rawblock_bench.mpevict [--suite S] [--capacity C ...] [--arms A ...]
+    [--out F]``: the part at other capacities of the working set (the bench runs it at the
+    suite's), chosen arms only, printed and written as JSON."""
+    from . import report
+
+    ap = argparse.ArgumentParser(prog="lmcache_rawblock_bench.mpevict")
+    ap.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    ap.add_argument("--capacity", type=float, nargs="+", help="of the working set (default: the suite's)")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="default: every arm")
+    ap.add_argument("--out", help="write the results here as JSON, one entry per capacity")
+    a = ap.parse_args(argv)
+    if any(not 0 < c <= 4 for c in a.capacity or ()):
+        ap.error(f"--capacity takes fractions in (0, 4], got {a.capacity}")
+    from .common import _NullBar
+
+    out: dict[str, Any] = {}
+    for cap in a.capacity or [SUITES[a.suite].capacity]:
+        s = MPEvictSettings(**{**SUITES[a.suite].describe(), "capacity": cap})
+        out[f"{cap:g}"] = got = run_mpevict(s, _NullBar(), a.arms)
+        report.print_mpevict({"mpevict": got}, print)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

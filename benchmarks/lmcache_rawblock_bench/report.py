@@ -691,14 +691,18 @@ def print_mpevict(results: dict, p: Callable[..., None]) -> None:
       "fill a partly live extent's holes)")
     for k, v in me.get("errors", {}).items():
         p(f"  {k}: {v}")
-    rows = [[r["arm"], _r3(r["hit_ratio"]), f"{r['extents_deallocated']:,}", f"{r['opened_without_clean']:,} of "
-             f"{r['extents_opened']:,}", f"{r['deleted_by_lmcache']:,}", f"{r['deleted_by_extent']:,}",
-             f"{r['reinserted']:,}", f"{r['stores_refused']:,}", "ok" if r["bad_bytes"] == 0 else "BAD"]
+    rows = [[r["arm"], _r3(r["hit_ratio"]), f"{r['served']:,}", f"{r['extents_deallocated']:,}",
+             f"{r['opened_without_clean']:,} of {r['extents_opened']:,}", f"{r['deleted_by_lmcache']:,}",
+             f"{r['deleted_by_extent']:,}", f"{r['reinserted']:,}", f"{r.get('victims_not_oldest', 0):,}",
+             f"{r['stores_refused']:,}", "ok" if r["bad_bytes"] == 0 else "BAD"]
             for r in me.get("rows", [])]
-    p(table(["arm", "hit ratio", "extents freed whole", "opened without clean", "LMCache deleted",
-             "extent evictor deleted", "put back", "stores refused", "bytes"], rows, [False] + _right(8, 0)))
+    p(table(["arm", "hit ratio", "chunks served", "extents freed whole", "opened without clean", "LMCache deleted",
+             "extent evictor deleted", "put back", "victims not oldest", "stores refused", "bytes"], rows,
+            [False] + _right(10, 0)))
     for arm, d in (me.get("hit_ratio_delta") or {}).items():
         p(f"  hit ratio, extent - {arm}: {d:+.4f}")
+    for arm, d in (me.get("prefix_hit_ratio_delta") or {}).items():
+        p(f"  hit ratio, extent_prefix - {arm}: {d:+.4f}")
 
 
 WARMUP_NOTE = "an untimed half second"

@@ -282,12 +282,17 @@ int rb_core_dealloc_pending(rb_core *c);
  * compacted or replaced.
  */
 int64_t rb_core_extent_victim(rb_core *c, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
-/* The same for a choice made by the caller: peek hands the keys of the rank-th closed extent
- * holding a key in least-recently-used order (0 = the one extent_victim would take) without
- * counting it as used; take hands those of extent e and counts it as used and as a victim, as
- * extent_victim does (0 keys and *ext UINT32_MAX when e is not a closed extent holding a key).
- * O(extents x (rank + 1)) for peek. */
-int64_t rb_core_extent_peek(rb_core *c, uint32_t rank, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
+/* For a choice made by the caller: peek hands the keys of up to want closed extents holding a
+ * key, in victim order (the first is the one extent_victim would take), without counting them
+ * as used, from one pass over the extents under the core's mutex: exts[i] and counts[i] (caller's
+ * arrays of want) the i-th extent and its number of keys, whose keys follow those of the
+ * extents before it in *keys / *lens / *hot (malloc'd as for extent_victim; NULL when none).
+ * Returns the number of extents (fewer than want when there are fewer), -ENOMEM, or -EINVAL
+ * when extents are off. O(extents + want x slots per extent). take hands the keys of extent e
+ * and counts it as used and as a victim, as extent_victim does (0 keys and *ext UINT32_MAX when
+ * e is not a closed extent holding a key). */
+int64_t rb_core_extent_peek(rb_core *c, uint32_t want, uint32_t *exts, uint32_t *counts, char ***keys, size_t **lens,
+                            uint8_t **hot);
 int64_t rb_core_extent_take(rb_core *c, uint32_t e, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on

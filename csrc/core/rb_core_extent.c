@@ -124,36 +124,32 @@ static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *l
     return (int64_t)k;
 }
 
-/* The rank-th candidate in (tick, extent) order (tick: the last fill, or with
- * extent_victim_order use the last use), 0 = the one rb_ext_victim takes; UINT32_MAX when there
- * are fewer. O(extents x (rank + 1)). */
-static uint32_t ext_ranked(const rb_extents *x, uint32_t rank)
+/* The want first candidates in (tick, extent) order (tick: the last fill, or with
+ * extent_victim_order use the last use; the first is the one rb_ext_victim takes) into out, in
+ * that order: how many (fewer when there are fewer). One pass over the extents, each candidate
+ * placed among the want kept so far: O(extents x want) at worst, O(extents) in practice. */
+static uint32_t ext_oldest(const rb_extents *x, uint32_t want, uint32_t *out)
 {
-    uint32_t best = RB_SLOT_NONE, prev = RB_SLOT_NONE;
-    for (uint32_t r = 0; r <= rank; r++, prev = best) {
-        best = RB_SLOT_NONE;
-        for (uint32_t e = 0; e < x->n; e++) {
-            if (!rb_ext_candidate(x, e))
-                continue;
-            if (prev != RB_SLOT_NONE && (x->tick[e] < x->tick[prev] || (x->tick[e] == x->tick[prev] && e <= prev)))
-                continue;
-            if (best == RB_SLOT_NONE || x->tick[e] < x->tick[best])
-                best = e;
-        }
-        if (best == RB_SLOT_NONE)
-            return best;
+    uint32_t k = 0;
+    for (uint32_t e = 0; e < x->n && want; e++) {
+        if (!rb_ext_candidate(x, e))
+            continue;
+        if (k == want && x->tick[e] >= x->tick[out[k - 1]])
+            continue; /* no older than the youngest kept (ties: the lower extent first) */
+        uint32_t i = k < want ? k++ : k - 1;
+        for (; i > 0 && x->tick[out[i - 1]] > x->tick[e]; i--)
+            out[i] = out[i - 1];
+        out[i] = e;
     }
-    return best;
+    return k;
 }
 
-/* The extent a mode names, under mu: 0 victim (the oldest, taken), 1 peek (the which-th
- * oldest, not taken), 2 take (extent which, when a candidate: rb_ext_take). */
+/* The extent a mode names, under mu: 0 victim (the oldest, taken), 2 take (extent which, when
+ * a candidate: rb_ext_take). */
 static uint32_t ext_choose_locked(rb_core *c, int mode, uint32_t which)
 {
     if (mode == 0)
         return rb_ext_victim(&c->slots);
-    if (mode == 1)
-        return ext_ranked(&c->slots.ext, which);
     return rb_ext_take(&c->slots, which);
 }
 
@@ -198,10 +194,59 @@ int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, u
     return extent_look(c, 0, 0, keys_out, lens_out, hot_out, ext);
 }
 
-int64_t rb_core_extent_peek(rb_core *c, uint32_t rank, char ***keys_out, size_t **lens_out, uint8_t **hot_out,
-                            uint32_t *ext)
+/* The keys of the extents out names (n of them) into keys / lens / hot (room for n x per),
+ * their counts into counts: the number of keys, or -ENOMEM (the keys copied freed). mu held. */
+static int64_t extents_keys_locked(rb_core *c, const uint32_t *out, uint32_t n, uint32_t *counts, char **keys,
+                                   size_t *lens, uint8_t *hot)
 {
-    return extent_look(c, 1, rank, keys_out, lens_out, hot_out, ext);
+    int64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t got = extent_keys_locked(c, out[i], keys + total, lens + total, hot + total);
+        if (got < 0) {
+            free_keys(keys, (size_t)total);
+            return got;
+        }
+        counts[i] = (uint32_t)got;
+        total += got;
+    }
+    return total;
+}
+
+int64_t rb_core_extent_peek(rb_core *c, uint32_t want, uint32_t *exts, uint32_t *counts, char ***keys_out,
+                            size_t **lens_out, uint8_t **hot_out)
+{
+    *keys_out = NULL;
+    *lens_out = NULL;
+    *hot_out = NULL;
+    if (!c->slots.ext.per)
+        return -EINVAL;
+    if (want == 0)
+        return 0;
+    size_t room = (size_t)want * c->slots.ext.per;
+    char **keys = calloc(room, sizeof(char *));
+    size_t *lens = calloc(room, sizeof(size_t));
+    uint8_t *hot = calloc(room, 1);
+    if (!keys || !lens || !hot) {
+        free(keys);
+        free(lens);
+        free(hot);
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->slots.ext.rev_ok || c->slots.ext.rev_epoch != c->index.epoch)
+        rev_rebuild_locked(c);
+    uint32_t n = ext_oldest(&c->slots.ext, want, exts);
+    int64_t rc = extents_keys_locked(c, exts, n, counts, keys, lens, hot);
+    pthread_mutex_unlock(&c->mu);
+    if (rc < 0) {
+        free(lens);
+        free(hot);
+        return rc; /* keys freed with the ones copied */
+    }
+    *keys_out = keys;
+    *lens_out = lens;
+    *hot_out = hot;
+    return n;
 }
 
 int64_t rb_core_extent_take(rb_core *c, uint32_t e, char ***keys_out, size_t **lens_out, uint8_t **hot_out,

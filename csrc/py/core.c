@@ -192,9 +192,9 @@ static PyMethodDef core_methods[] = {
      "since it was put; None when no closed extent holds a key. The extent then counts as just used. Needs "
      "extent_bytes"},
     {"extent_peek", rbpy_core_extent_peek, METH_O,
-     "extent_peek($self, rank, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for the "
-     "rank-th closed extent holding a key, least recently used first (0: the one extent_victim takes), without "
-     "counting it as used; None when there are fewer. Needs extent_bytes"},
+     "extent_peek($self, count, /)\n--\n\n-> list[(extent, list[str], list[bool])]: as extent_victim for up to "
+     "count (1 to 64) closed extents holding a key, in victim order (the first is the one extent_victim takes), "
+     "without counting them as used; fewer when there are fewer. One pass over the extents. Needs extent_bytes"},
     {"extent_take", rbpy_core_extent_take, METH_O,
      "extent_take($self, extent, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for "
      "the given extent (counted as just used and as a victim); None when it is not a closed extent holding a "

@@ -260,15 +260,10 @@ PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_
     return l;
 }
 
-/* (extent, keys, hot) of what an extent look returned, or None; frees the C arrays. */
-static PyObject *extent_result(int64_t n, char **keys, size_t *lens, uint8_t *hot, uint32_t ext, const char *what)
+/* (extent, keys, hot) of n keys of extent ext, or None when ext is UINT32_MAX; frees each key
+ * (not the arrays). */
+static PyObject *extent_tuple(int64_t n, char **keys, const size_t *lens, const uint8_t *hot, uint32_t ext)
 {
-    if (n == -EINVAL) {
-        PyErr_Format(PyExc_RuntimeError, "%s needs extents: extent_bytes is 0 (off)", what);
-        return NULL;
-    }
-    if (n < 0)
-        return PyErr_NoMemory();
     PyObject *l = PyList_New((Py_ssize_t)n), *h = PyList_New((Py_ssize_t)n);
     for (int64_t i = 0; i < n; i++) {
         if (l && h) {
@@ -281,9 +276,6 @@ static PyObject *extent_result(int64_t n, char **keys, size_t *lens, uint8_t *ho
         }
         free(keys[i]);
     }
-    free(keys);
-    free(lens);
-    free(hot);
     if (!l || !h || ext == UINT32_MAX) {
         Py_XDECREF(l);
         Py_XDECREF(h);
@@ -292,6 +284,22 @@ static PyObject *extent_result(int64_t n, char **keys, size_t *lens, uint8_t *ho
         Py_RETURN_NONE;
     }
     return Py_BuildValue("(INN)", (unsigned)ext, l, h);
+}
+
+/* (extent, keys, hot) of what an extent look returned, or None; frees the C arrays. */
+static PyObject *extent_result(int64_t n, char **keys, size_t *lens, uint8_t *hot, uint32_t ext, const char *what)
+{
+    if (n == -EINVAL) {
+        PyErr_Format(PyExc_RuntimeError, "%s needs extents: extent_bytes is 0 (off)", what);
+        return NULL;
+    }
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *out = extent_tuple(n, keys, lens, hot, ext);
+    free(keys);
+    free(lens);
+    free(hot);
+    return out;
 }
 
 PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *Py_UNUSED(ignored))
@@ -319,20 +327,60 @@ static int64_t extent_arg(PyObject *arg, const char *what)
     return (int64_t)v;
 }
 
+/* The most candidates one extent_peek hands (the evictor weighs a few). */
+#define EXTENT_PEEK_MAX 64
+
+/* [(extent, keys, hot), ...] of what rb_core_extent_peek returned (n extents); frees the C
+ * arrays. */
+static PyObject *peek_result(int64_t n, const uint32_t *exts, const uint32_t *counts, char **keys, size_t *lens,
+                             uint8_t *hot)
+{
+    if (n == -EINVAL) {
+        PyErr_SetString(PyExc_RuntimeError, "extent_peek needs extents: extent_bytes is 0 (off)");
+        return NULL;
+    }
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    size_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t m = counts[i];
+        if (out) {
+            PyObject *one = extent_tuple(m, keys + at, lens + at, hot + at, exts[i]);
+            if (!one)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, (Py_ssize_t)i, one);
+        } else {
+            for (uint32_t j = 0; j < m; j++)
+                free(keys[at + j]);
+        }
+        at += m;
+    }
+    free(keys);
+    free(lens);
+    free(hot);
+    return out;
+}
+
 PyObject *rbpy_core_extent_peek(PyObject *op, PyObject *arg)
 {
-    int64_t which = extent_arg(arg, "extent_peek");
-    if (which < 0)
+    unsigned long want = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred() || want < 1 || want > EXTENT_PEEK_MAX) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "extent_peek takes a count of candidates in [1, %d], got %R", EXTENT_PEEK_MAX,
+                     arg);
         return NULL;
+    }
+    uint32_t exts[EXTENT_PEEK_MAX], counts[EXTENT_PEEK_MAX];
     char **keys = NULL;
     size_t *lens = NULL;
     uint8_t *hot = NULL;
-    uint32_t ext;
     int64_t n;
     Py_BEGIN_ALLOW_THREADS
-        n = rb_core_extent_peek(rbpy_core_of(op), (uint32_t)which, &keys, &lens, &hot, &ext);
+        n = rb_core_extent_peek(rbpy_core_of(op), (uint32_t)want, exts, counts, &keys, &lens, &hot);
     Py_END_ALLOW_THREADS
-    return extent_result(n, keys, lens, hot, ext, "extent_peek");
+    return peek_result(n, exts, counts, keys, lens, hot);
 }
 
 PyObject *rbpy_core_extent_take(PyObject *op, PyObject *arg)

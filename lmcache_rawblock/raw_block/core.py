@@ -372,12 +372,12 @@ class RawBlockCore:
         again at once). RuntimeError when extents are off."""
         return self._native.extent_victim()
 
-    def extent_peek(self, rank: int) -> tuple[int, list[str], list[bool]] | None:
-        """As :meth:`extent_victim` for the ``rank``-th closed extent holding a key, least
-        recently used first (0: the one ``extent_victim`` takes), without counting it as used
-        (a caller weighing candidates, then taking one with :meth:`extent_take`); None when
-        there are fewer. O(extents x (rank + 1))."""
-        return self._native.extent_peek(rank)
+    def extent_peek(self, count: int) -> list[tuple[int, list[str], list[bool]]]:
+        """As :meth:`extent_victim` for up to ``count`` (1 to 64) closed extents holding a key,
+        in victim order (the first is the one ``extent_victim`` takes), without counting them as
+        used (a caller weighing candidates, then taking one with :meth:`extent_take`); fewer
+        when there are fewer. One pass over the extents under the core's mutex."""
+        return self._native.extent_peek(count)
 
     def extent_take(self, extent: int) -> tuple[int, list[str], list[bool]] | None:
         """As :meth:`extent_victim` for ``extent`` (counted as just used and as a victim); None

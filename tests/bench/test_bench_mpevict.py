@@ -39,6 +39,8 @@ def test_small_run_in_lmcache_frees_whole_extents_only_under_extent_eviction():
         assert r["bad_bytes"] == 0 and r["stores_refused"] == 0 and 0 < r["hit_ratio"] < 1
     ext, lru = rows["extent"], rows["lmcache-lru-0.95"]
     assert ext["deleted_by_lmcache"] == 0 and ext["deleted_by_extent"] > 0 and lru["deleted_by_extent"] == 0
+    pre = rows["extent_prefix"]  # the same evictor, its victims weighed by reachable chunks
+    assert pre["deleted_by_lmcache"] == 0 and pre["deleted_by_extent"] > 0
     # key-level deletes leave holes that stores fill; whole-extent eviction frees extents whole
     # (a store racing the background pass may still open a partly live one: compared, not zero)
     share = {n: r["opened_without_clean"] / r["extents_opened"] for n, r in (("extent", ext), ("lru", lru))}
@@ -48,3 +50,4 @@ def test_small_run_in_lmcache_frees_whole_extents_only_under_extent_eviction():
     report.print_mpevict({"mpevict": out}, lines.append)
     text = "\n".join(lines)
     assert "\nextent " in text and "hit ratio, extent - lmcache-lru-0.95:" in text
+    assert "\nextent_prefix " in text and "hit ratio, extent_prefix - extent:" in text

@@ -375,7 +375,8 @@ class _Recorder:
 
 def _extent_adapter(tmp_path, extents: int, **params):
     dev = _device(tmp_path, size=(1 << 20) + extents * EXTENT_SLOTS * SLOT)
-    spec = _adapter_json(dev, extent_bytes=EXTENT_SLOTS * SLOT, eviction_policy="extent", **params)
+    params.setdefault("eviction_policy", "extent")
+    spec = _adapter_json(dev, extent_bytes=EXTENT_SLOTS * SLOT, **params)
     return create_l2_adapter_from_registry(_adapters(_parse(spec))[0])
 
 
@@ -447,6 +448,57 @@ def test_extent_eviction_puts_hot_keys_back_and_tells_lmcache(tmp_path):
         adapter.close()
 
 
+def _unlocked_lookup(adapter, keys) -> list[int]:
+    """A prompt's lookup as LMCache's prefetch makes it (the chain in order), its locks released."""
+    found = _lookup(adapter, keys)
+    adapter.submit_unlock([keys[i] for i in found])
+    return found
+
+
+def _heads_scenario(tmp_path, policy: str) -> tuple[bool, bool, dict]:
+    """The oldest extent holds a chain's first chunks, the next its tail (stored after a lookup
+    that found the first four, as LMCache stores what its lookup missed), a third a chain whose
+    head LMCache deleted; then stores until one extent is evicted: (the chain's head kept, the
+    unreachable chunks kept, the status)."""
+    adapter = _extent_adapter(tmp_path, 8, eviction_policy=policy, extent_reserve=1, extent_reinsert=False)
+    try:
+        chain, dead = [_key(i) for i in range(8)], [_key(10 + i) for i in range(4)]
+        assert _store(adapter, chain[:4], [_obj(1024, i) for i in range(4)]) is True  # extent A: the head
+        assert _unlocked_lookup(adapter, chain) == [0, 1, 2, 3]
+        assert _store(adapter, chain[4:], [_obj(1024, i) for i in range(4, 8)]) is True  # extent B: the tail
+        assert _store(adapter, dead, [_obj(1024, 10 + i) for i in range(4)]) is True  # extent C
+        assert _unlocked_lookup(adapter, dead) == [0, 1, 2, 3]
+        adapter.delete([dead[0]])  # LMCache's eviction: what follows is unreachable
+        assert adapter.wait_idle(60)
+        total, nxt = adapter._core.extent_counts()["extents_total"], 100
+        while adapter.report_status()["evicted_extents"] == 0:
+            assert nxt < 100 + 4 * EXTENT_SLOTS * total, "no extent was evicted"
+            batch = [_key(nxt + j) for j in range(EXTENT_SLOTS)]  # newer extents, chains of their own
+            assert _store(adapter, batch, [_obj(1024, nxt + j) for j in range(EXTENT_SLOTS)]) is True
+            assert adapter.wait_idle(60)
+            nxt += EXTENT_SLOTS
+        st = adapter.report_status()
+        assert st["evicted_extents"] == 1, st
+        held = adapter._core.exists_many([encode(k) for k in chain + dead[1:]])
+        return all(held[:8]), any(held[8:]), st
+    finally:
+        adapter.close()
+
+
+def test_extent_prefix_in_mp_mode_evicts_the_unreachable_extent_before_a_chains_head(tmp_path):
+    """eviction_policy extent_prefix in the adapter: the chains learned from LMCache's lookups
+    weigh the victim, so of the extents filled longest ago the one whose chunks no lookup can
+    reach goes, not the oldest (the chain's head, whose loss would take its tail too)."""
+    head_kept, dead_kept, st = _heads_scenario(tmp_path, "extent_prefix")
+    assert (head_kept, dead_kept) == (True, False), st
+    assert st["eviction_policy"] == "extent_prefix" and st["extent_victims_not_oldest"] == 1, st
+    assert st["prefix_keys"] == st["held_key_count"], st
+
+
+def test_plain_extent_in_mp_mode_evicts_the_oldest_extent_in_the_same_scenario(tmp_path):
+    assert _heads_scenario(tmp_path, "extent")[:2] == (False, True)
+
+
 def test_adapter_eviction_policy_is_checked(tmp_path):
     """The adapter's eviction settings are checked when LMCache builds it, naming the value."""
     dev = _device(tmp_path)
@@ -454,14 +506,18 @@ def test_adapter_eviction_policy_is_checked(tmp_path):
     def build(**params):
         return create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(dev, **params)))[0])
 
-    with pytest.raises(ValueError, match=r"eviction_policy must be one of none, extent .*'lru'"):
+    with pytest.raises(ValueError, match=r"eviction_policy must be one of none, extent, extent_prefix .*'lru'"):
         build(eviction_policy="lru")
-    with pytest.raises(ValueError, match=r"extent_reserve=3 needs eviction_policy 'extent'"):
+    with pytest.raises(ValueError, match=r"eviction_policy must be one of .*'extent-prefix'"):
+        build(eviction_policy="extent-prefix")
+    with pytest.raises(ValueError, match=r"extent_reserve=3 needs eviction_policy 'extent' or 'extent_prefix'"):
         build(extent_reserve=3)
     with pytest.raises(ValueError, match=r"extent_reserve must be an integer >= 1"):
         build(eviction_policy="extent", extent_reserve="two")
     with pytest.raises(ValueError, match="needs extents"):
         build(eviction_policy="extent")
+    with pytest.raises(ValueError, match="needs extents"):
+        build(eviction_policy="extent_prefix")
 
 
 def encode(key) -> str:

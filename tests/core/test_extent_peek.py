@@ -15,21 +15,29 @@ def test_peek_ranks_the_closed_extents_without_using_them_and_take_takes_one(tmp
     try:
         keys = put(core, list(range(4 * PER)))  # extents 0, 1, 2 closed, 3 open
         assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # a hit: hot, not younger
-        order = [core.extent_peek(r)[0] for r in range(3)]
+        order = [e for e, _, _ in core.extent_peek(3)]
         assert order == [0, 1, 2], "extents rank by fill order; a load does not keep one"
-        assert core.extent_peek(3) is None, "the open extent is no candidate"
-        assert [core.extent_peek(r)[0] for r in range(3)] == order, "a peek does not count as a fill"
+        assert [e for e, _, _ in core.extent_peek(5)] == order, "the open extent is no candidate"
+        assert [e for e, _, _ in core.extent_peek(2)] == [0, 1], "the oldest first, count of them"
+        peeked = {e: (sorted(k), h) for e, k, h in core.extent_peek(3)}
+        assert peeked[1] == (sorted(k.encoded for k in keys[PER:2 * PER]), [False] * PER)
+        assert peeked[0][1].count(True) == 1, "the loaded key is marked hot"
+        assert [e for e, _, _ in core.extent_peek(3)] == order, "a peek does not count as a fill"
         assert extents(core)["extents_evicted"] == 0
         ext, victims, hot = core.extent_take(1)
         assert ext == 1 and sorted(victims) == sorted(k.encoded for k in keys[PER:2 * PER])
         assert hot == [False] * PER
         assert extents(core)["extents_evicted"] == 1
-        assert [core.extent_peek(r)[0] for r in range(3)] == [0, 2, 1], "a taken extent counts as just filled"
+        assert [e for e, _, _ in core.extent_peek(3)] == [0, 2, 1], "a taken extent counts as just filled"
+        assert [e for e, _, _ in core.extent_peek(2)] == [0, 2], "the two oldest, not the two lowest"
         ext, _, hot = core.extent_victim()
         assert ext == 0 and hot[0] is True, "the victim is still the oldest; its loaded key is marked hot"
         assert core.extent_take(3) is None and core.extent_take(1 << 20) is None
         with pytest.raises(ValueError, match=r"extent_take takes an integer in \[0, .*got -1"):
             core.extent_take(-1)
+        for bad in (0, 65, -1):
+            with pytest.raises(ValueError, match=rf"extent_peek takes a count of candidates in \[1, 64\], got {bad}"):
+                core.extent_peek(bad)
     finally:
         core.close()
 
@@ -42,7 +50,7 @@ def test_victim_order_use_lets_a_load_keep_its_extent(tmp_path, fmt):
     try:
         keys = put(core, list(range(4 * PER)))  # extents 0, 1, 2 closed, 3 open
         assert core.load_many_into([keys[0].encoded], [Obj(1000)]) == [True]  # extent 0 used last
-        assert [core.extent_peek(r)[0] for r in range(3)] == [1, 2, 0]
+        assert [e for e, _, _ in core.extent_peek(3)] == [1, 2, 0]
         assert core.extent_victim()[0] == 1
     finally:
         core.close()
@@ -54,7 +62,7 @@ def test_peek_and_take_need_extents(tmp_path):
     core = make_core(make_device(tmp_path), meta_format="log")
     try:
         with pytest.raises(RuntimeError, match="extent_peek needs extents"):
-            core.extent_peek(0)
+            core.extent_peek(1)
         with pytest.raises(RuntimeError, match="extent_take needs extents"):
             core.extent_take(0)
     finally:

@@ -9,12 +9,14 @@ the same scenario. Nothing here is timed.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 
 from lmcache_rawblock.plugin import RustRawBlockBackend
-from lmcache_rawblock.prefix_evict import PrefixOrder, ReachableExtents
+from core_helpers import make_core
+from lmcache_rawblock.prefix_evict import PrefixOrder, ReachableExtents, extent_eviction
 from plugin_fakes import FakeEngineConfig, FakeLocalCPUBackend, FakeMetadata, base_extra, make_key
 from plugin.test_plugin_prefix import chain, lookup, store
 
@@ -60,6 +62,32 @@ def test_the_extent_losing_fewest_reachable_chunks_is_chosen_ties_to_the_oldest(
     assert order.is_unreachable("t0")
     chooser.stored(["h1"])  # a hot key put back rejoins its chain
     assert order.predecessor("h1") == "h0" and not order.is_unreachable("t0")
+
+
+def test_one_builder_gives_extent_prefix_its_chooser_and_tells_it_before_the_owner(tmp_path):
+    """prefix_evict.extent_eviction, which the plugin and the MP adapter both build their
+    evictor with: under extent_prefix the chains hear of a victim's keys before the owner's
+    hook runs; under extent there is no chooser; a bad policy is named."""
+    path = tmp_path / "dev.img"
+    with open(path, "wb") as f:
+        f.truncate(4 * MiB + 8 * PER * SLOT)
+    core = make_core(str(path), slot_bytes=SLOT, extent_bytes=PER * SLOT)
+    try:
+        order, told = PrefixOrder(), []
+        chain(order, ["a", "b"])
+        owner = [lambda keys: told.append((list(keys), order.is_unreachable("b")))]
+        ev = extent_eviction("extent_prefix", core, threading.Lock(), set, 1, logging.getLogger(), False, "r",
+                             order, threading.Lock(), on_deleted=owner[0])
+        assert isinstance(ev.chooser, ReachableExtents)
+        ev._on_deleted(["a"])
+        assert told == [(["a"], True)], "the chains forgot the key before the owner heard"
+        assert extent_eviction("extent", core, threading.Lock(), set, 1, logging.getLogger(), False, "r").chooser is None
+        with pytest.raises(ValueError, match=r"eviction_policy must be one of extent, extent_prefix .*got 'lru'"):
+            extent_eviction("lru", core, threading.Lock(), set, 1, logging.getLogger(), False, "r")
+        with pytest.raises(ValueError, match="extent_prefix' needs the chains"):
+            extent_eviction("extent_prefix", core, threading.Lock(), set, 1, logging.getLogger(), False, "r")
+    finally:
+        core.close()
 
 
 # --------------------------------------------------------------------------- the plugin
