@@ -520,7 +520,11 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st);
 /* Recovery with size classes (after rb_slots_reset, before the unlisted slots are released):
  * each extent holding entries takes the class of its first entry's size; an entry whose size
  * names another class, or whose slot is past its class's count, is dropped (counted in
- * sc_dropped and recovery_dropped) and its slot_pos cleared. mu held. */
+ * sc_dropped and recovery_dropped) and its slot_pos cleared. mu held. A dropped entry's slot
+ * is released at once and no FREE is journaled: only damage read past makes an entry contradict
+ * its extent's class, and then (ml_adopt_log_locked: need_base) the next checkpoint writes a
+ * whole base, without it, before any log group; until then a crash recovers the same state and
+ * drops the same entries again. */
 void rb_core_sc_recover_locked(rb_core *c, uint32_t *slot_pos, uint32_t cap);
 
 /* ---- rb_core_dealloc.c: freed slots given back to the device ---------------------------- */
