@@ -261,3 +261,36 @@ def test_entries_dropped_by_class_stay_dropped_until_a_whole_base_forgets_them(t
         assert served(core, [2], [PAY]) == [2]
     finally:
         core.close()
+
+
+def test_status_under_failing_allocations_raises_memoryerror_or_reports_whole_lists(tmp_path):
+    # Every allocation status() makes fails in turn (CPython's test hook): each call either
+    # raises MemoryError or returns the whole size-class lists, never a list with holes or a
+    # result with an exception left set (which CPython reports as SystemError).
+    _testcapi = pytest.importorskip("_testcapi", reason="the allocation-failure hook is CPython's _testcapi")
+    core = sc_core(make_device(tmp_path), 3)
+    try:
+        want = core._native.status()["size_class_slot_bytes"]
+        assert want == [cls_slot(c) for c in range(3)]
+        outcomes = {"MemoryError": 0, "whole": 0}
+        k = 0
+        while outcomes["whole"] < 20:  # past the last allocation status() makes
+            st = None
+            _testcapi.set_nomemory(k, k + 1)
+            try:
+                st = core._native.status()
+            except MemoryError:
+                pass
+            finally:
+                _testcapi.remove_mem_hooks()
+            if st is None:
+                outcomes["MemoryError"] += 1
+            else:
+                lists = st["size_class_slot_bytes"], st["size_class_extents"]
+                assert all(len(x) == 3 and all(type(v) is int for v in x) for x in lists), k
+                assert lists[0] == want, k
+                outcomes["whole"] += 1
+            k += 1
+        assert outcomes["MemoryError"] > 0, outcomes
+    finally:
+        core.close()
