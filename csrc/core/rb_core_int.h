@@ -330,6 +330,12 @@ static inline uint64_t rb_ext_slot_bytes(const rb_core *c, uint32_t k)
     uint8_t cl = c->slots.ext.cls[k];
     return c->sc_bytes[cl < c->n_sc ? cl : c->n_sc - 1];
 }
+/* The device offset of slot. With size classes it reads the slot's extent's class, which is
+ * safe without mu only while something keeps the extent from changing class (it changes only
+ * when every id of the extent is free, under mu), and every caller off mu has such a pin: a put
+ * its reserved slot; a load or a header validation its reader generation (a slot freed while it
+ * runs waits in quarantine, rb_core_quarantine_slot_locked); a deallocation run its batch's
+ * extents (RB_EXT_DEALLOC: off every list, opened by no put). Recovery runs alone. */
 static inline uint64_t rb_slot_offset(const rb_core *c, uint32_t slot)
 {
     if (!c->ext_stride)
