@@ -308,6 +308,9 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._extents: ExtentEviction | None = None
         self._evict_lock = threading.Lock()
         self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
+        # keys it deleted while a store was in flight: a store that committed one before that
+        # delete must not record it (guarded by _lock; cleared when no store is in flight)
+        self._evicted_storing: set[str] = set()
         self._tell_lock = threading.Lock()  # one teller at a time, so the order holds (before _lock)
         try:
             self._core = self._make_core(config)
@@ -355,6 +358,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
         """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
         listeners' news waits for ``_tell_extents``."""
         with self._lock:
+            if self._inflight["store"]:
+                self._evicted_storing.update(encoded)
             for enc in encoded:
                 entry = self._resident.pop(enc, None)
                 if entry is not None:
@@ -563,6 +568,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             logger.error("RawBlockL2Adapter: store task %d failed: %s", task_id, e)
         size = int(self._core.slot_bytes) if stored else 0
         with self._lock:
+            stored = self._not_evicted(stored)
             for encoded, key in stored:
                 self._resident[encoded] = _Resident(key, size, next(self._generations))
             if self._chains is not None and stored:
@@ -570,6 +576,19 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if stored:  # listeners first: when the task shows complete, the accounting has it
             self._tell("stored", [k for _, k in stored], [size] * len(stored))
         self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
+
+    def _not_evicted(self, stored: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The keys a store put that the core still holds, of those the extent evictor deleted
+        while the store ran (it may have deleted them after their put, before this record, and
+        found nothing of ours to drop). Called with ``_lock`` held, so a later delete finds
+        them recorded."""
+        gone = self._evicted_storing.intersection(enc for enc, _ in stored)
+        if self._inflight["store"] <= 1:  # kept while stores overlap: another may hold the same key
+            self._evicted_storing.clear()
+        if not gone:
+            return stored
+        held = dict(zip(gone, self._core.exists_many(list(gone))))
+        return [(enc, key) for enc, key in stored if held.get(enc, True)]
 
     def pop_completed_store_tasks(self) -> dict:
         with self._lock:

@@ -26,8 +26,9 @@ for the table). Beyond LMCache:
 * ``rust_raw_block.eviction_trigger_watermark`` / ``rust_raw_block.eviction_ratio`` (``lru``
   and ``prefix``; 0.95 and 0.05): evict ahead, as LMCache's MP eviction controller does with its
   ``trigger_watermark`` and ``eviction_ratio``. When the slots in use (indexed + being written)
-  reach the trigger fraction of the usable slots, a background thread (one per plugin, started
-  by the first put, stopped at close) deletes least-recently-used unpinned entries in one batch
+  reach the trigger fraction of the usable slots (with ``size_classes``, the full-size slots),
+  a background thread (one per plugin, started by the first put, stopped at close) deletes
+  least-recently-used unpinned entries in one batch
   down to ``trigger - ratio`` and writes the checkpoint that makes their slots reusable, so puts
   find free slots without evicting or waiting for metadata I/O themselves. The put path only
   signals it. A put that still finds no slot evicts for its whole batch and retries (a bounded
@@ -408,8 +409,10 @@ class RustRawBlockBackend(StoragePluginInterface):
         if self._extents is not None:
             work = self._extents.evictor_pass
         self._evictor = Reclaimer("rawblock-evictor", work, logger)
-        self._reclaim_removes = self._evicts or not (
-            self._core.meta_enable_periodic and self._core.report_status()["meta_format"] == "log")
+        status = self._core.report_status()
+        self._reclaim_removes = self._evicts or not (self._core.meta_enable_periodic and status["meta_format"] == "log")
+        # (full-size slots, slot ids): with size classes the ids are the smallest class's
+        self._full_slots = (status["usable_capacity_bytes"] // self._core.slot_bytes, self._core.slot_counts().usable)
         self._stats_lock = threading.Lock()
         self._evicted_ahead = 0  # entries the evictor deleted
         self._put_evicted = 0  # entries puts that found no slot deleted
@@ -707,6 +710,14 @@ class RustRawBlockBackend(StoragePluginInterface):
         low = max(0, math.floor((self.eviction_trigger_watermark - self.eviction_ratio) * usable + 1e-9))
         return trigger, min(low, trigger - 1)
 
+    def _usable_entries(self, usable: int) -> int:
+        """The entries ``usable`` slot ids hold at full size: the ids themselves, but with
+        size classes (ids of the smallest class) the full-size slots of the usable capacity,
+        so the trigger fires on a cache of full-size entries (a mix of smaller ones fires it
+        early, never late)."""
+        full, ids = self._full_slots
+        return usable * full // ids if 0 < full < ids else usable
+
     def _evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict ahead when the slots in use reached the
         trigger, then make every slot waiting for a checkpoint reusable. True when it evicted
@@ -716,7 +727,7 @@ class RustRawBlockBackend(StoragePluginInterface):
             return False
         evicted = 0
         if self.eviction_ratio > 0:
-            trigger, low = self._eviction_marks(counts.usable)
+            trigger, low = self._eviction_marks(self._usable_entries(counts.usable))
             if counts.used >= trigger:
                 evicted = self._evict_lru(min(counts.indexed, counts.used - low))
         if evicted or counts.held:

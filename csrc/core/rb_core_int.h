@@ -330,6 +330,12 @@ static inline uint64_t rb_ext_slot_bytes(const rb_core *c, uint32_t k)
     uint8_t cl = c->slots.ext.cls[k];
     return c->sc_bytes[cl < c->n_sc ? cl : c->n_sc - 1];
 }
+/* The device offset of slot. With size classes it reads the slot's extent's class, which is
+ * safe without mu only while something keeps the extent from changing class (it changes only
+ * when every id of the extent is free, under mu), and every caller off mu has such a pin: a put
+ * its reserved slot; a load or a header validation its reader generation (a slot freed while it
+ * runs waits in quarantine, rb_core_quarantine_slot_locked); a deallocation run its batch's
+ * extents (RB_EXT_DEALLOC: off every list, opened by no put). Recovery runs alone. */
 static inline uint64_t rb_slot_offset(const rb_core *c, uint32_t slot)
 {
     if (!c->ext_stride)
@@ -520,7 +526,11 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st);
 /* Recovery with size classes (after rb_slots_reset, before the unlisted slots are released):
  * each extent holding entries takes the class of its first entry's size; an entry whose size
  * names another class, or whose slot is past its class's count, is dropped (counted in
- * sc_dropped and recovery_dropped) and its slot_pos cleared. mu held. */
+ * sc_dropped and recovery_dropped) and its slot_pos cleared. mu held. A dropped entry's slot
+ * is released at once and no FREE is journaled: only damage read past makes an entry contradict
+ * its extent's class, and then (ml_adopt_log_locked: need_base) the next checkpoint writes a
+ * whole base, without it, before any log group; until then a crash recovers the same state and
+ * drops the same entries again. */
 void rb_core_sc_recover_locked(rb_core *c, uint32_t *slot_pos, uint32_t cap);
 
 /* ---- rb_core_dealloc.c: freed slots given back to the device ---------------------------- */

@@ -230,9 +230,13 @@ size_t rb_slots_mem_bytes(const rb_slots *s)
 {
     size_t per = 2 * sizeof(uint32_t) + 1 + (s->affinity ? 2 * sizeof(uint32_t) + 2 : 0);
     size_t ext = 0;
-    if (s->ext.per)
-        ext = (size_t)s->ext.n * (2 * sizeof(uint32_t) * 2 + sizeof(uint64_t) + 2 + sizeof(uint32_t)) +
-              (size_t)s->cap * sizeof(uint32_t) +
-              (size_t)s->ext.nstreams * 2 * sizeof(uint32_t); /* nstreams counts the classes */
+    if (s->ext.per) {
+        const rb_extents *x = &s->ext;
+        size_t lists = (size_t)(x->ncls > 1 ? x->ncls + 1 : 1) * x->per + 3;
+        ext = (size_t)x->n * (4 * sizeof(uint32_t) + sizeof(uint64_t) + 2) + /* nfree prev next own, tick, st cls */
+              (size_t)s->max_slots * (sizeof(uint32_t) + 1) +                /* rev, hot */
+              lists * 2 * sizeof(uint32_t) +
+              (size_t)x->nstreams * 2 * sizeof(uint32_t); /* nstreams counts the classes */
+    }
     return (size_t)s->cap * per + (s->affinity ? 2 * NPIDS * sizeof(uint32_t) : 0) + ext;
 }

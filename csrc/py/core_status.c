@@ -22,6 +22,20 @@ static int status_add_dealloc(PyObject *d, const rb_core_status *st)
     return rc;
 }
 
+/* GIL held: a list of the n values v, or NULL with an exception set. */
+static PyObject *u64_list(const uint64_t *v, size_t n)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t k = 0; l && k < n; k++) {
+        PyObject *x = PyLong_FromUnsignedLongLong(v[k]);
+        if (!x)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)k, x);
+    }
+    return l;
+}
+
 /* GIL held: extents (extent_bytes), flat keys extent_* / extents_*: zeros when off. 0, or -1 with
  * an exception set. */
 static int status_add_extents(PyObject *d, const rb_core_status *st)
@@ -50,11 +64,7 @@ static int status_add_extents(PyObject *d, const rb_core_status *st)
         return rc;
     /* size classes: how many, each class's slot bytes and extents now (empty lists when off) */
     size_t n = st->size_classes > 1 ? (size_t)st->size_classes : 0;
-    PyObject *bytes = PyList_New((Py_ssize_t)n), *exts = PyList_New((Py_ssize_t)n);
-    for (size_t k = 0; bytes && exts && k < n; k++) {
-        PyList_SET_ITEM(bytes, (Py_ssize_t)k, PyLong_FromUnsignedLongLong(st->class_slot_bytes[k]));
-        PyList_SET_ITEM(exts, (Py_ssize_t)k, PyLong_FromUnsignedLongLong(st->class_extents[k]));
-    }
+    PyObject *bytes = u64_list(st->class_slot_bytes, n), *exts = u64_list(st->class_extents, n);
     t = bytes && exts ? Py_BuildValue("{s:K,s:O,s:O,s:K}", "size_classes",
                                       (unsigned long long)(st->size_classes ? st->size_classes : 1),
                                       "size_class_slot_bytes", bytes, "size_class_extents", exts, "size_class_dropped",

@@ -263,12 +263,41 @@ static void test_key_hash(void)
     CHECK(rb_slot_header_vouches(&written_a, &want_a));
 }
 
+/* rb_slots_mem_bytes against its documented formula (rb_slots.h), with and without extents,
+ * size classes and affinity. */
+static size_t mem_formula(const rb_slots *s, uint32_t n, uint32_t per, uint32_t ncls, int affinity)
+{
+    size_t b = (size_t)s->cap * (9 + (affinity ? 10 : 0)) + (affinity ? 8 * 65536 : 0);
+    if (per) {
+        size_t lists = (size_t)(ncls > 1 ? ncls + 1 : 1) * per + 3;
+        b += (size_t)n * 26 + (size_t)s->max_slots * 5 + lists * 8 + (size_t)(affinity ? 65536 : 1) * ncls * 8;
+    }
+    return b;
+}
+
+static void test_slots_mem_bytes(void)
+{
+    const uint32_t cnt[3] = {2, 4, 8};
+    for (int affinity = 0; affinity <= 1; affinity++) {
+        for (uint32_t ncls = 0; ncls <= 3; ncls++) { /* 0: no extents */
+            rb_slots s;
+            CHECK(rb_slots_init(&s, 24, affinity) == 0);
+            if (ncls)
+                CHECK(rb_ext_init_classes(&s, 8, 0, 0, ncls, cnt + 3 - ncls) == 0 && s.ext.n == 3);
+            CHECK(rb_slots_reset(&s, 24) == 0 && s.cap >= 24);
+            CHECK(rb_slots_mem_bytes(&s) == mem_formula(&s, 3, ncls ? 8 : 0, ncls, affinity));
+            rb_slots_free(&s);
+        }
+    }
+}
+
 int main(void)
 {
     test_idx();
     test_slots();
     test_extents();
     test_extent_classes();
+    test_slots_mem_bytes();
     test_blake2b();
     test_blake2b_many();
     test_key_hash();

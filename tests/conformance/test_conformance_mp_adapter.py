@@ -524,3 +524,37 @@ def encode(key) -> str:
     from lmcache_rawblock.raw_block import encode_object_key
 
     return encode_object_key(key).encoded
+
+
+def test_key_whose_extent_is_evicted_before_its_store_finishes_is_not_reported_stored(tmp_path):
+    """A store's keys are in the core before the store task records them; the extent evictor
+    can delete their extent in that window (a small cache). LMCache must then not be told
+    those keys were stored: what it holds stays what the core holds. The window is made by
+    running the evictor from the store's own put, right after the core committed it."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False)
+    rec = _Recorder()
+    adapter.register_listener(rec)
+    core = adapter._core
+    real_put = core.put_many
+    evicted = []
+
+    def put_then_evict(*args, **kwargs):
+        result = real_put(*args, **kwargs)
+        if not evicted:  # the first store's first extent is closed now: evict it before the finish
+            evicted.append(adapter._extents.evict(EXTENT_SLOTS))
+        return result
+
+    core.put_many = put_then_evict
+    try:
+        keys = [_key(9000 + i) for i in range(EXTENT_SLOTS + 1)]  # one extent filled, the next opened
+        assert _store(adapter, keys, [_obj(1024, seed=9000 + i) for i in range(len(keys))]) is True
+        assert evicted == [EXTENT_SLOTS], evicted
+        held = set(i for i, ok in enumerate(core.exists_many([encode(k) for k in keys])) if ok)
+        told = {keys.index(k) for k in rec.stored} - {keys.index(k) for k in rec.deleted}
+        assert len(held) == 1, held
+        assert told == held, f"LMCache was told {sorted(told)} are stored; the core holds {sorted(held)}"
+        assert adapter.get_usage().total_bytes_used == len(held) * int(core.slot_bytes)
+        assert adapter.report_status()["held_key_count"] == len(held)
+    finally:
+        del core.put_many
+        adapter.close()

@@ -175,12 +175,11 @@ def test_too_many_size_classes_are_refused_naming_the_setting(tmp_path):
         sc_core(make_device(tmp_path), 9)
 
 
-def test_an_entry_contradicting_its_extents_class_is_dropped_and_counted(tmp_path):
-    # One extent. Three full objects (class 0: ids 0..2), deleted, then two small ones (class 1)
-    # at ids 0 and 1 of the freed extent (its open stream let go of it); the group of the
-    # deletes is damaged, so recovery
-    # replays a full object at id 2 and two small ones in one extent: the extent takes its
-    # first entry's class and the entries of the other are dropped, counted, never served.
+def contradicting_device(tmp_path) -> str:
+    """One extent. Three full objects (class 0: ids 0..2), deleted, then two small ones (class
+    1) at ids 0 and 1 of the freed extent (its open stream let go of it); the group of the
+    deletes is damaged, so recovery replays a full object at id 2 and two small ones (keys 10
+    and 11) in one extent."""
     dev = make_device(tmp_path, size=META + EXT)
     run_child(dev, f"""
         big = [okey(i) for i in range(3)]
@@ -196,6 +195,13 @@ def test_an_entry_contradicting_its_extents_class_is_dropped_and_counted(tmp_pat
     with open(dev, "r+b") as f:  # the first group (the first checkpoint wrote a base): the deletes
         f.seek(ring_off + 48)
         f.write(b"\xff" * 8)
+    return dev
+
+
+def test_an_entry_contradicting_its_extents_class_is_dropped_and_counted(tmp_path):
+    # The extent takes its first entry's class and the entries of the other are dropped,
+    # counted, never served.
+    dev = contradicting_device(tmp_path)
     core = sc_core(dev, 2)
     try:
         st = core._native.status()
@@ -221,5 +227,70 @@ def test_a_device_full_of_full_size_objects_reports_its_whole_capacity_used(tmp_
             i += 1
         assert i == 16 * PER
         assert core.report_status()["usable_capacity_bytes"] == i * SLOT
+    finally:
+        core.close()
+
+
+def test_entries_dropped_by_class_stay_dropped_until_a_whole_base_forgets_them(tmp_path):
+    # The dropped entries stay listed on the device until the next checkpoint writes a whole
+    # base. A core that dies before it, after a put over the dropped entries' bytes (key 20 at
+    # id 0, where key 10's header was), recovers the same state: the same entries dropped and
+    # counted again, none of them live or served, the put (not durable) gone. The checkpoint
+    # after that writes a base without them: the next open drops nothing.
+    dev = contradicting_device(tmp_path)
+    run_child(dev, f"""
+        st = c._native.status()
+        assert (st["recovery_outcome"], st["size_class_dropped"]) == ("damaged", 2), st
+        assert c.put_many([okey(20)], [Obj(payload(20, {PAY}))]).results == [True]
+        assert c.entry_offset(okey(20).encoded) == {META}
+    """, extent_bytes=EXT, size_classes=2)
+    core = sc_core(dev, 2)
+    try:
+        st = core._native.status()
+        assert (st["recovery_outcome"], st["size_class_dropped"]) == ("damaged", 2), st
+        assert core.exists_many([okey(i).encoded for i in (2, 10, 11, 20)]) == [True, False, False, False]
+        assert served(core, [10, 11], [1000, 1000]) == [] and served(core, [2], [PAY]) == [2]
+        core.checkpoint_now()
+    finally:
+        core.close()
+    core = sc_core(dev, 2)
+    try:
+        st = core._native.status()
+        assert (st["recovery_outcome"], st["size_class_dropped"], st["recovery_dropped_entries"]) == ("loaded", 0, 0)
+        assert core.exists_many([okey(i).encoded for i in (2, 10, 11)]) == [True, False, False]
+        assert served(core, [2], [PAY]) == [2]
+    finally:
+        core.close()
+
+
+def test_status_under_failing_allocations_raises_memoryerror_or_reports_whole_lists(tmp_path):
+    # Every allocation status() makes fails in turn (CPython's test hook): each call either
+    # raises MemoryError or returns the whole size-class lists, never a list with holes or a
+    # result with an exception left set (which CPython reports as SystemError).
+    _testcapi = pytest.importorskip("_testcapi", reason="the allocation-failure hook is CPython's _testcapi")
+    core = sc_core(make_device(tmp_path), 3)
+    try:
+        want = core._native.status()["size_class_slot_bytes"]
+        assert want == [cls_slot(c) for c in range(3)]
+        outcomes = {"MemoryError": 0, "whole": 0}
+        k = 0
+        while outcomes["whole"] < 20:  # past the last allocation status() makes
+            st = None
+            _testcapi.set_nomemory(k, k + 1)
+            try:
+                st = core._native.status()
+            except MemoryError:
+                pass
+            finally:
+                _testcapi.remove_mem_hooks()
+            if st is None:
+                outcomes["MemoryError"] += 1
+            else:
+                lists = st["size_class_slot_bytes"], st["size_class_extents"]
+                assert all(len(x) == 3 and all(type(v) is int for v in x) for x in lists), k
+                assert lists[0] == want, k
+                outcomes["whole"] += 1
+            k += 1
+        assert outcomes["MemoryError"] > 0, outcomes
     finally:
         core.close()

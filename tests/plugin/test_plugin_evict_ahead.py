@@ -465,3 +465,19 @@ def test_evicted_slots_are_deallocated_off_the_put_path(open_backend, tmp_path):
     assert st["dealloc_slots"] > 0, st
     assert st["dealloc_slots"] + st["dealloc_skipped"] >= st["evicted_ahead_entries"] > 0
     assert_loads(be, done[-16:])
+
+
+@pytest.mark.parametrize("classes", [1, 2])
+def test_lru_evict_ahead_fires_with_size_classes(open_backend, classes):
+    # With size classes the slot ids are the smallest class's: an extent holds 2^(n-1) times
+    # fewer full-size slots than ids. The trigger must count what full-size entries fill, or
+    # the cache fills before it fires and every put evicts for itself.
+    be = open_backend(slots=64, eviction_policy="lru", eviction_trigger_watermark=0.75, eviction_ratio=0.25,
+                      meta_format="log", extent_bytes=4 * SLOT, size_classes=classes)
+    full = be.report_status()["usable_capacity_bytes"] // SLOT
+    for i in range(2 * full):
+        assert not put_keys(be, [i])
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    assert st["evicted_ahead_entries"] > 0, "the evictor never fired"
+    assert st["put_evicted_entries"] == 0, "a put found the cache full and evicted for itself"
