@@ -308,9 +308,13 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._extents: ExtentEviction | None = None
         self._evict_lock = threading.Lock()
         self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
-        # keys it deleted while a store was in flight: a store that committed one before that
-        # delete must not record it (guarded by _lock; cleared when no store is in flight)
-        self._evicted_storing: set[str] = set()
+        # keys it deleted while a store was in flight, with the sequence of that delete: a store
+        # that committed one before the delete must not record it. Each store in flight keeps the
+        # sequence it started at; entries no store in flight started before are dropped, so the
+        # map stays bounded under stores that never go idle (guarded by _lock)
+        self._evicted_storing: dict[str, int] = {}
+        self._evict_seq = 0
+        self._store_marks: dict[int, int] = {}  # store task id -> _evict_seq when it was submitted
         self._tell_lock = threading.Lock()  # one teller at a time, so the order holds (before _lock)
         try:
             self._core = self._make_core(config)
@@ -358,8 +362,11 @@ class RawBlockL2Adapter(L2AdapterInterface):
         """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
         listeners' news waits for ``_tell_extents``."""
         with self._lock:
-            if self._inflight["store"]:
-                self._evicted_storing.update(encoded)
+            if self._store_marks:
+                self._evict_seq += 1
+                for enc in encoded:  # re-inserted at the end: the map stays in sequence order
+                    self._evicted_storing.pop(enc, None)
+                    self._evicted_storing[enc] = self._evict_seq
             for enc in encoded:
                 entry = self._resident.pop(enc, None)
                 if entry is not None:
@@ -495,6 +502,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 raise RuntimeError("RawBlockL2Adapter is closed")
             task_id = next(self._task_ids)
             self._inflight[kind] += 1
+            if kind == "store":
+                self._store_marks[task_id] = self._evict_seq
         try:
             self._core.raise_if_failed()
             future = self._pools[kind].submit(work, *args)
@@ -568,7 +577,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             logger.error("RawBlockL2Adapter: store task %d failed: %s", task_id, e)
         size = int(self._core.slot_bytes) if stored else 0
         with self._lock:
-            stored = self._not_evicted(stored)
+            stored = self._not_evicted(task_id, stored)
             for encoded, key in stored:
                 self._resident[encoded] = _Resident(key, size, next(self._generations))
             if self._chains is not None and stored:
@@ -577,17 +586,23 @@ class RawBlockL2Adapter(L2AdapterInterface):
             self._tell("stored", [k for _, k in stored], [size] * len(stored))
         self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
 
-    def _not_evicted(self, stored: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    def _not_evicted(self, task_id: int, stored: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """The keys a store put that the core still holds, of those the extent evictor deleted
         while the store ran (it may have deleted them after their put, before this record, and
         found nothing of ours to drop). Called with ``_lock`` held, so a later delete finds
-        them recorded."""
-        gone = self._evicted_storing.intersection(enc for enc, _ in stored)
-        if self._inflight["store"] <= 1:  # kept while stores overlap: another may hold the same key
-            self._evicted_storing.clear()
+        them recorded; forgets the deletes no store still in flight started before."""
+        mark = self._store_marks.pop(task_id, self._evict_seq)
+        evicted = self._evicted_storing
+        gone = [enc for enc, _ in stored if evicted.get(enc, -1) > mark]
+        floor = min(self._store_marks.values(), default=self._evict_seq)
+        while evicted:
+            oldest = next(iter(evicted))
+            if evicted[oldest] > floor:
+                break
+            del evicted[oldest]
         if not gone:
             return stored
-        held = dict(zip(gone, self._core.exists_many(list(gone))))
+        held = dict(zip(gone, self._core.exists_many(gone)))
         return [(enc, key) for enc, key in stored if held.get(enc, True)]
 
     def pop_completed_store_tasks(self) -> dict:

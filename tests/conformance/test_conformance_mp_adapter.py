@@ -558,3 +558,41 @@ def test_key_whose_extent_is_evicted_before_its_store_finishes_is_not_reported_s
     finally:
         del core.put_many
         adapter.close()
+
+
+def test_deletes_kept_for_stores_in_flight_are_forgotten_once_those_stores_finish(tmp_path):
+    """The extent evictor's deletes are remembered only for the stores in flight when they were
+    made: under stores that overlap without ever going idle (each starts before the last ends),
+    the remembered deletes stay as few as the stores still running could need, not every key
+    evicted since the adapter last had no store in flight."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False)
+    gates: list[threading.Event] = []
+
+    def held_store(gate_list, _objects):
+        assert gate_list[0].wait(30), "the test never released this store"
+        return True, []
+
+    def start() -> int:
+        gate = threading.Event()
+        gates.append(gate)
+        return adapter._submit("store", held_store, adapter._finish_store, [gate], [None])
+
+    try:
+        running = start()
+        for i in range(20):
+            nxt = start()
+            adapter._extent_deleted([f"evicted-{i}"])  # an eviction while both are in flight
+            gates[-2].set()
+            _wait(adapter.get_store_event_fd())
+            assert running in adapter.pop_completed_store_tasks()
+            running = nxt
+        # only the last delete came after the running store started
+        assert list(adapter._evicted_storing) == ["evicted-19"], adapter._evicted_storing
+        gates[-1].set()
+        _wait(adapter.get_store_event_fd())
+        assert running in adapter.pop_completed_store_tasks()
+        assert not adapter._evicted_storing
+    finally:
+        for gate in gates:
+            gate.set()
+        adapter.close()
