@@ -823,6 +823,8 @@ int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
 
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
 {
+    if (dev->uring_cmd && x->dsync)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "a write synced by itself (RWF_DSYNC) on a passthrough device");
     if (dev->uring_cmd && x->done < x->want) {
         int rc = rb_uring_sync(dev->uring, x->write ? RB_REQ_WRITE : RB_REQ_READ, x->offset, x->buf, x->buf_len,
                                x->payload_len, x->total_len, x->pid, err);
@@ -832,21 +834,27 @@ int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
     }
     while (x->done < x->want) {
         size_t req = x->want - x->done;
-        ssize_t r = xfer_attempt(dev, x, 0);
+        ssize_t r = xfer_attempt(dev, x, x->write && x->dsync ? RWF_DSYNC : 0);
         int e = errno;
         xfer_account(dev, x, req, r);
         if (r < 0) {
             if (e == EINTR)
                 return -EINTR;
-            return rb_err_set(err, RB_ERR_OS, e, x->write ? "pwrite failed" : "pread failed");
+            return rb_err_set(err, RB_ERR_OS, e,
+                              x->write ? (x->dsync ? "pwritev2(RWF_DSYNC) failed" : "pwrite failed") : "pread failed");
         }
         if (r == 0) {
             if (x->write)
                 return rb_err_set(err, RB_ERR_RUNTIME, EIO, "pwrite made no progress");
             return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
         }
-        if (RB_WLOG_ENABLED() && x->write)
+        if (RB_WLOG_ENABLED() && x->write) {
             rb_wlog_writev(dev->fd, x->offset + x->done, x->iov, x->iovcnt, x->done, (size_t)r);
+            /* durable now: a flush record whose barrier is past this write (it also covers the
+             * writes logged before it, which the crash-state model then counts durable early) */
+            if (x->dsync)
+                rb_wlog_flush_done(dev->fd, rb_wlog_flush_begin());
+        }
         x->done += (size_t)r;
     }
     xfer_finish(x);
