@@ -39,7 +39,7 @@ def _summary(ns: list[float]) -> dict:
 
 
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
-               dealloc: str = "on", device: str | None = None) -> dict:
+               dealloc: str = "on", device: str | None = None, odirect: bool = False) -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -56,6 +56,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         "rust_raw_block.deallocate_freed": dealloc, "rust_raw_block.eviction_policy": policy,
         "rust_raw_block.extent_bytes": per * slot,
     }
+    if odirect:  # each put then costs the device's write time (a capped device throttles it)
+        extra["rust_raw_block.use_odirect"] = True
     if reserve:  # 0: the plugin's default
         extra["rust_raw_block.extent_reserve"] = reserve
     loop = asyncio.new_event_loop()
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dealloc", default="on", help="deallocate_freed values, comma-separated (default on)")
     ap.add_argument("--device", help="a block device to use instead of a sparse file (its size sets the slots; "
                                      "every run overwrites it)")
+    ap.add_argument("--odirect", action="store_true", help="open the device with O_DIRECT (default: through the "
+                                                          "page cache)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each setting, interleaved (default 1)")
     ap.add_argument("--out", help="write latency.json there")
     a = ap.parse_args(argv)
@@ -122,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             for dl in a.dealloc.split(","):
                 for p in a.policies.split(","):
                     for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
-                        runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device))
+                        runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device,
+                                                   a.odirect))
     pooled = _pooled(runs)
     for r in runs:
         del r["_room_ns"], r["_full_ns"]
-    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "loadavg_at_end": os.getloadavg(),
+    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "odirect": a.odirect, "loadavg_at_end": os.getloadavg(),
                            "pooled": pooled, "runs": runs}
     text = json.dumps(doc, indent=1)
     if a.out:
