@@ -83,6 +83,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         full = [put(i) for i in range(capacity, capacity + int(rounds * capacity))]
         be.wait_idle(120)
         st = be.report_status()
+        hist = be._core._native.histograms()["histograms"]  # the whole run's, room and full
         reserve = st.get("extent_reserve", reserve)
         effective = st.get("extent_reserve_effective")
     finally:
@@ -100,7 +101,17 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
-            "status": {k: st.get(k) for k in keys}}
+            "status": {k: st.get(k) for k in keys},
+            # the metadata writes and deallocations the puts shared the device with
+            **{f"{h}_count_mean_p99_us": _hist_summary(hist[f"{h}_ns"]) for h in ("checkpoint", "dealloc")}}
+
+
+def _hist_summary(h: dict) -> list:
+    """[count, mean us, p99 us] of one of the core's latency histograms."""
+    from lmcache_rawblock.metrics import quantile
+    if not h["count"]:
+        return [0, None, None]
+    return [h["count"], round(h["sum"] / h["count"] / 1e3, 1), round((quantile(h, 0.99) or 0) / 1e3, 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         print(f"{r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
-              f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f}")
+              f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
+              f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}")
     for r in pooled:
         print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
