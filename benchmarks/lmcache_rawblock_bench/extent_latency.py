@@ -39,7 +39,7 @@ def _summary(ns: list[float]) -> dict:
 
 
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
-               dealloc: str = "on", device: str | None = None) -> dict:
+               dealloc: str = "on", device: str | None = None, odirect: bool = False) -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -56,6 +56,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         "rust_raw_block.deallocate_freed": dealloc, "rust_raw_block.eviction_policy": policy,
         "rust_raw_block.extent_bytes": per * slot,
     }
+    if odirect:  # each put then costs the device's write time (a capped device throttles it)
+        extra["rust_raw_block.use_odirect"] = True
     if reserve:  # 0: the plugin's default
         extra["rust_raw_block.extent_reserve"] = reserve
     loop = asyncio.new_event_loop()
@@ -81,6 +83,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         full = [put(i) for i in range(capacity, capacity + int(rounds * capacity))]
         be.wait_idle(120)
         st = be.report_status()
+        hist = be._core._native.histograms()["histograms"]  # the whole run's, room and full
         reserve = st.get("extent_reserve", reserve)
         effective = st.get("extent_reserve_effective")
     finally:
@@ -98,7 +101,17 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
-            "status": {k: st.get(k) for k in keys}}
+            "status": {k: st.get(k) for k in keys},
+            # the metadata writes and deallocations the puts shared the device with
+            **{f"{h}_count_mean_p99_us": _hist_summary(hist[f"{h}_ns"]) for h in ("checkpoint", "dealloc")}}
+
+
+def _hist_summary(h: dict) -> list:
+    """[count, mean us, p99 us] of one of the core's latency histograms."""
+    from lmcache_rawblock.metrics import quantile
+    if not h["count"]:
+        return [0, None, None]
+    return [h["count"], round(h["sum"] / h["count"] / 1e3, 1), round((quantile(h, 0.99) or 0) / 1e3, 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dealloc", default="on", help="deallocate_freed values, comma-separated (default on)")
     ap.add_argument("--device", help="a block device to use instead of a sparse file (its size sets the slots; "
                                      "every run overwrites it)")
+    ap.add_argument("--odirect", action="store_true", help="open the device with O_DIRECT (default: through the "
+                                                          "page cache)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each setting, interleaved (default 1)")
     ap.add_argument("--out", help="write latency.json there")
     a = ap.parse_args(argv)
@@ -122,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
             for dl in a.dealloc.split(","):
                 for p in a.policies.split(","):
                     for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
-                        runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device))
+                        runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device,
+                                                   a.odirect))
     pooled = _pooled(runs)
     for r in runs:
         del r["_room_ns"], r["_full_ns"]
-    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "loadavg_at_end": os.getloadavg(),
+    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "odirect": a.odirect, "loadavg_at_end": os.getloadavg(),
                            "pooled": pooled, "runs": runs}
     text = json.dumps(doc, indent=1)
     if a.out:
@@ -136,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         print(f"{r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
-              f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f}")
+              f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
+              f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}")
     for r in pooled:
         print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "

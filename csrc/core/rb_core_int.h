@@ -60,6 +60,7 @@ typedef struct rb_mlpage {
     rb_mlog_genc g;
     uint32_t *frees;
     size_t n_frees, cap_frees;
+    size_t n_puts;  /* its PUT records: with none its group names no payload */
     uint64_t seq;   /* 0 while open; the group's sequence once closed */
     uint64_t t0_ns; /* when it took its first record (rb_now_ns): the age of its changes */
     uint8_t *img;   /* the sealed group (block-aligned), once sealed */
@@ -648,6 +649,11 @@ int rb_core_recover(rb_core *c, rb_err *err);
 /* Shared by both formats' writers (rb_core_meta.c). */
 int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err);
 int rb_core_flush(rb_core *c, rb_err *err);
+/* Whether rb_core_meta_write_synced can sync a write's own range (not through NVMe
+ * passthrough, nor where the benchmark hook skips flushes, nor for metadata written with an
+ * FDP placement through io_uring). */
+int rb_core_meta_can_sync_range(rb_core *c);
+int rb_core_meta_write_synced(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err);
 void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err);
 void rb_core_set_ckpt_error(rb_core *c, const rb_err *err);
 /* A checkpoint decision under mu: 1 when one is to be written (force as rb_core_checkpoint,

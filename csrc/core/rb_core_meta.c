@@ -34,6 +34,53 @@ int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *
     return rc;
 }
 
+int rb_core_meta_can_sync_range(rb_core *c)
+{
+    rb_nvme_ns ns;
+    return !atomic_load(&c->no_flush) && !rb_dev_nvme_ns(c->dev, &ns) &&
+           !(rb_core_uses_uring(c) && c->cfg.meta_checkpoint_placement_id);
+}
+
+/*
+ * One metadata write durable by itself (rb_core_meta_can_sync_range): pwritev2(RWF_DSYNC)
+ * writes back only its own range, then flushes the drive's write cache, where fdatasync would
+ * write back every page the puts dirtied since the last flush. For a log group whose payloads
+ * an earlier flush already made durable. A failure counts as a failed flush (and an injected
+ * flush fault fails it): the kernel reports a write-back error of any page of the file to the
+ * next sync of the descriptor, this one included, so the entries not proven durable are
+ * dropped as after a failed fdatasync. A success proves nothing about other writes.
+ */
+int rb_core_meta_write_synced(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    int rc;
+    if (rb_core_take_flush_fault(c)) {
+        rc = rb_err_set(err, RB_ERR_OS, EIO, "pwritev2(RWF_DSYNC) failed (injected)");
+    } else {
+        if (rb_dev_enter(c->dev) < 0)
+            return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+        rb_xfer x;
+        rc = rb_xfer_init(c->dev, &x, 1, off, buf, len, len, len, err);
+        x.dsync = 1;
+        if (rc == 0)
+            rc = rb_xfer_prepare(c->dev, &x, err);
+        while (rc == 0 && (rc = rb_xfer_run(c->dev, &x, err)) == -EINTR)
+            rc = 0;
+        rb_xfer_release(&x);
+        rb_dev_leave(c->dev);
+    }
+    if (rc == 0) {
+        atomic_fetch_add(&c->flushes, 1);
+        return 0;
+    }
+    if (err->kind == RB_ERR_VALUE || err->kind == RB_ERR_NOMEM)
+        return rc;
+    rb_core_note_fault(c, "synced write", off, err);
+    pthread_mutex_lock(&c->mu);
+    rb_core_flush_done_locked(c, rb_core_flush_begin_locked(c), 0);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 /* A device error of the checkpoint writer, told whole (operation, offset, path, errno) in err
  * itself: what checkpoint_now() raises and checkpoint_last_error keeps. */
 void rb_core_explain_device_error(const rb_core *c, const char *op, uint64_t off, rb_err *err)

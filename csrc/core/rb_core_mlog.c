@@ -318,6 +318,8 @@ void rb_core_ml_put_locked(rb_core *c, const rb_ent *e)
     }
     if (rc < 0)
         journal_lost_locked(c);
+    else
+        p->n_puts++;
 }
 
 void rb_core_ml_free_locked(rb_core *c, uint32_t slot)
@@ -459,15 +461,29 @@ static int take_closed_pages(rb_core *c, rb_mlpage ***pages, size_t *k, uint64_t
     return n && !*pages ? -ENOMEM : 0;
 }
 
+/* Whether any of the pages holds a PUT record (a payload that must be durable first). */
+static int pages_name_payloads(rb_core *c, rb_mlpage **pages, size_t k)
+{
+    int any = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < k && !any; i++)
+        any = pages[i]->n_puts > 0;
+    pthread_mutex_unlock(&c->mu);
+    return any;
+}
+
 /* Before the groups: this process's first group claims its epoch in a superblock (the current
  * one with the next sequence, in the other place), made durable by the flush that makes every
- * payload the groups name durable. 0 or <0. */
-static int groups_prologue(rb_core *c, rb_err *err)
+ * payload the groups name durable. Groups of FREE records alone (the evictor's deletes) name
+ * no payload: without a claim they need no flush first. 0 or <0. */
+static int groups_prologue(rb_core *c, rb_mlpage **pages, size_t k, rb_err *err)
 {
     rb_mlw *m = &c->ml;
     int rc = 0;
     rb_mlog_sb claim;
     int claiming = !m->epoch_claimed;
+    if (!claiming && !pages_name_payloads(c, pages, k))
+        return 0;
     if (claiming) {
         pthread_mutex_lock(&c->mu);
         claim = m->sb;
@@ -489,9 +505,13 @@ static int groups_prologue(rb_core *c, rb_err *err)
     return rc;
 }
 
-/* Seal, place and write pages[0..k) at the ring's head, a flush between two groups (the caller
- * flushes after the last); *bytes and *records what they hold. 0 or <0 (the first failure). */
-static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, uint64_t *bytes, uint64_t *records, rb_err *err)
+/* Seal, place and write pages[0..k) at the ring's head, each group durable before the next is
+ * written: with ranged (rb_core_meta_can_sync_range), each written with a sync of its own
+ * bytes (the prologue's flush made the payloads durable; the other pages the puts dirtied need
+ * not be written back), else a flush between two groups (the caller flushes after the last);
+ * *bytes and *records what they hold. 0 or <0 (the first failure). */
+static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, int ranged, uint64_t *bytes, uint64_t *records,
+                       rb_err *err)
 {
     rb_mlw *m = &c->ml;
     for (size_t i = 0; i < k; i++) {
@@ -505,7 +525,8 @@ static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, uint64_t *bytes,
         if (rc < 0)
             return rc;
         uint64_t off = m->lay.ring.off + p->pos;
-        rc = rb_core_meta_write(c, off, p->img, p->img_len, err);
+        rc = ranged ? rb_core_meta_write_synced(c, off, p->img, p->img_len, err)
+                    : rb_core_meta_write(c, off, p->img, p->img_len, err);
         if (rc < 0) {
             rb_core_explain_device_error(c, "metadata log write", off, err);
             return rc;
@@ -514,7 +535,7 @@ static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, uint64_t *bytes,
         *records += p->g.n_records;
         /* each group durable before the next is written: a group that fails its checks with a
          * later one after it is then damage, never a torn tail (rb_mlog_read's gaps) */
-        if (i + 1 < k && (rc = rb_core_flush(c, err)) < 0)
+        if (!ranged && i + 1 < k && (rc = rb_core_flush(c, err)) < 0)
             return rc;
     }
     return 0;
@@ -573,10 +594,11 @@ static int write_groups(rb_core *c, rb_err *err)
     if (delay)
         usleep(delay * 1000u);
     uint64_t bytes = 0, records = 0;
-    int rc = groups_prologue(c, err);
+    int ranged = rb_core_meta_can_sync_range(c);
+    int rc = groups_prologue(c, pages, k, err);
     if (rc == 0)
-        rc = write_pages(c, pages, k, &bytes, &records, err);
-    if (rc == 0)
+        rc = write_pages(c, pages, k, ranged, &bytes, &records, err);
+    if (rc == 0 && !ranged)
         rc = rb_core_flush(c, err);
     free(pages);
     if (rc < 0) {
@@ -1424,7 +1446,7 @@ static int end_mark_wanted_locked(const rb_core *c)
 static int end_mark_put(rb_core *c, rb_mlpage *mk, rb_err *err)
 {
     rb_mlw *m = &c->ml;
-    int rc = m->epoch_claimed ? 0 : groups_prologue(c, err);
+    int rc = m->epoch_claimed ? 0 : groups_prologue(c, NULL, 0, err);
     if (rc == 0)
         rc = seal_page(c, mk, err);
     if (rc < 0)

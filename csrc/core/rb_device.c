@@ -821,8 +821,30 @@ int rb_xfer_try_nowait(rb_dev *dev, rb_xfer *x)
     return 1;
 }
 
+/* A failed or empty attempt of rb_xfer_run (r <= 0, e its errno): -EINTR, or the error. */
+static int xfer_failed(const rb_xfer *x, ssize_t r, int e, rb_err *err)
+{
+    if (r == 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, EIO, x->write ? "pwrite made no progress" : "unexpected EOF");
+    if (e == EINTR)
+        return -EINTR;
+    return rb_err_set(err, RB_ERR_OS, e,
+                      x->write ? (x->dsync ? "pwritev2(RWF_DSYNC) failed" : "pwrite failed") : "pread failed");
+}
+
+/* r bytes written at x->done: into the write log, and a synced write's durability with them (a
+ * flush record whose barrier is past it; rb_wlog.h says what the model then counts durable). */
+static void xfer_logged(rb_dev *dev, const rb_xfer *x, size_t r)
+{
+    rb_wlog_writev(dev->fd, x->offset + x->done, x->iov, x->iovcnt, x->done, r);
+    if (x->dsync)
+        rb_wlog_flush_done(dev->fd, rb_wlog_flush_begin());
+}
+
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
 {
+    if (dev->uring_cmd && x->dsync)
+        return rb_err_set(err, RB_ERR_VALUE, EINVAL, "a write synced by itself (RWF_DSYNC) on a passthrough device");
     if (dev->uring_cmd && x->done < x->want) {
         int rc = rb_uring_sync(dev->uring, x->write ? RB_REQ_WRITE : RB_REQ_READ, x->offset, x->buf, x->buf_len,
                                x->payload_len, x->total_len, x->pid, err);
@@ -832,21 +854,13 @@ int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)
     }
     while (x->done < x->want) {
         size_t req = x->want - x->done;
-        ssize_t r = xfer_attempt(dev, x, 0);
+        ssize_t r = xfer_attempt(dev, x, x->write && x->dsync ? RWF_DSYNC : 0);
         int e = errno;
         xfer_account(dev, x, req, r);
-        if (r < 0) {
-            if (e == EINTR)
-                return -EINTR;
-            return rb_err_set(err, RB_ERR_OS, e, x->write ? "pwrite failed" : "pread failed");
-        }
-        if (r == 0) {
-            if (x->write)
-                return rb_err_set(err, RB_ERR_RUNTIME, EIO, "pwrite made no progress");
-            return rb_err_set(err, RB_ERR_RUNTIME, EIO, "unexpected EOF");
-        }
+        if (r <= 0)
+            return xfer_failed(x, r, e, err);
         if (RB_WLOG_ENABLED() && x->write)
-            rb_wlog_writev(dev->fd, x->offset + x->done, x->iov, x->iovcnt, x->done, (size_t)r);
+            xfer_logged(dev, x, (size_t)r);
         x->done += (size_t)r;
     }
     xfer_finish(x);

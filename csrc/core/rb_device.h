@@ -248,6 +248,9 @@ typedef struct rb_xfer {
     size_t copy_back_off; /* reads: copy bounce[0..copy_back_len) to buf + copy_back_off */
     size_t copy_back_len;
     uint16_t pid;  /* writes on a passthrough device: FDP placement id, 0 = none (set after init) */
+    int dsync;     /* writes (not passthrough), set after init: each attempt is pwritev2(RWF_DSYNC), so the
+                    * bytes are durable once it returns (only their range is synced, then the drive's
+                    * cache flushed); the write log records them as written and flushed */
     uint8_t *head; /* reads: the head_len bytes before offset land here (rb_xfer_set_head) */
     size_t head_len;
 } rb_xfer;

@@ -17,7 +17,11 @@
  * A write is logged once it completed, so its record comes after every record of a write
  * that completed before it. A flush record's barrier is the sequence number the log had
  * reached when the flush started: every write with a smaller sequence number is durable once
- * the flush record exists.
+ * the flush record exists. A write synced by itself (RWF_DSYNC: a log group) is followed by a
+ * flush record whose barrier is past it, so the crash-state model counts the writes logged
+ * before it durable from there too: the payloads of puts no durable record names yet (a later
+ * checkpoint flushes them before naming them) and deallocations of slots whose FREE record is
+ * durable, whose loss no record can expose.
  *
  * Thread safety: records are appended under one mutex; enabling or disabling takes the same
  * mutex. Enable only while no device write is in flight that should be left out.

@@ -223,3 +223,35 @@ def test_a_checkpoint_writes_no_group_after_a_flush_failed_on_another_thread(tmp
     assert _own_bytes(c, list(K)) == []
     assert _own_bytes(c, range(2000)) == list(range(2000))
     c.close()
+
+
+def test_a_failed_synced_group_write_fails_like_a_flush(tmp_path):
+    """A log group is made durable by a write synced by itself (RWF_DSYNC) after the flush of
+    the payloads it names. When that write fails (the kernel may report there a write-back
+    error of any page of the file), the checkpoint fails as on a failed flush: the failure is
+    counted, the freed slots stay held, the next checkpoint writes a whole base."""
+    dev = _dev(tmp_path, 100)
+    c = _open(dev)
+    assert all(c.put_many([okey(i) for i in range(20)], [Obj(payload(i, SIZE)) for i in range(20)]).results)
+    c.checkpoint_now()
+    c.delete_many([okey(i).encoded for i in range(10)])
+    assert all(c.put_many([okey(i) for i in K], [Obj(payload(i, SIZE)) for i in K]).results)
+    st0 = c._native.status()
+    c._native._inject_fault("flush", 2)  # the payloads' flush succeeds, the group's synced write fails
+    try:
+        c.checkpoint_now()
+        raise AssertionError("the checkpoint succeeded")
+    except OSError as e:
+        assert "RWF_DSYNC" in str(e), e
+    st = c._native.status()
+    assert st["writeback_failures"] == st0["writeback_failures"] + 1
+    assert st["checkpoint_held_slots"] == 10
+    c.checkpoint_now()
+    st = c._native.status()
+    assert st["metadata_log"]["bases_written"] == st0["metadata_log"]["bases_written"] + 1
+    assert st["checkpoint_held_slots"] == 0
+    c.close()
+    c = _open(dev)
+    assert c.exists_many([okey(i).encoded for i in range(20)]) == [False] * 10 + [True] * 10
+    assert c.exists_many([okey(i).encoded for i in K]) == [True] * 20  # their payloads' flush succeeded
+    c.close()
