@@ -279,9 +279,10 @@ class PrefixOrder:
     def probe_bound(self, encoded: Sequence[str], /) -> int:
         """How many of a prompt's keys a lookup needs to probe: up to the first one whose
         predecessor is known to have left."""
-    def reachable_loss(self, keys: Iterable[str], /) -> int:
+    def reachable_loss(self, keys: Iterable[str], limit: int | None = None, /) -> int:
         """How many stored keys a lookup reaches now would be lost if ``keys`` left (those of
-        them reachable, and every stored key below one of them)."""
+        them reachable, and every stored key below one of them); counting stops at ``limit``
+        (the result is then ``limit``)."""
     def predecessor(self, key: str, /) -> str | None: ...
     def is_unreachable(self, key: str, /) -> bool: ...
     def counts(self) -> dict[str, int]:

@@ -79,9 +79,15 @@ class ReachableExtents:
         the one to evict."""
         if len(extents) < 2:
             return 0
+        best = 0
         with self._lock:
-            losses = [self._order.reachable_loss(keys) for keys in extents]
-        best = min(range(len(losses)), key=lambda i: (losses[i], i))
+            least = self._order.reachable_loss(extents[0])
+            for i in range(1, len(extents)):
+                # Only a smaller loss wins: counting stops there (an extent holding a shared
+                # head need not walk every chain below it).
+                loss = self._order.reachable_loss(extents[i], least)
+                if loss < least:
+                    best, least = i, loss
         if best:
             self.chosen_other += 1
         return best

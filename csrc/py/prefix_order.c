@@ -776,20 +776,22 @@ static int reachable(PrefixOrderObject *o, int32_t key, po_vec *path, po_vec *to
     return result;
 }
 
-static int loss_walk(PrefixOrderObject *o, po_vec *going, po_vec *touched, Py_ssize_t *lost)
+/* Count into ``lost`` the reachable ``going`` keys and the stored keys below them, stopping at
+ * ``limit`` (a shared head's whole subtree need not be walked to know it loses more). */
+static int loss_walk(PrefixOrderObject *o, po_vec *going, po_vec *touched, Py_ssize_t *lost, Py_ssize_t limit)
 {
     po_vec path = {0}, front = {0};
     int rc = 0;
-    for (Py_ssize_t j = 0; j < going->n && rc == 0; j++) {
+    for (Py_ssize_t j = 0; j < going->n && rc == 0 && *lost < limit; j++) {
         int32_t i = going->v[j];
         int r = (N(o, i).flags & F_STORED) ? reachable(o, i, &path, touched) : 0;
         if (r < 0 || (r && vec_push(&front, i) < 0))
             rc = -1;
         *lost += r > 0;
     }
-    while (front.n && rc == 0) {
+    while (front.n && rc == 0 && *lost < limit) {
         int32_t i = front.v[--front.n];
-        for (int32_t c = N(o, i).kids.head; c >= 0 && rc == 0; c = N(o, c).sib.next) {
+        for (int32_t c = N(o, i).kids.head; c >= 0 && rc == 0 && *lost < limit; c = N(o, c).sib.next) {
             if ((N(o, c).flags & (F_SEEN | F_STORED)) != F_STORED)
                 continue;
             N(o, c).flags |= F_SEEN;
@@ -1157,9 +1159,31 @@ static PyObject *po_probe_bound(PrefixOrderObject *o, PyObject *encoded)
     return bound < 0 ? NULL : PyLong_FromSsize_t(bound);
 }
 
-static PyObject *po_reachable_loss(PrefixOrderObject *o, PyObject *keys)
+static int loss_limit(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t *limit)
 {
-    PyObject *seq = items_of(keys, "PrefixOrder.reachable_loss: keys must be iterable");
+    *limit = PY_SSIZE_T_MAX;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "PrefixOrder.reachable_loss takes keys and limit=None; got %zd arguments", nargs);
+        return -1;
+    }
+    if (nargs < 2 || args[1] == Py_None)
+        return 0;
+    *limit = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (*limit == -1 && PyErr_Occurred())
+        return -1;
+    if (*limit < 0) {
+        PyErr_Format(PyExc_ValueError, "PrefixOrder.reachable_loss: limit must be >= 0 or None; got %zd", *limit);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *po_reachable_loss(PrefixOrderObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t limit;
+    if (loss_limit(args, nargs, &limit) < 0)
+        return NULL;
+    PyObject *seq = items_of(args[0], "PrefixOrder.reachable_loss: keys must be iterable");
     if (!seq)
         return NULL;
     if (enter(o) < 0) {
@@ -1177,7 +1201,7 @@ static PyObject *po_reachable_loss(PrefixOrderObject *o, PyObject *keys)
             N(o, i).flags |= F_SEEN;
     }
     if (rc == 0)
-        rc = loss_walk(o, &going, &touched, &lost);
+        rc = loss_walk(o, &going, &touched, &lost, limit);
     for (Py_ssize_t j = 0; j < touched.n; j++) {
         N(o, touched.v[j]).flags &= ~(uint32_t)F_SEEN;
         N(o, touched.v[j]).scratch = MEMO_NONE;
@@ -1309,8 +1333,8 @@ static PyMethodDef po_methods[] = {
          "Up to want keys to evict, in order; skip (a predicate or a container) names keys that stay."),
     METH(unreachable, METH_O, "($self, skip, /)", "Every stored key a lookup can no longer reach, none skip names."),
     METH(probe_bound, METH_O, "($self, encoded, /)", "How many of a prompt's keys a lookup needs to probe."),
-    METH(reachable_loss, METH_O, "($self, keys, /)",
-         "How many stored keys a lookup reaches now would be lost if keys left."),
+    METH(reachable_loss, METH_FASTCALL, "($self, keys, limit=None, /)",
+         "How many stored keys a lookup reaches now would be lost if keys left (at most limit)."),
     METH(predecessor, METH_O, "($self, key, /)", "The stored key's predecessor, or None."),
     METH(is_unreachable, METH_O, "($self, key, /)", "Whether key is stored and its predecessor left."),
     METH(counts, METH_NOARGS, "($self, /)", "Keys known, leaves, unreachable keys and pending links."),

@@ -99,7 +99,10 @@ def _step(rng: random.Random, model: ModelPrefixOrder, order: PrefixOrder, unive
     elif op == 12:
         keys = _keys(rng, universe, 0, 8)
         log.append(f"reachable_loss/probe_bound {keys}")
-        assert order.reachable_loss(keys) == model.reachable_loss(keys), "\n".join(log[-30:])
+        loss = model.reachable_loss(keys)
+        assert order.reachable_loss(keys) == loss, "\n".join(log[-30:])
+        limit = rng.randint(0, 6)  # counting stops at a limit: the smaller of the two
+        assert order.reachable_loss(keys, limit) == min(loss, limit), "\n".join(log[-30:])
         assert order.probe_bound(keys) == model.probe_bound(keys), "\n".join(log[-30:])
     else:
         skip_c, skip_m = _skip(rng, universe)
@@ -172,6 +175,8 @@ def test_bad_keys_are_refused_by_name_and_leave_the_order_usable() -> None:
         order.note_links([("a", "b", "c")])
     with pytest.raises(TypeError, match="keys must be iterable"):
         order.remove_many(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit must be >= 0 or None; got -1"):
+        order.reachable_loss(["a0"], -1)
     assert 5 not in order
     order.add("a1")
     assert order.victims(2, ()) == ["a1", "a0"]
