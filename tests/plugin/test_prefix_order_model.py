@@ -10,12 +10,13 @@ a predicate calling back into the order, str subclasses. Nothing here is timed.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from lmcache_rawblock.prefix_evict import HINT_CAPACITY, PrefixOrder
+from lmcache_rawblock.prefix_evict import HINT_CAPACITY, PrefixOrder, ReachableExtents
 from prefix_order_model import ModelPrefixOrder
 
 
@@ -104,6 +105,10 @@ def _step(rng: random.Random, model: ModelPrefixOrder, order: PrefixOrder, unive
         limit = rng.randint(0, 6)  # counting stops at a limit: the smaller of the two
         assert order.reachable_loss(keys, limit) == min(loss, limit), "\n".join(log[-30:])
         assert order.probe_bound(keys) == model.probe_bound(keys), "\n".join(log[-30:])
+        extents = [_keys(rng, universe, 1, 4) for _ in range(rng.randint(1, 4))]
+        losses = [model.reachable_loss(e) for e in extents]  # the extent choice: fewest lost, then oldest
+        want = min(range(len(extents)), key=lambda i: (losses[i], i))
+        assert ReachableExtents(order, threading.Lock()).choose(extents) == want, "\n".join(log[-30:])
     else:
         skip_c, skip_m = _skip(rng, universe)
         log.append(f"unreachable {skip_m}")
