@@ -776,6 +776,23 @@ static int reachable(PrefixOrderObject *o, int32_t key, po_vec *path, po_vec *to
     return result;
 }
 
+/* Count into ``lost`` the stored keys below the ``front`` keys not counted yet, up to ``limit``. */
+static int loss_below(PrefixOrderObject *o, po_vec *front, po_vec *touched, Py_ssize_t *lost, Py_ssize_t limit)
+{
+    while (front->n && *lost < limit) {
+        int32_t i = front->v[--front->n];
+        for (int32_t c = N(o, i).kids.head; c >= 0 && *lost < limit; c = N(o, c).sib.next) {
+            if ((N(o, c).flags & (F_SEEN | F_STORED)) != F_STORED)
+                continue;
+            N(o, c).flags |= F_SEEN;
+            ++*lost;
+            if (vec_push(touched, c) < 0 || vec_push(front, c) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 /* Count into ``lost`` the reachable ``going`` keys and the stored keys below them, stopping at
  * ``limit`` (a shared head's whole subtree need not be walked to know it loses more). */
 static int loss_walk(PrefixOrderObject *o, po_vec *going, po_vec *touched, Py_ssize_t *lost, Py_ssize_t limit)
@@ -789,17 +806,8 @@ static int loss_walk(PrefixOrderObject *o, po_vec *going, po_vec *touched, Py_ss
             rc = -1;
         *lost += r > 0;
     }
-    while (front.n && rc == 0 && *lost < limit) {
-        int32_t i = front.v[--front.n];
-        for (int32_t c = N(o, i).kids.head; c >= 0 && rc == 0 && *lost < limit; c = N(o, c).sib.next) {
-            if ((N(o, c).flags & (F_SEEN | F_STORED)) != F_STORED)
-                continue;
-            N(o, c).flags |= F_SEEN;
-            ++*lost;
-            if (vec_push(touched, c) < 0 || vec_push(&front, c) < 0)
-                rc = -1;
-        }
-    }
+    if (rc == 0)
+        rc = loss_below(o, &front, touched, lost, limit);
     vec_free(&path);
     vec_free(&front);
     return rc;
