@@ -10,6 +10,7 @@ a predicate calling back into the order, str subclasses. Nothing here is timed.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -218,3 +219,23 @@ def test_a_predicate_calling_back_into_the_order_is_refused() -> None:
         order.victims(2, fail)
     tail_pinned: Callable[[str], bool] = lambda k: k == "a2"  # noqa: E731
     assert order.victims(3, tail_pinned) == ["a1", "a0"], "below a kept leaf, newest stored first"
+
+
+def test_keys_the_order_no_longer_needs_are_released() -> None:
+    """A key that left, with no pending link and nothing naming it, holds no reference: the
+    order's memory follows what it knows, not every key it ever saw."""
+    keys = ["".join(("key-", str(i))) for i in range(50)]  # objects of their own
+    base = [sys.getrefcount(k) for k in keys]
+    order = PrefixOrder(hint_capacity=1)
+    order.note_call(keys)
+    order.add_many(keys)
+    order.note_lookup([keys[0], "elsewhere"], 1)  # a pending link naming keys[0]
+    assert sys.getrefcount(keys[0]) > base[0] and sys.getrefcount(keys[25]) > base[25]
+    order.remove_many(keys[1:])
+    assert [sys.getrefcount(k) for k in keys][1:] == base[1:]
+    order.remove(keys[0])
+    assert sys.getrefcount(keys[0]) > base[0], "still named by the pending link"
+    order.note_links([("x", "y"), ("z", "w"), ("v", "u")])  # the oldest links go (capacity 1)
+    assert sys.getrefcount(keys[0]) == base[0]
+    assert order.counts() == {"prefix_keys": 0, "prefix_leaves": 0, "prefix_unreachable": 0,
+                              "prefix_pending_links": 1}
