@@ -309,6 +309,13 @@ static void node_init(po_node *n, PyObject *key, Py_hash_t hash)
         n->link[w].prev = n->link[w].next = -1;
 }
 
+static void cand(PrefixOrderObject *o, int32_t i)
+{
+    /* With no room to queue it the node stays, meaning nothing, until it is used again. */
+    if (!(N(o, i).flags & F_CAND) && vec_push_raw(&o->cand, i) == 0)
+        N(o, i).flags |= F_CAND;
+}
+
 static int32_t intern_key(PrefixOrderObject *o, PyObject *key, Py_hash_t hash)
 {
     int32_t i = find_key(o, key, hash);
@@ -328,6 +335,7 @@ static int32_t intern_key(PrefixOrderObject *o, PyObject *key, Py_hash_t hash)
     size_t s = table_slot(o, key, hash, &(int32_t){0});
     o->slots[s] = i;
     o->nlive++;
+    cand(o, i); /* freed at the end of the method if nothing came to name it (an error after) */
     return i;
 }
 
@@ -359,13 +367,6 @@ static void table_delete(PrefixOrderObject *o, size_t s)
         }
     }
     o->slots[s] = -1;
-}
-
-static void cand(PrefixOrderObject *o, int32_t i)
-{
-    /* With no room to queue it the node stays, meaning nothing, until it is used again. */
-    if (!(N(o, i).flags & F_CAND) && vec_push_raw(&o->cand, i) == 0)
-        N(o, i).flags |= F_CAND;
 }
 
 static int node_empty(po_node *n)
@@ -734,7 +735,7 @@ static int pick_start(PrefixOrderObject *o, po_pick *pk, PyObject *skip, Py_ssiz
     if (PyCallable_Check(skip)) {
         pk->skip = skip;
         pk->call = 1;
-    } else if (PyAnySet_Check(skip)) {
+    } else if (PyAnySet_CheckExact(skip)) {
         pk->skip = PySet_GET_SIZE(skip) ? skip : NULL;
         pk->set = 1;
     } else if (!PyTuple_Check(skip) || PyTuple_GET_SIZE(skip)) {

@@ -239,3 +239,15 @@ def test_keys_the_order_no_longer_needs_are_released() -> None:
     assert sys.getrefcount(keys[0]) == base[0]
     assert order.counts() == {"prefix_keys": 0, "prefix_leaves": 0, "prefix_unreachable": 0,
                               "prefix_pending_links": 1}
+
+
+def test_a_refused_call_holds_no_reference_to_its_keys() -> None:
+    keys = ["".join(("fresh-", str(i))) for i in range(3)]
+    base = [sys.getrefcount(k) for k in keys]
+    order = PrefixOrder()
+    with pytest.raises(TypeError, match="must be str; got int"):
+        order.note_call([*keys, 5])  # type: ignore[list-item]  # the keys before the bad one were looked up, not linked
+    with pytest.raises(TypeError, match="must be str; got NoneType"):
+        order.note_links([(keys[0], None)])
+    assert [sys.getrefcount(k) for k in keys] == base
+    assert order.counts()["prefix_pending_links"] == 0
