@@ -1,6 +1,6 @@
 """Type stubs for the C extension lmcache_rawblock._native."""
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from os import PathLike
 from types import TracebackType
 from typing import Any, Literal, Self, final
@@ -241,3 +241,51 @@ class Core:
     def _set_load_check_off(self, off: bool, /) -> None: ...
     def _set_load_delay_ms(self, ms: int, /) -> None: ...
     def _set_metadata_shortcut(self, cls: type, descr: object, attr: str, /) -> None: ...
+
+@final
+class PrefixOrder:
+    """Chains of stored keys and their eviction order (lmcache_rawblock.prefix_evict). Keys are
+    str (a subclass is copied to a str); not re-entrant (a victims() predicate may not call it)."""
+
+    def __init__(self, hint_capacity: int = 65536) -> None: ...
+    def note_call(self, encoded: Sequence[str], /) -> None:
+        """The keys of one store call, in prompt order: each one's predecessor is the key
+        before it (the first's, a link a lookup left, if any); a stored head the call names
+        after its first key is linked here."""
+    def note_lookup(self, encoded: Sequence[str], hits: int, /) -> None:
+        """A lookup of ``encoded`` that found the first ``hits``: the first missing key follows
+        the last hit; hits without a known predecessor are linked to the key before them."""
+    def note_links(self, links: Iterable[tuple[str, str]], /) -> None:
+        """(key, predecessor) pairs known for keys not stored now (read before they left)."""
+    def add(self, key: str, /) -> None: ...
+    def add_many(self, keys: Iterable[str], /) -> None:
+        """``keys`` were stored (those stored already were used again: only their recency moves)."""
+    def add_recovered(self, keys: Iterable[str], /) -> None:
+        """Keys found on the device (oldest first) not known yet: heads, evicted before every
+        key learned since."""
+    def touch(self, key: str, /) -> None:
+        """``key`` was loaded: the most recently used of the leaves."""
+    def remove(self, key: str, /) -> None: ...
+    def remove_many(self, keys: Iterable[str], /) -> None:
+        """``keys`` left the tier: their stored children become unreachable (until stored again),
+        their predecessors may become leaves (not one leaving in the same batch)."""
+    def victims(self, want: int, skip: Callable[[str], bool] | Container[str], /) -> list[str]:
+        """Up to ``want`` keys to evict, in order: unreachable keys and what hangs below them,
+        then leaves oldest first, each followed by the predecessors its eviction turns into
+        leaves; if every leaf is kept, keys below them, newest stored first. ``skip`` names keys
+        that must stay: a predicate or a container (a set is cheapest)."""
+    def unreachable(self, skip: Callable[[str], bool] | Container[str], /) -> list[str]:
+        """Every stored key a lookup can no longer reach, none that ``skip`` names."""
+    def probe_bound(self, encoded: Sequence[str], /) -> int:
+        """How many of a prompt's keys a lookup needs to probe: up to the first one whose
+        predecessor is known to have left."""
+    def reachable_loss(self, keys: Iterable[str], limit: int | None = None, /) -> int:
+        """How many stored keys a lookup reaches now would be lost if ``keys`` left (those of
+        them reachable, and every stored key below one of them); counting stops at ``limit``
+        (the result is then ``limit``)."""
+    def predecessor(self, key: str, /) -> str | None: ...
+    def is_unreachable(self, key: str, /) -> bool: ...
+    def counts(self) -> dict[str, int]:
+        """prefix_keys, prefix_leaves, prefix_unreachable, prefix_pending_links."""
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool: ...

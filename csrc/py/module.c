@@ -455,6 +455,13 @@ static int rbpy_exec(PyObject *mod)
         return -1;
     if (PyModule_AddType(mod, st->core_type) < 0)
         return -1;
+    PyObject *order = PyType_FromModuleAndSpec(mod, &rbpy_prefix_order_spec, NULL);
+    if (!order)
+        return -1;
+    int added = PyModule_AddType(mod, (PyTypeObject *)order);
+    Py_DECREF(order);
+    if (added < 0)
+        return -1;
     if (PyModule_AddStringConstant(mod, "__version__", RB_VERSION) < 0)
         return -1;
     return 0;

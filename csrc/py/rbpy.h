@@ -125,6 +125,9 @@ PyObject *rbpy_read_metadata_log(PyObject *mod, PyObject *const *args, Py_ssize_
 
 /* device.c */
 extern PyType_Spec rbpy_device_spec;
+
+/* prefix_order.c: _native.PrefixOrder, the prefix-aware eviction order (prefix_evict.py). */
+extern PyType_Spec rbpy_prefix_order_spec;
 /* A device's lifetime I/O counters as a dict, one key per RB_STATS_FIELDS name. */
 struct rb_stats_snapshot;
 PyObject *rbpy_io_stats_dict(const struct rb_stats_snapshot *s);
