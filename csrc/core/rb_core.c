@@ -377,26 +377,33 @@ void rb_core_free(rb_core *c)
 /* ---- status ---------------------------------------------------------------------------- */
 
 /* Layout, slots and the index (mu held). */
+/* The slot and extent counters eviction decides on (mu held): what rb_core_counts_get fills. */
+static void status_counts_locked(const rb_core *c, rb_core_status *st)
+{
+    st->usable_slots = c->usable_slots;
+    st->next_slot = c->slots.next_slot;
+    st->free_slots = c->slots.n_free + (c->slots.ext.per ? 0 : c->dl_npend + c->dl_inflight);
+    rb_core_extent_status_locked(c, st);
+    st->indexed = c->index.n_live;
+    st->inflight_keys = c->inflight.n_live;
+    st->locked_keys = c->locked_keys;
+    st->held_slots = c->n_held + rb_core_ml_held_locked(c);
+    st->room_ckpts = c->room_ckpts;
+    st->closed = c->closed;
+}
+
 static void status_slots_locked(const rb_core *c, rb_core_status *st)
 {
     st->capacity_bytes = c->capacity;
     st->data_base = c->data_base;
     st->container_bytes = c->container_bytes;
     st->max_slots = c->max_slots;
-    st->next_slot = c->slots.next_slot;
-    st->free_slots = c->slots.n_free + (c->slots.ext.per ? 0 : c->dl_npend + c->dl_inflight);
+    status_counts_locked(c, st);
     rb_core_dealloc_status_locked(c, st);
-    rb_core_extent_status_locked(c, st);
-    st->indexed = c->index.n_live;
-    st->inflight_keys = c->inflight.n_live;
-    st->locked_keys = c->locked_keys;
     st->inflight_io = c->inflight_io;
     st->affinity_hits = c->slots.affinity_hits;
     st->affinity_fallbacks = c->slots.affinity_fallbacks;
-    st->held_slots = c->n_held + rb_core_ml_held_locked(c);
     st->held_total = c->held_total;
-    st->room_ckpts = c->room_ckpts;
-    st->closed = c->closed;
 }
 
 /* Checkpoints, recovery and the verdicts of loads (mu held). */
@@ -469,8 +476,7 @@ static void status_trust_locked(const rb_core *c, rb_core_status *st)
     st->shrink_dropped = c->shrink_dropped;
     st->retired_slots = c->retired_slots;
     st->undurable_writes = c->commits - c->commits_proven;
-    st->usable_slots = c->usable_slots;
-    st->device_size = c->dev_size_seen;
+    st->device_size = c->dev_size_seen; /* usable_slots: status_counts_locked */
 }
 
 /* The fault journal, oldest first (takes fault_mu). */
@@ -499,6 +505,14 @@ void rb_core_status_get(rb_core *c, rb_core_status *st)
     status_faults(c, st);
     if (c->dev)
         rb_stats_read(&c->dev->stats, &st->io);
+}
+
+void rb_core_counts_get(rb_core *c, rb_core_status *st)
+{
+    memset(st, 0, sizeof(*st));
+    pthread_mutex_lock(&c->mu);
+    status_counts_locked(c, st);
+    pthread_mutex_unlock(&c->mu);
 }
 
 size_t rb_core_mem_bytes(rb_core *c)

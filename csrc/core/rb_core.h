@@ -322,6 +322,11 @@ int rb_core_apply_state_json(rb_core *c, const char *json, size_t len, rb_err *e
  * (test hook: both readers must apply a document identically). */
 int rb_core_apply_state_json_ex(rb_core *c, const char *json, size_t len, int generic, rb_err *err);
 void rb_core_status_get(rb_core *c, rb_core_status *st);
+/* Of the status, only the slot counters (usable_slots, next_slot, free_slots, indexed,
+ * inflight_keys, locked_keys, held_slots, room_ckpts, closed) and the extent ones
+ * (rb_core_extent_status_locked's); the rest zero. One hold of the core mutex, no fault journal, no
+ * device statistics: what an evictor reads between puts. */
+void rb_core_counts_get(rb_core *c, rb_core_status *st);
 /* The counters a caller watches for trust events, without the whole status and without a lock
  * (it never waits for the core mutex): out[0] faults
  * entered in the journal, [1] slot headers refused at load, [2] entries dropped by failed

@@ -207,6 +207,14 @@ static PyMethodDef core_methods[] = {
      "_apply_state_json_generic($self, state, /)\n--\n\n"
      "test hook: apply_state_json through json-c only (no plain-form reader)"},
     {"status", rbpy_core_status, METH_NOARGS, "status($self, /)\n--\n\n-> dict"},
+    {"counts", rbpy_core_counts, METH_NOARGS,
+     "counts($self, /)\n--\n\n"
+     "-> (usable_slots, indexed, inflight, free, next_slot, held, locked, room_checkpoints, closed, extent_slots, "
+     "extents_total, extents_clean, extents_open, extents_pending_dealloc, extents_opened, extent_fallbacks, "
+     "extents_evicted, extent_deallocs, extent_dealloc_skipped, extent_base_offset, extent_stride, "
+     "extent_tail_bytes, extent_bytes, extent_reclaim_unit_bytes): the slot and extent figures of status() (closed "
+     "0 or 1) from "
+     "one hold of the core mutex, without building the status"},
     {"trust_counters", rbpy_core_trust_counters, METH_NOARGS,
      "trust_counters($self, /)\n--\n\n"
      "-> (faults_total, load_rejected_entries, writeback_dropped_entries, shrink_dropped_entries)"},

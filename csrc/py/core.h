@@ -158,6 +158,7 @@ PyObject *rbpy_core_extent_take(PyObject *op, PyObject *arg);
 /* core_status.c */
 PyObject *rbpy_core_status(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_trust_counters(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_counts(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_fetch_fdp_status(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_nvme_info(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_engine_state(PyObject *op, PyObject *arg);

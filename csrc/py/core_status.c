@@ -226,6 +226,37 @@ PyObject *rbpy_core_status(PyObject *op, PyObject *unused)
     return d;
 }
 
+/*
+ * counts() -> (usable_slots, indexed, inflight, free, next_slot, held, locked, room_checkpoints,
+ * closed, extent_slots, extents_total, extents_clean, extents_open, extents_pending_dealloc,
+ * extents_opened, extent_fallbacks, extents_evicted, extent_deallocs, extent_dealloc_skipped,
+ * extent_base_offset, extent_stride, extent_tail_bytes, extent_bytes, extent_reclaim_unit_bytes):
+ * the figures of status() under those names (the first nine its usable_slots, indexed_key_count,
+ * inflight_key_count, free_slot_count, next_slot, checkpoint_held_slots, locked_key_count,
+ * checkpoints_for_room, closed as 0 or 1) from one hold of the core mutex, without building the status.
+ */
+PyObject *rbpy_core_counts(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    rb_core_status st;
+    /* without the GIL while waiting for the core's mutex, as status() */
+    Py_BEGIN_ALLOW_THREADS
+        rb_core_counts_get(rbpy_core_of(op), &st);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(KKKKKKKKiKKKKKKKKKKKKKKK)", (unsigned long long)st.usable_slots,
+                         (unsigned long long)st.indexed, (unsigned long long)st.inflight_keys,
+                         (unsigned long long)st.free_slots, (unsigned long long)st.next_slot,
+                         (unsigned long long)st.held_slots, (unsigned long long)st.locked_keys,
+                         (unsigned long long)st.room_ckpts, st.closed ? 1 : 0, (unsigned long long)st.extent_slots,
+                         (unsigned long long)st.extents_total, (unsigned long long)st.extents_clean,
+                         (unsigned long long)st.extents_open, (unsigned long long)st.extents_pending,
+                         (unsigned long long)st.extents_opened, (unsigned long long)st.extent_fallbacks,
+                         (unsigned long long)st.extents_evicted, (unsigned long long)st.extent_deallocs,
+                         (unsigned long long)st.extent_dealloc_skipped, (unsigned long long)st.extent_base,
+                         (unsigned long long)st.extent_stride, (unsigned long long)st.extent_tail_bytes,
+                         (unsigned long long)st.extent_bytes, (unsigned long long)st.extent_reclaim_unit);
+}
+
 /* trust_counters() -> (faults_total, load_rejected_entries, writeback_dropped_entries,
  * shrink_dropped_entries): what the facade watches after a call with failures, cheaply. */
 PyObject *rbpy_core_trust_counters(PyObject *op, PyObject *unused)

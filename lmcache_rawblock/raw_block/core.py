@@ -96,6 +96,13 @@ class SlotCounts:
         return self.free + self.fresh
 
 
+# The extent figures of _native.Core.counts() after its nine slot figures, in its order: the
+# extent_* / extents_* integer keys of status() under the same names.
+_EXTENT_COUNT_KEYS = ("extent_slots", "extents_total", "extents_clean", "extents_open", "extents_pending_dealloc",
+                      "extents_opened", "extent_fallbacks", "extents_evicted", "extent_deallocs",
+                      "extent_dealloc_skipped", "extent_base_offset", "extent_stride", "extent_tail_bytes",
+                      "extent_bytes", "extent_reclaim_unit_bytes")
+
 # Checkpoints one reclaim writes at most: a freed slot is reusable once no durable checkpoint
 # lists it, and with the two alternating v1 containers that takes two; a log-structured core
 # needs one record. The bound keeps a reclaim finite when slots keep being freed meanwhile.
@@ -343,13 +350,12 @@ class RawBlockCore:
         return (used, used)
 
     def slot_counts(self) -> SlotCounts:
-        """The slot counts of one status read: what eviction and the put path decide on."""
-        st = self._native.status()
-        usable = st["usable_slots"]
-        return SlotCounts(usable=usable, indexed=st["indexed_key_count"], inflight=st["inflight_key_count"],
-                          free=st["free_slot_count"], fresh=max(0, usable - st["next_slot"]),
-                          held=st["checkpoint_held_slots"], locked=st["locked_key_count"],
-                          room_checkpoints=st["checkpoints_for_room"], closed=bool(st["closed"]))
+        """The slot counts of one read of the core's counters (the figures ``status()`` has):
+        what eviction and the put path decide on."""
+        usable, indexed, inflight, free, next_slot, held, locked, room, closed = self._native.counts()[:9]
+        return SlotCounts(usable=usable, indexed=indexed, inflight=inflight, free=free,
+                          fresh=max(0, usable - next_slot), held=held, locked=locked, room_checkpoints=room,
+                          closed=bool(closed))
 
     def extent_counts(self) -> dict[str, int]:
         """The extent counters of one status read (zeros when ``extent_bytes`` is off):
@@ -357,10 +363,11 @@ class RawBlockCore:
         ``extents_pending_dealloc``, ``extents_evicted``, ``extent_deallocs``, the strided layout's
         ``extent_base_offset``, ``extent_stride`` and ``extent_tail_bytes`` (zeros when slots lie
         back to back), ``extent_bytes`` in effect and ``extent_reclaim_unit_bytes``, and
-        ``closed`` (``extent_bytes_source``, a word, is in ``report_status()``)."""
-        st = self._native.status()
-        out = {k: v for k, v in st.items() if k.startswith(("extent_", "extents_")) and isinstance(v, int)}
-        out["closed"] = int(bool(st["closed"]))
+        ``closed`` (``extent_bytes_source``, a word, is in ``report_status()``). Read from the
+        core's counters without building the whole status (the evictor reads them between puts)."""
+        v = self._native.counts()
+        out = dict(zip(_EXTENT_COUNT_KEYS, v[9:]))
+        out["closed"] = v[8]
         return out
 
     def extent_victim(self) -> tuple[int, list[str], list[bool]] | None:
