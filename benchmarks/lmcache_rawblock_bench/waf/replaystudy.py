@@ -133,8 +133,8 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     if lru:
         hit_lru = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, hit_trace=tr_lru,
                                       **common))["ops"]
-        with open(tr_ext, "rb") as f, open(tr_lru, "rb") as g:
-            lru_same = same_lookups(ext, f.read(), g.read())
+        with open(tr_ext, "rb") as f_ext, open(tr_lru, "rb") as f_lru:
+            lru_same = same_lookups(ext, f_ext.read(), f_lru.read())
         os.unlink(tr_lru)
     os.unlink(tr_ext)
     os.unlink(rec)
