@@ -31,3 +31,16 @@ def test_reinsertion_puts_back_hot_keys_in_slot_order_at_most_half_the_extent():
     assert reinsert_choice([("a", False), ("b", False)]) == []
     # the wear study's replay evicts by the product's rule
     assert replay.reinsert_choice is reinsert_choice
+
+
+def test_a_cell_records_waf_and_both_lru_hit_ratios(tmp_path):
+    """One cell end to end at a sliver of its window (a few seconds): the extent run recorded
+    and simulated, key-level LRU over the extent window's lookups and over its own."""
+    from lmcache_rawblock_bench.waf.replaystudy import cell
+
+    c = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01)
+    assert c["waf"] >= 1.0 and c["waf_without_metadata"] >= 1.0 and c["geometry"]["n_rus"] == 256
+    assert c["lookups_window"][1] > c["lookups_window"][0]
+    assert c["hit_ratio_lru_same_lookups"] is not None and c["hit_ratio_lru"] is not None
+    assert c["workload_name"] == "lmcache_defaults"
+    assert not list(tmp_path.iterdir())  # device, stream and traces removed
