@@ -61,7 +61,8 @@ from .raw_block import RawBlockKeySpec
 from .raw_block.key_codec import slot_identity_from_encoded_key
 from .settings import parse_bool, parse_int
 
-__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reinsert", "parse_reserve", "remove_guard"]
+__all__ = ["DEFAULT_RESERVE_FRACTION", "ExtentEviction", "parse_reinsert", "parse_reserve", "reinsert_choice",
+           "remove_guard"]
 
 # The default reserve: this fraction of the extents, at least MIN_RESERVE.
 DEFAULT_RESERVE_FRACTION = 0.05
@@ -91,6 +92,14 @@ def parse_reserve(value: Any, label: str) -> int:
 def parse_reinsert(value: Any, label: str) -> bool:
     """``extent_reinsert``: a boolean; None or "" = True, the default."""
     return True if value is None or value == "" else parse_bool(value, label)
+
+
+def reinsert_choice(keys: list[tuple[Any, bool]]) -> list[Any]:
+    """Which of a victim extent's evictable keys (key, loaded since its put) are put again: the
+    hot ones in the extent's slot order (filled first, first), at most half of ``keys``, so each
+    eviction frees at least half of what it looked at. The wear study's replay
+    (``waf replay``) uses the same rule."""
+    return [k for k, hot in keys if hot][:len(keys) // 2]
 
 
 def remove_guard(extents: ExtentEviction | None) -> Any:
@@ -175,7 +184,7 @@ class ExtentEviction:
             seen.add(ext)
             pinned = self._pinned()
             keep = [(k, h) for k, h in zip(keys, hot) if k not in pinned and k not in protect]
-        read = self._read([k for k, h in keep if h][:len(keep) // 2]) if again is not None and keep else []
+        read = self._read(reinsert_choice(keep)) if again is not None and keep else []
         deleted = self._delete_victim([k for k, _ in keep], read, again)
         if deleted:
             self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)

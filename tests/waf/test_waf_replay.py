@@ -423,3 +423,15 @@ def test_the_write_journal_is_exactly_what_the_core_wrote(tmp_path):
     # nothing after the journal stopped: the closing checkpoint is not in it
     assert c.writes == sum(1 for x in lines if x["op"] == "write")
 
+
+
+def test_hit_trace_is_each_lookup_in_order_warm_up_included(tmp_path, capsys):
+    """--hit-trace: one byte per lookup (1 a hit), the warm-up's first, so a window's hits are
+    the sum over its lookups' slice; the same workload gives the same lookups under any eviction."""
+    trace = tmp_path / "hits.bin"
+    (r,) = replay(capsys, tmp_path / "d.img", "--warmup", "1", "--measure", "1", "--hit-trace", str(trace))
+    t = trace.read_bytes()
+    w, ops = r["warmup_ops"], r["ops"]
+    assert set(t) == {0, 1}
+    assert len(t) == w["lookups"] + ops["lookups"]
+    assert sum(t[:w["lookups"]]) == w["hits"] and sum(t[w["lookups"]:]) == ops["hits"] > 0

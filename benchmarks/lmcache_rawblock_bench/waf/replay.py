@@ -78,6 +78,7 @@ from typing import Iterable, Optional
 
 from lmcache_rawblock import fdp
 from lmcache_rawblock.admission import POLICIES as ADMISSIONS, Admission
+from lmcache_rawblock.extent_evict import reinsert_choice
 
 from . import stream
 from .workload import WorkloadSpec
@@ -165,6 +166,9 @@ def add_arguments(p) -> None:
                    help="comma-separated: lru (least recently used keys) or extent (the least recently used "
                         "extent's keys, needs --extent-bytes); e.g. lru,extent runs both (default lru)")
     p.add_argument("--load", action="store_true", help="read every hit back (load_many_into)")
+    p.add_argument("--hit-trace", metavar="FILE",
+                   help="write each lookup's outcome (one byte, 1 a hit), warm-up included, of the last run to FILE: "
+                        "hit ratios of runs whose windows differ in bytes compared over the same lookups")
     p.add_argument("--record", metavar="FILE", help="write the first run's device write stream to FILE "
                                                     "(for waf simulate --stream)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
@@ -434,6 +438,7 @@ class Replayer:
         self.specs: dict = {}
         self.objs: dict = {}
         self.ops = Ops()
+        self.hit_trace = bytearray()  # each lookup's outcome (1 hit), warm-up and window, in order
         self.call_ns: list = []
         self.chunk_ns: list = []
         self.unattributed = 0
@@ -506,6 +511,7 @@ class Replayer:
         hits = []
         for k, en, ok in zip(keys, enc, found):
             self.ops.lookups += 1
+            self.hit_trace.append(1 if ok else 0)
             if ok != (k in self.lru):
                 self.ops.lookup_disagreements += 1
             if ok:
@@ -551,7 +557,7 @@ class Replayer:
             keep = [(by_enc[e], h) for e, h in zip(v[1], v[2]) if e in by_enc and by_enc[e] not in protect]
             victims += [k for k, _ in keep]
             if self.eviction == "extent":
-                self._again += [k for k, h in keep if h][:len(keep) // 2]
+                self._again += reinsert_choice(keep)
         return victims
 
     def _evict(self, n: int, protect: set, extents: int = 0) -> int:
@@ -724,6 +730,9 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
     jpath = f"{record_file.name}.journal" if record_file is not None else None
     r, status, res_run = _run_core(a, cfg, target, mode, strategy, ids, admission, spec, repeat, eviction,
                                    ckpt_pid, warm, meas, counters, jpath)
+    if getattr(a, "hit_trace", None):
+        with open(a.hit_trace, "wb") as f:
+            f.write(bytes(r.hit_trace))
     recorded = None
     if jpath:
         from . import journal

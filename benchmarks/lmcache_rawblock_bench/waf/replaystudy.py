@@ -59,16 +59,30 @@ def geometry(ru: str, op: float, util: float = 1.0) -> tuple[Geometry, int, int]
 
 def replay_argv(dev: str, span: int, slot: int, ru_bytes: int, *, concurrency: int, seed: int, eviction: str,
                 record: Optional[str], warmup: float, measure: float, reserve: int = 0,
-                meta_bytes: int = 0) -> list[str]:
+                meta_bytes: int = 0, hit_trace: Optional[str] = None, workload: str = "lmcache_defaults") -> list[str]:
     k = span / slot / REF_SLOTS
-    argv = ["--device", dev, "--size", str(span), "--destroy-data", "--workload", "lmcache_defaults",
+    argv = ["--device", dev, "--size", str(span), "--destroy-data", "--workload", workload,
             "--chunk-bytes", str(2 * (slot - 4096)), "--families", str(max(1, round(BASE_FAMILIES * k))),
             "--concurrency", str(max(1, round(BASE_CONCURRENCY * k * concurrency))), "--seed", str(seed),
             "--meta-format", "log", "--extent-bytes", str(ru_bytes), "--eviction", eviction, "--load",
             "--dealloc", "on", "--warmup", str(warmup), "--measure", str(measure), "--json"]
     argv += ["--extent-reserve", str(reserve)] if reserve else []
     argv += ["--meta-bytes", str(meta_bytes)] if meta_bytes else []
+    argv += ["--hit-trace", hit_trace] if hit_trace else []
     return argv + (["--record", record] if record else [])
+
+
+def same_lookups(ext: dict, ext_trace: bytes, lru_trace: bytes) -> Optional[float]:
+    """Key-level LRU's hit ratio over the lookups of the extent run's window (the same get
+    events of the same workload: both runs see the lookups in the same order). The windows
+    are set in bytes written, and reinsertion's puts again make the extent run's window reach
+    fewer events than LRU's: on this workload, whose hit ratio drifts along the stream, LRU's
+    own window would be compared with an earlier stretch. None when the LRU run ended first."""
+    a = int(ext["warmup_ops"]["lookups"])
+    b = a + int(ext["ops"]["lookups"])
+    if b > len(lru_trace) or b <= a or len(ext_trace) < b:
+        return None
+    return sum(lru_trace[a:b]) / (b - a)
 
 
 def _replay(argv: list[str]) -> dict:
@@ -92,7 +106,7 @@ def data_only(record: str, meta_end: int, out: str) -> None:
 
 
 def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str, *, warmup: float = 1.5,
-         measure: float = 1.5, lru: bool = True, reserve: int = 0) -> dict:
+         measure: float = 1.5, lru: bool = True, reserve: int = 0, workload: str = "lmcache_defaults") -> dict:
     """One cell: the extent-eviction run recorded and simulated, and key-level LRU's hit ratio
     at the same capacity (the same core and extents, keys evicted one by one)."""
     from .cli import simulate_stream
@@ -102,8 +116,11 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     os.makedirs(work, exist_ok=True)
     dev, rec = os.path.join(work, f"dev-{ru}.img"), os.path.join(work, f"stream-{ru}.jsonl")
     t0 = time.time()
-    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure, meta_bytes=META_BYTES[ru])
-    ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve, **common))
+    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure, meta_bytes=META_BYTES[ru],
+                  workload=workload)
+    tr_ext, tr_lru = os.path.join(work, f"hits-{ru}-extent.bin"), os.path.join(work, f"hits-{ru}-lru.bin")
+    ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve,
+                              hit_trace=tr_ext, **common))
     t1 = time.time()
     sim = simulate_stream(rec, g, warmup=warmup)
     meta_end = int(ext["recorded"]["data_base_offset"])
@@ -112,18 +129,26 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     sim_data = simulate_stream(nometa, g, warmup=warmup * (1 - (ext["recorded"]["meta_share"] or 0)))
     os.unlink(nometa)
     t2 = time.time()
-    hit_lru = None
+    hit_lru, lru_same = None, None
     if lru:
-        hit_lru = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, **common))["ops"]
+        hit_lru = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, hit_trace=tr_lru,
+                                      **common))["ops"]
+        with open(tr_ext, "rb") as f_ext, open(tr_lru, "rb") as f_lru:
+            lru_same = same_lookups(ext, f_ext.read(), f_lru.read())
+        os.unlink(tr_lru)
+    os.unlink(tr_ext)
     os.unlink(rec)
     os.unlink(dev)
     return {
-        "ru": ru, "util": util, "concurrency": concurrency, "op": op, "seed": seed, "geometry": g.to_dict(),
+        "workload_name": workload, "ru": ru, "util": util, "concurrency": concurrency, "op": op, "seed": seed, "geometry": g.to_dict(),
         "span_bytes": span, "slot_bytes": slot, "extent_bytes": ru_bytes, "slots": ext["max_slots"],
         "extent_reserve": ext["extent_reserve"], "workload": ext["workload"],
         "waf": sim["window_waf"], "waf_from_start": sim["waf"], "waf_without_metadata": sim_data["window_waf"],
         "window": sim["window"], "recorded": ext["recorded"], "core": ext["core"],
-        "hit_ratio_extent": ext["ops"]["hit_ratio"], "hit_ratio_lru": hit_lru["hit_ratio"] if hit_lru else None,
+        "hit_ratio_extent": ext["ops"]["hit_ratio"], "hit_ratio_lru_same_lookups": lru_same,
+        "hit_ratio_lru": hit_lru["hit_ratio"] if hit_lru else None,
+        "lookups_window": [ext["warmup_ops"]["lookups"], ext["warmup_ops"]["lookups"] + ext["ops"]["lookups"]],
+        "reinsert": ext.get("reinsert"),
         "ops_extent": ext["ops"], "ops_lru": hit_lru,
         "replay_argv": replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve,
                                    **common),
@@ -131,25 +156,34 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     }
 
 
+def _f3(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def markdown(cells: list[dict], argv: list[str]) -> str:
     L = ["# WAF driven by the product's allocator (recorded write journal on the flash model)", "",
          f"Command: `{' '.join(argv)}`", "",
-         "Each row: `waf replay` of LMCache's default store pattern (full chunks only) through the real core, "
+         "Each row: `waf replay` of the store pattern (`lmcache_defaults`: LMCache's default, full chunks only; "
+         "`study`: decode and partial chunks stored too) through the real core, "
          "`meta_format: log`, `extent_bytes` = the RU (strided slots of 4 KiB + chunk), `eviction extent` "
-         "(the closed extent filled longest ago, hot keys put again, `extent_reserve` 5 % of the extents "
-         "kept clean ahead), `deallocate_freed: on`, loads of every hit; the core's write journal (every data and "
-         "metadata write and every deallocation) replayed on the flash model with greedy GC; WAF over 1.5 drive "
-         "writes after 1.5 of warm-up. LRU hit ratio: the same core and capacity with key-level LRU eviction.", "",
-         "| RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata | metadata share "
-         "| reserve | hit ratio extent / LRU | LRU - extent |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "(the closed extent filled longest ago, its keys loaded since their put put again, at most half of it, "
+         "`extent_reserve` 5 % of the extents kept clean ahead), `deallocate_freed: on`, loads of every hit; the "
+         "core's write journal (every data and metadata write and every deallocation) replayed on the flash model "
+         "with greedy GC; WAF over 1.5 drive writes after 1.5 of warm-up. LRU: the same core and capacity with "
+         "key-level LRU eviction; its hit ratio over the same lookups as the extent run's window (the same get "
+         "events: the windows are set in bytes written, reinsertion's puts make the extent run's reach fewer "
+         "events, and this workload's hit ratio drifts along the stream), and over its own window.", "",
+         "| workload | RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata "
+         "| metadata share | reserve | hit ratio extent | LRU, same lookups | LRU - extent | LRU, own window |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
-        he, hl = c["hit_ratio_extent"], c["hit_ratio_lru"]
-        diff = f"{hl - he:+.3f}" if hl is not None else "-"
+        he, hs = c["hit_ratio_extent"], c.get("hit_ratio_lru_same_lookups")
+        diff = f"{hs - he:+.3f}" if hs is not None else "-"
         ext = c["core"].get("extents_total")
-        L.append(f"| {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | {c['concurrency']}x | {c['seed']} | "
-                 f"{c['slots']} / {ext} | {c['waf']:.3f} | {c['waf_without_metadata']:.3f} | "
-                 f"{100 * (c['recorded']['meta_share'] or 0):.2f}% | {c['extent_reserve']} | {he:.3f} / "
-                 f"{'-' if hl is None else format(hl, '.3f')} | {diff} |")
+        L.append(f"| {c.get('workload_name', 'lmcache_defaults')} | {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | "
+                 f"{c['concurrency']}x | {c['seed']} | {c['slots']} / {ext} | {c['waf']:.3f} | "
+                 f"{c['waf_without_metadata']:.3f} | {100 * (c['recorded']['meta_share'] or 0):.2f}% | "
+                 f"{c['extent_reserve']} | {he:.3f} | {_f3(hs)} | {diff} | {_f3(c['hit_ratio_lru'])} |")
     return "\n".join(L) + "\n"
 
 
@@ -163,6 +197,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seeds", default="1,2", help="comma-separated workload seeds (default 1,2)")
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--measure", type=float, default=1.5)
+    p.add_argument("--workload", default="lmcache_defaults", choices=("lmcache_defaults", "study"),
+                   help="store pattern (default lmcache_defaults: full chunks only; study: decode and partial chunks)")
     p.add_argument("--no-lru", action="store_true", help="skip the key-level LRU run (hit ratio)")
     p.add_argument("--extent-reserve", type=int, default=0,
                    help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
@@ -184,12 +220,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for op in (float(x) for x in a.op.split(",")):
                     for seed in (int(x) for x in a.seeds.split(",")):
                         c = cell(ru, util, conc, op, seed, a.dir, warmup=a.warmup, measure=a.measure,
-                                 lru=not a.no_lru, reserve=a.extent_reserve)
+                                 lru=not a.no_lru, reserve=a.extent_reserve, workload=a.workload)
                         c["command"] = " ".join(cmd)
                         cells.append(c)
                         print(f"{ru} util {util} {conc}x op {op} seed {seed}: WAF {c['waf']:.3f} (without metadata "
                               f"{c['waf_without_metadata']:.3f}), hit ratio extent {c['hit_ratio_extent']:.3f} "
-                              f"LRU {c['hit_ratio_lru']}, {c['seconds']}", file=sys.stderr, flush=True)
+                              f"LRU same lookups {c['hit_ratio_lru_same_lookups']} own window {c['hit_ratio_lru']}, "
+                              f"{c['seconds']}", file=sys.stderr, flush=True)
                         if a.out:
                             os.makedirs(a.out, exist_ok=True)
                             with open(res_path, "w") as f:
