@@ -144,6 +144,10 @@ static int probe_open(const char *path, uint64_t *size, rb_err *err)
         if (ioctl(fd, BLKGETSIZE64, &b) == 0)
             *size = b;
     }
+    /* No readahead: every page the probe reads is read by its own call and unlocked when the
+     * call returns, so the DONTNEED after the probe finds no page still under an asynchronous
+     * readahead (which it would skip, leaving it cached). */
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     return fd;
 }
 
