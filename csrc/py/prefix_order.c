@@ -839,26 +839,41 @@ static PyObject *items_of(PyObject *arg, const char *what)
     return PySequence_Fast(arg, what);
 }
 
-static PyObject *po_add_many(PrefixOrderObject *o, PyObject *keys)
+typedef int (*keys_fn)(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t n);
+
+/* A method taking a sequence of keys and returning None: ``fn`` over its items, inside one
+ * enter/leave; ``what`` is the TypeError's text for an argument that is not iterable. */
+static PyObject *keys_call(PrefixOrderObject *o, PyObject *keys, const char *what, keys_fn fn)
 {
-    PyObject *seq = items_of(keys, "PrefixOrder.add_many: keys must be iterable");
+    PyObject *seq = items_of(keys, what);
     if (!seq)
         return NULL;
     if (enter(o) < 0) {
         Py_DECREF(seq);
         return NULL;
     }
-    int rc = add_keys(o, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
+    int rc = fn(o, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
     Py_DECREF(seq);
     return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
 }
 
-static PyObject *po_add(PrefixOrderObject *o, PyObject *key)
+/* A method taking one key and returning None: ``fn`` over that key alone. */
+static PyObject *key_call(PrefixOrderObject *o, PyObject *key, keys_fn fn)
 {
     if (enter(o) < 0)
         return NULL;
-    int rc = add_keys(o, &key, 1);
+    int rc = fn(o, &key, 1);
     return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
+}
+
+static PyObject *po_add_many(PrefixOrderObject *o, PyObject *keys)
+{
+    return keys_call(o, keys, "PrefixOrder.add_many: keys must be iterable", add_keys);
+}
+
+static PyObject *po_add(PrefixOrderObject *o, PyObject *key)
+{
+    return key_call(o, key, add_keys);
 }
 
 static int remove_keys(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t n)
@@ -891,24 +906,12 @@ static int remove_keys(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t 
 
 static PyObject *po_remove_many(PrefixOrderObject *o, PyObject *keys)
 {
-    PyObject *seq = items_of(keys, "PrefixOrder.remove_many: keys must be iterable");
-    if (!seq)
-        return NULL;
-    if (enter(o) < 0) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    int rc = remove_keys(o, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
-    Py_DECREF(seq);
-    return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
+    return keys_call(o, keys, "PrefixOrder.remove_many: keys must be iterable", remove_keys);
 }
 
 static PyObject *po_remove(PrefixOrderObject *o, PyObject *key)
 {
-    if (enter(o) < 0)
-        return NULL;
-    int rc = remove_keys(o, &key, 1);
-    return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
+    return key_call(o, key, remove_keys);
 }
 
 /* The nodes of ``n`` keys, made when new, into ``idx``; -1 with an exception. */
@@ -1076,28 +1079,24 @@ static void recover(PrefixOrderObject *o, int32_t key)
         list_move(o, PO_LEAVES, key, 1);
 }
 
-static PyObject *po_add_recovered(PrefixOrderObject *o, PyObject *keys)
+static int recover_keys(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t n)
 {
-    PyObject *seq = items_of(keys, "PrefixOrder.add_recovered: keys must be iterable");
-    if (!seq)
-        return NULL;
-    if (enter(o) < 0) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int32_t stack[64], *idx = idx_buf(stack, n);
-    int rc = !idx || intern_all(o, PySequence_Fast_ITEMS(seq), n, idx) < 0 ? -1 : 0;
+    int rc = !idx || intern_all(o, items, n, idx) < 0 ? -1 : 0;
     Py_ssize_t m = 0;
     for (Py_ssize_t j = 0; j < n && rc == 0; j++) /* the keys not known yet */
         if (!(N(o, idx[j]).flags & F_STORED))
             idx[m++] = idx[j];
     while (m > 0 && rc == 0)
         recover(o, idx[--m]);
-    if (idx != stack)
+    if (idx && idx != stack)
         PyMem_Free(idx);
-    Py_DECREF(seq);
-    return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
+    return rc;
+}
+
+static PyObject *po_add_recovered(PrefixOrderObject *o, PyObject *keys)
+{
+    return keys_call(o, keys, "PrefixOrder.add_recovered: keys must be iterable", recover_keys);
 }
 
 static PyObject *po_touch(PrefixOrderObject *o, PyObject *key)
