@@ -153,6 +153,31 @@ static uint32_t ext_choose_locked(rb_core *c, int mode, uint32_t which)
     return rb_ext_take(&c->slots, which);
 }
 
+/* The three arrays a look at extents fills (room keys each), zeroed, into *keys / *lens / *hot
+ * (all NULL first): 0, or -ENOMEM with none kept. */
+static int key_arrays(size_t room, char ***keys, size_t **lens, uint8_t **hot)
+{
+    *keys = calloc(room, sizeof(char *));
+    *lens = calloc(room, sizeof(size_t));
+    *hot = calloc(room, 1);
+    if (*keys && *lens && *hot)
+        return 0;
+    free(*keys);
+    free(*lens);
+    free(*hot);
+    *keys = NULL;
+    *lens = NULL;
+    *hot = NULL;
+    return -ENOMEM;
+}
+
+/* The slot-to-key map the extents' key lists read, rebuilt if the index changed since. mu held. */
+static void rev_fresh_locked(rb_core *c)
+{
+    if (!c->slots.ext.rev_ok || c->slots.ext.rev_epoch != c->index.epoch)
+        rev_rebuild_locked(c);
+}
+
 static int64_t extent_look(rb_core *c, int mode, uint32_t which, char ***keys_out, size_t **lens_out, uint8_t **hot_out,
                            uint32_t *ext)
 {
@@ -162,18 +187,13 @@ static int64_t extent_look(rb_core *c, int mode, uint32_t which, char ***keys_ou
     *hot_out = NULL;
     if (!c->slots.ext.per)
         return -EINVAL;
-    char **keys = calloc(c->slots.ext.per, sizeof(char *));
-    size_t *lens = calloc(c->slots.ext.per, sizeof(size_t));
-    uint8_t *hot = calloc(c->slots.ext.per, 1);
-    if (!keys || !lens || !hot) {
-        free(keys);
-        free(lens);
-        free(hot);
+    char **keys;
+    size_t *lens;
+    uint8_t *hot;
+    if (key_arrays(c->slots.ext.per, &keys, &lens, &hot) < 0)
         return -ENOMEM;
-    }
     pthread_mutex_lock(&c->mu);
-    if (!c->slots.ext.rev_ok || c->slots.ext.rev_epoch != c->index.epoch)
-        rev_rebuild_locked(c);
+    rev_fresh_locked(c);
     uint32_t e = ext_choose_locked(c, mode, which);
     int64_t n = e == UINT32_MAX ? 0 : extent_keys_locked(c, e, keys, lens, hot);
     pthread_mutex_unlock(&c->mu);
@@ -222,19 +242,13 @@ int64_t rb_core_extent_peek(rb_core *c, uint32_t want, uint32_t *exts, uint32_t 
         return -EINVAL;
     if (want == 0)
         return 0;
-    size_t room = (size_t)want * c->slots.ext.per;
-    char **keys = calloc(room, sizeof(char *));
-    size_t *lens = calloc(room, sizeof(size_t));
-    uint8_t *hot = calloc(room, 1);
-    if (!keys || !lens || !hot) {
-        free(keys);
-        free(lens);
-        free(hot);
+    char **keys;
+    size_t *lens;
+    uint8_t *hot;
+    if (key_arrays((size_t)want * c->slots.ext.per, &keys, &lens, &hot) < 0)
         return -ENOMEM;
-    }
     pthread_mutex_lock(&c->mu);
-    if (!c->slots.ext.rev_ok || c->slots.ext.rev_epoch != c->index.epoch)
-        rev_rebuild_locked(c);
+    rev_fresh_locked(c);
     uint32_t n = ext_oldest(&c->slots.ext, want, exts);
     int64_t rc = extents_keys_locked(c, exts, n, counts, keys, lens, hot);
     pthread_mutex_unlock(&c->mu);
