@@ -367,7 +367,13 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 for enc in encoded:  # re-inserted at the end: the map stays in sequence order
                     self._evicted_storing.pop(enc, None)
                     self._evicted_storing[enc] = self._evict_seq
+            # a store that put a key again after the delete and finished before this record
+            # holds it: it stays (its listeners were told it was stored)
+            recorded = [enc for enc in encoded if enc in self._resident]
+            again = {e for e, ok in zip(recorded, self._core.exists_many(recorded)) if ok} if recorded else set()
             for enc in encoded:
+                if enc in again:
+                    continue
                 entry = self._resident.pop(enc, None)
                 if entry is not None:
                     self._untold.append(("deleted", enc, entry))
