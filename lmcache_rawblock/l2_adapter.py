@@ -379,6 +379,16 @@ class RawBlockL2Adapter(L2AdapterInterface):
                     self._untold.append(("deleted", enc, entry))
                 if self._chains is not None and not self._chains_by_evictor:
                     self._chains.remove(enc)
+                elif self._chains is not None and enc in self._chains:
+                    self._chains_forget(enc)  # a store that finished after the chooser heard of it
+
+    def _chains_forget(self, enc: str) -> None:
+        """``enc`` left the chains, its link kept (as the chooser's ``deleted`` does). Under ``_lock``."""
+        assert self._chains is not None
+        pred = self._chains.predecessor(enc)
+        self._chains.remove(enc)
+        if pred is not None:
+            self._chains.note_links([(enc, pred)])
 
     def _extent_put_again(self, encoded: list[str]) -> None:
         """The extent evictor put these hot keys back (under ``_evict_lock``): held again."""

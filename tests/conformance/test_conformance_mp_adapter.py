@@ -646,3 +646,36 @@ def test_key_stored_again_before_its_eviction_is_told_is_counted_once(tmp_path):
         assert adapter.get_usage().total_bytes_used == len(held) * int(core.slot_bytes)
     finally:
         adapter.close()
+
+
+def test_extent_prefix_chains_forget_a_key_evicted_while_its_store_finishes(tmp_path):
+    """Under extent_prefix the chains hear of a victim's keys first, then the adapter. A store
+    that put one of them before the delete and finishes in between must not leave it in the
+    chains as stored: the core no longer holds it."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False, eviction_policy="extent_prefix")
+    core = adapter._core
+    keys = [_key(9700 + i) for i in range(EXTENT_SLOTS + 1)]
+    gate = threading.Event()
+
+    def held_store(_keys, _objects):
+        assert gate.wait(30), "the test never released this store"
+        return True, [(encode(keys[0]), keys[0])]  # it put keys[0] before the eviction
+
+    chains_first, told_adapter = adapter._extents.chooser.deleted, adapter._extent_deleted
+
+    def store_finishes_between(encoded):
+        chains_first(encoded)
+        gate.set()
+        _wait(adapter.get_store_event_fd())
+        told_adapter(encoded)
+
+    try:
+        assert _store(adapter, keys, [_obj(1024, seed=9700 + i) for i in range(len(keys))]) is True
+        adapter._submit("store", held_store, adapter._finish_store, [None], [None])
+        adapter._extents._on_deleted = store_finishes_between
+        assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
+        assert core.exists_many([encode(keys[0])]) == [False]
+        assert encode(keys[0]) not in adapter._chains, "the chains hold a key the core deleted"
+    finally:
+        gate.set()
+        adapter.close()
