@@ -367,12 +367,28 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 for enc in encoded:  # re-inserted at the end: the map stays in sequence order
                     self._evicted_storing.pop(enc, None)
                     self._evicted_storing[enc] = self._evict_seq
+            # a store that put a key again after the delete and finished before this record
+            # holds it: it stays (its listeners were told it was stored)
+            recorded = [enc for enc in encoded if enc in self._resident]
+            again = {e for e, ok in zip(recorded, self._core.exists_many(recorded)) if ok} if recorded else set()
             for enc in encoded:
+                if enc in again:
+                    continue
                 entry = self._resident.pop(enc, None)
                 if entry is not None:
                     self._untold.append(("deleted", enc, entry))
                 if self._chains is not None and not self._chains_by_evictor:
                     self._chains.remove(enc)
+                elif self._chains is not None and enc in self._chains:
+                    self._chains_forget(enc)  # a store that finished after the chooser heard of it
+
+    def _chains_forget(self, enc: str) -> None:
+        """``enc`` left the chains, its link kept (as the chooser's ``deleted`` does). Under ``_lock``."""
+        assert self._chains is not None
+        pred = self._chains.predecessor(enc)
+        self._chains.remove(enc)
+        if pred is not None:
+            self._chains.note_links([(enc, pred)])
 
     def _extent_put_again(self, encoded: list[str]) -> None:
         """The extent evictor put these hot keys back (under ``_evict_lock``): held again."""

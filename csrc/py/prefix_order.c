@@ -886,6 +886,9 @@ static int remove_keys(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t 
     for (Py_ssize_t j = 0; j < n; j++) {
         idx[j] = find_obj(o, items[j], "a key");
         if (idx[j] == -2) {
+            while (j-- > 0) /* nothing removed: the keys marked before stay as they were */
+                if (idx[j] >= 0)
+                    N(o, idx[j]).flags &= ~(uint32_t)F_GOING;
             if (idx != stack)
                 PyMem_Free(idx);
             return -1;

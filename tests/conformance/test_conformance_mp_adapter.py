@@ -596,3 +596,86 @@ def test_deletes_kept_for_stores_in_flight_are_forgotten_once_those_stores_finis
         for gate in gates:
             gate.set()
         adapter.close()
+
+
+def test_key_stored_again_while_its_eviction_is_told_stays_reported_stored(tmp_path):
+    """The extent evictor deletes a victim's keys in the core, then tells the adapter. A store
+    of one of those keys that puts it again and finishes in between holds it in the core:
+    LMCache must not be told it was deleted after it was told it was stored again."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False)
+    rec = _Recorder()
+    adapter.register_listener(rec)
+    core = adapter._core
+    keys = [_key(9500 + i) for i in range(EXTENT_SLOTS + 1)]  # one extent filled, the next opened
+    told_adapter = adapter._extents._on_deleted
+
+    def store_again_then_tell(encoded):
+        again = [k for k in keys if encode(k) == encoded[0]]
+        assert _store(adapter, again, [_obj(1024, seed=1)]) is True
+        told_adapter(encoded)
+
+    try:
+        assert _store(adapter, keys, [_obj(1024, seed=9500 + i) for i in range(len(keys))]) is True
+        adapter._extents._on_deleted = store_again_then_tell
+        assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
+        adapter._tell_extents()
+        held = {i for i, ok in enumerate(core.exists_many([encode(k) for k in keys])) if ok}
+        assert len(held) == 2, held
+        assert adapter.report_status()["held_key_count"] == len(held), "the key stored again was dropped"
+        assert keys[0] not in rec.deleted, "LMCache was told the key stored again was deleted"
+    finally:
+        adapter.close()
+
+
+@pytest.mark.xfail(strict=True, reason="an evicted key stored again before the eviction is told: the "
+                   "deletion is left out (_tell_extents), so LMCache's byte usage counts the key twice")
+def test_key_stored_again_before_its_eviction_is_told_is_counted_once(tmp_path):
+    """LMCache's byte usage (the base class sums what listeners are told) matches what the core
+    holds when an evicted key is stored again before the eviction is told."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False)
+    core = adapter._core
+    keys = [_key(9600 + i) for i in range(EXTENT_SLOTS + 1)]
+    try:
+        assert _store(adapter, keys, [_obj(1024, seed=9600 + i) for i in range(len(keys))]) is True
+        assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
+        assert _store(adapter, keys[:1], [_obj(1024, seed=1)]) is True
+        adapter._tell_extents()
+        held = {i for i, ok in enumerate(core.exists_many([encode(k) for k in keys])) if ok}
+        assert held == {0, EXTENT_SLOTS}, held
+        assert adapter.report_status()["held_key_count"] == len(held)
+        assert adapter.get_usage().total_bytes_used == len(held) * int(core.slot_bytes)
+    finally:
+        adapter.close()
+
+
+def test_extent_prefix_chains_forget_a_key_evicted_while_its_store_finishes(tmp_path):
+    """Under extent_prefix the chains hear of a victim's keys first, then the adapter. A store
+    that put one of them before the delete and finishes in between must not leave it in the
+    chains as stored: the core no longer holds it."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False, eviction_policy="extent_prefix")
+    core = adapter._core
+    keys = [_key(9700 + i) for i in range(EXTENT_SLOTS + 1)]
+    gate = threading.Event()
+
+    def held_store(_keys, _objects):
+        assert gate.wait(30), "the test never released this store"
+        return True, [(encode(keys[0]), keys[0])]  # it put keys[0] before the eviction
+
+    chains_first, told_adapter = adapter._extents.chooser.deleted, adapter._extent_deleted
+
+    def store_finishes_between(encoded):
+        chains_first(encoded)
+        gate.set()
+        _wait(adapter.get_store_event_fd())
+        told_adapter(encoded)
+
+    try:
+        assert _store(adapter, keys, [_obj(1024, seed=9700 + i) for i in range(len(keys))]) is True
+        adapter._submit("store", held_store, adapter._finish_store, [None], [None])
+        adapter._extents._on_deleted = store_finishes_between
+        assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
+        assert core.exists_many([encode(keys[0])]) == [False]
+        assert encode(keys[0]) not in adapter._chains, "the chains hold a key the core deleted"
+    finally:
+        gate.set()
+        adapter.close()

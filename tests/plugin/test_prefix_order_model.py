@@ -188,6 +188,21 @@ def test_bad_keys_are_refused_by_name_and_leave_the_order_usable() -> None:
     assert order.victims(2, ()) == ["a1", "a0"]
 
 
+def test_a_refused_removal_leaves_the_keys_it_named_unmarked() -> None:
+    """remove_many refusing a bad key removes nothing; the stored keys named before it still
+    become leaves (taken first) when their last child leaves later."""
+    order = PrefixOrder()
+    order.note_call(["a", "b"])
+    order.add_many(["a", "b"])
+    order.add("x")
+    with pytest.raises(TypeError, match="must be str; got int"):
+        order.remove_many(["a", 5])  # type: ignore[list-item]
+    assert "a" in order and "b" in order
+    order.remove("b")
+    assert order.counts()["prefix_leaves"] == 2
+    assert order.victims(1, ()) == ["a"], "a childless predecessor is the first leaf"
+
+
 def test_str_subclass_keys_are_the_same_keys() -> None:
     class Key(str):
         pass
