@@ -402,22 +402,15 @@ class RawBlockL2Adapter(L2AdapterInterface):
                         self._chains.add(enc)
 
     def _tell_extents(self) -> None:
-        """Tell LMCache's listeners what extent eviction deleted and put back, in that order,
-        leaving out a deletion the cache's own store of the key has overtaken (listeners were
-        told of that store)."""
+        """Tell LMCache's listeners what extent eviction deleted and put back and what stores
+        stored, in the order the adapter recorded them (under ``_lock``), so a key evicted and
+        stored again is told deleted, then stored: LMCache's byte usage, the sum of what it was
+        told, stays what the core holds."""
         with self._tell_lock:
             with self._lock:
                 events, self._untold = self._untold, []
-                ours = {e.generation for kind, _, e in events if kind == "stored"}
-                keep = []
-                for kind, enc, entry in events:
-                    now = self._resident.get(enc)
-                    if (kind == "deleted" and now is not None and now.generation > entry.generation
-                            and now.generation not in ours):
-                        continue
-                    keep.append((kind, entry))
-            for kind, run in itertools.groupby(keep, key=lambda ev: ev[0]):
-                entries = [e for _, e in run]
+            for kind, run in itertools.groupby(events, key=lambda ev: ev[0]):
+                entries = [e for _, _, e in run]
                 self._tell(kind, [e.key for e in entries], [e.size for e in entries])
 
     def _configure_fdp(self, config: Any) -> None:
@@ -595,11 +588,14 @@ class RawBlockL2Adapter(L2AdapterInterface):
         with self._lock:
             stored = self._not_evicted(task_id, stored)
             for encoded, key in stored:
-                self._resident[encoded] = _Resident(key, size, next(self._generations))
+                told = encoded in self._resident  # held all along (its eviction not recorded): told once
+                entry = self._resident[encoded] = _Resident(key, size, next(self._generations))
+                if not told:  # after any eviction of the key recorded before it: told in that order
+                    self._untold.append(("stored", encoded, entry))
             if self._chains is not None and stored:
                 self._chains.add_many([e for e, _ in stored])
         if stored:  # listeners first: when the task shows complete, the accounting has it
-            self._tell("stored", [k for _, k in stored], [size] * len(stored))
+            self._tell_extents()
         self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
 
     def _not_evicted(self, task_id: int, stored: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -627,8 +627,6 @@ def test_key_stored_again_while_its_eviction_is_told_stays_reported_stored(tmp_p
         adapter.close()
 
 
-@pytest.mark.xfail(strict=True, reason="an evicted key stored again before the eviction is told: the "
-                   "deletion is left out (_tell_extents), so LMCache's byte usage counts the key twice")
 def test_key_stored_again_before_its_eviction_is_told_is_counted_once(tmp_path):
     """LMCache's byte usage (the base class sums what listeners are told) matches what the core
     holds when an evicted key is stored again before the eviction is told."""
