@@ -478,7 +478,7 @@ test-wheel-bare:
 .PHONY: fuzz-build fuzz-smoke fuzz-long fuzz-regressions
 FUZZ_CC ?= clang
 FUZZ_TARGETS := ckpt slot_header mlog mlog_read
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 40
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/core
 FUZZ_LIBS := -luring -lnvme -ljson-c -lxxhash -lz -lblkid -lpthread
