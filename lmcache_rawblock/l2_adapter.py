@@ -59,7 +59,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from . import fdp, load_cost, metrics
 from .extent_evict import ExtentEviction, parse_reinsert, parse_reserve, remove_guard
-from .prefix_evict import EXTENT_POLICIES, PrefixOrder, extent_eviction
+from .prefix_evict import EXTENT_POLICIES, PrefixOrder, extent_eviction, forget_keeping_links
 from .raw_block import RawBlockCore as _OurCore
 from .raw_block import RawBlockCoreConfig as _OurConfig
 from .raw_block import encode_object_key, multi
@@ -371,24 +371,22 @@ class RawBlockL2Adapter(L2AdapterInterface):
             # holds it: it stays (its listeners were told it was stored)
             recorded = [enc for enc in encoded if enc in self._resident]
             again = {e for e, ok in zip(recorded, self._core.exists_many(recorded)) if ok} if recorded else set()
-            for enc in encoded:
-                if enc in again:
-                    continue
+            gone = [enc for enc in encoded if enc not in again]
+            for enc in gone:
                 entry = self._resident.pop(enc, None)
                 if entry is not None:
                     self._untold.append(("deleted", enc, entry))
-                if self._chains is not None and not self._chains_by_evictor:
-                    self._chains.remove(enc)
-                elif self._chains is not None and enc in self._chains:
-                    self._chains_forget(enc)  # a store that finished after the chooser heard of it
+            if self._chains is not None:
+                self._chains_evicted(self._chains, gone)
 
-    def _chains_forget(self, enc: str) -> None:
-        """``enc`` left the chains, its link kept (as the chooser's ``deleted`` does). Under ``_lock``."""
-        assert self._chains is not None
-        pred = self._chains.predecessor(enc)
-        self._chains.remove(enc)
-        if pred is not None:
-            self._chains.note_links([(enc, pred)])
+    def _chains_evicted(self, chains: PrefixOrder, gone: list[str]) -> None:
+        """The chains after the extent evictor deleted ``gone``. Under ``extent_prefix`` its
+        chooser told them first: what is left is a key a store recorded in between, which
+        leaves as the chooser's keys do (its link kept). Under ``_lock``."""
+        if not self._chains_by_evictor:
+            chains.remove_many(gone)
+        else:
+            forget_keeping_links(chains, [enc for enc in gone if enc in chains])
 
     def _extent_put_again(self, encoded: list[str]) -> None:
         """The extent evictor put these hot keys back (under ``_evict_lock``): held again."""

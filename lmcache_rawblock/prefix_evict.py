@@ -53,7 +53,8 @@ from typing import Any
 
 from ._native import PrefixOrder
 
-__all__ = ["EXTENT_POLICIES", "PrefixOrder", "HINT_CAPACITY", "ReachableExtents", "extent_eviction"]
+__all__ = ["EXTENT_POLICIES", "PrefixOrder", "HINT_CAPACITY", "ReachableExtents", "extent_eviction",
+           "forget_keeping_links"]
 
 # Links learned for keys not stored yet (being written, or a lookup's first miss): kept
 # first-in-first-out up to this many, so a lookup whose store never comes costs nothing lasting.
@@ -97,14 +98,19 @@ class ReachableExtents:
         """``keys`` were evicted; their links are kept as pending ones, so a hot key put back
         rejoins its chain."""
         with self._lock:
-            order = self._order
-            links = [(k, p) for k, p in zip(keys, map(order.predecessor, keys)) if p is not None]
-            order.remove_many(keys)
-            order.note_links(links)
+            forget_keeping_links(self._order, keys)
 
     def stored(self, keys: list[str]) -> None:
         with self._lock:
             self._order.add_many(keys)
+
+
+def forget_keeping_links(order: PrefixOrder, keys: list[str]) -> None:
+    """``keys`` leave ``order`` as evicted keys do: their links kept as pending ones, so a key
+    stored again rejoins its chain. The caller holds the order's lock."""
+    links = [(k, p) for k, p in zip(keys, map(order.predecessor, keys)) if p is not None]
+    order.remove_many(keys)
+    order.note_links(links)
 
 
 EXTENT_POLICIES = ("extent", "extent_prefix")
