@@ -73,7 +73,7 @@ venv: apt-deps
 py-deps: venv
 	@$(PYTHON) -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && $(PYTHON) $(SETUPTOOLS_OK) || { \
 	  echo "py-deps: pip install setuptools pytest numpy $(RUST_WHEEL_PIN) into $(PYTHON)"; \
-	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7' numpy $(RUST_WHEEL_PIN); }
+	  $(PYTHON) -m pip install -q 'setuptools>=77' 'pytest>=7.3' numpy $(RUST_WHEEL_PIN); }
 
 # In-place build of the extension with warnings as errors; pip install -e registers the package once,
 # and the benchmark distribution (benchmarks/: lmcache_rawblock_bench, the bench and waf commands) too.
@@ -324,7 +324,7 @@ test-py312: apt-deps
 	if ! $(PY312_VENV)/bin/python $(PY_AT_LEAST_312) 2>/dev/null; then "$$py" -m venv --clear $(PY312_VENV) || exit 1; fi; \
 	$(PY312_VENV)/bin/python -c 'import setuptools, pytest, numpy, lmcache_rust_raw_block_io' 2>/dev/null && \
 	  $(PY312_VENV)/bin/python $(SETUPTOOLS_OK) || \
-	  $(PY312_VENV)/bin/python -m pip install -q 'setuptools>=77' 'pytest>=7' numpy $(RUST_WHEEL_PIN) || exit 1; \
+	  $(PY312_VENV)/bin/python -m pip install -q 'setuptools>=77' 'pytest>=7.3' numpy $(RUST_WHEEL_PIN) || exit 1; \
 	echo "test-py312: $$($(PY312_VENV)/bin/python -V) from $$py"
 	RB_WERROR=1 $(PY312_VENV)/bin/python setup.py -q build_ext --inplace
 	PYTHONPATH=$(CURDIR)/benchmarks $(PY312_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -443,7 +443,7 @@ test-wheel: py-deps
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	$(PYTHON) -m venv "$$tmp/venv" && \
 	"$$tmp/venv/bin/python" -m pip install -q --no-index --find-links "$(CURDIR)/$(DIST)" lmcache-rawblock && \
-	"$$tmp/venv/bin/python" -m pip install -q 'pytest>=7' && \
+	"$$tmp/venv/bin/python" -m pip install -q 'pytest>=7.3' && \
 	mkdir "$$tmp/smoke" "$$tmp/smoke-bench" && cp tests/wheel_smoke/*.py tests/strict_skips.py "$$tmp/smoke/" && \
 	cp tests/wheel_smoke/bench/*.py tests/strict_skips.py "$$tmp/smoke-bench/" && \
 	printf '[pytest]\n' > "$$tmp/pytest.ini" && cd "$$tmp" && \

@@ -147,10 +147,10 @@ def test_put_many_metas_list_mutated_during_put(tmp_path):
     key's dtype (heap-use-after-free under ASan; garbage metadata otherwise). Now a list is
     copied to a tuple, which keeps every item alive for the call."""
     code = """
-        import sys, threading, tempfile, pathlib
+        import sys, threading, pathlib
         sys.path.insert(0, %r)
         from core_helpers import HEADER, META, MiB, make_core, make_device, okey
-        d = pathlib.Path(tempfile.mkdtemp())
+        d = pathlib.Path(%r)
         SL = 64 * MiB
         path = make_device(d, size=META + 4 * SL)
         c = make_core(path, slot_bytes=SL)
@@ -173,7 +173,7 @@ def test_put_many_metas_list_mutated_during_put(tmp_path):
         (_, _, _, dtype) = n.get_metadata_many([k1])[0][:4]
         print("seen" if seen else "missed", dtype == "".join(chr(97 + (i %% 26)) for i in range(4000)))
         c.close()
-    """ % (str(TESTS),)
+    """ % (str(TESTS), str(tmp_path))
     for _ in range(5):
         r = run_child(code, timeout=60)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -148,8 +148,16 @@ def _real_groups(img) -> list[tuple[int, int, int]]:
 
 
 def _put_image(dev: str, img) -> None:
+    """The image written sparsely: only its MiB runs that hold a nonzero byte take disk space."""
+    step = 1 << 20
+    zero = bytes(step)
     with open(dev, "wb") as f:
-        f.write(img)
+        f.truncate(len(img))
+        for off in range(0, len(img), step):
+            run = img[off:off + step]
+            if run != zero[:len(run)]:
+                f.seek(off)
+                f.write(run)
 
 
 CONFIGS = [("object", False), ("object", True), ("legacy", True), ("legacy", False)]
@@ -189,8 +197,7 @@ def test_a_flipped_bit_in_a_log_group_is_reported_and_costs_only_that_group(tmp_
         for bit, part in _flip_bits(body, total, rng):
             img = bytearray(img0)
             img[off + bit // 8] ^= 1 << (bit % 8)
-            with open(dev, "wb") as f:
-                f.write(img)
+            _put_image(dev, img)
             hit = part != "padding"
             st, _ = _check(dev, ns, checksums, live, set(puts) if hit else set(), set(dels) if hit else set())
             what = f"group {j} {part} bit {bit}"
@@ -279,8 +286,7 @@ def test_a_log_cut_at_a_group_boundary_costs_only_the_groups_cut(tmp_path, image
         img = bytearray(img0)
         for off, _body, total in groups[j:] + [mark]:
             img[off:off + total] = bytes(total)
-        with open(dev, "wb") as f:
-            f.write(img)
+        _put_image(dev, img)
         cut = [_round_of_group(k) for k in range(j, len(groups))]
         lost_ok = {i for puts, _d in cut for i in puts}
         back_ok = {i for _p, dels in cut for i in dels}
@@ -300,8 +306,7 @@ def test_a_flipped_bit_in_a_superblock_loses_nothing(tmp_path, images, ns, check
         for bit in rng.sample(range(SB_LEN * 8), 6):
             img = bytearray(img0)
             img[at + bit // 8] ^= 1 << (bit % 8)
-            with open(dev, "wb") as f:
-                f.write(img)
+            _put_image(dev, img)
             st, served = _check(dev, ns, checksums, live, set(), set())
             assert served == live
             # either copy damaged is reported: the damaged one may have been the newer
@@ -315,8 +320,7 @@ def test_a_damaged_group_is_gone_after_the_next_checkpoint(tmp_path, images):
     img = bytearray(img0)
     img[off + GROUP_HDR + body // 2] ^= 0x10
     dev = str(tmp_path / "dev.img")
-    with open(dev, "wb") as f:
-        f.write(img)
+    _put_image(dev, img)
     c = _open(dev, "object", False)
     gen = c._native.status()["metadata_log"]["generation"]
     assert c.report_status()["recovery_outcome"] == "damaged"
@@ -365,8 +369,7 @@ def test_a_fallback_after_the_ring_wrapped_says_what_it_lost(tmp_path):
     old = _sb(img, old_at)
     assert old["start_seq"] < new["start_seq"] and ring is not None
     img[new_at + 40] ^= 1  # the newer superblock's generation
-    with open(dev, "wb") as f:
-        f.write(img)
+    _put_image(dev, img)
     # groups the older superblock's log had that the newer lap overwrote: lost, and reported
     lost_ok = {i for i, s in put_in.items() if old["start_seq"] <= s < new["start_seq"]}
     assert lost_ok
@@ -385,8 +388,7 @@ def test_verify_and_inspect_report_a_damaged_log(tmp_path, images):
         img = bytearray(img0)
         if damaged:
             img[off + GROUP_HDR + body - 1] ^= 0x80
-        with open(dev, "wb") as f:
-            f.write(img)
+        _put_image(dev, img)
         r = subprocess.run([sys.executable, "-m", "lmcache_rawblock", "verify", dev, "--json"], capture_output=True,
                            text=True, timeout=120, cwd=str(REPO))
         res = json.loads(r.stdout)
