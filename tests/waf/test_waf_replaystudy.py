@@ -44,3 +44,24 @@ def test_a_cell_records_waf_and_both_lru_hit_ratios(tmp_path):
     assert c["hit_ratio_lru_same_lookups"] is not None and c["hit_ratio_lru"] is not None
     assert c["workload_name"] == "lmcache_defaults"
     assert not list(tmp_path.iterdir())  # device, stream and traces removed
+
+
+def test_format_v1_extents_are_the_whole_slots_of_one_reclaim_unit():
+    """LMCache's layout has no stride: an extent is a whole number of slots, so in format v1 it
+    is the slots that fit in one RU and its boundaries drift across the RUs'."""
+    from lmcache_rawblock_bench.waf.replaystudy import extent_bytes_for, geometry
+
+    g, _span, slot = geometry("1G", 0.07)
+    ru = g.ru_pages * 4096
+    assert extent_bytes_for("log", ru, slot) == ru
+    v1 = extent_bytes_for("v1", ru, slot)
+    assert v1 % slot == 0 and v1 // slot == 127 and ru - v1 < slot
+
+
+def test_a_format_v1_cell_runs_the_core_in_format_v1(tmp_path):
+    from lmcache_rawblock_bench.waf.replaystudy import cell
+
+    c = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01, lru=False, meta_format="v1")
+    assert c["meta_format"] == "v1" and c["extent_bytes"] == 127 * c["slot_bytes"]
+    assert "--meta-format" in c["replay_argv"] and c["replay_argv"][c["replay_argv"].index("--meta-format") + 1] == "v1"
+    assert c["waf"] >= 1.0 and c["core"].get("extents_total")

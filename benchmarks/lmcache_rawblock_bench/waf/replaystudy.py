@@ -1,6 +1,7 @@
 """The wear study's goal cells driven by the product's own allocator: ``waf replay`` runs the
-real core (log format, strided extents one reclaim unit each, extent eviction with its clean
-reserve, deallocation) with its write journal on, and the recorded stream goes to the flash
+real core (log format, strided extents one reclaim unit each; or format v1, extents of the whole
+slots one reclaim unit holds; extent eviction with its clean reserve, deallocation) with its
+write journal on, and the recorded stream goes to the flash
 model (:func:`.cli.simulate_stream`) on a drive whose logical space the core's span fills.
 
 The scale (a real 1 GiB- or 16 GiB-RU drive's replay would write terabytes): a reclaim unit
@@ -59,12 +60,13 @@ def geometry(ru: str, op: float, util: float = 1.0) -> tuple[Geometry, int, int]
 
 def replay_argv(dev: str, span: int, slot: int, ru_bytes: int, *, concurrency: int, seed: int, eviction: str,
                 record: Optional[str], warmup: float, measure: float, reserve: int = 0,
-                meta_bytes: int = 0, hit_trace: Optional[str] = None, workload: str = "lmcache_defaults") -> list[str]:
+                meta_bytes: int = 0, hit_trace: Optional[str] = None, workload: str = "lmcache_defaults",
+                meta_format: str = "log") -> list[str]:
     k = span / slot / REF_SLOTS
     argv = ["--device", dev, "--size", str(span), "--destroy-data", "--workload", workload,
             "--chunk-bytes", str(2 * (slot - 4096)), "--families", str(max(1, round(BASE_FAMILIES * k))),
             "--concurrency", str(max(1, round(BASE_CONCURRENCY * k * concurrency))), "--seed", str(seed),
-            "--meta-format", "log", "--extent-bytes", str(ru_bytes), "--eviction", eviction, "--load",
+            "--meta-format", meta_format, "--extent-bytes", str(ru_bytes), "--eviction", eviction, "--load",
             "--dealloc", "on", "--warmup", str(warmup), "--measure", str(measure), "--json"]
     argv += ["--extent-reserve", str(reserve)] if reserve else []
     argv += ["--meta-bytes", str(meta_bytes)] if meta_bytes else []
@@ -105,19 +107,29 @@ def data_only(record: str, meta_end: int, out: str) -> None:
                 g.write(line)
 
 
+def extent_bytes_for(meta_format: str, ru_bytes: int, slot: int) -> int:
+    """The core's ``extent_bytes`` for one RU: the RU itself in the log format (strided slots, the
+    tail unused), the whole slots that fit in it in format v1 (LMCache's layout has no stride, so
+    an extent is a whole number of slots and its boundaries drift across the RUs')."""
+    return ru_bytes if meta_format == "log" else ru_bytes // slot * slot
+
+
 def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str, *, warmup: float = 1.5,
-         measure: float = 1.5, lru: bool = True, reserve: int = 0, workload: str = "lmcache_defaults") -> dict:
+         measure: float = 1.5, lru: bool = True, reserve: int = 0, workload: str = "lmcache_defaults",
+         meta_format: str = "log") -> dict:
     """One cell: the extent-eviction run recorded and simulated, and key-level LRU's hit ratio
     at the same capacity (the same core and extents, keys evicted one by one)."""
     from .cli import simulate_stream
 
     g, span, slot = geometry(ru, op, util)
-    ru_bytes = g.ru_pages * PAGE
+    ru_bytes = extent_bytes_for(meta_format, g.ru_pages * PAGE, slot)
     os.makedirs(work, exist_ok=True)
     dev, rec = os.path.join(work, f"dev-{ru}.img"), os.path.join(work, f"stream-{ru}.jsonl")
     t0 = time.time()
-    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure, meta_bytes=META_BYTES[ru],
-                  workload=workload)
+    # format v1 checkpoints its whole index: its region is the replay's default size for the slots
+    common = dict(concurrency=concurrency, seed=seed, warmup=warmup, measure=measure,
+                  meta_bytes=META_BYTES[ru] if meta_format == "log" else 0, workload=workload,
+                  meta_format=meta_format)
     tr_ext, tr_lru = os.path.join(work, f"hits-{ru}-extent.bin"), os.path.join(work, f"hits-{ru}-lru.bin")
     ext = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="extent", record=rec, reserve=reserve,
                               hit_trace=tr_ext, **common))
@@ -140,7 +152,7 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     os.unlink(rec)
     os.unlink(dev)
     return {
-        "workload_name": workload, "ru": ru, "util": util, "concurrency": concurrency, "op": op, "seed": seed, "geometry": g.to_dict(),
+        "workload_name": workload, "meta_format": meta_format, "ru": ru, "util": util, "concurrency": concurrency, "op": op, "seed": seed, "geometry": g.to_dict(),
         "span_bytes": span, "slot_bytes": slot, "extent_bytes": ru_bytes, "slots": ext["max_slots"],
         "extent_reserve": ext["extent_reserve"], "workload": ext["workload"],
         "waf": sim["window_waf"], "waf_from_start": sim["waf"], "waf_without_metadata": sim_data["window_waf"],
@@ -165,7 +177,8 @@ def markdown(cells: list[dict], argv: list[str]) -> str:
          f"Command: `{' '.join(argv)}`", "",
          "Each row: `waf replay` of the store pattern (`lmcache_defaults`: LMCache's default, full chunks only; "
          "`study`: decode and partial chunks stored too) through the real core, "
-         "`meta_format: log`, `extent_bytes` = the RU (strided slots of 4 KiB + chunk), `eviction extent` "
+         "`meta_format: log` and `extent_bytes` = the RU (strided slots of 4 KiB + chunk), or format v1 and "
+         "`extent_bytes` = the RU's whole slots (no stride: extents drift across RU boundaries), `eviction extent` "
          "(the closed extent filled longest ago, its keys loaded since their put put again, at most half of it, "
          "`extent_reserve` 5 % of the extents kept clean ahead), `deallocate_freed: on`, loads of every hit; the "
          "core's write journal (every data and metadata write and every deallocation) replayed on the flash model "
@@ -173,14 +186,14 @@ def markdown(cells: list[dict], argv: list[str]) -> str:
          "key-level LRU eviction; its hit ratio over the same lookups as the extent run's window (the same get "
          "events: the windows are set in bytes written, reinsertion's puts make the extent run's reach fewer "
          "events, and this workload's hit ratio drifts along the stream), and over its own window.", "",
-         "| workload | RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata "
+         "| workload | format | RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata "
          "| metadata share | reserve | hit ratio extent | LRU, same lookups | LRU - extent | LRU, own window |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         he, hs = c["hit_ratio_extent"], c.get("hit_ratio_lru_same_lookups")
         diff = f"{hs - he:+.3f}" if hs is not None else "-"
         ext = c["core"].get("extents_total")
-        L.append(f"| {c.get('workload_name', 'lmcache_defaults')} | {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | "
+        L.append(f"| {c.get('workload_name', 'lmcache_defaults')} | {c.get('meta_format', 'log')} | {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | "
                  f"{c['concurrency']}x | {c['seed']} | {c['slots']} / {ext} | {c['waf']:.3f} | "
                  f"{c['waf_without_metadata']:.3f} | {100 * (c['recorded']['meta_share'] or 0):.2f}% | "
                  f"{c['extent_reserve']} | {he:.3f} | {_f3(hs)} | {diff} | {_f3(c['hit_ratio_lru'])} |")
@@ -199,6 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--measure", type=float, default=1.5)
     p.add_argument("--workload", default="lmcache_defaults", choices=("lmcache_defaults", "study"),
                    help="store pattern (default lmcache_defaults: full chunks only; study: decode and partial chunks)")
+    p.add_argument("--meta-format", default="log", choices=("log", "v1"),
+                   help="the core's metadata format (default log; v1: LMCache's layout, extents of whole slots)")
     p.add_argument("--no-lru", action="store_true", help="skip the key-level LRU run (hit ratio)")
     p.add_argument("--extent-reserve", type=int, default=0,
                    help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
@@ -220,10 +235,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for op in (float(x) for x in a.op.split(",")):
                     for seed in (int(x) for x in a.seeds.split(",")):
                         c = cell(ru, util, conc, op, seed, a.dir, warmup=a.warmup, measure=a.measure,
-                                 lru=not a.no_lru, reserve=a.extent_reserve, workload=a.workload)
+                                 lru=not a.no_lru, reserve=a.extent_reserve, workload=a.workload,
+                                 meta_format=a.meta_format)
                         c["command"] = " ".join(cmd)
                         cells.append(c)
-                        print(f"{ru} util {util} {conc}x op {op} seed {seed}: WAF {c['waf']:.3f} (without metadata "
+                        print(f"{a.meta_format} {ru} util {util} {conc}x op {op} seed {seed}: WAF {c['waf']:.3f} (without metadata "
                               f"{c['waf_without_metadata']:.3f}), hit ratio extent {c['hit_ratio_extent']:.3f} "
                               f"LRU same lookups {c['hit_ratio_lru_same_lookups']} own window {c['hit_ratio_lru']}, "
                               f"{c['seconds']}", file=sys.stderr, flush=True)
