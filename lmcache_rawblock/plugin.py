@@ -774,8 +774,10 @@ class RustRawBlockBackend(StoragePluginInterface):
         with self._pin_lock:
             pinned = len(self._pinned_keys)
         first = f"{failure}; " if failure is not None else ""
+        full, ids = self._full_slots
+        slots = f"{c.usable} slot ids ({full} of full size)" if 0 < full < ids else f"{c.usable} slots"
         return RuntimeError(
-            f"{first}{why}: {c.usable} slots, {c.indexed} indexed ({pinned} pinned, "
+            f"{first}{why}: {slots}, {c.indexed} indexed ({pinned} pinned, "
             f"{max(0, c.locked - pinned)} more locked by loads), {c.inflight} being written, "
             f"{c.held} freed and waiting for a checkpoint, {c.reusable} reusable")
 

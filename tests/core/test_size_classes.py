@@ -114,6 +114,23 @@ def test_half_size_objects_fill_a_device_twice_over_with_two_classes(tmp_path):
     assert stored == {1: 16 * PER, 2: 16 * (EXT // cls_slot(1))}
 
 
+def test_a_put_that_finds_no_slot_names_its_class_and_counts_ids_as_ids(tmp_path):
+    """With size classes the slot ids count the smallest class's slots: a device full of
+    full-size objects holds far fewer keys than ids, and the failure says which is which."""
+    path = make_device(tmp_path, size=META + 2 * EXT)
+    core = sc_core(path, 3)
+    try:
+        put(core, range(2 * PER), [PAY] * (2 * PER))
+        r = core.put_many([okey(99)], [Obj(payload(99, PAY))])
+        ids = core._native.status()["max_slots"]
+        assert ids > 2 * PER and not r.results[0]
+        assert str(r.failure).startswith(
+            f"no free slot of size class 0 ({SLOT}-byte slots): {ids} slot ids (counted in the smallest class's "
+            f"slots), {2 * PER} indexed"), r.failure
+    finally:
+        core.close()
+
+
 def test_a_wholly_freed_extent_is_taken_by_another_class(tmp_path):
     path = make_device(tmp_path, size=META + 2 * EXT)
     core = sc_core(path, 2)

@@ -481,3 +481,16 @@ def test_lru_evict_ahead_fires_with_size_classes(open_backend, classes):
     st = be.report_status()
     assert st["evicted_ahead_entries"] > 0, "the evictor never fired"
     assert st["put_evicted_entries"] == 0, "a put found the cache full and evicted for itself"
+
+
+@pytest.mark.parametrize("classes", [1, 2])
+def test_a_put_out_of_room_counts_slot_ids_as_ids_with_size_classes(open_backend, classes):
+    be = open_backend(slots=64, eviction_policy="lru", meta_format="log", extent_bytes=4 * SLOT,
+                      size_classes=classes)
+    full = be.report_status()["usable_capacity_bytes"] // SLOT
+    ids = be._core.slot_counts().usable
+    msg = str(be._no_room(None, "nothing is left to evict"))
+    if classes == 1:
+        assert ids == full and f"nothing is left to evict: {ids} slots, 0 indexed" in msg, msg
+    else:
+        assert ids > full and f"nothing is left to evict: {ids} slot ids ({full} of full size), 0 indexed" in msg, msg
