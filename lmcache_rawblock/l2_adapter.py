@@ -400,10 +400,12 @@ class RawBlockL2Adapter(L2AdapterInterface):
                         self._chains.add(enc)
 
     def _tell_extents(self) -> None:
-        """Tell LMCache's listeners what extent eviction deleted and put back and what stores
-        stored, in the order the adapter recorded them (under ``_lock``), so a key evicted and
-        stored again is told deleted, then stored: LMCache's byte usage, the sum of what it was
-        told, stays what the core holds."""
+        """Tell LMCache's listeners every key stored and deleted (by stores, deletes, extent
+        eviction and its put-backs, drops, a device reopened), in the order the adapter recorded
+        them (under ``_lock``), so a key evicted and stored again is told deleted, then stored,
+        and a key deleted right after its store is told stored, then deleted: LMCache's byte
+        usage and its listeners' keys, what it was told, stay what the core holds. Returns once
+        every event recorded before the call is told."""
         with self._tell_lock:
             with self._lock:
                 events, self._untold = self._untold, []
@@ -712,14 +714,10 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 if self._extents is not None:
                     self._extents.removed()  # no hot key of an extent eviction under way comes back
                 deleted = self._core.delete_many(encoded, force=False)
-            gone = []
             with self._lock:
-                for e, ok in zip(encoded, deleted):
-                    entry = self._resident.pop(e, None) if ok else None
-                    if entry is not None:
-                        gone.append(entry)
+                gone = self._record_deleted([e for e, ok in zip(encoded, deleted) if ok])
             if gone:
-                self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
+                self._tell_extents()
             if self._chains is not None:
                 self._chains_deleted([e for e, ok in zip(encoded, deleted) if ok])
         finally:
@@ -745,17 +743,26 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if not victims:
             return
         results = self._core.delete_many(victims, force=False)
-        gone = []
         with self._lock:
-            for enc, ok in zip(victims, results):
-                if ok:
-                    self._chains.remove(enc)  # type: ignore[union-attr]
-                    entry = self._resident.pop(enc, None)
-                    if entry is not None:
-                        gone.append(entry)
-            self._dropped_unreachable += len(gone)
+            dropped = [enc for enc, ok in zip(victims, results) if ok]
+            for enc in dropped:
+                self._chains.remove(enc)  # type: ignore[union-attr]
+            gone = self._record_deleted(dropped)
+            self._dropped_unreachable += gone
         if gone:
-            self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
+            self._tell_extents()
+
+    def _record_deleted(self, encoded: list[str]) -> int:
+        """The held ``encoded`` keys the core no longer holds: no longer held, their deletion
+        queued for ``_tell_extents`` after whatever was recorded before. Under ``_lock``; how
+        many were held."""
+        n = 0
+        for enc in encoded:
+            entry = self._resident.pop(enc, None)
+            if entry is not None:
+                self._untold.append(("deleted", enc, entry))
+                n += 1
+        return n
 
     # ---- devices ------------------------------------------------------------------------
 
@@ -774,9 +781,11 @@ class RawBlockL2Adapter(L2AdapterInterface):
         encoded = back.snapshot_indexed_keys() if back is not None else []
         size = int(core.slot_bytes)
         with self._lock:
-            keys = self._hold(encoded, size)
+            new = [enc for enc in encoded if enc not in self._resident]
+            keys = self._hold(new, size)
+            self._untold += [("stored", enc, self._resident[enc]) for enc in new if enc in self._resident]
         if keys:
-            self._tell("stored", keys, [size] * len(keys))
+            self._tell_extents()
         out["keys_reported_stored"] = len(keys)
         return out
 
@@ -862,20 +871,20 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if not snapshot:
             return 0
         present = self._core.exists_many([e for e, _ in snapshot])
-        gone = []
         with self._lock:
+            dropped = []
             for (encoded, generation), ok in zip(snapshot, present):
                 entry = self._resident.get(encoded)
                 if not ok and entry is not None and entry.generation == generation:
-                    del self._resident[encoded]
-                    gone.append(entry)
+                    dropped.append(encoded)
                     if self._chains is not None:
                         self._chains.remove(encoded)
+            gone = self._record_deleted(dropped)
         if gone:
             logger.warning("RawBlockL2Adapter: %d entries were dropped by the core (failed checks or write "
-                           "back); LMCache's listeners are told they were deleted", len(gone))
-            self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
-        return len(gone)
+                           "back); LMCache's listeners are told they were deleted", gone)
+            self._tell_extents()
+        return gone
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until the background thread has nothing left to do (False on timeout)."""

@@ -677,3 +677,48 @@ def test_extent_prefix_chains_forget_a_key_evicted_while_its_store_finishes(tmp_
     finally:
         gate.set()
         adapter.close()
+
+
+class _Sequence(_Recorder):
+    """A listener recording what it is told, in order: ("stored" | "deleted", key)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def on_l2_keys_stored(self, keys, sizes=None):
+        self.events += [("stored", k) for k in keys]
+
+    def on_l2_keys_deleted(self, keys, sizes=None):
+        self.events += [("deleted", k) for k in keys]
+
+
+@pytest.mark.parametrize("how", ["delete", "dropped"])
+def test_a_key_deleted_before_its_store_is_told_is_told_stored_then_deleted(tmp_path, how):
+    """A store records its keys, then tells LMCache; a delete of one of them (LMCache's own
+    eviction, or the core dropping it) can come in between. LMCache must hear stored, then
+    deleted, as it happened: told the other way round its listeners keep a key the core no
+    longer holds, and its byte usage (clamped at zero by the delete) counts it."""
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(_device(tmp_path))))[0])
+    rec = _Sequence()
+    adapter.register_listener(rec)
+    key = _key(9800)
+    tell = adapter._tell_extents
+
+    def deleted_in_between():
+        adapter._tell_extents = tell
+        if how == "delete":
+            adapter.delete([key])
+        else:
+            adapter._core.delete_many([encode(key)])  # gone without the adapter's delete
+            assert adapter._report_dropped() == 1
+        tell()
+
+    try:
+        adapter._tell_extents = deleted_in_between
+        assert _store(adapter, [key], [_obj(1024, seed=9800)]) is True
+        assert adapter._core.exists_many([encode(key)]) == [False]
+        assert rec.events == [("stored", key), ("deleted", key)], rec.events
+        assert adapter.get_usage().total_bytes_used == 0
+    finally:
+        adapter.close()
