@@ -308,7 +308,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._extents: ExtentEviction | None = None
         self._evict_lock = threading.Lock()
         self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
-        # keys it deleted while a store was in flight, with the sequence of that delete: a store
+        # keys it (or a delete) deleted while a store was in flight, with the sequence of that delete: a store
         # that committed one before the delete must not record it. Each store in flight keeps the
         # sequence it started at; entries no store in flight started before are dropped, so the
         # map stays bounded under stores that never go idle (guarded by _lock)
@@ -362,11 +362,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
         listeners' news waits for ``_tell_extents``."""
         with self._lock:
-            if self._store_marks:
-                self._evict_seq += 1
-                for enc in encoded:  # re-inserted at the end: the map stays in sequence order
-                    self._evicted_storing.pop(enc, None)
-                    self._evicted_storing[enc] = self._evict_seq
+            self._deleted_while_storing(encoded)
             # a store that put a key again after the delete and finished before this record
             # holds it: it stays (its listeners were told it was stored)
             recorded = [enc for enc in encoded if enc in self._resident]
@@ -378,6 +374,16 @@ class RawBlockL2Adapter(L2AdapterInterface):
                     self._untold.append(("deleted", enc, entry))
             if self._chains is not None:
                 self._chains_evicted(self._chains, gone)
+
+    def _deleted_while_storing(self, encoded: list[str]) -> None:
+        """The core deleted ``encoded`` (an extent eviction, a delete): remembered for the stores
+        in flight, which may have put one of them before the delete (``_not_evicted``). Under
+        ``_lock``."""
+        if self._store_marks:
+            self._evict_seq += 1
+            for enc in encoded:  # re-inserted at the end: the map stays in sequence order
+                self._evicted_storing.pop(enc, None)
+                self._evicted_storing[enc] = self._evict_seq
 
     def _chains_evicted(self, chains: PrefixOrder, gone: list[str]) -> None:
         """The chains after the extent evictor deleted ``gone``. Under ``extent_prefix`` its
@@ -715,7 +721,9 @@ class RawBlockL2Adapter(L2AdapterInterface):
                     self._extents.removed()  # no hot key of an extent eviction under way comes back
                 deleted = self._core.delete_many(encoded, force=False)
             with self._lock:
-                gone = self._record_deleted([e for e, ok in zip(encoded, deleted) if ok])
+                removed = [e for e, ok in zip(encoded, deleted) if ok]
+                self._deleted_while_storing(removed)  # a store in flight that put one is not told it
+                gone = self._record_deleted(removed)
             if gone:
                 self._tell_extents()
             if self._chains is not None:
@@ -745,6 +753,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         results = self._core.delete_many(victims, force=False)
         with self._lock:
             dropped = [enc for enc, ok in zip(victims, results) if ok]
+            self._deleted_while_storing(dropped)
             for enc in dropped:
                 self._chains.remove(enc)  # type: ignore[union-attr]
             gone = self._record_deleted(dropped)

@@ -722,3 +722,32 @@ def test_a_key_deleted_before_its_store_is_told_is_told_stored_then_deleted(tmp_
         assert adapter.get_usage().total_bytes_used == 0
     finally:
         adapter.close()
+
+
+def test_a_key_lmcache_deletes_while_a_store_of_it_runs_is_not_told_stored_again(tmp_path):
+    """LMCache deletes a held key while a store of that key is in flight, its put already in the
+    core (so the delete removes it). The store then finishes: the core does not hold the key,
+    so LMCache must not be told it was stored after it was told it was deleted."""
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(_device(tmp_path))))[0])
+    rec = _Sequence()
+    key = _key(9900)
+    gate = threading.Event()
+
+    def held_store(_keys, _objects):
+        assert gate.wait(30), "the test never released this store"
+        return True, [(encode(key), key)]  # it put the key before the delete
+
+    try:
+        assert _store(adapter, [key], [_obj(1024, seed=9900)]) is True
+        adapter.register_listener(rec)
+        adapter._submit("store", held_store, adapter._finish_store, [None], [None])
+        adapter.delete([key])
+        gate.set()
+        _wait(adapter.get_store_event_fd())
+        assert adapter._core.exists_many([encode(key)]) == [False]
+        assert rec.events == [("stored", key), ("deleted", key)], rec.events
+        assert adapter.report_status()["held_key_count"] == 0
+        assert adapter.get_usage().total_bytes_used == 0
+    finally:
+        gate.set()
+        adapter.close()
