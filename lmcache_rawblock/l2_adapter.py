@@ -316,6 +316,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._evict_seq = 0
         self._store_marks: dict[int, int] = {}  # store task id -> _evict_seq when it was submitted
         self._tell_lock = threading.Lock()  # one teller at a time, so the order holds (before _lock)
+        self._teller: int | None = None  # the thread telling (a listener calling back in is not made to wait)
         try:
             self._core = self._make_core(config)
             metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
@@ -411,13 +412,24 @@ class RawBlockL2Adapter(L2AdapterInterface):
         them (under ``_lock``), so a key evicted and stored again is told deleted, then stored,
         and a key deleted right after its store is told stored, then deleted: LMCache's byte
         usage and its listeners' keys, what it was told, stay what the core holds. Returns once
-        every event recorded before the call is told."""
+        every event recorded before the call is told, except when a listener calls back into
+        the adapter: what it records is told by the telling it runs in, right after it."""
+        me = threading.get_ident()
+        if self._teller == me:
+            return
         with self._tell_lock:
-            with self._lock:
-                events, self._untold = self._untold, []
-            for kind, run in itertools.groupby(events, key=lambda ev: ev[0]):
-                entries = [e for _, _, e in run]
-                self._tell(kind, [e.key for e in entries], [e.size for e in entries])
+            self._teller = me
+            try:
+                while True:
+                    with self._lock:
+                        events, self._untold = self._untold, []
+                    if not events:
+                        return
+                    for kind, run in itertools.groupby(events, key=lambda ev: ev[0]):
+                        entries = [e for _, _, e in run]
+                        self._tell(kind, [e.key for e in entries], [e.size for e in entries])
+            finally:
+                self._teller = None
 
     def _configure_fdp(self, config: Any) -> None:
         """The placement identifiers KV writes use (the device's, checked against the config),

@@ -12,11 +12,14 @@ import logging
 import os
 import re
 import select
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
 
-from helpers import REPO, lmcache_imports
+from helpers import REPO, TESTS, lmcache_imports
 
 with lmcache_imports() as lmc:
     import torch
@@ -751,3 +754,35 @@ def test_a_key_lmcache_deletes_while_a_store_of_it_runs_is_not_told_stored_again
     finally:
         gate.set()
         adapter.close()
+
+
+def test_a_listener_deleting_what_it_is_told_was_stored_does_not_hang_the_adapter(tmp_path):
+    """A listener that deletes a key from inside the notice that it was stored (the telling
+    thread calls back into the adapter) must not wait on the telling it runs in: the store
+    completes, LMCache hears stored, then deleted, and nothing stays counted. Run in a child
+    process so that a hang fails the test instead of stopping the run."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / "conformance")!r}]
+        from pathlib import Path
+        import test_conformance_mp_adapter as t
+        adapter = t.create_l2_adapter_from_registry(t._adapters(t._parse(t._adapter_json(
+            t._device(Path({str(tmp_path)!r})))))[0])
+        key = t._key(9950)
+        rec = t._Sequence()
+
+        class Evicting(t._Sequence):
+            def on_l2_keys_stored(self, keys, sizes=None):
+                adapter.delete(keys)
+
+        adapter.register_listener(rec)
+        adapter.register_listener(Evicting())
+        assert t._store(adapter, [key], [t._obj(1024, seed=9950)]) is True
+        assert adapter._core.exists_many([t.encode(key)]) == [False]
+        assert rec.events == [("stored", key), ("deleted", key)], rec.events
+        assert adapter.get_usage().total_bytes_used == 0
+        adapter.close()
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
