@@ -308,7 +308,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._extents: ExtentEviction | None = None
         self._evict_lock = threading.Lock()
         self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
-        # keys it deleted while a store was in flight, with the sequence of that delete: a store
+        # keys it (or a delete) deleted while a store was in flight, with the sequence of that delete: a store
         # that committed one before the delete must not record it. Each store in flight keeps the
         # sequence it started at; entries no store in flight started before are dropped, so the
         # map stays bounded under stores that never go idle (guarded by _lock)
@@ -316,6 +316,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         self._evict_seq = 0
         self._store_marks: dict[int, int] = {}  # store task id -> _evict_seq when it was submitted
         self._tell_lock = threading.Lock()  # one teller at a time, so the order holds (before _lock)
+        self._teller: int | None = None  # the thread telling (a listener calling back in is not made to wait)
         try:
             self._core = self._make_core(config)
             metrics.attach_mp(self._core, config.device_path)  # LMCache's MP observability; drops out with the core
@@ -362,11 +363,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
         listeners' news waits for ``_tell_extents``."""
         with self._lock:
-            if self._store_marks:
-                self._evict_seq += 1
-                for enc in encoded:  # re-inserted at the end: the map stays in sequence order
-                    self._evicted_storing.pop(enc, None)
-                    self._evicted_storing[enc] = self._evict_seq
+            self._deleted_while_storing(encoded)
             # a store that put a key again after the delete and finished before this record
             # holds it: it stays (its listeners were told it was stored)
             recorded = [enc for enc in encoded if enc in self._resident]
@@ -378,6 +375,16 @@ class RawBlockL2Adapter(L2AdapterInterface):
                     self._untold.append(("deleted", enc, entry))
             if self._chains is not None:
                 self._chains_evicted(self._chains, gone)
+
+    def _deleted_while_storing(self, encoded: list[str]) -> None:
+        """The core deleted ``encoded`` (an extent eviction, a delete): remembered for the stores
+        in flight, which may have put one of them before the delete (``_not_evicted``). Under
+        ``_lock``."""
+        if self._store_marks:
+            self._evict_seq += 1
+            for enc in encoded:  # re-inserted at the end: the map stays in sequence order
+                self._evicted_storing.pop(enc, None)
+                self._evicted_storing[enc] = self._evict_seq
 
     def _chains_evicted(self, chains: PrefixOrder, gone: list[str]) -> None:
         """The chains after the extent evictor deleted ``gone``. Under ``extent_prefix`` its
@@ -400,16 +407,29 @@ class RawBlockL2Adapter(L2AdapterInterface):
                         self._chains.add(enc)
 
     def _tell_extents(self) -> None:
-        """Tell LMCache's listeners what extent eviction deleted and put back and what stores
-        stored, in the order the adapter recorded them (under ``_lock``), so a key evicted and
-        stored again is told deleted, then stored: LMCache's byte usage, the sum of what it was
-        told, stays what the core holds."""
+        """Tell LMCache's listeners every key stored and deleted (by stores, deletes, extent
+        eviction and its put-backs, drops, a device reopened), in the order the adapter recorded
+        them (under ``_lock``), so a key evicted and stored again is told deleted, then stored,
+        and a key deleted right after its store is told stored, then deleted: LMCache's byte
+        usage and its listeners' keys, what it was told, stay what the core holds. Returns once
+        every event recorded before the call is told, except when a listener calls back into
+        the adapter: what it records is told by the telling it runs in, right after it."""
+        me = threading.get_ident()
+        if self._teller == me:
+            return
         with self._tell_lock:
-            with self._lock:
-                events, self._untold = self._untold, []
-            for kind, run in itertools.groupby(events, key=lambda ev: ev[0]):
-                entries = [e for _, _, e in run]
-                self._tell(kind, [e.key for e in entries], [e.size for e in entries])
+            self._teller = me
+            try:
+                while True:
+                    with self._lock:
+                        events, self._untold = self._untold, []
+                    if not events:
+                        return
+                    for kind, run in itertools.groupby(events, key=lambda ev: ev[0]):
+                        entries = [e for _, _, e in run]
+                        self._tell(kind, [e.key for e in entries], [e.size for e in entries])
+            finally:
+                self._teller = None
 
     def _configure_fdp(self, config: Any) -> None:
         """The placement identifiers KV writes use (the device's, checked against the config),
@@ -712,14 +732,12 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 if self._extents is not None:
                     self._extents.removed()  # no hot key of an extent eviction under way comes back
                 deleted = self._core.delete_many(encoded, force=False)
-            gone = []
             with self._lock:
-                for e, ok in zip(encoded, deleted):
-                    entry = self._resident.pop(e, None) if ok else None
-                    if entry is not None:
-                        gone.append(entry)
+                removed = [e for e, ok in zip(encoded, deleted) if ok]
+                self._deleted_while_storing(removed)  # a store in flight that put one is not told it
+                gone = self._record_deleted(removed)
             if gone:
-                self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
+                self._tell_extents()
             if self._chains is not None:
                 self._chains_deleted([e for e, ok in zip(encoded, deleted) if ok])
         finally:
@@ -745,17 +763,27 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if not victims:
             return
         results = self._core.delete_many(victims, force=False)
-        gone = []
         with self._lock:
-            for enc, ok in zip(victims, results):
-                if ok:
-                    self._chains.remove(enc)  # type: ignore[union-attr]
-                    entry = self._resident.pop(enc, None)
-                    if entry is not None:
-                        gone.append(entry)
-            self._dropped_unreachable += len(gone)
+            dropped = [enc for enc, ok in zip(victims, results) if ok]
+            self._deleted_while_storing(dropped)
+            for enc in dropped:
+                self._chains.remove(enc)  # type: ignore[union-attr]
+            gone = self._record_deleted(dropped)
+            self._dropped_unreachable += gone
         if gone:
-            self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
+            self._tell_extents()
+
+    def _record_deleted(self, encoded: list[str]) -> int:
+        """The held ``encoded`` keys the core no longer holds: no longer held, their deletion
+        queued for ``_tell_extents`` after whatever was recorded before. Under ``_lock``; how
+        many were held."""
+        n = 0
+        for enc in encoded:
+            entry = self._resident.pop(enc, None)
+            if entry is not None:
+                self._untold.append(("deleted", enc, entry))
+                n += 1
+        return n
 
     # ---- devices ------------------------------------------------------------------------
 
@@ -774,9 +802,11 @@ class RawBlockL2Adapter(L2AdapterInterface):
         encoded = back.snapshot_indexed_keys() if back is not None else []
         size = int(core.slot_bytes)
         with self._lock:
-            keys = self._hold(encoded, size)
+            new = [enc for enc in encoded if enc not in self._resident]
+            keys = self._hold(new, size)
+            self._untold += [("stored", enc, self._resident[enc]) for enc in new if enc in self._resident]
         if keys:
-            self._tell("stored", keys, [size] * len(keys))
+            self._tell_extents()
         out["keys_reported_stored"] = len(keys)
         return out
 
@@ -862,20 +892,20 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if not snapshot:
             return 0
         present = self._core.exists_many([e for e, _ in snapshot])
-        gone = []
         with self._lock:
+            dropped = []
             for (encoded, generation), ok in zip(snapshot, present):
                 entry = self._resident.get(encoded)
                 if not ok and entry is not None and entry.generation == generation:
-                    del self._resident[encoded]
-                    gone.append(entry)
+                    dropped.append(encoded)
                     if self._chains is not None:
                         self._chains.remove(encoded)
+            gone = self._record_deleted(dropped)
         if gone:
             logger.warning("RawBlockL2Adapter: %d entries were dropped by the core (failed checks or write "
-                           "back); LMCache's listeners are told they were deleted", len(gone))
-            self._tell("deleted", [g.key for g in gone], [g.size for g in gone])
-        return len(gone)
+                           "back); LMCache's listeners are told they were deleted", gone)
+            self._tell_extents()
+        return gone
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until the background thread has nothing left to do (False on timeout)."""

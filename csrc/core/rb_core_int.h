@@ -267,6 +267,7 @@ struct rb_core {
 
     /* ---- test and benchmark hooks (atomics) --------------------------------------------- */
     _Atomic int no_flush;      /* benchmark hook: checkpoints skip their flushes */
+    _Atomic int no_dsync;      /* the kernel or the file refused RWF_DSYNC: groups are written, then flushed */
     _Atomic int no_load_check; /* benchmark hook: loads of verified records skip the header check */
     _Atomic int64_t fault_write, fault_read, fault_submit, fault_prep, fault_flush;
     _Atomic uint32_t ckpt_delay_ms;

@@ -37,8 +37,37 @@ int rb_core_meta_write(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *
 int rb_core_meta_can_sync_range(rb_core *c)
 {
     rb_nvme_ns ns;
-    return !atomic_load(&c->no_flush) && !rb_dev_nvme_ns(c->dev, &ns) &&
+    return !atomic_load(&c->no_flush) && !atomic_load(&c->no_dsync) && !rb_dev_nvme_ns(c->dev, &ns) &&
            !(rb_core_uses_uring(c) && c->cfg.meta_checkpoint_placement_id);
+}
+
+/* Whether a synced write's failure says the flag itself is refused, before any byte was
+ * written: EOPNOTSUPP (a file without its own write path), EINVAL or ENOSYS (a kernel or a
+ * sandbox without pwritev2's flags). */
+static int dsync_refused(const rb_xfer *x, const rb_err *err)
+{
+    int e = err->errnum;
+    return x->done == 0 && err->kind == RB_ERR_OS && (e == EOPNOTSUPP || e == EINVAL || e == ENOSYS);
+}
+
+/* One pwritev2(RWF_DSYNC) of buf at off. 0, <0 (err), or 1 when the flag is refused
+ * (dsync_refused: nothing written). */
+static int write_dsync(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
+{
+    if (rb_dev_enter(c->dev) < 0)
+        return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
+    rb_xfer x;
+    int rc = rb_xfer_init(c->dev, &x, 1, off, buf, len, len, len, err);
+    x.dsync = 1;
+    if (rc == 0)
+        rc = rb_xfer_prepare(c->dev, &x, err);
+    while (rc == 0 && (rc = rb_xfer_run(c->dev, &x, err)) == -EINTR)
+        rc = 0;
+    if (rc < 0 && dsync_refused(&x, err))
+        rc = 1;
+    rb_xfer_release(&x);
+    rb_dev_leave(c->dev);
+    return rc;
 }
 
 /*
@@ -48,25 +77,21 @@ int rb_core_meta_can_sync_range(rb_core *c)
  * an earlier flush already made durable. A failure counts as a failed flush (and an injected
  * flush fault fails it): the kernel reports a write-back error of any page of the file to the
  * next sync of the descriptor, this one included, so the entries not proven durable are
- * dropped as after a failed fdatasync. A success proves nothing about other writes.
+ * dropped as after a failed fdatasync. A success proves nothing about other writes. Where the
+ * flag is refused (dsync_refused), this write and every later one of the core are written and
+ * then flushed whole, as before ranged syncs (no_dsync; rb_core_meta_can_sync_range says 0).
  */
 int rb_core_meta_write_synced(rb_core *c, uint64_t off, void *buf, size_t len, rb_err *err)
 {
     int rc;
-    if (rb_core_take_flush_fault(c)) {
+    if (rb_core_take_flush_fault(c))
         rc = rb_err_set(err, RB_ERR_OS, EIO, "pwritev2(RWF_DSYNC) failed (injected)");
-    } else {
-        if (rb_dev_enter(c->dev) < 0)
-            return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
-        rb_xfer x;
-        rc = rb_xfer_init(c->dev, &x, 1, off, buf, len, len, len, err);
-        x.dsync = 1;
-        if (rc == 0)
-            rc = rb_xfer_prepare(c->dev, &x, err);
-        while (rc == 0 && (rc = rb_xfer_run(c->dev, &x, err)) == -EINTR)
-            rc = 0;
-        rb_xfer_release(&x);
-        rb_dev_leave(c->dev);
+    else
+        rc = atomic_load(&c->no_dsync) ? 1 : write_dsync(c, off, buf, len, err);
+    if (rc == 1) {
+        atomic_store(&c->no_dsync, 1);
+        rc = rb_core_meta_write(c, off, buf, len, err);
+        return rc < 0 ? rc : rb_core_flush(c, err);
     }
     if (rc == 0) {
         atomic_fetch_add(&c->flushes, 1);

@@ -832,13 +832,13 @@ static int xfer_failed(const rb_xfer *x, ssize_t r, int e, rb_err *err)
                       x->write ? (x->dsync ? "pwritev2(RWF_DSYNC) failed" : "pwrite failed") : "pread failed");
 }
 
-/* r bytes written at x->done: into the write log, and a synced write's durability with them (a
- * flush record whose barrier is past it; rb_wlog.h says what the model then counts durable). */
+/* r bytes written at x->done: into the write log, and a synced write's durability with them
+ * (its own range alone: rb_wlog.h). */
 static void xfer_logged(rb_dev *dev, const rb_xfer *x, size_t r)
 {
     rb_wlog_writev(dev->fd, x->offset + x->done, x->iov, x->iovcnt, x->done, r);
     if (x->dsync)
-        rb_wlog_flush_done(dev->fd, rb_wlog_flush_begin());
+        rb_wlog_synced(dev->fd, x->offset + x->done, r);
 }
 
 int rb_xfer_run(rb_dev *dev, rb_xfer *x, rb_err *err)

@@ -135,6 +135,16 @@ void rb_wlog_flush_done(int fd, uint64_t barrier)
     pthread_mutex_unlock(&wlog_mu);
 }
 
+void rb_wlog_synced(int fd, uint64_t off, uint64_t len)
+{
+    pthread_mutex_lock(&wlog_mu);
+    if (wlog_fd >= 0 && wlog_bytes)
+        record_locked(RB_WLOG_SYNCED, fd, off, len);
+    else if (wlog_fd >= 0) /* the wear journal: counted as the flush it costs */
+        record_locked(RB_WLOG_FLUSH, fd, wlog_seq, 0);
+    pthread_mutex_unlock(&wlog_mu);
+}
+
 void rb_wlog_dealloc(int fd, uint64_t off, uint64_t len)
 {
     pthread_mutex_lock(&wlog_mu);

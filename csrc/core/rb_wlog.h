@@ -18,10 +18,9 @@
  * that completed before it. A flush record's barrier is the sequence number the log had
  * reached when the flush started: every write with a smaller sequence number is durable once
  * the flush record exists. A write synced by itself (RWF_DSYNC: a log group) is followed by a
- * flush record whose barrier is past it, so the crash-state model counts the writes logged
- * before it durable from there too: the payloads of puts no durable record names yet (a later
- * checkpoint flushes them before naming them) and deallocations of slots whose FREE record is
- * durable, whose loss no record can expose.
+ * kind-5 record with its offset and length and no bytes: that write, and only it, is durable
+ * once the record exists (a file system may make it durable with a FUA write, which flushes
+ * nothing else); a journal without bytes records a flush there instead.
  *
  * Thread safety: records are appended under one mutex; enabling or disabling takes the same
  * mutex. Enable only while no device write is in flight that should be left out.
@@ -34,7 +33,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-enum { RB_WLOG_WRITE = 1, RB_WLOG_FLUSH = 2, RB_WLOG_DEALLOC = 3, RB_WLOG_WRITE_LEN = 4 };
+enum { RB_WLOG_WRITE = 1, RB_WLOG_FLUSH = 2, RB_WLOG_DEALLOC = 3, RB_WLOG_WRITE_LEN = 4, RB_WLOG_SYNCED = 5 };
 
 extern atomic_int rb_wlog_on;
 
@@ -52,6 +51,9 @@ void rb_wlog_write(int fd, uint64_t off, const void *buf, size_t len);
 
 /* A completed deallocation of len bytes at off on fd. */
 void rb_wlog_dealloc(int fd, uint64_t off, uint64_t len);
+
+/* The write of len bytes at off on fd just logged is durable by itself (RWF_DSYNC). */
+void rb_wlog_synced(int fd, uint64_t off, uint64_t len);
 
 /* A flush of fd is starting: returns the barrier to pass to rb_wlog_flush_done. */
 uint64_t rb_wlog_flush_begin(void);

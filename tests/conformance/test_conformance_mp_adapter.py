@@ -12,11 +12,14 @@ import logging
 import os
 import re
 import select
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
 
-from helpers import REPO, lmcache_imports
+from helpers import REPO, TESTS, lmcache_imports
 
 with lmcache_imports() as lmc:
     import torch
@@ -677,3 +680,109 @@ def test_extent_prefix_chains_forget_a_key_evicted_while_its_store_finishes(tmp_
     finally:
         gate.set()
         adapter.close()
+
+
+class _Sequence(_Recorder):
+    """A listener recording what it is told, in order: ("stored" | "deleted", key)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def on_l2_keys_stored(self, keys, sizes=None):
+        self.events += [("stored", k) for k in keys]
+
+    def on_l2_keys_deleted(self, keys, sizes=None):
+        self.events += [("deleted", k) for k in keys]
+
+
+@pytest.mark.parametrize("how", ["delete", "dropped"])
+def test_a_key_deleted_before_its_store_is_told_is_told_stored_then_deleted(tmp_path, how):
+    """A store records its keys, then tells LMCache; a delete of one of them (LMCache's own
+    eviction, or the core dropping it) can come in between. LMCache must hear stored, then
+    deleted, as it happened: told the other way round its listeners keep a key the core no
+    longer holds, and its byte usage (clamped at zero by the delete) counts it."""
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(_device(tmp_path))))[0])
+    rec = _Sequence()
+    adapter.register_listener(rec)
+    key = _key(9800)
+    tell = adapter._tell_extents
+
+    def deleted_in_between():
+        adapter._tell_extents = tell
+        if how == "delete":
+            adapter.delete([key])
+        else:
+            adapter._core.delete_many([encode(key)])  # gone without the adapter's delete
+            assert adapter._report_dropped() == 1
+        tell()
+
+    try:
+        adapter._tell_extents = deleted_in_between
+        assert _store(adapter, [key], [_obj(1024, seed=9800)]) is True
+        assert adapter._core.exists_many([encode(key)]) == [False]
+        assert rec.events == [("stored", key), ("deleted", key)], rec.events
+        assert adapter.get_usage().total_bytes_used == 0
+    finally:
+        adapter.close()
+
+
+def test_a_key_lmcache_deletes_while_a_store_of_it_runs_is_not_told_stored_again(tmp_path):
+    """LMCache deletes a held key while a store of that key is in flight, its put already in the
+    core (so the delete removes it). The store then finishes: the core does not hold the key,
+    so LMCache must not be told it was stored after it was told it was deleted."""
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(_device(tmp_path))))[0])
+    rec = _Sequence()
+    key = _key(9900)
+    gate = threading.Event()
+
+    def held_store(_keys, _objects):
+        assert gate.wait(30), "the test never released this store"
+        return True, [(encode(key), key)]  # it put the key before the delete
+
+    try:
+        assert _store(adapter, [key], [_obj(1024, seed=9900)]) is True
+        adapter.register_listener(rec)
+        adapter._submit("store", held_store, adapter._finish_store, [None], [None])
+        adapter.delete([key])
+        gate.set()
+        _wait(adapter.get_store_event_fd())
+        assert adapter._core.exists_many([encode(key)]) == [False]
+        assert rec.events == [("stored", key), ("deleted", key)], rec.events
+        assert adapter.report_status()["held_key_count"] == 0
+        assert adapter.get_usage().total_bytes_used == 0
+    finally:
+        gate.set()
+        adapter.close()
+
+
+def test_a_listener_deleting_what_it_is_told_was_stored_does_not_hang_the_adapter(tmp_path):
+    """A listener that deletes a key from inside the notice that it was stored (the telling
+    thread calls back into the adapter) must not wait on the telling it runs in: the store
+    completes, LMCache hears stored, then deleted, and nothing stays counted. Run in a child
+    process so that a hang fails the test instead of stopping the run."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / "conformance")!r}]
+        from pathlib import Path
+        import test_conformance_mp_adapter as t
+        adapter = t.create_l2_adapter_from_registry(t._adapters(t._parse(t._adapter_json(
+            t._device(Path({str(tmp_path)!r})))))[0])
+        key = t._key(9950)
+        rec = t._Sequence()
+
+        class Evicting(t._Sequence):
+            def on_l2_keys_stored(self, keys, sizes=None):
+                adapter.delete(keys)
+
+        adapter.register_listener(rec)
+        adapter.register_listener(Evicting())
+        assert t._store(adapter, [key], [t._obj(1024, seed=9950)]) is True
+        assert adapter._core.exists_many([t.encode(key)]) == [False]
+        assert rec.events == [("stored", key), ("deleted", key)], rec.events
+        assert adapter.get_usage().total_bytes_used == 0
+        adapter.close()
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

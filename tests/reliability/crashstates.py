@@ -8,7 +8,10 @@ before flush e's barrier plus any subset of the writes issued since, each write 
 applied in issue order. Per epoch the states are every prefix of its writes and every
 subset when it has at most MAX_EXHAUSTIVE writes, else RANDOM_SUBSETS seeded random subsets.
 With --tear BYTES each write is split into BYTES-sized blocks that persist independently
-(torn writes).
+(torn writes). A write synced by itself (RWF_DSYNC: a log group; a kind-5 record after it) is
+durable from its record on, and only it: an epoch holding synced records is crashed before the
+first, between two and after the last (crash_points), the writes logged before a synced one
+staying optional.
 
 Deallocations (deallocate_freed="on"; on these device files, punched holes) are kind-3 records
 of the write log: an offset and a length, no bytes. Each is modelled as a write of zeros over
@@ -70,7 +73,7 @@ NSLOTS = 24
 MAX_EXHAUSTIVE = 10
 RANDOM_SUBSETS = 48
 REC = struct.Struct("<IIQQQQQ")  # kind, 0, st_dev, st_ino, offset|barrier, length, sequence
-WRITE, FLUSH, DEALLOC = 1, 2, 3
+WRITE, FLUSH, DEALLOC, SYNCED = 1, 2, 3, 5  # SYNCED: the write before it is durable by itself (RWF_DSYNC)
 
 # Setup (not recorded, ends with a clean close): keys 0-5, version 1, and a checkpoint after
 # each put step.
@@ -220,6 +223,7 @@ class Rec:
     off: int        # write offset, or a flush's barrier
     data: bytes
     end: int        # byte offset of the record's end in the log file
+    length: int = 0  # a synced record's: the length of the write it makes durable
 
 
 @dataclass
@@ -279,7 +283,7 @@ def parse_log(path: str, dev_path: str) -> list[Rec]:
         if kind == DEALLOC:
             data = bytes(ln)   # a deallocated range reads back as zeros (punched hole, discard, DSM)
         if (sdev, sino) == (st.st_dev, st.st_ino):
-            out.append(Rec(seq, kind, off, data, pos))
+            out.append(Rec(seq, kind, off, data, pos, ln if kind == SYNCED else 0))
     return out
 
 
@@ -433,17 +437,56 @@ def replay_all(rec: "Recording") -> bytes:
     return bytes(img)
 
 
-def epochs_of(recs: list[Rec]) -> list[tuple[int, int, int, int]]:
+def epochs_of(recs: list[Rec], synced_as_flush: bool = True) -> list[tuple[int, int, int, int]]:
     """[(barrier, first record index, end record index, log offset where the epoch starts)]:
-    epoch e holds the writes with seq >= barrier up to the next flush record."""
+    epoch e holds the writes with seq >= barrier up to the next flush record. With
+    synced_as_flush a synced write's record counts as a flush of everything logged before it
+    (more durable than a FUA write makes it: the multi-device and second-crash models); without,
+    it stays in its epoch (crash_points)."""
     bounds = [(0, 0, 8)]
     for i, r in enumerate(recs):
-        if r.kind == FLUSH:
-            bounds.append((r.off, i + 1, r.end))
+        if r.kind == FLUSH or (synced_as_flush and r.kind == SYNCED):
+            bounds.append((r.off if r.kind == FLUSH else r.seq, i + 1, r.end))
     out = []
     for j, (barrier, first, start_off) in enumerate(bounds):
         nxt = bounds[j + 1][1] - 1 if j + 1 < len(bounds) else len(recs)
         out.append((barrier, first, nxt, start_off))
+    return out
+
+
+def synced_writes(recs: list[Rec]) -> dict[int, Rec]:
+    """Synced record seq -> the write it makes durable: the last write logged before it at its
+    offset and of its length."""
+    out, last = {}, {}
+    for r in recs:
+        if r.kind == WRITE:
+            last[(r.off, len(r.data))] = r
+        elif r.kind == SYNCED:
+            out[r.seq] = last[(r.off, r.length)]
+    return out
+
+
+def crash_points(recs: list[Rec], epoch: tuple[int, int, int, int], end_off: float,
+                 synced: dict[int, Rec]) -> list[tuple[list[Rec], list[Rec], float, float]]:
+    """The crash points of one epoch (epochs_of without synced_as_flush): before its first
+    synced write's record, between two, after the last. Each as (writes durable there beyond
+    the epoch's barrier, in seq order; writes that may have landed, in seq order; log offset
+    every checkpoint acknowledged before it returned by; log offset no operation attempted
+    before it began at or after). A synced write is durable from its record on, and only it:
+    the writes logged before it stay optional."""
+    barrier, first, nxt, start_off = epoch
+    earlier = {synced[r.seq].seq for r in recs[:first] if r.kind == SYNCED and synced[r.seq].seq >= barrier}
+    pend = sorted([r for r in recs[first:nxt] if lands(r)] +
+                  [r for r in recs[:first] if lands(r) and r.seq >= barrier and r.seq not in earlier],
+                  key=lambda r: r.seq)
+    base = sorted([r for r in recs[:first] if r.kind == WRITE and r.seq in earlier], key=lambda r: r.seq)
+    syncs = [r for r in recs[first:nxt] if r.kind == SYNCED]
+    out = []
+    for j in range(len(syncs) + 1):
+        must = {synced[s.seq].seq for s in syncs[:j]}
+        cut = syncs[j].seq if j < len(syncs) else float("inf")
+        out.append((base + [w for w in pend if w.seq in must], [w for w in pend if w.seq < cut and w.seq not in must],
+                    start_off if j == 0 else syncs[j - 1].end, syncs[j].end if j < len(syncs) else end_off))
     return out
 
 
@@ -497,6 +540,23 @@ def recover_image(img: bytes, img_path: str, rcfg: Config, versions: dict, allke
         core.close()
 
 
+def _judge_state(res: Result, got: dict, durable: set, allowed: dict, what: str) -> None:
+    """Count one recovered crash state's faults into res (what: the state, for the failures)."""
+    wrong, lost, stale = judge(got, durable, allowed)
+    if wrong:
+        res.wrong_states += 1
+        res.failures.append(f"{what}: wrong bytes {wrong}")
+    if lost:
+        res.lost_states += 1
+        res.failures.append(f"{what}: durable keys missing {lost} (served {got['served']})")
+    if stale:
+        res.stale_states += 1
+        res.failures.append(f"{what}: (key, version) served but no longer durable nor put since {stale}")
+    if got["outcome"] == "damaged":  # a crash tears the log's tail only, never its middle
+        res.damage_states += 1
+        res.failures.append(f"{what}: a crash state recovered as damage: {got['error']}")
+
+
 def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_seed: int = 1,
                    verbose: bool = False, tear: int = 0, workload: list | Workload | None = None,
                    rec: Recording | None = None, tear_meta: int = 0, recover_dealloc: bool = False) -> list[Result]:
@@ -515,7 +575,8 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
         rec = record_workload(engine, workdir, workload)
     dev, pre, recs, versions = rec.dev, rec.pre, rec.recs, rec.versions
     allkeys = sorted(versions)
-    ep = epochs_of(recs)
+    ep = epochs_of(recs, synced_as_flush=False)
+    synced = synced_writes(recs)
     results = []
     img_path = dev  # images are recovered at the recorded path (the checkpoint names its device)
     for rengine, at_open in [(r, v) for r in recovered_with for v in (True, False)]:
@@ -526,43 +587,32 @@ def check_recorded(engine: str, recovered_with: list[str], workdir: str, rng_see
                      flushes=len(ep) - 1, writes=sum(r.kind == WRITE for r in recs),
                      deallocs=sum(r.kind == DEALLOC for r in recs))
         rng = random.Random(f"{rng_seed}/{engine}/{rengine}/{rec.workload.name}")
-        for e, (barrier, first, nxt, start_off) in enumerate(ep):
+        for e, epoch in enumerate(ep):
+            barrier, _first, nxt, _start = epoch
             base = bytearray(pre)
             for r in recs:
                 if lands(r) and r.seq < barrier:
                     apply(base, r)
-            pend = [r for r in recs[first:nxt] if lands(r)] + \
-                   [r for r in recs[:first] if lands(r) and r.seq >= barrier]
-            pend.sort(key=lambda r: r.seq)
-            if tear or tear_meta:
-                pend = [p for w in pend
-                        for p in ((torn(w, tear_meta) if tear_meta else [w]) if w.off < META else
-                                  (torn(w, tear) if tear else [w]))]
             end_off = recs[nxt].end if nxt < len(recs) else float("inf")
-            durable, allowed = expectations(rec, start_off, end_off)
-            for subset in states_of(len(pend), rng):
-                img = bytearray(base)
-                for i in subset:
-                    apply(img, pend[i])
-                got = recover_image(img, img_path, rcfg, versions, allkeys)
-                res.states += 1
-                res.keys_checked += len(got["served"]) + len(got["wrong"])
-                wrong, lost, stale = judge(got, durable, allowed)
-                what = (f"epoch {e} writes {[describe(pend[i])[:2] for i in subset]} of "
-                        f"{[describe(w) for w in pend]}")
-                if wrong:
-                    res.wrong_states += 1
-                    res.failures.append(f"{what}: wrong bytes {wrong}")
-                if lost:
-                    res.lost_states += 1
-                    res.failures.append(f"{what}: durable keys missing {lost} (served {got['served']})")
-                if stale:
-                    res.stale_states += 1
-                    res.failures.append(f"{what}: (key, version) served but no longer durable nor put since "
-                                        f"{stale}")
-                if got["outcome"] == "damaged":  # a crash tears the log's tail only, never its middle
-                    res.damage_states += 1
-                    res.failures.append(f"{what}: a crash state recovered as damage: {got['error']}")
+            for must, pend, start_off, cut_off in crash_points(recs, epoch, end_off, synced):
+                img0 = bytearray(base)
+                for w in must:
+                    apply(img0, w)
+                if tear or tear_meta:
+                    pend = [p for w in pend
+                            for p in ((torn(w, tear_meta) if tear_meta else [w]) if w.off < META else
+                                      (torn(w, tear) if tear else [w]))]
+                durable, allowed = expectations(rec, start_off, cut_off)
+                for subset in states_of(len(pend), rng):
+                    img = bytearray(img0)
+                    for i in subset:
+                        apply(img, pend[i])
+                    got = recover_image(img, img_path, rcfg, versions, allkeys)
+                    res.states += 1
+                    res.keys_checked += len(got["served"]) + len(got["wrong"])
+                    what = (f"epoch {e} durable {[describe(w)[:2] for w in must]} writes "
+                            f"{[describe(pend[i])[:2] for i in subset]} of {[describe(w) for w in pend]}")
+                    _judge_state(res, got, durable, allowed, what)
         if verbose:
             print(res.row(), flush=True)
         results.append(res)

@@ -363,7 +363,9 @@ def mixed_states(rec: MRecording, rng: random.Random, n: int) -> list[State]:
 def all_states(rec: MRecording, rng: random.Random) -> list[State]:
     """Every device cut at once, in each window between two flushes of any device."""
     ndev = len(rec.paths)
-    flushes = sorted((r.end, d, r.off) for d in range(ndev) for r in rec.recs[d] if r.kind == cs.FLUSH)
+    # a synced write counts as a flush of its device (cs.epochs_of's synced_as_flush)
+    flushes = sorted((r.end, d, r.off if r.kind == cs.FLUSH else r.seq) for d in range(ndev) for r in rec.recs[d]
+                     if r.kind in (cs.FLUSH, cs.SYNCED))
     bounds = [8] + [end for end, _, _ in flushes] + [INF]
     out = []
     for w in range(len(bounds) - 1):

@@ -7,6 +7,7 @@ through `make test-reliability`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -171,6 +172,27 @@ def test_the_reuse_hazard_shows_when_the_free_record_is_missing(at_open, tmp_pat
     assert [k for k, _ in bad] == [old] and f"tagged as key {new}" in bad[0][1], images["without it"]
 
 
+def test_a_synced_group_without_the_flush_of_its_payloads_is_caught(tmp_path):
+    """The model has teeth for groups synced by themselves (RWF_DSYNC): such a write makes its
+    own range durable and nothing else, so the payloads a PUT group names are durable only
+    through the flush before it. Dropping that flush from the recording (as a writer that skipped
+    it would leave the log) must give crash states where a checkpointed key's payload is missing
+    under its durable record, also at crash points after the group's sync; with the flush, none
+    (test_crash_states)."""
+    rec = crashstates.record_workload("posix", str(tmp_path), crashstates.WORKLOADS["log"])
+    ck = next(op for prev, op in zip(rec.ops, rec.ops[1:]) if op.kind == "checkpoint" and prev.kind == "put")
+    synced = [r for r in rec.recs if r.kind == crashstates.SYNCED and ck.log_before < r.end <= ck.log_after]
+    assert synced, "the checkpoint after a put wrote no synced group"
+    flush = [r for r in rec.recs if r.kind == crashstates.FLUSH and ck.log_before < r.end < synced[0].end]
+    assert len(flush) == 1, flush
+    cut = dataclasses.replace(rec, recs=[r for r in rec.recs if r is not flush[0]])
+    results = crashstates.check_recorded("posix", ["posix"], str(tmp_path), workload=cut.workload, rec=cut)
+    assert all(r.lost_states + r.wrong_states > 0 for r in results), [r.row() for r in results]
+    # caught after the group's sync too (a model counting a synced write as a flush of all before
+    # it sees these payloads durable there): states with the group durable, its payload not
+    assert all(any(" durable []" not in f for f in r.failures) for r in results), results[0].failures[:3]
+
+
 @pytest.mark.parametrize("workload", ["log", "move", "reuse-log"])
 @pytest.mark.parametrize("engine", ["posix", "io_uring"])
 def test_second_crash_after_recovery(engine, workload, tmp_path, capsys):
@@ -275,5 +297,7 @@ def test_full_workloads_take_slots_before_their_deallocation(workload, tmp_path)
     assert rec.status["dealloc_skipped"] > 0 and rec.status["dealloc_slots"] > 0
     put8 = next(op for op in rec.ops if op.kind == "put" and 8 in op.keys)
     assert 8 in put8.slots  # stored, in a slot freed by the delete just before
-    assert any(r.kind == crashstates.FLUSH for r in rec.recs if put8.log_before < r.end <= put8.log_after)
+    # the group that frees them made durable: flushed, or synced by itself (RWF_DSYNC)
+    assert any(r.kind in (crashstates.FLUSH, crashstates.SYNCED) for r in rec.recs
+               if put8.log_before < r.end <= put8.log_after)
     assert not any(r.kind == crashstates.DEALLOC for r in rec.recs if put8.log_before < r.end <= put8.log_after)
