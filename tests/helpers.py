@@ -228,3 +228,17 @@ class PythonBuffer:
 
 PEP688 = pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer implemented in Python (__buffer__, PEP 688) "
                                                              "needs Python 3.12+: make test-py312 runs it")
+
+
+def preload_shim(tmp_path, name: str, source: str, what: str) -> str:
+    """A shared object built from C ``source`` into tmp_path for LD_PRELOAD (a system call
+    wrapped to inject a fault); skips, naming ``what``, where the machine has no C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip(f"no C compiler (cc) to build the {what}")
+    src, so = tmp_path / f"{name}.c", tmp_path / f"{name}.so"
+    src.write_text(source)
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-ldl"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    return str(so)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import struct
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from lmcache_rawblock.raw_block import encode_legacy_key
 from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
 
 from core_helpers import BLOCK, META, Obj, make_core, make_device, okey, payload
-from helpers import REPO, TESTS
+from helpers import REPO, TESTS, preload_shim
 
 SIZE = 3000
 GROUP_HDR = 48
@@ -473,15 +472,7 @@ PREADV2(preadv64v2)
 
 
 def _eio_shim(tmp_path) -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler (cc) to build the read-error shim")
-    src, so = tmp_path / "eio.c", tmp_path / "eio.so"
-    src.write_text(EIO_SHIM)
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-ldl"], capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
-    return str(so)
+    return preload_shim(tmp_path, "eio", EIO_SHIM, "read-error shim")
 
 
 def test_a_log_cut_short_by_a_read_error_is_damage(tmp_path, images):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ import textwrap
 import pytest
 
 from core_helpers import Obj, make_core, make_device, okey, payload
-from helpers import TESTS
+from helpers import TESTS, preload_shim
 
 SIZE = 3000
 SLOT_BYTES = 8192
@@ -55,15 +54,7 @@ PWRITEV2(pwritev64v2)
 
 
 def _shim(tmp_path) -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler (cc) to build the pwritev2 shim")
-    src, so = tmp_path / "dsync.c", tmp_path / "dsync.so"
-    src.write_text(SHIM)
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-ldl"], capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
-    return str(so)
+    return preload_shim(tmp_path, "dsync", SHIM, "pwritev2 shim")
 
 
 @pytest.mark.parametrize("refusal", ["EOPNOTSUPP", "EINVAL", "ENOSYS"])
