@@ -361,7 +361,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
 
     def _extent_deleted(self, encoded: list[str]) -> None:
         """The extent evictor deleted these keys (under ``_evict_lock``): no longer held; their
-        listeners' news waits for ``_tell_extents``."""
+        listeners' news waits for ``_tell_recorded``."""
         with self._lock:
             self._deleted_while_storing(encoded)
             # a store that put a key again after the delete and finished before this record
@@ -406,7 +406,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
                     if self._chains is not None and not self._chains_by_evictor:
                         self._chains.add(enc)
 
-    def _tell_extents(self) -> None:
+    def _tell_recorded(self) -> None:
         """Tell LMCache's listeners every key stored and deleted (by stores, deletes, extent
         eviction and its put-backs, drops, a device reopened), in the order the adapter recorded
         them (under ``_lock``), so a key evicted and stored again is told deleted, then stored,
@@ -586,7 +586,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         failed = [i for i, ok in enumerate(results) if not ok]
         assert self._extents is not None
         evicted = self._extents.evict(len(failed), frozenset(s.encoded for s in specs))
-        self._tell_extents()
+        self._tell_recorded()
         if not evicted and self._core.slot_counts().held == 0:
             return set()
         self._core.reclaim_held_slots()
@@ -613,7 +613,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             if self._chains is not None and stored:
                 self._chains.add_many([e for e, _ in stored])
         if stored:  # listeners first: when the task shows complete, the accounting has it
-            self._tell_extents()
+            self._tell_recorded()
         self._complete("store", task_id, L2StoreResult(ok, size * len(stored)))
 
     def _not_evicted(self, task_id: int, stored: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -737,7 +737,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
                 self._deleted_while_storing(removed)  # a store in flight that put one is not told it
                 gone = self._record_deleted(removed)
             if gone:
-                self._tell_extents()
+                self._tell_recorded()
             if self._chains is not None:
                 self._chains_deleted([e for e, ok in zip(encoded, deleted) if ok])
         finally:
@@ -771,11 +771,11 @@ class RawBlockL2Adapter(L2AdapterInterface):
             gone = self._record_deleted(dropped)
             self._dropped_unreachable += gone
         if gone:
-            self._tell_extents()
+            self._tell_recorded()
 
     def _record_deleted(self, encoded: list[str]) -> int:
         """The held ``encoded`` keys the core no longer holds: no longer held, their deletion
-        queued for ``_tell_extents`` after whatever was recorded before. Under ``_lock``; how
+        queued for ``_tell_recorded`` after whatever was recorded before. Under ``_lock``; how
         many were held."""
         n = 0
         for enc in encoded:
@@ -806,7 +806,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
             keys = self._hold(new, size)
             self._untold += [("stored", enc, self._resident[enc]) for enc in new if enc in self._resident]
         if keys:
-            self._tell_extents()
+            self._tell_recorded()
         out["keys_reported_stored"] = len(keys)
         return out
 
@@ -873,7 +873,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         checkpoint), listeners told of what it deleted and put back."""
         if self._extents is not None:
             self._extents.evictor_pass()
-            self._tell_extents()
+            self._tell_recorded()
         else:
             self._core.reclaim_held_slots()
         dropped = self._dropped_count()
@@ -904,7 +904,7 @@ class RawBlockL2Adapter(L2AdapterInterface):
         if gone:
             logger.warning("RawBlockL2Adapter: %d entries were dropped by the core (failed checks or write "
                            "back); LMCache's listeners are told they were deleted", gone)
-            self._tell_extents()
+            self._tell_recorded()
         return gone
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -376,7 +376,6 @@ void rb_core_free(rb_core *c)
 
 /* ---- status ---------------------------------------------------------------------------- */
 
-/* Layout, slots and the index (mu held). */
 /* The slot and extent counters eviction decides on (mu held): what rb_core_counts_get fills. */
 static void status_counts_locked(const rb_core *c, rb_core_status *st)
 {
@@ -392,6 +391,7 @@ static void status_counts_locked(const rb_core *c, rb_core_status *st)
     st->closed = c->closed;
 }
 
+/* Layout, slots and the index (mu held). */
 static void status_slots_locked(const rb_core *c, rb_core_status *st)
 {
     st->capacity_bytes = c->capacity;

@@ -621,7 +621,7 @@ def test_key_stored_again_while_its_eviction_is_told_stays_reported_stored(tmp_p
         assert _store(adapter, keys, [_obj(1024, seed=9500 + i) for i in range(len(keys))]) is True
         adapter._extents._on_deleted = store_again_then_tell
         assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
-        adapter._tell_extents()
+        adapter._tell_recorded()
         held = {i for i, ok in enumerate(core.exists_many([encode(k) for k in keys])) if ok}
         assert len(held) == 2, held
         assert adapter.report_status()["held_key_count"] == len(held), "the key stored again was dropped"
@@ -640,7 +640,7 @@ def test_key_stored_again_before_its_eviction_is_told_is_counted_once(tmp_path):
         assert _store(adapter, keys, [_obj(1024, seed=9600 + i) for i in range(len(keys))]) is True
         assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
         assert _store(adapter, keys[:1], [_obj(1024, seed=1)]) is True
-        adapter._tell_extents()
+        adapter._tell_recorded()
         held = {i for i, ok in enumerate(core.exists_many([encode(k) for k in keys])) if ok}
         assert held == {0, EXTENT_SLOTS}, held
         assert adapter.report_status()["held_key_count"] == len(held)
@@ -706,10 +706,10 @@ def test_a_key_deleted_before_its_store_is_told_is_told_stored_then_deleted(tmp_
     rec = _Sequence()
     adapter.register_listener(rec)
     key = _key(9800)
-    tell = adapter._tell_extents
+    tell = adapter._tell_recorded
 
     def deleted_in_between():
-        adapter._tell_extents = tell
+        adapter._tell_recorded = tell
         if how == "delete":
             adapter.delete([key])
         else:
@@ -718,7 +718,7 @@ def test_a_key_deleted_before_its_store_is_told_is_told_stored_then_deleted(tmp_
         tell()
 
     try:
-        adapter._tell_extents = deleted_in_between
+        adapter._tell_recorded = deleted_in_between
         assert _store(adapter, [key], [_obj(1024, seed=9800)]) is True
         assert adapter._core.exists_many([encode(key)]) == [False]
         assert rec.events == [("stored", key), ("deleted", key)], rec.events
