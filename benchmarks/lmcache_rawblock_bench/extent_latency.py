@@ -8,12 +8,21 @@ defaults). One process, a sparse file per policy, posix engine, format log, deal
 
 Run: PYTHONPATH=benchmarks python3 -m lmcache_rawblock_bench.extent_latency [--repeat N] [--device DEV] [--out DIR]
 (with ``--repeat``, ``pooled`` is each setting's puts of all its runs summarised together).
+
+Through the page cache a put with room returns once its pages are dirty, until the kernel's dirty
+limit is reached; past it every buffered write is held toward the device's speed. A test device is
+smaller than that limit (here about 20 % of RAM), so its "room" phase would time memory copies while
+its full phase, which writes several capacities, times the throttled writes: a drive of terabytes
+passed its dirty limit long before its cache filled. ``--dirty-bytes N`` scales the limit to the
+device for the run (``vm.dirty_bytes`` = N, ``vm.dirty_background_bytes`` = N/2, restored after;
+root only) and times the room phase only after 2N bytes were put, so both phases run past it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -38,8 +47,38 @@ def _summary(ns: list[float]) -> dict:
             "p99_us": round(_pct(ns, 0.99) / 1e3, 1), "mean_us": round(sum(ns) / len(ns) / 1e3, 1)}
 
 
+VM = "/proc/sys/vm"
+DIRTY_KNOBS = ("dirty_bytes", "dirty_background_bytes", "dirty_ratio", "dirty_background_ratio")
+
+
+@contextlib.contextmanager
+def dirty_limit(nbytes: int | None):
+    """The kernel's dirty limits set to ``nbytes`` (background writeback from half of it) for the
+    block, then put back as they were; nothing is changed for None."""
+    if not nbytes:
+        yield
+        return
+    saved = {}
+    for k in DIRTY_KNOBS:
+        with open(os.path.join(VM, k)) as f:
+            saved[k] = int(f.read())
+    try:
+        for k, v in (("dirty_bytes", nbytes), ("dirty_background_bytes", nbytes // 2)):
+            with open(os.path.join(VM, k), "w") as f:
+                f.write(str(v))
+        yield
+    finally:
+        # Writing a *_bytes knob zeroes its *_ratio twin and the other way round: put back the one
+        # that was in effect (the non-zero one) of each pair.
+        for b, r in (("dirty_bytes", "dirty_ratio"), ("dirty_background_bytes", "dirty_background_ratio")):
+            k = b if saved[b] else r
+            with open(os.path.join(VM, k), "w") as f:
+                f.write(str(saved[k]))
+
+
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
-               dealloc: str = "on", device: str | None = None, odirect: bool = False) -> dict:
+               dealloc: str = "on", device: str | None = None, odirect: bool = False,
+               room_skip_bytes: int = 0, discard: str = "auto") -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -64,6 +103,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
     be = RustRawBlockBackend(config=_Config(extra), metadata=_Metadata(), local_cpu_backend=_LocalCPU(chunk),
                              loop=loop)
     try:
+        if discard == "ioctl":  # a block device's discards through BLKDISCARD, as before io_uring took them
+            be._core._native.discard_force_ioctl()
         obj = make_obj(chunk, 0x5A)
         capacity = be._core.extent_counts()["extents_total"] * per
 
@@ -76,7 +117,12 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
                 raise RuntimeError(f"{policy}: put {i} failed: {failure}")
             return dt
 
-        room = [put(i) for i in range(capacity // 2)]  # a cache with room: nothing evicted
+        # a cache with room: nothing evicted; with room_skip_bytes, timed once that much was put
+        skip = -(-room_skip_bytes // chunk)
+        if skip > capacity // 4:
+            raise ValueError(f"--dirty-bytes {room_skip_bytes // 2}: twice it is {skip} puts of {chunk} bytes, more "
+                             f"than a quarter of the {capacity} slots: the room phase would be too short")
+        room = [put(i) for i in range(capacity // 2)][skip:]
         for i in range(capacity // 2, capacity):
             put(i)
         be.wait_idle(120)
@@ -94,10 +140,11 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
     r_room, r_full = _summary(room), _summary(full)
     keys = ("evicted_ahead_entries", "put_evicted_entries", "put_evict_retries", "evicted_extents",
             "evicted_extent_entries", "extents_total", "extent_deallocs", "extent_fallbacks", "dealloc_ranges",
-            "dealloc_skipped", "checkpoints_for_room")
-    return {"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve if policy == "extent" else None,
+            "dealloc_skipped", "checkpoints_for_room", "dealloc_discard_path")
+    return {"policy": policy, "deallocate_freed": dealloc, "discard": discard,
+            "dealloc_discard_path": st.get("dealloc_discard_path"), "extent_reserve": reserve if policy == "extent" else None,
             "extent_reserve_effective_at_end": effective, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
-            "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
+            "room_untimed_puts": skip, "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
             "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
@@ -128,21 +175,36 @@ def main(argv: list[str] | None = None) -> int:
                                      "every run overwrites it)")
     ap.add_argument("--odirect", action="store_true", help="open the device with O_DIRECT (default: through the "
                                                           "page cache)")
+    ap.add_argument("--dirty-bytes", type=int, default=0,
+                    help="the kernel's dirty limit for the run, in bytes (root; restored after), and the room "
+                         "phase timed after twice that was put (default 0: the machine's as they are)")
+    ap.add_argument("--discard", default="auto", help="a block device's discards, comma-separated: auto (the "
+                                                       "product's choice: io_uring where the kernel has it), "
+                                                       "ioctl (BLKDISCARD) (default auto)")
+    ap.add_argument("--warmup", type=int, default=0, help="first runs left out of the pooled figures (default 0)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each setting, interleaved (default 1)")
     ap.add_argument("--out", help="write latency.json there")
     a = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="extent-latency-") as d:
+    if a.dirty_bytes and a.odirect:
+        ap.error("--dirty-bytes is for the page cache: O_DIRECT writes are never dirty")
+    with tempfile.TemporaryDirectory(prefix="extent-latency-") as d, dirty_limit(a.dirty_bytes):
         runs = []
         for _ in range(a.repeat):
             for dl in a.dealloc.split(","):
                 for p in a.policies.split(","):
                     for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
-                        runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device,
-                                                   a.odirect))
-    pooled = _pooled(runs)
+                        for dc in a.discard.split(","):
+                            runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device,
+                                                   a.odirect, 2 * a.dirty_bytes, dc))
+        # the first runs on a fresh device time its start (page cache and device never written
+        # before): --warmup of them are kept in the file but left out of the pooled figures
+        for r in runs[:a.warmup]:
+            r["warmup"] = True
+    pooled = _pooled([r for r in runs if not r.get("warmup")])
     for r in runs:
         del r["_room_ns"], r["_full_ns"]
-    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "odirect": a.odirect, "loadavg_at_end": os.getloadavg(),
+    doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "odirect": a.odirect,
+                           "dirty_bytes": a.dirty_bytes or None, "loadavg_at_end": os.getloadavg(),
                            "pooled": pooled, "runs": runs}
     text = json.dumps(doc, indent=1)
     if a.out:
@@ -150,12 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(a.out, "latency.json"), "w") as f:
             f.write(text + "\n")
     for r in runs:
-        print(f"{r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
+        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
               f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}")
     for r in pooled:
-        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} reserve {r['extent_reserve']} ({r['runs']} runs) "
+        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
               f"mean {r['full_over_room_mean']:.3f}")
     return 0
@@ -166,12 +228,13 @@ def _pooled(runs: list[dict]) -> list[dict]:
     over room and full alike): the same summary and ratios."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"]), []).append(r)
+        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"]), []).append(r)
     out = []
-    for (policy, dealloc, reserve), rs in groups.items():
+    for (policy, dealloc, reserve, discard), rs in groups.items():
         room = _summary([x for r in rs for x in r["_room_ns"]])
         full = _summary([x for r in rs for x in r["_full_ns"]])
-        out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "runs": len(rs),
+        out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "discard": discard,
+                    "runs": len(rs),
                     "room": room, "full": full,
                     **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
                        for k in ("p50", "p99", "mean")}})

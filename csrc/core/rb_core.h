@@ -194,7 +194,7 @@ typedef struct rb_core_status {
     int64_t log_recovered_records_lost;
     /* Deallocation of freed slots: the state ("on", "off", "unsupported"), what it issues, why
      * it is unsupported, and its counters (rb_core_dealloc.c). */
-    const char *dealloc_state, *dealloc_kind;
+    const char *dealloc_state, *dealloc_kind, *dealloc_discard_path;
     char dealloc_why[200];
     uint64_t dealloc_slots, dealloc_ranges, dealloc_cmds, dealloc_bytes, dealloc_failures, dealloc_skipped;
     uint64_t dealloc_pending, dealloc_ns;
@@ -299,6 +299,8 @@ int rb_core_dealloc_run(rb_core *c);
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]
  * (malloc'ed, the caller frees; NULL when empty) and empties it. Returns the number of pairs. */
 void rb_core_dealloc_log_set(rb_core *c, int on);
+/* For tests: the device's discards take BLKDISCARD from now on (rb_dev_discard_force_ioctl). */
+void rb_core_discard_force_ioctl(rb_core *c);
 size_t rb_core_dealloc_log_take(rb_core *c, uint64_t **out);
 /* -1 when absent. */
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len);

@@ -338,6 +338,7 @@ void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st)
     int sup = c->dev ? rb_dev_dealloc_support(c->dev, &why) : RB_DEALLOC_UNKNOWN;
     st->dealloc_state = c->dl_on ? "on" : sup == RB_DEALLOC_NO ? "unsupported" : "off";
     st->dealloc_kind = c->dev ? rb_dev_dealloc_kind(c->dev) : "";
+    st->dealloc_discard_path = c->dev ? rb_dev_discard_path(c->dev) : "";
     snprintf(st->dealloc_why, sizeof(st->dealloc_why), "%s", sup == RB_DEALLOC_NO ? why : "");
     st->dealloc_slots = c->dl_slots;
     st->dealloc_ranges = c->dl_ranges;
@@ -347,6 +348,12 @@ void rb_core_dealloc_status_locked(const rb_core *c, rb_core_status *st)
     st->dealloc_skipped = c->dl_skipped;
     st->dealloc_pending = c->dl_npend + c->dl_inflight + (uint64_t)c->slots.ext.n_pending * c->slots.ext.per;
     st->dealloc_ns = c->dl_ns;
+}
+
+void rb_core_discard_force_ioctl(rb_core *c)
+{
+    if (c->dev)
+        rb_dev_discard_force_ioctl(c->dev);
 }
 
 void rb_core_dealloc_log_set(rb_core *c, int on)

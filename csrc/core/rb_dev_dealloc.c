@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,10 @@
 #include <unistd.h>
 
 #include "rb_wlog.h"
+
+#ifndef BLOCK_URING_CMD_DISCARD
+#define BLOCK_URING_CMD_DISCARD _IO(0x12, 0) /* <linux/fs.h> of Linux 6.12 */
+#endif
 
 /* discard_max_bytes of the block device st names (a partition reads its disk's queue):
  * 0 read, -1 sysfs does not say. */
@@ -91,6 +96,19 @@ void rb_dev_nvme_dsm(const rb_dev *dev, rb_nvme_dsm *out)
 const char *rb_dev_dealloc_kind(const rb_dev *dev)
 {
     return dev->uring_cmd ? "nvme_dsm" : dev->is_blk ? "discard" : "punch_hole";
+}
+
+const char *rb_dev_discard_path(const rb_dev *dev)
+{
+    if (!dev->is_blk || dev->uring_cmd)
+        return "";
+    int s = dev->discard_uring;
+    return s > 0 ? "io_uring" : s < 0 ? "ioctl" : "";
+}
+
+void rb_dev_discard_force_ioctl(rb_dev *dev)
+{
+    dev->discard_uring = -1;
 }
 
 int rb_dev_dealloc_support(const rb_dev *dev, const char **why)
@@ -165,6 +183,48 @@ static int unsupported_errno(int e)
     return e == EOPNOTSUPP || e == ENOTTY || e == ENOSYS;
 }
 
+/* Block devices discard through io_uring where the kernel has it (Linux 6.12+): BLKDISCARD holds
+ * the device's inode lock across the whole discard (Linux 6.15+), and every buffered write to
+ * the device takes that lock, so through the page cache a put waited for each extent's discard
+ * and for the writeback queued ahead of it. The io_uring discard drops the range's page cache
+ * and issues the same discard without that lock. IOSQE_ASYNC issues it from the kernel's worker,
+ * where it may block: bio-based drivers (zram) refuse the non-blocking first attempt.
+ *
+ * One range on ring: 0 done, -errno (the command's, or the ring's). */
+static int discard_uring(struct io_uring *ring, int fd, const rb_dev_range *r)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    if (!sqe)
+        return -EBUSY;
+    io_uring_prep_rw(IORING_OP_URING_CMD, sqe, fd, NULL, 0, 0);
+    sqe->cmd_op = BLOCK_URING_CMD_DISCARD;
+    sqe->addr = r->off;
+    sqe->addr3 = r->len;
+    sqe->flags |= IOSQE_ASYNC;
+    int rc;
+    do
+        rc = io_uring_submit(ring);
+    while (rc == -EINTR);
+    if (rc < 0)
+        return rc;
+    struct io_uring_cqe *cqe;
+    do
+        rc = io_uring_wait_cqe(ring, &cqe);
+    while (rc == -EINTR);
+    if (rc < 0)
+        return rc;
+    rc = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return rc;
+}
+
+/* An io_uring discard's failure that is this range's, not the kernel's want of the command:
+ * pages of the range dirty or under writeback, which BLKDISCARD truncates instead. */
+static int discard_uring_transient(int e)
+{
+    return e == EBUSY || e == EAGAIN || e == EINTR;
+}
+
 /* Deallocate r[0..n) in order, *cmds counting the commands that succeeded; *done the ranges
  * deallocated before the first failure (all of them or none for NVMe's one batch). */
 static int dealloc_ranges(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, size_t *done, rb_err *err)
@@ -175,11 +235,33 @@ static int dealloc_ranges(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t
         rc = dealloc_nvme(dev, r, n, cmds, err);
         k = rc == 0 ? n : 0;
     } else {
-        for (; k < n && rc == 0; k++) {
-            rc = dealloc_one(dev, &r[k], err);
-            if (rc == 0)
-                (*cmds)++;
+        struct io_uring ring;
+        int use_ring = dev->is_blk && dev->discard_uring >= 0;
+        if (use_ring && io_uring_queue_init(2, &ring, 0) < 0) {
+            dev->discard_uring = -1; /* no ring for this process (io_uring disabled, a limit) */
+            use_ring = 0;
         }
+        for (; k < n && rc == 0; k++) {
+            int res = use_ring ? discard_uring(&ring, dev->fd, &r[k]) : -1;
+            if (res == 0) {
+                dev->discard_uring = 1;
+                (*cmds)++;
+                continue;
+            }
+            rc = dealloc_one(dev, &r[k], err);
+            if (rc == 0) {
+                (*cmds)++;
+                /* BLKDISCARD took what the ring refused for no reason of the range's: this
+                 * kernel or driver has no io_uring discard. */
+                if (use_ring && !discard_uring_transient(-res) && dev->discard_uring == 0) {
+                    dev->discard_uring = -1;
+                    use_ring = 0;
+                    io_uring_queue_exit(&ring);
+                }
+            }
+        }
+        if (use_ring)
+            io_uring_queue_exit(&ring);
         if (rc < 0)
             k--;
     }

@@ -207,6 +207,12 @@ typedef struct rb_dev_range {
 int rb_dev_dealloc_support(const rb_dev *dev, const char **why);
 /* "punch_hole", "discard" or "nvme_dsm": what rb_dev_deallocate issues on this device. */
 const char *rb_dev_dealloc_kind(const rb_dev *dev);
+/* A block device's discards: "io_uring" (Linux 6.12+: the page cache's range dropped without
+ * the device's inode lock, which every buffered write takes), "ioctl" (BLKDISCARD), "" not
+ * yet tried or not a block device. */
+const char *rb_dev_discard_path(const rb_dev *dev);
+/* For tests: discards take BLKDISCARD from now on. */
+void rb_dev_discard_force_ioctl(rb_dev *dev);
 /* Deallocate n ranges (whole blocks on block devices and NVMe), in order; *cmds counts the
  * commands issued (system calls, or NVMe commands). Stops at the first failure: -errno with
  * err set. A failure that says the device or file system cannot deallocate (EOPNOTSUPP,

@@ -46,6 +46,9 @@ struct rb_dev {
      * (written once, before the store that publishes NO); a namespace's DSM limits. */
     _Atomic int dealloc;
     char dealloc_why[200];
+    /* A block device's discards through io_uring (rb_dev_dealloc.c): 0 untried, 1 they work,
+     * -1 not here (BLKDISCARD then). */
+    _Atomic int discard_uring;
     rb_nvme_dsm dsm;
     rb_stats stats;
     _Atomic int nowait_unsupported[2]; /* [write]: RWF_NOWAIT gave EOPNOTSUPP once */

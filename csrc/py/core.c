@@ -199,6 +199,8 @@ static PyMethodDef core_methods[] = {
      "extent_take($self, extent, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for "
      "the given extent (counted as just used and as a victim); None when it is not a closed extent holding a "
      "key. Needs extent_bytes"},
+    {"discard_force_ioctl", rbpy_core_discard_force_ioctl, METH_NOARGS,
+     "discard_force_ioctl($self, /)\n--\n\nfor tests: a block device's discards take BLKDISCARD from now on"},
     {"take_dealloc_log", rbpy_core_take_dealloc_log, METH_NOARGS,
      "take_dealloc_log($self, /)\n--\n\n-> list[(offset, length)]: ranges deallocated since the last call"},
     {"apply_state_json", rbpy_core_apply_state_json, METH_O,

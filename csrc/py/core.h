@@ -172,6 +172,7 @@ PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_dealloc_log(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_take_dealloc_log(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_discard_force_ioctl(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_apply_state_json(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_apply_state_json_generic(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_register_buffers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

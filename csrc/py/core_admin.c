@@ -60,6 +60,12 @@ PyObject *rbpy_core_set_dealloc_log(PyObject *op, PyObject *arg)
     return set_flag(op, arg, rb_core_dealloc_log_set);
 }
 
+PyObject *rbpy_core_discard_force_ioctl(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    rb_core_discard_force_ioctl(rbpy_core_of(op));
+    Py_RETURN_NONE;
+}
+
 PyObject *rbpy_core_take_dealloc_log(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     uint64_t *r = NULL;

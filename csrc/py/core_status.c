@@ -10,13 +10,14 @@
 static int status_add_dealloc(PyObject *d, const rb_core_status *st)
 {
     PyObject *t = Py_BuildValue(
-        "{s:s,s:s,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "dealloc_state", st->dealloc_state, "dealloc_kind",
-        st->dealloc_kind, "dealloc_unsupported_reason", rbpy_text(st->dealloc_why), "dealloc_slots",
-        (unsigned long long)st->dealloc_slots, "dealloc_ranges", (unsigned long long)st->dealloc_ranges,
-        "dealloc_commands", (unsigned long long)st->dealloc_cmds, "dealloc_bytes",
-        (unsigned long long)st->dealloc_bytes, "dealloc_failures", (unsigned long long)st->dealloc_failures,
-        "dealloc_skipped", (unsigned long long)st->dealloc_skipped, "dealloc_pending_slots",
-        (unsigned long long)st->dealloc_pending, "dealloc_seconds", (double)st->dealloc_ns / 1e9);
+        "{s:s,s:s,s:s,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d}", "dealloc_state", st->dealloc_state, "dealloc_kind",
+        st->dealloc_kind, "dealloc_discard_path", st->dealloc_discard_path, "dealloc_unsupported_reason",
+        rbpy_text(st->dealloc_why), "dealloc_slots", (unsigned long long)st->dealloc_slots, "dealloc_ranges",
+        (unsigned long long)st->dealloc_ranges, "dealloc_commands", (unsigned long long)st->dealloc_cmds,
+        "dealloc_bytes", (unsigned long long)st->dealloc_bytes, "dealloc_failures",
+        (unsigned long long)st->dealloc_failures, "dealloc_skipped", (unsigned long long)st->dealloc_skipped,
+        "dealloc_pending_slots", (unsigned long long)st->dealloc_pending, "dealloc_seconds",
+        (double)st->dealloc_ns / 1e9);
     int rc = t ? PyDict_Update(d, t) : -1;
     Py_XDECREF(t);
     return rc;

@@ -268,9 +268,21 @@ def test_a_block_device_without_discard_is_known_unsupported_at_open(ramfs, rig)
 # ---- a loop device: discards punch holes in its backing file -------------------------------
 
 
+def uring_discard_expected() -> bool:
+    """Whether this kernel takes a block device's discard through io_uring (Linux 6.12+, with
+    io_uring not disabled by the administrator)."""
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            disabled = int(f.read()) != 0
+    except OSError:
+        disabled = False
+    return (major, minor) >= (6, 12) and not disabled
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("mode", ["auto", "off"])
-def test_loop_device_discards_free_the_backing_files_blocks(tmp_path, loop_device, fmt, mode):
+@pytest.mark.parametrize("mode,path", [("auto", "io_uring"), ("auto", "ioctl"), ("off", "")])
+def test_loop_device_discards_free_the_backing_files_blocks(tmp_path, loop_device, fmt, mode, path):
     dev = loop_device(size=32 * MiB)
     backing = str(tmp_path / "loop0.img")
     core = make_core(dev, meta_format=fmt, deallocate_freed=mode)
@@ -278,6 +290,9 @@ def test_loop_device_discards_free_the_backing_files_blocks(tmp_path, loop_devic
         st = dealloc_status(core)
         assert st["dealloc_kind"] == "discard"
         assert st["dealloc_state"] == ("on" if mode == "auto" else "off")
+        assert st["dealloc_discard_path"] == ""  # nothing discarded yet
+        if path == "ioctl":
+            core._native.discard_force_ioctl()
         keys = fill(core, 40)
         core.checkpoint_now()
         gone = list(range(0, 40, 3))  # 14 single slots
@@ -294,6 +309,11 @@ def test_loop_device_discards_free_the_backing_files_blocks(tmp_path, loop_devic
         else:
             assert sorted(log) == merged(offsets, SLOT)
             assert_given_back(core, offsets, before, backing, dev, BLOCK)
+        taken = dealloc_status(core)["dealloc_discard_path"]
+        if path == "io_uring":
+            assert taken == ("io_uring" if uring_discard_expected() else "ioctl")
+        else:
+            assert taken == path
         check_loads(core, keys, set(range(40)) - set(gone))
     finally:
         core.close()
