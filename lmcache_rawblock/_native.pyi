@@ -249,7 +249,9 @@ class Core:
 @final
 class PrefixOrder:
     """Chains of stored keys and their eviction order (lmcache_rawblock.prefix_evict). Keys are
-    str (a subclass is copied to a str); not re-entrant (a victims() predicate may not call it)."""
+    str (a subclass is copied to a str); a method given one that is not refuses the whole call
+    (TypeError) before it changes anything. Not re-entrant (a victims() predicate may not call
+    it)."""
 
     def __init__(self, hint_capacity: int = 65536) -> None: ...
     def note_call(self, encoded: Sequence[str], /) -> None:

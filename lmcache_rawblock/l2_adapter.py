@@ -307,7 +307,8 @@ class RawBlockL2Adapter(L2AdapterInterface):
         # what it deleted and put back, in order, for LMCache's listeners, told outside the locks.
         self._extents: ExtentEviction | None = None
         self._evict_lock = threading.Lock()
-        self._untold: list[tuple[str, str, _Resident]] = []  # (deleted | stored, encoded key, entry)
+        # (deleted | stored, encoded key, entry), or (listen, listener, the entries held when it registered)
+        self._untold: list[tuple[str, Any, Any]] = []
         # keys it (or a delete) deleted while a store was in flight, with the sequence of that delete: a store
         # that committed one before the delete must not record it. Each store in flight keeps the
         # sequence it started at; entries no store in flight started before are dropped, so the
@@ -411,9 +412,10 @@ class RawBlockL2Adapter(L2AdapterInterface):
         eviction and its put-backs, drops, a device reopened), in the order the adapter recorded
         them (under ``_lock``), so a key evicted and stored again is told deleted, then stored,
         and a key deleted right after its store is told stored, then deleted: LMCache's byte
-        usage and its listeners' keys, what it was told, stay what the core holds. Returns once
-        every event recorded before the call is told, except when a listener calls back into
-        the adapter: what it records is told by the telling it runs in, right after it."""
+        usage and its listeners' keys, what it was told, stay what the core holds. A listener
+        registers at its place in the queue (``register_listener``). Returns once every event
+        recorded before the call is told, except when a listener calls back into the adapter:
+        what it records is told by the telling it runs in, right after it."""
         me = threading.get_ident()
         if self._teller == me:
             return
@@ -426,6 +428,10 @@ class RawBlockL2Adapter(L2AdapterInterface):
                     if not events:
                         return
                     for kind, run in itertools.groupby(events, key=lambda ev: ev[0]):
+                        if kind == "listen":
+                            for _, listener, held in run:
+                                self._listen(listener, held)
+                            continue
                         entries = [e for _, _, e in run]
                         self._tell(kind, [e.key for e in entries], [e.size for e in entries])
             finally:
@@ -827,10 +833,21 @@ class RawBlockL2Adapter(L2AdapterInterface):
                            len(keys), what, e)
 
     def register_listener(self, listener: Any) -> None:
-        """Register a listener and tell it of the entries already held (a restart's)."""
-        super().register_listener(listener)
+        """Register a listener and tell it of the entries already held (a restart's, and those
+        stored since), as LMCache's adapter does. The registration takes its place in the
+        queue ``_tell_recorded`` tells from: the listener is told every entry held when it
+        registers, once, then every event recorded after, and none recorded before (what
+        those did is in what it is told is held), though their telling may still be under
+        way. Returns once it is told, except from inside a listener's notice: then it is
+        registered and told right after that notice."""
         with self._lock:
-            held = list(self._resident.values())
+            self._untold.append(("listen", listener, list(self._resident.values())))
+        self._tell_recorded()
+
+    def _listen(self, listener: Any, held: list[_Resident]) -> None:
+        """The registration of ``listener`` reached in the queue: LMCache's base class keeps
+        it, and it is told the entries ``held`` when it registered."""
+        super().register_listener(listener)
         if held:
             try:
                 listener.on_l2_keys_stored([h.key for h in held], [h.size for h in held])

@@ -9,6 +9,18 @@ reads that file: it opens neither the device nor its lock, so it works beside th
 costs the writer one small file write a second on a RAM file system. Why not the endpoint: not
 every writer runs one, and a port has to be found; why not the device: the index and the
 histograms live in the writer's memory, and the device shows only the last checkpoint.
+
+The file names its writer: ``pid``, ``host``, and where that pid means something, the kernel's
+``boot_id`` and the writer's pid namespace (``pid_ns``). A writer removes its file when its core
+closes; one that ends without closing (killed, or exiting past its core) leaves it. So a
+publisher, when it starts, removes the files of the directory whose writer it can tell is gone:
+the file records the boot and pid namespace this process runs in, and no process has that pid.
+It leaves every other file: a live writer's (one whose pid now names another process is kept
+too), one of another host, boot or pid namespace (a ``/dev/shm`` shared with a container, a
+shared directory), where a pid says nothing, and one that does not record them (written by an
+earlier version). A writer's temporary file (``<file>.<pid>.tmp``, left by a writer killed
+mid-write) goes when no process has its pid and it has not changed for ``TMP_STALE_S``. Removal
+is best effort: a file that cannot be read or removed (another user's) is left.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -28,6 +41,7 @@ from . import metrics
 
 DEFAULT_DIR = "/dev/shm/lmcache_rawblock"
 INTERVAL_S = 1.0
+TMP_STALE_S = 600.0  # a temporary file this long unchanged, its pid gone, is a dead writer's
 OPS = (("put", "put_ns"), ("load", "load_ns"), ("delete", "delete_ns"), ("checkpoint", "checkpoint_ns"),
        ("compaction", "compaction_ns"), ("dealloc", "dealloc_ns"), ("validate", "validate_ns"),
        ("io queue wait", "queue_wait_ns"), ("io device", "device_ns"))
@@ -43,14 +57,88 @@ def snapshot_path(device: str) -> str:
     return os.path.join(stats_dir(), hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
 
 
+def writer_identity() -> dict[str, str | None]:
+    """Where this process's pid means something: the host's name (for people), the kernel's
+    boot id and the pid namespace; None for what cannot be read (no /proc)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot_id: str | None = f.read().strip() or None
+    except OSError:
+        boot_id = None
+    try:
+        pid_ns: str | None = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = None
+    return {"host": os.uname().nodename, "boot_id": boot_id, "pid_ns": pid_ns}
+
+
+def _dead_writer(path: str, me: dict[str, str | None]) -> int | None:
+    """The inode of the snapshot file at path when its writer is gone (see the module's
+    docstring), else None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            ino = os.fstat(f.fileno()).st_ino
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not me["boot_id"] or not me["pid_ns"]:
+        return None
+    if doc.get("boot_id") != me["boot_id"] or doc.get("pid_ns") != me["pid_ns"]:
+        return None
+    pid = doc.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid_alive(pid):
+        return None
+    return ino
+
+
+def _dead_tmp(path: str, name: str) -> int | None:
+    """The inode of a temporary file at path when no process has the pid its name carries and it
+    has been unchanged for TMP_STALE_S, else None."""
+    m = re.fullmatch(r".+\.json\.(\d+)\.tmp", name)
+    if not m or pid_alive(int(m.group(1))):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino if time.time() - st.st_mtime > TMP_STALE_S else None
+
+
+def remove_dead_writers(directory: str | None = None) -> list[str]:
+    """Remove the files of directory (default: :func:`stats_dir`) that writers which are gone
+    left, as the module's docstring says which; return their paths."""
+    d = directory or stats_dir()
+    me = writer_identity()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(names):
+        path = os.path.join(d, name)
+        ino = _dead_writer(path, me) if name.endswith(".json") else _dead_tmp(path, name)
+        if ino is None:
+            continue
+        try:  # not the file a new writer of the same device put there since it was read
+            if os.stat(path).st_ino == ino:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 class Publisher:
     """A daemon thread writing core's snapshot for device every interval seconds; ``stop()``
-    ends it and removes the file, as does the core's close (or its end)."""
+    ends it and removes the file, as does the core's close (or its end). Starting, it removes
+    the files of the directory that dead writers left (:func:`remove_dead_writers`)."""
 
     def __init__(self, core: Any, device: str, interval: float = INTERVAL_S, index: int | None = None):
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         self.path = snapshot_path(device)
+        self._identity = writer_identity()  # with the pid, in every snapshot
+        remove_dead_writers(os.path.dirname(self.path))
         self._core, self._device, self._interval = weakref.ref(core), os.path.realpath(device), interval
         self._index = index  # the device's place in a MultiDeviceCore, or None for a single core
         self._write_lock = threading.Lock()  # one writer of the snapshot file (thread and callers)
@@ -76,7 +164,7 @@ class Publisher:
         snap = metrics.snapshot(core) if core is not None else None
         if snap is None or snap["status"]["closed"]:
             return False
-        doc = {"version": 1, "time": time.time(), "pid": os.getpid(), "device": self._device,
+        doc = {"version": 1, "time": time.time(), "pid": os.getpid(), **self._identity, "device": self._device,
                "interval_s": self._interval, "snapshot": snap}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = f"{self.path}.{os.getpid()}.tmp"

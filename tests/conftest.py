@@ -1,15 +1,35 @@
 """Fixtures for the tests of every folder: sparse backing files, RAM file systems and loop
-devices. Plain helpers, importable from any test file, are in helpers.py."""
+devices, and the session's live-stats directory. Plain helpers, importable from any test file,
+are in helpers.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from helpers import Rig, why_no_losetup
+from helpers import STATS_DIR_GIVEN, Rig, why_no_losetup
 
 MiB = 1 << 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_stats_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Every core the tests publish (LMCache's plugin, the MP adapter, a direct
+    ``livestats.publish``) writes its live-stats file into a directory of this session, not
+    /dev/shm/lmcache_rawblock: a test process that ends without closing its core leaves its
+    file behind, and the tests make a new device, so a new file, each time. Set in the
+    environment, so the tests' child processes inherit it; an RB_STATS_DIR set before the
+    session is kept. The directory goes with the session's others (tmp_path_retention_policy)."""
+    if STATS_DIR_GIVEN:
+        yield STATS_DIR_GIVEN
+        return
+    d = str(tmp_path_factory.mktemp("livestats", numbered=False))
+    os.environ["RB_STATS_DIR"] = d
+    yield d
+    if os.environ.get("RB_STATS_DIR") == d:
+        del os.environ["RB_STATS_DIR"]
 
 
 @pytest.fixture

@@ -20,6 +20,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent  # tests/: child interpreters put it on sys.path for core_helpers
 REPO = TESTS.parent  # the checkout: README.md, docs/, csrc/, fuzz/
+# The live-stats directory given before the session (RB_STATS_DIR), or None: conftest.py then
+# points RB_STATS_DIR at a directory of the session's own (livestats publishes there).
+STATS_DIR_GIVEN = os.environ.get("RB_STATS_DIR") or None
 
 
 def rust_module():

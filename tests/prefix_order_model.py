@@ -1,7 +1,9 @@
 """The prefix-aware eviction order in Python: the reference model the C order
 (``lmcache_rawblock._native.PrefixOrder``, behind ``lmcache_rawblock.prefix_evict``) is tested
 against, operation by operation (tests/plugin/test_prefix_order_model.py). Same methods, same
-results; ``lmcache_rawblock/prefix_evict.py`` says what the order does and why.
+results; ``lmcache_rawblock/prefix_evict.py`` says what the order does and why. A method
+that changes the order refuses a key that is not a str (TypeError, worded as the C order words
+it) before it changes anything, as the C order does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,31 @@ from typing import Any
 
 HINT_CAPACITY = 1 << 16
 _MISSING: Any = object()
+
+
+def _strs(keys: Iterable[Any], what: str = "a key") -> list[str]:
+    """``keys`` as a list, each a str: else TypeError for the first that is not."""
+    keys = keys if isinstance(keys, list) else list(keys)
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"PrefixOrder: {what} must be str; got {type(key).__name__}")
+    return keys
+
+
+def _links(links: Iterable[Any]) -> list[tuple[str, str]]:
+    """``links`` as a list of (key, predecessor) pairs of str: else the C order's refusal."""
+    out = []
+    for link in links:
+        if not isinstance(link, (list, tuple)):
+            try:
+                link = list(link)
+            except TypeError:
+                raise TypeError("PrefixOrder.note_links: each link must be a (key, predecessor) pair") from None
+        if len(link) != 2:
+            raise ValueError(f"PrefixOrder.note_links: a link must be a (key, predecessor) pair; got {len(link)} items")
+        key, pred = _strs(link)
+        out.append((key, pred))
+    return out
 
 
 class ModelPrefixOrder:
@@ -37,6 +64,7 @@ class ModelPrefixOrder:
         """The keys of one store call, in prompt order: each one's predecessor is the key before
         it (the first's, a link a lookup left, if any). One dictionary update for the call; a
         stored head the call names after its first key (a recovered key) is linked here."""
+        encoded = _strs(encoded)
         if len(encoded) < 2:
             return
         later = encoded[1:]
@@ -53,6 +81,7 @@ class ModelPrefixOrder:
         """A lookup of ``encoded`` (a prompt's keys in order) that found the first ``hits``:
         the first missing key follows the last hit; hits without a known predecessor (keys
         recovered after a restart) are linked to the key before them."""
+        encoded = _strs(encoded)
         heads = self._heads
         hits = min(hits, len(encoded))
         if hits > 1 and heads and not heads.isdisjoint(encoded[1:hits]):
@@ -67,7 +96,7 @@ class ModelPrefixOrder:
 
     def note_links(self, links: Iterable[tuple[str, str]]) -> None:
         """(key, predecessor) pairs known for keys not stored now (read before they left)."""
-        self._hints.update(links)
+        self._hints.update(_links(links))
         if len(self._hints) > 2 * self._hint_capacity:
             self._trim_hints()
 
@@ -113,6 +142,7 @@ class ModelPrefixOrder:
         moves). Every put's share, so it is lean: the structures in locals, a child recorded
         as itself (no list), and only the keys the batch leaves childless enter the leaves
         (a call's chain adds one leaf, not one per key)."""
+        keys = _strs(keys)
         pred_of, leaves, hints, kids, orphans = self._pred, self._leaves, self._hints, self._kids, self._orphans
         last = None  # the key stored just before, not placed yet: a leaf unless this key follows it
         for key in keys:
@@ -166,7 +196,7 @@ class ModelPrefixOrder:
     def add_recovered(self, keys: Iterable[str]) -> None:
         """Keys found on the device (oldest first) that are not known yet: heads, evicted
         before every key learned since (placed at the old end of the order)."""
-        fresh = [k for k in keys if k not in self._pred]
+        fresh = [k for k in _strs(keys) if k not in self._pred]
         for key in reversed(fresh):
             self._pred[key] = None
             self._heads.add(key)
@@ -178,6 +208,7 @@ class ModelPrefixOrder:
 
     def touch(self, key: str) -> None:
         """``key`` was loaded (or stored again): the most recently used of the leaves."""
+        _strs((key,), "key")
         if key in self._leaves:
             self._leaves.move_to_end(key)
 
@@ -189,7 +220,7 @@ class ModelPrefixOrder:
         """``keys`` left the tier (evicted, removed, dropped): their stored children become
         unreachable (until they are stored again), and their predecessors may become leaves
         (taken before other leaves; not a predecessor that leaves in the same batch)."""
-        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        keys = _strs(keys)
         going = set(keys) if len(keys) > 1 else ()
         pred_of, leaves, kids, orphans = self._pred, self._leaves, self._kids, self._orphans
         for key in keys:

@@ -13,7 +13,9 @@
  * A node that is not stored, has no pending link, no children and is named by no other node
  * means nothing: it is freed at the end of the method that left it so (nodes are referred to
  * by index within a method, so none is freed midway). Every allocation of a method comes
- * before the state changes it would feed, so a MemoryError leaves the order consistent.
+ * before the state changes it would feed, so a MemoryError leaves the order consistent. A
+ * method refuses a key that is not a str before it changes anything (it checks its whole
+ * input first), so a TypeError leaves the order as it was.
  *
  * Keys are exact str objects (a str subclass is copied to one): they refer to nothing, so the
  * order holds no reference cycle and is not tracked by the cyclic GC. The GIL is held
@@ -202,6 +204,25 @@ static int key_eq(PyObject *a, PyObject *b)
     return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)len * PyUnicode_KIND(a)) == 0;
 }
 
+static PyObject *not_str(PyObject *obj, const char *what)
+{
+    PyErr_Format(PyExc_TypeError, "PrefixOrder: %s must be str; got %.100s", what, Py_TYPE(obj)->tp_name);
+    return NULL;
+}
+
+/* 0 when each of the ``n`` items is a str; else -1 with key_of's TypeError for the first that
+ * is not. A method that changes the order checks its whole input with it first, so a refusal
+ * changes nothing. */
+static int all_str(PyObject *const *items, Py_ssize_t n, const char *what)
+{
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (!PyUnicode_Check(items[j])) {
+            not_str(items[j], what);
+            return -1;
+        }
+    return 0;
+}
+
 /* The exact str ``obj`` is (a new reference; a subclass copied) and its hash, or NULL with
  * TypeError naming ``what``. */
 static PyObject *key_of(PyObject *obj, Py_hash_t *hash, const char *what)
@@ -214,8 +235,7 @@ static PyObject *key_of(PyObject *obj, Py_hash_t *hash, const char *what)
         if (!key)
             return NULL;
     } else {
-        PyErr_Format(PyExc_TypeError, "PrefixOrder: %s must be str; got %.100s", what, Py_TYPE(obj)->tp_name);
-        return NULL;
+        return not_str(obj, what);
     }
     if ((*hash = PyObject_Hash(key)) == -1) {
         Py_DECREF(key);
@@ -530,6 +550,8 @@ static int32_t store_new(PrefixOrderObject *o, int32_t key, int32_t last)
 
 static int add_keys(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t n)
 {
+    if (all_str(items, n, "a key") < 0)
+        return -1;
     int32_t last = -1; /* stored just before, not placed yet: a leaf unless this key follows it */
     for (Py_ssize_t j = 0; j < n; j++) {
         int32_t key = intern_obj(o, items[j], "a key");
@@ -963,7 +985,9 @@ static PyObject *po_note_call(PrefixOrderObject *o, PyObject *encoded)
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int rc = n < 2 ? 0 : note_call_keys(o, PySequence_Fast_ITEMS(seq), n);
+    int rc = all_str(PySequence_Fast_ITEMS(seq), n, "a key");
+    if (rc == 0 && n >= 2)
+        rc = note_call_keys(o, PySequence_Fast_ITEMS(seq), n);
     Py_DECREF(seq);
     return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
 }
@@ -987,6 +1011,8 @@ static int lookup_relink(PrefixOrderObject *o, PyObject *const *items, Py_ssize_
 
 static int lookup_keys(PrefixOrderObject *o, PyObject *const *items, Py_ssize_t n, Py_ssize_t hits)
 {
+    if (all_str(items, n, "a key") < 0)
+        return -1;
     if (hits > n)
         hits = n;
     if (hits > 1 && lookup_relink(o, items, hits) < 0)
@@ -1028,45 +1054,64 @@ static PyObject *po_note_lookup(PrefixOrderObject *o, PyObject *const *args, Py_
     return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));
 }
 
-static int link_pair(PrefixOrderObject *o, PyObject *pair)
+/* The link ``pair`` as a sequence of two str (a new reference), or NULL with the exception
+ * that refuses it. */
+static PyObject *link_of(PyObject *pair)
 {
     PyObject *seq = PySequence_Fast(pair, "PrefixOrder.note_links: each link must be a (key, predecessor) pair");
     if (!seq)
-        return -1;
-    int rc = -1;
+        return NULL;
     if (PySequence_Fast_GET_SIZE(seq) != 2) {
         PyErr_Format(PyExc_ValueError,
                      "PrefixOrder.note_links: a link must be a (key, predecessor) pair; got %zd items",
                      PySequence_Fast_GET_SIZE(seq));
-    } else {
-        int32_t idx[2];
-        if (intern_all(o, PySequence_Fast_ITEMS(seq), 2, idx) == 0) {
-            hint_set(o, idx[0], idx[1]);
-            rc = 0;
-        }
+        Py_DECREF(seq);
+        return NULL;
     }
-    Py_DECREF(seq);
-    return rc;
+    if (all_str(PySequence_Fast_ITEMS(seq), 2, "a key") < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    return seq;
 }
 
-static PyObject *po_note_links(PrefixOrderObject *o, PyObject *links)
+/* The links of ``links``, each checked (link_of), as a list; NULL with the first refusal. */
+static PyObject *links_of(PyObject *links)
 {
     PyObject *it = PyObject_GetIter(links);
     if (!it)
         return NULL;
-    if (enter(o) < 0) {
-        Py_DECREF(it);
-        return NULL;
-    }
-    PyObject *pair;
-    int rc = 0;
-    while (rc == 0 && (pair = PyIter_Next(it))) {
-        rc = link_pair(o, pair);
+    PyObject *out = PyList_New(0), *pair;
+    while (out && (pair = PyIter_Next(it))) {
+        PyObject *seq = link_of(pair);
         Py_DECREF(pair);
+        if (!seq || PyList_Append(out, seq) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(seq);
     }
     Py_DECREF(it);
-    if (rc == 0 && PyErr_Occurred())
-        rc = -1;
+    if (out && PyErr_Occurred())
+        Py_CLEAR(out);
+    return out;
+}
+
+static PyObject *po_note_links(PrefixOrderObject *o, PyObject *links)
+{
+    PyObject *checked = links_of(links);
+    if (!checked)
+        return NULL;
+    if (enter(o) < 0) {
+        Py_DECREF(checked);
+        return NULL;
+    }
+    int rc = 0;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(checked) && rc == 0; j++) {
+        int32_t idx[2];
+        rc = intern_all(o, PySequence_Fast_ITEMS(PyList_GET_ITEM(checked, j)), 2, idx);
+        if (rc == 0)
+            hint_set(o, idx[0], idx[1]);
+    }
+    Py_DECREF(checked);
     if (rc == 0)
         trim_hints(o);
     return leave(o, rc < 0 ? NULL : Py_NewRef(Py_None));

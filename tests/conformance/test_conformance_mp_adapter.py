@@ -786,3 +786,57 @@ def test_a_listener_deleting_what_it_is_told_was_stored_does_not_hang_the_adapte
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_a_listener_registered_with_events_still_untold_hears_each_key_stored_once(tmp_path):
+    """A listener registering while stores and deletes are recorded but not yet told (their
+    teller waits, or has not run yet) hears of every entry held when it registered, once, and
+    of what is recorded after, never of what was recorded before: told the held keys directly
+    and then the queue, it heard a key stored twice, and deleted a key it never heard stored."""
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(_device(tmp_path))))[0])
+    first, late = _Sequence(), _Sequence()
+    adapter.register_listener(first)
+    gone, kept, after = _key(9960), _key(9961), _key(9962)
+    tell = adapter._tell_recorded
+    try:
+        assert _store(adapter, [gone], [_obj(1024, seed=9960)]) is True
+        adapter._tell_recorded = lambda: None  # the teller of what follows has not run yet
+        adapter.delete([gone])
+        assert _store(adapter, [kept], [_obj(1024, seed=9961)]) is True
+        adapter._tell_recorded = tell
+        adapter.register_listener(late)
+        adapter._tell_recorded()  # the teller runs
+        assert _store(adapter, [after], [_obj(1024, seed=9962)]) is True
+        assert late.events == [("stored", kept), ("stored", after)], late.events
+        assert first.events == [("stored", gone), ("deleted", gone), ("stored", kept), ("stored", after)]
+        assert adapter.get_usage().total_bytes_used == 2 * SLOT
+    finally:
+        adapter._tell_recorded = tell
+        adapter.close()
+
+
+def test_a_listener_registered_from_inside_a_notice_hears_each_key_stored_once(tmp_path):
+    """A listener that registers another from inside the notice that keys were stored: the new
+    one hears those keys once (as held when it registered), not also from the notice under
+    way, and hears what comes after."""
+    adapter = create_l2_adapter_from_registry(_adapters(_parse(_adapter_json(_device(tmp_path))))[0])
+    late = _Sequence()
+
+    class Registering(_Sequence):
+        def on_l2_keys_stored(self, keys, sizes=None):
+            super().on_l2_keys_stored(keys, sizes)
+            if len(self.events) == 1:
+                adapter.register_listener(late)
+
+    first = Registering()
+    adapter.register_listener(first)
+    k1, k2 = _key(9970), _key(9971)
+    try:
+        assert _store(adapter, [k1], [_obj(1024, seed=9970)]) is True
+        assert late.events == [("stored", k1)], late.events
+        adapter.delete([k1])
+        assert _store(adapter, [k2], [_obj(1024, seed=9971)]) is True
+        assert late.events == [("stored", k1), ("deleted", k1), ("stored", k2)], late.events
+        assert first.events == late.events
+    finally:
+        adapter.close()

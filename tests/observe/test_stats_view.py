@@ -49,7 +49,7 @@ def _wait_for(what: str, fn):
 
 
 @pytest.fixture
-def writer(tmp_path):
+def writer(tmp_path, monkeypatch):
     dev = tmp_path / "dev.img"
     with open(dev, "wb") as f:
         f.truncate(64 << 20)
@@ -61,13 +61,12 @@ def writer(tmp_path):
     try:
         from lmcache_rawblock import livestats
 
-        os.environ["RB_STATS_DIR"] = env["RB_STATS_DIR"]
+        monkeypatch.setenv("RB_STATS_DIR", env["RB_STATS_DIR"])  # undone at teardown: the session's again
         _wait_for("the writer's first snapshot", lambda: os.path.exists(livestats.snapshot_path(str(dev))))
         yield str(dev), env, proc
     finally:
         stop.touch()
         proc.wait(30)
-        os.environ.pop("RB_STATS_DIR", None)
 
 
 def _stats_json(dev: str, env: dict) -> dict:

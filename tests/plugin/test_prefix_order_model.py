@@ -174,7 +174,7 @@ def test_bad_keys_are_refused_by_name_and_leave_the_order_usable() -> None:
     order.note_call(["a0", "a1"])
     with pytest.raises(TypeError, match=r"PrefixOrder: a key must be str; got int"):
         order.add_many(["a0", 5])
-    assert "a0" in order and order.victims(1, ()) == ["a0"], "the keys before the bad one were stored"
+    assert "a0" not in order and len(order) == 0, "nothing was stored, not even the keys before the bad one"
     with pytest.raises(TypeError, match="must be str; got bytes"):
         order.note_call(["a1", b"a2"])
     with pytest.raises(ValueError, match=r"a \(key, predecessor\) pair; got 3 items"):
@@ -184,8 +184,80 @@ def test_bad_keys_are_refused_by_name_and_leave_the_order_usable() -> None:
     with pytest.raises(ValueError, match="limit must be >= 0 or None; got -1"):
         order.reachable_loss(["a0"], -1)
     assert 5 not in order
-    order.add("a1")
+    order.add_many(["a0", "a1"])
     assert order.victims(2, ()) == ["a1", "a0"]
+
+
+def test_a_refused_lookup_links_nothing() -> None:
+    """note_lookup refusing a bad key anywhere in the prompt relinks no recovered head and
+    leaves no pending link, in the C order and the model alike."""
+    for order in (PrefixOrder(), ModelPrefixOrder()):
+        order.add_recovered(["a0", "a1", "a2"])
+        for bad in (["a0", "a1", "a2", 5], ["a0", "a1", b"a2"], ["a0", "a1", "a3", None]):
+            with pytest.raises(TypeError, match="PrefixOrder: a key must be str; got "):
+                order.note_lookup(bad, 2)  # type: ignore[arg-type]
+        assert [order.predecessor(k) for k in ("a1", "a2")] == [None, None], type(order)
+        assert order.counts()["prefix_pending_links"] == 0, type(order)
+        order.note_lookup(["a0", "a1", "a3"], 2)
+        assert order.predecessor("a1") == "a0" and order.counts()["prefix_pending_links"] == 1, type(order)
+
+
+def _fingerprint(order: Any, universe: list[str]) -> tuple:
+    """What can be seen of an order from outside, the whole eviction order included."""
+    return (order.counts(), len(order), [(k in order, order.predecessor(k), order.is_unreachable(k)) for k in universe],
+            order.victims(len(universe) + 1, ()), order.unreachable(()), order.probe_bound(universe))
+
+
+def _model_state(model: ModelPrefixOrder) -> dict:
+    """The model's structures, orders included (the pending links' order decides what a trim
+    keeps)."""
+    return {name: (list(v.items()) if isinstance(v, dict) else sorted(v) if isinstance(v, set) else v)
+            for name, v in vars(model).items()}
+
+
+_BAD_KEYS = (5, b"k1", None, 2.5)
+
+
+def _refused_call(rng: random.Random, universe: list[str]) -> tuple[str, Callable[[Any], None]]:
+    """One call of a changing method whose input holds one bad key among good ones."""
+    keys: list[Any] = _keys(rng, universe, 1, 8)
+    keys.insert(rng.randint(1, len(keys)), rng.choice(_BAD_KEYS))
+    method = rng.choice(("add_many", "note_lookup", "note_call", "note_links", "add_recovered", "remove_many"))
+    if method == "note_lookup":
+        hits = rng.randint(0, len(keys))
+        return f"note_lookup {keys} {hits}", lambda o: o.note_lookup(keys, hits)
+    if method == "note_links":
+        links = [(rng.choice(universe), rng.choice(universe)) for _ in range(rng.randint(1, 4))]
+        links.insert(rng.randint(1, len(links)), (rng.choice(universe), rng.choice(_BAD_KEYS)))
+        return f"note_links {links}", lambda o: o.note_links(iter(links))
+    return f"{method} {keys}", lambda o: getattr(o, method)(keys)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_call_refusing_a_bad_key_changes_neither_order(seed: int) -> None:
+    """A changing method given a key that is not a str part-way through its input refuses the
+    whole call: the C order and the model raise the same TypeError and are left as they were
+    (the model to the last structure, the C order as far as it can be seen), and go on to
+    agree on every step after."""
+    rng = random.Random(1000 + seed)
+    universe = [f"k{i}" for i in range(rng.choice((6, 12, 30)))]
+    cap = rng.choice((1, 3, 1000))
+    model, order = ModelPrefixOrder(hint_capacity=cap), PrefixOrder(hint_capacity=cap)
+    log: list[str] = []
+    for _ in range(120):
+        _step(rng, model, order, universe, log)
+        if rng.random() < 0.3:
+            what, call = _refused_call(rng, universe)
+            log.append(f"refused {what}")
+            before_c, before_m = _fingerprint(order, universe), _model_state(model)
+            with pytest.raises(TypeError, match="must be str; got") as got_c:
+                call(order)
+            with pytest.raises(TypeError, match="must be str; got") as got_m:
+                call(model)
+            assert str(got_c.value) == str(got_m.value), what
+            assert _model_state(model) == before_m, "\n".join(log[-30:])
+            assert _fingerprint(order, universe) == before_c, "\n".join(log[-30:])
+        _same_state(model, order, universe, log)
 
 
 def test_a_refused_removal_leaves_the_keys_it_named_unmarked() -> None:
