@@ -227,6 +227,8 @@ class Core:
     def extent_take(self, extent: int, /) -> tuple[int, list[str], list[bool]] | None:
         """As extent_victim for the given extent (counted as just used and as a victim); None
         when it is not a closed extent holding a key."""
+    def discard_force_ioctl(self) -> None:
+        """For tests: a block device's discards take BLKDISCARD from now on."""
     def take_dealloc_log(self) -> list[tuple[int, int]]:
         """(offset, length) of each range deallocated since the journal was started or last taken."""
     def close(self) -> dict[str, Any]: ...

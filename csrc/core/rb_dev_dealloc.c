@@ -225,47 +225,52 @@ static int discard_uring_transient(int e)
     return e == EBUSY || e == EAGAIN || e == EINTR;
 }
 
+/* A block device's or a file's ranges r[0..n), one command each, in order: the discards
+ * through io_uring while the kernel takes them there (discard_uring). *done as for
+ * dealloc_ranges. 0 or <0 (the first failure). */
+static int dealloc_each(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, size_t *done, rb_err *err)
+{
+    struct io_uring ring;
+    int use_ring = dev->is_blk && dev->discard_uring >= 0;
+    if (use_ring && io_uring_queue_init(2, &ring, 0) < 0) {
+        dev->discard_uring = -1; /* no ring for this process (io_uring disabled, a limit) */
+        use_ring = 0;
+    }
+    int rc = 0;
+    size_t k = 0;
+    for (; k < n; k++) {
+        int res = use_ring ? discard_uring(&ring, dev->fd, &r[k]) : -1;
+        if (res == 0) {
+            dev->discard_uring = 1;
+            (*cmds)++;
+            continue;
+        }
+        rc = dealloc_one(dev, &r[k], err);
+        if (rc < 0)
+            break;
+        (*cmds)++;
+        /* BLKDISCARD took what the ring refused for no reason of the range's: this kernel or
+         * driver has no io_uring discard. */
+        if (use_ring && !discard_uring_transient(-res) && dev->discard_uring == 0) {
+            dev->discard_uring = -1;
+            use_ring = 0;
+            io_uring_queue_exit(&ring);
+        }
+    }
+    if (use_ring)
+        io_uring_queue_exit(&ring);
+    *done = k;
+    return rc;
+}
+
 /* Deallocate r[0..n) in order, *cmds counting the commands that succeeded; *done the ranges
  * deallocated before the first failure (all of them or none for NVMe's one batch). */
 static int dealloc_ranges(rb_dev *dev, const rb_dev_range *r, size_t n, uint64_t *cmds, size_t *done, rb_err *err)
 {
-    int rc = 0;
-    size_t k = 0;
-    if (dev->uring_cmd) {
-        rc = dealloc_nvme(dev, r, n, cmds, err);
-        k = rc == 0 ? n : 0;
-    } else {
-        struct io_uring ring;
-        int use_ring = dev->is_blk && dev->discard_uring >= 0;
-        if (use_ring && io_uring_queue_init(2, &ring, 0) < 0) {
-            dev->discard_uring = -1; /* no ring for this process (io_uring disabled, a limit) */
-            use_ring = 0;
-        }
-        for (; k < n && rc == 0; k++) {
-            int res = use_ring ? discard_uring(&ring, dev->fd, &r[k]) : -1;
-            if (res == 0) {
-                dev->discard_uring = 1;
-                (*cmds)++;
-                continue;
-            }
-            rc = dealloc_one(dev, &r[k], err);
-            if (rc == 0) {
-                (*cmds)++;
-                /* BLKDISCARD took what the ring refused for no reason of the range's: this
-                 * kernel or driver has no io_uring discard. */
-                if (use_ring && !discard_uring_transient(-res) && dev->discard_uring == 0) {
-                    dev->discard_uring = -1;
-                    use_ring = 0;
-                    io_uring_queue_exit(&ring);
-                }
-            }
-        }
-        if (use_ring)
-            io_uring_queue_exit(&ring);
-        if (rc < 0)
-            k--;
-    }
-    *done = k;
+    if (!dev->uring_cmd)
+        return dealloc_each(dev, r, n, cmds, done, err);
+    int rc = dealloc_nvme(dev, r, n, cmds, err);
+    *done = rc == 0 ? n : 0;
     return rc;
 }
 
