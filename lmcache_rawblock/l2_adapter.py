@@ -903,21 +903,24 @@ class RawBlockL2Adapter(L2AdapterInterface):
         return False
 
     def _report_dropped(self) -> int:
-        """Held entries the core no longer indexes, reported deleted; their count."""
-        with self._lock:
-            snapshot = [(e, r.generation) for e, r in self._resident.items()]
-        if not snapshot:
-            return 0
-        present = self._core.exists_many([e for e, _ in snapshot])
-        with self._lock:
-            dropped = []
-            for (encoded, generation), ok in zip(snapshot, present):
-                entry = self._resident.get(encoded)
-                if not ok and entry is not None and entry.generation == generation:
-                    dropped.append(encoded)
-                    if self._chains is not None:
-                        self._chains.remove(encoded)
-            gone = self._record_deleted(dropped)
+        """Held entries the core no longer indexes, reported deleted; their count. Under
+        ``_evict_lock``, as the evictor's and our deletes are: between a delete in the core and
+        its record here, the keys it deleted would look dropped."""
+        with self._evict_lock:
+            with self._lock:
+                snapshot = [(e, r.generation) for e, r in self._resident.items()]
+            if not snapshot:
+                return 0
+            present = self._core.exists_many([e for e, _ in snapshot])
+            with self._lock:
+                dropped = []
+                for (encoded, generation), ok in zip(snapshot, present):
+                    entry = self._resident.get(encoded)
+                    if not ok and entry is not None and entry.generation == generation:
+                        dropped.append(encoded)
+                        if self._chains is not None:
+                            self._chains.remove(encoded)
+                gone = self._record_deleted(dropped)
         if gone:
             logger.warning("RawBlockL2Adapter: %d entries were dropped by the core (failed checks or write "
                            "back); LMCache's listeners are told they were deleted", gone)

@@ -601,6 +601,41 @@ def test_deletes_kept_for_stores_in_flight_are_forgotten_once_those_stores_finis
         adapter.close()
 
 
+def test_a_drop_check_during_an_extent_eviction_waits_for_its_record(tmp_path, caplog):
+    """The background thread's check for entries the core dropped by itself compares what the
+    adapter holds with the core. Run between the evictor's delete in the core and its record in
+    the adapter, it would take the victim's keys for dropped ones (a false warning, and the
+    keys told deleted by the wrong path): it waits for the eviction instead."""
+    adapter = _extent_adapter(tmp_path, 16, extent_reserve=2, extent_reinsert=False)
+    rec = _Recorder()
+    adapter.register_listener(rec)
+    keys = [_key(9600 + i) for i in range(EXTENT_SLOTS + 1)]  # one extent filled, the next opened
+    told_adapter = adapter._extents._on_deleted
+    reports: list[int] = []
+    checker: list[threading.Thread] = []
+
+    def check_drops_then_tell(encoded):
+        t = threading.Thread(target=lambda: reports.append(adapter._report_dropped()))
+        checker.append(t)
+        t.start()
+        t.join(0.5)  # a check that does not wait for the eviction has finished by now
+        told_adapter(encoded)
+
+    try:
+        assert _store(adapter, keys, [_obj(1024, seed=9600 + i) for i in range(len(keys))]) is True
+        adapter._extents._on_deleted = check_drops_then_tell
+        with caplog.at_level(logging.WARNING, logger="lmcache_rawblock.l2_adapter"):
+            assert adapter._extents.evict(EXTENT_SLOTS) == EXTENT_SLOTS
+            checker[0].join(10)
+            adapter._tell_recorded()
+        assert reports == [0], reports
+        assert "dropped by the core" not in caplog.text
+        assert sorted(rec.deleted, key=repr) == sorted(keys[:EXTENT_SLOTS], key=repr)  # each victim told once
+        assert adapter.report_status()["held_key_count"] == 1
+    finally:
+        adapter.close()
+
+
 def test_key_stored_again_while_its_eviction_is_told_stays_reported_stored(tmp_path):
     """The extent evictor deletes a victim's keys in the core, then tells the adapter. A store
     of one of those keys that puts it again and finishes in between holds it in the core:
