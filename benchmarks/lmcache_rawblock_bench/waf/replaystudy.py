@@ -18,6 +18,10 @@ with the logical slots, as in the simulated study (:func:`.study.workload_for`).
 
     python -m lmcache_rawblock_bench.waf.replaystudy --out benchmarks/results/waf/replay-product \\
         --ru 1G --util 1.0 --concurrency 8 --op 0.07 --seeds 1,2 --dir /dev/shm/wafreplay
+
+``--out`` appends each cell to results.json and rewrites summary.md's table of runs; what stands
+below summary.md's marker line (sections written by hand) is kept. ``--rewrite-summary`` only
+rewrites it. The doc's tables: :mod:`.tables`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from typing import Optional
 
 from .ftl import Geometry
+from .tables import runs_table
 
 PAGE = 4096
 # RU size -> (slot bytes, RU pages, simulated RUs): the real slots-per-RU ratio at a small slot
@@ -168,13 +173,17 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     }
 
 
-def _f3(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.3f}"
+# The line of summary.md after which its hand-kept sections (earlier runs, diagnostics) stand: a
+# rewrite (at every cell of a run) regenerates what is above it from results.json and keeps the rest
+KEEP_MARKER = "<!-- replaystudy --out rewrites the part above this line only; what follows is kept -->"
 
 
-def markdown(cells: list[dict], argv: list[str]) -> str:
+def markdown(cells: list[dict], argv: list[str], kept: str = "") -> str:
+    """summary.md: every run's row, then ``kept`` (the hand-kept sections) after the marker."""
+    commands = {c.get("command") for c in cells} - {None}
+    command = next(iter(commands)) if len(commands) == 1 else (" ".join(argv) if not commands else "see COMMAND")
     L = ["# WAF driven by the product's allocator (recorded write journal on the flash model)", "",
-         f"Command: `{' '.join(argv)}`", "",
+         f"Command: `{command}`", "",
          "Each row: `waf replay` of the store pattern (`lmcache_defaults`: LMCache's default, full chunks only; "
          "`study`: decode and partial chunks stored too) through the real core, "
          "`meta_format: log` and `extent_bytes` = the RU (strided slots of 4 KiB + chunk), or format v1 and "
@@ -186,18 +195,32 @@ def markdown(cells: list[dict], argv: list[str]) -> str:
          "key-level LRU eviction; its hit ratio over the same lookups as the extent run's window (the same get "
          "events: the windows are set in bytes written, reinsertion's puts make the extent run's reach fewer "
          "events, and this workload's hit ratio drifts along the stream), and over its own window.", "",
-         "| workload | format | RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata "
-         "| metadata share | reserve | hit ratio extent | LRU, same lookups | LRU - extent | LRU, own window |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in cells:
-        he, hs = c["hit_ratio_extent"], c.get("hit_ratio_lru_same_lookups")
-        diff = f"{hs - he:+.3f}" if hs is not None else "-"
-        ext = c["core"].get("extents_total")
-        L.append(f"| {c.get('workload_name', 'lmcache_defaults')} | {c.get('meta_format', 'log')} | {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | "
-                 f"{c['concurrency']}x | {c['seed']} | {c['slots']} / {ext} | {c['waf']:.3f} | "
-                 f"{c['waf_without_metadata']:.3f} | {100 * (c['recorded']['meta_share'] or 0):.2f}% | "
-                 f"{c['extent_reserve']} | {he:.3f} | {_f3(hs)} | {diff} | {_f3(c['hit_ratio_lru'])} |")
-    return "\n".join(L) + "\n"
+         *runs_table(cells)]
+    text = "\n".join(L) + "\n"
+    return text + ("\n" + KEEP_MARKER + "\n" + kept.lstrip("\n") if kept.strip() else "")
+
+
+def kept_sections(summary: str) -> str:
+    """What a rewrite of ``summary`` keeps: everything after the marker line; in a summary
+    written before the marker, everything from its first second-level heading on (the
+    generated part has none)."""
+    lines = summary.split("\n")
+    if KEEP_MARKER in lines:
+        return "\n".join(lines[lines.index(KEEP_MARKER) + 1:])
+    at = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    return "\n".join(lines[at:])
+
+
+def write_summary(out: str, cells: list[dict], argv: list[str]) -> None:
+    """``out``/summary.md from ``cells``, its hand-kept sections carried over."""
+    path = os.path.join(out, "summary.md")
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = kept_sections(f.read())
+    with open(path + ".tmp", "w") as f:
+        f.write(markdown(cells, argv, kept))
+    os.replace(path + ".tmp", path)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -219,7 +242,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
     p.add_argument("--dir", default="/dev/shm/wafreplay", help="where the device file and stream go")
     p.add_argument("--out", help="directory: results.json (appended to) and summary.md")
+    p.add_argument("--rewrite-summary", action="store_true",
+                   help="rewrite --out's summary.md from its results.json (its hand-kept sections kept); run nothing")
     a = p.parse_args(argv)
+    if a.rewrite_summary and not a.out:
+        p.error("--rewrite-summary needs --out")
     for r in a.ru.split(","):
         if r not in SCALES:
             p.error(f"--ru {r!r}: choose from {', '.join(SCALES)}")
@@ -229,6 +256,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(res_path) as f:
             cells = json.load(f)["cells"]
     cmd = ["python -m lmcache_rawblock_bench.waf.replaystudy"] + list(argv if argv is not None else sys.argv[1:])
+    if a.rewrite_summary:
+        write_summary(a.out, cells, cmd)
+        return 0
     for ru in a.ru.split(","):
         for util in (float(x) for x in a.util.split(",")):
             for conc in (int(x) for x in a.concurrency.split(",")):
@@ -245,10 +275,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                               f"{c['seconds']}", file=sys.stderr, flush=True)
                         if a.out:
                             os.makedirs(a.out, exist_ok=True)
-                            with open(res_path, "w") as f:
+                            with open(res_path + ".tmp", "w") as f:
                                 json.dump({"cells": cells}, f, indent=1)
-                            with open(os.path.join(a.out, "summary.md"), "w") as f:
-                                f.write(markdown(cells, cmd))
+                            os.replace(res_path + ".tmp", res_path)
+                            write_summary(a.out, cells, cmd)
     print(markdown(cells, cmd))
     return 0
 
