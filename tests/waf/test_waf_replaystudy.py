@@ -105,3 +105,15 @@ def test_rewrite_summary_runs_nothing_and_keeps_the_sections(tmp_path):
     new = (tmp_path / "summary.md").read_text()
     assert new.endswith(HAND_KEPT) and "# stale" not in new and not (tmp_path / "none").exists()
     assert "Command: `python -m x --seeds 1`" in new  # the cells' one command
+
+
+def test_a_format_v1_cells_lru_run_counts_its_window_in_data_bytes(tmp_path):
+    """In format v1 each key-level eviction checkpoints the whole index: the LRU run's window
+    is set in the chunks' bytes so that it reaches the extent run's lookups; the log format's
+    LRU run keeps the window in every byte written."""
+    from lmcache_rawblock_bench.waf.replaystudy import cell
+
+    v1 = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01, meta_format="v1")
+    assert v1["lru_window_bytes"] == "data" and v1["hit_ratio_lru_same_lookups"] is not None
+    log = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01)
+    assert log["lru_window_bytes"] == "all"

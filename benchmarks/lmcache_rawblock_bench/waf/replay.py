@@ -140,6 +140,11 @@ def add_arguments(p) -> None:
                    help="writes before the window: drive writes of the span (a number) or bytes (with a unit, "
                         "e.g. 64M) (default 1)")
     p.add_argument("--measure", default="1", help="writes measured, same units as --warmup (default 1)")
+    p.add_argument("--window-bytes", choices=("all", "data"), default="all",
+                   help="what --warmup and --measure count: every byte the core wrote (all, the default) or its "
+                        "chunks' slot writes only (data: runs whose metadata writes differ, e.g. format v1's "
+                        "whole-index checkpoint at every key-level eviction, then cover the same stretch of the "
+                        "workload's puts)")
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (default 1)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="I/O engine (default auto: io_uring passthrough on /dev/ngXnY, posix otherwise)")
@@ -412,8 +417,10 @@ class Replayer:
 
     def __init__(self, core, mode: str, strategy: Optional[str], ids: tuple, admission: str, *, tp: int,
                  checkpoint_every: int, load: bool = False, ckpt_pid: Optional[int] = None,
-                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru", extent_reserve: int = 0) -> None:
+                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru", extent_reserve: int = 0,
+                 window_bytes: str = "all") -> None:
         self.core = core
+        self.window_bytes = window_bytes
         self.eviction = eviction
         self.mode = mode
         self.ids = ids
@@ -431,6 +438,7 @@ class Replayer:
         self.header = core.header_bytes
         self.written0 = st["io"]["write_completed_bytes"]
         self.written = 0
+        self.data_written = 0  # the chunks' slot writes among them
         self.ckpts_seen = st["checkpoints_written"]
         self.lru: OrderedDict = OrderedDict()  # (hash, worker) -> encoded key, least recent first
         self.event_of: dict = {}  # extent eviction: (hash, worker) -> its put event (to put it again)
@@ -454,8 +462,13 @@ class Replayer:
 
     # ---- events
 
+    def progress(self) -> int:
+        """Bytes the core wrote so far as --window-bytes counts them: all, or the chunks' only."""
+        return self.data_written if self.window_bytes == "data" else self.written
+
     def feed(self, events: Iterable[dict], stop_bytes: Optional[int] = None) -> bool:
-        """Apply events until they end (False) or the core has written ``stop_bytes`` (True)."""
+        """Apply events until they end (False) or the core has written ``stop_bytes`` (True),
+        counted by :meth:`progress`."""
         for e in events:
             op = e["op"]
             if op != "put" or e.get("batch") != self._batch_id:
@@ -469,7 +482,7 @@ class Replayer:
                 self._batch.append(e)
             else:
                 self._delete(e)
-            if stop_bytes is not None and self.written >= stop_bytes:
+            if stop_bytes is not None and self.progress() >= stop_bytes:
                 self._flush_puts()
                 self._flush_gets()
                 return True
@@ -703,6 +716,7 @@ class Replayer:
         total = st["io"]["write_completed_bytes"] - self.written0
         delta = total - self.written
         self.written = total
+        self.data_written += expect
         self.ops.bytes_written += delta
         k = st["checkpoints_written"] - self.ckpts_seen
         self.ckpts_seen = st["checkpoints_written"]
@@ -755,6 +769,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         "slot_bytes": slot_bytes, "max_slots": r.max_slots, "placement_ids": list(ids),
         "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every, "evict_batch": a.evict_batch,
         "warmup": warm_desc, "warmup_bytes": warm, "measure": meas_desc, "measure_bytes": meas,
+        "window_bytes": getattr(a, "window_bytes", "all"),
         "input_ended_early": ended_early,
         "ops": ops, "warmup_ops": warm_ops.to_dict(),
         "latency": {
@@ -800,7 +815,8 @@ def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: t
         align = core.block_align if (passthrough or cfg.use_odirect) else 1
         r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
                      checkpoint_every=a.checkpoint_every, load=a.load, ckpt_pid=ckpt_pid, chunk_align=align,
-                     evict_batch=a.evict_batch, eviction=eviction, extent_reserve=a.extent_reserve)
+                     evict_batch=a.evict_batch, eviction=eviction, extent_reserve=a.extent_reserve,
+                     window_bytes=getattr(a, "window_bytes", "all"))
         if spec is not None:
             events = _generated(spec, repeat)
             seed = spec.seed + repeat
@@ -811,7 +827,7 @@ def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: t
         warm_ops = r.ops
         r.ops = Ops()
         r.call_ns, r.chunk_ns = [], []
-        w0 = r.written
+        w0 = r.progress()
         before = _read(counters, target.path)
         t0 = time.perf_counter()
         if not ended_early:
