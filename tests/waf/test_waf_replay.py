@@ -451,3 +451,17 @@ def test_window_in_data_bytes_counts_the_chunks_writes_only(tmp_path, capsys):
     # counted in every byte written, the checkpoints' share of the window leaves fewer chunks
     assert every["ops"]["bytes_written"] >= every["measure_bytes"] > every["ops"]["chunk_write_bytes"]
     assert ops["puts_stored"] > every["ops"]["puts_stored"] and ops["lookups"] > every["ops"]["lookups"]
+
+
+def test_trace_lookups_carries_the_hit_trace_past_the_window_and_nothing_else(tmp_path, capsys):
+    """--trace-lookups N: the hit trace goes on until it holds N lookups; the run's counts, its
+    window and its trace up to the window's end are those of the run without it."""
+    args = ["--warmup", "0.5", "--measure", "0.5", "--hit-trace"]
+    (r,) = replay(capsys, tmp_path / "a.img", *args, str(tmp_path / "a.bin"))
+    short = (tmp_path / "a.bin").read_bytes()
+    (r2,) = replay(capsys, tmp_path / "b.img", *args, str(tmp_path / "b.bin"), "--trace-lookups", str(len(short) + 200))
+    long = (tmp_path / "b.bin").read_bytes()
+    assert len(short) == r["warmup_ops"]["lookups"] + r["ops"]["lookups"]
+    assert len(long) >= len(short) + 200 and long[:len(short)] == short
+    assert r2["ops"] == r["ops"] and r2["warmup_ops"] == r["warmup_ops"] and r2["core"] == r["core"]
+    assert "--hit-trace" in error(capsys, "--device", str(tmp_path / "c.img"), *SMALL, "--trace-lookups", "10")

@@ -117,3 +117,15 @@ def test_a_format_v1_cells_lru_run_counts_its_window_in_data_bytes(tmp_path):
     assert v1["lru_window_bytes"] == "data" and v1["hit_ratio_lru_same_lookups"] is not None
     log = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01)
     assert log["lru_window_bytes"] == "all"
+
+
+def test_refill_lru_gives_a_cell_without_its_same_lookups_figure_the_one_a_full_run_gives(tmp_path):
+    """A cell whose LRU trace ended before the extent window's end: the LRU run again, its trace
+    carried on to that end, gives the figure the cell's own run gave (the runs are repeatable)."""
+    from lmcache_rawblock_bench.waf.replaystudy import cell, refill_lru
+
+    c = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01)
+    assert c["hit_ratio_lru_same_lookups"] is not None
+    r = refill_lru({**c, "hit_ratio_lru_same_lookups": None}, str(tmp_path))
+    assert r["hit_ratio_lru_same_lookups"] == c["hit_ratio_lru_same_lookups"]
+    assert r["lru_refill"]["hit_ratio_lru"] == c["hit_ratio_lru"] and not list(tmp_path.iterdir())

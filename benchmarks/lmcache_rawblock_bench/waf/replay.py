@@ -174,6 +174,10 @@ def add_arguments(p) -> None:
     p.add_argument("--hit-trace", metavar="FILE",
                    help="write each lookup's outcome (one byte, 1 a hit), warm-up included, of the last run to FILE: "
                         "hit ratios of runs whose windows differ in bytes compared over the same lookups")
+    p.add_argument("--trace-lookups", type=int, default=0, metavar="N",
+                   help="with --hit-trace: after the window, go on (outside the window's counts and the record) "
+                        "until the trace holds N lookups, so that it covers another run's window that reached "
+                        "further into the workload (default 0: the trace ends with the window)")
     p.add_argument("--record", metavar="FILE", help="write the first run's device write stream to FILE "
                                                     "(for waf simulate --stream)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
@@ -466,9 +470,10 @@ class Replayer:
         """Bytes the core wrote so far as --window-bytes counts them: all, or the chunks' only."""
         return self.data_written if self.window_bytes == "data" else self.written
 
-    def feed(self, events: Iterable[dict], stop_bytes: Optional[int] = None) -> bool:
-        """Apply events until they end (False) or the core has written ``stop_bytes`` (True),
-        counted by :meth:`progress`."""
+    def feed(self, events: Iterable[dict], stop_bytes: Optional[int] = None,
+             stop_lookups: Optional[int] = None) -> bool:
+        """Apply events until they end (False), or the core has written ``stop_bytes`` (True),
+        counted by :meth:`progress`, or the hit trace holds ``stop_lookups`` lookups (True)."""
         for e in events:
             op = e["op"]
             if op != "put" or e.get("batch") != self._batch_id:
@@ -483,6 +488,10 @@ class Replayer:
             else:
                 self._delete(e)
             if stop_bytes is not None and self.progress() >= stop_bytes:
+                self._flush_puts()
+                self._flush_gets()
+                return True
+            if stop_lookups is not None and len(self.hit_trace) + len(self._gets) >= stop_lookups:
                 self._flush_puts()
                 self._flush_gets()
                 return True
@@ -840,11 +849,28 @@ def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: t
         status = core.report_status()
         native = core._native.status()
         status["io"], status["data_base_offset"] = native["io"], native["data_base_offset"]
+        _trace_on(r, events, getattr(a, "trace_lookups", 0), ended_early, jpath)
     finally:
         if jpath:
             _native._set_write_journal(None)
         core.close()
     return r, status, (ended_early, seed, warm_ops, wall, win)
+
+
+def _trace_on(r: Replayer, events, lookups: int, ended_early: bool, jpath: Optional[str]) -> None:
+    """--trace-lookups: the workload fed on past the window until the hit trace holds
+    ``lookups``, its ops, bytes and writes (the journal stopped first) left out of the run's."""
+    if not lookups or ended_early or len(r.hit_trace) >= lookups:
+        return
+    if jpath:
+        from lmcache_rawblock import _native
+
+        _native._set_write_journal(None)
+    ops, r.ops = r.ops, Ops()
+    try:
+        r.feed(events, stop_lookups=lookups)
+    finally:
+        r.ops = ops
 
 
 def _ms(ns: Optional[float]) -> Optional[float]:
@@ -1114,9 +1140,12 @@ def _refuse_foreign(device: str, force: bool) -> None:
 
 
 def _check_ints(a) -> None:
+    if a.trace_lookups and not a.hit_trace:
+        raise ReplayError("--trace-lookups needs --hit-trace")
     if not 0.0 <= a.evict_batch < 1.0:
         raise ReplayError(f"--evict-batch {a.evict_batch}: must be a fraction of the slots in [0, 1)")
     for opt, v, low in (("--repeats", a.repeats, 1), ("--checkpoint-every", a.checkpoint_every, 0),
+                        ("--trace-lookups", a.trace_lookups, 0),
                         ("--handles", a.handles, 1), ("--requests", a.requests, 0), ("--tp", a.tp, 1),
                         ("--families", a.families, 1)):
         if v < low:

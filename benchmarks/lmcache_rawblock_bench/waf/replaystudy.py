@@ -87,9 +87,31 @@ def same_lookups(ext: dict, ext_trace: bytes, lru_trace: bytes) -> Optional[floa
     own window would be compared with an earlier stretch. None when the LRU run ended first."""
     a = int(ext["warmup_ops"]["lookups"])
     b = a + int(ext["ops"]["lookups"])
-    if b > len(lru_trace) or b <= a or len(ext_trace) < b:
+    return None if len(ext_trace) < b else window_ratio(lru_trace, a, b)
+
+
+def window_ratio(trace: bytes, a: int, b: int) -> Optional[float]:
+    """The hit ratio of lookups ``a`` to ``b`` (excluded) of a hit trace; None when it ended first."""
+    if b > len(trace) or b <= a:
         return None
-    return sum(lru_trace[a:b]) / (b - a)
+    return sum(trace[a:b]) / (b - a)
+
+
+def lru_run(dev: str, span: int, slot: int, ru_bytes: int, common: dict, trace: str, upto: int) -> tuple[dict, bytes]:
+    """Key-level LRU on the same core and capacity: (its run, its hit trace, which goes on past its
+    window until it holds ``upto`` lookups, the end of the extent run's window)."""
+    # format v1 checkpoints its whole index at every key-level eviction: a window in bytes
+    # written would end after a few thousand lookups; counted in the chunks' bytes it covers the
+    # workload's puts as the extent run does (and more). The log format keeps its window in bytes
+    # written (LRU's own-window figure as before); where LRU writes more metadata per put than
+    # extent eviction (the study's pattern at 16 GiB RUs), the trace reaches on past it.
+    window = "data" if common["meta_format"] == "v1" else "all"
+    run = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, hit_trace=trace, **common)
+                  + ["--window-bytes", window, "--trace-lookups", str(upto)])
+    with open(trace, "rb") as f:
+        hits = f.read()
+    os.unlink(trace)
+    return run, hits
 
 
 def _replay(argv: list[str]) -> dict:
@@ -148,16 +170,11 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     t2 = time.time()
     hit_lru, lru_same, lru_window = None, None, None
     if lru:
-        # format v1 checkpoints its whole index at every key-level eviction: a window in bytes
-        # written would end after a few thousand lookups, short of the extent run's; counted in
-        # the chunks' bytes it covers the workload's puts as the extent run does (and more)
-        lru_window = "data" if meta_format == "v1" else "all"
-        lru_run = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, hit_trace=tr_lru,
-                                      **common) + ["--window-bytes", lru_window])
-        hit_lru = lru_run["ops"]
-        with open(tr_ext, "rb") as f_ext, open(tr_lru, "rb") as f_lru:
-            lru_same = same_lookups(ext, f_ext.read(), f_lru.read())
-        os.unlink(tr_lru)
+        upto = int(ext["warmup_ops"]["lookups"]) + int(ext["ops"]["lookups"])
+        run, lru_trace = lru_run(dev, span, slot, ru_bytes, common, tr_lru, upto)
+        hit_lru, lru_window = run["ops"], run["window_bytes"]
+        with open(tr_ext, "rb") as f_ext:
+            lru_same = same_lookups(ext, f_ext.read(), lru_trace)
     os.unlink(tr_ext)
     os.unlink(rec)
     os.unlink(dev)
@@ -176,6 +193,27 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
                                    **common),
         "seconds": {"replay": round(t1 - t0, 1), "simulate": round(t2 - t1, 1), "lru": round(time.time() - t2, 1)},
     }
+
+
+def refill_lru(c: dict, work: str) -> dict:
+    """A cell whose LRU run ended before the extent run's window did (no same-lookups figure):
+    the LRU run again, its trace on to the window's end; the cell with that figure filled in."""
+    argv = c["replay_argv"]
+    warmup, measure = (float(argv[argv.index(o) + 1]) for o in ("--warmup", "--measure"))
+    g, span, slot = geometry(c["ru"], c["op"], c["util"])
+    common = {"concurrency": c["concurrency"], "seed": c["seed"], "warmup": warmup, "measure": measure,
+              "meta_bytes": META_BYTES[c["ru"]] if c["meta_format"] == "log" else 0,
+              "workload": c["workload_name"], "meta_format": c["meta_format"]}
+    os.makedirs(work, exist_ok=True)
+    dev = os.path.join(work, f"dev-{c['ru']}.img")
+    a, b = c["lookups_window"]
+    t0 = time.time()
+    run, trace = lru_run(dev, span, slot, c["extent_bytes"], common, os.path.join(work, "hits-lru.bin"), b)
+    os.unlink(dev)
+    same = window_ratio(trace, a, b)
+    return {**c, "hit_ratio_lru_same_lookups": same,
+            "lru_refill": {"hit_ratio_lru": run["ops"]["hit_ratio"], "window_bytes": run["window_bytes"],
+                           "seconds": round(time.time() - t0, 1)}}
 
 
 # The line of summary.md after which its hand-kept sections (earlier runs, diagnostics) stand: a
@@ -228,6 +266,14 @@ def write_summary(out: str, cells: list[dict], argv: list[str]) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _save(out: str, res_path: str, cells: list[dict], cmd: list[str]) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(res_path + ".tmp", "w") as f:
+        json.dump({"cells": cells}, f, indent=1)
+    os.replace(res_path + ".tmp", res_path)
+    write_summary(out, cells, cmd)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lmcache_rawblock_bench.waf.replaystudy",
                                 description=__doc__.split("\n\n")[0])
@@ -247,11 +293,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
     p.add_argument("--dir", default="/dev/shm/wafreplay", help="where the device file and stream go")
     p.add_argument("--out", help="directory: results.json (appended to) and summary.md")
+    p.add_argument("--refill-lru", action="store_true",
+                   help="run key-level LRU again for --out's cells that have no same-lookups figure (their LRU "
+                        "run ended before the extent run's window), its hit trace on to that window's end")
     p.add_argument("--rewrite-summary", action="store_true",
                    help="rewrite --out's summary.md from its results.json (its hand-kept sections kept); run nothing")
     a = p.parse_args(argv)
-    if a.rewrite_summary and not a.out:
-        p.error("--rewrite-summary needs --out")
+    if (a.rewrite_summary or a.refill_lru) and not a.out:
+        p.error("--rewrite-summary and --refill-lru need --out")
     for r in a.ru.split(","):
         if r not in SCALES:
             p.error(f"--ru {r!r}: choose from {', '.join(SCALES)}")
@@ -263,6 +312,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     cmd = ["python -m lmcache_rawblock_bench.waf.replaystudy"] + list(argv if argv is not None else sys.argv[1:])
     if a.rewrite_summary:
         write_summary(a.out, cells, cmd)
+        return 0
+    if a.refill_lru:
+        for i, c in enumerate(cells):
+            if c.get("hit_ratio_lru_same_lookups") is None and c.get("ops_lru") and c.get("lookups_window"):
+                cells[i] = refill_lru(c, a.dir)
+                cells[i]["lru_refill"]["command"] = " ".join(cmd)
+                print(f"{c['workload_name']} {c['meta_format']} {c['ru']} util {c['util']} {c['concurrency']}x op "
+                      f"{c['op']} seed {c['seed']}: LRU same lookups {cells[i]['hit_ratio_lru_same_lookups']}, "
+                      f"{cells[i]['lru_refill']}", file=sys.stderr, flush=True)
+                _save(a.out, res_path, cells, cmd)
         return 0
     for ru in a.ru.split(","):
         for util in (float(x) for x in a.util.split(",")):
@@ -279,11 +338,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                               f"LRU same lookups {c['hit_ratio_lru_same_lookups']} own window {c['hit_ratio_lru']}, "
                               f"{c['seconds']}", file=sys.stderr, flush=True)
                         if a.out:
-                            os.makedirs(a.out, exist_ok=True)
-                            with open(res_path + ".tmp", "w") as f:
-                                json.dump({"cells": cells}, f, indent=1)
-                            os.replace(res_path + ".tmp", res_path)
-                            write_summary(a.out, cells, cmd)
+                            _save(a.out, res_path, cells, cmd)
     print(markdown(cells, cmd))
     return 0
 
