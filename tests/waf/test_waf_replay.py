@@ -435,3 +435,33 @@ def test_hit_trace_is_each_lookup_in_order_warm_up_included(tmp_path, capsys):
     assert set(t) == {0, 1}
     assert len(t) == w["lookups"] + ops["lookups"]
     assert sum(t[:w["lookups"]]) == w["hits"] and sum(t[w["lookups"]:]) == ops["hits"] > 0
+
+
+def test_window_in_data_bytes_counts_the_chunks_writes_only(tmp_path, capsys):
+    """--window-bytes data: the warm-up and the window end on the chunks' slot writes, so a
+    format v1 run, whose key-level evictions each checkpoint the whole index, covers as many
+    puts of the workload as the window says rather than stopping on its checkpoints' bytes."""
+    args = ["--meta-format", "v1", "--dealloc", "on", "--checkpoint-every", "50", "--warmup", "0.5", "--measure", "1"]
+    (every,) = replay(capsys, tmp_path / "a.img", *args)
+    (data,) = replay(capsys, tmp_path / "b.img", *args, "--window-bytes", "data")
+    assert every["window_bytes"] == "all" and data["window_bytes"] == "data"
+    w, ops = data["warmup_ops"], data["ops"]
+    assert w["chunk_write_bytes"] >= data["warmup_bytes"] and ops["chunk_write_bytes"] >= data["measure_bytes"]
+    assert ops["checkpoint_bytes"] > 0 and ops["bytes_written"] == ops["chunk_write_bytes"] + ops["checkpoint_bytes"]
+    # counted in every byte written, the checkpoints' share of the window leaves fewer chunks
+    assert every["ops"]["bytes_written"] >= every["measure_bytes"] > every["ops"]["chunk_write_bytes"]
+    assert ops["puts_stored"] > every["ops"]["puts_stored"] and ops["lookups"] > every["ops"]["lookups"]
+
+
+def test_trace_lookups_carries_the_hit_trace_past_the_window_and_nothing_else(tmp_path, capsys):
+    """--trace-lookups N: the hit trace goes on until it holds N lookups; the run's counts, its
+    window and its trace up to the window's end are those of the run without it."""
+    args = ["--warmup", "0.5", "--measure", "0.5", "--hit-trace"]
+    (r,) = replay(capsys, tmp_path / "a.img", *args, str(tmp_path / "a.bin"))
+    short = (tmp_path / "a.bin").read_bytes()
+    (r2,) = replay(capsys, tmp_path / "b.img", *args, str(tmp_path / "b.bin"), "--trace-lookups", str(len(short) + 200))
+    long = (tmp_path / "b.bin").read_bytes()
+    assert len(short) == r["warmup_ops"]["lookups"] + r["ops"]["lookups"]
+    assert len(long) >= len(short) + 200 and long[:len(short)] == short
+    assert r2["ops"] == r["ops"] and r2["warmup_ops"] == r["warmup_ops"] and r2["core"] == r["core"]
+    assert "--hit-trace" in error(capsys, "--device", str(tmp_path / "c.img"), *SMALL, "--trace-lookups", "10")

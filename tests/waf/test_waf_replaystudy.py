@@ -1,10 +1,15 @@
 """The product-replay study's hit-ratio comparison: key-level LRU's hits over the lookups of the
-extent run's window (the same get events), not over LRU's own window."""
+extent run's window (the same get events), not over LRU's own window; and its summary.md, whose
+hand-kept sections survive a rewrite."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from lmcache_rawblock.extent_evict import reinsert_choice
-from lmcache_rawblock_bench.waf import replay
+from lmcache_rawblock_bench.waf import replay, replaystudy, tables
 from lmcache_rawblock_bench.waf.replaystudy import same_lookups
 
 
@@ -65,3 +70,62 @@ def test_a_format_v1_cell_runs_the_core_in_format_v1(tmp_path):
     assert c["meta_format"] == "v1" and c["extent_bytes"] == 127 * c["slot_bytes"]
     assert "--meta-format" in c["replay_argv"] and c["replay_argv"][c["replay_argv"].index("--meta-format") + 1] == "v1"
     assert c["waf"] >= 1.0 and c["core"].get("extents_total")
+
+
+def _cells() -> list[dict]:
+    cell = {"workload_name": "lmcache_defaults", "meta_format": "log", "ru": "1G", "util": 1.0, "op": 0.07,
+            "concurrency": 8, "seed": 1, "slots": 29972, "core": {"extents_total": 236}, "waf": 1.0,
+            "waf_without_metadata": 1.0, "recorded": {"meta_share": 0.0008}, "extent_reserve": 12,
+            "hit_ratio_extent": 0.832, "hit_ratio_lru_same_lookups": 0.835, "hit_ratio_lru": 0.84,
+            "command": "python -m x --seeds 1"}
+    return [cell, {**cell, "seed": 2, "hit_ratio_extent": 0.834}, {**cell, "concurrency": 1}]
+
+
+_CELLS = _cells()
+HAND_KEPT = "## Earlier runs\n\n| RU |\n|---|\n| 1G |\n\n- a note written by hand\n"
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["marker", "summary-before-the-marker"])
+def test_a_summary_rewrite_keeps_the_hand_kept_sections(tmp_path, marker):
+    old = replaystudy.markdown(_CELLS[:1], ["x"]) + "\n"
+    old += (replaystudy.KEEP_MARKER + "\n" if marker else "") + HAND_KEPT
+    (tmp_path / "summary.md").write_text(old)
+    replaystudy.write_summary(str(tmp_path), _CELLS, ["x"])
+    new = (tmp_path / "summary.md").read_text()
+    assert new.endswith("\n" + replaystudy.KEEP_MARKER + "\n" + HAND_KEPT)
+    assert "\n".join(tables.runs_table(_CELLS)) in new
+    replaystudy.write_summary(str(tmp_path), _CELLS, ["x"])
+    assert (tmp_path / "summary.md").read_text() == new  # a second rewrite changes nothing
+
+
+def test_rewrite_summary_runs_nothing_and_keeps_the_sections(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"cells": _CELLS}))
+    (tmp_path / "summary.md").write_text("# stale\n\n" + HAND_KEPT)
+    assert replaystudy.main(["--out", str(tmp_path), "--rewrite-summary", "--dir", str(tmp_path / "none")]) == 0
+    new = (tmp_path / "summary.md").read_text()
+    assert new.endswith(HAND_KEPT) and "# stale" not in new and not (tmp_path / "none").exists()
+    assert "Command: `python -m x --seeds 1`" in new  # the cells' one command
+
+
+def test_a_format_v1_cells_lru_run_counts_its_window_in_data_bytes(tmp_path):
+    """In format v1 each key-level eviction checkpoints the whole index: the LRU run's window
+    is set in the chunks' bytes so that it reaches the extent run's lookups; the log format's
+    LRU run keeps the window in every byte written."""
+    from lmcache_rawblock_bench.waf.replaystudy import cell
+
+    v1 = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01, meta_format="v1")
+    assert v1["lru_window_bytes"] == "data" and v1["hit_ratio_lru_same_lookups"] is not None
+    log = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01)
+    assert log["lru_window_bytes"] == "all"
+
+
+def test_refill_lru_gives_a_cell_without_its_same_lookups_figure_the_one_a_full_run_gives(tmp_path):
+    """A cell whose LRU trace ended before the extent window's end: the LRU run again, its trace
+    carried on to that end, gives the figure the cell's own run gave (the runs are repeatable)."""
+    from lmcache_rawblock_bench.waf.replaystudy import cell, refill_lru
+
+    c = cell("1G", 1.0, 1, 0.07, 1, str(tmp_path), warmup=0.01, measure=0.01)
+    assert c["hit_ratio_lru_same_lookups"] is not None
+    r = refill_lru({**c, "hit_ratio_lru_same_lookups": None}, str(tmp_path))
+    assert r["hit_ratio_lru_same_lookups"] == c["hit_ratio_lru_same_lookups"]
+    assert r["lru_refill"]["hit_ratio_lru"] == c["hit_ratio_lru"] and not list(tmp_path.iterdir())

@@ -140,6 +140,11 @@ def add_arguments(p) -> None:
                    help="writes before the window: drive writes of the span (a number) or bytes (with a unit, "
                         "e.g. 64M) (default 1)")
     p.add_argument("--measure", default="1", help="writes measured, same units as --warmup (default 1)")
+    p.add_argument("--window-bytes", choices=("all", "data"), default="all",
+                   help="what --warmup and --measure count: every byte the core wrote (all, the default) or its "
+                        "chunks' slot writes only (data: runs whose metadata writes differ, e.g. format v1's "
+                        "whole-index checkpoint at every key-level eviction, then cover the same stretch of the "
+                        "workload's puts)")
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (default 1)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="I/O engine (default auto: io_uring passthrough on /dev/ngXnY, posix otherwise)")
@@ -169,6 +174,10 @@ def add_arguments(p) -> None:
     p.add_argument("--hit-trace", metavar="FILE",
                    help="write each lookup's outcome (one byte, 1 a hit), warm-up included, of the last run to FILE: "
                         "hit ratios of runs whose windows differ in bytes compared over the same lookups")
+    p.add_argument("--trace-lookups", type=int, default=0, metavar="N",
+                   help="with --hit-trace: after the window, go on (outside the window's counts and the record) "
+                        "until the trace holds N lookups, so that it covers another run's window that reached "
+                        "further into the workload (default 0: the trace ends with the window)")
     p.add_argument("--record", metavar="FILE", help="write the first run's device write stream to FILE "
                                                     "(for waf simulate --stream)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
@@ -412,8 +421,10 @@ class Replayer:
 
     def __init__(self, core, mode: str, strategy: Optional[str], ids: tuple, admission: str, *, tp: int,
                  checkpoint_every: int, load: bool = False, ckpt_pid: Optional[int] = None,
-                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru", extent_reserve: int = 0) -> None:
+                 chunk_align: int = 1, evict_batch: float = 0.0, eviction: str = "lru", extent_reserve: int = 0,
+                 window_bytes: str = "all") -> None:
         self.core = core
+        self.window_bytes = window_bytes
         self.eviction = eviction
         self.mode = mode
         self.ids = ids
@@ -431,6 +442,7 @@ class Replayer:
         self.header = core.header_bytes
         self.written0 = st["io"]["write_completed_bytes"]
         self.written = 0
+        self.data_written = 0  # the chunks' slot writes among them
         self.ckpts_seen = st["checkpoints_written"]
         self.lru: OrderedDict = OrderedDict()  # (hash, worker) -> encoded key, least recent first
         self.event_of: dict = {}  # extent eviction: (hash, worker) -> its put event (to put it again)
@@ -454,8 +466,14 @@ class Replayer:
 
     # ---- events
 
-    def feed(self, events: Iterable[dict], stop_bytes: Optional[int] = None) -> bool:
-        """Apply events until they end (False) or the core has written ``stop_bytes`` (True)."""
+    def progress(self) -> int:
+        """Bytes the core wrote so far as --window-bytes counts them: all, or the chunks' only."""
+        return self.data_written if self.window_bytes == "data" else self.written
+
+    def feed(self, events: Iterable[dict], stop_bytes: Optional[int] = None,
+             stop_lookups: Optional[int] = None) -> bool:
+        """Apply events until they end (False), or the core has written ``stop_bytes`` (True),
+        counted by :meth:`progress`, or the hit trace holds ``stop_lookups`` lookups (True)."""
         for e in events:
             op = e["op"]
             if op != "put" or e.get("batch") != self._batch_id:
@@ -469,7 +487,11 @@ class Replayer:
                 self._batch.append(e)
             else:
                 self._delete(e)
-            if stop_bytes is not None and self.written >= stop_bytes:
+            if stop_bytes is not None and self.progress() >= stop_bytes:
+                self._flush_puts()
+                self._flush_gets()
+                return True
+            if stop_lookups is not None and len(self.hit_trace) + len(self._gets) >= stop_lookups:
                 self._flush_puts()
                 self._flush_gets()
                 return True
@@ -703,6 +725,7 @@ class Replayer:
         total = st["io"]["write_completed_bytes"] - self.written0
         delta = total - self.written
         self.written = total
+        self.data_written += expect
         self.ops.bytes_written += delta
         k = st["checkpoints_written"] - self.ckpts_seen
         self.ckpts_seen = st["checkpoints_written"]
@@ -755,6 +778,7 @@ def run_one(a, target: Target, mode: str, strategy: Optional[str], admission: st
         "slot_bytes": slot_bytes, "max_slots": r.max_slots, "placement_ids": list(ids),
         "checkpoint_placement_id": ckpt_pid, "checkpoint_every": a.checkpoint_every, "evict_batch": a.evict_batch,
         "warmup": warm_desc, "warmup_bytes": warm, "measure": meas_desc, "measure_bytes": meas,
+        "window_bytes": getattr(a, "window_bytes", "all"),
         "input_ended_early": ended_early,
         "ops": ops, "warmup_ops": warm_ops.to_dict(),
         "latency": {
@@ -800,7 +824,8 @@ def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: t
         align = core.block_align if (passthrough or cfg.use_odirect) else 1
         r = Replayer(core, mode, strategy if mode == stream.SEPARATED else None, ids, admission, tp=_tp(spec, a),
                      checkpoint_every=a.checkpoint_every, load=a.load, ckpt_pid=ckpt_pid, chunk_align=align,
-                     evict_batch=a.evict_batch, eviction=eviction, extent_reserve=a.extent_reserve)
+                     evict_batch=a.evict_batch, eviction=eviction, extent_reserve=a.extent_reserve,
+                     window_bytes=getattr(a, "window_bytes", "all"))
         if spec is not None:
             events = _generated(spec, repeat)
             seed = spec.seed + repeat
@@ -811,7 +836,7 @@ def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: t
         warm_ops = r.ops
         r.ops = Ops()
         r.call_ns, r.chunk_ns = [], []
-        w0 = r.written
+        w0 = r.progress()
         before = _read(counters, target.path)
         t0 = time.perf_counter()
         if not ended_early:
@@ -824,11 +849,28 @@ def _run_core(a, cfg, target: Target, mode: str, strategy: Optional[str], ids: t
         status = core.report_status()
         native = core._native.status()
         status["io"], status["data_base_offset"] = native["io"], native["data_base_offset"]
+        _trace_on(r, events, getattr(a, "trace_lookups", 0), ended_early, jpath)
     finally:
         if jpath:
             _native._set_write_journal(None)
         core.close()
     return r, status, (ended_early, seed, warm_ops, wall, win)
+
+
+def _trace_on(r: Replayer, events, lookups: int, ended_early: bool, jpath: Optional[str]) -> None:
+    """--trace-lookups: the workload fed on past the window until the hit trace holds
+    ``lookups``, its ops, bytes and writes (the journal stopped first) left out of the run's."""
+    if not lookups or ended_early or len(r.hit_trace) >= lookups:
+        return
+    if jpath:
+        from lmcache_rawblock import _native
+
+        _native._set_write_journal(None)
+    ops, r.ops = r.ops, Ops()
+    try:
+        r.feed(events, stop_lookups=lookups)
+    finally:
+        r.ops = ops
 
 
 def _ms(ns: Optional[float]) -> Optional[float]:
@@ -1098,9 +1140,12 @@ def _refuse_foreign(device: str, force: bool) -> None:
 
 
 def _check_ints(a) -> None:
+    if a.trace_lookups and not a.hit_trace:
+        raise ReplayError("--trace-lookups needs --hit-trace")
     if not 0.0 <= a.evict_batch < 1.0:
         raise ReplayError(f"--evict-batch {a.evict_batch}: must be a fraction of the slots in [0, 1)")
     for opt, v, low in (("--repeats", a.repeats, 1), ("--checkpoint-every", a.checkpoint_every, 0),
+                        ("--trace-lookups", a.trace_lookups, 0),
                         ("--handles", a.handles, 1), ("--requests", a.requests, 0), ("--tp", a.tp, 1),
                         ("--families", a.families, 1)):
         if v < low:

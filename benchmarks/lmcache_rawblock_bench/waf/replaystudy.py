@@ -18,6 +18,10 @@ with the logical slots, as in the simulated study (:func:`.study.workload_for`).
 
     python -m lmcache_rawblock_bench.waf.replaystudy --out benchmarks/results/waf/replay-product \\
         --ru 1G --util 1.0 --concurrency 8 --op 0.07 --seeds 1,2 --dir /dev/shm/wafreplay
+
+``--out`` appends each cell to results.json and rewrites summary.md's table of runs; what stands
+below summary.md's marker line (sections written by hand) is kept. ``--rewrite-summary`` only
+rewrites it. The doc's tables: :mod:`.tables`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from typing import Optional
 
 from .ftl import Geometry
+from .tables import runs_table
 
 PAGE = 4096
 # RU size -> (slot bytes, RU pages, simulated RUs): the real slots-per-RU ratio at a small slot
@@ -82,9 +87,31 @@ def same_lookups(ext: dict, ext_trace: bytes, lru_trace: bytes) -> Optional[floa
     own window would be compared with an earlier stretch. None when the LRU run ended first."""
     a = int(ext["warmup_ops"]["lookups"])
     b = a + int(ext["ops"]["lookups"])
-    if b > len(lru_trace) or b <= a or len(ext_trace) < b:
+    return None if len(ext_trace) < b else window_ratio(lru_trace, a, b)
+
+
+def window_ratio(trace: bytes, a: int, b: int) -> Optional[float]:
+    """The hit ratio of lookups ``a`` to ``b`` (excluded) of a hit trace; None when it ended first."""
+    if b > len(trace) or b <= a:
         return None
-    return sum(lru_trace[a:b]) / (b - a)
+    return sum(trace[a:b]) / (b - a)
+
+
+def lru_run(dev: str, span: int, slot: int, ru_bytes: int, common: dict, trace: str, upto: int) -> tuple[dict, bytes]:
+    """Key-level LRU on the same core and capacity: (its run, its hit trace, which goes on past its
+    window until it holds ``upto`` lookups, the end of the extent run's window)."""
+    # format v1 checkpoints its whole index at every key-level eviction: a window in bytes
+    # written would end after a few thousand lookups; counted in the chunks' bytes it covers the
+    # workload's puts as the extent run does (and more). The log format keeps its window in bytes
+    # written (LRU's own-window figure as before); where LRU writes more metadata per put than
+    # extent eviction (the study's pattern at 16 GiB RUs), the trace reaches on past it.
+    window = "data" if common["meta_format"] == "v1" else "all"
+    run = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, hit_trace=trace, **common)
+                  + ["--window-bytes", window, "--trace-lookups", str(upto)])
+    with open(trace, "rb") as f:
+        hits = f.read()
+    os.unlink(trace)
+    return run, hits
 
 
 def _replay(argv: list[str]) -> dict:
@@ -141,13 +168,13 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     sim_data = simulate_stream(nometa, g, warmup=warmup * (1 - (ext["recorded"]["meta_share"] or 0)))
     os.unlink(nometa)
     t2 = time.time()
-    hit_lru, lru_same = None, None
+    hit_lru, lru_same, lru_window = None, None, None
     if lru:
-        hit_lru = _replay(replay_argv(dev, span, slot, ru_bytes, eviction="lru", record=None, hit_trace=tr_lru,
-                                      **common))["ops"]
-        with open(tr_ext, "rb") as f_ext, open(tr_lru, "rb") as f_lru:
-            lru_same = same_lookups(ext, f_ext.read(), f_lru.read())
-        os.unlink(tr_lru)
+        upto = int(ext["warmup_ops"]["lookups"]) + int(ext["ops"]["lookups"])
+        run, lru_trace = lru_run(dev, span, slot, ru_bytes, common, tr_lru, upto)
+        hit_lru, lru_window = run["ops"], run["window_bytes"]
+        with open(tr_ext, "rb") as f_ext:
+            lru_same = same_lookups(ext, f_ext.read(), lru_trace)
     os.unlink(tr_ext)
     os.unlink(rec)
     os.unlink(dev)
@@ -158,7 +185,7 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
         "waf": sim["window_waf"], "waf_from_start": sim["waf"], "waf_without_metadata": sim_data["window_waf"],
         "window": sim["window"], "recorded": ext["recorded"], "core": ext["core"],
         "hit_ratio_extent": ext["ops"]["hit_ratio"], "hit_ratio_lru_same_lookups": lru_same,
-        "hit_ratio_lru": hit_lru["hit_ratio"] if hit_lru else None,
+        "hit_ratio_lru": hit_lru["hit_ratio"] if hit_lru else None, "lru_window_bytes": lru_window,
         "lookups_window": [ext["warmup_ops"]["lookups"], ext["warmup_ops"]["lookups"] + ext["ops"]["lookups"]],
         "reinsert": ext.get("reinsert"),
         "ops_extent": ext["ops"], "ops_lru": hit_lru,
@@ -168,13 +195,38 @@ def cell(ru: str, util: float, concurrency: int, op: float, seed: int, work: str
     }
 
 
-def _f3(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.3f}"
+def refill_lru(c: dict, work: str) -> dict:
+    """A cell whose LRU run ended before the extent run's window did (no same-lookups figure):
+    the LRU run again, its trace on to the window's end; the cell with that figure filled in."""
+    argv = c["replay_argv"]
+    warmup, measure = (float(argv[argv.index(o) + 1]) for o in ("--warmup", "--measure"))
+    g, span, slot = geometry(c["ru"], c["op"], c["util"])
+    common = {"concurrency": c["concurrency"], "seed": c["seed"], "warmup": warmup, "measure": measure,
+              "meta_bytes": META_BYTES[c["ru"]] if c["meta_format"] == "log" else 0,
+              "workload": c["workload_name"], "meta_format": c["meta_format"]}
+    os.makedirs(work, exist_ok=True)
+    dev = os.path.join(work, f"dev-{c['ru']}.img")
+    a, b = c["lookups_window"]
+    t0 = time.time()
+    run, trace = lru_run(dev, span, slot, c["extent_bytes"], common, os.path.join(work, "hits-lru.bin"), b)
+    os.unlink(dev)
+    same = window_ratio(trace, a, b)
+    return {**c, "hit_ratio_lru_same_lookups": same,
+            "lru_refill": {"hit_ratio_lru": run["ops"]["hit_ratio"], "window_bytes": run["window_bytes"],
+                           "seconds": round(time.time() - t0, 1)}}
 
 
-def markdown(cells: list[dict], argv: list[str]) -> str:
+# The line of summary.md after which its hand-kept sections (earlier runs, diagnostics) stand: a
+# rewrite (at every cell of a run) regenerates what is above it from results.json and keeps the rest
+KEEP_MARKER = "<!-- replaystudy --out rewrites the part above this line only; what follows is kept -->"
+
+
+def markdown(cells: list[dict], argv: list[str], kept: str = "") -> str:
+    """summary.md: every run's row, then ``kept`` (the hand-kept sections) after the marker."""
+    commands = {c.get("command") for c in cells} - {None}
+    command = next(iter(commands)) if len(commands) == 1 else (" ".join(argv) if not commands else "see COMMAND")
     L = ["# WAF driven by the product's allocator (recorded write journal on the flash model)", "",
-         f"Command: `{' '.join(argv)}`", "",
+         f"Command: `{command}`", "",
          "Each row: `waf replay` of the store pattern (`lmcache_defaults`: LMCache's default, full chunks only; "
          "`study`: decode and partial chunks stored too) through the real core, "
          "`meta_format: log` and `extent_bytes` = the RU (strided slots of 4 KiB + chunk), or format v1 and "
@@ -186,18 +238,40 @@ def markdown(cells: list[dict], argv: list[str]) -> str:
          "key-level LRU eviction; its hit ratio over the same lookups as the extent run's window (the same get "
          "events: the windows are set in bytes written, reinsertion's puts make the extent run's reach fewer "
          "events, and this workload's hit ratio drifts along the stream), and over its own window.", "",
-         "| workload | format | RU | util | spare | concurrency | seed | slots / extents | WAF | WAF without metadata "
-         "| metadata share | reserve | hit ratio extent | LRU, same lookups | LRU - extent | LRU, own window |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in cells:
-        he, hs = c["hit_ratio_extent"], c.get("hit_ratio_lru_same_lookups")
-        diff = f"{hs - he:+.3f}" if hs is not None else "-"
-        ext = c["core"].get("extents_total")
-        L.append(f"| {c.get('workload_name', 'lmcache_defaults')} | {c.get('meta_format', 'log')} | {c['ru']} | {c['util']:.0%} | {c['op']:.0%} | "
-                 f"{c['concurrency']}x | {c['seed']} | {c['slots']} / {ext} | {c['waf']:.3f} | "
-                 f"{c['waf_without_metadata']:.3f} | {100 * (c['recorded']['meta_share'] or 0):.2f}% | "
-                 f"{c['extent_reserve']} | {he:.3f} | {_f3(hs)} | {diff} | {_f3(c['hit_ratio_lru'])} |")
-    return "\n".join(L) + "\n"
+         *runs_table(cells)]
+    text = "\n".join(L) + "\n"
+    return text + ("\n" + KEEP_MARKER + "\n" + kept.lstrip("\n") if kept.strip() else "")
+
+
+def kept_sections(summary: str) -> str:
+    """What a rewrite of ``summary`` keeps: everything after the marker line; in a summary
+    written before the marker, everything from its first second-level heading on (the
+    generated part has none)."""
+    lines = summary.split("\n")
+    if KEEP_MARKER in lines:
+        return "\n".join(lines[lines.index(KEEP_MARKER) + 1:])
+    at = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    return "\n".join(lines[at:])
+
+
+def write_summary(out: str, cells: list[dict], argv: list[str]) -> None:
+    """``out``/summary.md from ``cells``, its hand-kept sections carried over."""
+    path = os.path.join(out, "summary.md")
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = kept_sections(f.read())
+    with open(path + ".tmp", "w") as f:
+        f.write(markdown(cells, argv, kept))
+    os.replace(path + ".tmp", path)
+
+
+def _save(out: str, res_path: str, cells: list[dict], cmd: list[str]) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(res_path + ".tmp", "w") as f:
+        json.dump({"cells": cells}, f, indent=1)
+    os.replace(res_path + ".tmp", res_path)
+    write_summary(out, cells, cmd)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -219,7 +293,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="clean extents kept ahead (default 0: the plugin's default, 5%% of the extents, at least 2)")
     p.add_argument("--dir", default="/dev/shm/wafreplay", help="where the device file and stream go")
     p.add_argument("--out", help="directory: results.json (appended to) and summary.md")
+    p.add_argument("--refill-lru", action="store_true",
+                   help="run key-level LRU again for --out's cells that have no same-lookups figure (their LRU "
+                        "run ended before the extent run's window), its hit trace on to that window's end")
+    p.add_argument("--rewrite-summary", action="store_true",
+                   help="rewrite --out's summary.md from its results.json (its hand-kept sections kept); run nothing")
     a = p.parse_args(argv)
+    if (a.rewrite_summary or a.refill_lru) and not a.out:
+        p.error("--rewrite-summary and --refill-lru need --out")
     for r in a.ru.split(","):
         if r not in SCALES:
             p.error(f"--ru {r!r}: choose from {', '.join(SCALES)}")
@@ -229,6 +310,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(res_path) as f:
             cells = json.load(f)["cells"]
     cmd = ["python -m lmcache_rawblock_bench.waf.replaystudy"] + list(argv if argv is not None else sys.argv[1:])
+    if a.rewrite_summary:
+        write_summary(a.out, cells, cmd)
+        return 0
+    if a.refill_lru:
+        for i, c in enumerate(cells):
+            if c.get("hit_ratio_lru_same_lookups") is None and c.get("ops_lru") and c.get("lookups_window"):
+                cells[i] = refill_lru(c, a.dir)
+                cells[i]["lru_refill"]["command"] = " ".join(cmd)
+                print(f"{c['workload_name']} {c['meta_format']} {c['ru']} util {c['util']} {c['concurrency']}x op "
+                      f"{c['op']} seed {c['seed']}: LRU same lookups {cells[i]['hit_ratio_lru_same_lookups']}, "
+                      f"{cells[i]['lru_refill']}", file=sys.stderr, flush=True)
+                _save(a.out, res_path, cells, cmd)
+        return 0
     for ru in a.ru.split(","):
         for util in (float(x) for x in a.util.split(",")):
             for conc in (int(x) for x in a.concurrency.split(",")):
@@ -244,11 +338,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                               f"LRU same lookups {c['hit_ratio_lru_same_lookups']} own window {c['hit_ratio_lru']}, "
                               f"{c['seconds']}", file=sys.stderr, flush=True)
                         if a.out:
-                            os.makedirs(a.out, exist_ok=True)
-                            with open(res_path, "w") as f:
-                                json.dump({"cells": cells}, f, indent=1)
-                            with open(os.path.join(a.out, "summary.md"), "w") as f:
-                                f.write(markdown(cells, cmd))
+                            _save(a.out, res_path, cells, cmd)
     print(markdown(cells, cmd))
     return 0
 
