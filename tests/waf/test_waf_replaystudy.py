@@ -129,3 +129,9 @@ def test_refill_lru_gives_a_cell_without_its_same_lookups_figure_the_one_a_full_
     r = refill_lru({**c, "hit_ratio_lru_same_lookups": None}, str(tmp_path))
     assert r["hit_ratio_lru_same_lookups"] == c["hit_ratio_lru_same_lookups"]
     assert r["lru_refill"]["hit_ratio_lru"] == c["hit_ratio_lru"] and not list(tmp_path.iterdir())
+
+
+def test_rewrite_summary_without_results_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        replaystudy.main(["--out", str(tmp_path / "none"), "--rewrite-summary"])
+    assert e.value.code == 2 and "results.json" in capsys.readouterr().err and not (tmp_path / "none").exists()

@@ -299,8 +299,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--rewrite-summary", action="store_true",
                    help="rewrite --out's summary.md from its results.json (its hand-kept sections kept); run nothing")
     a = p.parse_args(argv)
-    if (a.rewrite_summary or a.refill_lru) and not a.out:
-        p.error("--rewrite-summary and --refill-lru need --out")
+    if (a.rewrite_summary or a.refill_lru) and not (a.out and os.path.exists(os.path.join(a.out, "results.json"))):
+        p.error("--rewrite-summary and --refill-lru need --out DIR with a results.json")
     for r in a.ru.split(","):
         if r not in SCALES:
             p.error(f"--ru {r!r}: choose from {', '.join(SCALES)}")
