@@ -126,7 +126,8 @@ def test_the_file_an_ended_writer_left_goes_when_the_next_publisher_starts(tmp_p
     script.write_text(ABANDONING_WRITER.format(tests=str(REPO / "tests")))
     first = make_device(tmp_path, name="first.img")
     r = subprocess.run([sys.executable, str(script), first], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, RB_STATS_DIR=str(d)))
+                       timeout=120, env=dict(os.environ, RB_STATS_DIR=str(d),
+                                             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))))
     assert r.returncode == 0, r.stderr
     left = Path(r.stdout.strip())
     assert left.parent == d and left.exists(), "the writer ended without removing its file"
