@@ -1036,6 +1036,15 @@ static int log_walk(rdr *r, const rb_mlog_read_opts *o, const rb_mlog_read_cb *c
                        "metadata log: the walk covered the whole ring (%llu bytes)", (unsigned long long)k.rl);
             break;
         }
+        /* Sequences only grow (from the base's + 1, never 0); past damage the walk may jump to
+         * a header's much higher one. Past 2^64 - 1 a sequence would come round to 0, which
+         * expects any group, and such a ring could be walked without end: the log stops there. */
+        if (k.seq == 0) {
+            k.res->log_end = RB_MLOG_END_FULL;
+            rb_err_set(&k.res->log_why, RB_ERR_VALUE, ERANGE,
+                       "metadata log: past damage, the sequences reach 2^64 - 1; the log ends there");
+            break;
+        }
         if (!walk_step(&k, &rc, err))
             break;
     }
