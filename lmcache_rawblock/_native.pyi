@@ -187,6 +187,9 @@ class Core:
     # ---- metadata
     def checkpoint_now(self, force: bool = True) -> bool:
         """True when a checkpoint was written; then deallocates the slots it made reusable."""
+    def release_held_slots(self) -> bool:
+        """Make the slots deletes freed reusable (log format: their FREE records alone when that
+        is enough); True when something was written."""
     def compact_metadata(self) -> bool: ...
     def apply_state_json(self, state: Buffer, /) -> tuple[bool, str]: ...
     # ---- state

@@ -183,6 +183,7 @@ typedef struct rb_core_status {
     /* The log-structured format (meta_format log; zeros otherwise). */
     int meta_format, log_state; /* enum rb_meta_format; 0 fresh, 1 v1 to move, 2 live */
     uint64_t log_ring_bytes, log_live_bytes, log_seq, log_groups_written, log_bytes_written;
+    uint64_t log_lane_groups, log_lane_records; /* the deletes' lane: groups written ahead, their FREEs */
     uint64_t log_last_group_bytes, log_last_group_records, log_pending_pages;
     uint64_t log_pending_records, log_journal_bytes; /* changes no durable group has; the journal's memory */
     uint64_t bases_written, base_last_bytes, base_last_entries, base_too_large, compactions;
@@ -314,6 +315,11 @@ int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys, size_t **len
  * container is written (every payload it lists is durable), between its payload and its
  * header, and after the header. */
 int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
+/* Make the slots deletes freed reusable: in the log format, the deletes' lane first (a group
+ * of FREE records synced by itself, no flush of pending payloads), then a checkpoint
+ * (force 1) only while freed slots still wait; format v1: a checkpoint. The slots it released
+ * are then deallocated. 1 written, 0 nothing to write, <0 error (err filled). */
+int rb_core_release_held(rb_core *c, rb_err *err);
 /* Log format: compact now (a new base beside the current one, then the superblock switch),
  * whether or not the log is past half full. 1 done, 0 nothing to compact (format v1, or no
  * base of ours on the device yet), <0 failed (err). */

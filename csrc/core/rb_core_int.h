@@ -60,7 +60,9 @@ typedef struct rb_mlpage {
     rb_mlog_genc g;
     uint32_t *frees;
     size_t n_frees, cap_frees;
-    size_t n_puts;  /* its PUT records: with none its group names no payload */
+    size_t n_puts;       /* its PUT records: with none its group names no payload */
+    uint32_t *put_slots; /* the slots its PUT records name (their put_pend bits) */
+    size_t n_put_slots, cap_put_slots;
     uint64_t seq;   /* 0 while open; the group's sequence once closed */
     uint64_t t0_ns; /* when it took its first record (rb_now_ns): the age of its changes */
     uint8_t *img;   /* the sealed group (block-aligned), once sealed */
@@ -95,7 +97,17 @@ typedef struct rb_mlw {
     size_t n_pg, cap_pg;
     uint32_t *cls_disk; /* per core class id: its id in this generation, UINT32_MAX none */
     uint32_t cap_cls_disk, next_disk_cls;
-    uint64_t n_held;     /* slots waiting in pages for their FREE to be durable */
+    uint64_t n_held; /* slots waiting in pages for their FREE to be durable */
+    /* The deletes' lane: FREE records of deleted keys whose slots no waiting page names in a
+     * PUT record, in a page of their own outside pg. A checkpoint writes it first, alone and
+     * synced by itself, so the slots come back without the flush of the payloads the waiting
+     * pages name (docs/metadata-log.md, "The deletes' lane"). */
+    rb_mlpage *lane;
+    int lane_want;      /* rb_core_delete_many is dropping entries (mu held): their FREEs may go there */
+    int lane_off;       /* put_pend could not grow: every FREE goes the ordinary way */
+    uint64_t *put_pend; /* a bit per slot: a page not yet durable holds a PUT record of it */
+    size_t put_pend_words;
+    uint64_t lane_groups, lane_records;
     uint32_t *held_base; /* slots freed while the journal was incomplete: back at the next base */
     size_t n_held_base, cap_held_base;
     uint64_t need_base; /* nonzero: the journal lost a change (out of memory), a failed flush
@@ -158,7 +170,7 @@ struct rb_core {
     pthread_cond_t thr_cv;
     pthread_t thr;
     int thr_started, thr_stop;
-    int thr_kick; /* log format: freed slots wait for a group; write one now */
+    int thr_kick; /* log format: RB_KICK_* bits, why the periodic thread is to write now */
 
     /* ---- index, metadata classes and slots (under mu) ----------------------------------- */
     rb_idx index, inflight, classes;
@@ -705,9 +717,16 @@ int rb_core_ml_compact(rb_core *c, int force, rb_err *err);
 /* The periodic thread's compaction (force 0): the same, but it stops between two slices of
  * its base once the core is closing (0: close's final checkpoint compacts if it must). */
 int rb_core_ml_compact_periodic(rb_core *c, rb_err *err);
-/* Deletes freed slots: ask the periodic thread for a group now, so a put finds them
- * reusable without writing one itself. Any lock but thr_mu. */
-void rb_core_ml_kick(rb_core *c);
+/* Ask the periodic thread to write now: RB_KICK_WRITE (the journal passed
+ * RB_ML_PENDING_MAX: a whole checkpoint), RB_KICK_FREES (deletes freed slots: the deletes'
+ * lane, then a checkpoint only while freed slots still wait; rb_core_release_held), so a put
+ * finds them reusable without writing one itself. Any lock but thr_mu. */
+enum { RB_KICK_WRITE = 1, RB_KICK_FREES = 2 };
+void rb_core_ml_kick(rb_core *c, int why);
+/* Write the deletes' lane alone (ckpt_mu taken here): 1 written, 0 nothing to write or not
+ * possible now (rb_core_checkpoint then makes the slots reusable), <0 failed (recorded as a
+ * checkpoint's failure). */
+int rb_core_ml_release_lane(rb_core *c, rb_err *err);
 /*
  * Checkpoints under sustained load. The periodic checkpoint waits for an idle moment
  * (meta_idle_quiet_ms), which a cache filling at full speed never has; in the log format a

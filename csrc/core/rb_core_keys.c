@@ -130,6 +130,7 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     uint32_t stack[HASH_STACK];
     uint32_t *hs = batch_hashes(keys, lens, n, stack);
     pthread_mutex_lock(&c->mu);
+    c->ml.lane_want = 1; /* the FREE records of these drops may go to the deletes' lane */
     for (size_t i = 0; i < n; i++) {
         uint32_t h = hs ? hs[i] : rb_idx_hash(keys[i], lens[i]);
         uint32_t tslot;
@@ -153,11 +154,12 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
         }
         results[i] = (uint8_t)was;
     }
+    c->ml.lane_want = 0;
     rb_idx_maybe_compact(&c->index);
     int kick = c->ml.on && c->ml.n_held > 0;
     pthread_mutex_unlock(&c->mu);
     if (kick)
-        rb_core_ml_kick(c);
+        rb_core_ml_kick(c, RB_KICK_FREES);
     if (hs != stack)
         free(hs);
     /* Format v1 makes a slot no container lists reusable at its delete: deallocated now. */

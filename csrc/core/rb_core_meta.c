@@ -204,6 +204,24 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
     return rc;
 }
 
+int rb_core_release_held(rb_core *c, rb_err *err)
+{
+    int rc = c->ml.on ? rb_core_ml_release_lane(c, err) : 0;
+    if (rc < 0 && err->kind == RB_ERR_RUNTIME && err->errnum == ENOSPC)
+        rc = 0; /* the metadata log is full: the checkpoint below compacts it first */
+    if (rc >= 0) {
+        pthread_mutex_lock(&c->mu);
+        int waiting = c->n_held > 0 || rb_core_ml_held_locked(c) > 0 || c->ref_unknown || !c->ml.on;
+        pthread_mutex_unlock(&c->mu);
+        if (waiting) {
+            int r2 = checkpoint_impl(c, 1, 0, err);
+            rc = r2 < 0 ? r2 : rc | r2;
+        }
+    }
+    (void)rb_core_dealloc_run(c); /* the slots it made reusable (a failure is counted there) */
+    return rc;
+}
+
 int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
 {
     return checkpoint_impl(c, 1, n ? n : 1, err);
@@ -259,11 +277,14 @@ static void *ckpt_thread(void *arg)
         c->thr_kick = 0;
         pthread_mutex_unlock(&c->thr_mu);
         rb_err e;
-        /* A kick (log format: deletes freed slots, or the journal passed RB_ML_PENDING_MAX)
-         * writes what is journaled now; the period's checkpoint waits for an idle moment, or
-         * in the log format for its oldest change to be a period old. Failures are recorded
-         * in the status. */
-        rb_core_checkpoint(c, kicked, &e);
+        /* A kick writes now: the journal passed RB_ML_PENDING_MAX, all of it; deletes freed
+         * slots, what makes them reusable (rb_core_release_held: the deletes' lane, alone when
+         * that is enough). The period's checkpoint waits for an idle moment, or in the log
+         * format for its oldest change to be a period old. Failures are recorded in the
+         * status. */
+        if (kicked == RB_KICK_FREES)
+            rb_core_release_held(c, &e);
+        rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
         /* The log format compacts here, off every caller's path, once the ring is past half
          * full (or full: then groups wait for it); stopped by a close. */
         if (c->ml.on && rb_core_ml_compact_due(c)) {
@@ -276,12 +297,12 @@ static void *ckpt_thread(void *arg)
     return NULL;
 }
 
-void rb_core_ml_kick(rb_core *c)
+void rb_core_ml_kick(rb_core *c, int why)
 {
     if (!c->thr_started)
         return;
     pthread_mutex_lock(&c->thr_mu);
-    c->thr_kick = 1;
+    c->thr_kick |= why;
     pthread_cond_signal(&c->thr_cv);
     pthread_mutex_unlock(&c->thr_mu);
 }

@@ -66,6 +66,7 @@ static void page_free(rb_mlpage *p)
         return;
     rb_mlog_genc_free(&p->g);
     free(p->frees);
+    free(p->put_slots);
     free(p->img);
     free(p);
 }
@@ -75,6 +76,8 @@ void rb_core_ml_free(rb_core *c)
     rb_mlw *m = &c->ml;
     for (size_t i = 0; i < m->n_pg; i++)
         page_free(m->pg[i]);
+    page_free(m->lane);
+    free(m->put_pend);
     free(m->pg);
     free(m->cls_disk);
     free(m->held_base);
@@ -137,6 +140,30 @@ static void close_page_locked(rb_core *c)
     p->seq = ++m->last_seq;
 }
 
+/* Room in the page queue for one more page. 0 or -ENOMEM. mu held. */
+static int pg_room_locked(rb_mlw *m)
+{
+    if (m->n_pg < m->cap_pg)
+        return 0;
+    size_t nc = m->cap_pg ? m->cap_pg * 2 : 16;
+    rb_mlpage **np = realloc(m->pg, nc * sizeof(*np));
+    if (!np)
+        return -ENOMEM;
+    m->pg = np;
+    m->cap_pg = nc;
+    return 0;
+}
+
+static rb_mlpage *new_page(void)
+{
+    rb_mlpage *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    rb_mlog_genc_init(&p->g);
+    p->t0_ns = rb_now_ns();
+    return p;
+}
+
 static rb_mlpage *open_page_locked(rb_core *c)
 {
     rb_mlw *m = &c->ml;
@@ -146,36 +173,159 @@ static rb_mlpage *open_page_locked(rb_core *c)
             return p;
         close_page_locked(c);
     }
-    if (m->n_pg == m->cap_pg) {
-        size_t nc = m->cap_pg ? m->cap_pg * 2 : 16;
-        rb_mlpage **np = realloc(m->pg, nc * sizeof(*np));
-        if (!np)
-            return NULL;
-        m->pg = np;
-        m->cap_pg = nc;
-    }
-    rb_mlpage *p = calloc(1, sizeof(*p));
+    rb_mlpage *p = pg_room_locked(m) < 0 ? NULL : new_page();
     if (!p)
         return NULL;
-    rb_mlog_genc_init(&p->g);
-    p->t0_ns = rb_now_ns();
     m->pg[m->n_pg++] = p;
     /* Every RB_ML_PENDING_MAX bytes of full pages waiting: the periodic thread writes them,
      * busy or not (a checkpoint that failed is tried again at the next such step). */
     size_t waiting = m->n_pg - 1, step = RB_ML_PENDING_MAX / ML_PAGE_RAW;
     if (waiting && waiting % step == 0)
-        rb_core_ml_kick(c);
+        rb_core_ml_kick(c, RB_KICK_WRITE);
     return p;
 }
 
-/* The oldest page holding a change no durable group has, or NULL. */
+/* ---- the deletes' lane (mu held) --------------------------------------------------------
+ *
+ * A checkpoint writes the closed pages in order, after a flush that makes every payload their
+ * PUT records name durable. Through the page cache that flush writes back every page the
+ * puts dirtied, and the slots an eviction freed wait for it. The FREE record of a deleted key
+ * whose slot no waiting page names in a PUT record goes instead to the lane, a page of its
+ * own that a checkpoint writes first, synced by itself (rb_core_meta_write_synced), before
+ * the flush (write_lane_first). Replay reaches the same index with it moved ahead of the
+ * waiting pages: its records are FREEs of slots none of them names (a PUT of the slot is
+ * there only while put_pend says so; a later PUT of it cannot be journaled while the slot is
+ * held for the lane's group; a FREE of it no other page can hold), and a FREE of slot S
+ * vacates S whatever key moved meanwhile (a PUT of the deleted key again, in a waiting page,
+ * moves it to another slot). A crash after the lane and before the pages loses only changes
+ * that no checkpoint had acknowledged. The lane goes ahead only where nothing of the queue is
+ * on the device yet, its sequence the first of the waiting pages (theirs move up by one), and
+ * never during a base's build (whose covered sequences are fixed); otherwise it is closed
+ * after the pages like any page (lane_to_end_locked). */
+
+static int put_pend_has(const rb_mlw *m, uint32_t slot)
+{
+    size_t w = slot / 64;
+    return w < m->put_pend_words && ((m->put_pend[w] >> (slot % 64)) & 1u);
+}
+
+/* Page p now holds a PUT record of slot: its bit set (the lane is off for good when the map
+ * cannot grow) and the slot listed on the page, whose drop clears the bit. A slot the page
+ * cannot list keeps its bit until the next base (put_pend_rebuild_locked). */
+static void note_put_slot_locked(rb_core *c, rb_mlpage *p, uint32_t slot)
+{
+    rb_mlw *m = &c->ml;
+    size_t w = slot / 64;
+    if (w >= m->put_pend_words) {
+        size_t nw = m->put_pend_words ? m->put_pend_words : 1024;
+        while (nw <= w)
+            nw *= 2;
+        uint64_t *np = realloc(m->put_pend, nw * sizeof(*np));
+        if (!np) {
+            m->lane_off = 1;
+            return;
+        }
+        memset(np + m->put_pend_words, 0, (nw - m->put_pend_words) * sizeof(*np));
+        m->put_pend = np;
+        m->put_pend_words = nw;
+    }
+    m->put_pend[w] |= 1ull << (slot % 64);
+    (void)rb_slot_list_push(&p->put_slots, &p->n_put_slots, &p->cap_put_slots, slot);
+}
+
+static void clear_put_slots_locked(rb_mlw *m, const rb_mlpage *p)
+{
+    for (size_t i = 0; i < p->n_put_slots; i++) {
+        uint32_t s = p->put_slots[i];
+        if (s / 64 < m->put_pend_words)
+            m->put_pend[s / 64] &= ~(1ull << (s % 64));
+    }
+}
+
+/* After a base: the bits of the pages still waiting, and no other. */
+static void put_pend_rebuild_locked(rb_mlw *m)
+{
+    if (m->put_pend_words)
+        memset(m->put_pend, 0, m->put_pend_words * sizeof(*m->put_pend));
+    for (size_t i = 0; i < m->n_pg; i++)
+        for (size_t j = 0; j < m->pg[i]->n_put_slots; j++) {
+            uint32_t s = m->pg[i]->put_slots[j];
+            if (s / 64 < m->put_pend_words)
+                m->put_pend[s / 64] |= 1ull << (s % 64);
+        }
+}
+
+/* The lane, for the FREE record of slot, or NULL: the ordinary page takes it. */
+static rb_mlpage *lane_for_locked(rb_core *c, uint32_t slot)
+{
+    rb_mlw *m = &c->ml;
+    if (!m->lane_want || m->lane_off || m->state != RB_ML_LIVE || m->need_base || put_pend_has(m, slot))
+        return NULL;
+    if (m->lane && m->lane->g.body.len >= ML_PAGE_RAW)
+        return NULL;
+    if (!m->lane)
+        m->lane = new_page();
+    return m->lane;
+}
+
+static int lane_waits(const rb_mlw *m)
+{
+    return m->lane && m->lane->n_frees > 0;
+}
+
+/* The lane, closed after the pages (before an open page left empty) with the next sequence.
+ * 0, or -ENOMEM (it stays the lane). */
+static int lane_to_end_locked(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    if (!lane_waits(m))
+        return 0;
+    if (pg_room_locked(m) < 0)
+        return -ENOMEM;
+    size_t at = m->n_pg && m->pg[m->n_pg - 1]->seq == 0 ? m->n_pg - 1 : m->n_pg;
+    memmove(m->pg + at + 1, m->pg + at, (m->n_pg - at) * sizeof(*m->pg));
+    m->pg[at] = m->lane;
+    m->n_pg++;
+    m->lane->seq = ++m->last_seq;
+    m->lane = NULL;
+    return 0;
+}
+
+/* The lane moved to the head of the queue with the first waiting sequence, the closed pages'
+ * moving up by one, when it may go ahead of them (above); NULL when not. */
+static rb_mlpage *lane_to_front_locked(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    if (!lane_waits(m) || m->state != RB_ML_LIVE || m->need_base || !m->epoch_claimed || m->cmp_active)
+        return NULL;
+    for (size_t i = 0; i < m->n_pg; i++)
+        if (m->pg[i]->img || m->pg[i]->placed)
+            return NULL;
+    if (pg_room_locked(m) < 0)
+        return NULL;
+    uint64_t seq = m->n_pg && m->pg[0]->seq ? m->pg[0]->seq : m->last_seq + 1;
+    for (size_t i = 0; i < m->n_pg; i++)
+        if (m->pg[i]->seq)
+            m->pg[i]->seq++;
+    m->last_seq++;
+    rb_mlpage *l = m->lane;
+    l->seq = seq;
+    memmove(m->pg + 1, m->pg, m->n_pg * sizeof(*m->pg));
+    m->pg[0] = l;
+    m->n_pg++;
+    m->lane = NULL;
+    return l;
+}
+
+/* The oldest page (the lane included) holding a change no durable group has, or NULL. */
 static const rb_mlpage *oldest_page_locked(const rb_core *c)
 {
     const rb_mlw *m = &c->ml;
+    const rb_mlpage *l = lane_waits(m) ? m->lane : NULL;
     for (size_t i = 0; i < m->n_pg; i++)
         if (m->pg[i]->g.n_records || m->pg[i]->n_frees)
-            return m->pg[i];
-    return NULL;
+            return l && l->t0_ns < m->pg[i]->t0_ns ? l : m->pg[i];
+    return l;
 }
 
 static uint64_t period_ns(const rb_core *c)
@@ -194,7 +344,7 @@ int rb_core_ml_overdue_locked(const rb_core *c, uint64_t now_ns)
     const rb_mlpage *p = oldest_page_locked(c);
     if (p && now_ns - p->t0_ns >= period_ns(c))
         return 1;
-    uint64_t raw = 0;
+    uint64_t raw = m->lane ? m->lane->g.body.len : 0;
     for (size_t i = 0; i < m->n_pg; i++)
         raw += m->pg[i]->g.body.len;
     return raw >= RB_ML_PENDING_MAX;
@@ -220,10 +370,12 @@ size_t rb_core_ml_journal_bytes_locked(const rb_core *c)
 {
     const rb_mlw *m = &c->ml;
     size_t b = m->cap_pg * sizeof(*m->pg) + (size_t)m->cap_cls_disk * sizeof(*m->cls_disk) +
-               m->cap_held_base * sizeof(*m->held_base);
-    for (size_t i = 0; i < m->n_pg; i++) {
-        const rb_mlpage *p = m->pg[i];
-        b += sizeof(*p) + p->g.body.cap + p->cap_frees * sizeof(*p->frees) + (p->img ? p->img_len : 0);
+               m->cap_held_base * sizeof(*m->held_base) + m->put_pend_words * sizeof(*m->put_pend);
+    for (size_t i = 0; i <= m->n_pg; i++) {
+        const rb_mlpage *p = i < m->n_pg ? m->pg[i] : m->lane;
+        if (p)
+            b += sizeof(*p) + p->g.body.cap + p->cap_frees * sizeof(*p->frees) +
+                 p->cap_put_slots * sizeof(*p->put_slots) + (p->img ? p->img_len : 0);
     }
     return b;
 }
@@ -231,7 +383,7 @@ size_t rb_core_ml_journal_bytes_locked(const rb_core *c)
 uint64_t rb_core_ml_pending_records_locked(const rb_core *c)
 {
     const rb_mlw *m = &c->ml;
-    uint64_t n = 0;
+    uint64_t n = m->lane ? m->lane->g.n_records : 0;
     for (size_t i = 0; i < m->n_pg; i++)
         n += m->pg[i]->g.n_records;
     return n;
@@ -316,16 +468,20 @@ void rb_core_ml_put_locked(rb_core *c, const rb_ent *e)
         p = open_page_locked(c);
         rc = p ? rb_mlog_genc_put(&p->g, &me, &er) : -ENOMEM;
     }
-    if (rc < 0)
+    if (rc < 0) {
         journal_lost_locked(c);
-    else
+    } else {
         p->n_puts++;
+        note_put_slot_locked(c, p, e->slot);
+    }
 }
 
 void rb_core_ml_free_locked(rb_core *c, uint32_t slot)
 {
     rb_mlw *m = &c->ml;
-    rb_mlpage *p = open_page_locked(c);
+    rb_mlpage *p = lane_for_locked(c, slot);
+    if (!p)
+        p = open_page_locked(c);
     rb_err er;
     if (p && p->n_frees == p->cap_frees) {
         size_t nc = p->cap_frees ? p->cap_frees * 2 : 64;
@@ -360,6 +516,7 @@ static void drop_pages_locked(rb_core *c, size_t n)
     rb_mlw *m = &c->ml;
     for (size_t i = 0; i < n; i++) {
         release_page_locked(c, m->pg[i]);
+        clear_put_slots_locked(m, m->pg[i]);
         page_free(m->pg[i]);
     }
     if (n == 0)
@@ -445,6 +602,10 @@ static int take_closed_pages(rb_core *c, rb_mlpage ***pages, size_t *k, uint64_t
         return -EAGAIN;
     }
     close_page_locked(c);
+    if (lane_to_end_locked(c) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return -ENOMEM;
+    }
     size_t n = m->n_pg;
     if (n && m->pg[n - 1]->seq == 0)
         n--;
@@ -572,6 +733,50 @@ static void groups_done(rb_core *c, size_t k, uint64_t dirty_snap, uint64_t byte
     pthread_mutex_unlock(&c->mu);
 }
 
+/* The deletes' lane written ahead of the waiting pages (ckpt_mu held; lane_to_front_locked
+ * says when it may), synced by itself: no flush, since its group names no payload and this
+ * process's epoch is claimed. Durable, it is dropped and its slots are released; the waiting
+ * pages keep their changes, so nothing counts as persisted. 1 written, 0 not now, <0 failed
+ * (the lane stays at the queue's head, placed, for the next checkpoint to write again). */
+static int write_lane_first(rb_core *c, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    if (!rb_core_meta_can_sync_range(c))
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    rb_mlpage *p = lane_to_front_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    if (!p)
+        return 0;
+    uint64_t bytes = 0, records = 0;
+    int rc = write_pages(c, &p, 1, 1, &bytes, &records, err);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&c->mu);
+    if (m->n_pg && m->pg[0] == p) /* the queue's head only moves under ckpt_mu */
+        drop_pages_locked(c, 1);
+    if (p->seq > c->meta_seq)
+        c->meta_seq = p->seq;
+    m->groups_written++;
+    m->group_bytes += bytes;
+    m->last_group_bytes = bytes;
+    m->last_group_records = records;
+    m->lane_groups++;
+    m->lane_records += records;
+    pthread_mutex_unlock(&c->mu);
+    return 1;
+}
+
+int rb_core_ml_release_lane(rb_core *c, rb_err *err)
+{
+    pthread_mutex_lock(&c->ckpt_mu);
+    int rc = write_lane_first(c, err);
+    pthread_mutex_unlock(&c->ckpt_mu);
+    if (rc < 0)
+        groups_failed(c, err); /* a full ring: the lane waits at the queue's head for a compaction */
+    return rc;
+}
+
 /* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed;
  * -EAGAIN, nothing written, while a whole base must come first (need_base: after a failed
  * flush the pages may hold the PUT of an entry it dropped, whose FREE is in a later page that
@@ -581,6 +786,12 @@ static int write_groups(rb_core *c, rb_err *err)
     rb_mlpage **pages;
     size_t k;
     uint64_t dirty_snap;
+    /* the deletes' lane first: its slots come back before the flush of the pages' payloads */
+    int lane = write_lane_first(c, err);
+    if (lane < 0) {
+        groups_failed(c, err);
+        return lane;
+    }
     int tk = take_closed_pages(c, &pages, &k, &dirty_snap);
     if (tk == -EAGAIN)
         return rb_err_set(err, RB_ERR_RUNTIME, EAGAIN,
@@ -589,7 +800,7 @@ static int write_groups(rb_core *c, rb_err *err)
     if (tk < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     if (k == 0)
-        return 0;
+        return lane;
     uint32_t delay = atomic_load(&c->ckpt_delay_ms);
     if (delay)
         usleep(delay * 1000u);
@@ -1137,6 +1348,7 @@ static void switch_done_locked(rb_core *c, const ml_base *b, const rb_mlog_sb *s
     while (n < m->n_pg && m->pg[n]->seq != 0 && m->pg[n]->seq <= b->q)
         n++;
     drop_pages_locked(c, n);
+    put_pend_rebuild_locked(m); /* a bit no page clears (a slot a page could not list) goes */
     for (size_t i = 0; i < m->n_held_base; i++)
         rb_core_free_slot_locked(c, m->held_base[i]);
     m->n_held_base = 0;
@@ -1330,7 +1542,7 @@ static int base_if_needed(rb_core *c, rb_err *err)
 static int groups_wanted_locked(rb_core *c, int base, int round, size_t room_n)
 {
     rb_mlw *m = &c->ml;
-    return m->state == RB_ML_LIVE && (base || round || rb_core_ckpt_due_locked(c, 1, room_n) ||
+    return m->state == RB_ML_LIVE && (base || round || rb_core_ckpt_due_locked(c, 1, room_n) || lane_waits(m) ||
                                       (m->n_pg && (m->pg[0]->seq != 0 || m->pg[0]->g.n_records)));
 }
 
@@ -1393,6 +1605,32 @@ static int groups_after_base(rb_core *c, int *base, size_t room_n, rb_err *err)
     return rc;
 }
 
+/* A put's room from the deletes' lane alone, without the payloads' flush: 1 when that gave
+ * it, 0 when a checkpoint must still be written (a full ring: it compacts first, the lane
+ * among its groups), <0 failed. */
+static int room_from_lane(rb_core *c, int force, size_t room_n, rb_err *err)
+{
+    int lr = rb_core_ml_release_lane(c, err);
+    if (lr < 0 && !ring_full_err(err))
+        return lr;
+    pthread_mutex_lock(&c->mu);
+    int still = lr <= 0 || rb_core_ckpt_due_locked(c, force, room_n);
+    c->room_ckpts += !still;
+    pthread_mutex_unlock(&c->mu);
+    return !still;
+}
+
+/* Before the groups: the whole base when one is due (*base then says whether it was written),
+ * else a put's room from the lane alone. 0 to go on to the groups, 1 done, <0 failed. */
+static int before_groups(rb_core *c, int force, size_t room_n, int *base, rb_err *err)
+{
+    if (*base) {
+        *base = base_if_needed(c, err);
+        return *base < 0 ? *base : 0;
+    }
+    return room_n ? room_from_lane(c, force, room_n, err) : 0;
+}
+
 int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
 {
     rb_mlw *m = &c->ml;
@@ -1406,11 +1644,9 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
     if (c->dev == NULL || rb_dev_enter(c->dev) < 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
     rb_dev_leave(c->dev);
-    if (base) {
-        base = base_if_needed(c, err);
-        if (base < 0)
-            return base;
-    }
+    int pre = before_groups(c, force, room_n, &base, err);
+    if (pre != 0)
+        return pre;
     int rc = groups_after_base(c, &base, room_n, err);
     int base_only = rc == 0 && base; /* the base covered every change: a checkpoint too */
     if (base_only)
@@ -1432,7 +1668,7 @@ int rb_core_ml_checkpoint(rb_core *c, int force, size_t room_n, rb_err *err)
 static int end_mark_wanted_locked(const rb_core *c)
 {
     const rb_mlw *m = &c->ml;
-    if (m->state != RB_ML_LIVE || m->end_marked || m->need_base || m->newgen)
+    if (m->state != RB_ML_LIVE || m->end_marked || m->need_base || m->newgen || lane_waits(m))
         return 0;
     for (size_t i = 0; i < m->n_pg; i++)
         if (m->pg[i]->seq != 0 || m->pg[i]->g.n_records)

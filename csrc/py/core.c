@@ -181,6 +181,10 @@ static PyMethodDef core_methods[] = {
      "snapshot_keys($self, limit=None)\n--\n\n-> list[str] in insertion order"},
     {"checkpoint_now", (PyCFunction)(void (*)(void))rbpy_core_checkpoint_now, METH_FASTCALL | METH_KEYWORDS,
      "checkpoint_now($self, force=True)\n--\n\n-> bool (written)"},
+    {"release_held_slots", rbpy_core_release_held_slots, METH_NOARGS,
+     "release_held_slots($self, /)\n--\n\n"
+     "-> bool: make the slots deletes freed reusable (log format: a group of their FREE records alone when "
+     "that is enough, no flush of pending payloads); True when something was written"},
     {"compact_metadata", rbpy_core_compact_metadata, METH_NOARGS,
      "compact_metadata($self, /)\n--\n\n"
      "-> bool: log format, write a new base and switch to it now (False: nothing to do)"},

@@ -32,6 +32,19 @@ PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize
     return PyBool_FromLong(rc > 0);
 }
 
+PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_release_held(rbpy_core_of(op), &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    return PyBool_FromLong(rc > 0);
+}
+
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     rb_err err;

@@ -92,6 +92,21 @@ static int log_add_damage(PyObject *l, const rb_core_status *st)
 
 /* GIL held: the metadata format and, for the log format, its figures. 0, or -1 with an
  * exception set. */
+/* The deletes' lane: FREE groups written ahead of the waiting pages, and their records. */
+static int log_add_lane(PyObject *l, const rb_core_status *st)
+{
+    PyObject *v = Py_BuildValue("{s:K,s:K}", "groups", (unsigned long long)st->log_lane_groups, "records",
+                                (unsigned long long)st->log_lane_records);
+    int rc = v ? PyDict_SetItemString(l, "free_lane", v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
+static int log_add_extras(PyObject *l, const rb_core_status *st)
+{
+    return log_add_damage(l, st) < 0 ? -1 : log_add_lane(l, st);
+}
+
 static int status_add_log(PyObject *d, const rb_core_status *st)
 {
     static const char *const states[] = {"fresh", "v1-to-move", "live"};
@@ -125,7 +140,7 @@ static int status_add_log(PyObject *d, const rb_core_status *st)
             Py_CLEAR(l);
         Py_XDECREF(rs);
     }
-    if (l && log_add_damage(l, st) < 0)
+    if (l && log_add_extras(l, st) < 0)
         Py_CLEAR(l);
     rc = l ? PyDict_SetItemString(d, "metadata_log", l) : -1;
     Py_XDECREF(l);

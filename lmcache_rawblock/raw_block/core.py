@@ -394,8 +394,11 @@ class RawBlockCore:
     def reclaim_held_slots(self) -> int:
         """Make the slots freed by deletes reusable now: write checkpoints while some freed slot
         waits for one and the last one was written (a checkpoint writes only when the index
-        changed), at most ``_RECLAIM_MAX_CHECKPOINTS``. Returns how many were written; a
-        caller that finds slots still held afterwards knows the core needs a change to the
+        changed), at most ``_RECLAIM_MAX_CHECKPOINTS``. In the log format a deleted key's FREE
+        record goes ahead of the pending puts' records when it can, alone and without the
+        flush of their payloads; a whole checkpoint follows only while freed slots still wait.
+        Returns how many were written; a caller that finds slots still held afterwards knows
+        the core needs a change to the
         index before the next checkpoint frees them. One reclaim runs at a time; a caller that
         waited for another sees what it left. A checkpoint that fails raises (its error is in
         the status too)."""
@@ -406,7 +409,7 @@ class RawBlockCore:
                 if counts.closed or counts.held == 0:
                     break
                 try:
-                    wrote = self._native.checkpoint_now(True)
+                    wrote = self._native.release_held_slots()
                 finally:
                     self._events.check()
                 if not wrote:

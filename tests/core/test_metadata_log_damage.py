@@ -43,9 +43,12 @@ from helpers import REPO, TESTS, preload_shim
 SIZE = 3000
 GROUP_HDR = 48
 SB_LEN = 256
-# (puts, deletes) per checkpoint; the first checkpoint writes the base, each later one a group.
+# (puts, deletes) per checkpoint; the first checkpoint writes the base, each later one a group
+# of its puts, after a group of its deletes' FREE records (every deleted key's PUT record is
+# durable by then: they go ahead of the puts, in the deletes' lane).
 ROUNDS = [(range(0, 20), ()), (range(20, 30), range(0, 5)), (range(30, 40), range(20, 23)),
           (range(40, 45), (30,)), (range(45, 50), (24,))]
+GROUPS = [g for puts, dels in ROUNDS[1:] for g in ([((), dels)] if dels else []) + [(puts, ())]]
 ALL = range(50)
 
 
@@ -135,7 +138,8 @@ def _check(dev: str, ns: str, checksums: bool, live: set, lost_ok: set, back_ok:
 
 
 def _round_of_group(j: int) -> tuple:
-    return ROUNDS[j + 1]
+    """(puts, deletes) group j of the log holds."""
+    return GROUPS[j]
 
 
 def _real_groups(img) -> list[tuple[int, int, int]]:
@@ -188,7 +192,7 @@ def test_a_flipped_bit_in_a_log_group_is_reported_and_costs_only_that_group(tmp_
     """Every group of changes, the last one too: a clean close left an end mark after it."""
     img0, live = images[(ns, checksums)]
     groups = _real_groups(img0)
-    assert len(groups) == len(ROUNDS) - 1
+    assert len(groups) == len(GROUPS)
     rng = random.Random(7)
     dev = str(tmp_path / "dev.img")
     for j, (off, body, total) in enumerate(groups):
@@ -261,9 +265,9 @@ def test_after_a_crash_damage_to_the_last_group_is_a_torn_tail(tmp_path):
         img0 = f.read()
     c.close()
     groups = _groups(img0)
-    assert len(groups) == len(ROUNDS) - 1 and all(body for _o, body, _t in groups)
+    assert len(groups) == len(GROUPS) and all(body for _o, body, _t in groups)
     off, body, _total = groups[-1]
-    puts, dels = ROUNDS[-1]
+    puts, dels = GROUPS[-1]
     img = bytearray(img0)
     img[off + GROUP_HDR + body // 2] ^= 0x08
     _put_image(dev, img)

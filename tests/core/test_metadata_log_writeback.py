@@ -21,6 +21,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from core_helpers import HEADER, Obj, make_core, make_device, okey, payload
 from helpers import TESTS
 
@@ -225,11 +227,14 @@ def test_a_checkpoint_writes_no_group_after_a_flush_failed_on_another_thread(tmp
     c.close()
 
 
-def test_a_failed_synced_group_write_fails_like_a_flush(tmp_path):
-    """A log group is made durable by a write synced by itself (RWF_DSYNC) after the flush of
-    the payloads it names. When that write fails (the kernel may report there a write-back
-    error of any page of the file), the checkpoint fails as on a failed flush: the failure is
-    counted, the freed slots stay held, the next checkpoint writes a whole base."""
+@pytest.mark.parametrize("failing", ["free-group", "put-group"])
+def test_a_failed_synced_group_write_fails_like_a_flush(tmp_path, failing):
+    """A log group is made durable by a write synced by itself (RWF_DSYNC); a group of PUT
+    records after the flush of the payloads it names. The deletes' FREE records go first, in a
+    group of their own that needs no flush. When a synced write fails (the kernel may report
+    there a write-back error of any page of the file), the checkpoint fails as on a failed
+    flush: the failure is counted, the slots its group would free stay held (those of a FREE
+    group written before it are free), the next checkpoint writes a whole base."""
     dev = _dev(tmp_path, 100)
     c = _open(dev)
     assert all(c.put_many([okey(i) for i in range(20)], [Obj(payload(i, SIZE)) for i in range(20)]).results)
@@ -237,7 +242,8 @@ def test_a_failed_synced_group_write_fails_like_a_flush(tmp_path):
     c.delete_many([okey(i).encoded for i in range(10)])
     assert all(c.put_many([okey(i) for i in K], [Obj(payload(i, SIZE)) for i in K]).results)
     st0 = c._native.status()
-    c._native._inject_fault("flush", 2)  # the payloads' flush succeeds, the group's synced write fails
+    # the synced writes and flushes in order: the FREE group, the payloads' flush, the PUT group
+    c._native._inject_fault("flush", 1 if failing == "free-group" else 3)
     try:
         c.checkpoint_now()
         raise AssertionError("the checkpoint succeeded")
@@ -245,7 +251,11 @@ def test_a_failed_synced_group_write_fails_like_a_flush(tmp_path):
         assert "RWF_DSYNC" in str(e), e
     st = c._native.status()
     assert st["writeback_failures"] == st0["writeback_failures"] + 1
-    assert st["checkpoint_held_slots"] == 10
+    lane = st["metadata_log"]["free_lane"]
+    assert lane["groups"] == (0 if failing == "free-group" else 1)
+    # a failed synced write is a failed flush: the puts since the last flush are dropped too
+    # (20 slots) when it is the first; after the payloads' flush they are durable
+    assert st["checkpoint_held_slots"] == (30 if failing == "free-group" else 0)
     c.checkpoint_now()
     st = c._native.status()
     assert st["metadata_log"]["bases_written"] == st0["metadata_log"]["bases_written"] + 1
@@ -253,5 +263,6 @@ def test_a_failed_synced_group_write_fails_like_a_flush(tmp_path):
     c.close()
     c = _open(dev)
     assert c.exists_many([okey(i).encoded for i in range(20)]) == [False] * 10 + [True] * 10
-    assert c.exists_many([okey(i).encoded for i in K]) == [True] * 20  # their payloads' flush succeeded
+    # dropped before any flush of their payloads; else that flush succeeded
+    assert c.exists_many([okey(i).encoded for i in K]) == [failing == "put-group"] * 20
     c.close()

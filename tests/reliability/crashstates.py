@@ -41,7 +41,10 @@ again with deallocation on ("+dealloc"), and the workloads written for it: "reus
 "reuse-log" (slots freed, deallocated once no durable metadata lists their keys, then taken by
 puts; in v1 also a key no container listed, freed and deallocated by its delete), "full" and
 "full-log" (an 8-slot device on which a put makes room itself and takes freed slots before
-their deallocation ran).
+their deallocation ran), "lane-log" (the same device in the log format, deletes' FREE records
+written ahead of pending puts without their payloads' flush, by a put's room and by
+reclaim_held_slots, whose op kind is "reclaim"), and "lane-log-roomy" (the same on a device
+with room to spare, nothing deallocated: a slot freed keeps its key's bytes).
 
 Run: python3 tests/reliability/crashstates.py [--workload NAME] [--engine posix|io_uring]
      [--tear BYTES] [--tear-meta BYTES] [--random-workloads N] [--second-crash N] [--show N]
@@ -161,6 +164,34 @@ FULL_WORKLOAD = [
 ]
 
 
+# The deletes' lane (log format, a full 8-slot device): the FREE record of a deleted key whose
+# PUT record is durable goes ahead of the puts' pending records, in a group synced by itself
+# with no flush of their payloads; a put that makes room writes that group alone. A FREE of a
+# key whose PUT is still pending waits in line (the reclaim then writes a whole checkpoint).
+LANE_WORKLOAD = [
+    ("put", [6, 7]), ("checkpoint", []),                    # every slot holds a durable key
+    ("delete", [0, 1]), ("put", [8, 11]),                   # their room: the FREE group alone
+    ("delete", [2, 8]),                                     # 2 ahead; 8's PUT pending: in line
+    ("reclaim", []),                                        # 2's FREE group, then a checkpoint
+    ("put", [9, 0]), ("delete", [3]), ("put", [1]),         # 1's room: 3's FREE alone, 9 and 0 pending
+    ("checkpoint", []),
+    ("delete", [4, 9]), ("reclaim", []), ("put", [2, 10]),  # the FREE group alone frees both
+]
+
+
+# The lane with room to spare and nothing deallocated: a freed slot keeps its key's bytes until a
+# put takes it, so a FREE group that went ahead of its key's pending PUT (which replay would then
+# apply after it) would bring the deleted key back.
+LANE_ROOMY_WORKLOAD = [
+    ("put", [6, 7]), ("checkpoint", []),
+    ("put", [8]), ("delete", [0, 8]),                       # 0's FREE ahead; 8's PUT pending: in line
+    ("reclaim", []),                                        # 0's group, then a checkpoint for 8's slot
+    ("checkpoint", []),                                     # no put between: the slots keep their bytes
+    ("delete", [1]), ("put", [9]), ("reclaim", []), ("checkpoint", []),
+    ("delete", [2, 9]), ("put", [10]),
+]
+
+
 # Extents of 4 slots on a 12-slot device (extent_bytes, deallocation on): an extent's keys
 # deleted together are deallocated as one range once no durable metadata lists them, then the
 # extent is clean and refilled in slot order; a partly freed extent's slots wait until no clean
@@ -203,6 +234,9 @@ WORKLOADS = {
     "reuse-log": Workload("reuse-log", REUSE_LOG_WORKLOAD, "log", dealloc=True),
     "full": Workload("full", FULL_WORKLOAD, "v1", dealloc=True, nslots=8),
     "full-log": Workload("full-log", FULL_WORKLOAD, "log", dealloc=True, nslots=8),
+    "lane-log": Workload("lane-log", LANE_WORKLOAD, "log", dealloc=True, nslots=8),
+    # room to spare, nothing deallocated: a freed slot keeps its old bytes unless a put takes it
+    "lane-log-roomy": Workload("lane-log-roomy", LANE_ROOMY_WORKLOAD, "log"),
     "extent": Workload("extent", EXTENT_WORKLOAD, "v1", dealloc=True, nslots=12, extent=True),
     "extent-log": Workload("extent-log", EXTENT_WORKLOAD, "log", dealloc=True, nslots=12, extent=True),
     "extent-stride": Workload("extent-stride", EXTENT_WORKLOAD, "log", dealloc=True, nslots=12, extent=True,
@@ -236,6 +270,7 @@ class Op:
     version: int = 0        # the version a put attempted
     synced: bool = False    # a checkpoint, or a compaction that wrote a base: what was live is durable
     slots: dict = field(default_factory=dict)  # put: key id -> slot offset of each key stored
+    freed_all: bool = False  # reclaim: no freed slot waits after it (every delete before it is durable)
 
 
 @dataclass
@@ -392,6 +427,9 @@ def run_ops(core, wl_ops: list, logp: str, versions: dict, live: dict, ver: int)
             for k, x in zip(kids, res):
                 if x:
                     live.pop(k, None)
+        elif kind == "reclaim":  # deletes durable (freed_all), puts only when it writes a checkpoint: not synced
+            core.reclaim_held_slots()
+            op.freed_all = core.slot_counts().held == 0
         elif kind == "compact":
             op.synced = bool(core._native.compact_metadata())
         else:
@@ -410,7 +448,8 @@ def expectations(rec: Recording, start_off: float, end_off: float) -> tuple[set,
     Durable: live when the last checkpoint acknowledged by start_off returned (or the setup's,
     when none was), and not deleted since (a delete attempted before end_off may have landed).
     Allowed: a key's version at that checkpoint, and any version a put attempted since (before
-    end_off) wrote."""
+    end_off) wrote, except the versions a delete removed before a reclaim that returned by
+    start_off with no freed slot left waiting (its FREE records are durable)."""
     state = dict(rec.durable0)
     last = -1
     for i, op in enumerate(rec.ops):
@@ -418,14 +457,21 @@ def expectations(rec: Recording, start_off: float, end_off: float) -> tuple[set,
             state, last = dict(op.live_after), i
     durable = set(state)
     allowed = {k: {v} for k, v in state.items()}
+    deleted: dict = {}  # key id -> the versions its deletes since `last` removed
     for op in rec.ops[last + 1:]:
         if op.log_before >= end_off:
             break
         if op.kind == "delete":
             durable.difference_update(op.keys)
+            for k in op.keys:
+                deleted.setdefault(k, set()).update(allowed.get(k, ()))
         elif op.kind == "put":
             for k in op.keys:
                 allowed.setdefault(k, set()).add(op.version)
+        elif op.kind == "reclaim" and op.freed_all and op.log_after <= start_off:
+            for k, vs in deleted.items():
+                allowed[k] = allowed.get(k, set()) - vs
+            deleted = {}
     return durable, allowed
 
 

@@ -301,3 +301,18 @@ def test_full_workloads_take_slots_before_their_deallocation(workload, tmp_path)
     assert any(r.kind in (crashstates.FLUSH, crashstates.SYNCED) for r in rec.recs
                if put8.log_before < r.end <= put8.log_after)
     assert not any(r.kind == crashstates.DEALLOC for r in rec.recs if put8.log_before < r.end <= put8.log_after)
+
+
+def test_the_lane_workload_writes_free_groups_without_a_flush(tmp_path):
+    # The deletes' FREE records of durable keys go ahead of pending puts: a put's room and a
+    # reclaim write them as a group synced by itself, with no flush of the pending payloads, so
+    # crash states hold the FREE group durable and the puts before it not.
+    rec = crashstates.record_workload("posix", str(tmp_path), crashstates.WORKLOADS["lane-log"])
+    lane = rec.status["metadata_log"]["free_lane"]
+    assert lane["groups"] >= 3 and lane["records"] >= 5, lane
+    put8 = next(op for op in rec.ops if op.kind == "put" and 8 in op.keys)
+    inside = [r.kind for r in rec.recs if put8.log_before < r.end <= put8.log_after]
+    assert {8, 11} <= set(put8.slots) and crashstates.SYNCED in inside and crashstates.FLUSH not in inside, inside
+    last = rec.ops[-2]  # the reclaim after deleting 4 and 9 (both durable): the group alone
+    inside = [r.kind for r in rec.recs if last.log_before < r.end <= last.log_after]
+    assert last.kind == "reclaim" and crashstates.SYNCED in inside and crashstates.FLUSH not in inside, inside
