@@ -317,6 +317,13 @@ static rb_mlpage *lane_to_front_locked(rb_core *c)
     return l;
 }
 
+void rb_core_free_lane_off(rb_core *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->ml.lane_off = 1;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* The oldest page (the lane included) holding a change no durable group has, or NULL. */
 static const rb_mlpage *oldest_page_locked(const rb_core *c)
 {
@@ -951,6 +958,13 @@ static int base_begin(base_build *bb)
     ml_base *out = bb->out;
     pthread_mutex_lock(&c->mu);
     close_page_locked(c);
+    /* the deletes' lane too: the base covers its records as any page's before Q (an index
+     * replaced at run time may give its slots to other keys, which its FREEs after the base
+     * would vacate) */
+    if (lane_to_end_locked(c) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return -ENOMEM;
+    }
     out->q = m->last_seq;
     out->wb_epoch = c->wb_epoch;
     out->next_slot = c->slots.next_slot < c->usable_slots ? c->slots.next_slot : c->usable_slots;

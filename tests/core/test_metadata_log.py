@@ -5,18 +5,20 @@ move from format v1, and what format v1 readers (ours, LMCache's) make of a log 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import struct
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
 from lmcache_rawblock.raw_block import encode_object_key
 from lmcache_rawblock.raw_block._lmcache import ObjectKey
 
-from core_helpers import META, SLOT, Obj, make_core, make_device, okey, payload, read_containers
+from core_helpers import META, SLOT, Obj, make_core, make_device, newest_state, okey, payload, read_containers
 from helpers import TESTS
 
 ENGINES = [("posix", False), ("io_uring", False), ("posix", True), ("io_uring", True)]
@@ -132,6 +134,113 @@ def test_a_freed_slot_is_reusable_after_one_small_record(tmp_path):
     c = _log(dev)
     assert _loads(c, list(range(10)) + list(range(100, 110)) + [10, 39]) == list(range(100, 110)) + [10, 39]
     c.close()
+
+
+def _lane_setup(tmp_path, **kw):
+    """A full 40-slot device: keys 0-29 durable, keys 30-39 put since (pending), then the
+    durable keys 0-9 and the pending key 30 deleted."""
+    dev = make_device(tmp_path, size=META + 40 * SLOT)
+    c = _log(dev, **kw)
+    _put(c, range(30))
+    c.checkpoint_now()
+    _put(c, range(30, 40))
+    return dev, c
+
+
+@pytest.mark.parametrize("lane", ["on", "off"])
+def test_a_put_gets_its_room_from_the_deletes_free_group_without_the_puts_flush(tmp_path, lane):
+    """The deleted keys' PUT records were durable: their FREE records go ahead of the pending
+    puts' records, and a put out of slots writes that group alone, synced by itself, without
+    flushing the pending payloads or making their records durable. Off (every FREE in line
+    behind the pending PUTs, the core's way before): that put writes every page after a flush."""
+    dev, c = _lane_setup(tmp_path)
+    if lane == "off":
+        c._native.free_lane_off()
+    c.delete_many([okey(i).encoded for i in list(range(10)) + [30]])
+    st0 = _status(c)
+    assert st0["checkpoint_held_slots"] == 11
+    _put(c, range(100, 110))  # no free slot: the put makes room
+    st = _status(c)
+    lane_st = st["metadata_log"]["free_lane"]
+    assert st["checkpoints_for_room"] == st0["checkpoints_for_room"] + 1
+    if lane == "on":
+        assert lane_st == {"groups": 1, "records": 10}
+        assert st["device_flushes"] - st0["device_flushes"] == 1  # the group's own synced write
+        assert st["checkpoint_held_slots"] == 1  # key 30's slot: its FREE waits behind its PUT
+        assert st["metadata_persisted"] < st["metadata_dirty_total"]  # the pending puts stay pending
+    else:
+        assert lane_st == {"groups": 0, "records": 0}
+        assert st["device_flushes"] - st0["device_flushes"] >= 2  # the payloads' flush, then the group
+        assert st["checkpoint_held_slots"] == 0
+    c.close()
+    c = _log(dev)
+    want = list(range(10, 30)) + list(range(31, 40)) + list(range(100, 110))
+    assert _loads(c, range(110)) == want
+    c.close()
+
+
+def test_a_delete_wakes_the_periodic_thread_to_write_the_free_group_alone(tmp_path):
+    """The periodic thread, woken by a delete, makes the freed slots reusable with the FREE
+    group alone; the pending puts wait for their period (an hour here, never idle)."""
+    dev, c = _lane_setup(tmp_path, meta_enable_periodic=True, meta_checkpoint_interval_sec=3600,
+                         meta_idle_quiet_ms=3_600_000)
+    written0 = _status(c)["checkpoints_written"]
+    c.delete_many([okey(i).encoded for i in range(5)])
+    deadline = time.monotonic() + 30
+    while _status(c)["checkpoint_held_slots"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = _status(c)
+    assert st["checkpoint_held_slots"] == 0 and st["free_slot_count"] == 5
+    assert st["metadata_log"]["free_lane"] == {"groups": 1, "records": 5}
+    assert st["checkpoints_written"] == written0 and st["metadata_persisted"] < st["metadata_dirty_total"]
+    c.close()
+
+
+def test_a_state_applied_after_deletes_keeps_its_keys_on_the_deleted_keys_slots(tmp_path):
+    """Keys 0-4 deleted (their FREE records wait in the deletes' group), then a state applied at
+    run time that lists keys 0-9 on their slots again: the whole base written next covers the
+    FREE group, which must not be replayed after it and vacate the state's slots."""
+    dev = make_device(tmp_path, size=META + 40 * SLOT)
+    v1dev = make_device(tmp_path, size=META + 40 * SLOT, name="v1.img")
+    c1 = _log(v1dev, meta_format="v1")
+    _put(c1, range(10))
+    c1.checkpoint_now()
+    c1.close()
+    state = newest_state(v1dev)[2]
+    state["device_path"] = dev
+    c = _log(dev)
+    _put(c, range(10))
+    c.checkpoint_now()
+    c.delete_many([okey(i).encoded for i in range(5)])
+    assert c.apply_loaded_state(state)
+    assert _loads(c, range(10)) == list(range(10))
+    c.checkpoint_now()  # a whole base
+    c.close()
+    c = _log(dev)
+    assert _loads(c, range(10)) == list(range(10))
+    c.close()
+
+
+def test_a_deleted_key_put_again_is_gone_or_new_never_old_after_its_free_group(tmp_path):
+    """Key 5 deleted (its FREE record ahead, in the deletes' group, which the put of key 5 again
+    writes alone to get a slot: the one key 5 left) and put again (its PUT record in line). A
+    crash then recovers key 5 absent; after a checkpoint, with its new bytes; never the old."""
+    dev, c = _lane_setup(tmp_path)
+    c.delete_many([okey(5).encoded])
+    assert c.put_many([okey(5)], [Obj(payload(500, SIZE))]).results == [True]
+    st = _status(c)
+    assert st["metadata_log"]["free_lane"]["groups"] == 1 and st["checkpoint_held_slots"] == 0
+    crash = str(tmp_path / "crash.img")
+    shutil.copyfile(dev, crash)  # what a crash of this process leaves: the pending records never written
+    c.checkpoint_now()
+    c.close()
+    for path, want in ((crash, None), (dev, payload(500, SIZE))):
+        c = _log(path)
+        o = Obj(SIZE)
+        got = c.load_many_into([okey(5).encoded], [o])
+        assert (o.bytes() if got[0] else None) == want, path
+        assert _loads(c, [4, 6, 29]) == [4, 6, 29]
+        c.close()
 
 
 def test_a_put_on_a_full_cache_frees_room_itself_and_says_why_when_it_cannot(tmp_path):
