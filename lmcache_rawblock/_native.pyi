@@ -230,6 +230,8 @@ class Core:
     def extent_take(self, extent: int, /) -> tuple[int, list[str], list[bool]] | None:
         """As extent_victim for the given extent (counted as just used and as a victim); None
         when it is not a closed extent holding a key."""
+    def free_lane_off(self) -> None:
+        """For tests and benchmarks: every FREE record goes in line behind pending puts' records."""
     def discard_force_ioctl(self) -> None:
         """For tests: a block device's discards take BLKDISCARD from now on."""
     def take_dealloc_log(self) -> list[tuple[int, int]]:

@@ -78,7 +78,7 @@ def dirty_limit(nbytes: int | None):
 
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
                dealloc: str = "on", device: str | None = None, odirect: bool = False,
-               room_skip_bytes: int = 0, discard: str = "auto") -> dict:
+               room_skip_bytes: int = 0, discard: str = "auto", free_lane: str = "on") -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -105,6 +105,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
     try:
         if discard == "ioctl":  # a block device's discards through BLKDISCARD, as before io_uring took them
             be._core._native.discard_force_ioctl()
+        if free_lane == "off":  # every FREE record in line behind the pending puts' records, as before the lane
+            be._core._native.free_lane_off()
         obj = make_obj(chunk, 0x5A)
         capacity = be._core.extent_counts()["extents_total"] * per
 
@@ -141,7 +143,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
     keys = ("evicted_ahead_entries", "put_evicted_entries", "put_evict_retries", "evicted_extents",
             "evicted_extent_entries", "extents_total", "extent_deallocs", "extent_fallbacks", "dealloc_ranges",
             "dealloc_skipped", "checkpoints_for_room", "dealloc_discard_path")
-    return {"policy": policy, "deallocate_freed": dealloc, "discard": discard,
+    return {"policy": policy, "deallocate_freed": dealloc, "discard": discard, "free_lane": free_lane,
             "dealloc_discard_path": st.get("dealloc_discard_path"), "extent_reserve": reserve if policy == "extent" else None,
             "extent_reserve_effective_at_end": effective, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
             "room_untimed_puts": skip, "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
@@ -181,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--discard", default="auto", help="a block device's discards, comma-separated: auto (the "
                                                        "product's choice: io_uring where the kernel has it), "
                                                        "ioctl (BLKDISCARD) (default auto)")
+    ap.add_argument("--free-lane", default="on", help="the deletes' FREE records ahead of pending puts, "
+                                                       "comma-separated: on (the product), off (in line behind "
+                                                       "them) (default on)")
     ap.add_argument("--warmup", type=int, default=0, help="first runs left out of the pooled figures (default 0)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each setting, interleaved (default 1)")
     ap.add_argument("--out", help="write latency.json there")
@@ -194,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 for p in a.policies.split(","):
                     for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
                         for dc in a.discard.split(","):
-                            runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device,
-                                                   a.odirect, 2 * a.dirty_bytes, dc))
+                            for fl in a.free_lane.split(","):
+                                runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl,
+                                                       a.device, a.odirect, 2 * a.dirty_bytes, dc, fl))
         # the first runs on a fresh device time its start (page cache and device never written
         # before): --warmup of them are kept in the file but left out of the pooled figures
         for r in runs[:a.warmup]:
@@ -212,12 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(a.out, "latency.json"), "w") as f:
             f.write(text + "\n")
     for r in runs:
-        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
+        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
               f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}")
     for r in pooled:
-        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} reserve {r['extent_reserve']} ({r['runs']} runs) "
+        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
               f"mean {r['full_over_room_mean']:.3f}")
     return 0
@@ -228,13 +234,14 @@ def _pooled(runs: list[dict]) -> list[dict]:
     over room and full alike): the same summary and ratios."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"]), []).append(r)
+        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"], r["free_lane"]),
+                          []).append(r)
     out = []
-    for (policy, dealloc, reserve, discard), rs in groups.items():
+    for (policy, dealloc, reserve, discard, free_lane), rs in groups.items():
         room = _summary([x for r in rs for x in r["_room_ns"]])
         full = _summary([x for r in rs for x in r["_full_ns"]])
         out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "discard": discard,
-                    "runs": len(rs),
+                    "free_lane": free_lane, "runs": len(rs),
                     "room": room, "full": full,
                     **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
                        for k in ("p50", "p99", "mean")}})

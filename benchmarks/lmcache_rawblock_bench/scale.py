@@ -689,6 +689,8 @@ def measure_puts(kind: str, v: Variant, case: FullCase, full: bool, s: ScaleSett
             if log1:
                 row["log_groups_per_put"] = (log1["groups_written"] - log0["groups_written"]) / done if done else None
                 row["log_bytes_per_put"] = (log1["bytes_written"] - log0["bytes_written"]) / done if done else None
+                lane0, lane1 = (x.get("free_lane", {}).get("groups", 0) for x in (log0, log1))
+                row["free_groups_per_put"] = (lane1 - lane0) / done if done else None  # deletes' FREE groups ahead
                 row["compactions"] = log1["compactions"] - log0["compactions"]
             rows.append(row)
     finally:

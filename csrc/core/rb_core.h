@@ -302,6 +302,9 @@ int rb_core_dealloc_run(rb_core *c);
 void rb_core_dealloc_log_set(rb_core *c, int on);
 /* For tests: the device's discards take BLKDISCARD from now on (rb_dev_discard_force_ioctl). */
 void rb_core_discard_force_ioctl(rb_core *c);
+/* For tests and benchmarks: every FREE record goes in line behind the pending puts' records
+ * from now on (no deletes' lane). */
+void rb_core_free_lane_off(rb_core *c);
 size_t rb_core_dealloc_log_take(rb_core *c, uint64_t **out);
 /* -1 when absent. */
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len);

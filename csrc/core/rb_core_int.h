@@ -104,7 +104,7 @@ typedef struct rb_mlw {
      * pages name (docs/metadata-log.md, "The deletes' lane"). */
     rb_mlpage *lane;
     int lane_want;      /* rb_core_delete_many is dropping entries (mu held): their FREEs may go there */
-    int lane_off;       /* put_pend could not grow: every FREE goes the ordinary way */
+    int lane_off;       /* put_pend could not grow (or rb_core_free_lane_off): every FREE goes in line */
     uint64_t *put_pend; /* a bit per slot: a page not yet durable holds a PUT record of it */
     size_t put_pend_words;
     uint64_t lane_groups, lane_records;

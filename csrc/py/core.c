@@ -203,6 +203,9 @@ static PyMethodDef core_methods[] = {
      "extent_take($self, extent, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for "
      "the given extent (counted as just used and as a victim); None when it is not a closed extent holding a "
      "key. Needs extent_bytes"},
+    {"free_lane_off", rbpy_core_free_lane_off, METH_NOARGS,
+     "free_lane_off($self, /)\n--\n\nfor tests and benchmarks: every FREE record goes in line behind pending "
+     "puts' records from now on"},
     {"discard_force_ioctl", rbpy_core_discard_force_ioctl, METH_NOARGS,
      "discard_force_ioctl($self, /)\n--\n\nfor tests: a block device's discards take BLKDISCARD from now on"},
     {"take_dealloc_log", rbpy_core_take_dealloc_log, METH_NOARGS,

@@ -170,6 +170,7 @@ PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args);
 /* core_admin.c */
 PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored));
+PyObject *rbpy_core_free_lane_off(PyObject *op, PyObject *Py_UNUSED(ignored));
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_dealloc_log(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_take_dealloc_log(PyObject *op, PyObject *arg);

@@ -79,6 +79,12 @@ PyObject *rbpy_core_discard_force_ioctl(PyObject *op, PyObject *Py_UNUSED(ignore
     Py_RETURN_NONE;
 }
 
+PyObject *rbpy_core_free_lane_off(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    rb_core_free_lane_off(rbpy_core_of(op));
+    Py_RETURN_NONE;
+}
+
 PyObject *rbpy_core_take_dealloc_log(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     uint64_t *r = NULL;
