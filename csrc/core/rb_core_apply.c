@@ -127,6 +127,8 @@ static int apply_begin(rb_core *c, int64_t next_slot, uint8_t **used_out, uint32
     /* The allocator is rebuilt from the new state: a quarantined slot is either claimed by it or
      * freed again by apply_end (and quarantined anew if readers are still in flight). */
     rb_core_quarantine_reset_locked(c);
+    if (c->ml.on)
+        rb_core_ml_forget_frees_locked(c);
     rb_core_dealloc_reset_locked(c);
     if (rb_slots_reset(&c->slots, (uint32_t)top) < 0) {
         pthread_mutex_unlock(&c->mu);

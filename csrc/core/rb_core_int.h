@@ -727,6 +727,10 @@ void rb_core_ml_kick(rb_core *c, int why);
  * possible now (rb_core_checkpoint then makes the slots reusable), <0 failed (recorded as a
  * checkpoint's failure). */
 int rb_core_ml_release_lane(rb_core *c, rb_err *err);
+/* The index was replaced and the allocator rebuilt from the new state (rb_core_apply.c): the
+ * slots the journal holds for FREE records are the new state's to give, so no page's drop
+ * releases them again (the records stay, for the base to cover). mu held. */
+void rb_core_ml_forget_frees_locked(rb_core *c);
 /*
  * Checkpoints under sustained load. The periodic checkpoint waits for an idle moment
  * (meta_idle_quiet_ms), which a cache filling at full speed never has; in the log format a

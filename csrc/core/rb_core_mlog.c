@@ -209,9 +209,8 @@ static int put_pend_has(const rb_mlw *m, uint32_t slot)
     return w < m->put_pend_words && ((m->put_pend[w] >> (slot % 64)) & 1u);
 }
 
-/* Page p now holds a PUT record of slot: its bit set (the lane is off for good when the map
- * cannot grow) and the slot listed on the page, whose drop clears the bit. A slot the page
- * cannot list keeps its bit until the next base (put_pend_rebuild_locked). */
+/* Page p now holds a PUT record of slot: its bit set and the slot listed on the page, whose
+ * drop clears the bit. Out of memory for either: the lane is off for good. */
 static void note_put_slot_locked(rb_core *c, rb_mlpage *p, uint32_t slot)
 {
     rb_mlw *m = &c->ml;
@@ -230,7 +229,9 @@ static void note_put_slot_locked(rb_core *c, rb_mlpage *p, uint32_t slot)
         m->put_pend_words = nw;
     }
     m->put_pend[w] |= 1ull << (slot % 64);
-    (void)rb_slot_list_push(&p->put_slots, &p->n_put_slots, &p->cap_put_slots, slot);
+    /* unlisted, a base's rebuild of the map would lose the bit while the page still waits */
+    if (rb_slot_list_push(&p->put_slots, &p->n_put_slots, &p->cap_put_slots, slot) < 0)
+        m->lane_off = 1;
 }
 
 static void clear_put_slots_locked(rb_mlw *m, const rb_mlpage *p)
@@ -315,6 +316,19 @@ static rb_mlpage *lane_to_front_locked(rb_core *c)
     m->n_pg++;
     m->lane = NULL;
     return l;
+}
+
+void rb_core_ml_forget_frees_locked(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    for (size_t i = 0; i <= m->n_pg; i++) {
+        rb_mlpage *p = i < m->n_pg ? m->pg[i] : m->lane;
+        if (p) {
+            m->n_held -= p->n_frees;
+            p->n_frees = 0;
+        }
+    }
+    m->n_held_base = 0;
 }
 
 void rb_core_free_lane_off(rb_core *c)
@@ -760,10 +774,10 @@ static int write_lane_first(rb_core *c, rb_err *err)
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&c->mu);
-    if (m->n_pg && m->pg[0] == p) /* the queue's head only moves under ckpt_mu */
-        drop_pages_locked(c, 1);
     if (p->seq > c->meta_seq)
         c->meta_seq = p->seq;
+    if (m->n_pg && m->pg[0] == p) /* the queue's head only moves under ckpt_mu */
+        drop_pages_locked(c, 1);  /* p is freed */
     m->groups_written++;
     m->group_bytes += bytes;
     m->last_group_bytes = bytes;
@@ -1404,7 +1418,7 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     int rc = rb_core_flush(c, err); /* the base, and every payload it names */
     rb_mlog_sb sb;
     uint64_t lstart = 0;
-    int which = 0;
+    int which = 0, sb_issued = 0; /* a superblock write was issued: durable or not, whatever it returned */
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
         rc = base_outdated_locked(c, b, err);
@@ -1416,6 +1430,7 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
             sb_fill_locked(c, b, seq, start, &sb);
         }
         pthread_mutex_unlock(&c->mu);
+        sb_issued = rc == 0;
         if (rc == 0)
             rc = write_sb(c, &sb, which, err);
     }
@@ -1427,10 +1442,16 @@ static int switch_base(rb_core *c, const ml_base *b, int fresh, rb_err *err)
     if (rc == 0)
         rc = rb_core_flush(c, err);
     pthread_mutex_lock(&c->mu);
-    if (rc == 0)
+    if (rc == 0) {
         switch_done_locked(c, b, &sb, which, lstart, fresh, t0);
-    else
+    } else {
         m->cmp_active = 0;
+        /* A superblock naming this base may be durable, its log starting at Q + 1 where this
+         * writer would still put a queued page of Q or below: a whole base next, under a
+         * superblock above it, before any group. */
+        if (sb_issued)
+            m->need_base++;
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

@@ -215,9 +215,51 @@ def test_a_state_applied_after_deletes_keeps_its_keys_on_the_deleted_keys_slots(
     assert c.apply_loaded_state(state)
     assert _loads(c, range(10)) == list(range(10))
     c.checkpoint_now()  # a whole base
+    # the slots the deleted keys' FREE records held are the state's: no page's drop frees them
+    # again, so the puts that fill the device take only the 30 others
+    _put(c, range(100, 130))
+    assert _loads(c, range(10)) == list(range(10))
     c.close()
     c = _log(dev)
-    assert _loads(c, range(10)) == list(range(10))
+    assert _loads(c, list(range(10)) + list(range(100, 130))) == list(range(10)) + list(range(100, 130))
+    c.close()
+
+
+def test_release_held_slots_on_a_closed_core_says_so_and_notes_no_fault(tmp_path):
+    dev, c = _lane_setup(tmp_path)
+    c.close()
+    c.delete_many([okey(0).encoded])
+    with pytest.raises(RuntimeError, match="closed"):
+        c._native.release_held_slots()
+    st = _status(c)
+    assert not st["checkpoint_last_error"] and st["writeback_failures"] == 0
+
+
+def test_a_failed_flush_after_a_new_superblock_makes_the_next_checkpoint_a_whole_base(tmp_path):
+    """A compaction's superblock written, the flush after it failed: the superblock may be
+    durable, its log starting after the base, where this writer would still have put a queued
+    group of the base's. The next checkpoint writes a whole base under a newer superblock
+    instead of groups, and every acknowledged key survives a reopen."""
+    dev = make_device(tmp_path, size=META + 200 * SLOT)
+    c = _log(dev)
+    _put(c, range(50))
+    c.checkpoint_now()
+    _put(c, range(50, 60))
+    c.checkpoint_now()  # nothing pending: the failed flush drops no entry (that alone asks a base)
+    st0 = _status(c)
+    c._native._inject_fault("flush", 2)  # the base's flush succeeds, the one after its superblock fails
+    with pytest.raises(OSError, match="injected"):
+        c._native.compact_metadata()
+    st = _status(c)
+    assert st["metadata_log"]["bases_written"] == st0["metadata_log"]["bases_written"]
+    _put(c, range(60, 70))
+    c.checkpoint_now()
+    st = _status(c)
+    assert st["metadata_log"]["bases_written"] == st0["metadata_log"]["bases_written"] + 1
+    c.close()
+    c = _log(dev)
+    assert c.report_status()["recovery_outcome"] == "loaded"
+    assert _loads(c, range(70)) == list(range(70))
     c.close()
 
 
