@@ -724,8 +724,8 @@ int rb_core_ml_compact_periodic(rb_core *c, rb_err *err);
 enum { RB_KICK_WRITE = 1, RB_KICK_FREES = 2 };
 void rb_core_ml_kick(rb_core *c, int why);
 /* Write the deletes' lane alone (ckpt_mu taken here): 1 written, 0 nothing to write or not
- * possible now (rb_core_checkpoint then makes the slots reusable), <0 failed (recorded as a
- * checkpoint's failure). */
+ * possible now, the metadata log full included (rb_core_checkpoint then makes the slots
+ * reusable, compacting first), <0 failed (recorded as a checkpoint's failure). */
 int rb_core_ml_release_lane(rb_core *c, rb_err *err);
 /* The index was replaced and the allocator rebuilt from the new state (rb_core_apply.c): the
  * slots the journal holds for FREE records are the new state's to give, so no page's drop

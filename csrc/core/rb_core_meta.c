@@ -209,9 +209,7 @@ int rb_core_release_held(rb_core *c, rb_err *err)
     if (c->dev == NULL || rb_dev_enter(c->dev) < 0)
         return rb_err_set(err, RB_ERR_RUNTIME, ESHUTDOWN, "RawBlockCore is closed");
     rb_dev_leave(c->dev);
-    int rc = c->ml.on ? rb_core_ml_release_lane(c, err) : 0;
-    if (rc < 0 && err->kind == RB_ERR_RUNTIME && err->errnum == ENOSPC)
-        rc = 0; /* the metadata log is full: the checkpoint below compacts it first */
+    int rc = c->ml.on ? rb_core_ml_release_lane(c, err) : 0; /* a full log: 0, the checkpoint compacts */
     if (rc >= 0) {
         pthread_mutex_lock(&c->mu);
         int waiting = c->n_held > 0 || rb_core_ml_held_locked(c) > 0 || c->ref_unknown || !c->ml.on;

@@ -737,7 +737,22 @@ static void groups_failed(rb_core *c, const rb_err *err)
     rb_core_set_ckpt_error(c, err);
 }
 
+/* The ring had no room for a group (place_page_locked): a compaction must run first. */
+static int ring_full_err(const rb_err *e)
+{
+    return e->kind == RB_ERR_RUNTIME && e->errnum == ENOSPC;
+}
+
 /* The first k pages are durable: dropped (their FREE slots released), the counters moved. */
+/* k groups of bytes holding records were written. mu held. */
+static void count_groups_locked(rb_mlw *m, size_t k, uint64_t bytes, uint64_t records)
+{
+    m->groups_written += k;
+    m->group_bytes += bytes;
+    m->last_group_bytes = bytes;
+    m->last_group_records = records;
+}
+
 static void groups_done(rb_core *c, size_t k, uint64_t dirty_snap, uint64_t bytes, uint64_t records)
 {
     rb_mlw *m = &c->ml;
@@ -747,10 +762,7 @@ static void groups_done(rb_core *c, size_t k, uint64_t dirty_snap, uint64_t byte
         c->persisted = dirty_snap;
     c->ckpt_written++;
     c->meta_seq = m->last_seq;
-    m->groups_written += k;
-    m->group_bytes += bytes;
-    m->last_group_bytes = bytes;
-    m->last_group_records = records;
+    count_groups_locked(m, k, bytes, records);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -778,10 +790,7 @@ static int write_lane_first(rb_core *c, rb_err *err)
         c->meta_seq = p->seq;
     if (m->n_pg && m->pg[0] == p) /* the queue's head only moves under ckpt_mu */
         drop_pages_locked(c, 1);  /* p is freed */
-    m->groups_written++;
-    m->group_bytes += bytes;
-    m->last_group_bytes = bytes;
-    m->last_group_records = records;
+    count_groups_locked(m, 1, bytes, records);
     m->lane_groups++;
     m->lane_records += records;
     pthread_mutex_unlock(&c->mu);
@@ -794,8 +803,9 @@ int rb_core_ml_release_lane(rb_core *c, rb_err *err)
     int rc = write_lane_first(c, err);
     pthread_mutex_unlock(&c->ckpt_mu);
     if (rc < 0)
-        groups_failed(c, err); /* a full ring: the lane waits at the queue's head for a compaction */
-    return rc;
+        groups_failed(c, err);
+    /* a full ring: the lane waits at the queue's head for the checkpoint that compacts */
+    return rc < 0 && ring_full_err(err) ? 0 : rc;
 }
 
 /* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed;
@@ -1547,11 +1557,6 @@ static int rebase_locked(rb_core *c, rb_err *err)
     return rc;
 }
 
-static int ring_full_err(const rb_err *e)
-{
-    return e->kind == RB_ERR_RUNTIME && e->errnum == ENOSPC;
-}
-
 /* A whole base when the state or a lost change needs one (checked again under the locks).
  * 1 written, 0 none needed, <0 failed (recorded). */
 static int base_if_needed(rb_core *c, rb_err *err)
@@ -1641,12 +1646,12 @@ static int groups_after_base(rb_core *c, int *base, size_t room_n, rb_err *err)
 }
 
 /* A put's room from the deletes' lane alone, without the payloads' flush: 1 when that gave
- * it, 0 when a checkpoint must still be written (a full ring: it compacts first, the lane
- * among its groups), <0 failed. */
+ * it, 0 when a checkpoint must still be written (after a full ring too: it compacts first,
+ * the lane among its groups), <0 failed. */
 static int room_from_lane(rb_core *c, int force, size_t room_n, rb_err *err)
 {
     int lr = rb_core_ml_release_lane(c, err);
-    if (lr < 0 && !ring_full_err(err))
+    if (lr < 0)
         return lr;
     pthread_mutex_lock(&c->mu);
     int still = lr <= 0 || rb_core_ckpt_due_locked(c, force, room_n);

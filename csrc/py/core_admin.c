@@ -32,30 +32,28 @@ PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize
     return PyBool_FromLong(rc > 0);
 }
 
-PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored))
+/* fn(core, &err) without the GIL: True when it wrote something, its error raised. */
+static PyObject *metadata_call(PyObject *op, int (*fn)(rb_core *, rb_err *))
 {
     rb_err err;
     rb_err_clear(&err);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-        rc = rb_core_release_held(rbpy_core_of(op), &err);
+        rc = fn(rbpy_core_of(op), &err);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return rbpy_raise_err(&err);
     return PyBool_FromLong(rc > 0);
 }
 
+PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return metadata_call(op, rb_core_release_held);
+}
+
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    rb_err err;
-    rb_err_clear(&err);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-        rc = rb_core_compact(rbpy_core_of(op), &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return rbpy_raise_err(&err);
-    return PyBool_FromLong(rc > 0);
+    return metadata_call(op, rb_core_compact);
 }
 
 /* A hook that takes one truth value: fn(core, bool(arg)). */
