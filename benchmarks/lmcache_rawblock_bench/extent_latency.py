@@ -16,6 +16,13 @@ its full phase, which writes several capacities, times the throttled writes: a d
 passed its dirty limit long before its cache filled. ``--dirty-bytes N`` scales the limit to the
 device for the run (``vm.dirty_bytes`` = N, ``vm.dirty_background_bytes`` = N/2, restored after;
 root only) and times the room phase only after 2N bytes were put, so both phases run past it.
+
+In a virtual machine that reports freed pages to its host (free page reporting), a page the guest
+frees and writes again comes back through a host fault: each deallocation drops the extent's cached
+pages, and the full phase then times those faults, which a machine without page reporting never
+pays. ``--page-reporting hold`` stops the reports for the runs (root; put back after), and each run
+records the KiB reported while it ran where the kernel counts them. ``--reset-device`` deallocates
+the whole test device before each run, so no run starts from what the one before it left.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
+import mmap
 import os
+import struct
 import sys
 import tempfile
 import time
@@ -76,9 +86,99 @@ def dirty_limit(nbytes: int | None):
                 f.write(str(saved[k]))
 
 
+PAGE_REPORTING = "/sys/module/page_reporting/parameters"
+# the largest order a kernel's page_reporting_order takes: above the largest free block, so no
+# free block is reported (MAX_PAGE_ORDER is 10 on x86-64; some kernels take one more)
+HOLD_ORDERS = (11, 10)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def reporting_state() -> dict:
+    """This guest's free page reporting: the order from which free blocks are reported to the host
+    (None: the kernel has no page reporting) and, where the kernel counts it, KiB reported so far."""
+    return {"order": _read_int(os.path.join(PAGE_REPORTING, "page_reporting_order")),
+            "reported_kib": _read_int(os.path.join(PAGE_REPORTING, "reported_kib"))}
+
+
+def _touch_free_memory(keep_free: int = 1 << 30) -> int:
+    """Write every page of the guest's free memory but ``keep_free`` bytes once, then free it: pages
+    the host took back after an earlier report are backed again before anything is timed."""
+    with open("/proc/meminfo") as f:
+        free_kib = next(int(line.split()[1]) for line in f if line.startswith("MemFree:"))
+    piece = 64 * MiB
+    zeros = bytes(piece)
+    maps = []
+    try:
+        for _ in range(max(0, (free_kib * 1024 - keep_free) // piece)):
+            m = mmap.mmap(-1, piece)
+            m[:] = zeros
+            maps.append(m)
+        return len(maps) * piece
+    finally:
+        for m in maps:
+            m.close()
+
+
+@contextlib.contextmanager
+def page_reporting(mode: str):
+    """``hold``: no free block reported to the host for the block (``page_reporting_order`` above
+    the largest block; root; put back after) and free memory touched once first. A guest that
+    reports freed pages gets them back from its host only through a fault per page when it writes
+    them again: a test device's page cache, dropped by each deallocation and filled again, then
+    times the host's faults, which a machine without page reporting never pays. ``as-is``: as
+    the machine is."""
+    path = os.path.join(PAGE_REPORTING, "page_reporting_order")
+    saved = _read_int(path)
+    if mode == "as-is" or saved is None:
+        yield
+        return
+    held = None
+    for order in HOLD_ORDERS:
+        try:
+            with open(path, "w") as f:
+                f.write(str(order))
+            held = order
+            break
+        except OSError:
+            continue
+    if held is None:
+        raise PermissionError(f"--page-reporting hold: could not write {path} (root is needed)")
+    try:
+        _touch_free_memory()
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(str(saved))
+
+
+BLKDISCARD = 0x1277  # _IO(0x12, 119): deallocate a byte range of a block device
+BLKFLSBUF = 0x1261  # _IO(0x12, 97): write back and drop a block device's cached pages
+BLKGETSIZE64 = 0x80081272
+
+
+def reset_device(dev: str) -> None:
+    """The whole block device deallocated and its cached pages dropped: each run then starts from
+    the same state (a loop device's backing file emptied to holes, a RAM disk's memory freed),
+    whatever the runs before it wrote or deallocated."""
+    fd = os.open(dev, os.O_WRONLY)
+    try:
+        size = struct.unpack("Q", fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8))[0]
+        fcntl.ioctl(fd, BLKFLSBUF, 0)
+        fcntl.ioctl(fd, BLKDISCARD, struct.pack("QQ", 0, size))
+    finally:
+        os.close(fd)
+
+
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
                dealloc: str = "on", device: str | None = None, odirect: bool = False,
-               room_skip_bytes: int = 0, discard: str = "auto", free_lane: str = "on") -> dict:
+               room_skip_bytes: int = 0, discard: str = "auto", free_lane: str = "on", reset: bool = False) -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -88,6 +188,9 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
     if not device:
         with open(path, "wb") as f:
             f.truncate(16 * MiB + slots * slot)
+    elif reset:
+        reset_device(device)
+    reporting_before = reporting_state()
     extra = {
         "rust_raw_block.device_path": path, "rust_raw_block.slot_bytes": slot, "rust_raw_block.header_bytes": HEADER,
         "rust_raw_block.block_align": 4096, "rust_raw_block.meta_total_bytes": 16 * MiB,
@@ -130,6 +233,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
         be.wait_idle(120)
         full = [put(i) for i in range(capacity, capacity + int(rounds * capacity))]
         be.wait_idle(120)
+        reporting_after = reporting_state()
         st = be.report_status()
         hist = be._core._native.histograms()["histograms"]  # the whole run's, room and full
         reserve = st.get("extent_reserve", reserve)
@@ -150,7 +254,10 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "full_over_room_p50": round(r_full["p50_us"] / r_room["p50_us"], 3),
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
-            "status": {k: st.get(k) for k in keys},
+            "status": {k: st.get(k) for k in keys}, "device_reset": bool(device and reset),
+            "page_reporting_order": reporting_before["order"],
+            "reported_kib_during_run": (None if reporting_before["reported_kib"] is None
+                                        else reporting_after["reported_kib"] - reporting_before["reported_kib"]),
             # the metadata writes and deallocations the puts shared the device with
             **{f"{h}_count_mean_p99_us": _hist_summary(hist[f"{h}_ns"]) for h in ("checkpoint", "dealloc")}}
 
@@ -186,13 +293,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--free-lane", default="on", help="the deletes' FREE records ahead of pending puts, "
                                                        "comma-separated: on (the product), off (in line behind "
                                                        "them) (default on)")
+    ap.add_argument("--reset-device", action="store_true",
+                    help="with --device: deallocate the whole device and drop its cached pages before each run, "
+                         "so every run starts from the same state")
+    ap.add_argument("--page-reporting", choices=("as-is", "hold"), default="as-is",
+                    help="this guest's reports of free pages to its host: as-is, or hold (none for the runs; "
+                         "root, put back after; free memory touched once first) (default as-is)")
     ap.add_argument("--warmup", type=int, default=0, help="first runs left out of the pooled figures (default 0)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each setting, interleaved (default 1)")
     ap.add_argument("--out", help="write latency.json there")
     a = ap.parse_args(argv)
     if a.dirty_bytes and a.odirect:
         ap.error("--dirty-bytes is for the page cache: O_DIRECT writes are never dirty")
-    with tempfile.TemporaryDirectory(prefix="extent-latency-") as d, dirty_limit(a.dirty_bytes):
+    if a.reset_device and not a.device:
+        ap.error("--reset-device is for --device: a sparse file is made afresh for every run")
+    with (tempfile.TemporaryDirectory(prefix="extent-latency-") as d, dirty_limit(a.dirty_bytes),
+          page_reporting(a.page_reporting)):
         runs = []
         for _ in range(a.repeat):
             for dl in a.dealloc.split(","):
@@ -201,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         for dc in a.discard.split(","):
                             for fl in a.free_lane.split(","):
                                 runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl,
-                                                       a.device, a.odirect, 2 * a.dirty_bytes, dc, fl))
+                                                       a.device, a.odirect, 2 * a.dirty_bytes, dc, fl,
+                                                       a.reset_device))
         # the first runs on a fresh device time its start (page cache and device never written
         # before): --warmup of them are kept in the file but left out of the pooled figures
         for r in runs[:a.warmup]:
@@ -210,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         del r["_room_ns"], r["_full_ns"]
     doc: dict[str, Any] = {"argv": sys.argv, "device": a.device or "sparse file", "odirect": a.odirect,
-                           "dirty_bytes": a.dirty_bytes or None, "loadavg_at_end": os.getloadavg(),
+                           "dirty_bytes": a.dirty_bytes or None, "page_reporting": a.page_reporting,
+                           "loadavg_at_end": os.getloadavg(),
                            "pooled": pooled, "runs": runs}
     text = json.dumps(doc, indent=1)
     if a.out:
@@ -221,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
-              f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}")
+              f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}"
+              + ("" if r["reported_kib_during_run"] is None else f" | free KiB reported to host {r['reported_kib_during_run']}"))
     for r in pooled:
         print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
