@@ -107,7 +107,7 @@ def reporting_state() -> dict:
             "reported_kib": _read_int(os.path.join(PAGE_REPORTING, "reported_kib"))}
 
 
-def _touch_free_memory(keep_free: int = 1 << 30) -> int:
+def _touch_free_memory(keep_free: int = 2 << 30) -> int:
     """Write every page of the guest's free memory but ``keep_free`` bytes once, then free it: pages
     the host took back after an earlier report are backed again before anything is timed."""
     with open("/proc/meminfo") as f:
