@@ -43,6 +43,7 @@ from typing import Any
 from .common import MiB
 from .core import make_obj
 from .plugin import _Config, _LocalCPU, _Metadata
+from .target import _block_size
 
 HEADER = 4096
 
@@ -139,16 +140,14 @@ def page_reporting(mode: str):
     if mode == "as-is" or saved is None:
         yield
         return
-    held = None
     for order in HOLD_ORDERS:
         try:
             with open(path, "w") as f:
                 f.write(str(order))
-            held = order
             break
         except OSError:
             continue
-    if held is None:
+    else:
         raise PermissionError(f"--page-reporting hold: could not write {path} (root is needed)")
     try:
         _touch_free_memory()
@@ -160,16 +159,15 @@ def page_reporting(mode: str):
 
 BLKDISCARD = 0x1277  # _IO(0x12, 119): deallocate a byte range of a block device
 BLKFLSBUF = 0x1261  # _IO(0x12, 97): write back and drop a block device's cached pages
-BLKGETSIZE64 = 0x80081272
 
 
 def reset_device(dev: str) -> None:
     """The whole block device deallocated and its cached pages dropped: each run then starts from
     the same state (a loop device's backing file emptied to holes, a RAM disk's memory freed),
     whatever the runs before it wrote or deallocated."""
+    size = _block_size(dev)
     fd = os.open(dev, os.O_WRONLY)
     try:
-        size = struct.unpack("Q", fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8))[0]
         fcntl.ioctl(fd, BLKFLSBUF, 0)
         fcntl.ioctl(fd, BLKDISCARD, struct.pack("QQ", 0, size))
     finally:

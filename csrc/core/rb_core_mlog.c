@@ -723,13 +723,19 @@ static int write_pages(rb_core *c, rb_mlpage **pages, size_t k, int ranged, uint
     return 0;
 }
 
+/* The ring had no room for a group (place_page_locked): a compaction must run first. */
+static int ring_full_err(const rb_err *e)
+{
+    return e->kind == RB_ERR_RUNTIME && e->errnum == ENOSPC;
+}
+
 /* The groups could not be written (err says why). A failed write or flush: entries the trust
  * layer dropped were journaled after their PUT records, in a later page, and the two groups
  * are not atomic together, so a whole base, written next, says at once what is durable. A
  * full ring only waits for a compaction. */
 static void groups_failed(rb_core *c, const rb_err *err)
 {
-    if (err->errnum != ENOSPC || err->kind != RB_ERR_RUNTIME) {
+    if (!ring_full_err(err)) {
         pthread_mutex_lock(&c->mu);
         c->ml.need_base++;
         pthread_mutex_unlock(&c->mu);
@@ -737,13 +743,6 @@ static void groups_failed(rb_core *c, const rb_err *err)
     rb_core_set_ckpt_error(c, err);
 }
 
-/* The ring had no room for a group (place_page_locked): a compaction must run first. */
-static int ring_full_err(const rb_err *e)
-{
-    return e->kind == RB_ERR_RUNTIME && e->errnum == ENOSPC;
-}
-
-/* The first k pages are durable: dropped (their FREE slots released), the counters moved. */
 /* k groups of bytes holding records were written. mu held. */
 static void count_groups_locked(rb_mlw *m, size_t k, uint64_t bytes, uint64_t records)
 {
@@ -753,6 +752,7 @@ static void count_groups_locked(rb_mlw *m, size_t k, uint64_t bytes, uint64_t re
     m->last_group_records = records;
 }
 
+/* The first k pages are durable: dropped (their FREE slots released), the counters moved. */
 static void groups_done(rb_core *c, size_t k, uint64_t dirty_snap, uint64_t bytes, uint64_t records)
 {
     rb_mlw *m = &c->ml;
