@@ -190,6 +190,9 @@ class Core:
     def release_held_slots(self) -> bool:
         """Make the slots deletes freed reusable (log format: their FREE records alone when that
         is enough); True when something was written."""
+    def reclaim_held_slots(self) -> int:
+        """release_held_slots again while freed slots wait and the last call wrote, at most 3
+        times, one caller at a time: the checkpoints written."""
     def compact_metadata(self) -> bool: ...
     def apply_state_json(self, state: Buffer, /) -> tuple[bool, str]: ...
     # ---- state
@@ -230,6 +233,16 @@ class Core:
     def extent_take(self, extent: int, /) -> tuple[int, list[str], list[bool]] | None:
         """As extent_victim for the given extent (counted as just used and as a victim); None
         when it is not a closed extent holding a key."""
+    def extent_evict(self, reserve: int, keep_hot: bool = False, keys: bool = False, reclaim: bool = False
+                     ) -> tuple[int, int, list[str] | None, list[str], int, int, tuple[int, ...],
+                                BaseException | None]:
+        """The extent evictor's pass in one call without the GIL: (extents, deleted, gone, hot,
+        opened, reclaimed, counts, error). While fewer than reserve extents are clean or waiting
+        for their deallocation, the victim extent's keys are deleted as delete_many deletes
+        them; keep_hot keeps its hot keys (listed in hot), keys lists the deleted ones (gone,
+        else None), reclaim runs reclaim_held_slots after it when no hot key was kept
+        (reclaimed: its checkpoints, -1 when it did not run). counts: as counts() after it;
+        error: what the reclaim failed with. RuntimeError when extents are off."""
     def free_lane_off(self) -> None:
         """For tests and benchmarks: every FREE record goes in line behind pending puts' records."""
     def discard_force_ioctl(self) -> None:

@@ -38,10 +38,19 @@ in ``adapter_params``). An owner that keeps its own record of the stored keys pa
 delete removed and the keys a reinsertion stored, so the record changes in the same section as
 the core (the hooks must not block or call back into the evictor).
 
-Locks: ``pin_lock`` is the plugin's ``_pin_lock``, held over the victim choice and again over
-the victim's delete, which skips the keys pinned meanwhile (the plugin's lock order); the hot
-keys are read between the two, without it, so pins, removes and loads do not wait for that
-I/O. The put that reinserts holds only ``reinsert_lock``, which the plugin's removes take too
+The evictor thread's pass is one native call (``RawBlockCore.extent_evict``, the GIL released
+throughout): the core takes each victim and deletes its keys under one hold of its mutex (a key
+a pin or a load holds is skipped there, as the plugin's pins lock their keys in the core), then
+writes the checkpoint that makes the slots reusable. Hot keys to put back come out of it still
+stored: the pass reads them, deletes them and reclaims. A put that evicts for itself, and a
+chooser's pass (``extent_prefix``), take a victim at a time from Python.
+
+Locks: ``pin_lock`` is the plugin's ``_pin_lock``. A pass with an owner to tell
+(``on_deleted``) holds it over the native call, whose checkpoint then runs after it; without
+one it is taken only to count. A victim taken from Python holds it over the victim choice and
+again over the victim's delete, which skips the keys pinned meanwhile (the plugin's lock
+order); hot keys are read between the two, without it, so pins, removes and loads do not wait
+for that I/O. The put that reinserts holds only ``reinsert_lock``, which the plugin's removes take too
 (so no remove slips in between the check and the put; pins and loads never wait for it). The
 counters change under ``pin_lock`` (the evictor thread and a put evicting for itself both
 write them).
@@ -151,6 +160,9 @@ class ExtentEviction:
         # among the few extents filled longest ago (its owner passes on_deleted / on_put_again).
         self.chooser = chooser
         self.reinsert_lock = threading.Lock()  # the reinserting put; the plugin's removes take it
+        # For benchmarks: False runs the pass a victim at a time from Python (_pass_by_victims),
+        # as under a chooser, to set the one native call beside it.
+        self.native_pass = True
         self._total = counts["extents_total"]
         self._cap = max(self.reserve, min(self._total - 1, math.floor(MAX_RESERVE_FRACTION * self._total)))
         self._demand = 0.0  # extents the puts opened during one evicting pass (see _note_demand)
@@ -200,17 +212,21 @@ class ExtentEviction:
                 again += [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
             return self._delete(keys)
 
-    def _delete(self, keys: list[str]) -> int:
-        """A victim's keys deleted (under ``pin_lock``), counted and told to ``on_deleted``:
-        how many."""
+    def _delete(self, keys: list[str], extent: bool = True) -> int:
+        """A victim's keys deleted (under ``pin_lock``), counted (as one extent evicted when
+        ``extent`` and any went) and told to ``on_deleted``: how many."""
         results = self._core.delete_many(keys, force=False) if keys else []
         gone = [k for k, ok in zip(keys, results) if ok]
-        if gone:
+        if gone and extent:
             self.extents_evicted += 1
-            self.keys_evicted += len(gone)
-            if self._on_deleted is not None:
-                self._on_deleted(gone)
+        self._told(gone)
         return len(gone)
+
+    def _told(self, gone: list[str]) -> None:
+        """Keys a victim's delete removed: counted and told to ``on_deleted`` (under ``pin_lock``)."""
+        self.keys_evicted += len(gone)
+        if gone and self._on_deleted is not None:
+            self._on_deleted(gone)
 
     def _victim(self, seen: set[int]) -> tuple[int, list[str], list[bool]] | None:
         """The core's victim extent; with a chooser, the one it picks among up to
@@ -268,9 +284,63 @@ class ExtentEviction:
     def evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict one victim extent per clean extent missing
         from the reserve, then write the checkpoint that makes their slots reusable (their
-        extents then wait for their deallocation, which that checkpoint runs). True when it
-        evicted (the next pass looks again: a format v1 core needs a second change before its
-        second container stops listing the slots)."""
+        extents then wait for their deallocation, which that checkpoint runs), then put their
+        hot keys back. True when it evicted (the next pass looks again: a format v1 core needs
+        a second change before its second container stops listing the slots).
+
+        Without a chooser the victims are taken, their keys deleted and the checkpoint written
+        in one native call without the GIL (``RawBlockCore.extent_evict``): a put returning
+        from the core then finds the GIL free instead of waiting for this thread's Python
+        between a handful of calls per victim. Only hot keys to put back, or an owner to tell
+        (``on_deleted``: told under ``pin_lock``, so the checkpoint is a second call outside
+        it), bring more calls."""
+        if self.chooser is not None or not self.native_pass:
+            return self._pass_by_victims()
+        removes = self.removes
+        hooked = self._on_deleted is not None
+        with self._pin_lock if hooked else contextlib.nullcontext():
+            got = self._core.extent_evict(self.effective_reserve(), keep_hot=self.reinsert, keys=hooked,
+                                          reclaim=not hooked)
+            if hooked:
+                self._told_pass(got)
+        if not hooked:
+            with self._pin_lock:
+                self._told_pass(got)
+        if got.error is not None:
+            raise got.error  # its reclaim failed; what it deleted was counted and told
+        again = self._delete_hot(got.hot) if got.hot else []
+        after = got.counts
+        if got.reclaimed < 0:  # hot keys to delete first, or an owner told: the checkpoint now
+            self._core.reclaim_held_slots()
+            after = self._core.extent_counts()
+        evicted = got.deleted + len(again)
+        if evicted:
+            self._note_demand(after["extents_opened"] - (got.counts["extents_opened"] - got.opened))
+        if again:
+            self._put_again(again, removes)
+            after = self._core.extent_counts()  # the keys put again took slots too
+        self._set_quiet(after)
+        return evicted > 0
+
+    def _told_pass(self, got: Any) -> None:
+        """A native pass's victims counted and its deleted keys told (under ``pin_lock``)."""
+        self.extents_evicted += got.extents
+        self.keys_evicted += got.deleted
+        if got.gone and self._on_deleted is not None:
+            self._on_deleted(got.gone)
+
+    def _delete_hot(self, hot: list[str]) -> list[tuple[Any, Any]]:
+        """The hot keys a native pass kept: read (without ``pin_lock``), then deleted but those
+        pinned meanwhile; (spec, payload) of each read to put back."""
+        read = self._read(hot)
+        with self._pin_lock:
+            pinned = self._pinned()
+            self._delete([k for k in hot if k not in pinned], extent=False)
+            return [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
+
+    def _pass_by_victims(self) -> bool:
+        """evictor_pass a victim at a time from Python: the chooser's (``extent_prefix``) weighs
+        candidates between the core's calls."""
         evicted = 0
         again: list | None = [] if self.reinsert else None
         removes = self.removes

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import json
 import mmap
 import os
@@ -176,7 +177,8 @@ def reset_device(dev: str) -> None:
 
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
                dealloc: str = "on", device: str | None = None, odirect: bool = False,
-               room_skip_bytes: int = 0, discard: str = "auto", free_lane: str = "on", reset: bool = False) -> dict:
+               room_skip_bytes: int = 0, discard: str = "auto", free_lane: str = "on", reset: bool = False,
+               evictor_pass: str = "native") -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -208,6 +210,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             be._core._native.discard_force_ioctl()
         if free_lane == "off":  # every FREE record in line behind the pending puts' records, as before the lane
             be._core._native.free_lane_off()
+        if evictor_pass == "python" and be._extents is not None:  # a victim at a time, several calls each
+            be._extents.native_pass = False
         obj = make_obj(chunk, 0x5A)
         capacity = be._core.extent_counts()["extents_total"] * per
 
@@ -246,6 +250,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "evicted_extent_entries", "extents_total", "extent_deallocs", "extent_fallbacks", "dealloc_ranges",
             "dealloc_skipped", "checkpoints_for_room", "dealloc_discard_path")
     return {"policy": policy, "deallocate_freed": dealloc, "discard": discard, "free_lane": free_lane,
+            "evictor_pass": evictor_pass if policy == "extent" else None,
             "dealloc_discard_path": st.get("dealloc_discard_path"), "extent_reserve": reserve if policy == "extent" else None,
             "extent_reserve_effective_at_end": effective, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
             "room_untimed_puts": skip, "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
@@ -291,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--free-lane", default="on", help="the deletes' FREE records ahead of pending puts, "
                                                        "comma-separated: on (the product), off (in line behind "
                                                        "them) (default on)")
+    ap.add_argument("--evictor-pass", default="native",
+                    help="the extent evictor's pass, comma-separated: native (the product: one call without the "
+                         "GIL), python (a victim at a time, several calls each) (default native)")
     ap.add_argument("--reset-device", action="store_true",
                     help="with --device: deallocate the whole device and drop its cached pages before each run, "
                          "so every run starts from the same state")
@@ -308,15 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     with (tempfile.TemporaryDirectory(prefix="extent-latency-") as d, dirty_limit(a.dirty_bytes),
           page_reporting(a.page_reporting)):
         runs = []
-        for _ in range(a.repeat):
-            for dl in a.dealloc.split(","):
-                for p in a.policies.split(","):
-                    for rv in (a.reserve.split(",") if p == "extent" else ["2"]):
-                        for dc in a.discard.split(","):
-                            for fl in a.free_lane.split(","):
-                                runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl,
-                                                       a.device, a.odirect, 2 * a.dirty_bytes, dc, fl,
-                                                       a.reset_device))
+        for _, dl, p in itertools.product(range(a.repeat), a.dealloc.split(","), a.policies.split(",")):
+            extent = p == "extent"
+            for rv, dc, fl, ep in itertools.product(a.reserve.split(",") if extent else ["2"], a.discard.split(","),
+                                                    a.free_lane.split(","),
+                                                    a.evictor_pass.split(",") if extent else ["native"]):
+                runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device, a.odirect,
+                                       2 * a.dirty_bytes, dc, fl, a.reset_device, ep))
         # the first runs on a fresh device time its start (page cache and device never written
         # before): --warmup of them are kept in the file but left out of the pooled figures
         for r in runs[:a.warmup]:
@@ -334,13 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(a.out, "latency.json"), "w") as f:
             f.write(text + "\n")
     for r in runs:
-        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
+        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
               f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}"
               + ("" if r["reported_kib_during_run"] is None else f" | free KiB reported to host {r['reported_kib_during_run']}"))
     for r in pooled:
-        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} reserve {r['extent_reserve']} ({r['runs']} runs) "
+        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
               f"mean {r['full_over_room_mean']:.3f}")
     return 0
@@ -351,14 +357,14 @@ def _pooled(runs: list[dict]) -> list[dict]:
     over room and full alike): the same summary and ratios."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"], r["free_lane"]),
-                          []).append(r)
+        groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"], r["free_lane"],
+                           r["evictor_pass"]), []).append(r)
     out = []
-    for (policy, dealloc, reserve, discard, free_lane), rs in groups.items():
+    for (policy, dealloc, reserve, discard, free_lane, evictor_pass), rs in groups.items():
         room = _summary([x for r in rs for x in r["_room_ns"]])
         full = _summary([x for r in rs for x in r["_full_ns"]])
         out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "discard": discard,
-                    "free_lane": free_lane, "runs": len(rs),
+                    "free_lane": free_lane, "evictor_pass": evictor_pass, "runs": len(rs),
                     "room": room, "full": full,
                     **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
                        for k in ("p50", "p99", "mean")}})

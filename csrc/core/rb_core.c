@@ -120,6 +120,7 @@ static rb_core *core_new(const rb_core_cfg *cfg)
     c->good_container = -1;
     c->apply_container = -1;
     c->rec_lost = -1;
+    pthread_mutex_init(&c->reclaim_mu, NULL);
     pthread_mutex_init(&c->ckpt_mu, NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->idle_cv, NULL);
@@ -268,6 +269,7 @@ static int layout(rb_core *c, const rb_core_cfg *cfg, rb_err *err)
  * (rb_debug.h); nothing in a release build. */
 static void rank_locks(rb_core *c)
 {
+    rb_lk_rank(&c->reclaim_mu, RB_LK_RECLAIM);
     rb_lk_rank(&c->ml.cmp_mu, RB_LK_CMP);
     rb_lk_rank(&c->ckpt_mu, RB_LK_CKPT);
     rb_lk_rank(&c->dl_mu, RB_LK_DL);
@@ -364,6 +366,7 @@ void rb_core_free(rb_core *c)
     rb_core_hold_free(c);
     rb_core_ml_free(c);
     rb_core_dealloc_free(c);
+    pthread_mutex_destroy(&c->reclaim_mu);
     pthread_mutex_destroy(&c->ckpt_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->idle_cv);

@@ -295,6 +295,36 @@ int64_t rb_core_extent_victim(rb_core *c, char ***keys, size_t **lens, uint8_t *
 int64_t rb_core_extent_peek(rb_core *c, uint32_t want, uint32_t *exts, uint32_t *counts, char ***keys, size_t **lens,
                             uint8_t **hot);
 int64_t rb_core_extent_take(rb_core *c, uint32_t e, char ***keys, size_t **lens, uint8_t **hot, uint32_t *ext);
+/* Keys handed to a caller: keys[i], lens[i] bytes (NUL-terminated, malloc'd), for i < n. */
+typedef struct {
+    char **keys;
+    size_t *lens;
+    size_t n, cap;
+} rb_keys;
+void rb_keys_free(rb_keys *k);
+/* What rb_core_extent_evict did. */
+typedef struct {
+    uint32_t extents; /* victims it took keys from (deleted or kept) */
+    uint64_t deleted; /* keys deleted */
+    rb_keys gone;     /* with RB_EVICT_KEYS: the keys deleted */
+    rb_keys hot;      /* with RB_EVICT_KEEP_HOT: the hot keys kept, still indexed */
+    uint64_t opened;  /* extents the puts opened from the call's start to its end */
+    int reclaimed;    /* checkpoints the reclaim wrote; -1 when it did not run */
+} rb_evict_pass;
+enum { RB_EVICT_KEEP_HOT = 1, RB_EVICT_KEYS = 2, RB_EVICT_RECLAIM = 4 };
+/*
+ * The extent evictor's pass in one call (extent_bytes on): while fewer than reserve extents are
+ * clean or waiting for their deallocation (and the core is open), the victim extent (as
+ * rb_core_extent_victim, each extent taken once a call) has its keys deleted (as
+ * rb_core_delete_many, force 0: what a load or a pin holds stays), under one hold of the core
+ * mutex per victim. With RB_EVICT_KEEP_HOT its hot keys (loaded since their put; the first in
+ * slot order, at most half the keys it looked at) are kept and handed to the caller to read,
+ * delete and put again; with RB_EVICT_KEYS the deleted keys are handed over too. With
+ * RB_EVICT_RECLAIM, when no hot key was kept, rb_core_reclaim follows. out is filled (free its
+ * keys with rb_keys_free) whatever the result: 0, -ENOMEM, -EINVAL when extents are off, or the
+ * reclaim's failure (<0, err filled).
+ */
+int rb_core_extent_evict(rb_core *c, uint32_t reserve, int flags, rb_evict_pass *out, rb_err *err);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]
@@ -323,6 +353,12 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
  * (force 1) only while freed slots still wait; format v1: a checkpoint. The slots it released
  * are then deallocated. 1 written, 0 nothing to write, <0 error (err filled). */
 int rb_core_release_held(rb_core *c, rb_err *err);
+/* rb_core_release_held again while slots wait for a checkpoint and the last call wrote, at
+ * most RB_RECLAIM_MAX times (a checkpoint writes only when the index changed, so slots still held
+ * after it wait for a change); one reclaim at a time, a caller that waited for another sees what
+ * it left. Returns the checkpoints written, or <0 (err filled). */
+#define RB_RECLAIM_MAX 3
+int rb_core_reclaim(rb_core *c, rb_err *err);
 /* Log format: compact now (a new base beside the current one, then the superblock switch),
  * whether or not the log is past half full. 1 done, 0 nothing to compact (format v1, or no
  * base of ours on the device yet), <0 failed (err). */

@@ -297,3 +297,182 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)
     if (c->n_sc > 1) /* the bytes past the smallest class's slots */
         st->extent_tail_bytes = c->ext_stride - (uint64_t)c->ext_per * c->sc_bytes[c->n_sc - 1];
 }
+
+/* ---- the evictor's pass in one call (rb_core_extent_evict) ------------------------------ */
+
+void rb_keys_free(rb_keys *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->keys[i]);
+    free(k->keys);
+    free(k->lens);
+    memset(k, 0, sizeof(*k));
+}
+
+/* key (len bytes, malloc'd) onto the end of l, which takes it: 0, or -ENOMEM with key freed. */
+static int keys_push(rb_keys *l, char *key, size_t len)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        char **k = realloc(l->keys, cap * sizeof(char *));
+        if (k)
+            l->keys = k;
+        size_t *n = k ? realloc(l->lens, cap * sizeof(size_t)) : NULL;
+        if (!n) {
+            free(key);
+            return -ENOMEM;
+        }
+        l->lens = n;
+        l->cap = cap;
+    }
+    l->keys[l->n] = key;
+    l->lens[l->n++] = len;
+    return 0;
+}
+
+/* One victim's work areas: its keys as extent_keys_locked copies them, the ones to delete
+ * and the delete's results (room for per keys each). */
+typedef struct {
+    char **keys;
+    size_t *lens;
+    uint8_t *hot;
+    const char **del;
+    size_t *del_lens;
+    uint8_t *kept, *res;
+} evict_bufs;
+
+static void bufs_free(evict_bufs *b)
+{
+    free(b->keys);
+    free(b->lens);
+    free(b->hot);
+    free(b->del);
+    free(b->del_lens);
+    free(b->kept);
+    free(b->res);
+}
+
+static int bufs_alloc(evict_bufs *b, size_t per)
+{
+    memset(b, 0, sizeof(*b));
+    if (key_arrays(per, &b->keys, &b->lens, &b->hot) < 0)
+        return -ENOMEM;
+    b->del = malloc(per * sizeof(char *));
+    b->del_lens = malloc(per * sizeof(size_t));
+    b->kept = malloc(per);
+    b->res = malloc(per);
+    if (b->del && b->del_lens && b->kept && b->res)
+        return 0;
+    bufs_free(b);
+    return -ENOMEM;
+}
+
+/* Which of n keys are kept (b->kept[i]): with keep_hot the hot ones first in slot order, at
+ * most half of n (each eviction frees at least half of what it looked at; reinsert_choice in
+ * lmcache_rawblock/extent_evict.py is the same rule); the others go into b->del. Returns how
+ * many are to be deleted. */
+static size_t choose_kept(evict_bufs *b, size_t n, int keep_hot)
+{
+    size_t room = keep_hot ? n / 2 : 0, nd = 0;
+    for (size_t i = 0; i < n; i++) {
+        b->kept[i] = b->hot[i] && room > 0;
+        if (b->kept[i]) {
+            room--;
+            continue;
+        }
+        b->del[nd] = b->keys[i];
+        b->del_lens[nd++] = b->lens[i];
+    }
+    return nd;
+}
+
+/* The victim's n keys handed over: the kept ones to out->hot, the deleted ones to out->gone
+ * with RB_EVICT_KEYS; the rest freed. 0 or -ENOMEM. */
+static int hand_keys(evict_bufs *b, size_t n, int flags, rb_evict_pass *out)
+{
+    int rc = 0;
+    for (size_t i = 0, d = 0; i < n; i++) {
+        int deleted = !b->kept[i] && b->res[d++];
+        rb_keys *to = b->kept[i] ? &out->hot : deleted && (flags & RB_EVICT_KEYS) ? &out->gone : NULL;
+        if (to && rc == 0)
+            rc = keys_push(to, b->keys[i], b->lens[i]);
+        else
+            free(b->keys[i]);
+    }
+    return rc;
+}
+
+/* The victim extent's keys deleted but the kept ones: 1 when it took any, 0 when no victim is
+ * left (none, or one taken before this call: seen[0..n_seen)), -ENOMEM. */
+static int evict_one(rb_core *c, int flags, evict_bufs *b, uint32_t *seen, uint32_t n_seen, rb_evict_pass *out)
+{
+    uint64_t t0 = rb_obs_t0(&c->obs);
+    pthread_mutex_lock(&c->mu);
+    rev_fresh_locked(c);
+    uint32_t e = rb_ext_victim(&c->slots);
+    for (uint32_t i = 0; e != UINT32_MAX && i < n_seen; i++)
+        if (seen[i] == e)
+            e = UINT32_MAX;
+    int64_t n = e == UINT32_MAX ? 0 : extent_keys_locked(c, e, b->keys, b->lens, b->hot);
+    if (n <= 0) {
+        pthread_mutex_unlock(&c->mu);
+        return n < 0 ? (int)n : 0;
+    }
+    seen[n_seen] = e;
+    size_t nd = choose_kept(b, (size_t)n, flags & RB_EVICT_KEEP_HOT);
+    uint64_t deleted = rb_core_delete_locked(c, b->del, b->del_lens, NULL, nd, 0, b->res);
+    int kick = c->ml.on && c->ml.n_held > 0; /* as a delete: its wake-up may write the whole checkpoint too */
+    pthread_mutex_unlock(&c->mu);
+    rb_core_delete_after(c, kick, deleted, t0);
+    out->deleted += deleted;
+    size_t hot_before = out->hot.n;
+    if (hand_keys(b, (size_t)n, flags, out) < 0)
+        return -ENOMEM;
+    int took = deleted > 0 || out->hot.n > hot_before;
+    out->extents += (uint32_t)took;
+    return took;
+}
+
+/* Clean extents (or extents waiting for their deallocation) short of reserve; 0 once closed.
+ * mu held. */
+static uint32_t missing_clean_locked(const rb_core *c, uint32_t reserve)
+{
+    const rb_extents *x = &c->slots.ext;
+    uint64_t have = (uint64_t)x->n_clean + x->n_pending;
+    return c->closed || have >= reserve ? 0 : (uint32_t)(reserve - have);
+}
+
+int rb_core_extent_evict(rb_core *c, uint32_t reserve, int flags, rb_evict_pass *out, rb_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    out->reclaimed = -1;
+    if (!c->slots.ext.per)
+        return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "extent eviction needs extents: extent_bytes is 0 (off)");
+    pthread_mutex_lock(&c->mu);
+    uint64_t opened = c->slots.ext.opened;
+    uint32_t missing = missing_clean_locked(c, reserve);
+    pthread_mutex_unlock(&c->mu);
+    evict_bufs b;
+    uint32_t *seen = missing ? malloc(missing * sizeof(uint32_t)) : NULL;
+    if (missing && (!seen || bufs_alloc(&b, c->slots.ext.per) < 0)) {
+        free(seen);
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < missing && (rc = evict_one(c, flags, &b, seen, i, out)) > 0; i++)
+        ;
+    if (missing)
+        bufs_free(&b);
+    free(seen);
+    if (rc < 0)
+        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    rc = 0;
+    if ((flags & RB_EVICT_RECLAIM) && out->hot.n == 0) {
+        rc = rb_core_reclaim(c, err);
+        out->reclaimed = rc < 0 ? -1 : rc;
+    }
+    pthread_mutex_lock(&c->mu);
+    out->opened = c->slots.ext.opened - opened;
+    pthread_mutex_unlock(&c->mu);
+    return rc < 0 ? rc : 0;
+}

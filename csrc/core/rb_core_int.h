@@ -164,6 +164,7 @@ struct rb_core {
     uint64_t sc_dropped; /* recovered entries whose size contradicted their extent's class */
 
     /* ---- locks and the periodic thread (rb_core_meta.c) --------------------------------- */
+    pthread_mutex_t reclaim_mu; /* one rb_core_reclaim at a time */
     pthread_mutex_t ckpt_mu;
     pthread_mutex_t mu;
     pthread_mutex_t thr_mu; /* with thr_cv: the thread's stop flag and wake-up */
@@ -322,6 +323,15 @@ void rb_core_hold_free(rb_core *c);
 /* rb_core_hold.c: account for the index record at p leaving the index (lock refcount,
  * unverified count) and free its slot; the caller removes the record. mu held. */
 void rb_core_drop_accounting_locked(rb_core *c, uint32_t p);
+/* rb_core_keys.c: rb_core_delete_many in two halves. delete_locked drops keys[0..n) (hashes hs,
+ * or NULL: hashed here) from the index and cancels them in flight, those a load or a pin holds
+ * kept unless force; results[i] 1 when key i was indexed or in flight. Returns how many indexed
+ * keys it dropped. mu held. delete_after, mu released: wakes the periodic thread for the freed
+ * slots when kick, deallocates what format v1 made reusable, counts deleted and the delete's
+ * time from t0 (rb_obs_t0; 0: not timed). */
+uint64_t rb_core_delete_locked(rb_core *c, const char *const *keys, const size_t *lens, const uint32_t *hs, size_t n,
+                               int force, uint8_t *results);
+void rb_core_delete_after(rb_core *c, int kick, uint64_t deleted, uint64_t t0);
 
 static inline uint64_t rb_round_up(uint64_t x, uint64_t a)
 {
@@ -720,8 +730,10 @@ int rb_core_ml_compact_periodic(rb_core *c, rb_err *err);
 /* Ask the periodic thread to write now: RB_KICK_WRITE (the journal passed
  * RB_ML_PENDING_MAX: a whole checkpoint), RB_KICK_FREES (deletes freed slots: the deletes'
  * lane, then a checkpoint only while freed slots still wait; rb_core_release_held), so a put
- * finds them reusable without writing one itself. Any lock but thr_mu. */
-enum { RB_KICK_WRITE = 1, RB_KICK_FREES = 2 };
+ * finds them reusable without writing one itself; RB_KICK_COMPACT (a group took the log past
+ * half full, or found it full: the compaction, without waiting for the period, which groups
+ * written by other threads would otherwise fill the log within). Any lock but thr_mu. */
+enum { RB_KICK_WRITE = 1, RB_KICK_FREES = 2, RB_KICK_COMPACT = 4 };
 void rb_core_ml_kick(rb_core *c, int why);
 /* Write the deletes' lane alone (ckpt_mu taken here): 1 written, 0 nothing to write or not
  * possible now, the metadata log full included (rb_core_checkpoint then makes the slots

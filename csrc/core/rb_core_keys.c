@@ -124,12 +124,10 @@ void rb_core_unlock_many(rb_core *c, const char *const *keys, const size_t *lens
     pthread_mutex_unlock(&c->mu);
 }
 
-void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force, uint8_t *results)
+uint64_t rb_core_delete_locked(rb_core *c, const char *const *keys, const size_t *lens, const uint32_t *hs, size_t n,
+                               int force, uint8_t *results)
 {
-    uint64_t t0 = rb_obs_t0(&c->obs), deleted = 0;
-    uint32_t stack[HASH_STACK];
-    uint32_t *hs = batch_hashes(keys, lens, n, stack);
-    pthread_mutex_lock(&c->mu);
+    uint64_t deleted = 0;
     c->ml.lane_want = 1; /* the FREE records of these drops may go to the deletes' lane */
     for (size_t i = 0; i < n; i++) {
         uint32_t h = hs ? hs[i] : rb_idx_hash(keys[i], lens[i]);
@@ -156,12 +154,13 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     }
     c->ml.lane_want = 0;
     rb_idx_maybe_compact(&c->index);
-    int kick = c->ml.on && c->ml.n_held > 0;
-    pthread_mutex_unlock(&c->mu);
+    return deleted;
+}
+
+void rb_core_delete_after(rb_core *c, int kick, uint64_t deleted, uint64_t t0)
+{
     if (kick)
         rb_core_ml_kick(c, RB_KICK_FREES);
-    if (hs != stack)
-        free(hs);
     /* Format v1 makes a slot no container lists reusable at its delete: deallocated now. */
     if (rb_core_dealloc_pending(c))
         (void)rb_core_dealloc_run(c);
@@ -171,6 +170,20 @@ void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens
     if (t0)
         rb_obs_w_add(w, RB_H_DELETE, d);
     rb_obs_give(w);
+}
+
+void rb_core_delete_many(rb_core *c, const char *const *keys, const size_t *lens, size_t n, int force, uint8_t *results)
+{
+    uint64_t t0 = rb_obs_t0(&c->obs);
+    uint32_t stack[HASH_STACK];
+    uint32_t *hs = batch_hashes(keys, lens, n, stack);
+    pthread_mutex_lock(&c->mu);
+    uint64_t deleted = rb_core_delete_locked(c, keys, lens, hs, n, force, results);
+    int kick = c->ml.on && c->ml.n_held > 0;
+    pthread_mutex_unlock(&c->mu);
+    if (hs != stack)
+        free(hs);
+    rb_core_delete_after(c, kick, deleted, t0);
 }
 
 int64_t rb_core_entry_offset(rb_core *c, const char *key, size_t len)

@@ -223,6 +223,25 @@ int rb_core_release_held(rb_core *c, rb_err *err)
     return rc;
 }
 
+int rb_core_reclaim(rb_core *c, rb_err *err)
+{
+    int written = 0, rc = 0;
+    pthread_mutex_lock(&c->reclaim_mu);
+    while (written < RB_RECLAIM_MAX) {
+        pthread_mutex_lock(&c->mu);
+        int waiting = !c->closed && c->n_held + rb_core_ml_held_locked(c) > 0;
+        pthread_mutex_unlock(&c->mu);
+        if (!waiting)
+            break;
+        rc = rb_core_release_held(c, err);
+        if (rc <= 0)
+            break;
+        written++;
+    }
+    pthread_mutex_unlock(&c->reclaim_mu);
+    return rc < 0 ? rc : written;
+}
+
 int rb_core_checkpoint_room(rb_core *c, size_t n, rb_err *err)
 {
     return checkpoint_impl(c, 1, n ? n : 1, err);
@@ -283,9 +302,10 @@ static void *ckpt_thread(void *arg)
          * that is enough). The period's checkpoint waits for an idle moment, or in the log
          * format for its oldest change to be a period old. Failures are recorded in the
          * status. */
-        if (kicked == RB_KICK_FREES)
+        if ((kicked & RB_KICK_FREES) && !(kicked & RB_KICK_WRITE)) /* a whole one writes the lane first */
             rb_core_release_held(c, &e);
-        rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
+        if (kicked != RB_KICK_COMPACT)
+            rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
         /* The log format compacts here, off every caller's path, once the ring is past half
          * full (or full: then groups wait for it); stopped by a close. */
         if (c->ml.on && rb_core_ml_compact_due(c)) {

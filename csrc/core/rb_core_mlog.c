@@ -590,6 +590,7 @@ static int place_page_locked(rb_core *c, rb_mlpage *p, rb_err *err)
     if (m->lhead + waste + p->img_len - m->lstart > len) {
         m->ring_full++;
         m->cmp_urgent = 1;
+        rb_core_ml_kick(c, RB_KICK_COMPACT);
         return rb_err_set(err, RB_ERR_RUNTIME, ENOSPC,
                           "the metadata log is full (%llu of %llu bytes live, a group of %zu bytes waits): a "
                           "compaction must run first",
@@ -602,7 +603,10 @@ static int place_page_locked(rb_core *c, rb_mlpage *p, rb_err *err)
     m->head = pos + p->img_len;
     if (m->head == len)
         m->head = 0;
+    uint64_t was = m->lhead - m->lstart;
     m->lhead = p->lpos + p->img_len;
+    if (was * 2 <= len && (m->lhead - m->lstart) * 2 > len)
+        rb_core_ml_kick(c, RB_KICK_COMPACT); /* past half full: compaction is due now, not at the next period */
     if (m->cmp_active && !m->cmp_placed && p->seq == m->cmp_q + 1) {
         m->cmp_placed = 1;
         m->cmp_pos = p->pos;

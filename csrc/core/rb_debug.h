@@ -19,12 +19,13 @@
 /* Ranks in lock order (rb_core_int.h, struct rb_core); fault_mu is a leaf. */
 enum {
     RB_LK_NONE = 0,
-    RB_LK_CMP,   /* ml.cmp_mu: the log format's compaction */
-    RB_LK_CKPT,  /* ckpt_mu: the checkpoint writer */
-    RB_LK_DL,    /* dl_mu: a deallocation run */
-    RB_LK_MU,    /* mu: the core mutex */
-    RB_LK_THR,   /* thr_mu: the periodic thread */
-    RB_LK_FAULT, /* fault_mu: the fault journal */
+    RB_LK_RECLAIM, /* reclaim_mu: rb_core_reclaim */
+    RB_LK_CMP,     /* ml.cmp_mu: the log format's compaction */
+    RB_LK_CKPT,    /* ckpt_mu: the checkpoint writer */
+    RB_LK_DL,      /* dl_mu: a deallocation run */
+    RB_LK_MU,      /* mu: the core mutex */
+    RB_LK_THR,     /* thr_mu: the periodic thread */
+    RB_LK_FAULT,   /* fault_mu: the fault journal */
 };
 
 #ifdef RB_DEBUG_INVARIANTS

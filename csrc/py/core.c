@@ -185,6 +185,10 @@ static PyMethodDef core_methods[] = {
      "release_held_slots($self, /)\n--\n\n"
      "-> bool: make the slots deletes freed reusable (log format: a group of their FREE records alone when "
      "that is enough, no flush of pending payloads); True when something was written"},
+    {"reclaim_held_slots", rbpy_core_reclaim_held_slots, METH_NOARGS,
+     "reclaim_held_slots($self, /)\n--\n\n"
+     "-> int: release_held_slots again while freed slots wait for a checkpoint and the last call wrote, at most "
+     "3 times, one caller at a time; the checkpoints written"},
     {"compact_metadata", rbpy_core_compact_metadata, METH_NOARGS,
      "compact_metadata($self, /)\n--\n\n"
      "-> bool: log format, write a new base and switch to it now (False: nothing to do)"},
@@ -203,6 +207,16 @@ static PyMethodDef core_methods[] = {
      "extent_take($self, extent, /)\n--\n\n-> (extent, list[str], list[bool]) | None: as extent_victim for "
      "the given extent (counted as just used and as a victim); None when it is not a closed extent holding a "
      "key. Needs extent_bytes"},
+    {"extent_evict", (PyCFunction)(void (*)(void))rbpy_core_extent_evict, METH_FASTCALL | METH_KEYWORDS,
+     "extent_evict($self, reserve, keep_hot=False, keys=False, reclaim=False)\n--\n\n"
+     "-> (extents, deleted, gone, hot, opened, reclaimed, counts, error): the extent evictor's pass in one call "
+     "without the GIL. While fewer than reserve extents are clean or waiting for their deallocation, the keys of "
+     "the victim extent (as extent_victim, each extent once) are deleted as delete_many deletes them; with "
+     "keep_hot its hot keys (the first in slot order, at most half) are kept and listed in hot; with keys the "
+     "deleted keys are listed in gone (else None); with reclaim, when no hot key was kept, reclaim_held_slots "
+     "follows (reclaimed: the checkpoints it wrote, -1 when it did not run). opened: extents the puts opened "
+     "meanwhile; counts: as counts() after it; error: the exception the reclaim failed with, or None. Needs "
+     "extent_bytes"},
     {"free_lane_off", rbpy_core_free_lane_off, METH_NOARGS,
      "free_lane_off($self, /)\n--\n\nfor tests and benchmarks: every FREE record goes in line behind pending "
      "puts' records from now on"},

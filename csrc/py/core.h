@@ -155,10 +155,13 @@ PyObject *rbpy_core_snapshot_keys(PyObject *op, PyObject *const *args, Py_ssize_
 PyObject *rbpy_core_extent_victim(PyObject *op, PyObject *ignored);
 PyObject *rbpy_core_extent_peek(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_extent_take(PyObject *op, PyObject *arg);
+PyObject *rbpy_core_extent_evict(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 /* core_status.c */
 PyObject *rbpy_core_status(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_trust_counters(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_counts(PyObject *op, PyObject *arg);
+/* The tuple counts() returns, of counters rb_core_counts_get filled. */
+PyObject *rbpy_counts_tuple(const rb_core_status *st);
 PyObject *rbpy_core_fetch_fdp_status(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_nvme_info(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_engine_state(PyObject *op, PyObject *arg);
@@ -170,6 +173,7 @@ PyObject *rbpy_core_recording_cost(PyObject *op, PyObject *args);
 /* core_admin.c */
 PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored));
+PyObject *rbpy_core_reclaim_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored));
 PyObject *rbpy_core_free_lane_off(PyObject *op, PyObject *Py_UNUSED(ignored));
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *arg);
 PyObject *rbpy_core_set_dealloc_log(PyObject *op, PyObject *arg);

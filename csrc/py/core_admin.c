@@ -51,6 +51,19 @@ PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored
     return metadata_call(op, rb_core_release_held);
 }
 
+PyObject *rbpy_core_reclaim_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_reclaim(rbpy_core_of(op), &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return rbpy_raise_err(&err);
+    return PyLong_FromLong(rc);
+}
+
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     return metadata_call(op, rb_core_compact);

@@ -398,3 +398,67 @@ PyObject *rbpy_core_extent_take(PyObject *op, PyObject *arg)
     Py_END_ALLOW_THREADS
     return extent_result(n, keys, lens, hot, ext, "extent_take");
 }
+
+/* A list of the str of each key in k (None when list is 0); frees k's keys. */
+static PyObject *keys_list(rb_keys *k, int list)
+{
+    PyObject *l = list ? PyList_New((Py_ssize_t)k->n) : Py_NewRef(Py_None);
+    for (size_t i = 0; list && l && i < k->n; i++) {
+        PyObject *s = PyUnicode_DecodeUTF8(k->keys[i], (Py_ssize_t)k->lens[i], "surrogatepass");
+        if (!s)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+    }
+    rb_keys_free(k);
+    return l;
+}
+
+PyObject *rbpy_core_extent_evict(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"reserve", "keep_hot", "keys", "reclaim"};
+    static const int bits[] = {0, RB_EVICT_KEEP_HOT, RB_EVICT_KEYS, RB_EVICT_RECLAIM};
+    PyObject *a[4];
+    if (rbpy_unpack("extent_evict", names, 4, 1, args, nargs, kwnames, a) < 0)
+        return NULL;
+    unsigned long reserve = PyLong_AsUnsignedLong(a[0]);
+    if (PyErr_Occurred() || reserve > UINT32_MAX) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "extent_evict takes a reserve in [0, %u], got %R", UINT32_MAX, a[0]);
+        return NULL;
+    }
+    int flags = 0;
+    for (int i = 1; i < 4; i++) {
+        int on = a[i] ? PyObject_IsTrue(a[i]) : 0;
+        if (on < 0)
+            return NULL;
+        flags |= on ? bits[i] : 0;
+    }
+    rb_evict_pass out;
+    rb_core_status st;
+    rb_err err;
+    rb_err_clear(&err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = rb_core_extent_evict(rbpy_core_of(op), (uint32_t)reserve, flags, &out, &err);
+        rb_core_counts_get(rbpy_core_of(op), &st);
+    Py_END_ALLOW_THREADS
+    PyObject *gone = keys_list(&out.gone, flags & RB_EVICT_KEYS);
+    PyObject *hot = keys_list(&out.hot, 1);
+    if (rc < 0 && out.extents == 0) { /* nothing deleted that a caller must hear of */
+        Py_XDECREF(gone);
+        Py_XDECREF(hot);
+        return rbpy_raise_err(&err);
+    }
+    PyObject *error = rc < 0 ? rbpy_err_object(&err) : Py_NewRef(Py_None);
+    PyObject *counts = rbpy_counts_tuple(&st);
+    if (!gone || !hot || !error || !counts) {
+        Py_XDECREF(gone);
+        Py_XDECREF(hot);
+        Py_XDECREF(error);
+        Py_XDECREF(counts);
+        return NULL;
+    }
+    return Py_BuildValue("(IKNNKiNN)", (unsigned)out.extents, (unsigned long long)out.deleted, gone, hot,
+                         (unsigned long long)out.opened, out.reclaimed, counts, error);
+}

@@ -259,18 +259,23 @@ PyObject *rbpy_core_counts(PyObject *op, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
         rb_core_counts_get(rbpy_core_of(op), &st);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("(KKKKKKKKiKKKKKKKKKKKKKKK)", (unsigned long long)st.usable_slots,
-                         (unsigned long long)st.indexed, (unsigned long long)st.inflight_keys,
-                         (unsigned long long)st.free_slots, (unsigned long long)st.next_slot,
-                         (unsigned long long)st.held_slots, (unsigned long long)st.locked_keys,
-                         (unsigned long long)st.room_ckpts, st.closed ? 1 : 0, (unsigned long long)st.extent_slots,
-                         (unsigned long long)st.extents_total, (unsigned long long)st.extents_clean,
-                         (unsigned long long)st.extents_open, (unsigned long long)st.extents_pending,
-                         (unsigned long long)st.extents_opened, (unsigned long long)st.extent_fallbacks,
-                         (unsigned long long)st.extents_evicted, (unsigned long long)st.extent_deallocs,
-                         (unsigned long long)st.extent_dealloc_skipped, (unsigned long long)st.extent_base,
-                         (unsigned long long)st.extent_stride, (unsigned long long)st.extent_tail_bytes,
-                         (unsigned long long)st.extent_bytes, (unsigned long long)st.extent_reclaim_unit);
+    return rbpy_counts_tuple(&st);
+}
+
+PyObject *rbpy_counts_tuple(const rb_core_status *st)
+{
+    return Py_BuildValue("(KKKKKKKKiKKKKKKKKKKKKKKK)", (unsigned long long)st->usable_slots,
+                         (unsigned long long)st->indexed, (unsigned long long)st->inflight_keys,
+                         (unsigned long long)st->free_slots, (unsigned long long)st->next_slot,
+                         (unsigned long long)st->held_slots, (unsigned long long)st->locked_keys,
+                         (unsigned long long)st->room_ckpts, st->closed ? 1 : 0, (unsigned long long)st->extent_slots,
+                         (unsigned long long)st->extents_total, (unsigned long long)st->extents_clean,
+                         (unsigned long long)st->extents_open, (unsigned long long)st->extents_pending,
+                         (unsigned long long)st->extents_opened, (unsigned long long)st->extent_fallbacks,
+                         (unsigned long long)st->extents_evicted, (unsigned long long)st->extent_deallocs,
+                         (unsigned long long)st->extent_dealloc_skipped, (unsigned long long)st->extent_base,
+                         (unsigned long long)st->extent_stride, (unsigned long long)st->extent_tail_bytes,
+                         (unsigned long long)st->extent_bytes, (unsigned long long)st->extent_reclaim_unit);
 }
 
 /* trust_counters() -> (faults_total, load_rejected_entries, writeback_dropped_entries,

@@ -11,7 +11,6 @@ import enum
 import errno
 import json
 import logging
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,10 +102,27 @@ _EXTENT_COUNT_KEYS = ("extent_slots", "extents_total", "extents_clean", "extents
                       "extent_dealloc_skipped", "extent_base_offset", "extent_stride", "extent_tail_bytes",
                       "extent_bytes", "extent_reclaim_unit_bytes")
 
-# Checkpoints one reclaim writes at most: a freed slot is reusable once no durable checkpoint
-# lists it, and with the two alternating v1 containers that takes two; a log-structured core
-# needs one record. The bound keeps a reclaim finite when slots keep being freed meanwhile.
-_RECLAIM_MAX_CHECKPOINTS = 3
+
+
+@dataclass(frozen=True)
+class ExtentPass:
+    """What one :meth:`RawBlockCore.extent_evict` did."""
+
+    extents: int  # victim extents it took keys from
+    deleted: int  # keys deleted
+    gone: list[str] | None  # the keys deleted, when asked for
+    hot: list[str]  # hot keys kept, still stored: the caller's to read, delete and put again
+    opened: int  # extents the puts opened meanwhile
+    reclaimed: int  # checkpoints its reclaim wrote; -1 when it did not run
+    counts: dict[str, int]  # extent_counts() after it
+    error: BaseException | None  # what its reclaim failed with
+
+
+def _extent_counts(v: tuple) -> dict[str, int]:
+    """extent_counts() of a tuple of _native.Core.counts()."""
+    out = dict(zip(_EXTENT_COUNT_KEYS, v[9:]))
+    out["closed"] = v[8]
+    return out
 
 
 def _buffer_address(buf: Any) -> tuple[int, int]:
@@ -229,7 +245,6 @@ class RawBlockCore:
         if cfg.use_uring_cmd:
             self.max_data_transfer_size = cfg.max_data_transfer_size
         self._fixed_buffers: list[Any] = []
-        self._reclaim_lock = threading.Lock()
         self._closed = False
         # The load-finish estimate (lmcache_rawblock.load_cost) measuring this core's loads,
         # set by a policy that asks for one; None: nothing is measured.
@@ -365,10 +380,7 @@ class RawBlockCore:
         back to back), ``extent_bytes`` in effect and ``extent_reclaim_unit_bytes``, and
         ``closed`` (``extent_bytes_source``, a word, is in ``report_status()``). Read from the
         core's counters without building the whole status (the evictor reads them between puts)."""
-        v = self._native.counts()
-        out = dict(zip(_EXTENT_COUNT_KEYS, v[9:]))
-        out["closed"] = v[8]
-        return out
+        return _extent_counts(self._native.counts())
 
     def extent_victim(self) -> tuple[int, list[str], list[bool]] | None:
         """With extents (``extent_bytes``): the closed extent filled longest ago (its last
@@ -394,28 +406,38 @@ class RawBlockCore:
     def reclaim_held_slots(self) -> int:
         """Make the slots freed by deletes reusable now: write checkpoints while some freed slot
         waits for one and the last one was written (a checkpoint writes only when the index
-        changed), at most ``_RECLAIM_MAX_CHECKPOINTS``. In the log format a deleted key's FREE
+        changed), at most 3 (a freed slot is reusable once no durable checkpoint lists it: two
+        for the alternating v1 containers, one record in the log format; the bound keeps a
+        reclaim finite while slots keep being freed). In the log format a deleted key's FREE
         record goes ahead of the pending puts' records when it can, alone and without the
         flush of their payloads; a whole checkpoint follows only while freed slots still wait.
         Returns how many were written; a caller that finds slots still held afterwards knows
-        the core needs a change to the
-        index before the next checkpoint frees them. One reclaim runs at a time; a caller that
-        waited for another sees what it left. A checkpoint that fails raises (its error is in
-        the status too)."""
-        written = 0
-        with self._reclaim_lock:
-            for _ in range(_RECLAIM_MAX_CHECKPOINTS):
-                counts = self.slot_counts()
-                if counts.closed or counts.held == 0:
-                    break
-                try:
-                    wrote = self._native.release_held_slots()
-                finally:
-                    self._events.check()
-                if not wrote:
-                    break
-                written += 1
-        return written
+        the core needs a change to the index before the next checkpoint frees them. One reclaim
+        runs at a time; a caller that waited for another sees what it left. One native call
+        without the GIL. A checkpoint that fails raises (its error is in the status too)."""
+        try:
+            return self._native.reclaim_held_slots()
+        finally:
+            self._events.check()
+
+    def extent_evict(self, reserve: int, *, keep_hot: bool = False, keys: bool = False,
+                     reclaim: bool = False) -> ExtentPass:
+        """The extent evictor's pass in one native call without the GIL (extents on): while
+        fewer than ``reserve`` extents are clean or waiting for their deallocation, the keys of
+        the victim extent (:meth:`extent_victim`'s, each extent once a call) are deleted as
+        :meth:`delete_many` deletes them (a key a load or a pin holds stays). ``keep_hot``
+        keeps its hot keys (loaded since their put; the first in slot order, at most half the
+        keys it looked at) for the caller to read, delete and put again; ``keys`` lists the
+        keys deleted; ``reclaim`` runs :meth:`reclaim_held_slots` after it when no hot key was
+        kept. A failed reclaim is returned in ``error``, not raised: the keys deleted before it
+        stay deleted, and their owner must hear of them. RuntimeError when extents are off."""
+        try:
+            ext, deleted, gone, hot, opened, reclaimed, counts, error = self._native.extent_evict(
+                reserve, keep_hot, keys, reclaim)
+        finally:
+            self._events.check()
+        return ExtentPass(extents=ext, deleted=deleted, gone=gone, hot=hot, opened=opened, reclaimed=reclaimed,
+                          counts=_extent_counts(counts), error=error)
 
     def _worker_error(self) -> str | None:
         """The io_uring engine's fatal error (None while it runs, and on posix)."""

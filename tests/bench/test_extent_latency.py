@@ -33,6 +33,35 @@ def test_a_small_run_records_its_settings_and_the_pages_reported(tmp_path, capsy
     assert "pooled extent" in capsys.readouterr().out
 
 
+def test_the_evictor_pass_setting_chooses_the_native_call_or_a_victim_at_a_time(tmp_path, monkeypatch):
+    from lmcache_rawblock.extent_evict import ExtentEviction
+    from lmcache_rawblock.raw_block.core import RawBlockCore
+
+    calls = {"native": 0, "python": 0}
+    native, by_victims = RawBlockCore.extent_evict, ExtentEviction._pass_by_victims
+
+    def count_native(self, *a, **k):
+        calls["native"] += 1
+        return native(self, *a, **k)
+
+    def count_python(self):
+        calls["python"] += 1
+        return by_victims(self)
+
+    monkeypatch.setattr(RawBlockCore, "extent_evict", count_native)
+    monkeypatch.setattr(ExtentEviction, "_pass_by_victims", count_python)
+    out = tmp_path / "out"
+    assert el.main(["--policies", "extent", "--slots", "128", "--per", "8", "--rounds", "1",
+                    "--evictor-pass", "native", "--out", str(out)]) == 0
+    assert calls["native"] > 0 and calls["python"] == 0
+    assert el.main(["--policies", "extent", "--slots", "128", "--per", "8", "--rounds", "1",
+                    "--evictor-pass", "python", "--out", str(out)]) == 0
+    assert calls["python"] > 0
+    doc = json.loads((out / "latency.json").read_text())
+    assert [r["evictor_pass"] for r in doc["runs"]] == ["python"]
+    assert doc["runs"][0]["status"]["evicted_extents"] > 0
+
+
 def test_reset_device_is_refused_without_a_device(capsys):
     with pytest.raises(SystemExit):
         el.main(["--reset-device", "--policies", "extent"])

@@ -324,6 +324,27 @@ def test_compaction_moves_the_base_and_empties_the_log(tmp_path):
     c.close()
 
 
+def test_a_group_that_takes_the_ring_past_half_full_wakes_the_compaction(tmp_path):
+    # 1 MiB region: a 128 KiB ring, 32 groups of 4 KiB. The periodic thread's period is an
+    # hour and nothing deletes (a delete's wake-up would look at the ring too): groups written
+    # by the caller's own checkpoints must still have it compact once past half full, before
+    # the ring fills and a caller's checkpoint has to compact first.
+    dev = make_device(tmp_path)
+    c = _log(dev, meta_enable_periodic=True, meta_checkpoint_interval_sec=3600, meta_idle_quiet_ms=3_600_000)
+    for i in range(20):
+        _put(c, [i])
+        c.checkpoint_now()
+    deadline = time.monotonic() + 30
+    while _status(c)["metadata_log"]["compactions"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    log = _status(c)["metadata_log"]
+    assert log["compactions"] >= 1 and log["ring_full"] == 0, log
+    c.close()
+    c = _log(dev)
+    assert _loads(c, range(20)) == list(range(20))
+    c.close()
+
+
 def test_the_ring_wraps_and_a_full_ring_is_compacted_before_the_next_group(tmp_path):
     # 1 MiB region: a 128 KiB ring, 32 groups of 4 KiB; no periodic thread to compact it.
     dev = make_device(tmp_path)

@@ -1,0 +1,69 @@
+"""The extent evictor's pass in one native call (``extent_evict``): victims taken in order
+until the reserve of clean extents is met, their keys deleted but those a pin or a load holds,
+hot keys kept for the caller when asked, the deleted keys listed when asked, and the reclaim
+that makes their slots reusable. Both metadata formats; nothing timed."""
+
+from __future__ import annotations
+
+import pytest
+
+from core_helpers import Obj, make_core, make_device
+from core.test_extents import EXT, FORMATS, PER, extents, put
+
+
+def clean(counts: dict) -> int:
+    return counts["extents_clean"] + counts["extents_pending_dealloc"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_pass_deletes_the_oldest_extents_keys_keeping_the_pinned_and_the_hot(tmp_path, fmt):
+    core = make_core(make_device(tmp_path), meta_format=fmt, extent_bytes=EXT)
+    try:
+        n = extents(core)["extents_total"]
+        keys = put(core, list(range((n - 1) * PER)))  # every extent but the last closed
+        enc = [k.encoded for k in keys]
+        assert core.load_many_into([enc[0]], [Obj(1000)]) == [True]  # extent 0's first key: hot
+        assert core.exists_many([enc[PER + 1]], lock=True) == [True]  # a pin in extent 1
+        got = core.extent_evict(3, keep_hot=True, keys=True, reclaim=True)
+        assert got.extents == 2 and got.error is None
+        assert got.hot == [enc[0]], "the hot key is kept for the caller to put again"
+        gone = set(enc[1:2 * PER]) - {enc[PER + 1]}
+        assert sorted(got.gone) == sorted(gone) and got.deleted == len(gone)
+        assert got.reclaimed == -1, "the caller deletes the hot keys first, then reclaims"
+        assert all(core.exists_many([enc[0], enc[PER + 1]])), "hot and pinned keys are still stored"
+        assert not any(core.exists_many(sorted(gone)))
+        assert got.counts["extents_evicted"] == 2 == extents(core)["extents_evicted"]
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_pass_stops_at_the_reserve_and_reclaims_what_it_freed(tmp_path, fmt):
+    core = make_core(make_device(tmp_path), meta_format=fmt, extent_bytes=EXT)
+    try:
+        n = extents(core)["extents_total"]
+        keys = put(core, list(range((n - 1) * PER)))  # the last extent clean: one short of 3
+        core.checkpoint_now()
+        got = core.extent_evict(3, reclaim=True)
+        assert got.extents == 2 and got.deleted == 2 * PER and got.gone is None and got.hot == []
+        assert got.reclaimed >= 1 and got.error is None
+        assert not any(core.exists_many([k.encoded for k in keys[:2 * PER]]))
+        assert all(core.exists_many([k.encoded for k in keys[2 * PER:]]))
+        if fmt == "log":  # format v1's second container still lists the slots until a change
+            assert clean(got.counts) == 3 == clean(core.extent_counts())
+            again = core.extent_evict(3, reclaim=True)
+            assert again.extents == 0 and again.deleted == 0, "the reserve is met: nothing more goes"
+    finally:
+        core.close()
+
+
+def test_a_pass_without_extents_or_with_a_bad_reserve_says_so(tmp_path):
+    core = make_core(make_device(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match="extent eviction needs extents: extent_bytes is 0"):
+            core.extent_evict(1)
+        for bad in (-1, 1 << 32, "2"):
+            with pytest.raises((ValueError, TypeError), match=r"extent_evict takes a reserve in \[0, \d+\], got"):
+                core.extent_evict(bad)
+    finally:
+        core.close()
