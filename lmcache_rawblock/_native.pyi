@@ -233,14 +233,15 @@ class Core:
     def extent_take(self, extent: int, /) -> tuple[int, list[str], list[bool]] | None:
         """As extent_victim for the given extent (counted as just used and as a victim); None
         when it is not a closed extent holding a key."""
-    def extent_evict(self, reserve: int, keep_hot: bool = False, keys: bool = False, reclaim: bool = False
-                     ) -> tuple[int, int, list[str] | None, list[str], int, int, tuple[int, ...],
-                                BaseException | None]:
+    def extent_evict(self, reserve: int, batch: int = 1, keep_hot: bool = False, keys: bool = False,
+                     reclaim: bool = False) -> tuple[int, int, list[str] | None, list[str], int, int, tuple[int, ...],
+                                                     BaseException | None]:
         """The extent evictor's pass in one call without the GIL: (extents, deleted, gone, hot,
-        opened, reclaimed, counts, error). While fewer than reserve extents are clean or waiting
-        for their deallocation, the victim extent's keys are deleted as delete_many deletes
-        them; keep_hot keeps its hot keys (listed in hot), keys lists the deleted ones (gone,
-        else None), reclaim runs reclaim_held_slots after it when no hot key was kept
+        opened, reclaimed, counts, error). When fewer than reserve extents are clean or waiting
+        for their deallocation, the keys of as many victims as are missing, at least batch, are
+        deleted as delete_many deletes them; keep_hot keeps its hot keys (listed in hot), keys
+        lists the deleted ones (gone, else None), reclaim runs reclaim_held_slots after it when
+        no hot key was kept
         (reclaimed: its checkpoints, -1 when it did not run). counts: as counts() after it;
         error: what the reclaim failed with. RuntimeError when extents are off."""
     def free_lane_off(self) -> None:

@@ -82,6 +82,11 @@ MAX_RESERVE_FRACTION = 0.25
 # The demand remembered: the most extents opened during one evicting pass, halved every so
 # many seconds (a burst is remembered for a few passes, an idle cache forgets it).
 DEMAND_HALF_LIFE_S = 2.0
+# The bytes of extents a pass that evicts frees at least (whole extents, at most ``reserve`` of
+# them): each pass writes a group of its FREE records and syncs it, and with small extents a
+# pass per extent would cost the device a sync per extent (an extent of 16 64 KiB slots: a sync
+# a MiB). Extents of a reclaim unit are larger: one a pass, as the missing ones say.
+PASS_MIN_BYTES = 16 << 20
 
 
 def parse_reserve(value: Any, label: str) -> int:
@@ -168,6 +173,9 @@ class ExtentEviction:
         self._demand = 0.0  # extents the puts opened during one evicting pass (see _note_demand)
         self._demand_at = time.monotonic()
         self._per = _largest_class_slots(core, counts)
+        # extents a pass that evicts takes at least (PASS_MIN_BYTES)
+        extent = counts.get("extent_bytes") or counts["extent_slots"] * int(core.slot_bytes)
+        self.batch = max(1, min(self.reserve, math.ceil(PASS_MIN_BYTES / extent)))
         self._quiet = 0  # keys the puts may store before the evictor looks again (puts_stored)
         self._quiet_lock = threading.Lock()  # a leaf
 
@@ -299,8 +307,8 @@ class ExtentEviction:
         removes = self.removes
         hooked = self._on_deleted is not None
         with self._pin_lock if hooked else contextlib.nullcontext():
-            got = self._core.extent_evict(self.effective_reserve(), keep_hot=self.reinsert, keys=hooked,
-                                          reclaim=not hooked)
+            got = self._core.extent_evict(self.effective_reserve(), batch=self.batch, keep_hot=self.reinsert,
+                                          keys=hooked, reclaim=not hooked)
             if hooked:
                 self._told_pass(got)
         if not hooked:

@@ -35,6 +35,7 @@ import itertools
 import json
 import mmap
 import os
+import statistics
 import struct
 import sys
 import tempfile
@@ -212,6 +213,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             be._core._native.free_lane_off()
         if evictor_pass == "python" and be._extents is not None:  # a victim at a time, several calls each
             be._extents.native_pass = False
+        if evictor_pass == "native-single" and be._extents is not None:  # one call, one victim a pass
+            be._extents.batch = 1
         obj = make_obj(chunk, 0x5A)
         capacity = be._core.extent_counts()["extents_total"] * per
 
@@ -258,6 +261,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "full_over_room_p99": round(r_full["p99_us"] / r_room["p99_us"], 3),
             "full_over_room_mean": round(r_full["mean_us"] / r_room["mean_us"], 3),
             "status": {k: st.get(k) for k in keys}, "device_reset": bool(device and reset),
+            # the deletes' FREE groups, each synced by itself: {"groups": n, "records": n}
+            "free_lane_written": (st.get("metadata_log") or {}).get("free_lane"),
             "page_reporting_order": reporting_before["order"],
             "reported_kib_during_run": (None if reporting_before["reported_kib"] is None
                                         else reporting_after["reported_kib"] - reporting_before["reported_kib"]),
@@ -298,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        "them) (default on)")
     ap.add_argument("--evictor-pass", default="native",
                     help="the extent evictor's pass, comma-separated: native (the product: one call without the "
-                         "GIL), python (a victim at a time, several calls each) (default native)")
+                         "GIL, at least 16 MiB of extents a pass), native-single (one call, only the extents "
+                         "missing), python (a victim at a time, several calls each) (default native)")
     ap.add_argument("--reset-device", action="store_true",
                     help="with --device: deallocate the whole device and drop its cached pages before each run, "
                          "so every run starts from the same state")
@@ -348,13 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in pooled:
         print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
-              f"mean {r['full_over_room_mean']:.3f}")
+              f"mean {r['full_over_room_mean']:.3f} | median of the runs' own p50 "
+              f"{r['run_median_full_over_room_p50']:.3f} p99 {r['run_median_full_over_room_p99']:.3f} "
+              f"mean {r['run_median_full_over_room_mean']:.3f}")
     return 0
 
 
 def _pooled(runs: list[dict]) -> list[dict]:
     """Each setting's puts over all its runs together (a noisy machine's passing load spreads
-    over room and full alike): the same summary and ratios."""
+    over room and full alike): the same summary and ratios; and the median over its runs of each
+    run's own ratio (a few runs whose tail a passing load set move the pooled p99, not it)."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"], r["free_lane"],
@@ -367,6 +376,8 @@ def _pooled(runs: list[dict]) -> list[dict]:
                     "free_lane": free_lane, "evictor_pass": evictor_pass, "runs": len(rs),
                     "room": room, "full": full,
                     **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
+                       for k in ("p50", "p99", "mean")},
+                    **{f"run_median_full_over_room_{k}": round(statistics.median(r[f"full_over_room_{k}"] for r in rs), 3)
                        for k in ("p50", "p99", "mean")}})
     return out
 

@@ -313,8 +313,9 @@ typedef struct {
 } rb_evict_pass;
 enum { RB_EVICT_KEEP_HOT = 1, RB_EVICT_KEYS = 2, RB_EVICT_RECLAIM = 4 };
 /*
- * The extent evictor's pass in one call (extent_bytes on): while fewer than reserve extents are
- * clean or waiting for their deallocation (and the core is open), the victim extent (as
+ * The extent evictor's pass in one call (extent_bytes on): when fewer than reserve extents are
+ * clean or waiting for their deallocation (and the core is open), as many victims as are
+ * missing, at least batch (each pass's FREE records then fill a group worth its sync), each (as
  * rb_core_extent_victim, each extent taken once a call) has its keys deleted (as
  * rb_core_delete_many, force 0: what a load or a pin holds stays), under one hold of the core
  * mutex per victim. With RB_EVICT_KEEP_HOT its hot keys (loaded since their put; the first in
@@ -324,7 +325,7 @@ enum { RB_EVICT_KEEP_HOT = 1, RB_EVICT_KEYS = 2, RB_EVICT_RECLAIM = 4 };
  * keys with rb_keys_free) whatever the result: 0, -ENOMEM, -EINVAL when extents are off, or the
  * reclaim's failure (<0, err filled).
  */
-int rb_core_extent_evict(rb_core *c, uint32_t reserve, int flags, rb_evict_pass *out, rb_err *err);
+int rb_core_extent_evict(rb_core *c, uint32_t reserve, uint32_t batch, int flags, rb_evict_pass *out, rb_err *err);
 int rb_core_dealloc_run(rb_core *c);
 /* The journal of deallocated ranges (for tests and `waf replay`): set clears it and turns it on
  * or off; take hands over what it holds as (offset, length) pairs, out[2i] and out[2i + 1]

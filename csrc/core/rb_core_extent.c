@@ -426,23 +426,25 @@ static int evict_one(rb_core *c, int flags, evict_bufs *b, uint32_t *seen, uint3
     rb_core_delete_after(c, kick, deleted, t0);
     out->deleted += deleted;
     size_t hot_before = out->hot.n;
-    if (hand_keys(b, (size_t)n, flags, out) < 0)
-        return -ENOMEM;
+    int rc = hand_keys(b, (size_t)n, flags, out);
     int took = deleted > 0 || out->hot.n > hot_before;
     out->extents += (uint32_t)took;
-    return took;
+    return rc < 0 ? rc : took;
 }
 
-/* Clean extents (or extents waiting for their deallocation) short of reserve; 0 once closed.
- * mu held. */
-static uint32_t missing_clean_locked(const rb_core *c, uint32_t reserve)
+/* Clean extents (or extents waiting for their deallocation) short of reserve, at least batch
+ * when any are; 0 once closed. mu held. */
+static uint32_t missing_clean_locked(const rb_core *c, uint32_t reserve, uint32_t batch)
 {
     const rb_extents *x = &c->slots.ext;
     uint64_t have = (uint64_t)x->n_clean + x->n_pending;
-    return c->closed || have >= reserve ? 0 : (uint32_t)(reserve - have);
+    if (c->closed || have >= reserve)
+        return 0;
+    uint32_t missing = (uint32_t)(reserve - have);
+    return missing > batch ? missing : batch;
 }
 
-int rb_core_extent_evict(rb_core *c, uint32_t reserve, int flags, rb_evict_pass *out, rb_err *err)
+int rb_core_extent_evict(rb_core *c, uint32_t reserve, uint32_t batch, int flags, rb_evict_pass *out, rb_err *err)
 {
     memset(out, 0, sizeof(*out));
     out->reclaimed = -1;
@@ -450,7 +452,7 @@ int rb_core_extent_evict(rb_core *c, uint32_t reserve, int flags, rb_evict_pass 
         return rb_err_set(err, RB_ERR_RUNTIME, EINVAL, "extent eviction needs extents: extent_bytes is 0 (off)");
     pthread_mutex_lock(&c->mu);
     uint64_t opened = c->slots.ext.opened;
-    uint32_t missing = missing_clean_locked(c, reserve);
+    uint32_t missing = missing_clean_locked(c, reserve, batch);
     pthread_mutex_unlock(&c->mu);
     evict_bufs b;
     uint32_t *seen = missing ? malloc(missing * sizeof(uint32_t)) : NULL;

@@ -208,10 +208,11 @@ static PyMethodDef core_methods[] = {
      "the given extent (counted as just used and as a victim); None when it is not a closed extent holding a "
      "key. Needs extent_bytes"},
     {"extent_evict", (PyCFunction)(void (*)(void))rbpy_core_extent_evict, METH_FASTCALL | METH_KEYWORDS,
-     "extent_evict($self, reserve, keep_hot=False, keys=False, reclaim=False)\n--\n\n"
+     "extent_evict($self, reserve, batch=1, keep_hot=False, keys=False, reclaim=False)\n--\n\n"
      "-> (extents, deleted, gone, hot, opened, reclaimed, counts, error): the extent evictor's pass in one call "
-     "without the GIL. While fewer than reserve extents are clean or waiting for their deallocation, the keys of "
-     "the victim extent (as extent_victim, each extent once) are deleted as delete_many deletes them; with "
+     "without the GIL. When fewer than reserve extents are clean or waiting for their deallocation, the keys of "
+     "as many victim extents as are missing, at least batch (as extent_victim, each extent once), are deleted as "
+     "delete_many deletes them; with "
      "keep_hot its hot keys (the first in slot order, at most half) are kept and listed in hot; with keys the "
      "deleted keys are listed in gone (else None); with reclaim, when no hot key was kept, reclaim_held_slots "
      "follows (reclaimed: the checkpoints it wrote, -1 when it did not run). opened: extents the puts opened "

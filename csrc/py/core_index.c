@@ -414,38 +414,53 @@ static PyObject *keys_list(rb_keys *k, int list)
     return l;
 }
 
-PyObject *rbpy_core_extent_evict(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* extent_evict's arguments (a: reserve, batch, keep_hot, keys, reclaim; NULL when not given)
+ * into n (reserve, batch) and *flags: 0, or -1 with an error set. */
+static int evict_args(PyObject *const *a, const char *const *names, unsigned long n[2], int *flags)
 {
-    static const char *const names[] = {"reserve", "keep_hot", "keys", "reclaim"};
-    static const int bits[] = {0, RB_EVICT_KEEP_HOT, RB_EVICT_KEYS, RB_EVICT_RECLAIM};
-    PyObject *a[4];
-    if (rbpy_unpack("extent_evict", names, 4, 1, args, nargs, kwnames, a) < 0)
-        return NULL;
-    unsigned long reserve = PyLong_AsUnsignedLong(a[0]);
-    if (PyErr_Occurred() || reserve > UINT32_MAX) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "extent_evict takes a reserve in [0, %u], got %R", UINT32_MAX, a[0]);
-        return NULL;
+    static const int bits[] = {0, 0, RB_EVICT_KEEP_HOT, RB_EVICT_KEYS, RB_EVICT_RECLAIM};
+    n[0] = 0;
+    n[1] = 1;
+    for (int i = 0; i < 2; i++) {
+        if (!a[i])
+            continue;
+        n[i] = PyLong_AsUnsignedLong(a[i]);
+        if (PyErr_Occurred() || n[i] > UINT32_MAX) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "extent_evict takes a %s in [0, %u], got %R", names[i], UINT32_MAX, a[i]);
+            return -1;
+        }
     }
-    int flags = 0;
-    for (int i = 1; i < 4; i++) {
+    *flags = 0;
+    for (int i = 2; i < 5; i++) {
         int on = a[i] ? PyObject_IsTrue(a[i]) : 0;
         if (on < 0)
-            return NULL;
-        flags |= on ? bits[i] : 0;
+            return -1;
+        *flags |= on ? bits[i] : 0;
     }
+    return 0;
+}
+
+PyObject *rbpy_core_extent_evict(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"reserve", "batch", "keep_hot", "keys", "reclaim"};
+    PyObject *a[5];
+    unsigned long n[2];
+    int flags;
+    if (rbpy_unpack("extent_evict", names, 5, 1, args, nargs, kwnames, a) < 0 || evict_args(a, names, n, &flags) < 0)
+        return NULL;
     rb_evict_pass out;
     rb_core_status st;
     rb_err err;
     rb_err_clear(&err);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-        rc = rb_core_extent_evict(rbpy_core_of(op), (uint32_t)reserve, flags, &out, &err);
+        rc = rb_core_extent_evict(rbpy_core_of(op), (uint32_t)n[0], (uint32_t)n[1], flags, &out, &err);
         rb_core_counts_get(rbpy_core_of(op), &st);
     Py_END_ALLOW_THREADS
     PyObject *gone = keys_list(&out.gone, flags & RB_EVICT_KEYS);
     PyObject *hot = keys_list(&out.hot, 1);
-    if (rc < 0 && out.extents == 0) { /* nothing deleted that a caller must hear of */
+    if (rc < 0 && out.extents == 0 && out.deleted == 0) { /* nothing deleted a caller must hear of */
         Py_XDECREF(gone);
         Py_XDECREF(hot);
         return rbpy_raise_err(&err);

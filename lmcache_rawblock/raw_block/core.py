@@ -420,11 +420,12 @@ class RawBlockCore:
         finally:
             self._events.check()
 
-    def extent_evict(self, reserve: int, *, keep_hot: bool = False, keys: bool = False,
+    def extent_evict(self, reserve: int, *, batch: int = 1, keep_hot: bool = False, keys: bool = False,
                      reclaim: bool = False) -> ExtentPass:
-        """The extent evictor's pass in one native call without the GIL (extents on): while
+        """The extent evictor's pass in one native call without the GIL (extents on): when
         fewer than ``reserve`` extents are clean or waiting for their deallocation, the keys of
-        the victim extent (:meth:`extent_victim`'s, each extent once a call) are deleted as
+        as many victim extents as are missing, at least ``batch`` (:meth:`extent_victim`'s,
+        each extent once a call), are deleted as
         :meth:`delete_many` deletes them (a key a load or a pin holds stays). ``keep_hot``
         keeps its hot keys (loaded since their put; the first in slot order, at most half the
         keys it looked at) for the caller to read, delete and put again; ``keys`` lists the
@@ -433,7 +434,7 @@ class RawBlockCore:
         stay deleted, and their owner must hear of them. RuntimeError when extents are off."""
         try:
             ext, deleted, gone, hot, opened, reclaimed, counts, error = self._native.extent_evict(
-                reserve, keep_hot, keys, reclaim)
+                reserve, batch, keep_hot, keys, reclaim)
         finally:
             self._events.check()
         return ExtentPass(extents=ext, deleted=deleted, gone=gone, hot=hot, opened=opened, reclaimed=reclaimed,

@@ -65,5 +65,22 @@ def test_a_pass_without_extents_or_with_a_bad_reserve_says_so(tmp_path):
         for bad in (-1, 1 << 32, "2"):
             with pytest.raises((ValueError, TypeError), match=r"extent_evict takes a reserve in \[0, \d+\], got"):
                 core.extent_evict(bad)
+            with pytest.raises((ValueError, TypeError), match=r"extent_evict takes a batch in \[0, \d+\], got"):
+                core.extent_evict(1, batch=bad)
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_pass_that_evicts_takes_at_least_batch_extents_and_none_when_the_reserve_is_met(tmp_path, fmt):
+    core = make_core(make_device(tmp_path), meta_format=fmt, extent_bytes=EXT)
+    try:
+        n = extents(core)["extents_total"]
+        keys = put(core, list(range((n - 1) * PER)))  # the last extent clean
+        assert core.extent_evict(1, batch=3).extents == 0, "the reserve is met: the batch does not apply"
+        got = core.extent_evict(2, batch=3)  # one extent missing, three taken
+        assert got.extents == 3 and got.deleted == 3 * PER
+        assert not any(core.exists_many([k.encoded for k in keys[:3 * PER]]))
+        assert all(core.exists_many([k.encoded for k in keys[3 * PER:]]))
     finally:
         core.close()

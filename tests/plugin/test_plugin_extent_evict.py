@@ -90,6 +90,23 @@ def test_the_evictor_keeps_clean_extents_in_reserve(open_backend):
     assert not be.contains(make_key(0)) and be.contains(make_key(n * PER - 1))
 
 
+def test_a_pass_with_small_extents_frees_several_with_one_free_group(open_backend):
+    # Each evicting pass writes one group of its FREE records and syncs it: with extents of a
+    # few slots the pass takes at least 16 MiB of them (at most the reserve), so the
+    # groups come a pass at a time, not an extent at a time.
+    be = open_backend(slots=128, eviction_policy="extent", extent_bytes=EXTENT, extent_reserve=4,
+                      meta_format="log")
+    assert be._extents.batch == 4  # 16 MiB is more than 4 of these extents: the reserve caps it
+    n = be._core.extent_counts()["extents_total"]
+    for start in range(0, 3 * n * PER, PER):  # a put wakes the evictor once the spare extents are used
+        assert not put_keys(be, list(range(start, start + PER)))
+        assert be._evictor.wait_idle(IDLE_WAIT_S)
+    st = be.report_status()
+    groups = be._core._native.status()["metadata_log"]["free_lane"]["groups"]
+    assert st["evictor_errors"] == 0 and st["evicted_extents"] >= 2 * n
+    assert 0 < groups <= st["evicted_extents"] // 3, (groups, st["evicted_extents"])
+
+
 def test_extent_policy_needs_extent_bytes(open_backend):
     with pytest.raises(ValueError, match="eviction_policy 'extent' needs extents: set extent_bytes"):
         open_backend(eviction_policy="extent")
