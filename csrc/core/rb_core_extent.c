@@ -96,14 +96,15 @@ static uint32_t key_on_slot_locked(const rb_core *c, uint32_t slot)
     return !(e->flags & RB_ENT_DEAD) && e->slot == slot ? p : UINT32_MAX;
 }
 
-static void free_keys(char **keys, size_t n)
+/* The n key strings copied into keys (the array stays its caller's). */
+static void free_key_strs(char **keys, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(keys[i]);
-    free(keys);
 }
 
-/* The unlocked keys on extent e's slots into keys / lens / hot (room for per). mu held. */
+/* The unlocked keys on extent e's slots into keys / lens / hot (room for per): how many, or
+ * -ENOMEM with the ones copied freed (the arrays stay the caller's). mu held. */
 static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *lens, uint8_t *hot)
 {
     const rb_extents *x = &c->slots.ext;
@@ -115,7 +116,7 @@ static int64_t extent_keys_locked(rb_core *c, uint32_t e, char **keys, size_t *l
         const rb_ent *ent = &c->index.ents[p];
         keys[k] = rb_core_dupn(rb_ent_key(ent), ent->key_len);
         if (!keys[k]) {
-            free_keys(keys, k);
+            free_key_strs(keys, k);
             return -ENOMEM;
         }
         hot[k] = x->hot[x->first + e * x->per + i];
@@ -198,9 +199,10 @@ static int64_t extent_look(rb_core *c, int mode, uint32_t which, char ***keys_ou
     int64_t n = e == UINT32_MAX ? 0 : extent_keys_locked(c, e, keys, lens, hot);
     pthread_mutex_unlock(&c->mu);
     if (n < 0) {
+        free(keys); /* the ones copied were freed */
         free(lens);
         free(hot);
-        return n; /* keys freed with the ones copied */
+        return n;
     }
     *ext = e;
     *keys_out = keys;
@@ -215,7 +217,8 @@ int64_t rb_core_extent_victim(rb_core *c, char ***keys_out, size_t **lens_out, u
 }
 
 /* The keys of the extents out names (n of them) into keys / lens / hot (room for n x per),
- * their counts into counts: the number of keys, or -ENOMEM (the keys copied freed). mu held. */
+ * their counts into counts: the number of keys, or -ENOMEM (the keys copied freed, the arrays
+ * the caller's). mu held. */
 static int64_t extents_keys_locked(rb_core *c, const uint32_t *out, uint32_t n, uint32_t *counts, char **keys,
                                    size_t *lens, uint8_t *hot)
 {
@@ -223,7 +226,7 @@ static int64_t extents_keys_locked(rb_core *c, const uint32_t *out, uint32_t n, 
     for (uint32_t i = 0; i < n; i++) {
         int64_t got = extent_keys_locked(c, out[i], keys + total, lens + total, hot + total);
         if (got < 0) {
-            free_keys(keys, (size_t)total);
+            free_key_strs(keys, (size_t)total); /* the extents before; this one's were freed */
             return got;
         }
         counts[i] = (uint32_t)got;
@@ -253,9 +256,10 @@ int64_t rb_core_extent_peek(rb_core *c, uint32_t want, uint32_t *exts, uint32_t 
     int64_t rc = extents_keys_locked(c, exts, n, counts, keys, lens, hot);
     pthread_mutex_unlock(&c->mu);
     if (rc < 0) {
+        free(keys); /* the ones copied were freed */
         free(lens);
         free(hot);
-        return rc; /* keys freed with the ones copied */
+        return rc;
     }
     *keys_out = keys;
     *lens_out = lens;
@@ -307,6 +311,26 @@ void rb_keys_free(rb_keys *k)
     free(k->keys);
     free(k->lens);
     memset(k, 0, sizeof(*k));
+}
+
+/* Room in l for more keys past its n: 0 or -ENOMEM (l unchanged but for a larger array). */
+static int keys_reserve(rb_keys *l, size_t more)
+{
+    if (l->cap - l->n >= more)
+        return 0;
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    if (cap < l->n + more)
+        cap = l->n + more;
+    char **k = realloc(l->keys, cap * sizeof(char *));
+    if (!k)
+        return -ENOMEM;
+    l->keys = k;
+    size_t *n = realloc(l->lens, cap * sizeof(size_t));
+    if (!n)
+        return -ENOMEM;
+    l->lens = n;
+    l->cap = cap;
+    return 0;
 }
 
 /* key (len bytes, malloc'd) onto the end of l, which takes it: 0, or -ENOMEM with key freed. */
@@ -406,6 +430,12 @@ static int hand_keys(evict_bufs *b, size_t n, int flags, rb_evict_pass *out)
  * left (none, or one taken before this call: seen[0..n_seen)), -ENOMEM. */
 static int evict_one(rb_core *c, int flags, evict_bufs *b, uint32_t *seen, uint32_t n_seen, rb_evict_pass *out)
 {
+    /* room for what hand_keys lists, made before the delete: once keys are deleted, each must
+     * reach the caller (its owner is told from out->gone) */
+    size_t per = c->slots.ext.per;
+    if (((flags & RB_EVICT_KEYS) && keys_reserve(&out->gone, per) < 0) ||
+        ((flags & RB_EVICT_KEEP_HOT) && keys_reserve(&out->hot, per) < 0))
+        return -ENOMEM;
     uint64_t t0 = rb_obs_t0(&c->obs);
     pthread_mutex_lock(&c->mu);
     rev_fresh_locked(c);
