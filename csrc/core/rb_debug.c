@@ -108,7 +108,8 @@ static _Thread_local int n_held;
 
 static const char *rank_name(int r)
 {
-    static const char *const names[] = {"?", "ml.cmp_mu", "ckpt_mu", "dl_mu", "mu", "thr_mu", "fault_mu"};
+    static const char *const names[] = {"?", "reclaim_mu", "ml.cmp_mu", "ckpt_mu", "dl_mu", "mu", "thr_mu", "fault_mu"};
+    _Static_assert(sizeof(names) / sizeof(names[0]) == RB_LK_FAULT + 1, "a name for each rank (rb_debug.h)");
     return r > 0 && r <= RB_LK_FAULT ? names[r] : "?";
 }
 
