@@ -132,7 +132,8 @@ typedef struct rb_mlw {
 } rb_mlw;
 
 /*
- * The core, its fields grouped by concern. Locks, in lock order: ml.cmp_mu (the log format's
+ * The core, its fields grouped by concern. Locks, in lock order: reclaim_mu (one
+ * rb_core_reclaim, held across its checkpoints) -> ml.cmp_mu (the log format's
  * compaction) -> ckpt_mu (one checkpoint writer, held across its device writes) -> dl_mu (a
  * deallocation run) -> mu (the core mutex) -> thr_mu (the periodic thread); fault_mu, the
  * device's gate_mu and rb_dev_lock.c's reg_mu (its list of lock descriptors, also taken by
