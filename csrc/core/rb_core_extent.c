@@ -333,25 +333,11 @@ static int keys_reserve(rb_keys *l, size_t more)
     return 0;
 }
 
-/* key (len bytes, malloc'd) onto the end of l, which takes it: 0, or -ENOMEM with key freed. */
-static int keys_push(rb_keys *l, char *key, size_t len)
+/* key (len bytes, malloc'd) onto the end of l, which takes it; keys_reserve made the room. */
+static void keys_add(rb_keys *l, char *key, size_t len)
 {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        char **k = realloc(l->keys, cap * sizeof(char *));
-        if (k)
-            l->keys = k;
-        size_t *n = k ? realloc(l->lens, cap * sizeof(size_t)) : NULL;
-        if (!n) {
-            free(key);
-            return -ENOMEM;
-        }
-        l->lens = n;
-        l->cap = cap;
-    }
     l->keys[l->n] = key;
     l->lens[l->n++] = len;
-    return 0;
 }
 
 /* One victim's work areas: its keys as extent_keys_locked copies them, the ones to delete
@@ -411,19 +397,17 @@ static size_t choose_kept(evict_bufs *b, size_t n, int keep_hot)
 }
 
 /* The victim's n keys handed over: the kept ones to out->hot, the deleted ones to out->gone
- * with RB_EVICT_KEYS; the rest freed. 0 or -ENOMEM. */
-static int hand_keys(evict_bufs *b, size_t n, int flags, rb_evict_pass *out)
+ * with RB_EVICT_KEYS (evict_one made room for them); the rest freed. */
+static void hand_keys(evict_bufs *b, size_t n, int flags, rb_evict_pass *out)
 {
-    int rc = 0;
     for (size_t i = 0, d = 0; i < n; i++) {
         int deleted = !b->kept[i] && b->res[d++];
         rb_keys *to = b->kept[i] ? &out->hot : deleted && (flags & RB_EVICT_KEYS) ? &out->gone : NULL;
-        if (to && rc == 0)
-            rc = keys_push(to, b->keys[i], b->lens[i]);
+        if (to)
+            keys_add(to, b->keys[i], b->lens[i]);
         else
             free(b->keys[i]);
     }
-    return rc;
 }
 
 /* The victim extent's keys deleted but the kept ones: 1 when it took any, 0 when no victim is
@@ -456,10 +440,10 @@ static int evict_one(rb_core *c, int flags, evict_bufs *b, uint32_t *seen, uint3
     rb_core_delete_after(c, kick, deleted, t0);
     out->deleted += deleted;
     size_t hot_before = out->hot.n;
-    int rc = hand_keys(b, (size_t)n, flags, out);
+    hand_keys(b, (size_t)n, flags, out);
     int took = deleted > 0 || out->hot.n > hot_before;
     out->extents += (uint32_t)took;
-    return rc < 0 ? rc : took;
+    return took;
 }
 
 /* Clean extents (or extents waiting for their deallocation) short of reserve, at least batch
