@@ -265,6 +265,14 @@ int rb_core_recover(rb_core *c, rb_err *err)
 
 /* ---- periodic thread ------------------------------------------------------------------- */
 
+/* Whether the monotonic clock has reached ts. */
+static int deadline_passed(const struct timespec *ts)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec > ts->tv_sec || (now.tv_sec == ts->tv_sec && now.tv_nsec >= ts->tv_nsec);
+}
+
 static void *ckpt_thread(void *arg)
 {
     rb_core *c = arg;
@@ -304,7 +312,8 @@ static void *ckpt_thread(void *arg)
          * status. */
         if ((kicked & RB_KICK_FREES) && !(kicked & RB_KICK_WRITE)) /* a whole one writes the lane first */
             rb_core_release_held(c, &e);
-        if (kicked != RB_KICK_COMPACT)
+        /* a compaction's wake-up alone writes no checkpoint, unless the period ended meanwhile */
+        if (kicked != RB_KICK_COMPACT || deadline_passed(&ts))
             rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
         /* The log format compacts here, off every caller's path, once the ring is past half
          * full (or full: then groups wait for it); stopped by a close. */
