@@ -389,7 +389,7 @@ static void status_counts_locked(const rb_core *c, rb_core_status *st)
     st->indexed = c->index.n_live;
     st->inflight_keys = c->inflight.n_live;
     st->locked_keys = c->locked_keys;
-    st->held_slots = c->n_held + rb_core_ml_held_locked(c);
+    st->held_slots = rb_core_held_locked(c);
     st->room_ckpts = c->room_ckpts;
     st->closed = c->closed;
 }

@@ -108,7 +108,7 @@ int rb_core_room_needed_locked(const rb_core *c, size_t n)
     /* never-used slots count only while they lie inside the device (it may have shrunk) */
     uint32_t fresh = c->usable_slots > c->slots.next_slot ? c->usable_slots - c->slots.next_slot : 0;
     uint64_t avail = (uint64_t)c->slots.n_free + fresh + c->dl_npend;
-    return (c->n_held > 0 || rb_core_ml_held_locked(c) > 0) && avail < n;
+    return rb_core_held_locked(c) > 0 && avail < n;
 }
 
 void rb_core_drop_accounting_locked(rb_core *c, uint32_t p)

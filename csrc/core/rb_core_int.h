@@ -765,6 +765,12 @@ static inline uint64_t rb_core_ml_held_locked(const rb_core *c)
 {
     return c->ml.n_held + c->ml.n_held_base;
 }
+/* Freed slots waiting for a checkpoint, in either format (status' checkpoint_held_slots). mu
+ * held. */
+static inline uint64_t rb_core_held_locked(const rb_core *c)
+{
+    return c->n_held + rb_core_ml_held_locked(c);
+}
 /* A checkpoint written because a put of n keys needs slots only a checkpoint can release;
  * nothing is written when, under the checkpoint lock, that is no longer so. As
  * rb_core_checkpoint otherwise. */

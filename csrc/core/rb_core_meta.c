@@ -212,7 +212,7 @@ int rb_core_release_held(rb_core *c, rb_err *err)
     int rc = c->ml.on ? rb_core_ml_release_lane(c, err) : 0; /* a full log: 0, the checkpoint compacts */
     if (rc >= 0) {
         pthread_mutex_lock(&c->mu);
-        int waiting = c->n_held > 0 || rb_core_ml_held_locked(c) > 0 || c->ref_unknown || !c->ml.on;
+        int waiting = rb_core_held_locked(c) > 0 || c->ref_unknown || !c->ml.on;
         pthread_mutex_unlock(&c->mu);
         if (waiting) {
             int r2 = checkpoint_impl(c, 1, 0, err);
@@ -229,7 +229,7 @@ int rb_core_reclaim(rb_core *c, rb_err *err)
     pthread_mutex_lock(&c->reclaim_mu);
     while (written < RB_RECLAIM_MAX) {
         pthread_mutex_lock(&c->mu);
-        int waiting = !c->closed && c->n_held + rb_core_ml_held_locked(c) > 0;
+        int waiting = !c->closed && rb_core_held_locked(c) > 0;
         pthread_mutex_unlock(&c->mu);
         if (!waiting)
             break;

@@ -77,7 +77,7 @@ static uint32_t take_slot_locked(rb_core *c, uint16_t pid, size_t len, rb_err *f
             s = rb_slots_alloc_sc(&c->slots, pid, sc); /* reusable slots still waiting for deallocation */
         if (s == RB_SLOT_NONE) {
             *nospace = 1;
-            unsigned long long held = (unsigned long long)(c->n_held + rb_core_ml_held_locked(c));
+            unsigned long long held = (unsigned long long)rb_core_held_locked(c);
             if (c->n_sc > 1) /* the ids count slots of the smallest class, not what fits */
                 PUT_FAIL(fail, RB_ERR_RUNTIME, ENOSPC,
                          "no free slot of size class %u (%llu-byte slots): %u slot ids (counted in the smallest "
