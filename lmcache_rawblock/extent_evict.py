@@ -210,15 +210,17 @@ class ExtentEviction:
             self._log.debug("raw-block extent eviction: extent %d, %d keys deleted", ext, deleted)
         return deleted
 
-    def _delete_victim(self, keys: list[str], read: list[tuple[Any, Any]], again: list | None) -> int:
+    def _delete_victim(self, keys: list[str], read: list[tuple[Any, Any]], again: list | None,
+                       extent: bool = True) -> int:
         """The victim's ``keys`` deleted but those pinned while its hot keys were read
-        (``read``, kept in ``again`` unless pinned); how many."""
+        (``read``, kept in ``again`` unless pinned); how many (counted as an extent evicted
+        when ``extent``, see ``_delete``)."""
         with self._pin_lock:
             pinned = self._pinned()
             keys = [k for k in keys if k not in pinned]
             if again is not None:
                 again += [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
-            return self._delete(keys)
+            return self._delete(keys, extent)
 
     def _delete(self, keys: list[str], extent: bool = True) -> int:
         """A victim's keys deleted (under ``pin_lock``), counted (as one extent evicted when
@@ -339,12 +341,11 @@ class ExtentEviction:
 
     def _delete_hot(self, hot: list[str]) -> list[tuple[Any, Any]]:
         """The hot keys a native pass kept: read (without ``pin_lock``), then deleted but those
-        pinned meanwhile; (spec, payload) of each read to put back."""
-        read = self._read(hot)
-        with self._pin_lock:
-            pinned = self._pinned()
-            self._delete([k for k in hot if k not in pinned], extent=False)
-            return [(spec, obj) for spec, obj in read if spec.encoded not in pinned]
+        pinned meanwhile (their extent was counted by the pass); (spec, payload) of each read to
+        put back."""
+        again: list[tuple[Any, Any]] = []
+        self._delete_victim(hot, self._read(hot), again, extent=False)
+        return again
 
     def _pass_by_victims(self) -> bool:
         """evictor_pass a victim at a time from Python: the chooser's (``extent_prefix``) weighs

@@ -306,8 +306,7 @@ void rb_core_extent_status_locked(const rb_core *c, rb_core_status *st)
 
 void rb_keys_free(rb_keys *k)
 {
-    for (size_t i = 0; i < k->n; i++)
-        free(k->keys[i]);
+    free_key_strs(k->keys, k->n);
     free(k->keys);
     free(k->lens);
     memset(k, 0, sizeof(*k));
@@ -458,6 +457,23 @@ static uint32_t missing_clean_locked(const rb_core *c, uint32_t reserve, uint32_
     return missing > batch ? missing : batch;
 }
 
+/* Up to missing victims (evict_one each, until none is left): 0 or -ENOMEM. */
+static int evict_victims(rb_core *c, uint32_t missing, int flags, rb_evict_pass *out)
+{
+    evict_bufs b;
+    uint32_t *seen = malloc(missing * sizeof(uint32_t));
+    if (!seen || bufs_alloc(&b, c->slots.ext.per) < 0) {
+        free(seen);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < missing && (rc = evict_one(c, flags, &b, seen, i, out)) > 0; i++)
+        ;
+    bufs_free(&b);
+    free(seen);
+    return rc < 0 ? rc : 0;
+}
+
 int rb_core_extent_evict(rb_core *c, uint32_t reserve, uint32_t batch, int flags, rb_evict_pass *out, rb_err *err)
 {
     memset(out, 0, sizeof(*out));
@@ -468,21 +484,9 @@ int rb_core_extent_evict(rb_core *c, uint32_t reserve, uint32_t batch, int flags
     uint64_t opened = c->slots.ext.opened;
     uint32_t missing = missing_clean_locked(c, reserve, batch);
     pthread_mutex_unlock(&c->mu);
-    evict_bufs b;
-    uint32_t *seen = missing ? malloc(missing * sizeof(uint32_t)) : NULL;
-    if (missing && (!seen || bufs_alloc(&b, c->slots.ext.per) < 0)) {
-        free(seen);
+    if (missing && evict_victims(c, missing, flags, out) < 0)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    }
     int rc = 0;
-    for (uint32_t i = 0; i < missing && (rc = evict_one(c, flags, &b, seen, i, out)) > 0; i++)
-        ;
-    if (missing)
-        bufs_free(&b);
-    free(seen);
-    if (rc < 0)
-        return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
-    rc = 0;
     if ((flags & RB_EVICT_RECLAIM) && out->hot.n == 0) {
         rc = rb_core_reclaim(c, err);
         out->reclaimed = rc < 0 ? -1 : rc;

@@ -32,8 +32,9 @@ PyObject *rbpy_core_checkpoint_now(PyObject *op, PyObject *const *args, Py_ssize
     return PyBool_FromLong(rc > 0);
 }
 
-/* fn(core, &err) without the GIL: True when it wrote something, its error raised. */
-static PyObject *metadata_call(PyObject *op, int (*fn)(rb_core *, rb_err *))
+/* fn(core, &err) without the GIL: its result as result() makes it (PyBool_FromLong: True when
+ * it wrote something), its error raised. */
+static PyObject *metadata_call(PyObject *op, int (*fn)(rb_core *, rb_err *), PyObject *(*result)(long))
 {
     rb_err err;
     rb_err_clear(&err);
@@ -43,30 +44,22 @@ static PyObject *metadata_call(PyObject *op, int (*fn)(rb_core *, rb_err *))
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return rbpy_raise_err(&err);
-    return PyBool_FromLong(rc > 0);
+    return result(rc);
 }
 
 PyObject *rbpy_core_release_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    return metadata_call(op, rb_core_release_held);
+    return metadata_call(op, rb_core_release_held, PyBool_FromLong);
 }
 
 PyObject *rbpy_core_reclaim_held_slots(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    rb_err err;
-    rb_err_clear(&err);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-        rc = rb_core_reclaim(rbpy_core_of(op), &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return rbpy_raise_err(&err);
-    return PyLong_FromLong(rc);
+    return metadata_call(op, rb_core_reclaim, PyLong_FromLong);
 }
 
 PyObject *rbpy_core_compact_metadata(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    return metadata_call(op, rb_core_compact);
+    return metadata_call(op, rb_core_compact, PyBool_FromLong);
 }
 
 /* A hook that takes one truth value: fn(core, bool(arg)). */

@@ -103,7 +103,6 @@ _EXTENT_COUNT_KEYS = ("extent_slots", "extents_total", "extents_clean", "extents
                       "extent_bytes", "extent_reclaim_unit_bytes")
 
 
-
 @dataclass(frozen=True)
 class ExtentPass:
     """What one :meth:`RawBlockCore.extent_evict` did."""
