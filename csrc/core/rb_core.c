@@ -450,6 +450,7 @@ static void status_log_locked(const rb_core *c, rb_core_status *st)
     st->log_groups_written = m->groups_written;
     st->log_lane_groups = m->lane_groups;
     st->log_lane_records = m->lane_records;
+    st->log_lane_in_flush = m->gap_lanes;
     st->log_bytes_written = m->group_bytes;
     st->log_last_group_bytes = m->last_group_bytes;
     st->log_last_group_records = m->last_group_records;

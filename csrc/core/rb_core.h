@@ -184,6 +184,7 @@ typedef struct rb_core_status {
     int meta_format, log_state; /* enum rb_meta_format; 0 fresh, 1 v1 to move, 2 live */
     uint64_t log_ring_bytes, log_live_bytes, log_seq, log_groups_written, log_bytes_written;
     uint64_t log_lane_groups, log_lane_records; /* the deletes' lane: groups written ahead, their FREEs */
+    uint64_t log_lane_in_flush; /* of those groups, the ones written during a whole checkpoint's payload flush */
     uint64_t log_last_group_bytes, log_last_group_records, log_pending_pages;
     uint64_t log_pending_records, log_journal_bytes; /* changes no durable group has; the journal's memory */
     uint64_t bases_written, base_last_bytes, base_last_entries, base_too_large, compactions;

@@ -68,6 +68,7 @@ typedef struct rb_mlpage {
     uint8_t *img;   /* the sealed group (block-aligned), once sealed */
     size_t img_len;
     int placed; /* pos and lpos hold where its group goes (the first write attempt) */
+    int taken;  /* a checkpoint is writing it (take_closed_pages): its FREEs come back as it ends */
     uint64_t pos, lpos;
 } rb_mlpage;
 
@@ -107,7 +108,15 @@ typedef struct rb_mlw {
     int lane_off;       /* put_pend could not grow (or rb_core_free_lane_off): every FREE goes in line */
     uint64_t *put_pend; /* a bit per slot: a page not yet durable holds a PUT record of it */
     size_t put_pend_words;
-    uint64_t lane_groups, lane_records;
+    uint64_t lane_groups, lane_records, gap_lanes; /* gap_lanes: lane groups written in a flush gap */
+    /* The payload flush of a whole checkpoint (write_groups: ckpt_mu held, its pages taken but
+     * none sealed or placed) is a gap in which another thread may write the lane without
+     * ckpt_mu (rb_core_ml_release_lane), so freed slots do not wait for that flush. Under mu:
+     * flush_gap while the writer flushes, gap_lane while a lane writer works in the gap (one
+     * at a time; the writer waits for it before it goes on); gap_cv is signalled when either
+     * clears or when a group writer lets ckpt_mu go. */
+    int flush_gap, gap_lane;
+    pthread_cond_t gap_cv;
     uint32_t *held_base; /* slots freed while the journal was incomplete: back at the next base */
     size_t n_held_base, cap_held_base;
     uint64_t need_base; /* nonzero: the journal lost a change (out of memory), a failed flush
@@ -765,6 +774,10 @@ static inline uint64_t rb_core_ml_held_locked(const rb_core *c)
 {
     return c->ml.n_held + c->ml.n_held_base;
 }
+/* Log format: the slots held for a durable FREE that no write under way will release: those
+ * of pages no checkpoint has taken, of the lane when lane_too, and those waiting for a base.
+ * mu held. */
+uint64_t rb_core_ml_held_untaken_locked(const rb_core *c, int lane_too);
 /* Freed slots waiting for a checkpoint, in either format (status' checkpoint_held_slots). mu
  * held. */
 static inline uint64_t rb_core_held_locked(const rb_core *c)

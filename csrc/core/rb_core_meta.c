@@ -211,8 +211,13 @@ int rb_core_release_held(rb_core *c, rb_err *err)
     rb_dev_leave(c->dev);
     int rc = c->ml.on ? rb_core_ml_release_lane(c, err) : 0; /* a full log: 0, the checkpoint compacts */
     if (rc >= 0) {
+        /* A whole checkpoint, with the flush of every payload written since the last, only
+         * for FREEs that nothing under way will make durable: not those of pages another
+         * checkpoint is writing, nor, once a lane was written, those of a lane begun since
+         * (the deletes that made them woke the periodic thread for the next lane). */
         pthread_mutex_lock(&c->mu);
-        int waiting = rb_core_held_locked(c) > 0 || c->ref_unknown || !c->ml.on;
+        uint64_t held = c->n_held + (c->ml.on ? rb_core_ml_held_untaken_locked(c, rc != 1) : 0);
+        int waiting = held > 0 || c->ref_unknown || !c->ml.on;
         pthread_mutex_unlock(&c->mu);
         if (waiting) {
             int r2 = checkpoint_impl(c, 1, 0, err);

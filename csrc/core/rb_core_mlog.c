@@ -47,6 +47,11 @@ int rb_core_ml_init(rb_core *c, rb_err *err)
 {
     rb_mlw *m = &c->ml;
     pthread_mutex_init(&m->cmp_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->gap_cv, &ca);
+    pthread_condattr_destroy(&ca);
     m->on = c->cfg.meta_format == RB_META_LOG;
     if (!m->on)
         return 0;
@@ -82,6 +87,7 @@ void rb_core_ml_free(rb_core *c)
     free(m->cls_disk);
     free(m->held_base);
     pthread_mutex_destroy(&m->cmp_mu);
+    pthread_cond_destroy(&m->gap_cv);
 }
 
 /* 1 when a decodable superblock of ours sits at off (its region size in *meta). */
@@ -272,6 +278,15 @@ static rb_mlpage *lane_for_locked(rb_core *c, uint32_t slot)
 static int lane_waits(const rb_mlw *m)
 {
     return m->lane && m->lane->n_frees > 0;
+}
+
+uint64_t rb_core_ml_held_untaken_locked(const rb_core *c, int lane_too)
+{
+    const rb_mlw *m = &c->ml;
+    uint64_t n = m->n_held_base + (lane_too && m->lane ? m->lane->n_frees : 0);
+    for (size_t i = 0; i < m->n_pg; i++)
+        n += m->pg[i]->taken ? 0 : m->pg[i]->n_frees;
+    return n;
 }
 
 /* The lane, closed after the pages (before an open page left empty) with the next sequence.
@@ -643,6 +658,8 @@ static int take_closed_pages(rb_core *c, rb_mlpage ***pages, size_t *k, uint64_t
         *pages = malloc(n * sizeof(**pages));
     if (n && *pages)
         memcpy(*pages, m->pg, n * sizeof(**pages));
+    for (size_t i = 0; *pages && i < n; i++)
+        m->pg[i]->taken = 1;
     pthread_mutex_unlock(&c->mu);
     return n && !*pages ? -ENOMEM : 0;
 }
@@ -801,15 +818,120 @@ static int write_lane_first(rb_core *c, rb_err *err)
     return 1;
 }
 
+/* ckpt_mu let go by a group writer: a lane writer waiting for it or for a gap looks again. */
+static void ckpt_release(rb_core *c)
+{
+    pthread_mutex_unlock(&c->ckpt_mu);
+    pthread_cond_broadcast(&c->ml.gap_cv);
+}
+
+/* Until this thread holds ckpt_mu (0) or may write the lane in another writer's flush gap (1,
+ * gap_lane then set). A writer that holds ckpt_mu without opening a gap (a base, the groups
+ * after their flush) is waited for: woken when a group writer lets it go, and looked at again
+ * every millisecond for the others. */
+static int ckpt_or_gap(rb_core *c)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        if (m->flush_gap && !m->gap_lane) {
+            m->gap_lane = 1;
+            pthread_mutex_unlock(&c->mu);
+            return 1;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (pthread_mutex_trylock(&c->ckpt_mu) == 0)
+            return 0;
+        pthread_mutex_lock(&c->mu);
+        if (m->flush_gap && !m->gap_lane)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        (void)pthread_cond_timedwait(&m->gap_cv, &c->mu, &ts);
+    }
+}
+
 int rb_core_ml_release_lane(rb_core *c, rb_err *err)
 {
-    pthread_mutex_lock(&c->ckpt_mu);
+    int gap = ckpt_or_gap(c);
     int rc = write_lane_first(c, err);
-    pthread_mutex_unlock(&c->ckpt_mu);
+    if (gap) {
+        pthread_mutex_lock(&c->mu);
+        c->ml.gap_lane = 0;
+        c->ml.gap_lanes += rc == 1;
+        pthread_cond_broadcast(&c->ml.gap_cv);
+        pthread_mutex_unlock(&c->mu);
+    } else {
+        ckpt_release(c);
+    }
     if (rc < 0)
         groups_failed(c, err);
     /* a full ring: the lane waits at the queue's head for the checkpoint that compacts */
     return rc < 0 && ring_full_err(err) ? 0 : rc;
+}
+
+/* After a flush gap, mu held: lanes that writers in the gap put at the queue's head and could
+ * not write (they stay there, maybe placed) go first among the pages, as they would have been
+ * taken had they been there before: *pages and *k grow by them. 0, or -ENOMEM. */
+static int take_lanes_left_locked(rb_core *c, rb_mlpage ***pages, size_t *k)
+{
+    rb_mlw *m = &c->ml;
+    size_t j = 0;
+    while (j < m->n_pg && m->pg[j] != (*pages)[0])
+        j++;
+    if (j == 0 || j == m->n_pg) /* the latter cannot be: the queue's head moves under ckpt_mu */
+        return 0;
+    rb_mlpage **np = realloc(*pages, (*k + j) * sizeof(*np));
+    if (!np)
+        return -ENOMEM;
+    memmove(np + j, np, *k * sizeof(*np));
+    for (size_t i = 0; i < j; i++) {
+        np[i] = m->pg[i];
+        np[i]->taken = 1;
+    }
+    *pages = np;
+    *k += j;
+    return 0;
+}
+
+/* groups_prologue, its flush a gap for the lane (rb_mlw.flush_gap) once the epoch is claimed
+ * (before that, the claim's superblock goes first, and no lane may go ahead of it). 0, <0
+ * failed, or 1: a flush failed meanwhile (a lane's synced write in the gap): the trust layer
+ * dropped entries whose FREEs are journaled after the pages, so a whole base goes first. The
+ * test hook's delay (rb_core_set_ckpt_delay_ms) is spent in the gap, as a slow flush. */
+static int prologue_in_gap(rb_core *c, rb_mlpage ***pages, size_t *k, rb_err *err)
+{
+    rb_mlw *m = &c->ml;
+    pthread_mutex_lock(&c->mu);
+    int gap = m->epoch_claimed && rb_core_meta_can_sync_range(c);
+    m->flush_gap = gap;
+    uint64_t need0 = m->need_base;
+    pthread_mutex_unlock(&c->mu);
+    if (gap)
+        pthread_cond_broadcast(&m->gap_cv);
+    uint32_t delay = atomic_load(&c->ckpt_delay_ms);
+    if (delay)
+        usleep(delay * 1000u);
+    int rc = groups_prologue(c, *pages, *k, err);
+    if (!gap)
+        return rc;
+    pthread_mutex_lock(&c->mu);
+    m->flush_gap = 0;
+    while (m->gap_lane)
+        pthread_cond_wait(&m->gap_cv, &c->mu);
+    if (rc == 0 && m->need_base != need0)
+        rc = 1;
+    if (rc == 0 && take_lanes_left_locked(c, pages, k) < 0) {
+        m->need_base++; /* the pages cannot follow the lanes left at the head: a base says it all */
+        rc = rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 /* Write the closed pages (ckpt_mu held, state LIVE). 1 written, 0 none to write, <0 failed;
@@ -836,17 +958,24 @@ static int write_groups(rb_core *c, rb_err *err)
         return rb_err_set(err, RB_ERR_NOMEM, ENOMEM, "out of memory");
     if (k == 0)
         return lane;
-    uint32_t delay = atomic_load(&c->ckpt_delay_ms);
-    if (delay)
-        usleep(delay * 1000u);
     uint64_t bytes = 0, records = 0;
     int ranged = rb_core_meta_can_sync_range(c);
-    int rc = groups_prologue(c, pages, k, err);
+    int rc = prologue_in_gap(c, &pages, &k, err);
     if (rc == 0)
         rc = write_pages(c, pages, k, ranged, &bytes, &records, err);
     if (rc == 0 && !ranged)
         rc = rb_core_flush(c, err);
+    if (rc != 0) {
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = 0; i < k; i++)
+            pages[i]->taken = 0; /* they wait, in the queue, for the next checkpoint */
+        pthread_mutex_unlock(&c->mu);
+    }
     free(pages);
+    if (rc == 1)
+        return rb_err_set(err, RB_ERR_RUNTIME, EAGAIN,
+                          "metadata log groups not written: a flush failed while they waited, and a whole "
+                          "base must be written first");
     if (rc < 0) {
         groups_failed(c, err);
         return rc;
@@ -1210,7 +1339,7 @@ static void groups_meanwhile(base_build *bb)
     rb_err e;
     pthread_mutex_lock(&c->ckpt_mu);
     (void)write_groups(c, &e);
-    pthread_mutex_unlock(&c->ckpt_mu);
+    ckpt_release(c);
 }
 
 static int base_encode(base_build *bb, const rb_mlog_area *area, rb_err *err)
@@ -1572,7 +1701,7 @@ static int base_if_needed(rb_core *c, rb_err *err)
     int base = m->state != RB_ML_LIVE || m->need_base;
     pthread_mutex_unlock(&c->mu);
     int rc = base ? rebase_locked(c, err) : 0;
-    pthread_mutex_unlock(&c->ckpt_mu);
+    ckpt_release(c);
     pthread_mutex_unlock(&m->cmp_mu);
     if (rc < 0) {
         rb_core_set_ckpt_error(c, err);
@@ -1620,7 +1749,7 @@ static int write_groups_rounds(rb_core *c, int base, size_t room_n, rb_err *err)
         int go = groups_wanted_locked(c, base, round, room_n);
         pthread_mutex_unlock(&c->mu);
         rc = go ? write_groups(c, err) : 0;
-        pthread_mutex_unlock(&c->ckpt_mu);
+        ckpt_release(c);
         if (rc >= 0 || round || !ring_full_err(err))
             return rc;
         rb_err ce;
@@ -1767,7 +1896,7 @@ static int end_mark_once(rb_core *c, rb_err *err)
         c->meta_seq = mk.seq;
     }
     pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->ckpt_mu);
+    ckpt_release(c);
     free(mk.img);
     rb_mlog_genc_free(&mk.g);
     return rc < 0 ? rc : go;
@@ -1824,7 +1953,7 @@ static int compact_impl(rb_core *c, int force, int flags, rb_err *err)
     if (rc == 0) {
         pthread_mutex_lock(&c->ckpt_mu);
         rc = switch_base(c, &b, 0, err);
-        pthread_mutex_unlock(&c->ckpt_mu);
+        ckpt_release(c);
     }
     if (rc == 0) {
         rb_obs_done(&c->obs, RB_H_COMPACTION, t0);

@@ -95,8 +95,9 @@ static int log_add_damage(PyObject *l, const rb_core_status *st)
 /* The deletes' lane: FREE groups written ahead of the waiting pages, and their records. */
 static int log_add_lane(PyObject *l, const rb_core_status *st)
 {
-    PyObject *v = Py_BuildValue("{s:K,s:K}", "groups", (unsigned long long)st->log_lane_groups, "records",
-                                (unsigned long long)st->log_lane_records);
+    PyObject *v =
+        Py_BuildValue("{s:K,s:K,s:K}", "groups", (unsigned long long)st->log_lane_groups, "records",
+                      (unsigned long long)st->log_lane_records, "in_flush", (unsigned long long)st->log_lane_in_flush);
     int rc = v ? PyDict_SetItemString(l, "free_lane", v) : -1;
     Py_XDECREF(v);
     return rc;

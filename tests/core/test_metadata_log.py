@@ -105,7 +105,7 @@ def test_a_checkpoint_writes_what_changed_not_the_index(tmp_path):
     # Two groups: the deletes' 20 FREE records ahead (their keys' PUT records were durable),
     # then the 20 puts (the class is logged already); a block each.
     assert log["groups_written"] - base["groups_written"] == 2
-    assert log["free_lane"] == {"groups": 1, "records": 20}
+    assert log["free_lane"] == {"groups": 1, "records": 20, "in_flush": 0}
     assert log["last_group_records"] == 20
     assert log["bytes_written"] - base["bytes_written"] <= 2 * 4096
     c.close()
@@ -164,18 +164,91 @@ def test_a_put_gets_its_room_from_the_deletes_free_group_without_the_puts_flush(
     lane_st = st["metadata_log"]["free_lane"]
     assert st["checkpoints_for_room"] == st0["checkpoints_for_room"] + 1
     if lane == "on":
-        assert lane_st == {"groups": 1, "records": 10}
+        assert lane_st == {"groups": 1, "records": 10, "in_flush": 0}
         assert st["device_flushes"] - st0["device_flushes"] == 1  # the group's own synced write
         assert st["checkpoint_held_slots"] == 1  # key 30's slot: its FREE waits behind its PUT
         assert st["metadata_persisted"] < st["metadata_dirty_total"]  # the pending puts stay pending
     else:
-        assert lane_st == {"groups": 0, "records": 0}
+        assert lane_st == {"groups": 0, "records": 0, "in_flush": 0}
         assert st["device_flushes"] - st0["device_flushes"] >= 2  # the payloads' flush, then the group
         assert st["checkpoint_held_slots"] == 0
     c.close()
     c = _log(dev)
     want = list(range(10, 30)) + list(range(31, 40)) + list(range(100, 110))
     assert _loads(c, range(110)) == want
+    c.close()
+
+
+def _checkpoint_in_its_flush(c):
+    """A whole checkpoint on a thread, held in its payload flush for 1.5 s (the test hook's delay
+    is spent there); back once it is there."""
+    c._native._set_checkpoint_delay_ms(1500)
+    errors = []
+
+    def run():
+        try:
+            c.checkpoint_now()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    time.sleep(0.3)  # it took the checkpoint lock and its pages, and waits in the flush
+    return t, errors
+
+
+def test_the_free_group_is_written_while_a_whole_checkpoint_flushes_the_pending_payloads(tmp_path):
+    """A whole checkpoint flushing the pending puts' payloads does not hold back the deletes'
+    FREE group: a put out of slots writes that group during the flush and gets its slots before
+    the checkpoint ends. A crash at that moment recovers the deleted keys absent, the durable
+    ones with their bytes, and none of the puts whose records the checkpoint had yet to write;
+    once it has, they are there."""
+    dev, c = _lane_setup(tmp_path)
+    t, errors = _checkpoint_in_its_flush(c)
+    c.delete_many([okey(i).encoded for i in range(10)])
+    _put(c, range(100, 110))  # no free slot: the FREE group, written in the checkpoint's flush
+    st = _status(c)
+    crash = str(tmp_path / "crash.img")
+    shutil.copyfile(dev, crash)  # what a crash now leaves
+    assert t.is_alive(), "the put waited for the whole checkpoint"
+    assert st["metadata_log"]["free_lane"] == {"groups": 1, "records": 10, "in_flush": 1}
+    assert st["checkpoint_held_slots"] == 0
+    t.join(30)
+    assert not errors and not t.is_alive()
+    c._native._set_checkpoint_delay_ms(0)
+    c.close()
+    c = _log(crash)
+    assert _loads(c, list(range(40)) + list(range(100, 110))) == list(range(10, 30))
+    c.close()
+    c = _log(dev)
+    assert _loads(c, list(range(40)) + list(range(100, 110))) == list(range(10, 40)) + list(range(100, 110))
+    c.close()
+
+
+def test_a_free_group_that_fails_in_a_whole_checkpoints_flush_leaves_that_checkpoint_a_base(tmp_path):
+    """The FREE group's synced write fails while a whole checkpoint flushes (an injected
+    write-back error): the pending puts' bytes are not proven, so their entries are dropped, and
+    the checkpoint, its flush done, writes no group but a whole base, which says at once what is
+    durable (the FREE group it would have had to write first included)."""
+    dev, c = _lane_setup(tmp_path)
+    st0 = _status(c)
+    t, errors = _checkpoint_in_its_flush(c)
+    c.delete_many([okey(i).encoded for i in range(10)])
+    c._native._inject_fault("flush", 1)
+    with pytest.raises(Exception, match="injected"):
+        c._native.reclaim_held_slots()
+    assert t.is_alive(), "the FREE group waited for the whole checkpoint"
+    t.join(30)
+    assert not errors and not t.is_alive()
+    st = _status(c)
+    assert st["writeback_dropped_entries"] - st0["writeback_dropped_entries"] == 10  # keys 30-39
+    assert st["metadata_log"]["bases_written"] == st0["metadata_log"]["bases_written"] + 1
+    assert st["metadata_log"]["groups_written"] == st0["metadata_log"]["groups_written"]
+    assert st["checkpoint_held_slots"] == 0
+    c._native._set_checkpoint_delay_ms(0)
+    c.close()
+    c = _log(dev)
+    assert _loads(c, range(40)) == list(range(10, 30))
     c.close()
 
 
@@ -191,7 +264,7 @@ def test_a_delete_wakes_the_periodic_thread_to_write_the_free_group_alone(tmp_pa
         time.sleep(0.01)
     st = _status(c)
     assert st["checkpoint_held_slots"] == 0 and st["free_slot_count"] == 5
-    assert st["metadata_log"]["free_lane"] == {"groups": 1, "records": 5}
+    assert st["metadata_log"]["free_lane"] == {"groups": 1, "records": 5, "in_flush": 0}
     assert st["checkpoints_written"] == written0 and st["metadata_persisted"] < st["metadata_dirty_total"]
     c.close()
 
