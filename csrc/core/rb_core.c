@@ -434,6 +434,7 @@ static void status_ckpt_locked(const rb_core *c, rb_core_status *st)
     st->meta_format = c->cfg.meta_format;
     st->checksum_dropped = c->sum_dropped;
     st->flushes = atomic_load(&c->flushes);
+    st->write_behinds = atomic_load(&c->write_behinds);
     st->skipped = c->apply_skipped;
     st->load_rejected = c->load_rejected;
     memcpy(st->ckpt_error, c->ckpt_error, sizeof st->ckpt_error);

@@ -175,6 +175,7 @@ typedef struct rb_core_status {
     uint64_t recovery_ns, recovery_read_ns; /* open's recovery, and of it the log format's region read */
     int64_t recovery_lost;                  /* -1 unknown */
     uint64_t held_slots, held_total, room_ckpts, checksum_dropped, flushes, skipped;
+    uint64_t write_behinds; /* write-backs of buffered puts started ahead of a flush (rb_dev_write_behind) */
     /* Trust: slot headers refused at load, write-back failures and the entries they dropped,
      * device shrink, and the fault journal (newest last in faults[0..n_faults_kept)). */
     uint64_t load_rejected, writeback_failures, writeback_dropped, shrink_dropped, retired_slots;

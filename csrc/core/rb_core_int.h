@@ -226,7 +226,9 @@ struct rb_core {
     int apply_container; /* recovery: the container whose state is being applied, else -1 */
     uint64_t ckpt_written, ckpt_failures, ckpt_too_large;
     char ckpt_error[512];
-    _Atomic uint64_t flushes; /* device flushes the checkpoint writer issued */
+    _Atomic uint64_t flushes;       /* device flushes the checkpoint writer issued */
+    _Atomic uint64_t wb_acc;        /* payload bytes put through the page cache since the last write-behind */
+    _Atomic uint64_t write_behinds; /* write-backs the periodic thread started (rb_dev_write_behind) */
 
     /* ---- recovery: what it found at open (report_status, logs) -------------------------- */
     uint64_t recovery_dropped, recovery_entries_loaded;
@@ -742,9 +744,19 @@ int rb_core_ml_compact_periodic(rb_core *c, rb_err *err);
  * lane, then a checkpoint only while freed slots still wait; rb_core_release_held), so a put
  * finds them reusable without writing one itself; RB_KICK_COMPACT (a group took the log past
  * half full, or found it full: the compaction, without waiting for the period, which groups
- * written by other threads would otherwise fill the log within). Any lock but thr_mu. */
-enum { RB_KICK_WRITE = 1, RB_KICK_FREES = 2, RB_KICK_COMPACT = 4 };
+ * written by other threads would otherwise fill the log within); RB_KICK_WRITE_BEHIND (buffered
+ * puts wrote RB_WRITE_BEHIND_BYTES: their write-back started, no checkpoint). Either format.
+ * Any lock but thr_mu. */
+enum { RB_KICK_WRITE = 1, RB_KICK_FREES = 2, RB_KICK_COMPACT = 4, RB_KICK_WRITE_BEHIND = 8 };
 void rb_core_ml_kick(rb_core *c, int why);
+/* Bytes of buffered puts (through the page cache: not O_DIRECT, not passthrough) after which
+ * the periodic thread starts their write-back (rb_dev_write_behind), so that a checkpoint's
+ * flush finds little left to write instead of everything put since the last one, and the
+ * kernel's dirty limit does not stall the puts. */
+#define RB_WRITE_BEHIND_BYTES (8u << 20)
+/* A put call stored keys of bytes payload bytes (RB_KICK_WRITE_BEHIND at each
+ * RB_WRITE_BEHIND_BYTES; nothing without the periodic thread). Any lock. */
+void rb_core_note_buffered(rb_core *c, uint64_t bytes);
 /* Write the deletes' lane alone (ckpt_mu taken here): 1 written, 0 nothing to write or not
  * possible now, the metadata log full included (rb_core_checkpoint then makes the slots
  * reusable, compacting first), <0 failed (recorded as a checkpoint's failure). */

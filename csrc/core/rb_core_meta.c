@@ -278,6 +278,28 @@ static int deadline_passed(const struct timespec *ts)
     return now.tv_sec > ts->tv_sec || (now.tv_sec == ts->tv_sec && now.tv_nsec >= ts->tv_nsec);
 }
 
+/* One round of the periodic thread, woken by the kicks kicked (RB_KICK_*, 0: its deadline ts).
+ * A kick writes now: the journal passed RB_ML_PENDING_MAX, all of it; deletes freed slots,
+ * what makes them reusable (rb_core_release_held: the deletes' lane, alone when that is
+ * enough); buffered puts, the start of their write-back. The period's checkpoint waits for an
+ * idle moment, or in the log format for its oldest change to be a period old. Failures are
+ * recorded in the status. */
+static void thread_round(rb_core *c, int kicked, const struct timespec *ts)
+{
+    rb_err e;
+    if ((kicked & RB_KICK_WRITE_BEHIND) && rb_dev_enter(c->dev) == 0) {
+        atomic_fetch_add(&c->write_behinds, (uint64_t)rb_dev_write_behind(c->dev));
+        rb_dev_leave(c->dev);
+    }
+    if ((kicked & RB_KICK_FREES) && !(kicked & RB_KICK_WRITE)) /* a whole one writes the lane first */
+        rb_core_release_held(c, &e);
+    /* a compaction's or a write-behind's wake-up alone writes no checkpoint, unless the period
+     * ended meanwhile */
+    int background = kicked && !(kicked & ~(RB_KICK_COMPACT | RB_KICK_WRITE_BEHIND));
+    if (!background || deadline_passed(ts))
+        rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
+}
+
 static void *ckpt_thread(void *arg)
 {
     rb_core *c = arg;
@@ -310,16 +332,7 @@ static void *ckpt_thread(void *arg)
         c->thr_kick = 0;
         pthread_mutex_unlock(&c->thr_mu);
         rb_err e;
-        /* A kick writes now: the journal passed RB_ML_PENDING_MAX, all of it; deletes freed
-         * slots, what makes them reusable (rb_core_release_held: the deletes' lane, alone when
-         * that is enough). The period's checkpoint waits for an idle moment, or in the log
-         * format for its oldest change to be a period old. Failures are recorded in the
-         * status. */
-        if ((kicked & RB_KICK_FREES) && !(kicked & RB_KICK_WRITE)) /* a whole one writes the lane first */
-            rb_core_release_held(c, &e);
-        /* a compaction's wake-up alone writes no checkpoint, unless the period ended meanwhile */
-        if (kicked != RB_KICK_COMPACT || deadline_passed(&ts))
-            rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
+        thread_round(c, kicked, &ts);
         /* The log format compacts here, off every caller's path, once the ring is past half
          * full (or full: then groups wait for it); stopped by a close. */
         if (c->ml.on && rb_core_ml_compact_due(c)) {
@@ -330,6 +343,15 @@ static void *ckpt_thread(void *arg)
     }
     pthread_mutex_unlock(&c->thr_mu);
     return NULL;
+}
+
+void rb_core_note_buffered(rb_core *c, uint64_t bytes)
+{
+    if (!c->thr_started || c->dev->odirect || c->dev->uring_cmd)
+        return;
+    uint64_t acc = atomic_fetch_add(&c->wb_acc, bytes) + bytes;
+    if (acc >= RB_WRITE_BEHIND_BYTES && atomic_exchange(&c->wb_acc, 0) >= RB_WRITE_BEHIND_BYTES)
+        rb_core_ml_kick(c, RB_KICK_WRITE_BEHIND);
 }
 
 void rb_core_ml_kick(rb_core *c, int why)

@@ -626,6 +626,8 @@ int rb_core_put_many(rb_core *c, const rb_put_item *items, size_t n, uint8_t *re
     uint64_t t0 = rb_obs_t0(&c->obs);
     uint64_t fly = rb_obs_fly(&c->obs, bytes);
     int rc = put_many_run(c, items, n, results, stored, n_stored, fail, err);
+    if (rc == 0 && *n_stored)
+        rb_core_note_buffered(c, bytes);
     rb_obs_land(&c->obs, bytes);
     if (t0) {
         uint64_t d = rb_hist_now_ns() - t0;

@@ -477,6 +477,13 @@ int rb_dev_flush(rb_dev *dev, rb_err *err)
     }
 }
 
+int rb_dev_write_behind(rb_dev *dev)
+{
+    if (dev->uring_cmd || dev->odirect)
+        return 0;
+    return sync_file_range(dev->fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0;
+}
+
 void rb_dev_free(rb_dev *dev)
 {
     if (!dev)

@@ -138,6 +138,12 @@ int rb_dev_close(rb_dev *dev, rb_err *err);
  * reach it through the character device). Returns 0 or -errno with err set ("fdatasync
  * failed"). Blocks; call without the GIL. */
 int rb_dev_flush(rb_dev *dev, rb_err *err);
+/* Start the write-back of the file's dirty pages, without waiting for it (sync_file_range(2)
+ * with SYNC_FILE_RANGE_WRITE over the whole file): 1 started, 0 not buffered (O_DIRECT,
+ * passthrough) or refused. Durability still needs rb_dev_flush; this only spreads the
+ * write-back, so a later flush finds little left to write. Errors are left to that flush, which
+ * reports write-back errors of the file whatever started it. */
+int rb_dev_write_behind(rb_dev *dev);
 
 /* Close if still open, then free. */
 void rb_dev_free(rb_dev *dev);

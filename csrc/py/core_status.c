@@ -196,7 +196,7 @@ static PyObject *status_base(const rb_core_status *st, PyObject *io)
     const char *outcome = st->recovery_outcome >= 0 && st->recovery_outcome < 7 ? outcomes[st->recovery_outcome] : "?";
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:N,"
-        "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
+        "s:s,s:K,s:K,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
         "capacity_bytes", st->capacity_bytes, "data_base_offset", st->data_base, "container_bytes", st->container_bytes,
         "max_slots", st->max_slots, "next_slot", st->next_slot, "free_slot_count", st->free_slots, "indexed_key_count",
         st->indexed, "inflight_key_count", st->inflight_keys, "locked_key_count", st->locked_keys, "inflight_io_count",
@@ -211,8 +211,8 @@ static PyObject *status_base(const rb_core_status *st, PyObject *io)
         "recovery_outcome", outcome, "recovery_seq", st->recovery_seq, "recovery_rejected_seq",
         st->recovery_rejected_seq, "recovery_lost_entries", (long long)st->recovery_lost, "checkpoint_held_slots",
         st->held_slots, "checkpoint_held_slots_total", st->held_total, "checkpoints_for_room", st->room_ckpts,
-        "payload_checksum_dropped_entries", st->checksum_dropped, "device_flushes", st->flushes,
-        "recovery_skipped_entries", st->skipped, "io", io);
+        "payload_checksum_dropped_entries", st->checksum_dropped, "device_flushes", st->flushes, "device_write_behinds",
+        st->write_behinds, "recovery_skipped_entries", st->skipped, "io", io);
 }
 
 /* GIL held: d["device_lock"], the device's lock: "exclusive", "unsupported" (no flock on its

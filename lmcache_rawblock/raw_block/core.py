@@ -539,6 +539,8 @@ class RawBlockCore:
             "metadata_log": st.get("metadata_log"),
             "checkpoints_for_room": st["checkpoints_for_room"],
             "device_flushes": st["device_flushes"],
+            # write-backs of buffered puts started ahead of a checkpoint's flush
+            "device_write_behinds": st["device_write_behinds"],
         }
 
     def _status_device(self, st: dict) -> dict:

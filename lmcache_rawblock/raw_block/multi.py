@@ -77,7 +77,8 @@ _SUMMED = frozenset({
     "checkpoints_written", "checkpoint_failures", "checkpoint_too_large_count", "recovery_dropped_entries",
     "unverified_entry_count", "load_verified_entries", "load_dropped_entries", "payload_checksum_dropped_entries",
     "recovery_lost_entries", "recovery_skipped_entries", "checkpoint_held_slots", "checkpoints_for_room",
-    "device_flushes", "load_rejected_entries", "writeback_failures", "writeback_dropped_entries",
+    "device_flushes", "device_write_behinds", "load_rejected_entries", "writeback_failures",
+    "writeback_dropped_entries",
     "undurable_writes", "shrink_dropped_entries", "retired_slots", "usable_slots", "device_size_bytes",
     "io_errors_total"})
 
