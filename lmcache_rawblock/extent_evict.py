@@ -286,10 +286,15 @@ class ExtentEviction:
     def _set_quiet(self, c: dict[str, int]) -> None:
         """The keys the puts may store before a look is due, from counts read after a pass:
         the clean extents beyond the reserve, less one per open extent (each stream's next
-        put may open one with its extent part full)."""
+        put may open one with its extent part full), plus one extent. With none beyond the
+        reserve, a look at every put would find nothing to do until an extent is opened, and
+        a pass for each (Python, a native call, the GIL the puts wait for) a dozen times an
+        extent; looking an extent late costs one extent of the reserve, which is there for
+        that. A pass that could not meet the reserve (keys pinned) is tried again an extent
+        later too, not at every put."""
         spare = c["extents_clean"] + c["extents_pending_dealloc"] - self.effective_reserve()
         with self._quiet_lock:
-            self._quiet = max(0, spare - max(1, c["extents_open"])) * self._per
+            self._quiet = max(1, spare - max(1, c["extents_open"]) + 1) * self._per
 
     def evictor_pass(self) -> bool:
         """One pass of the evictor thread: evict one victim extent per clean extent missing
