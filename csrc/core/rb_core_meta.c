@@ -283,8 +283,10 @@ static int deadline_passed(const struct timespec *ts)
  * what makes them reusable (rb_core_release_held: the deletes' lane, alone when that is
  * enough); buffered puts, the start of their write-back. The period's checkpoint waits for an
  * idle moment, or in the log format for its oldest change to be a period old. Failures are
- * recorded in the status. */
-static void thread_round(rb_core *c, int kicked, const struct timespec *ts)
+ * recorded in the status. 1 when the round wrote no checkpoint for a background wake-up before
+ * the deadline, which then stands for the next round (a write-behind's wake-ups, every 8 MiB
+ * of puts, would otherwise push it back for as long as the puts go on). */
+static int thread_round(rb_core *c, int kicked, const struct timespec *ts)
 {
     rb_err e;
     if ((kicked & RB_KICK_WRITE_BEHIND) && rb_dev_enter(c->dev) == 0) {
@@ -296,8 +298,10 @@ static void thread_round(rb_core *c, int kicked, const struct timespec *ts)
     /* a compaction's or a write-behind's wake-up alone writes no checkpoint, unless the period
      * ended meanwhile */
     int background = kicked && !(kicked & ~(RB_KICK_COMPACT | RB_KICK_WRITE_BEHIND));
-    if (!background || deadline_passed(ts))
-        rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
+    if (background && !deadline_passed(ts))
+        return 1;
+    rb_core_checkpoint(c, kicked & RB_KICK_WRITE, &e);
+    return 0;
 }
 
 static void *ckpt_thread(void *arg)
@@ -313,16 +317,19 @@ static void *ckpt_thread(void *arg)
     const uint64_t period =
         (uint64_t)(c->cfg.meta_checkpoint_interval_sec ? c->cfg.meta_checkpoint_interval_sec : 1) * 1000000000ull;
     int backlog = 0; /* freed slots still wait for their deallocation: the next round soon */
+    int stands = 0;  /* the last round left its deadline standing (thread_round) */
+    struct timespec ts;
     for (;;) {
         /* 10 ms with a backlog (another thread's run may hold the batch); else the period, or
          * less: until the oldest journaled change is one period old (log format). Computed
          * before thr_mu (it takes mu). */
-        uint64_t wait = backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
-        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        if (!stands || backlog) {
+            uint64_t wait = backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period);
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
+            ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
+            ts.tv_nsec = (long)(ns % 1000000000ull);
+        }
         pthread_mutex_lock(&c->thr_mu);
         while (!c->thr_stop && !c->thr_kick && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
             ;
@@ -332,7 +339,7 @@ static void *ckpt_thread(void *arg)
         c->thr_kick = 0;
         pthread_mutex_unlock(&c->thr_mu);
         rb_err e;
-        thread_round(c, kicked, &ts);
+        stands = thread_round(c, kicked, &ts);
         /* The log format compacts here, off every caller's path, once the ring is past half
          * full (or full: then groups wait for it); stopped by a close. */
         if (c->ml.on && rb_core_ml_compact_due(c)) {

@@ -58,3 +58,23 @@ def test_no_write_behind_without_the_page_cache_or_the_periodic_thread(tmp_path,
     time.sleep(0.5)  # what a write-behind would have had to start
     assert _write_behinds(c) == 0
     c.close()
+
+
+def test_write_behind_wake_ups_do_not_put_off_the_periodic_checkpoint(tmp_path):
+    """Format v1, a 1 s period, no quiet time needed: an 8 MiB put every fifth of a second wakes
+    the periodic thread for its write-back five times a second, and its checkpoint still comes
+    each second while they go on (a wake-up that writes none leaves the deadline standing)."""
+    big, n = 8 << 20, 16
+    dev = make_device(tmp_path, size=META + (n + 2) * (big + 4096))
+    c = make_core(dev, meta_format="v1", slot_bytes=big + 4096, meta_enable_periodic=True,
+                  meta_checkpoint_interval_sec=1, meta_idle_quiet_ms=0)
+    obj = Obj(payload(0, big))  # made once: making 8 MiB in Python takes longer than the gap between puts
+    written0 = c._native.status()["checkpoints_written"]
+    for i in range(n):
+        r = c.put_many([okey(i)], [obj])
+        assert r.results == [True], r.failure
+        time.sleep(0.2)
+    st = c._native.status()
+    assert st["device_write_behinds"] >= n // 2
+    assert st["checkpoints_written"] - written0 >= 2, st["checkpoints_written"] - written0
+    c.close()
