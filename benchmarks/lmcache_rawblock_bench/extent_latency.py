@@ -179,7 +179,7 @@ def reset_device(dev: str) -> None:
 def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, rounds: float, reserve: int = 2,
                dealloc: str = "on", device: str | None = None, odirect: bool = False,
                room_skip_bytes: int = 0, discard: str = "auto", free_lane: str = "on", reset: bool = False,
-               evictor_pass: str = "native") -> dict:
+               evictor_pass: str = "native", gap_us: int = 0) -> dict:
     from lmcache_rawblock.plugin import RustRawBlockBackend
     from lmcache_rawblock.raw_block import encode_legacy_key
     from lmcache_rawblock.raw_block._lmcache import CacheEngineKey
@@ -225,6 +225,8 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             dt = time.perf_counter_ns() - t0
             if not results[0]:
                 raise RuntimeError(f"{policy}: put {i} failed: {failure}")
+            if gap_us:  # the time an engine spends between two stores (its GPU work), asleep
+                time.sleep(gap_us / 1e6)
             return dt
 
         # a cache with room: nothing evicted; with room_skip_bytes, timed once that much was put
@@ -253,7 +255,7 @@ def run_policy(policy: str, workdir: str, slots: int, per: int, chunk: int, roun
             "evicted_extent_entries", "extents_total", "extent_deallocs", "extent_fallbacks", "dealloc_ranges",
             "dealloc_skipped", "checkpoints_for_room", "dealloc_discard_path")
     return {"policy": policy, "deallocate_freed": dealloc, "discard": discard, "free_lane": free_lane,
-            "evictor_pass": evictor_pass if policy == "extent" else None,
+            "evictor_pass": evictor_pass if policy == "extent" else None, "gap_us": gap_us,
             "dealloc_discard_path": st.get("dealloc_discard_path"), "extent_reserve": reserve if policy == "extent" else None,
             "extent_reserve_effective_at_end": effective, "slots_in_extents": capacity, "slot_bytes": slot, "extent_bytes": per * slot,
             "room_untimed_puts": skip, "room": r_room, "full": r_full, "_room_ns": room, "_full_ns": full,
@@ -305,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the extent evictor's pass, comma-separated: native (the product: one call without the "
                          "GIL, at least 16 MiB of extents a pass), native-single (one call, only the extents "
                          "missing), python (a victim at a time, several calls each) (default native)")
+    ap.add_argument("--gap-us", default="0",
+                    help="microseconds asleep after each put, comma-separated (default 0: a put storm); a model of "
+                         "the engine's own work between two stores")
     ap.add_argument("--reset-device", action="store_true",
                     help="with --device: deallocate the whole device and drop its cached pages before each run, "
                          "so every run starts from the same state")
@@ -319,16 +324,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--dirty-bytes is for the page cache: O_DIRECT writes are never dirty")
     if a.reset_device and not a.device:
         ap.error("--reset-device is for --device: a sparse file is made afresh for every run")
+    if not all(g.isdigit() for g in a.gap_us.split(",")):
+        ap.error(f"--gap-us {a.gap_us!r}: comma-separated whole numbers of microseconds, 0 or more")
     with (tempfile.TemporaryDirectory(prefix="extent-latency-") as d, dirty_limit(a.dirty_bytes),
           page_reporting(a.page_reporting)):
         runs = []
         for _, dl, p in itertools.product(range(a.repeat), a.dealloc.split(","), a.policies.split(",")):
             extent = p == "extent"
-            for rv, dc, fl, ep in itertools.product(a.reserve.split(",") if extent else ["2"], a.discard.split(","),
-                                                    a.free_lane.split(","),
-                                                    a.evictor_pass.split(",") if extent else ["native"]):
+            for rv, dc, fl, ep, gap in itertools.product(a.reserve.split(",") if extent else ["2"],
+                                                         a.discard.split(","), a.free_lane.split(","),
+                                                         a.evictor_pass.split(",") if extent else ["native"],
+                                                         a.gap_us.split(",")):
                 runs.append(run_policy(p, d, a.slots, a.per, a.chunk, a.rounds, int(rv), dl, a.device, a.odirect,
-                                       2 * a.dirty_bytes, dc, fl, a.reset_device, ep))
+                                       2 * a.dirty_bytes, dc, fl, a.reset_device, ep, int(gap)))
         # the first runs on a fresh device time its start (page cache and device never written
         # before): --warmup of them are kept in the file but left out of the pooled figures
         for r in runs[:a.warmup]:
@@ -346,13 +354,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(a.out, "latency.json"), "w") as f:
             f.write(text + "\n")
     for r in runs:
-        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
+        print(("(warm-up) " if r.get("warmup") else "") + f"{r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} gap {r['gap_us']} us reserve {r['extent_reserve']} room p50 {r['room']['p50_us']:8.1f} us p99 {r['room']['p99_us']:8.1f} us | full p50 "
               f"{r['full']['p50_us']:8.1f} us p99 {r['full']['p99_us']:8.1f} us | full/room p50 "
               f"{r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} mean {r['full_over_room_mean']:.3f} | "
               f"checkpoints n/mean/p99 {r['checkpoint_count_mean_p99_us']} dealloc runs {r['dealloc_count_mean_p99_us']}"
               + ("" if r["reported_kib_during_run"] is None else f" | free KiB reported to host {r['reported_kib_during_run']}"))
     for r in pooled:
-        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} reserve {r['extent_reserve']} ({r['runs']} runs) "
+        print(f"pooled {r['policy']:7s} dealloc {r['deallocate_freed']} discard {r['discard']} lane {r['free_lane']} pass {r['evictor_pass']} gap {r['gap_us']} us reserve {r['extent_reserve']} ({r['runs']} runs) "
               f"full/room p50 {r['full_over_room_p50']:.3f} p99 {r['full_over_room_p99']:.3f} "
               f"mean {r['full_over_room_mean']:.3f} | median of the runs' own p50 "
               f"{r['run_median_full_over_room_p50']:.3f} p99 {r['run_median_full_over_room_p99']:.3f} "
@@ -367,13 +375,13 @@ def _pooled(runs: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["policy"], r["deallocate_freed"], r["extent_reserve"], r["discard"], r["free_lane"],
-                           r["evictor_pass"]), []).append(r)
+                           r["evictor_pass"], r["gap_us"]), []).append(r)
     out = []
-    for (policy, dealloc, reserve, discard, free_lane, evictor_pass), rs in groups.items():
+    for (policy, dealloc, reserve, discard, free_lane, evictor_pass, gap_us), rs in groups.items():
         room = _summary([x for r in rs for x in r["_room_ns"]])
         full = _summary([x for r in rs for x in r["_full_ns"]])
         out.append({"policy": policy, "deallocate_freed": dealloc, "extent_reserve": reserve, "discard": discard,
-                    "free_lane": free_lane, "evictor_pass": evictor_pass, "runs": len(rs),
+                    "free_lane": free_lane, "evictor_pass": evictor_pass, "gap_us": gap_us, "runs": len(rs),
                     "room": room, "full": full,
                     **{f"full_over_room_{k}": round(full[f"{k}_us"] / room[f"{k}_us"], 3)
                        for k in ("p50", "p99", "mean")},

@@ -105,3 +105,30 @@ def test_page_reporting_hold_is_a_no_op_where_the_kernel_has_none(tmp_path, monk
     with el.page_reporting("hold"):
         pass
     assert el.reporting_state() == {"order": None, "reported_kib": None}
+
+
+def test_gap_us_puts_each_setting_to_sleep_after_every_put(tmp_path, monkeypatch):
+    slept = []
+    real_sleep = el.time.sleep
+
+    def sleep(s):
+        slept.append(s)
+        real_sleep(s)
+
+    monkeypatch.setattr(el.time, "sleep", sleep)
+    out = tmp_path / "out"
+    assert el.main(["--policies", "extent", "--slots", "128", "--per", "8", "--rounds", "1", "--gap-us", "0,200",
+                    "--out", str(out)]) == 0
+    doc = json.loads((out / "latency.json").read_text())
+    assert [r["gap_us"] for r in doc["runs"]] == [0, 200]
+    assert sorted(p["gap_us"] for p in doc["pooled"]) == [0, 200]
+    gapped = doc["runs"][1]
+    puts = gapped["room_untimed_puts"] + gapped["room"]["puts"] + (gapped["slots_in_extents"] - gapped["room"]["puts"]
+                                                                   - gapped["room_untimed_puts"]) + gapped["full"]["puts"]
+    assert slept.count(200e-6) == puts
+
+
+def test_gap_us_refuses_what_is_not_a_whole_number(capsys):
+    with pytest.raises(SystemExit):
+        el.main(["--gap-us", "-5", "--policies", "extent"])
+    assert "--gap-us" in capsys.readouterr().err
