@@ -204,6 +204,21 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
     return rc;
 }
 
+/* Whether release_held is to write a whole checkpoint (with the flush of every payload written
+ * since the last): only for FREEs that nothing under way will make durable, not those of pages
+ * another checkpoint is writing, nor, once a lane was written (lane_written), those of a lane
+ * begun since (the deletes that made them woke the periodic thread for the next lane).
+ * *under_way: some freed slot waits in pages another checkpoint is writing. */
+static int held_waiting(rb_core *c, int lane_written, int *under_way)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t held = c->n_held + (c->ml.on ? rb_core_ml_held_untaken_locked(c, !lane_written) : 0);
+    *under_way = c->ml.on && rb_core_ml_held_untaken_locked(c, 1) < rb_core_ml_held_locked(c);
+    int waiting = held > 0 || c->ref_unknown || !c->ml.on;
+    pthread_mutex_unlock(&c->mu);
+    return waiting;
+}
+
 int rb_core_release_held(rb_core *c, rb_err *err)
 {
     if (c->dev == NULL || rb_dev_enter(c->dev) < 0)
@@ -211,14 +226,17 @@ int rb_core_release_held(rb_core *c, rb_err *err)
     rb_dev_leave(c->dev);
     int rc = c->ml.on ? rb_core_ml_release_lane(c, err) : 0; /* a full log: 0, the checkpoint compacts */
     if (rc >= 0) {
-        /* A whole checkpoint, with the flush of every payload written since the last, only
-         * for FREEs that nothing under way will make durable: not those of pages another
-         * checkpoint is writing, nor, once a lane was written, those of a lane begun since
-         * (the deletes that made them woke the periodic thread for the next lane). */
-        pthread_mutex_lock(&c->mu);
-        uint64_t held = c->n_held + (c->ml.on ? rb_core_ml_held_untaken_locked(c, rc != 1) : 0);
-        int waiting = held > 0 || c->ref_unknown || !c->ml.on;
-        pthread_mutex_unlock(&c->mu);
+        int under_way;
+        int waiting = held_waiting(c, rc == 1, &under_way);
+        if (!waiting && under_way) {
+            /* Freed slots wait in pages another checkpoint is writing: it is waited for (its
+             * lock), not written again, so that a slot still held when this returns waits for
+             * a change to the index, as callers take it (rb_core_reclaim, the plugin's
+             * evict-ahead). The pages it could not write wait for the checkpoint below. */
+            pthread_mutex_lock(&c->ckpt_mu);
+            pthread_mutex_unlock(&c->ckpt_mu);
+            waiting = held_waiting(c, rc == 1, &under_way);
+        }
         if (waiting) {
             int r2 = checkpoint_impl(c, 1, 0, err);
             rc = r2 < 0 ? r2 : rc | r2;

@@ -252,6 +252,26 @@ def test_a_free_group_that_fails_in_a_whole_checkpoints_flush_leaves_that_checkp
     c.close()
 
 
+def test_a_reclaim_returns_once_the_checkpoint_writing_its_freed_slots_released_them(tmp_path):
+    """A FREE record behind a pending PUT record of its slot goes in line, into the page a whole
+    checkpoint then takes. A reclaim while that checkpoint flushes writes no checkpoint of its
+    own for it, but returns only once the slot is reusable: a caller that finds slots still
+    held after a reclaim takes it that the core needs a change to the index first (the
+    plugin's evict-ahead then evicts one more key), which is not so here."""
+    dev, c = _lane_setup(tmp_path)
+    c.delete_many([okey(30).encoded])  # its PUT record waits: the FREE record goes in line
+    st0 = _status(c)
+    t, errors = _checkpoint_in_its_flush(c)
+    c._native.reclaim_held_slots()
+    st = _status(c)
+    assert st["checkpoint_held_slots"] == 0, "a reclaim returned with the slot still held"
+    assert st["checkpoints_written"] == st0["checkpoints_written"] + 1  # the whole one's, none of its own
+    t.join(30)
+    assert not errors and not t.is_alive()
+    c._native._set_checkpoint_delay_ms(0)
+    c.close()
+
+
 def test_a_delete_wakes_the_periodic_thread_to_write_the_free_group_alone(tmp_path):
     """The periodic thread, woken by a delete, makes the freed slots reusable with the FREE
     group alone; the pending puts wait for their period (an hour here, never idle)."""
