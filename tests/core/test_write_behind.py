@@ -78,3 +78,24 @@ def test_write_behind_wake_ups_do_not_put_off_the_periodic_checkpoint(tmp_path):
     assert st["device_write_behinds"] >= n // 2
     assert st["checkpoints_written"] - written0 >= 2, st["checkpoints_written"] - written0
     c.close()
+
+
+def test_write_behind_wake_ups_do_not_put_off_the_retry_of_a_failed_log_checkpoint(tmp_path):
+    """The log format's deadline follows its oldest change, but once that change is overdue (a
+    checkpoint failed: here its first flush) the retry is one period on. An 8 MiB put every
+    fifth of a second wakes the periodic thread for its write-back five times a second; the
+    retry still comes a period later while they go on (the deadline stands)."""
+    big, n = 8 << 20, 16
+    dev = make_device(tmp_path, size=(128 << 20) + (n + 2) * (big + 4096))
+    c = make_core(dev, meta_format="log", slot_bytes=big + 4096, meta_total_bytes=128 << 20,
+                  meta_enable_periodic=True, meta_checkpoint_interval_sec=1, meta_idle_quiet_ms=0)
+    c._native._inject_fault("flush", 1)  # the period's first checkpoint fails
+    obj = Obj(payload(0, big))
+    for i in range(n):
+        r = c.put_many([okey(i)], [obj])
+        assert r.results == [True], r.failure
+        time.sleep(0.2)
+    st = c._native.status()
+    assert st["checkpoint_failures"] >= 1 and st["device_write_behinds"] >= n // 2
+    assert st["checkpoints_written"] >= 1, "the failed checkpoint was not tried again during the puts"
+    c.close()
