@@ -353,8 +353,9 @@ int64_t rb_core_snapshot_keys(rb_core *c, size_t max, char ***keys, size_t **len
 int rb_core_checkpoint(rb_core *c, int force, rb_err *err);
 /* Make the slots deletes freed reusable: in the log format, the deletes' lane first (a group
  * of FREE records synced by itself, no flush of pending payloads), then a checkpoint
- * (force 1) only while freed slots still wait; format v1: a checkpoint. The slots it released
- * are then deallocated. 1 written, 0 nothing to write, <0 error (err filled). */
+ * (force 1) only while freed slots still wait (log format: none for slots in pages another
+ * checkpoint is writing; that one is waited for); format v1: a checkpoint. The slots it
+ * released are then deallocated. 1 written, 0 nothing to write, <0 error (err filled). */
 int rb_core_release_held(rb_core *c, rb_err *err);
 /* rb_core_release_held again while slots wait for a checkpoint and the last call wrote, at
  * most RB_RECLAIM_MAX times (a checkpoint writes only when the index changed, so slots still held

@@ -757,9 +757,10 @@ void rb_core_ml_kick(rb_core *c, int why);
 /* A put call stored keys of bytes payload bytes (RB_KICK_WRITE_BEHIND at each
  * RB_WRITE_BEHIND_BYTES; nothing without the periodic thread). Any lock. */
 void rb_core_note_buffered(rb_core *c, uint64_t bytes);
-/* Write the deletes' lane alone (ckpt_mu taken here): 1 written, 0 nothing to write or not
- * possible now, the metadata log full included (rb_core_checkpoint then makes the slots
- * reusable, compacting first), <0 failed (recorded as a checkpoint's failure). */
+/* Write the deletes' lane alone (ckpt_mu taken here, or without it in another writer's flush
+ * gap): 1 written, 0 nothing to write or not possible now, the metadata log full included
+ * (rb_core_checkpoint then makes the slots reusable, compacting first), <0 failed (recorded as
+ * a checkpoint's failure). */
 int rb_core_ml_release_lane(rb_core *c, rb_err *err);
 /* The index was replaced and the allocator rebuilt from the new state (rb_core_apply.c): the
  * slots the journal holds for FREE records are the new state's to give, so no page's drop
