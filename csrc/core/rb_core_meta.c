@@ -307,12 +307,13 @@ static int deadline_passed(const struct timespec *ts)
 static int thread_round(rb_core *c, int kicked, const struct timespec *ts)
 {
     rb_err e;
+    if ((kicked & RB_KICK_FREES) && !(kicked & RB_KICK_WRITE)) /* a whole one writes the lane first */
+        rb_core_release_held(c, &e);
+    /* after the lane: the write-back's submission may wait for the device's queue */
     if ((kicked & RB_KICK_WRITE_BEHIND) && rb_dev_enter(c->dev) == 0) {
         atomic_fetch_add(&c->write_behinds, (uint64_t)rb_dev_write_behind(c->dev));
         rb_dev_leave(c->dev);
     }
-    if ((kicked & RB_KICK_FREES) && !(kicked & RB_KICK_WRITE)) /* a whole one writes the lane first */
-        rb_core_release_held(c, &e);
     /* a compaction's or a write-behind's wake-up alone writes no checkpoint, unless the period
      * ended meanwhile */
     int background = kicked && !(kicked & ~(RB_KICK_COMPACT | RB_KICK_WRITE_BEHIND));
