@@ -22,6 +22,14 @@ uint64_t rb_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void rb_deadline_in(struct timespec *ts, uint64_t ns)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    uint64_t n = (uint64_t)ts->tv_nsec + ns % 1000000000ull;
+    ts->tv_sec += (time_t)(ns / 1000000000ull + n / 1000000000ull);
+    ts->tv_nsec = (long)(n % 1000000000ull);
+}
+
 /* ---- test and benchmark hooks --------------------------------------------------------- */
 
 void rb_core_set_ckpt_delay_ms(rb_core *c, uint32_t ms)

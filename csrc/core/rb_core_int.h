@@ -300,6 +300,9 @@ struct rb_core {
 };
 
 uint64_t rb_now_ns(void);
+/* *ts set to ns from now on CLOCK_MONOTONIC: a deadline for a timed wait on a condition
+ * variable made with that clock. */
+void rb_deadline_in(struct timespec *ts, uint64_t ns);
 
 /* ---- shared helpers of the core's files ------------------------------------------------- */
 

@@ -342,13 +342,8 @@ static void *ckpt_thread(void *arg)
         /* 10 ms with a backlog (another thread's run may hold the batch); else the period, or
          * less: until the oldest journaled change is one period old (log format). Computed
          * before thr_mu (it takes mu). */
-        if (!stands || backlog) {
-            uint64_t wait = backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period);
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
-            ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
-            ts.tv_nsec = (long)(ns % 1000000000ull);
-        }
+        if (!stands || backlog)
+            rb_deadline_in(&ts, backlog ? 10ull * 1000 * 1000 : rb_core_ml_wait_ns(c, period));
         pthread_mutex_lock(&c->thr_mu);
         while (!c->thr_stop && !c->thr_kick && pthread_cond_timedwait(&c->thr_cv, &c->thr_mu, &ts) != ETIMEDOUT)
             ;

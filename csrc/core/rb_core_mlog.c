@@ -846,12 +846,7 @@ static int ckpt_or_gap(rb_core *c)
         if (m->flush_gap && !m->gap_lane)
             continue;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        rb_deadline_in(&ts, 1000000);
         (void)pthread_cond_timedwait(&m->gap_cv, &c->mu, &ts);
     }
 }
