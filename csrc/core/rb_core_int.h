@@ -790,10 +790,12 @@ static inline uint64_t rb_core_ml_held_locked(const rb_core *c)
 {
     return c->ml.n_held + c->ml.n_held_base;
 }
-/* Log format: the slots held for a durable FREE that no write under way will release: those
- * of pages no checkpoint has taken, of the lane when lane_too, and those waiting for a base.
- * mu held. */
-uint64_t rb_core_ml_held_untaken_locked(const rb_core *c, int lane_too);
+/* Log format: the slots held for FREEs in pages a checkpoint under way has taken (its end
+ * releases them). mu held. */
+uint64_t rb_core_ml_held_taken_locked(const rb_core *c);
+/* Log format: wait for the checkpoint writer under way, if any (ckpt_mu taken and let go, as a
+ * group writer lets it go: a lane writer waiting for it looks again at once). */
+void rb_core_ml_wait_writer(rb_core *c);
 /* Freed slots waiting for a checkpoint, in either format (status' checkpoint_held_slots). mu
  * held. */
 static inline uint64_t rb_core_held_locked(const rb_core *c)

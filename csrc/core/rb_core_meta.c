@@ -212,9 +212,10 @@ int rb_core_checkpoint(rb_core *c, int force, rb_err *err)
 static int held_waiting(rb_core *c, int lane_written, int *under_way)
 {
     pthread_mutex_lock(&c->mu);
-    uint64_t held = c->n_held + (c->ml.on ? rb_core_ml_held_untaken_locked(c, !lane_written) : 0);
-    *under_way = c->ml.on && rb_core_ml_held_untaken_locked(c, 1) < rb_core_ml_held_locked(c);
-    int waiting = held > 0 || c->ref_unknown || !c->ml.on;
+    uint64_t taken = c->ml.on ? rb_core_ml_held_taken_locked(c) : 0;
+    uint64_t lane = lane_written && c->ml.lane ? c->ml.lane->n_frees : 0;
+    *under_way = taken > 0;
+    int waiting = rb_core_held_locked(c) - taken - lane > 0 || c->ref_unknown || !c->ml.on;
     pthread_mutex_unlock(&c->mu);
     return waiting;
 }
@@ -233,8 +234,7 @@ int rb_core_release_held(rb_core *c, rb_err *err)
              * lock), not written again, so that a slot still held when this returns waits for
              * a change to the index, as callers take it (rb_core_reclaim, the plugin's
              * evict-ahead). The pages it could not write wait for the checkpoint below. */
-            pthread_mutex_lock(&c->ckpt_mu);
-            pthread_mutex_unlock(&c->ckpt_mu);
+            rb_core_ml_wait_writer(c);
             waiting = held_waiting(c, rc == 1, &under_way);
         }
         if (waiting) {

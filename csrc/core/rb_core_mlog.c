@@ -280,12 +280,12 @@ static int lane_waits(const rb_mlw *m)
     return m->lane && m->lane->n_frees > 0;
 }
 
-uint64_t rb_core_ml_held_untaken_locked(const rb_core *c, int lane_too)
+uint64_t rb_core_ml_held_taken_locked(const rb_core *c)
 {
     const rb_mlw *m = &c->ml;
-    uint64_t n = m->n_held_base + (lane_too && m->lane ? m->lane->n_frees : 0);
+    uint64_t n = 0;
     for (size_t i = 0; i < m->n_pg; i++)
-        n += m->pg[i]->taken ? 0 : m->pg[i]->n_frees;
+        n += m->pg[i]->taken ? m->pg[i]->n_frees : 0;
     return n;
 }
 
@@ -849,6 +849,12 @@ static int ckpt_or_gap(rb_core *c)
         rb_deadline_in(&ts, 1000000);
         (void)pthread_cond_timedwait(&m->gap_cv, &c->mu, &ts);
     }
+}
+
+void rb_core_ml_wait_writer(rb_core *c)
+{
+    pthread_mutex_lock(&c->ckpt_mu);
+    ckpt_release(c);
 }
 
 int rb_core_ml_release_lane(rb_core *c, rb_err *err)
